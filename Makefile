@@ -1,0 +1,52 @@
+# santhrottle — one front door. CI runs the same targets (.ci/run -> make test).
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+# Host tools the test tiers use: netns/veth/HTB (iproute2), ipset, iptables.
+# The lab (vagrant/qemu) installs its own packages through `make lab-deps`.
+HOST_PKGS := iproute2 ipset iptables kmod
+APT_STAMP := $(VENV)/.apt-host
+VENV_STAMP := $(VENV)/.installed
+
+.PHONY: setup test test-unit lint bench simulate lab-up lab clean
+
+setup: $(APT_STAMP) $(VENV_STAMP)
+
+$(APT_STAMP):
+	@missing=$$(for p in $(HOST_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "setup: apt-get install $$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+	@mkdir -p $(VENV) && touch $@
+
+$(VENV_STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+test: setup
+	$(VPY) -m pytest
+
+test-unit: setup
+	$(VPY) -m pytest -m "not privileged and not lab"
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy controller
+	$(VENV)/bin/codespell
+
+bench: setup
+	$(VPY) -m santhrottle.appliance.bench
+
+simulate: setup
+	$(VENV)/bin/santhrottle simulate controller/scenarios/paper.toml --plot results/simulate-paper.png
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info results
+
+# The lab (real Debian kernel under QEMU/TCG): targets live with the lab itself.
+-include vagrant/qemu/lab.mk

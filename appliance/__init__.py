@@ -1,0 +1,1 @@
+"""santhrottle.appliance."""
