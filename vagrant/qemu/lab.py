@@ -233,8 +233,7 @@ class Lab:
             why = "no apt-get on this machine"
         if why:
             raise LabUnavailable(
-                f"missing host packages: {' '.join(missing)} ({why}; "
-                f"run `make lab-deps` as root)"
+                f"missing host packages: {' '.join(missing)} ({why}; run `make lab-deps` as root)"
             )
         t0 = time.monotonic()
         self._apt_update()
@@ -344,7 +343,9 @@ class Lab:
         if p.returncode != 0 or not debs:
             cached = self._kernel_dirs()
             if cached:
-                self.log(f"download failed ({_last_line(p.stdout)}); using cached {cached[-1].name}")
+                self.log(
+                    f"download failed ({_last_line(p.stdout)}); using cached {cached[-1].name}"
+                )
                 return self._kernel_info(cached[-1])
             raise LabUnavailable(
                 f"kernel package unavailable: `apt-get download {pkg}` failed: "
@@ -750,7 +751,7 @@ def _elf_is_static(path: Path) -> bool:
         hdr = f.read(64)
         if hdr[:4] != b"\x7fELF" or hdr[4] != 2:  # 64-bit only
             return False
-        phoff, = struct.unpack_from("<Q", hdr, 0x20)
+        (phoff,) = struct.unpack_from("<Q", hdr, 0x20)
         phentsize, phnum = struct.unpack_from("<HH", hdr, 0x36)
         f.seek(phoff)
         for _ in range(phnum):
@@ -810,8 +811,7 @@ def _cpio_newc(files: list[tuple[str, int, bytes]]) -> bytes:
         nonlocal ino
         nb = name.encode() + b"\0"
         hdr = "070701" + "".join(
-            f"{v:08x}"
-            for v in (ino, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(nb), 0)
+            f"{v:08x}" for v in (ino, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(nb), 0)
         )
         ino += 1
         out.write(hdr.encode() + nb)
@@ -891,8 +891,10 @@ def main(argv: list[str] | None = None) -> int:
             print(lab.venv())
         elif a.cmd == "up":
             prep = lab.up()
-            print(f"lab ready in {time.monotonic() - t0:.1f} s: kernel {prep['kernel']['kv']}, "
-                  f"initramfs {prep['initramfs'].name}, venv {prep['venv']}")
+            print(
+                f"lab ready in {time.monotonic() - t0:.1f} s: kernel {prep['kernel']['kv']}, "
+                f"initramfs {prep['initramfs'].name}, venv {prep['venv']}"
+            )
         elif a.cmd == "clean":
             shutil.rmtree(lab.cache, ignore_errors=True)
         else:

@@ -1,0 +1,612 @@
+#!/usr/bin/python3
+"""The lab's storage topology, inside the guest (vagrant/qemu).
+
+Mirrors a real deployment on one (virtual) machine::
+
+    initial netns (initiators)                 netns "tgt" (the target host)
+    ---------------------------                -----------------------------
+    iscsid + kernel iSCSI initiator            LIO (rtslib-fb): one iSCSI target,
+      iface iniK, IQN ...lab:iniK                TPG 1 and LUN 0 per LV, portal
+      source 10.0.0.(2+K) chosen by a            10.0.0.(11+K):3260
+      /32 route to its portal                  nvmet (configfs): one subsystem
+    kernel NVMe/TCP host (nvme-cli)              per LV, port 10.0.0.(21+K):4420
+      source 10.0.0.(31+K)                     VG "labvg" on the QEMU-throttled
+    lab-ini  <------------- veth ------------>  disk (serial lab-slow): LVs
+                                                 lun0..lunN-1, nvme0..nvmeM-1
+                                               lab-tgt
+
+The kernel iSCSI initiator only works in the initial namespace (NETLINK_ISCSI),
+so the initiators are told apart by source address, one per "host", each
+selected by a /32 route to the portal it uses.  RPS is set on both veth ends
+and netdev_max_backlog raised: without it veth + 2 vCPUs reorders packets and
+the target sees spurious retransmits (lab-notes.md).
+
+Usable three ways:
+  * CLI in the guest:  topology.py up [--luns 4] [--nvme 1] [--no-login] ...
+                       topology.py status | down
+  * Python in the guest:  import topology; t = topology.up(luns=4); topology.down()
+  * from the host: python3 vagrant/qemu/lab.py run vagrant/qemu/guest/topology.py up
+
+Only the standard library and Debian's python3-rtslib-fb; runs with
+/usr/bin/python3 or the lab venv.  State (what was built, device names) is
+kept in /run/santhrottle-lab/topology.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+NETNS = "tgt"
+NETNS_PATH = f"/run/netns/{NETNS}"
+VETH_INI = "lab-ini"
+VETH_TGT = "lab-tgt"
+VG = "labvg"
+IQN_BASE = "iqn.2003-01.org.santhrottle.lab"
+NQN_BASE = "nqn.2003-01.org.santhrottle.lab"
+ISCSI_PORT = 3260
+NVME_PORT = 4420
+MAX_INITIATORS = 8
+STATE_DIR = Path("/run/santhrottle-lab")
+STATE_FILE = STATE_DIR / "topology.json"
+NETDEV_MAX_BACKLOG = 30000  # lab-notes: with RPS, 0 target retransmits
+DEVICE_WAIT_S = 30.0
+NVMET = Path("/sys/kernel/config/nvmet")
+
+MODULES = [
+    "virtio_blk",
+    "dm_mod",
+    "veth",
+    "target_core_mod",
+    "target_core_iblock",
+    "iscsi_target_mod",
+    "iscsi_tcp",
+    "sd_mod",
+]
+NVME_MODULES = ["nvmet", "nvmet_tcp", "nvme_tcp", "nvme_fabrics"]
+
+LVM_ENV = {"DM_DISABLE_UDEV": "1", "LVM_SUPPRESS_FD_WARNINGS": "1"}
+
+
+def initiator_ip(k: int) -> str:
+    return f"10.0.0.{2 + k}"
+
+
+def portal_ip(k: int) -> str:
+    return f"10.0.0.{11 + k}"
+
+
+def nvme_port_ip(k: int) -> str:
+    return f"10.0.0.{21 + k}"
+
+
+def nvme_host_ip(k: int) -> str:
+    return f"10.0.0.{31 + k}"
+
+
+class TopologyError(RuntimeError):
+    pass
+
+
+def sh(cmd, env=None, input=None, check=True, timeout=120) -> str:
+    e = dict(os.environ)
+    e.update(env or {})
+    p = subprocess.run(
+        cmd,
+        input=input,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=e,
+        timeout=timeout,
+    )
+    if check and p.returncode != 0:
+        raise TopologyError(f"{' '.join(cmd)} exited {p.returncode}: {p.stdout.strip()}")
+    return p.stdout
+
+
+def _log(msg: str) -> None:
+    print(f"topology: {msg}", file=sys.stderr, flush=True)
+
+
+def _read(path) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
+def find_disk(serial: str) -> str:
+    for d in sorted(glob.glob("/sys/block/vd*")):
+        if _read(f"{d}/serial") == serial:
+            return f"/dev/{os.path.basename(d)}"
+    raise TopologyError(f"no virtio disk with serial {serial}")
+
+
+def load_modules(names) -> None:
+    sh(["modprobe", "-a", *names])
+
+
+# ------------------------------------------------------------------ network
+def setup_network(n_iscsi: int, n_nvme: int, rps: bool = True) -> None:
+    ini = [
+        f"netns add {NETNS}",
+        f"link add {VETH_INI} type veth peer name {VETH_TGT} netns {NETNS}",
+    ]
+    tgt = ["link set lo up"]
+    for k in range(n_iscsi):
+        ini.append(f"addr add {initiator_ip(k)}/24 dev {VETH_INI}")
+        tgt.append(f"addr add {portal_ip(k)}/24 dev {VETH_TGT}")
+    for k in range(n_nvme):
+        ini.append(f"addr add {nvme_host_ip(k)}/24 dev {VETH_INI}")
+        tgt.append(f"addr add {nvme_port_ip(k)}/24 dev {VETH_TGT}")
+    ini.append(f"link set {VETH_INI} up")
+    tgt.append(f"link set {VETH_TGT} up")
+    for k in range(n_iscsi):
+        ini.append(f"route add {portal_ip(k)}/32 dev {VETH_INI} src {initiator_ip(k)}")
+    for k in range(n_nvme):
+        ini.append(f"route add {nvme_port_ip(k)}/32 dev {VETH_INI} src {nvme_host_ip(k)}")
+    sh(["ip", "-batch", "-"], input="\n".join(ini) + "\n")
+    sh(["ip", "-n", NETNS, "-batch", "-"], input="\n".join(tgt) + "\n")
+    if rps:
+        mask = format((1 << (os.cpu_count() or 1)) - 1, "x")
+        Path(f"/sys/class/net/{VETH_INI}/queues/rx-0/rps_cpus").write_text(mask)
+        # sysfs shows the devices of the reader's netns: ip netns exec remounts it
+        sh(
+            [
+                "ip",
+                "netns",
+                "exec",
+                NETNS,
+                "sh",
+                "-c",
+                f"echo {mask} > /sys/class/net/{VETH_TGT}/queues/rx-0/rps_cpus",
+            ]
+        )
+        Path("/proc/sys/net/core/netdev_max_backlog").write_text(str(NETDEV_MAX_BACKLOG))
+
+
+def teardown_network() -> None:
+    if os.path.exists(NETNS_PATH):
+        sh(["ip", "netns", "del", NETNS], check=False)
+    sh(["ip", "link", "del", VETH_INI], check=False)
+
+
+# ---------------------------------------------------------------------- LVM
+def setup_lvm(disk: str, names: list[str], size_mib: int) -> dict[str, str]:
+    sh(["vgcreate", "-qq", "-y", VG, disk], env=LVM_ENV)
+    out = {}
+    for name in names:
+        sh(
+            ["lvcreate", "-qq", "-W", "n", "-Z", "n", "-y", "-L", f"{size_mib}m", "-n", name, VG],
+            env=LVM_ENV,
+        )
+        out[name] = f"/dev/{VG}/{name}"
+    return out
+
+
+def teardown_lvm() -> None:
+    if sh(["vgs", VG], env=LVM_ENV, check=False).find(VG) < 0:
+        return
+    sh(["vgremove", "-qq", "-f", "-y", VG], env=LVM_ENV, check=False)
+    for pv in sh(["pvs", "--noheadings", "-o", "pv_name"], env=LVM_ENV, check=False).split():
+        sh(["pvremove", "-qq", "-y", pv], env=LVM_ENV, check=False)
+
+
+def dm_name(lv_path: str) -> str:
+    """dm-N of an LV: the name diskstats knows it by."""
+    rdev = os.stat(lv_path).st_rdev
+    return os.path.basename(os.path.realpath(f"/sys/dev/block/{os.major(rdev)}:{os.minor(rdev)}"))
+
+
+# ------------------------------------------------------ target side (netns)
+def _in_netns(args: list[str], payload: dict) -> dict:
+    """Run this file's hidden subcommand inside netns tgt: sockets LIO and
+    nvmet create when a portal/port is enabled live in the caller's netns."""
+    out = sh(
+        ["nsenter", f"--net={NETNS_PATH}", sys.executable, os.path.abspath(__file__), *args],
+        input=json.dumps(payload),
+    )
+    return json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+
+
+def _target_up(spec: dict) -> dict:
+    from rtslib_fb import (  # Debian's python3-rtslib-fb
+        LUN,
+        TPG,
+        BlockStorageObject,
+        FabricModule,
+        NetworkPortal,
+        RTSRoot,
+        Target,
+    )
+
+    RTSRoot()  # mounts configfs / loads target_core_mod if needed
+    iscsi = FabricModule("iscsi")
+    for t in spec["iscsi"]:
+        so = BlockStorageObject(t["lv"], dev=t["lv_path"])
+        target = Target(iscsi, t["iqn"])
+        tpg = TPG(target, 1)
+        for attr, val in (
+            ("authentication", "0"),
+            ("generate_node_acls", "1"),
+            ("demo_mode_write_protect", "0"),
+            ("cache_dynamic_acls", "1"),
+        ):
+            tpg.set_attribute(attr, val)
+        NetworkPortal(tpg, t["portal"], ISCSI_PORT)
+        LUN(tpg, 0, so)
+        tpg.enable = True
+    for k, n in enumerate(spec["nvme"]):
+        sub = NVMET / "subsystems" / n["nqn"]
+        sub.mkdir()
+        (sub / "attr_allow_any_host").write_text("1")
+        ns = sub / "namespaces" / "1"
+        ns.mkdir()
+        (ns / "device_path").write_text(n["lv_path"])
+        (ns / "enable").write_text("1")
+        port = NVMET / "ports" / str(k + 1)
+        port.mkdir()
+        for attr, val in (
+            ("addr_trtype", "tcp"),
+            ("addr_adrfam", "ipv4"),
+            ("addr_traddr", n["traddr"]),
+            ("addr_trsvcid", str(NVME_PORT)),
+        ):
+            (port / attr).write_text(val)
+        (port / "subsystems" / n["nqn"]).symlink_to(sub)
+    return {"ok": True}
+
+
+def _target_down() -> dict:
+    if NVMET.is_dir():
+        for port in (NVMET / "ports").iterdir():
+            for link in (port / "subsystems").iterdir():
+                link.unlink()
+            port.rmdir()
+        for sub in (NVMET / "subsystems").iterdir():
+            for ns in (sub / "namespaces").iterdir():
+                (ns / "enable").write_text("0")
+                ns.rmdir()
+            sub.rmdir()
+    if Path("/sys/kernel/config/target").is_dir():
+        from rtslib_fb import RTSRoot
+
+        RTSRoot().clear_existing(confirm=True)
+    return {"ok": True}
+
+
+# --------------------------------------------------------- initiator side
+def start_iscsid() -> None:
+    name = f"{IQN_BASE}:host"
+    Path("/etc/iscsi").mkdir(parents=True, exist_ok=True)
+    Path("/etc/iscsi/initiatorname.iscsi").write_text(f"InitiatorName={name}\n")
+    Path("/run/lock/iscsi").mkdir(parents=True, exist_ok=True)
+    if sh(["pidof", "iscsid"], check=False).strip():
+        return
+    # iscsid daemonizes; its output must not hold the caller's pipes open
+    subprocess.run(
+        ["iscsid"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=True,
+    )
+    deadline = time.monotonic() + 10
+    while True:
+        p = subprocess.run(["iscsiadm", "-m", "session"], capture_output=True, text=True)
+        # 0: sessions listed; 21: "No active sessions" -- either way iscsid answered
+        if p.returncode in (0, 21):
+            return
+        if time.monotonic() > deadline:
+            raise TopologyError(f"iscsid does not answer: {p.stdout}{p.stderr}")
+        time.sleep(0.1)
+
+
+def stop_iscsid() -> None:
+    if sh(["pidof", "iscsid"], check=False).strip():
+        sh(["iscsiadm", "-k", "0"], check=False)
+
+
+def iscsi_add_nodes(luns: list[dict]) -> None:
+    for t in luns:
+        iface = t["iface"]
+        sh(["iscsiadm", "-m", "iface", "-I", iface, "-o", "new"])
+        sh(
+            [
+                "iscsiadm",
+                "-m",
+                "iface",
+                "-I",
+                iface,
+                "-o",
+                "update",
+                "-n",
+                "iface.initiatorname",
+                "-v",
+                t["initiator_iqn"],
+            ]
+        )
+        sh(
+            [
+                "iscsiadm",
+                "-m",
+                "node",
+                "-o",
+                "new",
+                "-T",
+                t["iqn"],
+                "-p",
+                f"{t['portal']}:{ISCSI_PORT}",
+                "-I",
+                iface,
+            ]
+        )
+
+
+def iscsi_sessions() -> list[dict]:
+    """Kernel iSCSI sessions: sid, target, iface, initiator name, block device."""
+    out = []
+    for s in sorted(glob.glob("/sys/class/iscsi_session/session*")):
+        sid = int(os.path.basename(s)[len("session") :])
+        devs = sorted(os.path.basename(b) for b in glob.glob(f"{s}/device/target*/*:*:*:*/block/*"))
+        out.append(
+            {
+                "sid": sid,
+                "targetname": _read(f"{s}/targetname"),
+                "iface": _read(f"{s}/ifacename"),
+                "initiatorname": _read(f"{s}/initiatorname"),
+                "state": _read(f"{s}/state"),
+                "devices": [f"/dev/{d}" for d in devs],
+            }
+        )
+    return out
+
+
+def iscsi_login(luns: list[dict]) -> None:
+    sh(["iscsiadm", "-m", "node", "-L", "all"])
+    want = {t["iqn"]: t for t in luns}
+    deadline = time.monotonic() + DEVICE_WAIT_S
+    while True:
+        found = {s["targetname"]: s for s in iscsi_sessions() if s["devices"]}
+        if all(i in found for i in want):
+            break
+        if time.monotonic() > deadline:
+            missing = sorted(set(want) - set(found))
+            raise TopologyError(f"no block device after login for {missing}: {iscsi_sessions()}")
+        time.sleep(0.1)
+    for iqn, t in want.items():
+        s = found[iqn]
+        t["sid"] = s["sid"]
+        t["device"] = s["devices"][0]
+        t["session_initiator"] = s["initiatorname"]
+
+
+def iscsi_logout_all() -> None:
+    if sh(["pidof", "iscsid"], check=False).strip():
+        sh(["iscsiadm", "-m", "node", "-U", "all"], check=False)
+        sh(["iscsiadm", "-m", "node", "-o", "delete"], check=False)
+        for line in sh(["iscsiadm", "-m", "iface"], check=False).splitlines():
+            name = line.split(" ", 1)[0]
+            if name.startswith("ini"):
+                sh(["iscsiadm", "-m", "iface", "-I", name, "-o", "delete"], check=False)
+
+
+def nvme_block_device(nqn: str) -> str | None:
+    for sub in glob.glob("/sys/class/nvme-subsystem/nvme-subsys*"):
+        if _read(f"{sub}/subsysnqn") == nqn:
+            for b in sorted(glob.glob(f"{sub}/nvme*n*")):
+                name = os.path.basename(b)
+                if os.path.exists(f"/sys/block/{name}"):
+                    return f"/dev/{name}"
+    for ctrl in glob.glob("/sys/class/nvme/nvme*"):
+        if _read(f"{ctrl}/subsysnqn") == nqn:
+            for b in sorted(glob.glob(f"{ctrl}/nvme*n*")):
+                name = os.path.basename(b)
+                if os.path.exists(f"/sys/block/{name}"):
+                    return f"/dev/{name}"
+    return None
+
+
+def nvme_connect(nvme: list[dict]) -> None:
+    for n in nvme:
+        sh(
+            [
+                "nvme",
+                "connect",
+                "-t",
+                "tcp",
+                "-a",
+                n["traddr"],
+                "-s",
+                str(NVME_PORT),
+                "-n",
+                n["nqn"],
+                "--hostnqn",
+                n["hostnqn"],
+                "--hostid",
+                n["hostid"],
+                "--host-traddr",
+                n["host_traddr"],
+            ]
+        )
+    deadline = time.monotonic() + DEVICE_WAIT_S
+    for n in nvme:
+        while True:
+            dev = nvme_block_device(n["nqn"])
+            if dev:
+                n["device"] = dev
+                break
+            if time.monotonic() > deadline:
+                raise TopologyError(f"no NVMe block device for {n['nqn']}")
+            time.sleep(0.1)
+
+
+def nvme_disconnect(nvme: list[dict]) -> None:
+    for n in nvme:
+        sh(["nvme", "disconnect", "-n", n["nqn"]], check=False)
+
+
+# --------------------------------------------------------------- top level
+def plan(luns: int = 4, nvme: int = 1, lv_size_mib: int = 256, disk: str = "slow") -> dict:
+    if not 0 <= luns <= MAX_INITIATORS or not 0 <= nvme <= MAX_INITIATORS:
+        raise TopologyError(f"luns and nvme must be within 0..{MAX_INITIATORS}")
+    out = {
+        "netns": NETNS,
+        "vg": VG,
+        "disk_serial": f"lab-{disk}",
+        "lv_size_mib": lv_size_mib,
+        "veth": {"initiator": VETH_INI, "target": VETH_TGT},
+        "iscsi": [],
+        "nvme": [],
+    }
+    for k in range(luns):
+        out["iscsi"].append(
+            {
+                "index": k,
+                "lv": f"lun{k}",
+                "iqn": f"{IQN_BASE}:lun{k}",
+                "portal": portal_ip(k),
+                "port": ISCSI_PORT,
+                "iface": f"ini{k}",
+                "initiator_ip": initiator_ip(k),
+                "initiator_iqn": f"{IQN_BASE}:ini{k}",
+                "device": None,
+            }
+        )
+    for k in range(nvme):
+        hostid = str(uuid.uuid5(uuid.NAMESPACE_DNS, f"nvme-host{k}.lab.santhrottle.org"))
+        out["nvme"].append(
+            {
+                "index": k,
+                "lv": f"nvme{k}",
+                "nqn": f"{NQN_BASE}:nvme{k}",
+                "traddr": nvme_port_ip(k),
+                "port": NVME_PORT,
+                "host_traddr": nvme_host_ip(k),
+                "hostnqn": f"nqn.2014-08.org.nvmexpress:uuid:{hostid}",
+                "hostid": hostid,
+                "device": None,
+            }
+        )
+    return out
+
+
+def up(
+    luns: int = 4,
+    nvme: int = 1,
+    lv_size_mib: int = 256,
+    disk: str = "slow",
+    login: bool = True,
+    rps: bool = True,
+) -> dict:
+    """Bring the topology up; returns (and stores) its description."""
+    if STATE_FILE.exists():
+        raise TopologyError(f"topology already up ({STATE_FILE}); run down first")
+    t = plan(luns, nvme, lv_size_mib, disk)
+    timings = {}
+    t0 = time.monotonic()
+
+    def mark(step):
+        nonlocal t0
+        now = time.monotonic()
+        timings[step] = round(now - t0, 2)
+        t0 = now
+
+    load_modules(MODULES + (NVME_MODULES if nvme else []))
+    mark("modules")
+    t["disk"] = find_disk(t["disk_serial"])
+    paths = setup_lvm(t["disk"], [x["lv"] for x in t["iscsi"] + t["nvme"]], lv_size_mib)
+    for x in t["iscsi"] + t["nvme"]:
+        x["lv_path"] = paths[x["lv"]]
+        x["dm"] = dm_name(x["lv_path"])
+    mark("lvm")
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    STATE_FILE.write_text(json.dumps(t, indent=1))  # from here on, down() cleans up
+    setup_network(luns, nvme, rps=rps)
+    mark("network")
+    _in_netns(["_target-up"], t)
+    mark("target")
+    if luns:
+        start_iscsid()
+        iscsi_add_nodes(t["iscsi"])
+        mark("iscsid")
+        if login:
+            iscsi_login(t["iscsi"])
+            mark("iscsi_login")
+    if nvme and login:
+        nvme_connect(t["nvme"])
+        mark("nvme_connect")
+    t["logged_in"] = login
+    t["timings_s"] = timings
+    STATE_FILE.write_text(json.dumps(t, indent=1))
+    return t
+
+
+def status() -> dict | None:
+    if not STATE_FILE.exists():
+        return None
+    return json.loads(STATE_FILE.read_text())
+
+
+def down() -> None:
+    """Tear everything down (best effort, idempotent)."""
+    t = status()
+    if t is not None:
+        nvme_disconnect(t["nvme"])
+    elif os.path.exists("/dev/nvme-fabrics"):
+        sh(["nvme", "disconnect-all"], check=False)
+    iscsi_logout_all()
+    stop_iscsid()
+    if os.path.exists(NETNS_PATH):
+        _in_netns(["_target-down"], {})
+    elif Path("/sys/kernel/config/target").is_dir() or NVMET.is_dir():
+        _target_down()
+    teardown_network()
+    teardown_lvm()
+    STATE_FILE.unlink(missing_ok=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    u = sub.add_parser("up", help="bring the topology up")
+    u.add_argument("--luns", type=int, default=4, help="iSCSI LVs/targets/initiators (0-8)")
+    u.add_argument("--nvme", type=int, default=1, help="NVMe/TCP LVs/subsystems (0-8)")
+    u.add_argument("--lv-size-mib", type=int, default=256)
+    u.add_argument(
+        "--disk",
+        choices=("slow", "fast"),
+        default="slow",
+        help="the QEMU-throttled disk (slow) or the unthrottled one",
+    )
+    u.add_argument("--no-login", action="store_true", help="create node records, do not log in")
+    u.add_argument("--no-rps", action="store_true", help="leave RPS off (shows the retransmits)")
+    sub.add_parser("down", help="tear it down")
+    sub.add_parser("status", help="print the stored description (JSON)")
+    sub.add_parser("_target-up")
+    sub.add_parser("_target-down")
+    a = ap.parse_args(argv)
+    if a.cmd == "up":
+        t = up(a.luns, a.nvme, a.lv_size_mib, a.disk, login=not a.no_login, rps=not a.no_rps)
+        print(json.dumps(t, indent=1))
+    elif a.cmd == "down":
+        down()
+    elif a.cmd == "status":
+        print(json.dumps(status(), indent=1))
+    elif a.cmd == "_target-up":
+        print(json.dumps(_target_up(json.loads(sys.stdin.read()))))
+    elif a.cmd == "_target-down":
+        print(json.dumps(_target_down()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
