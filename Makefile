@@ -36,11 +36,11 @@ test-unit: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy controller
+	$(VENV)/bin/mypy --strict controller
 	$(VENV)/bin/codespell
 
 bench: setup
-	$(VPY) -m santhrottle.appliance.bench
+	$(VPY) tests/bench/run.py
 
 simulate: setup
 	$(VENV)/bin/santhrottle simulate controller/scenarios/paper.toml --plot results/simulate-paper.png

@@ -1,0 +1,160 @@
+"""The `santhrottle` command line.
+
+Errors an admin can cause (a bad file, a bad argument) print one line on
+stderr naming the problem and exit with status 2; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from santhrottle.controller.plant import SaturatedError
+from santhrottle.controller.scenario import ScenarioError, parse_scenario
+from santhrottle.controller.sim import simulate
+
+EXIT_USAGE = 2
+
+SIMULATE_EPILOG = """\
+examples:
+  santhrottle simulate controller/scenarios/paper.toml
+  santhrottle simulate paper.toml --plot /tmp/paper.png
+  santhrottle simulate paper.toml --json | jq '.controlled[].read_latency_p95_s'
+
+The scenario format is described in docs/simulator.md.
+"""
+
+
+class CliError(Exception):
+    """One line for the admin; exit status 2."""
+
+
+def _finite(x: Any) -> Any:
+    """JSON has no NaN/Infinity: map them to null, recursively."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    return x
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x * 1000:.2f}"
+
+
+def _print_summary(result: dict[str, Any]) -> None:
+    unc = result["uncontrolled"]
+    print(
+        f"settle at {unc['settle_s']:g} s; 1 s read latency after it. "
+        f"uncontrolled: p50 {_ms(unc['read_latency_p50_s'])} ms, "
+        f"p95 {_ms(unc['read_latency_p95_s'])} ms, "
+        f"p99 {_ms(unc['read_latency_p99_s'])} ms, "
+        f"writes {unc['write_throughput_bps'] / 1e6:.1f} MB/s"
+    )
+    head = (
+        f"{'threshold':>9} {'p50':>7} {'p95':>7} {'p99':>7} {'p99calm':>7} {'peak':>7} "
+        f"{'over_s':>6} {'above%':>6} {'wr MB/s':>7} {'const':>13} {'chg/min':>7}"
+    )
+    print(head)
+    for c in result["controlled"]:
+        bc = c.get("best_constant")
+        const = (
+            "-"
+            if not bc
+            else f"{bc['delay_s'] * 1000:.1f}ms {bc['write_throughput_bps'] / 1e6:.1f}"
+        )
+        print(
+            f"{_ms(c['threshold_s']):>7}ms {_ms(c['read_latency_p50_s']):>7} "
+            f"{_ms(c['read_latency_p95_s']):>7} {_ms(c['read_latency_p99_s']):>7} "
+            f"{_ms(c['read_latency_p99_outside_transients_s']):>7} "
+            f"{_ms(c['peak_overshoot_s']):>7} {c['overshoot_duration_s']:>6.1f} "
+            f"{c['time_above_threshold_pct']:>6.1f} {c['write_throughput_bps'] / 1e6:>7.1f} "
+            f"{const:>13} {c['class_changes_per_min']:>7.1f}"
+        )
+    print(
+        "latencies in ms; p99calm excludes 2 s after each switch-on; peak/over_s: worst "
+        "switch-on peak and its time back under the threshold; const: best constant delay "
+        "holding p95 <= threshold and its write MB/s"
+    )
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    path = Path(args.scenario)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise CliError(f"cannot read scenario {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise CliError(f"scenario {path}: not UTF-8 text") from None
+    try:
+        sc = parse_scenario(text)
+        result = simulate(sc, baseline=not args.no_baseline)
+    except (ScenarioError, SaturatedError) as e:
+        raise CliError(f"scenario {path}: {e}") from None
+    if args.plot:
+        from santhrottle.appliance.plot import PlotUnavailable, plot_simulation
+
+        try:
+            plot_simulation(result, Path(args.plot), f"santhrottle simulate {path.name}")
+        except PlotUnavailable as e:
+            raise CliError(str(e)) from None
+        except OSError as e:
+            raise CliError(f"cannot write plot {args.plot}: {e.strerror or e}") from None
+    if args.json:
+        json.dump(_finite(result), sys.stdout, allow_nan=False)
+        sys.stdout.write("\n")
+    else:
+        _print_summary(result)
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="santhrottle",
+        description="Keep shared storage read latency under a threshold by delaying "
+        "the packets of write-heavy iSCSI / NVMe-oF initiators.",
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    s = sub.add_parser(
+        "simulate",
+        help="run the real controller against a simulated storage resource",
+        description="Run a scenario: uncontrolled, then controlled at each threshold; "
+        "print latency percentiles, overshoot, time above threshold, writer throughput.",
+        epilog=SIMULATE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    s.add_argument("scenario", metavar="SCENARIO", help="scenario file (TOML)")
+    s.add_argument("--json", action="store_true", help="print the summary and series as JSON")
+    s.add_argument("--plot", metavar="FILE.png", help="write a figure like the paper's fig. 16")
+    s.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip the search for the best constant delay (faster)",
+    )
+    s.set_defaults(func=cmd_simulate)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        rc: int = args.func(args)
+        return rc
+    except CliError as e:
+        print(f"santhrottle: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:  # `santhrottle ... | head`
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""Domain types shared by the controller, the simulator and the appliance.
+
+Units are in the names: seconds (_s), bytes per second (_bps), classes
+(integer delay steps; class k delays packets by k * step_s).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+# Paper 2.3: the PID runs every 100 ms, the write-heavy sets converge every 1 s.
+TICK_S = 0.100
+CONVERGE_S = 1.0
+# Paper appendix: 0.5 ms steps are a suitable granularity for the delay ladder.
+DELAY_STEP_S = 0.0005
+# The lab (lab-notes.md) needs delays far past 10 ms against deep-queue
+# writers: 100 classes of 0.5 ms = 50 ms by default.
+MAX_CLASS = 100
+
+
+@dataclass(frozen=True, slots=True)
+class PidGains:
+    """Gains of the single-sided PID (controller/pid.py)."""
+
+    # Tuned on controller/scenarios/paper.toml (docs/simulator.md, "Tuning"):
+    # 1000 classes/s = 0.5 ms of delay per ms of error (step 0.5 ms).
+    kp_class_per_s: float = 1000.0
+    ti_s: float = 0.25
+    # Derivative off: it differentiates the sensor noise of a few reads per
+    # tick; the EWMA already damps, and the PID is used as PI (paper 3.6).
+    td_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    tick_s: float = TICK_S
+    converge_s: float = CONVERGE_S
+    max_class: int = MAX_CLASS
+    gains: PidGains = field(default_factory=PidGains)
+    # The PID regulates to setpoint_fraction x threshold: the threshold is the
+    # admin's limit, and the latency's noise around the setpoint (a few % in
+    # the 1 s mean) must fall under it, not around it.
+    setpoint_fraction: float = 0.90
+    # The emitted class follows the PID's ceil(u) up at once, but down only
+    # once ceil(u + class_hysteresis) is below it: sensor noise moves u by
+    # fractions of a class every tick, and each emitted change costs one
+    # netlink message per member of the set.
+    class_hysteresis: float = 4.0
+    # Read-latency EWMA: smooths the ~6 reads/tick of a 256 kB/s reader.
+    read_ewma_tau_s: float = 0.2
+    # Write-rate EWMA: long enough to keep a writer in its set through a
+    # 5 s pause (controller/writeheavy.py, "Idle behaviour").
+    write_ewma_tau_s: float = 8.0
+    write_heavy_enter_bps: float = 1024.0 * 1024.0
+    write_heavy_leave_bps: float = 256.0 * 1024.0
+    # No reads on a resource for this long: its latency is unobservable and
+    # throttling its writers helps nobody; release the class.
+    read_idle_release_s: float = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """A shared resource (an LVM volume group) and its read-latency threshold."""
+
+    name: str
+    threshold_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReadSample:
+    """A resource over the sensor interval ending now: reads, their mean latency, write rate.
+
+    write_bps is the whole resource's write rate (e.g. the sum over its LVs
+    in diskstats); None when the sensor cannot tell, which never holds the PID.
+    """
+
+    resource: str
+    reads: int
+    read_latency_s: float
+    write_bps: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WriteSample:
+    """Write rate of one initiator on one resource over the sensor interval."""
+
+    resource: str
+    initiator: str
+    write_bps: float
+
+
+@dataclass(frozen=True, slots=True)
+class Samples:
+    """What the sensors produced since the previous step()."""
+
+    reads: Sequence[ReadSample] = ()
+    writes: Sequence[WriteSample] = ()
+
+
+@dataclass(slots=True)
+class Decisions:
+    """What one step() decided; only changes, the full view is in the state."""
+
+    now_s: float
+    ticked: bool = False
+    converged: bool = False
+    late_ticks: int = 0  # ticks skipped because step() was called late
+    resource_classes: dict[str, int] = field(default_factory=dict)  # changed only
+    initiator_classes: dict[str, int] = field(default_factory=dict)  # changed; 0 = none
+    joined: Mapping[str, set[str]] = field(default_factory=dict)
+    left: Mapping[str, set[str]] = field(default_factory=dict)

@@ -1,0 +1,83 @@
+"""Plant model: a shared storage resource whose latency follows Pesto's LQ line.
+
+Model (Pesto, section 4: latency is linear in outstanding IOs)
+    L = C + m * Q
+    L: latency of one IO at the device (s), C: intercept (s), m: LQ-slope
+    (s per outstanding IO; peak device throughput ~ 1/m IOPS), Q: IOs
+    outstanding at the device.
+
+Streams
+    closed loop, depth q, packets delayed by d per IO round trip:
+        each IO's life is L + d, of which L in the device, so by Little's law
+        Q_i = q * L / (L + d)          throughput X_i = q / (L + d) IOPS
+    open loop at lambda IOPS (the small random reader):
+        Q_j = lambda * L               throughput X_j = lambda
+
+Fixed point
+    g(L) = L - C - m * (Lambda * L + sum_i q_i * L / (L + d_i)) = 0,
+    Lambda = sum of open-loop rates. L/(L+d) is concave, so g is convex,
+    g(C) <= 0 and g grows without bound when m * Lambda < 1: exactly one
+    root L* >= C. Newton's method started at the upper bound
+        L_hi = (C + m * sum q_i) / (1 - m * Lambda)   (where g >= 0)
+    descends monotonically onto it (convexity), in a handful of steps.
+    m * Lambda >= 1 means the open-loop load alone saturates the device:
+    no steady state exists; that is an error of the scenario.
+
+Worked example (hand-solved in the unit tests)
+    C = 2 ms, m = 3 ms, one closed stream q = 4, d = 10 ms, no open load:
+        L (L + d) = C (L + d) + m q L
+        L^2 + (d - C - m q) L - C d = 0 -> L^2 - 0.004 L - 0.00002 = 0
+        L = (0.004 + sqrt(0.004^2 + 4 * 0.00002)) / 2 = 6.899 ms
+        X = 4 / (6.899 + 10) ms = 236.7 IOPS
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+NEWTON_TOL_S = 1e-12
+NEWTON_MAX_ITER = 60
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    intercept_s: float  # C
+    slope_s_per_io: float  # m
+
+
+class SaturatedError(ValueError):
+    """The open-loop load alone exceeds the device's peak throughput (m * Lambda >= 1)."""
+
+
+def solve_latency(
+    dev: Device,
+    open_iops: float,
+    closed: Sequence[tuple[float, float]],
+) -> float:
+    """Device latency L* for open-loop load (IOPS) and closed streams [(depth, delay_s)]."""
+    c, m = dev.intercept_s, dev.slope_s_per_io
+    mlam = m * open_iops
+    if mlam >= 1.0:
+        raise SaturatedError(
+            f"open-loop load {open_iops:.1f} IOPS saturates the device (peak {1.0 / m:.1f} IOPS)"
+        )
+    lat = (c + m * sum(q for q, _ in closed)) / (1.0 - mlam)
+    for _ in range(NEWTON_MAX_ITER):
+        q_closed = 0.0
+        dq = 0.0
+        for q, d in closed:
+            denom = lat + d
+            q_closed += q * lat / denom
+            dq += q * d / (denom * denom)
+        g = lat * (1.0 - mlam) - c - m * q_closed
+        gp = 1.0 - mlam - m * dq
+        step = g / gp
+        lat -= step
+        if abs(step) < NEWTON_TOL_S:
+            break
+    return lat
+
+
+def closed_throughput_iops(depth: float, latency_s: float, delay_s: float) -> float:
+    return depth / (latency_s + delay_s)

@@ -1,0 +1,171 @@
+"""Write-heavy initiator sets, one per resource, with hysteresis.
+
+Problem
+    The PID of a resource throttles the initiators that load it with
+    writes (paper 2.3.1: "sets of IP addresses that are known to be doing
+    write activity at a certain level"). Which initiators those are changes
+    as workloads come and go, and must not flap when a writer hovers near
+    the threshold.
+
+Measured signal
+    Per (resource, initiator): the write rate in bytes/s over the sensor
+    interval, smoothed by a time-constant EWMA (controller/ewma.py) with
+    its own tau. A pair without a sample in a convergence period is folded
+    in as a 0 B/s sample (the initiator stopped writing or disconnected).
+
+Law (evaluated at every set convergence, 1 s by default)
+    not member and ewma >  enter_bytes_per_s  -> join   ("enter")
+    member     and ewma <  leave_bytes_per_s  -> leave  ("leave")
+    otherwise                                  -> keep   ("hold")
+    with leave < enter: the band between them is the hysteresis.
+
+Bounds
+    A pair that is not a member and whose EWMA has decayed below
+    FORGET_FRACTION * leave is forgotten, so the table does not grow with
+    every initiator ever seen.
+
+Idle behaviour
+    A writer that pauses decays as exp(-t / tau): with tau = 8 s and a
+    member writing 1 MiB/s, it stays a member through a 5 s pause as long as
+    leave < 0.53 MiB/s, so the next burst is throttled from its first tick
+    instead of after a new convergence.
+
+Worked example
+    enter 1 MiB/s, leave 0.25 MiB/s, tau 8 s, samples each second:
+        t=0  0.9 MiB/s (seed 0.9)        hold  (0.9 <= enter)
+        t=1  4.0 MiB/s -> 0.9+0.1175*3.1 = 1.264   join
+        t=2..6 0 MiB/s -> 1.264*e^-(5/8) = 0.677   hold  (0.677 >= leave)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .ewma import alpha_for
+
+# A pair below this fraction of the leave threshold, and not a member, is
+# dropped from the table (it would take a new burst to matter again).
+FORGET_FRACTION = 0.01
+
+
+@dataclass(slots=True)
+class _Pair:
+    rate_bps: float
+    last_s: float
+    member: bool = False
+    seen: bool = True  # got a sample since the last convergence
+
+
+@dataclass
+class Membership:
+    """Changes of one convergence, per resource."""
+
+    joined: dict[str, set[str]] = field(default_factory=dict)
+    left: dict[str, set[str]] = field(default_factory=dict)
+
+
+class WriteHeavySets:
+    """Per-resource sets of write-heavy initiators (pure; time passed in)."""
+
+    def __init__(self, tau_s: float, enter_bytes_per_s: float, leave_bytes_per_s: float) -> None:
+        if not 0.0 <= leave_bytes_per_s < enter_bytes_per_s:
+            raise ValueError(
+                "write-heavy thresholds need 0 <= leave < enter, got "
+                f"leave={leave_bytes_per_s} enter={enter_bytes_per_s}"
+            )
+        if tau_s <= 0.0:
+            raise ValueError(f"write-rate EWMA time constant must be > 0 s, got {tau_s}")
+        self.tau_s = tau_s
+        self.enter_bps = enter_bytes_per_s
+        self.leave_bps = leave_bytes_per_s
+        self._pairs: dict[tuple[str, str], _Pair] = {}
+        self.members: dict[str, set[str]] = {}  # resource -> initiators
+        self.member_of: dict[str, set[str]] = {}  # initiator -> resources
+        self._alpha_cache: dict[float, float] = {}
+
+    def _alpha(self, dt_s: float) -> float:
+        # Samples from one sensor pass share dt: one exp() per pass, not per pair.
+        a = self._alpha_cache.get(dt_s)
+        if a is None:
+            if len(self._alpha_cache) > 64:
+                self._alpha_cache.clear()
+            a = self._alpha_cache[dt_s] = alpha_for(dt_s, self.tau_s)
+        return a
+
+    def observe(self, resource: str, initiator: str, rate_bps: float, now_s: float) -> None:
+        key = (resource, initiator)
+        p = self._pairs.get(key)
+        if p is None:
+            self._pairs[key] = _Pair(rate_bps, now_s)  # first sample seeds
+            return
+        p.rate_bps += self._alpha(now_s - p.last_s) * (rate_bps - p.rate_bps)
+        p.last_s = now_s
+        p.seen = True
+
+    def observe_many(self, samples: Iterable[tuple[str, str, float]], now_s: float) -> None:
+        """observe() for a whole sensor pass; the hot path of a convergence."""
+        pairs = self._pairs
+        last_dt = math.nan
+        a = 0.0
+        for resource, initiator, rate in samples:
+            p = pairs.get((resource, initiator))
+            if p is None:
+                pairs[(resource, initiator)] = _Pair(rate, now_s)
+                continue
+            dt = now_s - p.last_s
+            if dt != last_dt:
+                a, last_dt = self._alpha(dt), dt
+            p.rate_bps += a * (rate - p.rate_bps)
+            p.last_s = now_s
+            p.seen = True
+
+    def rate(self, resource: str, initiator: str) -> float | None:
+        p = self._pairs.get((resource, initiator))
+        return None if p is None else p.rate_bps
+
+    def rates(self) -> dict[tuple[str, str], float]:
+        return {k: p.rate_bps for k, p in self._pairs.items()}
+
+    def converge(self, now_s: float) -> Membership:
+        out = Membership()
+        forget_bps = FORGET_FRACTION * self.leave_bps
+        dead: list[tuple[str, str]] = []
+        for key, p in self._pairs.items():
+            if not p.seen:  # no sample this period: it wrote nothing
+                p.rate_bps -= self._alpha(now_s - p.last_s) * p.rate_bps
+                p.last_s = now_s
+            p.seen = False
+            resource, initiator = key
+            if not p.member and p.rate_bps > self.enter_bps:  # enter
+                p.member = True
+                self.members.setdefault(resource, set()).add(initiator)
+                self.member_of.setdefault(initiator, set()).add(resource)
+                out.joined.setdefault(resource, set()).add(initiator)
+            elif p.member and p.rate_bps < self.leave_bps:  # leave
+                p.member = False
+                self._unlink(resource, initiator)
+                out.left.setdefault(resource, set()).add(initiator)
+            if not p.member and p.rate_bps <= forget_bps:  # forget
+                dead.append(key)
+        for key in dead:
+            del self._pairs[key]
+        return out
+
+    def _unlink(self, resource: str, initiator: str) -> None:
+        self.members[resource].discard(initiator)
+        of = self.member_of[initiator]
+        of.discard(resource)
+        if not of:
+            del self.member_of[initiator]
+
+    def forget_resource(self, resource: str) -> set[str]:
+        """Drop a resource that went away; returns the members it had."""
+        gone = set(self.members.get(resource, ()))
+        for initiator in gone:
+            self._unlink(resource, initiator)
+        self.members.pop(resource, None)
+        for key in [k for k in self._pairs if k[0] == resource]:
+            del self._pairs[key]
+        return gone

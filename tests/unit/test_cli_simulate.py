@@ -1,0 +1,65 @@
+import json
+from pathlib import Path
+
+import pytest
+from santhrottle.appliance.cli import main
+
+PAPER = Path(__file__).parents[2] / "controller" / "scenarios" / "paper.toml"
+
+
+def test_json_is_real_json_with_summary_and_series(capsys):
+    assert main(["simulate", str(PAPER), "--json", "--no-baseline"]) == 0
+    out = capsys.readouterr().out
+    data = json.loads(out)  # strict: NaN would fail parse_constant below
+    json.loads(out, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    c = data["controlled"][0]
+    for key in (
+        "read_latency_p50_s",
+        "read_latency_p95_s",
+        "read_latency_p99_s",
+        "peak_overshoot_s",
+        "overshoot_duration_s",
+        "time_above_threshold_pct",
+        "write_throughput_bps",
+        "class_changes_per_min",
+    ):
+        assert isinstance(c[key], float), key
+    assert set(data["series"]) == {"uncontrolled", "T=10ms", "T=15ms", "T=20ms"}
+
+
+def test_plot_writes_png(tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="--plot needs the plot extra")
+    png = tmp_path / "fig16.png"
+    assert main(["simulate", str(PAPER), "--no-baseline", "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    out = capsys.readouterr().out
+    assert "threshold" in out and "uncontrolled" in out
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[run\n", "not valid TOML"),
+        ("[run]\nduration_s = 5\n", "resource: needs at least one"),
+        (PAPER.read_text().replace("size_kib = 128", "size_kib = -5", 1), "stream[1].size_kib"),
+        (b"\xff\xfe", "not UTF-8"),
+    ],
+)
+def test_bad_scenario_one_line_exit_2(tmp_path, capsys, content, message):
+    f = tmp_path / "bad.toml"
+    if isinstance(content, bytes):
+        f.write_bytes(content)
+    else:
+        f.write_text(content)
+    assert main(["simulate", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_missing_file_and_bad_arguments(tmp_path, capsys):
+    assert main(["simulate", str(tmp_path / "none.toml")]) == 2
+    assert "cannot read scenario" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["simulate"])
+    assert e.value.code == 2

@@ -1,0 +1,41 @@
+import math
+
+import pytest
+from santhrottle.controller.plant import Device, SaturatedError, solve_latency
+
+DEV = Device(intercept_s=0.002, slope_s_per_io=0.003)
+
+
+def test_hand_solved_closed_stream_with_delay():
+    # header example: L^2 + (d - C - m q) L - C d = 0 with C=2ms, m=3ms, q=4, d=10ms
+    b = 0.010 - 0.002 - 0.003 * 4
+    want = (-b + math.sqrt(b * b + 4 * 0.002 * 0.010)) / 2
+    assert want == pytest.approx(0.006899, abs=1e-6)
+    assert solve_latency(DEV, 0.0, [(4, 0.010)]) == pytest.approx(want, rel=1e-9)
+
+
+def test_no_delay_is_the_lq_line():
+    # d = 0: all q IOs sit in the device, L = C + m * sum(q)
+    assert solve_latency(DEV, 0.0, [(1, 0.0)] * 12) == pytest.approx(0.002 + 0.003 * 12)
+
+
+def test_open_loop_only():
+    # L = C + m * lambda * L  ->  L = C / (1 - m lambda)
+    assert solve_latency(DEV, 100.0, []) == pytest.approx(0.002 / (1 - 0.3))
+
+
+def test_fixed_point_holds_for_a_mix():
+    closed = [(1, 0.0), (4, 0.02), (2, 0.005)]
+    lat = solve_latency(DEV, 64.0, closed)
+    q = 64.0 * lat + sum(qi * lat / (lat + d) for qi, d in closed)
+    assert lat == pytest.approx(0.002 + 0.003 * q, rel=1e-9)
+
+
+def test_more_delay_means_lower_latency():
+    lats = [solve_latency(DEV, 64.0, [(1, d)] * 12) for d in (0.0, 0.01, 0.05, 0.1)]
+    assert lats == sorted(lats, reverse=True)
+
+
+def test_saturated_open_load_is_an_error():
+    with pytest.raises(SaturatedError, match="saturates"):
+        solve_latency(DEV, 400.0, [])

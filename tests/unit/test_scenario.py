@@ -1,0 +1,96 @@
+from pathlib import Path
+
+import pytest
+from santhrottle.controller.scenario import ScenarioError, parse_scenario
+
+PAPER = Path(__file__).parents[2] / "controller" / "scenarios" / "paper.toml"
+
+MINIMAL = """
+[run]
+duration_s = 10
+[[resource]]
+name = "vg"
+intercept_ms = 2
+slope_ms_per_io = 3
+[[stream]]
+name = "r"
+kind = "read"
+loop = "open"
+rate_kib_per_s = 256
+size_kib = 4
+resource = "vg"
+initiator = "10.0.0.2"
+[[stream]]
+name = "w"
+kind = "write"
+loop = "closed"
+depth = 2
+size_kib = 64
+resource = "vg"
+initiator = "10.0.0.3"
+count = 3
+schedule = { start_s = 1, on_s = 2, off_s = 1, cycles = 2 }
+[controller]
+thresholds_ms = [10]
+"""
+
+
+def test_paper_scenario_parses():
+    sc = parse_scenario(PAPER.read_text())
+    assert sc.thresholds_s == (0.010, 0.015, 0.020)
+    writers = [s for s in sc.streams if s.kind == "write"]
+    assert len(writers) == 12 and {s.initiator for s in writers} == {
+        "10.0.0.3",
+        "10.0.0.4",
+        "10.0.0.5",
+    }
+    reader = next(s for s in sc.streams if s.kind == "read")
+    assert reader.rate_iops == pytest.approx(64.0)  # 256 kB/s of 4 kB reads
+    assert sc.switch_ons() == [10.0, 35.0, 60.0, 85.0, 110.0]
+    assert sc.default_settle_s() == 30.0
+
+
+def test_minimal_defaults_and_schedule():
+    sc = parse_scenario(MINIMAL)
+    w = [s for s in sc.streams if s.kind == "write"]
+    assert [s.name for s in w] == ["w#0", "w#1", "w#2"]
+    assert w[0].schedule.windows(sc.duration_s) == [(1.0, 3.0), (4.0, 6.0)]
+    assert sc.controller.max_class == 100 and sc.step_s == pytest.approx(0.0005)
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (("duration_s = 10", ""), "run.duration_s: missing"),
+        (("duration_s = 10", "duration_s = -1"), "run.duration_s: must be > 0"),
+        (("depth = 2", "depth = 0"), "stream[1].depth: must be > 0"),
+        (("depth = 2", 'depth = "2"'), "stream[1].depth: must be a finite number"),
+        (('kind = "write"', 'kind = "erase"'), "stream[1].kind: must be one of read, write"),
+        (
+            ('resource = "vg"\ninitiator = "10.0.0.3"', 'resource = "nope"\ninitiator = "x"'),
+            "stream[1].resource: no [[resource]] named 'nope'",
+        ),
+        (("thresholds_ms = [10]", "thresholds_ms = []"), "controller.thresholds_ms"),
+        (("thresholds_ms = [10]", "thresholds_ms = [10]\nkp = 3"), "controller.kp: unknown field"),
+        (("slope_ms_per_io = 3", "slope_ms_per_io = 30"), "exceed the device's peak"),
+        (
+            ("[controller]", "[controller]\nwrite_heavy_leave_kib_per_s = 5000"),
+            "controller.write_heavy_leave_kib_per_s: must be below",
+        ),
+        (("cycles = 2", "cycles = 2.5"), "schedule.cycles: must be an integer"),
+        (("duration_s = 10", "duration_s = 10\nduration = 3"), "run.duration: unknown field"),
+        (("[run]", "[run\n"), "not valid TOML"),
+    ],
+)
+def test_bad_fields_are_named(edit, field):
+    old, new = edit
+    assert old in MINIMAL
+    with pytest.raises(ScenarioError) as e:
+        parse_scenario(MINIMAL.replace(old, new, 1))
+    assert field in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_missing_tables():
+    with pytest.raises(ScenarioError, match=r"resource: needs at least one"):
+        parse_scenario("[run]\nduration_s = 1\n")

@@ -1,0 +1,134 @@
+import dataclasses
+
+import pytest
+from santhrottle.controller.domain import (
+    ControllerConfig,
+    PidGains,
+    ReadSample,
+    Resource,
+    Samples,
+    WriteSample,
+)
+from santhrottle.controller.step import new_state, step
+
+MIB = 1024.0 * 1024.0
+CFG = ControllerConfig(
+    gains=PidGains(400.0, 0.5, 0.0),
+    read_ewma_tau_s=0.0,  # the PID sees the raw sample: hand-computable
+    setpoint_fraction=1.0,
+    class_hysteresis=0.0,
+)
+
+
+def writes(resource, *initiators, rate=10 * MIB):
+    return [WriteSample(resource, i, rate) for i in initiators]
+
+
+def test_pid_tick_and_effective_class_of_a_member():
+    st = new_state(CFG, [Resource("vg", 0.010)])
+    st, d = step(st, Samples(writes=writes("vg", "A")), 0.0)  # converge: A joins
+    assert d.converged and d.joined == {"vg": {"A"}}
+    st, d = step(st, Samples([ReadSample("vg", 6, 0.014)]), 0.1)
+    # pid.py's worked example, first update: u = 1.92 -> class 2
+    assert d.ticked and d.resource_classes == {"vg": 2}
+    assert d.initiator_classes == {"A": 2}
+    assert st.effective_class("A") == 2
+
+
+def test_max_over_resources():
+    st = new_state(CFG, [Resource("vg1", 0.010), Resource("vg2", 0.010)])
+    st, _ = step(st, Samples(writes=writes("vg1", "A", "B") + writes("vg2", "A")), 0.0)
+    # vg1 slightly over (class 2), vg2 far over (larger class)
+    st, d = step(st, Samples([ReadSample("vg1", 6, 0.014), ReadSample("vg2", 6, 0.030)]), 0.1)
+    c1, c2 = d.resource_classes["vg1"], d.resource_classes["vg2"]
+    assert c1 == 2 and c2 > c1
+    assert d.initiator_classes == {"A": c2, "B": c1}
+    # B leaves vg1's hot spot when vg1 is fine; A keeps vg2's class
+    st, d = step(st, Samples([ReadSample("vg1", 6, 0.001), ReadSample("vg2", 6, 0.030)]), 0.2)
+    assert st.resources["vg1"].delay_class == 0
+    assert st.effective_class("B") == 0 and d.initiator_classes["B"] == 0
+    assert st.effective_class("A") == st.resources["vg2"].delay_class
+
+
+def test_two_cadences_fixed_rate():
+    st = new_state(CFG, [Resource("vg", 0.010)])
+    ticks = converges = 0
+    t = 0.0
+    for _ in range(100):  # called every 50 ms for 5 s
+        st, d = step(st, Samples(), t)
+        ticks += d.ticked
+        converges += d.converged
+        t = round(t + 0.05, 6)
+    assert ticks == 50 and converges == 5
+
+
+def test_late_call_counts_missed_ticks_and_does_not_bunch():
+    st = new_state(CFG, [Resource("vg", 0.010)])
+    st, _ = step(st, Samples(), 0.0)
+    st, d = step(st, Samples(), 0.35)  # due at 0.1, 0.2, 0.3: one run, two missed
+    assert d.ticked and d.late_ticks == 2
+    st, d = step(st, Samples(), 0.36)  # next deadline stays on the grid: 0.4
+    assert not d.ticked
+    st, d = step(st, Samples(), 0.4)
+    assert d.ticked and d.late_ticks == 0
+    assert st.late_ticks_total == 2
+
+
+def test_no_writers_holds_class():
+    st = new_state(CFG, [Resource("vg", 0.010)])
+    st, _ = step(st, Samples(writes=writes("vg", "A")), 0.0)
+    st, _ = step(st, Samples([ReadSample("vg", 6, 0.030, write_bps=20 * MIB)]), 0.1)
+    held = st.resources["vg"].delay_class
+    assert held > 0
+    # writers pause: latency is low, but nothing writes: class held, not wound down
+    for k in range(2, 30):
+        st, d = step(st, Samples([ReadSample("vg", 6, 0.002, write_bps=0.0)]), k / 10)
+        assert "vg" not in d.resource_classes
+    assert st.resources["vg"].delay_class == held
+    # writes resume and latency is low: the negative error unwinds it
+    st, d = step(st, Samples([ReadSample("vg", 6, 0.002, write_bps=20 * MIB)]), 3.0)
+    assert d.resource_classes["vg"] < held
+
+
+def test_read_idle_releases_after_configured_time():
+    cfg = dataclasses.replace(CFG, read_idle_release_s=1.0)
+    st = new_state(cfg, [Resource("vg", 0.010)])
+    st, _ = step(st, Samples(writes=writes("vg", "A")), 0.0)
+    st, _ = step(st, Samples([ReadSample("vg", 6, 0.030)]), 0.1)
+    assert st.effective_class("A") > 0
+    released_at = None
+    for k in range(2, 20):
+        st, d = step(st, Samples(), k / 10)  # no reads
+        if d.resource_classes:
+            released_at = k / 10
+            break
+    assert released_at == pytest.approx(1.1)
+    assert d.initiator_classes == {"A": 0}
+
+
+def test_class_hysteresis_down_only():
+    cfg = dataclasses.replace(CFG, class_hysteresis=2.0)
+    st = new_state(cfg, [Resource("vg", 0.010)])
+    st.resources["vg"].pid.u = 10.0
+    st.resources["vg"].delay_class = 10
+    st.resources["vg"].ewma.update(0.010, 0.0)
+    st, _ = step(st, Samples(), 0.0)
+    # a small negative error: u 10 -> ~9.5; ceil(9.5 + 2) > 10: hold 10
+    st, d = step(st, Samples([ReadSample("vg", 6, 0.00900)]), 0.1)
+    assert 9.0 < st.resources["vg"].pid.u < 10.0 and st.resources["vg"].delay_class == 10
+    # a small positive error: up at once
+    st, d = step(st, Samples([ReadSample("vg", 6, 0.0130)]), 0.2)
+    assert d.resource_classes["vg"] == st.resources["vg"].pid.delay_class > 10
+
+
+def test_threshold_change_keeps_pid_and_remove_resource_releases_members():
+    st = new_state(CFG, [Resource("vg", 0.010)])
+    st, _ = step(st, Samples(writes=writes("vg", "A")), 0.0)
+    st, _ = step(st, Samples([ReadSample("vg", 6, 0.030)]), 0.1)
+    u = st.resources["vg"].pid.u
+    st.set_resource(Resource("vg", 0.050))
+    assert st.resources["vg"].pid.u == u
+    assert st.remove_resource("vg") == {"A": 0}
+    assert st.effective == {}
+    with pytest.raises(ValueError, match="threshold"):
+        st.set_resource(Resource("x", 0.0))
