@@ -1,0 +1,323 @@
+"""The `lab` tier: tests that need the real Debian kernel, run under QEMU/TCG.
+
+Two halves, chosen by SANTHROTTLE_IN_GUEST:
+
+On the host (the default) lab-marked items are never run locally.  The first
+one boots ONE guest (vagrant/qemu/lab.py: installs the host packages if
+missing, fetches Debian's kernel, builds initramfs and venv, all cached) that
+runs ``pytest -m lab <the selected node ids>`` in the same checkout at the
+same path; a small plugin there (lab_guest_report.py) streams every test
+report back as JSON.  Each host item then replays the guest's reports for its
+node id, so pass / fail (with the guest's traceback) / skip (with the guest's
+reason) appear exactly as if it ran here; failures also get the tail of the
+guest's serial console.  If QEMU or the kernel package is unavailable, every
+lab item is skipped with one line saying what is missing; any other failure
+(guest crash, timeout, broken setup) fails every item that has no report,
+with the console tail attached.
+
+In the guest (SANTHROTTLE_IN_GUEST=1) the tests just run, with the fixtures
+below bringing the storage topology up (vagrant/qemu/guest/topology.py).
+
+Environment: SANTHROTTLE_LAB_TIMEOUT (guest run limit, s, default 900), and
+everything vagrant/qemu/lab.py reads (SANTHROTTLE_LAB_CACHE, _QEMU, ...).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+CHECKOUT = HERE.parent.parent
+LAB_PY = CHECKOUT / "vagrant" / "qemu" / "lab.py"
+TOPOLOGY_PY = CHECKOUT / "vagrant" / "qemu" / "guest" / "topology.py"
+IN_GUEST = os.environ.get("SANTHROTTLE_IN_GUEST") == "1"
+REPORT_PLUGIN = "lab_guest_report"  # tests/lab/lab_guest_report.py
+CONSOLE_TAIL_LINES = 60
+DEFAULT_TIMEOUT_S = 900
+
+# The topology the session fixture builds (tests parametrize over it).
+LUNS = 4
+NVME_NAMESPACES = 1
+
+
+def _is_lab(item) -> bool:
+    return item.get_closest_marker("lab") is not None
+
+
+def _load(name: str, path: Path):
+    mod = sys.modules.get(name)
+    if mod is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    # Everything under tests/lab is lab, marked or not (before -m deselects).
+    for item in items:
+        if HERE in Path(str(item.path)).parents and not _is_lab(item):
+            item.add_marker(pytest.mark.lab)
+
+
+# ===================================================================== host
+class _GuestSession:
+    """One guest boot for all the lab items of this pytest session."""
+
+    def __init__(self, session) -> None:
+        self.session = session
+        self.config = session.config
+        self.unavailable: str | None = None  # -> skip, one line
+        self.error: str | None = None  # -> fail every item without a report
+        self.reports: dict[str, list] = {}
+        self.collect_errors: list[str] = []
+        self.result = None
+        self._run()
+
+    def _say(self, msg: str) -> None:
+        tr = self.config.pluginmanager.getplugin("terminalreporter")
+        capman = self.config.pluginmanager.getplugin("capturemanager")
+        line = f"lab: {msg}"
+        if tr is None:
+            print(line, file=sys.stderr)
+            return
+        if capman is not None:
+            with capman.global_and_fixture_disabled():
+                tr.write_line(line)
+        else:
+            tr.write_line(line)
+
+    def _run(self) -> None:
+        try:
+            lab_mod = _load("santhrottle_lab_runner", LAB_PY)
+        except Exception as e:  # a broken runner is a failure, not a skip
+            self.error = f"cannot load {LAB_PY}: {e!r}"
+            return
+        items = [i for i in self.session.items if _is_lab(i)]
+        t0 = time.monotonic()
+        lab = lab_mod.Lab(log=self._say)
+        try:
+            prep = lab.up()
+        except lab_mod.LabUnavailable as e:
+            self.unavailable = str(e)
+            return
+        except Exception as e:
+            self.error = f"lab setup failed: {e}"
+            return
+        t_up = time.monotonic() - t0
+        rootdir = str(self.config.rootpath)
+        report = "/shared/work/reports.jsonl"
+        cmd = shlex.join(
+            [
+                f"{prep['venv']}/bin/python",
+                "-m",
+                "pytest",
+                "-p",
+                REPORT_PLUGIN,
+                "-p",
+                "no:cacheprovider",
+                "-v",
+                "-m",
+                "lab",
+                f"--rootdir={rootdir}",
+                *[i.nodeid for i in items],
+            ]
+        )
+        cmd = f"cd {shlex.quote(rootdir)} && exec {cmd}"
+        timeout = float(os.environ.get("SANTHROTTLE_LAB_TIMEOUT", DEFAULT_TIMEOUT_S))
+        self._say(
+            f"ready in {t_up:.1f} s (kernel {prep['kernel']['kv']}); booting the guest "
+            f"for {len(items)} tests (timeout {timeout:.0f} s)"
+        )
+        env = {"PYTHONPATH": str(HERE), "SANTHROTTLE_LAB_REPORT": report}
+        try:
+            res = lab.run(cmd, timeout=timeout, env=env, prepared=prep)
+        except Exception as e:
+            self.error = f"lab run failed: {e}"
+            return
+        self.result = res
+        self._say(
+            f"guest finished in {res.wall_s:.1f} s, exit status {res.status}"
+            f"{' (' + res.reason + ')' if res.reason else ''}; run dir {res.rundir}"
+        )
+        self._load_reports(res.work / "reports.jsonl")
+        if not self.reports and not res.reason:
+            self.error = f"the guest's pytest exited {res.status} without reporting any test"
+
+    def _load_reports(self, path: Path) -> None:
+        if not path.is_file():
+            return
+        hook = self.config.hook
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a crash
+            if rec.get("kind") == "collect":
+                self.collect_errors.append(rec.get("text", ""))
+                continue
+            rep = hook.pytest_report_from_serializable(config=self.config, data=rec["data"])
+            if rep is None:
+                continue
+            if isinstance(rep.longrepr, list):
+                rep.longrepr = tuple(rep.longrepr)
+            rep.location = tuple(rep.location)
+            if rep.failed:
+                self._attach_console(rep)
+            self.reports.setdefault(rep.nodeid, []).append(rep)
+
+    def _console_section(self) -> tuple[str, str]:
+        res = self.result
+        if res is None:
+            return ("lab", "(the guest did not boot)")
+        return (
+            f"lab guest console, last {CONSOLE_TAIL_LINES} lines of {res.console_path}",
+            res.console_tail(CONSOLE_TAIL_LINES),
+        )
+
+    def _attach_console(self, rep) -> None:
+        rep.sections.append(self._console_section())
+
+    # -- per item
+    def reports_for(self, item) -> list:
+        from _pytest.reports import TestReport
+
+        keywords = {k: 1 for k in item.keywords}
+
+        def mk(when, outcome, longrepr=None, sections=()):
+            return TestReport(
+                item.nodeid, item.location, keywords, outcome, longrepr, when, list(sections)
+            )
+
+        if self.unavailable:
+            where = (str(Path(__file__)), _SKIP_LINE, f"Skipped: lab unavailable: {self.unavailable}")
+            return [mk("setup", "skipped", where), mk("teardown", "passed")]
+        got = self.reports.get(item.nodeid)
+        if got and any(r.when == "teardown" for r in got):
+            return got
+        # No (complete) report from the guest for this item: fail it, loudly.
+        if self.error:
+            why = self.error
+        elif self.result is not None and self.result.reason:
+            why = f"{self.result.reason}; the guest did not report this test"
+        else:
+            why = "the guest did not report this test"
+        if self.collect_errors:
+            why += "\n\nguest collection errors:\n" + "\n".join(self.collect_errors)
+        sections = [self._console_section()]
+        if self.result is not None:
+            out = self.result.output.splitlines()[-CONSOLE_TAIL_LINES:]
+            sections.append(("lab guest command output (tail)", "\n".join(out)))
+        head = list(got or [])
+        if not head:
+            head = [mk("setup", "passed")]
+        return [*head, mk("call", "failed", f"lab: {why}", sections), mk("teardown", "passed")]
+
+
+_SKIP_LINE = 1  # the skip line points at this conftest, so -ra folds it into one line
+_GUEST_SESSION_KEY = pytest.StashKey[_GuestSession]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    if IN_GUEST or not _is_lab(item):
+        return None
+    stash = item.session.stash
+    if _GUEST_SESSION_KEY not in stash:
+        stash[_GUEST_SESSION_KEY] = _GuestSession(item.session)
+    gs = stash[_GUEST_SESSION_KEY]
+    ihook = item.ihook
+    ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    for rep in gs.reports_for(item):
+        ihook.pytest_runtest_logreport(report=rep)
+    ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
+
+
+# ==================================================================== guest
+def _topology_module():
+    return _load("santhrottle_lab_topology", TOPOLOGY_PY)
+
+
+@pytest.fixture(scope="session")
+def topo_mod():
+    """vagrant/qemu/guest/topology.py as a module (guest only)."""
+    if not IN_GUEST:
+        pytest.skip("lab fixtures run inside the lab guest only")
+    return _topology_module()
+
+
+@pytest.fixture(scope="session")
+def topology(topo_mod):
+    """The standard lab topology, up for the whole guest session: LUNS iSCSI
+    LVs/targets/initiators logged in, NVME_NAMESPACES NVMe/TCP subsystems
+    connected, on the QEMU-throttled disk.  Yields topology.up()'s dict."""
+    if topo_mod.status() is not None:
+        topo_mod.down()
+    t = topo_mod.up(luns=LUNS, nvme=NVME_NAMESPACES)
+    print(f"topology up: {t['timings_s']}")
+    yield t
+    topo_mod.down()
+
+
+class Guest:
+    """Helpers for guest-side tests (the `guest` fixture)."""
+
+    @staticmethod
+    def run(cmd, check=True, timeout=120, **kw) -> subprocess.CompletedProcess:
+        """subprocess.run with text output; a failure shows the command's output."""
+        p = subprocess.run(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout, **kw
+        )
+        if check and p.returncode != 0:
+            pytest.fail(f"{shlex.join(map(str, cmd))} exited {p.returncode}:\n{p.stdout}")
+        return p
+
+    def fio(self, *args, timeout=120) -> dict:
+        """Run fio with --output-format=json; returns the parsed report."""
+        # cwd /tmp: fio leaves *.state files in its working directory
+        cmd = ["fio", "--output-format=json", "--verify_state_save=0", *args]
+        text = self.run(cmd, timeout=timeout, cwd="/tmp").stdout
+        return json.loads(text[text.index("{") :])
+
+    def nstat(self, netns: str | None = None) -> dict[str, int]:
+        """Absolute SNMP/netstat counters (nstat -saz) of a network namespace."""
+        cmd = ["nstat", "-saz"]
+        if netns:
+            cmd = ["ip", "netns", "exec", netns, *cmd]
+        out = {}
+        for line in self.run(cmd).stdout.splitlines():
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                out[parts[0]] = int(parts[1])
+        return out
+
+
+@pytest.fixture(scope="session")
+def guest() -> Guest:
+    """Helpers to run commands, fio and nstat in the guest (guest only)."""
+    if not IN_GUEST:
+        pytest.skip("lab fixtures run inside the lab guest only")
+    return Guest()
+
+
+def pytest_generate_tests(metafunc):
+    """`lun` parametrizes a test over the topology's iSCSI LUNs (0..LUNS-1),
+    `nvme_ns` over its NVMe/TCP namespaces."""
+    if "lun" in metafunc.fixturenames:
+        metafunc.parametrize("lun", range(LUNS), ids=[f"lun{k}" for k in range(LUNS)])
+    if "nvme_ns" in metafunc.fixturenames:
+        metafunc.parametrize(
+            "nvme_ns", range(NVME_NAMESPACES), ids=[f"nvme{k}" for k in range(NVME_NAMESPACES)]
+        )
