@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from santhrottle.appliance import cli_datapath
 from santhrottle.controller.plant import SaturatedError
 from santhrottle.controller.scenario import ScenarioError, parse_scenario
 from santhrottle.controller.sim import simulate
@@ -140,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip the search for the best constant delay (faster)",
     )
     s.set_defaults(func=cmd_simulate)
+    cli_datapath.add_commands(sub)
     return p
 
 
