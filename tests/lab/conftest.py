@@ -215,10 +215,7 @@ class _GuestSession:
             why = "the guest did not report this test"
         if self.collect_errors:
             why += "\n\nguest collection errors:\n" + "\n".join(self.collect_errors)
-        sections = [self._console_section()]
-        if self.result is not None:
-            out = self.result.output.splitlines()[-CONSOLE_TAIL_LINES:]
-            sections.append(("lab guest command output (tail)", "\n".join(out)))
+        sections = [self._console_section()]  # the command's output is in it too
         head = list(got or [])
         if not head:
             head = [mk("setup", "passed")]

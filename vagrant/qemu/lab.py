@@ -42,6 +42,7 @@ lab is unavailable on this machine (QEMU or the kernel package missing).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import gzip
 import hashlib
 import io
@@ -341,7 +342,7 @@ class Lab:
             p = _run(["apt-get", "download", "-q", pkg], cwd=dl, check=False)
         debs = sorted(dl.glob(f"{pkg}_*.deb"))
         if p.returncode != 0 or not debs:
-            cached = self._kernel_dirs()
+            cached = [] if self.kernel_pkg else self._kernel_dirs()
             if cached:
                 self.log(
                     f"download failed ({_last_line(p.stdout)}); using cached {cached[-1].name}"
@@ -500,14 +501,18 @@ class Lab:
 
     # -------------------------------------------------------------------- up
     def up(self, venv: bool = True) -> dict:
-        """deps + kernel + initramfs (+ venv): everything a run needs."""
+        """deps + kernel + initramfs (+ venv): everything a run needs.
+        Serialized by a lock in the cache: concurrent sessions share it."""
         if self.qemu_override:
             self.qemu()  # an explicit override that does not exist: stop here
-        self.deps()
-        qemu = self.qemu()
-        kernel = self.kernel()
-        initrd = self.initramfs(kernel)
-        vdir = self.venv() if venv else None
+        self.cache.mkdir(parents=True, exist_ok=True)
+        with open(self.cache / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.deps()
+            qemu = self.qemu()
+            kernel = self.kernel()
+            initrd = self.initramfs(kernel)
+            vdir = self.venv() if venv else None
         return {"qemu": qemu, "kernel": kernel, "initramfs": initrd, "venv": vdir}
 
     # ------------------------------------------------------------------- run

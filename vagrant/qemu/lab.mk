@@ -1,0 +1,26 @@
+# The lab: Debian's real kernel under QEMU/TCG (vagrant/qemu/README.md).
+# Included by the top Makefile; VENV / VPY come from there.
+LAB_PY ?= python3
+LAB := vagrant/qemu/lab.py
+
+.PHONY: lab-deps lab-up lab lab-run lab-clean
+
+# apt-get install what the lab needs on the host (root; idempotent).
+lab-deps:
+	$(LAB_PY) $(LAB) deps
+
+# deps + Debian's kernel + initramfs + guest venv, all cached.
+lab-up:
+	$(LAB_PY) $(LAB) up
+
+# The lab test tier alone (one guest boot).
+lab: setup
+	$(VPY) -m pytest -m lab -v
+
+# Boot and run one script of the checkout inside: make lab-run SCRIPT=path ARGS='...'
+lab-run:
+	@test -n "$(SCRIPT)" || { echo "usage: make lab-run SCRIPT=path/in/checkout [ARGS='...']"; exit 2; }
+	$(LAB_PY) $(LAB) run -v $(SCRIPT) $(ARGS)
+
+lab-clean:
+	$(LAB_PY) $(LAB) clean
