@@ -1,0 +1,503 @@
+"""The data path's pure parts: units, naming, sizing, the rendered tc / iptables /
+ipset texts, reconciliation plans, and the CLI's one-line errors (no root)."""
+
+from __future__ import annotations
+
+import pytest
+from santhrottle.appliance import datapath as dp
+from santhrottle.appliance.cli import main
+
+# ------------------------------------------------------------------ units
+
+
+@pytest.mark.parametrize(
+    ("text", "us"),
+    [
+        ("0", 0),
+        ("500us", 500),
+        ("5ms", 5000),
+        ("1.5ms", 1500),
+        ("0.5ms", 500),
+        ("2s", 2_000_000),
+        ("0.0005s", 500),
+        ("50ms", 50_000),
+    ],
+)
+def test_parse_delay(text, us):
+    assert dp.parse_delay_us(text) == us
+
+
+@pytest.mark.parametrize("text", ["5", "5 ms", "-5ms", "5MS", "ms", "1.2345ms", "5m", "", "1e3us"])
+def test_parse_delay_rejects(text):
+    with pytest.raises(dp.DatapathError, match="bad delay"):
+        dp.parse_delay_us(text)
+
+
+@pytest.mark.parametrize(
+    ("us", "text"), [(0, "0"), (500, "500us"), (5000, "5ms"), (1500, "1.5ms"), (2_000_000, "2s")]
+)
+def test_fmt_us(us, text):
+    assert dp.fmt_us(us) == text
+    assert dp.parse_delay_us(text) == us
+
+
+def test_delay_to_class_exact_multiples_only():
+    assert dp.delay_to_class(5000, 500, 100) == 10
+    assert dp.delay_to_class(0, 500, 100) == 0
+    with pytest.raises(
+        dp.DatapathError, match=r"not a multiple of the step 500us: use 1ms or 1.5ms"
+    ):
+        dp.delay_to_class(1200, 500, 100)
+    with pytest.raises(dp.DatapathError, match=r"above the maximum 50ms \(class 100 of 500us\)"):
+        dp.delay_to_class(60_000, 500, 100)
+
+
+def test_parse_rate_and_ports():
+    assert dp.parse_rate_bits("10gbit") == 10**10
+    assert dp.parse_rate_bits("25Gbit") == 25 * 10**9
+    assert dp.parse_rate_bits("100gbit") == 10**11
+    for bad in ("10g", "10 gbit", "fast", "100kbit"):
+        with pytest.raises(dp.DatapathError):
+            dp.parse_rate_bits(bad)
+    assert dp.parse_ports("3260,4420") == (3260, 4420)
+    for bad in ("3260,3260", "0", "70000", "a", ",".join(str(1000 + i) for i in range(16))):
+        with pytest.raises(dp.DatapathError):
+            dp.parse_ports(bad)
+
+
+def test_check_ip():
+    assert dp.check_ip("10.0.0.3") == "10.0.0.3"
+    for bad in ("10.0.0.x", "010.0.0.3", "::1", "10.0.0.0/24"):
+        with pytest.raises(dp.DatapathError, match="bad initiator address"):
+            dp.check_ip(bad)
+
+
+# ----------------------------------------------------------------- naming
+
+
+def test_class_minor_reads_as_the_class_number():
+    assert dp.class_minor(20) == 0x20
+    assert dp.classid(20) == "5374:20"
+    assert dp.classid(100) == "5374:100"
+    assert dp.classid(0) == "5374:ffff"
+    seen = set()
+    for k in range(1, dp.MAX_CLASS_LIMIT + 1):
+        m = dp.class_minor(k)
+        assert dp.minor_class(m) == k
+        assert m != dp.DEFAULT_MINOR and m < dp.ROOT_MAJOR  # leaf handle k: below the root
+        seen.add(m)
+    assert len(seen) == dp.MAX_CLASS_LIMIT
+    assert dp.minor_class(0xA) is None and dp.minor_class(dp.DEFAULT_MINOR) is None
+    with pytest.raises(ValueError):
+        dp.class_minor(0)
+
+
+def test_set_names_fit_ipset_and_are_ours():
+    for name in dp.OWNED_SETS:
+        assert name.startswith("santhrottle-") and len(name) <= 31
+
+
+# ----------------------------------------------------------------- sizing
+
+
+@pytest.mark.parametrize(
+    ("gbit", "rate", "burst"),
+    [
+        (10, 1_250_000_000, 1_250_000),
+        (25, 3_125_000_000, 3_125_000),
+        (100, 12_500_000_000, 12_500_000),
+    ],
+)
+def test_htb_params_per_link_speed(gbit, rate, burst):
+    hp = dp.htb_params(gbit * 10**9)
+    assert hp.rate_bytes_s == hp.ceil_bytes_s == rate
+    assert hp.burst_bytes == hp.cburst_bytes == burst
+    assert hp.quantum_bytes == 200_000
+    assert hp.tc_args() == (
+        f"rate {gbit * 10**9}bit ceil {gbit * 10**9}bit burst {burst}b cburst {burst}b "
+        "quantum 200000"
+    )
+
+
+def test_htb_burst_never_below_two_gso_packets():
+    assert dp.htb_params(100 * 10**6).burst_bytes == 2 * 65536
+
+
+def test_netem_limit_holds_link_rate_times_delay_of_min_frames():
+    # 10 Gbit/s x 10 ms = 12.5 MB = 195313 frames of 64 B
+    assert dp.netem_limit(10**10, 10_000) == 195_313
+    assert dp.netem_limit(10**10, 50_000) == 976_563
+    assert dp.netem_limit(10**8, 500) == 1000  # the floor
+    for k in range(1, 101):
+        lim = dp.netem_limit(10**10, k * 500)
+        assert lim * 64 >= 1.25e9 * k * 500e-6
+
+
+# ---------------------------------------------------------------- tc plan
+
+
+def _want(step_us=500, max_class=100, gbit=10, leaf="netem"):
+    return dp.desired_tree(step_us, max_class, gbit * 10**9, leaf)
+
+
+def test_fresh_build_is_one_batch():
+    lines = dp.render_tc_plan("eth1", _want(), None)
+    assert lines[0] == "qdisc add dev eth1 root handle 5374: htb default ffff"
+    assert lines[1].startswith("class add dev eth1 parent 5374: classid 5374:ffff htb rate ")
+    assert len(lines) == 1 + 101 + 100
+    assert "class add dev eth1 parent 5374: classid 5374:20 htb rate 10000000000bit" in "\n".join(
+        lines
+    )
+    assert "qdisc add dev eth1 parent 5374:20 handle 20: netem delay 10000us limit 195313" in lines
+    assert (
+        "qdisc add dev eth1 parent 5374:100 handle 100: netem delay 50000us limit 976563" in lines
+    )
+    # a kernel default root (handle 0:) is replaced by a fresh build too
+    assert dp.render_tc_plan("eth1", _want(), dp.TcTree("noqueue", 0)) == lines
+
+
+def test_plan_is_empty_when_the_tree_matches():
+    want = _want()
+    assert dp.render_tc_plan("eth1", want, _want()) == []
+
+
+def test_step_change_replaces_leaves_in_place_and_extra_classes_go_last():
+    have = _want(step_us=500, max_class=100)
+    want = _want(step_us=1000, max_class=50)
+    lines = dp.render_tc_plan("eth1", want, have)
+    assert not any(ln.startswith("qdisc add dev eth1 root") for ln in lines)
+    replaces = [ln for ln in lines if ln.startswith("qdisc replace")]
+    assert len(replaces) == 50
+    assert "qdisc replace dev eth1 parent 5374:20 handle 20: netem delay 20000us limit 390625" in (
+        replaces
+    )
+    dels = [ln for ln in lines if ln.startswith("class del")]
+    assert len(dels) == 50 and lines[-50:] == dels
+    assert "class del dev eth1 classid 5374:51" in dels
+
+
+def test_link_speed_change_changes_classes():
+    lines = dp.render_tc_plan("eth1", _want(gbit=25), _want(gbit=10))
+    changes = [ln for ln in lines if ln.startswith("class change")]
+    assert len(changes) == 101
+    assert "rate 25000000000bit ceil 25000000000bit burst 3125000b" in changes[0]
+
+
+def test_missing_leaf_and_class_are_added():
+    have = _want()
+    del have.leaves[dp.class_minor(7)]
+    del have.classes[dp.class_minor(8)]
+    del have.leaves[dp.class_minor(8)]
+    lines = dp.render_tc_plan("eth1", _want(), have)
+    assert lines == [
+        "qdisc add dev eth1 parent 5374:7 handle 7: netem delay 3500us limit 68360",
+        "class add dev eth1 parent 5374: classid 5374:8 htb " + dp.htb_params(10**10).tc_args(),
+        "qdisc add dev eth1 parent 5374:8 handle 8: netem delay 4000us limit 78125",
+    ]
+
+
+# Records as Datapath._tc_record makes them from pyroute2 (captured on 6.18
+# and, for netem, on the lab's 6.1 kernel).
+def _root_record(defcls=0xFFFF):
+    return {
+        "handle": 0x53740000,
+        "parent": 0xFFFFFFFF,
+        "kind": "htb",
+        "options": {
+            "attrs": [
+                ("TCA_HTB_INIT", {"version": 196625, "rate2quantum": 10, "defcls": defcls}),
+                ("TCA_HTB_DIRECT_QLEN", 1000),
+            ]
+        },
+    }
+
+
+def _class_record(minor, rate=1_250_000_000, buffer=15625):
+    parms = {"rate": rate, "ceil": rate, "buffer": buffer, "cbuffer": buffer, "quantum": 200000}
+    attrs = [("TCA_HTB_PARMS", parms)]
+    if rate > 0xFFFFFFFF:
+        parms["rate"] = parms["ceil"] = 0xFFFFFFFF
+        attrs += [("TCA_HTB_RATE64", rate), ("TCA_HTB_CEIL64", rate)]
+    return {
+        "handle": 0x53740000 | minor,
+        "parent": 0xFFFFFFFF,
+        "kind": "htb",
+        "options": {"attrs": attrs},
+    }
+
+
+def _netem_record(k, step_us=500, gbit=10):
+    delay_ns = k * step_us * 1000
+    minor = dp.class_minor(k)
+    return {
+        "handle": minor << 16,
+        "parent": 0x53740000 | minor,
+        "kind": "netem",
+        "options": {
+            "delay": delay_ns // 64,  # the kernel's legacy latency field, 64 ns ticks
+            "limit": dp.netem_limit(gbit * 10**9, k * step_us),
+            "loss": 0,
+            "gap": 0,
+            "duplicate": 0,
+            "jitter": 0,
+            "attrs": [],
+        },
+    }
+
+
+def test_observe_tree_from_kernel_records_adopts():
+    max_class = 12
+    qd = [_root_record()] + [_netem_record(k) for k in range(1, max_class + 1)]
+    cl = [_class_record(0xFFFF)] + [_class_record(dp.class_minor(k)) for k in range(1, 13)]
+    have = dp.observe_tree(qd, cl)
+    assert have.ours and have.default_minor == 0xFFFF
+    assert dp.render_tc_plan("eth1", _want(max_class=max_class), have) == []
+    s = dp.tree_summary(have)
+    assert s["step_us"] == 500 and s["max_class"] == 12 and s["leaf"] == "netem"
+    assert s["link_bits_s"] == 10**10
+
+
+def test_observe_tree_100gbit_uses_rate64():
+    qd = [_root_record()]
+    cl = [_class_record(0xFFFF, rate=12_500_000_000, buffer=1562)]
+    have = dp.observe_tree(qd, cl)
+    hp = have.classes[0xFFFF]
+    assert hp.rate_bytes_s == 12_500_000_000
+    # 1562 ticks of 64 ns at 12.5 GB/s = 1249600 B ~ 1250000 B: within the tick rounding
+    assert hp.close_to(dp.htb_params(10**11)) is False  # 12.5 MB burst wanted, 1.25 MB there
+    assert hp.close_to(dp.HtbParams(12_500_000_000, 12_500_000_000, 1_250_000, 1_250_000, 200_000))
+
+
+def test_observe_foreign_and_default_roots():
+    fq = {"handle": 0x10000, "parent": 0xFFFFFFFF, "kind": "tbf", "options": {}}
+    t = dp.observe_tree([fq], [])
+    assert not t.ours and not t.kernel_default and t.root_kind == "tbf"
+    noq = {"handle": 0, "parent": 0xFFFFFFFF, "kind": "noqueue", "options": {}}
+    t = dp.observe_tree([noq], [])
+    assert not t.ours and t.kernel_default
+    assert dp.observe_tree([], []).kernel_default
+
+
+# -------------------------------------------------------------- iptables
+
+MANGLE_FOREIGN = """\
+-P PREROUTING ACCEPT
+-P INPUT ACCEPT
+-P FORWARD ACCEPT
+-P OUTPUT ACCEPT
+-P POSTROUTING ACCEPT
+-N KUBE-HINT
+-A POSTROUTING -o eth0 -j MARK --set-xmark 0x1/0xffffffff
+"""
+
+
+def test_rules_render_as_iptables_prints_them():
+    rules = dp.render_chain_rules((3260, 4420))
+    assert rules[0] == (
+        "-A SANTHROTTLE -p tcp -m multiport --sports 3260,4420 "
+        "-j SET --map-set santhrottle-all dst --map-prio"
+    )
+    assert rules[1].startswith(
+        "-A SANTHROTTLE -p tcp -m tcp --tcp-flags FIN,SYN,RST,ACK ACK -m multiport --sports "
+        '3260,4420 -m bpf --bytecode "15,48 0 0 9,'
+    )
+    assert rules[1].endswith("-j SET --map-set santhrottle-ack dst --map-prio")
+    assert rules[2].endswith("-j RETURN") and "-m bpf" in rules[2]
+    assert rules[3].endswith("-j SET --map-set santhrottle-read dst --map-prio")
+
+
+def test_rules_restore_fresh_and_adopted():
+    jumps, chain = dp.parse_mangle_rules(MANGLE_FOREIGN)
+    assert jumps == [] and chain is None
+    text = dp.render_rules_restore("eth1", (3260,), jumps, chain)
+    assert text is not None
+    lines = text.splitlines()
+    assert lines[0] == "*mangle" and lines[-1] == "COMMIT"
+    assert ":SANTHROTTLE - [0:0]" in lines
+    assert "-I POSTROUTING -o eth1 -j SANTHROTTLE" in lines
+    assert not any("MARK" in ln or "KUBE" in ln for ln in lines)  # never touches others
+    installed = (
+        MANGLE_FOREIGN
+        + "-N SANTHROTTLE\n-A POSTROUTING -o eth1 -j SANTHROTTLE\n"
+        + "\n".join(dp.render_chain_rules((3260,)))
+        + "\n"
+    )
+    jumps, chain = dp.parse_mangle_rules(installed)
+    assert jumps == ["-A POSTROUTING -o eth1 -j SANTHROTTLE"]
+    assert dp.render_rules_restore("eth1", (3260,), jumps, chain) is None
+    # another port list or device: rewritten; the stale jump goes
+    text = dp.render_rules_restore("eth2", (3260, 4420), jumps, chain)
+    assert "-D POSTROUTING -o eth1 -j SANTHROTTLE" in text
+    assert "-I POSTROUTING -o eth2 -j SANTHROTTLE" in text
+    assert dp.parse_rule_ports(chain) == (3260,)
+    assert dp.parse_jump_device(jumps[0]) == "eth1"
+
+
+def test_duplicate_jumps_are_collapsed():
+    j = "-A POSTROUTING -o eth1 -j SANTHROTTLE"
+    text = dp.render_rules_restore("eth1", (3260,), [j, j], dp.render_chain_rules((3260,)))
+    lines = text.splitlines()
+    assert lines.count("-D POSTROUTING -o eth1 -j SANTHROTTLE") == 2
+    assert lines.count("-I POSTROUTING -o eth1 -j SANTHROTTLE") == 1
+
+
+def test_cleanup_rules():
+    assert dp.render_rules_cleanup([], False) is None
+    text = dp.render_rules_cleanup(["-A POSTROUTING -o eth1 -j SANTHROTTLE"], True)
+    assert text.splitlines() == [
+        "*mangle",
+        "-D POSTROUTING -o eth1 -j SANTHROTTLE",
+        ":SANTHROTTLE - [0:0]",
+        "-X SANTHROTTLE",
+        "COMMIT",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "backend"),
+    [
+        ("iptables v1.8.9 (nf_tables)\n", "nf_tables"),
+        ("iptables v1.8.7 (legacy)\n", "legacy"),
+        ("iptables v1.6.1\n", "legacy"),
+        ("weird", "unknown"),
+    ],
+)
+def test_backend(text, backend):
+    assert dp.parse_backend(text) == backend
+
+
+# ------------------------------------------------------------------ ipset
+
+
+def test_ipset_texts():
+    text = dp.render_ipset_changes(
+        [("add", "santhrottle-all", "10.0.0.2", 20), ("del", "santhrottle-ack", "10.0.0.3", 0)]
+    )
+    assert text == "add santhrottle-all 10.0.0.2 skbprio 5374:20\ndel santhrottle-ack 10.0.0.3\n"
+    swap = dp.render_ipset_swap("read", {"10.0.0.2": 3}, 65536).splitlines()
+    assert swap == [
+        "create santhrottle-read-tmp hash:ip family inet maxelem 65536 counters skbinfo",
+        "add santhrottle-read-tmp 10.0.0.2 skbprio 5374:3",
+        "swap santhrottle-read-tmp santhrottle-read",
+        "destroy santhrottle-read-tmp",
+    ]
+
+
+def _dp(**kw):
+    d = dp.Datapath("eth1", **kw)
+    d._members = {"10.0.0.2": ("all", 4), "10.0.0.3": ("ack", 2)}  # as read back
+    return d
+
+
+def test_plan_changes_diffs_against_membership():
+    d = _dp()
+    assert d.plan_changes({"10.0.0.2": 4}) == []  # already there: nothing sent
+    assert d.plan_changes({"10.0.0.2": 6}) == [("add", "santhrottle-all", "10.0.0.2", 6)]
+    assert d.plan_changes({"10.0.0.2": 0}) == [("del", "santhrottle-all", "10.0.0.2", 0)]
+    assert d.plan_changes({"10.0.0.9": 0}) == []
+    assert d.plan_changes({"10.0.0.3": 2}, mode="all") == [
+        ("del", "santhrottle-ack", "10.0.0.3", 0),
+        ("add", "santhrottle-all", "10.0.0.3", 2),
+    ]
+    with pytest.raises(dp.DatapathError, match="bad class 101"):
+        d.plan_changes({"10.0.0.2": 101})
+    with pytest.raises(dp.DatapathError, match="bad initiator address"):
+        d.plan_changes({"10.0.0": 1})
+    with pytest.raises(dp.DatapathError, match="bad mode"):
+        d.plan_changes({"10.0.0.2": 1}, mode="write")
+
+
+def test_constructor_validates():
+    with pytest.raises(dp.DatapathError, match="bad step"):
+        dp.Datapath("eth1", step_s=0.00050001)
+    with pytest.raises(dp.DatapathError, match="bad maximum class"):
+        dp.Datapath("eth1", max_class=dp.MAX_CLASS_LIMIT + 1)
+    with pytest.raises(dp.DatapathError, match="bad write mode"):
+        dp.Datapath("eth1", write_mode="read")
+    with pytest.raises(dp.DatapathError, match="at most 15"):
+        dp.Datapath("eth1", ports=range(1000, 1016))
+    d = dp.Datapath("eth1")
+    assert d.step_us == 500 and d.max_class == 100 and d.write_mode == "all"
+    assert d.ports == (3260, 4420)
+
+
+def test_netns_path_missing_is_one_line(tmp_path):
+    d = dp.Datapath("eth1", netns="nope", netns_dir=str(tmp_path))
+    with pytest.raises(dp.DatapathError, match=r"no network namespace nope"):
+        d._cmd(["tc"])
+    d = dp.Datapath("eth1", netns="there", netns_dir=str(tmp_path))
+    (tmp_path / "there").touch()
+    assert d._cmd(["tc", "-batch", "-"]) == [
+        "nsenter",
+        f"--net={tmp_path}/there",
+        "tc",
+        "-batch",
+        "-",
+    ]
+
+
+# ------------------------------------------------------- kernel features
+
+
+def test_module_available(tmp_path):
+    sysmod = tmp_path / "sys"
+    mods = tmp_path / "lib"
+    sysmod.mkdir()
+    assert dp.module_available("sch_netem", str(sysmod), str(mods), "6.1.0") is None
+    tree = mods / "6.1.0"
+    tree.mkdir(parents=True)
+    (tree / "modules.builtin").write_text("kernel/net/sched/sch_htb.ko\n")
+    (tree / "modules.dep").write_text(
+        "kernel/net/sched/sch_tbf.ko.xz:\nkernel/net/netfilter/xt_set.ko.xz: ip_set.ko.xz\n"
+    )
+    assert dp.module_available("sch_netem", str(sysmod), str(mods), "6.1.0") is False
+    assert dp.module_available("sch_htb", str(sysmod), str(mods), "6.1.0") is True
+    assert dp.module_available("xt_set", str(sysmod), str(mods), "6.1.0") is True
+    (tree / "modules.dep").write_text("kernel/net/sched/sch_netem.ko.xz:\n")
+    assert dp.module_available("sch_netem", str(sysmod), str(mods), "6.1.0") is True
+    (sysmod / "sch_foo").mkdir()
+    assert dp.module_available("sch_foo", str(sysmod), str(mods), "6.1.0") is True
+
+
+def test_netem_missing_message_names_the_module():
+    assert "sch_netem" in dp.NETEM_MISSING_MSG and "\n" not in dp.NETEM_MISSING_MSG
+
+
+# -------------------------------------------------------------------- CLI
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["pin", "10.0.0.x", "--delay", "5ms"], "bad initiator address '10.0.0.x'"),
+        (["pin", "10.0.0.3", "--delay", "5"], "bad delay '5'"),
+        (["pin", "10.0.0.3", "--delay", "0"], "delay 0 throttles nothing"),
+        (["unpin", "10.0.0"], "bad initiator address"),
+        (
+            ["datapath", "apply", "--device", "eth1", "--max-delay", "1.2ms"],
+            "maximum delay 1.2ms is not a positive multiple of the step 500us",
+        ),
+        (["datapath", "apply", "--device", "eth1", "--step", "0"], "bad step '0'"),
+        (["datapath", "apply", "--device", "eth1", "--ports", "3260,x"], "bad port 'x'"),
+        (["datapath", "apply", "--device", "eth1", "--link-speed", "fast"], "bad link speed"),
+        (
+            ["datapath", "apply", "--device", "eth1", "--step", "1us", "--max-delay", "1s"],
+            "needs 1000000 classes of 1us: at most 5000",
+        ),
+    ],
+)
+def test_cli_errors_are_one_line_exit_2(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("santhrottle: ")
+    assert message in err
+
+
+def test_cli_help_has_examples(capsys):
+    with pytest.raises(SystemExit):
+        main(["pin", "--help"])
+    out = capsys.readouterr().out
+    assert "santhrottle pin 10.0.0.3 --delay 5ms" in out
+    with pytest.raises(SystemExit):
+        main(["datapath", "--help"])
+    assert "santhrottle datapath apply --device eth1" in capsys.readouterr().out
