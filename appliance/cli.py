@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from santhrottle.appliance import cli_datapath
+from santhrottle.appliance import cli_datapath, cli_sensing
+from santhrottle.appliance.errors import CliError
 from santhrottle.controller.plant import SaturatedError
 from santhrottle.controller.scenario import ScenarioError, parse_scenario
 from santhrottle.controller.sim import simulate
@@ -28,10 +29,6 @@ examples:
 
 The scenario format is described in docs/simulator.md.
 """
-
-
-class CliError(Exception):
-    """One line for the admin; exit status 2."""
 
 
 def _finite(x: Any) -> Any:
@@ -142,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(func=cmd_simulate)
     cli_datapath.add_commands(sub)
+    cli_sensing.add_commands(sub)
     return p
 
 

@@ -1,0 +1,158 @@
+"""`santhrottle resources` and `santhrottle initiators`: what discovery sees, measured now.
+
+They run one sensing pass over --interval seconds on this host (no daemon
+needed), so an admin can check discovery before enabling throttling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from santhrottle.appliance.errors import CliError
+from santhrottle.appliance.sensing.target import TargetSensor
+
+EPILOG = """\
+examples:
+  santhrottle resources                 # VGs, their devices, read latency, write rate
+  santhrottle initiators --interval 2   # who loads which VG, and how much they write
+  santhrottle initiators --json | jq '.[] | select(.resources | length > 1)'
+  ip netns exec tgt santhrottle resources   # a target living in a network namespace
+
+Read latency is the read-weighted mean over the resource's devices that had
+reads in the interval; write rates come from LIO's per-ACL counters or from
+the LUN's block device (docs/sensing.md, "Write-rate sources").
+"""
+
+
+def _measure(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        return _measure_once(args)
+    except OSError as e:
+        raise CliError(f"cannot read {e.filename or 'kernel state'}: {e.strerror or e}") from None
+
+
+def _measure_once(args: argparse.Namespace) -> dict[str, Any]:
+    if args.interval <= 0 or args.interval > 60:
+        raise CliError(f"--interval must be within (0, 60] s, got {args.interval:g}")
+    sensor = TargetSensor(
+        proc_root=args.proc_root, sys_root=args.sys_root, configfs_root=args.configfs_root
+    )
+    sensor.converge()
+    sensor.read_samples()
+    time.sleep(args.interval)
+    disc, writes = sensor.converge()
+    reads = {r.resource: r for r in sensor.read_samples()}
+    rates = {(w.resource, w.initiator): w.write_bps for w in writes}
+    resources = []
+    for name, devs in sorted(disc.resources.items()):
+        r = reads.get(name)
+        resources.append(
+            {
+                "resource": name,
+                "devices": list(devs),
+                "reads_per_s": (r.reads / args.interval) if r else 0.0,
+                "read_latency_s": (r.read_latency_s if r and r.reads else None),
+                "write_bytes_per_second": r.write_bps if r and r.write_bps is not None else 0.0,
+                "initiators": sorted(a for a, v in disc.initiators.items() if name in v.resources),
+            }
+        )
+    initiators = []
+    for addr, v in sorted(disc.initiators.items()):
+        initiators.append(
+            {
+                "initiator": addr,
+                "names": sorted(v.names),
+                "resources": sorted(v.resources),
+                "exports": [
+                    {"protocol": e.protocol, "target": e.target, "lun": e.lun, "device": e.device}
+                    for e in v.exports
+                ],
+                "write_bytes_per_second": {
+                    res: rates.get((res, addr)) for res in sorted(v.resources)
+                },
+                "write_sources": dict(sorted(v.write_sources.items())),
+            }
+        )
+    return {
+        "interval_s": args.interval,
+        "resources": resources,
+        "initiators": initiators,
+        "ambiguous": disc.ambiguous,
+        "warnings": {
+            "malformed_diskstats_lines": sensor.warnings.malformed_diskstats_lines,
+            "lio_errors": sensor.warnings.lio_errors,
+        },
+    }
+
+
+def _fmt_ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:.2f}ms"
+
+
+def _mb(x: float | None) -> str:
+    return "-" if x is None else f"{x / 1e6:.2f}"
+
+
+def cmd_resources(args: argparse.Namespace) -> int:
+    data = _measure(args)
+    if args.json:
+        json.dump(data["resources"], sys.stdout, indent=1)
+        print()
+        return 0
+    head = ("RESOURCE", "DEVICES", "READS/s", "READ_LAT", "WR_MB/s")
+    print(f"{head[0]:<16} {head[1]:<20} {head[2]:>8} {head[3]:>9} {head[4]:>8}  INITIATORS")
+    for r in data["resources"]:
+        print(
+            f"{r['resource']:<16} {','.join(r['devices']):<20} {r['reads_per_s']:>8.1f} "
+            f"{_fmt_ms(r['read_latency_s']):>9} {_mb(r['write_bytes_per_second']):>8}  "
+            f"{','.join(r['initiators']) or '-'}"
+        )
+    if not data["resources"]:
+        print("no resources: no LVM volume group and none declared in config")
+    for a in data["ambiguous"]:
+        print(f"ambiguous: {a} (add a static map)")
+    return 0
+
+
+def cmd_initiators(args: argparse.Namespace) -> int:
+    data = _measure(args)
+    if args.json:
+        json.dump(data["initiators"], sys.stdout, indent=1)
+        print()
+        return 0
+    print(f"{'INITIATOR':<18} {'RESOURCE':<16} {'WR_MB/s':>8} {'SOURCE':<7} EXPORTS")
+    for i in data["initiators"]:
+        exports = ",".join(f"{e['target']}/{e['lun']}" for e in i["exports"]) or "-"
+        for res in i["resources"] or ["-"]:
+            rate = i["write_bytes_per_second"].get(res)
+            print(
+                f"{i['initiator']:<18} {res:<16} {_mb(rate):>8} "
+                f"{i['write_sources'].get(res, '-'):<7} {exports}"
+            )
+    if not data["initiators"]:
+        print("no initiators connected on the storage ports")
+    return 0
+
+
+def add_commands(sub: Any) -> None:
+    for name, func, help_ in (
+        ("resources", cmd_resources, "shared resources (VGs), their read latency and write rate"),
+        ("initiators", cmd_initiators, "connected initiators, their resources and write rates"),
+    ):
+        p = sub.add_parser(
+            name,
+            help=help_,
+            description=help_ + ", measured over --interval seconds on this host.",
+            epilog=EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        p.add_argument("--interval", type=float, default=1.0, metavar="S", help="default 1 s")
+        p.add_argument("--json", action="store_true", help="print JSON")
+        p.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
+        p.add_argument("--sys-root", default="/sys", help=argparse.SUPPRESS)
+        p.add_argument("--configfs-root", default="/sys/kernel/config", help=argparse.SUPPRESS)
+        p.set_defaults(func=func)

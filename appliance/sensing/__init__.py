@@ -1,0 +1,1 @@
+"""Target-host sensors: diskstats, LVM, LIO, nvmet, connected initiators."""

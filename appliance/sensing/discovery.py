@@ -1,0 +1,211 @@
+"""Who loads what: exports (LUNs, namespaces) -> devices -> resources, initiators -> resources.
+
+build_discovery() is pure: it takes what the adapters read (LIO TPGs, nvmet
+subsystems and ports, established connections, the LVM map, resources
+declared in config, static maps) and returns one Discovery. The daemon
+refreshes it every second.
+
+Matching a connection to an export
+    iSCSI: the connection's local address and port match a TPG's portal
+    (a wildcard portal 0.0.0.0 / :: matches any local address). Explicit
+    ACL sessions name their initiator's address directly.
+    NVMe/TCP: the local address and port match an nvmet port; the port's
+    subsystems are what the host can reach.
+    A connection that matches portals of several targets (one wildcard
+    portal in front of many targets, with generated ACLs) cannot be placed
+    from the kernel's state: it is reported as ambiguous and left to the
+    static map.
+
+Write-rate sources, per (initiator, resource) (docs/sensing.md)
+    "acl"    LIO per-ACL mapped-LUN statistics (explicit ACLs only)
+    "device" the LUN's block device in diskstats, when exactly one
+             initiator is connected to that LUN
+    "shared" the LUN's block device when several initiators share it: each
+             is charged the whole device's writes (conservative: any of them
+             may be the writer)
+    "static" a static map entry: the resource is known but no per-initiator
+             counter is; no write rate (it never joins a write-heavy set by
+             itself, but pin works)
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from .blockdevs import LogicalVolume, resolve_device_path, volume_groups
+from .conns import TcpConn
+from .lio import LioTpg
+from .nvmet import NvmetPort, NvmetSubsystem
+
+WILDCARDS = {"0.0.0.0", "::", "[::]", ""}
+
+
+@dataclass(frozen=True, slots=True)
+class Export:
+    protocol: str  # "iscsi" | "nvme-tcp"
+    target: str  # IQN or subsystem NQN
+    lun: int  # LUN number or NSID
+    device: str | None  # kernel block device name ("dm-3")
+    resource: str | None
+
+
+@dataclass
+class InitiatorView:
+    address: str
+    names: set[str] = field(default_factory=set)  # IQNs from ACL sessions
+    exports: list[Export] = field(default_factory=list)
+    resources: set[str] = field(default_factory=set)
+    write_sources: dict[str, str] = field(default_factory=dict)  # resource -> source
+
+
+@dataclass
+class Discovery:
+    resources: dict[str, tuple[str, ...]]  # resource -> member devices
+    exports: list[Export]
+    initiators: dict[str, InitiatorView]
+    # device -> initiators charged with its writes, and how
+    device_writers: dict[str, tuple[tuple[str, ...], str]]
+    # (initiator, resource) -> {tpg lun device: ACL write bytes}
+    acl_write_bytes: dict[tuple[str, str], int]
+    ambiguous: list[str]  # connections that could not be placed
+
+    def resource_of_device(self) -> dict[str, str]:
+        return {d: r for r, devs in self.resources.items() for d in devs}
+
+
+def _portal_match(portal_ip: str, portal_port: int | None, conn: TcpConn) -> bool:
+    if portal_port is not None and portal_port != conn.local_port:
+        return False
+    ip = portal_ip.strip("[]")
+    if ip in WILDCARDS:
+        return True
+    try:
+        return ipaddress.ip_address(ip) == ipaddress.ip_address(conn.local_ip)
+    except ValueError:
+        return False
+
+
+def build_discovery(
+    *,
+    lio: Iterable[LioTpg] = (),
+    nvmet_subsystems: Iterable[NvmetSubsystem] = (),
+    nvmet_ports: Iterable[NvmetPort] = (),
+    conns: Iterable[TcpConn] = (),
+    lvs: Mapping[str, LogicalVolume] | None = None,
+    declared: Mapping[str, Iterable[str]] | None = None,
+    static_map: Mapping[str, Iterable[str]] | None = None,
+    dev_root: str = "/dev",
+) -> Discovery:
+    lvs = dict(lvs or {})
+    resources: dict[str, tuple[str, ...]] = {
+        vg: tuple(devs) for vg, devs in volume_groups(lvs).items()
+    }
+    for name, devs in (declared or {}).items():  # config wins over LVM
+        resources[name] = tuple(sorted(devs))
+    res_of = {d: r for r, devs in resources.items() for d in devs}
+
+    def export(proto: str, target: str, lun: int, path: str) -> Export:
+        dev = resolve_device_path(path, lvs, dev_root) if path else None
+        return Export(proto, target, lun, dev, res_of.get(dev) if dev else None)
+
+    initiators: dict[str, InitiatorView] = {}
+    exports: list[Export] = []
+    ambiguous: list[str] = []
+    acl_bytes: dict[tuple[str, str], int] = {}
+    # export -> initiators connected to it
+    users: dict[Export, set[str]] = {}
+
+    def view(addr: str) -> InitiatorView:
+        v = initiators.get(addr)
+        if v is None:
+            v = initiators[addr] = InitiatorView(addr)
+        return v
+
+    def attach(addr: str, ex: Export) -> None:
+        v = view(addr)
+        if ex not in v.exports:
+            v.exports.append(ex)
+        users.setdefault(ex, set()).add(addr)
+        if ex.resource:
+            v.resources.add(ex.resource)
+
+    conns = list(conns)
+    tpgs = list(lio)
+    tpg_exports: list[list[Export]] = []
+    for t in tpgs:
+        exs = [export("iscsi", t.wwn, lun.lun, lun.udev_path) for lun in t.luns]
+        tpg_exports.append(exs)
+        exports.extend(exs)
+        by_lun = {e.lun: e for e in exs}
+        for acl in t.acls:
+            for addr in acl.addresses:
+                view(addr).names.add(acl.initiator)
+                for n in acl.mapped_luns:
+                    if n in by_lun:
+                        attach(addr, by_lun[n])
+                        ex = by_lun[n]
+                        if ex.resource and n in acl.write_bytes:
+                            key = (addr, ex.resource)
+                            acl_bytes[key] = acl_bytes.get(key, 0) + acl.write_bytes[n]
+    acl_addrs = {a for t in tpgs for acl in t.acls for a in acl.addresses}
+
+    subsys = {s.nqn: s for s in nvmet_subsystems}
+    nv_exports = {
+        s.nqn: [export("nvme-tcp", s.nqn, ns.nsid, ns.device_path) for ns in s.namespaces]
+        for s in subsys.values()
+    }
+    for exs in nv_exports.values():
+        exports.extend(exs)
+    ports = [p for p in nvmet_ports if p.trtype in ("tcp", "")]
+
+    for c in conns:
+        if c.peer_ip in acl_addrs:
+            continue  # placed by its ACL session
+        iscsi = [
+            i
+            for i, t in enumerate(tpgs)
+            if t.generate_node_acls and any(_portal_match(ip, p, c) for ip, p in t.portals)
+        ]
+        nvme = [p for p in ports if _portal_match(p.traddr, p.trsvcid, c)]
+        targets = {tpgs[i].wwn for i in iscsi} | {n for p in nvme for n in p.subsystems}
+        if len(targets) > 1:
+            ambiguous.append(
+                f"{c.peer_ip} -> {c.local_ip}:{c.local_port} matches {len(targets)} targets"
+            )
+            view(c.peer_ip)
+            continue
+        for i in iscsi:
+            for ex in tpg_exports[i]:
+                attach(c.peer_ip, ex)
+        for p in nvme:
+            for nqn in p.subsystems:
+                for ex in nv_exports.get(nqn, []):
+                    attach(c.peer_ip, ex)
+
+    for spec, res_names in (static_map or {}).items():
+        net = ipaddress.ip_network(spec, strict=False)
+        addrs = [a for a in initiators if ipaddress.ip_address(a) in net]
+        if net.num_addresses == 1:
+            addrs = addrs or [str(net.network_address)]
+        for a in addrs:
+            v = view(a)
+            for r in res_names:
+                if r not in v.resources:
+                    v.resources.add(r)
+                    v.write_sources.setdefault(r, "static")
+
+    device_writers: dict[str, tuple[tuple[str, ...], str]] = {}
+    for ex, addrs in users.items():
+        if not ex.device:
+            continue
+        who = tuple(sorted(addrs))
+        device_writers[ex.device] = (who, "device" if len(who) == 1 else "shared")
+    for addr, v in initiators.items():
+        for ex in v.exports:
+            if ex.resource and ex.device:
+                src = "acl" if (addr, ex.resource) in acl_bytes else device_writers[ex.device][1]
+                if v.write_sources.get(ex.resource) != "acl":
+                    v.write_sources[ex.resource] = src
+    return Discovery(resources, exports, initiators, device_writers, acl_bytes, ambiguous)

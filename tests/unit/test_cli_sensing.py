@@ -1,0 +1,54 @@
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from santhrottle.appliance.cli import main
+
+LAB = Path(__file__).parents[1] / "fixtures" / "lab"
+META = json.loads((LAB / "meta.json").read_text())
+
+
+@pytest.fixture
+def roots(tmp_path):
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    shutil.copy(LAB / "proc" / "diskstats.1", proc / "diskstats")
+    return [
+        "--proc-root",
+        str(proc),
+        "--sys-root",
+        str(LAB / "sys"),
+        "--configfs-root",
+        str(LAB / "configfs"),
+        "--interval",
+        "0.01",
+    ]
+
+
+def test_resources_json(roots, capsys):
+    assert main(["resources", "--json", *roots]) == 0
+    (r,) = json.loads(capsys.readouterr().out)
+    assert r["resource"] == META["vg"] and r["devices"] == ["dm-0", "dm-1", "dm-2"]
+    # the ACL session is known from configfs alone (no live connections here)
+    assert META["iscsi"][1]["initiator_ip"] in r["initiators"]
+
+
+def test_initiators_table(roots, capsys):
+    assert main(["initiators", *roots]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[:4] == ["INITIATOR", "RESOURCE", "WR_MB/s", "SOURCE"]
+    assert META["iscsi"][1]["initiator_ip"] in out and "acl" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["resources", "--interval", "0"], "--interval must be within"),
+        (["initiators", "--proc-root", "/nonexistent", "--interval", "0.01"], "cannot read"),
+    ],
+)
+def test_bad_input_one_line(args, message, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

@@ -1,0 +1,204 @@
+"""Sensing parsers on synthetic input: field counts, malformed lines, wraps, fuzzing."""
+
+import json
+import shutil
+import string
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from santhrottle.appliance.sensing.blockdevs import scan_lvm, split_dm_name
+from santhrottle.appliance.sensing.conns import TcpConn
+from santhrottle.appliance.sensing.discovery import build_discovery
+from santhrottle.appliance.sensing.diskstats import WRAP_32, interval, parse_diskstats
+from santhrottle.appliance.sensing.lio import LioLun, LioTpg
+from santhrottle.appliance.sensing.nvmet import NvmetSensor
+from santhrottle.appliance.sensing.target import TargetSensor
+
+LAB = Path(__file__).parents[1] / "fixtures" / "lab"
+L14 = "   8       0 sda 10 0 80 40 5 0 40 20 0 30 60"
+L18 = L14 + " 0 0 0 0"
+L20 = L18 + " 3 7"
+
+
+@pytest.mark.parametrize("line", [L14, L18, L20], ids=["14", "18", "20"])
+def test_all_field_counts(line):
+    d = parse_diskstats(line + "\n").devices["sda"]
+    assert (d.reads, d.read_sectors, d.read_ticks_ms, d.writes, d.io_ticks_ms) == (
+        10,
+        80,
+        40,
+        5,
+        30,
+    )
+
+
+def test_malformed_lines_are_skipped_and_counted():
+    text = "\n".join(
+        [L20, "garbage", "8 1 sdb 1 2 3", "8 2 sdc " + "x " * 17, "8 3 sdd" + " -1" * 17]
+    )
+    snap = parse_diskstats(text)
+    assert list(snap.devices) == ["sda"]
+    assert len(snap.malformed) == 4
+
+
+def test_interval_wrap_reset_and_disappearance():
+    old = parse_diskstats(
+        f"8 0 sda {WRAP_32 - 5} 0 0 {WRAP_32 - 10} 0 0 0 0 0 0 0\n"
+        "8 16 sdb 10 0 0 10 0 0 0 0 0 0 0\n"
+        f"8 32 sdc {WRAP_32 * 4} 0 0 0 0 0 0 0 0 0 0\n"
+        "8 48 sdd 1 0 0 0 0 0 0 0 0 0 0\n"
+    )
+    new = parse_diskstats(
+        "8 0 sda 5 0 0 10 0 0 0 0 0 0 0\n"  # 32-bit wrap: +10 reads, +20 ms
+        "8 32 sdc 3 0 0 0 0 0 0 0 0 0 0\n"  # 64-bit counter went back: reset
+        "9 0 sdd 5 0 0 0 0 0 0 0 0 0 0\n"  # same name, other device
+    )
+    res = interval(old, new, 0.5)
+    assert res.devices["sda"].reads == 10
+    assert res.devices["sda"].read_latency_s == pytest.approx(0.002)
+    assert res.disappeared == ["sdb"]
+    assert sorted(res.reset) == ["sdc", "sdd"]
+    with pytest.raises(ValueError):
+        interval(old, new, 0.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=string.printable, max_size=400))
+def test_diskstats_parser_never_crashes(text):
+    snap = parse_diskstats(text)
+    assert all(d.reads >= 0 for d in snap.devices.values())
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(min_value=0, max_value=2**64), min_size=11, max_size=11),
+    st.lists(st.integers(min_value=0, max_value=2**64), min_size=11, max_size=11),
+)
+def test_interval_never_negative(a, b):
+    fmt = "8 0 sda " + " ".join(["{}"] * 11)
+    res = interval(parse_diskstats(fmt.format(*a)), parse_diskstats(fmt.format(*b)), 1.0)
+    for d in res.devices.values():
+        assert d.reads >= 0 and d.write_bytes >= 0 and d.read_ticks_ms >= 0
+
+
+@pytest.mark.parametrize(
+    ("name", "want"),
+    [
+        ("vg-lv", ("vg", "lv")),
+        ("my--vg-my--lv", ("my-vg", "my-lv")),
+        ("vg-lv--x--", ("vg", "lv-x-")),
+        ("novg", None),
+        ("a-b-c", None),
+    ],
+)
+def test_split_dm_name(name, want):
+    assert split_dm_name(name) == want
+
+
+names = st.text(alphabet=string.ascii_letters + string.digits + "-_.", min_size=1, max_size=12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(names, st.text(max_size=30), st.text(max_size=30)), max_size=6))
+def test_sysfs_scan_never_crashes(tmp_path_factory, entries):
+    root = tmp_path_factory.mktemp("sys")
+    for i, (_, uuid, name) in enumerate(entries):
+        d = root / "block" / f"dm-{i}" / "dm"
+        d.mkdir(parents=True)
+        (d / "uuid").write_text(uuid)
+        (d / "name").write_text(name)
+    lvs = scan_lvm(root)
+    assert all(lv.device.startswith("dm-") for lv in lvs.values())
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "subsystems/s1/attr_allow_any_host",
+                "subsystems/s1/namespaces/1/device_path",
+                "subsystems/s1/namespaces/x/enable",
+                "ports/1/addr_trsvcid",
+                "ports/1/addr_traddr",
+                "ports/p/addr_trtype",
+            ]
+        ),
+        st.binary(max_size=20),
+    )
+)
+def test_nvmet_reader_never_crashes(tmp_path_factory, files):
+    root = tmp_path_factory.mktemp("cfg")
+    for rel, data in files.items():
+        p = root / "nvmet" / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    nv = NvmetSensor(root)
+    nv.subsystems()
+    nv.ports()
+
+
+def _tpg(wwn, portal, lun_path):
+    return LioTpg("iscsi", wwn, 1, True, True, ((portal, 3260),), (LioLun(0, "b/x", lun_path),), ())
+
+
+def test_wildcard_portal_shared_by_two_targets_is_ambiguous_then_static_map():
+    tpgs = [_tpg("iqn.a", "0.0.0.0", "/dev/vg/a"), _tpg("iqn.b", "0.0.0.0", "/dev/vg/b")]
+    conn = TcpConn("10.1.0.1", 3260, "10.1.0.9", 40000)
+    d = build_discovery(lio=tpgs, conns=[conn])
+    assert d.ambiguous and d.initiators["10.1.0.9"].resources == set()
+    d = build_discovery(lio=tpgs, conns=[conn], static_map={"10.1.0.0/24": ["vg"]})
+    assert d.initiators["10.1.0.9"].resources == {"vg"}
+    assert d.initiators["10.1.0.9"].write_sources == {"vg": "static"}
+    d = build_discovery(static_map={"10.2.0.5": ["vg2"]})  # not connected: a single address
+    assert d.initiators["10.2.0.5"].resources == {"vg2"}
+
+
+def test_declared_resource_and_shared_lun():
+    tpgs = [_tpg("iqn.a", "10.1.0.1", "/dev/sdx")]
+    conns = [TcpConn("10.1.0.1", 3260, "10.1.0.8", 1), TcpConn("10.1.0.1", 3260, "10.1.0.9", 2)]
+    d = build_discovery(lio=tpgs, conns=conns, declared={"array1": ["sdx", "sdy"]})
+    assert d.resources == {"array1": ("sdx", "sdy")}
+    assert d.device_writers["sdx"] == (("10.1.0.8", "10.1.0.9"), "shared")
+    assert d.initiators["10.1.0.8"].write_sources == {"array1": "shared"}
+
+
+class FakeConns:
+    def __init__(self, conns):
+        self._conns = conns
+
+    def connections(self):
+        return self._conns
+
+
+def test_target_sensor_samples_from_captured_files(tmp_path):
+    from santhrottle.appliance.sensing.conns import parse_diag_dump
+
+    meta = json.loads((LAB / "meta.json").read_text())
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    now = [100.0]
+    conns = parse_diag_dump(json.loads((LAB / "sock_diag.json").read_text()), [3260, 4420])
+    s = TargetSensor(
+        proc_root=proc,
+        sys_root=LAB / "sys",
+        configfs_root=LAB / "configfs",
+        clock=lambda: now[0],
+        connections=FakeConns(conns),
+    )
+    shutil.copy(LAB / "proc" / "diskstats.0", proc / "diskstats")
+    assert s.converge()[1] == [] and s.read_samples() == []  # first pass only primes
+    shutil.copy(LAB / "proc" / "diskstats.1", proc / "diskstats")
+    now[0] += 1.0
+    (rs,) = s.read_samples()
+    assert rs.resource == meta["vg"] and rs.reads > 50 and 0 < rs.read_latency_s < 0.1
+    assert rs.write_bps > 1e6
+    ws = {(w.resource, w.initiator): w.write_bps for w in s.converge()[1]}
+    vg = meta["vg"]
+    ini0, ini1 = (x["initiator_ip"] for x in meta["iscsi"])
+    assert ws[(vg, ini0)] == 0.0  # the reader host wrote nothing (device source)
+    # the ACL host is charged from its ACL counter, not its device's writes: the
+    # captured tree does not change between the two scans, so 0
+    assert ws[(vg, ini1)] == 0.0
