@@ -1,0 +1,363 @@
+"""The data path on the host kernel, with real TCP traffic between namespaces.
+
+The development kernel has no sch_netem: these tests build the very same
+tree with pfifo leaves (Datapath(leaf="pfifo")) and prove the
+classification -- which packets land in which HTB class -- from the kernel's
+own counters: HTB class counters (tc stats via pyroute2) and ipset member
+counters.  The delays themselves are measured in the lab tier (real netem,
+tests/lab/test_datapath_lab.py).
+
+Exactness: the target's veth sends one skb per TCP segment (gso_max_segs 1,
+see conftest), so a class and a set member count the same packets; HTB
+counts the 14-byte Ethernet header, iptables does not.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from santhrottle.appliance import datapath as dp
+
+pytestmark = pytest.mark.privileged
+
+# The addresses and device conftest.netns_pair builds.
+TARGET_DEV = "st-tgt"
+MEMBER_IP = "192.0.2.2"
+OTHER_IP = "192.0.2.3"
+ETH_HLEN = 14
+# A pure ACK with TCP timestamps: 20 B IP + 32 B TCP; the largest TCP header
+# (60 B) + IP = 80 B.  Any packet carrying data in these tests is >= 1 kB.
+MAX_ACK_IP_BYTES = 80
+MB = 1 << 20
+
+
+def _dp(pair, **kw) -> dp.Datapath:
+    # pfifo leaves: this kernel has no sch_netem (checked in test_missing_netem...)
+    kw.setdefault("leaf", "pfifo")
+    kw.setdefault("max_class", 20)
+    return dp.Datapath(TARGET_DEV, netns=pair.target, **kw)
+
+
+def _counters(d: dp.Datapath):
+    classes = d.class_counters()
+    members = {ip: (m.packets, m.bytes) for ip, m in d.current().items()}
+    return classes, members
+
+
+def _delta(after, before):
+    classes = {
+        k: (
+            after[0][k][0] - before[0].get(k, (0, 0))[0],
+            after[0][k][1] - before[0].get(k, (0, 0))[1],
+        )
+        for k in after[0]
+    }
+    members = {
+        ip: (v[0] - before[1].get(ip, (0, 0))[0], v[1] - before[1].get(ip, (0, 0))[1])
+        for ip, v in after[1].items()
+    }
+    return classes, members
+
+
+def _only(classes: dict, *ks: int) -> dict:
+    """Classes other than ks that saw traffic (must be empty)."""
+    return {k: v for k, v in classes.items() if k not in ks and v != (0, 0)}
+
+
+def test_ack_mode_pure_acks_go_to_the_class_payload_does_not(netns_pair):
+    pair = netns_pair
+    with _dp(pair) as d:
+        d.apply()
+        d.set_classes({MEMBER_IP: 3}, mode="ack")
+        pair.start_server()
+        before = _counters(d)
+        pair.transfer(MEMBER_IP, 3260, up=4 * MB, down=256 * 1024)  # a write, a small read back
+        classes, members = _delta(_counters(d), before)
+    pkts, nbytes = members[MEMBER_IP]
+    assert pkts > 50, "the writer's pure ACKs matched the ack rule"
+    # class 3 got exactly the packets the rule matched, and all are ACK-sized
+    assert classes[3] == (pkts, nbytes + ETH_HLEN * pkts)
+    assert nbytes <= MAX_ACK_IP_BYTES * pkts
+    # the 256 KiB of payload, the SYN-ACK and the FIN went to the default class
+    assert classes[0][1] >= 256 * 1024
+    assert _only(classes, 0, 3) == {}
+
+
+def test_read_mode_payload_goes_to_the_class_acks_do_not(netns_pair):
+    pair = netns_pair
+    with _dp(pair) as d:
+        d.apply()
+        d.set_classes({MEMBER_IP: 5}, mode="read")
+        pair.start_server()
+        before = _counters(d)
+        pair.transfer(MEMBER_IP, 3260, up=2 * MB, down=4 * MB)  # ACKs for 2 MB, then 4 MB read
+        classes, members = _delta(_counters(d), before)
+    pkts, nbytes = members[MEMBER_IP]
+    assert classes[5] == (pkts, nbytes + ETH_HLEN * pkts)
+    assert nbytes >= 4 * MB, "all the read payload went through class 5"
+    assert nbytes / pkts > 1000, "and nothing ACK-sized did"
+    # the target's ACKs for the upload, SYN-ACK, FIN: default class, all small
+    dpkts, dbytes = classes[0]
+    assert dpkts > 20 and dbytes <= (MAX_ACK_IP_BYTES + ETH_HLEN) * dpkts
+    assert _only(classes, 0, 5) == {}
+
+
+def test_all_mode_everything_goes_to_the_class(netns_pair):
+    pair = netns_pair
+    with _dp(pair) as d:
+        d.apply()
+        d.set_classes({MEMBER_IP: 7})  # the default write mode
+        assert d.current()[MEMBER_IP].mode == "all"
+        pair.start_server()
+        before = _counters(d)
+        pair.transfer(MEMBER_IP, 3260, up=2 * MB, down=2 * MB)
+        pair.transfer(MEMBER_IP, 4420, up=256 * 1024, down=256 * 1024)  # NVMe/TCP port too
+        classes, members = _delta(_counters(d), before)
+    pkts, nbytes = members[MEMBER_IP]
+    assert classes[7] == (pkts, nbytes + ETH_HLEN * pkts)
+    assert nbytes >= 2 * MB + 256 * 1024
+    assert classes[0] == (0, 0), "not one packet to the member escaped class 7"
+    assert _only(classes, 7) == {}
+
+
+def test_non_members_and_other_ports_stay_unthrottled(netns_pair):
+    pair = netns_pair
+    with _dp(pair) as d:
+        d.apply()
+        d.set_classes({MEMBER_IP: 7})
+        pair.start_server()
+        before = _counters(d)
+        pair.transfer(OTHER_IP, 3260, up=MB, down=MB)  # not a member
+        pair.transfer(MEMBER_IP, 5201, up=MB, down=MB)  # a member, not a storage port
+        classes, members = _delta(_counters(d), before)
+    assert members[MEMBER_IP] == (0, 0)
+    assert classes[0][1] >= 2 * MB
+    assert _only(classes, 0) == {}
+
+
+def test_ports_are_configurable(netns_pair):
+    pair = netns_pair
+    with _dp(pair, ports=(5201,)) as d:
+        d.apply()
+        d.set_classes({MEMBER_IP: 2})
+        pair.start_server()
+        before = _counters(d)
+        pair.transfer(MEMBER_IP, 3260, up=0, down=MB)  # no longer a storage port
+        mid = _counters(d)
+        pair.transfer(MEMBER_IP, 5201, up=0, down=MB)
+        after = _counters(d)
+    c1, _ = _delta(mid, before)
+    c2, _ = _delta(after, mid)
+    assert c1[2] == (0, 0) and c1[0][1] >= MB
+    assert c2[2][1] >= MB and c2[0] == (0, 0)
+
+
+def test_moving_between_classes_and_modes_is_netlink_only(netns_pair):
+    """Class changes never touch iptables or tc: the rule text and the tc
+    tree stay byte-identical while members move (single ops and bulk)."""
+    pair = netns_pair
+    with _dp(pair, max_class=100) as d:
+        d.apply()
+        rules = pair.tsh("iptables", "-t", "mangle", "-S")
+        tree = pair.tsh("tc", "class", "show", "dev", TARGET_DEV)
+        ips = [f"10.{i >> 8 & 255}.{i & 255}.1" for i in range(600)]
+        # bulk: one ipset restore
+        assert d.set_classes({ip: 1 + i % 100 for i, ip in enumerate(ips)}) == 600
+        # small: single netlink messages, including a mode change and a removal
+        n = d.set_classes({ips[0]: 50, ips[1]: 0})
+        n += d.set_classes({ips[2]: 9}, mode="read")
+        assert n == 4  # add, del, del+add
+        got = {ip: (m.mode, m.klass) for ip, m in d.current().items()}
+        assert got[ips[0]] == ("all", 50)
+        assert ips[1] not in got
+        assert got[ips[2]] == ("read", 9)
+        assert got[ips[3]] == ("all", 4)
+        assert len(got) == 599
+        # moving all of them again, by the bulk path, from a fresh reader
+        with _dp(pair, max_class=100) as d2:
+            d2.set_classes({ip: 100 - i % 100 for i, ip in enumerate(ips) if i not in (1, 2)})
+            got = {ip: m.klass for ip, m in d2.current().items() if m.mode == "all"}
+        assert got[ips[5]] == 95 and len(got) == 598
+        # the whole set replaced atomically (temporary set + swap)
+        d.replace_members("ack", {"10.9.9.9": 3, "10.9.9.10": 4})
+        acks = {ip: m.klass for ip, m in d.current().items() if m.mode == "ack"}
+        assert acks == {"10.9.9.9": 3, "10.9.9.10": 4}
+        assert pair.tsh("iptables", "-t", "mangle", "-S") == rules
+        assert pair.tsh("tc", "class", "show", "dev", TARGET_DEV) == tree
+        assert "santhrottle-ack-tmp" not in pair.tsh("ipset", "list", "-n")
+
+
+def test_apply_is_idempotent_and_adopts_a_previous_run(netns_pair):
+    pair = netns_pair
+    with _dp(pair) as d:
+        rep = d.apply()
+        assert rep.tc_fresh and rep.tc_lines == 1 + 21 + 20 and rep.rules_changed
+        assert sorted(rep.sets_created) == sorted(dp.SET_NAMES.values())
+        d.set_classes({MEMBER_IP: 4})
+    snap = pair.snapshot()
+    with _dp(pair) as d:  # a new process would see the same
+        rep = d.apply()
+        assert (rep.tc_lines, rep.sets_created, rep.rules_changed) == (0, [], False)
+        assert "tc: adopted; sets: adopted; rules: adopted" in rep.summary()
+        assert d.current()[MEMBER_IP].klass == 4  # members survive
+    assert pair.snapshot() == snap
+    # a new configuration is reconciled in place: the root stays, members stay
+    with _dp(pair, max_class=10, ports=(3260,)) as d:
+        rep = d.apply()
+        assert not rep.tc_fresh and rep.tc_lines == 10 and rep.rules_changed
+        assert d.current()[MEMBER_IP].klass == 4
+    assert "qdisc htb 5374: root" in pair.tsh("tc", "qdisc", "show", "dev", TARGET_DEV)
+    classes = pair.tsh("tc", "class", "show", "dev", TARGET_DEV)
+    assert "5374:10 " in classes and "5374:11 " not in classes
+    assert "--sports 3260 " in pair.tsh("iptables", "-t", "mangle", "-S", dp.CHAIN)
+    # members above a lowered maximum are clamped, not silently unthrottled
+    with _dp(pair, max_class=20) as d:
+        d.apply()
+        d.set_classes({MEMBER_IP: 20})
+    with _dp(pair, max_class=10) as d:
+        rep = d.apply()
+        assert rep.clamped == {MEMBER_IP: 10}
+        assert d.current()[MEMBER_IP].klass == 10
+
+
+def test_cleanup_leaves_the_kernel_exactly_as_before(netns_pair):
+    pair = netns_pair
+    # Someone else's state that must survive untouched.
+    pair.tsh("ipset", "create", "admin-set", "hash:ip")
+    pair.tsh("iptables", "-t", "mangle", "-N", "ADMIN")
+    pair.tsh("iptables", "-t", "mangle", "-A", "POSTROUTING", "-o", "lo", "-j", "ADMIN")
+    pair.tsh(
+        "iptables", "-t", "mangle", "-A", "ADMIN", "-p", "udp", "-j", "MARK", "--set-mark", "7"
+    )
+    before = pair.snapshot()
+    nft_before = _nft_tables(pair.target)
+    with _dp(pair) as d:
+        d.apply()
+        d.set_classes({MEMBER_IP: 3, OTHER_IP: 5})
+        d.set_classes({"10.0.0.9": 1}, mode="read")
+        pair.start_server()
+        pair.transfer(MEMBER_IP, 3260, up=MB, down=MB)
+        assert pair.snapshot() != before
+        rep = d.cleanup()
+    assert rep.qdiscs == [TARGET_DEV] and rep.chain and rep.rules == 1
+    assert sorted(rep.sets) == sorted(dp.SET_NAMES.values())
+    after = pair.snapshot()
+    for what in before:
+        assert after[what] == before[what], what
+    assert _nft_tables(pair.target) == nft_before
+    with _dp(pair) as d:  # a second cleanup finds nothing
+        assert d.cleanup().summary() == "nothing of santhrottle's was installed"
+
+
+def test_cleanup_on_a_fresh_namespace_leaves_no_nft_table(netns_pair):
+    """iptables-nft creates `table ip mangle` for our jump; cleanup removes it
+    again when it is empty (and only then: see the test above)."""
+    pair = netns_pair
+    assert _nft_tables(pair.target) == []
+    with _dp(pair) as d:
+        d.apply()
+        if d.backend() != "nf_tables":
+            pytest.skip(f"iptables uses the {d.backend()} backend here")
+        assert "mangle" in _nft_tables(pair.target)
+        assert d.cleanup().nft_table
+    assert _nft_tables(pair.target) == []
+
+
+def test_refuses_a_root_qdisc_it_did_not_create(netns_pair):
+    pair = netns_pair
+    pair.tsh("tc", "qdisc", "add", "dev", TARGET_DEV, "root", "handle", "1:", "tbf", "rate",
+             "1gbit", "burst", "100k", "latency", "10ms")  # fmt: skip
+    before = pair.snapshot()
+    with (
+        _dp(pair) as d,
+        pytest.raises(dp.ForeignQdisc, match=r"root qdisc tbf 1: that santhrottle"),
+    ):
+        d.apply()
+    assert pair.snapshot() == before  # no sets, no rules, the tbf untouched
+
+
+def test_missing_netem_is_one_clear_error(netns_pair):
+    pair = netns_pair
+    probe = subprocess.run(
+        ["ip", "netns", "exec", pair.target, "tc", "qdisc", "add", "dev", "lo", "root", "netem"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if probe.returncode == 0:
+        pytest.skip("this kernel has sch_netem: the error path cannot be shown here")
+    before = pair.snapshot()
+    with dp.Datapath(TARGET_DEV, netns=pair.target) as d, pytest.raises(dp.NetemMissing) as ei:
+        d.apply()
+    assert "sch_netem" in str(ei.value) and "\n" not in str(ei.value)
+    assert pair.snapshot() == before, "nothing half-built is left"
+    p = subprocess.run(
+        [sys.executable, "-m", "santhrottle.appliance.cli", "datapath", "apply", "--device",
+         TARGET_DEV, "--netns", pair.target],
+        capture_output=True,
+        text=True,
+        check=False,
+    )  # fmt: skip
+    assert p.returncode == 2
+    assert p.stderr.count("\n") == 1 and "sch_netem" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_pin_and_unpin_from_the_cli(netns_pair):
+    pair = netns_pair
+    with _dp(pair, max_class=100) as d:
+        d.apply()
+
+    def cli(*argv):
+        return subprocess.run(
+            [sys.executable, "-m", "santhrottle.appliance.cli", *argv, "--netns", pair.target],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    p = cli("pin", MEMBER_IP, "--delay", "5ms", "--mode", "read")
+    assert p.returncode == 0, p.stderr
+    assert "pinned 192.0.2.2: read" in p.stdout and "class 10, 5374:10" in p.stdout
+    p = cli("pin", OTHER_IP, "--delay", "1.2ms")
+    assert p.returncode == 2 and "not a multiple of the step 500us" in p.stderr
+    p = cli("pin", OTHER_IP, "--delay", "51ms")
+    assert p.returncode == 2 and "above the maximum 50ms" in p.stderr
+    p = cli("pin", OTHER_IP, "--delay", "5ms", "--device", "nope0")
+    assert p.returncode == 2 and "applied on st-tgt, not nope0" in p.stderr
+    p = cli("datapath", "show", "--json")
+    assert p.returncode == 0, p.stderr
+    st = json.loads(p.stdout)
+    assert st["device"] == TARGET_DEV and st["backend"] in ("nf_tables", "legacy")
+    assert st["members"] == [
+        {"ip": MEMBER_IP, "mode": "read", "class": 10, "delay_us": None, "packets": 0, "bytes": 0}
+    ]
+    p = cli("datapath", "show")
+    assert p.returncode == 0 and "192.0.2.2" in p.stdout and "read" in p.stdout
+    p = cli("unpin", MEMBER_IP)
+    assert p.returncode == 0 and "unpinned 192.0.2.2 (was read, class 10)" in p.stdout
+    with _dp(pair) as d:
+        assert d.current() == {}
+    p = cli("datapath", "cleanup")
+    assert p.returncode == 0 and "removed root qdisc 5374: on st-tgt" in p.stdout
+    p = cli("pin", MEMBER_IP, "--delay", "5ms")
+    assert p.returncode == 2 and "not applied" in p.stderr
+
+
+def _nft_tables(ns: str) -> list[str]:
+    """nft table names in a namespace (nft itself may not be installed)."""
+    code = (
+        "import os\n"
+        "from pyroute2.nftables.main import NFTables\n"
+        "print(' '.join(sorted(t.get_attr('NFTA_TABLE_NAME') for t in NFTables().get_tables())))\n"
+    )
+    p = subprocess.run(
+        ["ip", "netns", "exec", ns, sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return p.stdout.split()
