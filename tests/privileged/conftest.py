@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -185,27 +186,12 @@ def _probe_kernel(ns: str) -> str | None:
         (["tc", "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb"], "sch_htb"),
         (["ipset", "create", "probe", "hash:ip", "counters", "skbinfo"], "ipset hash:ip skbinfo"),
         (
-            [
-                "iptables",
-                "-t",
-                "mangle",
-                "-A",
-                "OUTPUT",
-                "-p",
-                "tcp",
-                "-m",
-                "bpf",
-                "--bytecode",
-                "1,6 0 0 0",
-                "-j",
-                "SET",
-                "--map-set",
-                "probe",
-                "dst",
-                "--map-prio",
-            ],
+            shlex.split(
+                'iptables -t mangle -A OUTPUT -p tcp -m bpf --bytecode "1,6 0 0 0" '
+                "-j SET --map-set probe dst --map-prio"
+            ),
             "xt_bpf / xt_set SET --map-prio",
-        ),  # fmt: skip
+        ),
     ]
     for cmd, what in probes:
         p = _run("ip", "netns", "exec", ns, *cmd, check=False)
