@@ -165,11 +165,11 @@ PURE_ACK_BPF = (
 PURE_ACK_FLAGS = "--tcp-flags FIN,SYN,RST,ACK ACK"
 
 # ------------------------------------------------------------- run time
-# Change sets up to this size go as single netlink ops (~0.2 ms each, no
-# process start); larger ones as one `ipset -exist restore` (one process,
-# ~3-4 ms + ~3 us per line).  Crossover measured by `make bench`
-# (tests/bench/bench_datapath.py).
-BULK_THRESHOLD = 32
+# Change sets up to this size go as single netlink ops (~0.17-0.2 ms each,
+# no process start); larger ones as one `ipset -exist restore` (one process:
+# ~2-3 ms + a few us per line).  `make bench` measured the restore winning
+# from 16 changes on (tests/bench/bench_datapath.py, docs/datapath.md).
+BULK_THRESHOLD = 16
 
 NETNS_DIR = "/run/netns"
 # ipset netlink: list headers only (`ipset list -t`); create flags.
@@ -281,6 +281,15 @@ def check_ip(ip: str) -> str:
         return str(ipaddress.IPv4Address(ip))
     except ValueError:
         raise DatapathError(f"bad initiator address {ip!r}: expected an IPv4 address") from None
+
+
+def _is_canonical_ipv4(ip: str) -> bool:
+    """Fast path of check_ip for the 10,000-member convergence (~0.3 us vs
+    ~2 us for ipaddress): dotted quad exactly as the kernel prints it."""
+    try:
+        return socket.inet_ntop(socket.AF_INET, socket.inet_pton(socket.AF_INET, ip)) == ip
+    except (OSError, TypeError):
+        return False
 
 
 def delay_to_class(delay_us: int, step_us: int, max_class: int) -> int:
@@ -640,13 +649,18 @@ def parse_rule_ports(rules: Sequence[str]) -> tuple[int, ...] | None:
 # =============================================================== ipset text
 def render_ipset_changes(ops: Sequence[tuple[str, str, str, int]]) -> str:
     """`ipset -exist restore` input: ("add"|"del", set, ip, class) per line."""
+    ids: dict[int, str] = {}
     out = []
     for op, name, ip, k in ops:
         if op == "add":
-            out.append(f"add {name} {ip} skbprio {classid(k)}")
+            cid = ids.get(k)
+            if cid is None:
+                cid = ids[k] = classid(k)
+            out.append(f"add {name} {ip} skbprio {cid}")
         else:
             out.append(f"del {name} {ip}")
-    return "\n".join(out) + "\n"
+    out.append("")
+    return "\n".join(out)
 
 
 def render_ipset_swap(mode: str, members: Mapping[str, int], maxelem: int) -> str:
@@ -1224,11 +1238,16 @@ class Datapath:
             raise DatapathError(f"bad mode {mode!r}: expected all, ack or read")
         members = self._membership()
         ops: list[tuple[str, str, str, int]] = []
+        max_class = self.max_class
+        target = SET_NAMES[mode]
         for ip_raw, k in classes.items():
-            ip = check_ip(ip_raw)
-            if not isinstance(k, int) or not 0 <= k <= self.max_class:
-                raise DatapathError(f"bad class {k!r} for {ip}: must be 0-{self.max_class}")
-            cur = members.get(ip)
+            cur = members.get(ip_raw)
+            # members' keys are canonical (read back from the kernel)
+            ip = ip_raw if cur is not None or _is_canonical_ipv4(ip_raw) else check_ip(ip_raw)
+            if ip is not ip_raw:
+                cur = members.get(ip)
+            if type(k) is not int or not 0 <= k <= max_class:
+                raise DatapathError(f"bad class {k!r} for {ip}: must be 0-{max_class}")
             if k == 0:
                 if cur is not None:
                     ops.append(("del", SET_NAMES[cur[0]], ip, 0))
@@ -1236,7 +1255,7 @@ class Datapath:
             if cur is not None and cur[0] != mode:
                 ops.append(("del", SET_NAMES[cur[0]], ip, 0))
             if cur != (mode, k):
-                ops.append(("add", SET_NAMES[mode], ip, k))
+                ops.append(("add", target, ip, k))
         return ops
 
     def set_classes(self, classes: Mapping[str, int], mode: str | None = None) -> int:
