@@ -18,7 +18,7 @@ with the console tail attached.
 In the guest (SANTHROTTLE_IN_GUEST=1) the tests just run, with the fixtures
 below bringing the storage topology up (vagrant/qemu/guest/topology.py).
 
-Environment: SANTHROTTLE_LAB_TIMEOUT (guest run limit, s, default 900), and
+Environment: SANTHROTTLE_LAB_TIMEOUT (guest run limit, s, default 600), and
 everything vagrant/qemu/lab.py reads (SANTHROTTLE_LAB_CACHE, _QEMU, ...).
 """
 
@@ -42,7 +42,7 @@ TOPOLOGY_PY = CHECKOUT / "vagrant" / "qemu" / "guest" / "topology.py"
 IN_GUEST = os.environ.get("SANTHROTTLE_IN_GUEST") == "1"
 REPORT_PLUGIN = "lab_guest_report"  # tests/lab/lab_guest_report.py
 CONSOLE_TAIL_LINES = 60
-DEFAULT_TIMEOUT_S = 900
+DEFAULT_TIMEOUT_S = 600  # the tier's CI budget is 10 min; SANTHROTTLE_LAB_TIMEOUT overrides
 
 # The topology the session fixture builds (tests parametrize over it).
 LUNS = 4
@@ -128,6 +128,7 @@ class _GuestSession:
                 "-p",
                 "no:cacheprovider",
                 "-v",
+                "--durations=8",
                 "-m",
                 "lab",
                 f"--rootdir={rootdir}",

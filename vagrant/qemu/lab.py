@@ -531,6 +531,10 @@ class Lab:
         power off.  Never raises for guest-side failures: see RunResult."""
         prep = prepared or self.up(venv=venv)
         kernel = prep["kernel"]
+        for path in (self.checkout, prep.get("venv"), self.cache):
+            if path and any(c.isspace() or c == "," for c in str(path)):
+                # kernel command line and QEMU option syntax
+                raise LabError(f"paths with white space or commas are not supported: {path!r}")
         rundir = self._new_rundir()
         work = rundir / "work"
         work.mkdir(parents=True)
@@ -569,9 +573,6 @@ class Lab:
             ]
             + ([f"lab_venv={prep['venv']}"] if prep.get("venv") else [])
         )
-        for path in (self.checkout, prep.get("venv")):
-            if path and any(c.isspace() for c in str(path)):
-                raise LabError(f"paths with white space are not supported: {path!r}")
 
         def virtfs(path, tag, ro):
             return [
@@ -661,6 +662,7 @@ class Lab:
         wall = time.monotonic() - t0
         for img in (slow, fast):
             img.unlink(missing_ok=True)
+        self._run_lock.close()
         status_file = work / "status"
         status = None
         if status_file.is_file():
@@ -687,9 +689,16 @@ class Lab:
         runs.mkdir(parents=True, exist_ok=True)
         old = sorted(d for d in runs.iterdir() if d.is_dir() and not d.is_symlink())
         for d in old[: max(0, len(old) - RUNS_KEPT + 1)]:
-            shutil.rmtree(d, ignore_errors=True)
+            try:  # a run still in progress (another session) holds its lock
+                with open(d / ".running", "a") as f:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    shutil.rmtree(d, ignore_errors=True)
+            except OSError:
+                continue
         d = Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=runs))
         d.chmod(0o755)
+        self._run_lock = open(d / ".running", "w")  # held until run() returns
+        fcntl.flock(self._run_lock, fcntl.LOCK_EX)
         last = runs / "last"
         try:
             if last.is_symlink() or last.exists():
