@@ -202,7 +202,11 @@ class _GuestSession:
             )
 
         if self.unavailable:
-            where = (str(Path(__file__)), _SKIP_LINE, f"Skipped: lab unavailable: {self.unavailable}")
+            where = (
+                str(Path(__file__)),
+                _SKIP_LINE,
+                f"Skipped: lab unavailable: {self.unavailable}",
+            )
             return [mk("setup", "skipped", where), mk("teardown", "passed")]
         got = self.reports.get(item.nodeid)
         if got and any(r.when == "teardown" for r in got):

@@ -44,8 +44,15 @@ def test_fio_writes_and_reads_back_each_lun(topology, guest, lun):
     dev = topology["iscsi"][lun]["device"]
     size = 16 << 20
     r = guest.fio(
-        "--name=verify", f"--filename={dev}", *FIO_COMMON, "--rw=randwrite", "--bs=64k",
-        "--iodepth=4", f"--size={size}", "--verify=crc32c", "--do_verify=1",
+        "--name=verify",
+        f"--filename={dev}",
+        *FIO_COMMON,
+        "--rw=randwrite",
+        "--bs=64k",
+        "--iodepth=4",
+        f"--size={size}",
+        "--verify=crc32c",
+        "--do_verify=1",
         "--verify_fatal=1",
     )
     job = r["jobs"][0]
@@ -80,8 +87,7 @@ def test_no_target_retransmits_under_load(topology, guest):
     numbers are printed."""
     netns = topology["netns"]
     before_tgt, before_ini = guest.nstat(netns), guest.nstat()
-    args = ["--time_based", "--runtime=3", "--rw=randrw", "--bs=64k", "--iodepth=4",
-            *FIO_COMMON]
+    args = ["--time_based", "--runtime=3", "--rw=randrw", "--bs=64k", "--iodepth=4", *FIO_COMMON]
     for t in topology["iscsi"]:
         args += [f"--name={t['lv']}", f"--filename={t['device']}"]
     r = guest.fio(*args, timeout=60)

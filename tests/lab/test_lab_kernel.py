@@ -59,8 +59,9 @@ def test_module_loads(guest, module):
 
 def test_netem_delays_packets(guest, scratch_netns):
     """sch_netem really delays: a TCP connect over lo pays the delay twice."""
-    guest.run(["tc", "-n", scratch_netns, "qdisc", "add", "dev", "lo", "root",
-               "netem", "delay", "100ms"])
+    guest.run(
+        ["tc", "-n", scratch_netns, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "100ms"]
+    )
     code = (
         "import socket, time\n"
         "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
@@ -93,7 +94,7 @@ def test_actuator_pieces_load(guest, scratch_netns):
             ":LAB - [0:0]",
             "-A POSTROUTING -j LAB",
             "-A LAB -p tcp --sport 3260 -m bpf --bytecode "
-            f"\"{PURE_ACK_BPF}\" -j SET --map-set lab-delay dst --map-prio",
+            f'"{PURE_ACK_BPF}" -j SET --map-set lab-delay dst --map-prio',
             "COMMIT",
         ]
     )

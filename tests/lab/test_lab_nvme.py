@@ -13,8 +13,17 @@ def test_nvme_tcp_connected(topology, guest, nvme_ns):
     n = topology["nvme"][nvme_ns]
     assert n["device"] and os.path.exists(n["device"])
     out = guest.run(
-        ["ip", "netns", "exec", topology["netns"], "ss", "-Htn", "state", "established",
-         "sport = :4420"]
+        [
+            "ip",
+            "netns",
+            "exec",
+            topology["netns"],
+            "ss",
+            "-Htn",
+            "state",
+            "established",
+            "sport = :4420",
+        ]
     ).stdout
     peers = {line.split()[-1].rsplit(":", 1)[0] for line in out.splitlines()}
     assert peers == {n["host_traddr"]}, out
@@ -24,9 +33,17 @@ def test_fio_writes_and_reads_back_nvme(topology, guest, nvme_ns):
     dev = topology["nvme"][nvme_ns]["device"]
     size = 16 << 20
     r = guest.fio(
-        "--name=verify", f"--filename={dev}", "--direct=1", "--ioengine=libaio",
-        "--rw=randwrite", "--bs=64k", "--iodepth=4", f"--size={size}",
-        "--verify=crc32c", "--do_verify=1", "--verify_fatal=1",
+        "--name=verify",
+        f"--filename={dev}",
+        "--direct=1",
+        "--ioengine=libaio",
+        "--rw=randwrite",
+        "--bs=64k",
+        "--iodepth=4",
+        f"--size={size}",
+        "--verify=crc32c",
+        "--do_verify=1",
+        "--verify_fatal=1",
     )
     job = r["jobs"][0]
     assert job["error"] == 0, job

@@ -220,9 +220,24 @@ class Lab:
         if p.returncode != 0:
             self.log(f"apt-get update failed: {_last_line(p.stdout)}")
 
+    def required_packages(self) -> list[str]:
+        pkgs = list(HOST_PACKAGES)
+        if self.qemu_override:  # a QEMU of one's own: the package is not needed
+            pkgs.remove("qemu-system-x86")
+        return pkgs
+
+    @staticmethod
+    def _missing(missing: list[str], why: str) -> Exception:
+        """Missing QEMU makes the lab unavailable (a skip); any other missing
+        package is a broken setup (a failure)."""
+        msg = f"missing host packages: {' '.join(missing)} ({why})"
+        if "qemu-system-x86" in missing:
+            return LabUnavailable(f"QEMU unavailable: {msg}")
+        return LabError(msg)
+
     def deps(self) -> list[str]:
         """Install the missing host packages. Returns what was installed."""
-        missing = self.missing_packages()
+        missing = self.missing_packages(self.required_packages())
         if not missing:
             return []
         why = None
@@ -233,9 +248,7 @@ class Lab:
         elif not shutil.which("apt-get"):
             why = "no apt-get on this machine"
         if why:
-            raise LabUnavailable(
-                f"missing host packages: {' '.join(missing)} ({why}; run `make lab-deps` as root)"
-            )
+            raise self._missing(missing, f"{why}; run `make lab-deps` as root")
         t0 = time.monotonic()
         self._apt_update()
         self.log(f"apt-get install {' '.join(missing)}")
@@ -245,12 +258,9 @@ class Lab:
             check=False,
             env=env,
         )
-        still = self.missing_packages()
+        still = self.missing_packages(missing)
         if p.returncode != 0 or still:
-            raise LabUnavailable(
-                f"missing host packages: {' '.join(still or missing)} "
-                f"(apt-get install failed: {_last_line(p.stdout)})"
-            )
+            raise self._missing(still or missing, f"apt-get install failed: {_last_line(p.stdout)}")
         self.log(f"installed {len(missing)} packages in {time.monotonic() - t0:.1f} s")
         return missing
 
@@ -312,36 +322,40 @@ class Lab:
                 self._unpack_kernel(deb, kdir)
             return self._kernel_info(kdir)
 
-        try:
-            pkg = self.resolve_kernel_package()
-        except LabUnavailable:
-            cached = self._kernel_dirs()
-            if cached:
-                self.log(f"cannot resolve the kernel package; using cached {cached[-1].name}")
-                return self._kernel_info(cached[-1])
-            raise
-        version = ""
-        p = _run(["apt-cache", "show", "--no-all-versions", pkg], check=False)
-        for line in p.stdout.splitlines():
-            if line.startswith("Version:"):
-                version = line.split(":", 1)[1].strip()
-                break
-        key = f"{pkg}_{version}".replace(":", "%3a") if version else pkg
-        kdir = self.cache / "kernel" / key
-        if (kdir / "ok").is_file():
-            return self._kernel_info(kdir)
-
-        dl = self.cache / "downloads"
-        dl.mkdir(parents=True, exist_ok=True)
-        for old in dl.glob(f"{pkg}_*.deb"):
-            old.unlink()
-        self.log(f"apt-get download {pkg} {version}")
-        p = _run(["apt-get", "download", "-q", pkg], cwd=dl, check=False)
-        if p.returncode != 0 and os.geteuid() == 0 and self.install and not self._apt_updated:
-            self._apt_update()
+        # Resolve, then download; if the download fails on stale apt lists,
+        # update them and resolve again (the metapackage may have moved on).
+        for attempt in (0, 1):
+            try:
+                pkg = self.resolve_kernel_package()
+            except LabUnavailable:
+                cached = self._kernel_dirs()
+                if cached:
+                    self.log(f"cannot resolve the kernel package; using cached {cached[-1].name}")
+                    return self._kernel_info(cached[-1])
+                raise
+            version = ""
+            p = _run(["apt-cache", "show", "--no-all-versions", pkg], check=False)
+            for line in p.stdout.splitlines():
+                if line.startswith("Version:"):
+                    version = line.split(":", 1)[1].strip()
+                    break
+            key = f"{pkg}_{version}".replace(":", "%3a") if version else pkg
+            kdir = self.cache / "kernel" / key
+            if (kdir / "ok").is_file():
+                return self._kernel_info(kdir)
+            dl = self.cache / "downloads"
+            dl.mkdir(parents=True, exist_ok=True)
+            for old in dl.glob(f"{pkg}_*.deb"):
+                old.unlink()
+            self.log(f"apt-get download {pkg} {version}")
             p = _run(["apt-get", "download", "-q", pkg], cwd=dl, check=False)
-        debs = sorted(dl.glob(f"{pkg}_*.deb"))
-        if p.returncode != 0 or not debs:
+            debs = sorted(dl.glob(f"{pkg}_*.deb"))
+            if p.returncode == 0 and debs:
+                break
+            can_update = os.geteuid() == 0 and self.install and not self._apt_updated
+            if attempt == 0 and can_update:
+                self._apt_update()
+                continue
             cached = [] if self.kernel_pkg else self._kernel_dirs()
             if cached:
                 self.log(
@@ -354,6 +368,9 @@ class Lab:
             )
         self._unpack_kernel(debs[-1], kdir)
         debs[-1].unlink()  # the unpacked tree is the cache; the .deb is 100 MB more
+        for other in self._kernel_dirs():  # one kernel tree is ~400 MB: keep the current one
+            if other != kdir:
+                shutil.rmtree(other, ignore_errors=True)
         self.log(f"kernel {kdir.name} ready in {time.monotonic() - t0:.1f} s")
         return self._kernel_info(kdir)
 
@@ -697,7 +714,8 @@ class Lab:
                 continue
         d = Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=runs))
         d.chmod(0o755)
-        self._run_lock = open(d / ".running", "w")  # held until run() returns
+        # held (flock) until run() returns; pruning skips locked run dirs
+        self._run_lock = open(d / ".running", "w")  # noqa: SIM115
         fcntl.flock(self._run_lock, fcntl.LOCK_EX)
         last = runs / "last"
         try:
