@@ -478,15 +478,16 @@ class Lab:
         return out
 
     # ------------------------------------------------------------------ venv
-    def venv_dir(self) -> Path:
-        return self.cache / f"venv-{_sha(str(self.checkout))[:10]}"
+    VENVS_KEPT = 3
 
     def venv(self) -> Path:
         """The guest's Python: /usr/bin/python3 venv with system site packages
         (Debian's python3-rtslib-fb), pytest, pyroute2 and the project installed
         editable from the checkout (same path in the guest).  Rebuilt only when
-        pyproject.toml, the requirements or the system python change."""
-        vdir = self.venv_dir()
+        pyproject.toml, the requirements, the checkout path or the system
+        python change.  Each build gets its own directory (named by that
+        stamp), so a guest still running on the previous one is not pulled
+        from under; the newest VENVS_KEPT are kept."""
         pyproject = self.checkout / "pyproject.toml"
         sys_py = Path("/usr/bin/python3")
         if not sys_py.exists():
@@ -498,8 +499,10 @@ class Lab:
             str(sys_py.resolve()),
             str(sys_py.resolve().stat().st_size),
         )
+        vdir = self.cache / f"venv-{stamp[:12]}"
         stamp_file = vdir / ".lab-stamp"
         if stamp_file.is_file() and stamp_file.read_text().strip() == stamp:
+            os.utime(vdir)  # most recently used
             return vdir
         t0 = time.monotonic()
         self.log(f"building the guest venv {vdir}")
@@ -513,6 +516,9 @@ class Lab:
         if p.returncode != 0:
             raise LabError(f"pip install into the guest venv failed:\n{p.stdout}")
         stamp_file.write_text(stamp + "\n")
+        venvs = sorted(self.cache.glob("venv-*"), key=lambda d: d.stat().st_mtime)
+        for old in venvs[: -self.VENVS_KEPT]:
+            shutil.rmtree(old, ignore_errors=True)
         self.log(f"guest venv ready in {time.monotonic() - t0:.1f} s")
         return vdir
 
