@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +72,38 @@ def scan_lvm(sys_root: str | Path = "/sys") -> dict[str, LogicalVolume]:
     return out
 
 
+class LvmScanner:
+    """scan_lvm() with a cache: sysfs is re-read when the set of dm devices changes,
+    and at least every full_rescan_s (an lvrename keeps the device, changes its name).
+    One full scan reads three files per device: ~85 ms for 1,000 LVs (make bench)."""
+
+    def __init__(
+        self,
+        sys_root: str | Path = "/sys",
+        full_rescan_s: float = 10.0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        import time
+
+        self.sys_root = Path(sys_root)
+        self.full_rescan_s = full_rescan_s
+        self.clock = clock or time.monotonic
+        self._names: frozenset[str] | None = None
+        self._at = 0.0
+        self._lvs: dict[str, LogicalVolume] = {}
+
+    def scan(self) -> dict[str, LogicalVolume]:
+        try:
+            names = frozenset(n for n in os.listdir(self.sys_root / "block") if n.startswith("dm-"))
+        except OSError:
+            names = frozenset()
+        now = self.clock()
+        if names != self._names or now - self._at >= self.full_rescan_s:
+            self._lvs = scan_lvm(self.sys_root)
+            self._names, self._at = names, now
+        return self._lvs
+
+
 def volume_groups(lvs: dict[str, LogicalVolume]) -> dict[str, list[str]]:
     """VG -> its LVs' kernel device names (the resource's members)."""
     vgs: dict[str, list[str]] = {}
@@ -79,16 +112,20 @@ def volume_groups(lvs: dict[str, LogicalVolume]) -> dict[str, list[str]]:
     return {vg: sorted(devs) for vg, devs in sorted(vgs.items())}
 
 
+def lv_index(lvs: Mapping[str, LogicalVolume]) -> dict[tuple[str, str], str]:
+    """(vg, lv) -> kernel device name, for resolve_device_path()."""
+    return {(lv.vg, lv.lv): lv.device for lv in lvs.values()}
+
+
 def resolve_device_path(
-    path: str, lvs: dict[str, LogicalVolume], dev_root: str | Path = "/dev"
+    path: str, by_vg_lv: Mapping[tuple[str, str], str], dev_root: str | Path = "/dev"
 ) -> str | None:
     """A backstore's udev_path -> kernel device name ("dm-3", "sdb"), or None.
 
     Understands /dev/<vg>/<lv>, /dev/mapper/<vg>-<lv> and /dev/dm-N by name
     (so captured trees resolve without their /dev), then falls back to
-    following the symlink under dev_root.
+    following the symlink under dev_root. `by_vg_lv` is lv_index(scan_lvm()).
     """
-    by_vg_lv = {(lv.vg, lv.lv): lv.device for lv in lvs.values()}
     p = Path(path)
     parts = p.parts
     if len(parts) == 4 and parts[:2] == ("/", "dev") and parts[2] != "mapper":

@@ -34,7 +34,7 @@ import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .blockdevs import LogicalVolume, resolve_device_path, volume_groups
+from .blockdevs import LogicalVolume, lv_index, resolve_device_path, volume_groups
 from .conns import TcpConn
 from .lio import LioTpg
 from .nvmet import NvmetPort, NvmetSubsystem
@@ -75,16 +75,54 @@ class Discovery:
         return {d: r for r, devs in self.resources.items() for d in devs}
 
 
-def _portal_match(portal_ip: str, portal_port: int | None, conn: TcpConn) -> bool:
-    if portal_port is not None and portal_port != conn.local_port:
-        return False
-    ip = portal_ip.strip("[]")
+def _canon(ip: str) -> str | None:
+    """Canonical address text, "*" for a wildcard, None if unparsable."""
+    ip = ip.strip("[]")
     if ip in WILDCARDS:
-        return True
+        return "*"
     try:
-        return ipaddress.ip_address(ip) == ipaddress.ip_address(conn.local_ip)
+        return str(ipaddress.ip_address(ip))
     except ValueError:
-        return False
+        return None
+
+
+class _PortalIndex:
+    """(local address, port) -> entries, wildcard portals per port: O(1) per connection."""
+
+    def __init__(self) -> None:
+        self._exact: dict[tuple[str, int | None], list[int]] = {}
+
+    def add(self, ip: str, port: int | None, entry: int) -> None:
+        key = _canon(ip)
+        if key is not None:
+            self._exact.setdefault((key, port), []).append(entry)
+
+    def match(self, conn: TcpConn) -> list[int]:
+        out: list[int] = []
+        for key in (
+            (conn.local_ip, conn.local_port),
+            ("*", conn.local_port),
+            (conn.local_ip, None),
+            ("*", None),
+        ):
+            out.extend(self._exact.get(key, ()))
+        return out
+
+
+def acl_write_bytes(
+    tpgs: Iterable[LioTpg], exports: Iterable[Export]
+) -> dict[tuple[str, str], int]:
+    """(initiator address, resource) -> bytes written, from LIO's per-ACL LUN counters."""
+    res = {(e.target, e.lun): e.resource for e in exports if e.protocol == "iscsi"}
+    out: dict[tuple[str, str], int] = {}
+    for t in tpgs:
+        for acl in t.acls:
+            for n, b in acl.write_bytes.items():
+                r = res.get((t.wwn, n))
+                if r:
+                    for addr in acl.addresses:
+                        out[(addr, r)] = out.get((addr, r), 0) + b
+    return out
 
 
 def build_discovery(
@@ -105,15 +143,15 @@ def build_discovery(
     for name, devs in (declared or {}).items():  # config wins over LVM
         resources[name] = tuple(sorted(devs))
     res_of = {d: r for r, devs in resources.items() for d in devs}
+    by_vg_lv = lv_index(lvs)
 
     def export(proto: str, target: str, lun: int, path: str) -> Export:
-        dev = resolve_device_path(path, lvs, dev_root) if path else None
+        dev = resolve_device_path(path, by_vg_lv, dev_root) if path else None
         return Export(proto, target, lun, dev, res_of.get(dev) if dev else None)
 
     initiators: dict[str, InitiatorView] = {}
     exports: list[Export] = []
     ambiguous: list[str] = []
-    acl_bytes: dict[tuple[str, str], int] = {}
     # export -> initiators connected to it
     users: dict[Export, set[str]] = {}
 
@@ -125,9 +163,10 @@ def build_discovery(
 
     def attach(addr: str, ex: Export) -> None:
         v = view(addr)
-        if ex not in v.exports:
+        who = users.setdefault(ex, set())
+        if addr not in who:
+            who.add(addr)
             v.exports.append(ex)
-        users.setdefault(ex, set()).add(addr)
         if ex.resource:
             v.resources.add(ex.resource)
 
@@ -145,11 +184,8 @@ def build_discovery(
                 for n in acl.mapped_luns:
                     if n in by_lun:
                         attach(addr, by_lun[n])
-                        ex = by_lun[n]
-                        if ex.resource and n in acl.write_bytes:
-                            key = (addr, ex.resource)
-                            acl_bytes[key] = acl_bytes.get(key, 0) + acl.write_bytes[n]
     acl_addrs = {a for t in tpgs for acl in t.acls for a in acl.addresses}
+    acl_bytes = acl_write_bytes(tpgs, exports)
 
     subsys = {s.nqn: s for s in nvmet_subsystems}
     nv_exports = {
@@ -159,16 +195,20 @@ def build_discovery(
     for exs in nv_exports.values():
         exports.extend(exs)
     ports = [p for p in nvmet_ports if p.trtype in ("tcp", "")]
+    iscsi_index = _PortalIndex()
+    for i, t in enumerate(tpgs):
+        if t.generate_node_acls:
+            for ip, port in t.portals:
+                iscsi_index.add(ip, port, i)
+    nvme_index = _PortalIndex()
+    for i, p in enumerate(ports):
+        nvme_index.add(p.traddr, p.trsvcid, i)
 
     for c in conns:
         if c.peer_ip in acl_addrs:
             continue  # placed by its ACL session
-        iscsi = [
-            i
-            for i, t in enumerate(tpgs)
-            if t.generate_node_acls and any(_portal_match(ip, p, c) for ip, p in t.portals)
-        ]
-        nvme = [p for p in ports if _portal_match(p.traddr, p.trsvcid, c)]
+        iscsi = iscsi_index.match(c)
+        nvme = [ports[i] for i in nvme_index.match(c)]
         targets = {tpgs[i].wwn for i in iscsi} | {n for p in nvme for n in p.subsystems}
         if len(targets) > 1:
             ambiguous.append(

@@ -12,14 +12,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from santhrottle.controller.domain import ReadSample, WriteSample
 
-from .blockdevs import scan_lvm
+from .blockdevs import LvmScanner
 from .conns import ConnectionSensor
-from .discovery import Discovery, build_discovery
+from .discovery import Discovery, acl_write_bytes, build_discovery
 from .diskstats import DevInterval, DiskstatsReader, Snapshot, interval, read_latency_of
 from .lio import LioSensor, LioUnavailable
 from .nvmet import NvmetSensor
@@ -52,7 +52,7 @@ class TargetSensor:
         clock: Callable[[], float] = time.monotonic,
         connections: ConnectionSensor | None = None,
     ) -> None:
-        self.sys_root = Path(sys_root)
+        self.lvm = LvmScanner(sys_root, clock=clock)
         self.dev_root = str(dev_root)
         self.diskstats = DiskstatsReader(proc_root)
         self.lio = LioSensor(configfs_root)
@@ -63,6 +63,7 @@ class TargetSensor:
         self.clock = clock
         self.warnings = SensorWarnings()
         self.discovery: Discovery | None = None
+        self._discovery_key: object = None
         self._tick_prev: tuple[float, Snapshot] | None = None
         self._conv_prev: tuple[float, Snapshot, dict[tuple[str, str], int]] | None = None
 
@@ -74,16 +75,35 @@ class TargetSensor:
             self.warnings.lio_errors += 1
             log.warning("LIO: %s", e)
             tpgs = []
+        subsystems = self.nvmet.subsystems()
+        ports = self.nvmet.ports()
+        conns = self.conns.connections()
+        lvs = self.lvm.scan()
+        # The structure rarely changes; the ACL counters do, every second.
+        key = (
+            tuple(replace(t, acls=tuple(replace(a, write_bytes={}) for a in t.acls)) for t in tpgs),
+            tuple(subsystems),
+            tuple(ports),
+            frozenset(conns),
+            id(lvs),
+        )
+        if self.discovery is not None and key == self._discovery_key:
+            self.discovery = replace(
+                self.discovery,
+                acl_write_bytes=acl_write_bytes(tpgs, self.discovery.exports),
+            )
+            return self.discovery
         self.discovery = build_discovery(
             lio=tpgs,
-            nvmet_subsystems=self.nvmet.subsystems(),
-            nvmet_ports=self.nvmet.ports(),
-            conns=self.conns.connections(),
-            lvs=scan_lvm(self.sys_root),
+            nvmet_subsystems=subsystems,
+            nvmet_ports=ports,
+            conns=conns,
+            lvs=lvs,
             declared=self.declared,
             static_map=self.static_map,
             dev_root=self.dev_root,
         )
+        self._discovery_key = key
         return self.discovery
 
     def _snapshot(self) -> Snapshot:
@@ -153,4 +173,4 @@ class TargetSensor:
             old = prev[2].get((ini, res))
             if old is not None and b >= old:
                 rates[(res, ini)] = rates.get((res, ini), 0.0) + (b - old) / dt
-        return [WriteSample(r, i, bps) for (r, i), bps in sorted(rates.items())]
+        return [WriteSample(r, i, bps) for (r, i), bps in rates.items()]

@@ -3,6 +3,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from santhrottle.appliance.cli import main
 
 LAB = Path(__file__).parents[1] / "fixtures" / "lab"

@@ -2,6 +2,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from santhrottle.appliance.cli import main
 
 PAPER = Path(__file__).parents[2] / "controller" / "scenarios" / "paper.toml"

@@ -1,6 +1,7 @@
 import math
 
 import pytest
+
 from santhrottle.controller.ewma import Ewma, alpha_for
 
 

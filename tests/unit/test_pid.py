@@ -1,4 +1,5 @@
 import pytest
+
 from santhrottle.controller.pid import SingleSidedPid
 
 

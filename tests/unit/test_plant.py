@@ -1,6 +1,7 @@
 import math
 
 import pytest
+
 from santhrottle.controller.plant import Device, SaturatedError, solve_latency
 
 DEV = Device(intercept_s=0.002, slope_s_per_io=0.003)

@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+
 from santhrottle.controller.scenario import ScenarioError, parse_scenario
 
 PAPER = Path(__file__).parents[2] / "controller" / "scenarios" / "paper.toml"

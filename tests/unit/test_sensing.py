@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from santhrottle.appliance.sensing.blockdevs import scan_lvm, split_dm_name
 from santhrottle.appliance.sensing.conns import TcpConn
 from santhrottle.appliance.sensing.discovery import build_discovery

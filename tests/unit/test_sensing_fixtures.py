@@ -4,7 +4,13 @@ import json
 from pathlib import Path
 
 import pytest
-from santhrottle.appliance.sensing.blockdevs import resolve_device_path, scan_lvm, volume_groups
+
+from santhrottle.appliance.sensing.blockdevs import (
+    lv_index,
+    resolve_device_path,
+    scan_lvm,
+    volume_groups,
+)
 from santhrottle.appliance.sensing.conns import parse_diag_dump
 from santhrottle.appliance.sensing.discovery import build_discovery
 from santhrottle.appliance.sensing.diskstats import interval, parse_diskstats, read_latency_of
@@ -47,9 +53,10 @@ def test_lvm_from_sysfs():
         x["dm"]: x["lv"] for x in META["iscsi"] + META["nvme"]
     }
     assert volume_groups(lvs) == {META["vg"]: ["dm-0", "dm-1", "dm-2"]}
-    assert resolve_device_path(f"/dev/{META['vg']}/lun1", lvs) == META["iscsi"][1]["dm"]
-    assert resolve_device_path(f"/dev/mapper/{META['vg']}-lun0", lvs) == META["iscsi"][0]["dm"]
-    assert resolve_device_path("/dev/dm-7", lvs) == "dm-7"
+    idx = lv_index(lvs)
+    assert resolve_device_path(f"/dev/{META['vg']}/lun1", idx) == META["iscsi"][1]["dm"]
+    assert resolve_device_path(f"/dev/mapper/{META['vg']}-lun0", idx) == META["iscsi"][0]["dm"]
+    assert resolve_device_path("/dev/dm-7", idx) == "dm-7"
 
 
 def test_lio_tree_through_rtslib(tpgs):

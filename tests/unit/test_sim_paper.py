@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+
 from santhrottle.controller.scenario import parse_scenario
 from santhrottle.controller.sim import TRANSIENT_S, simulate
 

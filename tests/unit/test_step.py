@@ -1,6 +1,7 @@
 import dataclasses
 
 import pytest
+
 from santhrottle.controller.domain import (
     ControllerConfig,
     PidGains,

@@ -1,4 +1,5 @@
 import pytest
+
 from santhrottle.controller.writeheavy import WriteHeavySets
 
 MIB = 1024.0 * 1024.0
