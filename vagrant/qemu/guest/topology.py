@@ -123,6 +123,17 @@ def _read(path) -> str:
         return ""
 
 
+def _running(comm: str) -> bool:
+    """Is a process named `comm` alive (not a zombie)?  No pidof dependency."""
+    for d in glob.glob("/proc/[0-9]*"):
+        stat = _read(f"{d}/stat")  # "pid (comm) state ..."
+        name = stat[stat.find("(") + 1 : stat.rfind(")")]
+        state = stat[stat.rfind(")") + 2 :][:1]
+        if stat and name == comm and state != "Z":
+            return True
+    return False
+
+
 def find_disk(serial: str) -> str:
     for d in sorted(glob.glob("/sys/block/vd*")):
         if _read(f"{d}/serial") == serial:
@@ -289,7 +300,7 @@ def start_iscsid() -> None:
     Path("/etc/iscsi").mkdir(parents=True, exist_ok=True)
     Path("/etc/iscsi/initiatorname.iscsi").write_text(f"InitiatorName={name}\n")
     Path("/run/lock/iscsi").mkdir(parents=True, exist_ok=True)
-    if sh(["pidof", "iscsid"], check=False).strip():
+    if _running("iscsid"):
         return
     # iscsid daemonizes; its output must not hold the caller's pipes open
     subprocess.run(
@@ -311,7 +322,7 @@ def start_iscsid() -> None:
 
 
 def stop_iscsid() -> None:
-    if sh(["pidof", "iscsid"], check=False).strip():
+    if _running("iscsid"):
         sh(["iscsiadm", "-k", "0"], check=False)
 
 
@@ -387,10 +398,21 @@ def iscsi_login(luns: list[dict]) -> None:
         t["sid"] = s["sid"]
         t["device"] = s["devices"][0]
         t["session_initiator"] = s["initiatorname"]
+    _store("iscsi", "iqn", luns)
+
+
+def _store(kind: str, key: str, entries: list[dict]) -> None:
+    """Merge updated entries (devices, session ids) into the stored state."""
+    t = status()
+    if t is None:
+        return
+    by_key = {e[key]: e for e in entries}
+    t[kind] = [by_key.get(e[key], e) for e in t[kind]]
+    STATE_FILE.write_text(json.dumps(t, indent=1))
 
 
 def iscsi_logout_all() -> None:
-    if sh(["pidof", "iscsid"], check=False).strip():
+    if _running("iscsid"):
         sh(["iscsiadm", "-m", "node", "-U", "all"], check=False)
         sh(["iscsiadm", "-m", "node", "-o", "delete"], check=False)
         for line in sh(["iscsiadm", "-m", "iface"], check=False).splitlines():
@@ -447,6 +469,7 @@ def nvme_connect(nvme: list[dict]) -> None:
             if time.monotonic() > deadline:
                 raise TopologyError(f"no NVMe block device for {n['nqn']}")
             time.sleep(0.1)
+    _store("nvme", "nqn", nvme)
 
 
 def nvme_disconnect(nvme: list[dict]) -> None:
