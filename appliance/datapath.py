@@ -668,7 +668,11 @@ def render_ipset_swap(mode: str, members: Mapping[str, int], maxelem: int) -> st
     temporary set, swap it in, destroy the old contents."""
     name = SET_NAMES[mode]
     tmp = name + TMP_SUFFIX
-    lines = [f"create {tmp} hash:ip family inet maxelem {maxelem} counters skbinfo"]
+    # sized up front: no rehashing while the members go in
+    hashsize = max(1024, 1 << max(0, (len(members) // 4 - 1).bit_length()))
+    lines = [
+        f"create {tmp} hash:ip family inet hashsize {hashsize} maxelem {maxelem} counters skbinfo"
+    ]
     lines += [f"add {tmp} {ip} skbprio {classid(k)}" for ip, k in members.items()]
     lines += [f"swap {tmp} {name}", f"destroy {tmp}"]
     return "\n".join(lines) + "\n"

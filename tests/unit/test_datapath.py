@@ -376,11 +376,18 @@ def test_ipset_texts():
     assert text == "add santhrottle-all 10.0.0.2 skbprio 5374:20\ndel santhrottle-ack 10.0.0.3\n"
     swap = dp.render_ipset_swap("read", {"10.0.0.2": 3}, 65536).splitlines()
     assert swap == [
-        "create santhrottle-read-tmp hash:ip family inet maxelem 65536 counters skbinfo",
+        "create santhrottle-read-tmp hash:ip family inet hashsize 1024 maxelem 65536 counters "
+        "skbinfo",
         "add santhrottle-read-tmp 10.0.0.2 skbprio 5374:3",
         "swap santhrottle-read-tmp santhrottle-read",
         "destroy santhrottle-read-tmp",
     ]
+
+
+def test_swap_set_is_sized_for_its_members():
+    members = {f"10.0.{i >> 8}.{i & 255}": 1 for i in range(10_000)}
+    first = dp.render_ipset_swap("all", members, 65536).splitlines()[0]
+    assert " hashsize 4096 " in first
 
 
 def _dp(**kw):
