@@ -96,6 +96,7 @@ import re
 import shlex
 import socket
 import subprocess
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -736,6 +737,7 @@ class ApplyReport:
     sets_created: list[str] = field(default_factory=list)
     rules_changed: bool = False
     clamped: dict[str, int] = field(default_factory=dict)  # ip -> new class
+    timings_s: dict[str, float] = field(default_factory=dict)  # step -> seconds
 
     def summary(self) -> str:
         tc = (
@@ -1081,6 +1083,7 @@ class Datapath:
     # --------------------------------------------------------------- apply
     def apply(self) -> ApplyReport:
         """Reconcile tc tree, sets and rules with the configuration (idempotent)."""
+        t0 = time.monotonic()
         dev = self._dev()
         self._ifindex(dev)  # the device exists
         report = ApplyReport(backend=self.backend())
@@ -1095,16 +1098,20 @@ class Datapath:
         lines = render_tc_plan(dev, want, have)
         if self.leaf == "netem" and any(" netem " in ln for ln in lines):
             self.check_netem()
+        t1 = time.monotonic()
         if lines:
             self._tc_batch(lines, fresh=not have.ours, device=dev)
         report.tc_lines = len(lines)
         report.tc_fresh = not have.ours
+        t2 = time.monotonic()
         report.sets_created = self._ensure_sets()
+        t3 = time.monotonic()
         jumps, chain_rules = self._mangle()
         text = render_rules_restore(dev, self.ports, jumps, chain_rules)
         if text is not None:
             self._restore_rules(text)
             report.rules_changed = True
+        t4 = time.monotonic()
         # Members whose class no longer exists would fall to the default
         # class silently: clamp them to the new maximum.
         over = {ip: self.max_class for ip, m in self.current().items() if m.klass > self.max_class}
@@ -1115,6 +1122,14 @@ class Datapath:
                 if part:
                     self.set_classes(part, mode=mode)
             report.clamped = over
+        t5 = time.monotonic()
+        report.timings_s = {
+            "checks": t1 - t0,
+            "tc": t2 - t1,
+            "sets": t3 - t2,
+            "rules": t4 - t3,
+            "members": t5 - t4,
+        }
         return report
 
     def _tc_batch(self, lines: Sequence[str], fresh: bool, device: str) -> None:
