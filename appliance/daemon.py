@@ -1,0 +1,416 @@
+"""santhrottled: the loop that wires sensors, the controller and the actuator.
+
+Cadences (paper 2.3): a fixed-rate controller tick (100 ms) and a 1 s
+convergence. The tick is scheduled from the previous deadline, never from
+the end of the work: a late tick runs once, the missed deadlines are logged
+and counted (santhrottle_tick_overruns_total), never run back to back.
+
+Per tick (main thread): read the per-resource samples (one /proc/diskstats
+read), step() the controller with them and with the write samples the
+convergence worker left, and send the changes of the initiators' classes to
+the kernel (one netlink message each; a bulk restore past a threshold).
+Per convergence (worker thread): discovery (LIO through rtslib-fb, nvmet,
+sock_diag, LVM) and write rates. The worker may be slow (a large configfs
+tree); the tick never waits for it and uses the last discovery it finished.
+A failing sensor read is counted and logged; the controller holds.
+
+Pins (`santhrottle pin`) override the controller for their initiator.
+Pause removes every delay but keeps measuring; resume re-applies.
+Reload (SIGHUP, `santhrottle reload`) validates the new file first and
+keeps the last good config when it is invalid.
+
+Time and sleep are injected (clock, sleep), so the loop is tested in virtual
+time with fake sensors and a fake actuator (tests/unit/test_daemon.py); the
+real adapters are tested in the privileged and lab tiers.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from santhrottle.appliance.config import Config, ConfigError
+from santhrottle.controller.domain import ReadSample, Resource, Samples, WriteSample
+from santhrottle.controller.step import ControllerState, new_state, step
+
+log = logging.getLogger("santhrottled")
+
+MODES = ("all", "ack", "read")
+
+
+class Sensors(Protocol):
+    def read_samples(self) -> list[ReadSample]: ...
+
+    def converge(self) -> tuple[Any, list[WriteSample]]: ...
+
+
+class Actuator(Protocol):
+    def apply(self) -> Any: ...
+
+    def set_classes(self, classes: Mapping[str, int], mode: str | None = None) -> int: ...
+
+    def cleanup(self) -> Any: ...
+
+
+@dataclass
+class Counters:
+    ticks: int = 0
+    tick_overruns: int = 0
+    converges: int = 0
+    sensor_errors: int = 0
+    actuator_errors: int = 0
+    reloads: int = 0
+    reload_failures: int = 0
+    tick_seconds_sum: float = 0.0
+
+
+@dataclass
+class ResourceView:
+    last: ReadSample | None = None
+
+
+@dataclass
+class DaemonState:
+    paused: bool = False
+    pins: dict[str, tuple[int, str]] = field(default_factory=dict)  # ip -> (class, mode)
+    thresholds: dict[str, float] = field(default_factory=dict)  # runtime overrides
+    applied: dict[str, tuple[int, str]] = field(default_factory=dict)  # ip -> (class, mode)
+    discovery: Any = None
+    pending_writes: list[WriteSample] = field(default_factory=list)
+    last_reads: dict[str, ReadSample] = field(default_factory=dict)
+
+
+class CommandError(Exception):
+    """A control-socket request that cannot be done; the message goes to the admin."""
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: Config,
+        sensors: Sensors,
+        actuator: Actuator,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        load_config: Callable[[str], Config] | None = None,
+        notify: Callable[[str], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.sensors = sensors
+        self.actuator = actuator
+        self.clock = clock
+        self.sleep = sleep
+        self._load_config = load_config
+        self.notify = notify or (lambda _msg: None)
+        self.lock = threading.RLock()
+        self.state = DaemonState()
+        self.counters = Counters()
+        self.ctl: ControllerState = new_state(config.controller, [])
+        self._stop = threading.Event()
+        self._next_tick: float | None = None
+        self._next_converge: float | None = None
+
+    # ----------------------------------------------------------- resources
+    def threshold_of(self, name: str) -> float | None:
+        return self.state.thresholds.get(name, self.config.threshold_of(name))
+
+    def known_resources(self) -> set[str]:
+        d = self.state.discovery
+        names = set(self.config.resources)
+        if d is not None:
+            names |= set(d.resources)
+        return names
+
+    def _reconcile_resources(self) -> None:
+        """Controller resources = known resources that have a threshold."""
+        want = {n: t for n in self.known_resources() if (t := self.threshold_of(n)) is not None}
+        changed: dict[str, int] = {}
+        for name in list(self.ctl.resources):
+            if name not in want:
+                changed.update(self.ctl.remove_resource(name))
+        for name, thr in want.items():
+            self.ctl.set_resource(Resource(name, thr))
+        if changed:
+            log.info("resources removed; %d initiator class(es) changed", len(changed))
+
+    # ----------------------------------------------------------- the tick
+    def converge_once(self) -> None:
+        """Discovery + write rates (worker thread; may be slow)."""
+        try:
+            disc, writes = self.sensors.converge()
+        except Exception as e:  # an adapter failure must not kill the worker
+            with self.lock:
+                self.counters.sensor_errors += 1
+            log.warning("convergence: sensor error: %s", e)
+            return
+        with self.lock:
+            self.state.discovery = disc
+            self.state.pending_writes.extend(writes)
+            self.counters.converges += 1
+
+    def tick(self, now: float) -> None:
+        t0 = self.clock()
+        try:
+            reads = self.sensors.read_samples()
+        except Exception as e:
+            reads = []
+            self.counters.sensor_errors += 1
+            log.warning("tick: read samples failed: %s", e)
+        with self.lock:
+            self._reconcile_resources()
+            writes, self.state.pending_writes = self.state.pending_writes, []
+            for r in reads:
+                self.state.last_reads[r.resource] = r
+            self.ctl, _ = step(self.ctl, Samples(reads, writes), now)
+            self._actuate()
+            self.counters.ticks += 1
+            self.counters.tick_seconds_sum += self.clock() - t0
+        self.notify("WATCHDOG=1")
+
+    def desired(self) -> dict[str, tuple[int, str]]:
+        """ip -> (class, mode) the kernel should have now."""
+        if self.state.paused:
+            return {}
+        out = {ip: (k, self.config.write_mode) for ip, k in self.ctl.effective.items()}
+        out.update({ip: pin for ip, pin in self.state.pins.items() if pin[0] > 0})
+        return out
+
+    def _actuate(self) -> None:
+        want = self.desired()
+        have = self.state.applied
+        by_mode: dict[str, dict[str, int]] = {}
+        for ip, (k, mode) in want.items():
+            if have.get(ip) != (k, mode):
+                by_mode.setdefault(mode, {})[ip] = k
+        for ip, (_k, mode) in have.items():
+            if ip not in want:
+                by_mode.setdefault(mode, {})[ip] = 0
+        if not by_mode:
+            return
+        try:
+            for mode, classes in by_mode.items():
+                self.actuator.set_classes(classes, mode)
+                for ip, k in classes.items():
+                    if k:
+                        have[ip] = (k, mode)
+                    elif have.get(ip, (0, mode))[1] == mode:
+                        have.pop(ip, None)
+        except Exception as e:  # keep `applied` as far as it got; retried next tick
+            self.counters.actuator_errors += 1
+            log.error("actuator: %s", e)
+
+    # ----------------------------------------------------------- the loop
+    def run(self) -> None:
+        """Fixed-rate loop until stop(); the convergence runs in a worker thread."""
+        worker = threading.Thread(target=self._converge_loop, name="converge", daemon=True)
+        self.converge_once()  # a first discovery before the first tick
+        worker.start()
+        self.notify("READY=1")
+        while not self._stop.is_set():
+            self.run_once()
+        worker.join(timeout=5.0)
+
+    def run_once(self) -> None:
+        """Sleep until the next deadline, then tick once (fixed rate, no bunching)."""
+        tick = self.config.controller.tick_s
+        now = self.clock()
+        if self._next_tick is None:
+            self._next_tick = now
+        if now < self._next_tick:
+            self.sleep(self._next_tick - now)
+            now = self.clock()
+            if now < self._next_tick:
+                return
+        missed = math.floor((now - self._next_tick) / tick + 1e-9)
+        if missed:
+            self.counters.tick_overruns += missed
+            log.warning(
+                "tick late by %.0f ms: %d tick(s) skipped", (now - self._next_tick) * 1e3, missed
+            )
+        self._next_tick += (missed + 1) * tick
+        self.tick(now)
+
+    def _converge_loop(self) -> None:
+        period = self.config.controller.converge_s
+        nxt = self.clock() + period
+        while not self._stop.wait(max(0.0, nxt - self.clock())):
+            self.converge_once()
+            nxt += period
+            now = self.clock()
+            if nxt < now:  # slower than its period: start again from now
+                nxt = now + period
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # ------------------------------------------------------- shutdown
+    def shutdown(self) -> None:
+        """Remove every delay; the static state too unless configured to keep it."""
+        with self.lock:
+            self.state.paused = True
+            self.state.pins.clear()
+            self._actuate()
+            if not self.config.keep_static_state:
+                try:
+                    self.actuator.cleanup()
+                except Exception as e:
+                    log.error("cleanup: %s", e)
+        self.notify("STOPPING=1")
+
+    # ------------------------------------------------------- commands
+    def reload(self) -> dict[str, Any]:
+        if self._load_config is None:
+            raise CommandError("this daemon was started without a config file")
+        try:
+            new = self._load_config(self.config.path)
+        except ConfigError as e:
+            self.counters.reload_failures += 1
+            raise CommandError(f"reload refused, keeping the running config: {e}") from None
+        with self.lock:
+            fixed = ("devices", "ports", "step_s", "max_delay_s", "link_speed", "control_socket")
+            if any(getattr(new, k) != getattr(self.config, k) for k in fixed):
+                self.counters.reload_failures += 1
+                raise CommandError(
+                    "reload refused: datapath devices, ports, step, max_delay, link_speed and "
+                    "control_socket need a restart (systemctl restart santhrottled)"
+                )
+            old = self.config
+            self.config = new
+            if new.controller != old.controller:
+                self.ctl = _rebuild(self.ctl, new)
+            self.counters.reloads += 1
+        log.info("reloaded %s", new.path)
+        return {"reloaded": new.path}
+
+    def handle(self, cmd: str, args: dict[str, Any]) -> Any:
+        """One control-socket request (appliance/control.py); raises CommandError."""
+        with self.lock:
+            if cmd == "ping":
+                return {"pong": True}
+            if cmd == "status":
+                return self.status()
+            if cmd == "resources":
+                return self.status()["resources"]
+            if cmd == "initiators":
+                return self.status()["initiators"]
+            if cmd == "threshold_show":
+                return {n: self.threshold_of(n) for n in sorted(self.known_resources())}
+            if cmd == "threshold_set":
+                name = args.get("resource")
+                thr = args.get("threshold_s")
+                if name not in self.known_resources():
+                    raise CommandError(
+                        f"unknown resource {name!r}; known: "
+                        f"{', '.join(sorted(self.known_resources())) or 'none'}"
+                    )
+                if not isinstance(thr, int | float) or isinstance(thr, bool) or not thr > 0:
+                    raise CommandError("threshold must be a positive duration")
+                self.state.thresholds[name] = float(thr)
+                self._reconcile_resources()
+                return {"resource": name, "threshold_s": float(thr)}
+            if cmd == "pin":
+                ip, k, mode = args.get("initiator"), args.get("class"), args.get("mode")
+                if not isinstance(ip, str) or not isinstance(k, int) or mode not in MODES:
+                    raise CommandError("pin needs initiator, class and mode (all|ack|read)")
+                if not 0 <= k <= self.config.max_class:
+                    raise CommandError(f"class {k} outside 0..{self.config.max_class}")
+                self.state.pins[ip] = (k, mode)
+                self._actuate()
+                return {
+                    "initiator": ip,
+                    "class": k,
+                    "delay_s": k * self.config.step_s,
+                    "mode": mode,
+                }
+            if cmd == "unpin":
+                ip = args.get("initiator")
+                if ip not in self.state.pins:
+                    raise CommandError(f"{ip!r} is not pinned")
+                del self.state.pins[ip]
+                self._actuate()
+                return {"initiator": ip, "unpinned": True}
+            if cmd in ("pause", "resume"):
+                self.state.paused = cmd == "pause"
+                self._actuate()
+                return {"paused": self.state.paused}
+        if cmd == "reload":
+            return self.reload()
+        raise CommandError(f"unknown command {cmd!r}")
+
+    def status(self) -> dict[str, Any]:
+        d = self.state.discovery
+        step_s = self.config.step_s
+        resources = []
+        for name in sorted(self.known_resources()):
+            rs = self.ctl.resources.get(name)
+            last = self.state.last_reads.get(name)
+            resources.append(
+                {
+                    "resource": name,
+                    "threshold_s": self.threshold_of(name),
+                    "mode": "control" if rs is not None else "observe",
+                    "read_latency_ewma_s": rs.ewma.value if rs else None,
+                    "read_latency_s": last.read_latency_s if last and last.reads else None,
+                    "reads": last.reads if last else 0,
+                    "write_bytes_per_second": last.write_bps if last else None,
+                    "delay_class": rs.delay_class if rs else 0,
+                    "delay_s": (rs.delay_class if rs else 0) * step_s,
+                    "members": sorted(self.ctl.members(name)),
+                    "devices": list(d.resources.get(name, ())) if d is not None else [],
+                }
+            )
+        rates = self.ctl.write_sets.rates()
+        inis: dict[str, dict[str, Any]] = {}
+        if d is not None:
+            for ip, v in d.initiators.items():
+                inis[ip] = {"resources": sorted(v.resources)}
+        for ip in set(self.state.applied) | set(self.state.pins):
+            inis.setdefault(ip, {"resources": []})
+        initiators = []
+        for ip in sorted(inis):
+            k, mode = self.state.applied.get(ip, (0, self.config.write_mode))
+            initiators.append(
+                {
+                    "initiator": ip,
+                    "resources": inis[ip]["resources"],
+                    "write_bytes_per_second": {
+                        r: rates.get((r, ip)) for r in inis[ip]["resources"]
+                    },
+                    "write_heavy_on": sorted(self.ctl.write_sets.member_of.get(ip, ())),
+                    "class": k,
+                    "delay_s": k * step_s,
+                    "mode": mode,
+                    "pinned": ip in self.state.pins,
+                }
+            )
+        c = self.counters
+        return {
+            "paused": self.state.paused,
+            "tick_s": self.config.controller.tick_s,
+            "step_s": step_s,
+            "max_class": self.config.max_class,
+            "write_mode": self.config.write_mode,
+            "counters": {
+                "ticks": c.ticks,
+                "tick_overruns": c.tick_overruns,
+                "converges": c.converges,
+                "sensor_errors": c.sensor_errors,
+                "actuator_errors": c.actuator_errors,
+                "reloads": c.reloads,
+                "reload_failures": c.reload_failures,
+                "tick_seconds_sum": c.tick_seconds_sum,
+            },
+            "resources": resources,
+            "initiators": initiators,
+        }
+
+
+def _rebuild(old: ControllerState, config: Config) -> ControllerState:
+    """New controller parameters: fresh PIDs and sets (the classes restart from 0)."""
+    return new_state(config.controller, [rs.resource for rs in old.resources.values()])
