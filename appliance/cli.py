@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from santhrottle.appliance import cli_datapath, cli_sensing
+from santhrottle.appliance import cli_daemon, cli_datapath, cli_sensing
 from santhrottle.appliance.errors import CliError
 from santhrottle.controller.plant import SaturatedError
 from santhrottle.controller.scenario import ScenarioError, parse_scenario
@@ -140,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_simulate)
     cli_datapath.add_commands(sub)
     cli_sensing.add_commands(sub)
+    cli_daemon.add_commands(sub)
     return p
 
 
