@@ -21,11 +21,14 @@ that LUN (docs/sensing.md, "Write-rate sources").
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CONFIGFS = "/sys/kernel/config"
 MIB = 1024 * 1024
@@ -94,6 +97,7 @@ class LioSensor:
         # absolute: rtslib resolves configfs symlinks and compares real paths
         self.configfs_root = os.path.abspath(configfs_root)
         self._root: Any = None
+        self._warned = False
 
     def _rts_root(self, rtslib: Any) -> Any:
         if self._root is None:
@@ -110,6 +114,13 @@ class LioSensor:
 
     def scan(self) -> list[LioTpg]:
         if not Path(self.configfs_root, "target").is_dir():
+            if not self._warned and not Path(self.configfs_root).is_dir():
+                self._warned = True
+                log.warning(
+                    "%s is not mounted: LIO and nvmet are invisible (`ip netns exec` remounts "
+                    "/sys without configfs: use daemon.netns instead)",
+                    self.configfs_root,
+                )
             return []  # no LIO on this host (or module not loaded): nothing to see
         with _rtslib_at(self.configfs_root) as rtslib:
             root = self._rts_root(rtslib)
