@@ -107,3 +107,21 @@ def test_metrics_from_a_fresh_registry(live):
         'santhrottle_resource_threshold_seconds{resource="vg0"} 0.02'
         in generate_latest(registry_for(d)).decode()
     )
+
+
+def test_grafana_dashboard_uses_exported_metrics(live):
+    import re
+    from pathlib import Path
+
+    d, _act, _sock = live
+    dash = json.loads((Path(__file__).parents[2] / "docs/grafana/santhrottle.json").read_text())
+    exported = set(
+        re.findall(r"^(santhrottle_\w+?)(?:\{| )", generate_latest(registry_for(d)).decode(), re.M)
+    )
+    used = {
+        m
+        for p in dash["panels"]
+        for t in p["targets"]
+        for m in re.findall(r"santhrottle_\w+", t["expr"])
+    }
+    assert used and used <= exported, used - exported
