@@ -60,6 +60,7 @@ class Config:
     step_s: float = 0.0005
     max_delay_s: float = 0.050
     link_speed: str = "25gbit"
+    leaf: str = "netem"
     # [controller]
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     default_threshold_s: float | None = None
@@ -176,7 +177,9 @@ def parse_config(text: str, path: str = str(DEFAULT_PATH)) -> Config:
         raise r.fail("daemon.keep_static_state", "must be true or false")
 
     p = r.table(
-        data, "datapath", {"devices", "ports", "write_mode", "step", "max_delay", "link_speed"}
+        data,
+        "datapath",
+        {"devices", "ports", "write_mode", "step", "max_delay", "link_speed", "leaf"},
     )
     devices = p.get("devices", [])
     if not isinstance(devices, list) or not all(
@@ -199,6 +202,9 @@ def parse_config(text: str, path: str = str(DEFAULT_PATH)) -> Config:
         raise r.fail("datapath.step", "must be within 10us..100ms")
     if not step_s <= max_delay_s <= 2.0 or round(max_delay_s / step_s) > 4000:
         raise r.fail("datapath.max_delay", "must be within step..2s and at most 4000 steps")
+    leaf = p.get("leaf", "netem")
+    if leaf not in ("netem", "pfifo"):
+        raise r.fail("datapath.leaf", 'must be "netem" (or "pfifo": classify without delay)')
     link = p.get("link_speed", "25gbit")
     if not isinstance(link, str) or not re.fullmatch(r"[0-9]+(\.[0-9]+)?[kmg]?bit", link):
         raise r.fail("datapath.link_speed", 'must be a rate in tc\'s units, e.g. "25gbit"')
@@ -334,6 +340,7 @@ def parse_config(text: str, path: str = str(DEFAULT_PATH)) -> Config:
         step_s=step_s,
         max_delay_s=max_delay_s,
         link_speed=link,
+        leaf=leaf,
         controller=controller,
         default_threshold_s=default_thr,
         resources=resources,

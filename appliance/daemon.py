@@ -16,6 +16,9 @@ A failing sensor read is counted and logged; the controller holds.
 
 Pins (`santhrottle pin`) override the controller for their initiator.
 Pause removes every delay but keeps measuring; resume re-applies.
+Commands only change the daemon's state; the kernel is changed by the tick
+(main thread) alone, within one tick: a single writer, and the netlink
+sockets of a data path in another netns belong to the thread that made them.
 Reload (SIGHUP, `santhrottle reload`) validates the new file first and
 keeps the last good config when it is invalid.
 
@@ -273,7 +276,16 @@ class Daemon:
             self.counters.reload_failures += 1
             raise CommandError(f"reload refused, keeping the running config: {e}") from None
         with self.lock:
-            fixed = ("devices", "ports", "step_s", "max_delay_s", "link_speed", "control_socket")
+            fixed = (
+                "devices",
+                "ports",
+                "step_s",
+                "max_delay_s",
+                "link_speed",
+                "leaf",
+                "control_socket",
+                "netns",
+            )
             if any(getattr(new, k) != getattr(self.config, k) for k in fixed):
                 self.counters.reload_failures += 1
                 raise CommandError(
@@ -320,8 +332,7 @@ class Daemon:
                     raise CommandError("pin needs initiator, class and mode (all|ack|read)")
                 if not 0 <= k <= self.config.max_class:
                     raise CommandError(f"class {k} outside 0..{self.config.max_class}")
-                self.state.pins[ip] = (k, mode)
-                self._actuate()
+                self.state.pins[ip] = (k, mode)  # applied by the next tick
                 return {
                     "initiator": ip,
                     "class": k,
@@ -333,11 +344,9 @@ class Daemon:
                 if ip not in self.state.pins:
                     raise CommandError(f"{ip!r} is not pinned")
                 del self.state.pins[ip]
-                self._actuate()
                 return {"initiator": ip, "unpinned": True}
             if cmd in ("pause", "resume"):
                 self.state.paused = cmd == "pause"
-                self._actuate()
                 return {"paused": self.state.paused}
         if cmd == "reload":
             return self.reload()

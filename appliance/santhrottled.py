@@ -64,6 +64,7 @@ def build_datapaths(cfg: Config) -> Actuators:
                 _link_bits(cfg.link_speed),
                 cfg.write_mode,
                 netns=cfg.netns,
+                leaf=cfg.leaf,
             )
             for dev in cfg.devices
         ]
@@ -92,6 +93,8 @@ def check(cfg: Config) -> int:
         if not shutil.which(tool):
             problems.append(f"{tool} not found in PATH")
     for mod in REQUIRED_MODULES:
+        if mod == "sch_netem" and cfg.leaf != "netem":
+            continue
         have = module_available(mod)
         if have is False:
             problems.append(f"kernel module {mod} is not available")

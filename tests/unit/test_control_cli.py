@@ -73,8 +73,12 @@ def test_threshold_set_show_and_errors(live, capsys):
 
 def test_pause_resume_reload_top(live, capsys):
     d, act, sock = live
-    assert main(["pause", *sock]) == 0 and d.state.paused and act.kernel == {}
-    assert main(["resume", *sock]) == 0 and not d.state.paused and act.kernel
+    assert main(["pause", *sock]) == 0 and d.state.paused
+    d.run_once()
+    assert act.kernel == {}
+    assert main(["resume", *sock]) == 0 and not d.state.paused
+    d.run_once()
+    assert act.kernel
     assert main(["reload", *sock]) == 2  # started without a config file
     assert "without a config file" in capsys.readouterr().err
     assert main(["top", "0.01", "2", "--json", *sock]) == 0

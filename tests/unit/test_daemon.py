@@ -174,15 +174,19 @@ def test_pause_resume_pin_unpin():
     run_for(d, vt, 2.0)
     assert act.kernel
     assert d.handle("pause", {}) == {"paused": True}
+    d.run_once()  # the kernel is changed by the next tick
     assert act.kernel == {}
     run_for(d, vt, 1.0)
     assert act.kernel == {}  # measured, not throttled
     assert d.counters.ticks > 20
     d.handle("resume", {})
+    d.run_once()
     assert act.kernel
     d.handle("pin", {"initiator": "10.0.0.9", "class": 10, "mode": "read"})
+    d.run_once()
     assert act.kernel["10.0.0.9"] == (10, "read")
     d.handle("unpin", {"initiator": "10.0.0.9"})
+    d.run_once()
     assert "10.0.0.9" not in act.kernel
     with pytest.raises(CommandError, match="not pinned"):
         d.handle("unpin", {"initiator": "10.0.0.9"})
