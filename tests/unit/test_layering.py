@@ -65,3 +65,19 @@ def test_bridge_imports_controller_only(path):
 def test_the_checks_see_the_code():
     # guard against a glob that silently matches nothing
     assert len(sources("controller")) >= 8
+
+
+def test_every_code_package_is_in_the_distribution():
+    """A subpackage missing from pyproject's `packages` works in the editable
+    install and is silently absent from the wheel."""
+    import tomllib
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    listed = set(data["tool"]["setuptools"]["packages"])
+    mapping = data["tool"]["setuptools"]["package-dir"]
+    found = set()
+    for pkg, folder in mapping.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([pkg, *rel.parts]))
+    assert found == listed
