@@ -50,3 +50,5 @@ clean:
 
 # The lab (real Debian kernel under QEMU/TCG): targets live with the lab itself.
 -include vagrant/qemu/lab.mk
+# Rollout (Ansible role, Vagrantfile, wheel): targets live with the role.
+-include ansible/rollout.mk
