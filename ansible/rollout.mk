@@ -1,0 +1,64 @@
+# Rollout: the wheel, the Ansible role, the Vagrantfile (docs/rollout.md).
+# Included by the top Makefile; VENV / VPY / PY come from there.
+#
+#   make wheel             dist/: sdist + wheel (python -m build) + wheelhouse/ (its dependencies)
+#   make ansible-lint      ansible-lint, production profile, on ansible/
+#   make vagrant-validate  vagrant validate: core config, libvirt and VirtualBox provider blocks
+#   make rollout-check     all three
+#
+# The tools install themselves when missing: build (in ROLLOUT_VENV),
+# ansible-lint (pip, into .venv), vagrant + vagrant-libvirt (apt, no recommends).
+
+DIST ?= dist
+ROLLOUT_VENV ?= build/rollout-venv
+ROLLOUT_PY := $(ROLLOUT_VENV)/bin/python
+# The wheelhouse serves the targets' python (Debian 12: 3.11; RHEL 9: python3.11).
+WHEELHOUSE_PYTHON ?= 3.11
+WHEEL_SOURCES := pyproject.toml README.md $(shell git ls-files controller appliance bridge 2>/dev/null || find controller appliance bridge -type f)
+VAGRANT_PKGS := vagrant vagrant-libvirt
+VAGRANT_DIR := vagrant
+# Validation writes machine state: keep it out of the checkout.
+VAGRANT_VALIDATE_ENV := VAGRANT_DOTFILE_PATH=$(CURDIR)/build/vagrant-validate
+
+.PHONY: wheel ansible-lint vagrant-validate rollout-check
+
+# The lab test (tests/lab/test_ansible_lab.py) installs the role from dist/.
+test lab: wheel
+
+$(ROLLOUT_PY):
+	$(PY) -m venv $(ROLLOUT_VENV)
+	$(ROLLOUT_PY) -m pip install -q --upgrade pip build
+
+$(DIST)/.built: $(WHEEL_SOURCES) ansible/rollout.mk | $(ROLLOUT_PY)
+	rm -rf $(DIST)
+	$(ROLLOUT_PY) -m build --outdir $(DIST) .
+	$(ROLLOUT_PY) -m pip download --quiet --disable-pip-version-check \
+	  --only-binary=:all: --python-version $(WHEELHOUSE_PYTHON) \
+	  --dest $(DIST)/wheelhouse $(DIST)/santhrottle-*.whl
+	rm -f $(DIST)/wheelhouse/santhrottle-*.whl
+	@touch $@
+	@ls -l $(DIST) $(DIST)/wheelhouse
+
+wheel: $(DIST)/.built
+
+ansible-lint:
+	@test -x $(VENV)/bin/ansible-lint || $(VPY) -m pip install -q ansible-lint
+	cd ansible && PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-lint
+
+vagrant-validate:
+	@missing=$$(for p in $(VAGRANT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "vagrant-validate: apt-get install --no-install-recommends $$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+	cd $(VAGRANT_DIR) && $(VAGRANT_VALIDATE_ENV) vagrant validate --ignore-provider
+	cd $(VAGRANT_DIR) && $(VAGRANT_VALIDATE_ENV) VAGRANT_DEFAULT_PROVIDER=libvirt vagrant validate
+	# VirtualBox is not in Debian: a VBoxManage that only answers --version
+	# is all `vagrant validate` asks of it before checking the provider block.
+	mkdir -p build/vbox-stub
+	printf '#!/bin/sh\n[ "$$1" = --version ] && echo 7.0.14r161095\n' >build/vbox-stub/VBoxManage
+	chmod +x build/vbox-stub/VBoxManage
+	cd $(VAGRANT_DIR) && PATH=$(CURDIR)/build/vbox-stub:$$PATH $(VAGRANT_VALIDATE_ENV) \
+	  VAGRANT_DEFAULT_PROVIDER=virtualbox vagrant validate
+
+rollout-check: wheel ansible-lint vagrant-validate
