@@ -215,7 +215,7 @@ def parse_config(text: str, path: str = str(DEFAULT_PATH)) -> Config:
         {
             "tick",
             "converge",
-            "kp_class_per_s",
+            "kp_class_per_rel_error",
             "ti",
             "td",
             "setpoint_fraction",
@@ -250,8 +250,8 @@ def parse_config(text: str, path: str = str(DEFAULT_PATH)) -> Config:
         converge_s=converge_s,
         max_class=round(max_delay_s / step_s),
         gains=PidGains(
-            kp_class_per_s=r.number(
-                c, "controller", "kp_class_per_s", dc.gains.kp_class_per_s, 0.0, 1e6
+            kp_class_per_rel_error=r.number(
+                c, "controller", "kp_class_per_rel_error", dc.gains.kp_class_per_rel_error, 0.0, 1e6
             ),
             ti_s=ti_s,
             td_s=r.duration(c, "controller", "td", dc.gains.td_s),

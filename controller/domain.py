@@ -23,9 +23,11 @@ MAX_CLASS = 100
 class PidGains:
     """Gains of the single-sided PID (controller/pid.py)."""
 
-    # Tuned on controller/scenarios/paper.toml (docs/simulator.md, "Tuning"):
-    # 1000 classes/s = 0.5 ms of delay per ms of error (step 0.5 ms).
-    kp_class_per_s: float = 1000.0
+    # The error is relative: measured / threshold - setpoint_fraction, so the
+    # same gains serve a 1 ms and a 20 ms threshold (step.py, "Law"). Tuned on
+    # controller/scenarios/paper.toml (docs/simulator.md, "Tuning"): 15 classes
+    # per unit of relative error = 7.5 ms of delay for a latency 100 % too high.
+    kp_class_per_rel_error: float = 15.0
     ti_s: float = 0.25
     # Derivative off: it differentiates the sensor noise of a few reads per
     # tick; the EWMA already damps, and the PID is used as PI (paper 3.6).

@@ -19,7 +19,9 @@ Law (paper, appendix, eq. 2: the discrete PID in velocity form)
     u_k = min(max(u_k, 0), max_class)            clamp after EVERY update
     class_k = ceil(u_k)
 
-    Kp is in classes per second of error. The velocity form only ever adds
+    Kp is in classes per unit of error; step() passes relative latencies
+    (measured / threshold against setpoint_fraction), so there Kp is in
+    classes per unit of relative error. The velocity form only ever adds
     increments to the previous output, so clamping u_k itself is the
     anti-windup: the integral cannot accumulate beyond the ladder, and a
     negative error winds u back down to 0 instead of going below it
@@ -41,7 +43,8 @@ Watching it
     the daemon exports santhrottle_resource_delay_class.
 
 Worked example
-    Kp = 400 classes/s, Ti = 0.5 s, Td = 0, T = 0.1 s, max_class = 100,
+    Kp = 400 classes per second of error (absolute units here; step() passes
+    relative ones), Ti = 0.5 s, Td = 0, T = 0.1 s, max_class = 100,
     threshold 10 ms, measurements 14, 12, 9, 5 ms:
         k=0  e=+0.004  u = 0    + 400*(0.004 - 0     + 0.2*0.004)  = 1.92 -> class 2
         k=1  e=+0.002  u = 1.92 + 400*(0.002 - 0.004 + 0.2*0.002)  = 1.28 -> class 2
@@ -61,7 +64,7 @@ class SingleSidedPid:
 
     def __init__(
         self,
-        kp_class_per_s: float,
+        kp: float,
         ti_s: float,
         td_s: float,
         interval_s: float,
@@ -73,11 +76,11 @@ class SingleSidedPid:
             raise ValueError(f"PID integral time Ti must be > 0 s, got {ti_s}")
         if td_s < 0.0:
             raise ValueError(f"PID derivative time Td must be >= 0 s, got {td_s}")
-        if kp_class_per_s < 0.0:
-            raise ValueError(f"PID gain Kp must be >= 0, got {kp_class_per_s}")
+        if kp < 0.0:
+            raise ValueError(f"PID gain Kp must be >= 0, got {kp}")
         if max_class < 0:
             raise ValueError(f"max_class must be >= 0, got {max_class}")
-        self.kp = kp_class_per_s
+        self.kp = kp
         self._i_over_t = interval_s / ti_s
         self._d_over_t = td_s / interval_s
         self.max_class = max_class

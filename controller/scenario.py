@@ -218,7 +218,9 @@ def parse_scenario(text: str) -> Scenario:
         converge_s=ctl.number("converge_s", d.converge_s, lo=tick_s),
         max_class=ctl.integer("max_class", MAX_CLASS, lo=1),
         gains=PidGains(
-            kp_class_per_s=ctl.number("kp_class_per_s", g.kp_class_per_s, lo=0.0),
+            kp_class_per_rel_error=ctl.number(
+                "kp_class_per_rel_error", g.kp_class_per_rel_error, lo=0.0
+            ),
             ti_s=ctl.number("ti_s", g.ti_s, lo=0.0, lo_open=True),
             td_s=ctl.number("td_s", g.td_s, lo=0.0),
         ),

@@ -247,7 +247,7 @@ def run(
     )
 
 
-def _pct(xs: list[float], q: float) -> float:
+def percentile(xs: list[float], q: float) -> float:
     """Percentile with linear interpolation (numpy's default)."""
     if not xs:
         return math.nan
@@ -276,10 +276,10 @@ def summarize(sc: Scenario, r: RunResult, threshold_s: float | None = None) -> d
         "label": r.label,
         "threshold_s": thr,
         "settle_s": settle,
-        "read_latency_p50_s": _pct(lat, 50),
-        "read_latency_p95_s": _pct(lat, 95),
-        "read_latency_p99_s": _pct(lat, 99),
-        "read_latency_p99_outside_transients_s": _pct(calm, 99),
+        "read_latency_p50_s": percentile(lat, 50),
+        "read_latency_p95_s": percentile(lat, 95),
+        "read_latency_p99_s": percentile(lat, 99),
+        "read_latency_p99_outside_transients_s": percentile(calm, 99),
         "write_throughput_bps": r.write_bytes_after_settle / r.writer_on_s_after_settle
         if r.writer_on_s_after_settle
         else 0.0,

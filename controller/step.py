@@ -14,7 +14,11 @@ Law, per call step(state, samples, now_s)
     1. Fold every WriteSample into the write-heavy EWMAs (any time).
     2. If now_s >= next_tick_s ("tick"), per resource:
          with reads:    ewma <- EWMA(read latency)
-                        want <- PID(ewma, setpoint_fraction * threshold)
+                        want <- PID(ewma / threshold, setpoint_fraction)
+                        (the error is relative, e = ewma/threshold - setpoint:
+                        a threshold of 1 ms and one of 20 ms get the same
+                        response to the same relative overshoot; Kp is in
+                        classes per unit of relative error)
                         class <- want if want >= class ("up"), else
                         min(class, ceil(u + class_hysteresis)) ("down")
          reads, but the resource writes less than write_heavy_leave_bps:
@@ -118,7 +122,7 @@ class ControllerState:
         self.resources[resource.name] = ResourceState(
             resource,
             Ewma(c.read_ewma_tau_s),
-            SingleSidedPid(g.kp_class_per_s, g.ti_s, g.td_s, c.tick_s, c.max_class),
+            SingleSidedPid(g.kp_class_per_rel_error, g.ti_s, g.td_s, c.tick_s, c.max_class),
         )
 
     def remove_resource(self, name: str) -> dict[str, int]:
@@ -180,7 +184,8 @@ def step(
             if sample is not None:  # tick
                 rs.last_read_s = now_s
                 ewma = rs.ewma.update(sample.read_latency_s, now_s)
-                want = rs.pid.update(ewma, rs.resource.threshold_s * c.setpoint_fraction)
+                # relative error: one set of gains for any threshold
+                want = rs.pid.update(ewma / rs.resource.threshold_s, c.setpoint_fraction)
                 if want >= rs.delay_class:  # up: at once
                     new_class = want
                 else:  # down: past the hysteresis band only

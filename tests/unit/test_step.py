@@ -14,7 +14,7 @@ from santhrottle.controller.step import new_state, step
 
 MIB = 1024.0 * 1024.0
 CFG = ControllerConfig(
-    gains=PidGains(400.0, 0.5, 0.0),
+    gains=PidGains(4.0, 0.5, 0.0),  # relative error: = 400 classes/s of error at 10 ms
     read_ewma_tau_s=0.0,  # the PID sees the raw sample: hand-computable
     setpoint_fraction=1.0,
     class_hysteresis=0.0,

@@ -134,6 +134,37 @@ def _running(comm: str) -> bool:
     return False
 
 
+# The null_blk "array": memory-backed, a bandwidth cap (mbps) and a small
+# hardware queue shared by reads and writes, so a small reader waits behind the
+# writers' queue as it would on a saturated array (QEMU's throttle serves reads
+# and writes from separate queues and shields the reader; lab-notes.md).
+NULLB = Path("/sys/kernel/config/nullb/nullb0")
+LVM_NULLB = ["--config", 'devices { types = [ "nullb", 16 ] }']  # LVM ignores nullb otherwise
+
+
+def setup_nullb(size_mib: int, mbps: int, queue_depth: int) -> str:
+    sh(["modprobe", "null_blk", "nr_devices=0"])
+    NULLB.mkdir()
+    for key, val in (
+        ("size", size_mib),
+        ("memory_backed", 1),
+        ("blocksize", 4096),
+        ("queue_mode", 2),  # blk-mq
+        ("hw_queue_depth", queue_depth),
+        ("mbps", mbps),
+        ("irqmode", 0),
+        ("power", 1),
+    ):
+        (NULLB / key).write_text(str(val))
+    return "/dev/nullb0"
+
+
+def teardown_nullb() -> None:
+    if NULLB.is_dir():
+        (NULLB / "power").write_text("0")
+        NULLB.rmdir()
+
+
 def find_disk(serial: str) -> str:
     for d in sorted(glob.glob("/sys/block/vd*")):
         if _read(f"{d}/serial") == serial:
@@ -192,11 +223,25 @@ def teardown_network() -> None:
 
 # ---------------------------------------------------------------------- LVM
 def setup_lvm(disk: str, names: list[str], size_mib: int) -> dict[str, str]:
-    sh(["vgcreate", "-qq", "-y", VG, disk], env=LVM_ENV)
+    sh(["vgcreate", "-qq", "-y", *LVM_NULLB, VG, disk], env=LVM_ENV)
     out = {}
     for name in names:
         sh(
-            ["lvcreate", "-qq", "-W", "n", "-Z", "n", "-y", "-L", f"{size_mib}m", "-n", name, VG],
+            [
+                "lvcreate",
+                "-qq",
+                *LVM_NULLB,
+                "-W",
+                "n",
+                "-Z",
+                "n",
+                "-y",
+                "-L",
+                f"{size_mib}m",
+                "-n",
+                name,
+                VG,
+            ],
             env=LVM_ENV,
         )
         out[name] = f"/dev/{VG}/{name}"
@@ -204,11 +249,12 @@ def setup_lvm(disk: str, names: list[str], size_mib: int) -> dict[str, str]:
 
 
 def teardown_lvm() -> None:
-    if sh(["vgs", VG], env=LVM_ENV, check=False).find(VG) < 0:
+    if sh(["vgs", *LVM_NULLB, VG], env=LVM_ENV, check=False).find(VG) < 0:
         return
-    sh(["vgremove", "-qq", "-f", "-y", VG], env=LVM_ENV, check=False)
-    for pv in sh(["pvs", "--noheadings", "-o", "pv_name"], env=LVM_ENV, check=False).split():
-        sh(["pvremove", "-qq", "-y", pv], env=LVM_ENV, check=False)
+    sh(["vgremove", "-qq", "-f", "-y", *LVM_NULLB, VG], env=LVM_ENV, check=False)
+    pvs = sh(["pvs", *LVM_NULLB, "--noheadings", "-o", "pv_name"], env=LVM_ENV, check=False)
+    for pv in pvs.split():
+        sh(["pvremove", "-qq", "-y", *LVM_NULLB, pv], env=LVM_ENV, check=False)
 
 
 def dm_name(lv_path: str) -> str:
@@ -529,6 +575,8 @@ def up(
     disk: str = "slow",
     login: bool = True,
     rps: bool = True,
+    nullb_mbps: int = 20,
+    nullb_queue_depth: int = 4,
 ) -> dict:
     """Bring the topology up; returns (and stores) its description."""
     if STATE_FILE.exists():
@@ -545,7 +593,12 @@ def up(
 
     load_modules(MODULES + (NVME_MODULES if nvme else []))
     mark("modules")
-    t["disk"] = find_disk(t["disk_serial"])
+    if disk == "nullb":
+        size = (len(t["iscsi"]) + len(t["nvme"])) * lv_size_mib + 64
+        t["disk"] = setup_nullb(size, nullb_mbps, nullb_queue_depth)
+        t["nullb"] = {"mbps": nullb_mbps, "queue_depth": nullb_queue_depth}
+    else:
+        t["disk"] = find_disk(t["disk_serial"])
     paths = setup_lvm(t["disk"], [x["lv"] for x in t["iscsi"] + t["nvme"]], lv_size_mib)
     for x in t["iscsi"] + t["nvme"]:
         x["lv_path"] = paths[x["lv"]]
@@ -594,6 +647,7 @@ def down() -> None:
         _target_down()
     teardown_network()
     teardown_lvm()
+    teardown_nullb()
     STATE_FILE.unlink(missing_ok=True)
 
 
@@ -606,10 +660,12 @@ def main(argv=None) -> int:
     u.add_argument("--lv-size-mib", type=int, default=256)
     u.add_argument(
         "--disk",
-        choices=("slow", "fast"),
+        choices=("slow", "fast", "nullb"),
         default="slow",
-        help="the QEMU-throttled disk (slow) or the unthrottled one",
+        help="the QEMU-throttled disk (slow), the unthrottled one, or a null_blk array",
     )
+    u.add_argument("--nullb-mbps", type=int, default=20, help="null_blk bandwidth cap, MB/s")
+    u.add_argument("--nullb-queue-depth", type=int, default=4, help="null_blk hw queue depth")
     u.add_argument("--no-login", action="store_true", help="create node records, do not log in")
     u.add_argument("--no-rps", action="store_true", help="leave RPS off (shows the retransmits)")
     sub.add_parser("down", help="tear it down")
@@ -618,7 +674,16 @@ def main(argv=None) -> int:
     sub.add_parser("_target-down")
     a = ap.parse_args(argv)
     if a.cmd == "up":
-        t = up(a.luns, a.nvme, a.lv_size_mib, a.disk, login=not a.no_login, rps=not a.no_rps)
+        t = up(
+            a.luns,
+            a.nvme,
+            a.lv_size_mib,
+            a.disk,
+            login=not a.no_login,
+            rps=not a.no_rps,
+            nullb_mbps=a.nullb_mbps,
+            nullb_queue_depth=a.nullb_queue_depth,
+        )
         print(json.dumps(t, indent=1))
     elif a.cmd == "down":
         down()

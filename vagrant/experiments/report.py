@@ -1,0 +1,344 @@
+#!/usr/bin/env python3
+"""`make lab`: run the closed-loop experiments in the lab guest, then report.
+
+    python3 vagrant/experiments/report.py [--short] [--out DIR]   # boot, run, report
+    python3 vagrant/experiments/report.py --from DIR              # report an earlier run
+
+Prints a table per threshold (reader latency p50/p95/p99 from the target's
+diskstats over 1 s windows, time above threshold, writer throughput, target
+retransmissions), the interference table, the release time of the throttle
+after the reader leaves, and the simulator's prediction with the LQ line
+fitted to the lab's array; writes fig14.png, fig16-<T>.png, summary.json next
+to the raw series (raw.json). The last line names the results folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+LAB_PY = CHECKOUT / "vagrant" / "qemu" / "lab.py"
+GUEST = CHECKOUT / "vagrant" / "experiments" / "closed_loop.py"
+WINDOW = 10  # samples of 100 ms: the 1 s read latency
+# read ticks, reads, write sectors, weighted ms: positions in a diskstats row (after the name)
+READS, READ_TICKS, WRITE_SECTORS, WEIGHTED_MS = 0, 3, 6, 10
+RELEASE_FRACTION = 0.9
+
+
+def percentile(xs: list[float], q: float) -> float:
+    from santhrottle.controller.sim import percentile as pct
+
+    return pct(xs, q)
+
+
+def parse_ms(text: str) -> float:
+    from santhrottle.appliance.units import parse_duration_s
+
+    return parse_duration_s(text)
+
+
+def events(ph: dict, name: str) -> list[float]:
+    return [t for t, e in ph["events"] if e == name]
+
+
+def windows(ph: dict) -> list[tuple[float, float | None, float, float]]:
+    """Per 100 ms sample: (t, 1 s reader latency or None, 1 s writer bytes/s, array mean Q)."""
+    rows = ph["rows"]
+    rd, arr, wdms = ph["reader_dm"], ph["array"], ph["writer_dms"]
+    out = []
+    for i in range(WINDOW, len(rows)):
+        a, b = rows[i - WINDOW], rows[i]
+        dt = b["t"] - a["t"]
+        if dt <= 0 or rd not in a["ds"] or rd not in b["ds"]:
+            continue
+        n = b["ds"][rd][READS] - a["ds"][rd][READS]
+        lat = (b["ds"][rd][READ_TICKS] - a["ds"][rd][READ_TICKS]) / 1000 / n if n else None
+        wr = sum(b["ds"][d][WRITE_SECTORS] - a["ds"][d][WRITE_SECTORS] for d in wdms) * 512 / dt
+        q = (b["ds"][arr][WEIGHTED_MS] - a["ds"][arr][WEIGHTED_MS]) / 1000 / dt
+        out.append((b["t"], lat, wr, q))
+    return out
+
+
+def classes(ph: dict) -> list[tuple[float, int]]:
+    out = []
+    for r in ph["rows"]:
+        st = r.get("status")
+        if st is not None:
+            out.append((r["t"], max(st["initiators"].values(), default=0)))
+    return out
+
+
+def summarize(ph: dict, threshold_s: float | None, uncontrolled_wr: float | None) -> dict:
+    w = windows(ph)
+    on, off = events(ph, "writers on"), events(ph, "writers off")
+    settle = off[0] if off else 0.0
+    reader_off = (events(ph, "reader off") or [math.inf])[0]
+    lat = [v for t, v, _, _ in w if settle <= t < reader_off and v is not None]
+    writing = [
+        (t, wr)
+        for t, _, wr, _ in w
+        if settle <= t < reader_off
+        and any(a <= t - 1.0 and t < b for a, b in zip(on, off, strict=False))
+    ]
+    out: dict[str, Any] = {
+        "threshold_s": threshold_s,
+        "windows": len(lat),
+        "read_latency_p50_s": percentile(lat, 50),
+        "read_latency_p95_s": percentile(lat, 95),
+        "read_latency_p99_s": percentile(lat, 99),
+        "write_bytes_per_s": sum(x for _, x in writing) / len(writing) if writing else 0.0,
+        "target_retrans_segs": ph["nstat"].get("TcpRetransSegs", 0),
+        "target_loss_probes": ph["nstat"].get("TcpExtTCPLossProbes", 0),
+        "target_fast_retrans": ph["nstat"].get("TcpExtTCPFastRetrans", 0),
+        "target_timeouts": ph["nstat"].get("TcpExtTCPTimeouts", 0),
+        "sets_left_after_stop": ph["sets_left_after_stop"],
+    }
+    if threshold_s is not None:
+        out["time_above_threshold_pct"] = (
+            100.0 * sum(1 for v in lat if v > threshold_s) / len(lat) if lat else math.nan
+        )
+        cl = classes(ph)
+        out["max_delay_class"] = max((c for _, c in cl), default=0)
+        if math.isfinite(reader_off):
+            zero = next((t for t, c in cl if t > reader_off and c == 0), None)
+            out["release_class_zero_after_s"] = None if zero is None else zero - reader_off
+            if uncontrolled_wr:
+                back = next(
+                    (
+                        t
+                        for t, _, wr, _ in w
+                        if t > reader_off + 1.0 and wr >= RELEASE_FRACTION * uncontrolled_wr
+                    ),
+                    None,
+                )
+                out["release_throughput_back_after_s"] = None if back is None else back - reader_off
+    return out
+
+
+def fit_lq(ph: dict) -> tuple[float, float, float]:
+    """Least squares L = C + m Q over the uncontrolled run's 1 s windows; returns (C, m, r2)."""
+    pts = [(q, v) for _, v, _, q in windows(ph) if v is not None]
+    n = len(pts)
+    mq = sum(q for q, _ in pts) / n
+    ml = sum(v for _, v in pts) / n
+    sqq = sum((q - mq) ** 2 for q, _ in pts)
+    sql = sum((q - mq) * (v - ml) for q, v in pts)
+    m = sql / sqq if sqq else 0.0
+    c = ml - m * mq
+    ss_res = sum((v - c - m * q) ** 2 for q, v in pts)
+    ss_tot = sum((v - ml) ** 2 for _, v in pts)
+    return max(c, 1e-6), max(m, 1e-6), 1 - ss_res / ss_tot if ss_tot else 0.0
+
+
+def simulate_lab(raw: dict, c: float, m: float, noise: float) -> dict:
+    """The same experiment in the simulator, with the lab's fitted device."""
+    from santhrottle.controller.scenario import parse_scenario
+    from santhrottle.controller.sim import simulate
+
+    a = raw["args"]
+    dur = a["lead"] + a["cycles"] * (a["on"] + a["off"])
+    bs_kib = int(a["writer_bs"].rstrip("kK"))
+    rate_kib = int(a["reader_rate"].rstrip("kK"))
+    writers = "".join(
+        f'[[stream]]\nname = "w{k}"\nkind = "write"\nloop = "closed"\ndepth = {a["writer_qd"]}\n'
+        f'size_kib = {bs_kib}\nresource = "vg"\ninitiator = "10.0.0.{3 + k}"\n'
+        f"schedule = {{ start_s = {a['lead']}, on_s = {a['on']}, off_s = {a['off']}, "
+        f"cycles = {a['cycles']} }}\n"
+        for k in range(a["writers"])
+    )
+    thr = ", ".join(f"{parse_ms(x) * 1000:g}" for x in a["thresholds"].split(","))
+    text = (
+        f"[run]\nduration_s = {dur}\nseed = 1\n"
+        f'[[resource]]\nname = "vg"\nintercept_ms = {c * 1000:.4f}\n'
+        f"slope_ms_per_io = {m * 1000:.4f}\nnoise = {noise:.3f}\n"
+        f'[[stream]]\nname = "reader"\nkind = "read"\nloop = "open"\n'
+        f'rate_kib_per_s = {rate_kib}\nsize_kib = 4\nresource = "vg"\ninitiator = "10.0.0.2"\n'
+        + writers
+        + f"[controller]\nthresholds_ms = [{thr}]\nmax_class = "
+        f"{round(parse_ms(a['max_delay']) / 0.0005)}\n"
+    )
+    res = simulate(parse_scenario(text), baseline=False)
+    return {"scenario": text, "controlled": res["controlled"], "uncontrolled": res["uncontrolled"]}
+
+
+def plot(raw: dict, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    colors = ["black", "#d62728", "#2ca02c", "#1f77b4", "#9467bd"]
+    for k, ph in enumerate(raw["phases"]):
+        w = windows(ph)
+        label = ph["threshold"] or "uncontrolled"
+        ax.plot(
+            [t for t, v, _, _ in w if v is not None],
+            [v * 1e3 for _, v, _, _ in w if v is not None],
+            lw=0.9,
+            color=colors[k % 5],
+            label=label,
+        )
+        if ph["threshold"]:
+            ax.axhline(parse_ms(ph["threshold"]) * 1e3, ls="--", lw=0.8, color=colors[k % 5])
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("reader latency at the target, 1 s mean (ms)")
+    ax.set_title("lab: reader latency vs threshold (cf. paper fig. 14)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    files.append(out / "fig14.png")
+    fig.savefig(files[-1], dpi=100)
+    plt.close(fig)
+    for ph in raw["phases"][1:]:
+        w = windows(ph)
+        cl = classes(ph)
+        fig, axes = plt.subplots(3, 1, figsize=(10, 7), sharex=True)
+        axes[0].plot(
+            [t for t, v, _, _ in w if v is not None],
+            [v * 1e3 for _, v, _, _ in w if v is not None],
+            lw=0.9,
+        )
+        axes[0].axhline(parse_ms(ph["threshold"]) * 1e3, ls="--", color="red", lw=0.8)
+        axes[0].set_ylabel("read latency (ms)")
+        axes[1].step([t for t, _ in cl], [c * 0.5 for _, c in cl], where="post")
+        axes[1].set_ylabel("packet delay (ms)")
+        axes[2].plot([t for t, _, _, _ in w], [wr / 1e6 for _, _, wr, _ in w], lw=0.9)
+        axes[2].set_ylabel("aggregate writes (MB/s)")
+        axes[2].set_xlabel("time (s)")
+        for t, e in ph["events"]:
+            if e == "reader off":
+                for a in axes:
+                    a.axvline(t, color="grey", ls=":", lw=0.8)
+        fig.suptitle(f"lab, threshold {ph['threshold']} (cf. paper fig. 16)")
+        fig.tight_layout()
+        files.append(out / f"fig16-{ph['threshold']}.png")
+        fig.savefig(files[-1], dpi=100)
+        plt.close(fig)
+    return files
+
+
+def report(out: Path) -> int:
+    raw = json.loads((out / "raw.json").read_text())
+    phases = raw["phases"]
+    unc = summarize(phases[0], None, None)
+    rows = []
+    for ph in phases[1:]:
+        thr = parse_ms(ph["threshold"])
+        s = summarize(ph, thr, unc["write_bytes_per_s"])
+        s["uncontrolled_p95_s"] = unc["read_latency_p95_s"]
+        rows.append(s)
+    c, m, r2 = fit_lq(phases[0])
+    calm = [v for _, v, _, _ in windows(phases[0]) if v is not None]
+    noise = 0.3  # relative sd of one read; diskstats gives only means, so the sim's default
+    sim = simulate_lab(raw, c, m, noise)
+    for s, sc in zip(rows, sim["controlled"], strict=True):
+        s["sim_read_latency_p95_s"] = sc["read_latency_p95_s"]
+        s["sim_vs_lab_p95"] = sc["read_latency_p95_s"] / s["read_latency_p95_s"] - 1
+    summary = {
+        "interference": raw.get("interference", []),
+        "uncontrolled": unc,
+        "controlled": rows,
+        "lq_fit": {"intercept_s": c, "slope_s_per_io": m, "r2": r2, "windows": len(calm)},
+        "sim": {
+            "uncontrolled_p95_s": sim["uncontrolled"]["read_latency_p95_s"],
+            "scenario": sim["scenario"],
+        },
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    figs = plot(raw, out)
+
+    def ms(x: float | None) -> str:
+        return (
+            "-"
+            if x is None or (isinstance(x, float) and not math.isfinite(x))
+            else f"{x * 1e3:.2f}"
+        )
+
+    print("interference (reader 4 KiB QD1 at 256 kB/s; latency at the target's diskstats / fio):")
+    for i in raw.get("interference", []):
+        print(
+            f"  {i['writers']} writer(s): {ms(i['reader_dm_latency_s'])} ms / fio mean "
+            f"{ms(i['reader_fio_mean_s'])} ms, p95 {ms(i['reader_fio_p95_s'])} ms; writes "
+            f"{i['writes_bytes_per_s'] / 1e6:.1f} MB/s"
+        )
+    print(
+        f"uncontrolled: p50 {ms(unc['read_latency_p50_s'])} p95 {ms(unc['read_latency_p95_s'])} "
+        f"p99 {ms(unc['read_latency_p99_s'])} ms, writes {unc['write_bytes_per_s'] / 1e6:.1f} "
+        f"MB/s, target retrans {unc['target_retrans_segs']} (TLP {unc['target_loss_probes']})"
+    )
+    print(
+        f"{'threshold':>9} {'p50':>6} {'p95':>6} {'p99':>6} {'above%':>6} {'wr MB/s':>7} "
+        f"{'retrans':>7} {'TLP':>4} {'release':>8} {'sim p95':>7} {'sim/lab':>7}"
+    )
+    for s in rows:
+        rel = s.get("release_throughput_back_after_s")
+        print(
+            f"{ms(s['threshold_s']):>7}ms {ms(s['read_latency_p50_s']):>6} "
+            f"{ms(s['read_latency_p95_s']):>6} {ms(s['read_latency_p99_s']):>6} "
+            f"{s['time_above_threshold_pct']:>6.1f} {s['write_bytes_per_s'] / 1e6:>7.1f} "
+            f"{s['target_retrans_segs']:>7} {s['target_loss_probes']:>4} "
+            f"{'-' if rel is None else f'{rel:.1f}s':>8} {ms(s['sim_read_latency_p95_s']):>7} "
+            f"{s['sim_vs_lab_p95']:>+7.0%}"
+        )
+    print(
+        f"LQ fit of the array (uncontrolled run, 1 s windows): C {c * 1e3:.3f} ms, "
+        f"m {m * 1e3:.3f} ms/IO, R^2 {r2:.2f}"
+    )
+    print(
+        "latencies in ms, from the target's diskstats over 1 s windows after the writers' first "
+        "on-period; release: seconds from the reader leaving until the writers are back at 90 % "
+        "of their uncontrolled throughput"
+    )
+    for f in figs:
+        print(f"figure: {f}")
+    print(f"results: {out}")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--from", dest="from_dir", type=Path, help="report an earlier run")
+    ap.add_argument(
+        "--short",
+        action="store_true",
+        help="CI's version: one threshold, two cycles, no interference sweep",
+    )
+    ap.add_argument("--timeout", type=float, default=1500)
+    args, extra = ap.parse_known_args()
+    if args.from_dir:
+        return report(args.from_dir.resolve())
+    out = (args.out or CHECKOUT / "results" / time.strftime("lab-%Y%m%d-%H%M%S")).resolve()
+    if not out.is_relative_to(CHECKOUT):
+        ap.error(f"--out must be inside the checkout {CHECKOUT} (the guest sees only that)")
+    out.mkdir(parents=True, exist_ok=True)
+    guest_args = ["--out", str(out), *extra]
+    if args.short:
+        guest_args += ["--thresholds", "2ms", "--cycles", "2", "--skip-interference"]
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(LAB_PY),
+            "run",
+            "--timeout",
+            str(args.timeout),
+            str(GUEST),
+            *guest_args,
+        ]
+    )
+    if p.returncode != 0:
+        print(f"lab run failed (exit {p.returncode}); results so far in {out}", file=sys.stderr)
+        return p.returncode
+    return report(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
