@@ -28,16 +28,14 @@ Layout in the kernel (every name identifies santhrottle; docs/datapath.md)
     iptables, table mangle (installed once with `iptables-restore --noflush`,
     so it works with the nf_tables and the legacy backend alike)::
 
-        -A POSTROUTING -o DEV -j SANTHROTTLE
-        -A SANTHROTTLE -p tcp -m multiport --sports 3260,4420
-           -j SET --map-set santhrottle-all dst --map-prio
+        -A POSTROUTING -o DEV -p tcp -m multiport --sports 3260,4420 -j SANTHROTTLE
+        -A SANTHROTTLE -j SET --map-set santhrottle-all dst --map-prio
         -A SANTHROTTLE -p tcp -m tcp --tcp-flags FIN,SYN,RST,ACK ACK
-           -m multiport --sports 3260,4420 -m bpf --bytecode "<payload == 0>"
-           -j SET --map-set santhrottle-ack dst --map-prio
-        -A SANTHROTTLE -p tcp -m multiport --sports 3260,4420
+           -m set --match-set santhrottle-ack dst ! --update-counters
+           -m bpf --bytecode "<payload == 0>" -j SET --map-set santhrottle-ack dst --map-prio
+        -A SANTHROTTLE -m set --match-set santhrottle-read dst ! --update-counters
            -m bpf --bytecode "<payload == 0>" -j RETURN
-        -A SANTHROTTLE -p tcp -m multiport --sports 3260,4420
-           -j SET --map-set santhrottle-read dst --map-prio
+        -A SANTHROTTLE -j SET --map-set santhrottle-read dst --map-prio
 
     SET --map-prio writes the member's skbprio into skb->priority; HTB puts a
     packet whose priority is 5374:K straight into class 5374:K (no filters),
@@ -450,12 +448,12 @@ def render_tc_plan(device: str, want: TcTree, have: TcTree | None) -> list[str]:
     root = f"{ROOT_MAJOR:x}:"
     fresh = have is None or not have.ours
     lines: list[str] = []
+    if not fresh and have is not None and have.default_minor != want.default_minor:
+        # HTB cannot change its default class in place: rebuild
+        lines.append(f"qdisc del dev {dev} root")
+        fresh = True
     if fresh:
         lines.append(f"qdisc add dev {dev} root handle {root} htb default {want.default_minor:x}")
-    elif have is not None and have.default_minor != want.default_minor:
-        lines.append(
-            f"qdisc change dev {dev} root handle {root} htb default {want.default_minor:x}"
-        )
     have_classes = {} if fresh or have is None else have.classes
     have_leaves = {} if fresh or have is None else have.leaves
     order = sorted(want.classes, key=lambda m: (m != want.default_minor, minor_class(m) or 0))
@@ -549,24 +547,34 @@ def observe_tree(
 
 
 # ========================================================== iptables rules
-def render_chain_rules(ports: Sequence[int]) -> list[str]:
-    """The chain's rules exactly as `iptables -t mangle -S SANTHROTTLE` prints them."""
-    sp = f"-m multiport --sports {','.join(str(p) for p in ports)}"
+def render_chain_rules() -> list[str]:
+    """The chain's rules exactly as `iptables -t mangle -S SANTHROTTLE` prints them.
+
+    Only storage-port packets reach the chain (the jump matches the ports).
+    A packet to a non-member costs four hash lookups and no BPF: the pure-ACK
+    program runs only for members of the ack and read sets (the set matches
+    come first and do not touch the member counters: only the SET targets
+    count, so a member's counters are the packets it had delayed)."""
     bpf = f'-m bpf --bytecode "{PURE_ACK_BPF}"'
 
     def mapset(mode: str) -> str:
         return f"-j SET --map-set {SET_NAMES[mode]} dst --map-prio"
 
+    def member(mode: str) -> str:
+        return f"-m set --match-set {SET_NAMES[mode]} dst ! --update-counters"
+
     return [
-        f"-A {CHAIN} -p tcp {sp} {mapset('all')}",
-        f"-A {CHAIN} -p tcp -m tcp {PURE_ACK_FLAGS} {sp} {bpf} {mapset('ack')}",
-        f"-A {CHAIN} -p tcp {sp} {bpf} -j RETURN",
-        f"-A {CHAIN} -p tcp {sp} {mapset('read')}",
+        f"-A {CHAIN} {mapset('all')}",
+        f"-A {CHAIN} -p tcp -m tcp {PURE_ACK_FLAGS} {member('ack')} {bpf} {mapset('ack')}",
+        f"-A {CHAIN} {member('read')} {bpf} -j RETURN",
+        f"-A {CHAIN} {mapset('read')}",
     ]
 
 
-def jump_rule(device: str) -> str:
-    return f"-A POSTROUTING -o {device} -j {CHAIN}"
+def jump_rule(device: str, ports: Sequence[int]) -> str:
+    """The one rule outside our chain, as -S prints it."""
+    sp = ",".join(str(p) for p in ports)
+    return f"-A POSTROUTING -o {device} -p tcp -m multiport --sports {sp} -j {CHAIN}"
 
 
 def render_rules_restore(
@@ -575,23 +583,28 @@ def render_rules_restore(
     """iptables-restore --noflush input converging the mangle table, or None
     when it already is as wanted.  `jumps`: the POSTROUTING rules (as -S
     prints them) that jump to our chain; `chain_rules`: our chain's rules as
-    -S prints them, None when the chain does not exist."""
-    want_rules = render_chain_rules(ports)
-    want_jump = jump_rule(device)
-    if chain_rules is not None and list(chain_rules) == want_rules and list(jumps) == [want_jump]:
+    -S prints them, None when the chain does not exist.
+
+    Only this device's jump is managed: the data path may run on several
+    egress devices that share the sets and the chain (cleanup removes all)."""
+    want_rules = render_chain_rules()
+    want_jump = jump_rule(device, ports)
+    own = [j for j in jumps if parse_jump_device(j) == device]
+    chain_ok = chain_rules is not None and list(chain_rules) == want_rules
+    if chain_ok and own == [want_jump]:
         return None
     lines = ["*mangle"]
-    # Declaring the chain flushes it (or creates it); then its rules.
-    lines.append(f":{CHAIN} - [0:0]")
-    for j in jumps:
-        if j != want_jump or jumps.count(j) > 1:
+    if not chain_ok:
+        # Declaring the chain creates it, or flushes it; then its rules.
+        lines.append(f":{CHAIN} - [0:0]")
+    for j in own:
+        if j != want_jump or own.count(j) > 1:
             lines.append("-D" + j[2:])
-    if want_jump not in jumps:
+    if own.count(want_jump) != 1:
         # -I: first in POSTROUTING, so no earlier ACCEPT/RETURN hides it.
         lines.append("-I" + want_jump[2:])
-    elif jumps.count(want_jump) > 1:
-        lines.append("-I" + want_jump[2:])
-    lines += want_rules
+    if not chain_ok:
+        lines += want_rules
     lines.append("COMMIT")
     return "\n".join(lines) + "\n"
 
@@ -640,6 +653,7 @@ def parse_jump_device(jump: str) -> str | None:
 
 
 def parse_rule_ports(rules: Sequence[str]) -> tuple[int, ...] | None:
+    """The storage ports of our jump rule (or of any rule given)."""
     for r in rules:
         m = re.search(r"--sports (\S+)", r)
         if m:
@@ -1365,7 +1379,7 @@ class Datapath:
                 "exists": chain_rules is not None,
                 "jumps": jumps,
                 "rules": chain_rules or [],
-                "ports": list(parse_rule_ports(chain_rules or []) or []),
+                "ports": list(parse_rule_ports(jumps) or []),
             },
             "sets": {},
             "classes": None,
@@ -1458,7 +1472,7 @@ def discover(netns: str | None = None, **kw: Any) -> Datapath:
         args["link_bits_s"] = s["link_bits_s"]
     if s["leaf"] == "pfifo":
         args["leaf"] = "pfifo"
-    ports = parse_rule_ports(rules)
+    ports = parse_rule_ports(jumps)
     if ports:
         args["ports"] = ports
     args.update({k: v for k, v in kw.items() if k not in args})

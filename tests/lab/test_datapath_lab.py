@@ -432,6 +432,79 @@ def sweep(args) -> dict:
     return res
 
 
+# ============================================================= overhead
+OVERHEAD_VARIANTS = ("none", "tc", "tc-direct", "rules", "full")
+
+
+def set_variant(d, variant: str) -> None:
+    """none: nothing; tc: the HTB tree only; tc-direct: the tree with HTB's
+    `default 0` (unclassified packets take HTB's direct queue); rules: sets +
+    rules only; full: Datapath.apply()."""
+    dp = load_datapath()
+    d.cleanup()
+    if variant == "none":
+        return
+    if variant == "tc-direct":
+        want = dp.desired_tree(d.step_us, d.max_class, d.link_bits_s)
+        want.default_minor = 0
+        lines = dp.render_tc_plan(DEVICE, want, None)
+        sh(["ip", "netns", "exec", NETNS, "tc", "-batch", "-"], input="\n".join(lines) + "\n")
+        return
+    d.apply()
+    if variant == "tc":
+        jumps, rules = d._mangle()
+        d._restore_rules(dp.render_rules_cleanup(jumps, rules is not None))
+    elif variant == "rules":
+        sh(["ip", "netns", "exec", NETNS, "tc", "qdisc", "del", "dev", DEVICE, "root"])
+
+
+def overhead(args) -> dict:
+    """Which part of the idle data path costs what: rounds over the variants
+    in rotating order, 64k qd1 read and write of a fixed size each."""
+    topo = load_topology()
+    dp = load_datapath()
+    if topo.status() is not None:
+        topo.down()
+    t = topo.up(luns=1, nvme=0, disk="fast", lv_size_mib=args.lv_mib)
+    device = t["iscsi"][0]["device"]
+    variants = args.variants.split(",")
+    runs: dict[str, dict[str, list[float]]] = {v: {"read": [], "write": []} for v in variants}
+    d = dp.Datapath(DEVICE, netns=NETNS, ports=PORTS)
+    try:
+        for r in range(args.rounds):
+            order = variants[r % len(variants) :] + variants[: r % len(variants)]
+            for v in order:
+                set_variant(d, v)
+                for rw in ("read", "write"):
+                    runs[v][rw].append(
+                        args.size_mib
+                        / fio_once(device, rw, "64k", 1, args.size_mib << 20)
+                        * 1.048576
+                    )
+            print(f"round {r}: " + ", ".join(
+                f"{v} {runs[v]['read'][-1]:.1f}/{runs[v]['write'][-1]:.1f}" for v in variants
+            ), flush=True)  # fmt: skip
+        d.cleanup()
+    finally:
+        d.close()
+        topo.down()
+    out: dict = {"rounds": args.rounds, "size_mib": args.size_mib, "runs": runs, "variants": {}}
+    for v in variants:
+        out["variants"][v] = {}
+        for rw in ("read", "write"):
+            pct = [
+                100.0 * (x / n - 1.0)
+                for x, n in zip(runs[v][rw], runs[variants[0]][rw], strict=True)
+            ]
+            out["variants"][v][rw] = {
+                "median_mb_s": statistics.median(runs[v][rw]),
+                "paired_median_pct": statistics.median(pct),
+                "paired_min_pct": min(pct),
+                "paired_max_pct": max(pct),
+            }
+    return out
+
+
 # ================================================================ report
 CURVE_ORDER = [
     ("read", "read", "reads, `read` mode (payload delayed)"),
@@ -544,6 +617,12 @@ def main(argv=None) -> int:
     s.add_argument("--no-overhead", action="store_true", help="skip the overhead runs")
     s.add_argument("--lv-mib", type=int, default=256)
     s.add_argument("--out", default=str(RESULTS))
+    o = sub.add_parser("overhead", help="(in the lab guest) cost of each part of the idle path")
+    o.add_argument("--rounds", type=int, default=5)
+    o.add_argument("--size-mib", type=int, default=64)
+    o.add_argument("--variants", default=",".join(OVERHEAD_VARIANTS))
+    o.add_argument("--lv-mib", type=int, default=256)
+    o.add_argument("--out", default=str(RESULTS.with_name("datapath-overhead.json")))
     r = sub.add_parser("report", help="(on the host) tables, fits and the PNG")
     r.add_argument("json")
     r.add_argument("--png")
@@ -558,6 +637,24 @@ def main(argv=None) -> int:
         Path(a.out).write_text(json.dumps(res, indent=1))
         print(report(res, None))
         print(f"\nwrote {a.out} in {res['wall_s']:.0f} s")
+        return 0
+    if a.cmd == "overhead":
+        if os.environ.get("SANTHROTTLE_IN_GUEST") != "1":
+            print("overhead runs in the lab guest", file=sys.stderr)
+            return 2
+        res = overhead(a)
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(res, indent=1))
+        for v, x in res["variants"].items():
+            print(
+                f"{v:>10}: "
+                + "; ".join(
+                    f"{rw} {x[rw]['median_mb_s']:.2f} MB/s, "
+                    f"paired {x[rw]['paired_median_pct']:+.2f} % "
+                    f"[{x[rw]['paired_min_pct']:+.1f}, {x[rw]['paired_max_pct']:+.1f}]"
+                    for rw in ("read", "write")
+                )
+            )
         return 0
     res = json.loads(Path(a.json).read_text())
     print(report(res, a.png))

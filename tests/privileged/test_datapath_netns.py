@@ -19,6 +19,7 @@ import subprocess
 import sys
 
 import pytest
+
 from santhrottle.appliance import datapath as dp
 
 pytestmark = pytest.mark.privileged
@@ -212,7 +213,9 @@ def test_apply_is_idempotent_and_adopts_a_previous_run(netns_pair):
     assert "qdisc htb 5374: root" in pair.tsh("tc", "qdisc", "show", "dev", TARGET_DEV)
     classes = pair.tsh("tc", "class", "show", "dev", TARGET_DEV)
     assert "5374:10 " in classes and "5374:11 " not in classes
-    assert "--sports 3260 " in pair.tsh("iptables", "-t", "mangle", "-S", dp.CHAIN)
+    assert "-o st-tgt -p tcp -m multiport --sports 3260 -j SANTHROTTLE" in pair.tsh(
+        "iptables", "-t", "mangle", "-S", "POSTROUTING"
+    )
     # members above a lowered maximum are clamped, not silently unthrottled
     with _dp(pair, max_class=20) as d:
         d.apply()
@@ -221,6 +224,30 @@ def test_apply_is_idempotent_and_adopts_a_previous_run(netns_pair):
         rep = d.apply()
         assert rep.clamped == {MEMBER_IP: 10}
         assert d.current()[MEMBER_IP].klass == 10
+
+
+def test_two_devices_share_the_sets_and_the_chain(netns_pair):
+    """One Datapath per egress device (the daemon's datapath.devices): each
+    keeps its own jump and tree; cleanup from either removes both."""
+    pair = netns_pair
+    pair.tsh("ip", "link", "add", "st-x0", "type", "veth", "peer", "name", "st-x1")
+    pair.tsh("ip", "link", "set", "st-x0", "up")
+    before = pair.snapshot()
+    with _dp(pair) as a, dp.Datapath("st-x0", netns=pair.target, leaf="pfifo", max_class=20) as b:
+        a.apply()
+        rep = b.apply()
+        assert rep.tc_fresh and rep.sets_created == [] and rep.rules_changed
+        assert a.apply().rules_changed is False  # a's view: nothing to do
+        jumps = pair.tsh("iptables", "-t", "mangle", "-S", "POSTROUTING")
+        assert "-o st-tgt -p tcp" in jumps and "-o st-x0 -p tcp" in jumps
+        assert a.installed_devices() == ["st-tgt", "st-x0"]
+        a.set_classes({MEMBER_IP: 3})
+        assert b.current()[MEMBER_IP].klass == 3  # the sets are shared
+        rep = b.cleanup()
+        assert rep.qdiscs == ["st-tgt", "st-x0"] and rep.rules == 2
+    after = pair.snapshot()
+    for what in before:
+        assert after[what] == before[what], what
 
 
 def test_cleanup_leaves_the_kernel_exactly_as_before(netns_pair):

@@ -4,6 +4,7 @@ ipset texts, reconciliation plans, and the CLI's one-line errors (no root)."""
 from __future__ import annotations
 
 import pytest
+
 from santhrottle.appliance import datapath as dp
 from santhrottle.appliance.cli import main
 
@@ -176,6 +177,17 @@ def test_step_change_replaces_leaves_in_place_and_extra_classes_go_last():
     assert "class del dev eth1 classid 5374:51" in dels
 
 
+def test_another_default_class_means_a_rebuild():
+    have = _want()
+    have.default_minor = 0x1
+    lines = dp.render_tc_plan("eth1", _want(), have)
+    assert lines[:2] == [
+        "qdisc del dev eth1 root",
+        "qdisc add dev eth1 root handle 5374: htb default ffff",
+    ]
+    assert len(lines) == 2 + 101 + 100
+
+
 def test_link_speed_change_changes_classes():
     lines = dp.render_tc_plan("eth1", _want(gbit=25), _want(gbit=10))
     changes = [ln for ln in lines if ln.startswith("class change")]
@@ -291,19 +303,26 @@ MANGLE_FOREIGN = """\
 """
 
 
+J1 = "-A POSTROUTING -o eth1 -p tcp -m multiport --sports 3260 -j SANTHROTTLE"
+
+
 def test_rules_render_as_iptables_prints_them():
-    rules = dp.render_chain_rules((3260, 4420))
-    assert rules[0] == (
-        "-A SANTHROTTLE -p tcp -m multiport --sports 3260,4420 "
-        "-j SET --map-set santhrottle-all dst --map-prio"
+    assert dp.jump_rule("eth1", (3260, 4420)) == (
+        "-A POSTROUTING -o eth1 -p tcp -m multiport --sports 3260,4420 -j SANTHROTTLE"
     )
+    rules = dp.render_chain_rules()
+    assert rules[0] == "-A SANTHROTTLE -j SET --map-set santhrottle-all dst --map-prio"
     assert rules[1].startswith(
-        "-A SANTHROTTLE -p tcp -m tcp --tcp-flags FIN,SYN,RST,ACK ACK -m multiport --sports "
-        '3260,4420 -m bpf --bytecode "15,48 0 0 9,'
+        "-A SANTHROTTLE -p tcp -m tcp --tcp-flags FIN,SYN,RST,ACK ACK "
+        "-m set --match-set santhrottle-ack dst ! --update-counters "
+        '-m bpf --bytecode "15,48 0 0 9,'
     )
     assert rules[1].endswith("-j SET --map-set santhrottle-ack dst --map-prio")
-    assert rules[2].endswith("-j RETURN") and "-m bpf" in rules[2]
-    assert rules[3].endswith("-j SET --map-set santhrottle-read dst --map-prio")
+    assert rules[2].startswith(
+        "-A SANTHROTTLE -m set --match-set santhrottle-read dst ! --update-counters -m bpf"
+    )
+    assert rules[2].endswith("-j RETURN")
+    assert rules[3] == "-A SANTHROTTLE -j SET --map-set santhrottle-read dst --map-prio"
 
 
 def test_rules_restore_fresh_and_adopted():
@@ -314,31 +333,45 @@ def test_rules_restore_fresh_and_adopted():
     lines = text.splitlines()
     assert lines[0] == "*mangle" and lines[-1] == "COMMIT"
     assert ":SANTHROTTLE - [0:0]" in lines
-    assert "-I POSTROUTING -o eth1 -j SANTHROTTLE" in lines
+    assert "-I" + J1[2:] in lines
     assert not any("MARK" in ln or "KUBE" in ln for ln in lines)  # never touches others
-    installed = (
-        MANGLE_FOREIGN
-        + "-N SANTHROTTLE\n-A POSTROUTING -o eth1 -j SANTHROTTLE\n"
-        + "\n".join(dp.render_chain_rules((3260,)))
-        + "\n"
-    )
-    jumps, chain = dp.parse_mangle_rules(installed)
-    assert jumps == ["-A POSTROUTING -o eth1 -j SANTHROTTLE"]
+    installed = MANGLE_FOREIGN + f"-N SANTHROTTLE\n{J1}\n" + "\n".join(dp.render_chain_rules())
+    jumps, chain = dp.parse_mangle_rules(installed + "\n")
+    assert jumps == [J1]
     assert dp.render_rules_restore("eth1", (3260,), jumps, chain) is None
-    # another port list or device: rewritten; the stale jump goes
-    text = dp.render_rules_restore("eth2", (3260, 4420), jumps, chain)
-    assert "-D POSTROUTING -o eth1 -j SANTHROTTLE" in text
-    assert "-I POSTROUTING -o eth2 -j SANTHROTTLE" in text
-    assert dp.parse_rule_ports(chain) == (3260,)
+    # another port list: the jump is replaced in one transaction, the chain kept
+    text = dp.render_rules_restore("eth1", (3260, 4420), jumps, chain)
+    assert text.splitlines() == [
+        "*mangle",
+        "-D" + J1[2:],
+        "-I POSTROUTING -o eth1 -p tcp -m multiport --sports 3260,4420 -j SANTHROTTLE",
+        "COMMIT",
+    ]
+    # a chain someone edited is rewritten whole
+    text = dp.render_rules_restore("eth1", (3260,), jumps, chain[:2])
+    assert ":SANTHROTTLE - [0:0]" in text and text.count("-A SANTHROTTLE") == 4
+    assert dp.parse_rule_ports(jumps) == (3260,)
     assert dp.parse_jump_device(jumps[0]) == "eth1"
 
 
+def test_other_devices_jumps_are_left_alone():
+    """Several egress devices share the chain and the sets: applying on eth2
+    adds its jump and touches neither eth1's nor the chain."""
+    text = dp.render_rules_restore("eth2", (3260,), [J1], dp.render_chain_rules())
+    assert text.splitlines() == [
+        "*mangle",
+        "-I POSTROUTING -o eth2 -p tcp -m multiport --sports 3260 -j SANTHROTTLE",
+        "COMMIT",
+    ]
+    j2 = "-A POSTROUTING -o eth2 -p tcp -m multiport --sports 3260 -j SANTHROTTLE"
+    assert dp.render_rules_restore("eth1", (3260,), [J1, j2], dp.render_chain_rules()) is None
+
+
 def test_duplicate_jumps_are_collapsed():
-    j = "-A POSTROUTING -o eth1 -j SANTHROTTLE"
-    text = dp.render_rules_restore("eth1", (3260,), [j, j], dp.render_chain_rules((3260,)))
+    text = dp.render_rules_restore("eth1", (3260,), [J1, J1], dp.render_chain_rules())
     lines = text.splitlines()
-    assert lines.count("-D POSTROUTING -o eth1 -j SANTHROTTLE") == 2
-    assert lines.count("-I POSTROUTING -o eth1 -j SANTHROTTLE") == 1
+    assert lines.count("-D" + J1[2:]) == 2
+    assert lines.count("-I" + J1[2:]) == 1
 
 
 def test_cleanup_rules():
