@@ -244,7 +244,9 @@ def test_datapath_builds_with_netem_and_cleans_up(topology, datapath):
     assert "qdisc netem 20: parent 5374:20 limit 195313 delay 10ms" in qd, qd
     assert "qdisc netem 100: parent 5374:100 limit 976563 delay 50ms" in qd, qd
     rules = sh(["ip", "netns", "exec", NETNS, "iptables", "-t", "mangle", "-S"])
-    assert "-A POSTROUTING -o lab-tgt -j SANTHROTTLE" in rules
+    assert (
+        "-A POSTROUTING -o lab-tgt -p tcp -m multiport --sports 3260,4420 -j SANTHROTTLE" in rules
+    )
     assert "--map-set santhrottle-ack dst --map-prio" in rules
     # the tree read back through pyroute2 (netem's delay field) is what we asked
     with load_datapath().discover(netns=NETNS) as found:
