@@ -205,9 +205,13 @@ def _discover_or_apply(args: argparse.Namespace) -> tuple[Any, str]:
         d = dp.Datapath(args.device, netns=args.netns, **_common_kw(args))
         d.apply()
         note = f"applied the data path on {args.device} (defaults); "
-    if args.device and d.device != args.device:
-        d.close()
-        raise dp.DatapathError(f"the data path is applied on {d.device}, not {args.device}")
+    if args.device and args.device != d.device:
+        devices = d.installed_devices()
+        if args.device not in devices:
+            d.close()
+            raise dp.DatapathError(
+                f"the data path is applied on {', '.join(devices) or d.device}, not {args.device}"
+            )
     return d, note
 
 
