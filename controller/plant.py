@@ -10,6 +10,8 @@ Streams
     closed loop, depth q, packets delayed by d per IO round trip:
         each IO's life is L + d, of which L in the device, so by Little's law
         Q_i = q * L / (L + d)          throughput X_i = q / (L + d) IOPS
+    (d also carries a stream's own time outside the device: the network and
+    the protocol stacks, `overhead_ms` in a scenario)
     open loop at lambda IOPS (the small random reader):
         Q_j = lambda * L               throughput X_j = lambda
 

@@ -52,6 +52,7 @@ class Stream:
     size_bytes: float
     depth: float = 0.0  # closed loop
     rate_iops: float = 0.0  # open loop
+    overhead_s: float = 0.0  # closed loop: time per IO outside the device and the delay
     schedule: Schedule = field(default_factory=Schedule)
 
 
@@ -278,9 +279,10 @@ def _parse_stream(t: _Table, resources: set[str], duration_s: float) -> list[Str
     initiator = t.string("initiator")
     size_bytes = t.number("size_kib", lo=0.0, lo_open=True) * KIB
     count = t.integer("count", 1, lo=1)
-    depth = rate_iops = 0.0
+    depth = rate_iops = overhead_s = 0.0
     if loop == "closed":
         depth = t.number("depth", lo=0.0, lo_open=True)
+        overhead_s = t.number("overhead_ms", 0.0, lo=0.0) / 1000.0
         if "rate_kib_per_s" in t.data:
             raise ScenarioError(f'{t.path}.rate_kib_per_s: only for loop = "open"')
     else:
@@ -297,12 +299,19 @@ def _parse_stream(t: _Table, resources: set[str], duration_s: float) -> list[Str
     st.used.add("on_s")
     st.done()
     t.done()
-    base = Stream(name, kind, loop, resource, initiator, size_bytes, depth, rate_iops, schedule)
-    if count == 1:
-        return [base]
+    names = [name] if count == 1 else [f"{name}#{i}" for i in range(count)]
     return [
         Stream(
-            f"{name}#{i}", kind, loop, resource, initiator, size_bytes, depth, rate_iops, schedule
+            name=n,
+            kind=kind,
+            loop=loop,
+            resource=resource,
+            initiator=initiator,
+            size_bytes=size_bytes,
+            depth=depth,
+            rate_iops=rate_iops,
+            overhead_s=overhead_s,
+            schedule=schedule,
         )
-        for i in range(count)
+        for n in names
     ]

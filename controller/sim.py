@@ -142,7 +142,8 @@ def run(
                 (
                     s,
                     (effective.get(s.initiator, 0) if constant_class is None else constant_class)
-                    * sc.step_s,
+                    * sc.step_s
+                    + s.overhead_s,
                 )
                 for s in mine
                 if s.loop == "closed" and on[id(s)]

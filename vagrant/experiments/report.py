@@ -15,6 +15,7 @@ to the raw series (raw.json). The last line names the results folder.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import subprocess
@@ -137,7 +138,42 @@ def fit_lq(ph: dict) -> tuple[float, float, float]:
     return max(c, 1e-6), max(m, 1e-6), 1 - ss_res / ss_tot if ss_tot else 0.0
 
 
-def simulate_lab(raw: dict, c: float, m: float, noise: float) -> dict:
+def fit_streams(raw: dict, c: float, m: float) -> tuple[float, float]:
+    """From the uncontrolled run: the writers' time per IO outside the device
+    (overhead: network, iSCSI, here mostly TCG's slow CPU) and the per-read
+    relative noise of the reader's latency.
+
+    overhead = depth / (per-writer IOPS) - L, L from the LQ line at the mean
+    queue; noise = sd of (100 ms mean / 1 s mean - 1) * sqrt(reads in 100 ms)."""
+    a = raw["args"]
+    ph = raw["phases"][0]
+    w = [x for x in windows(ph) if x[2] > 0.5 * max(y[2] for y in windows(ph))]
+    bs = int(a["writer_bs"].rstrip("kK")) * 1024
+    iops = sum(x[2] for x in w) / len(w) / bs / a["writers"]
+    q = sum(x[3] for x in w) / len(w)
+    overhead = max(0.0, a["writer_qd"] / iops - (c + m * q))
+    rows, rd = ph["rows"], ph["reader_dm"]
+    tick = [
+        (
+            b["ds"][rd][READS] - a_["ds"][rd][READS],
+            b["ds"][rd][READ_TICKS] - a_["ds"][rd][READ_TICKS],
+        )
+        for a_, b in itertools.pairwise(rows)
+    ]
+    devs = []
+    for i in range(5, len(tick) - 5):
+        n, ms = tick[i]
+        nb = tick[i - 5 : i + 5]
+        tot = sum(x for x, _ in nb)
+        if n and tot:
+            mean = sum(y for _, y in nb) / tot
+            if mean > 0.5:  # writers on: the interference is the noise we care about
+                devs.append((ms / n / mean - 1) * math.sqrt(n))
+    noise = math.sqrt(sum(d * d for d in devs) / len(devs)) if devs else 0.3
+    return overhead, noise
+
+
+def simulate_lab(raw: dict, c: float, m: float, noise: float, overhead_s: float = 0.0) -> dict:
     """The same experiment in the simulator, with the lab's fitted device."""
     from santhrottle.controller.scenario import parse_scenario
     from santhrottle.controller.sim import simulate
@@ -148,6 +184,7 @@ def simulate_lab(raw: dict, c: float, m: float, noise: float) -> dict:
     rate_kib = int(a["reader_rate"].rstrip("kK"))
     writers = "".join(
         f'[[stream]]\nname = "w{k}"\nkind = "write"\nloop = "closed"\ndepth = {a["writer_qd"]}\n'
+        f"overhead_ms = {overhead_s * 1000:.3f}\n"
         f'size_kib = {bs_kib}\nresource = "vg"\ninitiator = "10.0.0.{3 + k}"\n'
         f"schedule = {{ start_s = {a['lead']}, on_s = {a['on']}, off_s = {a['off']}, "
         f"cycles = {a['cycles']} }}\n"
@@ -163,6 +200,7 @@ def simulate_lab(raw: dict, c: float, m: float, noise: float) -> dict:
         + writers
         + f"[controller]\nthresholds_ms = [{thr}]\nmax_class = "
         f"{round(parse_ms(a['max_delay']) / 0.0005)}\n"
+        f"setpoint_fraction = {a.get('setpoint', 0.9)}\n"
     )
     res = simulate(parse_scenario(text), baseline=False)
     return {"scenario": text, "controlled": res["controlled"], "uncontrolled": res["uncontrolled"]}
@@ -237,8 +275,8 @@ def report(out: Path) -> int:
         rows.append(s)
     c, m, r2 = fit_lq(phases[0])
     calm = [v for _, v, _, _ in windows(phases[0]) if v is not None]
-    noise = 0.3  # relative sd of one read; diskstats gives only means, so the sim's default
-    sim = simulate_lab(raw, c, m, noise)
+    overhead, noise = fit_streams(raw, c, m)
+    sim = simulate_lab(raw, c, m, noise, overhead)
     for s, sc in zip(rows, sim["controlled"], strict=True):
         s["sim_read_latency_p95_s"] = sc["read_latency_p95_s"]
         s["sim_vs_lab_p95"] = sc["read_latency_p95_s"] / s["read_latency_p95_s"] - 1
@@ -246,7 +284,14 @@ def report(out: Path) -> int:
         "interference": raw.get("interference", []),
         "uncontrolled": unc,
         "controlled": rows,
-        "lq_fit": {"intercept_s": c, "slope_s_per_io": m, "r2": r2, "windows": len(calm)},
+        "lq_fit": {
+            "intercept_s": c,
+            "slope_s_per_io": m,
+            "r2": r2,
+            "windows": len(calm),
+            "writer_overhead_s": overhead,
+            "read_noise": noise,
+        },
         "sim": {
             "uncontrolled_p95_s": sim["uncontrolled"]["read_latency_p95_s"],
             "scenario": sim["scenario"],
