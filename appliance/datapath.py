@@ -169,6 +169,13 @@ PURE_ACK_FLAGS = "--tcp-flags FIN,SYN,RST,ACK ACK"
 # ~2-3 ms + a few us per line).  `make bench` measured the restore winning
 # from 16 changes on (tests/bench/bench_datapath.py, docs/datapath.md).
 BULK_THRESHOLD = 16
+# Above it, two ways: `ipset -exist restore` into the live set sends one
+# netlink round trip per line (strace: 10,081 sendto for 10,000 lines,
+# ~5 us each here), while filling a temporary set created in the same
+# restore is batched (85 messages for 10,000 members, ~2.5 us each) and then
+# swapped in.  So the affected sets are rebuilt + swapped when that rewrites
+# at most this many members per changed one, else changed in place.
+SWAP_LINES_PER_INPLACE_LINE = 2.0
 
 NETNS_DIR = "/run/netns"
 # ipset netlink: list headers only (`ipset list -t`); create flags.
@@ -678,6 +685,26 @@ def render_ipset_changes(ops: Sequence[tuple[str, str, str, int]]) -> str:
     return "\n".join(out)
 
 
+_SET_MODE = {name: mode for mode, name in SET_NAMES.items()}
+
+
+def _members_after(
+    members: Mapping[str, tuple[str, int]], ops: Sequence[tuple[str, str, str, int]]
+) -> dict[str, tuple[str, int]]:
+    """The membership (ip -> (mode, class)) once ops are applied."""
+    out = dict(members)
+    set_mode = _SET_MODE
+    for op, name, ip, k in ops:
+        mode = set_mode[name]
+        if op == "del":
+            cur = out.get(ip)
+            if cur is not None and cur[0] == mode:
+                del out[ip]
+        else:
+            out[ip] = (mode, k)
+    return out
+
+
 def render_ipset_swap(mode: str, members: Mapping[str, int], maxelem: int) -> str:
     """`ipset restore` input that replaces a mode's set atomically: build a
     temporary set, swap it in, destroy the old contents."""
@@ -685,12 +712,17 @@ def render_ipset_swap(mode: str, members: Mapping[str, int], maxelem: int) -> st
     tmp = name + TMP_SUFFIX
     # sized up front: no rehashing while the members go in
     hashsize = max(1024, 1 << max(0, (len(members) // 4 - 1).bit_length()))
+    ids: dict[int, str] = {}
     lines = [
         f"create {tmp} hash:ip family inet hashsize {hashsize} maxelem {maxelem} counters skbinfo"
     ]
-    lines += [f"add {tmp} {ip} skbprio {classid(k)}" for ip, k in members.items()]
-    lines += [f"swap {tmp} {name}", f"destroy {tmp}"]
-    return "\n".join(lines) + "\n"
+    for ip, k in members.items():
+        cid = ids.get(k)
+        if cid is None:
+            cid = ids[k] = classid(k)
+        lines.append(f"add {tmp} {ip} skbprio {cid}")
+    lines += [f"swap {tmp} {name}", f"destroy {tmp}", ""]
+    return "\n".join(lines)
 
 
 # ===================================================== kernel feature checks
@@ -1300,17 +1332,18 @@ class Datapath:
         ops = self.plan_changes(classes, mode)
         if not ops:
             return 0
+        after = _members_after(self._membership(), ops)
         if len(ops) <= self.bulk_threshold:
             self._apply_netlink(ops)
         else:
-            self._apply_restore(ops)
-        members = self._membership()
-        for op, name, ip, k in ops:
-            if op == "del":
-                if members.get(ip, ("", 0))[0] == name[len(SET_PREFIX) :]:
-                    del members[ip]
+            affected = {_SET_MODE[name] for name in {op[1] for op in ops}}
+            rebuilt = sum(1 for m, _ in after.values() if m in affected)
+            if rebuilt <= SWAP_LINES_PER_INPLACE_LINE * len(ops):
+                self._apply_swap({m: {ip: k for ip, (mm, k) in after.items() if mm == m}
+                                  for m in sorted(affected)})  # fmt: skip
             else:
-                members[ip] = (name[len(SET_PREFIX) :], k)
+                self._apply_restore(ops)
+        self._members = after
         return len(ops)
 
     def _apply_netlink(self, ops: Sequence[tuple[str, str, str, int]]) -> None:
@@ -1344,21 +1377,37 @@ class Datapath:
             self._members = None
             raise
 
-    def replace_members(self, mode: str, members: Mapping[str, int]) -> None:
-        """Replace a whole set atomically (temporary set + swap)."""
-        clean = {check_ip(ip): k for ip, k in members.items()}
-        for ip, k in clean.items():
-            if not 1 <= k <= self.max_class:
-                raise DatapathError(f"bad class {k} for {ip}: must be 1-{self.max_class}")
-        text = render_ipset_swap(mode, clean, self.maxelem)
+    def _apply_swap(self, sets: Mapping[str, Mapping[str, int]]) -> None:
+        """Rebuild whole sets: one `ipset restore` that fills a temporary set
+        per mode and swaps it in (atomic per set; members' counters restart)."""
+        heads = self._set_headers()
+        for mode in sets:  # a temporary set left by a crash would make create fail
+            tmp = SET_NAMES[mode] + TMP_SUFFIX
+            if tmp in heads:
+                with contextlib.suppress(Exception):
+                    self._ipsets().destroy(tmp)
+        text = "".join(render_ipset_swap(m, members, self.maxelem) for m, members in sets.items())
         try:
             self._run([self.ipset_bin, "restore"], stdin=text, what="ipset restore")
-        finally:
+        except DatapathError:
             self._members = None
             with contextlib.suppress(Exception):
-                tmp = SET_NAMES[mode] + TMP_SUFFIX
-                if tmp in self._set_headers():
-                    self._ipsets().destroy(tmp)
+                heads = self._set_headers()
+                for mode in sets:
+                    if SET_NAMES[mode] + TMP_SUFFIX in heads:
+                        self._ipsets().destroy(SET_NAMES[mode] + TMP_SUFFIX)
+            raise
+
+    def replace_members(self, mode: str, members: Mapping[str, int]) -> None:
+        """Replace a whole set atomically (temporary set + swap)."""
+        if mode not in MODES:
+            raise DatapathError(f"bad mode {mode!r}: expected all, ack or read")
+        clean = {check_ip(ip): k for ip, k in members.items()}
+        for ip, k in clean.items():
+            if type(k) is not int or not 1 <= k <= self.max_class:
+                raise DatapathError(f"bad class {k!r} for {ip}: must be 1-{self.max_class}")
+        self._apply_swap({mode: clean})
+        self._members = None  # other sets may hold some of these: read back next time
 
     # -------------------------------------------------------------- status
     def status(self) -> dict[str, Any]:
