@@ -3,7 +3,7 @@
 LAB_PY ?= python3
 LAB := vagrant/qemu/lab.py
 
-.PHONY: lab-deps lab-up lab lab-run lab-clean
+.PHONY: lab-deps lab-up lab lab-test lab-run lab-clean
 
 # apt-get install what the lab needs on the host (root; idempotent).
 lab-deps:
@@ -13,8 +13,13 @@ lab-deps:
 lab-up:
 	$(LAB_PY) $(LAB) up
 
-# The lab test tier alone (one guest boot).
+# The main job: the paper's closed-loop experiments on the real kernel, with the
+# report (vagrant/experiments/report.py; docs/lab.md). About 7 minutes.
 lab: setup
+	$(VPY) vagrant/experiments/report.py $(ARGS)
+
+# The lab test tier alone (one guest boot).
+lab-test: setup
 	$(VPY) -m pytest -m lab -v
 
 # Boot and run one script of the checkout inside: make lab-run SCRIPT=path ARGS='...'
