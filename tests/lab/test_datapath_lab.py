@@ -139,13 +139,17 @@ def linear_fit(xs, ys) -> tuple[float, float, float]:
     return a, b, (1.0 - ss_res / ss_tot) if ss_tot else 1.0
 
 
-def curve(d, ip, device, mode, rw, bs, qd, size, delays_ms, log=print) -> list[dict]:
+def curve(
+    d, ip, device, mode, rw, bs, qd, size, delays_ms, log=print, repeat: int = 1
+) -> list[dict]:
     """Seconds per GB at each delay for one initiator, and the target's
     retransmissions.  After each class change a short warm-up transfer runs
     first: a sudden delay increase of more than about twice the connection's
     smoothed RTT makes the target send one spurious tail-loss probe (counted
     in TcpRetransSegs) while its RTT estimate catches up; that transition is
-    recorded separately (`transition`) from the measured transfer."""
+    recorded separately (`transition`) from the measured transfers.  With
+    repeat > 1 the point is the fastest of the runs: on a shared host,
+    contention only ever adds time."""
     points = []
     for ms in delays_ms:
         k = round(ms * 1000 / d.step_us)
@@ -153,12 +157,14 @@ def curve(d, ip, device, mode, rw, bs, qd, size, delays_ms, log=print) -> list[d
         c0 = tcp_counters()
         fio_once(device, rw, bs, qd, WARMUP_SIZE, offset=size)
         c1 = tcp_counters()
-        secs = fio_once(device, rw, bs, qd, size)
+        runs = [fio_once(device, rw, bs, qd, size) for _ in range(repeat)]
         c2 = tcp_counters()
+        secs = min(runs)
         p = {
             "delay_ms": ms,
             "class": k,
             "seconds": secs,
+            "runs_s": runs,
             "s_per_gb": secs / (size / GB),
             "mb_s": size / secs / 1e6,
             "target_retrans": c2["TcpRetransSegs"] - c1["TcpRetransSegs"],
@@ -169,7 +175,8 @@ def curve(d, ip, device, mode, rw, bs, qd, size, delays_ms, log=print) -> list[d
         tr = p["transition"]
         log(
             f"  {mode:>4} {rw:>5} {bs} qd{qd} delay {ms:5.1f} ms: {p['mb_s']:7.2f} MB/s "
-            f"{p['s_per_gb']:7.1f} s/GB, target retrans {p['target_retrans']} "
+            f"{p['s_per_gb']:7.1f} s/GB (runs {', '.join(f'{x:.2f}' for x in runs)} s), "
+            f"target retrans {p['target_retrans']} "
             f"(class change: {tr['TcpRetransSegs']} retrans, {tr['TcpExtTCPLossProbes']} TLP)"
         )
     d.set_classes({ip: 0})
@@ -307,6 +314,7 @@ def sweep(args) -> dict:
         "curves": {},
         "overhead": None,
         "ack_window_limited": None,
+        "repeat": args.repeat,
     }
     log = lambda s: print(s, flush=True)  # noqa: E731
     d = dp.Datapath(DEVICE, netns=NETNS, ports=PORTS)
@@ -377,8 +385,10 @@ def sweep(args) -> dict:
             for mode, rw in (("read", "read"), ("all", "write"), ("ack", "write"), ("all", "read")):
                 if args.quick and (pat != "64k qd1" or (mode, rw) == ("all", "read")):
                     continue
+                if f"{mode}/{rw}" not in args.curves.split(","):
+                    continue
                 log(f"curve: {pat} {rw}, mode {mode}")
-                pts = curve(d, ip, device, mode, rw, bs, qd, size, delays, log)
+                pts = curve(d, ip, device, mode, rw, bs, qd, size, delays, log, args.repeat)
                 s = summarize(pts)
                 log(
                     f"  fit: {s['intercept_s_per_gb']:.1f} s/GB + "
@@ -412,7 +422,9 @@ def sweep(args) -> dict:
                 sh(["iscsiadm", "-m", "node", "-U", "all"])
                 topo.iscsi_login(t["iscsi"])
                 device2 = t["iscsi"][0]["device"]
-                pts = curve(d, ip, device2, "ack", "write", "64k", 1, 32 << 20, delays, log)
+                pts = curve(
+                    d, ip, device2, "ack", "write", "64k", 1, 32 << 20, delays, log, args.repeat
+                )
             finally:
                 sh(
                     [
@@ -617,6 +629,14 @@ def main(argv=None) -> int:
     s = sub.add_parser("sweep", help="(in the lab guest) measure; writes results/datapath-lab.json")
     s.add_argument("--quick", action="store_true", help="4 delays, 64k qd1 only")
     s.add_argument("--no-overhead", action="store_true", help="skip the overhead runs")
+    s.add_argument(
+        "--repeat", type=int, default=1, help="runs per point; the fastest counts (default 1)"
+    )
+    s.add_argument(
+        "--curves",
+        default="read/read,all/write,ack/write,all/read",
+        help="mode/rw pairs to measure (default all four)",
+    )
     s.add_argument("--lv-mib", type=int, default=256)
     s.add_argument("--out", default=str(RESULTS))
     o = sub.add_parser("overhead", help="(in the lab guest) cost of each part of the idle path")
