@@ -1,7 +1,8 @@
 # Rollout: the wheel, the Ansible role, the Vagrantfile (docs/rollout.md).
 # Included by the top Makefile; VENV / VPY / PY come from there.
 #
-#   make wheel             dist/: sdist + wheel (python -m build) + wheelhouse/ (its dependencies)
+#   make wheel             dist/: sdist + wheel (python -m build), wheelhouse/ (its dependencies)
+#                          and santhrottle-wheelhouse.tar (the same, one file for the role)
 #   make ansible-lint      ansible-lint, production profile, on ansible/
 #   make vagrant-validate  vagrant validate: core config, libvirt and VirtualBox provider blocks
 #   make rollout-check     all three
@@ -14,6 +15,8 @@ ROLLOUT_VENV ?= build/rollout-venv
 ROLLOUT_PY := $(ROLLOUT_VENV)/bin/python
 # The wheelhouse serves the targets' python (Debian 12: 3.11; RHEL 9: python3.11).
 WHEELHOUSE_PYTHON ?= 3.11
+# The last commit's time (no git: a fixed date): the build's timestamps.
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 1700000000)
 WHEEL_SOURCES := pyproject.toml README.md $(shell git ls-files controller appliance bridge 2>/dev/null || find controller appliance bridge -type f)
 VAGRANT_PKGS := vagrant vagrant-libvirt
 VAGRANT_DIR := vagrant
@@ -29,13 +32,18 @@ $(ROLLOUT_PY):
 	$(PY) -m venv $(ROLLOUT_VENV)
 	$(ROLLOUT_PY) -m pip install -q --upgrade pip build
 
+# Reproducible: the same sources give the same wheel, byte for byte, so the
+# role reinstalls (and restarts the daemon) only when the code changed.
+# The wheelhouse is also one tar: the role copies one file, not one per wheel.
 $(DIST)/.built: $(WHEEL_SOURCES) ansible/rollout.mk | $(ROLLOUT_PY)
 	rm -rf $(DIST)
-	$(ROLLOUT_PY) -m build --outdir $(DIST) .
+	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(ROLLOUT_PY) -m build --outdir $(DIST) .
 	$(ROLLOUT_PY) -m pip download --quiet --disable-pip-version-check \
 	  --only-binary=:all: --python-version $(WHEELHOUSE_PYTHON) \
 	  --dest $(DIST)/wheelhouse $(DIST)/santhrottle-*.whl
 	rm -f $(DIST)/wheelhouse/santhrottle-*.whl
+	tar -cf $(DIST)/santhrottle-wheelhouse.tar -C $(DIST)/wheelhouse --sort=name \
+	  --mtime=@$(SOURCE_DATE_EPOCH) --owner=0 --group=0 --numeric-owner .
 	@touch $@
 	@ls -l $(DIST) $(DIST)/wheelhouse
 

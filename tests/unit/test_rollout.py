@@ -69,7 +69,7 @@ FLEET = {
     },
     "santhrottle_default_threshold": "30ms",
     "santhrottle_static_map": {"10.1.0.0/24": ["vg_aic"], "10.2.0.7": ["array1", "vg_aic"]},
-    "santhrottle_controller": {"tick": "50ms", "kp_class_per_s": 800, "setpoint_fraction": 0.8},
+    "santhrottle_controller": {"tick": "50ms", "class_hysteresis": 2, "setpoint_fraction": 0.8},
     "santhrottle_netns": "tgt",
     "santhrottle_datapath_ports": [3260],
     "santhrottle_write_mode": "ack",
@@ -213,7 +213,7 @@ def test_control_renders_every_threshold_and_setting(rendered):
     assert cfg.threshold_of("vg_backup") == 0.030  # the default applies to it
     assert cfg.static_map == {"10.1.0.0/24": ("vg_aic",), "10.2.0.7": ("array1", "vg_aic")}
     assert cfg.controller.tick_s == 0.050
-    assert cfg.controller.gains.kp_class_per_s == 800
+    assert cfg.controller.class_hysteresis == 2
     assert cfg.controller.setpoint_fraction == 0.8
     assert cfg.netns == "tgt" and cfg.devices == ("bond0", "eth1") and cfg.ports == (3260,)
     assert (cfg.write_mode, cfg.step_s, cfg.max_delay_s) == ("ack", 0.00025, 0.020)
