@@ -15,6 +15,7 @@ from typing import Any
 
 from santhrottle.appliance import cli_daemon, cli_datapath, cli_sensing
 from santhrottle.appliance.errors import CliError
+from santhrottle.appliance.units import fmt_ms
 from santhrottle.controller.plant import SaturatedError
 from santhrottle.controller.scenario import ScenarioError, parse_scenario
 from santhrottle.controller.sim import simulate
@@ -42,17 +43,13 @@ def _finite(x: Any) -> Any:
     return x
 
 
-def _ms(x: float | None) -> str:
-    return "-" if x is None or not math.isfinite(x) else f"{x * 1000:.2f}"
-
-
 def _print_summary(result: dict[str, Any]) -> None:
     unc = result["uncontrolled"]
     print(
         f"settle at {unc['settle_s']:g} s; 1 s read latency after it. "
-        f"uncontrolled: p50 {_ms(unc['read_latency_p50_s'])} ms, "
-        f"p95 {_ms(unc['read_latency_p95_s'])} ms, "
-        f"p99 {_ms(unc['read_latency_p99_s'])} ms, "
+        f"uncontrolled: p50 {fmt_ms(unc['read_latency_p50_s'], '')} ms, "
+        f"p95 {fmt_ms(unc['read_latency_p95_s'], '')} ms, "
+        f"p99 {fmt_ms(unc['read_latency_p99_s'], '')} ms, "
         f"writes {unc['write_throughput_bps'] / 1e6:.1f} MB/s"
     )
     head = (
@@ -68,10 +65,10 @@ def _print_summary(result: dict[str, Any]) -> None:
             else f"{bc['delay_s'] * 1000:.1f}ms {bc['write_throughput_bps'] / 1e6:.1f}"
         )
         print(
-            f"{_ms(c['threshold_s']):>7}ms {_ms(c['read_latency_p50_s']):>7} "
-            f"{_ms(c['read_latency_p95_s']):>7} {_ms(c['read_latency_p99_s']):>7} "
-            f"{_ms(c['read_latency_p99_outside_transients_s']):>7} "
-            f"{_ms(c['peak_overshoot_s']):>7} {c['overshoot_duration_s']:>6.1f} "
+            f"{fmt_ms(c['threshold_s'], ''):>7}ms {fmt_ms(c['read_latency_p50_s'], ''):>7} "
+            f"{fmt_ms(c['read_latency_p95_s'], ''):>7} {fmt_ms(c['read_latency_p99_s'], ''):>7} "
+            f"{fmt_ms(c['read_latency_p99_outside_transients_s'], ''):>7} "
+            f"{fmt_ms(c['peak_overshoot_s'], ''):>7} {c['overshoot_duration_s']:>6.1f} "
             f"{c['time_above_threshold_pct']:>6.1f} {c['write_throughput_bps'] / 1e6:>7.1f} "
             f"{const:>13} {c['class_changes_per_min']:>7.1f}"
         )

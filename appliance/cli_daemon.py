@@ -16,7 +16,7 @@ from typing import Any
 from santhrottle.appliance.config import DEFAULT_PATH, Config, ConfigError, load_config
 from santhrottle.appliance.control import DaemonUnavailable, RemoteError, request
 from santhrottle.appliance.errors import CliError
-from santhrottle.appliance.units import UnitError, fmt_duration, parse_duration_s
+from santhrottle.appliance.units import UnitError, fmt_duration, fmt_mb, fmt_ms, parse_duration_s
 
 EPILOG = """\
 examples:
@@ -48,14 +48,6 @@ def call(args: argparse.Namespace, cmd: str, **kw: Any) -> Any:
         raise CliError(str(e)) from None
 
 
-def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x * 1e3:.2f}ms"
-
-
-def _mbs(x: float | None) -> str:
-    return "-" if x is None else f"{x / 1e6:.2f}"
-
-
 def print_status(st: dict[str, Any]) -> None:
     c = st["counters"]
     print(
@@ -70,17 +62,17 @@ def print_status(st: dict[str, Any]) -> None:
     )
     for r in st["resources"]:
         print(
-            f"{r['resource']:<16} {r['mode']:<8} {_ms(r['threshold_s']):>9} "
-            f"{_ms(r['read_latency_ewma_s']):>9} {_ms(r['read_latency_s']):>9} "
-            f"{r['delay_class']:>5} {_ms(r['delay_s']):>8}  {','.join(r['members']) or '-'}"
+            f"{r['resource']:<16} {r['mode']:<8} {fmt_ms(r['threshold_s']):>9} "
+            f"{fmt_ms(r['read_latency_ewma_s']):>9} {fmt_ms(r['read_latency_s']):>9} "
+            f"{r['delay_class']:>5} {fmt_ms(r['delay_s']):>8}  {','.join(r['members']) or '-'}"
         )
     print(f"{'INITIATOR':<18} {'RESOURCES':<20} {'WR_MB/s':>8} {'CLASS':>5} {'DELAY':>8} MODE")
     for i in st["initiators"]:
         rate = sum(v for v in i["write_bytes_per_second"].values() if v is not None)
         pinned = " (pinned)" if i["pinned"] else ""
         print(
-            f"{i['initiator']:<18} {','.join(i['resources']) or '-':<20} {_mbs(rate):>8} "
-            f"{i['class']:>5} {_ms(i['delay_s']):>8} {i['mode']}{pinned}"
+            f"{i['initiator']:<18} {','.join(i['resources']) or '-':<20} {fmt_mb(rate):>8} "
+            f"{i['class']:>5} {fmt_ms(i['delay_s']):>8} {i['mode']}{pinned}"
         )
 
 
@@ -117,7 +109,7 @@ def cmd_threshold(args: argparse.Namespace) -> int:
             print()
         else:
             for name, thr in data.items():
-                print(f"{name:<16} {_ms(thr) if thr is not None else 'none (observe only)'}")
+                print(f"{name:<16} {fmt_ms(thr) if thr is not None else 'none (observe only)'}")
         return 0
     if len(operands) != 2:
         raise CliError("usage: santhrottle threshold set RESOURCE VALUE (e.g. 15ms)")
@@ -133,7 +125,7 @@ def cmd_threshold(args: argparse.Namespace) -> int:
         json.dump(data, sys.stdout)
         print()
     else:
-        print(f"{data['resource']}: threshold {_ms(data['threshold_s'])}")
+        print(f"{data['resource']}: threshold {fmt_ms(data['threshold_s'])}")
     return 0
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from santhrottle.appliance.errors import CliError
 from santhrottle.appliance.sensing.target import TargetSensor
+from santhrottle.appliance.units import fmt_mb, fmt_ms
 
 EPILOG = """\
 examples:
@@ -89,14 +90,6 @@ def _measure_once(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _fmt_ms(x: float | None) -> str:
-    return "-" if x is None else f"{x * 1000:.2f}ms"
-
-
-def _mb(x: float | None) -> str:
-    return "-" if x is None else f"{x / 1e6:.2f}"
-
-
 def cmd_resources(args: argparse.Namespace) -> int:
     data = _measure(args)
     if args.json:
@@ -108,7 +101,7 @@ def cmd_resources(args: argparse.Namespace) -> int:
     for r in data["resources"]:
         print(
             f"{r['resource']:<16} {','.join(r['devices']):<20} {r['reads_per_s']:>8.1f} "
-            f"{_fmt_ms(r['read_latency_s']):>9} {_mb(r['write_bytes_per_second']):>8}  "
+            f"{fmt_ms(r['read_latency_s']):>9} {fmt_mb(r['write_bytes_per_second']):>8}  "
             f"{','.join(r['initiators']) or '-'}"
         )
     if not data["resources"]:
@@ -130,7 +123,7 @@ def cmd_initiators(args: argparse.Namespace) -> int:
         for res in i["resources"] or ["-"]:
             rate = i["write_bytes_per_second"].get(res)
             print(
-                f"{i['initiator']:<18} {res:<16} {_mb(rate):>8} "
+                f"{i['initiator']:<18} {res:<16} {fmt_mb(rate):>8} "
                 f"{i['write_sources'].get(res, '-'):<7} {exports}"
             )
     if not data["initiators"]:

@@ -60,3 +60,15 @@ def fmt_duration(seconds: float) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:g}ms"
     return f"{seconds * 1e6:g}us"
+
+
+def fmt_ms(seconds: float | None, unit: str = "ms") -> str:
+    """0.0125 -> '12.50ms' for tables; '-' for a value that is missing or not finite."""
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    return f"{seconds * 1e3:.2f}{unit}"
+
+
+def fmt_mb(bytes_per_s: float | None) -> str:
+    """Bytes/s as MB/s with two decimals, '-' when missing."""
+    return "-" if bytes_per_s is None else f"{bytes_per_s / 1e6:.2f}"
