@@ -75,12 +75,15 @@ class ReadSample:
 
     write_bps is the whole resource's write rate (e.g. the sum over its LVs
     in diskstats); None when the sensor cannot tell, which never holds the PID.
+    reads_in_flight: reads issued and not completed at the end of an interval
+    without completed reads (a stalled reader, not an idle one); None: unknown.
     """
 
     resource: str
     reads: int
     read_latency_s: float
     write_bps: float | None = None
+    reads_in_flight: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,8 @@ Law, per call step(state, samples, now_s)
                         integration; the delay has nothing to act on, so the
                         error must not wind the class down or up)
          without reads: hold the class ("idle"); after read_idle_release_s
-                        without reads release it to 0 ("release")
+                        without reads release it to 0 ("release"), unless
+                        reads are in flight (a stalled reader is not gone)
        next_tick_s advances by whole ticks from the previous deadline (fixed
        rate, no drift); ticks that were missed are counted in late_ticks,
        never run back to back ("no bunching").
@@ -171,8 +172,12 @@ def step(
         out.late_ticks = missed
         state.late_ticks_total += missed
         reads = {s.resource: s for s in samples.reads if s.reads > 0}
+        stalled = {s.resource for s in samples.reads if not s.reads and s.reads_in_flight}
         for name, rs in state.resources.items():
             sample = reads.get(name)
+            if sample is None and name in stalled:  # reads pending: not idle, hold
+                rs.last_read_s = now_s
+                continue
             if (
                 sample is not None
                 and sample.write_bps is not None

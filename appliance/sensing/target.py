@@ -52,6 +52,7 @@ class TargetSensor:
         clock: Callable[[], float] = time.monotonic,
         connections: ConnectionSensor | None = None,
     ) -> None:
+        self.sys_root = Path(sys_root)
         self.lvm = LvmScanner(sys_root, clock=clock)
         self.dev_root = str(dev_root)
         self.diskstats = DiskstatsReader(proc_root)
@@ -135,8 +136,22 @@ class TargetSensor:
             reads, lat = read_latency_of(ivs)
             if not ivs:
                 continue
-            out.append(ReadSample(name, reads, lat or 0.0, sum(i.write_bps for i in ivs)))
+            pending = None if reads else self._reads_in_flight(members)
+            out.append(
+                ReadSample(name, reads, lat or 0.0, sum(i.write_bps for i in ivs), pending)
+            )
         return out
+
+    def _reads_in_flight(self, devices: Iterable[str]) -> int | None:
+        """Reads in flight (/sys/block/DEV/inflight: "reads writes"), read only for a
+        resource without completed reads in the interval."""
+        total = 0
+        for d in devices:
+            try:
+                total += int((self.sys_root / "block" / d / "inflight").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                return None
+        return total
 
     # -- per convergence -----------------------------------------------
     def converge(self) -> tuple[Discovery, list[WriteSample]]:

@@ -203,3 +203,26 @@ def test_target_sensor_samples_from_captured_files(tmp_path):
     # the ACL host is charged from its ACL counter, not its device's writes: the
     # captured tree does not change between the two scans, so 0
     assert ws[(vg, ini1)] == 0.0
+
+
+def test_reads_in_flight_only_without_completed_reads(tmp_path):
+    sys_root = tmp_path / "sys"
+    shutil.copytree(LAB / "sys", sys_root)
+    for dev, inflight in (("dm-0", "2 0\n"), ("dm-1", "0 5\n"), ("dm-2", "0 0\n")):
+        (sys_root / "block" / dev / "inflight").write_text(inflight)
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    now = [0.0]
+    s = TargetSensor(
+        proc_root=proc,
+        sys_root=sys_root,
+        configfs_root=LAB / "configfs",
+        clock=lambda: now[0],
+        connections=FakeConns([]),
+    )
+    s.discover()
+    shutil.copy(LAB / "proc" / "diskstats.1", proc / "diskstats")
+    s.read_samples()
+    now[0] = 1.0
+    (idle,) = s.read_samples()  # the same counters again: no completed reads
+    assert idle.reads == 0 and idle.reads_in_flight == 2  # writes in flight do not count

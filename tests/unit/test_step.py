@@ -133,3 +133,15 @@ def test_threshold_change_keeps_pid_and_remove_resource_releases_members():
     assert st.effective == {}
     with pytest.raises(ValueError, match="threshold"):
         st.set_resource(Resource("x", 0.0))
+
+
+def test_stalled_reader_is_not_idle():
+    cfg = dataclasses.replace(CFG, read_idle_release_s=1.0)
+    st = new_state(cfg, [Resource("vg", 0.010)])
+    st, _ = step(st, Samples(writes=writes("vg", "A")), 0.0)
+    st, _ = step(st, Samples([ReadSample("vg", 6, 0.030)]), 0.1)
+    held = st.effective_class("A")
+    for k in range(2, 40):  # 4 s without a completed read, but reads in flight
+        st, d = step(st, Samples([ReadSample("vg", 0, 0.0, reads_in_flight=1)]), k / 10)
+        assert not d.resource_classes
+    assert st.effective_class("A") == held
