@@ -225,10 +225,10 @@ def _root_record(defcls=0xFFFF):
 
 
 def _class_record(minor, rate=1_250_000_000, buffer=15625):
-    parms = {"rate": rate, "ceil": rate, "buffer": buffer, "cbuffer": buffer, "quantum": 200000}
-    attrs = [("TCA_HTB_PARMS", parms)]
+    htb_parms = {"rate": rate, "ceil": rate, "buffer": buffer, "cbuffer": buffer, "quantum": 200000}
+    attrs = [("TCA_HTB_PARMS", htb_parms)]
     if rate > 0xFFFFFFFF:
-        parms["rate"] = parms["ceil"] = 0xFFFFFFFF
+        htb_parms["rate"] = htb_parms["ceil"] = 0xFFFFFFFF
         attrs += [("TCA_HTB_RATE64", rate), ("TCA_HTB_CEIL64", rate)]
     return {
         "handle": 0x53740000 | minor,
