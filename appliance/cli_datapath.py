@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
 EXIT_USAGE = 2
+DEFAULT_SOCKET = "/run/santhrottle/control.sock"
 
 DATAPATH_EPILOG = """\
 examples:
@@ -215,19 +217,45 @@ def _discover_or_apply(args: argparse.Namespace) -> tuple[Any, str]:
     return d, note
 
 
+def _daemon(args: argparse.Namespace, cmd: str, **kw: Any) -> Any:
+    """Ask santhrottled when it runs (it owns the kernel state then); None if it does not."""
+    from santhrottle.appliance.control import DaemonUnavailable, request
+    from santhrottle.appliance.errors import CliError
+
+    if args.socket is None and not os.path.exists(DEFAULT_SOCKET):
+        return None
+    try:
+        return request(args.socket or DEFAULT_SOCKET, cmd, **kw)
+    except DaemonUnavailable:
+        if args.socket:
+            raise CliError(f"santhrottled does not answer on {args.socket}") from None
+        return None
+
+
 def cmd_pin(args: argparse.Namespace) -> int:
     from santhrottle.appliance import datapath as dp
+    from santhrottle.appliance.control import RemoteError
 
     try:
         ip = dp.check_ip(args.initiator)
         delay_us = dp.parse_delay_us(args.delay)
         if delay_us == 0:
             raise dp.DatapathError(f"delay 0 throttles nothing: use `santhrottle unpin {ip}`")
+        st = _daemon(args, "status")
+        if st is not None:  # through the daemon: it would overwrite a pin behind its back
+            step_us = round(st["step_s"] * 1e6)
+            k = dp.delay_to_class(delay_us, step_us, st["max_class"])
+            _daemon(args, "pin", initiator=ip, mode=args.mode, **{"class": k})
+            print(
+                f"pinned {ip} through santhrottled: {args.mode} packets delayed "
+                f"{dp.fmt_us(k * step_us)} (class {k}) from the next tick"
+            )
+            return 0
         d, note = _discover_or_apply(args)
         with d:
             k = dp.delay_to_class(delay_us, d.step_us, d.max_class)
             d.set_classes({ip: k}, mode=args.mode)
-    except dp.DatapathError as e:
+    except (dp.DatapathError, RemoteError) as e:
         return _fail(str(e))
     if d.leaf != "netem":  # only the tests build pfifo leaves (kernels without netem)
         note += f"{d.leaf} test leaves: classified, not delayed; "
@@ -240,20 +268,33 @@ def cmd_pin(args: argparse.Namespace) -> int:
 
 def cmd_unpin(args: argparse.Namespace) -> int:
     from santhrottle.appliance import datapath as dp
+    from santhrottle.appliance.control import RemoteError
 
     try:
         ip = dp.check_ip(args.initiator)
+        if _daemon(args, "ping") is not None:
+            _daemon(args, "unpin", initiator=ip)
+            print(f"unpinned {ip} through santhrottled (from the next tick)")
+            return 0
         with dp.Datapath(None, netns=args.netns, **_common_kw(args)) as d:
             cur = d.current()
             if ip not in cur:
                 print(f"{ip} was not pinned or throttled")
                 return 0
             d.set_classes({ip: 0})
-    except dp.DatapathError as e:
+    except (dp.DatapathError, RemoteError) as e:
         return _fail(str(e))
     m = cur[ip]
     print(f"unpinned {ip} (was {m.mode}, class {m.klass})")
     return 0
+
+
+def _add_socket(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--socket",
+        help=f"santhrottled's control socket (default {DEFAULT_SOCKET}); when the daemon runs, "
+        "pins go through it, otherwise straight to the kernel",
+    )
 
 
 def _add_netns(p: argparse.ArgumentParser) -> None:
@@ -325,7 +366,8 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser(
         "pin",
         help="delay one initiator by hand",
-        description="Put an initiator into a delay class by hand (acts on the kernel now).",
+        description="Put an initiator into a delay class by hand: through santhrottled "
+        "when it runs, on the kernel directly otherwise.",
         epilog=PIN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -338,9 +380,11 @@ def add_commands(sub: Any) -> None:
         "--device", metavar="IF", help="apply the data path on IF first if it is not applied"
     )
     _add_netns(p)
+    _add_socket(p)
     p.set_defaults(func=cmd_pin)
 
     u = sub.add_parser("unpin", help="stop delaying an initiator")
     u.add_argument("initiator", metavar="INITIATOR", help="initiator IPv4 address")
     _add_netns(u)
+    _add_socket(u)
     u.set_defaults(func=cmd_unpin)

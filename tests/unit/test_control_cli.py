@@ -129,3 +129,17 @@ def test_grafana_dashboard_uses_exported_metrics(live):
         for m in re.findall(r"santhrottle_\w+", t["expr"])
     }
     assert used and used <= exported, used - exported
+
+
+def test_pin_and_unpin_go_through_a_running_daemon(live, capsys):
+    d, act, sock = live
+    assert main(["pin", "10.0.0.9", "--delay", "5ms", "--mode", "read", *sock]) == 0
+    assert "through santhrottled" in capsys.readouterr().out
+    assert d.state.pins["10.0.0.9"] == (10, "read")  # 5 ms / 0.5 ms steps
+    d.run_once()
+    assert act.kernel["10.0.0.9"] == (10, "read")
+    assert main(["unpin", "10.0.0.9", *sock]) == 0
+    d.run_once()
+    assert "10.0.0.9" not in act.kernel
+    assert main(["pin", "10.0.0.9", "--delay", "1.2ms", *sock]) == 2  # not a multiple of 0.5 ms
+    assert capsys.readouterr().err.count("\n") == 1
