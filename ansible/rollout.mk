@@ -25,6 +25,20 @@ VAGRANT_VALIDATE_ENV := VAGRANT_DOTFILE_PATH=$(CURDIR)/build/vagrant-validate
 
 .PHONY: wheel ansible-lint vagrant-validate rollout-check
 
+# A reproducible tar of the wheelhouse (sorted, fixed owner and date), with any
+# tar: python's tarfile (GNU tar's --sort is not everywhere, e.g. macOS).
+define WHEELHOUSE_TAR
+import pathlib, sys, tarfile
+src, dest, epoch = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+with tarfile.open(dest, "w", format=tarfile.USTAR_FORMAT) as t:
+    for f in sorted(src.glob("*.whl")):
+        info = t.gettarinfo(str(f), arcname="./" + f.name)
+        info.mtime, info.uid, info.gid, info.uname, info.gname, info.mode = epoch, 0, 0, "", "", 0o644
+        with open(f, "rb") as fh:
+            t.addfile(info, fh)
+endef
+export WHEELHOUSE_TAR
+
 # The lab test (tests/lab/test_ansible_lab.py) installs the role from dist/.
 test lab: wheel
 
@@ -42,8 +56,7 @@ $(DIST)/.built: $(WHEEL_SOURCES) ansible/rollout.mk | $(ROLLOUT_PY)
 	  --only-binary=:all: --python-version $(WHEELHOUSE_PYTHON) \
 	  --dest $(DIST)/wheelhouse $(DIST)/santhrottle-*.whl
 	rm -f $(DIST)/wheelhouse/santhrottle-*.whl
-	tar -cf $(DIST)/santhrottle-wheelhouse.tar -C $(DIST)/wheelhouse --sort=name \
-	  --mtime=@$(SOURCE_DATE_EPOCH) --owner=0 --group=0 --numeric-owner .
+	$(ROLLOUT_PY) -c "$$WHEELHOUSE_TAR" $(DIST)/wheelhouse $(DIST)/santhrottle-wheelhouse.tar $(SOURCE_DATE_EPOCH)
 	@touch $@
 	@ls -l $(DIST) $(DIST)/wheelhouse
 
