@@ -366,8 +366,18 @@ def main() -> int:
         ap.error(f"--out must be inside the checkout {CHECKOUT} (the guest sees only that)")
     out.mkdir(parents=True, exist_ok=True)
     guest_args = ["--out", str(out), *extra]
-    if args.short:
-        guest_args += ["--thresholds", "2ms", "--cycles", "2", "--skip-interference"]
+    if args.short:  # CI: one threshold, two 25 s bursts (~3 min of guest time)
+        guest_args += [
+            "--thresholds",
+            "2ms",
+            "--cycles",
+            "2",
+            "--on",
+            "25",
+            "--off",
+            "5",
+            "--skip-interference",
+        ]
     p = subprocess.run(
         [
             sys.executable,
