@@ -3,9 +3,10 @@ SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
-# Host tools the test tiers use: netns/veth/HTB (iproute2), ipset, iptables.
+# Host tools the test tiers use: netns/veth/HTB (iproute2), ipset, iptables; the
+# rollout checks: ansible-core (the lab guest runs the host's), python3-apt, vagrant.
 # The lab (vagrant/qemu) installs its own packages through `make lab-deps`.
-HOST_PKGS := iproute2 ipset iptables kmod
+HOST_PKGS := iproute2 ipset iptables kmod ansible-core python3-pip python3-apt vagrant vagrant-libvirt
 APT_STAMP := $(VENV)/.apt-host
 VENV_STAMP := $(VENV)/.installed
 
@@ -13,7 +14,7 @@ VENV_STAMP := $(VENV)/.installed
 
 setup: $(APT_STAMP) $(VENV_STAMP)
 
-$(APT_STAMP):
+$(APT_STAMP): Makefile
 	@missing=$$(for p in $(HOST_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "setup: apt-get install $$missing"; \
