@@ -137,9 +137,7 @@ class TargetSensor:
             if not ivs:
                 continue
             pending = None if reads else self._reads_in_flight(members)
-            out.append(
-                ReadSample(name, reads, lat or 0.0, sum(i.write_bps for i in ivs), pending)
-            )
+            out.append(ReadSample(name, reads, lat or 0.0, sum(i.write_bps for i in ivs), pending))
         return out
 
     def _reads_in_flight(self, devices: Iterable[str]) -> int | None:

@@ -255,7 +255,7 @@ def test_unknown_command():
         (('threshold = "10ms"', 'threshold = "-3ms"'), "is not a duration"),
         (("[datapath]", '[datapath]\nwrite_mode = "fast"'), "datapath.write_mode: must be one of"),
         (("[controller]", '[controller]\nti = "0s"'), "controller.ti: must be > 0"),
-        (("[controller]", "[controler]"), "controler: unknown table"),
+        (("[controller]", "[tuning]"), "tuning: unknown table"),
     ],
 )
 def test_config_errors_name_key_and_line(edit, message):
