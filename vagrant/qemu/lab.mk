@@ -3,7 +3,7 @@
 LAB_PY ?= python3
 LAB := vagrant/qemu/lab.py
 
-.PHONY: lab-deps lab-up lab lab-test lab-run lab-clean
+.PHONY: lab-deps lab-up lab lab-test lab-ci lab-run lab-clean
 
 # apt-get install what the lab needs on the host (root; idempotent).
 lab-deps:
@@ -17,6 +17,10 @@ lab-up:
 # report (vagrant/experiments/report.py; docs/lab.md). About 7 minutes.
 lab: setup
 	$(VPY) vagrant/experiments/report.py $(ARGS)
+
+# CI's short closed-loop experiment (tests/closed_loop; docs/lab.md), ~3 min.
+lab-ci: setup
+	SANTHROTTLE_CLOSED_LOOP=1 $(VPY) -m pytest -rs tests/closed_loop
 
 # The lab test tier alone (one guest boot).
 lab-test: setup
