@@ -118,6 +118,7 @@ class Daemon:
         self._stop = threading.Event()
         self._next_tick: float | None = None
         self._next_converge: float | None = None
+        self._resources_dirty = True  # a new discovery or config: reconcile at the next tick
 
     # ----------------------------------------------------------- resources
     def threshold_of(self, name: str) -> float | None:
@@ -156,6 +157,7 @@ class Daemon:
             self.state.discovery = disc
             self.state.pending_writes.extend(writes)
             self.counters.converges += 1
+            self._resources_dirty = True
 
     def tick(self, now: float) -> None:
         t0 = self.clock()
@@ -166,7 +168,9 @@ class Daemon:
             self.counters.sensor_errors += 1
             log.warning("tick: read samples failed: %s", e)
         with self.lock:
-            self._reconcile_resources()
+            if self._resources_dirty:  # once per discovery, not every 100 ms
+                self._reconcile_resources()
+                self._resources_dirty = False
             writes, self.state.pending_writes = self.state.pending_writes, []
             for r in reads:
                 self.state.last_reads[r.resource] = r
@@ -296,6 +300,7 @@ class Daemon:
             self.config = new
             if new.controller != old.controller:
                 self.ctl = _rebuild(self.ctl, new)
+            self._resources_dirty = True
             self.counters.reloads += 1
         log.info("reloaded %s", new.path)
         return {"reloaded": new.path}

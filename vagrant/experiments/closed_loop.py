@@ -86,6 +86,20 @@ def fio(dev: str, *job: str, runtime: float) -> subprocess.Popen:
     )
 
 
+def reader_job(a: argparse.Namespace, dev: str, runtime: float) -> subprocess.Popen:
+    """The paper's small random reader: 4 KiB, QD1, rate-limited."""
+    return fio(
+        dev, "--rw=randread", "--bs=4k", "--iodepth=1", f"--rate={a.reader_rate}", runtime=runtime
+    )
+
+
+def writer_job(a: argparse.Namespace, dev: str, runtime: float) -> subprocess.Popen:
+    """One writer host: sequential writes at the configured size and depth."""
+    return fio(
+        dev, "--rw=write", f"--bs={a.writer_bs}", f"--iodepth={a.writer_qd}", runtime=runtime
+    )
+
+
 class Sampler(threading.Thread):
     def __init__(self, devices: list[str], daemon: bool) -> None:
         super().__init__(daemon=True)
@@ -178,28 +192,12 @@ def phase(t: dict, a: argparse.Namespace, threshold: str | None, out: Path) -> d
         net0 = nstat(t["netns"])
         s.start()
         duration = a.lead + a.cycles * (a.on + a.off)
-        rd = fio(
-            reader["device"],
-            "--rw=randread",
-            "--bs=4k",
-            "--iodepth=1",
-            f"--rate={a.reader_rate}",
-            runtime=duration,
-        )
+        rd = reader_job(a, reader["device"], duration)
         s.mark("reader on")
         time.sleep(a.lead)
         for c in range(a.cycles):
             last = c == a.cycles - 1
-            ws = [
-                fio(
-                    w["device"],
-                    "--rw=write",
-                    f"--bs={a.writer_bs}",
-                    f"--iodepth={a.writer_qd}",
-                    runtime=a.on,
-                )
-                for w in writers
-            ]
+            ws = [writer_job(a, w["device"], a.on) for w in writers]
             s.mark("writers on")
             if last and daemon is not None:
                 time.sleep(a.on / 2)
@@ -237,26 +235,10 @@ def interference(t: dict, a: argparse.Namespace) -> list[dict]:
     reader, writers = t["iscsi"][0], t["iscsi"][1:]
     out = []
     for n in sorted({0, 1, len(writers)}):
-        ws = [
-            fio(
-                w["device"],
-                "--rw=write",
-                f"--bs={a.writer_bs}",
-                f"--iodepth={a.writer_qd}",
-                runtime=a.steady + 3,
-            )
-            for w in writers[:n]
-        ]
+        ws = [writer_job(a, w["device"], a.steady + 3) for w in writers[:n]]
         time.sleep(2)
         d0 = diskstats()
-        rd = fio(
-            reader["device"],
-            "--rw=randread",
-            "--bs=4k",
-            "--iodepth=1",
-            f"--rate={a.reader_rate}",
-            runtime=a.steady,
-        )
+        rd = reader_job(a, reader["device"], a.steady)
         res = json.loads(rd.communicate()[0])["jobs"][0]["read"]
         d1 = diskstats()
         for w in ws:
