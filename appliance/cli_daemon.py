@@ -167,11 +167,8 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     acts = build_datapaths(cfg)
     try:
-        if args.delays_only:
-            for mode in ("all", "ack", "read"):
-                current = {ip: 0 for ip, m in acts.datapaths[0].current().items() if m.mode == mode}
-                if current:
-                    acts.set_classes(current, mode)
+        if args.delays_only:  # class 0 takes a member out of whichever set holds it
+            acts.set_classes(dict.fromkeys(acts.datapaths[0].current(), 0))
             print("no initiator is delayed any more; the static state stays")
         else:
             for r in acts.cleanup():

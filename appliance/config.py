@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from santhrottle.appliance.datapath import DatapathError, parse_rate_bits
 from santhrottle.appliance.units import UnitError, parse_duration_s, parse_rate_bps
 from santhrottle.controller.domain import ControllerConfig, PidGains
 
@@ -206,8 +207,10 @@ def parse_config(text: str, path: str = str(DEFAULT_PATH)) -> Config:
     if leaf not in ("netem", "pfifo"):
         raise r.fail("datapath.leaf", 'must be "netem" (or "pfifo": classify without delay)')
     link = p.get("link_speed", "25gbit")
-    if not isinstance(link, str) or not re.fullmatch(r"[0-9]+(\.[0-9]+)?[kmg]?bit", link):
-        raise r.fail("datapath.link_speed", 'must be a rate in tc\'s units, e.g. "25gbit"')
+    try:
+        parse_rate_bits(link if isinstance(link, str) else "")
+    except DatapathError as e:
+        raise r.fail("datapath.link_speed", str(e)) from None
 
     c = r.table(
         data,

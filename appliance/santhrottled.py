@@ -45,14 +45,8 @@ class Actuators:
         return [dp.cleanup() for dp in self.datapaths]
 
 
-def _link_bits(text: str) -> int:
-    from santhrottle.appliance.datapath import parse_rate_bits
-
-    return parse_rate_bits(text)
-
-
 def build_datapaths(cfg: Config) -> Actuators:
-    from santhrottle.appliance.datapath import Datapath
+    from santhrottle.appliance.datapath import Datapath, parse_rate_bits
 
     return Actuators(
         [
@@ -61,7 +55,7 @@ def build_datapaths(cfg: Config) -> Actuators:
                 cfg.ports,
                 cfg.step_s,
                 cfg.max_class,
-                _link_bits(cfg.link_speed),
+                parse_rate_bits(cfg.link_speed),
                 cfg.write_mode,
                 netns=cfg.netns,
                 leaf=cfg.leaf,
