@@ -1,12 +1,24 @@
-"""Test tiers by folder: tests/unit -> unit, tests/privileged -> privileged, tests/lab -> lab."""
+"""Test tiers by folder: tests/unit -> unit, tests/privileged -> privileged, tests/lab -> lab.
+
+Also recreates the empty directories of the captured lab trees (tests/fixtures/lab,
+listed in its empty_dirs.json): git keeps no empty directory, and an empty
+configfs `acls/` is what a target with generated ACLs has.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 TIERS = ("unit", "privileged", "lab")
+LAB_FIXTURES = Path(__file__).parent / "fixtures" / "lab"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for rel in json.loads((LAB_FIXTURES / "empty_dirs.json").read_text()):
+        (LAB_FIXTURES / rel).mkdir(parents=True, exist_ok=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
