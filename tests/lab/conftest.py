@@ -53,6 +53,16 @@ def _is_lab(item) -> bool:
     return item.get_closest_marker("lab") is not None
 
 
+def _in_guest_session(item) -> bool:
+    """A test this conftest runs in its guest: lab-marked and under tests/lab.
+
+    pytest calls pytest_runtest_protocol through config.hook, for every item of
+    the session, not only this folder's: a lab-marked test elsewhere (the
+    closed-loop experiment, which boots its own guest) must run on the host.
+    """
+    return _is_lab(item) and HERE in Path(str(item.path)).parents
+
+
 def _load(name: str, path: Path):
     mod = sys.modules.get(name)
     if mod is None:
@@ -104,7 +114,7 @@ class _GuestSession:
         except Exception as e:  # a broken runner is a failure, not a skip
             self.error = f"cannot load {LAB_PY}: {e!r}"
             return
-        items = [i for i in self.session.items if _is_lab(i)]
+        items = [i for i in self.session.items if _in_guest_session(i)]
         t0 = time.monotonic()
         lab = lab_mod.Lab(log=self._say)
         try:
@@ -233,7 +243,7 @@ _GUEST_SESSION_KEY = pytest.StashKey[_GuestSession]()
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
-    if IN_GUEST or not _is_lab(item):
+    if IN_GUEST or not _in_guest_session(item):
         return None
     stash = item.session.stash
     if _GUEST_SESSION_KEY not in stash:

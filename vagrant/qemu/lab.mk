@@ -20,7 +20,7 @@ lab: setup
 
 # CI's short closed-loop experiment (tests/closed_loop; docs/lab.md), ~3 min.
 lab-ci: setup
-	SANTHROTTLE_CLOSED_LOOP=1 $(VPY) -m pytest -rs tests/closed_loop
+	$(VPY) -m pytest -rs tests/closed_loop
 
 # The lab test tier alone (one guest boot).
 lab-test: setup

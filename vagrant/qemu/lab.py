@@ -526,6 +526,11 @@ class Lab:
     def up(self, venv: bool = True) -> dict:
         """deps + kernel + initramfs (+ venv): everything a run needs.
         Serialized by a lock in the cache: concurrent sessions share it."""
+        if os.environ.get("SANTHROTTLE_IN_GUEST") == "1":
+            raise LabError(
+                "lab.py boots guests from the host; this is the lab guest already "
+                "(SANTHROTTLE_IN_GUEST=1)"
+            )
         if self.qemu_override:
             self.qemu()  # an explicit override that does not exist: stop here
         self.cache.mkdir(parents=True, exist_ok=True)
