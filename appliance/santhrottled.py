@@ -73,6 +73,7 @@ def build_sensors(cfg: Config) -> Any:
         netns=cfg.netns,
         declared={n: r.devices for n, r in cfg.resources.items() if r.devices},
         static_map=cfg.static_map,
+        snapshot_reuse_s=cfg.controller.tick_s,
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # Paper 2.3: the PID runs every 100 ms, the write-heavy sets converge every 1 s.
 TICK_S = 0.100
@@ -86,9 +87,12 @@ class ReadSample:
     reads_in_flight: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class WriteSample:
-    """Write rate of one initiator on one resource over the sensor interval."""
+class WriteSample(NamedTuple):
+    """Write rate of one initiator on one resource over the sensor interval.
+
+    A tuple: a convergence carries one per (resource, initiator) pair, 10,000s
+    of them (make bench); step() folds them in as they are.
+    """
 
     resource: str
     initiator: str

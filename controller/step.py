@@ -162,7 +162,7 @@ def step(
     out = Decisions(now_s)
     sets = state.write_sets
     if samples.writes:
-        sets.observe_many(((w.resource, w.initiator, w.write_bps) for w in samples.writes), now_s)
+        sets.observe_many(samples.writes, now_s)
 
     touched: set[str] = set()  # resources whose class or membership changed
 

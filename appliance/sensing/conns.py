@@ -16,6 +16,7 @@ import ipaddress
 import os
 import socket
 import struct
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -72,42 +73,54 @@ NLMSG_ERROR = 2
 NLMSG_DONE = 3
 _NLMSGHDR = struct.Struct("=IHHII")
 _REQ_V2 = struct.Struct("=BBBxI48x")  # family, protocol, ext, states, sockid (zeros)
-_MSG = struct.Struct("!BBBBHH16s16s")  # ports in network order
 _RECV_BYTES = 1 << 20
 
 
-_Raw = tuple[int, int, int, int, bytes, bytes]  # family, state, sport, dport, src, dst
-# A whole message without attributes (ext = 0): nlmsghdr + inet_diag_msg, 88 bytes;
-# a buffer of only such messages is decoded in one iter_unpack (C speed).
-_WHOLE = struct.Struct("=IHHII BBBB 2s2s 16s16s 4x8x 20x")
+# One socket as the dump gives it: inet_diag_sockid's first 36 bytes, sport and
+# dport (network order), src and dst (16 bytes each; an IPv4 address in the
+# first 4). Compared as bytes (an unchanged dump is one list comparison) and
+# decoded only when the dump changed.
+_SockId = bytes
+_Raw = tuple[int, list[_SockId]]  # (family, ids) per address family
+# A buffer of messages that all have the same length (88 bytes of nlmsghdr +
+# inet_diag_msg, plus the attributes this kernel always adds: 124 bytes on 6.x
+# even with ext = 0) is decoded in one iter_unpack (C speed) into
+# (nlmsg_len, nlmsg_type, sockid[:36]); anything else message by message.
+_MSG_MIN_BYTES = 88
+_whole: dict[int, struct.Struct] = {}
 
 
-def _port(raw: bytes) -> int:
-    return int.from_bytes(raw, "big")
+def _whole_struct(length: int) -> struct.Struct:
+    st = _whole.get(length)
+    if st is None:
+        st = _whole[length] = struct.Struct(f"=IH10x4x36s{length - 56}x")
+    return st
+
+
+_ID_OFFSET = 16 + 4  # nlmsghdr, then family/state/timer/retrans
 
 
 def _dump_family(
     sock: socket.socket, family: int, seq: int, ports: frozenset[int] | None
-) -> list[_Raw]:
+) -> list[_SockId]:
     req = _REQ_V2.pack(family, socket.IPPROTO_TCP, 0, 1 << TCP_ESTABLISHED)
     hdr = _NLMSGHDR.pack(
         _NLMSGHDR.size + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0
     )
     sock.send(hdr + req)
-    alen = 4 if family == socket.AF_INET else 16
     wanted = None if ports is None else {p.to_bytes(2, "big") for p in ports}
-    out: list[_Raw] = []
-    whole, unpack_hdr, unpack_msg, hlen = _WHOLE, _NLMSGHDR.unpack_from, _MSG.unpack_from, 16
+    out: list[_SockId] = []
+    unpack_hdr, hlen = _NLMSGHDR.unpack_from, 16
     while True:
         data = sock.recv(_RECV_BYTES)
-        if data and len(data) % whole.size == 0:
-            recs = list(whole.iter_unpack(data))
-            if all(r[0] == whole.size and r[1] == SOCK_DIAG_BY_FAMILY for r in recs):
-                out.extend(
-                    (r[5], r[6], _port(r[9]), _port(r[10]), r[11][:alen], r[12][:alen])
-                    for r in recs
-                    if wanted is None or r[9] in wanted
-                )
+        size = int.from_bytes(data[:4], sys.byteorder) if len(data) >= hlen else 0
+        if size >= _MSG_MIN_BYTES and size % 4 == 0 and len(data) % size == 0:
+            recs = list(_whole_struct(size).iter_unpack(data))
+            if all(n == size and t == SOCK_DIAG_BY_FAMILY for n, t, _ in recs):
+                if wanted is None:
+                    out.extend(r[2] for r in recs)
+                else:
+                    out.extend(i for _, _, i in recs if i[:2] in wanted)
                 continue
         off = 0
         while off + hlen <= len(data):
@@ -119,11 +132,22 @@ def _dump_family(
             if mtype == NLMSG_ERROR:
                 err = -struct.unpack_from("=i", data, off + hlen)[0]
                 raise OSError(err, f"sock_diag: {os.strerror(err)}")
-            if mtype == SOCK_DIAG_BY_FAMILY:
-                fam, state, _t, _r, sport, dport, src, dst = unpack_msg(data, off + hlen)
-                if ports is None or sport in ports:
-                    out.append((fam, state, sport, dport, src[:alen], dst[:alen]))
+            if mtype == SOCK_DIAG_BY_FAMILY and length >= _ID_OFFSET + 36:
+                sid = data[off + _ID_OFFSET : off + _ID_OFFSET + 36]
+                if wanted is None or sid[:2] in wanted:
+                    out.append(sid)
             off += (length + 3) & ~3
+
+
+def _decode(family: int, sid: _SockId) -> tuple[int, int, bytes, bytes]:
+    """sport, dport, src, dst (packed addresses of the family's length)."""
+    alen = 4 if family == socket.AF_INET else 16
+    return (
+        int.from_bytes(sid[0:2], "big"),
+        int.from_bytes(sid[2:4], "big"),
+        sid[4 : 4 + alen],
+        sid[20 : 20 + alen],
+    )
 
 
 def _dump_raw(netns: str | None, ports: frozenset[int] | None) -> list[_Raw]:
@@ -134,9 +158,10 @@ def _dump_raw(netns: str | None, ports: frozenset[int] | None) -> list[_Raw]:
     try:
         with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG) as sock:
             sock.bind((0, 0))
-            return _dump_family(sock, socket.AF_INET, 1, ports) + _dump_family(
-                sock, socket.AF_INET6, 2, ports
-            )
+            return [
+                (socket.AF_INET, _dump_family(sock, socket.AF_INET, 1, ports)),
+                (socket.AF_INET6, _dump_family(sock, socket.AF_INET6, 2, ports)),
+            ]
     finally:
         if netns:
             pnetns.popns()
@@ -149,18 +174,20 @@ def dump_established(
     `ports` (all if None), as the idiag_* dicts pyroute2 produces (the format of
     the captured fixtures)."""
     ntop = socket.inet_ntop
-    return [
-        {
-            "idiag_src": ntop(fam, src),
-            "idiag_sport": sport,
-            "idiag_dst": ntop(fam, dst),
-            "idiag_dport": dport,
-            "idiag_state": state,
-        }
-        for fam, state, sport, dport, src, dst in _dump_raw(
-            netns, None if ports is None else frozenset(ports)
-        )
-    ]
+    out = []
+    for fam, ids in _dump_raw(netns, None if ports is None else frozenset(ports)):
+        for sid in ids:
+            sport, dport, src, dst = _decode(fam, sid)
+            out.append(
+                {
+                    "idiag_src": ntop(fam, src),
+                    "idiag_sport": sport,
+                    "idiag_dst": ntop(fam, dst),
+                    "idiag_dport": dport,
+                    "idiag_state": TCP_ESTABLISHED,  # the dump asks for no other state
+                }
+            )
+    return out
 
 
 class ConnectionSensor:
@@ -187,8 +214,10 @@ class ConnectionSensor:
             return n
 
         self._last_raw = raw
-        self._last_conns = [
-            TcpConn(name(fam, src), sport, name(fam, dst), dport)
-            for fam, _state, sport, dport, src, dst in raw
-        ]
-        return self._last_conns
+        conns = []
+        for fam, ids in raw:
+            for sid in ids:
+                sport, dport, src, dst = _decode(fam, sid)
+                conns.append(TcpConn(name(fam, src), sport, name(fam, dst), dport))
+        self._last_conns = conns
+        return conns

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import partial
+from operator import sub
 from pathlib import Path
+from typing import NamedTuple
 
 SECTOR_BYTES = 512  # diskstats sectors are always 512 bytes
 FIELD_COUNTS = (14, 18, 20)
@@ -25,8 +28,9 @@ WRAP_32 = 1 << 32
 MS = 1e-3
 
 
-@dataclass(frozen=True, slots=True)
-class DevCounters:
+class DevCounters(NamedTuple):
+    """One line of /proc/diskstats (a tuple: a pass builds 1,000s of them, make bench)."""
+
     major: int
     minor: int
     name: str
@@ -43,19 +47,11 @@ class DevCounters:
     weighted_ms: int
 
 
-# positions of the cumulative counters we difference (in_flight is a gauge)
-_COUNTERS = (
-    "reads",
-    "reads_merged",
-    "read_sectors",
-    "read_ticks_ms",
-    "writes",
-    "writes_merged",
-    "write_sectors",
-    "write_ticks_ms",
-    "io_ticks_ms",
-    "weighted_ms",
-)
+# Tuple positions. The cumulative counters we difference are 3..10 and 12..13;
+# in_flight (11) is a gauge.
+_READS, _READ_SECTORS, _READ_TICKS = 3, 5, 6
+_WRITES, _WRITE_SECTORS, _WRITE_TICKS = 7, 9, 10
+_IN_FLIGHT, _IO_TICKS, _WEIGHTED = 11, 12, 13
 
 
 @dataclass
@@ -66,6 +62,7 @@ class Snapshot:
 
 def parse_diskstats(text: str) -> Snapshot:
     snap = Snapshot()
+    devices, make = snap.devices, _new_counters
     for line in text.splitlines():
         parts = line.split()
         if not parts:
@@ -74,21 +71,20 @@ def parse_diskstats(text: str) -> Snapshot:
             snap.malformed.append(line)
             continue
         try:
-            nums = [int(p) for p in parts[3:14]]
+            nums = list(map(int, parts[3:14]))
             major, minor = int(parts[0]), int(parts[1])
         except ValueError:
             snap.malformed.append(line)
             continue
-        if any(n < 0 for n in nums) or major < 0 or minor < 0:
+        if min(nums) < 0 or major < 0 or minor < 0:
             snap.malformed.append(line)
             continue
         name = parts[2]
-        snap.devices[name] = DevCounters(major, minor, name, *nums)
+        devices[name] = make((major, minor, name, *nums))
     return snap
 
 
-@dataclass(frozen=True, slots=True)
-class DevInterval:
+class DevInterval(NamedTuple):
     """One device over one interval."""
 
     name: str
@@ -133,6 +129,11 @@ class IntervalResult:
     reset: list[str] = field(default_factory=list)  # counters went backwards: no interval
 
 
+# NamedTuples from a tuple without a Python-level call (a pass builds 1,000s)
+_new_counters = partial(tuple.__new__, DevCounters)
+_new_interval = partial(tuple.__new__, DevInterval)
+
+
 def _delta(old: int, new: int) -> int | None:
     if new >= old:
         return new - old
@@ -141,40 +142,77 @@ def _delta(old: int, new: int) -> int | None:
     return None
 
 
+def _deltas(old: DevCounters, new: DevCounters) -> list[int] | None:
+    """new - old for the cumulative counters at positions 3..10 and 12..13 (in_flight,
+    a gauge, is skipped: list index i is tuple position 3 + i, or 4 + i from 8 on);
+    None when a counter went back further than a 32-bit wrap explains."""
+    d = list(map(sub, new[3:11], old[3:11]))
+    d += map(sub, new[12:14], old[12:14])
+    if min(d) >= 0:
+        return d
+    olds = (*old[3:11], *old[12:14])
+    news = (*new[3:11], *new[12:14])
+    for i, (a, b) in enumerate(zip(olds, news, strict=True)):
+        v = _delta(a, b)
+        if v is None:
+            return None
+        d[i] = v
+    return d
+
+
 def interval(prev: Snapshot, cur: Snapshot, interval_s: float) -> IntervalResult:
     if interval_s <= 0.0:
         raise ValueError(f"diskstats interval must be > 0 s, got {interval_s}")
     out = IntervalResult()
+    make = _new_interval
     for name, old in prev.devices.items():
         new = cur.devices.get(name)
         if new is None:
             out.disappeared.append(name)
             continue
-        if (new.major, new.minor) != (old.major, old.minor):
+        if new[:2] != old[:2]:  # major:minor
             out.reset.append(name)
             continue
-        d: dict[str, int] = {}
-        for f in _COUNTERS:
-            v = _delta(getattr(old, f), getattr(new, f))
-            if v is None:
-                break
-            d[f] = v
-        else:
-            out.devices[name] = DevInterval(
-                name=name,
-                interval_s=interval_s,
-                reads=d["reads"],
-                writes=d["writes"],
-                read_bytes=d["read_sectors"] * SECTOR_BYTES,
-                write_bytes=d["write_sectors"] * SECTOR_BYTES,
-                read_ticks_ms=d["read_ticks_ms"],
-                write_ticks_ms=d["write_ticks_ms"],
-                in_flight=new.in_flight,
-                io_ticks_ms=d["io_ticks_ms"],
-                weighted_ms=d["weighted_ms"],
-            )
+        d = _deltas(old, new)
+        if d is None:
+            out.reset.append(name)
             continue
-        out.reset.append(name)
+        out.devices[name] = make(
+            (
+                name,
+                interval_s,
+                d[_READS - 3],
+                d[_WRITES - 3],
+                d[_READ_SECTORS - 3] * SECTOR_BYTES,
+                d[_WRITE_SECTORS - 3] * SECTOR_BYTES,
+                d[_READ_TICKS - 3],
+                d[_WRITE_TICKS - 3],
+                new[_IN_FLIGHT],
+                d[_IO_TICKS - 4],  # after the skipped in_flight
+                d[_WEIGHTED - 4],
+            )
+        )
+    return out
+
+
+def write_bps_of(
+    prev: Snapshot, cur: Snapshot, interval_s: float, devices: Iterable[str]
+) -> dict[str, float]:
+    """Write bytes/s of the given devices only (the per-second pass needs no more).
+    A device missing from either snapshot, re-created (another major:minor) or
+    whose write counter went back further than a 32-bit wrap is left out."""
+    if interval_s <= 0.0:
+        raise ValueError(f"diskstats interval must be > 0 s, got {interval_s}")
+    out: dict[str, float] = {}
+    po, pc = prev.devices, cur.devices
+    scale = SECTOR_BYTES / interval_s
+    for name in devices:
+        old, new = po.get(name), pc.get(name)
+        if old is None or new is None or new[:2] != old[:2]:
+            continue
+        v = _delta(old[_WRITE_SECTORS], new[_WRITE_SECTORS])
+        if v is not None:
+            out[name] = v * scale
     return out
 
 

@@ -50,7 +50,9 @@ class LioAcl:
     initiator: str  # node WWN (IQN)
     addresses: tuple[str, ...]  # from the active session, if any
     mapped_luns: tuple[int, ...]  # TPG LUN numbers this ACL sees
-    write_bytes: dict[int, int] = field(default_factory=dict)  # tpg lun -> bytes (MiB res.)
+    # tpg lun -> bytes (MiB res.): a counter, not part of the ACL's identity (equal
+    # ACLs with other counts are the same configuration: discovery's change test)
+    write_bytes: dict[int, int] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

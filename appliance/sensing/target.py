@@ -13,6 +13,8 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
+from itertools import repeat
 from pathlib import Path
 
 from santhrottle.controller.domain import ReadSample, WriteSample
@@ -20,11 +22,20 @@ from santhrottle.controller.domain import ReadSample, WriteSample
 from .blockdevs import LvmScanner
 from .conns import ConnectionSensor
 from .discovery import Discovery, acl_write_bytes, build_discovery
-from .diskstats import DevInterval, DiskstatsReader, Snapshot, interval, read_latency_of
+from .diskstats import (
+    DevInterval,
+    DiskstatsReader,
+    Snapshot,
+    interval,
+    read_latency_of,
+    write_bps_of,
+)
 from .lio import LioSensor, LioUnavailable
 from .nvmet import NvmetSensor
 
 log = logging.getLogger(__name__)
+# WriteSample from a (resource, initiator, bps) tuple without a Python call per item
+_write_sample = partial(tuple.__new__, WriteSample)
 
 ISCSI_PORT = 3260
 NVME_TCP_PORT = 4420
@@ -51,6 +62,7 @@ class TargetSensor:
         static_map: Mapping[str, Iterable[str]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         connections: ConnectionSensor | None = None,
+        snapshot_reuse_s: float = 0.0,
     ) -> None:
         self.sys_root = Path(sys_root)
         self.lvm = LvmScanner(sys_root, clock=clock)
@@ -62,11 +74,17 @@ class TargetSensor:
         self.declared = {k: tuple(v) for k, v in (declared or {}).items()}
         self.static_map = {k: tuple(v) for k, v in (static_map or {}).items()}
         self.clock = clock
+        # converge() takes the per-tick pass's diskstats snapshot when it is at
+        # most this old (the daemon: one tick) instead of parsing the file again
+        self.snapshot_reuse_s = snapshot_reuse_s
         self.warnings = SensorWarnings()
         self.discovery: Discovery | None = None
-        self._discovery_key: object = None
+        self.discoveries = 0  # how many times the discovery was rebuilt
+        self._discovery_key: tuple[object, ...] = ()
+        self._charges = _Charges()
         self._tick_prev: tuple[float, Snapshot] | None = None
-        self._conv_prev: tuple[float, Snapshot, dict[tuple[str, str], int]] | None = None
+        # (snapshot time, snapshot, ACL read time, ACL counters) of the last convergence
+        self._conv_prev: tuple[float, Snapshot, float, dict[tuple[str, str], int]] | None = None
 
     # -- discovery (every second) --------------------------------------
     def discover(self) -> Discovery:
@@ -80,15 +98,14 @@ class TargetSensor:
         ports = self.nvmet.ports()
         conns = self.conns.connections()
         lvs = self.lvm.scan()
-        # The structure rarely changes; the ACL counters do, every second.
-        key = (
-            tuple(replace(t, acls=tuple(replace(a, write_bytes={}) for a in t.acls)) for t in tpgs),
-            tuple(subsystems),
-            tuple(ports),
-            frozenset(conns),
-            id(lvs),
+        # The structure rarely changes; the ACL counters do, every second (they
+        # are not part of LioAcl's equality). The sensors return the same object
+        # for an unchanged connection dump or LVM map: `is` before `==`.
+        key = (tpgs, subsystems, ports, conns, lvs)
+        same = self.discovery is not None and all(
+            a is b or a == b for a, b in zip(key, self._discovery_key, strict=True)
         )
-        if self.discovery is not None and key == self._discovery_key:
+        if same:
             self.discovery = replace(
                 self.discovery,
                 acl_write_bytes=acl_write_bytes(tpgs, self.discovery.exports),
@@ -105,6 +122,8 @@ class TargetSensor:
             dev_root=self.dev_root,
         )
         self._discovery_key = key
+        self._charges = _device_charges(self.discovery)
+        self.discoveries += 1
         return self.discovery
 
     def _snapshot(self) -> Snapshot:
@@ -155,35 +174,84 @@ class TargetSensor:
     def converge(self) -> tuple[Discovery, list[WriteSample]]:
         """Re-discover, then the write rates since the last convergence.
 
-        One call so that the ACL counters (read by the discovery's LIO scan)
-        and the diskstats snapshot are taken at the same moment.
+        Rates are over exact intervals: the diskstats part between the two
+        snapshots used (the per-tick pass's, when at most snapshot_reuse_s
+        old), the ACL part between the two discoveries' LIO scans.
         """
         d = self.discover()
         return d, self._write_samples(d)
 
     def _write_samples(self, d: Discovery) -> list[WriteSample]:
         """Per (resource, initiator): write rate since the last call (see discovery.py)."""
-        now = self.clock()
-        cur = self._snapshot()
-        acl_now = dict(d.acl_write_bytes)
-        prev, self._conv_prev = self._conv_prev, (now, cur, acl_now)
-        if prev is None or now <= prev[0]:
+        now = self.clock()  # the ACL counters were read just now, by discover()
+        tick = self._tick_prev  # (time, snapshot) of the last per-tick pass
+        if tick is not None and 0.0 <= now - tick[0] <= self.snapshot_reuse_s:
+            snap_t, cur = tick
+        else:
+            snap_t, cur = now, self._snapshot()
+        acl_now = d.acl_write_bytes
+        prev, self._conv_prev = self._conv_prev, (snap_t, cur, now, acl_now)
+        if prev is None:
             return []
-        dt = now - prev[0]
-        devs = self._devices(prev[1], cur, dt)
-        res_of = d.resource_of_device()
-        rates: dict[tuple[str, str], float] = {}
-        for dev, (who, _src) in d.device_writers.items():
-            iv = devs.get(dev)
-            res = res_of.get(dev)
-            if iv is None or res is None:
-                continue
+        out: list[WriteSample] = []
+        if snap_t > prev[0]:  # device sources: between the two snapshots
+            self._disappeared(prev[1], cur)
+            ch = self._charges
+            bps_of = write_bps_of(prev[1], cur, snap_t - prev[0], ch.devices)
+            for dev, res_col, ini_col in ch.single:  # C-level: no Python call per pair
+                bps = bps_of.get(dev)
+                if bps is not None:
+                    out.extend(map(_write_sample, zip(res_col, ini_col, repeat(bps), strict=False)))
+            for pair, devs in ch.multi.items():  # charged by several devices: summed
+                got = [bps_of[d] for d in devs if d in bps_of]
+                if got:
+                    out.append(_write_sample((*pair, sum(got))))
+        if now > prev[2]:  # ACL counters: between the two discoveries (other pairs)
+            dt = now - prev[2]
+            for (ini, res), b in acl_now.items():
+                old = prev[3].get((ini, res))
+                if old is not None and b >= old:
+                    out.append(_write_sample((res, ini, (b - old) / dt)))
+        return out
+
+    def _disappeared(self, prev: Snapshot, cur: Snapshot) -> None:
+        gone = [name for name in prev.devices if name not in cur.devices]
+        if gone:
+            self.warnings.disappeared_devices.extend(gone)
+            log.warning("diskstats: device(s) gone: %s", ", ".join(gone))
+
+
+@dataclass
+class _Charges:
+    """Which device's diskstats write rate goes to which (resource, initiator) pair,
+    computed once per discovery. Pairs with an exact ACL counter are left out
+    (their rate comes from the counter)."""
+
+    devices: tuple[str, ...] = ()
+    # device -> its pairs, as two columns, for pairs charged by this device only
+    single: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = field(default_factory=list)
+    # pair -> devices, for an initiator with several LUNs on one resource
+    multi: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
+
+
+def _device_charges(d: Discovery) -> _Charges:
+    res_of = d.resource_of_device()
+    by_pair: dict[tuple[str, str], list[str]] = {}
+    for dev, (who, _src) in d.device_writers.items():
+        res = res_of.get(dev)
+        if res is not None:
             for ini in who:
-                if (ini, res) in acl_now:
-                    continue  # the ACL counter is exact for this initiator
-                rates[(res, ini)] = rates.get((res, ini), 0.0) + iv.write_bps
-        for (ini, res), b in acl_now.items():
-            old = prev[2].get((ini, res))
-            if old is not None and b >= old:
-                rates[(res, ini)] = rates.get((res, ini), 0.0) + (b - old) / dt
-        return [WriteSample(r, i, bps) for (r, i), bps in rates.items()]
+                if (ini, res) not in d.acl_write_bytes:
+                    by_pair.setdefault((res, ini), []).append(dev)
+    ch = _Charges()
+    cols: dict[str, tuple[list[str], list[str]]] = {}
+    for pair, devs in by_pair.items():
+        if len(devs) == 1:
+            rc, ic = cols.setdefault(devs[0], ([], []))
+            rc.append(pair[0])
+            ic.append(pair[1])
+        else:
+            ch.multi[pair] = tuple(devs)
+    ch.single = [(dev, tuple(rc), tuple(ic)) for dev, (rc, ic) in cols.items()]
+    ch.devices = tuple(sorted({dev for devs in by_pair.values() for dev in devs}))
+    return ch

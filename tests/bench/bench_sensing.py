@@ -6,9 +6,11 @@ sysfs tree of 1,000 LVM LVs in 100 VGs, 1,000 LIO TPGs with one LUN and
 portal each (the objects LioSensor returns; the rtslib walk of a real
 configfs tree is not in this figure), and 10,000 established connections
 as sock_diag records, ten initiators per LUN.
-Measured: the per-tick pass (read diskstats, interval, per-resource read
-samples) and the per-second convergence (sysfs LVM scan, connection
-filter, discovery, write samples).
+Measured, per simulated second as the daemon runs it: the per-tick pass (read
+diskstats, interval, per-resource read samples), then the convergence at the
+same moment (LVM map with its rotating name check, sock_diag, discovery, write
+samples from the tick's diskstats snapshot); the goal applies to their sum, the
+full pass (median; the max is reported too).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from santhrottle.appliance.daemon import GcFreezer
 from santhrottle.appliance.sensing.conns import ConnectionSensor, parse_diag_dump
 from santhrottle.appliance.sensing.lio import LioLun, LioTpg
 from santhrottle.appliance.sensing.target import TargetSensor
@@ -34,6 +37,8 @@ N_DEV = 1000
 N_VG = 100
 N_CONN = 10000
 GOAL_MS = 20.0
+TICK_S = 0.1
+ROUNDS = 22  # 20 measured seconds: two rotations of the LVM name check
 
 
 def _portal(t: int) -> str:
@@ -68,14 +73,15 @@ time.sleep(600)
 
 
 @contextlib.contextmanager
-def _live_connections() -> Iterator[str | None]:
+def _live_connections() -> Iterator[tuple[str | None, bool]]:
     """10,000 real connections into a "target" netns from a "clients" netns, both
     ours, joined by a veth pair; portal and client ranges are routed as local
-    (AnyIP) on each side. Yields the target netns, or None when not root."""
+    (AnyIP) on each side. Yields (the target netns, whether the clients have a TCP
+    hash table of their own), or (None, False) when not root."""
     if os.geteuid() != 0 or not shutil.which("ip"):
-        yield None
+        yield None, False
         return
-    tgt, cli = f"st-bt-{os.getpid()}", f"st-bc-{os.getpid()}"
+    tgt, cli, par = (f"st-b{x}-{os.getpid()}" for x in "tcp")
     procs: list[subprocess.Popen] = []
     made: list[str] = []
 
@@ -83,9 +89,37 @@ def _live_connections() -> Iterator[str | None]:
         subprocess.run(["ip", *args], check=True)
 
     try:
+        # The target's sockets in the host's global TCP hash table (262,144 buckets
+        # here), as on a target host; the clients' in a table of their own, as if
+        # on other machines (Linux 6.1+: tcp_child_ehash_entries of the netns the
+        # client netns is created from, a parent netns of ours). Without it the
+        # dump also steps over the clients' 10,000 sockets.
+        ip("netns", "add", tgt)
+        made.append(tgt)
+        child_ehash = False
+        if Path("/proc/sys/net/ipv4/tcp_child_ehash_entries").exists():
+            ip("netns", "add", par)
+            made.append(par)
+            subprocess.run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    par,
+                    "sysctl",
+                    "-qw",
+                    "net.ipv4.tcp_child_ehash_entries=16384",
+                ],
+                check=True,
+            )
+            subprocess.run(
+                ["nsenter", f"--net=/run/netns/{par}", "ip", "netns", "add", cli], check=True
+            )
+            child_ehash = True
+        else:
+            ip("netns", "add", cli)
+        made.append(cli)
         for ns in (tgt, cli):
-            ip("netns", "add", ns)
-            made.append(ns)
             ip("-n", ns, "link", "set", "lo", "up")
         ip("-n", tgt, "link", "add", "st-bv0", "type", "veth", "peer", "st-bv1", "netns", cli)
         ip("-n", tgt, "addr", "add", "10.66.0.1/24", "dev", "st-bv0")
@@ -118,12 +152,12 @@ def _live_connections() -> Iterator[str | None]:
             p.stdout.readline()  # listening / ready
         assert procs[0].stdout is not None
         procs[0].stdout.readline()  # server: ready (all accepted)
-        yield tgt
+        yield tgt, child_ehash
     finally:
         for p in procs:
             p.kill()  # our own children, by PID
             p.wait()
-        for ns in made:
+        for ns in reversed(made):
             subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
@@ -191,8 +225,10 @@ def bench_sensing() -> dict[str, Any]:
             }
             for c in range(N_CONN)
         ]
-        with _live_connections() as netns:
-            return _measure(root, proc, tpgs, records, netns)
+        with _live_connections() as (netns, child_ehash):
+            r = _measure(root, proc, tpgs, records, netns)
+            r["clients_own_tcp_hash"] = child_ehash
+            return r
 
 
 def _measure(root: Path, proc: Path, tpgs: list[LioTpg], records: list, netns: str | None) -> dict:
@@ -203,39 +239,50 @@ def _measure(root: Path, proc: Path, tpgs: list[LioTpg], records: list, netns: s
             sys_root=root / "sys",
             clock=lambda: now[0],
             connections=ConnectionSensor([3260], netns) if netns else _Conns(records),  # type: ignore[arg-type]
+            snapshot_reuse_s=TICK_S,  # as santhrottled builds it
         )
         s.lio = _Static(tpgs)  # type: ignore[assignment]
         tick_ms: list[float] = []
         conv_ms: list[float] = []
         samples = 0
-        for k in range(12):
+        gcf = GcFreezer()
+        for k in range(ROUNDS):
+            # a second of the daemon: the tick, then the convergence at the same moment
             (proc / "diskstats").write_text(_diskstats(k))
             now[0] = float(k)
             t0 = time.perf_counter()
-            _, writes = s.converge()
-            t1 = time.perf_counter()
             reads = s.read_samples()
+            t1 = time.perf_counter()
+            _, writes = s.converge()
             t2 = time.perf_counter()
+            gcf.after_convergence(s)  # what santhrottled does after each convergence
             if k >= 2:
-                conv_ms.append((t1 - t0) * 1000)
-                tick_ms.append((t2 - t1) * 1000)
+                tick_ms.append((t1 - t0) * 1000)
+                conv_ms.append((t2 - t1) * 1000)
                 samples = len(reads), len(writes)
         disc = s.discovery
         assert disc is not None
         tick = statistics.median(tick_ms)
         conv = statistics.median(conv_ms)
+        full = [a + b for a, b in zip(tick_ms, conv_ms, strict=True)]
+        full_med, full_max = statistics.median(full), max(full)
         return {
             "name": "sensing pass, 1,000 devices x 10,000 connections",
             "tick_ms_median": tick,
             "converge_ms_median": conv,
+            "full_pass_ms_median": full_med,
+            "full_pass_ms_max": full_max,
+            "rounds": len(full),
+            "lvm_full_scans": s.lvm.full_scans,
             "initiators": len(disc.initiators),
             "read_samples": samples[0],
             "write_samples": samples[1],
             "goal_ms": GOAL_MS,
-            "met": tick <= GOAL_MS and conv <= GOAL_MS,
+            "met": full_med <= GOAL_MS,
             "connections": "live sock_diag in a netns" if netns else "synthetic records",
-            "summary": f"per-tick pass (diskstats, {samples[0]} resources) {tick:.2f} ms, "
-            f"per-second convergence (sysfs, {len(disc.initiators)} initiators over "
+            "summary": f"full pass {full_med:.2f} ms (max {full_max:.1f} ms over {len(full)} "
+            f"seconds) = per-tick pass (diskstats, {samples[0]} resources) {tick:.2f} ms + "
+            f"convergence (sysfs, {len(disc.initiators)} initiators over "
             f"{'live sock_diag, 10,000 conns' if netns else 'synthetic sock_diag records'}, "
             f"discovery, {samples[1]} write samples) {conv:.2f} ms (medians)",
         }

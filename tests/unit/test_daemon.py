@@ -262,3 +262,27 @@ def test_config_errors_name_key_and_line(edit, message):
     with pytest.raises(ConfigError) as e:
         parse_config(CONF.replace(*edit), "t.toml")
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_gc_freezer_freezes_once_per_rebuilt_discovery():
+    import gc
+    import types
+
+    from santhrottle.appliance.daemon import GcFreezer
+
+    sensors = types.SimpleNamespace(discoveries=1)
+    f = GcFreezer()
+    try:
+        f.after_convergence(sensors)
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        keep = [[i] for i in range(1000)]  # new tracked objects
+        f.after_convergence(sensors)  # the same discovery: no freeze
+        assert gc.get_freeze_count() == frozen
+        sensors.discoveries = 2
+        f.after_convergence(sensors)
+        assert gc.get_freeze_count() >= frozen + len(keep)
+        f.after_convergence(types.SimpleNamespace())  # a sensor without the counter
+        assert f.frozen_at == 2
+    finally:
+        gc.unfreeze()

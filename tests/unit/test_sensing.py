@@ -9,10 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from santhrottle.appliance.sensing.blockdevs import scan_lvm, split_dm_name
+from santhrottle.appliance.sensing.blockdevs import LvmScanner, scan_lvm, split_dm_name
 from santhrottle.appliance.sensing.conns import TcpConn
 from santhrottle.appliance.sensing.discovery import build_discovery
-from santhrottle.appliance.sensing.diskstats import WRAP_32, interval, parse_diskstats
+from santhrottle.appliance.sensing.diskstats import (
+    WRAP_32,
+    interval,
+    parse_diskstats,
+    write_bps_of,
+)
 from santhrottle.appliance.sensing.lio import LioLun, LioTpg
 from santhrottle.appliance.sensing.nvmet import NvmetSensor
 from santhrottle.appliance.sensing.target import TargetSensor
@@ -226,3 +231,97 @@ def test_reads_in_flight_only_without_completed_reads(tmp_path):
     now[0] = 1.0
     (idle,) = s.read_samples()  # the same counters again: no completed reads
     assert idle.reads == 0 and idle.reads_in_flight == 2  # writes in flight do not count
+
+
+def test_write_bps_of_only_the_asked_devices_with_wrap_and_reset():
+    old = parse_diskstats(
+        f"8 0 sda 0 0 0 0 0 0 {WRAP_32 - 8} 0 0 0 0\n"
+        "8 16 sdb 0 0 0 0 0 0 100 0 0 0 0\n"
+        "8 32 sdc 0 0 0 0 0 0 100 0 0 0 0\n"
+        "8 48 sdd 0 0 0 0 0 0 100 0 0 0 0\n"
+    )
+    new = parse_diskstats(
+        "8 0 sda 0 0 0 0 0 0 8 0 0 0 0\n"  # 32-bit wrap: +16 sectors
+        "8 16 sdb 0 0 0 0 0 0 300 0 0 0 0\n"
+        "9 0 sdc 0 0 0 0 0 0 900 0 0 0 0\n"  # another device under the name
+    )
+    got = write_bps_of(old, new, 2.0, ["sda", "sdc", "sdd", "sde"])
+    assert got == {"sda": 16 * 512 / 2.0}  # sdb not asked; sdc reset; sdd gone; sde unknown
+    assert write_bps_of(old, new, 1.0, ["sdb"]) == {"sdb": 200 * 512}
+    with pytest.raises(ValueError):
+        write_bps_of(old, new, 0.0, ["sda"])
+
+
+def _dm(block: Path, dev: str, name: str) -> None:
+    (block / dev / "dm").mkdir(parents=True)
+    (block / dev / "dm" / "name").write_text(name + "\n")
+    (block / dev / "dm" / "uuid").write_text(f"LVM-{dev}\n")
+    (block / dev / "dev").write_text("253:0\n")
+    (block / dev / "slaves").mkdir()
+
+
+def test_lvm_scanner_rescans_on_new_devices_and_finds_a_rename_in_rotation(tmp_path):
+    block = tmp_path / "block"
+    for i in range(10):
+        _dm(block, f"dm-{i}", f"vg-lv{i}")
+    now = [0.0]
+    sc = LvmScanner(tmp_path, full_rescan_s=10.0, clock=lambda: now[0])
+    first = sc.scan()
+    assert len(first) == 10 and sc.full_scans == 1
+    for _ in range(3):  # nothing changed: no full scan, the same object
+        now[0] += 1.0
+        assert sc.scan() is first
+    assert sc.full_scans == 1
+    (block / "dm-7" / "dm" / "name").write_text("vg-renamed\n")  # lvrename
+    seen_at = None
+    for _ in range(12):
+        now[0] += 1.0
+        if sc.scan()["dm-7"].lv == "renamed":
+            seen_at = now[0]
+            break
+    assert seen_at is not None and seen_at - 3.0 <= 10.0 and sc.full_scans == 2
+    _dm(block, "dm-10", "vg-lv10")  # a new LV: at once
+    now[0] += 1.0
+    assert "dm-10" in sc.scan() and sc.full_scans == 3
+
+
+def test_converge_reuses_a_fresh_tick_snapshot(tmp_path):
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    now = [100.0]
+    conns = [TcpConn("10.0.0.1", 3260, "10.0.0.2", 40000)]
+    tpg = LioTpg(
+        "iscsi", "iqn.t", 1, True, True, (("10.0.0.1", 3260),),
+        (LioLun(0, "block/lv0", "/dev/labvg/lun0"),), (),
+    )  # fmt: skip
+    s = TargetSensor(
+        proc_root=proc,
+        sys_root=LAB / "sys",
+        configfs_root=tmp_path / "none",
+        clock=lambda: now[0],
+        connections=FakeConns(conns),
+        snapshot_reuse_s=0.1,
+    )
+    s.lio = type("L", (), {"scan": lambda self: [tpg]})()
+    dev = s.discover().exports[0].device
+    line = "253 {m} {d} 0 0 0 0 0 0 {w} 0 0 0 0\n"
+    minor = next(lv.major_minor for lv in scan_lvm(LAB / "sys").values() if lv.device == dev)
+    m = minor.split(":")[1]
+
+    def write(sectors: int) -> None:
+        (proc / "diskstats").write_text(line.format(m=m, d=dev, w=sectors))
+
+    write(0)
+    s.read_samples()  # tick at 100.0
+    now[0] = 100.05
+    s.converge()  # primes with the tick's snapshot (0 sectors at 100.0)
+    now[0] = 101.0
+    write(2048)
+    s.read_samples()  # tick at 101.0 sees 2048 sectors
+    write(999_999)  # the file moves on; converge must not read it within 0.1 s
+    now[0] = 101.08
+    (w,) = s.converge()[1]
+    assert w.initiator == "10.0.0.2" and w.write_bps == pytest.approx(2048 * 512 / 1.0)
+    now[0] = 101.5  # the last tick is 0.5 s old: read the file
+    (w,) = s.converge()[1]
+    assert w.write_bps == pytest.approx((999_999 - 2048) * 512 / 0.5)
