@@ -151,6 +151,14 @@ class _Reader:
             raise self.fail(f"{table}.{key}", f"must be a number within [{lo:g}, {hi:g}]")
         return float(v)
 
+    def integer(
+        self, t: dict[str, Any], table: str, key: str, default: int, lo: int, hi: int
+    ) -> int:
+        v = t.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise self.fail(f"{table}.{key}", f"must be a whole number within [{lo}, {hi}]")
+        return v
+
 
 def parse_config(text: str, path: str = str(DEFAULT_PATH)) -> Config:
     try:
@@ -223,6 +231,7 @@ def parse_config(text: str, path: str = str(DEFAULT_PATH)) -> Config:
             "td",
             "setpoint_fraction",
             "class_hysteresis",
+            "class_decrease_max_per_tick",
             "read_ewma_tau",
             "write_ewma_tau",
             "write_heavy_enter",
@@ -264,6 +273,9 @@ def parse_config(text: str, path: str = str(DEFAULT_PATH)) -> Config:
         ),
         class_hysteresis=r.number(
             c, "controller", "class_hysteresis", dc.class_hysteresis, 0.0, 1000.0
+        ),
+        class_decrease_max_per_tick=r.integer(
+            c, "controller", "class_decrease_max_per_tick", dc.class_decrease_max_per_tick, 0, 1000
         ),
         read_ewma_tau_s=r.duration(c, "controller", "read_ewma_tau", dc.read_ewma_tau_s),
         write_ewma_tau_s=wtau,

@@ -50,6 +50,13 @@ class ControllerConfig:
     # fractions of a class every tick, and each emitted change costs one
     # netlink message per member of the set.
     class_hysteresis: float = 4.0
+    # A class goes down by at most this many classes per tick (0: no limit),
+    # the release included. Lowering an initiator's delay by D lets its packets
+    # of the next D overtake those still queued in the slower netem class; one
+    # overtaken data segment is enough for the target's RACK to fast-retransmit
+    # (its reordering window is min_rtt/4 until it has seen reordering). Small
+    # steps leave few packets to overtake (docs/lab.md, "Retransmissions").
+    class_decrease_max_per_tick: int = 1
     # Read-latency EWMA: smooths the ~6 reads/tick of a 256 kB/s reader.
     read_ewma_tau_s: float = 0.2
     # Write-rate EWMA: long enough to keep a writer in its set through a

@@ -229,6 +229,9 @@ def parse_scenario(text: str) -> Scenario:
             "setpoint_fraction", d.setpoint_fraction, lo=0.0, lo_open=True, hi=1.0
         ),
         class_hysteresis=ctl.number("class_hysteresis", d.class_hysteresis, lo=0.0),
+        class_decrease_max_per_tick=ctl.integer(
+            "class_decrease_max_per_tick", d.class_decrease_max_per_tick, lo=0
+        ),
         read_ewma_tau_s=ctl.number("read_ewma_tau_s", d.read_ewma_tau_s, lo=0.0),
         write_ewma_tau_s=ctl.number("write_ewma_tau_s", d.write_ewma_tau_s, lo=0.0, lo_open=True),
         write_heavy_enter_bps=ctl.number(

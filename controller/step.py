@@ -28,6 +28,10 @@ Law, per call step(state, samples, now_s)
          without reads: hold the class ("idle"); after read_idle_release_s
                         without reads release it to 0 ("release"), unless
                         reads are in flight (a stalled reader is not gone)
+       Every decrease, the release included, is at most
+       class_decrease_max_per_tick classes per tick ("gradually"): a lower
+       delay lets an initiator's new packets overtake its older ones still
+       queued in the slower class, and the target's TCP fast-retransmits.
        next_tick_s advances by whole ticks from the previous deadline (fixed
        rate, no drift); ticks that were missed are counted in late_ticks,
        never run back to back ("no bunching").
@@ -205,6 +209,8 @@ def step(
                 new_class = 0
             else:  # idle: hold
                 continue
+            if c.class_decrease_max_per_tick and new_class < rs.delay_class:  # gradually
+                new_class = max(new_class, rs.delay_class - c.class_decrease_max_per_tick)
             if new_class != rs.delay_class:
                 rs.delay_class = new_class
                 out.resource_classes[name] = new_class

@@ -18,6 +18,7 @@ CFG = ControllerConfig(
     read_ewma_tau_s=0.0,  # the PID sees the raw sample: hand-computable
     setpoint_fraction=1.0,
     class_hysteresis=0.0,
+    class_decrease_max_per_tick=0,  # decreases at once (tested on its own below)
 )
 
 
@@ -145,3 +146,20 @@ def test_stalled_reader_is_not_idle():
         st, d = step(st, Samples([ReadSample("vg", 0, 0.0, reads_in_flight=1)]), k / 10)
         assert not d.resource_classes
     assert st.effective_class("A") == held
+
+
+def test_decreases_are_gradual_release_included():
+    cfg = dataclasses.replace(CFG, class_decrease_max_per_tick=2, read_idle_release_s=1.0)
+    st = new_state(cfg, [Resource("vg", 0.010)])
+    st, _ = step(st, Samples(writes=writes("vg", "A")), 0.0)
+    st, _ = step(st, Samples([ReadSample("vg", 6, 0.030)]), 0.1)
+    top = st.effective_class("A")
+    assert top >= 6
+    st, d = step(st, Samples([ReadSample("vg", 6, 0.0001)]), 0.2)  # PID wants far less
+    assert st.resources["vg"].pid.u < top - 2 and d.initiator_classes == {"A": top - 2}
+    classes = []
+    for k in range(3, 60):  # no more reads: held, then released, 2 classes per tick
+        st, d = step(st, Samples(), k / 10)
+        if d.resource_classes:
+            classes.append(d.resource_classes["vg"])
+    assert classes == list(range(top - 4, -1, -2)) or classes == [*range(top - 4, 0, -2), 0]
