@@ -116,6 +116,7 @@ RUNS_KEPT = 5
 EXIT_TIMEOUT = 124
 EXIT_NO_STATUS = 125
 EXIT_UNAVAILABLE = 3
+GUEST_TMPFS = ("/tmp", "/run", "/dev/shm")  # guest/stage2.sh
 
 
 class LabUnavailable(Exception):
@@ -531,6 +532,12 @@ class Lab:
                 "lab.py boots guests from the host; this is the lab guest already "
                 "(SANTHROTTLE_IN_GUEST=1)"
             )
+        for hidden in GUEST_TMPFS:  # stage2.sh mounts fresh tmpfs there
+            if self.checkout == Path(hidden) or Path(hidden) in self.checkout.parents:
+                raise LabError(
+                    f"the checkout {self.checkout} is under {hidden}, which the guest "
+                    "mounts as an empty tmpfs: it would not see it; clone it elsewhere"
+                )
         if self.qemu_override:
             self.qemu()  # an explicit override that does not exist: stop here
         self.cache.mkdir(parents=True, exist_ok=True)
