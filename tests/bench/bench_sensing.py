@@ -232,57 +232,56 @@ def bench_sensing() -> dict[str, Any]:
 
 
 def _measure(root: Path, proc: Path, tpgs: list[LioTpg], records: list, netns: str | None) -> dict:
-    if True:
-        now = [0.0]
-        s = TargetSensor(
-            proc_root=proc,
-            sys_root=root / "sys",
-            clock=lambda: now[0],
-            connections=ConnectionSensor([3260], netns) if netns else _Conns(records),  # type: ignore[arg-type]
-            snapshot_reuse_s=TICK_S,  # as santhrottled builds it
-        )
-        s.lio = _Static(tpgs)  # type: ignore[assignment]
-        tick_ms: list[float] = []
-        conv_ms: list[float] = []
-        samples = 0
-        gcf = GcFreezer()
-        for k in range(ROUNDS):
-            # a second of the daemon: the tick, then the convergence at the same moment
-            (proc / "diskstats").write_text(_diskstats(k))
-            now[0] = float(k)
-            t0 = time.perf_counter()
-            reads = s.read_samples()
-            t1 = time.perf_counter()
-            _, writes = s.converge()
-            t2 = time.perf_counter()
-            gcf.after_convergence(s)  # what santhrottled does after each convergence
-            if k >= 2:
-                tick_ms.append((t1 - t0) * 1000)
-                conv_ms.append((t2 - t1) * 1000)
-                samples = len(reads), len(writes)
-        disc = s.discovery
-        assert disc is not None
-        tick = statistics.median(tick_ms)
-        conv = statistics.median(conv_ms)
-        full = [a + b for a, b in zip(tick_ms, conv_ms, strict=True)]
-        full_med, full_max = statistics.median(full), max(full)
-        return {
-            "name": "sensing pass, 1,000 devices x 10,000 connections",
-            "tick_ms_median": tick,
-            "converge_ms_median": conv,
-            "full_pass_ms_median": full_med,
-            "full_pass_ms_max": full_max,
-            "rounds": len(full),
-            "lvm_full_scans": s.lvm.full_scans,
-            "initiators": len(disc.initiators),
-            "read_samples": samples[0],
-            "write_samples": samples[1],
-            "goal_ms": GOAL_MS,
-            "met": full_med <= GOAL_MS,
-            "connections": "live sock_diag in a netns" if netns else "synthetic records",
-            "summary": f"full pass {full_med:.2f} ms (max {full_max:.1f} ms over {len(full)} "
-            f"seconds) = per-tick pass (diskstats, {samples[0]} resources) {tick:.2f} ms + "
-            f"convergence (sysfs, {len(disc.initiators)} initiators over "
-            f"{'live sock_diag, 10,000 conns' if netns else 'synthetic sock_diag records'}, "
-            f"discovery, {samples[1]} write samples) {conv:.2f} ms (medians)",
-        }
+    now = [0.0]
+    s = TargetSensor(
+        proc_root=proc,
+        sys_root=root / "sys",
+        clock=lambda: now[0],
+        connections=ConnectionSensor([3260], netns) if netns else _Conns(records),  # type: ignore[arg-type]
+        snapshot_reuse_s=TICK_S,  # as santhrottled builds it
+    )
+    s.lio = _Static(tpgs)  # type: ignore[assignment]
+    tick_ms: list[float] = []
+    conv_ms: list[float] = []
+    samples = 0
+    gcf = GcFreezer()
+    for k in range(ROUNDS):
+        # a second of the daemon: the tick, then the convergence at the same moment
+        (proc / "diskstats").write_text(_diskstats(k))
+        now[0] = float(k)
+        t0 = time.perf_counter()
+        reads = s.read_samples()
+        t1 = time.perf_counter()
+        _, writes = s.converge()
+        t2 = time.perf_counter()
+        gcf.after_convergence(s)  # what santhrottled does after each convergence
+        if k >= 2:
+            tick_ms.append((t1 - t0) * 1000)
+            conv_ms.append((t2 - t1) * 1000)
+            samples = len(reads), len(writes)
+    disc = s.discovery
+    assert disc is not None
+    tick = statistics.median(tick_ms)
+    conv = statistics.median(conv_ms)
+    full = [a + b for a, b in zip(tick_ms, conv_ms, strict=True)]
+    full_med, full_max = statistics.median(full), max(full)
+    return {
+        "name": "sensing pass, 1,000 devices x 10,000 connections",
+        "tick_ms_median": tick,
+        "converge_ms_median": conv,
+        "full_pass_ms_median": full_med,
+        "full_pass_ms_max": full_max,
+        "rounds": len(full),
+        "lvm_full_scans": s.lvm.full_scans,
+        "initiators": len(disc.initiators),
+        "read_samples": samples[0],
+        "write_samples": samples[1],
+        "goal_ms": GOAL_MS,
+        "met": full_med <= GOAL_MS,
+        "connections": "live sock_diag in a netns" if netns else "synthetic records",
+        "summary": f"full pass {full_med:.2f} ms (max {full_max:.1f} ms over {len(full)} "
+        f"seconds) = per-tick pass (diskstats, {samples[0]} resources) {tick:.2f} ms + "
+        f"convergence (sysfs, {len(disc.initiators)} initiators over "
+        f"{'live sock_diag, 10,000 conns' if netns else 'synthetic sock_diag records'}, "
+        f"discovery, {samples[1]} write samples) {conv:.2f} ms (medians)",
+    }

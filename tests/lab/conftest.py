@@ -303,6 +303,24 @@ class Guest:
         text = self.run(cmd, timeout=timeout, cwd="/tmp").stdout
         return json.loads(text[text.index("{") :])
 
+    def fio_write_verify(self, dev: str, size: int) -> dict:
+        """64k random writes of `size` bytes with crc32c, then fio's read-back verify
+        pass (a mismatch is fatal); returns fio's job report."""
+        r = self.fio(
+            "--name=verify",
+            f"--filename={dev}",
+            "--direct=1",
+            "--ioengine=libaio",
+            "--rw=randwrite",
+            "--bs=64k",
+            "--iodepth=4",
+            f"--size={size}",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+        )
+        return r["jobs"][0]
+
     def nstat(self, netns: str | None = None) -> dict[str, int]:
         """Absolute SNMP/netstat counters (nstat -saz) of a network namespace."""
         cmd = ["nstat", "-saz"]

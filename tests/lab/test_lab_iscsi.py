@@ -43,19 +43,7 @@ def test_fio_writes_and_reads_back_each_lun(topology, guest, lun):
     """Random 64k writes then a verifying read pass of every block, per LUN."""
     dev = topology["iscsi"][lun]["device"]
     size = 16 << 20
-    r = guest.fio(
-        "--name=verify",
-        f"--filename={dev}",
-        *FIO_COMMON,
-        "--rw=randwrite",
-        "--bs=64k",
-        "--iodepth=4",
-        f"--size={size}",
-        "--verify=crc32c",
-        "--do_verify=1",
-        "--verify_fatal=1",
-    )
-    job = r["jobs"][0]
+    job = guest.fio_write_verify(dev, size)
     assert job["error"] == 0, job
     assert job["write"]["io_bytes"] == size
     assert job["read"]["io_bytes"] == size  # the verify pass

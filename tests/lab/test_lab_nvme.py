@@ -32,20 +32,7 @@ def test_nvme_tcp_connected(topology, guest, nvme_ns):
 def test_fio_writes_and_reads_back_nvme(topology, guest, nvme_ns):
     dev = topology["nvme"][nvme_ns]["device"]
     size = 16 << 20
-    r = guest.fio(
-        "--name=verify",
-        f"--filename={dev}",
-        "--direct=1",
-        "--ioengine=libaio",
-        "--rw=randwrite",
-        "--bs=64k",
-        "--iodepth=4",
-        f"--size={size}",
-        "--verify=crc32c",
-        "--do_verify=1",
-        "--verify_fatal=1",
-    )
-    job = r["jobs"][0]
+    job = guest.fio_write_verify(dev, size)
     assert job["error"] == 0, job
     assert job["write"]["io_bytes"] == size
     assert job["read"]["io_bytes"] == size

@@ -468,18 +468,14 @@ def iscsi_logout_all() -> None:
 
 
 def nvme_block_device(nqn: str) -> str | None:
-    for sub in glob.glob("/sys/class/nvme-subsystem/nvme-subsys*"):
-        if _read(f"{sub}/subsysnqn") == nqn:
-            for b in sorted(glob.glob(f"{sub}/nvme*n*")):
-                name = os.path.basename(b)
-                if os.path.exists(f"/sys/block/{name}"):
-                    return f"/dev/{name}"
-    for ctrl in glob.glob("/sys/class/nvme/nvme*"):
-        if _read(f"{ctrl}/subsysnqn") == nqn:
-            for b in sorted(glob.glob(f"{ctrl}/nvme*n*")):
-                name = os.path.basename(b)
-                if os.path.exists(f"/sys/block/{name}"):
-                    return f"/dev/{name}"
+    # the subsystem's namespaces first (multipath), then a controller's
+    for parent in ("/sys/class/nvme-subsystem/nvme-subsys*", "/sys/class/nvme/nvme*"):
+        for sub in glob.glob(parent):
+            if _read(f"{sub}/subsysnqn") == nqn:
+                for b in sorted(glob.glob(f"{sub}/nvme*n*")):
+                    name = os.path.basename(b)
+                    if os.path.exists(f"/sys/block/{name}"):
+                        return f"/dev/{name}"
     return None
 
 
