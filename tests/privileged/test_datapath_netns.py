@@ -75,7 +75,7 @@ def test_ack_mode_pure_acks_go_to_the_class_payload_does_not(netns_pair):
         d.set_classes({MEMBER_IP: 3}, mode="ack")
         pair.start_server()
         before = _counters(d)
-        pair.transfer(MEMBER_IP, 3260, up=4 * MB, down=256 * 1024)  # a write, a small read back
+        pair.transfer(MEMBER_IP, 3260, up=16 * MB, down=256 * 1024)  # a write, a small read back
         classes, members = _delta(_counters(d), before)
     pkts, nbytes = members[MEMBER_IP]
     assert pkts > 50, "the writer's pure ACKs matched the ack rule"
