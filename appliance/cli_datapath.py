@@ -144,7 +144,7 @@ def _print_status(st: dict[str, Any]) -> None:
         link = f", {c['link_bits_s'] / 1e9:g} Gbit/s" if c["link_bits_s"] else ""
         print(
             f"  tc: htb {c['root']} root, {c['classes']} delay classes of {step}"
-            f" (max class {c['max_class']}), default {c['default']} unthrottled{link}"
+            f" (max class {c['max_class']}), unthrottled: HTB {c['default']} queue{link}"
         )
     else:
         print("  tc: no santhrottle qdisc tree")
@@ -174,9 +174,10 @@ def _print_status(st: dict[str, Any]) -> None:
             print(f"  {'class':<10} {'delay':>7} {'packets':>10} {'bytes':>12}")
             for k, v in sorted(busy.items(), key=lambda kv: int(kv[0])):
                 delay = fmt_us(int(k) * c["step_us"]) if c["step_us"] else "-"
+                name = classid(int(k))
                 if k == "0":
-                    delay = "none"
-                print(f"  {classid(int(k)):<10} {delay:>7} {v['packets']:>10} {v['bytes']:>12}")
+                    delay, name = "none", "direct"
+                print(f"  {name:<10} {delay:>7} {v['packets']:>10} {v['bytes']:>12}")
 
 
 def cmd_show(args: argparse.Namespace) -> int:

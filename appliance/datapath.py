@@ -12,10 +12,13 @@ Problem
 Layout in the kernel (every name identifies santhrottle; docs/datapath.md)
     tc, on the egress device facing the initiators::
 
-        qdisc htb 5374: root default ffff        ROOT_MAJOR, "St"
-        class htb 5374:ffff                      unthrottled (HTB's own pfifo leaf)
+        qdisc htb 5374: root default 0           ROOT_MAJOR, "St"
         class htb 5374:K   + qdisc netem K: delay K*step limit L(K)   K = 1..max_class
 
+    Unthrottled packets take HTB's direct queue (`default 0`): a plain FIFO
+    that HTB serves first, with no class lookup, token bucket or event
+    queue; the lab measured a default class (5374:ffff + pfifo) costing
+    ~5 % of 64k qd1 reads under TCG and the direct queue nothing measurable.
     K is written in decimal and read by tc and ipset as hex, so the class
     *reads* as its number: delay class 20 is 5374:20 (= 0x20) with leaf
     qdisc 20:.  Every class has rate = ceil = the link rate: HTB only
@@ -23,12 +26,14 @@ Layout in the kernel (every name identifies santhrottle; docs/datapath.md)
 
     ipset: santhrottle-all, santhrottle-ack, santhrottle-read (one per
     mode; an initiator is in at most one), `hash:ip family inet counters
-    skbinfo`; a member is `IP skbprio 5374:K`.
+    skbinfo`; a member is `IP skbprio 5374:K`.  santhrottle-members, a
+    `list:set` of the three, lets the jump test membership with one match.
 
     iptables, table mangle (installed once with `iptables-restore --noflush`,
     so it works with the nf_tables and the legacy backend alike)::
 
-        -A POSTROUTING -o DEV -p tcp -m multiport --sports 3260,4420 -j SANTHROTTLE
+        -A POSTROUTING -o DEV -p tcp -m multiport --sports 3260,4420
+           -m set --match-set santhrottle-members dst ! --update-counters -j SANTHROTTLE
         -A SANTHROTTLE -j SET --map-set santhrottle-all dst --map-prio
         -A SANTHROTTLE -p tcp -m tcp --tcp-flags FIN,SYN,RST,ACK ACK
            -m set --match-set santhrottle-ack dst ! --update-counters
@@ -37,9 +42,11 @@ Layout in the kernel (every name identifies santhrottle; docs/datapath.md)
            -m bpf --bytecode "<payload == 0>" -j RETURN
         -A SANTHROTTLE -j SET --map-set santhrottle-read dst --map-prio
 
-    SET --map-prio writes the member's skbprio into skb->priority; HTB puts a
-    packet whose priority is 5374:K straight into class 5374:K (no filters),
-    anything else into the default class 5374:ffff.
+    A storage packet to a non-member (everyone, when nobody is throttled)
+    stops at the jump; only members walk the chain.  SET --map-prio writes
+    the member's skbprio into skb->priority; HTB puts a packet whose
+    priority is 5374:K straight into class 5374:K (no filters), anything
+    else into its direct queue.
 
 Modes (what is delayed for a member)
     all   every packet from a storage port: throttles writes (and reads) on
@@ -105,16 +112,23 @@ from santhrottle.controller.domain import DELAY_STEP_S, MAX_CLASS
 # The HTB root handle major, "St" in ASCII.  The skbprio major of every set
 # member must equal it (HTB looks skb->priority up as a classid of its own).
 ROOT_MAJOR = 0x5374
-# The unthrottled default class 5374:ffff: a minor no class number can take
-# (class minors are decimal digits read as hex).
-DEFAULT_MINOR = 0xFFFF
+# HTB's default "class" 0: unclassified packets take HTB's direct queue
+# (unthrottled, and the cheapest path through HTB: see the header).
+DIRECT_MINOR = 0
 CHAIN = "SANTHROTTLE"
 MODES = ("all", "ack", "read")
 SET_PREFIX = "santhrottle-"
 SET_NAMES = {m: f"{SET_PREFIX}{m}" for m in MODES}
+# list:set of the three: "is the destination a member of any?" in one match.
+MEMBERS_SET = f"{SET_PREFIX}members"
 TMP_SUFFIX = "-tmp"
-# Every set name we may ever create (cleanup destroys exactly these).
-OWNED_SETS = tuple(SET_NAMES.values()) + tuple(s + TMP_SUFFIX for s in SET_NAMES.values())
+# Every set name we may ever create (cleanup destroys exactly these, the
+# list:set first: it holds references to the others).
+OWNED_SETS = (
+    MEMBERS_SET,
+    *SET_NAMES.values(),
+    *(s + TMP_SUFFIX for s in SET_NAMES.values()),
+)
 DEFAULT_PORTS = (3260, 4420)  # iSCSI, NVMe/TCP
 DEFAULT_WRITE_MODE = "all"  # the mode that throttles writes on a modern kernel (lab-notes)
 DEFAULT_LINK_BITS_S = 10_000_000_000
@@ -336,8 +350,8 @@ def minor_class(minor: int) -> int | None:
 
 
 def classid(k: int) -> str:
-    """'5374:20' for class 20; '5374:ffff' for class 0 (the unthrottled default)."""
-    minor = DEFAULT_MINOR if k == 0 else class_minor(k)
+    """'5374:20' for class 20; '5374:0' for class 0 (HTB's direct queue, unthrottled)."""
+    minor = DIRECT_MINOR if k == 0 else class_minor(k)
     return f"{ROOT_MAJOR:x}:{minor:x}"
 
 
@@ -432,8 +446,7 @@ class TcTree:
 
 def desired_tree(step_us: int, max_class: int, link_bits_s: int, leaf: str = "netem") -> TcTree:
     hp = htb_params(link_bits_s)
-    t = TcTree("htb", ROOT_MAJOR, DEFAULT_MINOR)
-    t.classes[DEFAULT_MINOR] = hp
+    t = TcTree("htb", ROOT_MAJOR, DIRECT_MINOR)
     for k in range(1, max_class + 1):
         minor = class_minor(k)
         t.classes[minor] = hp
@@ -554,34 +567,40 @@ def observe_tree(
 
 
 # ========================================================== iptables rules
+def _member_match(name: str) -> str:
+    """A set match that leaves the member counters alone (only the SET
+    targets count, so a member's counters are the packets it had delayed)."""
+    return f"-m set --match-set {name} dst ! --update-counters"
+
+
 def render_chain_rules() -> list[str]:
     """The chain's rules exactly as `iptables -t mangle -S SANTHROTTLE` prints them.
 
-    Only storage-port packets reach the chain (the jump matches the ports).
-    A packet to a non-member costs four hash lookups and no BPF: the pure-ACK
-    program runs only for members of the ack and read sets (the set matches
-    come first and do not touch the member counters: only the SET targets
-    count, so a member's counters are the packets it had delayed)."""
+    Only storage-port packets to members reach the chain (the jump matches
+    the ports and santhrottle-members).  The pure-ACK program runs only for
+    members of the ack and read sets."""
     bpf = f'-m bpf --bytecode "{PURE_ACK_BPF}"'
 
     def mapset(mode: str) -> str:
         return f"-j SET --map-set {SET_NAMES[mode]} dst --map-prio"
 
-    def member(mode: str) -> str:
-        return f"-m set --match-set {SET_NAMES[mode]} dst ! --update-counters"
-
+    ack, read = _member_match(SET_NAMES["ack"]), _member_match(SET_NAMES["read"])
     return [
         f"-A {CHAIN} {mapset('all')}",
-        f"-A {CHAIN} -p tcp -m tcp {PURE_ACK_FLAGS} {member('ack')} {bpf} {mapset('ack')}",
-        f"-A {CHAIN} {member('read')} {bpf} -j RETURN",
+        f"-A {CHAIN} -p tcp -m tcp {PURE_ACK_FLAGS} {ack} {bpf} {mapset('ack')}",
+        f"-A {CHAIN} {read} {bpf} -j RETURN",
         f"-A {CHAIN} {mapset('read')}",
     ]
 
 
 def jump_rule(device: str, ports: Sequence[int]) -> str:
-    """The one rule outside our chain, as -S prints it."""
+    """The one rule outside our chain, as -S prints it.  A storage packet to
+    a non-member stops here: one list:set match, no jump."""
     sp = ",".join(str(p) for p in ports)
-    return f"-A POSTROUTING -o {device} -p tcp -m multiport --sports {sp} -j {CHAIN}"
+    return (
+        f"-A POSTROUTING -o {device} -p tcp -m multiport --sports {sp} "
+        f"{_member_match(MEMBERS_SET)} -j {CHAIN}"
+    )
 
 
 def render_rules_restore(
@@ -1077,19 +1096,32 @@ class Datapath:
         return out
 
     def class_counters(self, device: str | None = None) -> dict[int, tuple[int, int]]:
-        """Per delay class (0 = the unthrottled default): (packets, bytes) sent."""
-        _, cl = self._tc_records(self._dev(device))
+        """Per delay class (0 = unthrottled): (packets, bytes) sent.
+
+        HTB counts its direct queue only as packets (direct_packets_stat),
+        so class 0 is the root's count minus its classes' (HTB updates both
+        at dequeue)."""
+        qd, cl = self._tc_records(self._dev(device))
+
+        def basic(rec: Mapping[str, Any]) -> tuple[int, int]:
+            b = _attrs(rec.get("stats")).get("TCA_STATS_BASIC") or {}
+            return int(b.get("packets", 0)), int(b.get("bytes", 0))
+
+        root = next(
+            (q for q in qd if q["parent"] == 0xFFFFFFFF and q["handle"] >> 16 == ROOT_MAJOR), None
+        )
         out: dict[int, tuple[int, int]] = {}
         for c in cl:
             h = c["handle"]
-            if h >> 16 != ROOT_MAJOR:
-                continue
-            minor = h & 0xFFFF
-            k = 0 if minor == DEFAULT_MINOR else minor_class(minor)
-            if k is None:
-                continue
-            basic = _attrs(c.get("stats")).get("TCA_STATS_BASIC") or {}
-            out[k] = (int(basic.get("packets", 0)), int(basic.get("bytes", 0)))
+            k = minor_class(h & 0xFFFF) if h >> 16 == ROOT_MAJOR else None
+            if k is not None:
+                out[k] = basic(c)
+        if root is not None:
+            rp, rb = basic(root)
+            out[0] = (
+                rp - sum(p for p, _ in out.values()),
+                rb - sum(b for _, b in out.values()),
+            )
         return out
 
     def installed_devices(self) -> list[str]:
@@ -1217,7 +1249,31 @@ class Datapath:
             except IPSetError as e:
                 raise DatapathError(f"cannot create ipset {name}: {e}") from None
             created.append(name)
+        # The list:set through the system's ipset: pyroute2 would create it
+        # at the kernel's newest revision (list:set 3 on 6.18), which an older
+        # ipset (7.17) then cannot list at all.
+        have = self._list_set_members(MEMBERS_SET) if MEMBERS_SET in existing else set()
+        lines = [] if MEMBERS_SET in existing else [f"create {MEMBERS_SET} list:set"]
+        lines += [f"add {MEMBERS_SET} {n}" for n in SET_NAMES.values() if n not in have]
+        if lines:
+            self._run(
+                [self.ipset_bin, "-exist", "restore"], stdin="\n".join(lines) + "\n",
+                what="ipset restore",
+            )  # fmt: skip
+            if MEMBERS_SET not in existing:
+                created.append(MEMBERS_SET)
         return created
+
+    def _list_set_members(self, name: str) -> set[str]:
+        """The set names a list:set holds."""
+        out = set()
+        for msg in self._ipsets().list(name):
+            adt = msg.get_attr("IPSET_ATTR_ADT")
+            for data in adt.get_attrs("IPSET_ATTR_DATA") if adt is not None else ():
+                member = data.get_attr("IPSET_ATTR_NAME")
+                if member:
+                    out.add(member)
+        return out
 
     def _restore_rules(self, text: str) -> None:
         self._run(
@@ -1477,10 +1533,14 @@ def tree_summary(tree: TcTree) -> dict[str, Any]:
         first = tree.leaves.get(class_minor(ks[0]))
         if first is not None and first.delay_us:
             step_us = first.delay_us // ks[0]
-    hp = tree.classes.get(DEFAULT_MINOR)
+    hp = next(iter(tree.classes.values()), None)
     return {
         "root": f"{ROOT_MAJOR:x}:",
-        "default": classid(0),
+        "default": (
+            "direct"
+            if tree.default_minor == DIRECT_MINOR
+            else f"{ROOT_MAJOR:x}:{(tree.default_minor or 0):x}"
+        ),
         "max_class": ks[-1] if ks else 0,
         "classes": len(ks),
         "leaf": kinds[0] if len(kinds) == 1 else kinds,

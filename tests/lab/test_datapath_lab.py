@@ -251,9 +251,7 @@ def test_datapath_builds_with_netem_and_cleans_up(topology, datapath):
     assert "qdisc netem 20: parent 5374:20 limit 195313 delay 10ms" in qd, qd
     assert "qdisc netem 100: parent 5374:100 limit 976563 delay 50ms" in qd, qd
     rules = sh(["ip", "netns", "exec", NETNS, "iptables", "-t", "mangle", "-S"])
-    assert (
-        "-A POSTROUTING -o lab-tgt -p tcp -m multiport --sports 3260,4420 -j SANTHROTTLE" in rules
-    )
+    assert load_datapath().jump_rule(DEVICE, (3260, 4420)) in rules
     assert "--map-set santhrottle-ack dst --map-prio" in rules
     # the tree read back through pyroute2 (netem's delay field) is what we asked
     with load_datapath().discover(netns=NETNS) as found:
@@ -447,29 +445,46 @@ def sweep(args) -> dict:
 
 
 # ============================================================= overhead
-OVERHEAD_VARIANTS = ("none", "tc", "tc-direct", "rules", "full")
+OVERHEAD_VARIANTS = ("none", "tc", "tc-defclass", "rules", "rules-ungated", "full", "full-old")
 
 
 def set_variant(d, variant: str) -> None:
-    """none: nothing; tc: the HTB tree only; tc-direct: the tree with HTB's
-    `default 0` (unclassified packets take HTB's direct queue); rules: sets +
-    rules only; full: Datapath.apply()."""
+    """none: nothing; tc: the HTB tree only (unthrottled packets in HTB's
+    direct queue); tc-defclass: the tree with a default class 5374:ffff +
+    pfifo instead; rules: sets + rules only; rules-ungated: the rules with
+    the jump not gated by santhrottle-members (every storage packet walks
+    the chain); full: Datapath.apply(); full-old: both old layouts (the
+    default class and the ungated jump, as before the gate)."""
     dp = load_datapath()
     d.cleanup()
     if variant == "none":
         return
-    if variant == "tc-direct":
-        want = dp.desired_tree(d.step_us, d.max_class, d.link_bits_s)
-        want.default_minor = 0
-        lines = dp.render_tc_plan(DEVICE, want, None)
-        sh(["ip", "netns", "exec", NETNS, "tc", "-batch", "-"], input="\n".join(lines) + "\n")
+    if variant == "tc-defclass":
+        _defclass_tree(dp, d)
         return
     d.apply()
     if variant == "tc":
         jumps, rules = d._mangle()
         d._restore_rules(dp.render_rules_cleanup(jumps, rules is not None))
-    elif variant == "rules":
+    elif variant.startswith("rules"):
         sh(["ip", "netns", "exec", NETNS, "tc", "qdisc", "del", "dev", DEVICE, "root"])
+    elif variant == "full-old":
+        sh(["ip", "netns", "exec", NETNS, "tc", "qdisc", "del", "dev", DEVICE, "root"])
+        _defclass_tree(dp, d)
+    if variant in ("rules-ungated", "full-old"):
+        gated = dp.jump_rule(DEVICE, PORTS)
+        ungated = gated.replace(" " + dp._member_match(dp.MEMBERS_SET), "")
+        d._restore_rules(f"*mangle\n-D{gated[2:]}\n-I{ungated[2:]}\nCOMMIT\n")
+
+
+def _defclass_tree(dp, d) -> None:
+    """The tree with a default class 5374:ffff (HTB's pfifo leaf) for
+    unthrottled packets instead of HTB's direct queue."""
+    want = dp.desired_tree(d.step_us, d.max_class, d.link_bits_s)
+    want.default_minor = 0xFFFF
+    want.classes[0xFFFF] = dp.htb_params(d.link_bits_s)
+    lines = dp.render_tc_plan(DEVICE, want, None)
+    sh(["ip", "netns", "exec", NETNS, "tc", "-batch", "-"], input="\n".join(lines) + "\n")
 
 
 def overhead(args) -> dict:

@@ -195,8 +195,8 @@ def test_apply_is_idempotent_and_adopts_a_previous_run(netns_pair):
     pair = netns_pair
     with _dp(pair) as d:
         rep = d.apply()
-        assert rep.tc_fresh and rep.tc_lines == 1 + 21 + 20 and rep.rules_changed
-        assert sorted(rep.sets_created) == sorted(dp.SET_NAMES.values())
+        assert rep.tc_fresh and rep.tc_lines == 1 + 20 + 20 and rep.rules_changed
+        assert sorted(rep.sets_created) == sorted([*dp.SET_NAMES.values(), dp.MEMBERS_SET])
         d.set_classes({MEMBER_IP: 4})
     snap = pair.snapshot()
     with _dp(pair) as d:  # a new process would see the same
@@ -213,9 +213,11 @@ def test_apply_is_idempotent_and_adopts_a_previous_run(netns_pair):
     assert "qdisc htb 5374: root" in pair.tsh("tc", "qdisc", "show", "dev", TARGET_DEV)
     classes = pair.tsh("tc", "class", "show", "dev", TARGET_DEV)
     assert "5374:10 " in classes and "5374:11 " not in classes
-    assert "-o st-tgt -p tcp -m multiport --sports 3260 -j SANTHROTTLE" in pair.tsh(
-        "iptables", "-t", "mangle", "-S", "POSTROUTING"
+    jump = (
+        "-o st-tgt -p tcp -m multiport --sports 3260 "
+        "-m set --match-set santhrottle-members dst ! --update-counters -j SANTHROTTLE"
     )
+    assert jump in pair.tsh("iptables", "-t", "mangle", "-S", "POSTROUTING")
     # members above a lowered maximum are clamped, not silently unthrottled
     with _dp(pair, max_class=20) as d:
         d.apply()
@@ -270,7 +272,7 @@ def test_cleanup_leaves_the_kernel_exactly_as_before(netns_pair):
         assert pair.snapshot() != before
         rep = d.cleanup()
     assert rep.qdiscs == [TARGET_DEV] and rep.chain and rep.rules == 1
-    assert sorted(rep.sets) == sorted(dp.SET_NAMES.values())
+    assert sorted(rep.sets) == sorted([*dp.SET_NAMES.values(), dp.MEMBERS_SET])
     after = pair.snapshot()
     for what in before:
         assert after[what] == before[what], what
@@ -388,3 +390,32 @@ def _nft_tables(ns: str) -> list[str]:
         check=True,
     )
     return p.stdout.split()
+
+
+def test_jump_gate_follows_a_swapped_set(netns_pair):
+    """The jump tests membership through santhrottle-members (a list:set of
+    the three sets).  A bulk change swaps a temporary set in under the same
+    name: the gate must see the new members, and a non-member must never
+    reach the chain."""
+    pair = netns_pair
+    with _dp(pair) as d:
+        d.apply()
+        d.set_classes({MEMBER_IP: 2})
+        others = {f"10.7.{i >> 8}.{i & 255}": 1 + i % 20 for i in range(100)}
+        d.replace_members("all", {**others, MEMBER_IP: 6})  # temporary set + swap
+        held = pair.tsh("ipset", "list", dp.MEMBERS_SET)
+        assert all(n in held for n in dp.SET_NAMES.values())
+        pair.start_server()
+        before = _counters(d)
+        pair.transfer(MEMBER_IP, 3260, up=MB, down=MB)
+        pair.transfer(OTHER_IP, 3260, up=MB, down=MB)
+        classes, members = _delta(_counters(d), before)
+    pkts, nbytes = members[MEMBER_IP]
+    assert nbytes >= MB and classes[6] == (pkts, nbytes + ETH_HLEN * pkts)
+    assert classes[2] == (0, 0)
+    assert classes[0][1] >= MB  # the non-member's download, unthrottled
+    assert _only(classes, 0, 6) == {}
+    # the jump's own counter: only the member's packets entered the chain
+    jump = pair.tsh("iptables", "-t", "mangle", "-L", "POSTROUTING", "-v", "-n", "-x")
+    entered = int(next(ln for ln in jump.splitlines() if "SANTHROTTLE" in ln).split()[0])
+    assert entered == pkts

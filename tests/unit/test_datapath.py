@@ -80,15 +80,15 @@ def test_class_minor_reads_as_the_class_number():
     assert dp.class_minor(20) == 0x20
     assert dp.classid(20) == "5374:20"
     assert dp.classid(100) == "5374:100"
-    assert dp.classid(0) == "5374:ffff"
+    assert dp.classid(0) == "5374:0"  # HTB's direct queue
     seen = set()
     for k in range(1, dp.MAX_CLASS_LIMIT + 1):
         m = dp.class_minor(k)
         assert dp.minor_class(m) == k
-        assert m != dp.DEFAULT_MINOR and m < dp.ROOT_MAJOR  # leaf handle k: below the root
+        assert m != dp.DIRECT_MINOR and m < dp.ROOT_MAJOR  # leaf handle k: below the root
         seen.add(m)
     assert len(seen) == dp.MAX_CLASS_LIMIT
-    assert dp.minor_class(0xA) is None and dp.minor_class(dp.DEFAULT_MINOR) is None
+    assert dp.minor_class(0xA) is None and dp.minor_class(0xFFFF) is None
     with pytest.raises(ValueError):
         dp.class_minor(0)
 
@@ -143,9 +143,10 @@ def _want(step_us=500, max_class=100, gbit=10, leaf="netem"):
 
 def test_fresh_build_is_one_batch():
     lines = dp.render_tc_plan("eth1", _want(), None)
-    assert lines[0] == "qdisc add dev eth1 root handle 5374: htb default ffff"
-    assert lines[1].startswith("class add dev eth1 parent 5374: classid 5374:ffff htb rate ")
-    assert len(lines) == 1 + 101 + 100
+    # unthrottled packets take HTB's direct queue: no default class
+    assert lines[0] == "qdisc add dev eth1 root handle 5374: htb default 0"
+    assert lines[1].startswith("class add dev eth1 parent 5374: classid 5374:1 htb rate ")
+    assert len(lines) == 1 + 100 + 100
     assert "class add dev eth1 parent 5374: classid 5374:20 htb rate 10000000000bit" in "\n".join(
         lines
     )
@@ -178,20 +179,22 @@ def test_step_change_replaces_leaves_in_place_and_extra_classes_go_last():
 
 
 def test_another_default_class_means_a_rebuild():
+    # e.g. a tree of santhrottle <= 0.3 (default class 5374:ffff): rebuilt
     have = _want()
-    have.default_minor = 0x1
+    have.default_minor = 0xFFFF
+    have.classes[0xFFFF] = dp.htb_params(10**10)
     lines = dp.render_tc_plan("eth1", _want(), have)
     assert lines[:2] == [
         "qdisc del dev eth1 root",
-        "qdisc add dev eth1 root handle 5374: htb default ffff",
+        "qdisc add dev eth1 root handle 5374: htb default 0",
     ]
-    assert len(lines) == 2 + 101 + 100
+    assert len(lines) == 2 + 100 + 100
 
 
 def test_link_speed_change_changes_classes():
     lines = dp.render_tc_plan("eth1", _want(gbit=25), _want(gbit=10))
     changes = [ln for ln in lines if ln.startswith("class change")]
-    assert len(changes) == 101
+    assert len(changes) == 100
     assert "rate 25000000000bit ceil 25000000000bit burst 3125000b" in changes[0]
 
 
@@ -210,7 +213,7 @@ def test_missing_leaf_and_class_are_added():
 
 # Records as Datapath._tc_record makes them from pyroute2 (captured on 6.18
 # and, for netem, on the lab's 6.1 kernel).
-def _root_record(defcls=0xFFFF):
+def _root_record(defcls=0):
     return {
         "handle": 0x53740000,
         "parent": 0xFFFFFFFF,
@@ -260,9 +263,9 @@ def _netem_record(k, step_us=500, gbit=10):
 def test_observe_tree_from_kernel_records_adopts():
     max_class = 12
     qd = [_root_record()] + [_netem_record(k) for k in range(1, max_class + 1)]
-    cl = [_class_record(0xFFFF)] + [_class_record(dp.class_minor(k)) for k in range(1, 13)]
+    cl = [_class_record(dp.class_minor(k)) for k in range(1, 13)]
     have = dp.observe_tree(qd, cl)
-    assert have.ours and have.default_minor == 0xFFFF
+    assert have.ours and have.default_minor == 0
     assert dp.render_tc_plan("eth1", _want(max_class=max_class), have) == []
     s = dp.tree_summary(have)
     assert s["step_us"] == 500 and s["max_class"] == 12 and s["leaf"] == "netem"
@@ -271,9 +274,9 @@ def test_observe_tree_from_kernel_records_adopts():
 
 def test_observe_tree_100gbit_uses_rate64():
     qd = [_root_record()]
-    cl = [_class_record(0xFFFF, rate=12_500_000_000, buffer=1562)]
+    cl = [_class_record(0x1, rate=12_500_000_000, buffer=1562)]
     have = dp.observe_tree(qd, cl)
-    hp = have.classes[0xFFFF]
+    hp = have.classes[0x1]
     assert hp.rate_bytes_s == 12_500_000_000
     # 1562 ticks of 64 ns at 12.5 GB/s = 1249600 B ~ 1250000 B: within the tick rounding
     assert hp.close_to(dp.htb_params(10**11)) is False  # 12.5 MB burst wanted, 1.25 MB there
@@ -303,12 +306,16 @@ MANGLE_FOREIGN = """\
 """
 
 
-J1 = "-A POSTROUTING -o eth1 -p tcp -m multiport --sports 3260 -j SANTHROTTLE"
+J1 = (
+    "-A POSTROUTING -o eth1 -p tcp -m multiport --sports 3260"
+    " -m set --match-set santhrottle-members dst ! --update-counters -j SANTHROTTLE"
+)
 
 
 def test_rules_render_as_iptables_prints_them():
     assert dp.jump_rule("eth1", (3260, 4420)) == (
-        "-A POSTROUTING -o eth1 -p tcp -m multiport --sports 3260,4420 -j SANTHROTTLE"
+        "-A POSTROUTING -o eth1 -p tcp -m multiport --sports 3260,4420"
+        " -m set --match-set santhrottle-members dst ! --update-counters -j SANTHROTTLE"
     )
     rules = dp.render_chain_rules()
     assert rules[0] == "-A SANTHROTTLE -j SET --map-set santhrottle-all dst --map-prio"
@@ -344,7 +351,8 @@ def test_rules_restore_fresh_and_adopted():
     assert text.splitlines() == [
         "*mangle",
         "-D" + J1[2:],
-        "-I POSTROUTING -o eth1 -p tcp -m multiport --sports 3260,4420 -j SANTHROTTLE",
+        "-I POSTROUTING -o eth1 -p tcp -m multiport --sports 3260,4420"
+        " -m set --match-set santhrottle-members dst ! --update-counters -j SANTHROTTLE",
         "COMMIT",
     ]
     # a chain someone edited is rewritten whole
@@ -360,10 +368,14 @@ def test_other_devices_jumps_are_left_alone():
     text = dp.render_rules_restore("eth2", (3260,), [J1], dp.render_chain_rules())
     assert text.splitlines() == [
         "*mangle",
-        "-I POSTROUTING -o eth2 -p tcp -m multiport --sports 3260 -j SANTHROTTLE",
+        "-I POSTROUTING -o eth2 -p tcp -m multiport --sports 3260"
+        " -m set --match-set santhrottle-members dst ! --update-counters -j SANTHROTTLE",
         "COMMIT",
     ]
-    j2 = "-A POSTROUTING -o eth2 -p tcp -m multiport --sports 3260 -j SANTHROTTLE"
+    j2 = (
+        "-A POSTROUTING -o eth2 -p tcp -m multiport --sports 3260"
+        " -m set --match-set santhrottle-members dst ! --update-counters -j SANTHROTTLE"
+    )
     assert dp.render_rules_restore("eth1", (3260,), [J1, j2], dp.render_chain_rules()) is None
 
 

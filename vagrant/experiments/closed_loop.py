@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -41,7 +42,35 @@ BIN = Path(sys.executable).parent
 SOCK = "/run/santhrottle-exp/control.sock"
 SAMPLE_S = 0.1
 STATUS_EVERY = 5  # samples: the daemon's status every 0.5 s
-NSTAT_KEYS = ("TcpRetransSegs", "TcpExtTCPLossProbes", "TcpExtTCPFastRetrans", "TcpExtTCPTimeouts")
+NSTAT_KEYS = (
+    "TcpRetransSegs",
+    "TcpExtTCPLossProbes",
+    "TcpExtTCPFastRetrans",
+    "TcpExtTCPTimeouts",
+    # reordering the target's TCP noticed (SACK / timestamps) and the
+    # initiators' DSACKs (a retransmission they already had: spurious)
+    "TcpExtTCPSACKReorder",
+    "TcpExtTCPTSReorder",
+    "TcpExtTCPDSACKRecv",
+)
+# What `ss -ti` says of each iSCSI connection at a phase's end: RACK's
+# reordering window is min_rtt / 4 until the connection has seen reordering.
+SS_FIELDS = re.compile(r"\b(minrtt|rtt|retrans|reord_seen|reordering):(\S+)")
+
+
+def tcp_conns(netns: str, port: int = 3260) -> list[dict[str, str]]:
+    text = subprocess.run(
+        ["ip", "netns", "exec", netns, "ss", "-tinH", "state", "established",
+         f"( sport = :{port} )"],
+        capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    conns: list[dict[str, str]] = []
+    for line in text.splitlines():
+        if not line.startswith((" ", "\t")):
+            conns.append({"peer": line.split()[-1]})
+        elif conns:
+            conns[-1].update(SS_FIELDS.findall(line))
+    return conns
 
 
 def diskstats() -> dict[str, list[int]]:
@@ -212,6 +241,7 @@ def phase(t: dict, a: argparse.Namespace, threshold: str | None, out: Path) -> d
         s.stop_ev.set()
         s.join()
         net1 = nstat(t["netns"])
+        conns = tcp_conns(t["netns"])
     finally:
         if daemon is not None:
             stop_daemon(daemon, out, threshold)
@@ -223,6 +253,7 @@ def phase(t: dict, a: argparse.Namespace, threshold: str | None, out: Path) -> d
         "rows": s.rows,
         "events": s.events,
         "nstat": {k: net1.get(k, 0) - net0.get(k, 0) for k in NSTAT_KEYS},
+        "tcp_conns": conns,
         "sets_left_after_stop": [m for m in members if m.startswith("santhrottle")],
         "reader_dm": reader["dm"],
         "writer_dms": [w["dm"] for w in writers],
