@@ -47,5 +47,7 @@ def test_short_closed_loop_holds_the_threshold():
     # and the target fast-retransmits (an open problem of the data path, docs/lab.md).
     print(
         "target: retrans {target_retrans_segs}, tail-loss probes {target_loss_probes}, "
-        "fast retrans {target_fast_retrans}, timeouts {target_timeouts}".format(**c)
+        "fast retrans {target_fast_retrans}, timeouts {target_timeouts}; "
+        "spurious by the initiators' DSACKs {target_dsack_recv}; reorderings seen "
+        "{target_sack_reorder}; iSCSI connections' min RTT {min_rtt_ms} ms".format(**c)
     )

@@ -99,6 +99,10 @@ def summarize(ph: dict, threshold_s: float | None, uncontrolled_wr: float | None
         "target_loss_probes": ph["nstat"].get("TcpExtTCPLossProbes", 0),
         "target_fast_retrans": ph["nstat"].get("TcpExtTCPFastRetrans", 0),
         "target_timeouts": ph["nstat"].get("TcpExtTCPTimeouts", 0),
+        # retransmissions the initiators already had (their DSACKs): spurious
+        "target_dsack_recv": ph["nstat"].get("TcpExtTCPDSACKRecv", 0),
+        "target_sack_reorder": ph["nstat"].get("TcpExtTCPSACKReorder", 0),
+        "min_rtt_ms": sorted(float(c["minrtt"]) for c in ph.get("tcp_conns", []) if "minrtt" in c),
         "sets_left_after_stop": ph["sets_left_after_stop"],
     }
     if threshold_s is not None:
@@ -317,11 +321,12 @@ def report(out: Path) -> int:
     print(
         f"uncontrolled: p50 {ms(unc['read_latency_p50_s'])} p95 {ms(unc['read_latency_p95_s'])} "
         f"p99 {ms(unc['read_latency_p99_s'])} ms, writes {unc['write_bytes_per_s'] / 1e6:.1f} "
-        f"MB/s, target retrans {unc['target_retrans_segs']} (TLP {unc['target_loss_probes']})"
+        f"MB/s, target retrans {unc['target_retrans_segs']} (TLP {unc['target_loss_probes']}, "
+        f"spurious {unc['target_dsack_recv']})"
     )
     print(
         f"{'threshold':>9} {'p50':>6} {'p95':>6} {'p99':>6} {'above%':>6} {'wr MB/s':>7} "
-        f"{'retrans':>7} {'TLP':>4} {'release':>8} {'sim p95':>7} {'sim/lab':>7}"
+        f"{'retrans':>7} {'TLP':>4} {'spur.':>5} {'release':>8} {'sim p95':>7} {'sim/lab':>7}"
     )
     for s in rows:
         rel = s.get("release_throughput_back_after_s")
@@ -330,12 +335,18 @@ def report(out: Path) -> int:
             f"{ms(s['read_latency_p95_s']):>6} {ms(s['read_latency_p99_s']):>6} "
             f"{s['time_above_threshold_pct']:>6.1f} {s['write_bytes_per_s'] / 1e6:>7.1f} "
             f"{s['target_retrans_segs']:>7} {s['target_loss_probes']:>4} "
-            f"{'-' if rel is None else f'{rel:.1f}s':>8} {ms(s['sim_read_latency_p95_s']):>7} "
+            f"{s['target_dsack_recv']:>5} {'-' if rel is None else f'{rel:.1f}s':>8} "
+            f"{ms(s['sim_read_latency_p95_s']):>7} "
             f"{s['sim_vs_lab_p95']:>+7.0%}"
         )
     print(
         f"LQ fit of the array (uncontrolled run, 1 s windows): C {c * 1e3:.3f} ms, "
         f"m {m * 1e3:.3f} ms/IO, R^2 {r2:.2f}"
+    )
+    print(
+        "spur.: retransmissions the initiators' DSACKs showed they already had; "
+        f"iSCSI connections' min RTT {', '.join(f'{x:g}' for x in unc['min_rtt_ms'])} ms "
+        "(RACK's reordering window is a quarter of it)"
     )
     print(
         "latencies in ms, from the target's diskstats over 1 s windows after the writers' first "
