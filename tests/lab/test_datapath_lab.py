@@ -27,12 +27,12 @@ Two uses:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -73,18 +73,21 @@ OVERHEAD_SIZE = 64 << 20
 
 # ============================================================ measuring
 def sh(cmd, check=True, timeout=300, input=None) -> str:
-    p = subprocess.run(
-        [str(c) for c in cmd],
-        input=input,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    if check and p.returncode:
-        raise RuntimeError(f"{' '.join(map(str, cmd))} exited {p.returncode}: {p.stdout}")
-    return p.stdout
+    """topology.sh (stdout and stderr together; an error names the command),
+    with this file's longer default timeout for fio runs."""
+    return load_topology().sh([str(c) for c in cmd], input=input, check=check, timeout=timeout)
+
+
+@contextlib.contextmanager
+def netns_sysctl(key: str, value: str, netns: str = NETNS):
+    """Set a sysctl in the target's namespace for the block, then put it back."""
+    ns = ["ip", "netns", "exec", netns, "sysctl"]
+    old = " ".join(sh([*ns, "-n", key]).split())
+    sh([*ns, "-qw", f"{key}={value}"])
+    try:
+        yield
+    finally:
+        sh([*ns, "-qw", f"{key}={old}"])
 
 
 TCP_COUNTERS = (
@@ -204,11 +207,14 @@ def load_datapath():
 
 
 def load_topology():
-    spec = importlib.util.spec_from_file_location("santhrottle_lab_topology", TOPOLOGY_PY)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("santhrottle_lab_topology", mod)
-    spec.loader.exec_module(mod)
-    return sys.modules["santhrottle_lab_topology"]
+    """vagrant/qemu/guest/topology.py as a module, loaded once."""
+    mod = sys.modules.get("santhrottle_lab_topology")
+    if mod is None:
+        spec = importlib.util.spec_from_file_location("santhrottle_lab_topology", TOPOLOGY_PY)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["santhrottle_lab_topology"] = mod
+        spec.loader.exec_module(mod)
+    return mod
 
 
 def kernel_text(netns: str = NETNS, device: str = DEVICE) -> dict[str, str]:
@@ -403,37 +409,13 @@ def sweep(args) -> dict:
         # -- ack mode when the initiator is window-limited (target tcp_rmem capped)
         if not args.quick:
             log("curve: 64k qd1 write, mode ack, target tcp_rmem capped at 64 KiB")
-            old = sh(["ip", "netns", "exec", NETNS, "sysctl", "-n", "net.ipv4.tcp_rmem"]).split()
-            sh(
-                [
-                    "ip",
-                    "netns",
-                    "exec",
-                    NETNS,
-                    "sysctl",
-                    "-qw",
-                    "net.ipv4.tcp_rmem=4096 65536 65536",
-                ]
-            )
-            try:
+            with netns_sysctl("net.ipv4.tcp_rmem", "4096 65536 65536"):
                 # new window limits apply to new connections: log the session in again
                 sh(["iscsiadm", "-m", "node", "-U", "all"])
                 topo.iscsi_login(t["iscsi"])
                 device2 = t["iscsi"][0]["device"]
                 pts = curve(
                     d, ip, device2, "ack", "write", "64k", 1, 32 << 20, delays, log, args.repeat
-                )
-            finally:
-                sh(
-                    [
-                        "ip",
-                        "netns",
-                        "exec",
-                        NETNS,
-                        "sysctl",
-                        "-qw",
-                        "net.ipv4.tcp_rmem=" + " ".join(old),
-                    ]
                 )
             res["ack_window_limited"] = {"points": pts, **summarize(pts)}
         d.cleanup()

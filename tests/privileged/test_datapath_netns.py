@@ -63,6 +63,16 @@ def _delta(after, before):
     return classes, members
 
 
+def _measured(pair, d: dp.Datapath, *transfers: tuple[str, int, int, int]):
+    """Start the server, run the transfers (ip, port, bytes up, bytes down) and
+    return what they added to the class and member counters."""
+    pair.start_server()
+    before = _counters(d)
+    for ip, port, up, down in transfers:
+        pair.transfer(ip, port, up=up, down=down)
+    return _delta(_counters(d), before)
+
+
 def _only(classes: dict, *ks: int) -> dict:
     """Classes other than ks that saw traffic (must be empty)."""
     return {k: v for k, v in classes.items() if k not in ks and v != (0, 0)}
@@ -73,10 +83,11 @@ def test_ack_mode_pure_acks_go_to_the_class_payload_does_not(netns_pair):
     with _dp(pair) as d:
         d.apply()
         d.set_classes({MEMBER_IP: 3}, mode="ack")
-        pair.start_server()
-        before = _counters(d)
-        pair.transfer(MEMBER_IP, 3260, up=16 * MB, down=256 * 1024)  # a write, a small read back
-        classes, members = _delta(_counters(d), before)
+        classes, members = _measured(
+            pair,
+            d,
+            (MEMBER_IP, 3260, 16 * MB, 256 * 1024),  # a write, a small read back
+        )
     pkts, nbytes = members[MEMBER_IP]
     assert pkts > 50, "the writer's pure ACKs matched the ack rule"
     # class 3 got exactly the packets the rule matched, and all are ACK-sized
@@ -92,10 +103,11 @@ def test_read_mode_payload_goes_to_the_class_acks_do_not(netns_pair):
     with _dp(pair) as d:
         d.apply()
         d.set_classes({MEMBER_IP: 5}, mode="read")
-        pair.start_server()
-        before = _counters(d)
-        pair.transfer(MEMBER_IP, 3260, up=2 * MB, down=4 * MB)  # ACKs for 2 MB, then 4 MB read
-        classes, members = _delta(_counters(d), before)
+        classes, members = _measured(
+            pair,
+            d,
+            (MEMBER_IP, 3260, 2 * MB, 4 * MB),  # ACKs for 2 MB, then 4 MB read
+        )
     pkts, nbytes = members[MEMBER_IP]
     assert classes[5] == (pkts, nbytes + ETH_HLEN * pkts)
     assert nbytes >= 4 * MB, "all the read payload went through class 5"
@@ -112,11 +124,12 @@ def test_all_mode_everything_goes_to_the_class(netns_pair):
         d.apply()
         d.set_classes({MEMBER_IP: 7})  # the default write mode
         assert d.current()[MEMBER_IP].mode == "all"
-        pair.start_server()
-        before = _counters(d)
-        pair.transfer(MEMBER_IP, 3260, up=2 * MB, down=2 * MB)
-        pair.transfer(MEMBER_IP, 4420, up=256 * 1024, down=256 * 1024)  # NVMe/TCP port too
-        classes, members = _delta(_counters(d), before)
+        classes, members = _measured(
+            pair,
+            d,
+            (MEMBER_IP, 3260, 2 * MB, 2 * MB),
+            (MEMBER_IP, 4420, 256 * 1024, 256 * 1024),  # NVMe/TCP port too
+        )
     pkts, nbytes = members[MEMBER_IP]
     assert classes[7] == (pkts, nbytes + ETH_HLEN * pkts)
     assert nbytes >= 2 * MB + 256 * 1024
@@ -129,11 +142,12 @@ def test_non_members_and_other_ports_stay_unthrottled(netns_pair):
     with _dp(pair) as d:
         d.apply()
         d.set_classes({MEMBER_IP: 7})
-        pair.start_server()
-        before = _counters(d)
-        pair.transfer(OTHER_IP, 3260, up=MB, down=MB)  # not a member
-        pair.transfer(MEMBER_IP, 5201, up=MB, down=MB)  # a member, not a storage port
-        classes, members = _delta(_counters(d), before)
+        classes, members = _measured(
+            pair,
+            d,
+            (OTHER_IP, 3260, MB, MB),  # not a member
+            (MEMBER_IP, 5201, MB, MB),  # a member, not a storage port
+        )
     assert members[MEMBER_IP] == (0, 0)
     assert classes[0][1] >= 2 * MB
     assert _only(classes, 0) == {}
@@ -405,11 +419,12 @@ def test_jump_gate_follows_a_swapped_set(netns_pair):
         d.replace_members("all", {**others, MEMBER_IP: 6})  # temporary set + swap
         held = pair.tsh("ipset", "list", dp.MEMBERS_SET)
         assert all(n in held for n in dp.SET_NAMES.values())
-        pair.start_server()
-        before = _counters(d)
-        pair.transfer(MEMBER_IP, 3260, up=MB, down=MB)
-        pair.transfer(OTHER_IP, 3260, up=MB, down=MB)
-        classes, members = _delta(_counters(d), before)
+        classes, members = _measured(
+            pair,
+            d,
+            (MEMBER_IP, 3260, MB, MB),
+            (OTHER_IP, 3260, MB, MB),
+        )
     pkts, nbytes = members[MEMBER_IP]
     assert nbytes >= MB and classes[6] == (pkts, nbytes + ETH_HLEN * pkts)
     assert classes[2] == (0, 0)
