@@ -92,6 +92,7 @@ def _config_kw(args: argparse.Namespace) -> dict[str, Any]:
     kw["ports"] = dp.parse_ports(args.ports)
     kw["link_bits_s"] = dp.parse_rate_bits(args.link_speed)
     kw["write_mode"] = args.write_mode
+    kw["glide_leaves"] = args.glide_leaves
     return kw
 
 
@@ -146,6 +147,18 @@ def _print_status(st: dict[str, Any]) -> None:
             f"  tc: htb {c['root']} root, {c['classes']} delay classes of {step}"
             f" (max class {c['max_class']}), unthrottled: HTB {c['default']} queue{link}"
         )
+        gl = c.get("glides") or []
+        if gl:
+            busy = [
+                f"{g['leaf']} at {fmt_us(g['delay_us']) if g['delay_us'] is not None else '-'}"
+                f" ({len(g['members'])} initiators)"
+                for g in gl
+                if g["members"]
+            ]
+            print(
+                f"  glide leaves: {len(gl)} (lowered delays keep each initiator's packets in "
+                f"order){'; gliding: ' + ', '.join(busy) if busy else ''}"
+            )
     else:
         print("  tc: no santhrottle qdisc tree")
     ch = st["chain"]
@@ -255,7 +268,8 @@ def cmd_pin(args: argparse.Namespace) -> int:
         d, note = _discover_or_apply(args)
         with d:
             k = dp.delay_to_class(delay_us, d.step_us, d.max_class)
-            d.set_classes({ip: k}, mode=args.mode)
+            # ordered=False: this process exits now, nobody would settle a glide
+            d.set_classes({ip: k}, mode=args.mode, ordered=False)
     except (dp.DatapathError, RemoteError) as e:
         return _fail(str(e))
     if d.leaf != "netem":  # only the tests build pfifo leaves (kernels without netem)
@@ -282,7 +296,7 @@ def cmd_unpin(args: argparse.Namespace) -> int:
             if ip not in cur:
                 print(f"{ip} was not pinned or throttled")
                 return 0
-            d.set_classes({ip: 0})
+            d.set_classes({ip: 0}, ordered=False)
     except (dp.DatapathError, RemoteError) as e:
         return _fail(str(e))
     m = cur[ip]
@@ -350,6 +364,14 @@ def add_commands(sub: Any) -> None:
         choices=("all", "ack"),
         default="all",
         help="what the controller's writer classes delay (default all)",
+    )
+    a.add_argument(
+        "--glide-leaves",
+        type=int,
+        default=8,
+        metavar="N",
+        help="netem leaves whose delay is lowered in place so that an initiator's "
+        "packets stay in order when its delay goes down (default 8, 0 = none)",
     )
     _add_netns(a)
     a.set_defaults(func=cmd_apply)

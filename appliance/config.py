@@ -62,6 +62,7 @@ class Config:
     max_delay_s: float = 0.050
     link_speed: str = "25gbit"
     leaf: str = "netem"
+    glide_leaves: int = 8
     # [controller]
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     default_threshold_s: float | None = None
@@ -188,7 +189,16 @@ def parse_config(text: str, path: str = str(DEFAULT_PATH)) -> Config:
     p = r.table(
         data,
         "datapath",
-        {"devices", "ports", "write_mode", "step", "max_delay", "link_speed", "leaf"},
+        {
+            "devices",
+            "ports",
+            "write_mode",
+            "step",
+            "max_delay",
+            "link_speed",
+            "leaf",
+            "glide_leaves",
+        },
     )
     devices = p.get("devices", [])
     if not isinstance(devices, list) or not all(
@@ -214,6 +224,9 @@ def parse_config(text: str, path: str = str(DEFAULT_PATH)) -> Config:
     leaf = p.get("leaf", "netem")
     if leaf not in ("netem", "pfifo"):
         raise r.fail("datapath.leaf", 'must be "netem" (or "pfifo": classify without delay)')
+    glides = p.get("glide_leaves", 8)
+    if isinstance(glides, bool) or not isinstance(glides, int) or not 0 <= glides <= 256:
+        raise r.fail("datapath.glide_leaves", "must be a whole number 0-256 (0: no ordered descent)")
     link = p.get("link_speed", "25gbit")
     try:
         parse_rate_bits(link if isinstance(link, str) else "")
@@ -356,6 +369,7 @@ def parse_config(text: str, path: str = str(DEFAULT_PATH)) -> Config:
         max_delay_s=max_delay_s,
         link_speed=link,
         leaf=leaf,
+        glide_leaves=glides,
         controller=controller,
         default_threshold_s=default_thr,
         resources=resources,

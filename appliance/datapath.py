@@ -159,6 +159,15 @@ NETEM_LIMIT_FLOOR_PKTS = 1000
 # packets.  10 Gbit -> 1.25 MB, 25 Gbit -> 3.125 MB, 100 Gbit -> 12.5 MB.
 HTB_BURST_S = 0.001
 HTB_MIN_BURST_BYTES = 2 * 65536
+# Glide leaves (ordered descent, see the header): HTB minors 0x6000 + i,
+# above every class minor (<= 0x5000) and the root's 0x5374; the leaf
+# qdisc takes the same number as its handle major.
+GLIDE_MINOR_BASE = 0x6000
+DEFAULT_GLIDE_LEAVES = 8
+MAX_GLIDE_LEAVES = 256
+# A glide leaf's netem `rate` only keeps its queue in order (a packet leaves
+# after the one before it); TCA_NETEM_RATE is a u32 of bytes/s (34 Gbit/s).
+NETEM_RATE_MAX_BYTES_S = 2**32 - 1
 # HTB quantum (bytes per DRR round): only matters when borrowing, which never
 # happens here (no parent class); explicit so HTB neither computes rate/r2q
 # (125 MB at 10 Gbit, clamped with a kernel warning per class) nor warns.
@@ -410,19 +419,27 @@ class Leaf:
     kind: str  # netem | pfifo (pfifo: test leaf on kernels without netem)
     handle_major: int
     limit: int
-    delay_us: int | None = None  # netem only
+    delay_us: int | None = None  # netem only; None in a wanted glide leaf (run-time state)
+    rate_bytes_s: int = 0  # netem rate: glide leaves only (0 = none)
 
     def tc_args(self) -> str:
-        if self.kind == "netem":
-            return f"netem delay {self.delay_us}us limit {self.limit}"
-        return f"{self.kind} limit {self.limit}"
+        if self.kind != "netem":
+            return f"{self.kind} limit {self.limit}"
+        rate = f" rate {self.rate_bytes_s * 8}bit" if self.rate_bytes_s else ""
+        return f"netem delay {self.delay_us or 0}us{rate} limit {self.limit}"
 
     def same(self, other: Leaf) -> bool:
         return (
             self.kind == other.kind
             and self.handle_major == other.handle_major
             and self.limit == other.limit
-            and (self.kind != "netem" or self.delay_us == other.delay_us)
+            and (
+                self.kind != "netem"
+                or (
+                    self.rate_bytes_s == other.rate_bytes_s
+                    and (None in (self.delay_us, other.delay_us) or self.delay_us == other.delay_us)
+                )
+            )
         )
 
 
@@ -445,16 +462,35 @@ class TcTree:
         return self.root_major == 0
 
 
-def desired_tree(step_us: int, max_class: int, link_bits_s: int, leaf: str = "netem") -> TcTree:
+def glide_minor(i: int) -> int:
+    return GLIDE_MINOR_BASE + i
+
+
+def is_glide_minor(minor: int) -> bool:
+    return GLIDE_MINOR_BASE <= minor < GLIDE_MINOR_BASE + MAX_GLIDE_LEAVES
+
+
+def glide_rate_bytes_s(link_bits_s: int) -> int:
+    return min(link_bits_s // 8, NETEM_RATE_MAX_BYTES_S)
+
+
+def desired_tree(
+    step_us: int, max_class: int, link_bits_s: int, leaf: str = "netem", glides: int = 0
+) -> TcTree:
     hp = htb_params(link_bits_s)
     t = TcTree("htb", ROOT_MAJOR, DIRECT_MINOR)
+    netem = leaf == "netem"
     for k in range(1, max_class + 1):
         minor = class_minor(k)
         t.classes[minor] = hp
         delay = k * step_us
-        t.leaves[minor] = Leaf(
-            leaf, minor, netem_limit(link_bits_s, delay), delay if leaf == "netem" else None
-        )
+        t.leaves[minor] = Leaf(leaf, minor, netem_limit(link_bits_s, delay), delay if netem else None)
+    limit = netem_limit(link_bits_s, max_class * step_us)
+    rate = glide_rate_bytes_s(link_bits_s) if netem else 0
+    for i in range(glides):
+        minor = glide_minor(i)
+        t.classes[minor] = hp
+        t.leaves[minor] = Leaf(leaf, minor, limit, None, rate)
     return t
 
 
@@ -477,7 +513,7 @@ def render_tc_plan(device: str, want: TcTree, have: TcTree | None) -> list[str]:
         lines.append(f"qdisc add dev {dev} root handle {root} htb default {want.default_minor:x}")
     have_classes = {} if fresh or have is None else have.classes
     have_leaves = {} if fresh or have is None else have.leaves
-    order = sorted(want.classes, key=lambda m: (m != want.default_minor, minor_class(m) or 0))
+    order = sorted(want.classes, key=lambda m: (m != want.default_minor, minor_class(m) or m))
     for minor in order:
         hp = want.classes[minor]
         cid = f"{ROOT_MAJOR:x}:{minor:x}"
@@ -560,7 +596,8 @@ def observe_tree(
             o = _attrs(opts)
             ticks = o.get("delay", 0)
             delay_us = round(ticks * PSCHED_TICK_NS / 1000)
-            t.leaves[minor] = Leaf("netem", q["handle"] >> 16, o.get("limit", 0), delay_us)
+            rate = int((o.get("TCA_NETEM_RATE") or {}).get("rate", 0))
+            t.leaves[minor] = Leaf("netem", q["handle"] >> 16, o.get("limit", 0), delay_us, rate)
         else:
             o = _attrs(opts)
             t.leaves[minor] = Leaf(q["kind"], q["handle"] >> 16, o.get("limit", 0))
@@ -689,15 +726,19 @@ def parse_rule_ports(rules: Sequence[str]) -> tuple[int, ...] | None:
 
 
 # =============================================================== ipset text
+def minor_classid(minor: int) -> str:
+    return f"{ROOT_MAJOR:x}:{minor:x}"
+
+
 def render_ipset_changes(ops: Sequence[tuple[str, str, str, int]]) -> str:
-    """`ipset -exist restore` input: ("add"|"del", set, ip, class) per line."""
+    """`ipset -exist restore` input: ("add"|"del", set, ip, HTB minor) per line."""
     ids: dict[int, str] = {}
     out = []
-    for op, name, ip, k in ops:
+    for op, name, ip, minor in ops:
         if op == "add":
-            cid = ids.get(k)
+            cid = ids.get(minor)
             if cid is None:
-                cid = ids[k] = classid(k)
+                cid = ids[minor] = minor_classid(minor)
             out.append(f"add {name} {ip} skbprio {cid}")
         else:
             out.append(f"del {name} {ip}")
@@ -711,23 +752,23 @@ _SET_MODE = {name: mode for mode, name in SET_NAMES.items()}
 def _members_after(
     members: Mapping[str, tuple[str, int]], ops: Sequence[tuple[str, str, str, int]]
 ) -> dict[str, tuple[str, int]]:
-    """The membership (ip -> (mode, class)) once ops are applied."""
+    """The membership (ip -> (mode, HTB minor)) once ops are applied."""
     out = dict(members)
     set_mode = _SET_MODE
-    for op, name, ip, k in ops:
+    for op, name, ip, minor in ops:
         mode = set_mode[name]
         if op == "del":
             cur = out.get(ip)
             if cur is not None and cur[0] == mode:
                 del out[ip]
         else:
-            out[ip] = (mode, k)
+            out[ip] = (mode, minor)
     return out
 
 
 def render_ipset_swap(mode: str, members: Mapping[str, int], maxelem: int) -> str:
     """`ipset restore` input that replaces a mode's set atomically: build a
-    temporary set, swap it in, destroy the old contents."""
+    temporary set, swap it in, destroy the old contents.  members: ip -> HTB minor."""
     name = SET_NAMES[mode]
     tmp = name + TMP_SUFFIX
     # sized up front: no rehashing while the members go in
@@ -736,10 +777,10 @@ def render_ipset_swap(mode: str, members: Mapping[str, int], maxelem: int) -> st
     lines = [
         f"create {tmp} hash:ip family inet hashsize {hashsize} maxelem {maxelem} counters skbinfo"
     ]
-    for ip, k in members.items():
-        cid = ids.get(k)
+    for ip, minor in members.items():
+        cid = ids.get(minor)
         if cid is None:
-            cid = ids[k] = classid(k)
+            cid = ids[minor] = minor_classid(minor)
         lines.append(f"add {tmp} {ip} skbprio {cid}")
     lines += [f"swap {tmp} {name}", f"destroy {tmp}", ""]
     return "\n".join(lines)
@@ -793,6 +834,18 @@ class Member:
     klass: int
     packets: int = 0
     bytes: int = 0
+
+
+@dataclass(slots=True)
+class Glide:
+    """A glide leaf's run-time state (see the header: ordered descent)."""
+
+    minor: int
+    klass: int = 0  # its netem delay now, in classes
+    members: set[str] = field(default_factory=set)
+    # monotonic s: until then it still holds packets of a higher delay it had
+    # (or of members that left): not to be dissolved or reused before.
+    busy_until_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -865,6 +918,7 @@ class Datapath:
         *,
         netns: str | None = None,
         leaf: str = "netem",
+        glide_leaves: int = DEFAULT_GLIDE_LEAVES,
         maxelem: int = DEFAULT_MAXELEM,
         bulk_threshold: int = BULK_THRESHOLD,
         tc_bin: str = "tc",
@@ -894,6 +948,12 @@ class Datapath:
         if leaf not in ("netem", "pfifo"):
             raise DatapathError(f"bad leaf {leaf!r}: expected netem (or pfifo for tests)")
         self.leaf = leaf
+        if not 0 <= glide_leaves <= MAX_GLIDE_LEAVES:
+            raise DatapathError(f"bad glide leaf count {glide_leaves}: must be 0-{MAX_GLIDE_LEAVES}")
+        self.glide_leaves = glide_leaves
+        # Devices whose glide leaves follow this one's (all egress devices
+        # share the sets, so the same skbprio must mean the same delay on each).
+        self.glide_devices: list[str] = [device] if device else []
         self.netns = netns
         self.maxelem = maxelem
         self.bulk_threshold = bulk_threshold
@@ -909,7 +969,10 @@ class Datapath:
         self.command_timeout_s = command_timeout_s
         self._ipr: Any = None
         self._ipset: Any = None
-        self._members: dict[str, tuple[str, int]] | None = None  # ip -> (mode, class)
+        self._members: dict[str, tuple[str, int]] | None = None  # ip -> (mode, HTB minor)
+        self._glides: dict[int, Glide] = {}  # minor -> state
+        self.unordered_moves = 0  # descents made without a glide leaf (all busy)
+        self.clock = time.monotonic
 
     # ------------------------------------------------------------ plumbing
     @property
@@ -1067,7 +1130,7 @@ class Datapath:
     def current(self) -> dict[str, Member]:
         """Members of our sets with their mode, class and counters."""
         ips = self._ipsets()
-        out: dict[str, Member] = {}
+        raw: dict[str, tuple[str, int, int, int]] = {}  # ip -> (mode, minor, packets, bytes)
         existing = self._set_headers()
         for mode, name in SET_NAMES.items():
             if name not in existing:
@@ -1082,26 +1145,57 @@ class Datapath:
                     if ip is None:
                         continue
                     prio = data.get_attr("IPSET_ATTR_SKBPRIO")
-                    k = 0
-                    if prio is not None:
-                        major, minor = prio
-                        k = (minor_class(minor) or 0) if major == ROOT_MAJOR else 0
-                    out[ip] = Member(
-                        ip,
+                    minor = prio[1] if prio is not None and prio[0] == ROOT_MAJOR else DIRECT_MINOR
+                    raw[ip] = (
                         mode,
-                        k,
+                        minor,
                         int(data.get_attr("IPSET_ATTR_PACKETS") or 0),
                         int(data.get_attr("IPSET_ATTR_BYTES") or 0),
                     )
-        self._members = {ip: (m.mode, m.klass) for ip, m in out.items()}
-        return out
+        self._members = {ip: (mode, minor) for ip, (mode, minor, _, _) in raw.items()}
+        self._read_glides()
+        return {
+            ip: Member(ip, mode, self._klass(minor), pk, by)
+            for ip, (mode, minor, pk, by) in raw.items()
+        }
+
+    def _klass(self, minor: int) -> int:
+        """The delay class a member's HTB minor gives it now."""
+        if is_glide_minor(minor):
+            g = self._glides.get(minor)
+            return g.klass if g is not None else 0
+        return minor_class(minor) or 0
+
+    def _read_glides(self) -> None:
+        """Glide leaves' members from the membership just read back; the
+        delay of a leaf this process has not set yet from the kernel."""
+        assert self._members is not None
+        for g in self._glides.values():
+            g.members.clear()
+        unknown = []
+        for ip, (_mode, minor) in self._members.items():
+            if is_glide_minor(minor):
+                g = self._glides.get(minor)
+                if g is None:
+                    g = self._glides[minor] = Glide(minor)
+                    unknown.append(g)
+                g.members.add(ip)
+        if not unknown or self.leaf != "netem" or not self.device:
+            return
+        leaves = self.observe().leaves
+        now = self.clock()
+        for g in unknown:
+            leaf = leaves.get(g.minor)
+            delay_us = leaf.delay_us if leaf is not None and leaf.delay_us else 0
+            g.klass = min(self.max_class, round(delay_us / self.step_us))
+            g.busy_until_s = now + delay_us / 1e6  # what it holds may be that old
 
     def class_counters(self, device: str | None = None) -> dict[int, tuple[int, int]]:
         """Per delay class (0 = unthrottled): (packets, bytes) sent.
 
         HTB counts its direct queue only as packets (direct_packets_stat),
-        so class 0 is the root's count minus its classes' (HTB updates both
-        at dequeue)."""
+        so class 0 is the root's count minus its classes' and glide leaves'
+        (HTB updates both at dequeue; a glide leaf's packets count nowhere)."""
         qd, cl = self._tc_records(self._dev(device))
 
         def basic(rec: Mapping[str, Any]) -> tuple[int, int]:
@@ -1112,16 +1206,22 @@ class Datapath:
             (q for q in qd if q["parent"] == 0xFFFFFFFF and q["handle"] >> 16 == ROOT_MAJOR), None
         )
         out: dict[int, tuple[int, int]] = {}
+        gp = gb = 0  # glide leaves: neither a class nor the direct queue
         for c in cl:
             h = c["handle"]
-            k = minor_class(h & 0xFFFF) if h >> 16 == ROOT_MAJOR else None
+            if h >> 16 != ROOT_MAJOR:
+                continue
+            k = minor_class(h & 0xFFFF)
             if k is not None:
                 out[k] = basic(c)
+            elif is_glide_minor(h & 0xFFFF):
+                p, b = basic(c)
+                gp, gb = gp + p, gb + b
         if root is not None:
             rp, rb = basic(root)
             out[0] = (
-                rp - sum(p for p, _ in out.values()),
-                rb - sum(b for _, b in out.values()),
+                rp - gp - sum(p for p, _ in out.values()),
+                rb - gb - sum(b for _, b in out.values()),
             )
         return out
 
@@ -1173,7 +1273,9 @@ class Datapath:
                 f"santhrottle did not create; remove it (tc qdisc del dev {dev} root) or "
                 "choose another device"
             )
-        want = desired_tree(self.step_us, self.max_class, self.link_bits_s, self.leaf)
+        want = desired_tree(
+            self.step_us, self.max_class, self.link_bits_s, self.leaf, self.glide_leaves
+        )
         lines = render_tc_plan(dev, want, have)
         if self.leaf == "netem" and any(" netem " in ln for ln in lines):
             self.check_netem()
@@ -1199,7 +1301,7 @@ class Datapath:
             for mode in MODES:
                 part = {ip: k for ip, k in over.items() if modes.get(ip) == mode}
                 if part:
-                    self.set_classes(part, mode=mode)
+                    self.set_classes(part, mode=mode, ordered=False)  # their class is gone
             report.clamped = over
         t5 = time.monotonic()
         report.timings_s = {
@@ -1302,6 +1404,7 @@ class Datapath:
                     raise DatapathError(f"cannot destroy ipset {name}: {e}") from None
                 rep.sets.append(name)
         self._members = None
+        self._glides.clear()
         for dev in self.installed_devices():
             self._run([self.tc_bin, "qdisc", "del", "dev", dev, "root"], what="tc qdisc del")
             rep.qdiscs.append(dev)
@@ -1354,7 +1457,7 @@ class Datapath:
     def plan_changes(
         self, classes: Mapping[str, int], mode: str | None = None
     ) -> list[tuple[str, str, str, int]]:
-        """The ipset ops (op, set, ip, class) that move `classes` into place."""
+        """The ipset ops (op, set, ip, HTB minor) that move `classes` into place."""
         mode = mode or self.write_mode
         if mode not in MODES:
             raise DatapathError(f"bad mode {mode!r}: expected all, ack or read")
@@ -1376,20 +1479,169 @@ class Datapath:
                 continue
             if cur is not None and cur[0] != mode:
                 ops.append(("del", SET_NAMES[cur[0]], ip, 0))
-            if cur != (mode, k):
-                ops.append(("add", target, ip, k))
+            if cur is None or cur[0] != mode or self._klass(cur[1]) != k:
+                ops.append(("add", target, ip, class_minor(k)))
         return ops
 
-    def set_classes(self, classes: Mapping[str, int], mode: str | None = None) -> int:
+    def set_classes(
+        self, classes: Mapping[str, int], mode: str | None = None, *, ordered: bool = True
+    ) -> int:
         """Move initiators into delay classes (0 = out of every set).
 
         `mode` (default: the write mode) names the set: all, ack or read.
-        Returns the number of ipset operations sent."""
+        With `ordered`, initiators whose delay goes down glide through a
+        glide leaf (header: ordered descent); call settle() every tick after
+        it.  Returns the number of ipset operations sent."""
         mode = mode or self.write_mode
         ops = self.plan_changes(classes, mode)
         if not ops:
             return 0
-        after = _members_after(self._membership(), ops)
+        before = self._membership()
+        pre: list[tuple[int, int]] = []
+        post: list[tuple[int, int]] = []
+        if ordered and self.glide_leaves:
+            ops, pre, post = self._plan_glides(ops, mode, before)
+        for minor, k in pre:
+            self._set_glide(minor, k)
+        self._send(ops, before)
+        for minor, k in post:
+            self._set_glide(minor, k)
+        return len(ops)
+
+    def settle(self) -> int:
+        """Dissolve the glide leaves whose older packets have all left: their
+        members move to the shared class of the same delay (out of the set at
+        delay 0), the leaf is free again once what it holds has left.  Cheap
+        when nothing is due: the daemon calls it every tick."""
+        now = self.clock()
+        due = [g for g in self._glides.values() if g.members and now >= g.busy_until_s]
+        if not due:
+            return 0
+        members = self._membership()
+        ops = []
+        for g in due:
+            for ip in sorted(g.members):
+                name = SET_NAMES[members[ip][0]]
+                if g.klass:
+                    ops.append(("add", name, ip, class_minor(g.klass)))
+                else:
+                    ops.append(("del", name, ip, 0))
+        self._send(ops, members)
+        return len(ops)
+
+    def _plan_glides(
+        self,
+        ops: list[tuple[str, str, str, int]],
+        mode: str,
+        members: Mapping[str, tuple[str, int]],
+    ) -> tuple[list[tuple[str, str, str, int]], list[tuple[int, int]], list[tuple[int, int]]]:
+        """Rewrite the ops of initiators whose delay goes down (same mode):
+        per (from, to) group, one glide leaf at the old delay takes them all
+        (a leaf they already fill, else a free one set to the old delay
+        first: `pre`), then its delay goes down in place (`post`)."""
+        by_ip: dict[str, list[tuple[str, str, str, int]]] = {}
+        for op in ops:
+            by_ip.setdefault(op[2], []).append(op)
+        groups: dict[tuple[int, int], list[str]] = {}
+        keep: list[tuple[str, str, str, int]] = []
+        for ip, ip_ops in by_ip.items():
+            cur = members.get(ip)
+            last = ip_ops[-1]
+            k = (minor_class(last[3]) or 0) if last[0] == "add" else 0
+            c = self._klass(cur[1]) if cur is not None and cur[0] == mode else 0
+            if c > k and last[1] == SET_NAMES[mode]:
+                groups.setdefault((c, k), []).append(ip)
+            else:
+                keep.extend(ip_ops)
+        pre: list[tuple[int, int]] = []
+        post: list[tuple[int, int]] = []
+        taken: set[int] = set()
+        target = SET_NAMES[mode]
+        now = self.clock()
+        for (c, k), ips in groups.items():
+            group = set(ips)
+            own = {members[ip][1] for ip in ips if is_glide_minor(members[ip][1])}
+            full = sorted(
+                m for m in own if m in self._glides and self._glides[m].members <= group
+            )
+            minor = full[0] if full else self._free_glide(now, taken)
+            if minor is None:  # all busy: move them unordered (counted)
+                self.unordered_moves += len(ips)
+                keep.extend(op for ip in ips for op in by_ip[ip])
+                continue
+            taken.add(minor)
+            if not full:
+                pre.append((minor, c))
+            keep.extend(("add", target, ip, minor) for ip in ips if members[ip][1] != minor)
+            post.append((minor, k))
+        return keep, pre, post
+
+    def _free_glide(self, now: float, taken: set[int]) -> int | None:
+        for i in range(self.glide_leaves):
+            minor = glide_minor(i)
+            g = self._glides.setdefault(minor, Glide(minor))
+            if minor not in taken and not g.members and now >= g.busy_until_s:
+                return minor
+        return None
+
+    def _set_glide(self, minor: int, k: int) -> None:
+        """Set a glide leaf's delay in place (netem keeps its queue and, with
+        a rate, its order), on every device that has it."""
+        g = self._glides.setdefault(minor, Glide(minor))
+        if self.leaf == "netem":
+            for dev in self.glide_devices:
+                self._netem_change(dev, minor, k * self.step_us)
+        if k < g.klass:  # its packets at the old delay leave by then
+            g.busy_until_s = max(g.busy_until_s, self.clock() + g.klass * self.step_s)
+        g.klass = k
+
+    def _netem_change(self, device: str, minor: int, delay_us: int) -> None:
+        """One RTM_NEWQDISC (what `tc qdisc change` sends): the leaf's new delay."""
+        from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
+        from pyroute2.netlink.rtnl import RTM_NEWQDISC
+        from pyroute2.netlink.rtnl.tcmsg import tcmsg
+
+        msg = tcmsg()
+        msg["index"] = self._ifindex(device)
+        msg["handle"] = minor << 16
+        msg["parent"] = (ROOT_MAJOR << 16) | minor
+        rate = glide_rate_bytes_s(self.link_bits_s)
+        msg["attrs"] = [
+            ["TCA_KIND", "netem"],
+            [
+                "TCA_OPTIONS",
+                {
+                    "delay": round(delay_us * 1000 / PSCHED_TICK_NS),
+                    "limit": netem_limit(self.link_bits_s, self.max_class * self.step_us),
+                    "loss": 0,
+                    "gap": 0,
+                    "duplicate": 0,
+                    "jitter": 0,
+                    "attrs": [
+                        [
+                            "TCA_NETEM_RATE",
+                            {"rate": rate, "packet_overhead": 0, "cell_size": 0,
+                             "cell_overhead": 0},
+                        ]
+                    ],
+                },
+            ],
+        ]  # fmt: skip
+        try:
+            self._iproute().nlm_request(
+                msg, msg_type=RTM_NEWQDISC, msg_flags=NLM_F_REQUEST | NLM_F_ACK
+            )
+        except Exception as e:
+            raise DatapathError(
+                f"cannot change the delay of glide leaf {minor_classid(minor)} on {device}: {e}"
+            ) from None
+
+    def _send(
+        self, ops: Sequence[tuple[str, str, str, int]], before: Mapping[str, tuple[str, int]]
+    ) -> None:
+        """Send ipset ops (single netlink ops, restore or swap, whichever is
+        cheaper) and keep the membership and the glide leaves' members."""
+        after = _members_after(before, ops)
         if len(ops) <= self.bulk_threshold:
             self._apply_netlink(ops)
         else:
@@ -1401,16 +1653,23 @@ class Datapath:
             else:
                 self._apply_restore(ops)
         self._members = after
-        return len(ops)
+        now = self.clock()
+        for ip in {op[2] for op in ops}:
+            old, new = before.get(ip), after.get(ip)
+            if old is not None and old != new and old[1] in self._glides:
+                g = self._glides[old[1]]
+                g.members.discard(ip)  # what it sent there leaves at the leaf's delay
+                g.busy_until_s = max(g.busy_until_s, now + g.klass * self.step_s)
+            if new is not None and is_glide_minor(new[1]):
+                self._glides.setdefault(new[1], Glide(new[1])).members.add(ip)
 
     def _apply_netlink(self, ops: Sequence[tuple[str, str, str, int]]) -> None:
         from pyroute2.ipset import IPSetError
 
         ips = self._ipsets()
-        for op, name, ip, k in ops:
+        for op, name, ip, minor in ops:
             try:
                 if op == "add":
-                    minor = class_minor(k)
                     ips.add(name, ip, exclusive=False, skbprio=(ROOT_MAJOR, minor))
                 else:
                     ips.delete(name, ip, exclusive=False)
@@ -1463,10 +1722,36 @@ class Datapath:
         for ip, k in clean.items():
             if type(k) is not int or not 1 <= k <= self.max_class:
                 raise DatapathError(f"bad class {k!r} for {ip}: must be 1-{self.max_class}")
-        self._apply_swap({mode: clean})
+        self._apply_swap({mode: {ip: class_minor(k) for ip, k in clean.items()}})
         self._members = None  # other sets may hold some of these: read back next time
 
     # -------------------------------------------------------------- status
+    def glide_status(self, device: str | None = None) -> list[dict[str, Any]]:
+        """The device's glide leaves: delay now, members, packets and bytes sent."""
+        qd, cl = self._tc_records(self._dev(device))
+        tree = observe_tree(qd, cl)
+        out = []
+        for c in cl:
+            minor = c["handle"] & 0xFFFF
+            if c["handle"] >> 16 != ROOT_MAJOR or not is_glide_minor(minor):
+                continue
+            b = _attrs(c.get("stats")).get("TCA_STATS_BASIC") or {}
+            g = self._glides.get(minor)
+            leaf = tree.leaves.get(minor)
+            delay_us = leaf.delay_us if leaf is not None and leaf.kind == "netem" else None
+            if delay_us is None and g is not None:
+                delay_us = g.klass * self.step_us
+            out.append(
+                {
+                    "leaf": minor_classid(minor),
+                    "delay_us": delay_us,
+                    "members": sorted(g.members) if g is not None else [],
+                    "packets": int(b.get("packets", 0)),
+                    "bytes": int(b.get("bytes", 0)),
+                }
+            )
+        return sorted(out, key=lambda x: x["leaf"])
+
     def status(self) -> dict[str, Any]:
         """Everything `santhrottle datapath show` prints, as plain data."""
         jumps, chain_rules = self._mangle()
@@ -1508,6 +1793,7 @@ class Datapath:
                     out["classes"]["counters"] = {
                         str(k): {"packets": p, "bytes": b} for k, (p, b) in sorted(counters.items())
                     }
+                    out["classes"]["glides"] = self.glide_status(dev)
         step_us = (out["classes"] or {}).get("step_us")
         for ip in sorted(members, key=lambda s: ipaddress.IPv4Address(s)):
             m = members[ip]
@@ -1536,6 +1822,7 @@ def tree_summary(tree: TcTree) -> dict[str, Any]:
             step_us = first.delay_us // ks[0]
     hp = next(iter(tree.classes.values()), None)
     return {
+        "glide_leaves": sum(1 for m in tree.classes if is_glide_minor(m)),
         "root": f"{ROOT_MAJOR:x}:",
         "default": (
             "direct"
@@ -1582,6 +1869,7 @@ def discover(netns: str | None = None, **kw: Any) -> Datapath:
         args["link_bits_s"] = s["link_bits_s"]
     if s["leaf"] == "pfifo":
         args["leaf"] = "pfifo"
+    args["glide_leaves"] = s["glide_leaves"]
     ports = parse_rule_ports(jumps)
     if ports:
         args["ports"] = ports

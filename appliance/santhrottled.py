@@ -33,12 +33,18 @@ class Actuators:
 
     def __init__(self, datapaths: list[Any]) -> None:
         self.datapaths = datapaths
+        if datapaths:  # the first one drives the shared sets and every device's glide leaves
+            datapaths[0].glide_devices = [dp.device for dp in datapaths]
 
     def apply(self) -> Any:
         return [dp.apply() for dp in self.datapaths]
 
     def set_classes(self, classes: Mapping[str, int], mode: str | None = None) -> int:
         n: int = self.datapaths[0].set_classes(classes, mode)
+        return n
+
+    def settle(self) -> int:
+        n: int = self.datapaths[0].settle()
         return n
 
     def cleanup(self) -> Any:
@@ -59,6 +65,7 @@ def build_datapaths(cfg: Config) -> Actuators:
                 cfg.write_mode,
                 netns=cfg.netns,
                 leaf=cfg.leaf,
+                glide_leaves=cfg.glide_leaves,
             )
             for dev in cfg.devices
         ]

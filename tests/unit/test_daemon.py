@@ -61,6 +61,7 @@ class FakeSensors:
 class FakeActuator:
     kernel: dict[str, tuple[int, str]] = field(default_factory=dict)
     calls: int = 0
+    settles: int = 0
     fail: bool = False
     cleaned: bool = False
 
@@ -77,6 +78,10 @@ class FakeActuator:
             else:
                 self.kernel.pop(ip, None)
         return len(classes)
+
+    def settle(self):
+        self.settles += 1
+        return 0
 
     def cleanup(self):
         self.cleaned = True

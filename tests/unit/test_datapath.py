@@ -416,7 +416,10 @@ def test_backend(text, backend):
 
 def test_ipset_texts():
     text = dp.render_ipset_changes(
-        [("add", "santhrottle-all", "10.0.0.2", 20), ("del", "santhrottle-ack", "10.0.0.3", 0)]
+        [
+            ("add", "santhrottle-all", "10.0.0.2", dp.class_minor(20)),
+            ("del", "santhrottle-ack", "10.0.0.3", 0),
+        ]
     )
     assert text == "add santhrottle-all 10.0.0.2 skbprio 5374:20\ndel santhrottle-ack 10.0.0.3\n"
     swap = dp.render_ipset_swap("read", {"10.0.0.2": 3}, 65536).splitlines()
@@ -457,6 +460,114 @@ def test_plan_changes_diffs_against_membership():
         d.plan_changes({"10.0.0": 1})
     with pytest.raises(dp.DatapathError, match="bad mode"):
         d.plan_changes({"10.0.0.2": 1}, mode="write")
+
+
+# ------------------------------------------------------- ordered descent
+
+
+def test_glide_leaves_are_built_with_a_rate_and_their_delay_is_run_time_state():
+    want = dp.desired_tree(500, 100, 10**10, "netem", glides=2)
+    lines = dp.render_tc_plan("eth1", want, None)
+    assert len(lines) == 1 + 2 * 102
+    # after the delay classes; the largest limit; a rate keeps the queue in order
+    assert lines[-1] == (
+        "qdisc add dev eth1 parent 5374:6001 handle 6001: netem delay 0us "
+        "rate 10000000000bit limit 976563"
+    )
+    assert all(dp.minor_class(m) is None for m in (0x6000, 0x6001))
+    # a leaf gliding at 3 ms is what apply wants: nothing to change
+    have = dp.desired_tree(500, 100, 10**10, "netem", glides=2)
+    have.leaves[0x6000] = dp.Leaf("netem", 0x6000, 976563, 3000, 1_250_000_000)
+    assert dp.render_tc_plan("eth1", want, have) == []
+    # ... but a leaf without the rate is not
+    have.leaves[0x6000] = dp.Leaf("netem", 0x6000, 976563, 3000)
+    assert dp.render_tc_plan("eth1", want, have) == [
+        "qdisc replace dev eth1 parent 5374:6000 handle 6000: netem delay 0us "
+        "rate 10000000000bit limit 976563"
+    ]
+    # netem's rate is a u32 of bytes/s: capped at 34 Gbit/s on faster links
+    assert dp.glide_rate_bytes_s(100 * 10**9) == 2**32 - 1
+
+
+def _gliding(**kw):
+    d = dp.Datapath("eth1", leaf="pfifo", glide_leaves=2, **kw)
+    d.clock = lambda: 100.0
+    d._members = {
+        "10.0.0.2": ("all", dp.class_minor(4)),
+        "10.0.0.3": ("all", dp.class_minor(4)),
+        "10.0.0.4": ("all", dp.class_minor(12)),
+        "10.0.0.5": ("read", dp.class_minor(2)),
+    }
+    return d
+
+
+def _glide_plan(d, classes, mode="all"):
+    return d._plan_glides(d.plan_changes(classes, mode), mode, d._members)
+
+
+def test_a_descent_goes_through_one_glide_leaf_per_step():
+    d = _gliding()
+    ops, pre, post = _glide_plan(d, {"10.0.0.2": 3, "10.0.0.3": 3, "10.0.0.4": 0})
+    a, b = dp.glide_minor(0), dp.glide_minor(1)
+    # each group moves at its old delay into a leaf set to it first ...
+    assert pre == [(a, 4), (b, 12)]
+    assert sorted(ops) == [
+        ("add", "santhrottle-all", "10.0.0.2", a),
+        ("add", "santhrottle-all", "10.0.0.3", a),
+        ("add", "santhrottle-all", "10.0.0.4", b),
+    ]
+    # ... whose delay then goes down in place (to 0 for a release)
+    assert post == [(a, 3), (b, 0)]
+
+
+def test_a_leaf_its_group_fills_glides_in_place_and_others_take_their_own():
+    d = _gliding()
+    g = d._glides[dp.glide_minor(0)] = dp.Glide(dp.glide_minor(0), 3, {"10.0.0.2", "10.0.0.3"})
+    for ip in g.members:
+        d._members[ip] = ("all", g.minor)
+    # the whole leaf goes 3 -> 2: no ipset op at all
+    assert _glide_plan(d, {"10.0.0.2": 2, "10.0.0.3": 2}) == ([], [], [(g.minor, 2)])
+    # only one of them goes down: it takes the other leaf, its neighbour stays
+    ops, pre, post = _glide_plan(d, {"10.0.0.2": 1})
+    other = dp.glide_minor(1)
+    assert (ops, pre, post) == ([("add", "santhrottle-all", "10.0.0.2", other)], [(other, 3)],
+                                [(other, 1)])  # fmt: skip
+    # going up leaves the leaf for the shared class directly (more delay never reorders)
+    assert _glide_plan(d, {"10.0.0.3": 5}) == (
+        [("add", "santhrottle-all", "10.0.0.3", dp.class_minor(5))], [], []
+    )
+
+
+def test_increases_mode_changes_and_busy_leaves_do_not_glide():
+    d = _gliding()
+    ops, pre, post = _glide_plan(d, {"10.0.0.2": 9, "10.0.0.5": 1}, mode="all")
+    assert pre == post == []  # up; and a mode change (read -> all) is a new set
+    assert ("add", "santhrottle-all", "10.0.0.2", dp.class_minor(9)) in ops
+    # every leaf busy (still draining a higher delay): moved unordered, counted
+    for i in range(2):
+        d._glides[dp.glide_minor(i)] = dp.Glide(dp.glide_minor(i), 0, set(), 100.001)
+    ops, pre, post = _glide_plan(d, {"10.0.0.4": 11})
+    assert (ops, pre, post) == ([("add", "santhrottle-all", "10.0.0.4", dp.class_minor(11))],
+                                [], [])  # fmt: skip
+    assert d.unordered_moves == 1
+
+
+def test_settle_waits_for_the_old_delay_to_drain(monkeypatch):
+    d = _gliding()
+    sent = []
+    monkeypatch.setattr(d, "_apply_netlink", sent.extend)
+    now = [100.0]
+    d.clock = lambda: now[0]
+    d.set_classes({"10.0.0.4": 10})  # 6 ms -> 5 ms through leaf 6000
+    g = d._glides[dp.glide_minor(0)]
+    assert g.members == {"10.0.0.4"} and g.klass == 10 and d._klass(g.minor) == 10
+    assert g.busy_until_s == pytest.approx(100.006)  # packets sent at 6 ms leave by then
+    assert d.settle() == 0
+    now[0] = 100.0061
+    assert d.settle() == 1  # now the shared class of the same delay takes it over
+    assert sent[-1] == ("add", "santhrottle-all", "10.0.0.4", dp.class_minor(10))
+    assert g.members == set() and g.busy_until_s == pytest.approx(100.0111)
+    assert d.settle() == 0
 
 
 def test_constructor_validates():
