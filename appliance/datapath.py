@@ -1627,10 +1627,12 @@ class Datapath:
                 },
             ],
         ]  # fmt: skip
+        msg["header"]["type"] = RTM_NEWQDISC
+        msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK
         try:
-            self._iproute().nlm_request(
-                msg, msg_type=RTM_NEWQDISC, msg_flags=NLM_F_REQUEST | NLM_F_ACK
-            )
+            # the batch call: pyroute2 0.9's sync nlm_request looks for a
+            # status key only its async core has
+            self._iproute().nlm_request_batch([msg])
         except Exception as e:
             raise DatapathError(
                 f"cannot change the delay of glide leaf {minor_classid(minor)} on {device}: {e}"
