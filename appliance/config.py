@@ -226,7 +226,9 @@ def parse_config(text: str, path: str = str(DEFAULT_PATH)) -> Config:
         raise r.fail("datapath.leaf", 'must be "netem" (or "pfifo": classify without delay)')
     glides = p.get("glide_leaves", 8)
     if isinstance(glides, bool) or not isinstance(glides, int) or not 0 <= glides <= 256:
-        raise r.fail("datapath.glide_leaves", "must be a whole number 0-256 (0: no ordered descent)")
+        raise r.fail(
+            "datapath.glide_leaves", "must be a whole number 0-256 (0: no ordered descent)"
+        )
     link = p.get("link_speed", "25gbit")
     try:
         parse_rate_bits(link if isinstance(link, str) else "")

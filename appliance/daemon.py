@@ -301,7 +301,8 @@ class Daemon:
                 self.counters.reload_failures += 1
                 raise CommandError(
                     "reload refused: datapath devices, ports, step, max_delay, link_speed, "
-                    "leaf, glide_leaves and control_socket need a restart (systemctl restart santhrottled)"
+                    "leaf, glide_leaves and control_socket need a restart "
+                    "(systemctl restart santhrottled)"
                 )
             old = self.config
             self.config = new
@@ -426,6 +427,9 @@ class Daemon:
                 "reloads": c.reloads,
                 "reload_failures": c.reload_failures,
                 "tick_seconds_sum": c.tick_seconds_sum,
+                # descents through a glide leaf (in order) and without one (all busy)
+                "glided_descents": getattr(self.actuator, "glided", 0),
+                "unordered_descents": getattr(self.actuator, "unordered_moves", 0),
             },
             "resources": resources,
             "initiators": initiators,

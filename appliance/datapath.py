@@ -73,6 +73,31 @@ Run time
     change sets, one `ipset -exist restore` for large ones
     (bulk_threshold, measured by `make bench`).
 
+Ordered descent (glide leaves)
+    Moving an initiator to a *lower* class reorders its packets: those sent
+    after the move overtake those still queued at the old delay.  The
+    target's RACK window is min_rtt/4 (5-10 us on a LAN) while a step is
+    500 us, so the overtaken segments are retransmitted (lab: 50 target
+    retransmissions for 20 -> 10 -> 0 ms under a 64k qd4 read).  More delay
+    never reorders.  So a descent goes through a glide leaf instead:
+
+        class htb 5374:60II + qdisc netem 60II: delay D rate R limit L(max)
+
+    netem with a rate is a FIFO: a packet leaves at
+    max(previous packet's departure, now + D) + its transmission time, and
+    `tc qdisc change` (one RTM_NEWQDISC) keeps the queue.  An initiator
+    going from class c to k < c moves into a free glide leaf first set to
+    c (same delay: nothing overtakes), then the leaf's delay goes to k in
+    place; initiators going from c to k together share the leaf; a leaf
+    its members fill glides again in place on the next step.  settle()
+    (every tick) hands a leaf's members to the shared class of its delay
+    (or out of the set at 0) once the packets queued at the older, higher
+    delay have left (c * step after the change), and the leaf is reused
+    once it is empty and drained.  R = min(link rate, 34 Gbit/s: netem's
+    u32 bytes/s) only orders the queue.  With every leaf busy a descent
+    moves unordered (counted in unordered_moves).  Same lab run through
+    a glide leaf: 0 retransmissions.
+
 Lifecycle
     apply() reconciles: it builds what is missing, changes what differs,
     adopts what a previous run left and refuses to touch a root qdisc it did
@@ -484,7 +509,8 @@ def desired_tree(
         minor = class_minor(k)
         t.classes[minor] = hp
         delay = k * step_us
-        t.leaves[minor] = Leaf(leaf, minor, netem_limit(link_bits_s, delay), delay if netem else None)
+        limit_k = netem_limit(link_bits_s, delay)
+        t.leaves[minor] = Leaf(leaf, minor, limit_k, delay if netem else None)
     limit = netem_limit(link_bits_s, max_class * step_us)
     rate = glide_rate_bytes_s(link_bits_s) if netem else 0
     for i in range(glides):
@@ -949,7 +975,9 @@ class Datapath:
             raise DatapathError(f"bad leaf {leaf!r}: expected netem (or pfifo for tests)")
         self.leaf = leaf
         if not 0 <= glide_leaves <= MAX_GLIDE_LEAVES:
-            raise DatapathError(f"bad glide leaf count {glide_leaves}: must be 0-{MAX_GLIDE_LEAVES}")
+            raise DatapathError(
+                f"bad glide leaf count {glide_leaves}: must be 0-{MAX_GLIDE_LEAVES}"
+            )
         self.glide_leaves = glide_leaves
         # Devices whose glide leaves follow this one's (all egress devices
         # share the sets, so the same skbprio must mean the same delay on each).
@@ -971,6 +999,7 @@ class Datapath:
         self._ipset: Any = None
         self._members: dict[str, tuple[str, int]] | None = None  # ip -> (mode, HTB minor)
         self._glides: dict[int, Glide] = {}  # minor -> state
+        self.glided = 0  # initiators moved down through a glide leaf
         self.unordered_moves = 0  # descents made without a glide leaf (all busy)
         self.clock = time.monotonic
 
@@ -1561,15 +1590,14 @@ class Datapath:
         for (c, k), ips in groups.items():
             group = set(ips)
             own = {members[ip][1] for ip in ips if is_glide_minor(members[ip][1])}
-            full = sorted(
-                m for m in own if m in self._glides and self._glides[m].members <= group
-            )
+            full = sorted(m for m in own if m in self._glides and self._glides[m].members <= group)
             minor = full[0] if full else self._free_glide(now, taken)
             if minor is None:  # all busy: move them unordered (counted)
                 self.unordered_moves += len(ips)
                 keep.extend(op for ip in ips for op in by_ip[ip])
                 continue
             taken.add(minor)
+            self.glided += len(ips)
             if not full:
                 pre.append((minor, c))
             keep.extend(("add", target, ip, minor) for ip in ips if members[ip][1] != minor)

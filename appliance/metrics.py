@@ -88,6 +88,16 @@ class DaemonCollector(Collector):
             ("santhrottle_reloads", "reloads", "Configuration reloads"),
             ("santhrottle_reload_failures", "reload_failures", "Refused reloads"),
             ("santhrottle_tick_seconds", "tick_seconds_sum", "Time spent in ticks"),
+            (
+                "santhrottle_glided_descents",
+                "glided_descents",
+                "Initiators whose delay went down through a glide leaf (kept in order)",
+            ),
+            (
+                "santhrottle_unordered_descents",
+                "unordered_descents",
+                "Initiators whose delay went down without a free glide leaf (may reorder)",
+            ),
         ):
             m = CounterMetricFamily(name, doc)
             m.add_metric([], c[key])

@@ -47,6 +47,14 @@ class Actuators:
         n: int = self.datapaths[0].settle()
         return n
 
+    @property
+    def glided(self) -> int:
+        return int(self.datapaths[0].glided)
+
+    @property
+    def unordered_moves(self) -> int:
+        return int(self.datapaths[0].unordered_moves)
+
     def cleanup(self) -> Any:
         return [dp.cleanup() for dp in self.datapaths]
 

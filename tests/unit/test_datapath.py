@@ -534,7 +534,9 @@ def test_a_leaf_its_group_fills_glides_in_place_and_others_take_their_own():
                                 [(other, 1)])  # fmt: skip
     # going up leaves the leaf for the shared class directly (more delay never reorders)
     assert _glide_plan(d, {"10.0.0.3": 5}) == (
-        [("add", "santhrottle-all", "10.0.0.3", dp.class_minor(5))], [], []
+        [("add", "santhrottle-all", "10.0.0.3", dp.class_minor(5))],
+        [],
+        [],
     )
 
 

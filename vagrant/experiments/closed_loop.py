@@ -165,6 +165,8 @@ class Sampler(threading.Thread):
                             i["initiator"]: i["class"] for i in st["initiators"] if i["class"]
                         },
                         "overruns": st["counters"]["tick_overruns"],
+                        "glided": st["counters"].get("glided_descents", 0),
+                        "unordered": st["counters"].get("unordered_descents", 0),
                     }
                 except Exception as e:  # keep sampling; record why
                     row["status_error"] = str(e)

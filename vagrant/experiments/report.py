@@ -111,6 +111,10 @@ def summarize(ph: dict, threshold_s: float | None, uncontrolled_wr: float | None
         )
         cl = classes(ph)
         out["max_delay_class"] = max((c for _, c in cl), default=0)
+        last = next((r["status"] for r in reversed(ph["rows"]) if "status" in r), {})
+        # initiators' descents in order (glide leaves) and without (all leaves busy)
+        out["glided_descents"] = last.get("glided", 0)
+        out["unordered_descents"] = last.get("unordered", 0)
         if math.isfinite(reader_off):
             zero = next((t for t, c in cl if t > reader_off and c == 0), None)
             out["release_class_zero_after_s"] = None if zero is None else zero - reader_off
@@ -342,6 +346,13 @@ def report(out: Path) -> int:
     print(
         f"LQ fit of the array (uncontrolled run, 1 s windows): C {c * 1e3:.3f} ms, "
         f"m {m * 1e3:.3f} ms/IO, R^2 {r2:.2f}"
+    )
+    print(
+        "descents (initiators whose delay went down) through a glide leaf / unordered: "
+        + ", ".join(
+            f"{ms(s['threshold_s'])}ms {s['glided_descents']}/{s['unordered_descents']}"
+            for s in rows
+        )
     )
     print(
         "spur.: retransmissions the initiators' DSACKs showed they already had; "
