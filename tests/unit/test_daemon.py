@@ -130,6 +130,12 @@ def test_fixed_rate_ticks_without_drift():
     assert d.counters.tick_overruns == 0
 
 
+def test_every_tick_settles_the_glide_leaves_once_after_its_changes():
+    d, vt, _s, act = make()
+    run_for(d, vt, 1.0)
+    assert d.counters.ticks > 5 and act.settles == d.counters.ticks  # also when nothing changed
+
+
 def test_late_tick_counted_not_bunched():
     d, vt, _s, _a = make()
     d.run_once()
