@@ -9,7 +9,10 @@ diskstats over 1 s windows, time above threshold, writer throughput, target
 retransmissions), the interference table, the release time of the throttle
 after the reader leaves, and the simulator's prediction with the LQ line
 fitted to the lab's array; writes fig14.png, fig16-<T>.png, summary.json next
-to the raw series (raw.json). The last line names the results folder.
+to the raw series (raw.json); then the throttle curves (seconds per GB of one
+initiator's 64k qd1 reads and writes against the delay, paper figures 8 and
+9: throttle-curves.json, fig8-9.png; skipped with --short or --no-curves).
+The last line names the results folder.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ from typing import Any
 CHECKOUT = Path(__file__).resolve().parents[2]
 LAB_PY = CHECKOUT / "vagrant" / "qemu" / "lab.py"
 GUEST = CHECKOUT / "vagrant" / "experiments" / "closed_loop.py"
+# The throttle curves (paper 3.3, figures 8 and 9) come from the data path's
+# own lab script: a second guest boot, on the unthrottled disk.
+CURVES_SCRIPT = CHECKOUT / "tests" / "lab" / "test_datapath_lab.py"
+CURVES_JSON = "throttle-curves.json"
 WINDOW = 10  # samples of 100 ms: the 1 s read latency
 # read ticks, reads, write sectors, weighted ms: positions in a diskstats row (after the name)
 READS, READ_TICKS, WRITE_SECTORS, WEIGHTED_MS = 0, 3, 6, 10
@@ -364,6 +371,19 @@ def report(out: Path) -> int:
         "on-period; release: seconds from the reader leaving until the writers are back at 90 % "
         "of their uncontrolled throughput"
     )
+    curves = out / CURVES_JSON
+    if curves.exists():
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("santhrottle_dp_lab", CURVES_SCRIPT)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        png = out / "fig8-9.png"
+        print("\nthrottle curves (paper 3.3, figs 8/9): one initiator, `read` mode for reads,")
+        print("`all` mode for writes, on the unthrottled disk" + mod.report(
+            json.loads(curves.read_text()), str(png)))  # fmt: skip
+        figs.append(png)
     for f in figs:
         print(f"figure: {f}")
     print(f"results: {out}")
@@ -380,6 +400,9 @@ def main() -> int:
         help="CI's version: one threshold, two cycles, no interference sweep",
     )
     ap.add_argument("--timeout", type=float, default=1500)
+    ap.add_argument(
+        "--no-curves", action="store_true", help="skip the throttle curves (a second guest boot)"
+    )
     args, extra = ap.parse_known_args()
     if args.from_dir:
         return report(args.from_dir.resolve())
@@ -414,6 +437,16 @@ def main() -> int:
     if p.returncode != 0:
         print(f"lab run failed (exit {p.returncode}); results so far in {out}", file=sys.stderr)
         return p.returncode
+    if not (args.short or args.no_curves):
+        p = subprocess.run(
+            [
+                sys.executable, str(LAB_PY), "run", "--timeout", "1200", str(CURVES_SCRIPT),
+                "sweep", "--quick", "--no-overhead", "--curves", "read/read,all/write",
+                "--out", str(out / CURVES_JSON),
+            ]
+        )  # fmt: skip
+        if p.returncode != 0:
+            print(f"throttle curves failed (exit {p.returncode}); reporting without them")
     return report(out)
 
 
