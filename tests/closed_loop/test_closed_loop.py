@@ -50,6 +50,8 @@ def test_short_closed_loop_holds_the_threshold():
     )
     print(f"descents: {c['glided_descents']} through glide leaves, {c['unordered_descents']} not")
     # Lowered delays glide in one netem FIFO per group of initiators (docs/datapath.md):
-    # the writers' packets are never reordered, so the target has nothing to retransmit.
+    # the writers' packets are never reordered.  Retransmissions are printed, not
+    # asserted: a sudden delay increase can still make the target send a spurious
+    # tail-loss probe (the long run: 1-2 per phase; docs/lab.md), which is random.
     assert c["glided_descents"] > 0 and c["unordered_descents"] == 0, c
-    assert c["target_retrans_segs"] == 0, c
+    assert c["target_sack_reorder"] == 0, c
