@@ -168,7 +168,8 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     acts = build_datapaths(cfg)
     try:
         if args.delays_only:  # class 0 takes a member out of whichever set holds it
-            acts.set_classes(dict.fromkeys(acts.datapaths[0].current(), 0))
+            # unordered: this process exits now, nobody would settle a glide leaf
+            acts.set_classes(dict.fromkeys(acts.datapaths[0].current(), 0), ordered=False)
             print("no initiator is delayed any more; the static state stays")
         else:
             for r in acts.cleanup():

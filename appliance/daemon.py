@@ -56,7 +56,9 @@ class Sensors(Protocol):
 class Actuator(Protocol):
     def apply(self) -> Any: ...
 
-    def set_classes(self, classes: Mapping[str, int], mode: str | None = None) -> int: ...
+    def set_classes(
+        self, classes: Mapping[str, int], mode: str | None = None, *, ordered: bool = True
+    ) -> int: ...
 
     def settle(self) -> int: ...
 
@@ -193,7 +195,7 @@ class Daemon:
         out.update({ip: pin for ip, pin in self.state.pins.items() if pin[0] > 0})
         return out
 
-    def _actuate(self) -> None:
+    def _actuate(self, ordered: bool = True) -> None:
         want = self.desired()
         have = self.state.applied
         by_mode: dict[str, dict[str, int]] = {}
@@ -205,7 +207,7 @@ class Daemon:
                 by_mode.setdefault(mode, {})[ip] = 0
         try:
             for mode, classes in by_mode.items():
-                self.actuator.set_classes(classes, mode)
+                self.actuator.set_classes(classes, mode, ordered=ordered)
                 for ip, k in classes.items():
                     if k:
                         have[ip] = (k, mode)
@@ -268,7 +270,8 @@ class Daemon:
         with self.lock:
             self.state.paused = True
             self.state.pins.clear()
-            self._actuate()
+            # unordered: nobody would settle glide leaves after the stop
+            self._actuate(ordered=False)
             if not self.config.keep_static_state:
                 try:
                     self.actuator.cleanup()

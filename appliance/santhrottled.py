@@ -39,8 +39,10 @@ class Actuators:
     def apply(self) -> Any:
         return [dp.apply() for dp in self.datapaths]
 
-    def set_classes(self, classes: Mapping[str, int], mode: str | None = None) -> int:
-        n: int = self.datapaths[0].set_classes(classes, mode)
+    def set_classes(
+        self, classes: Mapping[str, int], mode: str | None = None, *, ordered: bool = True
+    ) -> int:
+        n: int = self.datapaths[0].set_classes(classes, mode, ordered=ordered)
         return n
 
     def settle(self) -> int:

@@ -62,16 +62,18 @@ class FakeActuator:
     kernel: dict[str, tuple[int, str]] = field(default_factory=dict)
     calls: int = 0
     settles: int = 0
+    unordered: int = 0  # calls with ordered=False
     fail: bool = False
     cleaned: bool = False
 
     def apply(self):
         return None
 
-    def set_classes(self, classes, mode=None):
+    def set_classes(self, classes, mode=None, *, ordered=True):
         if self.fail:
             raise OSError("netlink: busy")
         self.calls += 1
+        self.unordered += not ordered
         for ip, k in classes.items():
             if k:
                 self.kernel[ip] = (k, mode)
@@ -252,8 +254,11 @@ def test_shutdown_removes_every_delay_and_the_static_state():
     assert act.kernel == {} and act.cleaned
     d2, vt2, _s2, act2 = make(CONF + "[daemon]\nkeep_static_state = true\n")
     run_for(d2, vt2, 2.0)
+    unordered = act2.unordered
     d2.shutdown()
     assert act2.kernel == {} and not act2.cleaned
+    # the stop releases directly: no glide leaf would be settled after it
+    assert act2.unordered == unordered + 1
 
 
 def test_unknown_command():
