@@ -322,6 +322,7 @@ def _add_netns(p: argparse.ArgumentParser) -> None:
 
 def add_commands(sub: Any) -> None:
     """Add `datapath`, `pin` and `unpin` to the CLI's subparsers."""
+    from santhrottle.appliance.datapath import DEFAULT_GLIDE_LEAVES
     from santhrottle.controller.domain import DELAY_STEP_S, MAX_CLASS
 
     step_default = f"{round(DELAY_STEP_S * 1e6)}us"
@@ -368,10 +369,10 @@ def add_commands(sub: Any) -> None:
     a.add_argument(
         "--glide-leaves",
         type=int,
-        default=8,
+        default=DEFAULT_GLIDE_LEAVES,
         metavar="N",
         help="netem leaves whose delay is lowered in place so that an initiator's "
-        "packets stay in order when its delay goes down (default 8, 0 = none)",
+        "packets stay in order when its delay goes down (default %(default)s, 0 = none)",
     )
     _add_netns(a)
     a.set_defaults(func=cmd_apply)

@@ -26,7 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from santhrottle.appliance.datapath import DatapathError, parse_rate_bits
+from santhrottle.appliance.datapath import (
+    DEFAULT_GLIDE_LEAVES,
+    MAX_GLIDE_LEAVES,
+    DatapathError,
+    parse_rate_bits,
+)
 from santhrottle.appliance.units import UnitError, parse_duration_s, parse_rate_bps
 from santhrottle.controller.domain import ControllerConfig, PidGains
 
@@ -62,7 +67,7 @@ class Config:
     max_delay_s: float = 0.050
     link_speed: str = "25gbit"
     leaf: str = "netem"
-    glide_leaves: int = 8
+    glide_leaves: int = DEFAULT_GLIDE_LEAVES
     # [controller]
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     default_threshold_s: float | None = None
@@ -224,11 +229,7 @@ def parse_config(text: str, path: str = str(DEFAULT_PATH)) -> Config:
     leaf = p.get("leaf", "netem")
     if leaf not in ("netem", "pfifo"):
         raise r.fail("datapath.leaf", 'must be "netem" (or "pfifo": classify without delay)')
-    glides = p.get("glide_leaves", 8)
-    if isinstance(glides, bool) or not isinstance(glides, int) or not 0 <= glides <= 256:
-        raise r.fail(
-            "datapath.glide_leaves", "must be a whole number 0-256 (0: no ordered descent)"
-        )
+    glides = r.integer(p, "datapath", "glide_leaves", DEFAULT_GLIDE_LEAVES, 0, MAX_GLIDE_LEAVES)
     link = p.get("link_speed", "25gbit")
     try:
         parse_rate_bits(link if isinstance(link, str) else "")

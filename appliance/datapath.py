@@ -77,8 +77,8 @@ Ordered descent (glide leaves)
     Moving an initiator to a *lower* class reorders its packets: those sent
     after the move overtake those still queued at the old delay.  The
     target's RACK window is min_rtt/4 (5-10 us on a LAN) while a step is
-    500 us, so the overtaken segments are retransmitted (lab: 50 target
-    retransmissions for 20 -> 10 -> 0 ms under a 64k qd4 read).  More delay
+    500 us, so the overtaken segments are retransmitted (lab: 138-244 target
+    retransmissions for 4 x (20 -> 10 -> 0 ms) under a 64k qd4 read).  More delay
     never reorders.  So a descent goes through a glide leaf instead:
 
         class htb 5374:60II + qdisc netem 60II: delay D rate R limit L(max)
@@ -384,10 +384,13 @@ def minor_class(minor: int) -> int | None:
     return k if 1 <= k <= MAX_CLASS_LIMIT else None
 
 
+def minor_classid(minor: int) -> str:
+    return f"{ROOT_MAJOR:x}:{minor:x}"
+
+
 def classid(k: int) -> str:
     """'5374:20' for class 20; '5374:0' for class 0 (HTB's direct queue, unthrottled)."""
-    minor = DIRECT_MINOR if k == 0 else class_minor(k)
-    return f"{ROOT_MAJOR:x}:{minor:x}"
+    return minor_classid(DIRECT_MINOR if k == 0 else class_minor(k))
 
 
 # ================================================================== sizing
@@ -454,18 +457,17 @@ class Leaf:
         return f"netem delay {self.delay_us or 0}us{rate} limit {self.limit}"
 
     def same(self, other: Leaf) -> bool:
-        return (
-            self.kind == other.kind
-            and self.handle_major == other.handle_major
-            and self.limit == other.limit
-            and (
-                self.kind != "netem"
-                or (
-                    self.rate_bytes_s == other.rate_bytes_s
-                    and (None in (self.delay_us, other.delay_us) or self.delay_us == other.delay_us)
-                )
-            )
-        )
+        if (self.kind, self.handle_major, self.limit) != (
+            other.kind,
+            other.handle_major,
+            other.limit,
+        ):
+            return False
+        if self.kind != "netem":
+            return True
+        # a wanted glide leaf's delay (None) is whatever the kernel has now
+        delay_ok = None in (self.delay_us, other.delay_us) or self.delay_us == other.delay_us
+        return self.rate_bytes_s == other.rate_bytes_s and delay_ok
 
 
 @dataclass(slots=True)
@@ -499,6 +501,12 @@ def glide_rate_bytes_s(link_bits_s: int) -> int:
     return min(link_bits_s // 8, NETEM_RATE_MAX_BYTES_S)
 
 
+def glide_leaf(kind: str, minor: int, link_bits_s: int, max_delay_us: int) -> Leaf:
+    """A glide leaf as wanted: sized for the largest delay, its delay run-time state."""
+    rate = glide_rate_bytes_s(link_bits_s) if kind == "netem" else 0
+    return Leaf(kind, minor, netem_limit(link_bits_s, max_delay_us), None, rate)
+
+
 def desired_tree(
     step_us: int, max_class: int, link_bits_s: int, leaf: str = "netem", glides: int = 0
 ) -> TcTree:
@@ -511,12 +519,10 @@ def desired_tree(
         delay = k * step_us
         limit_k = netem_limit(link_bits_s, delay)
         t.leaves[minor] = Leaf(leaf, minor, limit_k, delay if netem else None)
-    limit = netem_limit(link_bits_s, max_class * step_us)
-    rate = glide_rate_bytes_s(link_bits_s) if netem else 0
     for i in range(glides):
         minor = glide_minor(i)
         t.classes[minor] = hp
-        t.leaves[minor] = Leaf(leaf, minor, limit, None, rate)
+        t.leaves[minor] = glide_leaf(leaf, minor, link_bits_s, max_class * step_us)
     return t
 
 
@@ -574,6 +580,12 @@ def _attrs(options: Any) -> dict[str, Any]:
     for item in options.get("attrs", []):
         out[item[0]] = item[1]
     return out
+
+
+def _basic_stats(rec: Mapping[str, Any]) -> tuple[int, int]:
+    """(packets, bytes) of a tc record's basic stats."""
+    b = _attrs(rec.get("stats")).get("TCA_STATS_BASIC") or {}
+    return int(b.get("packets", 0)), int(b.get("bytes", 0))
 
 
 def observe_tree(
@@ -752,10 +764,6 @@ def parse_rule_ports(rules: Sequence[str]) -> tuple[int, ...] | None:
 
 
 # =============================================================== ipset text
-def minor_classid(minor: int) -> str:
-    return f"{ROOT_MAJOR:x}:{minor:x}"
-
-
 def render_ipset_changes(ops: Sequence[tuple[str, str, str, int]]) -> str:
     """`ipset -exist restore` input: ("add"|"del", set, ip, HTB minor) per line."""
     ids: dict[int, str] = {}
@@ -1226,11 +1234,7 @@ class Datapath:
         so class 0 is the root's count minus its classes' and glide leaves'
         (HTB updates both at dequeue; a glide leaf's packets count nowhere)."""
         qd, cl = self._tc_records(self._dev(device))
-
-        def basic(rec: Mapping[str, Any]) -> tuple[int, int]:
-            b = _attrs(rec.get("stats")).get("TCA_STATS_BASIC") or {}
-            return int(b.get("packets", 0)), int(b.get("bytes", 0))
-
+        basic = _basic_stats
         root = next(
             (q for q in qd if q["parent"] == 0xFFFFFFFF and q["handle"] >> 16 == ROOT_MAJOR), None
         )
@@ -1571,6 +1575,7 @@ class Datapath:
         by_ip: dict[str, list[tuple[str, str, str, int]]] = {}
         for op in ops:
             by_ip.setdefault(op[2], []).append(op)
+        target = SET_NAMES[mode]
         groups: dict[tuple[int, int], list[str]] = {}
         keep: list[tuple[str, str, str, int]] = []
         for ip, ip_ops in by_ip.items():
@@ -1578,14 +1583,13 @@ class Datapath:
             last = ip_ops[-1]
             k = (minor_class(last[3]) or 0) if last[0] == "add" else 0
             c = self._klass(cur[1]) if cur is not None and cur[0] == mode else 0
-            if c > k and last[1] == SET_NAMES[mode]:
+            if c > k and last[1] == target:
                 groups.setdefault((c, k), []).append(ip)
             else:
                 keep.extend(ip_ops)
         pre: list[tuple[int, int]] = []
         post: list[tuple[int, int]] = []
         taken: set[int] = set()
-        target = SET_NAMES[mode]
         now = self.clock()
         for (c, k), ips in groups.items():
             group = set(ips)
@@ -1633,14 +1637,14 @@ class Datapath:
         msg["index"] = self._ifindex(device)
         msg["handle"] = minor << 16
         msg["parent"] = (ROOT_MAJOR << 16) | minor
-        rate = glide_rate_bytes_s(self.link_bits_s)
+        want = glide_leaf("netem", minor, self.link_bits_s, self.max_class * self.step_us)
         msg["attrs"] = [
             ["TCA_KIND", "netem"],
             [
                 "TCA_OPTIONS",
                 {
                     "delay": round(delay_us * 1000 / PSCHED_TICK_NS),
-                    "limit": netem_limit(self.link_bits_s, self.max_class * self.step_us),
+                    "limit": want.limit,
                     "loss": 0,
                     "gap": 0,
                     "duplicate": 0,
@@ -1648,7 +1652,7 @@ class Datapath:
                     "attrs": [
                         [
                             "TCA_NETEM_RATE",
-                            {"rate": rate, "packet_overhead": 0, "cell_size": 0,
+                            {"rate": want.rate_bytes_s, "packet_overhead": 0, "cell_size": 0,
                              "cell_overhead": 0},
                         ]
                     ],
@@ -1765,7 +1769,7 @@ class Datapath:
             minor = c["handle"] & 0xFFFF
             if c["handle"] >> 16 != ROOT_MAJOR or not is_glide_minor(minor):
                 continue
-            b = _attrs(c.get("stats")).get("TCA_STATS_BASIC") or {}
+            packets, nbytes = _basic_stats(c)
             g = self._glides.get(minor)
             leaf = tree.leaves.get(minor)
             delay_us = leaf.delay_us if leaf is not None and leaf.kind == "netem" else None
@@ -1776,8 +1780,8 @@ class Datapath:
                     "leaf": minor_classid(minor),
                     "delay_us": delay_us,
                     "members": sorted(g.members) if g is not None else [],
-                    "packets": int(b.get("packets", 0)),
-                    "bytes": int(b.get("bytes", 0)),
+                    "packets": packets,
+                    "bytes": nbytes,
                 }
             )
         return sorted(out, key=lambda x: x["leaf"])
@@ -1857,7 +1861,7 @@ def tree_summary(tree: TcTree) -> dict[str, Any]:
         "default": (
             "direct"
             if tree.default_minor == DIRECT_MINOR
-            else f"{ROOT_MAJOR:x}:{(tree.default_minor or 0):x}"
+            else minor_classid(tree.default_minor or 0)
         ),
         "max_class": ks[-1] if ks else 0,
         "classes": len(ks),
