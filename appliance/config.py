@@ -248,6 +248,8 @@ def parse_config(text: str, path: str = str(DEFAULT_PATH)) -> Config:
             "setpoint_fraction",
             "class_hysteresis",
             "class_decrease_max_per_tick",
+            "class_increase_max_ratio_per_tick",
+            "class_increase_min_per_tick",
             "read_ewma_tau",
             "write_ewma_tau",
             "write_heavy_enter",
@@ -273,6 +275,16 @@ def parse_config(text: str, path: str = str(DEFAULT_PATH)) -> Config:
     wtau = r.duration(c, "controller", "write_ewma_tau", dc.write_ewma_tau_s)
     if wtau <= 0:
         raise r.fail("controller.write_ewma_tau", "must be > 0")
+    ratio = r.number(
+        c,
+        "controller",
+        "class_increase_max_ratio_per_tick",
+        dc.class_increase_max_ratio_per_tick,
+        0.0,
+        100.0,
+    )
+    if 0.0 < ratio < 1.0:
+        raise r.fail("controller.class_increase_max_ratio_per_tick", "must be 0 (no limit) or >= 1")
     controller = ControllerConfig(
         tick_s=tick_s,
         converge_s=converge_s,
@@ -292,6 +304,10 @@ def parse_config(text: str, path: str = str(DEFAULT_PATH)) -> Config:
         ),
         class_decrease_max_per_tick=r.integer(
             c, "controller", "class_decrease_max_per_tick", dc.class_decrease_max_per_tick, 0, 1000
+        ),
+        class_increase_max_ratio_per_tick=ratio,
+        class_increase_min_per_tick=r.integer(
+            c, "controller", "class_increase_min_per_tick", dc.class_increase_min_per_tick, 1, 1000
         ),
         read_ewma_tau_s=r.duration(c, "controller", "read_ewma_tau", dc.read_ewma_tau_s),
         write_ewma_tau_s=wtau,

@@ -57,6 +57,19 @@ class ControllerConfig:
     # (its reordering window is min_rtt/4 until it has seen reordering). Small
     # steps leave few packets to overtake (docs/lab.md, "Retransmissions").
     class_decrease_max_per_tick: int = 1
+    # A class goes up by at most a factor class_increase_max_ratio_per_tick
+    # per tick, but always by class_increase_min_per_tick classes if wanted
+    # (ratio 0: no limit). It bounds an initiator's effective class (a writer
+    # that joins a set at class 60 climbs to it) and a resource's class (its
+    # PID then tracks the class it got). The target's TCP arms a tail-loss
+    # probe 2 x srtt + 2 jiffies after its last transmission; an initiator
+    # whose delay jumps past that before srtt has followed gets a spurious
+    # probe, a retransmission (docs/lab.md, "Retransmissions"). 1.25 keeps a
+    # rise under the probe timer even if srtt lags by two ticks; 2 classes of
+    # 0.5 ms = 1 ms from class 0, under the timer's floor of 2 jiffies (a
+    # class step larger than 0.5 ms wants a smaller minimum).
+    class_increase_max_ratio_per_tick: float = 1.25
+    class_increase_min_per_tick: int = 2
     # Read-latency EWMA: smooths the ~6 reads/tick of a 256 kB/s reader.
     read_ewma_tau_s: float = 0.2
     # Write-rate EWMA: long enough to keep a writer in its set through a

@@ -103,6 +103,16 @@ class SingleSidedPid:
         self._e1 = e
         return self.delay_class
 
+    def track(self, applied_class: int) -> None:
+        """The actuator applied less than asked (a rate limit): continue from there.
+
+        In the velocity form the next increment is added to u; leaving u
+        above what was applied would integrate an error the actuator
+        could not act on (windup), and the class would overshoot later.
+        """
+        if self.u > applied_class:
+            self.u = float(applied_class)
+
     @property
     def delay_class(self) -> int:
         return math.ceil(self.u)

@@ -232,6 +232,12 @@ def parse_scenario(text: str) -> Scenario:
         class_decrease_max_per_tick=ctl.integer(
             "class_decrease_max_per_tick", d.class_decrease_max_per_tick, lo=0
         ),
+        class_increase_max_ratio_per_tick=ctl.number(
+            "class_increase_max_ratio_per_tick", d.class_increase_max_ratio_per_tick, lo=0.0
+        ),
+        class_increase_min_per_tick=ctl.integer(
+            "class_increase_min_per_tick", d.class_increase_min_per_tick, lo=1
+        ),
         read_ewma_tau_s=ctl.number("read_ewma_tau_s", d.read_ewma_tau_s, lo=0.0),
         write_ewma_tau_s=ctl.number("write_ewma_tau_s", d.write_ewma_tau_s, lo=0.0, lo_open=True),
         write_heavy_enter_bps=ctl.number(
@@ -244,6 +250,10 @@ def parse_scenario(text: str) -> Scenario:
         * KIB,
         read_idle_release_s=ctl.number("read_idle_release_s", d.read_idle_release_s, lo=0.0),
     )
+    if 0.0 < config.class_increase_max_ratio_per_tick < 1.0:
+        raise ScenarioError(
+            "controller.class_increase_max_ratio_per_tick: must be 0 (no limit) or >= 1"
+        )
     if config.write_heavy_leave_bps >= config.write_heavy_enter_bps:
         raise ScenarioError(
             "controller.write_heavy_leave_kib_per_s: must be below write_heavy_enter_kib_per_s"

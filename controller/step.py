@@ -32,6 +32,13 @@ Law, per call step(state, samples, now_s)
        class_decrease_max_per_tick classes per tick ("gradually"): a lower
        delay lets an initiator's new packets overtake its older ones still
        queued in the slower class, and the target's TCP fast-retransmits.
+       Every increase is at most to rise(class) = class + max(min_per_tick,
+       floor(class x (ratio - 1))) per tick ("ramp"), with the
+       class_increase_* settings; the PID's output is pulled down to the
+       class it got (tracking anti-windup: it must not integrate what the
+       ramp holds back). A delay that jumps past the target's tail-loss
+       probe timer (2 x srtt + 2 jiffies) before srtt has followed makes a
+       spurious probe, i.e. a retransmission.
        next_tick_s advances by whole ticks from the previous deadline (fixed
        rate, no drift); ticks that were missed are counted in late_ticks,
        never run back to back ("no bunching").
@@ -39,7 +46,10 @@ Law, per call step(state, samples, now_s)
        re-evaluated with their hysteresis (controller/writeheavy.py).
     4. The effective class of an initiator = max over the resources it is a
        member of ("max-over-resources"), recomputed only for initiators
-       touched by a class or membership change; changes are returned.
+       touched by a class or membership change; changes are returned. It
+       rises by the same ramp: a writer that joins a set whose class is 60
+       climbs 0, 2, 4, ... one tick at a time (`rising` holds those not yet
+       there; every tick recomputes them).
 
 Bounds
     Classes are in [0, max_class] (PID clamp). A resource whose threshold
@@ -53,7 +63,7 @@ Idle behaviour
     than needed, the negative error unwinds it within a few ticks.
     No reads: hold; after read_idle_release_s release to 0.
     No members in the set: the class may rise (nothing is throttled),
-    bounded by the clamp; members that join get the current class at once.
+    bounded by the clamp and the ramp; members that join ramp up to it.
 
 Performance
     O(resources) per tick, O(write pairs) per convergence, O(members of
@@ -69,7 +79,8 @@ Worked example
     One resource, threshold 10 ms, tick 100 ms, gains of pid.py's example,
     initiator A already a member: step at t=0.1 with a 14 ms read sample
     (seeding the EWMA) -> resource class 2, Decisions.initiator_classes
-    {A: 2}; a second resource with A as member at class 5 -> A: 5.
+    {A: 2}; a second resource with A as member at class 5 -> A: 4 (the
+    ramp from 2: 2 + max(2, floor(2 x 0.25))), and A: 5 at the next tick.
 """
 
 from __future__ import annotations
@@ -98,6 +109,7 @@ class ControllerState:
     resources: dict[str, ResourceState] = field(default_factory=dict)
     sets: WriteHeavySets | None = None
     effective: dict[str, int] = field(default_factory=dict)  # initiator -> class (> 0 only)
+    rising: set[str] = field(default_factory=set)  # initiators the ramp holds below their class
     next_tick_s: float | None = None
     next_converge_s: float | None = None
     late_ticks_total: int = 0
@@ -211,6 +223,9 @@ def step(
                 continue
             if c.class_decrease_max_per_tick and new_class < rs.delay_class:  # gradually
                 new_class = max(new_class, rs.delay_class - c.class_decrease_max_per_tick)
+            elif new_class > rs.delay_class:  # ramp
+                new_class = min(new_class, rise(rs.delay_class, c))
+                rs.pid.track(new_class)
             if new_class != rs.delay_class:
                 rs.delay_class = new_class
                 out.resource_classes[name] = new_class
@@ -224,8 +239,8 @@ def step(
         touched.update(change.joined)
         touched.update(change.left)
 
-    if touched:
-        affected: set[str] = set()
+    if touched or (out.ticked and state.rising):
+        affected: set[str] = set(state.rising) if out.ticked else set()
         for name in touched:
             affected.update(sets.members.get(name, ()))
             affected.update(out.left.get(name, ()))
@@ -233,11 +248,21 @@ def step(
     return state, out
 
 
+def rise(delay_class: int, c: ControllerConfig) -> int:
+    """The highest class one tick may lead to from delay_class ("ramp")."""
+    if not c.class_increase_max_ratio_per_tick:
+        return c.max_class
+    step_up = math.floor(delay_class * (c.class_increase_max_ratio_per_tick - 1.0))
+    return delay_class + max(c.class_increase_min_per_tick, step_up)
+
+
 def _recompute_effective(state: ControllerState, initiators: set[str]) -> dict[str, int]:
     """Effective class of each given initiator; returns those that changed."""
     member_of = state.write_sets.member_of
     resources = state.resources
     eff = state.effective
+    rising = state.rising
+    c = state.config
     changed: dict[str, int] = {}
     for ini in initiators:
         cls = 0
@@ -245,7 +270,13 @@ def _recompute_effective(state: ControllerState, initiators: set[str]) -> dict[s
             rs = resources.get(name)
             if rs is not None and rs.delay_class > cls:
                 cls = rs.delay_class
-        if eff.get(ini, 0) != cls:
+        old = eff.get(ini, 0)
+        if cls > old and cls > (top := rise(old, c)):  # ramp
+            cls = top
+            rising.add(ini)
+        else:
+            rising.discard(ini)
+        if old != cls:
             changed[ini] = cls
             if cls:
                 eff[ini] = cls

@@ -275,6 +275,14 @@ def test_unknown_command():
         (('threshold = "10ms"', 'threshold = "-3ms"'), "is not a duration"),
         (("[datapath]", '[datapath]\nwrite_mode = "fast"'), "datapath.write_mode: must be one of"),
         (("[controller]", '[controller]\nti = "0s"'), "controller.ti: must be > 0"),
+        (
+            ("[controller]", "[controller]\nclass_increase_max_ratio_per_tick = 0.9"),
+            "controller.class_increase_max_ratio_per_tick: must be 0 (no limit) or >= 1",
+        ),
+        (
+            ("[controller]", "[controller]\nclass_increase_min_per_tick = 0"),
+            "controller.class_increase_min_per_tick",
+        ),
         (("[controller]", "[tuning]"), "tuning: unknown table"),
     ],
 )

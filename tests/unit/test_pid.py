@@ -62,3 +62,14 @@ def test_reset_and_bad_parameters():
         SingleSidedPid(1.0, 0.0, 0.0, 0.1, 10)
     with pytest.raises(ValueError, match="max_class"):
         SingleSidedPid(1.0, 1.0, 0.0, 0.1, -1)
+
+
+def test_track_continues_from_the_applied_class():
+    p = pid()
+    assert p.update(0.030, 0.010) > 3  # far over: a large first output
+    p.track(3)  # a rate limit applied 3
+    assert p.u == 3.0 and p.delay_class == 3
+    nxt = p.update(0.030, 0.010)  # same error: only the integral step is added to 3
+    assert nxt == 5  # ceil(3 + 400 * 0.2 * 0.020); untracked it would be 12
+    p.track(50)  # tracking never raises u
+    assert p.delay_class == nxt

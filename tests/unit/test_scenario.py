@@ -79,6 +79,10 @@ def test_minimal_defaults_and_schedule():
             "controller.write_heavy_leave_kib_per_s: must be below",
         ),
         (("cycles = 2", "cycles = 2.5"), "schedule.cycles: must be an integer"),
+        (
+            ("[controller]", "[controller]\nclass_increase_max_ratio_per_tick = 0.5"),
+            "controller.class_increase_max_ratio_per_tick: must be 0 (no limit) or >= 1",
+        ),
         (("duration_s = 10", "duration_s = 10\nduration = 3"), "run.duration: unknown field"),
         (("[run]", "[run\n"), "not valid TOML"),
     ],

@@ -1,4 +1,5 @@
 import dataclasses
+import itertools
 
 import pytest
 
@@ -10,7 +11,7 @@ from santhrottle.controller.domain import (
     Samples,
     WriteSample,
 )
-from santhrottle.controller.step import new_state, step
+from santhrottle.controller.step import new_state, rise, step
 
 MIB = 1024.0 * 1024.0
 CFG = ControllerConfig(
@@ -19,6 +20,7 @@ CFG = ControllerConfig(
     setpoint_fraction=1.0,
     class_hysteresis=0.0,
     class_decrease_max_per_tick=0,  # decreases at once (tested on its own below)
+    class_increase_max_ratio_per_tick=0.0,  # increases at once (the ramp, below)
 )
 
 
@@ -163,3 +165,57 @@ def test_decreases_are_gradual_release_included():
         if d.resource_classes:
             classes.append(d.resource_classes["vg"])
     assert classes == list(range(top - 4, -1, -2)) or classes == [*range(top - 4, 0, -2), 0]
+
+
+RAMP = dataclasses.replace(
+    CFG, class_increase_max_ratio_per_tick=1.25, class_increase_min_per_tick=2, max_class=200
+)
+
+
+def test_rise_is_the_larger_of_the_minimum_and_the_ratio():
+    assert [rise(k, RAMP) for k in (0, 1, 7, 8, 40, 100)] == [2, 3, 9, 10, 50, 125]
+    assert rise(3, CFG) == CFG.max_class  # ratio 0: no limit
+
+
+def test_a_resource_class_ramps_and_its_pid_tracks_what_it_got():
+    st = new_state(RAMP, [Resource("vg", 0.010)])
+    st, _ = step(st, Samples(writes=writes("vg", "A")), 0.0)
+    classes = []
+    for k in range(1, 12):  # 5x the threshold every tick: the PID alone would jump far
+        st, d = step(st, Samples([ReadSample("vg", 6, 0.050)]), k / 10)
+        classes.append(st.resources["vg"].delay_class)
+        assert st.resources["vg"].pid.u <= classes[-1]  # tracked: no windup
+        assert d.initiator_classes.get("A", classes[-1]) == classes[-1]
+    assert classes[:6] == [2, 4, 6, 8, 10, 12]  # the PID asks for more: held to the ramp
+    for lo, hi in itertools.pairwise(classes):
+        assert lo < hi <= rise(lo, RAMP)
+    assert st.effective_class("A") == classes[-1]
+
+
+def test_a_writer_that_joins_a_throttled_set_climbs_to_its_class_one_tick_at_a_time():
+    st = new_state(
+        dataclasses.replace(RAMP, class_decrease_max_per_tick=1), [Resource("vg", 0.010)]
+    )
+    st, _ = step(st, Samples(writes=writes("vg", "A")), 0.0)
+    k = 1
+    while st.resources["vg"].delay_class < 40:  # A alone drives the class up
+        st, _ = step(st, Samples([ReadSample("vg", 6, 0.050)]), k / 10)
+        k += 1
+    at_setpoint = Samples([ReadSample("vg", 6, 0.010)], writes("vg", "A"))
+    for _ in range(30):  # the latency reaches the setpoint: the class settles
+        st, _ = step(st, at_setpoint, k / 10)
+        k += 1
+    top = st.resources["vg"].delay_class
+    assert top >= 20
+    seen = []
+    for _ in range(30):  # B starts writing; the latency stays at the setpoint
+        st, d = step(st, Samples([ReadSample("vg", 6, 0.010)], writes("vg", "B")), k / 10)
+        k += 1
+        if "B" in d.initiator_classes:
+            seen.append(d.initiator_classes["B"])
+    assert st.resources["vg"].delay_class == top  # held at the setpoint
+    expected = [2]
+    while expected[-1] < top:
+        expected.append(min(top, rise(expected[-1], RAMP)))
+    assert seen == expected and "B" not in st.rising
+    assert st.effective_class("B") == top
