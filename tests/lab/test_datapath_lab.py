@@ -29,7 +29,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import itertools
 import json
+import math
 import os
 import re
 import statistics
@@ -581,6 +583,126 @@ def overhead(args) -> dict:
     return out
 
 
+# ========================================================= side by side
+SIDE_STATES = ("none", "on0", "on1")
+
+
+def fio_side_by_side(devices: list[str], rw: str, bs: str, qd: int, seconds: int) -> list[float]:
+    """One fio, one job per device, started together, time-based: MB/s of each."""
+    cmd = [
+        "fio", "--output-format=json", "--direct=1", "--ioengine=libaio", f"--rw={rw}",
+        f"--bs={bs}", f"--iodepth={qd}", "--time_based", f"--runtime={seconds}",
+        "--verify_state_save=0",
+    ]  # fmt: skip
+    for i, dev in enumerate(devices):
+        cmd += [f"--name=j{i}", f"--filename={dev}"]
+    out = sh(cmd, timeout=seconds * 4 + 60)
+    jobs = json.loads(out[out.index("{") :])["jobs"]
+    side = "read" if rw == "read" else "write"
+    if any(j["error"] or not j[side]["io_bytes"] for j in jobs):
+        raise RuntimeError(
+            f"fio side by side {rw}: {[(j['error'], j[side]['io_bytes']) for j in jobs]}"
+        )
+    return [j[side]["bw_bytes"] / 1e6 for j in jobs]
+
+
+def set_side(dp, links: list[str], state: str, baseline: str) -> None:
+    """none: no data path on either link; onJ: the idle data path on link J.
+    A link without the data path has no root qdisc (veth: noqueue) or, with
+    baseline fq_codel, the root a physical NIC has on Debian (systemd's
+    default_qdisc)."""
+    for j, link in enumerate(links):
+        d = dp.Datapath(link, netns=NETNS, ports=PORTS)
+        try:
+            d.cleanup()
+            sh(
+                ["ip", "netns", "exec", NETNS, "tc", "qdisc", "del", "dev", link, "root"],
+                check=False,
+            )
+            if state == f"on{j}":
+                d.apply()
+            elif baseline != "noqueue":
+                sh(
+                    [
+                        "ip",
+                        "netns",
+                        "exec",
+                        NETNS,
+                        "tc",
+                        "qdisc",
+                        "add",
+                        "dev",
+                        link,
+                        "root",
+                        baseline,
+                    ]
+                )
+        finally:
+            d.close()
+
+
+def side_by_side(args) -> dict:
+    """The idle data path's overhead with the host's noise cancelled: two
+    initiators on two veth pairs run 64k qd1 at the same time, the data path
+    installed (nobody throttled) on one link, then on the other, then on
+    neither.  Whatever the host does to the guest, it does to both streams;
+    the ratio of the two streams is what the data path changes.  Per round,
+    r = MB/s of link 0 / MB/s of link 1 in each state; the overhead is
+    sqrt(r_on0 / r_on1) - 1 (the links' own asymmetry cancels), and the same
+    statistic over two consecutive `none` states, sqrt(r_none / r_none') - 1,
+    is what the method reads when there is nothing to find (its noise)."""
+    topo = load_topology()
+    dp = load_datapath()
+    if topo.status() is not None:
+        topo.down()
+    t = topo.up(luns=2, nvme=0, disk="fast", lv_size_mib=args.lv_mib, links=2)
+    devices = [x["device"] for x in t["iscsi"]]
+    links = [x["target_device"] for x in t["iscsi"]]
+    runs: dict[str, dict[str, list[list[float]]]] = {
+        rw: {st: [] for st in SIDE_STATES} for rw in ("read", "write")
+    }
+    try:
+        for r in range(args.rounds):
+            for st in SIDE_STATES[r % 3 :] + SIDE_STATES[: r % 3]:
+                set_side(dp, links, st, args.baseline)
+                for rw in ("read", "write"):
+                    runs[rw][st].append(fio_side_by_side(devices, rw, "64k", 1, args.seconds))
+            last = {rw: {st: runs[rw][st][-1] for st in SIDE_STATES} for rw in runs}
+            print(f"round {r}: " + "; ".join(
+                f"{rw} " + ", ".join(f"{st} {x[0]:.1f}/{x[1]:.1f}" for st, x in sts.items())
+                for rw, sts in last.items()
+            ), flush=True)  # fmt: skip
+        set_side(dp, links, "none", "noqueue")
+    finally:
+        topo.down()
+    out: dict = {
+        "rounds": args.rounds,
+        "seconds": args.seconds,
+        "baseline": args.baseline,
+        "links": links,
+        "runs": runs,
+    }
+    for rw in ("read", "write"):
+        ratio = {st: [a / b for a, b in runs[rw][st]] for st in SIDE_STATES}
+        pct = [
+            100.0 * (math.sqrt(x / y) - 1.0)
+            for x, y in zip(ratio["on0"], ratio["on1"], strict=True)
+        ]
+        aa = [100.0 * (math.sqrt(x / y) - 1.0) for x, y in itertools.pairwise(ratio["none"])]
+        out[rw] = {
+            "overhead_pct": pct,
+            "overhead_median_pct": statistics.median(pct),
+            "overhead_min_pct": min(pct),
+            "overhead_max_pct": max(pct),
+            "noise_median_pct": statistics.median(aa) if aa else None,
+            "noise_abs_median_pct": statistics.median(abs(x) for x in aa) if aa else None,
+            "total_mb_s_median": {
+                st: statistics.median(a + b for a, b in runs[rw][st]) for st in SIDE_STATES
+            },
+        }
+    return out
+
+
 # ================================================================ report
 CURVE_ORDER = [
     ("read", "read", "reads, `read` mode (payload delayed)"),
@@ -707,6 +829,19 @@ def main(argv=None) -> int:
     o.add_argument("--variants", default=",".join(OVERHEAD_VARIANTS))
     o.add_argument("--lv-mib", type=int, default=256)
     o.add_argument("--out", default=str(RESULTS.with_name("datapath-overhead.json")))
+    b = sub.add_parser(
+        "side-by-side", help="(in the lab guest) idle overhead, two links measured at once"
+    )
+    b.add_argument("--rounds", type=int, default=10)
+    b.add_argument("--seconds", type=int, default=6, help="of each fio run")
+    b.add_argument(
+        "--baseline",
+        default="noqueue",
+        choices=("noqueue", "fq_codel", "pfifo_fast"),
+        help="root qdisc of a link without the data path (veth: noqueue; a NIC: fq_codel)",
+    )
+    b.add_argument("--lv-mib", type=int, default=256)
+    b.add_argument("--out", default=str(RESULTS.with_name("datapath-side-by-side.json")))
     r = sub.add_parser("report", help="(on the host) tables, fits and the PNG")
     r.add_argument("json")
     r.add_argument("--png")
@@ -738,6 +873,23 @@ def main(argv=None) -> int:
                     f"[{x[rw]['paired_min_pct']:+.1f}, {x[rw]['paired_max_pct']:+.1f}]"
                     for rw in ("read", "write")
                 )
+            )
+        return 0
+    if a.cmd == "side-by-side":
+        if os.environ.get("SANTHROTTLE_IN_GUEST") != "1":
+            print("side-by-side runs in the lab guest", file=sys.stderr)
+            return 2
+        res = side_by_side(a)
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(res, indent=1))
+        for rw in ("read", "write"):
+            x = res[rw]
+            print(
+                f"{rw}: idle data path {x['overhead_median_pct']:+.2f} % (median of "
+                f"{res['rounds']} rounds, [{x['overhead_min_pct']:+.2f}, "
+                f"{x['overhead_max_pct']:+.2f}]); method's noise (none vs none) median "
+                f"{x['noise_median_pct']:+.2f} %, |median| {x['noise_abs_median_pct']:.2f} %; "
+                f"total MB/s {x['total_mb_s_median']}"
             )
         return 0
     res = json.loads(Path(a.json).read_text())

@@ -177,48 +177,70 @@ def load_modules(names) -> None:
 
 
 # ------------------------------------------------------------------ network
-def setup_network(n_iscsi: int, n_nvme: int, rps: bool = True) -> None:
-    ini = [
-        f"netns add {NETNS}",
-        f"link add {VETH_INI} type veth peer name {VETH_TGT} netns {NETNS}",
+def veth_pair(j: int) -> tuple[str, str]:
+    """(initiator end, target end) of link j: lab-ini/lab-tgt, then lab-iniJ/lab-tgtJ."""
+    return (VETH_INI, VETH_TGT) if j == 0 else (f"{VETH_INI}{j}", f"{VETH_TGT}{j}")
+
+
+def setup_network(n_iscsi: int, n_nvme: int, rps: bool = True, links: int = 1) -> None:
+    """links > 1: iSCSI initiator k uses link k % links (/32 addresses and routes
+    on the extra links), e.g. to measure two paths at the same time."""
+    ini = [f"netns add {NETNS}"]
+    ini += [
+        f"link add {a} type veth peer name {b} netns {NETNS}"
+        for a, b in map(veth_pair, range(links))
     ]
     tgt = ["link set lo up"]
+    extra_routes = []
     for k in range(n_iscsi):
-        ini.append(f"addr add {initiator_ip(k)}/24 dev {VETH_INI}")
-        tgt.append(f"addr add {portal_ip(k)}/24 dev {VETH_TGT}")
+        a, b = veth_pair(k % links)
+        if a == VETH_INI:
+            ini.append(f"addr add {initiator_ip(k)}/24 dev {VETH_INI}")
+            tgt.append(f"addr add {portal_ip(k)}/24 dev {VETH_TGT}")
+        else:
+            ini.append(f"addr add {initiator_ip(k)}/32 dev {a}")
+            tgt.append(f"addr add {portal_ip(k)}/32 dev {b}")
+            extra_routes.append(f"route add {initiator_ip(k)}/32 dev {b} src {portal_ip(k)}")
     for k in range(n_nvme):
         ini.append(f"addr add {nvme_host_ip(k)}/24 dev {VETH_INI}")
         tgt.append(f"addr add {nvme_port_ip(k)}/24 dev {VETH_TGT}")
-    ini.append(f"link set {VETH_INI} up")
-    tgt.append(f"link set {VETH_TGT} up")
+    for a, b in map(veth_pair, range(links)):
+        ini.append(f"link set {a} up")
+        tgt.append(f"link set {b} up")
+    tgt += extra_routes
     for k in range(n_iscsi):
-        ini.append(f"route add {portal_ip(k)}/32 dev {VETH_INI} src {initiator_ip(k)}")
+        a, _ = veth_pair(k % links)
+        ini.append(f"route add {portal_ip(k)}/32 dev {a} src {initiator_ip(k)}")
     for k in range(n_nvme):
         ini.append(f"route add {nvme_port_ip(k)}/32 dev {VETH_INI} src {nvme_host_ip(k)}")
     sh(["ip", "-batch", "-"], input="\n".join(ini) + "\n")
     sh(["ip", "-n", NETNS, "-batch", "-"], input="\n".join(tgt) + "\n")
     if rps:
         mask = format((1 << (os.cpu_count() or 1)) - 1, "x")
-        Path(f"/sys/class/net/{VETH_INI}/queues/rx-0/rps_cpus").write_text(mask)
-        # sysfs shows the devices of the reader's netns: ip netns exec remounts it
-        sh(
-            [
-                "ip",
-                "netns",
-                "exec",
-                NETNS,
-                "sh",
-                "-c",
-                f"echo {mask} > /sys/class/net/{VETH_TGT}/queues/rx-0/rps_cpus",
-            ]
-        )
+        for a, b in map(veth_pair, range(links)):
+            Path(f"/sys/class/net/{a}/queues/rx-0/rps_cpus").write_text(mask)
+            # sysfs shows the devices of the reader's netns: ip netns exec remounts it
+            sh(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    NETNS,
+                    "sh",
+                    "-c",
+                    f"echo {mask} > /sys/class/net/{b}/queues/rx-0/rps_cpus",
+                ]
+            )
         Path("/proc/sys/net/core/netdev_max_backlog").write_text(str(NETDEV_MAX_BACKLOG))
 
 
 def teardown_network() -> None:
     if os.path.exists(NETNS_PATH):
-        sh(["ip", "netns", "del", NETNS], check=False)
-    sh(["ip", "link", "del", VETH_INI], check=False)
+        sh(["ip", "netns", "del", NETNS], check=False)  # takes the veth pairs with it
+    for j in range(MAX_INITIATORS):
+        a, _ = veth_pair(j)
+        if os.path.exists(f"/sys/class/net/{a}"):
+            sh(["ip", "link", "del", a], check=False)
 
 
 # ---------------------------------------------------------------------- LVM
@@ -520,15 +542,20 @@ def nvme_disconnect(nvme: list[dict]) -> None:
 
 
 # --------------------------------------------------------------- top level
-def plan(luns: int = 4, nvme: int = 1, lv_size_mib: int = 256, disk: str = "slow") -> dict:
+def plan(
+    luns: int = 4, nvme: int = 1, lv_size_mib: int = 256, disk: str = "slow", links: int = 1
+) -> dict:
     if not 0 <= luns <= MAX_INITIATORS or not 0 <= nvme <= MAX_INITIATORS:
         raise TopologyError(f"luns and nvme must be within 0..{MAX_INITIATORS}")
+    if not 1 <= links <= max(1, luns):
+        raise TopologyError(f"links must be within 1..{max(1, luns)} (one per iSCSI LUN at most)")
     out = {
         "netns": NETNS,
         "vg": VG,
         "disk_serial": f"lab-{disk}",
         "lv_size_mib": lv_size_mib,
         "veth": {"initiator": VETH_INI, "target": VETH_TGT},
+        "links": [{"initiator": a, "target": b} for a, b in map(veth_pair, range(links))],
         "iscsi": [],
         "nvme": [],
     }
@@ -543,6 +570,7 @@ def plan(luns: int = 4, nvme: int = 1, lv_size_mib: int = 256, disk: str = "slow
                 "iface": f"ini{k}",
                 "initiator_ip": initiator_ip(k),
                 "initiator_iqn": f"{IQN_BASE}:ini{k}",
+                "target_device": veth_pair(k % links)[1],
                 "device": None,
             }
         )
@@ -573,11 +601,12 @@ def up(
     rps: bool = True,
     nullb_mbps: int = 20,
     nullb_queue_depth: int = 4,
+    links: int = 1,
 ) -> dict:
     """Bring the topology up; returns (and stores) its description."""
     if STATE_FILE.exists():
         raise TopologyError(f"topology already up ({STATE_FILE}); run down first")
-    t = plan(luns, nvme, lv_size_mib, disk)
+    t = plan(luns, nvme, lv_size_mib, disk, links)
     timings = {}
     t0 = time.monotonic()
 
@@ -602,7 +631,7 @@ def up(
     mark("lvm")
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     STATE_FILE.write_text(json.dumps(t, indent=1))  # from here on, down() cleans up
-    setup_network(luns, nvme, rps=rps)
+    setup_network(luns, nvme, rps=rps, links=links)
     mark("network")
     _in_netns(["_target-up"], t)
     mark("target")
@@ -664,6 +693,9 @@ def main(argv=None) -> int:
     u.add_argument("--nullb-queue-depth", type=int, default=4, help="null_blk hw queue depth")
     u.add_argument("--no-login", action="store_true", help="create node records, do not log in")
     u.add_argument("--no-rps", action="store_true", help="leave RPS off (shows the retransmits)")
+    u.add_argument(
+        "--links", type=int, default=1, help="veth pairs; iSCSI initiator k uses link k %% links"
+    )
     sub.add_parser("down", help="tear it down")
     sub.add_parser("status", help="print the stored description (JSON)")
     sub.add_parser("_target-up")
@@ -679,6 +711,7 @@ def main(argv=None) -> int:
             rps=not a.no_rps,
             nullb_mbps=a.nullb_mbps,
             nullb_queue_depth=a.nullb_queue_depth,
+            links=a.links,
         )
         print(json.dumps(t, indent=1))
     elif a.cmd == "down":
