@@ -18,7 +18,8 @@ reads and writes), one iSCSI initiator per LV. Experiments:
    measured.
 Raw series go to DIR/raw.json: every 100 ms the reader's and the VG's
 diskstats counters, the writers' write bytes, the array's in-flight time
-(for the LQ fit); every 500 ms the daemon's status; nstat of the target.
+(for the LQ fit); every 500 ms the daemon's status and each iSCSI
+connection's retransmissions (`ss -ti`); nstat of the target.
 """
 
 from __future__ import annotations
@@ -71,6 +72,16 @@ def tcp_conns(netns: str, port: int = 3260) -> list[dict[str, str]]:
         elif conns:
             conns[-1].update(SS_FIELDS.findall(line))
     return conns
+
+
+def conn_retrans(conns: list[dict[str, str]]) -> dict[str, int]:
+    """Initiator IP -> retransmissions of its iSCSI connection so far (ss's
+    `retrans:out/total`; absent: 0)."""
+    out: dict[str, int] = {}
+    for c in conns:
+        ip = c["peer"].rsplit(":", 1)[0]
+        out[ip] = out.get(ip, 0) + int(c.get("retrans", "0/0").split("/")[1])
+    return out
 
 
 def diskstats() -> dict[str, list[int]]:
@@ -130,9 +141,10 @@ def writer_job(a: argparse.Namespace, dev: str, runtime: float) -> subprocess.Po
 
 
 class Sampler(threading.Thread):
-    def __init__(self, devices: list[str], daemon: bool) -> None:
+    def __init__(self, devices: list[str], daemon: bool, netns: str) -> None:
         super().__init__(daemon=True)
         self.devices = devices
+        self.netns = netns
         self.with_daemon = daemon
         self.rows: list[dict] = []
         self.events: list[tuple[float, str]] = []
@@ -153,6 +165,8 @@ class Sampler(threading.Thread):
                 "t": round(time.monotonic() - self.t0, 3),
                 "ds": {d: ds[d] for d in self.devices if d in ds},
             }
+            if k % STATUS_EVERY == 0:  # which connection retransmitted, and when
+                row["retrans"] = conn_retrans(tcp_conns(self.netns))
             if self.with_daemon and k % STATUS_EVERY == 0:
                 try:
                     st = request(SOCK, "status", timeout_s=2.0)
@@ -219,8 +233,9 @@ def phase(t: dict, a: argparse.Namespace, threshold: str | None, out: Path) -> d
     daemon = start_daemon(t, threshold, out, a.max_delay, a.setpoint) if threshold else None
     try:
         time.sleep(2.0)  # a first discovery
-        s = Sampler(devices, daemon is not None)
+        s = Sampler(devices, daemon is not None, t["netns"])
         net0 = nstat(t["netns"])
+        conns0 = tcp_conns(t["netns"])
         s.start()
         duration = a.lead + a.cycles * (a.on + a.off)
         rd = reader_job(a, reader["device"], duration)
@@ -256,6 +271,7 @@ def phase(t: dict, a: argparse.Namespace, threshold: str | None, out: Path) -> d
         "events": s.events,
         "nstat": {k: net1.get(k, 0) - net0.get(k, 0) for k in NSTAT_KEYS},
         "tcp_conns": conns,
+        "tcp_conns_start": conns0,
         "sets_left_after_stop": [m for m in members if m.startswith("santhrottle")],
         "reader_dm": reader["dm"],
         "writer_dms": [w["dm"] for w in writers],

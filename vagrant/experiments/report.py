@@ -83,6 +83,46 @@ def classes(ph: dict) -> list[tuple[float, int]]:
     return out
 
 
+def known(x: object) -> str:
+    """A figure, or '?' where an older run did not record it."""
+    return "?" if x is None else str(x)
+
+
+def retrans_split(ph: dict) -> tuple[dict[str, int] | None, list[dict]]:
+    """Per initiator IP, the retransmissions of its connection in this phase
+    (ss at the phase's start and end); and each writer retransmission found in
+    the 500 ms samples, with the writer's classes in the second before it."""
+
+    def totals(conns: list[dict]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for c in conns:
+            ip = c["peer"].rsplit(":", 1)[0]
+            out[ip] = out.get(ip, 0) + int(c.get("retrans", "0/0").split("/")[1])
+        return out
+
+    if "tcp_conns_start" not in ph:  # runs before the per-connection record
+        return None, []
+    t0, t1 = totals(ph["tcp_conns_start"]), totals(ph["tcp_conns"])
+    per_ip = {ip: t1[ip] - t0.get(ip, 0) for ip in t1}
+    found = []
+    prev: dict[str, int] | None = None
+    for i, r in enumerate(ph["rows"]):
+        cur = r.get("retrans")
+        if cur is None:
+            continue
+        for ip in ph["writer_ips"]:
+            if prev is not None and cur.get(ip, 0) > prev.get(ip, 0):
+                seen = [
+                    x["status"]["initiators"].get(ip, 0)
+                    for x in ph["rows"][max(0, i - 15) : i + 1]
+                    if "status" in x
+                ]
+                found.append({"t": r["t"], "initiator": ip, "n": cur[ip] - prev.get(ip, 0),
+                              "classes_before": seen})  # fmt: skip
+        prev = cur
+    return per_ip, found
+
+
 def summarize(ph: dict, threshold_s: float | None, uncontrolled_wr: float | None) -> dict:
     w = windows(ph)
     on, off = events(ph, "writers on"), events(ph, "writers off")
@@ -95,6 +135,7 @@ def summarize(ph: dict, threshold_s: float | None, uncontrolled_wr: float | None
         if settle <= t < reader_off
         and any(a <= t - 1.0 and t < b for a, b in zip(on, off, strict=False))
     ]
+    per_ip, found = retrans_split(ph)
     out: dict[str, Any] = {
         "threshold_s": threshold_s,
         "windows": len(lat),
@@ -110,6 +151,15 @@ def summarize(ph: dict, threshold_s: float | None, uncontrolled_wr: float | None
         "target_dsack_recv": ph["nstat"].get("TcpExtTCPDSACKRecv", 0),
         "target_sack_reorder": ph["nstat"].get("TcpExtTCPSACKReorder", 0),
         "min_rtt_ms": sorted(float(c["minrtt"]) for c in ph.get("tcp_conns", []) if "minrtt" in c),
+        "retrans_by_initiator": per_ip,
+        # the writers' connections are the ones santhrottle delays; the reader's never
+        "target_retrans_writers": None
+        if per_ip is None
+        else sum(per_ip.get(ip, 0) for ip in ph["writer_ips"]),
+        "target_retrans_others": None
+        if per_ip is None
+        else sum(n for ip, n in per_ip.items() if ip not in ph["writer_ips"]),
+        "writer_retrans_events": found,
         "sets_left_after_stop": ph["sets_left_after_stop"],
     }
     if threshold_s is not None:
@@ -333,11 +383,14 @@ def report(out: Path) -> int:
         f"uncontrolled: p50 {ms(unc['read_latency_p50_s'])} p95 {ms(unc['read_latency_p95_s'])} "
         f"p99 {ms(unc['read_latency_p99_s'])} ms, writes {unc['write_bytes_per_s'] / 1e6:.1f} "
         f"MB/s, target retrans {unc['target_retrans_segs']} (TLP {unc['target_loss_probes']}, "
-        f"spurious {unc['target_dsack_recv']})"
+        f"spurious {unc['target_dsack_recv']}; on the writers' connections "
+        f"{known(unc.get('target_retrans_writers'))}, the reader's "
+        f"{known(unc.get('target_retrans_others'))})"
     )
     print(
         f"{'threshold':>9} {'p50':>6} {'p95':>6} {'p99':>6} {'above%':>6} {'wr MB/s':>7} "
-        f"{'retrans':>7} {'TLP':>4} {'spur.':>5} {'release':>8} {'sim p95':>7} {'sim/lab':>7}"
+        f"{'retrans':>7} {'TLP':>4} {'spur.':>5} {'writers':>7} {'reader':>6} {'release':>8} "
+        f"{'sim p95':>7} {'sim/lab':>7}"
     )
     for s in rows:
         rel = s.get("release_throughput_back_after_s")
@@ -346,7 +399,9 @@ def report(out: Path) -> int:
             f"{ms(s['read_latency_p95_s']):>6} {ms(s['read_latency_p99_s']):>6} "
             f"{s['time_above_threshold_pct']:>6.1f} {s['write_bytes_per_s'] / 1e6:>7.1f} "
             f"{s['target_retrans_segs']:>7} {s['target_loss_probes']:>4} "
-            f"{s['target_dsack_recv']:>5} {'-' if rel is None else f'{rel:.1f}s':>8} "
+            f"{s['target_dsack_recv']:>5} {known(s.get('target_retrans_writers')):>7} "
+            f"{known(s.get('target_retrans_others')):>6} "
+            f"{'-' if rel is None else f'{rel:.1f}s':>8} "
             f"{ms(s['sim_read_latency_p95_s']):>7} "
             f"{s['sim_vs_lab_p95']:>+7.0%}"
         )
@@ -360,6 +415,17 @@ def report(out: Path) -> int:
             f"{ms(s['threshold_s'])}ms {s['glided_descents']}/{s['unordered_descents']}"
             for s in rows
         )
+    )
+    for s in rows:
+        for e in s.get("writer_retrans_events", []):
+            print(
+                f"  {ms(s['threshold_s'])}ms: {e['n']} retransmission(s) to writer "
+                f"{e['initiator']} at {e['t']:.1f} s; its class in the second before: "
+                f"{e['classes_before']}"
+            )
+    print(
+        "writers / reader: retransmissions on the connections santhrottle delays (the writers') "
+        "and on the reader's, which it never delays (ss -ti at the phase's start and end)"
     )
     print(
         "spur.: retransmissions the initiators' DSACKs showed they already had; "
