@@ -497,7 +497,7 @@ def sweep(args) -> dict:
 OVERHEAD_VARIANTS = ("none", "tc", "tc-defclass", "rules", "rules-ungated", "full", "full-old")
 
 
-def set_variant(d, variant: str) -> None:
+def set_variant(d, variant: str, device: str = DEVICE) -> None:
     """none: nothing; tc: the HTB tree only (unthrottled packets in HTB's
     direct queue); tc-defclass: the tree with a default class 5374:ffff +
     pfifo instead; rules: sets + rules only; rules-ungated: the rules with
@@ -509,30 +509,30 @@ def set_variant(d, variant: str) -> None:
     if variant == "none":
         return
     if variant == "tc-defclass":
-        _defclass_tree(dp, d)
+        _defclass_tree(dp, d, device)
         return
     d.apply()
     if variant == "tc":
         jumps, rules = d._mangle()
         d._restore_rules(dp.render_rules_cleanup(jumps, rules is not None))
     elif variant.startswith("rules"):
-        sh(["ip", "netns", "exec", NETNS, "tc", "qdisc", "del", "dev", DEVICE, "root"])
+        sh(["ip", "netns", "exec", NETNS, "tc", "qdisc", "del", "dev", device, "root"])
     elif variant == "full-old":
-        sh(["ip", "netns", "exec", NETNS, "tc", "qdisc", "del", "dev", DEVICE, "root"])
-        _defclass_tree(dp, d)
+        sh(["ip", "netns", "exec", NETNS, "tc", "qdisc", "del", "dev", device, "root"])
+        _defclass_tree(dp, d, device)
     if variant in ("rules-ungated", "full-old"):
-        gated = dp.jump_rule(DEVICE, PORTS)
+        gated = dp.jump_rule(device, PORTS)
         ungated = gated.replace(" " + dp._member_match(dp.MEMBERS_SET), "")
         d._restore_rules(f"*mangle\n-D{gated[2:]}\n-I{ungated[2:]}\nCOMMIT\n")
 
 
-def _defclass_tree(dp, d) -> None:
+def _defclass_tree(dp, d, device: str = DEVICE) -> None:
     """The tree with a default class 5374:ffff (HTB's pfifo leaf) for
     unthrottled packets instead of HTB's direct queue."""
     want = dp.desired_tree(d.step_us, d.max_class, d.link_bits_s)
     want.default_minor = 0xFFFF
     want.classes[0xFFFF] = dp.htb_params(d.link_bits_s)
-    lines = dp.render_tc_plan(DEVICE, want, None)
+    lines = dp.render_tc_plan(device, want, None)
     sh(["ip", "netns", "exec", NETNS, "tc", "-batch", "-"], input="\n".join(lines) + "\n")
 
 
@@ -584,9 +584,6 @@ def overhead(args) -> dict:
 
 
 # ========================================================= side by side
-SIDE_STATES = ("none", "on0", "on1")
-
-
 def fio_side_by_side(devices: list[str], rw: str, bs: str, qd: int, seconds: int) -> list[float]:
     """One fio, one job per device, started together, time-based: MB/s of each."""
     cmd = [
@@ -600,57 +597,47 @@ def fio_side_by_side(devices: list[str], rw: str, bs: str, qd: int, seconds: int
     jobs = json.loads(out[out.index("{") :])["jobs"]
     side = "read" if rw == "read" else "write"
     if any(j["error"] or not j[side]["io_bytes"] for j in jobs):
-        raise RuntimeError(
-            f"fio side by side {rw}: {[(j['error'], j[side]['io_bytes']) for j in jobs]}"
-        )
+        got = [(j["error"], j[side]["io_bytes"]) for j in jobs]
+        raise RuntimeError(f"fio side by side {rw}: {got}")
     return [j[side]["bw_bytes"] / 1e6 for j in jobs]
 
 
 def set_side(dp, links: list[str], state: str, baseline: str) -> None:
-    """none: no data path on either link; onJ: the idle data path on link J.
-    A link without the data path has no root qdisc (veth: noqueue) or, with
-    baseline fq_codel, the root a physical NIC has on Debian (systemd's
-    default_qdisc)."""
-    for j, link in enumerate(links):
-        d = dp.Datapath(link, netns=NETNS, ports=PORTS)
-        try:
+    """state "none": no data path on either link; "VARIANT@J": VARIANT (full,
+    or a part of it, see set_variant) installed on link J, idle.  A link
+    without the data path has no root qdisc (veth: noqueue) or, with baseline
+    fq_codel, the root a physical NIC has on Debian (systemd's default_qdisc).
+    The sets and the chain are shared by the links: all is cleaned up first."""
+    variant, _, on = state.partition("@")
+    ds = [dp.Datapath(link, netns=NETNS, ports=PORTS) for link in links]
+    tc = ["ip", "netns", "exec", NETNS, "tc", "qdisc"]
+    try:
+        for d, link in zip(ds, links, strict=True):
             d.cleanup()
-            sh(
-                ["ip", "netns", "exec", NETNS, "tc", "qdisc", "del", "dev", link, "root"],
-                check=False,
-            )
-            if state == f"on{j}":
-                d.apply()
+            sh([*tc, "del", "dev", link, "root"], check=False)
+        for j, (d, link) in enumerate(zip(ds, links, strict=True)):
+            if on == str(j):
+                set_variant(d, variant, link)
             elif baseline != "noqueue":
-                sh(
-                    [
-                        "ip",
-                        "netns",
-                        "exec",
-                        NETNS,
-                        "tc",
-                        "qdisc",
-                        "add",
-                        "dev",
-                        link,
-                        "root",
-                        baseline,
-                    ]
-                )
-        finally:
+                sh([*tc, "add", "dev", link, "root", baseline])
+    finally:
+        for d in ds:
             d.close()
 
 
 def side_by_side(args) -> dict:
     """The idle data path's overhead with the host's noise cancelled: two
     initiators on two veth pairs run 64k qd1 at the same time, the data path
-    installed (nobody throttled) on one link, then on the other, then on
+    installed (nobody throttled) on one link, then on the other, and on
     neither.  Whatever the host does to the guest, it does to both streams;
     the ratio of the two streams is what the data path changes.  Per round,
     r = MB/s of link 0 / MB/s of link 1 in each state; the overhead is
     sqrt(r_on0 / r_on1) - 1 (the links' own asymmetry cancels), and the same
     statistic over two consecutive `none` states, sqrt(r_none / r_none') - 1,
-    is what the method reads when there is nothing to find (its noise)."""
+    is what the method reads when there is nothing to find (its noise).  The
+    streams share the guest's CPUs: a path that costs more CPU per IO also
+    gives the other stream more, so the ratio is an upper bound of one
+    stream's own loss."""
     topo = load_topology()
     dp = load_datapath()
     if topo.status() is not None:
@@ -658,19 +645,21 @@ def side_by_side(args) -> dict:
     t = topo.up(luns=2, nvme=0, disk="fast", lv_size_mib=args.lv_mib, links=2)
     devices = [x["device"] for x in t["iscsi"]]
     links = [x["target_device"] for x in t["iscsi"]]
+    variants = args.variants.split(",")
+    states = ["none"] + [f"{v}@{j}" for v in variants for j in (0, 1)]
     runs: dict[str, dict[str, list[list[float]]]] = {
-        rw: {st: [] for st in SIDE_STATES} for rw in ("read", "write")
+        rw: {st: [] for st in states} for rw in ("read", "write")
     }
     try:
         for r in range(args.rounds):
-            for st in SIDE_STATES[r % 3 :] + SIDE_STATES[: r % 3]:
+            k = r % len(states)
+            for st in states[k:] + states[:k]:
                 set_side(dp, links, st, args.baseline)
                 for rw in ("read", "write"):
                     runs[rw][st].append(fio_side_by_side(devices, rw, "64k", 1, args.seconds))
-            last = {rw: {st: runs[rw][st][-1] for st in SIDE_STATES} for rw in runs}
             print(f"round {r}: " + "; ".join(
-                f"{rw} " + ", ".join(f"{st} {x[0]:.1f}/{x[1]:.1f}" for st, x in sts.items())
-                for rw, sts in last.items()
+                f"{rw} " + ", ".join(f"{st} {x[-1][0]:.1f}/{x[-1][1]:.1f}" for st, x in sts.items())
+                for rw, sts in runs.items()
             ), flush=True)  # fmt: skip
         set_side(dp, links, "none", "noqueue")
     finally:
@@ -681,25 +670,27 @@ def side_by_side(args) -> dict:
         "baseline": args.baseline,
         "links": links,
         "runs": runs,
+        "variants": {},
     }
     for rw in ("read", "write"):
-        ratio = {st: [a / b for a, b in runs[rw][st]] for st in SIDE_STATES}
-        pct = [
-            100.0 * (math.sqrt(x / y) - 1.0)
-            for x, y in zip(ratio["on0"], ratio["on1"], strict=True)
-        ]
+        ratio = {st: [a / b for a, b in runs[rw][st]] for st in states}
         aa = [100.0 * (math.sqrt(x / y) - 1.0) for x, y in itertools.pairwise(ratio["none"])]
-        out[rw] = {
-            "overhead_pct": pct,
-            "overhead_median_pct": statistics.median(pct),
-            "overhead_min_pct": min(pct),
-            "overhead_max_pct": max(pct),
-            "noise_median_pct": statistics.median(aa) if aa else None,
-            "noise_abs_median_pct": statistics.median(abs(x) for x in aa) if aa else None,
-            "total_mb_s_median": {
-                st: statistics.median(a + b for a, b in runs[rw][st]) for st in SIDE_STATES
-            },
+        out[f"noise_{rw}"] = {
+            "pct": aa,
+            "median_pct": statistics.median(aa) if aa else None,
+            "abs_median_pct": statistics.median(abs(x) for x in aa) if aa else None,
         }
+        for v in variants:
+            pct = [
+                100.0 * (math.sqrt(x / y) - 1.0)
+                for x, y in zip(ratio[f"{v}@0"], ratio[f"{v}@1"], strict=True)
+            ]
+            out["variants"].setdefault(v, {})[rw] = {
+                "overhead_pct": pct,
+                "median_pct": statistics.median(pct),
+                "min_pct": min(pct),
+                "max_pct": max(pct),
+            }
     return out
 
 
@@ -840,6 +831,9 @@ def main(argv=None) -> int:
         choices=("noqueue", "fq_codel", "pfifo_fast"),
         help="root qdisc of a link without the data path (veth: noqueue; a NIC: fq_codel)",
     )
+    b.add_argument(
+        "--variants", default="full", help="what is installed, comma-separated (see overhead)"
+    )
     b.add_argument("--lv-mib", type=int, default=256)
     b.add_argument("--out", default=str(RESULTS.with_name("datapath-side-by-side.json")))
     r = sub.add_parser("report", help="(on the host) tables, fits and the PNG")
@@ -883,14 +877,17 @@ def main(argv=None) -> int:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(res, indent=1))
         for rw in ("read", "write"):
-            x = res[rw]
+            n = res[f"noise_{rw}"]
             print(
-                f"{rw}: idle data path {x['overhead_median_pct']:+.2f} % (median of "
-                f"{res['rounds']} rounds, [{x['overhead_min_pct']:+.2f}, "
-                f"{x['overhead_max_pct']:+.2f}]); method's noise (none vs none) median "
-                f"{x['noise_median_pct']:+.2f} %, |median| {x['noise_abs_median_pct']:.2f} %; "
-                f"total MB/s {x['total_mb_s_median']}"
+                f"{rw}: method's noise (none vs none) median {n['median_pct']:+.2f} %, "
+                f"|median| {n['abs_median_pct']:.2f} %"
             )
+            for v, x in res["variants"].items():
+                y = x[rw]
+                print(
+                    f"  {v}: {y['median_pct']:+.2f} % (median of {res['rounds']} rounds, "
+                    f"[{y['min_pct']:+.2f}, {y['max_pct']:+.2f}])"
+                )
         return 0
     res = json.loads(Path(a.json).read_text())
     print(report(res, a.png))
