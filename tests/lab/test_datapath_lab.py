@@ -21,7 +21,10 @@ Two uses:
   the overhead of the installed-but-idle data path against none at all;
   it writes results/datapath-lab.json in the checkout.  `report` (on the
   host, needs matplotlib) prints the tables, the linear fits and writes the
-  PNG.
+  PNG.  `overhead` times each part of the idle data path in rotating
+  sequential runs; `side-by-side` (best with `lab.py --smp 1`) runs two
+  initiators on two links at once with the part installed on one of them,
+  which cancels the host's noise.
 """
 
 from __future__ import annotations
