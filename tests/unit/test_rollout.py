@@ -76,6 +76,7 @@ FLEET = {
     "santhrottle_step": "250us",
     "santhrottle_max_delay": "20ms",
     "santhrottle_link_speed": "10gbit",
+    "santhrottle_glide_leaves": 3,
     "santhrottle_keep_static_state": True,
     "santhrottle_metrics_port": 0,
 }
@@ -218,6 +219,7 @@ def test_control_renders_every_threshold_and_setting(rendered):
     assert cfg.netns == "tgt" and cfg.devices == ("bond0", "eth1") and cfg.ports == (3260,)
     assert (cfg.write_mode, cfg.step_s, cfg.max_delay_s) == ("ack", 0.00025, 0.020)
     assert cfg.link_speed == "10gbit" and cfg.keep_static_state is True
+    assert cfg.glide_leaves == 3
     assert cfg.metrics_port == 0
 
 
