@@ -77,7 +77,7 @@ Ordered descent (glide leaves)
     Moving an initiator to a *lower* class reorders its packets: those sent
     after the move overtake those still queued at the old delay.  The
     target's RACK window is min_rtt/4 (5-10 us on a LAN) while a step is
-    500 us, so the overtaken segments are retransmitted (lab: 138-244 target
+    500 us, so the overtaken segments are retransmitted (lab: 41-399 target
     retransmissions for 4 x (20 -> 10 -> 0 ms) under a 64k qd4 read).  More delay
     never reorders.  So a descent goes through a glide leaf instead:
 
@@ -88,8 +88,14 @@ Ordered descent (glide leaves)
     `tc qdisc change` (one RTM_NEWQDISC) keeps the queue.  An initiator
     going from class c to k < c moves into a free glide leaf first set to
     c (same delay: nothing overtakes), then the leaf's delay goes to k in
-    place; initiators going from c to k together share the leaf; a leaf
-    its members fill glides again in place on the next step.  settle()
+    place -- but not before c * step after the move: until then the
+    packets the initiator sent before it still wait in the shared class c,
+    and nothing in the leaf's FIFO holds the new ones behind them (a packet
+    that enters the leaf at delay c would; one is not always there).  So
+    set_classes() leaves that lowering to settle() when it is due (the
+    daemon: the next tick).  Initiators going from c to k together share
+    the leaf; a leaf its members fill glides again in place on the next
+    step (at once when its guard time has passed).  settle()
     (every tick) hands a leaf's members to the shared class of its delay
     (or out of the set at 0) once the packets queued at the older, higher
     delay have left (c * step after the change), and the leaf is reused
@@ -880,6 +886,11 @@ class Glide:
     # monotonic s: until then it still holds packets of a higher delay it had
     # (or of members that left): not to be dissolved or reused before.
     busy_until_s: float = 0.0
+    # monotonic s: until then its members' packets from before they moved in
+    # may still wait in their shared class: its delay must not go down yet;
+    # lower_to is the class settle() lowers it to then.
+    lower_at_s: float = 0.0
+    lower_to: int | None = None
 
 
 @dataclass(slots=True)
@@ -1537,8 +1548,17 @@ class Datapath:
         for minor, k in pre:
             self._set_glide(minor, k)
         self._send(ops, before)
+        now = self.clock()
+        fresh = {minor for minor, _ in pre}
         for minor, k in post:
-            self._set_glide(minor, k)
+            g = self._glides[minor]
+            if minor in fresh:  # moved in at delay g.klass: those packets leave by then
+                g.lower_at_s = now + g.klass * self.step_s
+            if now < g.lower_at_s:
+                g.lower_to = k  # settle() lowers it when due
+            else:
+                g.lower_to = None
+                self._set_glide(minor, k)
         return len(ops)
 
     def settle(self) -> int:
@@ -1547,7 +1567,16 @@ class Datapath:
         delay 0), the leaf is free again once what it holds has left.  Cheap
         when nothing is due: the daemon calls it every tick."""
         now = self.clock()
-        due = [g for g in self._glides.values() if g.members and now >= g.busy_until_s]
+        for g in self._glides.values():
+            if g.lower_to is not None and (not g.members or now >= g.lower_at_s):
+                k, g.lower_to = g.lower_to, None
+                if g.members:  # their older packets have left the shared class
+                    self._set_glide(g.minor, k)
+        due = [
+            g
+            for g in self._glides.values()
+            if g.members and g.lower_to is None and now >= g.busy_until_s
+        ]
         if not due:
             return 0
         members = self._membership()
@@ -1780,6 +1809,10 @@ class Datapath:
                     "leaf": minor_classid(minor),
                     "delay_us": delay_us,
                     "members": sorted(g.members) if g is not None else [],
+                    # a lowering that waits for the members' older packets (settle)
+                    "lowering_to_us": None
+                    if g is None or g.lower_to is None
+                    else g.lower_to * self.step_us,
                     "packets": packets,
                     "bytes": nbytes,
                 }

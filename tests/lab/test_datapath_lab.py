@@ -307,15 +307,31 @@ def test_time_grows_linearly_with_delay(topology, datapath):
 DESCENTS = 4  # one descent reorders often, not always (the reads can fall into step)
 
 
+def _climb(d, ip, to_class: int, ordered: bool) -> None:
+    """Back up from 0 the way the controller's ramp goes (x1.25 per tick, at
+    least 2 classes): going up never reorders, but a jump past the target's
+    tail-loss probe timer (2 x srtt + 2 jiffies) makes it send a spurious
+    probe, which would count here against the descent under test."""
+    from santhrottle.controller.domain import ControllerConfig
+    from santhrottle.controller.step import rise
+
+    cfg = ControllerConfig()
+    k = 0
+    while k < to_class:
+        k = min(to_class, rise(k, cfg))
+        d.set_classes({ip: k}, mode="read", ordered=ordered)
+        time.sleep(cfg.tick_s)
+
+
 def _descend(d, ip, device, ordered: bool, start_class: int, step_classes: int) -> dict:
     """A 64k qd4 read runs while the member's delay goes down from
-    start_class to 0 in steps, DESCENTS times (back up in one step, which
-    never reorders); returns the target's TCP counters over it."""
+    start_class to 0 in steps, DESCENTS times (back up by the controller's
+    ramp); returns the target's TCP counters over it."""
     d.set_classes({ip: start_class}, mode="read", ordered=ordered)
     fio_once(device, "read", "64k", 4, WARMUP_SIZE, offset=CI_SIZE)  # RTT settles
     c0 = tcp_counters()
     fio = ["fio", "--name=descent", f"--filename={device}", "--direct=1", "--ioengine=libaio",
-           "--rw=randread", "--bs=64k", "--iodepth=4", "--time_based", "--runtime=7",
+           "--rw=randread", "--bs=64k", "--iodepth=4", "--time_based", "--runtime=10",
            "--output-format=terse"]  # fmt: skip
     reader = threading.Thread(target=sh, args=(fio,))
     reader.start()
@@ -324,11 +340,15 @@ def _descend(d, ip, device, ordered: bool, start_class: int, step_classes: int) 
         time.sleep(1.0)
         for i in range(DESCENTS):
             if i:
-                d.set_classes({ip: start_class}, mode="read", ordered=ordered)
+                _climb(d, ip, start_class, ordered)
                 time.sleep(0.3)
             for k in range(start_class - step_classes, -1, -step_classes):
                 d.set_classes({ip: k}, mode="read", ordered=ordered)
                 if ordered:
+                    if any(g["lowering_to_us"] is not None for g in d.glide_status()):
+                        # just moved in: lowered once its older packets have left
+                        time.sleep(start_class * d.step_s + 0.005)
+                        d.settle()
                     delays.append([g["delay_us"] for g in d.glide_status() if g["members"]])
                 time.sleep(0.3)
                 d.settle()

@@ -457,7 +457,9 @@ def test_a_descent_glides_through_its_own_leaf_then_settles(netns_pair):
         with _dp(pair) as other:
             other.current()
             assert other._members[MEMBER_IP] == ("all", 0x6000)
-        assert d.current()[MEMBER_IP].klass == 2
+        # in at class 6; lowered only once what it sent before has left class 6
+        assert d.current()[MEMBER_IP].klass == 6
+        assert [g["lowering_to_us"] for g in d.glide_status()] == [2 * d.step_us, None]
         before = {g["leaf"]: g["packets"] for g in d.glide_status()}
         classes, members = _measured(pair, d, (MEMBER_IP, 3260, MB, MB))
         gliding = {g["leaf"]: g for g in d.glide_status()}
@@ -465,7 +467,10 @@ def test_a_descent_glides_through_its_own_leaf_then_settles(netns_pair):
         assert gliding["5374:6000"]["packets"] - before["5374:6000"] == pkts > 100
         assert gliding["5374:6000"]["members"] == [MEMBER_IP]
         assert _only(classes) == {}, "the glide leaf's packets count in no class"
-        assert d.settle() == 0  # its packets of class 6 may still be queued
+        assert d.settle() == 0 and d.current()[MEMBER_IP].klass == 6  # not due yet
+        now[0] += 6 * d.step_s
+        assert d.settle() == 0  # lowered in place; its class-6 packets may still be queued
+        assert d.current()[MEMBER_IP].klass == 2
         now[0] += 6 * d.step_s
         assert d.settle() == 1
         assert d.current()[MEMBER_IP].klass == 2
@@ -474,7 +479,9 @@ def test_a_descent_glides_through_its_own_leaf_then_settles(netns_pair):
         assert _only(classes, 2) == {}
         # a release glides too, to delay 0, and settles out of the set
         d.set_classes({MEMBER_IP: 0})
-        assert d.current()[MEMBER_IP].klass == 0
+        assert d.current()[MEMBER_IP].klass == 2
+        now[0] += 2 * d.step_s
+        assert d.settle() == 0 and d.current()[MEMBER_IP].klass == 0
         now[0] += 2 * d.step_s
         assert d.settle() == 1 and MEMBER_IP not in d.current()
         d.cleanup()

@@ -562,14 +562,37 @@ def test_settle_waits_for_the_old_delay_to_drain(monkeypatch):
     d.clock = lambda: now[0]
     d.set_classes({"10.0.0.4": 10})  # 6 ms -> 5 ms through leaf 6000
     g = d._glides[dp.glide_minor(0)]
-    assert g.members == {"10.0.0.4"} and g.klass == 10 and d._klass(g.minor) == 10
-    assert g.busy_until_s == pytest.approx(100.006)  # packets sent at 6 ms leave by then
-    assert d.settle() == 0
+    # moved in at 6 ms; what it sent before still waits in class 12 until 100.006,
+    # and nothing in the leaf holds new packets behind those yet: not lowered
+    assert g.members == {"10.0.0.4"} and g.klass == 12 and d._klass(g.minor) == 12
+    assert (g.lower_to, g.lower_at_s) == (10, pytest.approx(100.006))
+    assert d.set_classes({"10.0.0.4": 10}) == 0  # asked again: still waiting, no op
+    assert d.settle() == 0 and g.klass == 12
     now[0] = 100.0061
+    assert d.settle() == 0  # lowered in place now; its 6 ms packets leave by 100.0121
+    assert g.klass == 10 and g.lower_to is None
+    assert g.busy_until_s == pytest.approx(100.0121)
+    assert d.set_classes({"10.0.0.4": 9}) == 0  # the group fills it: glides in place at once
+    assert g.klass == 9 and g.busy_until_s == pytest.approx(100.0121)
+    now[0] = 100.0122
     assert d.settle() == 1  # now the shared class of the same delay takes it over
-    assert sent[-1] == ("add", "santhrottle-all", "10.0.0.4", dp.class_minor(10))
-    assert g.members == set() and g.busy_until_s == pytest.approx(100.0111)
+    assert sent[-1] == ("add", "santhrottle-all", "10.0.0.4", dp.class_minor(9))
+    assert g.members == set() and g.busy_until_s == pytest.approx(100.0167)
     assert d.settle() == 0
+
+
+def test_a_leaf_whose_members_went_up_is_not_lowered_later(monkeypatch):
+    d = _gliding()
+    monkeypatch.setattr(d, "_apply_netlink", lambda ops: None)
+    now = [100.0]
+    d.clock = lambda: now[0]
+    d.set_classes({"10.0.0.4": 10})  # into leaf 6000 at 12, lowering due at 100.006
+    g = d._glides[dp.glide_minor(0)]
+    d.set_classes({"10.0.0.4": 20})  # up: straight to the shared class 20
+    assert g.members == set()
+    now[0] = 100.01
+    d.settle()
+    assert g.lower_to is None and g.klass == 12  # nobody left to glide: not lowered
 
 
 def test_constructor_validates():
