@@ -102,6 +102,10 @@ TCP_COUNTERS = (
     "TcpExtTCPSpuriousRTOs",
     "TcpExtTCPDSACKRecv",
     "TcpExtTCPSACKReorder",
+    "TcpExtTCPTSReorder",
+    "TcpExtTCPFastRetrans",
+    "TcpExtTCPSlowStartRetrans",
+    "TcpExtTCPTimeouts",
 )
 
 
@@ -380,11 +384,17 @@ def test_a_lowered_delay_keeps_each_initiators_packets_in_order(topology, datapa
             f"DSACKs {c['TcpExtTCPDSACKRecv']}, TLPs {c['TcpExtTCPLossProbes']}"
         )
     print(f"glide leaf delays read back after each step (us): {glide['glide_delays_us']}")
+    print(f"all counters: shared classes {plain}; glide leaf {glide}")
     assert glide["glide_delays_us"] == [[10000], [0]] * DESCENTS
     assert plain["TcpExtTCPSACKReorder"] + plain["TcpRetransSegs"] > 0, (
         "the control run did not reorder: this test cannot tell"
     )
-    assert glide["TcpExtTCPSACKReorder"] == 0 and glide["TcpRetransSegs"] == 0, glide
+    # What the glide leaf removes is the overtaking: the target sees no reordering.
+    # Retransmissions are held to a tenth of the control's, not to 0: the two-vCPU
+    # guest makes a few with no reordering at all, with or without a delay (docs/lab.md,
+    # "Controlled": 1.7 per uncontrolled phase; one make test run: 3 here, 0 in 4 runs alone).
+    assert glide["TcpExtTCPSACKReorder"] == 0, (glide, plain)
+    assert glide["TcpRetransSegs"] * 10 <= plain["TcpRetransSegs"], (glide, plain)
 
 
 # ================================================================= sweep
