@@ -64,6 +64,13 @@ class Actuator(Protocol):
 
     def cleanup(self) -> Any: ...
 
+    # descents through a glide leaf (in order) and without one (every leaf busy)
+    @property
+    def glided(self) -> int: ...
+
+    @property
+    def unordered_moves(self) -> int: ...
+
 
 @dataclass
 class Counters:
@@ -430,9 +437,8 @@ class Daemon:
                 "reloads": c.reloads,
                 "reload_failures": c.reload_failures,
                 "tick_seconds_sum": c.tick_seconds_sum,
-                # descents through a glide leaf (in order) and without one (all busy)
-                "glided_descents": getattr(self.actuator, "glided", 0),
-                "unordered_descents": getattr(self.actuator, "unordered_moves", 0),
+                "glided_descents": self.actuator.glided,
+                "unordered_descents": self.actuator.unordered_moves,
             },
             "resources": resources,
             "initiators": initiators,

@@ -554,7 +554,7 @@ def render_tc_plan(device: str, want: TcTree, have: TcTree | None) -> list[str]:
     order = sorted(want.classes, key=lambda m: (m != want.default_minor, minor_class(m) or m))
     for minor in order:
         hp = want.classes[minor]
-        cid = f"{ROOT_MAJOR:x}:{minor:x}"
+        cid = minor_classid(minor)
         old = have_classes.get(minor)
         if old is None:
             lines.append(f"class add dev {dev} parent {root} classid {cid} htb {hp.tc_args()}")

@@ -831,6 +831,47 @@ def plot(res: dict, png: str) -> None:
     fig.savefig(png, dpi=110)
 
 
+def _show_sweep(res: dict, out: str) -> None:
+    print(report(res, None))
+    print(f"\nwrote {out} in {res['wall_s']:.0f} s")
+
+
+def _show_overhead(res: dict, _out: str) -> None:
+    for v, x in res["variants"].items():
+        print(
+            f"{v:>10}: "
+            + "; ".join(
+                f"{rw} {x[rw]['median_mb_s']:.2f} MB/s, "
+                f"paired {x[rw]['paired_median_pct']:+.2f} % "
+                f"[{x[rw]['paired_min_pct']:+.1f}, {x[rw]['paired_max_pct']:+.1f}]"
+                for rw in ("read", "write")
+            )
+        )
+
+
+def _show_side_by_side(res: dict, _out: str) -> None:
+    for rw in ("read", "write"):
+        n = res[f"noise_{rw}"]
+        print(
+            f"{rw}: method's noise (none vs none) median {n['median_pct']:+.2f} %, "
+            f"|median| {n['abs_median_pct']:.2f} %"
+        )
+        for v, x in res["variants"].items():
+            y = x[rw]
+            print(
+                f"  {v}: {y['median_pct']:+.2f} % (median of {res['rounds']} rounds, "
+                f"[{y['min_pct']:+.2f}, {y['max_pct']:+.2f}])"
+            )
+
+
+# The commands that measure in the lab guest: (measure, print), each writing --out.
+GUEST_COMMANDS = {
+    "sweep": (sweep, _show_sweep),
+    "overhead": (overhead, _show_overhead),
+    "side-by-side": (side_by_side, _show_side_by_side),
+}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -873,54 +914,16 @@ def main(argv=None) -> int:
     r.add_argument("json")
     r.add_argument("--png")
     a = ap.parse_args(argv)
-    if a.cmd == "sweep":
+    if a.cmd in GUEST_COMMANDS:
         if os.environ.get("SANTHROTTLE_IN_GUEST") != "1":
-            print("sweep runs in the lab guest: python3 vagrant/qemu/lab.py run "
-                  "tests/lab/test_datapath_lab.py sweep", file=sys.stderr)  # fmt: skip
+            print(f"{a.cmd} runs in the lab guest: python3 vagrant/qemu/lab.py run "
+                  f"tests/lab/test_datapath_lab.py {a.cmd}", file=sys.stderr)  # fmt: skip
             return 2
-        res = sweep(a)
+        measure, show = GUEST_COMMANDS[a.cmd]
+        res = measure(a)
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(res, indent=1))
-        print(report(res, None))
-        print(f"\nwrote {a.out} in {res['wall_s']:.0f} s")
-        return 0
-    if a.cmd == "overhead":
-        if os.environ.get("SANTHROTTLE_IN_GUEST") != "1":
-            print("overhead runs in the lab guest", file=sys.stderr)
-            return 2
-        res = overhead(a)
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(res, indent=1))
-        for v, x in res["variants"].items():
-            print(
-                f"{v:>10}: "
-                + "; ".join(
-                    f"{rw} {x[rw]['median_mb_s']:.2f} MB/s, "
-                    f"paired {x[rw]['paired_median_pct']:+.2f} % "
-                    f"[{x[rw]['paired_min_pct']:+.1f}, {x[rw]['paired_max_pct']:+.1f}]"
-                    for rw in ("read", "write")
-                )
-            )
-        return 0
-    if a.cmd == "side-by-side":
-        if os.environ.get("SANTHROTTLE_IN_GUEST") != "1":
-            print("side-by-side runs in the lab guest", file=sys.stderr)
-            return 2
-        res = side_by_side(a)
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(res, indent=1))
-        for rw in ("read", "write"):
-            n = res[f"noise_{rw}"]
-            print(
-                f"{rw}: method's noise (none vs none) median {n['median_pct']:+.2f} %, "
-                f"|median| {n['abs_median_pct']:.2f} %"
-            )
-            for v, x in res["variants"].items():
-                y = x[rw]
-                print(
-                    f"  {v}: {y['median_pct']:+.2f} % (median of {res['rounds']} rounds, "
-                    f"[{y['min_pct']:+.2f}, {y['max_pct']:+.2f}])"
-                )
+        show(res, a.out)
         return 0
     res = json.loads(Path(a.json).read_text())
     print(report(res, a.png))

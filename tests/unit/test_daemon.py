@@ -65,6 +65,8 @@ class FakeActuator:
     unordered: int = 0  # calls with ordered=False
     fail: bool = False
     cleaned: bool = False
+    glided: int = 0
+    unordered_moves: int = 0
 
     def apply(self):
         return None

@@ -37,7 +37,9 @@ from pathlib import Path
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(CHECKOUT / "vagrant" / "qemu" / "guest"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import topology  # noqa: E402
+from report import conn_retrans  # noqa: E402
 
 BIN = Path(sys.executable).parent
 SOCK = "/run/santhrottle-exp/control.sock"
@@ -72,16 +74,6 @@ def tcp_conns(netns: str, port: int = 3260) -> list[dict[str, str]]:
         elif conns:
             conns[-1].update(SS_FIELDS.findall(line))
     return conns
-
-
-def conn_retrans(conns: list[dict[str, str]]) -> dict[str, int]:
-    """Initiator IP -> retransmissions of its iSCSI connection so far (ss's
-    `retrans:out/total`; absent: 0)."""
-    out: dict[str, int] = {}
-    for c in conns:
-        ip = c["peer"].rsplit(":", 1)[0]
-        out[ip] = out.get(ip, 0) + int(c.get("retrans", "0/0").split("/")[1])
-    return out
 
 
 def diskstats() -> dict[str, list[int]]:
@@ -165,9 +157,10 @@ class Sampler(threading.Thread):
                 "t": round(time.monotonic() - self.t0, 3),
                 "ds": {d: ds[d] for d in self.devices if d in ds},
             }
-            if k % STATUS_EVERY == 0:  # which connection retransmitted, and when
+            slow = k % STATUS_EVERY == 0
+            if slow:  # which connection retransmitted, and when
                 row["retrans"] = conn_retrans(tcp_conns(self.netns))
-            if self.with_daemon and k % STATUS_EVERY == 0:
+            if self.with_daemon and slow:
                 try:
                     st = request(SOCK, "status", timeout_s=2.0)
                     row["status"] = {
@@ -179,8 +172,8 @@ class Sampler(threading.Thread):
                             i["initiator"]: i["class"] for i in st["initiators"] if i["class"]
                         },
                         "overruns": st["counters"]["tick_overruns"],
-                        "glided": st["counters"].get("glided_descents", 0),
-                        "unordered": st["counters"].get("unordered_descents", 0),
+                        "glided": st["counters"]["glided_descents"],
+                        "unordered": st["counters"]["unordered_descents"],
                     }
                 except Exception as e:  # keep sampling; record why
                     row["status_error"] = str(e)

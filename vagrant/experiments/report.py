@@ -88,21 +88,23 @@ def known(x: object) -> str:
     return "?" if x is None else str(x)
 
 
+def conn_retrans(conns: list[dict[str, str]]) -> dict[str, int]:
+    """Initiator IP -> retransmissions of its iSCSI connection so far (ss's
+    `retrans:out/total`; absent: 0).  closed_loop.py samples with it too."""
+    out: dict[str, int] = {}
+    for c in conns:
+        ip = c["peer"].rsplit(":", 1)[0]
+        out[ip] = out.get(ip, 0) + int(c.get("retrans", "0/0").split("/")[1])
+    return out
+
+
 def retrans_split(ph: dict) -> tuple[dict[str, int] | None, list[dict]]:
     """Per initiator IP, the retransmissions of its connection in this phase
     (ss at the phase's start and end); and each writer retransmission found in
     the 500 ms samples, with the writer's classes in the second before it."""
-
-    def totals(conns: list[dict]) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for c in conns:
-            ip = c["peer"].rsplit(":", 1)[0]
-            out[ip] = out.get(ip, 0) + int(c.get("retrans", "0/0").split("/")[1])
-        return out
-
     if "tcp_conns_start" not in ph:  # runs before the per-connection record
         return None, []
-    t0, t1 = totals(ph["tcp_conns_start"]), totals(ph["tcp_conns"])
+    t0, t1 = conn_retrans(ph["tcp_conns_start"]), conn_retrans(ph["tcp_conns"])
     per_ip = {ip: t1[ip] - t0.get(ip, 0) for ip in t1}
     found = []
     prev: dict[str, int] | None = None
