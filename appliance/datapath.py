@@ -81,7 +81,7 @@ Ordered descent (glide leaves)
     retransmissions for 4 x (20 -> 10 -> 0 ms) under a 64k qd4 read).  More delay
     never reorders.  So a descent goes through a glide leaf instead:
 
-        class htb 5374:60II + qdisc netem 60II: delay D rate R limit L(max)
+        class htb 5374:60II prio 7 + qdisc netem 60II: delay D rate R limit L(max)
 
     netem with a rate is a FIFO: a packet leaves at
     max(previous packet's departure, now + D) + its transmission time, and
@@ -95,14 +95,32 @@ Ordered descent (glide leaves)
     set_classes() leaves that lowering to settle() when it is due (the
     daemon: the next tick).  Initiators going from c to k together share
     the leaf; a leaf its members fill glides again in place on the next
-    step (at once when its guard time has passed).  settle()
-    (every tick) hands a leaf's members to the shared class of its delay
-    (or out of the set at 0) once the packets queued at the older, higher
-    delay have left (c * step after the change), and the leaf is reused
-    once it is empty and drained.  R = min(link rate, 34 Gbit/s: netem's
-    u32 bytes/s) only orders the queue.  With every leaf busy a descent
-    moves unordered (counted in unordered_moves).  Same lab run through
-    a glide leaf: 0 retransmissions.
+    step (at once when its guard time has passed), and goes up in place
+    too.  settle() (every tick) hands a leaf's members to the shared class
+    of its delay (or out of the set at 0) once the packets queued at the
+    older, higher delay have left (c * step after the change) *and* the
+    leaf's queue, read from the kernel, is empty -- a member that never
+    pauses rides in its leaf, which is as good as a class of its own.  The
+    leaf is reused once it is empty and drained.  R = 34 Gbit/s (netem's
+    u32 bytes/s) only orders the queue: the fastest it takes, so that it
+    spaces a burst as little as it can (a 64 KiB packet: 15 us).  With
+    every leaf busy a descent moves unordered (counted in unordered_moves).
+    Same lab run through a glide leaf: 0 retransmissions.
+
+The order HTB serves (prio)
+    A move's packets stay in order only if, whenever packets of the class
+    it left and of the class it entered are both due, HTB sends the old
+    class's first.  HTB does not look at departure times: it serves the
+    lowest prio with a packet due and round-robins within a prio, up to a
+    quantum (200 kB) per class.  Both due at once is what happens when a
+    dequeue runs late (softirq or timer latency: the lab's loaded guest).
+    So: shared class k has prio class_prio(k), one more per doubling of
+    its delay (0 for class 1, at most 6): a rise to another prio's class
+    leaves the lower delay first.  Glide leaves have prio 7, after every
+    shared class: moving into one leaves the shared class first.  HTB's
+    direct queue (unthrottled) goes before everything, which is why
+    nothing leaves a class for it, nor a leaf for a shared class, while
+    the leaf still holds packets (settle's queue check above).
 
 Lifecycle
     apply() reconciles: it builds what is missing, changes what differs,
@@ -197,8 +215,13 @@ GLIDE_MINOR_BASE = 0x6000
 DEFAULT_GLIDE_LEAVES = 8
 MAX_GLIDE_LEAVES = 256
 # A glide leaf's netem `rate` only keeps its queue in order (a packet leaves
-# after the one before it); TCA_NETEM_RATE is a u32 of bytes/s (34 Gbit/s).
+# after the one before it); it also spaces a burst by each packet's time at
+# that rate, so it is the fastest TCA_NETEM_RATE takes whatever the link:
+# a u32 of bytes/s (34 Gbit/s: a 64 KiB GSO packet in 15 us).
 NETEM_RATE_MAX_BYTES_S = 2**32 - 1
+# HTB prio of the glide leaves: served after every shared class (header:
+# the order HTB serves).  HTB has prios 0-7.
+GLIDE_PRIO = 7
 # HTB quantum (bytes per DRR round): only matters when borrowing, which never
 # happens here (no parent class); explicit so HTB neither computes rate/r2q
 # (125 MB at 10 Gbit, clamped with a kernel warning per class) nor warns.
@@ -409,11 +432,13 @@ class HtbParams:
     burst_bytes: int
     cburst_bytes: int
     quantum_bytes: int
+    prio: int = 0  # HTB serves a ready packet of a lower prio first (see class_prio)
 
     def tc_args(self) -> str:
         return (
             f"rate {self.rate_bytes_s * 8}bit ceil {self.ceil_bytes_s * 8}bit "
-            f"burst {self.burst_bytes}b cburst {self.cburst_bytes}b quantum {self.quantum_bytes}"
+            f"burst {self.burst_bytes}b cburst {self.cburst_bytes}b quantum {self.quantum_bytes} "
+            f"prio {self.prio}"
         )
 
     def close_to(self, other: HtbParams) -> bool:
@@ -427,16 +452,24 @@ class HtbParams:
             self.rate_bytes_s == other.rate_bytes_s
             and self.ceil_bytes_s == other.ceil_bytes_s
             and self.quantum_bytes == other.quantum_bytes
+            and self.prio == other.prio
             and near(self.burst_bytes, other.burst_bytes, self.rate_bytes_s)
             and near(self.cburst_bytes, other.cburst_bytes, self.ceil_bytes_s)
         )
 
 
-def htb_params(link_bits_s: int) -> HtbParams:
+def htb_params(link_bits_s: int, prio: int = 0) -> HtbParams:
     """HTB parameters for a link: rate = ceil = link rate, burst 1 ms of it."""
     rate = link_bits_s // 8
     burst = max(math.ceil(rate * HTB_BURST_S), HTB_MIN_BURST_BYTES)
-    return HtbParams(rate, rate, burst, burst, HTB_QUANTUM_BYTES)
+    return HtbParams(rate, rate, burst, burst, HTB_QUANTUM_BYTES, prio)
+
+
+def class_prio(k: int) -> int:
+    """HTB prio of shared delay class k (header: the order HTB serves):
+    0 for class 1, one more per doubling of the delay, at most
+    GLIDE_PRIO - 1 -- a lower delay is served first."""
+    return min(k.bit_length() - 1, GLIDE_PRIO - 1)
 
 
 def netem_limit(link_bits_s: int, delay_us: int) -> int:
@@ -503,31 +536,26 @@ def is_glide_minor(minor: int) -> bool:
     return GLIDE_MINOR_BASE <= minor < GLIDE_MINOR_BASE + MAX_GLIDE_LEAVES
 
 
-def glide_rate_bytes_s(link_bits_s: int) -> int:
-    return min(link_bits_s // 8, NETEM_RATE_MAX_BYTES_S)
-
-
 def glide_leaf(kind: str, minor: int, link_bits_s: int, max_delay_us: int) -> Leaf:
     """A glide leaf as wanted: sized for the largest delay, its delay run-time state."""
-    rate = glide_rate_bytes_s(link_bits_s) if kind == "netem" else 0
+    rate = NETEM_RATE_MAX_BYTES_S if kind == "netem" else 0
     return Leaf(kind, minor, netem_limit(link_bits_s, max_delay_us), None, rate)
 
 
 def desired_tree(
     step_us: int, max_class: int, link_bits_s: int, leaf: str = "netem", glides: int = 0
 ) -> TcTree:
-    hp = htb_params(link_bits_s)
     t = TcTree("htb", ROOT_MAJOR, DIRECT_MINOR)
     netem = leaf == "netem"
     for k in range(1, max_class + 1):
         minor = class_minor(k)
-        t.classes[minor] = hp
+        t.classes[minor] = htb_params(link_bits_s, class_prio(k))
         delay = k * step_us
         limit_k = netem_limit(link_bits_s, delay)
         t.leaves[minor] = Leaf(leaf, minor, limit_k, delay if netem else None)
     for i in range(glides):
         minor = glide_minor(i)
-        t.classes[minor] = hp
+        t.classes[minor] = htb_params(link_bits_s, GLIDE_PRIO)
         t.leaves[minor] = glide_leaf(leaf, minor, link_bits_s, max_class * step_us)
     return t
 
@@ -543,8 +571,14 @@ def render_tc_plan(device: str, want: TcTree, have: TcTree | None) -> list[str]:
     root = f"{ROOT_MAJOR:x}:"
     fresh = have is None or not have.ours
     lines: list[str] = []
-    if not fresh and have is not None and have.default_minor != want.default_minor:
-        # HTB cannot change its default class in place: rebuild
+    if not fresh and have is not None and (
+        have.default_minor != want.default_minor
+        or any(
+            m in have.classes and have.classes[m].prio != hp.prio for m, hp in want.classes.items()
+        )
+    ):
+        # HTB cannot change its default class in place, nor an active class's
+        # prio (the class stays in the round-robin row of its old prio): rebuild
         lines.append(f"qdisc del dev {dev} root")
         fresh = True
     if fresh:
@@ -594,6 +628,12 @@ def _basic_stats(rec: Mapping[str, Any]) -> tuple[int, int]:
     return int(b.get("packets", 0)), int(b.get("bytes", 0))
 
 
+def _queued(rec: Mapping[str, Any]) -> int:
+    """Packets queued in a tc record's class (an HTB class: its leaf's qlen)."""
+    q = _attrs(rec.get("stats")).get("TCA_STATS_QUEUE") or {}
+    return int(q.get("qlen", 0))
+
+
 def observe_tree(
     qdiscs: Sequence[Mapping[str, Any]], classes: Sequence[Mapping[str, Any]]
 ) -> TcTree:
@@ -629,6 +669,7 @@ def observe_tree(
             burst(p.get("buffer", 0), rate),
             burst(p.get("cbuffer", 0), ceil),
             p.get("quantum", 0),
+            p.get("prio", 0),
         )
     for q in qdiscs:
         parent = q["parent"]
@@ -1554,7 +1595,7 @@ class Datapath:
             g = self._glides[minor]
             if minor in fresh:  # moved in at delay g.klass: those packets leave by then
                 g.lower_at_s = now + g.klass * self.step_s
-            if now < g.lower_at_s:
+            if k < g.klass and now < g.lower_at_s:
                 g.lower_to = k  # settle() lowers it when due
             else:
                 g.lower_to = None
@@ -1577,6 +1618,9 @@ class Datapath:
             for g in self._glides.values()
             if g.members and g.lower_to is None and now >= g.busy_until_s
         ]
+        if due:  # ... and nothing of theirs still queued in the leaf to overtake
+            queued = self._glide_backlog()
+            due = [g for g in due if not queued.get(g.minor)]
         if not due:
             return 0
         members = self._membership()
@@ -1600,7 +1644,9 @@ class Datapath:
         """Rewrite the ops of initiators whose delay goes down (same mode):
         per (from, to) group, one glide leaf at the old delay takes them all
         (a leaf they already fill, else a free one set to the old delay
-        first: `pre`), then its delay goes down in place (`post`)."""
+        first: `pre`), then its delay goes down in place (`post`).  A group
+        that fills a leaf and goes up goes up in place too; any other rise
+        takes the shared class."""
         by_ip: dict[str, list[tuple[str, str, str, int]]] = {}
         for op in ops:
             by_ip.setdefault(op[2], []).append(op)
@@ -1612,7 +1658,8 @@ class Datapath:
             last = ip_ops[-1]
             k = (minor_class(last[3]) or 0) if last[0] == "add" else 0
             c = self._klass(cur[1]) if cur is not None and cur[0] == mode else 0
-            if c > k and last[1] == target:
+            in_leaf = cur is not None and cur[0] == mode and is_glide_minor(cur[1])
+            if last[1] == target and (c > k or (in_leaf and c < k)):
                 groups.setdefault((c, k), []).append(ip)
             else:
                 keep.extend(ip_ops)
@@ -1624,18 +1671,32 @@ class Datapath:
             group = set(ips)
             own = {members[ip][1] for ip in ips if is_glide_minor(members[ip][1])}
             full = sorted(m for m in own if m in self._glides and self._glides[m].members <= group)
+            if c < k and not full:  # a rise that splits a leaf: the shared class
+                keep.extend(op for ip in ips for op in by_ip[ip])
+                continue
             minor = full[0] if full else self._free_glide(now, taken)
             if minor is None:  # all busy: move them unordered (counted)
                 self.unordered_moves += len(ips)
                 keep.extend(op for ip in ips for op in by_ip[ip])
                 continue
             taken.add(minor)
-            self.glided += len(ips)
+            self.glided += len(ips) if c > k else 0
             if not full:
                 pre.append((minor, c))
             keep.extend(("add", target, ip, minor) for ip in ips if members[ip][1] != minor)
             post.append((minor, k))
         return keep, pre, post
+
+    def _glide_backlog(self) -> dict[int, int]:
+        """Packets queued now in each glide leaf (summed over the devices)."""
+        out: dict[int, int] = {}
+        ipr = self._iproute()
+        for dev in self.glide_devices:
+            for m in ipr.get_classes(index=self._ifindex(dev)):
+                minor = m["handle"] & 0xFFFF
+                if m["handle"] >> 16 == ROOT_MAJOR and is_glide_minor(minor):
+                    out[minor] = out.get(minor, 0) + _queued(self._tc_record(m))
+        return out
 
     def _free_glide(self, now: float, taken: set[int]) -> int | None:
         for i in range(self.glide_leaves):
@@ -1815,6 +1876,7 @@ class Datapath:
                     else g.lower_to * self.step_us,
                     "packets": packets,
                     "bytes": nbytes,
+                    "queued": _queued(c),
                 }
             )
         return sorted(out, key=lambda x: x["leaf"])

@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -484,4 +486,43 @@ def test_a_descent_glides_through_its_own_leaf_then_settles(netns_pair):
         assert d.settle() == 0 and d.current()[MEMBER_IP].klass == 0
         now[0] += 2 * d.step_s
         assert d.settle() == 1 and MEMBER_IP not in d.current()
+        d.cleanup()
+
+
+def test_settle_keeps_a_member_while_its_packets_are_queued_in_the_leaf(netns_pair):
+    """Handing a leaf's members to a shared class (or out of the set) while
+    the leaf still holds their packets would let the next ones overtake
+    those: settle() reads the leaf's queue from the kernel and waits."""
+    pair = netns_pair
+    now = [1000.0]
+    with _dp(pair, glide_leaves=1) as d:
+        d.clock = lambda: now[0]
+        d.apply()
+        d.set_classes({MEMBER_IP: 6})
+        d.set_classes({MEMBER_IP: 2})
+        now[0] += 6 * d.step_s
+        d.settle()  # lowered in place
+        now[0] += 6 * d.step_s  # due, by time
+        # a slow leaf (pfifo here has no delay) so that the download queues in it
+        leaf = "5374:6000"
+        slow = f"rate 80kbit ceil 80kbit burst 1600b cburst 1600b prio {dp.GLIDE_PRIO}"
+        pair.tsh("tc", "class", "change", "dev", TARGET_DEV, "parent", "5374:", "classid", leaf,
+                 "htb", *slow.split())  # fmt: skip
+        pair.start_server()
+        t = threading.Thread(target=pair.transfer, args=(MEMBER_IP, 3260, 0, 256 << 10))
+        t.start()
+        try:
+            deadline = time.monotonic() + 10
+            while d.glide_status()[0]["queued"] == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert d.glide_status()[0]["queued"] > 0
+            assert d.settle() == 0
+            assert d._members[MEMBER_IP] == ("all", 0x6000)
+        finally:
+            fast = dp.htb_params(d.link_bits_s, dp.GLIDE_PRIO).tc_args()
+            pair.tsh("tc", "class", "change", "dev", TARGET_DEV, "parent", "5374:", "classid",
+                     leaf, "htb", *fast.split())  # fmt: skip
+            t.join()
+        assert d.glide_status()[0]["queued"] == 0
+        assert d.settle() == 1 and d.current()[MEMBER_IP].klass == 2
         d.cleanup()

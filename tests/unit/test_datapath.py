@@ -116,7 +116,7 @@ def test_htb_params_per_link_speed(gbit, rate, burst):
     assert hp.quantum_bytes == 200_000
     assert hp.tc_args() == (
         f"rate {gbit * 10**9}bit ceil {gbit * 10**9}bit burst {burst}b cburst {burst}b "
-        "quantum 200000"
+        "quantum 200000 prio 0"
     )
 
 
@@ -206,7 +206,7 @@ def test_missing_leaf_and_class_are_added():
     lines = dp.render_tc_plan("eth1", _want(), have)
     assert lines == [
         "qdisc add dev eth1 parent 5374:7 handle 7: netem delay 3500us limit 68360",
-        "class add dev eth1 parent 5374: classid 5374:8 htb " + dp.htb_params(10**10).tc_args(),
+        "class add dev eth1 parent 5374: classid 5374:8 htb " + dp.htb_params(10**10, 3).tc_args(),
         "qdisc add dev eth1 parent 5374:8 handle 8: netem delay 4000us limit 78125",
     ]
 
@@ -227,8 +227,11 @@ def _root_record(defcls=0):
     }
 
 
-def _class_record(minor, rate=1_250_000_000, buffer=15625):
-    htb_parms = {"rate": rate, "ceil": rate, "buffer": buffer, "cbuffer": buffer, "quantum": 200000}
+def _class_record(minor, rate=1_250_000_000, buffer=15625, prio=None):
+    if prio is None:
+        prio = dp.class_prio(dp.minor_class(minor) or 1)
+    htb_parms = {"rate": rate, "ceil": rate, "buffer": buffer, "cbuffer": buffer, "quantum": 200000,
+                 "prio": prio}  # fmt: skip
     attrs = [("TCA_HTB_PARMS", htb_parms)]
     if rate > 0xFFFFFFFF:
         htb_parms["rate"] = htb_parms["ceil"] = 0xFFFFFFFF
@@ -267,6 +270,13 @@ def test_observe_tree_from_kernel_records_adopts():
     have = dp.observe_tree(qd, cl)
     assert have.ours and have.default_minor == 0
     assert dp.render_tc_plan("eth1", _want(max_class=max_class), have) == []
+    # a tree from before the prios (all 0): HTB cannot move an active class
+    # to another prio's round-robin row, so it is rebuilt
+    old = dp.observe_tree(qd, [_class_record(dp.class_minor(k), prio=0) for k in range(1, 13)])
+    assert dp.render_tc_plan("eth1", _want(max_class=max_class), old)[:2] == [
+        "qdisc del dev eth1 root",
+        "qdisc add dev eth1 root handle 5374: htb default 0",
+    ]
     s = dp.tree_summary(have)
     assert s["step_us"] == 500 and s["max_class"] == 12 and s["leaf"] == "netem"
     assert s["link_bits_s"] == 10**10
@@ -472,21 +482,26 @@ def test_glide_leaves_are_built_with_a_rate_and_their_delay_is_run_time_state():
     # after the delay classes; the largest limit; a rate keeps the queue in order
     assert lines[-1] == (
         "qdisc add dev eth1 parent 5374:6001 handle 6001: netem delay 0us "
-        "rate 10000000000bit limit 976563"
+        "rate 34359738360bit limit 976563"
     )
     assert all(dp.minor_class(m) is None for m in (0x6000, 0x6001))
     # a leaf gliding at 3 ms is what apply wants: nothing to change
     have = dp.desired_tree(500, 100, 10**10, "netem", glides=2)
-    have.leaves[0x6000] = dp.Leaf("netem", 0x6000, 976563, 3000, 1_250_000_000)
+    have.leaves[0x6000] = dp.Leaf("netem", 0x6000, 976563, 3000, 2**32 - 1)
     assert dp.render_tc_plan("eth1", want, have) == []
-    # ... but a leaf without the rate is not
-    have.leaves[0x6000] = dp.Leaf("netem", 0x6000, 976563, 3000)
-    assert dp.render_tc_plan("eth1", want, have) == [
-        "qdisc replace dev eth1 parent 5374:6000 handle 6000: netem delay 0us "
-        "rate 10000000000bit limit 976563"
-    ]
-    # netem's rate is a u32 of bytes/s: capped at 34 Gbit/s on faster links
-    assert dp.glide_rate_bytes_s(100 * 10**9) == 2**32 - 1
+    # ... but a leaf without the rate is not (nor one of santhrottle 0.6, at link rate)
+    for rate in (0, 1_250_000_000):
+        have.leaves[0x6000] = dp.Leaf("netem", 0x6000, 976563, 3000, rate)
+        assert dp.render_tc_plan("eth1", want, have) == [
+            "qdisc replace dev eth1 parent 5374:6000 handle 6000: netem delay 0us "
+            "rate 34359738360bit limit 976563"
+        ]
+    # served after every shared class; among those a lower delay first
+    assert [want.classes[m].prio for m in (0x6000, 0x6001)] == [dp.GLIDE_PRIO] * 2
+    prios = [want.classes[dp.class_minor(k)].prio for k in range(1, 101)]
+    assert prios == sorted(prios) and prios[0] == 0 and prios[-1] == dp.GLIDE_PRIO - 1
+    assert [dp.class_prio(k) for k in (1, 2, 3, 4, 8, 16, 32, 64, 5000)] == [0, 1, 1, 2, 3, 4, 5,
+                                                                           6, 6]  # fmt: skip
 
 
 def _gliding(**kw):
@@ -532,7 +547,8 @@ def test_a_leaf_its_group_fills_glides_in_place_and_others_take_their_own():
     other = dp.glide_minor(1)
     assert (ops, pre, post) == ([("add", "santhrottle-all", "10.0.0.2", other)], [(other, 3)],
                                 [(other, 1)])  # fmt: skip
-    # going up leaves the leaf for the shared class directly (more delay never reorders)
+    # one of them going up leaves the leaf for the shared class (a higher delay,
+    # served after the leaf when both have packets ready)
     assert _glide_plan(d, {"10.0.0.3": 5}) == (
         [("add", "santhrottle-all", "10.0.0.3", dp.class_minor(5))],
         [],
@@ -558,6 +574,8 @@ def test_settle_waits_for_the_old_delay_to_drain(monkeypatch):
     d = _gliding()
     sent = []
     monkeypatch.setattr(d, "_apply_netlink", sent.extend)
+    queued = {dp.glide_minor(0): 0}
+    monkeypatch.setattr(d, "_glide_backlog", lambda: queued)
     now = [100.0]
     d.clock = lambda: now[0]
     d.set_classes({"10.0.0.4": 10})  # 6 ms -> 5 ms through leaf 6000
@@ -575,24 +593,39 @@ def test_settle_waits_for_the_old_delay_to_drain(monkeypatch):
     assert d.set_classes({"10.0.0.4": 9}) == 0  # the group fills it: glides in place at once
     assert g.klass == 9 and g.busy_until_s == pytest.approx(100.0121)
     now[0] = 100.0122
+    queued[g.minor] = 3
+    assert d.settle() == 0  # its packets still queued in the leaf: they would be overtaken
+    assert g.members == {"10.0.0.4"}
+    queued[g.minor] = 0
     assert d.settle() == 1  # now the shared class of the same delay takes it over
     assert sent[-1] == ("add", "santhrottle-all", "10.0.0.4", dp.class_minor(9))
     assert g.members == set() and g.busy_until_s == pytest.approx(100.0167)
     assert d.settle() == 0
 
 
-def test_a_leaf_whose_members_went_up_is_not_lowered_later(monkeypatch):
+def test_a_leaf_whose_members_go_up_goes_up_in_place_and_is_not_lowered_later(monkeypatch):
     d = _gliding()
-    monkeypatch.setattr(d, "_apply_netlink", lambda ops: None)
+    sent = []
+    monkeypatch.setattr(d, "_apply_netlink", sent.extend)
+    # its traffic never stops: the leaf always holds some, settle() never hands it over
+    monkeypatch.setattr(d, "_glide_backlog", lambda: {dp.glide_minor(0): 5})
     now = [100.0]
     d.clock = lambda: now[0]
     d.set_classes({"10.0.0.4": 10})  # into leaf 6000 at 12, lowering due at 100.006
     g = d._glides[dp.glide_minor(0)]
-    d.set_classes({"10.0.0.4": 20})  # up: straight to the shared class 20
-    assert g.members == set()
+    assert len(sent) == 1
+    # up before the lowering was due: in place (a FIFO keeps its order), no ipset op
+    assert d.set_classes({"10.0.0.4": 20}) == 0 and len(sent) == 1
+    assert g.members == {"10.0.0.4"} and g.klass == 20 and g.lower_to is None
     now[0] = 100.01
-    d.settle()
-    assert g.lower_to is None and g.klass == 12  # nobody left to glide: not lowered
+    assert d.settle() == 0
+    assert g.klass == 20 and g.lower_to is None  # the old lowering is not done later
+    # only one of two members going up takes the shared class: the leaf stays
+    d._members["10.0.0.2"] = ("all", g.minor)
+    g.members.add("10.0.0.2")
+    assert d.set_classes({"10.0.0.2": 24}) == 1
+    assert sent[-1] == ("add", "santhrottle-all", "10.0.0.2", dp.class_minor(24))
+    assert g.members == {"10.0.0.4"} and g.klass == 20
 
 
 def test_constructor_validates():
