@@ -571,10 +571,15 @@ def render_tc_plan(device: str, want: TcTree, have: TcTree | None) -> list[str]:
     root = f"{ROOT_MAJOR:x}:"
     fresh = have is None or not have.ours
     lines: list[str] = []
-    if not fresh and have is not None and (
-        have.default_minor != want.default_minor
-        or any(
-            m in have.classes and have.classes[m].prio != hp.prio for m, hp in want.classes.items()
+    if (
+        not fresh
+        and have is not None
+        and (
+            have.default_minor != want.default_minor
+            or any(
+                m in have.classes and have.classes[m].prio != hp.prio
+                for m, hp in want.classes.items()
+            )
         )
     ):
         # HTB cannot change its default class in place, nor an active class's
