@@ -575,7 +575,7 @@ def test_settle_waits_for_the_old_delay_to_drain(monkeypatch):
     sent = []
     monkeypatch.setattr(d, "_apply_netlink", sent.extend)
     queued = {dp.glide_minor(0): 0}
-    monkeypatch.setattr(d, "_glide_backlog", lambda: queued)
+    monkeypatch.setattr(d, "_glide_backlog", lambda minors: {m: queued[m] for m in minors})
     now = [100.0]
     d.clock = lambda: now[0]
     d.set_classes({"10.0.0.4": 10})  # 6 ms -> 5 ms through leaf 6000
@@ -608,7 +608,7 @@ def test_a_leaf_whose_members_go_up_goes_up_in_place_and_is_not_lowered_later(mo
     sent = []
     monkeypatch.setattr(d, "_apply_netlink", sent.extend)
     # its traffic never stops: the leaf always holds some, settle() never hands it over
-    monkeypatch.setattr(d, "_glide_backlog", lambda: {dp.glide_minor(0): 5})
+    monkeypatch.setattr(d, "_glide_backlog", lambda minors: {m: 5 for m in minors})
     now = [100.0]
     d.clock = lambda: now[0]
     d.set_classes({"10.0.0.4": 10})  # into leaf 6000 at 12, lowering due at 100.006
