@@ -535,8 +535,13 @@ def set_variant(d, variant: str, device: str = DEVICE) -> None:
     direct queue); tc-defclass: the tree with a default class 5374:ffff +
     pfifo instead; rules: sets + rules only; rules-ungated: the rules with
     the jump not gated by santhrottle-members (every storage packet walks
-    the chain); full: Datapath.apply(); full-old: both old layouts (the
-    default class and the ungated jump, as before the gate)."""
+    the chain); rules-sport: the gated jump as one rule per port with tcp
+    --sport instead of multiport (iptables-nft compiles --sport to native
+    nft, multiport and set run through xtables compat); rules-hook: the
+    chain and a jump that no packet takes (a port nobody uses, no set):
+    what the mangle hook itself costs; full: Datapath.apply(); full-old:
+    both old layouts (the default class and the ungated jump, as before
+    the gate)."""
     dp = load_datapath()
     d.cleanup()
     if variant == "none":
@@ -553,10 +558,18 @@ def set_variant(d, variant: str, device: str = DEVICE) -> None:
     elif variant == "full-old":
         sh(["ip", "netns", "exec", NETNS, "tc", "qdisc", "del", "dev", device, "root"])
         _defclass_tree(dp, d, device)
-    if variant in ("rules-ungated", "full-old"):
-        gated = dp.jump_rule(device, PORTS)
-        ungated = gated.replace(" " + dp._member_match(dp.MEMBERS_SET), "")
-        d._restore_rules(f"*mangle\n-D{gated[2:]}\n-I{ungated[2:]}\nCOMMIT\n")
+    gated = dp.jump_rule(device, PORTS)
+    multiport = "-m multiport --sports " + ",".join(str(p) for p in PORTS)
+    instead = {
+        "rules-ungated": [gated.replace(" " + dp._member_match(dp.MEMBERS_SET), "")],
+        "full-old": [gated.replace(" " + dp._member_match(dp.MEMBERS_SET), "")],
+        "rules-sport": [gated.replace(multiport, f"-m tcp --sport {p}") for p in PORTS],
+        "rules-hook": [gated.replace(multiport, "-m tcp --sport 9").split(" -m set")[0]
+                       + f" -j {dp.CHAIN}"],
+    }.get(variant)  # fmt: skip
+    if instead:
+        adds = "".join(f"-I{j[2:]}\n" for j in instead)
+        d._restore_rules(f"*mangle\n-D{gated[2:]}\n{adds}COMMIT\n")
 
 
 def _defclass_tree(dp, d, device: str = DEVICE) -> None:
