@@ -55,6 +55,8 @@ RESULTS = CHECKOUT / "results" / "datapath-lab.json"
 NETNS = "tgt"  # topology.py: the target host's namespace ...
 DEVICE = "lab-tgt"  # ... and its veth end facing the initiators
 PORTS = (3260, 4420)
+# side-by-side's rules-haship variant: a plain hash:ip gate set (set_variant)
+GATE_TEST_SET = "santhrottle-gatetest"
 GB = 1e9
 
 # CI subset: one initiator, 64k qd1, these delays (ms); R^2 floor from the issue.
@@ -539,11 +541,14 @@ def set_variant(d, variant: str, device: str = DEVICE) -> None:
     --sport instead of multiport (iptables-nft compiles --sport to native
     nft, multiport and set run through xtables compat); rules-hook: the
     chain and a jump that no packet takes (a port nobody uses, no set):
-    what the mangle hook itself costs; full: Datapath.apply(); full-old:
+    what the mangle hook itself costs; rules-haship: the gated jump with
+    one hash:ip set (empty: nobody throttled) instead of the list:set of
+    the three mode sets; full: Datapath.apply(); full-old:
     both old layouts (the default class and the ungated jump, as before
     the gate)."""
     dp = load_datapath()
     d.cleanup()
+    sh(["ip", "netns", "exec", NETNS, "ipset", "destroy", GATE_TEST_SET], check=False)
     if variant == "none":
         return
     if variant == "tc-defclass":
@@ -566,7 +571,10 @@ def set_variant(d, variant: str, device: str = DEVICE) -> None:
         "rules-sport": [gated.replace(multiport, f"-m tcp --sport {p}") for p in PORTS],
         "rules-hook": [gated.replace(multiport, "-m tcp --sport 9").split(" -m set")[0]
                        + f" -j {dp.CHAIN}"],
+        "rules-haship": [gated.replace(dp.MEMBERS_SET, GATE_TEST_SET)],
     }.get(variant)  # fmt: skip
+    if variant == "rules-haship":
+        sh(["ip", "netns", "exec", NETNS, "ipset", "create", GATE_TEST_SET, "hash:ip"])
     if instead:
         adds = "".join(f"-I{j[2:]}\n" for j in instead)
         d._restore_rules(f"*mangle\n-D{gated[2:]}\n{adds}COMMIT\n")
