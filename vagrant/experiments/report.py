@@ -255,7 +255,7 @@ def calibrate_overhead(raw: dict, c: float, m: float, noise: float, p50_s: float
 
     Little's law alone (fit_streams) puts the simulated array near
     saturation, where the uncontrolled latency swings with a few percent of
-    overhead: its uncontrolled p95 came out 0.3x to 8x the lab's in the
+    overhead: its uncontrolled p95 came out 0.3x to 9x the lab's in the
     session-6 runs.  Calibrated on the uncontrolled median, the simulator
     reproduces that run; its uncontrolled p95 and every controlled figure
     are then predictions."""
