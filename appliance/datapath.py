@@ -222,8 +222,8 @@ NETEM_RATE_MAX_BYTES_S = 2**32 - 1
 # HTB prio of the glide leaves: served after every shared class (header:
 # the order HTB serves).  HTB has prios 0-7.
 GLIDE_PRIO = 7
-# HTB quantum (bytes per DRR round): only matters when borrowing, which never
-# happens here (no parent class); explicit so HTB neither computes rate/r2q
+# HTB quantum (bytes per DRR round among the classes of one prio that have a
+# packet due: header, the order HTB serves); explicit so HTB neither computes rate/r2q
 # (125 MB at 10 Gbit, clamped with a kernel warning per class) nor warns.
 # 200000 is the kernel's own upper clamp and covers 64 KiB GSO and BIG TCP.
 HTB_QUANTUM_BYTES = 200_000
