@@ -564,10 +564,11 @@ def set_variant(d, variant: str, device: str = DEVICE) -> None:
         sh(["ip", "netns", "exec", NETNS, "tc", "qdisc", "del", "dev", device, "root"])
         _defclass_tree(dp, d, device)
     gated = dp.jump_rule(device, PORTS)
+    ungated = gated.replace(" " + dp._member_match(dp.MEMBERS_SET), "")
     multiport = "-m multiport --sports " + ",".join(str(p) for p in PORTS)
     instead = {
-        "rules-ungated": [gated.replace(" " + dp._member_match(dp.MEMBERS_SET), "")],
-        "full-old": [gated.replace(" " + dp._member_match(dp.MEMBERS_SET), "")],
+        "rules-ungated": [ungated],
+        "full-old": [ungated],
         "rules-sport": [gated.replace(multiport, f"-m tcp --sport {p}") for p in PORTS],
         "rules-hook": [gated.replace(multiport, "-m tcp --sport 9").split(" -m set")[0]
                        + f" -j {dp.CHAIN}"],

@@ -43,9 +43,8 @@ from report import conn_retrans  # noqa: E402
 
 BIN = Path(sys.executable).parent
 SOCK = "/run/santhrottle-exp/control.sock"
-# The daemon's niceness: systemd/santhrottled.service's Nice= (the loop keeps
-# its tick while the writers load the guest).
-DAEMON_NICE = -10
+# The unit the daemon ships with: the experiment runs it at the unit's Nice=.
+UNIT = CHECKOUT / "systemd" / "santhrottled.service"
 SAMPLE_S = 0.1
 STATUS_EVERY = 5  # samples: the daemon's status every 0.5 s
 NSTAT_KEYS = (
@@ -186,6 +185,14 @@ class Sampler(threading.Thread):
             self.stop_ev.wait(max(0.0, nxt - time.monotonic()))
 
 
+def unit_nice() -> int:
+    """The Nice= of the systemd unit (0 without one)."""
+    for line in UNIT.read_text().splitlines():
+        if line.startswith("Nice="):
+            return int(line.removeprefix("Nice="))
+    return 0
+
+
 def start_daemon(
     t: dict, threshold: str, conf_dir: Path, max_delay: str, setpoint: float
 ) -> subprocess.Popen:
@@ -198,11 +205,12 @@ def start_daemon(
         f'[resources.{t["vg"]}]\nthreshold = "{threshold}"\n'
     )
     log = open(conf_dir / f"santhrottled-{threshold}.log", "w")  # noqa: SIM115 - lives with the process
+    nice = unit_nice()
     p = subprocess.Popen(
         [str(BIN / "santhrottled"), "--config", str(conf)],
         stdout=log,
         stderr=subprocess.STDOUT,
-        preexec_fn=lambda: os.nice(DAEMON_NICE),  # as systemd runs it
+        preexec_fn=lambda: os.nice(nice),  # as systemd runs it
     )
     deadline = time.monotonic() + 90
     while not os.path.exists(SOCK):

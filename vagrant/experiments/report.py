@@ -42,11 +42,11 @@ RELEASE_FRACTION = 0.9
 # Bisection of the simulated writers' overhead (calibrate_overhead): 1 s
 # halved 18 times is 4 us, far below what moves the median.
 CALIBRATION_MAX_OVERHEAD_S = 1.0
+CALIBRATION_STEPS = 18
 # `make lab`'s guest: one vCPU.  A second one brings retransmissions of its own
 # on the reader's connection, which santhrottle never delays (docs/lab.md,
 # "One vCPU: no background").
 FULL_RUN_SMP = 1
-CALIBRATION_STEPS = 18
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -259,11 +259,14 @@ def calibrate_overhead(raw: dict, c: float, m: float, noise: float, p50_s: float
     session-6 runs.  Calibrated on the uncontrolled median, the simulator
     reproduces that run; its uncontrolled p95 and every controlled figure
     are then predictions."""
+    from santhrottle.controller.scenario import parse_scenario
+    from santhrottle.controller.sim import run, summarize
+
     lo, hi = 0.0, CALIBRATION_MAX_OVERHEAD_S
     for _ in range(CALIBRATION_STEPS):
         mid = (lo + hi) / 2
-        sim = simulate_lab(raw, c, m, noise, mid)
-        if sim["uncontrolled"]["read_latency_p50_s"] > p50_s:
+        sc = parse_scenario(lab_scenario(raw, c, m, noise, mid))
+        if summarize(sc, run(sc))["read_latency_p50_s"] > p50_s:  # the uncontrolled run only
             lo = mid
         else:
             hi = mid
@@ -275,6 +278,13 @@ def simulate_lab(raw: dict, c: float, m: float, noise: float, overhead_s: float 
     from santhrottle.controller.scenario import parse_scenario
     from santhrottle.controller.sim import simulate
 
+    text = lab_scenario(raw, c, m, noise, overhead_s)
+    res = simulate(parse_scenario(text), baseline=False)
+    return {"scenario": text, "controlled": res["controlled"], "uncontrolled": res["uncontrolled"]}
+
+
+def lab_scenario(raw: dict, c: float, m: float, noise: float, overhead_s: float) -> str:
+    """The lab's experiment as a simulator scenario (TOML), with its fitted device."""
     a = raw["args"]
     dur = a["lead"] + a["cycles"] * (a["on"] + a["off"])
     bs_kib = int(a["writer_bs"].rstrip("kK"))
@@ -299,8 +309,7 @@ def simulate_lab(raw: dict, c: float, m: float, noise: float, overhead_s: float 
         f"{round(parse_ms(a['max_delay']) / 0.0005)}\n"
         f"setpoint_fraction = {a.get('setpoint', 0.9)}\n"
     )
-    res = simulate(parse_scenario(text), baseline=False)
-    return {"scenario": text, "controlled": res["controlled"], "uncontrolled": res["uncontrolled"]}
+    return text
 
 
 def plot(raw: dict, out: Path) -> list[Path]:
