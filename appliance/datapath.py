@@ -98,9 +98,14 @@ Ordered descent (glide leaves)
     step (at once when its guard time has passed), and goes up in place
     too.  settle() (every tick) hands a leaf's members to the shared class
     of its delay (or out of the set at 0) once the packets queued at the
-    older, higher delay have left (c * step after the change) *and* the
-    leaf's queue, read from the kernel, is empty -- a member that never
-    pauses rides in its leaf, which is as good as a class of its own.  The
+    older, higher delay have left (c * step after the change) *and* their
+    traffic has paused: the leaf, read from the kernel, has nothing queued
+    and has sent nothing since settle()'s look one tick before.  (Nothing
+    queued at one look is not enough: under a steady stream a packet enters
+    the leaf between that look and the ipset change, and the class it is
+    handed to -- HTB's direct queue at 0 -- sends the next one first.)  A
+    member that never pauses rides in its leaf, which is as good as a class
+    of its own; at delay 0 its packets only pass netem's rate.  The
     leaf is reused once it is empty and drained.  R = 34 Gbit/s (netem's
     u32 bytes/s) only orders the queue: the fastest it takes, so that it
     spaces a burst as little as it can (a 64 KiB packet: 15 us).  With
@@ -116,11 +121,16 @@ The order HTB serves (prio)
     dequeue runs late (softirq or timer latency: the lab's loaded guest).
     So: shared class k has prio class_prio(k), one more per doubling of
     its delay (0 for class 1, at most 6): a rise to another prio's class
-    leaves the lower delay first.  Glide leaves have prio 7, after every
-    shared class: moving into one leaves the shared class first.  HTB's
-    direct queue (unthrottled) goes before everything, which is why
-    nothing leaves a class for it, nor a leaf for a shared class, while
-    the leaf still holds packets (settle's queue check above).
+    leaves the lower delay first.  A rise within one prio (12 -> 14, the
+    controller's x1.25 ramp makes most of them) takes a free glide leaf
+    at the new delay instead, with ordered=True.  Glide leaves have prio 7,
+    after every shared class: moving into one leaves the shared class
+    first.  HTB's direct queue (unthrottled) goes before everything, which
+    is why nothing leaves a class for it, nor a leaf for a shared class,
+    while the leaf's traffic flows (settle's look above).  What is left:
+    with every leaf busy a rise within a prio takes the shared class, and
+    a rise that splits a leaf's group leaves it for the shared class; both
+    reorder only if a dequeue runs later than the delay they add.
 
 Lifecycle
     apply() reconciles: it builds what is missing, changes what differs,
@@ -937,6 +947,9 @@ class Glide:
     # lower_to is the class settle() lowers it to then.
     lower_at_s: float = 0.0
     lower_to: int | None = None
+    # packets the leaf had sent at settle()'s last look while it was due to
+    # hand its members on: unchanged (and none queued) = their traffic paused
+    sent_seen: int | None = None
 
 
 @dataclass(slots=True)
@@ -1598,9 +1611,11 @@ class Datapath:
         fresh = {minor for minor, _ in pre}
         for minor, k in post:
             g = self._glides[minor]
-            if minor in fresh:  # moved in at delay g.klass: those packets leave by then
+            if minor in fresh:  # moved in at delay <= g.klass: those packets leave by then
                 g.lower_at_s = now + g.klass * self.step_s
-            if k < g.klass and now < g.lower_at_s:
+            if k == g.klass:  # a rise that entered a fresh leaf at its new delay
+                g.lower_to = None
+            elif k < g.klass and now < g.lower_at_s:
                 g.lower_to = k  # settle() lowers it when due
             else:
                 g.lower_to = None
@@ -1623,9 +1638,15 @@ class Datapath:
             for g in self._glides.values()
             if g.members and g.lower_to is None and now >= g.busy_until_s
         ]
-        if due:  # ... and nothing of theirs still queued in the leaf to overtake
-            queued = self._glide_backlog([g.minor for g in due])
-            due = [g for g in due if not queued.get(g.minor)]
+        if due:  # ... and their traffic paused: nothing queued, nothing sent since the last look
+            seen = self._glide_backlog([g.minor for g in due])
+            paused = []
+            for g in due:
+                queued, sent = seen.get(g.minor, (0, None))
+                if not queued and (sent is None or sent == g.sent_seen):
+                    paused.append(g)
+                g.sent_seen = sent
+            due = paused
         if not due:
             return 0
         members = self._membership()
@@ -1650,8 +1671,10 @@ class Datapath:
         per (from, to) group, one glide leaf at the old delay takes them all
         (a leaf they already fill, else a free one set to the old delay
         first: `pre`), then its delay goes down in place (`post`).  A group
-        that fills a leaf and goes up goes up in place too; any other rise
-        takes the shared class."""
+        that fills a leaf and goes up goes up in place too; a rise from a
+        shared class to one of the same HTB prio takes a free leaf at the new
+        delay (HTB would round-robin the two classes); any other rise takes
+        the shared class."""
         by_ip: dict[str, list[tuple[str, str, str, int]]] = {}
         for op in ops:
             by_ip.setdefault(op[2], []).append(op)
@@ -1664,7 +1687,8 @@ class Datapath:
             k = (minor_class(last[3]) or 0) if last[0] == "add" else 0
             c = self._klass(cur[1]) if cur is not None and cur[0] == mode else 0
             in_leaf = cur is not None and cur[0] == mode and is_glide_minor(cur[1])
-            if last[1] == target and (c > k or (in_leaf and c < k)):
+            same_prio = 0 < c < k and class_prio(c) == class_prio(k)
+            if last[1] == target and (c > k or (c < k and (in_leaf or same_prio))):
                 groups.setdefault((c, k), []).append(ip)
             else:
                 keep.extend(ip_ops)
@@ -1676,26 +1700,28 @@ class Datapath:
             group = set(ips)
             own = {members[ip][1] for ip in ips if is_glide_minor(members[ip][1])}
             full = sorted(m for m in own if m in self._glides and self._glides[m].members <= group)
-            if c < k and not full:  # a rise that splits a leaf: the shared class
+            rise = c < k
+            if rise and not full and own:  # a rise that splits a leaf: the shared class
                 keep.extend(op for ip in ips for op in by_ip[ip])
                 continue
             minor = full[0] if full else self._free_glide(now, taken)
-            if minor is None:  # all busy: move them unordered (counted)
-                self.unordered_moves += len(ips)
+            if minor is None:  # all busy: the shared class (a descent is counted)
+                self.unordered_moves += 0 if rise else len(ips)
                 keep.extend(op for ip in ips for op in by_ip[ip])
                 continue
             taken.add(minor)
             self.glided += len(ips) if c > k else 0
-            if not full:
-                pre.append((minor, c))
+            if not full:  # a descent enters at the old delay, a rise at the new one
+                pre.append((minor, k if rise else c))
             keep.extend(("add", target, ip, minor) for ip in ips if members[ip][1] != minor)
             post.append((minor, k))
         return keep, pre, post
 
-    def _glide_backlog(self, minors: Sequence[int]) -> dict[int, int]:
-        """Packets queued now in each of these glide leaves (summed over the
-        devices): one RTM_GETTCLASS per leaf, in one batch -- a dump of every
-        class costs 25 ms for 500 classes on the host, far more in the lab."""
+    def _glide_backlog(self, minors: Sequence[int]) -> dict[int, tuple[int, int]]:
+        """(packets queued now, packets sent) of each of these glide leaves
+        (summed over the devices): one RTM_GETTCLASS per leaf, in one batch
+        -- a dump of every class costs 25 ms for 500 classes on the host,
+        far more in the lab."""
         from pyroute2.netlink import NLM_F_ACK, NLM_F_ECHO, NLM_F_REQUEST
         from pyroute2.netlink.rtnl import RTM_GETTCLASS
         from pyroute2.netlink.rtnl.tcmsg import tcmsg
@@ -1711,7 +1737,7 @@ class Datapath:
                 # the class comes back only to a request that asks for its echo
                 msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK | NLM_F_ECHO
                 msgs.append(msg)
-        out: dict[int, int] = {}
+        out: dict[int, tuple[int, int]] = {}
         try:
             replies = self._iproute().nlm_request_batch(msgs)
         except Exception as e:
@@ -1719,7 +1745,9 @@ class Datapath:
         for m in replies:
             if m.get("event") == "RTM_NEWTCLASS":
                 minor = m["handle"] & 0xFFFF
-                out[minor] = out.get(minor, 0) + _queued(self._tc_record(m))
+                rec = self._tc_record(m)
+                queued, sent = out.get(minor, (0, 0))
+                out[minor] = (queued + _queued(rec), sent + _basic_stats(rec)[0])
         return out
 
     def _free_glide(self, now: float, taken: set[int]) -> int | None:

@@ -57,6 +57,9 @@ DEVICE = "lab-tgt"  # ... and its veth end facing the initiators
 PORTS = (3260, 4420)
 # side-by-side's rules-haship variant: a plain hash:ip gate set (set_variant)
 GATE_TEST_SET = "santhrottle-gatetest"
+# ... and rules-nftgate's native nft table: set + chain that marks members
+GATE_TEST_TABLE = "santhrottle_gatetest"
+GATE_TEST_MARK = "0x5374"
 GB = 1e9
 
 # CI subset: one initiator, 64k qd1, these delays (ms); R^2 floor from the issue.
@@ -342,12 +345,26 @@ def _descend(d, ip, device, ordered: bool, start_class: int, step_classes: int) 
     reader = threading.Thread(target=sh, args=(fio,))
     reader.start()
     delays = []
+    # where the target saw reordering / retransmitted: (after what, how many)
+    seen: list[tuple[str, int, int]] = []
+    last = c0
+
+    def look(what: str) -> None:
+        nonlocal last
+        now = tcp_counters()
+        reorder = now["TcpExtTCPSACKReorder"] - last["TcpExtTCPSACKReorder"]
+        retrans = now["TcpRetransSegs"] - last["TcpRetransSegs"]
+        if reorder or retrans:
+            seen.append((what, reorder, retrans))
+        last = now
+
     try:
         time.sleep(1.0)
         for i in range(DESCENTS):
             if i:
                 _climb(d, ip, start_class, ordered)
                 time.sleep(0.3)
+                look(f"climb {i}")
             for k in range(start_class - step_classes, -1, -step_classes):
                 d.set_classes({ip: k}, mode="read", ordered=ordered)
                 if ordered:
@@ -358,12 +375,18 @@ def _descend(d, ip, device, ordered: bool, start_class: int, step_classes: int) 
                     delays.append([g["delay_us"] for g in d.glide_status() if g["members"]])
                 time.sleep(0.3)
                 d.settle()
+                look(f"descent {i} to class {k}")
     finally:
         reader.join()
-    time.sleep(start_class * d.step_s)
-    d.settle()
+    # settle() hands the leaf's member out of the set once a look saw no traffic
+    # since the one before: the reader has stopped
+    for _ in range(3):
+        time.sleep(start_class * d.step_s)
+        d.settle()
+    look("after the reader")
     out = _diff(c0, tcp_counters())
     out["glide_delays_us"] = delays
+    out["seen_after"] = seen
     return out
 
 
@@ -386,6 +409,7 @@ def test_a_lowered_delay_keeps_each_initiators_packets_in_order(topology, datapa
             f"DSACKs {c['TcpExtTCPDSACKRecv']}, TLPs {c['TcpExtTCPLossProbes']}"
         )
     print(f"glide leaf delays read back after each step (us): {glide['glide_delays_us']}")
+    print(f"glide leaf: (step, reorderings, retransmissions) {glide['seen_after']}")
     print(f"all counters: shared classes {plain}; glide leaf {glide}")
     assert glide["glide_delays_us"] == [[10000], [0]] * DESCENTS
     assert plain["TcpExtTCPSACKReorder"] + plain["TcpRetransSegs"] > 0, (
@@ -543,12 +567,16 @@ def set_variant(d, variant: str, device: str = DEVICE) -> None:
     chain and a jump that no packet takes (a port nobody uses, no set):
     what the mangle hook itself costs; rules-haship: the gated jump with
     one hash:ip set (empty: nobody throttled) instead of the list:set of
-    the three mode sets; full: Datapath.apply(); full-old:
+    the three mode sets; rules-nftgate: the gate as a native nft set
+    lookup (its own table, a chain before mangle that marks members) and
+    the jump gated by that mark; full: Datapath.apply(); full-old:
     both old layouts (the default class and the ungated jump, as before
     the gate)."""
     dp = load_datapath()
     d.cleanup()
     sh(["ip", "netns", "exec", NETNS, "ipset", "destroy", GATE_TEST_SET], check=False)
+    sh(["ip", "netns", "exec", NETNS, "nft", "delete", "table", "ip", GATE_TEST_TABLE],
+       check=False)  # fmt: skip
     if variant == "none":
         return
     if variant == "tc-defclass":
@@ -573,9 +601,20 @@ def set_variant(d, variant: str, device: str = DEVICE) -> None:
         "rules-hook": [gated.replace(multiport, "-m tcp --sport 9").split(" -m set")[0]
                        + f" -j {dp.CHAIN}"],
         "rules-haship": [gated.replace(dp.MEMBERS_SET, GATE_TEST_SET)],
+        "rules-nftgate": [f"-A POSTROUTING -o {device} -m mark --mark {GATE_TEST_MARK}"
+                          f" -j {dp.CHAIN}"],
     }.get(variant)  # fmt: skip
     if variant == "rules-haship":
         sh(["ip", "netns", "exec", NETNS, "ipset", "create", GATE_TEST_SET, "hash:ip"])
+    if variant == "rules-nftgate":
+        ports = ", ".join(str(p) for p in PORTS)
+        table = (
+            f"table ip {GATE_TEST_TABLE} {{\n set members {{ type ipv4_addr; }}\n"
+            " chain post { type filter hook postrouting priority -151; policy accept;\n"
+            f'  oifname "{device}" tcp sport {{ {ports} }} ip daddr @members'
+            f" meta mark set {GATE_TEST_MARK}\n }}\n}}\n"
+        )
+        sh(["ip", "netns", "exec", NETNS, "nft", "-f", "-"], input=table)
     if instead:
         adds = "".join(f"-I{j[2:]}\n" for j in instead)
         d._restore_rules(f"*mangle\n-D{gated[2:]}\n{adds}COMMIT\n")

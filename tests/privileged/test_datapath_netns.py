@@ -474,17 +474,22 @@ def test_a_descent_glides_through_its_own_leaf_then_settles(netns_pair):
         assert d.settle() == 0  # lowered in place; its class-6 packets may still be queued
         assert d.current()[MEMBER_IP].klass == 2
         now[0] += 6 * d.step_s
+        # due, and nothing queued; but it sent since the last look (the transfer):
+        # only a look that sees no traffic since the one before hands it on
+        assert d.settle() == 0 and d._glides[0x6000].sent_seen == gliding["5374:6000"]["packets"]
         assert d.settle() == 1
         assert d.current()[MEMBER_IP].klass == 2
         classes, members = _measured(pair, d, (MEMBER_IP, 3260, MB, MB), start=False)
         assert classes[2][0] == members[MEMBER_IP][0] > 100
         assert _only(classes, 2) == {}
-        # a release glides too, to delay 0, and settles out of the set
+        # a release glides too (through the other leaf: the first still holds
+        # what it sent at delay 2), to delay 0, and settles out of the set
         d.set_classes({MEMBER_IP: 0})
-        assert d.current()[MEMBER_IP].klass == 2
+        assert d.current()[MEMBER_IP].klass == 2 and d._members[MEMBER_IP][1] == 0x6001
         now[0] += 2 * d.step_s
         assert d.settle() == 0 and d.current()[MEMBER_IP].klass == 0
         now[0] += 2 * d.step_s
+        assert d.settle() == 0  # the first look at leaf 6001
         assert d.settle() == 1 and MEMBER_IP not in d.current()
         d.cleanup()
 
@@ -524,5 +529,6 @@ def test_settle_keeps_a_member_while_its_packets_are_queued_in_the_leaf(netns_pa
                      leaf, "htb", *fast.split())  # fmt: skip
             t.join()
         assert d.glide_status()[0]["queued"] == 0
+        assert d.settle() == 0  # the queue drained through the leaf since the last look
         assert d.settle() == 1 and d.current()[MEMBER_IP].klass == 2
         d.cleanup()

@@ -570,12 +570,50 @@ def test_increases_mode_changes_and_busy_leaves_do_not_glide():
     assert d.unordered_moves == 1
 
 
+def test_a_rise_within_one_htb_prio_takes_a_leaf_at_the_new_delay():
+    d = _gliding()
+    a = dp.glide_minor(0)
+    assert dp.class_prio(12) == dp.class_prio(14) < dp.class_prio(16)
+    # HTB would round-robin classes 12 and 14 when both have a packet due: a leaf
+    # (served after every shared class) at the new delay keeps the order
+    assert _glide_plan(d, {"10.0.0.4": 14}) == ([("add", "santhrottle-all", "10.0.0.4", a)],
+                                                [(a, 14)], [(a, 14)])  # fmt: skip
+    # to a higher prio, and up from unthrottled: the shared class is served in order
+    assert _glide_plan(d, {"10.0.0.4": 16, "10.0.0.6": 14}) == (
+        [("add", "santhrottle-all", "10.0.0.4", dp.class_minor(16)),
+         ("add", "santhrottle-all", "10.0.0.6", dp.class_minor(14))],
+        [],
+        [],
+    )  # fmt: skip
+    assert d.glided == 0  # counts descents only
+
+
+def test_settle_hands_a_leaf_on_only_after_a_look_that_saw_no_traffic(monkeypatch):
+    d = _gliding()
+    sent = []
+    monkeypatch.setattr(d, "_apply_netlink", sent.extend)
+    looks = iter([(0, 10), (0, 12), (0, 12)])
+    monkeypatch.setattr(d, "_glide_backlog", lambda minors: {m: next(looks) for m in minors})
+    now = [100.0]
+    d.clock = lambda: now[0]
+    d.set_classes({"10.0.0.4": 14})  # a rise into leaf 6000
+    g = d._glides[dp.glide_minor(0)]
+    assert g.members == {"10.0.0.4"} and g.klass == 14
+    now[0] = 101.0
+    # nothing queued, but packets go through between two looks: a packet could
+    # enter the leaf while it is handed on, and the shared class would overtake it
+    assert d.settle() == 0 and g.sent_seen == 10
+    assert d.settle() == 0 and g.sent_seen == 12
+    assert d.settle() == 1 and g.members == set()
+    assert sent[-1] == ("add", "santhrottle-all", "10.0.0.4", dp.class_minor(14))
+
+
 def test_settle_waits_for_the_old_delay_to_drain(monkeypatch):
     d = _gliding()
     sent = []
     monkeypatch.setattr(d, "_apply_netlink", sent.extend)
     queued = {dp.glide_minor(0): 0}
-    monkeypatch.setattr(d, "_glide_backlog", lambda minors: {m: queued[m] for m in minors})
+    monkeypatch.setattr(d, "_glide_backlog", lambda minors: {m: (queued[m], 7) for m in minors})
     now = [100.0]
     d.clock = lambda: now[0]
     d.set_classes({"10.0.0.4": 10})  # 6 ms -> 5 ms through leaf 6000
@@ -608,7 +646,7 @@ def test_a_leaf_whose_members_go_up_goes_up_in_place_and_is_not_lowered_later(mo
     sent = []
     monkeypatch.setattr(d, "_apply_netlink", sent.extend)
     # its traffic never stops: the leaf always holds some, settle() never hands it over
-    monkeypatch.setattr(d, "_glide_backlog", lambda minors: {m: 5 for m in minors})
+    monkeypatch.setattr(d, "_glide_backlog", lambda minors: {m: (5, 0) for m in minors})
     now = [100.0]
     d.clock = lambda: now[0]
     d.set_classes({"10.0.0.4": 10})  # into leaf 6000 at 12, lowering due at 100.006
