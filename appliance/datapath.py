@@ -79,7 +79,8 @@ Ordered descent (glide leaves)
     target's RACK window is min_rtt/4 (5-10 us on a LAN) while a step is
     500 us, so the overtaken segments are retransmitted (lab: 41-399 target
     retransmissions for 4 x (20 -> 10 -> 0 ms) under a 64k qd4 read).  More delay
-    never reorders.  So a descent goes through a glide leaf instead:
+    does not reorder by itself (but see: the order HTB serves).  So a
+    descent goes through a glide leaf instead:
 
         class htb 5374:60II prio 7 + qdisc netem 60II: delay D rate R limit L(max)
 

@@ -318,7 +318,7 @@ DESCENTS = 4  # one descent reorders often, not always (the reads can fall into 
 
 def _climb(d, ip, to_class: int, ordered: bool) -> None:
     """Back up from 0 the way the controller's ramp goes (x1.25 per tick, at
-    least 2 classes): going up never reorders, but a jump past the target's
+    least 2 classes): going up does not reorder by itself, but a jump past the target's
     tail-loss probe timer (2 x srtt + 2 jiffies) makes it send a spurious
     probe, which would count here against the descent under test."""
     from santhrottle.controller.domain import ControllerConfig
@@ -567,9 +567,12 @@ def set_variant(d, variant: str, device: str = DEVICE) -> None:
     chain and a jump that no packet takes (a port nobody uses, no set):
     what the mangle hook itself costs; rules-haship: the gated jump with
     one hash:ip set (empty: nobody throttled) instead of the list:set of
-    the three mode sets; rules-nftgate: the gate as a native nft set
+    the three mode sets; rules-emptylist: the gated jump with an empty
+    list:set (what the gate would cost if it listed only the mode sets
+    that have members); rules-nftgate: the gate as a native nft set
     lookup (its own table, a chain before mangle that marks members) and
-    the jump gated by that mark; full: Datapath.apply(); full-old:
+    the jump gated by that mark; rules-nftgate-interval: the same with an
+    interval set and one rule per port; full: Datapath.apply(); full-old:
     both old layouts (the default class and the ungated jump, as before
     the gate)."""
     dp = load_datapath()
@@ -601,18 +604,31 @@ def set_variant(d, variant: str, device: str = DEVICE) -> None:
         "rules-hook": [gated.replace(multiport, "-m tcp --sport 9").split(" -m set")[0]
                        + f" -j {dp.CHAIN}"],
         "rules-haship": [gated.replace(dp.MEMBERS_SET, GATE_TEST_SET)],
+        "rules-emptylist": [gated.replace(dp.MEMBERS_SET, GATE_TEST_SET)],
         "rules-nftgate": [f"-A POSTROUTING -o {device} -m mark --mark {GATE_TEST_MARK}"
                           f" -j {dp.CHAIN}"],
+        "rules-nftgate-interval": [f"-A POSTROUTING -o {device} -m mark --mark"
+                                   f" {GATE_TEST_MARK} -j {dp.CHAIN}"],
     }.get(variant)  # fmt: skip
-    if variant == "rules-haship":
-        sh(["ip", "netns", "exec", NETNS, "ipset", "create", GATE_TEST_SET, "hash:ip"])
-    if variant == "rules-nftgate":
+    if variant in ("rules-haship", "rules-emptylist"):
+        kind = "hash:ip" if variant == "rules-haship" else "list:set"
+        sh(["ip", "netns", "exec", NETNS, "ipset", "create", GATE_TEST_SET, kind])
+    if variant.startswith("rules-nftgate"):
+        # rules-nftgate: a hash set, the ports as an anonymous set (two lookups
+        # per storage packet); rules-nftgate-interval: an interval set (an
+        # rbtree: empty, a lookup reads its root) and one rule per port
+        interval = variant == "rules-nftgate-interval"
         ports = ", ".join(str(p) for p in PORTS)
+        matches = [f"tcp sport {p}" for p in PORTS] if interval else [f"tcp sport {{ {ports} }}"]
+        rules = "".join(
+            f'  oifname "{device}" {m} ip daddr @members meta mark set {GATE_TEST_MARK}\n'
+            for m in matches
+        )
+        flags = " flags interval;" if interval else ""
         table = (
-            f"table ip {GATE_TEST_TABLE} {{\n set members {{ type ipv4_addr; }}\n"
+            f"table ip {GATE_TEST_TABLE} {{\n set members {{ type ipv4_addr;{flags} }}\n"
             " chain post { type filter hook postrouting priority -151; policy accept;\n"
-            f'  oifname "{device}" tcp sport {{ {ports} }} ip daddr @members'
-            f" meta mark set {GATE_TEST_MARK}\n }}\n}}\n"
+            f"{rules} }}\n}}\n"
         )
         sh(["ip", "netns", "exec", NETNS, "nft", "-f", "-"], input=table)
     if instead:
@@ -712,6 +728,8 @@ def set_side(dp, links: list[str], state: str, baseline: str) -> None:
         for j, (d, link) in enumerate(zip(ds, links, strict=True)):
             if on == str(j):
                 set_variant(d, variant, link)
+                if variant.startswith("rules") and baseline != "noqueue":
+                    sh([*tc, "add", "dev", link, "root", baseline])  # rules alone: the same root
             elif baseline != "noqueue":
                 sh([*tc, "add", "dev", link, "root", baseline])
     finally:

@@ -80,6 +80,7 @@ HOST_PACKAGES = [
     "lvm2",
     "ipset",
     "iptables",
+    "nftables",  # the side-by-side overhead variant with a native nft gate
     "iproute2",
     "nvme-cli",
     "procps",
