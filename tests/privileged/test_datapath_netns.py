@@ -156,6 +156,43 @@ def test_non_members_and_other_ports_stay_unthrottled(netns_pair):
     assert _only(classes, 0) == {}
 
 
+def _gate(pair) -> set[str]:
+    text = pair.tsh("ipset", "list", dp.MEMBERS_SET)
+    return set(text.split("Members:", 1)[1].split())
+
+
+def test_the_gate_lists_only_the_mode_sets_that_have_members(netns_pair):
+    """Nobody throttled: the jump's list:set is empty, the cheapest miss for
+    every storage packet; a mode set is listed from its first member on and
+    leaves the list with its last."""
+    pair = netns_pair
+    with _dp(pair) as d:
+        # a previous version listed all three: apply takes the empty ones out
+        pair.tsh("ipset", "create", dp.MEMBERS_SET, "list:set")
+        for name in dp.SET_NAMES.values():
+            pair.tsh("ipset", "create", name, "hash:ip", "counters", "skbinfo")
+            pair.tsh("ipset", "add", dp.MEMBERS_SET, name)
+        d.apply()
+        assert _gate(pair) == set()
+        d.set_classes({MEMBER_IP: 3})
+        assert _gate(pair) == {"santhrottle-all"}
+        classes, members = _measured(pair, d, (MEMBER_IP, 3260, MB, MB))
+        assert classes[3][0] == members[MEMBER_IP][0] > 100  # gated: delayed
+        d.set_classes({MEMBER_IP: 2}, mode="read")  # a mode change: read in, all out
+        assert _gate(pair) == {"santhrottle-read"}
+        d.replace_members("ack", {OTHER_IP: 4})
+        assert _gate(pair) == {"santhrottle-read", "santhrottle-ack"}
+        d.replace_members("ack", {})
+        d.set_classes({MEMBER_IP: 0}, mode="read")  # ordered: it glides out first
+        assert _gate(pair) == {"santhrottle-read"} and MEMBER_IP in d.current()  # in a leaf
+        d.set_classes({MEMBER_IP: 0}, mode="read", ordered=False)
+        assert _gate(pair) == set() and d.current() == {}
+        with _dp(pair) as fresh:  # another process reads the gate back from the kernel
+            fresh.set_classes({OTHER_IP: 5}, mode="ack")
+        assert _gate(pair) == {"santhrottle-ack"}
+        d.cleanup()
+
+
 def test_ports_are_configurable(netns_pair):
     pair = netns_pair
     with _dp(pair, ports=(5201,)) as d:
@@ -415,7 +452,7 @@ def _nft_tables(ns: str) -> list[str]:
 
 def test_jump_gate_follows_a_swapped_set(netns_pair):
     """The jump tests membership through santhrottle-members (a list:set of
-    the three sets).  A bulk change swaps a temporary set in under the same
+    the mode sets that have members).  A bulk change swaps a temporary set in under the same
     name: the gate must see the new members, and a non-member must never
     reach the chain."""
     pair = netns_pair
@@ -424,8 +461,7 @@ def test_jump_gate_follows_a_swapped_set(netns_pair):
         d.set_classes({MEMBER_IP: 2})
         others = {f"10.7.{i >> 8}.{i & 255}": 1 + i % 20 for i in range(100)}
         d.replace_members("all", {**others, MEMBER_IP: 6})  # temporary set + swap
-        held = pair.tsh("ipset", "list", dp.MEMBERS_SET)
-        assert all(n in held for n in dp.SET_NAMES.values())
+        assert _gate(pair) == {"santhrottle-all"}
         classes, members = _measured(
             pair,
             d,

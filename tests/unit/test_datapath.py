@@ -513,6 +513,7 @@ def _gliding(**kw):
         "10.0.0.4": ("all", dp.class_minor(12)),
         "10.0.0.5": ("read", dp.class_minor(2)),
     }
+    d._gated = {"santhrottle-all", "santhrottle-read"}  # the gate lists the sets with members
     return d
 
 
