@@ -1748,7 +1748,7 @@ class Datapath:
                 keep.extend(op for ip in ips for op in by_ip[ip])
                 continue
             taken.add(minor)
-            self.glided += len(ips) if c > k else 0
+            self.glided += 0 if rise else len(ips)
             if not full:  # a descent enters at the old delay, a rise at the new one
                 pre.append((minor, k if rise else c))
             keep.extend(("add", target, ip, minor) for ip in ips if members[ip][1] != minor)
@@ -1856,8 +1856,9 @@ class Datapath:
         """Send ipset ops (single netlink ops, restore or swap, whichever is
         cheaper) and keep the membership and the glide leaves' members."""
         after = _members_after(before, ops)
-        gated = {SET_NAMES[m] for m, _ in after.values()}
-        self._gate("add", gated)
+        # a set gains members only by adds, loses them only by dels: the gate
+        # follows from the ops (no pass over every member on the tick path)
+        self._gate("add", {op[1] for op in ops if op[0] == "add"})
         if len(ops) <= self.bulk_threshold:
             self._apply_netlink(ops)
         else:
@@ -1869,7 +1870,9 @@ class Datapath:
             else:
                 self._apply_restore(ops)
         self._members = after
-        self._gate("del", self._gate_now() - gated)
+        left = {op[1] for op in ops if op[0] == "del"} & self._gate_now()
+        if left:
+            self._gate("del", left - {SET_NAMES[m] for m, _ in after.values()})
         now = self.clock()
         for ip in {op[2] for op in ops}:
             old, new = before.get(ip), after.get(ip)
