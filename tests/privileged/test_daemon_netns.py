@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from santhrottle.appliance.control import request
+from santhrottle.appliance.daemon.control import request
 
 pytestmark = pytest.mark.privileged
 BIN = Path(sys.executable).parent

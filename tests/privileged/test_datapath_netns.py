@@ -1,7 +1,7 @@
 """The data path on the host kernel, with real TCP traffic between namespaces.
 
 The development kernel has no sch_netem: these tests build the very same
-tree with pfifo leaves (Datapath(leaf="pfifo")) and prove the
+tree with pfifo leaves (DatapathSpec(leaf="pfifo")) and prove the
 classification -- which packets land in which HTB class -- from the kernel's
 own counters: HTB class counters (tc stats via pyroute2) and ipset member
 counters.  The delays themselves are measured in the lab tier (real netem,
@@ -23,6 +23,10 @@ import time
 import pytest
 
 from santhrottle.appliance import datapath as dp
+from santhrottle.appliance.config import default
+from santhrottle.appliance.datapath.names import GLIDE_PRIO, MEMBERS_SET, SET_NAMES
+from santhrottle.appliance.datapath.tc import installed_devices
+from santhrottle.appliance.datapath.tctree import htb_params
 
 pytestmark = pytest.mark.privileged
 
@@ -37,15 +41,28 @@ MAX_ACK_IP_BYTES = 80
 MB = 1 << 20
 
 
-def _dp(pair, **kw) -> dp.Datapath:
+GLIDE_LEAVES = default("datapath.glide_leaves")
+
+
+def _dp(pair, devices=(TARGET_DEV,), clock=None, **kw) -> dp.Datapath:
     # pfifo leaves: this kernel has no sch_netem (checked in test_missing_netem...)
     kw.setdefault("leaf", "pfifo")
     kw.setdefault("max_class", 20)
-    return dp.Datapath(TARGET_DEV, netns=pair.target, **kw)
+    extra = {"clock": clock} if clock else {}
+    return dp.Datapath(dp.DatapathSpec(devices, **kw), netns=pair.target, **extra)
+
+
+def _jumps(pair) -> list[str]:
+    text = pair.tsh("iptables", "-t", "mangle", "-S", "POSTROUTING")
+    return [ln for ln in text.splitlines() if ln.endswith("-j SANTHROTTLE")]
+
+
+def _leaf(d: dp.Datapath, leaf: str) -> dict:
+    return next(g for g in dp.glide_status(d) if g["leaf"] == leaf)
 
 
 def _counters(d: dp.Datapath):
-    classes = d.class_counters()
+    classes = d.device().class_counters()
     members = {ip: (m.packets, m.bytes) for ip, m in d.current().items()}
     return classes, members
 
@@ -157,7 +174,7 @@ def test_non_members_and_other_ports_stay_unthrottled(netns_pair):
 
 
 def _gate(pair) -> set[str]:
-    text = pair.tsh("ipset", "list", dp.MEMBERS_SET)
+    text = pair.tsh("ipset", "list", MEMBERS_SET)
     return set(text.split("Members:", 1)[1].split())
 
 
@@ -168,14 +185,14 @@ def test_the_gate_lists_only_the_mode_sets_that_have_members(netns_pair):
     pair = netns_pair
     with _dp(pair) as d:
         # a previous version listed all three: apply takes the empty ones out
-        pair.tsh("ipset", "create", dp.MEMBERS_SET, "list:set")
-        for name in dp.SET_NAMES.values():
+        pair.tsh("ipset", "create", MEMBERS_SET, "list:set")
+        for name in SET_NAMES.values():
             pair.tsh("ipset", "create", name, "hash:ip", "counters", "skbinfo")
-            pair.tsh("ipset", "add", dp.MEMBERS_SET, name)
+            pair.tsh("ipset", "add", MEMBERS_SET, name)
         d.apply()
-        assert _gate(pair) == set()
+        assert _gate(pair) == set() and _jumps(pair) == []
         d.set_classes({MEMBER_IP: 3})
-        assert _gate(pair) == {"santhrottle-all"}
+        assert _gate(pair) == {"santhrottle-all"} and len(_jumps(pair)) == 1
         classes, members = _measured(pair, d, (MEMBER_IP, 3260, MB, MB))
         assert classes[3][0] == members[MEMBER_IP][0] > 100  # gated: delayed
         d.set_classes({MEMBER_IP: 2}, mode="read")  # a mode change: read in, all out
@@ -186,11 +203,41 @@ def test_the_gate_lists_only_the_mode_sets_that_have_members(netns_pair):
         d.set_classes({MEMBER_IP: 0}, mode="read")  # ordered: it glides out first
         assert _gate(pair) == {"santhrottle-read"} and MEMBER_IP in d.current()  # in a leaf
         d.set_classes({MEMBER_IP: 0}, mode="read", ordered=False)
-        assert _gate(pair) == set() and d.current() == {}
+        assert _gate(pair) == set() and d.current() == {} and _jumps(pair) == []
         with _dp(pair) as fresh:  # another process reads the gate back from the kernel
             fresh.set_classes({OTHER_IP: 5}, mode="ack")
-        assert _gate(pair) == {"santhrottle-ack"}
+        assert _gate(pair) == {"santhrottle-ack"} and len(_jumps(pair)) == 1
         d.cleanup()
+
+
+def test_idle_no_rule_and_no_hook_sees_a_packet(netns_pair):
+    """Nobody throttled: no jump at all (not even an empty gate to look up);
+    the jump goes in with the first member and out with the last, and the
+    empty hook iptables-nft leaves behind goes with it."""
+    pair = netns_pair
+    now = [1000.0]
+    with _dp(pair, glide_leaves=1, clock=lambda: now[0]) as d:
+        d.apply()
+        assert _jumps(pair) == [] and "-N SANTHROTTLE" in pair.tsh("iptables", "-t", "mangle", "-S")
+        classes, _ = _measured(pair, d, (MEMBER_IP, 3260, MB, MB))
+        assert _only(classes, 0) == {}
+        d.set_classes({MEMBER_IP: 4, OTHER_IP: 4})
+        assert _jumps(pair) == [dp.rules.jump_rule(TARGET_DEV)]
+        d.set_classes({OTHER_IP: 0}, ordered=False)
+        assert len(_jumps(pair)) == 1  # a member is left
+        d.set_classes({MEMBER_IP: 0})  # glides out: still a member, in the leaf
+        assert len(_jumps(pair)) == 1 and MEMBER_IP in d.current()
+        for _ in range(4):  # lowered, then two quiet looks hand it out of the set
+            now[0] += 0.01
+            d.settle()
+        assert d.current() == {} and _jumps(pair) == []
+        if d.mangle.backend() == "nf_tables":
+            nft = ["ip", "netns", "exec", pair.target, "nft", "list", "table", "ip", "mangle"]
+            ruleset = subprocess.run(nft, capture_output=True, text=True, check=False)
+            if ruleset.returncode == 0:  # nft is installed
+                assert "hook" not in ruleset.stdout, ruleset.stdout
+        classes, _ = _measured(pair, d, (MEMBER_IP, 3260, MB, MB), start=False)
+        assert classes[0][1] >= MB and _only(classes, 0) == {}
 
 
 def test_ports_are_configurable(netns_pair):
@@ -217,11 +264,11 @@ def test_moving_between_classes_and_modes_is_netlink_only(netns_pair):
     # no glide leaves: plain moves (ordered descent has its own test below)
     with _dp(pair, max_class=100, glide_leaves=0) as d:
         d.apply()
-        rules = pair.tsh("iptables", "-t", "mangle", "-S")
         tree = pair.tsh("tc", "class", "show", "dev", TARGET_DEV)
         ips = [f"10.{i >> 8 & 255}.{i & 255}.1" for i in range(600)]
-        # bulk: one ipset restore
+        # bulk: one ipset restore (and the jump, with the first members)
         assert d.set_classes({ip: 1 + i % 100 for i, ip in enumerate(ips)}) == 600
+        rules = pair.tsh("iptables", "-t", "mangle", "-S")
         # small: single netlink messages, including a mode change and a removal
         n = d.set_classes({ips[0]: 50, ips[1]: 0})
         n += d.set_classes({ips[2]: 9}, mode="read")
@@ -250,9 +297,9 @@ def test_apply_is_idempotent_and_adopts_a_previous_run(netns_pair):
     pair = netns_pair
     with _dp(pair) as d:
         rep = d.apply()
-        assert rep.tc_fresh and rep.tc_lines == 1 + 2 * (20 + dp.DEFAULT_GLIDE_LEAVES)
-        assert rep.rules_changed
-        assert sorted(rep.sets_created) == sorted([*dp.SET_NAMES.values(), dp.MEMBERS_SET])
+        assert rep.tc_fresh and rep.tc_lines == 1 + 2 * (20 + GLIDE_LEAVES)
+        assert rep.rules_changed and _jumps(pair) == []
+        assert sorted(rep.sets_created) == sorted([*SET_NAMES.values(), MEMBERS_SET])
         d.set_classes({MEMBER_IP: 4})
     snap = pair.snapshot()
     with _dp(pair) as d:  # a new process would see the same
@@ -260,22 +307,21 @@ def test_apply_is_idempotent_and_adopts_a_previous_run(netns_pair):
         assert (rep.tc_lines, rep.sets_created, rep.rules_changed) == (0, [], False)
         assert "tc: adopted; sets: adopted; rules: adopted" in rep.summary()
         assert d.current()[MEMBER_IP].klass == 4  # members survive
+        assert _jumps(pair) == [dp.rules.jump_rule(TARGET_DEV)]
     assert pair.snapshot() == snap
     # a new configuration is reconciled in place: the root stays, members stay
     with _dp(pair, max_class=10, ports=(3260,)) as d:
         rep = d.apply()
         # 10 classes deleted, the glide leaves resized for the new largest delay
-        assert not rep.tc_fresh and rep.tc_lines == 10 + dp.DEFAULT_GLIDE_LEAVES
+        assert not rep.tc_fresh and rep.tc_lines == 10 + GLIDE_LEAVES
         assert rep.rules_changed
         assert d.current()[MEMBER_IP].klass == 4
     assert "qdisc htb 5374: root" in pair.tsh("tc", "qdisc", "show", "dev", TARGET_DEV)
     classes = pair.tsh("tc", "class", "show", "dev", TARGET_DEV)
     assert "5374:10 " in classes and "5374:11 " not in classes
-    jump = (
-        "-o st-tgt -p tcp -m multiport --sports 3260 "
-        "-m set --match-set santhrottle-members dst ! --update-counters -j SANTHROTTLE"
-    )
-    assert jump in pair.tsh("iptables", "-t", "mangle", "-S", "POSTROUTING")
+    assert _jumps(pair) == [dp.rules.jump_rule(TARGET_DEV)]
+    chain = pair.tsh("iptables", "-t", "mangle", "-S", "SANTHROTTLE")
+    assert "-A SANTHROTTLE -p tcp -m multiport ! --sports 3260 -j RETURN" in chain
     # members above a lowered maximum are clamped, not silently unthrottled
     with _dp(pair, max_class=20) as d:
         d.apply()
@@ -287,23 +333,24 @@ def test_apply_is_idempotent_and_adopts_a_previous_run(netns_pair):
 
 
 def test_two_devices_share_the_sets_and_the_chain(netns_pair):
-    """One Datapath per egress device (the daemon's datapath.devices): each
-    keeps its own jump and tree; cleanup from either removes both."""
+    """One Datapath for every egress device (the daemon's datapath.devices): a
+    tree and a jump on each, one set of sets and one chain; cleanup removes all."""
     pair = netns_pair
     pair.tsh("ip", "link", "add", "st-x0", "type", "veth", "peer", "name", "st-x1")
     pair.tsh("ip", "link", "set", "st-x0", "up")
     before = pair.snapshot()
-    with _dp(pair) as a, dp.Datapath("st-x0", netns=pair.target, leaf="pfifo", max_class=20) as b:
-        a.apply()
-        rep = b.apply()
-        assert rep.tc_fresh and rep.sets_created == [] and rep.rules_changed
-        assert a.apply().rules_changed is False  # a's view: nothing to do
-        jumps = pair.tsh("iptables", "-t", "mangle", "-S", "POSTROUTING")
-        assert "-o st-tgt -p tcp" in jumps and "-o st-x0 -p tcp" in jumps
-        assert a.installed_devices() == ["st-tgt", "st-x0"]
-        a.set_classes({MEMBER_IP: 3})
-        assert b.current()[MEMBER_IP].klass == 3  # the sets are shared
-        rep = b.cleanup()
+    with _dp(pair, devices=(TARGET_DEV, "st-x0"), glide_leaves=2) as d:
+        rep = d.apply()
+        assert rep.tc_fresh and rep.tc_lines == 2 * (1 + 2 * (20 + 2)) and rep.rules_changed
+        assert installed_devices(d.host) == ["st-tgt", "st-x0"]
+        d.set_classes({MEMBER_IP: 3})
+        assert sorted(_jumps(pair)) == sorted(dp.rules.jump_rule(x) for x in ("st-tgt", "st-x0"))
+        with _dp(pair, devices=("st-x0",)) as other:  # the sets are shared
+            assert other.current()[MEMBER_IP].klass == 3
+        d.set_classes({MEMBER_IP: 2})  # a descent: the glide leaf on both devices
+        assert _leaf(d, "5374:6000")["members"] == [MEMBER_IP]
+        assert dp.glide_status(d, "st-x0")[0]["members"] == [MEMBER_IP]
+        rep = d.cleanup()
         assert rep.qdiscs == ["st-tgt", "st-x0"] and rep.rules == 2
     after = pair.snapshot()
     for what in before:
@@ -330,7 +377,7 @@ def test_cleanup_leaves_the_kernel_exactly_as_before(netns_pair):
         assert pair.snapshot() != before
         rep = d.cleanup()
     assert rep.qdiscs == [TARGET_DEV] and rep.chain and rep.rules == 1
-    assert sorted(rep.sets) == sorted([*dp.SET_NAMES.values(), dp.MEMBERS_SET])
+    assert sorted(rep.sets) == sorted([*SET_NAMES.values(), MEMBERS_SET])
     after = pair.snapshot()
     for what in before:
         assert after[what] == before[what], what
@@ -346,8 +393,8 @@ def test_cleanup_on_a_fresh_namespace_leaves_no_nft_table(netns_pair):
     assert _nft_tables(pair.target) == []
     with _dp(pair) as d:
         d.apply()
-        if d.backend() != "nf_tables":
-            pytest.skip(f"iptables uses the {d.backend()} backend here")
+        if d.mangle.backend() != "nf_tables":
+            pytest.skip(f"iptables uses the {d.mangle.backend()} backend here")
         assert "mangle" in _nft_tables(pair.target)
         assert d.cleanup().nft_table
     assert _nft_tables(pair.target) == []
@@ -377,7 +424,8 @@ def test_missing_netem_is_one_clear_error(netns_pair):
     if probe.returncode == 0:
         pytest.skip("this kernel has sch_netem: the error path cannot be shown here")
     before = pair.snapshot()
-    with dp.Datapath(TARGET_DEV, netns=pair.target) as d, pytest.raises(dp.NetemMissing) as ei:
+    spec = dp.DatapathSpec((TARGET_DEV,))
+    with dp.Datapath(spec, netns=pair.target) as d, pytest.raises(dp.NetemMissing) as ei:
         d.apply()
     assert "sch_netem" in str(ei.value) and "\n" not in str(ei.value)
     assert pair.snapshot() == before, "nothing half-built is left"
@@ -406,9 +454,11 @@ def test_pin_and_unpin_from_the_cli(netns_pair):
             check=False,
         )
 
+    assert _jumps(pair) == []
     p = cli("pin", MEMBER_IP, "--delay", "5ms", "--mode", "read")
     assert p.returncode == 0, p.stderr
     assert "pinned 192.0.2.2: read" in p.stdout and "class 10, 5374:10" in p.stdout
+    assert _jumps(pair) == [dp.rules.jump_rule(TARGET_DEV)]
     p = cli("pin", OTHER_IP, "--delay", "1.2ms")
     assert p.returncode == 2 and "not a multiple of the step 500us" in p.stderr
     p = cli("pin", OTHER_IP, "--delay", "51ms")
@@ -428,7 +478,14 @@ def test_pin_and_unpin_from_the_cli(netns_pair):
     assert p.returncode == 0 and "unpinned 192.0.2.2 (was read, class 10)" in p.stdout
     with _dp(pair) as d:
         assert d.current() == {}
-    p = cli("datapath", "cleanup")
+    assert _jumps(pair) == []
+    for ip in (MEMBER_IP, OTHER_IP):
+        assert cli("pin", ip, "--delay", "2ms").returncode == 0
+    p = cli("cleanup", "--delays-only")
+    assert p.returncode == 0 and "no initiator is delayed any more" in p.stdout, p.stderr
+    with _dp(pair) as d:
+        assert d.current() == {} and _jumps(pair) == []
+    p = cli("cleanup")
     assert p.returncode == 0 and "removed root qdisc 5374: on st-tgt" in p.stdout
     p = cli("pin", MEMBER_IP, "--delay", "5ms")
     assert p.returncode == 2 and "not applied" in p.stderr
@@ -485,35 +542,33 @@ def test_a_descent_glides_through_its_own_leaf_then_settles(netns_pair):
     whose traffic counts in no class; settle() hands it to the shared class."""
     pair = netns_pair
     now = [1000.0]
-    with _dp(pair, glide_leaves=2) as d:
-        d.clock = lambda: now[0]
+    with _dp(pair, glide_leaves=2, clock=lambda: now[0]) as d:
         d.apply()
-        assert [g["leaf"] for g in d.glide_status()] == ["5374:6000", "5374:6001"]
+        assert [g["leaf"] for g in dp.glide_status(d)] == ["5374:6000", "5374:6001"]
         d.set_classes({MEMBER_IP: 6})
         d.set_classes({MEMBER_IP: 2})
         # read back from the kernel by a fresh reader: skbprio is the glide leaf
         with _dp(pair) as other:
-            other.current()
-            assert other._members[MEMBER_IP] == ("all", 0x6000)
+            assert _leaf(other, "5374:6000")["members"] == [MEMBER_IP]
         # in at class 6; lowered only once what it sent before has left class 6
         assert d.current()[MEMBER_IP].klass == 6
-        assert [g["lowering_to_us"] for g in d.glide_status()] == [2 * d.step_us, None]
-        before = {g["leaf"]: g["packets"] for g in d.glide_status()}
+        assert [g["lowering_to_us"] for g in dp.glide_status(d)] == [2 * d.spec.step_us, None]
+        before = {g["leaf"]: g["packets"] for g in dp.glide_status(d)}
         classes, members = _measured(pair, d, (MEMBER_IP, 3260, MB, MB))
-        gliding = {g["leaf"]: g for g in d.glide_status()}
+        gliding = {g["leaf"]: g for g in dp.glide_status(d)}
         pkts, _ = members[MEMBER_IP]
         assert gliding["5374:6000"]["packets"] - before["5374:6000"] == pkts > 100
         assert gliding["5374:6000"]["members"] == [MEMBER_IP]
         assert _only(classes) == {}, "the glide leaf's packets count in no class"
         assert d.settle() == 0 and d.current()[MEMBER_IP].klass == 6  # not due yet
-        now[0] += 6 * d.step_s
+        now[0] += 6 * d.spec.step_s
         assert d.settle() == 0  # lowered in place; its class-6 packets may still be queued
         assert d.current()[MEMBER_IP].klass == 2
-        now[0] += 6 * d.step_s
+        now[0] += 6 * d.spec.step_s
         # due, and nothing queued; but it sent since the last look (the transfer):
         # only a look that sees no traffic since the one before hands it on
-        assert d.settle() == 0 and d._glides[0x6000].sent_seen == gliding["5374:6000"]["packets"]
-        assert d.settle() == 1
+        assert d.settle() == 0 and _leaf(d, "5374:6000")["state"] == "handoff"
+        assert d.settle() == 1 and _leaf(d, "5374:6000")["state"] == "draining"
         assert d.current()[MEMBER_IP].klass == 2
         classes, members = _measured(pair, d, (MEMBER_IP, 3260, MB, MB), start=False)
         assert classes[2][0] == members[MEMBER_IP][0] > 100
@@ -521,10 +576,11 @@ def test_a_descent_glides_through_its_own_leaf_then_settles(netns_pair):
         # a release glides too (through the other leaf: the first still holds
         # what it sent at delay 2), to delay 0, and settles out of the set
         d.set_classes({MEMBER_IP: 0})
-        assert d.current()[MEMBER_IP].klass == 2 and d._members[MEMBER_IP][1] == 0x6001
-        now[0] += 2 * d.step_s
+        assert d.current()[MEMBER_IP].klass == 2
+        assert _leaf(d, "5374:6001")["members"] == [MEMBER_IP]
+        now[0] += 2 * d.spec.step_s
         assert d.settle() == 0 and d.current()[MEMBER_IP].klass == 0
-        now[0] += 2 * d.step_s
+        now[0] += 2 * d.spec.step_s
         assert d.settle() == 0  # the first look at leaf 6001
         assert d.settle() == 1 and MEMBER_IP not in d.current()
         d.cleanup()
@@ -536,17 +592,16 @@ def test_settle_keeps_a_member_while_its_packets_are_queued_in_the_leaf(netns_pa
     those: settle() reads the leaf's queue from the kernel and waits."""
     pair = netns_pair
     now = [1000.0]
-    with _dp(pair, glide_leaves=1) as d:
-        d.clock = lambda: now[0]
+    with _dp(pair, glide_leaves=1, clock=lambda: now[0]) as d:
         d.apply()
         d.set_classes({MEMBER_IP: 6})
         d.set_classes({MEMBER_IP: 2})
-        now[0] += 6 * d.step_s
+        now[0] += 6 * d.spec.step_s
         d.settle()  # lowered in place
-        now[0] += 6 * d.step_s  # due, by time
+        now[0] += 6 * d.spec.step_s  # due, by time
         # a slow leaf (pfifo here has no delay) so that the download queues in it
         leaf = "5374:6000"
-        slow = f"rate 80kbit ceil 80kbit burst 1600b cburst 1600b prio {dp.GLIDE_PRIO}"
+        slow = f"rate 80kbit ceil 80kbit burst 1600b cburst 1600b prio {GLIDE_PRIO}"
         pair.tsh("tc", "class", "change", "dev", TARGET_DEV, "parent", "5374:", "classid", leaf,
                  "htb", *slow.split())  # fmt: skip
         pair.start_server()
@@ -554,17 +609,17 @@ def test_settle_keeps_a_member_while_its_packets_are_queued_in_the_leaf(netns_pa
         t.start()
         try:
             deadline = time.monotonic() + 10
-            while d.glide_status()[0]["queued"] == 0 and time.monotonic() < deadline:
+            while dp.glide_status(d)[0]["queued"] == 0 and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert d.glide_status()[0]["queued"] > 0
+            assert dp.glide_status(d)[0]["queued"] > 0
             assert d.settle() == 0
-            assert d._members[MEMBER_IP] == ("all", 0x6000)
+            assert _leaf(d, "5374:6000")["members"] == [MEMBER_IP]
         finally:
-            fast = dp.htb_params(d.link_bits_s, dp.GLIDE_PRIO).tc_args()
+            fast = htb_params(d.spec.link_bits_s, GLIDE_PRIO).tc_args()
             pair.tsh("tc", "class", "change", "dev", TARGET_DEV, "parent", "5374:", "classid",
                      leaf, "htb", *fast.split())  # fmt: skip
             t.join()
-        assert d.glide_status()[0]["queued"] == 0
+        assert dp.glide_status(d)[0]["queued"] == 0
         assert d.settle() == 0  # the queue drained through the leaf since the last look
         assert d.settle() == 1 and d.current()[MEMBER_IP].klass == 2
         d.cleanup()

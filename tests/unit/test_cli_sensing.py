@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from santhrottle.appliance.cli import main
+from santhrottle.appliance.cli.main import main
 
 LAB = Path(__file__).parents[1] / "fixtures" / "lab"
 META = json.loads((LAB / "meta.json").read_text())

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from santhrottle.appliance.cli import main
+from santhrottle.appliance.cli.main import main
 
 PAPER = Path(__file__).parents[2] / "controller" / "scenarios" / "paper.toml"
 

@@ -10,9 +10,9 @@ import stat
 import pytest
 from prometheus_client import generate_latest
 
-from santhrottle.appliance.cli import main
-from santhrottle.appliance.control import ControlServer, request
-from santhrottle.appliance.metrics import registry_for
+from santhrottle.appliance.cli.main import main
+from santhrottle.appliance.daemon.control import ControlServer, request
+from santhrottle.appliance.daemon.metrics import registry_for
 
 from .test_daemon import make, run_for
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from santhrottle.appliance.config import ConfigError, parse_config
-from santhrottle.appliance.daemon import CommandError, Daemon
+from santhrottle.appliance.daemon.loop import CommandError, Daemon
 from santhrottle.controller.domain import ReadSample, WriteSample
 
 MIB = 1024 * 1024
@@ -244,7 +244,7 @@ def test_reload_keeps_last_good_config(tmp_path):
     d.handle("reload", {})
     assert d.config.threshold_of("vg0") == 0.025
     f.write_text(CONF.replace('"eth1"', '"eth2"'))
-    with pytest.raises(CommandError, match="need a restart"):
+    with pytest.raises(CommandError, match=r"datapath\.devices changed, which needs a restart"):
         d.handle("reload", {})
 
 
@@ -273,10 +273,13 @@ def test_unknown_command():
     ("edit", "message"),
     [
         (('threshold = "10ms"', 'threshold = "10"'), "t.toml:7: resources.vg0.threshold"),
-        (('threshold = "10ms"', "threshold = 10"), "resources.vg0.threshold: must be a positive"),
+        (('threshold = "10ms"', "threshold = 10"), "resources.vg0.threshold: 10 is not a duration"),
         (('threshold = "10ms"', 'threshold = "-3ms"'), "is not a duration"),
-        (("[datapath]", '[datapath]\nwrite_mode = "fast"'), "datapath.write_mode: must be one of"),
-        (("[controller]", '[controller]\nti = "0s"'), "controller.ti: must be > 0"),
+        (
+            ("[datapath]", '[datapath]\nwrite_mode = "fast"'),
+            "datapath.write_mode: 'fast' must be one of all, ack",
+        ),
+        (("[controller]", '[controller]\nti = "0s"'), "controller.ti: '0s' must be above 0"),
         (
             ("[controller]", "[controller]\nclass_increase_max_ratio_per_tick = 0.9"),
             "controller.class_increase_max_ratio_per_tick: must be 0 (no limit) or >= 1",
@@ -298,7 +301,7 @@ def test_gc_freezer_freezes_once_per_rebuilt_discovery():
     import gc
     import types
 
-    from santhrottle.appliance.daemon import GcFreezer
+    from santhrottle.appliance.daemon.loop import GcFreezer
 
     sensors = types.SimpleNamespace(discoveries=1)
     f = GcFreezer()

@@ -217,8 +217,8 @@ def test_control_renders_every_threshold_and_setting(rendered):
     assert cfg.controller.class_hysteresis == 2
     assert cfg.controller.setpoint_fraction == 0.8
     assert cfg.netns == "tgt" and cfg.devices == ("bond0", "eth1") and cfg.ports == (3260,)
-    assert (cfg.write_mode, cfg.step_s, cfg.max_delay_s) == ("ack", 0.00025, 0.020)
-    assert cfg.link_speed == "10gbit" and cfg.keep_static_state is True
+    assert (cfg.write_mode, cfg.step_us, cfg.max_delay_us) == ("ack", 250, 20_000)
+    assert cfg.link_bits_s == 10**10 and cfg.keep_static_state is True
     assert cfg.glide_leaves == 3
     assert cfg.metrics_port == 0
 
@@ -254,7 +254,7 @@ def test_modules_load_lists_the_data_path_modules(rendered):
         if line and not line.startswith("#")
     ]
     assert {"sch_netem", "sch_htb", "ip_set", "ip_set_hash_ip", "xt_set", "xt_bpf"} <= set(mods)
-    from santhrottle.appliance.santhrottled import REQUIRED_MODULES
+    from santhrottle.appliance.daemon.main import REQUIRED_MODULES
 
     assert set(REQUIRED_MODULES) <= set(mods)
     paths = (rendered["paths"] / "modules-load.conf").read_text().split()
@@ -469,21 +469,22 @@ def test_sdist_and_wheel_build(tmp_path):
         entry = z.read(f"{meta_dir}/entry_points.txt").decode()
         meta = z.read(f"{meta_dir}/METADATA").decode()
     for mod in (
-        "santhrottle/appliance/santhrottled.py",
-        "santhrottle/appliance/config.py",
+        "santhrottle/appliance/daemon/main.py",
+        "santhrottle/appliance/datapath/glide.py",
+        "santhrottle/appliance/config/schema.py",
         "santhrottle/appliance/sensing/lio.py",
         "santhrottle/controller/step.py",
         "santhrottle/controller/scenarios/paper.toml",
         "santhrottle/bridge/__init__.py",
     ):
         assert mod in names, mod
-    assert "santhrottled = santhrottle.appliance.santhrottled:main" in entry
-    assert "santhrottle = santhrottle.appliance.cli:main" in entry
+    assert "santhrottled = santhrottle.appliance.daemon.main:main" in entry
+    assert "santhrottle = santhrottle.appliance.cli.main:main" in entry
     for dep in ("pyroute2", "prometheus-client", "rtslib-fb"):
         assert re.search(rf"^Requires-Dist: {dep}\b", meta, flags=re.M | re.I), dep
     with tarfile.open(sdist) as t:
         snames = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
-    assert {"pyproject.toml", "appliance/santhrottled.py", "controller/step.py"} <= snames
+    assert {"pyproject.toml", "appliance/daemon/main.py", "controller/step.py"} <= snames
 
 
 def test_debian_package_names_resolve(tmp_path):

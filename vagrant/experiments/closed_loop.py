@@ -149,7 +149,7 @@ class Sampler(threading.Thread):
         self.events.append((round(time.monotonic() - self.t0, 3), what))
 
     def run(self) -> None:
-        from santhrottle.appliance.control import request
+        from santhrottle.appliance.daemon.control import request
 
         k = 0
         nxt = time.monotonic()

@@ -33,7 +33,8 @@ LAB_PY = CHECKOUT / "vagrant" / "qemu" / "lab.py"
 GUEST = CHECKOUT / "vagrant" / "experiments" / "closed_loop.py"
 # The throttle curves (paper 3.3, figures 8 and 9) come from the data path's
 # own lab script: a second guest boot, on the unthrottled disk.
-CURVES_SCRIPT = CHECKOUT / "tests" / "lab" / "test_datapath_lab.py"
+CURVES_SCRIPT = CHECKOUT / "vagrant" / "experiments" / "datapath_lab.py"
+CURVES_REPORT = CHECKOUT / "vagrant" / "experiments" / "curves_report.py"
 CURVES_JSON = "throttle-curves.json"
 WINDOW = 10  # samples of 100 ms: the 1 s read latency
 # read ticks, reads, write sectors, weighted ms: positions in a diskstats row (after the name)
@@ -489,7 +490,7 @@ def report(out: Path) -> int:
     if curves.exists():
         import importlib.util
 
-        spec = importlib.util.spec_from_file_location("santhrottle_dp_lab", CURVES_SCRIPT)
+        spec = importlib.util.spec_from_file_location("santhrottle_dp_lab", CURVES_REPORT)
         assert spec is not None and spec.loader is not None
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)

@@ -1,8 +1,4 @@
-"""The `santhrottle` command line.
-
-Errors an admin can cause (a bad file, a bad argument) print one line on
-stderr naming the problem and exit with status 2; never a traceback.
-"""
+"""`santhrottle simulate`: the real controller against a simulated storage resource."""
 
 from __future__ import annotations
 
@@ -13,14 +9,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from santhrottle.appliance import cli_daemon, cli_datapath, cli_sensing
-from santhrottle.appliance.errors import CliError
+from santhrottle.appliance.cli.common import CliError, verb
 from santhrottle.appliance.units import fmt_ms
 from santhrottle.controller.plant import SaturatedError
 from santhrottle.controller.scenario import ScenarioError, parse_scenario
 from santhrottle.controller.sim import simulate
-
-EXIT_USAGE = 2
 
 SIMULATE_EPILOG = """\
 examples:
@@ -93,7 +86,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except (ScenarioError, SaturatedError) as e:
         raise CliError(f"scenario {path}: {e}") from None
     if args.plot:
-        from santhrottle.appliance.plot import PlotUnavailable, plot_simulation
+        from santhrottle.appliance.cli.plot import PlotUnavailable, plot_simulation
 
         try:
             plot_simulation(result, Path(args.plot), f"santhrottle simulate {path.name}")
@@ -111,20 +104,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="santhrottle",
-        description="Keep shared storage read latency under a threshold by delaying "
-        "the packets of write-heavy iSCSI / NVMe-oF initiators.",
-    )
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    s = sub.add_parser(
-        "simulate",
-        help="run the real controller against a simulated storage resource",
-        description="Run a scenario: uncontrolled, then controlled at each threshold; "
-        "print latency percentiles, overshoot, time above threshold, writer throughput.",
-        epilog=SIMULATE_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+def add_commands(sub: Any) -> None:
+    s = verb(sub, "simulate", "run the real controller against a simulated storage resource",
+             SIMULATE_EPILOG)  # fmt: skip
+    s.description = (
+        "Run a scenario: uncontrolled, then controlled at each threshold; print latency "
+        "percentiles, overshoot, time above threshold, writer throughput."
     )
     s.add_argument("scenario", metavar="SCENARIO", help="scenario file (TOML)")
     s.add_argument("--json", action="store_true", help="print the summary and series as JSON")
@@ -135,24 +120,3 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip the search for the best constant delay (faster)",
     )
     s.set_defaults(func=cmd_simulate)
-    cli_datapath.add_commands(sub)
-    cli_sensing.add_commands(sub)
-    cli_daemon.add_commands(sub)
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        rc: int = args.func(args)
-        return rc
-    except CliError as e:
-        print(f"santhrottle: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except BrokenPipeError:  # `santhrottle ... | head`
-        return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

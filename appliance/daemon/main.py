@@ -1,10 +1,11 @@
-"""santhrottled: the daemon's command line (`santhrottled [--config F] [--check]`).
+"""santhrottled: the daemon's command line (`santhrottled [--config F] [--check] [--version]`).
 
-Builds the real adapters from the config (TargetSensor, one Datapath per
-egress device), installs or adopts the data path, serves the control
+Builds the real adapters from the config (TargetSensor, the Datapath on
+every egress device), installs or adopts the data path, serves the control
 socket and the metrics, runs the loop until SIGTERM/SIGINT, then removes
 every delay (and the static state unless daemon.keep_static_state).
-SIGHUP reloads. Exit status 2 for a bad config or command line.
+SIGHUP reloads.  Exit status 2 for a bad config or command line.
+Nothing imports this module: it is the process's entry point.
 """
 
 from __future__ import annotations
@@ -16,70 +17,31 @@ import shutil
 import signal
 import sys
 import threading
-from collections.abc import Mapping
 from typing import Any
 
 from santhrottle.appliance.config import DEFAULT_PATH, Config, ConfigError, load_config
-from santhrottle.appliance.sdnotify import notify
+from santhrottle.appliance.daemon.sdnotify import notify
+from santhrottle.appliance.version import version_line
 
 log = logging.getLogger("santhrottled")
 EXIT_USAGE = 2
 REQUIRED_MODULES = ("sch_htb", "sch_netem", "ip_set", "ip_set_hash_ip", "xt_set")
 REQUIRED_TOOLS = ("tc", "ipset", "iptables", "iptables-restore")
 
+EPILOG = """\
+examples:
+  santhrottled --check                          # preflight: root, tools, modules, devices
+  santhrottled --config /etc/santhrottle/santhrottle.toml
+  systemctl start santhrottled                  # what the unit runs (santhrottled(8))
 
-class Actuators:
-    """The data path on every configured egress device; the sets and rules are shared."""
-
-    def __init__(self, datapaths: list[Any]) -> None:
-        self.datapaths = datapaths
-        if datapaths:  # the first one drives the shared sets and every device's glide leaves
-            datapaths[0].glide_devices = [dp.device for dp in datapaths]
-
-    def apply(self) -> Any:
-        return [dp.apply() for dp in self.datapaths]
-
-    def set_classes(
-        self, classes: Mapping[str, int], mode: str | None = None, *, ordered: bool = True
-    ) -> int:
-        n: int = self.datapaths[0].set_classes(classes, mode, ordered=ordered)
-        return n
-
-    def settle(self) -> int:
-        n: int = self.datapaths[0].settle()
-        return n
-
-    @property
-    def glided(self) -> int:
-        return int(self.datapaths[0].glided)
-
-    @property
-    def unordered_moves(self) -> int:
-        return int(self.datapaths[0].unordered_moves)
-
-    def cleanup(self) -> Any:
-        return [dp.cleanup() for dp in self.datapaths]
+The configuration keys are in santhrottle.toml(5) and docs/configure.md.
+"""
 
 
-def build_datapaths(cfg: Config) -> Actuators:
-    from santhrottle.appliance.datapath import Datapath, parse_rate_bits
+def build_datapath(cfg: Config) -> Any:
+    from santhrottle.appliance.datapath import Datapath, DatapathSpec
 
-    return Actuators(
-        [
-            Datapath(
-                dev,
-                cfg.ports,
-                cfg.step_s,
-                cfg.max_class,
-                parse_rate_bits(cfg.link_speed),
-                cfg.write_mode,
-                netns=cfg.netns,
-                leaf=cfg.leaf,
-                glide_leaves=cfg.glide_leaves,
-            )
-            for dev in cfg.devices
-        ]
-    )
+    return Datapath(DatapathSpec.from_config(cfg), netns=cfg.netns)
 
 
 def build_sensors(cfg: Config) -> Any:
@@ -124,16 +86,25 @@ def check(cfg: Config) -> int:
     return 1 if problems else 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="santhrottled",
         description="Keep shared storage read latency under its threshold by delaying the "
         "packets of write-heavy initiators.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--config", default=str(DEFAULT_PATH), help=f"default {DEFAULT_PATH}")
+    ap.add_argument(
+        "--config", default=DEFAULT_PATH, help="configuration file (default %(default)s)"
+    )
     ap.add_argument("--check", action="store_true", help="verify modules, permissions, config")
     ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    args = ap.parse_args(argv)
+    ap.add_argument("--version", action="version", version=version_line("santhrottled"))
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg = load_config(args.config)
@@ -151,19 +122,18 @@ def main(argv: list[str] | None = None) -> int:
 def serve(cfg: Config) -> int:
     from prometheus_client import start_http_server
 
-    from santhrottle.appliance.control import ControlServer
-    from santhrottle.appliance.daemon import Daemon
+    from santhrottle.appliance.daemon.control import ControlServer
+    from santhrottle.appliance.daemon.loop import Daemon
+    from santhrottle.appliance.daemon.metrics import registry_for
     from santhrottle.appliance.datapath import DatapathError
-    from santhrottle.appliance.metrics import registry_for
 
-    actuators = build_datapaths(cfg)
     try:
-        for report in actuators.apply():
-            log.info("datapath: %s", report.summary())
+        datapath = build_datapath(cfg)
+        log.info("datapath: %s", datapath.apply().summary())
     except DatapathError as e:
         print(f"santhrottled: {e}", file=sys.stderr)
         return 1
-    daemon = Daemon(cfg, build_sensors(cfg), actuators, load_config=load_config, notify=notify)
+    daemon = Daemon(cfg, build_sensors(cfg), datapath, load_config=load_config, notify=notify)
     server = ControlServer(cfg.control_socket, daemon.handle, cfg.socket_mode)
     server.start()
     if cfg.metrics_port:

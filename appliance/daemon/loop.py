@@ -39,12 +39,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from santhrottle.appliance.config import Config, ConfigError
+from santhrottle.appliance.config.schema import PIN_MODES
 from santhrottle.controller.domain import ReadSample, Resource, Samples, WriteSample
 from santhrottle.controller.step import ControllerState, new_state, step
 
 log = logging.getLogger("santhrottled")
-
-MODES = ("all", "ack", "read")
 
 
 class Sensors(Protocol):
@@ -259,10 +258,10 @@ class Daemon:
         self.tick(now)
 
     def _converge_loop(self) -> None:
-        period = self.config.controller.converge_s
-        nxt = self.clock() + period
+        nxt = self.clock() + self.config.controller.converge_s
         while not self._stop.wait(max(0.0, nxt - self.clock())):
             self.converge_once()
+            period = self.config.controller.converge_s  # a reload may change it
             nxt += period
             now = self.clock()
             if nxt < now:  # slower than its period: start again from now
@@ -296,22 +295,11 @@ class Daemon:
             self.counters.reload_failures += 1
             raise CommandError(f"reload refused, keeping the running config: {e}") from None
         with self.lock:
-            fixed = (
-                "devices",
-                "ports",
-                "step_s",
-                "max_delay_s",
-                "link_speed",
-                "leaf",
-                "glide_leaves",
-                "control_socket",
-                "netns",
-            )
-            if any(getattr(new, k) != getattr(self.config, k) for k in fixed):
+            fixed = new.restart_changes(self.config)
+            if fixed:
                 self.counters.reload_failures += 1
                 raise CommandError(
-                    "reload refused: datapath devices, ports, step, max_delay, link_speed, "
-                    "leaf, glide_leaves and control_socket need a restart "
+                    f"reload refused: {', '.join(fixed)} changed, which needs a restart "
                     "(systemctl restart santhrottled)"
                 )
             old = self.config
@@ -324,7 +312,7 @@ class Daemon:
         return {"reloaded": new.path}
 
     def handle(self, cmd: str, args: dict[str, Any]) -> Any:
-        """One control-socket request (appliance/control.py); raises CommandError."""
+        """One control-socket request (daemon/control.py); raises CommandError."""
         with self.lock:
             if cmd == "ping":
                 return {"pong": True}
@@ -351,7 +339,7 @@ class Daemon:
                 return {"resource": name, "threshold_s": float(thr)}
             if cmd == "pin":
                 ip, k, mode = args.get("initiator"), args.get("class"), args.get("mode")
-                if not isinstance(ip, str) or not isinstance(k, int) or mode not in MODES:
+                if not isinstance(ip, str) or not isinstance(k, int) or mode not in PIN_MODES:
                     raise CommandError("pin needs initiator, class and mode (all|ack|read)")
                 if not 0 <= k <= self.config.max_class:
                     raise CommandError(f"class {k} outside 0..{self.config.max_class}")

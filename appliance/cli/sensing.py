@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from santhrottle.appliance.errors import CliError
+from santhrottle.appliance.cli.common import CliError, verb
 from santhrottle.appliance.sensing.target import TargetSensor
 from santhrottle.appliance.units import fmt_mb, fmt_ms
 
@@ -136,13 +136,8 @@ def add_commands(sub: Any) -> None:
         ("resources", cmd_resources, "shared resources (VGs), their read latency and write rate"),
         ("initiators", cmd_initiators, "connected initiators, their resources and write rates"),
     ):
-        p = sub.add_parser(
-            name,
-            help=help_,
-            description=help_ + ", measured over --interval seconds on this host.",
-            epilog=EPILOG,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
+        p = verb(sub, name, help_, EPILOG)
+        p.description = help_[:1].upper() + help_[1:] + ", measured over --interval seconds."
         p.add_argument("--interval", type=float, default=1.0, metavar="S", help="default 1 s")
         p.add_argument("--json", action="store_true", help="print JSON")
         p.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)

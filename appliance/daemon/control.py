@@ -6,7 +6,7 @@ Response: {"ok": true, "data": ...}  or  {"ok": false, "error": "one line for th
 The socket is created with the configured mode (0600: root only) under a
 umask that never lets it exist with wider permissions, in a directory
 created 0755. One connection may carry several requests. The CLI is the
-only client (appliance/cli_daemon.py).
+only client (appliance/cli/).
 """
 
 from __future__ import annotations

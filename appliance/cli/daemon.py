@@ -1,8 +1,7 @@
 """CLI commands that talk to santhrottled through its control socket.
 
-status, threshold set|show, pause, resume, top, reload; cleanup acts on
-the kernel directly (it must work when the daemon is dead: systemd's
-ExecStopPost runs `santhrottle cleanup --delays-only`).
+status, threshold set|show, pause, resume, reload, top.  The socket is
+--socket, else daemon.control_socket of the configuration.
 """
 
 from __future__ import annotations
@@ -13,9 +12,9 @@ import sys
 import time
 from typing import Any
 
-from santhrottle.appliance.config import DEFAULT_PATH, Config, ConfigError, load_config
-from santhrottle.appliance.control import DaemonUnavailable, RemoteError, request
-from santhrottle.appliance.errors import CliError
+from santhrottle.appliance.cli.common import CliError, verb
+from santhrottle.appliance.config import DEFAULT_PATH, ConfigError, defaults, load_config
+from santhrottle.appliance.daemon.control import DaemonUnavailable, RemoteError, request
 from santhrottle.appliance.units import UnitError, fmt_duration, fmt_mb, fmt_ms, parse_duration_s
 
 EPILOG = """\
@@ -28,7 +27,17 @@ examples:
   santhrottle resume
   santhrottle top 1 10                     # a live view: every 1 s, 10 times
   santhrottle reload                       # re-read the config (SIGHUP does the same)
-  santhrottle cleanup --delays-only        # without the daemon: nobody stays delayed
+"""
+
+THRESHOLD_EPILOG = """\
+examples:
+  santhrottle threshold show
+  santhrottle threshold show --json
+  santhrottle threshold set vg_aic 15ms    # takes effect at the next tick (100 ms)
+  santhrottle threshold set vg_aic 2.5ms
+
+A threshold set here lives until the daemon restarts; put it in the
+configuration ([resources.NAME] threshold) to keep it.
 """
 
 
@@ -38,7 +47,7 @@ def _socket(args: argparse.Namespace) -> str:
     try:
         return load_config(args.config).control_socket
     except ConfigError:
-        return Config.control_socket  # the default path; the daemon will say the rest
+        return defaults().control_socket  # the default path; the daemon will say the rest
 
 
 def call(args: argparse.Namespace, cmd: str, **kw: Any) -> Any:
@@ -87,7 +96,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _split_operands(args: argparse.Namespace) -> list[str]:
-    """Operands after `threshold set`, with --json/--socket/--config taken out."""
+    """Operands after `threshold set`, with --json/--socket/--config taken out
+    (REMAINDER: "-5ms" must reach the unit parser, one clear error, not argparse)."""
     rest: list[str] = []
     it = iter(args.operands)
     for a in it:
@@ -100,17 +110,19 @@ def _split_operands(args: argparse.Namespace) -> list[str]:
     return rest
 
 
-def cmd_threshold(args: argparse.Namespace) -> int:
+def cmd_threshold_show(args: argparse.Namespace) -> int:
+    data = call(args, "threshold_show")
+    if args.json:
+        json.dump(data, sys.stdout, indent=1)
+        print()
+    else:
+        for name, thr in data.items():
+            print(f"{name:<16} {fmt_ms(thr) if thr is not None else 'none (observe only)'}")
+    return 0
+
+
+def cmd_threshold_set(args: argparse.Namespace) -> int:
     operands = _split_operands(args)
-    if args.action == "show":
-        data = call(args, "threshold_show")
-        if args.json:
-            json.dump(data, sys.stdout, indent=1)
-            print()
-        else:
-            for name, thr in data.items():
-                print(f"{name:<16} {fmt_ms(thr) if thr is not None else 'none (observe only)'}")
-        return 0
     if len(operands) != 2:
         raise CliError("usage: santhrottle threshold set RESOURCE VALUE (e.g. 15ms)")
     resource, value = operands
@@ -157,65 +169,39 @@ def cmd_top(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_cleanup(args: argparse.Namespace) -> int:
-    from santhrottle.appliance.datapath import DatapathError
-    from santhrottle.appliance.santhrottled import build_datapaths
-
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as e:
-        raise CliError(str(e)) from None
-    acts = build_datapaths(cfg)
-    try:
-        if args.delays_only:  # class 0 takes a member out of whichever set holds it
-            # unordered: this process exits now, nobody would settle a glide leaf
-            acts.set_classes(dict.fromkeys(acts.datapaths[0].current(), 0), ordered=False)
-            print("no initiator is delayed any more; the static state stays")
-        else:
-            for r in acts.cleanup():
-                print(r.summary())
-    except DatapathError as e:
-        raise CliError(str(e)) from None
-    return 0
+def _common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--config", default=DEFAULT_PATH, help="where the socket's path is read from")
+    p.add_argument("--socket", help="control socket (default: the configuration's)")
+    return p
 
 
 def add_commands(sub: Any) -> None:
-    def parser(name: str, help_: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(
-            name,
-            help=help_,
-            description=help_,
-            epilog=EPILOG,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        p.add_argument("--json", action="store_true", help="print JSON")
-        p.add_argument("--config", default=str(DEFAULT_PATH), help=argparse.SUPPRESS)
-        p.add_argument("--socket", help="control socket (default: from the config)")
-        return p
-
-    parser("status", "resources, thresholds, delay classes and initiators").set_defaults(
-        func=cmd_status
-    )
-    t = parser("threshold", "show or set a resource's read-latency threshold")
-    t.add_argument("action", choices=["set", "show"])
-    # REMAINDER: "-5ms" must reach the unit parser (one clear error), not argparse
-    t.add_argument(
+    _common(verb(sub, "status", "resources, thresholds, delay classes and initiators", EPILOG))
+    sub.choices["status"].set_defaults(func=cmd_status)
+    t = verb(sub, "threshold", "show or set a resource's read-latency threshold",
+             THRESHOLD_EPILOG)  # fmt: skip
+    tsub = t.add_subparsers(dest="threshold_command", metavar="ACTION", required=True)
+    _common(verb(tsub, "show", "print every resource's threshold", THRESHOLD_EPILOG))
+    tsub.choices["show"].set_defaults(func=cmd_threshold_show)
+    ts = _common(verb(tsub, "set", "set a resource's threshold until the daemon restarts",
+                      THRESHOLD_EPILOG))  # fmt: skip
+    ts.add_argument(
         "operands",
         nargs=argparse.REMAINDER,
         metavar="RESOURCE VALUE",
-        help="for set: the resource and a duration with its unit (15ms, 2.5ms, 500us)",
+        help="the resource and a duration with its unit (15ms, 2.5ms, 500us)",
     )
-    t.set_defaults(func=cmd_threshold)
+    ts.set_defaults(func=cmd_threshold_set)
     for name, help_ in (
         ("pause", "stop throttling (every delay removed), keep measuring"),
         ("resume", "throttle again"),
         ("reload", "re-read the config; the running one stays if the file is invalid"),
     ):
-        parser(name, help_).set_defaults(func=cmd_simple)
-    top = parser("top", "a live view of status, like iostat: [interval] [count]")
-    top.add_argument("interval", nargs="?", type=float, default=1.0)
-    top.add_argument("count", nargs="?", type=int)
+        _common(verb(sub, name, help_, EPILOG)).set_defaults(func=cmd_simple)
+    top = _common(
+        verb(sub, "top", "a live view of status, like iostat: [interval] [count]", EPILOG)
+    )
+    top.add_argument("interval", nargs="?", type=float, default=1.0, help="seconds (default 1)")
+    top.add_argument("count", nargs="?", type=int, help="views to print (default: until ^C)")
     top.set_defaults(func=cmd_top)
-    c = parser("cleanup", "remove what santhrottle put in the kernel (works without the daemon)")
-    c.add_argument("--delays-only", action="store_true", help="empty the sets, keep tc/rules")
-    c.set_defaults(func=cmd_cleanup)

@@ -1,0 +1,30 @@
+"""What every verb of the CLI shares: the one error type and how a verb's parser is made.
+
+Errors an admin can cause (a bad file, a bad argument, a daemon that says
+no) are a CliError: main() prints its one line on stderr and exits 2;
+never a traceback.  Every verb has a description, its own examples in
+--help, and keeps the examples' indentation.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """One line for the admin; exit status 2."""
+
+
+def verb(sub: Any, name: str, help_: str, epilog: str) -> argparse.ArgumentParser:
+    """A subparser named `name` with its help, description and examples."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        name,
+        help=help_,
+        description=help_[:1].upper() + help_[1:] + ".",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return p

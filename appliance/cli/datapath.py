@@ -1,0 +1,451 @@
+"""`santhrottle datapath apply|show`, `pin`, `unpin`, `cleanup`: the kernel state by hand.
+
+For admins (throttle a named host by hand, see what is installed, remove
+it) and for the lab.  pin/unpin go through santhrottled when it runs (it
+owns the kernel state then), straight to the kernel otherwise; cleanup
+always acts on the kernel (systemd's ExecStopPost runs `santhrottle
+cleanup --delays-only` after the daemon died).  Option defaults come from
+the configuration schema.  This module stays light: pyroute2 is imported
+only when a command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from santhrottle.appliance.cli.common import CliError, verb
+from santhrottle.appliance.config import DEFAULT_PATH, ConfigError, default, load_config
+from santhrottle.appliance.config import defaults as config_defaults
+from santhrottle.appliance.config.schema import (
+    MAX_CLASSES,
+    PIN_MODES,
+    WRITE_MODES,
+    KindError,
+    parse_ports_text,
+)
+from santhrottle.appliance.units import (
+    UnitError,
+    fmt_bit_rate,
+    fmt_us,
+    parse_bit_rate,
+    parse_duration_us,
+)
+
+DATAPATH_EPILOG = """\
+examples:
+  santhrottle datapath apply --device eth1
+  santhrottle datapath apply --device eth1 --ports 3260 --step 500us --max-delay 50ms \\
+      --link-speed 25gbit --write-mode all
+  santhrottle datapath show
+  santhrottle datapath show --json | jq '.members'
+  santhrottle cleanup
+
+apply is idempotent: it builds what is missing, changes what differs and
+adopts what a previous run left; it refuses a root qdisc it did not create.
+"""
+
+PIN_EPILOG = """\
+examples:
+  santhrottle pin 10.0.0.3 --delay 5ms                  # all its packets, 5 ms
+  santhrottle pin 10.0.0.3 --delay 10ms --mode read     # its reads only
+  santhrottle pin 10.0.0.3 --delay 2ms --device eth1    # apply on eth1 first if needed
+  santhrottle unpin 10.0.0.3
+
+The delay must be a multiple of the data path's step (0.5 ms by default) and
+at most its maximum (50 ms by default).  Modes: all (every packet from the
+storage ports: slows writes and reads), ack (pure ACKs only: slows writes only
+when the initiator is window-limited), read (payload packets: slows reads).
+"""
+
+CLEANUP_EPILOG = """\
+examples:
+  santhrottle cleanup                   # remove every qdisc, class, set and rule of santhrottle's
+  santhrottle cleanup --delays-only     # nobody delayed any more; tree, sets and chain stay
+  santhrottle cleanup --netns tgt       # in the target's network namespace
+
+Works without the daemon.  Without --netns, the namespace is daemon.netns of
+the configuration (if the file exists), else the current one.
+"""
+
+
+def _dp() -> Any:
+    """The data path package, imported when a command runs (pyroute2 is heavy)."""
+    from santhrottle.appliance import datapath
+
+    return datapath
+
+
+def _names() -> Any:
+    from santhrottle.appliance.datapath import names
+
+    return names
+
+
+def _spec_from_args(args: argparse.Namespace) -> Any:
+    """The spec `datapath apply` asks for (parsed strictly, one-line errors)."""
+    dp = _dp()
+    try:
+        step_us = parse_duration_us(args.step)
+        max_us = parse_duration_us(args.max_delay)
+        ports = parse_ports_text(args.ports)
+        link = parse_bit_rate(args.link_speed)
+    except (UnitError, KindError) as e:
+        raise CliError(str(e)) from None
+    if step_us <= 0:
+        raise CliError(f"bad step {args.step!r}: must be above 0")
+    k, rem = divmod(max_us, step_us)
+    if rem or k < 1:
+        raise CliError(
+            f"maximum delay {args.max_delay} is not a positive multiple of the step {args.step}"
+        )
+    if k > MAX_CLASSES:
+        raise CliError(
+            f"maximum delay {args.max_delay} needs {k} classes of {args.step}: "
+            f"at most {MAX_CLASSES}"
+        )
+    return dp.DatapathSpec(
+        devices=(args.device,),
+        ports=ports,
+        step_us=step_us,
+        max_class=k,
+        link_bits_s=link,
+        write_mode=args.write_mode,
+        glide_leaves=args.glide_leaves,
+    )
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    dp = _dp()
+    try:
+        spec = _spec_from_args(args)
+        with dp.Datapath(spec, netns=args.netns) as d:
+            rep = d.apply()
+    except dp.DatapathError as e:
+        raise CliError(str(e)) from None
+    print(
+        f"applied on {args.device}: {spec.max_class} delay classes of {fmt_us(spec.step_us)} "
+        f"(max {fmt_us(spec.max_delay_us)}), ports {','.join(map(str, spec.ports))}, "
+        f"write mode {spec.write_mode}; {rep.summary()}"
+    )
+    return 0
+
+
+def _cleanup_netns(args: argparse.Namespace) -> str | None:
+    if args.netns:
+        return str(args.netns)
+    if not os.path.exists(args.config):
+        return None
+    try:
+        return load_config(args.config).netns
+    except ConfigError as e:
+        raise CliError(f"{e} (give --netns to clean up without the config)") from None
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    dp = _dp()
+    netns = _cleanup_netns(args)
+    try:
+        with dp.Datapath(dp.DatapathSpec(), netns=netns) as d:
+            if args.delays_only:  # class 0 takes a member out of whichever set holds it
+                # unordered: this process exits now, nobody would settle a glide leaf
+                d.set_classes(dict.fromkeys(d.current(), 0), ordered=False)
+                d.mangle.set_jumps((), active=False)  # also what a crash left with no member
+                print("no initiator is delayed any more; the tc tree, sets and chain stay")
+            else:
+                print(d.cleanup().summary())
+    except dp.DatapathError as e:
+        raise CliError(str(e)) from None
+    return 0
+
+
+def _print_status(st: dict[str, Any]) -> None:
+    classid = _names().classid
+    where = f" (netns {st['netns']})" if st["netns"] else ""
+    if (
+        not st["chain"]["exists"]
+        and not st["installed_devices"]
+        and not any(v is not None for v in st["sets"].values())
+    ):
+        print(f"santhrottle data path: not applied{where}; iptables {st['backend']} backend")
+        return
+    print(
+        f"santhrottle data path on {st['device'] or '?'}{where}; iptables {st['backend']} backend"
+    )
+    c = st["classes"]
+    if c:
+        step = f"{fmt_us(c['step_us'])} steps" if c["step_us"] else f"{c['leaf']} leaves"
+        link = f", {fmt_bit_rate(c['link_bits_s'])}" if c["link_bits_s"] else ""
+        print(
+            f"  tc: htb {c['root']} root, {c['classes']} delay classes of {step}"
+            f" (max class {c['max_class']}), unthrottled: HTB {c['default']} queue{link}"
+        )
+        gl = c.get("glides") or []
+        if gl:
+            busy = [
+                f"{g['leaf']} {g['state']} at "
+                f"{fmt_us(g['delay_us']) if g['delay_us'] is not None else '-'}"
+                f" ({len(g['members'])} initiators)"
+                for g in gl
+                if g["members"]
+            ]
+            print(
+                f"  glide leaves: {len(gl)} (lowered delays keep each initiator's packets in "
+                f"order){'; ' + ', '.join(busy) if busy else ''}"
+            )
+    else:
+        print("  tc: no santhrottle qdisc tree")
+    ch = st["chain"]
+    if ch["exists"]:
+        jumps = "; ".join(j.replace("-A ", "", 1) for j in ch["jumps"]) or "no jump (idle)"
+        print(
+            f"  iptables: chain SANTHROTTLE ({len(ch['rules'])} rules, ports "
+            f"{','.join(map(str, ch['ports']))}), {jumps}"
+        )
+    else:
+        print("  iptables: no SANTHROTTLE chain")
+    sets = ", ".join(f"{name} {'missing' if n is None else n}" for name, n in st["sets"].items())
+    print(f"  sets: {sets}")
+    if st["members"]:
+        head = ("initiator", "mode", "class", "delay", "packets", "bytes")
+        print("  {:<15} {:<4} {:>5} {:>7} {:>10} {:>12}".format(*head))
+        for m in st["members"]:
+            delay = fmt_us(m["delay_us"]) if m["delay_us"] is not None else "-"
+            print(
+                f"  {m['ip']:<15} {m['mode']:<4} {m['class']:>5} {delay:>7} "
+                f"{m['packets']:>10} {m['bytes']:>12}"
+            )
+    if c and c.get("counters"):
+        busy_classes = {k: v for k, v in c["counters"].items() if v["packets"]}
+        if busy_classes:
+            print(f"  {'class':<10} {'delay':>7} {'packets':>10} {'bytes':>12}")
+            for k, v in sorted(busy_classes.items(), key=lambda kv: int(kv[0])):
+                delay = fmt_us(int(k) * c["step_us"]) if c["step_us"] else "-"
+                name = classid(int(k))
+                if k == "0":
+                    delay, name = "none", "direct"
+                print(f"  {name:<10} {delay:>7} {v['packets']:>10} {v['bytes']:>12}")
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    dp = _dp()
+    devices = (args.device,) if args.device else ()
+    try:
+        with dp.Datapath(dp.DatapathSpec(devices), netns=args.netns) as d:
+            st = dp.status(d)
+    except dp.DatapathError as e:
+        raise CliError(str(e)) from None
+    if args.json:
+        json.dump(st, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        _print_status(st)
+    return 0
+
+
+def _discover_or_apply(args: argparse.Namespace) -> tuple[Any, str]:
+    dp = _dp()
+    note = ""
+    try:
+        d = dp.discover(netns=args.netns)
+    except dp.NotApplied:
+        if not args.device:
+            raise
+        d = dp.Datapath(dp.DatapathSpec((args.device,)), netns=args.netns)
+        d.apply()
+        note = f"applied the data path on {args.device} (defaults); "
+    if args.device and args.device not in d.spec.devices:
+        d.close()
+        raise dp.DatapathError(
+            f"the data path is applied on {', '.join(d.spec.devices)}, not {args.device}"
+        )
+    return d, note
+
+
+def _daemon_socket(args: argparse.Namespace) -> str:
+    return str(args.socket or config_defaults().control_socket)
+
+
+def _daemon(args: argparse.Namespace, cmd: str, **kw: Any) -> Any:
+    """Ask santhrottled when it runs (it owns the kernel state then); None if it does not."""
+    from santhrottle.appliance.daemon.control import DaemonUnavailable, request
+
+    path = _daemon_socket(args)
+    if args.socket is None and not os.path.exists(path):
+        return None
+    try:
+        return request(path, cmd, **kw)
+    except DaemonUnavailable:
+        if args.socket:
+            raise CliError(f"santhrottled does not answer on {args.socket}") from None
+        return None
+
+
+def cmd_pin(args: argparse.Namespace) -> int:
+    dp = _dp()
+    from santhrottle.appliance.daemon.control import RemoteError
+
+    try:
+        ip = _names().check_ip(args.initiator)
+        try:
+            delay_us = parse_duration_us(args.delay)
+        except UnitError as e:
+            raise dp.DatapathError(f"bad delay: {e}") from None
+        if delay_us == 0:
+            raise dp.DatapathError(f"delay 0 throttles nothing: use `santhrottle unpin {ip}`")
+        st = _daemon(args, "status")
+        if st is not None:  # through the daemon: it would overwrite a pin behind its back
+            step_us = round(st["step_s"] * 1e6)
+            k = _names().delay_to_class(delay_us, step_us, st["max_class"])
+            _daemon(args, "pin", initiator=ip, mode=args.mode, **{"class": k})
+            print(
+                f"pinned {ip} through santhrottled: {args.mode} packets delayed "
+                f"{fmt_us(k * step_us)} (class {k}) from the next tick"
+            )
+            return 0
+        d, note = _discover_or_apply(args)
+        with d:
+            k = _names().delay_to_class(delay_us, d.spec.step_us, d.spec.max_class)
+            # ordered=False: this process exits now, nobody would settle a glide
+            d.set_classes({ip: k}, mode=args.mode, ordered=False)
+    except (dp.DatapathError, RemoteError) as e:
+        raise CliError(str(e)) from None
+    if d.spec.leaf != "netem":  # only the tests build pfifo leaves (kernels without netem)
+        note += f"{d.spec.leaf} test leaves: classified, not delayed; "
+    print(
+        f"{note}pinned {ip}: {args.mode} packets from ports "
+        f"{','.join(map(str, d.spec.ports))} delayed {fmt_us(k * d.spec.step_us)} "
+        f"(class {k}, {_names().classid(k)}) on {', '.join(d.spec.devices)}"
+    )
+    return 0
+
+
+def cmd_unpin(args: argparse.Namespace) -> int:
+    dp = _dp()
+    from santhrottle.appliance.daemon.control import RemoteError
+
+    try:
+        ip = _names().check_ip(args.initiator)
+        if _daemon(args, "ping") is not None:
+            _daemon(args, "unpin", initiator=ip)
+            print(f"unpinned {ip} through santhrottled (from the next tick)")
+            return 0
+        with dp.Datapath(dp.DatapathSpec(), netns=args.netns) as d:
+            cur = d.current()
+            if ip not in cur:
+                print(f"{ip} was not pinned or throttled")
+                return 0
+            d.set_classes({ip: 0}, ordered=False)
+    except (dp.DatapathError, RemoteError) as e:
+        raise CliError(str(e)) from None
+    m = cur[ip]
+    print(f"unpinned {ip} (was {m.mode}, class {m.klass})")
+    return 0
+
+
+def _netns(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--netns",
+        metavar="NAME",
+        help="act inside this network namespace (/run/netns/NAME); default: the current one",
+    )
+
+
+def _socket(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--socket",
+        help="santhrottled's control socket (default: the configuration's); when the daemon "
+        "runs, pins go through it, otherwise straight to the kernel",
+    )
+
+
+def add_commands(sub: Any) -> None:
+    """Add `datapath`, `pin`, `unpin` and `cleanup` to the CLI's subparsers."""
+    dpp = verb(sub, "datapath", "install or show the throttle data path (tc, ipset, iptables)",
+               DATAPATH_EPILOG)  # fmt: skip
+    dpp.description = (
+        "The kernel state that delays initiators: an HTB root with one netem class per "
+        "delay step on the device facing the initiators, skbinfo ipsets (initiator -> "
+        "class), static rules in the mangle chain SANTHROTTLE."
+    )
+    dsub = dpp.add_subparsers(dest="datapath_command", metavar="ACTION", required=True)
+
+    a = verb(dsub, "apply", "install or reconcile the data path on a device", DATAPATH_EPILOG)
+    a.add_argument(
+        "--device", required=True, metavar="IF", help="egress device facing the initiators"
+    )
+    a.add_argument(
+        "--ports",
+        default=",".join(map(str, default("datapath.ports"))),
+        help="storage ports, comma separated (default %(default)s)",
+    )
+    a.add_argument(
+        "--step", default=fmt_us(default("datapath.step")), help="delay step (default %(default)s)"
+    )
+    a.add_argument(
+        "--max-delay",
+        default=fmt_us(default("datapath.max_delay")),
+        help="largest delay class (default %(default)s)",
+    )
+    a.add_argument(
+        "--link-speed",
+        default=fmt_bit_rate(default("datapath.link_speed")),
+        help="link speed for HTB and netem sizing (default %(default)s)",
+    )
+    a.add_argument(
+        "--write-mode",
+        choices=WRITE_MODES,
+        default=default("datapath.write_mode"),
+        help="what the controller's writer classes delay (default %(default)s)",
+    )
+    a.add_argument(
+        "--glide-leaves",
+        type=int,
+        default=default("datapath.glide_leaves"),
+        metavar="N",
+        help="netem leaves whose delay is lowered in place so that an initiator's "
+        "packets stay in order when its delay goes down (default %(default)s, 0 = none)",
+    )
+    _netns(a)
+    a.set_defaults(func=cmd_apply)
+
+    s = verb(dsub, "show", "print the installed state, members and counters", DATAPATH_EPILOG)
+    s.add_argument("--device", metavar="IF", help="device (default: the one installed)")
+    s.add_argument("--json", action="store_true", help="print it as JSON")
+    _netns(s)
+    s.set_defaults(func=cmd_show)
+
+    p = verb(sub, "pin", "delay one initiator by hand", PIN_EPILOG)
+    p.description = (
+        "Put an initiator into a delay class by hand: through santhrottled when it runs, "
+        "on the kernel directly otherwise."
+    )
+    p.add_argument("initiator", metavar="INITIATOR", help="initiator IPv4 address")
+    p.add_argument("--delay", required=True, help="delay with a unit: 5ms, 500us")
+    p.add_argument(
+        "--mode", choices=PIN_MODES, default="all", help="what to delay (default %(default)s)"
+    )
+    p.add_argument(
+        "--device", metavar="IF", help="apply the data path on IF first if it is not applied"
+    )
+    _netns(p)
+    _socket(p)
+    p.set_defaults(func=cmd_pin)
+
+    u = verb(sub, "unpin", "stop delaying an initiator", PIN_EPILOG)
+    u.add_argument("initiator", metavar="INITIATOR", help="initiator IPv4 address")
+    _netns(u)
+    _socket(u)
+    u.set_defaults(func=cmd_unpin)
+
+    c = verb(sub, "cleanup", "remove what santhrottle put in the kernel (works without the daemon)",
+             CLEANUP_EPILOG)  # fmt: skip
+    c.add_argument(
+        "--delays-only", action="store_true", help="only take every initiator out of the sets"
+    )
+    c.add_argument("--config", default=DEFAULT_PATH, help="where daemon.netns is read from")
+    _netns(c)
+    c.set_defaults(func=cmd_cleanup)

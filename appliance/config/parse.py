@@ -1,0 +1,275 @@
+"""santhrottled's configuration file: TOML (stdlib tomllib), validated whole against the schema.
+
+Every key, its default and its bounds are in schema.py; this module reads
+a file into a Config, adding what no single key can check (max_delay a
+multiple of step, converge at least tick, leave below enter).  An invalid
+file raises ConfigError naming the file, the line and the key
+(`santhrottle.toml:12: resources.vg0.threshold: '15' is not a duration...`);
+the daemon keeps its last good config when a reload fails.
+
+Worked example
+    parse_config('[datapath]\\ndevices = ["eth1"]\\n') -> Config with
+    devices ("eth1",), step_us 500, max_delay_us 50000 (max_class 100),
+    link_bits_s 25e9 and every other key at its default.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from santhrottle.appliance.config.schema import (
+    DEFAULT_PATH,
+    KEYS,
+    MAX_CLASSES,
+    NAME_RE,
+    TABLES,
+    KindError,
+)
+from santhrottle.controller.domain import ControllerConfig, PidGains
+
+
+class ConfigError(ValueError):
+    """One line: file, line, key, problem."""
+
+
+@dataclass(frozen=True)
+class ResourceConfig:
+    name: str
+    threshold_s: float | None  # None: measured, never throttled
+    devices: tuple[str, ...] = ()  # declared resource: these block devices
+
+
+@dataclass(frozen=True)
+class Config:
+    """A validated configuration (parse_config("") is every default)."""
+
+    path: str
+    # [daemon]
+    control_socket: str
+    socket_mode: int
+    netns: str | None
+    keep_static_state: bool
+    # [datapath]
+    devices: tuple[str, ...]
+    ports: tuple[int, ...]
+    write_mode: str
+    step_us: int
+    max_delay_us: int
+    link_bits_s: int
+    leaf: str
+    glide_leaves: int
+    # [controller]
+    controller: ControllerConfig
+    default_threshold_s: float | None
+    # [resources.NAME], [static_map]
+    resources: dict[str, ResourceConfig] = field(default_factory=dict)
+    static_map: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # [metrics]
+    metrics_address: str = ""
+    metrics_port: int = 0
+
+    @property
+    def step_s(self) -> float:
+        return self.step_us / 1e6
+
+    @property
+    def max_class(self) -> int:
+        return self.max_delay_us // self.step_us
+
+    def threshold_of(self, resource: str) -> float | None:
+        rc = self.resources.get(resource)
+        if rc is not None and rc.threshold_s is not None:
+            return rc.threshold_s
+        return self.default_threshold_s
+
+    def restart_changes(self, other: Config) -> list[str]:
+        """The keys (dotted) that differ from `other` and need a restart."""
+        return [
+            dotted
+            for dotted, attr in RESTART_FIELDS.items()
+            if getattr(self, attr) != getattr(other, attr)
+        ]
+
+
+# Config attribute of each key that needs a restart (schema: Key.restart).
+_FIELD = {
+    "datapath.step": "step_us",
+    "datapath.max_delay": "max_delay_us",
+    "datapath.link_speed": "link_bits_s",
+    "metrics.address": "metrics_address",
+    "metrics.port": "metrics_port",
+}
+RESTART_FIELDS = {k.dotted: _FIELD.get(k.dotted, k.name) for k in KEYS if k.restart}
+assert set(RESTART_FIELDS.values()) <= {f.name for f in fields(Config)}
+
+
+def _line_of(text: str, dotted: str) -> int | None:
+    """Best-effort line number of a key: its table header, then `key =` in it."""
+    parts = dotted.split(".")
+    key = parts[-1]
+    table = ".".join(parts[:-1])
+    current = ""
+    hit = None
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        m = re.match(r"^\[\[?\s*([^\]]+?)\s*\]\]?", line)
+        if m:
+            current = m.group(1).replace('"', "").replace(" ", "")
+            if current == dotted:
+                hit = hit or n
+            continue
+        if current == table and re.match(rf'^"?{re.escape(key)}"?\s*=', line):
+            return n
+    return hit
+
+
+class _Reader:
+    def __init__(self, text: str, path: str) -> None:
+        self.text = text
+        self.path = path
+
+    def fail(self, key: str, msg: str) -> ConfigError:
+        line = _line_of(self.text, key)
+        where = f"{self.path}:{line}" if line else self.path
+        return ConfigError(f"{where}: {key}: {msg}")
+
+    def table(self, data: dict[str, Any], name: str, schema_table: str) -> dict[str, Any]:
+        """The values of one table's keys (defaults filled in), by key name."""
+        t = data.get(name, {})
+        if not isinstance(t, dict):
+            raise self.fail(name, "must be a table")
+        known = {k.name: k for k in KEYS if k.table == schema_table}
+        for k in t:
+            if k not in known:
+                raise self.fail(f"{name}.{k}", f"unknown key (known: {', '.join(sorted(known))})")
+        out = {}
+        for kname, k in known.items():
+            raw = t.get(kname, k.default)
+            try:
+                out[kname] = None if raw is None else k.kind.parse(raw)
+            except KindError as e:
+                raise self.fail(f"{name}.{kname}", str(e)) from None
+        return out
+
+
+def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    r = _Reader(text, path)
+    for k in data:
+        if k not in TABLES:
+            raise r.fail(k, f"unknown table (known: {', '.join(sorted(TABLES))})")
+
+    d = r.table(data, "daemon", "daemon")
+    p = r.table(data, "datapath", "datapath")
+    if p["max_delay"] % p["step"]:
+        raise r.fail("datapath.max_delay", "must be a whole multiple of datapath.step")
+    if p["max_delay"] // p["step"] > MAX_CLASSES:
+        raise r.fail("datapath.max_delay", f"must be at most {MAX_CLASSES} steps")
+    if p["max_delay"] < p["step"]:
+        raise r.fail("datapath.max_delay", "must be at least datapath.step")
+    c = r.table(data, "controller", "controller")
+    if c["converge"] < c["tick"]:
+        raise r.fail("controller.converge", "must be at least controller.tick")
+    if not c["write_heavy_leave"] < c["write_heavy_enter"]:
+        raise r.fail("controller.write_heavy_leave", "must be below write_heavy_enter")
+    if 0.0 < c["class_increase_max_ratio_per_tick"] < 1.0:
+        raise r.fail("controller.class_increase_max_ratio_per_tick", "must be 0 (no limit) or >= 1")
+    controller = ControllerConfig(
+        tick_s=c["tick"],
+        converge_s=c["converge"],
+        max_class=p["max_delay"] // p["step"],
+        gains=PidGains(
+            kp_class_per_rel_error=c["kp_class_per_rel_error"], ti_s=c["ti"], td_s=c["td"]
+        ),
+        setpoint_fraction=c["setpoint_fraction"],
+        class_hysteresis=c["class_hysteresis"],
+        class_decrease_max_per_tick=c["class_decrease_max_per_tick"],
+        class_increase_max_ratio_per_tick=c["class_increase_max_ratio_per_tick"],
+        class_increase_min_per_tick=c["class_increase_min_per_tick"],
+        read_ewma_tau_s=c["read_ewma_tau"],
+        write_ewma_tau_s=c["write_ewma_tau"],
+        write_heavy_enter_bps=c["write_heavy_enter"],
+        write_heavy_leave_bps=c["write_heavy_leave"],
+        read_idle_release_s=c["read_idle_release"],
+    )
+    m = r.table(data, "metrics", "metrics")
+    return Config(
+        path=path,
+        control_socket=d["control_socket"],
+        socket_mode=d["socket_mode"],
+        netns=d["netns"],
+        keep_static_state=d["keep_static_state"],
+        devices=p["devices"],
+        ports=p["ports"],
+        write_mode=p["write_mode"],
+        step_us=p["step"],
+        max_delay_us=p["max_delay"],
+        link_bits_s=p["link_speed"],
+        leaf=p["leaf"],
+        glide_leaves=p["glide_leaves"],
+        controller=controller,
+        default_threshold_s=c["default_threshold"],
+        resources=_resources(r, data),
+        static_map=_static_map(r, data),
+        metrics_address=m["address"],
+        metrics_port=m["port"],
+    )
+
+
+def _resources(r: _Reader, data: dict[str, Any]) -> dict[str, ResourceConfig]:
+    table = data.get("resources", {})
+    if not isinstance(table, dict):
+        raise r.fail("resources", "must be a table of [resources.NAME] tables")
+    out: dict[str, ResourceConfig] = {}
+    for name, rt in table.items():
+        key = f"resources.{name}"
+        if not NAME_RE.match(name):
+            raise r.fail(key, "resource names are letters, digits and _ . + -")
+        if not isinstance(rt, dict):
+            raise r.fail(key, "must be a table with threshold and optional devices")
+        v = r.table({key: rt}, key, "resources.NAME")
+        out[name] = ResourceConfig(name, v["threshold"], v["devices"])
+    return out
+
+
+def _static_map(r: _Reader, data: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+    sm = data.get("static_map", {})
+    if not isinstance(sm, dict):
+        raise r.fail("static_map", 'must be a table: "10.0.0.0/24" = ["vg0"]')
+    out: dict[str, tuple[str, ...]] = {}
+    for spec, names in sm.items():
+        key = f'static_map."{spec}"'
+        try:
+            ipaddress.ip_network(spec, strict=False)
+        except ValueError:
+            raise r.fail(key, f"{spec!r} is not an address or subnet") from None
+        if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
+            raise r.fail(key, "must be a list of resource names")
+        out[spec] = tuple(names)
+    return out
+
+
+def load_config(path: str | Path = DEFAULT_PATH) -> Config:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: no such file (see docs/configure.md for an example)") from None
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not UTF-8 text") from None
+    return parse_config(text, str(p))
+
+
+def defaults() -> Config:
+    """Every key at its default (no file)."""
+    return parse_config("", DEFAULT_PATH)

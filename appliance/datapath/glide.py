@@ -1,0 +1,349 @@
+"""The glide planner: initiators change delay class without reordering their packets (pure).
+
+Problem
+    Lowering an initiator's delay reorders its packets: those sent after the
+    move overtake those still queued at the old delay.  The target's RACK
+    window is min_rtt/4 (5-10 us on a LAN) while a step is 500 us, so the
+    overtaken segments are retransmitted (lab: 41-399 target retransmissions
+    for 4 x (20 -> 10 -> 0 ms) under a 64k qd4 read without this; 0 with it,
+    docs/datapath.md).  More delay does not reorder by itself, but HTB does
+    when a dequeue runs late: it serves the lowest prio with a packet due and
+    round-robins within a prio (datapath/names.py, class_prio), so a rise
+    between two classes of the same prio can let the new class go first.
+
+The mechanism (a glide leaf)
+    A glide leaf is an HTB class of prio 7 (after every shared class) with a
+    netem that has a rate, which makes it a FIFO: a packet leaves at
+    max(previous departure, now + delay) + its transmission time, and a
+    change of its delay in place (one RTM_NEWQDISC) keeps the queue.  A
+    descent c -> k < c moves the initiators into a free leaf set to c (same
+    delay: nothing overtakes), then lowers the leaf to k in place -- but not
+    before c x step after the move: until then the packets sent before it
+    still wait in the shared class c, and nothing in the leaf holds the new
+    ones behind them.  A rise within one HTB prio takes a free leaf at the
+    new delay (served after the class it left).  Initiators moving together
+    share a leaf; a leaf its group fills glides again, or goes up, in place.
+    The leaf hands its members to the shared class of its delay (out of the
+    set at 0) once the packets of any higher delay it had have left, and
+    only after a look at the kernel that saw no traffic since the look
+    before (nothing queued at one look is not enough: a packet entering the
+    leaf between that look and the ipset change would be overtaken by the
+    next one, from the class it is handed to).  A member whose traffic never
+    pauses rides in its leaf: as good as a class of its own.
+
+States of a leaf (LeafState; `state(now)`)
+
+    FREE      no members, nothing of a higher delay left in it: can be taken
+    DRAINING  no members; packets of a higher delay leave until busy_until_s
+    LOWERING  members moved in at their old delay; lowered to lower_to at lower_at_s
+    GLIDING   members at the leaf's delay; older packets of a higher delay
+              leave until busy_until_s
+    HANDOFF   members; waits for a look at the kernel that sees no traffic
+
+    FREE --plan: descent/rise--> LOWERING (descent) or GLIDING (rise)
+    LOWERING --entered/lowerings: due--> GLIDING (delay lowered in place)
+    GLIDING --time--> HANDOFF --handoffs: a quiet look--> DRAINING --time--> FREE
+    any state with members --plan: its whole group moves again--> in place
+
+Interface (pure: time and the kernel's readings are inputs)
+    plan(ops, mode, members, now) -> GlidePlan(before, ops, after)
+        rewrites a batch of ipset ops; `before` delays are set first
+    moved(before, after, ips, now)        the membership changed (ops sent)
+    entered(plan, now) -> [LeafDelay]     delays to set now (the rest wait)
+    lowerings(now) -> [LeafDelay]         waiting lowerings that are due
+    looks(now) -> [minor]                 leaves whose queue must be read
+    handoffs(readings, members, now) -> [op]   members to hand on
+    sync(members) / adopt(delays, now) / lost()   state read back from the kernel
+    The state assumes every returned action succeeds; the actuator calls
+    lost() when one fails, and the next read-back re-adopts every leaf.
+
+Worked example (step 0.5 ms)
+    10.0.0.4 in class 12 (6 ms) goes to 10 at t = 100.000: plan -> before
+    [leaf 6000 to 12], ops [add 10.0.0.4 to santhrottle-all at 5374:6000];
+    entered at 100.000 -> [] (lowering to 10 due at 100.006: LOWERING);
+    lowerings(100.0061) -> [leaf 6000 to 10] (GLIDING until 100.0121, when
+    the 6 ms packets have left); looks(100.0122) -> [6000]; two quiet looks
+    later handoffs -> [add 10.0.0.4 at 5374:10]; the leaf drains until
+    100.0172 (DRAINING), then it is FREE again.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from santhrottle.appliance.datapath.members import Op
+from santhrottle.appliance.datapath.names import (
+    SET_NAMES,
+    class_minor,
+    class_prio,
+    glide_minor,
+    is_glide_minor,
+    minor_class,
+)
+
+
+class LeafState(enum.Enum):
+    FREE = "free"
+    DRAINING = "draining"
+    LOWERING = "lowering"
+    GLIDING = "gliding"
+    HANDOFF = "handoff"
+
+
+@dataclass(frozen=True, slots=True)
+class LeafDelay:
+    """An action: set glide leaf `minor`'s netem delay to klass x step, in place."""
+
+    minor: int
+    klass: int
+
+
+@dataclass(slots=True)
+class GlideLeaf:
+    minor: int
+    klass: int = 0  # its netem delay now, in classes
+    members: set[str] = field(default_factory=set)
+    # until then it still holds packets of a higher delay it had (or of
+    # members that left): not to be handed on or reused before
+    busy_until_s: float = 0.0
+    # until then its members' packets from before they moved in may still
+    # wait in their shared class: its delay must not go down to lower_to yet
+    lower_at_s: float = 0.0
+    lower_to: int | None = None
+    # packets it had sent at the last look while due to hand its members on
+    sent_seen: int | None = None
+    known: bool = False  # its delay is known (set by this planner, or adopted)
+
+    def state(self, now: float) -> LeafState:
+        if not self.members:
+            return LeafState.FREE if now >= self.busy_until_s else LeafState.DRAINING
+        if self.lower_to is not None:
+            return LeafState.LOWERING
+        return LeafState.HANDOFF if now >= self.busy_until_s else LeafState.GLIDING
+
+
+class LeafView(NamedTuple):
+    minor: int
+    state: LeafState
+    klass: int
+    members: list[str]
+    lower_to: int | None
+
+
+@dataclass(slots=True)
+class GlidePlan:
+    before: list[LeafDelay]
+    ops: list[Op]
+    after: list[LeafDelay]
+
+
+class GlidePlanner:
+    """The glide leaves' state machine (module header)."""
+
+    def __init__(self, count: int, step_us: int, max_class: int) -> None:
+        self.count = count
+        self.step_s = step_us / 1e6
+        self.step_us = step_us
+        self.max_class = max_class
+        self.leaves: dict[int, GlideLeaf] = {}
+        self.forget()
+        self.glided = 0  # initiators moved down through a glide leaf
+        self.unordered = 0  # descents made without one (every leaf busy)
+
+    def forget(self) -> None:
+        """No leaf holds anything (the tree was just built or removed)."""
+        self.leaves = {glide_minor(i): GlideLeaf(glide_minor(i)) for i in range(self.count)}
+
+    # ------------------------------------------------------------ reading
+    def class_of(self, minor: int) -> int:
+        """The delay class a member whose skbprio has this HTB minor has now."""
+        if is_glide_minor(minor):
+            leaf = self.leaves.get(minor)
+            return leaf.klass if leaf is not None else 0
+        return minor_class(minor) or 0
+
+    def state(self, minor: int, now: float) -> LeafState:
+        return self.leaves[minor].state(now)
+
+    # ----------------------------------------------- state from the kernel
+    def sync(self, members: Mapping[str, tuple[str, int]]) -> list[int]:
+        """The membership read back from the kernel; returns the leaves that
+        have members but whose delay this planner does not know (adopt them)."""
+        for leaf in self.leaves.values():
+            leaf.members.clear()
+        for ip, (_mode, minor) in members.items():
+            if is_glide_minor(minor):
+                self.leaves.setdefault(minor, GlideLeaf(minor)).members.add(ip)
+        return sorted(m for m, leaf in self.leaves.items() if leaf.members and not leaf.known)
+
+    def adopt(self, delays_us: Mapping[int, int], now: float) -> None:
+        """The kernel's delays of leaves sync() named; what they hold may be that old."""
+        for minor, delay_us in delays_us.items():
+            leaf = self.leaves.setdefault(minor, GlideLeaf(minor))
+            leaf.klass = min(self.max_class, round(delay_us / self.step_us))
+            leaf.busy_until_s = now + delay_us / 1e6
+            leaf.lower_to = None
+            leaf.known = True
+
+    def lost(self) -> None:
+        """An action failed: the kernel's delays are unknown until re-adopted."""
+        for leaf in self.leaves.values():
+            leaf.known = False
+            leaf.lower_to = None
+
+    # ------------------------------------------------------------ planning
+    def plan(
+        self, ops: Sequence[Op], mode: str, members: Mapping[str, tuple[str, int]], now: float
+    ) -> GlidePlan:
+        """Rewrite the ops of initiators whose delay goes down (same mode):
+        per (from, to) group one leaf takes them all (a leaf they fill, else a
+        free one set to the old delay first), then its delay goes down in
+        place.  A group that fills a leaf and goes up goes up in place; a
+        rise from a shared class to one of the same HTB prio takes a free
+        leaf at the new delay; any other rise takes the shared class."""
+        by_ip: dict[str, list[Op]] = {}
+        for op in ops:
+            by_ip.setdefault(op[2], []).append(op)
+        target = SET_NAMES[mode]
+        groups: dict[tuple[int, int], list[str]] = {}
+        keep: list[Op] = []
+        for ip, ip_ops in by_ip.items():
+            cur = members.get(ip)
+            last = ip_ops[-1]
+            k = (minor_class(last[3]) or 0) if last[0] == "add" else 0
+            same_mode = cur is not None and cur[0] == mode
+            c = self.class_of(cur[1]) if cur is not None and same_mode else 0
+            in_leaf = cur is not None and same_mode and is_glide_minor(cur[1])
+            same_prio = 0 < c < k and class_prio(c) == class_prio(k)
+            if last[1] == target and (c > k or (c < k and (in_leaf or same_prio))):
+                groups.setdefault((c, k), []).append(ip)
+            else:
+                keep.extend(ip_ops)
+        before: list[LeafDelay] = []
+        after: list[LeafDelay] = []
+        taken: set[int] = set()
+        for (c, k), ips in groups.items():
+            group = set(ips)
+            own = {members[ip][1] for ip in ips if is_glide_minor(members[ip][1])}
+            full = sorted(m for m in own if m in self.leaves and self.leaves[m].members <= group)
+            rise = c < k
+            if rise and not full and own:  # a rise that splits a leaf: the shared class
+                keep.extend(op for ip in ips for op in by_ip[ip])
+                continue
+            minor = full[0] if full else self._free(now, taken)
+            if minor is None:  # every leaf busy: the shared class (a descent is counted)
+                self.unordered += 0 if rise else len(ips)
+                keep.extend(op for ip in ips for op in by_ip[ip])
+                continue
+            taken.add(minor)
+            self.glided += 0 if rise else len(ips)
+            if not full:  # a descent enters at the old delay, a rise at the new one
+                before.append(self._delay(minor, k if rise else c, now))
+            keep.extend(("add", target, ip, minor) for ip in ips if members[ip][1] != minor)
+            after.append(LeafDelay(minor, k))
+        return GlidePlan(before, keep, after)
+
+    def moved(
+        self,
+        before: Mapping[str, tuple[str, int]],
+        after: Mapping[str, tuple[str, int]],
+        ips: Iterable[str],
+        now: float,
+    ) -> None:
+        """The membership of these initiators changed at `now` (ops sent)."""
+        for ip in ips:
+            old, new = before.get(ip), after.get(ip)
+            if old is not None and old != new and old[1] in self.leaves:
+                leaf = self.leaves[old[1]]
+                leaf.members.discard(ip)  # what it sent there leaves at the leaf's delay
+                leaf.busy_until_s = max(leaf.busy_until_s, now + leaf.klass * self.step_s)
+                if not leaf.members:
+                    leaf.lower_to = None
+            if new is not None and is_glide_minor(new[1]):
+                self.leaves.setdefault(new[1], GlideLeaf(new[1])).members.add(ip)
+
+    def entered(self, plan: GlidePlan, now: float) -> list[LeafDelay]:
+        """After the plan's ops were sent at `now`: the delays to set now; a
+        lowering that is not due yet waits (LOWERING, see lowerings())."""
+        fresh = {d.minor for d in plan.before}
+        out = []
+        for d in plan.after:
+            leaf = self.leaves[d.minor]
+            if d.minor in fresh:  # moved in at delay <= leaf.klass: those packets leave by then
+                leaf.lower_at_s = now + leaf.klass * self.step_s
+            if d.klass == leaf.klass:  # a rise that entered a fresh leaf at its new delay
+                leaf.lower_to = None
+            elif d.klass < leaf.klass and now < leaf.lower_at_s:
+                leaf.lower_to = d.klass
+            else:
+                leaf.lower_to = None
+                out.append(self._delay(d.minor, d.klass, now))
+        return out
+
+    # ------------------------------------------------------------ settling
+    def lowerings(self, now: float) -> list[LeafDelay]:
+        """Waiting lowerings that are due (the members' older packets have left)."""
+        out = []
+        for leaf in self.leaves.values():
+            if leaf.lower_to is not None and (not leaf.members or now >= leaf.lower_at_s):
+                k, leaf.lower_to = leaf.lower_to, None
+                if leaf.members:
+                    out.append(self._delay(leaf.minor, k, now))
+        return out
+
+    def looks(self, now: float) -> list[int]:
+        """The leaves in HANDOFF: their queue and sent packets must be read."""
+        return [m for m, leaf in self.leaves.items() if leaf.state(now) is LeafState.HANDOFF]
+
+    def handoffs(
+        self,
+        readings: Mapping[int, tuple[int, int]],
+        members: Mapping[str, tuple[str, int]],
+        now: float,
+    ) -> list[Op]:
+        """The ops that hand the members of every quiet HANDOFF leaf to the
+        shared class of its delay (out of the set at 0).  readings: minor ->
+        (packets queued, packets sent), summed over the devices."""
+        ops: list[Op] = []
+        for minor in self.looks(now):
+            leaf = self.leaves[minor]
+            queued, sent = readings.get(minor, (0, None))
+            quiet = not queued and (sent is None or sent == leaf.sent_seen)
+            leaf.sent_seen = sent
+            if not quiet:
+                continue
+            for ip in sorted(leaf.members):
+                name = SET_NAMES[members[ip][0]]
+                if leaf.klass:
+                    ops.append(("add", name, ip, class_minor(leaf.klass)))
+                else:
+                    ops.append(("del", name, ip, 0))
+        return ops
+
+    def views(self, now: float) -> list[LeafView]:
+        """Each leaf for status: minor, state, delay class, members, pending lowering."""
+        return [
+            LeafView(m, leaf.state(now), leaf.klass, sorted(leaf.members), leaf.lower_to)
+            for m, leaf in sorted(self.leaves.items())
+        ]
+
+    # ------------------------------------------------------------ internal
+    def _free(self, now: float, taken: set[int]) -> int | None:
+        for i in range(self.count):
+            minor = glide_minor(i)
+            leaf = self.leaves.setdefault(minor, GlideLeaf(minor))
+            if minor not in taken and leaf.state(now) is LeafState.FREE:
+                return minor
+        return None
+
+    def _delay(self, minor: int, k: int, now: float) -> LeafDelay:
+        """Record a leaf's new delay (the caller sets it in the kernel)."""
+        leaf = self.leaves.setdefault(minor, GlideLeaf(minor))
+        if k < leaf.klass:  # its packets at the old delay leave by then
+            leaf.busy_until_s = max(leaf.busy_until_s, now + leaf.klass * self.step_s)
+        leaf.klass = k
+        leaf.known = True
+        return LeafDelay(minor, k)

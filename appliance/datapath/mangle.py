@@ -1,0 +1,145 @@
+"""The mangle rules in the kernel: read them, converge them, remove them.
+
+What it owns
+    Mangle: the kernel side of datapath/rules.py.  It reads `iptables -t
+    mangle -S`, converges the chain and the jumps with one
+    `iptables-restore --noflush` (one transaction; the nf_tables and the
+    legacy backend alike; never touches a rule that is not ours), and on
+    cleanup removes the jumps and the chain, and the empty `table ip
+    mangle` iptables-nft leaves behind.
+
+Worked example
+    Mangle(host).converge(["eth1"], (3260, 4420), active=False) on a clean
+    host installs the chain (True); again: nothing (False); set_jumps(["eth1"],
+    True) adds eth1's jump in one iptables-restore, set_jumps(["eth1"], False)
+    takes it out again, with the empty hook iptables-nft leaves behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from santhrottle.appliance.datapath.host import Host
+from santhrottle.appliance.datapath.names import DatapathError
+from santhrottle.appliance.datapath.rules import (
+    parse_backend,
+    parse_mangle_rules,
+    render_jumps,
+    render_rules_cleanup,
+    render_rules_restore,
+)
+
+
+@dataclass(frozen=True)
+class MangleCleanup:
+    jumps: int = 0
+    chain: bool = False
+    nft_table: bool = False
+
+
+class Mangle:
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    def backend(self) -> str:
+        """The iptables backend in use: nf_tables, legacy (or unknown)."""
+        try:
+            out = self.host.run([self.host.tools.iptables, "-V"], what="iptables -V")
+        except DatapathError:
+            return "unknown"
+        return parse_backend(out)
+
+    def read(self) -> tuple[list[str], list[str] | None]:
+        """(POSTROUTING jumps to our chain, our chain's rules or None)."""
+        out = self.host.run([self.host.tools.iptables, "-w", "5", "-t", "mangle", "-S"],
+                            what="iptables -S")  # fmt: skip
+        return parse_mangle_rules(out)
+
+    def converge(self, devices: Sequence[str], ports: Sequence[int], active: bool) -> bool:
+        """The chain with these ports; a jump on each device iff active (apply).
+        True: changed."""
+        jumps, chain = self.read()
+        text = render_rules_restore(devices, ports, active, jumps, chain)
+        if text is not None:
+            self._restore(text)
+        if not active:
+            self._tidy()
+        return text is not None
+
+    def set_jumps(self, devices: Sequence[str], active: bool) -> bool:
+        """Jumps on each device (the first member went in), or none at all (the
+        last left); the chain is not touched.  True: changed."""
+        jumps, _chain = self.read()
+        text = render_jumps(devices, active, jumps)
+        if text is not None:
+            self._restore(text)
+            if not active:
+                self._tidy()
+        return text is not None
+
+    def _tidy(self) -> None:
+        """Idle, no packet passes a rule or a hook of ours: the empty hook
+        iptables-nft leaves behind goes too."""
+        if self.backend() == "nf_tables":
+            self._drop_empty_nft(table=False)
+
+    def cleanup(self) -> MangleCleanup:
+        jumps, chain = self.read()
+        text = render_rules_cleanup(jumps, chain is not None)
+        if text is None:
+            return MangleCleanup()
+        self._restore(text)
+        nft = self.backend() == "nf_tables" and self._drop_empty_nft(table=True)
+        return MangleCleanup(len(jumps), chain is not None, nft)
+
+    def _restore(self, text: str) -> None:
+        t = self.host.tools
+        self.host.run([t.iptables_restore, "-w", "5", "--noflush"], text, what="iptables-restore")
+
+    def _drop_empty_nft(self, table: bool) -> bool:
+        """iptables-nft creates `table ip mangle` with a POSTROUTING base chain
+        when a jump goes in and never deletes either.  Delete that chain when
+        it has no rule and accepts (every packet would still pass its hook),
+        and with `table` the table when nothing at all is left in it: no
+        rules, no sets, no chain other than empty accepting base chains.
+        True: the table was deleted."""
+        try:
+            from pyroute2.nftables.main import NFTables
+
+            with self.host.inside():
+                nft = NFTables(nfgen_family=socket.AF_INET)
+        except Exception:
+            return False
+        try:
+            if "mangle" not in [t.get_attr("NFTA_TABLE_NAME") for t in nft.get_tables()]:
+                return False
+            ruled = {
+                r.get_attr("NFTA_RULE_CHAIN")
+                for r in nft.get_rules()
+                if r.get_attr("NFTA_RULE_TABLE") == "mangle"
+            }
+            chains = [c for c in nft.get_chains() if c.get_attr("NFTA_CHAIN_TABLE") == "mangle"]
+
+            def empty_hook(c: Any) -> bool:
+                hooked = c.get_attr("NFTA_CHAIN_HOOK") is not None
+                accepts = c.get_attr("NFTA_CHAIN_POLICY") in (None, 1)  # NF_ACCEPT = 1
+                return hooked and accepts and c.get_attr("NFTA_CHAIN_NAME") not in ruled
+
+            for c in chains:
+                if c.get_attr("NFTA_CHAIN_NAME") == "POSTROUTING" and empty_hook(c):
+                    nft.chain("del", table="mangle", name="POSTROUTING")
+            if not table or ruled or not all(empty_hook(c) for c in chains):
+                return False
+            if any(s.get_attr("NFTA_SET_TABLE") == "mangle" for s in nft.get_sets()):
+                return False
+            nft.table("del", name="mangle")
+            return True
+        except Exception:
+            return False
+        finally:
+            with contextlib.suppress(Exception):
+                nft.close()

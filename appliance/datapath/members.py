@@ -1,0 +1,178 @@
+"""Set membership: which initiator is in which delay class, and the ipset texts (pure).
+
+What it owns
+    The membership as the data path knows it (ip -> (mode, HTB minor)),
+    the diff from wanted classes to ipset operations, and the `ipset
+    restore` inputs that carry large diffs.  datapath/sets.py sends them.
+
+    An op is (verb, set, ip, minor): ("add", "santhrottle-all", "10.0.0.3",
+    0x20) puts 10.0.0.3 in santhrottle-all with skbprio 5374:20; ("del",
+    "santhrottle-ack", "10.0.0.3", 0) takes it out of santhrottle-ack.  An
+    initiator is in at most one mode set; moving it to another mode is a
+    del from the old set and an add to the new one.
+
+Large change sets (datapath/sets.py chooses)
+    Up to BULK_THRESHOLD ops go as single netlink messages (~0.2 ms each, no
+    process start); more as one `ipset restore`: either into the live sets
+    (one netlink round trip per line) or, when that rewrites at most
+    SWAP_LINES_PER_INPLACE_LINE members per changed one, by filling a
+    temporary set (batched: ~85 messages for 10,000 members) that is swapped
+    in atomically.
+
+Worked example
+    membership {"10.0.0.2": ("all", 0x4)}; plan_changes(..., {"10.0.0.2": 6,
+    "10.0.0.9": 0}, "all") -> [("add", "santhrottle-all", "10.0.0.2", 0x6)]
+    (10.0.0.9 is in no set: class 0 needs nothing); render_ipset_changes of
+    it -> "add santhrottle-all 10.0.0.2 skbprio 5374:6\\n".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from santhrottle.appliance.datapath.names import (
+    MODES,
+    SET_MODE,
+    SET_NAMES,
+    TMP_SUFFIX,
+    DatapathError,
+    check_ip,
+    class_minor,
+    is_canonical_ipv4,
+    minor_classid,
+)
+
+Op = tuple[str, str, str, int]  # (add|del, set name, ip, HTB minor)
+Membership = dict[str, tuple[str, int]]  # ip -> (mode, HTB minor)
+
+# Change sets up to this size go as single netlink ops (~0.17-0.2 ms each, no
+# process start); larger ones as one `ipset restore` (~2-3 ms + a few us per
+# line).  `make bench` measures the crossover (tests/bench/bench_datapath.py).
+BULK_THRESHOLD = 16
+# Above it: rebuild + swap the affected sets when that rewrites at most this
+# many members per changed one, else change them in place (header).
+SWAP_LINES_PER_INPLACE_LINE = 2.0
+# ipset members per set.
+MAXELEM = 65536
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    ip: str
+    mode: str
+    klass: int
+    packets: int = 0
+    bytes: int = 0
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise DatapathError(f"bad mode {mode!r}: expected {', '.join(MODES)}")
+    return mode
+
+
+def plan_changes(
+    members: Mapping[str, tuple[str, int]],
+    classes: Mapping[str, int],
+    mode: str,
+    max_class: int,
+    class_of: Callable[[int], int],
+) -> list[Op]:
+    """The ops that move `classes` (ip -> class, 0 = out of every set) into
+    place in `mode`'s set.  class_of: the delay class an HTB minor gives now."""
+    check_mode(mode)
+    ops: list[Op] = []
+    target = SET_NAMES[mode]
+    minors = [0] + [class_minor(k) for k in range(1, max_class + 1)]
+    for ip_raw, k in classes.items():
+        cur = members.get(ip_raw)
+        # members' keys are canonical (read back from the kernel)
+        ip = ip_raw if cur is not None or is_canonical_ipv4(ip_raw) else check_ip(ip_raw)
+        if ip is not ip_raw:
+            cur = members.get(ip)
+        if type(k) is not int or not 0 <= k <= max_class:
+            raise DatapathError(f"bad class {k!r} for {ip}: must be 0-{max_class}")
+        if k == 0:
+            if cur is not None:
+                ops.append(("del", SET_NAMES[cur[0]], ip, 0))
+            continue
+        if cur is not None and cur[0] != mode:
+            ops.append(("del", SET_NAMES[cur[0]], ip, 0))
+        if cur is None or cur[0] != mode or class_of(cur[1]) != k:
+            ops.append(("add", target, ip, minors[k]))
+    return ops
+
+
+def members_after(members: Mapping[str, tuple[str, int]], ops: Sequence[Op]) -> Membership:
+    """The membership once ops are applied."""
+    out = dict(members)
+    set_mode = SET_MODE
+    for op, name, ip, minor in ops:
+        mode = set_mode[name]
+        if op == "del":
+            cur = out.get(ip)
+            if cur is not None and cur[0] == mode:
+                del out[ip]
+        else:
+            out[ip] = (mode, minor)
+    return out
+
+
+def modes_in(members: Mapping[str, tuple[str, int]]) -> set[str]:
+    """The set names that have members."""
+    return {SET_NAMES[m] for m in {mode for mode, _ in members.values()}}
+
+
+def render_ipset_changes(ops: Sequence[Op]) -> str:
+    """`ipset -exist restore` input: one add/del line per op."""
+    ids: dict[int, str] = {}
+    out = []
+    for op, name, ip, minor in ops:
+        if op == "add":
+            cid = ids.get(minor)
+            if cid is None:
+                cid = ids[minor] = minor_classid(minor)
+            out.append(f"add {name} {ip} skbprio {cid}")
+        else:
+            out.append(f"del {name} {ip}")
+    out.append("")
+    return "\n".join(out)
+
+
+def render_ipset_swap(mode: str, members: Mapping[str, int], maxelem: int = MAXELEM) -> str:
+    """`ipset restore` input that replaces a mode's set atomically: build a
+    temporary set, swap it in, destroy the old contents.  members: ip -> HTB minor."""
+    name = SET_NAMES[mode]
+    tmp = name + TMP_SUFFIX
+    # sized up front: no rehashing while the members go in
+    hashsize = max(1024, 1 << max(0, (len(members) // 4 - 1).bit_length()))
+    ids: dict[int, str] = {}
+    lines = [
+        f"create {tmp} hash:ip family inet hashsize {hashsize} maxelem {maxelem} counters skbinfo"
+    ]
+    add = f"add {tmp} "
+    for ip, minor in members.items():
+        cid = ids.get(minor)
+        if cid is None:
+            cid = ids[minor] = " skbprio " + minor_classid(minor)
+        lines.append(add + ip + cid)
+    lines += [f"swap {tmp} {name}", f"destroy {tmp}", ""]
+    return "\n".join(lines)
+
+
+def bulk_plan(
+    members_after_ops: Mapping[str, tuple[str, int]], ops: Sequence[Op]
+) -> dict[str, dict[str, int]] | None:
+    """For a large change set: the sets to rebuild and swap in (mode -> ip ->
+    minor), or None when changing them in place rewrites less."""
+    affected = {SET_MODE[op[1]] for op in ops}
+    rebuilt = sum(1 for m, _ in members_after_ops.values() if m in affected)
+    if rebuilt > SWAP_LINES_PER_INPLACE_LINE * len(ops):
+        return None
+    out: dict[str, dict[str, int]] = {m: {} for m in sorted(affected)}
+    for ip, (m, minor) in members_after_ops.items():
+        part = out.get(m)
+        if part is not None:
+            part[ip] = minor
+    return out

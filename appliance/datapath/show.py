@@ -1,0 +1,156 @@
+"""What is installed, as plain data (`santhrottle datapath show`), and a Datapath rebuilt from it.
+
+What it owns
+    status(): the tc tree, chain, jumps, sets, members with their counters
+    and the glide leaves of a namespace, for humans and --json.
+    discover(): a Datapath whose spec is read back from the kernel (the
+    devices with our root qdisc, the ports from the chain, step, classes,
+    link speed and leaves from the tree), for the CLI acting without the
+    daemon (pin, unpin).
+
+Worked example
+    After `santhrottle datapath apply --device eth1`, discover() returns a
+    Datapath with spec devices ("eth1",), ports (3260, 4420), step 500 us,
+    max_class 100; with nothing installed it raises NotApplied.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+from typing import Any
+
+from santhrottle.appliance.datapath.actuator import Datapath
+from santhrottle.appliance.datapath.host import Host, Tools
+from santhrottle.appliance.datapath.mangle import Mangle
+from santhrottle.appliance.datapath.names import (
+    SET_NAMES,
+    DatapathError,
+    NotApplied,
+    minor_classid,
+)
+from santhrottle.appliance.datapath.rules import parse_jump_device, parse_rule_ports
+from santhrottle.appliance.datapath.spec import DatapathSpec
+from santhrottle.appliance.datapath.tc import TcDevice, installed_devices
+from santhrottle.appliance.datapath.tctree import basic_stats, queued, tree_summary
+
+
+def glide_status(dp: Datapath, device: str | None = None) -> list[dict[str, Any]]:
+    """A device's glide leaves: state, delay now, members, pending lowering,
+    packets and bytes sent, packets queued."""
+    tree, records = dp.device(device).glide_records()
+    dp.current()  # the leaves' members, as the kernel has them
+    views = {v.minor: v for v in dp.glides.views(dp.clock())}
+    step_us = dp.spec.step_us
+    out = []
+    for c in records:
+        minor = c["handle"] & 0xFFFF
+        packets, nbytes = basic_stats(c)
+        v = views.get(minor)
+        leaf = tree.leaves.get(minor)
+        delay_us = leaf.delay_us if leaf is not None and leaf.kind == "netem" else None
+        if delay_us is None and v is not None:
+            delay_us = v.klass * step_us
+        lower_to = v.lower_to if v is not None else None
+        out.append(
+            {
+                "leaf": minor_classid(minor),
+                "state": v.state.value if v is not None else "free",
+                "delay_us": delay_us,
+                "members": v.members if v is not None else [],
+                "lowering_to_us": None if lower_to is None else lower_to * step_us,
+                "packets": packets,
+                "bytes": nbytes,
+                "queued": queued(c),
+            }
+        )
+    return sorted(out, key=lambda x: x["leaf"])
+
+
+def status(dp: Datapath) -> dict[str, Any]:
+    """Everything `santhrottle datapath show` prints, as plain data."""
+    jumps, chain_rules = dp.mangle.read()
+    devices = installed_devices(dp.host)
+    dev = (
+        (dp.spec.devices[0] if dp.spec.devices else None)
+        or (parse_jump_device(jumps[0]) if jumps else None)
+        or (devices[0] if devices else None)
+    )
+    out: dict[str, Any] = {
+        "netns": dp.netns,
+        "backend": dp.mangle.backend(),
+        "device": dev,
+        "installed_devices": devices,
+        "chain": {
+            "exists": chain_rules is not None,
+            "jumps": jumps,
+            "rules": chain_rules or [],
+            "ports": list(parse_rule_ports(chain_rules or []) or []),
+        },
+        "sets": {},
+        "classes": None,
+        "members": [],
+    }
+    heads = dp.sets.headers()
+    members = dp.current() if heads else {}
+    for name in SET_NAMES.values():
+        out["sets"][name] = (
+            None
+            if name not in heads
+            else sum(1 for m in members.values() if SET_NAMES[m.mode] == name)
+        )
+    if dev:
+        with contextlib.suppress(DatapathError):
+            tcd = dp.device(dev)
+            tree = tcd.observe()
+            if tree.ours:
+                out["classes"] = tree_summary(tree)
+                out["classes"]["counters"] = {
+                    str(k): {"packets": p, "bytes": b}
+                    for k, (p, b) in sorted(tcd.class_counters().items())
+                }
+                out["classes"]["glides"] = glide_status(dp, dev)
+    step_us = (out["classes"] or {}).get("step_us")
+    for ip in sorted(members, key=ipaddress.IPv4Address):
+        m = members[ip]
+        out["members"].append(
+            {
+                "ip": ip,
+                "mode": m.mode,
+                "class": m.klass,
+                "delay_us": m.klass * step_us if step_us else None,
+                "packets": m.packets,
+                "bytes": m.bytes,
+            }
+        )
+    return out
+
+
+def discover(netns: str | None = None, tools: Tools | None = None, **kw: Any) -> Datapath:
+    """A Datapath configured from what is installed.  Raises NotApplied when
+    nothing is.  kw: Datapath's keyword arguments (clock, ...)."""
+    host = Host(netns, tools)
+    try:
+        _jumps, rules = Mangle(host).read()
+        devices = installed_devices(host)
+        if rules is None or not devices:
+            raise NotApplied(
+                "the data path is not applied: run `santhrottle datapath apply --device IF`"
+            )
+        s = tree_summary(TcDevice(host, devices[0]).observe())
+    finally:
+        host.close()
+    args: dict[str, Any] = {"devices": tuple(devices)}
+    if s["step_us"]:
+        args["step_us"] = s["step_us"]
+    if s["max_class"]:
+        args["max_class"] = s["max_class"]
+    if s["link_bits_s"]:
+        args["link_bits_s"] = s["link_bits_s"]
+    if s["leaf"] == "pfifo":
+        args["leaf"] = "pfifo"
+    args["glide_leaves"] = s["glide_leaves"]
+    ports = parse_rule_ports(rules)
+    if ports:
+        args["ports"] = ports
+    return Datapath(DatapathSpec(**args), netns=netns, tools=tools, **kw)

@@ -1,0 +1,223 @@
+"""The glide planner (appliance/datapath/glide.py), driven through its public interface
+in virtual time, with the kernel's queue readings as inputs (no root, no kernel)."""
+
+from __future__ import annotations
+
+import pytest
+
+from santhrottle.appliance.datapath import members as mb
+from santhrottle.appliance.datapath.glide import GlidePlanner, LeafDelay, LeafState
+from santhrottle.appliance.datapath.names import class_minor, class_prio, glide_minor
+
+STEP_US = 500
+A, B = glide_minor(0), glide_minor(1)
+ALL = "santhrottle-all"
+
+
+class Kernel:
+    """What the actuator does with the planner's answers, against a membership dict:
+    records the leaf delays and ipset ops it would send."""
+
+    def __init__(self, planner: GlidePlanner, members: dict[str, tuple[str, int]]) -> None:
+        self.p = planner
+        self.members = members
+        self.delays: list[LeafDelay] = []
+        self.ops: list[mb.Op] = []
+
+    def move(self, classes: dict[str, int], now: float, mode: str = "all") -> int:
+        ops = mb.plan_changes(self.members, classes, mode, 100, self.p.class_of)
+        if not ops:
+            return 0
+        plan = self.p.plan(ops, mode, self.members, now)
+        self.delays += plan.before
+        self._send(plan.ops, now)
+        self.delays += self.p.entered(plan, now)
+        return len(plan.ops)
+
+    def settle(self, now: float, readings: dict[int, tuple[int, int]] | None = None) -> int:
+        self.delays += self.p.lowerings(now)
+        looks = self.p.looks(now)
+        got = {m: (readings or {}).get(m, (0, 7)) for m in looks}
+        ops = self.p.handoffs(got, self.members, now)
+        self._send(ops, now)
+        return len(ops)
+
+    def _send(self, ops: list[mb.Op], now: float) -> None:
+        before = self.members
+        self.members = mb.members_after(before, ops)
+        self.ops += ops
+        self.p.moved(before, self.members, {op[2] for op in ops}, now)
+
+
+def _kernel(leaves: int = 2) -> Kernel:
+    members = {
+        "10.0.0.2": ("all", class_minor(4)),
+        "10.0.0.3": ("all", class_minor(4)),
+        "10.0.0.4": ("all", class_minor(12)),
+        "10.0.0.5": ("read", class_minor(2)),
+    }
+    p = GlidePlanner(leaves, STEP_US, 100)
+    assert p.sync(members) == []  # nobody in a leaf yet
+    return Kernel(p, members)
+
+
+def test_a_descent_goes_through_one_glide_leaf_per_step():
+    k = _kernel()
+    ops = mb.plan_changes(k.members, {"10.0.0.2": 3, "10.0.0.3": 3, "10.0.0.4": 0}, "all", 100,
+                          k.p.class_of)  # fmt: skip
+    plan = k.p.plan(ops, "all", k.members, 100.0)
+    # each group moves at its old delay into a leaf set to it first ...
+    assert plan.before == [LeafDelay(A, 4), LeafDelay(B, 12)]
+    assert sorted(plan.ops) == [
+        ("add", ALL, "10.0.0.2", A),
+        ("add", ALL, "10.0.0.3", A),
+        ("add", ALL, "10.0.0.4", B),
+    ]
+    # ... whose delay then goes down in place (to 0 for a release)
+    assert plan.after == [LeafDelay(A, 3), LeafDelay(B, 0)]
+    assert k.p.glided == 3 and k.p.unordered == 0
+
+
+def test_the_states_of_one_descent_in_virtual_time():
+    k = _kernel()
+    assert k.p.state(A, 100.0) is LeafState.FREE
+    k.move({"10.0.0.4": 10}, 100.0)  # 6 ms -> 5 ms through leaf A
+    assert k.ops == [("add", ALL, "10.0.0.4", A)] and k.delays == [LeafDelay(A, 12)]
+    # what it sent before the move waits in class 12 until 100.006: not lowered yet
+    assert k.p.state(A, 100.0) is LeafState.LOWERING and k.p.class_of(A) == 12
+    assert k.move({"10.0.0.4": 10}, 100.001) == 0  # asked again: still waiting, no op
+    assert k.settle(100.005) == 0 and k.p.class_of(A) == 12
+    assert k.settle(100.0061) == 0  # lowered in place; its 6 ms packets leave by 100.0121
+    assert k.delays[-1] == LeafDelay(A, 10) and k.p.state(A, 100.0061) is LeafState.GLIDING
+    assert k.move({"10.0.0.4": 9}, 100.007) == 0  # the group fills it: glides in place at once
+    assert k.delays[-1] == LeafDelay(A, 9) and k.p.class_of(A) == 9
+    assert k.p.state(A, 100.0122) is LeafState.HANDOFF
+    assert k.p.looks(100.0122) == [A]
+    # packets still queued in the leaf: they would be overtaken
+    assert k.settle(100.0122, {A: (3, 7)}) == 0
+    assert k.settle(100.0123, {A: (0, 7)}) == 1  # nothing queued and none sent since
+    assert k.ops[-1] == ("add", ALL, "10.0.0.4", class_minor(9))
+    # the leaf drains what it holds at 4.5 ms before it is free again
+    assert k.p.state(A, 100.0124) is LeafState.DRAINING
+    assert k.p.state(A, 100.0169) is LeafState.FREE
+    assert k.settle(100.02) == 0
+
+
+def test_a_handoff_waits_for_a_look_that_saw_no_traffic():
+    k = _kernel()
+    k.move({"10.0.0.4": 14}, 100.0)  # a rise within prio 3: into leaf A at 14
+    assert k.ops == [("add", ALL, "10.0.0.4", A)] and k.delays == [LeafDelay(A, 14)]
+    # nothing queued, but packets go through between two looks: a packet could
+    # enter the leaf while it is handed on, and the shared class would overtake it
+    assert k.settle(101.0, {A: (0, 10)}) == 0
+    assert k.settle(101.1, {A: (0, 12)}) == 0
+    assert k.settle(101.2, {A: (0, 12)}) == 1
+    assert k.ops[-1] == ("add", ALL, "10.0.0.4", class_minor(14))
+    assert k.p.views(101.2)[0].members == []
+
+
+def test_a_release_hands_the_member_out_of_the_set():
+    k = _kernel()
+    k.move({"10.0.0.2": 0}, 100.0)
+    assert k.members["10.0.0.2"] == ("all", A)  # in the leaf, still a member
+    assert k.settle(100.0021) == 0 and k.delays[-1] == LeafDelay(A, 0)
+    k.settle(100.0042, {A: (0, 5)})
+    assert k.settle(100.0043, {A: (0, 5)}) == 1
+    assert k.ops[-1] == ("del", ALL, "10.0.0.2", 0) and "10.0.0.2" not in k.members
+
+
+def test_a_leaf_its_group_fills_glides_in_place_and_others_take_their_own():
+    k = _kernel()
+    k.move({"10.0.0.2": 3, "10.0.0.3": 3}, 100.0)
+    k.settle(100.003)  # lowered to 3
+    n = len(k.ops)
+    # the whole leaf goes 3 -> 2: no ipset op at all
+    assert k.move({"10.0.0.2": 2, "10.0.0.3": 2}, 100.004) == 0
+    assert len(k.ops) == n and k.delays[-1] == LeafDelay(A, 2)
+    # only one of them goes down: it takes the other leaf, its neighbour stays
+    assert k.move({"10.0.0.2": 1}, 100.005) == 1
+    assert k.ops[-1] == ("add", ALL, "10.0.0.2", B) and k.delays[-1] == LeafDelay(B, 2)
+    assert k.members["10.0.0.3"] == ("all", A)
+    # one member of a leaf going up leaves it for the shared class (a higher
+    # delay, served after the leaf when both have packets ready)
+    k.members["10.0.0.9"] = ("all", A)
+    k.p.sync(k.members)
+    assert k.move({"10.0.0.3": 5}, 100.006) == 1
+    assert k.ops[-1] == ("add", ALL, "10.0.0.3", class_minor(5))
+
+
+def test_increases_mode_changes_and_busy_leaves_do_not_glide():
+    k = _kernel()
+    ops = mb.plan_changes(k.members, {"10.0.0.2": 9, "10.0.0.5": 1}, "all", 100, k.p.class_of)
+    plan = k.p.plan(ops, "all", k.members, 100.0)
+    assert plan.before == plan.after == []  # up; and a mode change (read -> all) is a new set
+    assert ("add", ALL, "10.0.0.2", class_minor(9)) in plan.ops
+    # every leaf busy (drainng a higher delay): moved unordered, counted
+    k.move({"10.0.0.2": 0}, 100.0)
+    k.move({"10.0.0.3": 0}, 100.0)
+    assert k.p.state(A, 100.0) is k.p.state(B, 100.0) is LeafState.LOWERING
+    assert k.move({"10.0.0.4": 11}, 100.0) == 1
+    assert k.ops[-1] == ("add", ALL, "10.0.0.4", class_minor(11)) and k.p.unordered == 1
+
+
+def test_a_rise_within_one_htb_prio_takes_a_leaf_at_the_new_delay():
+    k = _kernel()
+    assert class_prio(12) == class_prio(14) < class_prio(16)
+    ops = mb.plan_changes(k.members, {"10.0.0.4": 14}, "all", 100, k.p.class_of)
+    plan = k.p.plan(ops, "all", k.members, 100.0)
+    # HTB would round-robin classes 12 and 14 when both have a packet due: a leaf
+    # (served after every shared class) at the new delay keeps the order
+    assert (plan.ops, plan.before, plan.after) == (
+        [("add", ALL, "10.0.0.4", A)], [LeafDelay(A, 14)], [LeafDelay(A, 14)]
+    )  # fmt: skip
+    # to a higher prio, and up from unthrottled: the shared class is served in order
+    k = _kernel()
+    ops = mb.plan_changes(k.members, {"10.0.0.4": 16, "10.0.0.6": 14}, "all", 100, k.p.class_of)
+    plan = k.p.plan(ops, "all", k.members, 100.0)
+    assert plan.ops == [("add", ALL, "10.0.0.4", class_minor(16)),
+                        ("add", ALL, "10.0.0.6", class_minor(14))]  # fmt: skip
+    assert plan.before == plan.after == [] and k.p.glided == 0  # counts descents only
+
+
+def test_a_leaf_whose_members_go_up_goes_up_in_place_and_is_not_lowered_later():
+    k = _kernel()
+    k.move({"10.0.0.4": 10}, 100.0)  # into leaf A at 12, lowering due at 100.006
+    assert k.p.state(A, 100.0) is LeafState.LOWERING
+    n = len(k.ops)
+    # up before the lowering was due: in place (a FIFO keeps its order), no ipset op
+    assert k.move({"10.0.0.4": 20}, 100.001) == 0 and len(k.ops) == n
+    assert k.delays[-1] == LeafDelay(A, 20) and k.p.state(A, 100.001) is LeafState.HANDOFF
+    # its traffic never stops: settle never hands it over, and never lowers it
+    assert k.settle(100.01, {A: (5, 0)}) == 0 and k.p.class_of(A) == 20
+    # only one of two members going up takes the shared class: the leaf stays
+    k.members["10.0.0.2"] = ("all", A)
+    k.p.sync(k.members)
+    assert k.move({"10.0.0.2": 24}, 100.02) == 1
+    assert k.ops[-1] == ("add", ALL, "10.0.0.2", class_minor(24))
+    assert k.p.views(100.02)[0].members == ["10.0.0.4"] and k.p.class_of(A) == 20
+
+
+def test_state_read_back_from_the_kernel_is_adopted():
+    """A restarted process (or one whose kernel change failed) does not know the
+    leaves' delays: sync() names the leaves with members, adopt() takes the
+    kernel's delays, and what they hold may be that old."""
+    p = GlidePlanner(2, STEP_US, 100)
+    members = {"10.0.0.2": ("all", A), "10.0.0.3": ("all", class_minor(3))}
+    assert p.sync(members) == [A]
+    p.adopt({A: 3000}, 50.0)
+    assert p.class_of(A) == 6 and p.state(A, 50.0) is LeafState.GLIDING
+    assert p.state(A, 50.003) is LeafState.HANDOFF
+    assert p.sync(members) == []  # known now
+    p.lost()  # an action failed: re-adopt at the next read-back
+    assert p.sync(members) == [A]
+
+
+@pytest.mark.parametrize("count", [0, 1, 8])
+def test_with_every_leaf_taken_a_descent_moves_unordered(count):
+    members = {f"10.0.0.{i}": ("all", class_minor(9)) for i in range(2, 12)}
+    k = Kernel(GlidePlanner(count, STEP_US, 100), members)
+    for i in range(2, 12):  # one at a time: each takes a leaf of its own while there is one
+        k.move({f"10.0.0.{i}": 8}, 100.0)
+    assert (k.p.glided, k.p.unordered) == (min(count, 10), 10 - min(count, 10))
+    in_leaves = sum(1 for _mode, minor in k.members.values() if minor != class_minor(8))
+    assert in_leaves == min(count, 10)
