@@ -1,4 +1,5 @@
-"""Test tiers by folder: tests/unit -> unit, tests/privileged -> privileged, tests/lab -> lab.
+"""Test tiers by folder: tests/unit -> unit, tests/rollout -> rollout, tests/privileged ->
+privileged, tests/lab -> lab (tests/closed_loop marks itself lab).
 
 Also recreates the empty directories of the captured lab trees (tests/fixtures/lab,
 listed in its empty_dirs.json): git keeps no empty directory, and an empty
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-TIERS = ("unit", "privileged", "lab")
+TIERS = ("unit", "rollout", "privileged", "lab")
 LAB_FIXTURES = Path(__file__).parent / "fixtures" / "lab"
 
 

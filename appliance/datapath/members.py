@@ -28,6 +28,7 @@ Worked example
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -84,7 +85,7 @@ def plan_changes(
     check_mode(mode)
     ops: list[Op] = []
     target = SET_NAMES[mode]
-    minors = [0] + [class_minor(k) for k in range(1, max_class + 1)]
+    minors = _minors(max_class)
     for ip_raw, k in classes.items():
         cur = members.get(ip_raw)
         # members' keys are canonical (read back from the kernel)
@@ -102,6 +103,12 @@ def plan_changes(
         if cur is None or cur[0] != mode or class_of(cur[1]) != k:
             ops.append(("add", target, ip, minors[k]))
     return ops
+
+
+@functools.lru_cache(maxsize=8)
+def _minors(max_class: int) -> list[int]:
+    """HTB minor of every class 0..max_class (0: not a class)."""
+    return [0] + [class_minor(k) for k in range(1, max_class + 1)]
 
 
 def members_after(members: Mapping[str, tuple[str, int]], ops: Sequence[Op]) -> Membership:

@@ -86,10 +86,15 @@ def test_datapath_builds_with_netem_and_cleans_up(topology, datapath):
     assert rep.tc_fresh and rep.backend in ("nf_tables", "legacy")
     qd = sh(["ip", "netns", "exec", NETNS, "tc", "qdisc", "show", "dev", DEVICE])
     assert "qdisc htb 5374: root" in qd
-    # 500us is kept as 7812 ticks of 64 ns (499.968 us): tc prints 499us
-    assert re.search(r"qdisc netem 1: parent 5374:1 limit 9766 delay (499|500)us", qd), qd
-    assert "qdisc netem 20: parent 5374:20 limit 195313 delay 10ms" in qd, qd
-    assert "qdisc netem 100: parent 5374:100 limit 976563 delay 50ms" in qd, qd
+    # sized for the default link speed; 500us is kept as 7812 ticks of 64 ns
+    # (499.968 us): tc prints 499us
+    from santhrottle.appliance.datapath.tctree import netem_limit
+
+    link = datapath.spec.link_bits_s
+    lim = {k: netem_limit(link, k * 500) for k in (1, 20, 100)}
+    assert re.search(rf"qdisc netem 1: parent 5374:1 limit {lim[1]} delay (499|500)us", qd), qd
+    assert f"qdisc netem 20: parent 5374:20 limit {lim[20]} delay 10ms" in qd, qd
+    assert f"qdisc netem 100: parent 5374:100 limit {lim[100]} delay 50ms" in qd, qd
     from santhrottle.appliance.datapath import discover
     from santhrottle.appliance.datapath.rules import jump_rule
 
