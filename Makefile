@@ -10,7 +10,7 @@ HOST_PKGS := iproute2 ipset iptables kmod ansible-core python3-pip python3-apt v
 APT_STAMP := $(VENV)/.apt-host
 VENV_STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-unit test-rollout test-privileged lint bench simulate lab-up lab clean
+.PHONY: setup test test-unit test-rollout test-privileged lint bench bench-compare simulate lab-up lab clean
 
 setup: $(APT_STAMP) $(VENV_STAMP)
 
@@ -50,6 +50,11 @@ lint: setup
 
 bench: setup
 	$(VPY) tests/bench/run.py
+
+# The benches side by side against another revision in one run: make bench-compare REV=v0.1
+bench-compare: setup
+	@test -n "$(REV)" || { echo "usage: make bench-compare REV=<git revision> [ARGS='datapath']"; exit 2; }
+	$(VPY) tests/bench/compare.py --against $(REV) $(ARGS)
 
 simulate: setup
 	$(VENV)/bin/santhrottle simulate controller/scenarios/paper.toml --plot results/simulate-paper.png

@@ -254,7 +254,7 @@ class Datapath:
         """The ipset ops (op, set, ip, HTB minor) that move `classes` into place."""
         mode = check_mode(mode or self.spec.write_mode)
         return plan_changes(
-            self._membership(), classes, mode, self.spec.max_class, self.glides.class_of
+            self._membership(), classes, mode, self.spec.max_class, self.glides.class_table()
         )
 
     def set_classes(
@@ -316,7 +316,7 @@ class Datapath:
         after = self.sets.send(ops, before)
         if not after:
             self._set_jumps(False)  # the last one has left: idle costs nothing
-        self.glides.moved(before, after, {op[2] for op in ops}, self.clock())
+        self.glides.moved(before, after, ops, self.clock())
 
     def _set_jumps(self, active: bool) -> None:
         if self._jumps != active:

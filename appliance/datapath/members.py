@@ -29,7 +29,7 @@ Worked example
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from santhrottle.appliance.datapath.names import (
@@ -78,10 +78,10 @@ def plan_changes(
     classes: Mapping[str, int],
     mode: str,
     max_class: int,
-    class_of: Callable[[int], int],
+    class_of: Mapping[int, int],
 ) -> list[Op]:
     """The ops that move `classes` (ip -> class, 0 = out of every set) into
-    place in `mode`'s set.  class_of: the delay class an HTB minor gives now."""
+    place in `mode`'s set.  class_of: HTB minor -> the delay class it gives now."""
     check_mode(mode)
     ops: list[Op] = []
     target = SET_NAMES[mode]
@@ -100,7 +100,7 @@ def plan_changes(
             continue
         if cur is not None and cur[0] != mode:
             ops.append(("del", SET_NAMES[cur[0]], ip, 0))
-        if cur is None or cur[0] != mode or class_of(cur[1]) != k:
+        if cur is None or cur[0] != mode or class_of.get(cur[1], 0) != k:
             ops.append(("add", target, ip, minors[k]))
     return ops
 

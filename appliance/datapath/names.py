@@ -91,12 +91,12 @@ def class_minor(k: int) -> int:
     return int(str(k), 16)
 
 
-_MINOR_CLASS = {int(str(k), 16): k for k in range(1, MAX_CLASSES + 1)}
+MINOR_CLASS = {int(str(k), 16): k for k in range(1, MAX_CLASSES + 1)}
 
 
 def minor_class(minor: int) -> int | None:
     """HTB minor -> delay class, None for a minor that is not a class number."""
-    return _MINOR_CLASS.get(minor)
+    return MINOR_CLASS.get(minor)
 
 
 def minor_classid(minor: int) -> str:
@@ -120,6 +120,9 @@ def class_prio(k: int) -> int:
     """HTB prio of shared delay class k: 0 for class 1, one more per doubling
     of the delay, at most GLIDE_PRIO - 1 (a lower delay is served first)."""
     return min(k.bit_length() - 1, GLIDE_PRIO - 1)
+
+
+CLASS_PRIO = [0] + [class_prio(k) for k in range(1, MAX_CLASSES + 1)]
 
 
 def delay_to_class(delay_us: int, step_us: int, max_class: int) -> int:

@@ -281,20 +281,27 @@ class MemberSets:
 
     def _apply_swap(self, sets: Mapping[str, Mapping[str, int]]) -> None:
         """Rebuild whole sets: one `ipset restore` that fills a temporary set
-        per mode and swaps it in (atomic per set; members' counters restart)."""
-        heads = self.headers()
-        for mode in sets:  # a temporary set left by a crash would make create fail
-            if SET_NAMES[mode] + TMP_SUFFIX in heads:
-                with contextlib.suppress(Exception):
-                    self.host.ipsets().destroy(SET_NAMES[mode] + TMP_SUFFIX)
+        per mode and swaps it in (atomic per set; members' counters restart).
+        A temporary set a crash left behind makes the create fail: it is
+        destroyed and the restore tried once more."""
         text = "".join(render_ipset_swap(m, mem, self.maxelem) for m, mem in sets.items())
-        try:
-            self.host.run([self.host.tools.ipset, "restore"], text, what="ipset restore")
-        except DatapathError:
-            self._members = None
-            with contextlib.suppress(Exception):
-                heads = self.headers()
-                for mode in sets:
-                    if SET_NAMES[mode] + TMP_SUFFIX in heads:
-                        self.host.ipsets().destroy(SET_NAMES[mode] + TMP_SUFFIX)
-            raise
+        for attempt in (1, 2):
+            try:
+                self.host.run([self.host.tools.ipset, "restore"], text, what="ipset restore")
+                return
+            except DatapathError as e:
+                self._members = None
+                leftover = self._destroy_tmp(sets)
+                if attempt == 2 or not leftover or "already exists" not in str(e):
+                    raise
+
+    def _destroy_tmp(self, sets: Mapping[str, object]) -> bool:
+        """Destroy the temporary sets of these modes; True if one was there."""
+        found = False
+        with contextlib.suppress(Exception):
+            heads = self.headers()
+            for mode in sets:
+                if SET_NAMES[mode] + TMP_SUFFIX in heads:
+                    self.host.ipsets().destroy(SET_NAMES[mode] + TMP_SUFFIX)
+                    found = True
+        return found

@@ -19,7 +19,7 @@ Method (run by `make bench` through tests/bench/run.py, or alone:
     change sets).
   * The crossover: change sets of 1..512 members through both paths; the
     smallest size where the restore is faster is the measured bulk
-    threshold (datapath.BULK_THRESHOLD).
+    threshold (datapath/members.py, BULK_THRESHOLD).
   * For scale: building the tree of 100 classes (one `tc -batch`).
   * Wall times depend on what else runs: the CPU time the nsenter + ipset
     processes used (user + sys, most of it the kernel updating 10,000
@@ -61,6 +61,7 @@ def bench_datapath() -> dict[str, Any]:
     if os.geteuid() != 0:
         return _skipped(name, "needs root (a network namespace with ipset and tc)")
     from santhrottle.appliance import datapath as dp
+    from santhrottle.appliance.datapath import members
 
     ns = f"stbench-{os.getpid()}"
     r = subprocess.run(["ip", "netns", "add", ns], capture_output=True, text=True, check=False)
@@ -74,7 +75,8 @@ def bench_datapath() -> dict[str, Any]:
         subprocess.run(["ip", "-n", ns, "link", "set", "stb0", "up"], check=True)
         # glide_leaves=0: the set moves alone (a descent through a glide leaf adds
         # two tc messages to the same ipset ops; measured in the lab, not here)
-        with dp.Datapath("stb0", netns=ns, leaf="pfifo", max_class=100, glide_leaves=0) as d:
+        spec = dp.DatapathSpec(("stb0",), leaf="pfifo", max_class=100, glide_leaves=0)
+        with dp.Datapath(spec, netns=ns) as d:
             build_ms = _time(d.apply)
             ips = _ips(N_INITIATORS)
             load_ms = _time(lambda: d.set_classes({ip: 1 + i % 100 for i, ip in enumerate(ips)}))
@@ -83,8 +85,8 @@ def bench_datapath() -> dict[str, Any]:
 
             def moves(swap_factor: float) -> tuple[list[float], float]:
                 """REPEATS moves of all 10,000 members; (wall ms, child CPU ms per move)."""
-                saved = dp.SWAP_LINES_PER_INPLACE_LINE
-                dp.SWAP_LINES_PER_INPLACE_LINE = swap_factor
+                saved = members.SWAP_LINES_PER_INPLACE_LINE
+                members.SWAP_LINES_PER_INPLACE_LINE = swap_factor
                 try:
                     out = []
                     self0 = time.process_time()
@@ -96,32 +98,32 @@ def bench_datapath() -> dict[str, Any]:
                     cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
                     self_cpu.append((time.process_time() - self0) * 1000.0 / REPEATS)
                 finally:
-                    dp.SWAP_LINES_PER_INPLACE_LINE = saved
+                    members.SWAP_LINES_PER_INPLACE_LINE = saved
                 got = {ip: m.klass for ip, m in d.current().items()}
                 assert got == want, "the kernel holds what was asked"
                 cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
                 return out, cpu * 1000.0 / REPEATS
 
             self_cpu: list[float] = []
-            move_ms, restore_cpu_ms = moves(dp.SWAP_LINES_PER_INPLACE_LINE)  # as shipped
+            move_ms, restore_cpu_ms = moves(members.SWAP_LINES_PER_INPLACE_LINE)  # as shipped
             inplace_ms, inplace_cpu_ms = moves(0.0)  # always in place
             swap_ms, swap_cpu_ms = moves(float("inf"))  # always rebuild + swap
             # single netlink ops: 1,000 moves, extrapolated
             d.current()
             sub = ips[:1000]
-            d.bulk_threshold = 10**9
+            d.sets.bulk_threshold = 10**9
             nl_ms = _time(lambda: d.set_classes({ip: 50 for ip in sub}))
             nl_per_s = 1000 / (nl_ms / 1000)
             # crossover between the two paths
             cross = []
             for k, size in enumerate(CROSSOVER_SIZES):
                 part = ips[2000 : 2000 + size]
-                d.bulk_threshold = 10**9
+                d.sets.bulk_threshold = 10**9
                 t_nl = statistics.median(
                     _time(lambda c=c, p=part: d.set_classes({ip: c for ip in p}))
                     for c in (10 + k, 60 + k, 10 + k + 1)
                 )
-                d.bulk_threshold = 0
+                d.sets.bulk_threshold = 0
                 t_rs = statistics.median(
                     _time(lambda c=c, p=part: d.set_classes({ip: c for ip in p}))
                     for c in (20 + k, 70 + k, 20 + k + 1)
@@ -150,7 +152,7 @@ def bench_datapath() -> dict[str, Any]:
         "restore_lines_per_s": N_INITIATORS / (statistics.median(move_ms) / 1000),
         "crossover": cross,
         "crossover_size": crossover,
-        "bulk_threshold": dp.BULK_THRESHOLD,
+        "bulk_threshold": members.BULK_THRESHOLD,
         "build_100_classes_ms": build_ms,
         "goal_ms": GOAL_MS,
     }

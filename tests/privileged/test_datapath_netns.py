@@ -623,3 +623,15 @@ def test_settle_keeps_a_member_while_its_packets_are_queued_in_the_leaf(netns_pa
         assert d.settle() == 0  # the queue drained through the leaf since the last look
         assert d.settle() == 1 and d.current()[MEMBER_IP].klass == 2
         d.cleanup()
+
+
+def test_a_temporary_set_a_crash_left_does_not_block_a_bulk_move(netns_pair):
+    pair = netns_pair
+    with _dp(pair, glide_leaves=0) as d:
+        d.apply()
+        pair.tsh("ipset", "create", "santhrottle-all-tmp", "hash:ip")  # a crash mid-swap
+        ips = {f"10.8.{i >> 8}.{i & 255}": 1 + i % 20 for i in range(100)}
+        assert d.set_classes(ips) == 100  # bulk: rebuilt and swapped in
+        assert {ip: m.klass for ip, m in d.current().items()} == ips
+        assert "santhrottle-all-tmp" not in pair.tsh("ipset", "list", "-n")
+        d.cleanup()

@@ -410,7 +410,7 @@ def test_plan_changes_diffs_against_membership():
     have = {"10.0.0.2": ("all", 4), "10.0.0.3": ("ack", 2)}  # as read back
 
     def plan(classes, mode="all"):
-        return mb.plan_changes(have, classes, mode, 100, lambda m: nm.minor_class(m) or 0)
+        return mb.plan_changes(have, classes, mode, 100, nm.MINOR_CLASS)
 
     assert plan({"10.0.0.2": 4}) == []  # already there: nothing sent
     assert plan({"10.0.0.2": 6}) == [("add", "santhrottle-all", "10.0.0.2", 6)]

@@ -25,7 +25,7 @@ class Kernel:
         self.ops: list[mb.Op] = []
 
     def move(self, classes: dict[str, int], now: float, mode: str = "all") -> int:
-        ops = mb.plan_changes(self.members, classes, mode, 100, self.p.class_of)
+        ops = mb.plan_changes(self.members, classes, mode, 100, self.p.class_table())
         if not ops:
             return 0
         plan = self.p.plan(ops, mode, self.members, now)
@@ -46,7 +46,7 @@ class Kernel:
         before = self.members
         self.members = mb.members_after(before, ops)
         self.ops += ops
-        self.p.moved(before, self.members, {op[2] for op in ops}, now)
+        self.p.moved(before, self.members, ops, now)
 
 
 def _kernel(leaves: int = 2) -> Kernel:
@@ -64,7 +64,7 @@ def _kernel(leaves: int = 2) -> Kernel:
 def test_a_descent_goes_through_one_glide_leaf_per_step():
     k = _kernel()
     ops = mb.plan_changes(k.members, {"10.0.0.2": 3, "10.0.0.3": 3, "10.0.0.4": 0}, "all", 100,
-                          k.p.class_of)  # fmt: skip
+                          k.p.class_table())  # fmt: skip
     plan = k.p.plan(ops, "all", k.members, 100.0)
     # each group moves at its old delay into a leaf set to it first ...
     assert plan.before == [LeafDelay(A, 4), LeafDelay(B, 12)]
@@ -148,7 +148,7 @@ def test_a_leaf_its_group_fills_glides_in_place_and_others_take_their_own():
 
 def test_increases_mode_changes_and_busy_leaves_do_not_glide():
     k = _kernel()
-    ops = mb.plan_changes(k.members, {"10.0.0.2": 9, "10.0.0.5": 1}, "all", 100, k.p.class_of)
+    ops = mb.plan_changes(k.members, {"10.0.0.2": 9, "10.0.0.5": 1}, "all", 100, k.p.class_table())
     plan = k.p.plan(ops, "all", k.members, 100.0)
     assert plan.before == plan.after == []  # up; and a mode change (read -> all) is a new set
     assert ("add", ALL, "10.0.0.2", class_minor(9)) in plan.ops
@@ -163,7 +163,7 @@ def test_increases_mode_changes_and_busy_leaves_do_not_glide():
 def test_a_rise_within_one_htb_prio_takes_a_leaf_at_the_new_delay():
     k = _kernel()
     assert class_prio(12) == class_prio(14) < class_prio(16)
-    ops = mb.plan_changes(k.members, {"10.0.0.4": 14}, "all", 100, k.p.class_of)
+    ops = mb.plan_changes(k.members, {"10.0.0.4": 14}, "all", 100, k.p.class_table())
     plan = k.p.plan(ops, "all", k.members, 100.0)
     # HTB would round-robin classes 12 and 14 when both have a packet due: a leaf
     # (served after every shared class) at the new delay keeps the order
@@ -172,7 +172,7 @@ def test_a_rise_within_one_htb_prio_takes_a_leaf_at_the_new_delay():
     )  # fmt: skip
     # to a higher prio, and up from unthrottled: the shared class is served in order
     k = _kernel()
-    ops = mb.plan_changes(k.members, {"10.0.0.4": 16, "10.0.0.6": 14}, "all", 100, k.p.class_of)
+    ops = mb.plan_changes(k.members, {"10.0.0.4": 16, "10.0.0.6": 14}, "all", 100, k.p.class_table())
     plan = k.p.plan(ops, "all", k.members, 100.0)
     assert plan.ops == [("add", ALL, "10.0.0.4", class_minor(16)),
                         ("add", ALL, "10.0.0.6", class_minor(14))]  # fmt: skip
