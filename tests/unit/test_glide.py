@@ -172,7 +172,8 @@ def test_a_rise_within_one_htb_prio_takes_a_leaf_at_the_new_delay():
     )  # fmt: skip
     # to a higher prio, and up from unthrottled: the shared class is served in order
     k = _kernel()
-    ops = mb.plan_changes(k.members, {"10.0.0.4": 16, "10.0.0.6": 14}, "all", 100, k.p.class_table())
+    want = {"10.0.0.4": 16, "10.0.0.6": 14}
+    ops = mb.plan_changes(k.members, want, "all", 100, k.p.class_table())
     plan = k.p.plan(ops, "all", k.members, 100.0)
     assert plan.ops == [("add", ALL, "10.0.0.4", class_minor(16)),
                         ("add", ALL, "10.0.0.6", class_minor(14))]  # fmt: skip
