@@ -3,9 +3,10 @@
 Two halves, chosen by SANTHROTTLE_IN_GUEST:
 
 On the host (the default) lab-marked items are never run locally.  The first
-one boots ONE guest (vagrant/qemu/lab.py: installs the host packages if
-missing, fetches Debian's kernel, builds initramfs and venv, all cached) that
-runs ``pytest -m lab <the selected node ids>`` in the same checkout at the
+item of a guest group boots ONE guest for the group (vagrant/qemu/lab.py:
+installs the host packages if missing, fetches Debian's kernel, builds
+initramfs and venv, all cached) that runs ``pytest -m lab <the group's
+selected node ids>`` in the same checkout at the
 same path; a small plugin there (lab_guest_report.py) streams every test
 report back as JSON.  Each host item then replays the guest's reports for its
 node id, so pass / fail (with the guest's traceback) / skip (with the guest's
@@ -15,10 +16,16 @@ lab item is skipped with one line saying what is missing; any other failure
 (guest crash, timeout, broken setup) fails every item that has no report,
 with the console tail attached.
 
+Guest groups: a test module's LAB_GUEST (default "main") names its group;
+the Ansible role's tests ("rollout": three role runs, ~3.5 min under TCG)
+get a guest of their own, so that each boot keeps minutes of margin to its
+timeout on a busy machine.  The boot's wall time and that margin are
+printed.
+
 In the guest (SANTHROTTLE_IN_GUEST=1) the tests just run, with the fixtures
 below bringing the storage topology up (vagrant/qemu/guest/topology.py).
 
-Environment: SANTHROTTLE_LAB_TIMEOUT (guest run limit, s, default 600), and
+Environment: SANTHROTTLE_LAB_TIMEOUT (each guest run's limit, s, default 600), and
 everything vagrant/qemu/lab.py reads (SANTHROTTLE_LAB_CACHE, _QEMU, ...).
 """
 
@@ -47,6 +54,11 @@ DEFAULT_TIMEOUT_S = 600  # the tier's CI budget is 10 min; SANTHROTTLE_LAB_TIMEO
 # The topology the session fixture builds (tests parametrize over it).
 LUNS = 4
 NVME_NAMESPACES = 1
+
+
+def _group(item) -> str:
+    """The guest group of a lab item: its module's LAB_GUEST, else "main"."""
+    return str(getattr(item.module, "LAB_GUEST", "main"))
 
 
 def _is_lab(item) -> bool:
@@ -83,10 +95,11 @@ def pytest_collection_modifyitems(config, items):
 
 # ===================================================================== host
 class _GuestSession:
-    """One guest boot for all the lab items of this pytest session."""
+    """One guest boot for the lab items of one guest group of this pytest session."""
 
-    def __init__(self, session) -> None:
+    def __init__(self, session, group: str) -> None:
         self.session = session
+        self.group = group
         self.config = session.config
         self.unavailable: str | None = None  # -> skip, one line
         self.error: str | None = None  # -> fail every item without a report
@@ -114,7 +127,7 @@ class _GuestSession:
         except Exception as e:  # a broken runner is a failure, not a skip
             self.error = f"cannot load {LAB_PY}: {e!r}"
             return
-        items = [i for i in self.session.items if _in_guest_session(i)]
+        items = [i for i in self.session.items if _in_guest_session(i) and _group(i) == self.group]
         t0 = time.monotonic()
         lab = lab_mod.Lab(log=self._say)
         try:
@@ -148,8 +161,8 @@ class _GuestSession:
         cmd = f"cd {shlex.quote(rootdir)} && exec {cmd}"
         timeout = float(os.environ.get("SANTHROTTLE_LAB_TIMEOUT", DEFAULT_TIMEOUT_S))
         self._say(
-            f"ready in {t_up:.1f} s (kernel {prep['kernel']['kv']}); booting the guest "
-            f"for {len(items)} tests (timeout {timeout:.0f} s)"
+            f"ready in {t_up:.1f} s (kernel {prep['kernel']['kv']}); booting the {self.group} "
+            f"guest for {len(items)} tests (timeout {timeout:.0f} s)"
         )
         env = {"PYTHONPATH": str(HERE), "SANTHROTTLE_LAB_REPORT": report}
         try:
@@ -159,7 +172,8 @@ class _GuestSession:
             return
         self.result = res
         self._say(
-            f"guest finished in {res.wall_s:.1f} s, exit status {res.status}"
+            f"{self.group} guest finished in {res.wall_s:.1f} s (margin {timeout - res.wall_s:.0f} "
+            f"s to its timeout), exit status {res.status}"
             f"{' (' + res.reason + ')' if res.reason else ''}; run dir {res.rundir}"
         )
         self._load_reports(res.work / "reports.jsonl")
@@ -238,17 +252,18 @@ class _GuestSession:
 
 
 _SKIP_LINE = 1  # the skip line points at this conftest, so -ra folds it into one line
-_GUEST_SESSION_KEY = pytest.StashKey[_GuestSession]()
+_GUEST_SESSIONS_KEY = pytest.StashKey[dict[str, _GuestSession]]()
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
     if IN_GUEST or not _in_guest_session(item):
         return None
-    stash = item.session.stash
-    if _GUEST_SESSION_KEY not in stash:
-        stash[_GUEST_SESSION_KEY] = _GuestSession(item.session)
-    gs = stash[_GUEST_SESSION_KEY]
+    sessions = item.session.stash.setdefault(_GUEST_SESSIONS_KEY, {})
+    group = _group(item)
+    if group not in sessions:
+        sessions[group] = _GuestSession(item.session, group)
+    gs = sessions[group]
     ihook = item.ihook
     ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     for rep in gs.reports_for(item):
