@@ -15,7 +15,7 @@ TICK_S = 0.100
 CONVERGE_S = 1.0
 # Paper appendix: 0.5 ms steps are a suitable granularity for the delay ladder.
 DELAY_STEP_S = 0.0005
-# The lab (lab-notes.md) needs delays far past 10 ms against deep-queue
+# The lab (docs/lab.md) needs delays far past 10 ms against deep-queue
 # writers: 100 classes of 0.5 ms = 50 ms by default.
 MAX_CLASS = 100
 

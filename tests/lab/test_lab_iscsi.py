@@ -62,7 +62,7 @@ REORDER_COUNTERS = (
 
 
 def test_no_target_retransmits_under_load(topology, guest):
-    """With RPS on both veth ends (lab-notes) the target retransmits nothing
+    """With RPS on both veth ends (docs/lab.md) the target retransmits nothing
     while all initiators read and write at once.
 
     Measured here: without RPS the target shows TCPSACKReorder and ~5 fast

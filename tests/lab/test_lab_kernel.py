@@ -29,7 +29,7 @@ MODULES = [
     "nvme_tcp",
 ]
 
-# lab-notes.md: the exact pure-ACK match (TCP payload == 0) as xt_bpf bytecode.
+# The exact pure-ACK match (TCP payload == 0) as xt_bpf bytecode (datapath/rules.py).
 PURE_ACK_BPF = (
     "15,48 0 0 9,21 0 12 6,177 0 0 0,40 0 0 2,28 0 0 0,2 0 0 0,80 0 0 12,84 0 0 240,"
     "116 0 0 2,7 0 0 0,96 0 0 0,28 0 0 0,21 0 1 0,6 0 0 1,6 0 0 0"

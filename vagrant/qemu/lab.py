@@ -106,7 +106,7 @@ VENV_REQUIREMENTS = ["pytest>=8", "pyroute2>=0.9,<0.10"]
 
 DEFAULT_SMP = 2
 DEFAULT_MEM_MIB = 3072
-# The slow disk plays a shared array: QEMU throttles it (lab-notes.md).
+# The slow disk plays a shared array: QEMU throttles it (docs/lab.md).
 SLOW_DISK_GIB = 8
 FAST_DISK_GIB = 4
 SLOW_IOPS = 1000

@@ -19,7 +19,7 @@ The kernel iSCSI initiator only works in the initial namespace (NETLINK_ISCSI),
 so the initiators are told apart by source address, one per "host", each
 selected by a /32 route to the portal it uses.  RPS is set on both veth ends
 and netdev_max_backlog raised: without it veth + 2 vCPUs reorders packets and
-the target sees spurious retransmits (lab-notes.md).
+the target sees spurious retransmits (docs/lab.md).
 
 Usable three ways:
   * CLI in the guest:  topology.py up [--luns 4] [--nvme 1] [--no-login] ...
@@ -56,7 +56,7 @@ NVME_PORT = 4420
 MAX_INITIATORS = 8
 STATE_DIR = Path("/run/santhrottle-lab")
 STATE_FILE = STATE_DIR / "topology.json"
-NETDEV_MAX_BACKLOG = 30000  # lab-notes: with RPS, 0 target retransmits
+NETDEV_MAX_BACKLOG = 30000  # with RPS, 0 target retransmits (docs/lab.md)
 DEVICE_WAIT_S = 30.0
 NVMET = Path("/sys/kernel/config/nvmet")
 
@@ -137,7 +137,7 @@ def _running(comm: str) -> bool:
 # The null_blk "array": memory-backed, a bandwidth cap (mbps) and a small
 # hardware queue shared by reads and writes, so a small reader waits behind the
 # writers' queue as it would on a saturated array (QEMU's throttle serves reads
-# and writes from separate queues and shields the reader; lab-notes.md).
+# and writes from separate queues and shields the reader; docs/lab.md).
 NULLB = Path("/sys/kernel/config/nullb/nullb0")
 LVM_NULLB = ["--config", 'devices { types = [ "nullb", 16 ] }']  # LVM ignores nullb otherwise
 
