@@ -10,7 +10,7 @@ HOST_PKGS := iproute2 ipset iptables kmod ansible-core python3-pip python3-apt v
 APT_STAMP := $(VENV)/.apt-host
 VENV_STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-unit test-rollout test-privileged lint bench bench-compare simulate lab-up lab clean
+.PHONY: setup test test-unit test-sim test-rollout test-privileged lint bench bench-compare simulate lab-up lab clean
 
 setup: $(APT_STAMP) $(VENV_STAMP)
 
@@ -31,10 +31,14 @@ $(VENV_STAMP): pyproject.toml
 test: setup
 	$(VPY) -m pytest
 
-# The tiers one by one (`make test` runs them all): pure logic; the rollout tools;
-# the host kernel in network namespaces (root); the real kernel under QEMU (lab-test).
+# The tiers one by one (`make test` runs them all): pure logic; whole simulated
+# scenarios; the rollout tools; the host kernel in network namespaces (root); the
+# real kernel under QEMU (lab-test).
 test-unit: setup
 	$(VPY) -m pytest -m unit
+
+test-sim: setup
+	$(VPY) -m pytest -m sim
 
 test-rollout: setup
 	$(VPY) -m pytest -m rollout

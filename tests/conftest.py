@@ -1,5 +1,5 @@
-"""Test tiers by folder: tests/unit -> unit, tests/rollout -> rollout, tests/privileged ->
-privileged, tests/lab -> lab (tests/closed_loop marks itself lab).
+"""Test tiers by folder: tests/unit -> unit, tests/sim -> sim, tests/rollout -> rollout,
+tests/privileged -> privileged, tests/lab -> lab (tests/closed_loop marks itself lab).
 
 Also recreates the empty directories of the captured lab trees (tests/fixtures/lab,
 listed in its empty_dirs.json): git keeps no empty directory, and an empty
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-TIERS = ("unit", "rollout", "privileged", "lab")
+TIERS = ("unit", "sim", "rollout", "privileged", "lab")
 LAB_FIXTURES = Path(__file__).parent / "fixtures" / "lab"
 
 
@@ -22,9 +22,10 @@ def pytest_configure(config: pytest.Config) -> None:
         (LAB_FIXTURES / rel).mkdir(parents=True, exist_ok=True)
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by these markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         parts = Path(str(item.fspath)).parts
         for tier in TIERS:
-            if tier in parts and tier not in item.keywords:
+            if tier in parts and item.get_closest_marker(tier) is None:
                 item.add_marker(getattr(pytest.mark, tier))

@@ -23,6 +23,8 @@ from typing import Any
 
 MAX_REQUEST_BYTES = 64 * 1024
 CLIENT_TIMEOUT_S = 10.0
+# How often the server looks for a shutdown request (close() waits up to this).
+SHUTDOWN_POLL_S = 0.05
 
 
 class DaemonUnavailable(Exception):
@@ -92,7 +94,10 @@ class ControlServer:
             os.umask(old)
         os.chmod(path, mode)
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name="control", daemon=True
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": SHUTDOWN_POLL_S},
+            name="control",
+            daemon=True,
         )
 
     def start(self) -> None:
