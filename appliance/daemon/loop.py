@@ -13,6 +13,9 @@ Per convergence (worker thread): discovery (LIO through rtslib-fb, nvmet,
 sock_diag, LVM) and write rates. The worker may be slow (a large configfs
 tree); the tick never waits for it and uses the last discovery it finished.
 A failing sensor read is counted and logged; the controller holds.
+The counters and raw I/O totals the metrics export are accumulated from
+those samples (daemon/counters.py): per tick under the lock, per
+convergence in the worker behind their own lock.
 
 Pins (`santhrottle pin`) override the controller for their initiator.
 Pause removes every delay but keeps measuring; resume re-applies.
@@ -40,6 +43,7 @@ from typing import Any, Protocol
 
 from santhrottle.appliance.config import Config, ConfigError
 from santhrottle.appliance.config.schema import PIN_MODES
+from santhrottle.appliance.daemon.counters import Counters, WrittenBytes
 from santhrottle.controller.domain import ReadSample, Resource, Samples, WriteSample
 from santhrottle.controller.step import ControllerState, new_state, step
 
@@ -69,18 +73,6 @@ class Actuator(Protocol):
 
     @property
     def unordered_moves(self) -> int: ...
-
-
-@dataclass
-class Counters:
-    ticks: int = 0
-    tick_overruns: int = 0
-    converges: int = 0
-    sensor_errors: int = 0
-    actuator_errors: int = 0
-    reloads: int = 0
-    reload_failures: int = 0
-    tick_seconds_sum: float = 0.0
 
 
 @dataclass
@@ -125,6 +117,7 @@ class Daemon:
         self.lock = threading.RLock()
         self.state = DaemonState()
         self.counters = Counters()
+        self.written = WrittenBytes()  # per (initiator, resource); the worker's, own lock
         self.ctl: ControllerState = new_state(config.controller, [])
         self._stop = threading.Event()
         self._next_tick: float | None = None
@@ -165,6 +158,8 @@ class Daemon:
                 self.counters.sensor_errors += 1
             log.warning("convergence: sensor error: %s", e)
             return
+        live = {ip: v.resources for ip, v in disc.initiators.items()} if disc is not None else None
+        self.written.add(writes, self.config.controller.converge_s, live)
         with self.lock:
             self.state.discovery = disc
             self.state.pending_writes.extend(writes)
@@ -174,10 +169,11 @@ class Daemon:
 
     def tick(self, now: float) -> None:
         t0 = self.clock()
+        read_ok = True
         try:
             reads = self.sensors.read_samples()
         except Exception as e:
-            reads = []
+            reads, read_ok = [], False
             self.counters.sensor_errors += 1
             log.warning("tick: read samples failed: %s", e)
         with self.lock:
@@ -187,10 +183,10 @@ class Daemon:
             writes, self.state.pending_writes = self.state.pending_writes, []
             for r in reads:
                 self.state.last_reads[r.resource] = r
+            self.counters.add_reads(reads if read_ok else None, self.config.controller.tick_s)
             self.ctl, _ = step(self.ctl, Samples(reads, writes), now)
             self._actuate()
-            self.counters.ticks += 1
-            self.counters.tick_seconds_sum += self.clock() - t0
+            self.counters.record_tick(self.clock() - t0)
         self.notify("WATCHDOG=1")
 
     def desired(self) -> dict[str, tuple[int, str]]:
@@ -367,9 +363,11 @@ class Daemon:
         d = self.state.discovery
         step_s = self.config.step_s
         resources = []
+        totals = self.counters.resources
         for name in sorted(self.known_resources()):
             rs = self.ctl.resources.get(name)
             last = self.state.last_reads.get(name)
+            tot = totals.get(name)
             resources.append(
                 {
                     "resource": name,
@@ -383,9 +381,14 @@ class Daemon:
                     "delay_s": (rs.delay_class if rs else 0) * step_s,
                     "members": sorted(self.ctl.members(name)),
                     "devices": list(d.resources.get(name, ())) if d is not None else [],
+                    # raw totals since the daemon started (daemon/counters.py)
+                    "reads_completed": tot.reads_completed if tot else 0,
+                    "read_time_s": tot.read_time_s if tot else 0.0,
+                    "written_bytes": tot.written_bytes if tot else 0.0,
                 }
             )
         rates = self.ctl.write_sets.rates()
+        written = self.written.snapshot()
         inis: dict[str, dict[str, Any]] = {}
         if d is not None:
             for ip, v in d.initiators.items():
@@ -402,6 +405,7 @@ class Daemon:
                     "write_bytes_per_second": {
                         r: rates.get((r, ip)) for r in inis[ip]["resources"]
                     },
+                    "written_bytes": {r: written.get((ip, r), 0.0) for r in inis[ip]["resources"]},
                     "write_heavy_on": sorted(self.ctl.write_sets.member_of.get(ip, ())),
                     "class": k,
                     "delay_s": k * step_s,
@@ -425,6 +429,9 @@ class Daemon:
                 "reloads": c.reloads,
                 "reload_failures": c.reload_failures,
                 "tick_seconds_sum": c.tick_seconds_sum,
+                "tick_duration_buckets": {  # cumulative, by upper bound (Prometheus' le)
+                    "+Inf" if math.isinf(le) else repr(le): n for le, n in c.tick_duration_buckets()
+                },
                 "glided_descents": self.actuator.glided,
                 "unordered_descents": self.actuator.unordered_moves,
             },

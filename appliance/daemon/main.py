@@ -124,6 +124,7 @@ def serve(cfg: Config) -> int:
 
     from santhrottle.appliance.daemon.control import ControlServer
     from santhrottle.appliance.daemon.loop import Daemon
+    from santhrottle.appliance.daemon.member_counters import MemberCounterReader
     from santhrottle.appliance.daemon.metrics import registry_for
     from santhrottle.appliance.datapath import DatapathError
 
@@ -137,7 +138,9 @@ def serve(cfg: Config) -> int:
     server = ControlServer(cfg.control_socket, daemon.handle, cfg.socket_mode)
     server.start()
     if cfg.metrics_port:
-        start_http_server(cfg.metrics_port, cfg.metrics_address, registry=registry_for(daemon))
+        # the member counters through their own read-only netlink socket, per scrape
+        registry = registry_for(daemon, MemberCounterReader(cfg.netns))
+        start_http_server(cfg.metrics_port, cfg.metrics_address, registry=registry)
 
     def on_term(signum: int, _frame: Any) -> None:
         log.info("signal %d: stopping", signum)

@@ -1,17 +1,80 @@
-"""Prometheus metrics, read from the daemon's state at scrape time.
+"""Prometheus metrics, read from the daemon's state and the kernel at scrape time.
 
-A custom collector on an injected CollectorRegistry (no global registry,
-no values cached between scrapes); names in base units with
-node_exporter's vocabulary. The exporter listens on 127.0.0.1 by default.
+What it owns
+    DaemonCollector: a custom collector on an injected CollectorRegistry (no
+    global registry, no values cached between scrapes) that turns one
+    Daemon.status() and one read of the member sets' counters into metric
+    families.  Names are in base units with node_exporter's vocabulary
+    (`_seconds`, `_bytes`, `_total`; read time and written bytes as
+    node_disk_read_time_seconds_total / node_disk_written_bytes_total).  The
+    exporter listens on 127.0.0.1 by default.
+
+    The daemon's state is read under its lock; the kernel's counters after
+    the lock is released, through read_members (a callable: the real one is
+    daemon/member_counters.py, tests pass a fake), so a slow netlink dump
+    never holds up a tick.  A failing read does not fail the scrape: its
+    series are left out, santhrottle_scrape_errors_total{source} counts it
+    and the first failure after a success is logged.
+
+Worked example
+    A daemon that delays 10.0.0.3 by class 20 (10 ms) for vg0, with
+    read_members returning {"10.0.0.3": ("all", 0x20, 1834, 2650112)}:
+        santhrottle_resource_delay_class{resource="vg0"} 20.0
+        santhrottle_resource_delay_seconds{resource="vg0"} 0.01
+        santhrottle_initiator_delay_class{initiator="10.0.0.3",mode="all"} 20.0
+        santhrottle_initiator_delayed_packets_total{initiator="10.0.0.3",mode="all"} 1834.0
+        santhrottle_initiator_delayed_bytes_total{initiator="10.0.0.3",mode="all"} 2650112.0
+        santhrottle_scrape_errors_total{source="member_sets"} 0.0
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import platform
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.utils import floatToGoString
+
+from santhrottle.appliance.version import version
+
+log = logging.getLogger("santhrottled")
+
+# ip -> (mode, HTB minor, packets, bytes), as MemberSets.read() returns it
+MemberCounters = Mapping[str, tuple[str, int, int, int]]
+MEMBER_SETS_SOURCE = "member_sets"
+COUNTER_RESTART_NOTE = (
+    "restarts from 0 when the initiator rejoins its set or the set is rebuilt by a bulk swap"
+)
+
+# (metric name without _total, key in status()["counters"], help)
+EVENT_COUNTERS = (
+    ("santhrottle_ticks", "ticks", "Controller ticks run"),
+    ("santhrottle_tick_overruns", "tick_overruns", "Tick deadlines missed (late ticks)"),
+    ("santhrottle_convergences", "converges", "Set convergences (discovery) finished"),
+    ("santhrottle_sensor_errors", "sensor_errors", "Failed sensor reads"),
+    ("santhrottle_actuator_errors", "actuator_errors", "Failed kernel updates"),
+    ("santhrottle_reloads", "reloads", "Configuration reloads"),
+    ("santhrottle_reload_failures", "reload_failures", "Refused reloads"),
+    (
+        "santhrottle_glided_descents",
+        "glided_descents",
+        "Initiators whose delay went down through a glide leaf (kept in order)",
+    ),
+    (
+        "santhrottle_unordered_descents",
+        "unordered_descents",
+        "Initiators whose delay went down without a free glide leaf (may reorder)",
+    ),
+)
 
 
 class StatusSource(Protocol):
@@ -21,90 +84,196 @@ class StatusSource(Protocol):
 
 
 class DaemonCollector(Collector):
-    def __init__(self, daemon: StatusSource) -> None:
+    def __init__(
+        self,
+        daemon: StatusSource,
+        read_members: Callable[[], MemberCounters] | None = None,
+    ) -> None:
         self.daemon = daemon
+        self.read_members = read_members
+        self._errors_lock = threading.Lock()
+        self._scrape_errors = 0
+        self._failing = False
+        self._build = (version(), platform.python_version())
 
     def collect(self) -> Iterator[Metric]:
         with self.daemon.lock:
             st = self.daemon.status()
-        lat = GaugeMetricFamily(
-            "santhrottle_resource_read_latency_seconds",
-            "Read latency of the resource (EWMA the controller uses; the last interval's mean "
-            "for resources only observed)",
-            labels=["resource"],
+        yield from resource_families(st["resources"])
+        yield from initiator_families(st["initiators"])
+        if self.read_members is not None:
+            yield from self._member_families()
+        yield from daemon_families(st)
+        info = GaugeMetricFamily(
+            "santhrottle_build_info",
+            "santhrottle's version and the Python running it (always 1)",
+            labels=["version", "python"],
         )
-        thr = GaugeMetricFamily(
-            "santhrottle_resource_threshold_seconds",
-            "Read-latency threshold of the resource",
-            labels=["resource"],
+        info.add_metric(list(self._build), 1.0)
+        yield info
+
+    def _member_families(self) -> Iterator[Metric]:
+        assert self.read_members is not None
+        try:
+            members = self.read_members()
+        except Exception as e:  # the scrape goes on without these series
+            with self._errors_lock:
+                self._scrape_errors += 1
+                first, self._failing = not self._failing, True
+            if first:
+                log.warning("metrics: cannot read the member counters: %s", e)
+            else:
+                log.debug("metrics: cannot read the member counters: %s", e)
+            members = None
+        else:
+            with self._errors_lock:
+                self._failing = False
+        errors = CounterMetricFamily(
+            "santhrottle_scrape_errors",
+            "Scrapes whose read of a source failed (that source's series were left out)",
+            labels=["source"],
         )
-        cls = GaugeMetricFamily(
-            "santhrottle_resource_delay_class",
-            "Delay class the resource's PID asks for its write-heavy initiators",
-            labels=["resource"],
-        )
-        members = GaugeMetricFamily(
-            "santhrottle_resource_write_heavy_initiators",
-            "Initiators in the resource's write-heavy set",
-            labels=["resource"],
-        )
-        for r in st["resources"]:
-            name = r["resource"]
-            v = r["read_latency_ewma_s"]
-            if v is None:
-                v = r["read_latency_s"]
-            if v is not None:
-                lat.add_metric([name], v)
-            if r["threshold_s"] is not None:
-                thr.add_metric([name], r["threshold_s"])
-            cls.add_metric([name], r["delay_class"])
-            members.add_metric([name], len(r["members"]))
-        wr = GaugeMetricFamily(
-            "santhrottle_initiator_write_bytes_per_second",
-            "Smoothed write rate of the initiator on the resource",
-            labels=["initiator", "resource"],
-        )
-        delay = GaugeMetricFamily(
-            "santhrottle_initiator_delay_seconds",
-            "Packet delay applied to the initiator",
+        errors.add_metric([MEMBER_SETS_SOURCE], self._scrape_errors)
+        yield errors
+        if members is None:
+            return
+        packets = CounterMetricFamily(
+            "santhrottle_initiator_delayed_packets",
+            "Packets to the initiator that went through its delay class (its member set "
+            f"entry's counter; {COUNTER_RESTART_NOTE})",
             labels=["initiator", "mode"],
         )
-        for i in st["initiators"]:
-            for res, bps in i["write_bytes_per_second"].items():
-                if bps is not None:
-                    wr.add_metric([i["initiator"], res], bps)
-            delay.add_metric([i["initiator"], i["mode"]], i["delay_s"])
-        c = st["counters"]
-        yield from (lat, thr, cls, members, wr, delay)
-        paused = GaugeMetricFamily("santhrottle_paused", "1 while throttling is paused")
-        paused.add_metric([], 1.0 if st["paused"] else 0.0)
-        yield paused
-        for name, key, doc in (
-            ("santhrottle_ticks", "ticks", "Controller ticks run"),
-            ("santhrottle_tick_overruns", "tick_overruns", "Tick deadlines missed (late ticks)"),
-            ("santhrottle_convergences", "converges", "Set convergences (discovery) finished"),
-            ("santhrottle_sensor_errors", "sensor_errors", "Failed sensor reads"),
-            ("santhrottle_actuator_errors", "actuator_errors", "Failed kernel updates"),
-            ("santhrottle_reloads", "reloads", "Configuration reloads"),
-            ("santhrottle_reload_failures", "reload_failures", "Refused reloads"),
-            ("santhrottle_tick_seconds", "tick_seconds_sum", "Time spent in ticks"),
-            (
-                "santhrottle_glided_descents",
-                "glided_descents",
-                "Initiators whose delay went down through a glide leaf (kept in order)",
-            ),
-            (
-                "santhrottle_unordered_descents",
-                "unordered_descents",
-                "Initiators whose delay went down without a free glide leaf (may reorder)",
-            ),
-        ):
-            m = CounterMetricFamily(name, doc)
-            m.add_metric([], c[key])
-            yield m
+        nbytes = CounterMetricFamily(
+            "santhrottle_initiator_delayed_bytes",
+            "Bytes to the initiator that went through its delay class (its member set "
+            f"entry's counter; {COUNTER_RESTART_NOTE})",
+            labels=["initiator", "mode"],
+        )
+        for ip, (mode, _minor, n_packets, n_bytes) in sorted(members.items()):
+            packets.add_metric([ip, mode], n_packets)
+            nbytes.add_metric([ip, mode], n_bytes)
+        yield packets
+        yield nbytes
 
 
-def registry_for(daemon: StatusSource) -> CollectorRegistry:
+def resource_families(resources: list[dict[str, Any]]) -> Iterator[Metric]:
+    lat = GaugeMetricFamily(
+        "santhrottle_resource_read_latency_seconds",
+        "Read latency of the resource (EWMA the controller uses; the last interval's mean "
+        "for resources only observed)",
+        labels=["resource"],
+    )
+    thr = GaugeMetricFamily(
+        "santhrottle_resource_threshold_seconds",
+        "Read-latency threshold of the resource",
+        labels=["resource"],
+    )
+    cls = GaugeMetricFamily(
+        "santhrottle_resource_delay_class",
+        "Delay class the resource's PID asks for its write-heavy initiators",
+        labels=["resource"],
+    )
+    delay = GaugeMetricFamily(
+        "santhrottle_resource_delay_seconds",
+        "Packet delay the resource's PID asks for its write-heavy initiators (class x step)",
+        labels=["resource"],
+    )
+    members = GaugeMetricFamily(
+        "santhrottle_resource_write_heavy_initiators",
+        "Initiators in the resource's write-heavy set",
+        labels=["resource"],
+    )
+    reads = CounterMetricFamily(
+        "santhrottle_resource_reads_completed",
+        "Reads completed on the resource's devices (the sum of the ticks' samples)",
+        labels=["resource"],
+    )
+    read_time = CounterMetricFamily(
+        "santhrottle_resource_read_time_seconds",
+        "Time the resource's reads took: per tick, reads x their mean latency "
+        "(as node_disk_read_time_seconds_total)",
+        labels=["resource"],
+    )
+    written = CounterMetricFamily(
+        "santhrottle_resource_written_bytes",
+        "Bytes written to the resource: per tick, the sampled write rate x the tick periods "
+        "the sample covers",
+        labels=["resource"],
+    )
+    for r in resources:
+        name = [r["resource"]]
+        v = r["read_latency_ewma_s"]
+        if v is None:
+            v = r["read_latency_s"]
+        if v is not None:
+            lat.add_metric(name, v)
+        if r["threshold_s"] is not None:
+            thr.add_metric(name, r["threshold_s"])
+        cls.add_metric(name, r["delay_class"])
+        delay.add_metric(name, r["delay_s"])
+        members.add_metric(name, len(r["members"]))
+        reads.add_metric(name, r["reads_completed"])
+        read_time.add_metric(name, r["read_time_s"])
+        written.add_metric(name, r["written_bytes"])
+    yield from (lat, thr, cls, delay, members, reads, read_time, written)
+
+
+def initiator_families(initiators: list[dict[str, Any]]) -> Iterator[Metric]:
+    rate = GaugeMetricFamily(
+        "santhrottle_initiator_write_bytes_per_second",
+        "Smoothed write rate of the initiator on the resource",
+        labels=["initiator", "resource"],
+    )
+    written = CounterMetricFamily(
+        "santhrottle_initiator_written_bytes",
+        "Bytes the initiator wrote to the resource: per convergence, its write rate x the "
+        "convergence period (restarts when the initiator leaves the discovery)",
+        labels=["initiator", "resource"],
+    )
+    delay = GaugeMetricFamily(
+        "santhrottle_initiator_delay_seconds",
+        "Packet delay applied to the initiator",
+        labels=["initiator", "mode"],
+    )
+    cls = GaugeMetricFamily(
+        "santhrottle_initiator_delay_class",
+        "Delay class applied to the initiator (0: not delayed)",
+        labels=["initiator", "mode"],
+    )
+    for i in initiators:
+        ip = i["initiator"]
+        for res, bps in i["write_bytes_per_second"].items():
+            if bps is not None:
+                rate.add_metric([ip, res], bps)
+        for res, n in i["written_bytes"].items():
+            written.add_metric([ip, res], n)
+        delay.add_metric([ip, i["mode"]], i["delay_s"])
+        cls.add_metric([ip, i["mode"]], i["class"])
+    yield from (rate, written, delay, cls)
+
+
+def daemon_families(st: dict[str, Any]) -> Iterator[Metric]:
+    paused = GaugeMetricFamily("santhrottle_paused", "1 while throttling is paused")
+    paused.add_metric([], 1.0 if st["paused"] else 0.0)
+    yield paused
+    c = st["counters"]
+    for name, key, doc in EVENT_COUNTERS:
+        m = CounterMetricFamily(name, doc)
+        m.add_metric([], c[key])
+        yield m
+    yield HistogramMetricFamily(
+        "santhrottle_tick_duration_seconds",
+        "Time each controller tick took (read the samples, step, update the kernel)",
+        buckets=[(floatToGoString(float(le)), n) for le, n in c["tick_duration_buckets"].items()],
+        sum_value=c["tick_seconds_sum"],
+    )
+
+
+def registry_for(
+    daemon: StatusSource, read_members: Callable[[], MemberCounters] | None = None
+) -> CollectorRegistry:
+    """A registry with the daemon's collector; read_members: the member sets'
+    counters (daemon/member_counters.py), None to leave those series out."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(DaemonCollector(daemon))
+    reg.register(DaemonCollector(daemon, read_members))
     return reg
