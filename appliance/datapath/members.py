@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from santhrottle.appliance.datapath.names import (
     MODES,
+    ROOT_MAJOR,
     SET_MODE,
     SET_NAMES,
     TMP_SUFFIX,
@@ -166,6 +167,25 @@ def render_ipset_swap(mode: str, members: Mapping[str, int], maxelem: int = MAXE
         lines.append(add + ip + cid)
     lines += [f"swap {tmp} {name}", f"destroy {tmp}", ""]
     return "\n".join(lines)
+
+
+def parse_ipset_save(text: str) -> dict[str, tuple[str, int, int, int]]:
+    """Our members from `ipset save NAME` output: ip -> (mode, HTB minor,
+    packets, bytes).  Lines of other sets, and a member whose skbprio is not
+    one of our classes (minor 0: HTB's direct queue), are what they are:
+    `add santhrottle-all 10.0.0.3 packets 12 bytes 3000 skbprio 5374:20`
+    -> {"10.0.0.3": ("all", 0x20, 12, 3000)}."""
+    out: dict[str, tuple[str, int, int, int]] = {}
+    root = f"{ROOT_MAJOR:x}:"
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) < 3 or f[0] != "add" or f[1] not in SET_MODE:
+            continue
+        kv = dict(zip(f[3::2], f[4::2], strict=False))
+        prio = kv.get("skbprio", "")
+        minor = int(prio[len(root) :], 16) if prio.startswith(root) else 0
+        out[f[2]] = (SET_MODE[f[1]], minor, int(kv.get("packets", 0)), int(kv.get("bytes", 0)))
+    return out
 
 
 def bulk_plan(

@@ -42,6 +42,7 @@ from santhrottle.appliance.datapath.members import (
     bulk_plan,
     members_after,
     modes_in,
+    parse_ipset_save,
     render_ipset_changes,
     render_ipset_swap,
 )
@@ -92,30 +93,16 @@ class MemberSets:
         return out
 
     def read(self) -> Readback:
-        """Every member with its mode, minor and counters; the cache follows."""
-        ips = self.host.ipsets()
+        """Every member with its mode, minor and counters; the cache follows.
+        Read with `ipset save` (one process per mode set that exists): for
+        10,000 members that is ~70 ms, where pyroute2's decoder takes ~1 s of
+        CPU."""
         raw: Readback = {}
         existing = self.headers()
-        for mode, name in SET_NAMES.items():
-            if name not in existing:
-                continue
-            for msg in ips.list(name):
-                adt = msg.get_attr("IPSET_ATTR_ADT")
-                if adt is None:
-                    continue
-                for data in adt.get_attrs("IPSET_ATTR_DATA"):
-                    ipf = data.get_attr("IPSET_ATTR_IP_FROM")
-                    ip = ipf.get_attr("IPSET_ATTR_IPADDR_IPV4") if ipf is not None else None
-                    if ip is None:
-                        continue
-                    prio = data.get_attr("IPSET_ATTR_SKBPRIO")
-                    minor = prio[1] if prio is not None and prio[0] == ROOT_MAJOR else 0
-                    raw[ip] = (
-                        mode,
-                        minor,
-                        int(data.get_attr("IPSET_ATTR_PACKETS") or 0),
-                        int(data.get_attr("IPSET_ATTR_BYTES") or 0),
-                    )
+        for name in SET_NAMES.values():
+            if name in existing:
+                out = self.host.run([self.host.tools.ipset, "save", name], what="ipset save")
+                raw.update(parse_ipset_save(out))
         self._members = {ip: (mode, minor) for ip, (mode, minor, _, _) in raw.items()}
         return raw
 

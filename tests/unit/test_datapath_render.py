@@ -502,3 +502,19 @@ def test_module_available(tmp_path):
 
 def test_netem_missing_message_names_the_module():
     assert "sch_netem" in NETEM_MISSING_MSG and "\n" not in NETEM_MISSING_MSG
+
+
+def test_members_read_back_from_ipset_save():
+    text = (
+        "create santhrottle-all hash:ip family inet hashsize 1024 maxelem 65536 counters "
+        "skbinfo bucketsize 12 initval 0x2594bc4c\n"
+        "add santhrottle-all 10.0.0.3 packets 12 bytes 3000 skbprio 5374:20\n"
+        "add santhrottle-all 10.0.0.4 packets 0 bytes 0 skbprio 5374:6000\n"
+        "add santhrottle-read 10.0.0.5 packets 1 bytes 2 skbprio 1:3\n"
+        "add admin-set 10.9.9.9\n"
+    )
+    assert mb.parse_ipset_save(text) == {
+        "10.0.0.3": ("all", 0x20, 12, 3000),
+        "10.0.0.4": ("all", 0x6000, 0, 0),
+        "10.0.0.5": ("read", 0, 1, 2),  # not one of our classes: HTB's direct queue
+    }
