@@ -42,7 +42,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from santhrottle.appliance.config import Config, ConfigError
-from santhrottle.appliance.config.schema import PIN_MODES
+from santhrottle.appliance.daemon import commands, view
+from santhrottle.appliance.daemon.commands import CommandError
 from santhrottle.appliance.daemon.counters import Counters, WrittenBytes
 from santhrottle.controller.domain import ReadSample, Resource, Samples, WriteSample
 from santhrottle.controller.step import ControllerState, new_state, step
@@ -89,10 +90,6 @@ class DaemonState:
     discovery: Any = None
     pending_writes: list[WriteSample] = field(default_factory=list)
     last_reads: dict[str, ReadSample] = field(default_factory=dict)
-
-
-class CommandError(Exception):
-    """A control-socket request that cannot be done; the message goes to the admin."""
 
 
 class Daemon:
@@ -309,135 +306,11 @@ class Daemon:
 
     def handle(self, cmd: str, args: dict[str, Any]) -> Any:
         """One control-socket request (daemon/control.py); raises CommandError."""
-        with self.lock:
-            if cmd == "ping":
-                return {"pong": True}
-            if cmd == "status":
-                return self.status()
-            if cmd == "resources":
-                return self.status()["resources"]
-            if cmd == "initiators":
-                return self.status()["initiators"]
-            if cmd == "threshold_show":
-                return {n: self.threshold_of(n) for n in sorted(self.known_resources())}
-            if cmd == "threshold_set":
-                name = args.get("resource")
-                thr = args.get("threshold_s")
-                if name not in self.known_resources():
-                    raise CommandError(
-                        f"unknown resource {name!r}; known: "
-                        f"{', '.join(sorted(self.known_resources())) or 'none'}"
-                    )
-                if not isinstance(thr, int | float) or isinstance(thr, bool) or not thr > 0:
-                    raise CommandError("threshold must be a positive duration")
-                self.state.thresholds[name] = float(thr)
-                self._reconcile_resources()
-                return {"resource": name, "threshold_s": float(thr)}
-            if cmd == "pin":
-                ip, k, mode = args.get("initiator"), args.get("class"), args.get("mode")
-                if not isinstance(ip, str) or not isinstance(k, int) or mode not in PIN_MODES:
-                    raise CommandError("pin needs initiator, class and mode (all|ack|read)")
-                if not 0 <= k <= self.config.max_class:
-                    raise CommandError(f"class {k} outside 0..{self.config.max_class}")
-                self.state.pins[ip] = (k, mode)  # applied by the next tick
-                return {
-                    "initiator": ip,
-                    "class": k,
-                    "delay_s": k * self.config.step_s,
-                    "mode": mode,
-                }
-            if cmd == "unpin":
-                ip = args.get("initiator")
-                if ip not in self.state.pins:
-                    raise CommandError(f"{ip!r} is not pinned")
-                del self.state.pins[ip]
-                return {"initiator": ip, "unpinned": True}
-            if cmd in ("pause", "resume"):
-                self.state.paused = cmd == "pause"
-                return {"paused": self.state.paused}
-        if cmd == "reload":
-            return self.reload()
-        raise CommandError(f"unknown command {cmd!r}")
+        return commands.handle(self, cmd, args)
 
     def status(self) -> dict[str, Any]:
-        d = self.state.discovery
-        step_s = self.config.step_s
-        resources = []
-        totals = self.counters.resources
-        for name in sorted(self.known_resources()):
-            rs = self.ctl.resources.get(name)
-            last = self.state.last_reads.get(name)
-            tot = totals.get(name)
-            resources.append(
-                {
-                    "resource": name,
-                    "threshold_s": self.threshold_of(name),
-                    "mode": "control" if rs is not None else "observe",
-                    "read_latency_ewma_s": rs.ewma.value if rs else None,
-                    "read_latency_s": last.read_latency_s if last and last.reads else None,
-                    "reads": last.reads if last else 0,
-                    "write_bytes_per_second": last.write_bps if last else None,
-                    "delay_class": rs.delay_class if rs else 0,
-                    "delay_s": (rs.delay_class if rs else 0) * step_s,
-                    "members": sorted(self.ctl.members(name)),
-                    "devices": list(d.resources.get(name, ())) if d is not None else [],
-                    # raw totals since the daemon started (daemon/counters.py)
-                    "reads_completed": tot.reads_completed if tot else 0,
-                    "read_time_s": tot.read_time_s if tot else 0.0,
-                    "written_bytes": tot.written_bytes if tot else 0.0,
-                }
-            )
-        rates = self.ctl.write_sets.rates()
-        written = self.written.snapshot()
-        inis: dict[str, dict[str, Any]] = {}
-        if d is not None:
-            for ip, v in d.initiators.items():
-                inis[ip] = {"resources": sorted(v.resources)}
-        for ip in set(self.state.applied) | set(self.state.pins):
-            inis.setdefault(ip, {"resources": []})
-        initiators = []
-        for ip in sorted(inis):
-            k, mode = self.state.applied.get(ip, (0, self.config.write_mode))
-            initiators.append(
-                {
-                    "initiator": ip,
-                    "resources": inis[ip]["resources"],
-                    "write_bytes_per_second": {
-                        r: rates.get((r, ip)) for r in inis[ip]["resources"]
-                    },
-                    "written_bytes": {r: written.get((ip, r), 0.0) for r in inis[ip]["resources"]},
-                    "write_heavy_on": sorted(self.ctl.write_sets.member_of.get(ip, ())),
-                    "class": k,
-                    "delay_s": k * step_s,
-                    "mode": mode,
-                    "pinned": ip in self.state.pins,
-                }
-            )
-        c = self.counters
-        return {
-            "paused": self.state.paused,
-            "tick_s": self.config.controller.tick_s,
-            "step_s": step_s,
-            "max_class": self.config.max_class,
-            "write_mode": self.config.write_mode,
-            "counters": {
-                "ticks": c.ticks,
-                "tick_overruns": c.tick_overruns,
-                "converges": c.converges,
-                "sensor_errors": c.sensor_errors,
-                "actuator_errors": c.actuator_errors,
-                "reloads": c.reloads,
-                "reload_failures": c.reload_failures,
-                "tick_seconds_sum": c.tick_seconds_sum,
-                "tick_duration_buckets": {  # cumulative, by upper bound (Prometheus' le)
-                    "+Inf" if math.isinf(le) else repr(le): n for le, n in c.tick_duration_buckets()
-                },
-                "glided_descents": self.actuator.glided,
-                "unordered_descents": self.actuator.unordered_moves,
-            },
-            "resources": resources,
-            "initiators": initiators,
-        }
+        """The daemon's whole view: resources, initiators, counters (daemon/view.py)."""
+        return view.status(self)
 
 
 def _rebuild(old: ControllerState, config: Config) -> ControllerState:

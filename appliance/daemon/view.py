@@ -1,0 +1,94 @@
+"""The daemon's view for `santhrottle status`, the control socket and the metrics.
+
+Plain data (JSON-ready): per resource its threshold, latency, class and
+members; per initiator its resources, write rates, class and pin; the
+daemon's counters.  Built under the daemon's lock from its state; reads
+nothing from the kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from santhrottle.appliance.daemon.loop import Daemon
+
+
+def status(daemon: Daemon) -> dict[str, Any]:
+    d = daemon.state.discovery
+    step_s = daemon.config.step_s
+    resources = []
+    totals = daemon.counters.resources
+    for name in sorted(daemon.known_resources()):
+        rs = daemon.ctl.resources.get(name)
+        last = daemon.state.last_reads.get(name)
+        tot = totals.get(name)
+        resources.append(
+            {
+                "resource": name,
+                "threshold_s": daemon.threshold_of(name),
+                "mode": "control" if rs is not None else "observe",
+                "read_latency_ewma_s": rs.ewma.value if rs else None,
+                "read_latency_s": last.read_latency_s if last and last.reads else None,
+                "reads": last.reads if last else 0,
+                "write_bytes_per_second": last.write_bps if last else None,
+                "delay_class": rs.delay_class if rs else 0,
+                "delay_s": (rs.delay_class if rs else 0) * step_s,
+                "members": sorted(daemon.ctl.members(name)),
+                "devices": list(d.resources.get(name, ())) if d is not None else [],
+                # raw totals since the daemon started (daemon/counters.py)
+                "reads_completed": tot.reads_completed if tot else 0,
+                "read_time_s": tot.read_time_s if tot else 0.0,
+                "written_bytes": tot.written_bytes if tot else 0.0,
+            }
+        )
+    rates = daemon.ctl.write_sets.rates()
+    written = daemon.written.snapshot()
+    inis: dict[str, dict[str, Any]] = {}
+    if d is not None:
+        for ip, v in d.initiators.items():
+            inis[ip] = {"resources": sorted(v.resources)}
+    for ip in set(daemon.state.applied) | set(daemon.state.pins):
+        inis.setdefault(ip, {"resources": []})
+    initiators = []
+    for ip in sorted(inis):
+        k, mode = daemon.state.applied.get(ip, (0, daemon.config.write_mode))
+        initiators.append(
+            {
+                "initiator": ip,
+                "resources": inis[ip]["resources"],
+                "write_bytes_per_second": {r: rates.get((r, ip)) for r in inis[ip]["resources"]},
+                "written_bytes": {r: written.get((ip, r), 0.0) for r in inis[ip]["resources"]},
+                "write_heavy_on": sorted(daemon.ctl.write_sets.member_of.get(ip, ())),
+                "class": k,
+                "delay_s": k * step_s,
+                "mode": mode,
+                "pinned": ip in daemon.state.pins,
+            }
+        )
+    c = daemon.counters
+    return {
+        "paused": daemon.state.paused,
+        "tick_s": daemon.config.controller.tick_s,
+        "step_s": step_s,
+        "max_class": daemon.config.max_class,
+        "write_mode": daemon.config.write_mode,
+        "counters": {
+            "ticks": c.ticks,
+            "tick_overruns": c.tick_overruns,
+            "converges": c.converges,
+            "sensor_errors": c.sensor_errors,
+            "actuator_errors": c.actuator_errors,
+            "reloads": c.reloads,
+            "reload_failures": c.reload_failures,
+            "tick_seconds_sum": c.tick_seconds_sum,
+            "tick_duration_buckets": {  # cumulative, by upper bound (Prometheus' le)
+                "+Inf" if math.isinf(le) else repr(le): n for le, n in c.tick_duration_buckets()
+            },
+            "glided_descents": daemon.actuator.glided,
+            "unordered_descents": daemon.actuator.unordered_moves,
+        },
+        "resources": resources,
+        "initiators": initiators,
+    }
