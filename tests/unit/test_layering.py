@@ -116,3 +116,22 @@ def test_every_code_package_is_in_the_distribution():
             rel = init.parent.relative_to(ROOT / folder)
             found.add(".".join([pkg, *rel.parts]))
     assert found == listed
+
+
+# Small rooms: a module over ~500 lines or a class over ~300 has more than one job.
+MODULE_MAX_LINES = 500
+CLASS_MAX_LINES = 300
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for folder in ("appliance", "controller", "bridge") for p in sources(folder)],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_small_rooms(path):
+    text = path.read_text()
+    assert text.count("\n") <= MODULE_MAX_LINES, f"{path.name}: {text.count(chr(10))} lines"
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ClassDef):
+            n = (node.end_lineno or node.lineno) - node.lineno + 1
+            assert n <= CLASS_MAX_LINES, f"{path.name}: class {node.name} has {n} lines"
