@@ -3,12 +3,22 @@
 #
 #   make wheel             dist/: sdist + wheel (python -m build), wheelhouse/ (its dependencies)
 #                          and santhrottle-wheelhouse.tar (the same, one file for the role)
+#   make man               what the build generates (buildsys/santhrottle_build.py) into
+#                          buildsys/generated/: man pages (man -l to read), completions,
+#                          the example config
 #   make ansible-lint      ansible-lint, production profile, on ansible/
 #   make vagrant-validate  vagrant validate: core config, libvirt and VirtualBox provider blocks
 #   make rollout-check     all three
 #
 # The tools install themselves when missing: build (in ROLLOUT_VENV),
 # ansible-lint (pip, into .venv), vagrant + vagrant-libvirt (apt, no recommends).
+#
+# The wheel installs, under its prefix (/usr/local for pip as root, else the venv):
+# share/man/man8/santhrottle{,d}.8, share/man/man5/santhrottle.toml.5,
+# share/bash-completion/completions/santhrottle{,d}, share/zsh/site-functions/_santhrottle{,d},
+# share/santhrottle/{santhrottle.toml.example,systemd/santhrottled.service,grafana/santhrottle.json}.
+# The man pages and completions come from the argparse parsers (argparse-manpage, shtab),
+# the example config from the config schema, when the sdist/wheel is built.
 
 DIST ?= dist
 ROLLOUT_VENV ?= build/rollout-venv
@@ -17,13 +27,15 @@ ROLLOUT_PY := $(ROLLOUT_VENV)/bin/python
 WHEELHOUSE_PYTHON ?= 3.11
 # The last commit's time (no git: a fixed date): the build's timestamps.
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 1700000000)
-WHEEL_SOURCES := pyproject.toml README.md $(shell git ls-files controller appliance bridge 2>/dev/null || find controller appliance bridge -type f)
+WHEEL_SOURCES := pyproject.toml README.md buildsys/santhrottle_build.py \
+  systemd/santhrottled.service docs/grafana/santhrottle.json \
+  $(shell git ls-files controller appliance bridge 2>/dev/null || find controller appliance bridge -type f)
 VAGRANT_PKGS := vagrant vagrant-libvirt
 VAGRANT_DIR := vagrant
 # Validation writes machine state: keep it out of the checkout.
 VAGRANT_VALIDATE_ENV := VAGRANT_DOTFILE_PATH=$(CURDIR)/build/vagrant-validate
 
-.PHONY: wheel ansible-lint vagrant-validate rollout-check
+.PHONY: wheel man ansible-lint vagrant-validate rollout-check
 
 # A reproducible tar of the wheelhouse (sorted, fixed owner and date), with any
 # tar: python's tarfile (GNU tar's --sort is not everywhere, e.g. macOS).
@@ -61,6 +73,9 @@ $(DIST)/.built: $(WHEEL_SOURCES) ansible/rollout.mk | $(ROLLOUT_PY)
 	@ls -l $(DIST) $(DIST)/wheelhouse
 
 wheel: $(DIST)/.built
+
+man: setup
+	$(VPY) buildsys/santhrottle_build.py
 
 ansible-lint:
 	@test -x $(VENV)/bin/ansible-lint || $(VPY) -m pip install -q ansible-lint

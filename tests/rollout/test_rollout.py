@@ -8,8 +8,10 @@
 - Every public variable is documented in the role's README, every private one
   is prefixed `__santhrottle_`.
 - ansible-lint (production profile), `vagrant validate` (core config, libvirt,
-  VirtualBox), `python -m build` (sdist + wheel), the Debian package names
-  (the role's package task in check mode).
+  VirtualBox), `python -m build` (sdist + wheel: modules, entry points, dependency
+  floors, and the data files under share/: man pages, completions, example config,
+  unit, dashboard), the Debian package names (the role's package task in check mode).
+- What the build generates, where it is made: tests/rollout/test_packaging.py.
 
 A missing tool is a skip that names it, never a pass. The role applied for
 real (twice, then a threshold change) is tests/lab/test_ansible_lab.py.
@@ -238,7 +240,8 @@ def test_unit_is_the_projects_unit_with_the_venvs_paths(rendered):
     unit = (rendered["defaults"] / "santhrottled.service").read_text()
     body = "\n".join(line for line in unit.splitlines() if not line.startswith("#"))
     want = "\n".join(line for line in UNIT.read_text().splitlines() if not line.startswith("#"))
-    assert body.replace("/opt/santhrottle/venv/bin/", "/usr/local/bin/") == want
+    # the venv's bin/ and share/ where the shipped unit has /usr/local's
+    assert body.replace("/opt/santhrottle/venv/", "/usr/local/") == want
     moved = (rendered["paths"] / "santhrottled.service").read_text()
     assert "ExecStart=/srv/st/venv/bin/santhrottled --config /srv/st/etc/st.toml" in moved
     assert (
@@ -468,6 +471,8 @@ def test_sdist_and_wheel_build(tmp_path):
         meta_dir = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
         entry = z.read(f"{meta_dir}/entry_points.txt").decode()
         meta = z.read(f"{meta_dir}/METADATA").decode()
+        data_dir = meta_dir.replace(".dist-info", ".data") + "/data/"
+        data = {n[len(data_dir) :]: z.read(n) for n in names if n.startswith(data_dir)}
     for mod in (
         "santhrottle/appliance/daemon/main.py",
         "santhrottle/appliance/datapath/glide.py",
@@ -482,9 +487,52 @@ def test_sdist_and_wheel_build(tmp_path):
     assert "santhrottle = santhrottle.appliance.cli.main:main" in entry
     for dep in ("pyroute2", "prometheus-client", "rtslib-fb"):
         assert re.search(rf"^Requires-Dist: {dep}\b", meta, flags=re.M | re.I), dep
+    # Debian 12's python3-prometheus-client (0.16) satisfies the floor
+    assert re.search(r"^Requires-Dist: prometheus-client>=0\.16$", meta, flags=re.M), meta
+    assert not re.search(r"^Requires-Dist: scapy", meta, flags=re.M | re.I)
+    # the data files, under the install prefix (the wheel's .data/data/)
+    assert sorted(data) == sorted(WHEEL_DATA), sorted(data)
+    assert data["share/santhrottle/systemd/santhrottled.service"] == UNIT.read_bytes()
+    assert (
+        data["share/santhrottle/grafana/santhrottle.json"]
+        == (ROOT / "docs" / "grafana" / "santhrottle.json").read_bytes()
+    )
+    example = data["share/santhrottle/santhrottle.toml.example"].decode()
+    assert parse_config(example, "example") == parse_config("", "example")
+    for page in (n for n in data if n.startswith("share/man/")):
+        assert data[page].startswith(b".TH "), page
+    for prog in ("santhrottle", "santhrottled"):
+        assert (
+            f"complete -o bashdefault -F _shtab_{prog} {prog}".encode()
+            in (data[f"share/bash-completion/completions/{prog}"])
+        )
+        assert data[f"share/zsh/site-functions/_{prog}"].startswith(f"#compdef {prog}".encode())
+    # the unit's Documentation= names what the wheel installs
+    for name, section in re.findall(r"man:([\w.]+)\((\d)\)", UNIT.read_text()):
+        assert f"share/man/man{section}/{name}.{section}" in data, name
+    for path in re.findall(r"file:///usr/local/(\S+)", UNIT.read_text()):
+        assert path in data, path
     with tarfile.open(sdist) as t:
         snames = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
     assert {"pyproject.toml", "appliance/daemon/main.py", "controller/step.py"} <= snames
+    # the wheel is built from the sdist: it carries the build backend and the data sources
+    assert {"buildsys/santhrottle_build.py", "systemd/santhrottled.service"} <= snames
+    assert "docs/grafana/santhrottle.json" in snames
+
+
+# What the wheel installs under the prefix (pyproject.toml [tool.setuptools.data-files]).
+WHEEL_DATA = (
+    "share/man/man8/santhrottle.8",
+    "share/man/man8/santhrottled.8",
+    "share/man/man5/santhrottle.toml.5",
+    "share/bash-completion/completions/santhrottle",
+    "share/bash-completion/completions/santhrottled",
+    "share/zsh/site-functions/_santhrottle",
+    "share/zsh/site-functions/_santhrottled",
+    "share/santhrottle/santhrottle.toml.example",
+    "share/santhrottle/systemd/santhrottled.service",
+    "share/santhrottle/grafana/santhrottle.json",
+)
 
 
 def test_debian_package_names_resolve(tmp_path):

@@ -39,6 +39,8 @@ def test_unit_has_what_the_appliance_needs():
         "ProtectSystem=strict",
         "RestrictAddressFamilies=AF_UNIX AF_NETLINK AF_INET AF_INET6 AF_PACKET",
         "SystemCallFilter=@system-service",
+        # installed by the wheel (share/man/man8/santhrottled.8; test_rollout.py checks)
+        "Documentation=man:santhrottled(8)",
     ):
         assert line in text, line
 
