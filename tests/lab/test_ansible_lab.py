@@ -230,6 +230,10 @@ def test_first_run_installs_from_the_wheel_and_starts_the_daemon(first, topology
         timeout=60,
     ).stdout.strip()
     assert where.startswith("/opt/santhrottle/venv/lib/"), where
+    # the wheel's man pages and completions, linked where man and the shells look
+    for page in ("man/man8/santhrottled.8", "man/man5/santhrottle.toml.5",
+                 "bash-completion/completions/santhrottle"):  # fmt: skip
+        assert (Path("/usr/local/share") / page).resolve().is_file(), page
     assert Path("/etc/modules-load.d/santhrottle.conf").read_text().count("sch_netem") == 1
     assert Path("/sys/module/sch_netem").is_dir()
     # the data path the daemon built, in the target's netns
