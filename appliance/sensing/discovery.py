@@ -113,8 +113,11 @@ def acl_write_bytes(
     tpgs: Iterable[LioTpg], exports: Iterable[Export]
 ) -> dict[tuple[str, str], int]:
     """(initiator address, resource) -> bytes written, from LIO's per-ACL LUN counters."""
-    res = {(e.target, e.lun): e.resource for e in exports if e.protocol == "iscsi"}
     out: dict[tuple[str, str], int] = {}
+    tpgs = [t for t in tpgs if t.acls]  # every second: mostly none (generated ACLs)
+    if not tpgs:
+        return out
+    res = {(e.target, e.lun): e.resource for e in exports if e.protocol == "iscsi"}
     for t in tpgs:
         for acl in t.acls:
             for n, b in acl.write_bytes.items():

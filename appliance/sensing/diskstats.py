@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
-from operator import sub
+from itertools import repeat
+from operator import mul, sub
 from pathlib import Path
 from typing import NamedTuple
 
@@ -62,8 +63,18 @@ class Snapshot:
 
 def parse_diskstats(text: str) -> Snapshot:
     snap = Snapshot()
+    lines = text.splitlines()
+    for i in range(0, len(lines), _PARSE_BLOCK_LINES):
+        block = lines[i : i + _PARSE_BLOCK_LINES]
+        if not _parse_columns(list(map(str.split, block)), snap.devices):
+            _parse_lines(block, snap)
+    return snap
+
+
+def _parse_lines(lines: list[str], snap: Snapshot) -> None:
+    """Line by line: any mix of field counts, malformed lines skipped and kept."""
     devices, make = snap.devices, _new_counters
-    for line in text.splitlines():
+    for line in lines:
         parts = line.split()
         if not parts:
             continue
@@ -81,7 +92,34 @@ def parse_diskstats(text: str) -> Snapshot:
             continue
         name = parts[2]
         devices[name] = make((major, minor, name, *nums))
-    return snap
+
+
+_NUMBER_COLUMNS = (0, 1, *range(3, 14))  # every field we keep but the name
+# Lines per column-by-column block: small enough that a block's strings and ints
+# stay in the CPU's caches (the whole file at once was slower than line by line
+# in make bench, where the sock_diag dump has just evicted everything)
+_PARSE_BLOCK_LINES = 64
+
+
+def _parse_columns(rows: list[list[str]], devices: dict[str, DevCounters]) -> bool:
+    """A block of split lines column by column, in C loops, into `devices`, when
+    every line has the same valid field count, every number parses and none is
+    negative (1,000 devices: ~2.1 -> 1.8 ms in make bench). False, and nothing
+    added, otherwise: _parse_lines() then says which lines it skipped."""
+    widths = set(map(len, rows))
+    if len(widths) != 1 or widths.pop() not in FIELD_COUNTS:
+        return False
+    columns = list(zip(*rows, strict=True))
+    try:
+        nums = [list(map(int, columns[i])) for i in _NUMBER_COLUMNS]
+    except ValueError:
+        return False
+    if min(map(min, nums)) < 0:
+        return False
+    names = columns[2]
+    counters = map(_new_counters, zip(nums[0], nums[1], names, *nums[2:], strict=True))
+    devices.update(zip(names, counters, strict=True))
+    return True
 
 
 class DevInterval(NamedTuple):
@@ -163,6 +201,12 @@ def _deltas(old: DevCounters, new: DevCounters) -> list[int] | None:
 def interval(prev: Snapshot, cur: Snapshot, interval_s: float) -> IntervalResult:
     if interval_s <= 0.0:
         raise ValueError(f"diskstats interval must be > 0 s, got {interval_s}")
+    res = _interval_columns(prev, cur, interval_s)
+    return res if res is not None else _interval_by_device(prev, cur, interval_s)
+
+
+def _interval_by_device(prev: Snapshot, cur: Snapshot, interval_s: float) -> IntervalResult:
+    """Device by device: disappearances, re-created devices, wraps and resets."""
     out = IntervalResult()
     make = _new_interval
     for name, old in prev.devices.items():
@@ -195,6 +239,38 @@ def interval(prev: Snapshot, cur: Snapshot, interval_s: float) -> IntervalResult
     return out
 
 
+_CUMULATIVE = (*range(3, 11), 12, 13)  # the counters we difference (in_flight, 11, is a gauge)
+
+
+def _interval_columns(prev: Snapshot, cur: Snapshot, interval_s: float) -> IntervalResult | None:
+    """interval() column by column, in C loops, in the common case: the same devices
+    in the same order, none re-created, no counter gone back (1,000 devices: ~1.6 ->
+    1.05 ms in make bench). None otherwise (_interval_by_device())."""
+    if not prev.devices or list(prev.devices) != list(cur.devices):
+        return None
+    old = list(zip(*prev.devices.values(), strict=True))
+    new = list(zip(*cur.devices.values(), strict=True))
+    if old[0] != new[0] or old[1] != new[1]:  # major:minor
+        return None
+    d = {i: list(map(sub, new[i], old[i])) for i in _CUMULATIVE}
+    if min(map(min, d.values())) < 0:
+        return None
+    intervals = zip(
+        new[2],
+        repeat(interval_s),
+        d[_READS],
+        d[_WRITES],
+        map(mul, d[_READ_SECTORS], repeat(SECTOR_BYTES)),
+        map(mul, d[_WRITE_SECTORS], repeat(SECTOR_BYTES)),
+        d[_READ_TICKS],
+        d[_WRITE_TICKS],
+        new[_IN_FLIGHT],
+        d[_IO_TICKS],
+        d[_WEIGHTED],
+    )
+    return IntervalResult(dict(zip(new[2], map(_new_interval, intervals), strict=True)))
+
+
 def write_bps_of(
     prev: Snapshot, cur: Snapshot, interval_s: float, devices: Iterable[str]
 ) -> dict[str, float]:
@@ -208,11 +284,15 @@ def write_bps_of(
     scale = SECTOR_BYTES / interval_s
     for name in devices:
         old, new = po.get(name), pc.get(name)
-        if old is None or new is None or new[:2] != old[:2]:
-            continue
-        v = _delta(old[_WRITE_SECTORS], new[_WRITE_SECTORS])
-        if v is not None:
-            out[name] = v * scale
+        if old is None or new is None or new.major != old.major or new.minor != old.minor:
+            continue  # gone, or re-created under another major:minor
+        v = new.write_sectors - old.write_sectors
+        if v < 0:  # a 32-bit wrap, or a reset (no rate)
+            wrapped = _delta(old.write_sectors, new.write_sectors)
+            if wrapped is None:
+                continue
+            v = wrapped
+        out[name] = v * scale
     return out
 
 

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
-from itertools import repeat
 from pathlib import Path
 
 from santhrottle.controller.domain import ReadSample, WriteSample
@@ -198,10 +197,17 @@ class TargetSensor:
             self._disappeared(prev[1], cur)
             ch = self._charges
             bps_of = write_bps_of(prev[1], cur, snap_t - prev[0], ch.devices)
-            for dev, res_col, ini_col in ch.single:  # C-level: no Python call per pair
-                bps = bps_of.get(dev)
-                if bps is not None:
-                    out.extend(map(_write_sample, zip(res_col, ini_col, repeat(bps), strict=False)))
+            dev_col, res_col, ini_col = ch.single
+            if len(bps_of) == len(ch.devices):  # all have a rate: C loops, no call per pair
+                bps_col = map(bps_of.__getitem__, dev_col)
+                out.extend(map(_write_sample, zip(res_col, ini_col, bps_col, strict=True)))
+            else:  # a device gone or re-created: its pairs get no sample
+                got_col = map(bps_of.get, dev_col)
+                out.extend(
+                    _write_sample(s)
+                    for s in zip(res_col, ini_col, got_col, strict=True)
+                    if s[2] is not None
+                )
             for pair, devs in ch.multi.items():  # charged by several devices: summed
                 got = [bps_of[d] for d in devs if d in bps_of]
                 if got:
@@ -228,8 +234,9 @@ class _Charges:
     (their rate comes from the counter)."""
 
     devices: tuple[str, ...] = ()
-    # device -> its pairs, as two columns, for pairs charged by this device only
-    single: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = field(default_factory=list)
+    # pairs charged by one device only, as three columns (device, resource,
+    # initiator), a device's pairs next to each other
+    single: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]] = ((), (), ())
     # pair -> devices, for an initiator with several LUNs on one resource
     multi: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
 
@@ -252,6 +259,10 @@ def _device_charges(d: Discovery) -> _Charges:
             ic.append(pair[1])
         else:
             ch.multi[pair] = tuple(devs)
-    ch.single = [(dev, tuple(rc), tuple(ic)) for dev, (rc, ic) in cols.items()]
+    ch.single = (
+        tuple(dev for dev, (rc, _) in cols.items() for _ in rc),
+        tuple(r for rc, _ in cols.values() for r in rc),
+        tuple(i for _, ic in cols.values() for i in ic),
+    )
     ch.devices = tuple(sorted({dev for devs in by_pair.values() for dev in devs}))
     return ch

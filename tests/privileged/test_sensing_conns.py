@@ -91,3 +91,13 @@ def test_raw_dump_matches_pyroute2(netns):
 
     assert sorted(map(key, ref)) == sorted(map(key, mine))
     assert len(mine) == 10  # 5 connections, both ends
+
+
+def test_one_walk_request_matches_one_request_per_family(netns):
+    from santhrottle.appliance.sensing.conns import _dump_raw
+
+    for ports in (frozenset({3260, 4420}), None):
+        one = _dump_raw(netns, ports)
+        per_family = _dump_raw(netns, ports, one_walk=False)
+        assert one == per_family
+    assert [len(ids) for _, ids in one] == [8, 2]  # every socket: 4 IPv4 connections, 1 IPv6

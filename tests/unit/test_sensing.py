@@ -1,8 +1,11 @@
 """Sensing parsers on synthetic input: field counts, malformed lines, wraps, fuzzing."""
 
+import errno
 import json
 import shutil
+import socket
 import string
+import struct
 from pathlib import Path
 
 import pytest
@@ -325,3 +328,224 @@ def test_converge_reuses_a_fresh_tick_snapshot(tmp_path):
     now[0] = 101.5  # the last tick is 0.5 s old: read the file
     (w,) = s.converge()[1]
     assert w.write_bps == pytest.approx((999_999 - 2048) * 512 / 0.5)
+
+
+# -- the fast paths give what the line-by-line / device-by-device code gives --------
+
+_counts = st.lists(st.integers(min_value=0, max_value=2**64), min_size=17, max_size=17)
+
+
+def _line(name: str, width: int, nums: list[int]) -> str:
+    return " ".join(["253", str(len(name)), name, *map(str, nums[: width - 3])])
+
+
+@st.composite
+def _diskstats_texts(draw):
+    """Mostly well-formed files (the column path), some lines of another width,
+    negative, non-numeric or empty, over several parse blocks."""
+    width = draw(st.sampled_from([14, 18, 20]))
+    n = draw(st.integers(min_value=0, max_value=150))
+    lines = [_line(f"dm-{i}", width, draw(_counts)) for i in range(n)]
+    for _ in range(draw(st.integers(min_value=0, max_value=3))):
+        bad = draw(
+            st.sampled_from(
+                ["", "garbage", _line("sdx", 19, [1] * 17), _line("sdy", 20, [-1] * 17),
+                 _line("dm-1", 14, [5] * 17), _line("sdz", 18, [3] * 17), "8 0 sdw x 1"]
+            )
+        )  # fmt: skip
+        lines.insert(draw(st.integers(min_value=0, max_value=len(lines))), bad)
+    return "\n".join(lines)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_diskstats_texts())
+def test_parse_diskstats_columns_match_line_by_line(text):
+    from santhrottle.appliance.sensing.diskstats import Snapshot, _parse_lines
+
+    want = Snapshot()
+    _parse_lines(text.splitlines(), want)
+    got = parse_diskstats(text)
+    assert list(got.devices.items()) == list(want.devices.items())
+    assert got.malformed == want.malformed
+
+
+@st.composite
+def _snapshot_pairs(draw):
+    """Two snapshots of the same devices, mostly counters that went forward; some
+    wrap, reset, re-created, disappeared, new or reordered devices."""
+    n = draw(st.integers(min_value=1, max_value=20))
+    old_lines, new_lines = [], []
+    for i in range(n):
+        a = draw(st.lists(st.integers(min_value=0, max_value=2**40), min_size=11, max_size=11))
+        step = draw(st.lists(st.integers(min_value=0, max_value=10**6), min_size=11, max_size=11))
+        b = [x + d for x, d in zip(a, step, strict=True)]
+        kind = draw(st.sampled_from(["fwd"] * 6 + ["wrap", "reset", "major", "gone"]))
+        if kind == "wrap":
+            a[0], b[0] = WRAP_32 - 3, 5
+        elif kind == "reset":
+            b[4] = a[4] - 1 if a[4] else 0
+            a[4] = max(a[4], 2**33)
+        old_lines.append(f"8 {i} sd{i} " + " ".join(map(str, a)))
+        if kind != "gone":
+            major = 9 if kind == "major" else 8
+            new_lines.append(f"{major} {i} sd{i} " + " ".join(map(str, b)))
+    if draw(st.booleans()):
+        new_lines.append("8 99 sdnew " + " ".join(["1"] * 11))
+    if draw(st.booleans()):
+        new_lines.reverse()
+    return parse_diskstats("\n".join(old_lines)), parse_diskstats("\n".join(new_lines))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_snapshot_pairs(), st.sampled_from([0.1, 1.0, 2.5]))
+def test_interval_columns_match_device_by_device(pair, dt):
+    from santhrottle.appliance.sensing.diskstats import _interval_by_device
+
+    old, new = pair
+    got, want = interval(old, new, dt), _interval_by_device(old, new, dt)
+    assert list(got.devices.items()) == list(want.devices.items())
+    assert (got.disappeared, got.reset) == (want.disappeared, want.reset)
+
+
+def test_write_samples_single_shared_multi_and_gone_devices(tmp_path):
+    """Every write source the convergence charges from diskstats, and a device that
+    disappears: its pairs get no sample, the others keep theirs, in order."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    now = [100.0]
+    tpgs = [
+        LioTpg("iscsi", "iqn.a", 1, True, True, (("10.0.0.1", 3260),),
+               (LioLun(0, "b/0", "/dev/labvg/lun0"), LioLun(1, "b/1", "/dev/labvg/lun1")), ()),
+        LioTpg("iscsi", "iqn.b", 1, True, True, (("10.0.0.11", 3260),),
+               (LioLun(0, "b/2", "/dev/labvg/nvme0"),), ()),
+    ]  # fmt: skip
+    conns = [
+        TcpConn("10.0.0.1", 3260, "10.0.0.5", 1),  # both LUNs of iqn.a: charged by two devices
+        TcpConn("10.0.0.11", 3260, "10.0.0.6", 2),  # iqn.b's LUN, shared by .6 and .7
+        TcpConn("10.0.0.11", 3260, "10.0.0.7", 3),
+    ]
+    s = TargetSensor(
+        proc_root=proc,
+        sys_root=LAB / "sys",
+        configfs_root=tmp_path / "none",
+        clock=lambda: now[0],
+        connections=FakeConns(conns),
+    )
+    s.lio = type("L", (), {"scan": lambda self: tpgs})()
+
+    def converge(t: float, **sectors: int) -> list[tuple[str, str, float]]:
+        now[0] = t
+        (proc / "diskstats").write_text(
+            "".join(f"253 {d[3:]} {d} 0 0 0 0 0 0 {w} 0 0 0 0\n" for d, w in sectors.items())
+        )
+        return [tuple(w) for w in s.converge()[1]]
+
+    assert converge(100.0, **{"dm-0": 0, "dm-1": 0, "dm-2": 0}) == []
+    assert converge(101.0, **{"dm-0": 100, "dm-1": 300, "dm-2": 50}) == [
+        ("labvg", "10.0.0.6", 50 * 512.0),
+        ("labvg", "10.0.0.7", 50 * 512.0),
+        ("labvg", "10.0.0.5", 400 * 512.0),
+    ]
+    assert converge(102.0, **{"dm-0": 200, "dm-1": 300}) == [("labvg", "10.0.0.5", 100 * 512.0)]
+    assert s.warnings.disappeared_devices == ["dm-2"]
+    assert converge(103.0, **{"dm-0": 200, "dm-1": 340, "dm-2": 60}) == [
+        ("labvg", "10.0.0.5", 40 * 512.0)  # dm-2 is back: no rate from a missing snapshot
+    ]
+
+
+# -- raw sock_diag replies, without a kernel ------------------------------------------
+
+
+def _diag_msg(mtype, family, sport, src, dst, size=124):
+    """nlmsghdr + inet_diag_msg (sockid: sport, dport 40000, src, dst) + attributes."""
+    body = struct.pack("=BBBB", family, 1, 0, 0) + struct.pack(">HH", sport, 40000)
+    body += src.ljust(16, b"\0") + dst.ljust(16, b"\0") + bytes(12 + 20)  # if, cookie; rest
+    return struct.pack("=IHHII", size, mtype, 2, 1, 0) + body + bytes(size - 16 - len(body))
+
+
+def _sid(sport, src, dst):
+    return struct.pack(">HH", sport, 40000) + src.ljust(16, b"\0") + dst.ljust(16, b"\0")
+
+
+_DONE = struct.pack("=IHHIIi", 20, 3, 2, 1, 0, 0)
+
+
+class FakeDiagSocket:
+    """Answers each request sent with the datagrams `replies(request)` returns."""
+
+    def __init__(self, replies):
+        self.replies, self.sent, self.queue = replies, [], []
+
+    def send(self, data):
+        self.sent.append(data)
+        self.queue.extend(self.replies(data))
+        return len(data)
+
+    def recv_into(self, buf):
+        d = self.queue.pop(0)
+        buf[: len(d)] = d
+        return len(d)
+
+
+V4A, V4B, V6A = (
+    socket.inet_pton(socket.AF_INET, "10.0.0.1"),
+    b"\x0a\0\0\x02",
+    b"\xfe\x80" + bytes(14),
+)
+
+
+def test_one_walk_dump_sorts_families_and_ports_in_either_decoder():
+    from santhrottle.appliance.sensing.conns import _dump_sockets
+
+    def replies(req):
+        assert struct.unpack_from("=H", req, 4)[0] == 18  # TCPDIAG_GETSOCK
+        uniform = b"".join(
+            [
+                _diag_msg(18, socket.AF_INET, 3260, V4A, V4B),
+                _diag_msg(18, socket.AF_INET6, 4420, V6A, V6A),
+                _diag_msg(18, socket.AF_INET, 22, V4A, V4B),  # not a storage port
+                _diag_msg(18, socket.AF_INET, 3260, V4B, V4A),
+            ]
+        )
+        # then another message length and DONE: message by message
+        return [uniform, _diag_msg(18, socket.AF_INET6, 3260, V6A, V6A, size=140) + _DONE]
+
+    sock = FakeDiagSocket(replies)
+    got = _dump_sockets(sock, frozenset({3260, 4420}), bytearray(1 << 16))
+    assert got == [
+        (socket.AF_INET, [_sid(3260, V4A, V4B), _sid(3260, V4B, V4A)]),
+        (socket.AF_INET6, [_sid(4420, V6A, V6A), _sid(3260, V6A, V6A)]),
+    ]
+    assert len(sock.sent) == 1
+    every = _dump_sockets(FakeDiagSocket(replies), None, bytearray(1 << 16))
+    assert [len(ids) for _, ids in every] == [3, 2]
+
+
+@pytest.mark.parametrize("err", [errno.EINVAL, errno.EOPNOTSUPP])
+def test_a_kernel_that_refuses_the_one_walk_request_gets_one_per_family(err):
+    from santhrottle.appliance.sensing.conns import _dump_sockets
+
+    def replies(req):
+        mtype, family = struct.unpack_from("=H", req, 4)[0], req[16]
+        if mtype == 18:
+            return [struct.pack("=IHHIIi", 36, 2, 0, 1, 0, -err) + bytes(16)]  # NLMSG_ERROR
+        assert mtype == 20  # SOCK_DIAG_BY_FAMILY
+        if family == socket.AF_INET:
+            return [_diag_msg(20, socket.AF_INET, 3260, V4A, V4B) * 2, _DONE]
+        return [_DONE]
+
+    sock = FakeDiagSocket(replies)
+    got = _dump_sockets(sock, frozenset({3260}), bytearray(1 << 16))
+    assert got == [(socket.AF_INET, [_sid(3260, V4A, V4B)] * 2), (socket.AF_INET6, [])]
+    assert [struct.unpack_from("=H", r, 4)[0] for r in sock.sent] == [18, 20, 20]
+
+
+def test_other_sock_diag_errors_are_raised():
+    from santhrottle.appliance.sensing.conns import _dump_sockets
+
+    def replies(req):
+        return [struct.pack("=IHHIIi", 36, 2, 0, 1, 0, -errno.EPERM) + bytes(16)]
+
+    with pytest.raises(OSError) as e:
+        _dump_sockets(FakeDiagSocket(replies), frozenset({3260}), bytearray(1 << 16))
+    assert e.value.errno == errno.EPERM
