@@ -34,10 +34,15 @@ import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .blockdevs import LogicalVolume, lv_index, resolve_device_path, volume_groups
-from .conns import TcpConn
-from .lio import LioTpg
-from .nvmet import NvmetPort, NvmetSubsystem
+from santhrottle.appliance.sensing.blockdevs import (
+    LogicalVolume,
+    lv_index,
+    resolve_device_path,
+    volume_groups,
+)
+from santhrottle.appliance.sensing.conns import TcpConn
+from santhrottle.appliance.sensing.lio import LioTpg
+from santhrottle.appliance.sensing.nvmet import NvmetPort, NvmetSubsystem
 
 WILDCARDS = {"0.0.0.0", "::", "[::]", ""}
 

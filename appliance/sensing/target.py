@@ -16,12 +16,10 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
-from santhrottle.controller.domain import ReadSample, WriteSample
-
-from .blockdevs import LvmScanner
-from .conns import ConnectionSensor
-from .discovery import Discovery, acl_write_bytes, build_discovery
-from .diskstats import (
+from santhrottle.appliance.sensing.blockdevs import LvmScanner
+from santhrottle.appliance.sensing.conns import ConnectionSensor
+from santhrottle.appliance.sensing.discovery import Discovery, acl_write_bytes, build_discovery
+from santhrottle.appliance.sensing.diskstats import (
     DevInterval,
     DiskstatsReader,
     Snapshot,
@@ -29,8 +27,9 @@ from .diskstats import (
     read_latency_of,
     write_bps_of,
 )
-from .lio import LioSensor, LioUnavailable
-from .nvmet import NvmetSensor
+from santhrottle.appliance.sensing.lio import LioSensor, LioUnavailable
+from santhrottle.appliance.sensing.nvmet import NvmetSensor
+from santhrottle.controller.domain import ReadSample, WriteSample
 
 log = logging.getLogger(__name__)
 # WriteSample from a (resource, initiator, bps) tuple without a Python call per item
