@@ -301,16 +301,21 @@ def set_side(links: list[str], state: str, baseline: str) -> None:
         with Datapath(DatapathSpec((link,), ports=PORTS), netns=NETNS) as d:
             d.cleanup()
         sh([*tc, "del", "dev", link, "root"], check=False)
+    # the variant first: set_variant's cleanup removes every tree of ours in the namespace
     for j, link in enumerate(links):
-        with Datapath(DatapathSpec((link,), ports=PORTS), netns=NETNS) as d:
-            s = d.spec
-            if on == str(j):
+        if on == str(j):
+            with Datapath(DatapathSpec((link,), ports=PORTS), netns=NETNS) as d:
                 set_variant(d, variant)
-            elif baseline == "tc":
+    for j, link in enumerate(links):
+        if on == str(j):
+            continue
+        if baseline == "tc":
+            with Datapath(DatapathSpec((link,), ports=PORTS), netns=NETNS) as d:
+                s = d.spec
                 tree = desired_tree(s.step_us, s.max_class, s.link_bits_s, s.leaf, s.glide_leaves)
                 d.device().apply(tree)
-            elif baseline != "noqueue":
-                sh([*tc, "add", "dev", link, "root", baseline])
+        elif baseline != "noqueue":
+            sh([*tc, "add", "dev", link, "root", baseline])
 
 
 def side_by_side(args) -> dict:
