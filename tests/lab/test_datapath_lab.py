@@ -11,7 +11,6 @@ curves and the idle cost are vagrant/experiments/datapath_lab.py's.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 import threading
@@ -22,21 +21,10 @@ import pytest
 
 pytestmark = pytest.mark.lab
 
-HERE = Path(__file__).resolve().parent
-MEASURE_PY = HERE.parent.parent / "vagrant" / "experiments" / "measure.py"
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "vagrant" / "experiments"
+sys.path.insert(0, str(EXPERIMENTS))  # the lab's measuring helpers, shared with the experiments
+import measure as m  # noqa: E402
 
-
-def _measure():
-    mod = sys.modules.get("santhrottle_lab_measure")
-    if mod is None:
-        spec = importlib.util.spec_from_file_location("santhrottle_lab_measure", MEASURE_PY)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["santhrottle_lab_measure"] = mod
-        spec.loader.exec_module(mod)
-    return mod
-
-
-m = _measure()
 NETNS, DEVICE, PORTS = m.NETNS, m.DEVICE, m.PORTS
 sh, tcp_counters, fio_once = m.sh, m.tcp_counters, m.fio_once
 curve, summarize = m.curve, m.summarize
