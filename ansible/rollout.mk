@@ -1,4 +1,4 @@
-# Rollout: the wheel, the Ansible role, the Vagrantfile (docs/rollout.md).
+# Rollout: the wheel, the Ansible role, the Vagrantfile (docs/install.md).
 # Included by the top Makefile; VENV / VPY / PY come from there.
 #
 #   make wheel             dist/: sdist + wheel (python -m build), wheelhouse/ (its dependencies)

@@ -266,7 +266,15 @@ def _discover_or_apply(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _daemon_socket(args: argparse.Namespace) -> str:
-    return str(args.socket or config_defaults().control_socket)
+    """--socket, else the configuration's daemon.control_socket, else the default."""
+    if args.socket:
+        return str(args.socket)
+    if os.path.exists(args.config):
+        try:
+            return load_config(args.config).control_socket
+        except ConfigError as e:
+            raise CliError(f"{e} (give --socket)") from None
+    return config_defaults().control_socket
 
 
 def _daemon(args: argparse.Namespace, cmd: str, **kw: Any) -> Any:
@@ -275,7 +283,7 @@ def _daemon(args: argparse.Namespace, cmd: str, **kw: Any) -> Any:
 
     path = _daemon_socket(args)
     if args.socket is None and not os.path.exists(path):
-        return None
+        return None  # no daemon: straight to the kernel
     try:
         return request(path, cmd, **kw)
     except DaemonUnavailable:
@@ -360,6 +368,7 @@ def _socket(p: argparse.ArgumentParser) -> None:
         help="santhrottled's control socket (default: the configuration's); when the daemon "
         "runs, pins go through it, otherwise straight to the kernel",
     )
+    p.add_argument("--config", default=DEFAULT_PATH, help="where the socket's path is read from")
 
 
 def add_commands(sub: Any) -> None:

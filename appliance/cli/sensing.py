@@ -1,18 +1,23 @@
 """`santhrottle resources` and `santhrottle initiators`: what discovery sees, measured now.
 
 They run one sensing pass over --interval seconds on this host (no daemon
-needed), so an admin can check discovery before enabling throttling.
+needed), so an admin can check discovery before enabling throttling.  They
+see what the daemon would: the configuration file, when there is one, gives
+the storage ports, the declared resources, the static map and the target's
+network namespace (sock_diag runs inside it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
 
 from santhrottle.appliance.cli.common import CliError, verb
+from santhrottle.appliance.config import DEFAULT_PATH, ConfigError, load_config
 from santhrottle.appliance.sensing.target import TargetSensor
 from santhrottle.appliance.units import fmt_mb, fmt_ms
 
@@ -21,7 +26,8 @@ examples:
   santhrottle resources                 # VGs, their devices, read latency, write rate
   santhrottle initiators --interval 2   # who loads which VG, and how much they write
   santhrottle initiators --json | jq '.[] | select(.resources | length > 1)'
-  ip netns exec tgt santhrottle resources   # a target living in a network namespace
+  santhrottle resources --config /etc/santhrottle/santhrottle.toml
+                                        # ports, declared resources, static map, netns from it
 
 Read latency is the read-weighted mean over the resource's devices that had
 reads in the interval; write rates come from LIO's per-ACL counters or from
@@ -36,11 +42,30 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
         raise CliError(f"cannot read {e.filename or 'kernel state'}: {e.strerror or e}") from None
 
 
+def _from_config(path: str) -> dict[str, Any]:
+    """What the configuration tells the sensors (nothing when there is no file)."""
+    if not os.path.exists(path):
+        return {}
+    try:
+        cfg = load_config(path)
+    except ConfigError as e:
+        raise CliError(str(e)) from None
+    return {
+        "ports": cfg.ports,
+        "netns": cfg.netns,
+        "declared": {n: r.devices for n, r in cfg.resources.items() if r.devices},
+        "static_map": cfg.static_map,
+    }
+
+
 def _measure_once(args: argparse.Namespace) -> dict[str, Any]:
     if args.interval <= 0 or args.interval > 60:
         raise CliError(f"--interval must be within (0, 60] s, got {args.interval:g}")
     sensor = TargetSensor(
-        proc_root=args.proc_root, sys_root=args.sys_root, configfs_root=args.configfs_root
+        proc_root=args.proc_root,
+        sys_root=args.sys_root,
+        configfs_root=args.configfs_root,
+        **_from_config(args.config),
     )
     sensor.converge()
     sensor.read_samples()
@@ -140,6 +165,12 @@ def add_commands(sub: Any) -> None:
         p.description = help_[:1].upper() + help_[1:] + ", measured over --interval seconds."
         p.add_argument("--interval", type=float, default=1.0, metavar="S", help="default 1 s")
         p.add_argument("--json", action="store_true", help="print JSON")
+        p.add_argument(
+            "--config",
+            default=DEFAULT_PATH,
+            help="configuration to read ports, declared resources, static map and netns from "
+            "(default %(default)s, when it exists)",
+        )
         p.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
         p.add_argument("--sys-root", default="/sys", help=argparse.SUPPRESS)
         p.add_argument("--configfs-root", default="/sys/kernel/config", help=argparse.SUPPRESS)

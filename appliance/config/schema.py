@@ -195,7 +195,8 @@ def octal_mode() -> Kind:
 def name(what: str) -> Kind:
     def parse(v: Any) -> str:
         if not isinstance(v, str) or not NAME_RE.match(v):
-            raise _fail(v, f"is not a {what} name (letters, digits and _ . + -)")
+            article = "an" if what[:1] in "aeiou" else "a"
+            raise _fail(v, f"is not {article} {what} name (letters, digits and _ . + -)")
         return v
 
     return Kind(f"{what} name", parse)

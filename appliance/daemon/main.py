@@ -25,7 +25,9 @@ from santhrottle.appliance.version import version_line
 
 log = logging.getLogger("santhrottled")
 EXIT_USAGE = 2
-REQUIRED_MODULES = ("sch_htb", "sch_netem", "ip_set", "ip_set_hash_ip", "xt_set")
+REQUIRED_MODULES = (
+    "sch_htb", "sch_netem", "ip_set", "ip_set_hash_ip", "xt_set", "xt_bpf", "xt_multiport"
+)  # fmt: skip
 REQUIRED_TOOLS = ("tc", "ipset", "iptables", "iptables-restore")
 
 EPILOG = """\

@@ -568,3 +568,20 @@ def test_debian_package_names_resolve(tmp_path):
     )
     assert p.returncode == 0, p.stdout[-4000:]
     assert re.search(r"failed=0", p.stdout), p.stdout[-2000:]
+
+
+def test_the_roles_restart_keys_are_the_schemas():
+    """A setting the daemon cannot reload must restart it when the role changes it:
+    the role's restart digest covers every key the configuration schema marks
+    restart (socket_mode: the role never writes it)."""
+    import yaml
+
+    from santhrottle.appliance.config.schema import KEYS
+
+    role_vars = yaml.safe_load((ROOT / "ansible/roles/santhrottle/vars/main.yml").read_text())
+    role = set(role_vars["__santhrottle_restart_keys"])
+    as_schema = {"control_socket": "daemon.control_socket", "netns": "daemon.netns",
+                 "metrics_address": "metrics.address", "metrics_port": "metrics.port"}  # fmt: skip
+    covered = {as_schema.get(k, f"datapath.{k}") for k in role}
+    restart = {k.dotted for k in KEYS if k.restart} - {"daemon.socket_mode"}
+    assert covered == restart

@@ -53,3 +53,17 @@ def test_bad_input_one_line(args, message, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_the_configuration_declares_resources_and_maps_addresses(roots, tmp_path, capsys):
+    conf = tmp_path / "s.toml"
+    conf.write_text(
+        '[datapath]\ndevices = ["eth1"]\n\n[resources.decl]\ndevices = ["dm-2"]\n\n'
+        '[static_map]\n"192.0.2.77" = ["decl"]\n'
+    )
+    assert main(["resources", "--json", *roots, "--config", str(conf)]) == 0
+    got = {r["resource"]: r for r in json.loads(capsys.readouterr().out)}
+    assert got["decl"]["devices"] == ["dm-2"] and "192.0.2.77" in got["decl"]["initiators"]
+    conf.write_text("[datapath]\nstep = 5\n")
+    assert main(["resources", *roots, "--config", str(conf)]) == 2
+    assert "datapath.step" in capsys.readouterr().err
