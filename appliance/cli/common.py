@@ -9,6 +9,9 @@ never a traceback.  Every verb has a description, its own examples in
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from collections.abc import Callable
 from typing import Any
 
 EXIT_USAGE = 2
@@ -28,3 +31,13 @@ def verb(sub: Any, name: str, help_: str, epilog: str) -> argparse.ArgumentParse
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     return p
+
+
+def emit(args: argparse.Namespace, data: Any, show: Callable[[Any], None]) -> int:
+    """--json: the data as JSON on stdout; otherwise show(data) for humans.  Exit 0."""
+    if getattr(args, "json", False):
+        json.dump(data, sys.stdout, indent=1)
+        print()
+    else:
+        show(data)
+    return 0

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from typing import Any
 
-from santhrottle.appliance.cli.common import CliError, verb
+from santhrottle.appliance.cli.common import CliError, emit, verb
 from santhrottle.appliance.config import DEFAULT_PATH, ConfigError, defaults, load_config
 from santhrottle.appliance.daemon.control import DaemonUnavailable, RemoteError, request
 from santhrottle.appliance.units import UnitError, fmt_duration, fmt_mb, fmt_ms, parse_duration_s
@@ -86,13 +85,7 @@ def print_status(st: dict[str, Any]) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    st = call(args, "status")
-    if args.json:
-        json.dump(st, sys.stdout, indent=1)
-        print()
-    else:
-        print_status(st)
-    return 0
+    return emit(args, call(args, "status"), print_status)
 
 
 def _split_operands(args: argparse.Namespace) -> list[str]:
@@ -110,15 +103,13 @@ def _split_operands(args: argparse.Namespace) -> list[str]:
     return rest
 
 
+def _print_thresholds(data: dict[str, float | None]) -> None:
+    for name, thr in data.items():
+        print(f"{name:<16} {fmt_ms(thr) if thr is not None else 'none (observe only)'}")
+
+
 def cmd_threshold_show(args: argparse.Namespace) -> int:
-    data = call(args, "threshold_show")
-    if args.json:
-        json.dump(data, sys.stdout, indent=1)
-        print()
-    else:
-        for name, thr in data.items():
-            print(f"{name:<16} {fmt_ms(thr) if thr is not None else 'none (observe only)'}")
-    return 0
+    return emit(args, call(args, "threshold_show"), _print_thresholds)
 
 
 def cmd_threshold_set(args: argparse.Namespace) -> int:
@@ -133,22 +124,14 @@ def cmd_threshold_set(args: argparse.Namespace) -> int:
     if thr <= 0:
         raise CliError("threshold: must be above 0")
     data = call(args, "threshold_set", resource=resource, threshold_s=thr)
-    if args.json:
-        json.dump(data, sys.stdout)
-        print()
-    else:
-        print(f"{data['resource']}: threshold {fmt_ms(data['threshold_s'])}")
-    return 0
+    return emit(
+        args, data, lambda d: print(f"{d['resource']}: threshold {fmt_ms(d['threshold_s'])}")
+    )
 
 
 def cmd_simple(args: argparse.Namespace) -> int:
     data = call(args, args.command)
-    if args.json:
-        json.dump(data, sys.stdout)
-        print()
-    else:
-        print(", ".join(f"{k} {v}" for k, v in data.items()))
-    return 0
+    return emit(args, data, lambda d: print(", ".join(f"{k} {v}" for k, v in d.items())))
 
 
 def cmd_top(args: argparse.Namespace) -> int:

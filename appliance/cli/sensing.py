@@ -10,13 +10,11 @@ network namespace (sock_diag runs inside it).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 import time
 from typing import Any
 
-from santhrottle.appliance.cli.common import CliError, verb
+from santhrottle.appliance.cli.common import CliError, emit, verb
 from santhrottle.appliance.config import DEFAULT_PATH, ConfigError, load_config
 from santhrottle.appliance.sensing.target import TargetSensor
 from santhrottle.appliance.units import fmt_mb, fmt_ms
@@ -115,35 +113,24 @@ def _measure_once(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def cmd_resources(args: argparse.Namespace) -> int:
-    data = _measure(args)
-    if args.json:
-        json.dump(data["resources"], sys.stdout, indent=1)
-        print()
-        return 0
+def _print_resources(resources: list[dict[str, Any]], ambiguous: list[str]) -> None:
     head = ("RESOURCE", "DEVICES", "READS/s", "READ_LAT", "WR_MB/s")
     print(f"{head[0]:<16} {head[1]:<20} {head[2]:>8} {head[3]:>9} {head[4]:>8}  INITIATORS")
-    for r in data["resources"]:
+    for r in resources:
         print(
             f"{r['resource']:<16} {','.join(r['devices']):<20} {r['reads_per_s']:>8.1f} "
             f"{fmt_ms(r['read_latency_s']):>9} {fmt_mb(r['write_bytes_per_second']):>8}  "
             f"{','.join(r['initiators']) or '-'}"
         )
-    if not data["resources"]:
+    if not resources:
         print("no resources: no LVM volume group and none declared in config")
-    for a in data["ambiguous"]:
+    for a in ambiguous:
         print(f"ambiguous: {a} (add a static map)")
-    return 0
 
 
-def cmd_initiators(args: argparse.Namespace) -> int:
-    data = _measure(args)
-    if args.json:
-        json.dump(data["initiators"], sys.stdout, indent=1)
-        print()
-        return 0
+def _print_initiators(initiators: list[dict[str, Any]]) -> None:
     print(f"{'INITIATOR':<18} {'RESOURCE':<16} {'WR_MB/s':>8} {'SOURCE':<7} EXPORTS")
-    for i in data["initiators"]:
+    for i in initiators:
         exports = ",".join(f"{e['target']}/{e['lun']}" for e in i["exports"]) or "-"
         for res in i["resources"] or ["-"]:
             rate = i["write_bytes_per_second"].get(res)
@@ -151,9 +138,17 @@ def cmd_initiators(args: argparse.Namespace) -> int:
                 f"{i['initiator']:<18} {res:<16} {fmt_mb(rate):>8} "
                 f"{i['write_sources'].get(res, '-'):<7} {exports}"
             )
-    if not data["initiators"]:
+    if not initiators:
         print("no initiators connected on the storage ports")
-    return 0
+
+
+def cmd_resources(args: argparse.Namespace) -> int:
+    data = _measure(args)
+    return emit(args, data["resources"], lambda rs: _print_resources(rs, data["ambiguous"]))
+
+
+def cmd_initiators(args: argparse.Namespace) -> int:
+    return emit(args, _measure(args)["initiators"], _print_initiators)
 
 
 def add_commands(sub: Any) -> None:
