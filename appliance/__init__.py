@@ -6,6 +6,7 @@
     sensing/   diskstats, LVM, LIO (rtslib-fb), nvmet, sock_diag
     config/    the one home of every key, default and bound
     units.py   the one parser of durations and rates
+    netns.py   entering a network namespace, one thread at a time
 
 Imports go cli -> daemon -> datapath / sensing -> config -> units, never back
 (tests/unit/test_layering.py); the CLI never imports daemon/main.py.

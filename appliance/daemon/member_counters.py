@@ -13,9 +13,9 @@ What it owns
     a fake; daemon/main.py wires this one.
 
     pyroute2 keeps its namespace stack process-wide: the socket is opened
-    inside the namespace between pushns and popns (Host.inside), as the
-    convergence worker's sock_diag socket is; each entry saves and restores
-    the main thread's namespace, the root one while the daemon runs.
+    inside the namespace through appliance/netns.py's entered(), which lets
+    one thread in at a time (the tick's and the convergence worker's sockets
+    are opened the same way).
 
     The counters restart from 0 when an initiator leaves its set and joins
     again, and for every member of a set rebuilt by a bulk swap (a large

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from santhrottle.appliance.datapath.names import DatapathError, NetemMissing
+from santhrottle.appliance.netns import entered
 
 NETEM_MISSING_MSG = (
     "this kernel has no sch_netem (the netem qdisc the delay classes need): "
@@ -113,15 +114,10 @@ class Host:
         if path is None:
             yield
             return
-        from pyroute2 import netns as pnetns
-
         fd = os.open(path, os.O_RDONLY)
         try:
-            pnetns.pushns(fd)  # an fd: never creates a namespace
-            try:
+            with entered(fd):  # an fd: never creates a namespace
                 yield
-            finally:
-                pnetns.popns()
         finally:
             os.close(fd)
 

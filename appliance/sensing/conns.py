@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from itertools import compress, repeat
 from typing import Any
 
+from santhrottle.appliance.netns import entered
+
 TCP_ESTABLISHED = 1
 
 
@@ -222,17 +224,11 @@ def _dump_raw(
 ) -> list[_Raw]:
     """_dump_sockets() through a socket of its own, in `netns` if given."""
     buf = bytearray(_RECV_BYTES) if buf is None else buf
-    if netns:
-        from pyroute2 import netns as pnetns
-
-        pnetns.pushns(netns)
-    try:
-        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG) as sock:
-            sock.bind((0, 0))
-            return _dump_sockets(sock, ports, buf, one_walk)
-    finally:
-        if netns:
-            pnetns.popns()
+    with entered(netns or None):  # the socket is the namespace's for its life
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG)
+    with sock:
+        sock.bind((0, 0))
+        return _dump_sockets(sock, ports, buf, one_walk)
 
 
 def dump_established(

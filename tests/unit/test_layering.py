@@ -65,7 +65,16 @@ def test_bridge_imports_controller_only(path):
 
 
 # appliance's rooms, lowest first: a module imports only from its own room or lower ones.
-ROOMS = {"units": 0, "version": 0, "config": 1, "datapath": 2, "sensing": 2, "daemon": 3, "cli": 4}
+ROOMS = {
+    "units": 0,
+    "version": 0,
+    "netns": 0,
+    "config": 1,
+    "datapath": 2,
+    "sensing": 2,
+    "daemon": 3,
+    "cli": 4,
+}
 ENTRY = "santhrottle.appliance.daemon.main"
 
 
