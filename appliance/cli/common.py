@@ -21,12 +21,15 @@ class CliError(Exception):
     """One line for the admin; exit status 2."""
 
 
-def verb(sub: Any, name: str, help_: str, epilog: str) -> argparse.ArgumentParser:
-    """A subparser named `name` with its help, description and examples."""
+def verb(
+    sub: Any, name: str, help_: str, epilog: str, description: str | None = None
+) -> argparse.ArgumentParser:
+    """A subparser named `name` with its help, description (default: the help as a
+    sentence) and examples."""
     p: argparse.ArgumentParser = sub.add_parser(
         name,
         help=help_,
-        description=help_[:1].upper() + help_[1:] + ".",
+        description=description or help_[:1].upper() + help_[1:] + ".",
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -373,12 +373,14 @@ def _socket(p: argparse.ArgumentParser) -> None:
 
 def add_commands(sub: Any) -> None:
     """Add `datapath`, `pin`, `unpin` and `cleanup` to the CLI's subparsers."""
-    dpp = verb(sub, "datapath", "install or show the throttle data path (tc, ipset, iptables)",
-               DATAPATH_EPILOG)  # fmt: skip
-    dpp.description = (
+    dpp = verb(
+        sub,
+        "datapath",
+        "install or show the throttle data path (tc, ipset, iptables)",
+        DATAPATH_EPILOG,
         "The kernel state that delays initiators: an HTB root with one netem class per "
         "delay step on the device facing the initiators, skbinfo ipsets (initiator -> "
-        "class), static rules in the mangle chain SANTHROTTLE."
+        "class), static rules in the mangle chain SANTHROTTLE.",
     )
     dsub = dpp.add_subparsers(dest="datapath_command", metavar="ACTION", required=True)
 
@@ -427,10 +429,13 @@ def add_commands(sub: Any) -> None:
     _netns(s)
     s.set_defaults(func=cmd_show)
 
-    p = verb(sub, "pin", "delay one initiator by hand", PIN_EPILOG)
-    p.description = (
+    p = verb(
+        sub,
+        "pin",
+        "delay one initiator by hand",
+        PIN_EPILOG,
         "Put an initiator into a delay class by hand: through santhrottled when it runs, "
-        "on the kernel directly otherwise."
+        "on the kernel directly otherwise.",
     )
     p.add_argument("initiator", metavar="INITIATOR", help="initiator IPv4 address")
     p.add_argument("--delay", required=True, help="delay with a unit: 5ms, 500us")

@@ -156,8 +156,7 @@ def add_commands(sub: Any) -> None:
         ("resources", cmd_resources, "shared resources (VGs), their read latency and write rate"),
         ("initiators", cmd_initiators, "connected initiators, their resources and write rates"),
     ):
-        p = verb(sub, name, help_, EPILOG)
-        p.description = help_[:1].upper() + help_[1:] + ", measured over --interval seconds."
+        p = verb(sub, name, help_, EPILOG, help_[:1].upper() + help_[1:] + ", over --interval s.")
         p.add_argument("--interval", type=float, default=1.0, metavar="S", help="default 1 s")
         p.add_argument("--json", action="store_true", help="print JSON")
         p.add_argument(

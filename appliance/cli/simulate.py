@@ -105,11 +105,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: Any) -> None:
-    s = verb(sub, "simulate", "run the real controller against a simulated storage resource",
-             SIMULATE_EPILOG)  # fmt: skip
-    s.description = (
+    s = verb(
+        sub,
+        "simulate",
+        "run the real controller against a simulated storage resource",
+        SIMULATE_EPILOG,
         "Run a scenario: uncontrolled, then controlled at each threshold; print latency "
-        "percentiles, overshoot, time above threshold, writer throughput."
+        "percentiles, overshoot, time above threshold, writer throughput.",
     )
     s.add_argument("scenario", metavar="SCENARIO", help="scenario file (TOML)")
     s.add_argument("--json", action="store_true", help="print the summary and series as JSON")
