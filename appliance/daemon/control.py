@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+# The control protocol's version: in every reply ("protocol") and in the CLI's --json.
+PROTOCOL_VERSION = 1
 MAX_REQUEST_BYTES = 64 * 1024
 CLIENT_TIMEOUT_S = 10.0
 # How often the server looks for a shutdown request (close() waits up to this).
