@@ -16,9 +16,11 @@ Worked example
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
+import stat
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,9 @@ from santhrottle.appliance.config.schema import (
     KindError,
 )
 from santhrottle.controller.domain import ControllerConfig, PidGains
+
+# No configuration is near this; a bigger file is a mistake (or /dev/zero).
+MAX_CONFIG_BYTES = 1024 * 1024
 
 
 class ConfigError(ValueError):
@@ -72,6 +77,9 @@ class Config:
     # [metrics]
     metrics_address: str = ""
     metrics_port: int = 0
+    # [daemon], later additions
+    socket_group: str | None = None
+    state_dir: str = "/var/lib/santhrottle"
 
     @property
     def step_s(self) -> float:
@@ -94,6 +102,11 @@ class Config:
             for dotted, attr in RESTART_FIELDS.items()
             if getattr(self, attr) != getattr(other, attr)
         ]
+
+    def keeping_restart_keys_of(self, running: Config) -> Config:
+        """This config with the restart keys' values of the running one (what a
+        reload can take effect with)."""
+        return replace(self, **{a: getattr(running, a) for a in RESTART_FIELDS.values()})
 
 
 # Config attribute of each key that needs a restart (schema: Key.restart).
@@ -161,13 +174,19 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+        raise ConfigError(f"{path}: not valid TOML: {_one_line(e)}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid TOML: nested too deep") from None
     r = _Reader(text, path)
     for k in data:
         if k not in TABLES:
             raise r.fail(k, f"unknown table (known: {', '.join(sorted(TABLES))})")
 
     d = r.table(data, "daemon", "daemon")
+    if d["socket_mode"] == 0o660 and not d["socket_group"]:
+        raise r.fail("daemon.socket_mode", '"0660" needs daemon.socket_group')
+    if d["socket_group"] and d["socket_mode"] != 0o660:
+        raise r.fail("daemon.socket_group", 'needs socket_mode = "0660"')
     p = r.table(data, "datapath", "datapath")
     if p["max_delay"] % p["step"]:
         raise r.fail("datapath.max_delay", "must be a whole multiple of datapath.step")
@@ -221,6 +240,8 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
         static_map=_static_map(r, data),
         metrics_address=m["address"],
         metrics_port=m["port"],
+        socket_group=d["socket_group"],
+        state_dir=d["state_dir"],
     )
 
 
@@ -259,15 +280,40 @@ def _static_map(r: _Reader, data: dict[str, Any]) -> dict[str, tuple[str, ...]]:
 
 def load_config(path: str | Path = DEFAULT_PATH) -> Config:
     p = Path(path)
+    return parse_config(read_text_file(p, MAX_CONFIG_BYTES, ConfigError), str(p))
+
+
+def read_text_file(p: Path, max_bytes: int, error: type[Exception]) -> str:
+    """A regular file's UTF-8 text, at most max_bytes; `error` with one line
+    otherwise.  Opened non-blocking and checked before reading: a FIFO, a
+    device (/dev/zero) or a directory never blocks or fills the memory."""
     try:
-        text = p.read_text(encoding="utf-8")
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise ConfigError(f"{p}: no such file (see docs/configure.md for an example)") from None
+        raise error(f"{p}: no such file (see docs/configure.md for an example)") from None
     except OSError as e:
-        raise ConfigError(f"{p}: cannot read: {e.strerror or e}") from None
+        raise error(f"{p}: cannot read: {e.strerror or e}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise error(f"{p}: not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        if st.st_size > max_bytes:
+            raise error(f"{p}: larger than {max_bytes // 1024} KiB")
+        try:
+            raw = f.read(max_bytes + 1)
+        except OSError as e:
+            raise error(f"{p}: cannot read: {e.strerror or e}") from None
+    if len(raw) > max_bytes:
+        raise error(f"{p}: larger than {max_bytes // 1024} KiB")
+    try:
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise ConfigError(f"{p}: not UTF-8 text") from None
-    return parse_config(text, str(p))
+        raise error(f"{p}: not UTF-8 text") from None
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split())
 
 
 def defaults() -> Config:

@@ -55,6 +55,12 @@ MAX_GLIDE_LEAVES = 256
 MIN_STEP_US = 10
 MAX_STEP_US = 100_000
 MAX_DELAY_US = 2_000_000
+# The fastest link HTB's and netem's sizing is checked for (tc takes 64-bit rates).
+MAX_LINK_BITS_S = 10 * 10**12
+# sun_path of a Unix socket holds 107 bytes and the terminating NUL.
+MAX_SOCKET_PATH_BYTES = 107
+# The control socket: root only, or root and one group (daemon.socket_group).
+SOCKET_MODES = ("0600", "0660")
 # The modes a write-heavy initiator's packets can be delayed in (docs/datapath.md):
 # every packet, or pure ACKs only (the 2010 method).  `read` exists for pins.
 WRITE_MODES = ("all", "ack")
@@ -131,11 +137,14 @@ def byte_rate() -> Kind:
 def bit_rate() -> Kind:
     def parse(v: Any) -> int:
         try:
-            return parse_bit_rate(v)
+            bits = parse_bit_rate(v)
         except UnitError as e:
             raise KindError(str(e)) from None
+        if bits > MAX_LINK_BITS_S:
+            raise _fail(v, "is above 10tbit")
+        return bits
 
-    return Kind("link speed, >= 1mbit (e.g. 10gbit)", parse)
+    return Kind("link speed, 1mbit..10tbit (e.g. 10gbit)", parse)
 
 
 def integer(lo: int, hi: int) -> Kind:
@@ -174,22 +183,27 @@ def choice(options: Sequence[str]) -> Kind:
     return Kind(" or ".join(f'"{o}"' for o in options), parse)
 
 
-def abs_path() -> Kind:
+def abs_path(max_bytes: int = 4095) -> Kind:
     def parse(v: Any) -> str:
-        if not isinstance(v, str) or not v.startswith("/"):
+        if not isinstance(v, str) or not v.startswith("/") or "\0" in v:
             raise _fail(v, "must be an absolute path")
+        if len(v.encode("utf-8", "surrogateescape")) > max_bytes:
+            raise _fail(v, f"is longer than {max_bytes} bytes")
         return v
 
-    return Kind("absolute path", parse)
+    return Kind("absolute path" if max_bytes == 4095 else f"absolute path, <= {max_bytes} bytes",
+                parse)  # fmt: skip
 
 
-def octal_mode() -> Kind:
+def socket_mode() -> Kind:
     def parse(v: Any) -> int:
-        if not isinstance(v, str) or not re.fullmatch(r"0?[0-7]{3}", v):
-            raise _fail(v, 'must be an octal string such as "0600"')
+        if v not in SOCKET_MODES:
+            raise _fail(
+                v, f"must be {' or '.join(map(repr, SOCKET_MODES))} (0660 with socket_group)"
+            )
         return int(v, 8)
 
-    return Kind('octal string, e.g. "0600"', parse)
+    return Kind(" or ".join(f'"{m}"' for m in SOCKET_MODES), parse)
 
 
 def name(what: str) -> Kind:
@@ -254,6 +268,8 @@ def parse_ports_text(text: str) -> tuple[int, ...]:
 
 def ip_address() -> Kind:
     def parse(v: Any) -> str:
+        if not isinstance(v, str):
+            raise _fail(v, 'is not an IP address: write it as a string, e.g. "127.0.0.1"')
         try:
             return str(ipaddress.ip_address(v))
         except (ValueError, TypeError):
@@ -297,10 +313,17 @@ def _ctl(key: str, kind: Kind, default: Any, doc: str) -> Key:
 
 KEYS: tuple[Key, ...] = (
     # [daemon]
-    Key("daemon", "control_socket", abs_path(), "/run/santhrottle/control.sock",
-        "the CLI's Unix socket", restart=True),
-    Key("daemon", "socket_mode", octal_mode(), "0600",
-        "permissions of the control socket (0600: root only)", restart=True),
+    Key("daemon", "control_socket", abs_path(MAX_SOCKET_PATH_BYTES),
+        "/run/santhrottle/control.sock", "the CLI's Unix socket", restart=True),
+    Key("daemon", "socket_mode", socket_mode(), "0600",
+        "permissions of the control socket: 0600 root only, 0660 root and socket_group",
+        restart=True),
+    Key("daemon", "socket_group", name("group"), None,
+        "a group whose members may use the control socket (with socket_mode 0660); "
+        "unset: root only", restart=True),
+    Key("daemon", "state_dir", abs_path(), "/var/lib/santhrottle",
+        "where the runtime state (pins, pause, threshold overrides, classes) survives a "
+        "restart", restart=True),
     Key("daemon", "netns", name("network namespace"), None,
         "network namespace of the target (sock_diag, tc, ipset, iptables); unset: the "
         "daemon's own", restart=True),
