@@ -55,6 +55,13 @@ Bounds
     Classes are in [0, max_class] (PID clamp). A resource whose threshold
     is changed keeps its PID state: the new error acts from the next tick.
 
+New parameters, a restart
+    reconfigure(state, config): new gains, EWMA time constants, write-heavy
+    thresholds or cadences keep every resource's class (the PID continues
+    from it: bumpless), its latency EWMA and the write-heavy sets, so a
+    reload moves no initiator.  seed_class(state, name, k) starts a new
+    resource at class k (a restarted daemon continues its last decision).
+
 Idle behaviour
     Writers pause (paper: 5 s pauses between bursts): the resource's own
     write rate drops under write_heavy_leave_bps and the class is held, so
@@ -159,6 +166,42 @@ def new_state(config: ControllerConfig, resources: list[Resource]) -> Controller
     for r in resources:
         state.set_resource(r)
     return state
+
+
+def seed_class(state: ControllerState, name: str, delay_class: int) -> None:
+    """Start resource `name` at delay_class (the PID continues from it)."""
+    rs = state.resources[name]
+    rs.delay_class = max(0, min(delay_class, state.config.max_class))
+    rs.pid.u = float(rs.delay_class)
+    _recompute_effective(state, set(state.members(name)))
+
+
+def reconfigure(state: ControllerState, config: ControllerConfig) -> ControllerState:
+    """The same resources, classes, EWMAs and write-heavy sets under new parameters."""
+    sets = state.write_sets
+    fresh = WriteHeavySets(
+        config.write_ewma_tau_s, config.write_heavy_enter_bps, config.write_heavy_leave_bps
+    )  # validates the thresholds
+    sets.tau_s, sets.enter_bps, sets.leave_bps = fresh.tau_s, fresh.enter_bps, fresh.leave_bps
+    sets.clear_alpha_cache()
+    out = ControllerState(
+        config,
+        sets=sets,
+        effective=state.effective,
+        rising=state.rising,
+        next_tick_s=state.next_tick_s,
+        next_converge_s=state.next_converge_s,
+        late_ticks_total=state.late_ticks_total,
+    )
+    for name, rs in state.resources.items():
+        out.set_resource(rs.resource)
+        new = out.resources[name]
+        new.ewma.value, new.ewma.last_s = rs.ewma.value, rs.ewma.last_s
+        new.last_read_s = rs.last_read_s
+        new.delay_class = min(rs.delay_class, config.max_class)
+        new.pid.u = float(new.delay_class)
+    _recompute_effective(out, set(out.effective) | set(out.rising))
+    return out
 
 
 def _schedule(next_s: float | None, period_s: float, now_s: float) -> tuple[bool, float, int]:

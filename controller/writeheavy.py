@@ -85,6 +85,10 @@ class WriteHeavySets:
         self.member_of: dict[str, set[str]] = {}  # initiator -> resources
         self._alpha_cache: dict[float, float] = {}
 
+    def clear_alpha_cache(self) -> None:
+        """After a change of tau_s."""
+        self._alpha_cache.clear()
+
     def _alpha(self, dt_s: float) -> float:
         # Samples from one sensor pass share dt: one exp() per pass, not per pair.
         a = self._alpha_cache.get(dt_s)

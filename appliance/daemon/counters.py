@@ -78,6 +78,7 @@ class Counters:
     actuator_errors: int = 0
     reloads: int = 0
     reload_failures: int = 0
+    state_save_errors: int = 0
     tick_seconds_sum: float = 0.0
     # ticks per bucket of TICK_DURATION_BUCKETS_S (not cumulative), +Inf last
     tick_duration_counts: list[int] = field(

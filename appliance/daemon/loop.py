@@ -45,8 +45,16 @@ from santhrottle.appliance.config import Config, ConfigError
 from santhrottle.appliance.daemon import commands, view
 from santhrottle.appliance.daemon.commands import CommandError
 from santhrottle.appliance.daemon.counters import Counters, WrittenBytes
+from santhrottle.appliance.daemon.restore import age_adopted, snapshot
+from santhrottle.appliance.daemon.state import Saved, StateStore
 from santhrottle.controller.domain import ReadSample, Resource, Samples, WriteSample
-from santhrottle.controller.step import ControllerState, new_state, step
+from santhrottle.controller.step import (
+    ControllerState,
+    new_state,
+    reconfigure,
+    seed_class,
+    step,
+)
 
 log = logging.getLogger("santhrottled")
 
@@ -87,6 +95,9 @@ class DaemonState:
     pins: dict[str, tuple[int, str]] = field(default_factory=dict)  # ip -> (class, mode)
     thresholds: dict[str, float] = field(default_factory=dict)  # runtime overrides
     applied: dict[str, tuple[int, str]] = field(default_factory=dict)  # ip -> (class, mode)
+    # members a previous run left that no pin explains: held, then lowered (restore.py)
+    adopted: dict[str, tuple[int, str]] = field(default_factory=dict)
+    adopt_until: float | None = None
     discovery: Any = None
     pending_writes: list[WriteSample] = field(default_factory=list)
     last_reads: dict[str, ReadSample] = field(default_factory=dict)
@@ -103,6 +114,7 @@ class Daemon:
         sleep: Callable[[float], None] = time.sleep,
         load_config: Callable[[str], Config] | None = None,
         notify: Callable[[str], None] | None = None,
+        store: StateStore | None = None,
     ) -> None:
         self.config = config
         self.sensors = sensors
@@ -121,6 +133,11 @@ class Daemon:
         self._next_converge: float | None = None
         self._resources_dirty = True  # a new discovery or config: reconcile at the next tick
         self._gc = GcFreezer()
+        self.store = store  # None: nothing survives a restart (tests)
+        self.seed_classes: dict[str, int] = {}  # resource -> class, from the last run
+        self._saved: Saved | None = None  # what the store holds
+        self._save_lock = threading.Lock()
+        self.restart_pending: list[str] = []  # keys a reload could not change
 
     # ----------------------------------------------------------- resources
     def threshold_of(self, name: str) -> float | None:
@@ -142,6 +159,8 @@ class Daemon:
                 changed.update(self.ctl.remove_resource(name))
         for name, thr in want.items():
             self.ctl.set_resource(Resource(name, thr))
+            if name in self.seed_classes:  # the last run's class: continue from it
+                seed_class(self.ctl, name, self.seed_classes.pop(name))
         if changed:
             log.info("resources removed; %d initiator class(es) changed", len(changed))
 
@@ -162,6 +181,7 @@ class Daemon:
             self.state.pending_writes.extend(writes)
             self.counters.converges += 1
             self._resources_dirty = True
+        self.save_state()  # the resource classes, once per convergence when they changed
         self._gc.after_convergence(self.sensors)
 
     def tick(self, now: float) -> None:
@@ -182,6 +202,7 @@ class Daemon:
                 self.state.last_reads[r.resource] = r
             self.counters.add_reads(reads if read_ok else None, self.config.controller.tick_s)
             self.ctl, _ = step(self.ctl, Samples(reads, writes), now)
+            age_adopted(self, now)
             self._actuate()
             self.counters.record_tick(self.clock() - t0)
         self.notify("WATCHDOG=1")
@@ -191,6 +212,9 @@ class Daemon:
         if self.state.paused:
             return {}
         out = {ip: (k, self.config.write_mode) for ip, k in self.ctl.effective.items()}
+        for ip, (k, mode) in self.state.adopted.items():
+            if out.get(ip, (0, mode))[0] < k:
+                out[ip] = (k, mode)
         out.update({ip: pin for ip, pin in self.state.pins.items() if pin[0] > 0})
         return out
 
@@ -288,34 +312,54 @@ class Daemon:
             self.counters.reload_failures += 1
             raise CommandError(f"reload refused, keeping the running config: {e}") from None
         with self.lock:
-            fixed = new.restart_changes(self.config)
-            if fixed:
-                self.counters.reload_failures += 1
-                raise CommandError(
-                    f"reload refused: {', '.join(fixed)} changed, which needs a restart "
-                    "(systemctl restart santhrottled)"
-                )
             old = self.config
-            self.config = new
-            if new.controller != old.controller:
-                self.ctl = _rebuild(self.ctl, new)
+            # restart keys keep their running values; the rest takes effect now
+            self.restart_pending = new.restart_changes(old)
+            self.config = new.keeping_restart_keys_of(old)
+            if self.config.controller != old.controller:
+                self.ctl = reconfigure(self.ctl, self.config.controller)
             self._resources_dirty = True
             self.counters.reloads += 1
-        log.info("reloaded %s", new.path)
-        return {"reloaded": new.path}
+        if self.restart_pending:
+            log.warning(
+                "reloaded %s; %s changed and take effect at the next restart",
+                new.path,
+                ", ".join(self.restart_pending),
+            )
+        else:
+            log.info("reloaded %s", new.path)
+        return {"reloaded": new.path, "restart_needed": list(self.restart_pending)}
 
     def handle(self, cmd: str, args: dict[str, Any]) -> Any:
-        """One control-socket request (daemon/control.py); raises CommandError."""
-        return commands.handle(self, cmd, args)
+        """One control-socket request (daemon/control.py); raises CommandError.
+        What it changed is on disk before the answer (save_state)."""
+        out = commands.handle(self, cmd, args)
+        self.save_state()
+        return out
+
+    def save_state(self) -> None:
+        """Write pause, pins, overrides and classes when they changed since the
+        last write.  A failure is logged and counted, never raised: the daemon
+        keeps controlling, and the next change tries again."""
+        if self.store is None:
+            return
+        with self._save_lock:  # the file's own lock: the tick never waits for an fsync
+            with self.lock:
+                snap = snapshot(self)
+            if snap == self._saved:
+                return
+            try:
+                self.store.save(snap)
+            except OSError as e:
+                with self.lock:
+                    self.counters.state_save_errors += 1
+                log.error("cannot save the runtime state to %s: %s", self.store.path, e)
+                return
+            self._saved = snap
 
     def status(self) -> dict[str, Any]:
         """The daemon's whole view: resources, initiators, counters (daemon/view.py)."""
         return view.status(self)
-
-
-def _rebuild(old: ControllerState, config: Config) -> ControllerState:
-    """New controller parameters: fresh PIDs and sets (the classes restart from 0)."""
-    return new_state(config.controller, [rs.resource for rs in old.resources.values()])
 
 
 class GcFreezer:

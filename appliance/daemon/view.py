@@ -28,6 +28,8 @@ def status(daemon: Daemon) -> dict[str, Any]:
             {
                 "resource": name,
                 "threshold_s": daemon.threshold_of(name),
+                "configured_threshold_s": daemon.config.threshold_of(name),
+                "threshold_override": name in daemon.state.thresholds,
                 "mode": "control" if rs is not None else "observe",
                 "read_latency_ewma_s": rs.ewma.value if rs else None,
                 "read_latency_s": last.read_latency_s if last and last.reads else None,
@@ -49,7 +51,7 @@ def status(daemon: Daemon) -> dict[str, Any]:
     if d is not None:
         for ip, v in d.initiators.items():
             inis[ip] = {"resources": sorted(v.resources)}
-    for ip in set(daemon.state.applied) | set(daemon.state.pins):
+    for ip in set(daemon.state.applied) | set(daemon.state.pins) | set(daemon.state.adopted):
         inis.setdefault(ip, {"resources": []})
     initiators = []
     for ip in sorted(inis):
@@ -65,11 +67,15 @@ def status(daemon: Daemon) -> dict[str, Any]:
                 "delay_s": k * step_s,
                 "mode": mode,
                 "pinned": ip in daemon.state.pins,
+                # left by a previous run: held, then lowered (daemon/restore.py)
+                "adopted": ip in daemon.state.adopted,
             }
         )
     c = daemon.counters
     return {
         "paused": daemon.state.paused,
+        # keys the configuration file changed that take effect at the next restart
+        "restart_needed": list(daemon.restart_pending),
         "tick_s": daemon.config.controller.tick_s,
         "step_s": step_s,
         "max_class": daemon.config.max_class,
@@ -82,6 +88,7 @@ def status(daemon: Daemon) -> dict[str, Any]:
             "actuator_errors": c.actuator_errors,
             "reloads": c.reloads,
             "reload_failures": c.reload_failures,
+            "state_save_errors": c.state_save_errors,
             "tick_seconds_sum": c.tick_seconds_sum,
             "tick_duration_buckets": {  # cumulative, by upper bound (Prometheus' le)
                 "+Inf" if math.isinf(le) else repr(le): n for le, n in c.tick_duration_buckets()

@@ -1,0 +1,179 @@
+"""The daemon's runtime state on disk: what the admin said and what the controller decided.
+
+What it owns
+    state.json in daemon.state_dir (/var/lib/santhrottle): pause, pins and
+    threshold overrides (the admin's words, kept however old), and each
+    resource's delay class with the wall-clock time it was saved (the
+    controller's last decision, a starting point only while it is recent).
+    The kernel's members are not kept here: the kernel is their record,
+    and a start reads them back (daemon/restore.py).
+
+Writes are atomic: a temporary file in the same directory, fsync, rename
+over state.json, fsync of the directory.  A kill -9 at any moment leaves
+either the old or the new file, never half of one.  A file is validated on
+load like a configuration (types, addresses, finite positive thresholds,
+classes within 0..max_class, modes); one that is not valid raises
+StateError with one line, and the caller sets it aside.
+
+Worked example
+    store = StateStore("/var/lib/santhrottle")
+    store.save(Saved(paused=True, pins={"10.0.0.3": (10, "all")},
+                     thresholds={"vg0": 0.01}, resource_classes={"vg0": 12}))
+    store.load(max_class=100) -> the same Saved (saved_at set);
+    a file with "pins": {"bogus": [5, "all"]} -> StateError
+    "state.json: pins: 'bogus' is not an IP address".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from santhrottle.appliance.config.parse import read_text_file
+from santhrottle.appliance.config.schema import NAME_RE, PIN_MODES
+
+STATE_FILE = "state.json"
+STATE_VERSION = 1
+# 10,000 pins are ~400 KiB of JSON.
+MAX_STATE_BYTES = 8 * 1024 * 1024
+
+
+class StateError(ValueError):
+    """A state file that cannot be used: one line."""
+
+
+@dataclass
+class Saved:
+    paused: bool = False
+    pins: dict[str, tuple[int, str]] = field(default_factory=dict)  # ip -> (class, mode)
+    thresholds: dict[str, float] = field(default_factory=dict)  # resource -> s (overrides)
+    resource_classes: dict[str, int] = field(default_factory=dict)
+    saved_at: float | None = None  # wall clock (time.time()) of the save
+
+
+def encode(s: Saved, now: float) -> bytes:
+    doc = {
+        "version": STATE_VERSION,
+        "saved_at": now,
+        "paused": s.paused,
+        "pins": {ip: [k, mode] for ip, (k, mode) in sorted(s.pins.items())},
+        "thresholds": dict(sorted(s.thresholds.items())),
+        "resource_classes": dict(sorted(s.resource_classes.items())),
+    }
+    return json.dumps(doc, indent=1, allow_nan=False).encode() + b"\n"
+
+
+def _reject(_: str) -> Any:
+    raise ValueError("NaN and Infinity are not numbers")
+
+
+def decode(text: str, max_class: int, where: str = STATE_FILE) -> Saved:
+    """A Saved from the file's text; StateError naming the field otherwise."""
+    try:
+        doc = json.loads(text, parse_constant=_reject)
+    except (ValueError, RecursionError) as e:
+        raise StateError(f"{where}: not valid JSON: {' '.join(str(e).split())}") from None
+    if not isinstance(doc, dict):
+        raise StateError(f"{where}: not a JSON object")
+    if doc.get("version") != STATE_VERSION:
+        raise StateError(f"{where}: version {doc.get('version')!r}, expected {STATE_VERSION}")
+
+    def bad(key: str, what: str) -> StateError:
+        return StateError(f"{where}: {key}: {what}")
+
+    out = Saved()
+    saved_at = doc.get("saved_at")
+    if saved_at is not None:
+        if not _number(saved_at):
+            raise bad("saved_at", f"{saved_at!r} is not a time")
+        out.saved_at = float(saved_at)
+    if not isinstance(doc.get("paused", False), bool):
+        raise bad("paused", "must be true or false")
+    out.paused = bool(doc.get("paused", False))
+    for ip, pin in _table(doc, "pins", bad).items():
+        try:
+            norm = str(ipaddress.ip_address(ip))
+        except ValueError:
+            raise bad("pins", f"{ip!r} is not an IP address") from None
+        if not (isinstance(pin, list) and len(pin) == 2 and pin[1] in PIN_MODES):
+            raise bad("pins", f"{ip}: expected [class, mode] with a mode of {PIN_MODES}")
+        out.pins[norm] = (_class(pin[0], max_class, f"pins: {ip}", bad), pin[1])
+    for name, thr in _table(doc, "thresholds", bad).items():
+        if not NAME_RE.match(name):
+            raise bad("thresholds", f"{name!r} is not a resource name")
+        if not _number(thr) or not thr > 0:
+            raise bad("thresholds", f"{name}: {thr!r} is not a positive number of seconds")
+        out.thresholds[name] = float(thr)
+    for name, k in _table(doc, "resource_classes", bad).items():
+        if not NAME_RE.match(name):
+            raise bad("resource_classes", f"{name!r} is not a resource name")
+        out.resource_classes[name] = _class(k, max_class, f"resource_classes: {name}", bad)
+    return out
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _table(doc: dict[str, Any], key: str, bad: Any) -> dict[str, Any]:
+    t = doc.get(key, {})
+    if not isinstance(t, dict):
+        raise bad(key, "must be an object")
+    return t
+
+
+def _class(k: Any, max_class: int, key: str, bad: Any) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise bad(key, f"{k!r} is not a delay class")
+    return min(k, max_class)  # a smaller max_delay since: the largest class there is
+
+
+class StateStore:
+    """state.json in one directory (created 0700 when missing)."""
+
+    def __init__(self, directory: str | Path, clock: Any = time.time) -> None:
+        self.dir = Path(directory)
+        self.path = self.dir / STATE_FILE
+        self.clock = clock
+
+    def load(self, max_class: int) -> Saved:
+        """The saved state; Saved() when there is none; StateError when invalid."""
+        if not self.path.exists() and not self.path.is_symlink():
+            return Saved()
+        text = read_text_file(self.path, MAX_STATE_BYTES, StateError)
+        return decode(text, max_class, str(self.path))
+
+    def set_aside(self) -> Path:
+        """Move an invalid file out of the way (kept for the admin to read)."""
+        dest = self.path.with_name(STATE_FILE + ".invalid")
+        os.replace(self.path, dest)
+        return dest
+
+    def save(self, s: Saved) -> None:
+        """Write atomically; OSError when the directory cannot be written."""
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        data = encode(s, self.clock())
+        fd, tmp = tempfile.mkstemp(prefix=".state.", dir=self.dir)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        dfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)

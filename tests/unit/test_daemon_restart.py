@@ -1,0 +1,223 @@
+"""A restart picks up where the last run stopped (daemon/state.py, daemon/restore.py).
+
+Virtual time and the fakes of test_daemon.py; the store writes real files
+in tmp_path.  What a kill -9 leaves is the kernel's members (the fake
+actuator's `kernel`) and state.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from santhrottle.appliance.daemon.restore import ADOPT_HOLD_CONVERGES, restore
+from santhrottle.appliance.daemon.state import Saved, StateError, StateStore, decode, encode
+from santhrottle.controller.domain import (
+    ControllerConfig,
+    ReadSample,
+    Resource,
+    Samples,
+    WriteSample,
+)
+from santhrottle.controller.step import new_state, reconfigure, seed_class, step
+
+from .test_daemon import CONF, make, run_for
+
+
+def _members(kernel):
+    return {ip: SimpleNamespace(klass=k, mode=m) for ip, (k, m) in kernel.items()}
+
+
+def _restart(tmp_path, kernel, conf=CONF):
+    """A new daemon on the same store and what the kernel still holds."""
+    d, vt, s, act = make(conf, store=StateStore(tmp_path))
+    act.kernel = dict(kernel)
+    restore(d, d.store, _members(kernel), vt.now)
+    return d, vt, s, act
+
+
+# ------------------------------------------------------------ the store
+def test_save_load_round_trip_and_atomic_file(tmp_path):
+    store = StateStore(tmp_path, clock=lambda: 1234.5)
+    s = Saved(True, {"10.0.0.3": (10, "all")}, {"vg0": 0.01}, {"vg0": 12})
+    store.save(s)
+    assert oct(os.stat(tmp_path).st_mode & 0o777) and store.path.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]  # no temporary left
+    back = store.load(max_class=100)
+    assert (back.paused, back.pins, back.thresholds, back.resource_classes, back.saved_at) == (
+        True, {"10.0.0.3": (10, "all")}, {"vg0": 0.01}, {"vg0": 12}, 1234.5)  # fmt: skip
+
+
+def test_no_file_is_an_empty_state(tmp_path):
+    assert StateStore(tmp_path / "missing").load(100) == Saved()
+
+
+@pytest.mark.parametrize(
+    "doc, words",
+    [
+        ({"version": 1, "pins": {"bogus": [5, "all"]}}, "'bogus' is not an IP address"),
+        ({"version": 1, "pins": {"10.0.0.3": [True, "all"]}}, "not a delay class"),
+        ({"version": 1, "pins": {"10.0.0.3": [5, "sideways"]}}, "mode"),
+        ({"version": 1, "thresholds": {"vg0": -1}}, "positive"),
+        ({"version": 1, "thresholds": {"vg0": "10ms"}}, "positive"),
+        ({"version": 1, "paused": "yes"}, "true or false"),
+        ({"version": 2}, "version 2"),
+        ([1, 2], "not a JSON object"),
+    ],
+)
+def test_an_invalid_state_file_is_one_line(doc, words):
+    with pytest.raises(StateError) as e:
+        decode(json.dumps(doc), 100)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_infinity_is_not_a_threshold():
+    with pytest.raises(StateError, match="not valid JSON"):
+        decode('{"version": 1, "thresholds": {"vg0": Infinity}}', 100)
+
+
+def test_a_class_above_max_class_is_clamped():
+    s = decode(encode(Saved(pins={"10.0.0.3": (500, "all")}), 1.0).decode(), 100)
+    assert s.pins == {"10.0.0.3": (100, "all")}
+
+
+def test_an_invalid_file_is_set_aside_and_the_daemon_starts_empty(tmp_path):
+    (tmp_path / "state.json").write_text('{"version": 1, "pins": {"bogus": [5, "all"]}}')
+    d, _vt, _s, _act = _restart(tmp_path, {})
+    assert d.state.pins == {} and (tmp_path / "state.json.invalid").exists()
+
+
+# ------------------------------------------------------------ the restart
+def test_pause_pins_and_overrides_survive_a_restart(tmp_path):
+    d, vt, _s, _act = make(store=StateStore(tmp_path))
+    d.handle("pin", {"initiator": "10.0.0.9", "class": 10, "mode": "read"})
+    d.handle("threshold_set", {"resource": "vg0", "threshold_s": 0.02})
+    d.handle("pause", {})
+    d2, vt2, _s2, act2 = _restart(tmp_path, {})
+    assert d2.state.paused and d2.state.pins == {"10.0.0.9": (10, "read")}
+    assert d2.threshold_of("vg0") == 0.02
+    run_for(d2, vt2, 1.0)
+    assert act2.kernel == {}  # paused stays paused
+    d2.handle("resume", {})
+    run_for(d2, vt2, 0.5)
+    assert act2.kernel["10.0.0.9"] == (10, "read")
+
+
+def test_a_member_left_by_kill_9_shows_is_held_then_lowered_to_zero(tmp_path):
+    """Nothing wants 10.0.0.7 any more: status shows it, it is held while the
+    controller looks, then lowered a class per tick until it is out."""
+    d, vt, s, act = _restart(tmp_path, {"10.0.0.7": (100, "all")})
+    s.latency_s = 0.001  # readers fine: nobody needs a delay
+    ini = {i["initiator"]: i for i in d.status()["initiators"]}
+    assert ini["10.0.0.7"]["class"] == 100 and ini["10.0.0.7"]["adopted"]
+    hold_s = ADOPT_HOLD_CONVERGES * d.config.controller.converge_s
+    run_for(d, vt, hold_s - 0.2)
+    assert act.kernel["10.0.0.7"] == (100, "all")
+    seen = []
+    for _ in range(130):
+        run_for(d, vt, 0.1)
+        seen.append(act.kernel.get("10.0.0.7", (0, "all"))[0])
+    assert seen[-1] == 0 and "10.0.0.7" not in d.state.adopted
+    assert all(b <= a for a, b in zip(seen, seen[1:], strict=False))  # only down
+    assert max(a - b for a, b in zip(seen, seen[1:], strict=False)) <= 1  # one class a tick
+    assert "10.0.0.7" not in {i["initiator"] for i in d.status()["initiators"] if i["class"]}
+
+
+def test_a_pinned_member_left_in_the_kernel_is_the_pin_and_unpin_works(tmp_path):
+    d, vt, _s, _act = make(store=StateStore(tmp_path))
+    d.handle("pin", {"initiator": "10.0.0.9", "class": 100, "mode": "all"})
+    run_for(d, vt, 0.3)
+    d2, vt2, _s2, act2 = _restart(tmp_path, {"10.0.0.9": (100, "all")})
+    assert "10.0.0.9" not in d2.state.adopted
+    d2.handle("unpin", {"initiator": "10.0.0.9"})
+    run_for(d2, vt2, 0.5)
+    assert "10.0.0.9" not in act2.kernel
+
+
+def test_a_throttled_writer_keeps_its_class_across_a_restart(tmp_path):
+    """The controller held 10.0.0.3 at some class; after kill -9 and a start
+    it never falls to 0 in between (seeded resource class + adoption)."""
+    d, vt, s, act = make(store=StateStore(tmp_path))
+    s.latency_s = 0.030
+    run_for(d, vt, 6.0)
+    k = act.kernel["10.0.0.3"][0]
+    assert k > 0
+    d2, vt2, s2, act2 = _restart(tmp_path, act.kernel)
+    s2.latency_s = 0.010  # at the threshold: the class stays about where it was
+    low = k
+    for _ in range(60):
+        run_for(d2, vt2, 0.1)
+        low = min(low, act2.kernel.get("10.0.0.3", (0, "all"))[0])
+    assert low >= k - 3, (k, low)
+
+
+def test_save_failure_is_counted_not_raised(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    (ro / "state.json").mkdir()  # rename over a directory fails
+    d, _vt, _s, _act = make(store=StateStore(ro))
+    d.handle("pause", {})
+    assert d.state.paused and d.counters.state_save_errors == 1
+
+
+# ------------------------------------------------------------ reload
+def test_a_controller_change_on_reload_keeps_every_class(tmp_path):
+    f = tmp_path / "s.toml"
+    f.write_text(CONF)
+    from santhrottle.appliance.config import load_config
+
+    d, vt, s, act = make(load_config=load_config)
+    d.config = load_config(f)
+    run_for(d, vt, 6.0)
+    before = dict(act.kernel)
+    assert before
+    f.write_text(
+        CONF.replace("class_hysteresis = 0", "class_hysteresis = 0\nkp_class_per_rel_error = 3.5")
+    )
+    d.handle("reload", {})
+    assert d.config.controller.gains.kp_class_per_rel_error == 3.5
+    assert {ip: k for ip, (k, _m) in before.items()} == dict(d.ctl.effective)
+    d.tick(vt.now)
+    assert act.kernel == before or all(
+        abs(act.kernel[ip][0] - k) <= 2 for ip, (k, _m) in before.items()
+    )
+
+
+def test_threshold_override_survives_reload_and_reset_returns_to_the_file(tmp_path):
+    f = tmp_path / "s.toml"
+    f.write_text(CONF)
+    from santhrottle.appliance.config import load_config
+
+    d, _vt, _s, _a = make(load_config=load_config)
+    d.config = load_config(f)
+    d.handle("threshold_set", {"resource": "vg0", "threshold_s": 0.01})
+    f.write_text(CONF.replace('"10ms"', '"30ms"'))
+    d.handle("reload", {})
+    vg0 = next(r for r in d.status()["resources"] if r["resource"] == "vg0")
+    assert (vg0["threshold_s"], vg0["configured_threshold_s"], vg0["threshold_override"]) == (
+        0.01, 0.03, True)  # fmt: skip
+    d.handle("threshold_reset", {"resource": "vg0"})
+    assert d.threshold_of("vg0") == 0.03
+
+
+# ------------------------------------------------------------ controller
+def test_reconfigure_and_seed_are_bumpless():
+    c = ControllerConfig()
+    st = new_state(c, [Resource("vg0", 0.01)])
+    st.write_sets.observe("vg0", "A", 50e6, 0.0)
+    for t in range(1, 40):
+        st, _ = step(
+            st,
+            Samples([ReadSample("vg0", 5, 0.03, 50e6)], [WriteSample("vg0", "A", 50e6)]),
+            t * 0.1,
+        )
+    k = st.resources["vg0"].delay_class
+    assert k > 0 and st.effective.get("A")
+    st2 = reconfigure(st, ControllerConfig(write_heavy_enter_bps=2e6, write_heavy_leave_bps=1e6))
+    assert st2.resources["vg0"].delay_class == k and st2.effective == st.effective
+    st3 = new_state(c, [Resource("vg0", 0.01)])
+    seed_class(st3, "vg0", 17)
+    assert st3.resources["vg0"].delay_class == 17 and st3.resources["vg0"].pid.u == 17.0
