@@ -7,6 +7,7 @@ actuator's `kernel`) and state.json.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from types import SimpleNamespace
@@ -92,7 +93,7 @@ def test_an_invalid_file_is_set_aside_and_the_daemon_starts_empty(tmp_path):
 
 # ------------------------------------------------------------ the restart
 def test_pause_pins_and_overrides_survive_a_restart(tmp_path):
-    d, vt, _s, _act = make(store=StateStore(tmp_path))
+    d, _vt, _s, _act = make(store=StateStore(tmp_path))
     d.handle("pin", {"initiator": "10.0.0.9", "class": 10, "mode": "read"})
     d.handle("threshold_set", {"resource": "vg0", "threshold_s": 0.02})
     d.handle("pause", {})
@@ -121,8 +122,8 @@ def test_a_member_left_by_kill_9_shows_is_held_then_lowered_to_zero(tmp_path):
         run_for(d, vt, 0.1)
         seen.append(act.kernel.get("10.0.0.7", (0, "all"))[0])
     assert seen[-1] == 0 and "10.0.0.7" not in d.state.adopted
-    assert all(b <= a for a, b in zip(seen, seen[1:], strict=False))  # only down
-    assert max(a - b for a, b in zip(seen, seen[1:], strict=False)) <= 1  # one class a tick
+    assert all(b <= a for a, b in itertools.pairwise(seen))  # only down
+    assert max(a - b for a, b in itertools.pairwise(seen)) <= 1  # one class a tick
     assert "10.0.0.7" not in {i["initiator"] for i in d.status()["initiators"] if i["class"]}
 
 
@@ -169,7 +170,7 @@ def test_a_controller_change_on_reload_keeps_every_class(tmp_path):
     f.write_text(CONF)
     from santhrottle.appliance.config import load_config
 
-    d, vt, s, act = make(load_config=load_config)
+    d, vt, _s, act = make(load_config=load_config)
     d.config = load_config(f)
     run_for(d, vt, 6.0)
     before = dict(act.kernel)
