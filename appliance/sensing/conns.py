@@ -8,6 +8,18 @@ port.
 
 A dump can be captured as JSON (`santhrottle-capture` in the lab) and parsed
 with parse_diag_dump(), the same code path as a live dump.
+
+Errors: a live dump raises OSError (the socket) or its subclass SockDiagError,
+whose message is one line: the kernel answered NLMSG_ERROR (errno set), no reply
+came within RECV_TIMEOUT_S, or a datagram is not a well-formed netlink dump
+(parse_datagram(), pure: a message shorter than its header or longer than what
+is left of the datagram, a truncated NLMSG_ERROR, an empty datagram). A record
+of another type or too short for a socket id is skipped; parse_diag_dump() skips
+every record it cannot read. For example:
+
+    >>> parse_datagram(struct.pack("=IHHII", 40, 18, 2, 1, 0), 18, None, {})
+    Traceback (most recent call last):
+    SockDiagError: sock_diag: nlmsg_len 40 runs past the datagram (16 byte(s) left)
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ from typing import Any
 from santhrottle.appliance.netns import entered
 
 TCP_ESTABLISHED = 1
+_PORT_MAX = 65535
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,10 +50,19 @@ class TcpConn:
     peer_port: int
 
 
+class SockDiagError(OSError):
+    """A sock_diag dump that failed: the kernel's NLMSG_ERROR (errno set), no reply in
+    time, or a malformed datagram. The message is one line."""
+
+
 def _norm(ip: str) -> str:
-    """Canonical text form; IPv4-mapped IPv6 (::ffff:a.b.c.d) as IPv4."""
-    if ":" not in ip and ip.count(".") == 3 and ip.replace(".", "").isdigit():
-        return ip  # dotted quad as the kernel prints it: already canonical
+    """Canonical text form; IPv4-mapped IPv6 (::ffff:a.b.c.d) as IPv4. ValueError
+    (or TypeError) for anything that is not an address."""
+    try:  # a dotted quad as the kernel prints it is already canonical (C calls only)
+        if socket.inet_ntop(socket.AF_INET, socket.inet_pton(socket.AF_INET, ip)) == ip:
+            return ip
+    except OSError:
+        pass
     addr = ipaddress.ip_address(ip)
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         return str(addr.ipv4_mapped)
@@ -58,10 +80,11 @@ def parse_diag_dump(records: Iterable[Mapping[str, Any]], ports: Iterable[int]) 
             sport = int(r["idiag_sport"])
             if sport not in wanted:
                 continue
-            out.append(
-                TcpConn(_norm(r["idiag_src"]), sport, _norm(r["idiag_dst"]), int(r["idiag_dport"]))
-            )
-        except (KeyError, TypeError, ValueError):
+            dport = int(r["idiag_dport"])
+            if not 0 <= dport <= _PORT_MAX:
+                continue
+            out.append(TcpConn(_norm(r["idiag_src"]), sport, _norm(r["idiag_dst"]), dport))
+        except (AttributeError, KeyError, TypeError, ValueError, OverflowError):
             continue  # a record we cannot read is not a connection we can use
     return out
 
@@ -89,6 +112,8 @@ _REQ_V1 = struct.Struct("=BBBB48xII")  # family, src/dst len, ext, sockid (zeros
 _REQ_V2 = struct.Struct("=BBBxI48x")  # family, protocol, ext, states, sockid (zeros)
 _REFUSED = frozenset((errno.EINVAL, errno.ENOENT, errno.EOPNOTSUPP))  # request not served
 _RECV_BYTES = 1 << 20
+# A dump the kernel does not finish in this time fails (recv would block forever)
+RECV_TIMEOUT_S = 5.0
 
 
 # One socket as the dump gives it: inet_diag_sockid's first 36 bytes, sport and
@@ -141,6 +166,58 @@ def _buffer_ids(
     return True
 
 
+def _strerror(err: int) -> str:
+    try:
+        return os.strerror(err)
+    except (ValueError, OverflowError):  # not an errno this platform knows
+        return f"error {err}"
+
+
+def parse_datagram(
+    data: bytes | memoryview,
+    mtype: int,
+    wanted: tuple[bytes, ...] | None,
+    out: dict[int, list[_SockId]],
+) -> bool:
+    """One received datagram of a dump: the ids of its `mtype` records (with a local
+    port in `wanted`, all if None) appended to out[family]; True when it ends the dump
+    (NLMSG_DONE). Pure. Raises SockDiagError for the kernel's NLMSG_ERROR (errno set)
+    and for a malformed datagram; a record of another type or too short for an id is
+    skipped. Every message advances the offset by at least a header: it ends."""
+    if _buffer_ids(data, mtype, wanted, out):
+        return False
+    if not len(data):
+        raise SockDiagError("sock_diag: empty datagram")
+    data = bytes(data)
+    unpack_hdr, hlen, end = _NLMSGHDR.unpack_from, _NLMSGHDR.size, len(data)
+    off = 0
+    while off < end:
+        if end - off < hlen:
+            raise SockDiagError(f"sock_diag: {end - off} trailing byte(s), less than a header")
+        length, msg_type, _flags, _seq, _pid = unpack_hdr(data, off)
+        if length < hlen:
+            raise SockDiagError(f"sock_diag: nlmsg_len {length} is shorter than its header")
+        if length > end - off:
+            raise SockDiagError(
+                f"sock_diag: nlmsg_len {length} runs past the datagram ({end - off} byte(s) left)"
+            )
+        if msg_type == NLMSG_DONE:
+            return True
+        if msg_type == NLMSG_ERROR:
+            if length < hlen + 4:
+                raise SockDiagError(f"sock_diag: NLMSG_ERROR of {length} bytes, truncated")
+            err = -struct.unpack_from("=i", data, off + hlen)[0]
+            if err == 0:
+                raise SockDiagError("sock_diag: an acknowledgement inside a dump")
+            raise SockDiagError(err, f"sock_diag: {_strerror(err)}")
+        if msg_type == mtype and length >= _ID_OFFSET + 36:
+            sid = data[off + _ID_OFFSET : off + _ID_OFFSET + 36]
+            if wanted is None or sid.startswith(wanted):
+                out.setdefault(data[off + _FAMILY_OFFSET], []).append(sid)
+        off += (length + 3) & ~3
+    return False
+
+
 def _dump(
     sock: socket.socket,
     mtype: int,
@@ -157,28 +234,14 @@ def _dump(
         + request
     )
     out: dict[int, list[_SockId]] = {}
-    unpack_hdr, hlen = _NLMSGHDR.unpack_from, _NLMSGHDR.size
     view = memoryview(buf)
     while True:
-        received = view[: sock.recv_into(buf)]
-        if _buffer_ids(received, mtype, wanted, out):
-            continue
-        data = bytes(received)
-        off = 0
-        while off + hlen <= len(data):
-            length, msg_type, _flags, _seq, _pid = unpack_hdr(data, off)
-            if length < hlen:
-                raise OSError("sock_diag: malformed netlink message")
-            if msg_type == NLMSG_DONE:
-                return out
-            if msg_type == NLMSG_ERROR:
-                err = -struct.unpack_from("=i", data, off + hlen)[0]
-                raise OSError(err, f"sock_diag: {os.strerror(err)}")
-            if msg_type == mtype and length >= _ID_OFFSET + 36:
-                sid = data[off + _ID_OFFSET : off + _ID_OFFSET + 36]
-                if wanted is None or sid.startswith(wanted):
-                    out.setdefault(data[off + _FAMILY_OFFSET], []).append(sid)
-            off += (length + 3) & ~3
+        try:
+            received = view[: sock.recv_into(buf)]
+        except TimeoutError:
+            raise SockDiagError(f"sock_diag: no reply within {RECV_TIMEOUT_S:g} s") from None
+        if parse_datagram(received, mtype, wanted, out):
+            return out
 
 
 def _decode(family: int, sid: _SockId) -> tuple[int, int, bytes, bytes]:
@@ -227,6 +290,7 @@ def _dump_raw(
     with entered(netns or None):  # the socket is the namespace's for its life
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG)
     with sock:
+        sock.settimeout(RECV_TIMEOUT_S)
         sock.bind((0, 0))
         return _dump_sockets(sock, ports, buf, one_walk)
 

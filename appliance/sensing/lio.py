@@ -16,22 +16,52 @@ LUN in acls/<initiator>/lun_<n>/statistics/scsi_auth_intr/write_mbytes
 (MiB, so a 1 s rate has a 1 MiB/s resolution). Without ACLs there are
 none: discovery.py then uses the LUN's block device when one initiator has
 that LUN (docs/sensing.md, "Write-rate sources").
+
+Errors, per object: the scan lists the tree's directories itself (sorted) and
+reads each target, TPG, portal, LUN, ACL, session and mapped LUN through rtslib
+on its own. One that cannot be read (rtslib's OSError, RTSLibError, ValueError
+such as a UnicodeDecodeError, KeyError or IndexError on a truncated, empty,
+garbage or vanished file) is skipped, and the rest of the scan goes on; an ACL
+whose session cannot be read keeps no address, and so does a session address
+that is not an IP address. The sensor counts what it skipped (`skipped`, since
+start; `last_skipped`, the last scan's, one line each) and logs one warning
+line per object when it starts being skipped. scan() raises LioUnavailable (one
+line), and nothing else, only when LIO itself cannot be read. For example, the
+lab's captured tree with the ACL's `info` emptied (rtslib's session parser raises
+IndexError on it):
+
+    >>> sensor = LioSensor(copy_of_the_lab_configfs)
+    >>> [t.acls for t in sensor.scan() if t.acls]
+    [(LioAcl(initiator='iqn.2003-01.org.santhrottle.lab:ini1', addresses=(),
+             mapped_luns=(0,), write_bytes={0: 46137344}),)]
+    >>> sensor.last_skipped, sensor.skipped
+    (('session <root>/target/iscsi/<iqn>/tpgt_1/acls/<ini1>: IndexError: list index
+    out of range',), 1)
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 DEFAULT_CONFIGFS = "/sys/kernel/config"
 MIB = 1024 * 1024
+# What rtslib raises on a damaged tree, or one that changes while it is read, besides
+# its own RTSLibError: OSError (gone), ValueError (UnicodeDecodeError, int() of
+# garbage, a name that does not split), LookupError (KeyError, IndexError: its
+# session parser on an empty or partial `info`)
+_TREE_ERRORS: tuple[type[Exception], ...] = (OSError, ValueError, LookupError)
+_PORT_MAX = 65535
+_NUMBER_DIGITS_MAX = 9  # a TPG tag, LUN or mapped LUN number (LIO's are below 2**16)
 
 
 class LioUnavailable(RuntimeError):
@@ -85,10 +115,39 @@ def _rtslib_at(configfs_root: str) -> Iterator[Any]:
         rts_node.CFSNode.configfs_dir = saved
 
 
-def _int_file(path: Path) -> int | None:
+def _uint_file(path: Path) -> int | None:
+    """The first word of a file as a non-negative integer (ASCII digits), or None."""
     try:
-        return int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
+        word = path.read_bytes().split()[0]
+    except (OSError, IndexError):
+        return None
+    return int(word) if word.isdigit() and len(word) <= 20 else None
+
+
+def _one_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split())}"
+
+
+def _numbered(path: str, prefix: str) -> list[tuple[int, str]]:
+    """(number, name) of the entries `<prefix><number>` of a directory, by number; an
+    entry whose number does not parse is (-1, name): the caller skips and notes it."""
+    out = []
+    for name in os.listdir(path):
+        if name.startswith(prefix):
+            tail = name[len(prefix) :]
+            ok = tail.isdigit() and tail.isascii() and len(tail) <= _NUMBER_DIGITS_MAX
+            out.append((int(tail) if ok else -1, name))
+    return sorted(out)
+
+
+def _address(text: str) -> str | None:
+    """An ACL session's connection address ("10.0.0.3", "10.0.0.3:3260", "[fe80::1]")
+    as canonical text, None if it is not an IP address."""
+    if text.count(":") == 1:
+        text = text.rsplit(":", 1)[0]
+    try:
+        return str(ipaddress.ip_address(text.strip("[]")))
+    except ValueError:
         return None
 
 
@@ -100,6 +159,9 @@ class LioSensor:
         self.configfs_root = os.path.abspath(configfs_root)
         self._root: Any = None
         self._warned = False
+        self.skipped = 0  # objects skipped since start, summed over scans
+        self.last_skipped: tuple[str, ...] = ()  # the last scan's: "<what> <path>: <error>"
+        self._skipped_keys: frozenset[str] = frozenset()  # the last scan's "<what> <path>"
 
     def _rts_root(self, rtslib: Any) -> Any:
         if self._root is None:
@@ -107,7 +169,7 @@ class LioSensor:
                 try:
                     self._root = rtslib.RTSRoot()  # mounts configfs, modprobes
                 except Exception as e:  # rtslib raises RTSLibError and OSErrors
-                    raise LioUnavailable(f"LIO is not available: {e}") from None
+                    raise LioUnavailable(f"LIO is not available: {_one_line(e)}") from None
             else:
                 root = object.__new__(rtslib.RTSRoot)  # a captured tree: no mount
                 rtslib.node.CFSNode.__init__(root)
@@ -126,35 +188,96 @@ class LioSensor:
             return []  # no LIO on this host (or module not loaded): nothing to see
         with _rtslib_at(self.configfs_root) as rtslib:
             root = self._rts_root(rtslib)
+            walk = _Walk(rtslib)
             try:
-                return [self._tpg(t) for tgt in root.targets for t in tgt.tpgs]
-            except (OSError, rtslib.utils.RTSLibError) as e:  # changed while we walked it
-                raise LioUnavailable(f"LIO tree changed during the scan: {e}") from None
+                tpgs = walk.tpgs(root)
+            except walk.errors as e:  # the fabric modules themselves: changed while we walked
+                raise LioUnavailable(f"LIO tree changed during the scan: {_one_line(e)}") from None
+        self._note(walk.skipped)
+        return tpgs
 
-    @staticmethod
-    def _tpg(tpg: Any) -> LioTpg:
-        tgt = tpg.parent_target
-        luns = []
-        for lun in tpg.luns:
-            so = lun.storage_object
-            luns.append(LioLun(lun.lun, f"{so.plugin}/{so.name}", so.udev_path or ""))
+    def _note(self, skipped: list[tuple[str, str]]) -> None:
+        """Counts the scan's skipped objects; one warning line for each that was not
+        skipped in the scan before."""
+        self.skipped += len(skipped)
+        self.last_skipped = tuple(f"{key}: {err}" for key, err in skipped)
+        keys = frozenset(key for key, _ in skipped)
+        for key, err in skipped:
+            if key not in self._skipped_keys:
+                log.warning("LIO: skipped %s: %s", key, err)
+        self._skipped_keys = keys
+
+
+class _Walk:
+    """One scan of the tree: rtslib objects -> LioTpg, each object read on its own and
+    skipped (noted in `skipped`) when it cannot be read."""
+
+    def __init__(self, rtslib: Any) -> None:
+        self.rts = rtslib
+        self.errors: tuple[type[Exception], ...] = (*_TREE_ERRORS, rtslib.utils.RTSLibError)
+        self.skipped: list[tuple[str, str]] = []  # ("<what> <path>", "<error>")
+
+    def _try(self, what: str, path: str, read: Callable[[], T]) -> T | None:
+        try:
+            return read()
+        except self.errors as e:
+            self.skipped.append((f"{what} {path}", _one_line(e)))
+            return None
+
+    def _each(self, what: str, parent: str, prefix: str, read: Callable[[int], T]) -> list[T]:
+        """read(n) for every `<prefix><n>` entry below `parent`, those that can be read."""
+        out = []
+        for n, name in _numbered(parent, prefix):
+            path = f"{parent}/{name}"
+            if n < 0:
+                self.skipped.append((f"{what} {path}", "not a numbered entry"))
+                continue
+            got = self._try(what, path, lambda n=n: read(n))
+            if got is not None:
+                out.append(got)
+        return out
+
+    def tpgs(self, root: Any) -> list[LioTpg]:
+        excluded = getattr(self.rts.fabric, "target_names_excludes", frozenset())
+        out: list[LioTpg] = []
+        for fm in root.fabric_modules:
+            if not fm.exists:
+                continue
+            for name in sorted(os.listdir(fm.path)):
+                path = f"{fm.path}/{name}"
+                if name in excluded or not os.path.isdir(path):
+                    continue
+                tgt = self._try(
+                    "target",
+                    path,
+                    lambda fm=fm, name=name: self.rts.Target(
+                        fm, fm.from_fabric_wwn(name), "lookup"
+                    ),
+                )
+                if tgt is None:
+                    continue
+                tpgs = self._try(
+                    "target",
+                    path,
+                    lambda tgt=tgt: self._each(
+                        "TPG", tgt.path, "tpgt_", lambda tag: self._tpg(tgt, tag)
+                    ),
+                )
+                out.extend(tpgs or ())
+        return out
+
+    def _tpg(self, tgt: Any, tag: int) -> LioTpg:
+        tpg = self.rts.TPG(tgt, tag, "lookup")
+        luns = self._each("LUN", f"{tpg.path}/lun", "lun_", lambda n: self._lun(tpg, n))
+        lun_paths = {os.path.realpath(f"{tpg.path}/lun/lun_{lun.lun}"): lun.lun for lun in luns}
         acls = []
-        for acl in tpg.node_acls:
-            sess = acl.session or {}
-            addrs = tuple(
-                c["address"].rsplit(":", 1)[0] if c["address"].count(":") == 1 else c["address"]
-                for c in sess.get("connections", [])
-                if c.get("address")
-            )
-            mapped = []
-            wbytes: dict[int, int] = {}
-            for m in acl.mapped_luns:
-                tpg_lun = m.tpg_lun.lun
-                mapped.append(tpg_lun)
-                mib = _int_file(Path(m.path, "statistics", "scsi_auth_intr", "write_mbytes"))
-                if mib is not None:
-                    wbytes[tpg_lun] = mib * MIB
-            acls.append(LioAcl(acl.node_wwn, addrs, tuple(mapped), wbytes))
+        if tpg.has_feature("acls"):
+            fm = tgt.fabric_module
+            for name in sorted(os.listdir(f"{tpg.path}/acls")):
+                path = f"{tpg.path}/acls/{name}"
+                acl = self._try("ACL", path, lambda name=name: self._acl(tpg, fm, name, lun_paths))
+                if acl is not None:
+                    acls.append(acl)
         try:
             gen = tpg.get_attribute("generate_node_acls") == "1"
         except Exception:  # attribute missing in an older kernel or a partial tree
@@ -165,7 +288,55 @@ class LioSensor:
             tag=tpg.tag,
             enabled=bool(tpg.enable),
             generate_node_acls=gen,
-            portals=tuple((p.ip_address, p.port) for p in tpg.network_portals),
+            portals=self._portals(tpg),
             luns=tuple(luns),
             acls=tuple(acls),
         )
+
+    def _portals(self, tpg: Any) -> tuple[tuple[str, int], ...]:
+        """(address, port) from the names of np/ ("10.0.0.11:3260", "[::]:3260")."""
+        if not tpg.has_feature("nps"):
+            return ()
+        out = []
+        for name in sorted(os.listdir(f"{tpg.path}/np")):
+            ip, _, port = name.rpartition(":")
+            if ip and port.isdigit() and port.isascii() and int(port) <= _PORT_MAX:
+                out.append((ip, int(port)))
+            else:
+                self.skipped.append((f"portal {tpg.path}/np/{name}", "not <address>:<port>"))
+        return tuple(out)
+
+    def _lun(self, tpg: Any, n: int) -> LioLun:
+        lun = self.rts.LUN(tpg, n)  # no storage object: lookup
+        so = lun.storage_object
+        return LioLun(lun.lun, f"{so.plugin}/{so.name}", so.udev_path or "")
+
+    def _acl(self, tpg: Any, fm: Any, name: str, lun_paths: dict[str, int]) -> LioAcl:
+        acl = self.rts.NodeACL(tpg, fm.from_fabric_wwn(name), "lookup")
+        sess = self._try("session", acl.path, lambda: acl.session)
+        conns = sess.get("connections") if isinstance(sess, dict) else None
+        addrs = []
+        for c in conns if isinstance(conns, list) else ():
+            text = c.get("address") if isinstance(c, dict) else None
+            if not text:
+                continue
+            addr = _address(str(text))
+            if addr is None:
+                self.skipped.append((f"address {acl.path}", f"not an IP address: {text!r}"))
+            else:
+                addrs.append(addr)
+        mapped: list[int] = []
+        wbytes: dict[int, int] = {}
+        for tpg_lun, mpath in self._each(
+            "mapped LUN", acl.path, "lun_", lambda n: self._mapped_lun(acl, n, lun_paths)
+        ):
+            mapped.append(tpg_lun)
+            mib = _uint_file(Path(mpath, "statistics", "scsi_auth_intr", "write_mbytes"))
+            if mib is not None:
+                wbytes[tpg_lun] = mib * MIB
+        return LioAcl(acl.node_wwn, tuple(addrs), tuple(mapped), wbytes)
+
+    def _mapped_lun(self, acl: Any, n: int, lun_paths: dict[str, int]) -> tuple[int, str]:
+        """(the TPG LUN it maps, its path); KeyError when it links to no LUN read."""
+        m = self.rts.MappedLUN(acl, n)  # no TPG LUN: lookup
+        return lun_paths[os.path.realpath(f"{m.path}/{m.alias}")], m.path
