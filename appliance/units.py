@@ -4,8 +4,11 @@
     byte rates  20MB/s  1MiB/s  512KiB/s      -> parse_byte_rate
     bit rates   25gbit  10Gbit  100mbit       -> parse_bit_rate (tc's spelling)
 
-Grammar: a non-negative decimal number (no exponent), optional spaces, a
-unit.  A bare 0 is the one value that needs no unit.  Durations are parsed
+Grammar: a non-negative decimal number of ASCII digits (no exponent, at most
+MAX_NUMBER_DIGITS digits), optional spaces, a unit.  A bare 0 is the one value
+that needs no unit.  Every value is finite and bounded (MAX_DURATION_NS,
+MAX_BYTE_RATE_BYTES_S, MAX_BIT_RATE_BITS_S): a 400-digit rate is an error,
+never inf.  Durations are parsed
 in exact decimal arithmetic into whole nanoseconds ("0.0005s" is exactly
 500 us, never 499.99999), so a caller that needs whole microseconds (the
 data path's delay step) can ask for them and get an error otherwise.
@@ -16,7 +19,8 @@ Worked example
     parse_duration_s("15ms") -> 0.015; parse_duration_us("1.5ms") -> 1500;
     parse_duration_us("1.2345ms") -> UnitError "... finer than 1us";
     parse_byte_rate("1MiB/s") -> 1048576.0; parse_bit_rate("25gbit") ->
-    25_000_000_000; fmt_us(1500) -> "1.5ms".
+    25_000_000_000; fmt_us(1500) -> "1.5ms"; parse_byte_rate("9" * 400 + "MB/s")
+    -> UnitError "... more than 30 digits".
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import math
 import re
 
+# [0-9], not \d: Unicode digits ('١٢', '１２') are no numbers here.
 _NUM = r"(?P<num>[0-9]+(?:\.[0-9]+)?|\.[0-9]+)"
 _DURATION = re.compile(rf"^{_NUM}\s*(?P<unit>ns|us|µs|ms|s|m|h)$")
 _BYTE_RATE = re.compile(rf"^{_NUM}\s*(?P<unit>B|kB|KB|KiB|MB|MiB|GB|GiB)/s$")
@@ -51,32 +56,59 @@ BYTE_RATE_BYTES = {
 BIT_RATE_BITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
 # The slowest link the data path sizes HTB and netem for.
 MIN_BIT_RATE_BITS_S = 1_000_000
+# The fastest link: 10tbit, the configuration's bound too (a link speed of
+# 999...tbit would size HTB and netem beyond what the kernel takes).
+MAX_BIT_RATE_BITS_S = 10 * 10**12
+MAX_BYTE_RATE_BYTES_S = 2**64 - 1
+# The longest duration: a signed 64-bit count of nanoseconds (ktime_t), ~292 years.
+MAX_DURATION_NS = 2**63 - 1
+# Digits of a number, integer and fraction together: more than any bounded value
+# needs, and never a bignum conversion (int() refuses 4,300 digits with a traceback).
+MAX_NUMBER_DIGITS = 30
 
 
 class UnitError(ValueError):
     """A value that is not a number with one of the accepted units."""
 
 
-def _exact(num: str, scale: int) -> tuple[int, int]:
-    """'1.25', 1000 -> (1250, 1): the value x scale as a fraction num/den, exactly."""
+def _match(pattern: re.Pattern[str], text: object) -> re.Match[str] | None:
+    """The pattern on the stripped text; None for anything that is not such a string."""
+    if not isinstance(text, str):
+        return None
+    return pattern.match(text.strip())
+
+
+def _exact(text: object, num: str, scale: int) -> tuple[int, int]:
+    """'1.25', 1000 -> (1250, 1000): the value x scale as a fraction value/den, exactly;
+    UnitError for more than MAX_NUMBER_DIGITS digits."""
     whole, _, frac = num.partition(".")
+    digits = (whole + frac).lstrip("0")
+    if len(digits) > MAX_NUMBER_DIGITS:
+        raise UnitError(f"{_cut(text)}: more than {MAX_NUMBER_DIGITS} digits")
     return int((whole or "0") + frac) * scale, 10 ** len(frac)
+
+
+def _cut(text: object, limit: int = 40) -> str:
+    """repr() of a value for an error line, cut to `limit` characters."""
+    r = repr(text)
+    return r if len(r) <= limit else f"{r[:limit]}... ({len(str(text))} chars)"
 
 
 def parse_duration_ns(text: object) -> int:
     """'15ms' -> 15_000_000; '0' -> 0. Units ns us µs ms s m h; a unit is required
     except for a bare 0; anything finer than 1 ns is an error."""
-    t = text.strip() if isinstance(text, str) else None
-    if t == "0":
+    if isinstance(text, str) and text.strip() == "0":
         return 0
-    m = _DURATION.match(t) if t is not None else None
+    m = _match(_DURATION, text)
     if m is None:
         raise UnitError(
-            f"{text!r} is not a duration: give a number and a unit, e.g. 15ms, 500us, 2s"
+            f"{_cut(text)} is not a duration: give a number and a unit, e.g. 15ms, 500us, 2s"
         )
-    value, den = _exact(m["num"], DURATION_NS[m["unit"]])
+    value, den = _exact(text, m["num"], DURATION_NS[m["unit"]])
     if value % den:
-        raise UnitError(f"{text!r}: finer than 1ns")
+        raise UnitError(f"{_cut(text)}: finer than 1ns")
+    if value // den > MAX_DURATION_NS:
+        raise UnitError(f"{_cut(text)}: longer than {MAX_DURATION_NS // 10**9}s")
     return value // den
 
 
@@ -89,32 +121,38 @@ def parse_duration_us(text: object) -> int:
     """'1.5ms' -> 1500: whole microseconds, or an error (the data path's resolution)."""
     ns = parse_duration_ns(text)
     if ns % 1000:
-        raise UnitError(f"{text!r}: finer than 1us")
+        raise UnitError(f"{_cut(text)}: finer than 1us")
     return ns // 1000
 
 
 def parse_byte_rate(text: object) -> float:
-    """'20MB/s' -> 20e6 bytes per second; '1MiB/s' -> 1048576."""
-    t = text.strip() if isinstance(text, str) else None
-    if t == "0":
+    """'20MB/s' -> 20e6 bytes per second; '1MiB/s' -> 1048576; finite, at most
+    MAX_BYTE_RATE_BYTES_S."""
+    if isinstance(text, str) and text.strip() == "0":
         return 0.0
-    m = _BYTE_RATE.match(t) if t is not None else None
+    m = _match(_BYTE_RATE, text)
     if m is None:
         raise UnitError(
-            f"{text!r} is not a byte rate: give a number and a unit, e.g. 20MB/s, 512KiB/s"
+            f"{_cut(text)} is not a byte rate: give a number and a unit, e.g. 20MB/s, 512KiB/s"
         )
-    return float(m["num"]) * BYTE_RATE_BYTES[m["unit"]]
+    value, den = _exact(text, m["num"], BYTE_RATE_BYTES[m["unit"]])
+    if value > MAX_BYTE_RATE_BYTES_S * den:
+        raise UnitError(f"{_cut(text)}: above {MAX_BYTE_RATE_BYTES_S} B/s")
+    return value / den
 
 
 def parse_bit_rate(text: object) -> int:
-    """'10gbit' -> 10_000_000_000 bits per second (tc's units), at least 1mbit."""
-    m = _BIT_RATE.match(text.strip()) if isinstance(text, str) else None
+    """'10gbit' -> 10_000_000_000 bits per second (tc's units), at least 1mbit, at
+    most MAX_BIT_RATE_BITS_S."""
+    m = _match(_BIT_RATE, text)
     if m is None:
-        raise UnitError(f"{text!r} is not a link speed: write e.g. 10gbit, 25gbit, 100gbit")
-    value, den = _exact(m["num"], BIT_RATE_BITS[m["unit"].lower()])
+        raise UnitError(f"{_cut(text)} is not a link speed: write e.g. 10gbit, 25gbit, 100gbit")
+    value, den = _exact(text, m["num"], BIT_RATE_BITS[m["unit"].lower()])
     bits = value // den
     if bits < MIN_BIT_RATE_BITS_S:
-        raise UnitError(f"{text!r}: below 1mbit")
+        raise UnitError(f"{_cut(text)}: below 1mbit")
+    if bits > MAX_BIT_RATE_BITS_S:
+        raise UnitError(f"{_cut(text)}: above {fmt_bit_rate(MAX_BIT_RATE_BITS_S)}")
     return bits
 
 

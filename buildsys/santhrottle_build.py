@@ -6,7 +6,8 @@ generate() writes into buildsys/generated/ (gitignored):
 
     man/santhrottle.8            argparse-manpage on santhrottle.appliance.cli.main:build_parser;
     man/santhrottled.8           ... on santhrottle.appliance.daemon.main:build_parser; every
-                                 verb's epilog (its examples) goes to EXAMPLES
+                                 verb's epilog (its examples) goes to EXAMPLES; EXIT
+                                 STATUS of santhrottle.8 is cli/common.py's EXIT_CODES
     man/santhrottle.toml.5       the configuration schema (appliance/config/schema.py, KEYS)
     bash/santhrottle{,d}         shtab, bash
     zsh/_santhrottle{,d}         shtab, zsh
@@ -204,15 +205,24 @@ PREFIX is where the wheel was installed: \fI\%/usr/local\fR for pip as root, the
 environment otherwise (the Ansible role's is \fI\%/opt/santhrottle/venv\fR).
 """
 
+
+def cli_exit_status() -> str:
+    """santhrottle(8)'s EXIT STATUS: cli/common.py's EXIT_CODES, the ones --help shows
+    (call inside source_tree())."""
+    from santhrottle.appliance.cli.common import EXIT_CODES
+
+    out = [
+        f".TP\n.B {code}\n{roff(text[:1].upper() + text[1:])}." for code, text in EXIT_CODES.items()
+    ]
+    out.append(
+        ".PP\nEvery failure prints one line on standard error, "
+        "\\fBsanthrottle: \\fR followed by the problem; argparse's usage errors print the "
+        "usage and one line \\fBsanthrottle ...: error: ...\\fR."
+    )
+    return "\n".join(out)
+
+
 EXIT_STATUS = {
-    "santhrottle": r""".TP
-.B 0
-Success.
-.TP
-.B 2
-A bad argument, file or value, or a daemon that refused the request: one line on
-standard error names the problem.
-""",
     "santhrottled": r""".TP
 .B 0
 Stopped on SIGTERM or SIGINT after removing every delay; with \fB\-\-check\fR: ready.
@@ -232,6 +242,15 @@ SEE_ALSO = {
 }
 
 
+def _exit_help(prog: str) -> str:
+    """The exit codes' block an epilog of `prog` ends with ("" if it has none)."""
+    if prog != "santhrottle":
+        return ""
+    from santhrottle.appliance.cli.common import EXIT_HELP
+
+    return str(EXIT_HELP)
+
+
 def man_page(prog: str) -> str:
     """santhrottle(8) or santhrottled(8) from the parser (call inside source_tree())."""
     from argparse_manpage.manpage import Manpage
@@ -240,9 +259,12 @@ def man_page(prog: str) -> str:
     # Every verb's examples, once per distinct epilog, in EXAMPLES (argparse-manpage
     # shows the top parser's epilog only, as COMMENTS).
     epilogs: dict[str, list[str]] = {}
+    exit_help = _exit_help(prog)
     for path, p in walk(parser, prog):
-        if p.epilog:
-            epilogs.setdefault(p.epilog, []).append(path)
+        # the exit codes every verb's --help ends with go to EXIT STATUS, once
+        epilog = (p.epilog or "").removesuffix(exit_help).rstrip("\n")
+        if epilog:
+            epilogs.setdefault(epilog + "\n", []).append(path)
         for group in p._action_groups:  # the verbs: COMMANDS, not POSITIONAL ARGUMENTS
             if any(isinstance(a, argparse._SubParsersAction) for a in group._group_actions):
                 group.title = "commands"
@@ -261,7 +283,8 @@ def man_page(prog: str) -> str:
     page.source = f"santhrottle {project_version()}"
     page.description = SUMMARY[prog]
     page.add_section("examples", ">", "\n".join(examples))
-    page.add_section("exit status", ">", EXIT_STATUS[prog].strip())
+    exit_status = cli_exit_status() if prog == "santhrottle" else EXIT_STATUS[prog].strip()
+    page.add_section("exit status", ">", exit_status)
     page.add_section("files", ">", FILES.strip())
     page.add_section("see also", ">", _see_also(*SEE_ALSO[prog]))
     return str(page)

@@ -1,7 +1,17 @@
 """CLI commands that talk to santhrottled through its control socket.
 
-status, threshold set|show, pause, resume, reload, top.  The socket is
---socket, else daemon.control_socket of the configuration.
+What it owns
+    status, threshold show|set|reset, pause, resume, reload, top.  The socket is
+    --socket, else daemon.control_socket of the configuration.  call() is the
+    one way to the daemon: a daemon that is not running, does not answer within
+    --timeout or breaks the connection is NoDaemon (exit 3), a refusal is
+    Failed (exit 1); a bad value never reaches the socket (exit 2).
+
+Worked example
+    `santhrottle threshold show` against a daemon with an override prints
+    "vg0              15.00ms (override; file: 30.00ms)"; `threshold reset vg0`
+    sends {"cmd": "threshold_reset", "args": {"resource": "vg0"}} and prints
+    "vg0: threshold 30.00ms (the file's)".
 """
 
 from __future__ import annotations
@@ -11,22 +21,43 @@ import json
 import time
 from typing import Any
 
-from santhrottle.appliance.cli.common import CliError, emit, verb
+from santhrottle.appliance.cli.common import (
+    EXIT_OK,
+    JSON_HELP,
+    CliError,
+    Failed,
+    NoDaemon,
+    emit,
+    envelope,
+    number,
+    path_arg,
+    verb,
+)
 from santhrottle.appliance.config import DEFAULT_PATH, ConfigError, defaults, load_config
-from santhrottle.appliance.daemon.control import DaemonUnavailable, RemoteError, request
+from santhrottle.appliance.daemon.control import (
+    CLIENT_TIMEOUT_S,
+    DaemonUnavailable,
+    RemoteError,
+    request,
+)
 from santhrottle.appliance.units import UnitError, fmt_duration, fmt_mb, fmt_ms, parse_duration_s
 
 EPILOG = """\
 examples:
   santhrottle status                       # resources, thresholds, classes, initiators
-  santhrottle status --json | jq '.resources[] | {resource, read_latency_ewma_s}'
+  santhrottle status --json | jq '.data.resources[] | {resource, read_latency_ewma_s}'
   santhrottle threshold set vg_aic 15ms    # takes effect at the next tick (100 ms)
   santhrottle threshold show
   santhrottle pause                        # remove every delay, keep measuring
   santhrottle resume
   santhrottle top 1 10                     # a live view: every 1 s, 10 times
   santhrottle reload                       # re-read the config (SIGHUP does the same)
+
+--json prints {"protocol": N, "data": ...}: N is the control protocol's version,
+data the daemon's answer (top --json: one such object per line and view).
 """
+# The longest interval `top` sleeps between two views.
+MAX_TOP_INTERVAL_S = 86_400.0
 
 THRESHOLD_EPILOG = """\
 examples:
@@ -34,9 +65,13 @@ examples:
   santhrottle threshold show --json
   santhrottle threshold set vg_aic 15ms    # takes effect at the next tick (100 ms)
   santhrottle threshold set vg_aic 2.5ms
+  santhrottle threshold reset vg_aic       # back to the configuration's value
 
-A threshold set here lives until the daemon restarts; put it in the
-configuration ([resources.NAME] threshold) to keep it.
+A threshold set here is an override: `threshold show` says so and names the
+file's value, and `threshold reset` returns to it.  Put it in the
+configuration ([resources.NAME] threshold) to make it the file's.  --json
+prints {"protocol": N, "data": ...}: N is the control protocol's version; show's
+data is per resource {"threshold_s", "configured_s", "override"}.
 """
 
 
@@ -49,11 +84,33 @@ def _socket(args: argparse.Namespace) -> str:
         return defaults().control_socket  # the default path; the daemon will say the rest
 
 
-def call(args: argparse.Namespace, cmd: str, **kw: Any) -> Any:
+def call(
+    args: argparse.Namespace,
+    cmd: str,
+    *,
+    path: str | None = None,
+    absent_ok: bool = False,
+    **kw: Any,
+) -> Any:
+    """One request to the daemon on `path` (default: _socket(args)): NoDaemon (exit 3)
+    when it does not run or answer within --timeout, Failed (exit 1) when it refuses or
+    answers something that is not a reply.  absent_ok: None when nobody listens there
+    (pin and unpin then go to the kernel); a daemon that does not answer is NoDaemon."""
+    path = path or _socket(args)
     try:
-        return request(_socket(args), cmd, **kw)
-    except (DaemonUnavailable, RemoteError) as e:
-        raise CliError(str(e)) from None
+        return request(path, cmd, timeout_s=args.timeout, **kw)
+    except DaemonUnavailable as e:
+        if absent_ok:
+            return None
+        raise NoDaemon(str(e)) from None
+    except RemoteError as e:
+        raise Failed(str(e)) from None
+    except TimeoutError:  # before OSError: it is one
+        raise NoDaemon(f"santhrottled does not answer on {path} within {args.timeout:g}s") from None
+    except OSError as e:
+        raise NoDaemon(f"santhrottled does not answer on {path}: {e.strerror or e}") from None
+    except ValueError as e:  # a reply that is not JSON
+        raise Failed(f"santhrottled sent a reply that is not JSON on {path}: {e}") from None
 
 
 def print_status(st: dict[str, Any]) -> None:
@@ -88,28 +145,59 @@ def cmd_status(args: argparse.Namespace) -> int:
     return emit(args, call(args, "status"), print_status)
 
 
+_REMAINDER_OPTIONS = ("--socket", "--config", "--timeout")
+
+
 def _split_operands(args: argparse.Namespace) -> list[str]:
-    """Operands after `threshold set`, with --json/--socket/--config taken out
-    (REMAINDER: "-5ms" must reach the unit parser, one clear error, not argparse)."""
+    """Operands after `threshold set`, with --json/--socket/--config/--timeout taken
+    out (REMAINDER: "-5ms" must reach the unit parser, one clear error, not argparse).
+    An option's value is checked as argparse would have."""
     rest: list[str] = []
     it = iter(args.operands)
     for a in it:
+        name, eq, inline = a.partition("=")
         if a == "--json":
             args.json = True
-        elif a in ("--socket", "--config"):
-            setattr(args, a[2:], next(it, None))
+        elif name in _REMAINDER_OPTIONS:
+            value = inline if eq else next(it, None)
+            if value is None:
+                raise CliError(f"{name} needs a value")
+            try:
+                parsed = _OPTION_TYPES[name](value)
+            except argparse.ArgumentTypeError as e:
+                raise CliError(str(e)) from None
+            setattr(args, name[2:], parsed)
         else:
             rest.append(a)
     return rest
 
 
-def _print_thresholds(data: dict[str, float | None]) -> None:
-    for name, thr in data.items():
-        print(f"{name:<16} {fmt_ms(thr) if thr is not None else 'none (observe only)'}")
+def _print_thresholds(data: dict[str, Any]) -> None:
+    """Per resource: its effective threshold, marked when it is an override.  A
+    daemon of before the overrides answers a bare number (or null) per resource."""
+    for name, v in data.items():
+        if not isinstance(v, dict):
+            v = {"threshold_s": v, "configured_s": v, "override": False}
+        thr = v.get("threshold_s")
+        text = fmt_ms(thr) if thr is not None else "none (observe only)"
+        if v.get("override"):
+            conf = v.get("configured_s")
+            text += f" (override; file: {fmt_ms(conf) if conf is not None else 'none'})"
+        print(f"{name:<16} {text}")
 
 
 def cmd_threshold_show(args: argparse.Namespace) -> int:
     return emit(args, call(args, "threshold_show"), _print_thresholds)
+
+
+def _threshold_value(value: str) -> float:
+    try:
+        thr = parse_duration_s(value)
+    except UnitError as e:
+        raise CliError(f"threshold: {e}") from None
+    if thr <= 0:
+        raise CliError("threshold: must be above 0")
+    return thr
 
 
 def cmd_threshold_set(args: argparse.Namespace) -> int:
@@ -117,16 +205,30 @@ def cmd_threshold_set(args: argparse.Namespace) -> int:
     if len(operands) != 2:
         raise CliError("usage: santhrottle threshold set RESOURCE VALUE (e.g. 15ms)")
     resource, value = operands
-    try:
-        thr = parse_duration_s(value)
-    except UnitError as e:
-        raise CliError(f"threshold: {e}") from None
-    if thr <= 0:
-        raise CliError("threshold: must be above 0")
+    _check_resource(resource)
+    thr = _threshold_value(value)
     data = call(args, "threshold_set", resource=resource, threshold_s=thr)
     return emit(
         args, data, lambda d: print(f"{d['resource']}: threshold {fmt_ms(d['threshold_s'])}")
     )
+
+
+def _print_reset(d: dict[str, Any]) -> None:
+    thr = d.get("threshold_s")
+    if thr is None:
+        print(f"{d['resource']}: no threshold (observe only), as in the configuration")
+    else:
+        print(f"{d['resource']}: threshold {fmt_ms(thr)} (the configuration's)")
+
+
+def cmd_threshold_reset(args: argparse.Namespace) -> int:
+    _check_resource(args.resource)
+    return emit(args, call(args, "threshold_reset", resource=args.resource), _print_reset)
+
+
+def _check_resource(name: str) -> None:
+    if not name.strip() or not name.isprintable():
+        raise CliError(f"bad resource name {name!r}: give the name status shows, e.g. vg0")
 
 
 def cmd_simple(args: argparse.Namespace) -> int:
@@ -135,39 +237,67 @@ def cmd_simple(args: argparse.Namespace) -> int:
 
 
 def cmd_top(args: argparse.Namespace) -> int:
-    if args.interval <= 0:
-        raise CliError("top: interval must be above 0 s")
     n = 0
-    while args.count is None or n < args.count:
-        if n:
-            time.sleep(args.interval)
-        st = call(args, "status")
-        if args.json:
-            print(json.dumps(st), flush=True)
-        else:
-            print(time.strftime("%H:%M:%S"))
-            print_status(st)
-            print(flush=True)
-        n += 1
-    return 0
+    try:
+        while args.count is None or n < args.count:
+            if n:
+                time.sleep(args.interval)
+            st = call(args, "status")
+            if args.json:
+                print(json.dumps(envelope(st), allow_nan=False), flush=True)
+            else:
+                print(time.strftime("%H:%M:%S"))
+                print_status(st)
+                print(flush=True)
+            n += 1
+    except KeyboardInterrupt:  # the way to end `top` without a count
+        print(flush=True)
+    return EXIT_OK
+
+
+_OPTION_TYPES: dict[str, Any] = {
+    "--socket": path_arg("--socket", socket=True),
+    "--config": path_arg("--config"),
+    "--timeout": number("--timeout", hi=3600.0, positive=True),
+}
+
+
+def socket_options(
+    p: argparse.ArgumentParser, socket_help: str = "control socket (default: the configuration's)"
+) -> argparse.ArgumentParser:
+    """--config, --socket and --timeout: where the daemon is and how long to wait."""
+    p.add_argument(
+        "--config",
+        default=DEFAULT_PATH,
+        type=_OPTION_TYPES["--config"],
+        help="where the socket's path is read from",
+    )
+    p.add_argument("--socket", type=_OPTION_TYPES["--socket"], help=socket_help)
+    p.add_argument(
+        "--timeout",
+        type=_OPTION_TYPES["--timeout"],
+        default=CLIENT_TIMEOUT_S,
+        metavar="S",
+        help="seconds to wait for the daemon's answer (default %(default)g); no answer: exit 3",
+    )
+    return p
 
 
 def _common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--config", default=DEFAULT_PATH, help="where the socket's path is read from")
-    p.add_argument("--socket", help="control socket (default: the configuration's)")
-    return p
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+    return socket_options(p)
 
 
 def add_commands(sub: Any) -> None:
     _common(verb(sub, "status", "resources, thresholds, delay classes and initiators", EPILOG))
     sub.choices["status"].set_defaults(func=cmd_status)
-    t = verb(sub, "threshold", "show or set a resource's read-latency threshold",
+    t = verb(sub, "threshold", "show, set or reset a resource's read-latency threshold",
              THRESHOLD_EPILOG)  # fmt: skip
     tsub = t.add_subparsers(dest="threshold_command", metavar="ACTION", required=True)
-    _common(verb(tsub, "show", "print every resource's threshold", THRESHOLD_EPILOG))
+    _common(verb(tsub, "show", "print every resource's threshold; overrides as overrides",
+                 THRESHOLD_EPILOG))  # fmt: skip
     tsub.choices["show"].set_defaults(func=cmd_threshold_show)
-    ts = _common(verb(tsub, "set", "set a resource's threshold until the daemon restarts",
+    ts = _common(verb(tsub, "set", "override a resource's threshold until reset or restart",
                       THRESHOLD_EPILOG))  # fmt: skip
     ts.add_argument(
         "operands",
@@ -176,6 +306,10 @@ def add_commands(sub: Any) -> None:
         help="the resource and a duration with its unit (15ms, 2.5ms, 500us)",
     )
     ts.set_defaults(func=cmd_threshold_set)
+    tr = _common(verb(tsub, "reset", "return a resource's threshold to the configuration's",
+                      THRESHOLD_EPILOG))  # fmt: skip
+    tr.add_argument("resource", metavar="RESOURCE", help="the resource, as status names it")
+    tr.set_defaults(func=cmd_threshold_reset)
     for name, help_ in (
         ("pause", "stop throttling (every delay removed), keep measuring"),
         ("resume", "throttle again"),
@@ -185,6 +319,17 @@ def add_commands(sub: Any) -> None:
     top = _common(
         verb(sub, "top", "a live view of status, like iostat: [interval] [count]", EPILOG)
     )
-    top.add_argument("interval", nargs="?", type=float, default=1.0, help="seconds (default 1)")
-    top.add_argument("count", nargs="?", type=int, help="views to print (default: until ^C)")
+    top.add_argument(
+        "interval",
+        nargs="?",
+        type=number("interval", hi=MAX_TOP_INTERVAL_S, positive=True),
+        default=1.0,
+        help="seconds between views, above 0 (default 1)",
+    )
+    top.add_argument(
+        "count",
+        nargs="?",
+        type=number("count", positive=True, integer=True),
+        help="views to print, at least 1 (default: until ^C)",
+    )
     top.set_defaults(func=cmd_top)

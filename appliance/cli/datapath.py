@@ -6,7 +6,12 @@ owns the kernel state then), straight to the kernel otherwise; cleanup
 always acts on the kernel (systemd's ExecStopPost runs `santhrottle
 cleanup --delays-only` after the daemon died).  Option defaults come from
 the configuration schema.  This module stays light: pyroute2 is imported
-only when a command runs.
+only when a command runs.  A bad value is exit 2, the kernel refusing 1, an
+explicit --socket nobody answers on 3 (cli/common.py).
+
+Worked example
+    `santhrottle pin 10.0.0.3 --delay 1.2ms` on 500us steps: "santhrottle: delay
+    1.2ms is not a multiple of the step 500us: use 1ms or 1.5ms", exit 2.
 """
 
 from __future__ import annotations
@@ -17,18 +22,28 @@ import os
 import sys
 from typing import Any
 
-from santhrottle.appliance.cli.common import CliError, verb
+from santhrottle.appliance.cli.common import (
+    JSON_HELP,
+    CliError,
+    Failed,
+    envelope,
+    ipv4,
+    name_arg,
+    number,
+    parsed,
+    path_arg,
+    verb,
+)
 from santhrottle.appliance.config import DEFAULT_PATH, ConfigError, default, load_config
 from santhrottle.appliance.config import defaults as config_defaults
 from santhrottle.appliance.config.schema import (
     MAX_CLASSES,
+    MAX_GLIDE_LEAVES,
     PIN_MODES,
     WRITE_MODES,
-    KindError,
     parse_ports_text,
 )
 from santhrottle.appliance.units import (
-    UnitError,
     fmt_bit_rate,
     fmt_us,
     parse_bit_rate,
@@ -41,11 +56,12 @@ examples:
   santhrottle datapath apply --device eth1 --ports 3260 --step 500us --max-delay 50ms \\
       --link-speed 25gbit --write-mode all
   santhrottle datapath show
-  santhrottle datapath show --json | jq '.members'
+  santhrottle datapath show --json | jq '.data.members'
   santhrottle cleanup
 
 apply is idempotent: it builds what is missing, changes what differs and
 adopts what a previous run left; it refuses a root qdisc it did not create.
+show --json prints {"protocol": N, "data": ...}, N the control protocol's version.
 """
 
 PIN_EPILOG = """\
@@ -80,52 +96,40 @@ def _dp() -> Any:
 
 
 def _names() -> Any:
-    from santhrottle.appliance.datapath import names
-
-    return names
+    return _dp().names
 
 
 def _spec_from_args(args: argparse.Namespace) -> Any:
     """The spec `datapath apply` asks for (parsed strictly, one-line errors)."""
     dp = _dp()
-    try:
-        step_us = parse_duration_us(args.step)
-        max_us = parse_duration_us(args.max_delay)
-        ports = parse_ports_text(args.ports)
-        link = parse_bit_rate(args.link_speed)
-    except (UnitError, KindError) as e:
-        raise CliError(str(e)) from None
-    if step_us <= 0:
-        raise CliError(f"bad step {args.step!r}: must be above 0")
-    k, rem = divmod(max_us, step_us)
+    step, most = fmt_us(args.step), fmt_us(args.max_delay)
+    k, rem = divmod(args.max_delay, args.step)
     if rem or k < 1:
-        raise CliError(
-            f"maximum delay {args.max_delay} is not a positive multiple of the step {args.step}"
-        )
+        raise CliError(f"maximum delay {most} is not a positive multiple of the step {step}")
     if k > MAX_CLASSES:
-        raise CliError(
-            f"maximum delay {args.max_delay} needs {k} classes of {args.step}: "
-            f"at most {MAX_CLASSES}"
+        raise CliError(f"maximum delay {most} needs {k} classes of {step}: at most {MAX_CLASSES}")
+    try:
+        return dp.DatapathSpec(
+            devices=(args.device,),
+            ports=args.ports,
+            step_us=args.step,
+            max_class=k,
+            link_bits_s=args.link_speed,
+            write_mode=args.write_mode,
+            glide_leaves=args.glide_leaves,
         )
-    return dp.DatapathSpec(
-        devices=(args.device,),
-        ports=ports,
-        step_us=step_us,
-        max_class=k,
-        link_bits_s=link,
-        write_mode=args.write_mode,
-        glide_leaves=args.glide_leaves,
-    )
+    except dp.DatapathError as e:  # the spec's own bounds: a bad value, not the kernel
+        raise CliError(str(e)) from None
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
     dp = _dp()
+    spec = _spec_from_args(args)
     try:
-        spec = _spec_from_args(args)
         with dp.Datapath(spec, netns=args.netns) as d:
             rep = d.apply()
     except dp.DatapathError as e:
-        raise CliError(str(e)) from None
+        raise Failed(str(e)) from None
     print(
         f"applied on {args.device}: {spec.max_class} delay classes of {fmt_us(spec.step_us)} "
         f"(max {fmt_us(spec.max_delay_us)}), ports {','.join(map(str, spec.ports))}, "
@@ -237,9 +241,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         with dp.Datapath(dp.DatapathSpec(devices), netns=args.netns) as d:
             st = dp.status(d)
     except dp.DatapathError as e:
-        raise CliError(str(e)) from None
+        raise Failed(str(e)) from None
     if args.json:
-        json.dump(st, sys.stdout)
+        json.dump(envelope(st), sys.stdout, allow_nan=False)
         sys.stdout.write("\n")
     else:
         _print_status(st)
@@ -278,36 +282,34 @@ def _daemon_socket(args: argparse.Namespace) -> str:
 
 
 def _daemon(args: argparse.Namespace, cmd: str, **kw: Any) -> Any:
-    """Ask santhrottled when it runs (it owns the kernel state then); None if it does not."""
-    from santhrottle.appliance.daemon.control import DaemonUnavailable, request
+    """Ask santhrottled when it runs (it owns the kernel state then); None if it does
+    not.  An explicit --socket nobody answers on is NoDaemon (exit 3), a refusal
+    Failed (exit 1): never behind the daemon's back to the kernel."""
+    from santhrottle.appliance.cli.daemon import call
 
     path = _daemon_socket(args)
     if args.socket is None and not os.path.exists(path):
         return None  # no daemon: straight to the kernel
+    return call(args, cmd, path=path, absent_ok=args.socket is None, **kw)
+
+
+def _delay_class(delay_us: int, step_us: int, max_class: int) -> int:
+    """The class of a delay on this data path; a delay it has no class for is exit 2."""
     try:
-        return request(path, cmd, **kw)
-    except DaemonUnavailable:
-        if args.socket:
-            raise CliError(f"santhrottled does not answer on {args.socket}") from None
-        return None
+        k: int = _names().delay_to_class(delay_us, step_us, max_class)
+    except _dp().DatapathError as e:
+        raise CliError(str(e)) from None
+    return k
 
 
 def cmd_pin(args: argparse.Namespace) -> int:
     dp = _dp()
-    from santhrottle.appliance.daemon.control import RemoteError
-
+    ip, delay_us = args.initiator, args.delay
     try:
-        ip = _names().check_ip(args.initiator)
-        try:
-            delay_us = parse_duration_us(args.delay)
-        except UnitError as e:
-            raise dp.DatapathError(f"bad delay: {e}") from None
-        if delay_us == 0:
-            raise dp.DatapathError(f"delay 0 throttles nothing: use `santhrottle unpin {ip}`")
         st = _daemon(args, "status")
         if st is not None:  # through the daemon: it would overwrite a pin behind its back
             step_us = round(st["step_s"] * 1e6)
-            k = _names().delay_to_class(delay_us, step_us, st["max_class"])
+            k = _delay_class(delay_us, step_us, st["max_class"])
             _daemon(args, "pin", initiator=ip, mode=args.mode, **{"class": k})
             print(
                 f"pinned {ip} through santhrottled: {args.mode} packets delayed "
@@ -316,11 +318,11 @@ def cmd_pin(args: argparse.Namespace) -> int:
             return 0
         d, note = _discover_or_apply(args)
         with d:
-            k = _names().delay_to_class(delay_us, d.spec.step_us, d.spec.max_class)
+            k = _delay_class(delay_us, d.spec.step_us, d.spec.max_class)
             # ordered=False: this process exits now, nobody would settle a glide
             d.set_classes({ip: k}, mode=args.mode, ordered=False)
-    except (dp.DatapathError, RemoteError) as e:
-        raise CliError(str(e)) from None
+    except dp.DatapathError as e:
+        raise Failed(str(e)) from None
     if d.spec.leaf != "netem":  # only the tests build pfifo leaves (kernels without netem)
         note += f"{d.spec.leaf} test leaves: classified, not delayed; "
     print(
@@ -333,10 +335,8 @@ def cmd_pin(args: argparse.Namespace) -> int:
 
 def cmd_unpin(args: argparse.Namespace) -> int:
     dp = _dp()
-    from santhrottle.appliance.daemon.control import RemoteError
-
+    ip = args.initiator
     try:
-        ip = _names().check_ip(args.initiator)
         if _daemon(args, "ping") is not None:
             _daemon(args, "unpin", initiator=ip)
             print(f"unpinned {ip} through santhrottled (from the next tick)")
@@ -347,8 +347,8 @@ def cmd_unpin(args: argparse.Namespace) -> int:
                 print(f"{ip} was not pinned or throttled")
                 return 0
             d.set_classes({ip: 0}, ordered=False)
-    except (dp.DatapathError, RemoteError) as e:
-        raise CliError(str(e)) from None
+    except dp.DatapathError as e:
+        raise Failed(str(e)) from None
     m = cur[ip]
     print(f"unpinned {ip} (was {m.mode}, class {m.klass})")
     return 0
@@ -358,17 +358,19 @@ def _netns(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--netns",
         metavar="NAME",
+        type=name_arg("--netns"),
         help="act inside this network namespace (/run/netns/NAME); default: the current one",
     )
 
 
 def _socket(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--socket",
-        help="santhrottled's control socket (default: the configuration's); when the daemon "
+    from santhrottle.appliance.cli.daemon import socket_options
+
+    socket_options(
+        p,
+        "santhrottled's control socket (default: the configuration's); when the daemon "
         "runs, pins go through it, otherwise straight to the kernel",
     )
-    p.add_argument("--config", default=DEFAULT_PATH, help="where the socket's path is read from")
 
 
 def add_commands(sub: Any) -> None:
@@ -386,23 +388,33 @@ def add_commands(sub: Any) -> None:
 
     a = verb(dsub, "apply", "install or reconcile the data path on a device", DATAPATH_EPILOG)
     a.add_argument(
-        "--device", required=True, metavar="IF", help="egress device facing the initiators"
+        "--device",
+        required=True,
+        metavar="IF",
+        type=name_arg("--device"),
+        help="egress device facing the initiators",
     )
     a.add_argument(
         "--ports",
+        type=parsed("--ports", parse_ports_text),
         default=",".join(map(str, default("datapath.ports"))),
         help="storage ports, comma separated (default %(default)s)",
     )
     a.add_argument(
-        "--step", default=fmt_us(default("datapath.step")), help="delay step (default %(default)s)"
+        "--step",
+        type=parsed("--step", parse_duration_us, positive=True),
+        default=fmt_us(default("datapath.step")),
+        help="delay step (default %(default)s)",
     )
     a.add_argument(
         "--max-delay",
+        type=parsed("--max-delay", parse_duration_us, positive=True),
         default=fmt_us(default("datapath.max_delay")),
         help="largest delay class (default %(default)s)",
     )
     a.add_argument(
         "--link-speed",
+        type=parsed("--link-speed", parse_bit_rate),
         default=fmt_bit_rate(default("datapath.link_speed")),
         help="link speed for HTB and netem sizing (default %(default)s)",
     )
@@ -414,7 +426,7 @@ def add_commands(sub: Any) -> None:
     )
     a.add_argument(
         "--glide-leaves",
-        type=int,
+        type=number("--glide-leaves", lo=0, hi=MAX_GLIDE_LEAVES, integer=True),
         default=default("datapath.glide_leaves"),
         metavar="N",
         help="netem leaves whose delay is lowered in place so that an initiator's "
@@ -424,8 +436,13 @@ def add_commands(sub: Any) -> None:
     a.set_defaults(func=cmd_apply)
 
     s = verb(dsub, "show", "print the installed state, members and counters", DATAPATH_EPILOG)
-    s.add_argument("--device", metavar="IF", help="device (default: the one installed)")
-    s.add_argument("--json", action="store_true", help="print it as JSON")
+    s.add_argument(
+        "--device",
+        metavar="IF",
+        type=name_arg("--device"),
+        help="device (default: the one installed)",
+    )
+    s.add_argument("--json", action="store_true", help=JSON_HELP)
     _netns(s)
     s.set_defaults(func=cmd_show)
 
@@ -437,20 +454,28 @@ def add_commands(sub: Any) -> None:
         "Put an initiator into a delay class by hand: through santhrottled when it runs, "
         "on the kernel directly otherwise.",
     )
-    p.add_argument("initiator", metavar="INITIATOR", help="initiator IPv4 address")
-    p.add_argument("--delay", required=True, help="delay with a unit: 5ms, 500us")
+    p.add_argument("initiator", metavar="INITIATOR", type=ipv4, help="initiator IPv4 address")
+    p.add_argument(
+        "--delay",
+        required=True,
+        type=parsed("--delay", parse_duration_us, positive=True),
+        help="delay with a unit, above 0: 5ms, 500us (0: use unpin)",
+    )
     p.add_argument(
         "--mode", choices=PIN_MODES, default="all", help="what to delay (default %(default)s)"
     )
     p.add_argument(
-        "--device", metavar="IF", help="apply the data path on IF first if it is not applied"
+        "--device",
+        metavar="IF",
+        type=name_arg("--device"),
+        help="apply the data path on IF first if it is not applied",
     )
     _netns(p)
     _socket(p)
     p.set_defaults(func=cmd_pin)
 
     u = verb(sub, "unpin", "stop delaying an initiator", PIN_EPILOG)
-    u.add_argument("initiator", metavar="INITIATOR", help="initiator IPv4 address")
+    u.add_argument("initiator", metavar="INITIATOR", type=ipv4, help="initiator IPv4 address")
     _netns(u)
     _socket(u)
     u.set_defaults(func=cmd_unpin)
@@ -460,6 +485,11 @@ def add_commands(sub: Any) -> None:
     c.add_argument(
         "--delays-only", action="store_true", help="only take every initiator out of the sets"
     )
-    c.add_argument("--config", default=DEFAULT_PATH, help="where daemon.netns is read from")
+    c.add_argument(
+        "--config",
+        default=DEFAULT_PATH,
+        type=path_arg("--config"),
+        help="where daemon.netns is read from",
+    )
     _netns(c)
     c.set_defaults(func=cmd_cleanup)

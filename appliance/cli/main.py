@@ -1,9 +1,16 @@
 """The `santhrottle` command line: one parser, a module per group of verbs.
 
-Errors an admin can cause (a bad file, a bad argument) print one line on
-stderr naming the problem and exit with status 2; never a traceback.
+Every failure prints one line on stderr naming the problem, never a traceback,
+and exits with the status that says whose it is (cli/common.py, EXIT_CODES):
+1 the kernel, the daemon or a tool refused or failed, 2 bad usage or input
+(argparse's own errors too), 3 santhrottled is not running or not answering.
 build_parser() is also what the man page and the shell completions are
 generated from (`make wheel`).
+
+Worked example
+    main(["status", "--socket", "/nonexistent"]) prints "santhrottle: santhrottled
+    is not running (no socket /nonexistent)" and returns 3; main(["top", "nan"])
+    exits 2 with argparse's "santhrottle top: error: argument interval: ...".
 """
 
 from __future__ import annotations
@@ -12,17 +19,31 @@ import argparse
 import sys
 
 from santhrottle.appliance.cli import daemon, datapath, sensing, simulate
-from santhrottle.appliance.cli.common import EXIT_USAGE, CliError
+from santhrottle.appliance.cli.common import (
+    EXIT_FAILED,
+    EXIT_HELP,
+    EXIT_INTERRUPTED,
+    EXIT_NO_DAEMON,
+    CliError,
+)
+from santhrottle.appliance.daemon.control import DaemonUnavailable, RemoteError
 from santhrottle.appliance.version import version_line
 
-EPILOG = """\
+EPILOG = (
+    """\
 examples:
   santhrottle status                       # what the daemon controls, measured now
   santhrottle threshold set vg_aic 15ms
   santhrottle pin 10.0.0.3 --delay 5ms     # throttle a host by hand
   santhrottle resources                    # discovery, without the daemon
   santhrottle COMMAND --help               # each command's own examples
+
+--json (where a command has it) prints {"protocol": N, "data": ...}: N is the
+version of the control protocol, data what the command shows.
+
 """
+    + EXIT_HELP
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,15 +65,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # a usage error: argparse's lines, SystemExit(2)
     try:
         rc: int = args.func(args)
         return rc
     except CliError as e:
-        print(f"santhrottle: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return _fail(str(e), e.code)
+    except DaemonUnavailable as e:  # a verb that let it through: still exit 3, one line
+        return _fail(str(e), EXIT_NO_DAEMON)
+    except RemoteError as e:
+        return _fail(str(e), EXIT_FAILED)
     except BrokenPipeError:  # `santhrottle ... | head`
         return 0
+    except OSError as e:  # a file or a tool this process could not use
+        where = f"{e.filename}: " if e.filename else ""
+        return _fail(f"{where}{e.strerror or e}", EXIT_FAILED)
+    except KeyboardInterrupt:  # ^C: the shell's convention, no traceback
+        return EXIT_INTERRUPTED
+
+
+def _fail(message: str, code: int) -> int:
+    """The one line on stderr; the exit status."""
+    print(f"santhrottle: {' '.join(message.split()) or 'failed'}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -1,4 +1,14 @@
-"""PNG figures like the method paper's figure 16: latency vs threshold, delay, write rate."""
+"""PNG figures like the method paper's figure 16: latency vs threshold, delay, write rate.
+
+What it owns
+    plot_simulation(): three panels over time from simulate()'s result, written
+    with matplotlib (Agg) to the file named (its suffix picks the format).
+    PlotUnavailable: no matplotlib; PlotError: the figure cannot be written
+    there (one line each, for the CLI).
+
+Worked example
+    plot_simulation(result, Path("/tmp/paper.png"), "paper") writes a 1000x800 PNG.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +17,11 @@ from typing import Any
 
 
 class PlotUnavailable(RuntimeError):
-    pass
+    """matplotlib is not installed."""
+
+
+class PlotError(ValueError):
+    """The figure cannot be written to that file (its format or its place)."""
 
 
 def plot_simulation(result: dict[str, Any], path: Path, title: str) -> None:
@@ -41,6 +55,12 @@ def plot_simulation(result: dict[str, Any], path: Path, title: str) -> None:
     ax_wr.set_xlabel("time (s)")
     fig.suptitle(title)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+    except OSError as e:
+        raise PlotError(f"cannot write plot {path}: {e.strerror or e}") from None
+    except ValueError as e:  # matplotlib: a format it does not write
+        raise PlotError(f"cannot write plot {path}: {str(e).splitlines()[0]}") from None
+    finally:
+        plt.close(fig)

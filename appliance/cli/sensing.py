@@ -5,6 +5,13 @@ needed), so an admin can check discovery before enabling throttling.  They
 see what the daemon would: the configuration file, when there is one, gives
 the storage ports, the declared resources, the static map and the target's
 network namespace (sock_diag runs inside it).
+
+A bad --interval or --config is exit 2; kernel state that cannot be read is
+exit 1 (cli/common.py, EXIT_CODES).
+
+Worked example
+    `santhrottle resources --interval 0.5 --json` measures for 0.5 s and prints
+    {"protocol": 1, "data": [{"resource": "vg0", "devices": ["dm-0"], ...}]}.
 """
 
 from __future__ import annotations
@@ -14,7 +21,15 @@ import os
 import time
 from typing import Any
 
-from santhrottle.appliance.cli.common import CliError, emit, verb
+from santhrottle.appliance.cli.common import (
+    JSON_HELP,
+    CliError,
+    Failed,
+    emit,
+    number,
+    path_arg,
+    verb,
+)
 from santhrottle.appliance.config import DEFAULT_PATH, ConfigError, load_config
 from santhrottle.appliance.sensing.target import TargetSensor
 from santhrottle.appliance.units import fmt_mb, fmt_ms
@@ -23,21 +38,25 @@ EPILOG = """\
 examples:
   santhrottle resources                 # VGs, their devices, read latency, write rate
   santhrottle initiators --interval 2   # who loads which VG, and how much they write
-  santhrottle initiators --json | jq '.[] | select(.resources | length > 1)'
+  santhrottle initiators --json | jq '.data[] | select(.resources | length > 1)'
   santhrottle resources --config /etc/santhrottle/santhrottle.toml
                                         # ports, declared resources, static map, netns from it
+  santhrottle resources --json | jq '.data[].resource'
 
 Read latency is the read-weighted mean over the resource's devices that had
 reads in the interval; write rates come from LIO's per-ACL counters or from
-the LUN's block device (docs/sensing.md, "Write-rate sources").
+the LUN's block device (docs/sensing.md, "Write-rate sources").  --json prints
+{"protocol": N, "data": [...]}, N the control protocol's version.
 """
+# The longest --interval: one sensing pass, not a monitoring loop.
+MAX_INTERVAL_S = 60.0
 
 
 def _measure(args: argparse.Namespace) -> dict[str, Any]:
     try:
         return _measure_once(args)
     except OSError as e:
-        raise CliError(f"cannot read {e.filename or 'kernel state'}: {e.strerror or e}") from None
+        raise Failed(f"cannot read {e.filename or 'kernel state'}: {e.strerror or e}") from None
 
 
 def _from_config(path: str) -> dict[str, Any]:
@@ -57,8 +76,6 @@ def _from_config(path: str) -> dict[str, Any]:
 
 
 def _measure_once(args: argparse.Namespace) -> dict[str, Any]:
-    if args.interval <= 0 or args.interval > 60:
-        raise CliError(f"--interval must be within (0, 60] s, got {args.interval:g}")
     sensor = TargetSensor(
         proc_root=args.proc_root,
         sys_root=args.sys_root,
@@ -157,15 +174,31 @@ def add_commands(sub: Any) -> None:
         ("initiators", cmd_initiators, "connected initiators, their resources and write rates"),
     ):
         p = verb(sub, name, help_, EPILOG, help_[:1].upper() + help_[1:] + ", over --interval s.")
-        p.add_argument("--interval", type=float, default=1.0, metavar="S", help="default 1 s")
-        p.add_argument("--json", action="store_true", help="print JSON")
+        p.add_argument(
+            "--interval",
+            type=number("--interval", hi=MAX_INTERVAL_S, positive=True),
+            default=1.0,
+            metavar="S",
+            help=f"seconds, above 0 and at most {MAX_INTERVAL_S:g} (default 1)",
+        )
+        p.add_argument("--json", action="store_true", help=JSON_HELP)
         p.add_argument(
             "--config",
             default=DEFAULT_PATH,
+            type=path_arg("--config"),
             help="configuration to read ports, declared resources, static map and netns from "
             "(default %(default)s, when it exists)",
         )
-        p.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
-        p.add_argument("--sys-root", default="/sys", help=argparse.SUPPRESS)
-        p.add_argument("--configfs-root", default="/sys/kernel/config", help=argparse.SUPPRESS)
+        p.add_argument(
+            "--proc-root", type=path_arg("--proc-root"), default="/proc", help=argparse.SUPPRESS
+        )
+        p.add_argument(
+            "--sys-root", type=path_arg("--sys-root"), default="/sys", help=argparse.SUPPRESS
+        )
+        p.add_argument(
+            "--configfs-root",
+            type=path_arg("--configfs-root"),
+            default="/sys/kernel/config",
+            help=argparse.SUPPRESS,
+        )
         p.set_defaults(func=func)

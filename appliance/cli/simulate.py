@@ -1,15 +1,35 @@
-"""`santhrottle simulate`: the real controller against a simulated storage resource."""
+"""`santhrottle simulate`: the real controller against a simulated storage resource.
+
+What it owns
+    Reading a scenario file (a regular file of at most MAX_SCENARIO_BYTES: a
+    FIFO or /dev/zero is refused, never read), running it, the summary table,
+    --json ({"protocol": N, "data": ...}) and --plot (checked before the run:
+    a figure format matplotlib writes).  A bad scenario or --plot is exit 2; a
+    plot that cannot be drawn (no matplotlib) is exit 1.
+
+Worked example
+    `santhrottle simulate controller/scenarios/paper.toml --no-baseline` prints
+    the uncontrolled p50/p95/p99, then one line per threshold (10, 15, 20 ms).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
 
-from santhrottle.appliance.cli.common import CliError, verb
+from santhrottle.appliance.cli.common import (
+    JSON_HELP,
+    CliError,
+    Failed,
+    envelope,
+    path_arg,
+    verb,
+)
 from santhrottle.appliance.units import fmt_ms
 from santhrottle.controller.plant import SaturatedError
 from santhrottle.controller.scenario import ScenarioError, parse_scenario
@@ -19,21 +39,38 @@ SIMULATE_EPILOG = """\
 examples:
   santhrottle simulate controller/scenarios/paper.toml
   santhrottle simulate paper.toml --plot /tmp/paper.png
-  santhrottle simulate paper.toml --json | jq '.controlled[].read_latency_p95_s'
+  santhrottle simulate paper.toml --json | jq '.data.controlled[].read_latency_p95_s'
 
-The scenario format is described in docs/simulator.md.
+The scenario format is described in docs/simulator.md.  --json prints
+{"protocol": N, "data": ...}, N the control protocol's version.
 """
+# A scenario is a few kB of TOML; anything larger is not one.
+MAX_SCENARIO_BYTES = 1024 * 1024
+# The figure formats --plot writes (by the file name's suffix).
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 
-def _finite(x: Any) -> Any:
-    """JSON has no NaN/Infinity: map them to null, recursively."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_finite(v) for v in x]
-    return x
+def read_scenario(path: Path) -> str:
+    """A regular file's UTF-8 text, at most MAX_SCENARIO_BYTES; CliError otherwise.
+    Opened non-blocking and checked before reading: a FIFO or a device never blocks."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise CliError(f"cannot read scenario {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CliError(f"scenario {path}: not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            raw = f.read(MAX_SCENARIO_BYTES + 1)
+        except OSError as e:
+            raise CliError(f"cannot read scenario {path}: {e.strerror or e}") from None
+    if len(raw) > MAX_SCENARIO_BYTES:
+        raise CliError(f"scenario {path}: larger than {MAX_SCENARIO_BYTES // 1024} KiB")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CliError(f"scenario {path}: not UTF-8 text") from None
 
 
 def _print_summary(result: dict[str, Any]) -> None:
@@ -74,28 +111,29 @@ def _print_summary(result: dict[str, Any]) -> None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     path = Path(args.scenario)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise CliError(f"cannot read scenario {path}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise CliError(f"scenario {path}: not UTF-8 text") from None
+    if args.plot and Path(args.plot).suffix.lower() not in PLOT_SUFFIXES:
+        raise CliError(
+            f"--plot {args.plot!r}: name a {', '.join(s[1:] for s in PLOT_SUFFIXES)} file"
+        )
+    text = read_scenario(path)
     try:
         sc = parse_scenario(text)
         result = simulate(sc, baseline=not args.no_baseline)
     except (ScenarioError, SaturatedError) as e:
         raise CliError(f"scenario {path}: {e}") from None
     if args.plot:
-        from santhrottle.appliance.cli.plot import PlotUnavailable, plot_simulation
+        from santhrottle.appliance.cli.plot import PlotError, PlotUnavailable, plot_simulation
 
         try:
             plot_simulation(result, Path(args.plot), f"santhrottle simulate {path.name}")
         except PlotUnavailable as e:
+            raise Failed(str(e)) from None
+        except PlotError as e:
             raise CliError(str(e)) from None
         except OSError as e:
             raise CliError(f"cannot write plot {args.plot}: {e.strerror or e}") from None
     if args.json:
-        json.dump(_finite(result), sys.stdout, allow_nan=False)
+        json.dump(envelope(result), sys.stdout, allow_nan=False)
         sys.stdout.write("\n")
     else:
         _print_summary(result)
@@ -113,9 +151,16 @@ def add_commands(sub: Any) -> None:
         "Run a scenario: uncontrolled, then controlled at each threshold; print latency "
         "percentiles, overshoot, time above threshold, writer throughput.",
     )
-    s.add_argument("scenario", metavar="SCENARIO", help="scenario file (TOML)")
-    s.add_argument("--json", action="store_true", help="print the summary and series as JSON")
-    s.add_argument("--plot", metavar="FILE.png", help="write a figure like the paper's fig. 16")
+    s.add_argument(
+        "scenario", metavar="SCENARIO", type=path_arg("SCENARIO"), help="scenario file (TOML)"
+    )
+    s.add_argument("--json", action="store_true", help=JSON_HELP + ": the summary and the series")
+    s.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        type=path_arg("--plot"),
+        help="write a figure like the paper's fig. 16 (.png, .svg or .pdf)",
+    )
     s.add_argument(
         "--no-baseline",
         action="store_true",

@@ -1,5 +1,6 @@
-"""The CLI's conventions: one-line errors with exit 2, --help with examples on every verb,
---version; the data path's spec validation and its namespace handling (no root)."""
+"""The CLI's conventions: one-line errors with their exit code (2 for bad input), --help
+with examples and the exit codes on every verb, --version; the data path's spec
+validation and its namespace handling (no root)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,14 @@ import argparse
 
 import pytest
 
+from santhrottle.appliance.cli.common import (
+    EXIT_CODES,
+    EXIT_FAILED,
+    EXIT_HELP,
+    EXIT_NO_DAEMON,
+    EXIT_OK,
+    EXIT_USAGE,
+)
 from santhrottle.appliance.cli.main import build_parser, main
 from santhrottle.appliance.daemon.main import build_parser as daemon_parser
 from santhrottle.appliance.datapath import DatapathError, DatapathSpec
@@ -36,13 +45,29 @@ def test_the_verbs_an_admin_guesses_are_there():
 
 
 @pytest.mark.parametrize("path", VERBS, ids=" ".join)
-def test_every_verb_has_help_with_its_own_examples(path, capsys):
+def test_every_verb_has_help_with_its_own_examples_and_the_exit_codes(path, capsys):
     with pytest.raises(SystemExit) as e:
         main([*path, "--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "examples:" in out
     assert f"santhrottle {path[0]}" in out.split("examples:")[1]
+    assert out.rstrip("\n").endswith(EXIT_HELP.rstrip("\n"))
+    parser = dict(_verbs(build_parser()))[path]
+    if any("--json" in a.option_strings for a in parser._actions):
+        assert '{"protocol": ' in out  # --json's shape is documented where it is
+
+
+def test_top_level_help_has_the_exit_codes_and_the_json_shape(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for code, meaning in EXIT_CODES.items():
+        assert f"  {code:<3}  {meaning}" in out
+    assert '{"protocol": N, "data": ...}' in out
+    assert {0, 1, 2, 3} <= set(EXIT_CODES)
+    assert (EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_DAEMON) == (0, 1, 2, 3)
 
 
 def test_version(capsys):
@@ -56,25 +81,10 @@ def test_version(capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["pin", "10.0.0.x", "--delay", "5ms"], "bad initiator address '10.0.0.x'"),
-        (["pin", "10.0.0.3", "--delay", "5"], "bad delay: '5' is not a duration"),
-        (["pin", "10.0.0.3", "--delay", "0"], "delay 0 throttles nothing"),
-        (["unpin", "10.0.0"], "bad initiator address"),
         (
             ["datapath", "apply", "--device", "eth1", "--max-delay", "1.2ms"],
             "maximum delay 1.2ms is not a positive multiple of the step 500us",
         ),
-        (["datapath", "apply", "--device", "eth1", "--step", "0"], "bad step '0'"),
-        (["datapath", "apply", "--device", "eth1", "--ports", "3260,x"], "bad port 'x'"),
-        (
-            ["datapath", "apply", "--device", "eth1", "--ports", "3260,3260"],
-            "port 3260 given twice",
-        ),
-        (
-            ["datapath", "apply", "--device", "eth1", "--ports", ",".join(map(str, range(1, 17)))],
-            "16 storage ports: iptables multiport takes at most 15",
-        ),
-        (["datapath", "apply", "--device", "eth1", "--link-speed", "fast"], "is not a link speed"),
         (
             ["datapath", "apply", "--device", "eth1", "--step", "1us", "--max-delay", "1s"],
             "needs 1000000 classes of 1us: at most 5000",
@@ -85,13 +95,72 @@ def test_version(capsys):
         ),
         (["threshold", "set", "vg0", "-5ms"], "threshold: '-5ms' is not a duration"),
         (["threshold", "set", "vg0"], "usage: santhrottle threshold set RESOURCE VALUE"),
+        # issue 17: a missing value after an option of `threshold set` was a traceback
+        (["threshold", "set", "vg0", "15ms", "--config"], "--config needs a value"),
+        (["threshold", "set", "vg0", "15ms", "--socket"], "--socket needs a value"),
+        (["threshold", "set", "vg0", "15ms", "--timeout", "nan"], "'nan' is not a number"),
+        (["threshold", "set", "vg0", "15ms", "--socket="], "--socket must not be empty"),
+        (["threshold", "set", "vg0", "١٢ms"], "is not a duration"),
+        (["threshold", "reset", "\x1b[2J"], "bad resource name"),
+        (["simulate", "/dev/zero"], "scenario /dev/zero: not a regular file"),
+        (["simulate", "/"], "scenario /: not a regular file"),
+        (["simulate", "x.toml", "--plot", "out.gif"], "--plot 'out.gif': name a png, svg, pdf"),
     ],
 )
 def test_cli_errors_are_one_line_exit_2(argv, message, capsys):
-    assert main(argv) == 2
+    """Bad input the verb finds (not argparse): one line, exit 2, never a traceback."""
+    assert main(argv) == EXIT_USAGE
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("santhrottle: ")
     assert message in err
+
+
+ARGPARSE_ERRORS = [
+    # issue 17, each was a traceback or a silent exit 0
+    (["top", "nan"], "argument interval: 'nan' is not a number"),
+    (["top", "inf"], "argument interval: 'inf' is not a number"),
+    (["top", "1e308"], "argument interval: '1e308' is not a number"),
+    (["top", "1", "-5"], "argument count: '-5' is not a whole number"),
+    (["top", "1", "0"], "argument count: count must be above 0"),
+    (["top", "0"], "argument interval: interval must be above 0"),
+    (["top", "١٢"], "argument interval: '١٢' is not a number"),
+    (["top", "１２"], "argument interval: '１２' is not a number"),
+    (["top", "1", "1.5"], "argument count: '1.5' is not a whole number"),
+    (["top", "0x10"], "argument interval: '0x10' is not a number"),
+    (["resources", "--interval", "nan"], "argument --interval: 'nan' is not a number"),
+    (["resources", "--interval", "61"], "argument --interval: --interval must be within"),
+    (["initiators", "--interval", "-1"], "argument --interval: '-1' is not a number"),
+    (["pin", "10.0.0.3", "--delay", "1" * 5000 + "ms"], "more than 30 digits"),
+    (["pin", "10.0.0.3", "--delay", "5"], "argument --delay: '5' is not a duration"),
+    (["pin", "10.0.0.3", "--delay", "0"], "--delay must be above 0"),
+    (["pin", "10.0.0.x", "--delay", "5ms"], "bad initiator address '10.0.0.x'"),
+    (["unpin", "10.0.0"], "bad initiator address"),
+    (["datapath", "apply", "--device", "eth1", "--link-speed", "9" * 400 + "tbit"], "digits"),
+    (["datapath", "apply", "--device", "eth1", "--link-speed", "fast"], "is not a link speed"),
+    (["datapath", "apply", "--device", "eth1", "--step", "0"], "--step must be above 0"),
+    (["datapath", "apply", "--device", "eth1", "--ports", "3260,x"], "bad port 'x'"),
+    (["datapath", "apply", "--device", "eth1", "--ports", "3260,3260"], "port 3260 given twice"),
+    (
+        ["datapath", "apply", "--device", "eth1", "--ports", ",".join(map(str, range(1, 17)))],
+        "16 storage ports: iptables multiport takes at most 15",
+    ),
+    (["datapath", "apply", "--device", "eth1", "--glide-leaves", "٣"], "not a whole number"),
+    (["datapath", "apply", "--device", ""], "--device '' must be a non-empty printable name"),
+    (["status", "--socket", "/" + "s" * 200], "a Unix socket path holds at most 107"),
+    (["status", "--timeout", "0"], "--timeout must be above 0"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), ARGPARSE_ERRORS)
+def test_bad_values_are_argparse_errors_exit_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == EXIT_USAGE
+    err = capsys.readouterr().err
+    last = err.rstrip("\n").split("\n")[-1]
+    assert last.startswith(f"santhrottle {argv[0]}") and ": error: " in last
+    assert message in last and len(last) < 300  # a 5000-digit value is cut
+    assert "Traceback" not in err
 
 
 def test_the_apply_defaults_are_the_configs(capsys):

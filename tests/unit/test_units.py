@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from santhrottle.appliance import units as u
 
@@ -89,3 +91,66 @@ def test_fmt_byte_rate_round_trips(bps):
 @pytest.mark.parametrize("bits", [10**10, 25 * 10**9, 1_500_000_000, 10**6, 1_234_567])
 def test_fmt_bit_rate_round_trips(bits):
     assert u.parse_bit_rate(u.fmt_bit_rate(bits)) == bits
+
+
+# Issue 17: values that overflow, are not finite or are not ASCII digits are one
+# UnitError line, never inf, a bignum traceback or a Unicode digit read as a number.
+@pytest.mark.parametrize(
+    ("parse", "text", "message"),
+    [
+        (u.parse_byte_rate, "9" * 400 + "MB/s", "more than 30 digits"),  # was inf, accepted
+        (u.parse_byte_rate, "99999999999999999999GiB/s", "above 18446744073709551615 B/s"),
+        (u.parse_bit_rate, "9" * 400 + "tbit", "more than 30 digits"),
+        (u.parse_bit_rate, "11tbit", "above 10tbit"),
+        (u.parse_duration_us, "1" * 5000 + "ms", "more than 30 digits"),  # int() traceback
+        (u.parse_duration_ns, "9999999999999h", "longer than 9223372036s"),
+        (u.parse_duration_us, "١٢ms", "is not a duration"),  # Arabic-Indic digits
+        (u.parse_duration_us, "１２ms", "is not a duration"),  # full-width digits
+        (u.parse_byte_rate, "１２MB/s", "is not a byte rate"),
+        (u.parse_bit_rate, "١٠gbit", "is not a link speed"),
+        (u.parse_duration_us, "nanms", "is not a duration"),
+        (u.parse_duration_us, "infms", "is not a duration"),
+        (u.parse_byte_rate, "infMB/s", "is not a byte rate"),
+        (u.parse_bit_rate, "1e308gbit", "is not a link speed"),
+    ],
+)
+def test_overflow_nonfinite_and_unicode_digits_refused(parse, text, message):
+    with pytest.raises(u.UnitError, match=message) as e:
+        parse(text)
+    assert "\n" not in str(e.value) and len(str(e.value)) < 200  # the value is cut
+
+
+def test_leading_zeros_are_not_digits_that_count():
+    assert u.parse_duration_us("0" * 100 + "5ms") == 5000
+    assert u.parse_byte_rate("0" * 100 + "1MB/s") == 1e6
+
+
+def test_the_largest_values_still_parse():
+    assert u.parse_duration_ns(f"{u.MAX_DURATION_NS}ns") == u.MAX_DURATION_NS
+    assert u.parse_bit_rate(f"{u.MAX_BIT_RATE_BITS_S}bit") == u.MAX_BIT_RATE_BITS_S
+    assert u.parse_byte_rate(f"{u.MAX_BYTE_RATE_BYTES_S}B/s") == float(u.MAX_BYTE_RATE_BYTES_S)
+
+
+_UNIT_TEXT = st.text(
+    alphabet=st.sampled_from([*"0123456789.  -+eEnN", *"usmhbitkKMGTBi/µ", "١", "１", "\x00"]),
+    max_size=40,
+) | st.builds(lambda d, unit: d + unit, st.text("0123456789", min_size=25, max_size=60),
+              st.sampled_from(["ns", "ms", "s", "h", "MB/s", "GiB/s", "gbit", "tbit"]))  # fmt: skip
+
+
+@settings(derandomize=True, max_examples=400, deadline=None)
+@given(_UNIT_TEXT)
+def test_fuzz_every_parser_returns_a_bounded_value_or_one_unit_error(text):
+    import math
+
+    for parse, hi in (
+        (u.parse_duration_ns, u.MAX_DURATION_NS),
+        (u.parse_byte_rate, u.MAX_BYTE_RATE_BYTES_S),
+        (u.parse_bit_rate, u.MAX_BIT_RATE_BITS_S),
+    ):
+        try:
+            v = parse(text)
+        except u.UnitError as e:
+            assert "\n" not in str(e)
+            continue
+        assert math.isfinite(v) and 0 <= v <= hi, (text, v)
