@@ -2,31 +2,64 @@
 
 A command changes only the daemon's state (pins, pause, thresholds, the
 configuration); the kernel follows at the next tick, from the tick's thread.
+Every request's arguments are checked first (daemon/requests.py: the one
+table of commands and arguments, the config's rules) against this daemon's
+configuration, under the daemon's lock; nothing unchecked reaches the state.
 A request that cannot be done raises CommandError with one line for the admin.
+The answer is built from fresh objects: the control server encodes it after
+the lock is released, while the tick may change the state.
+
+Answers of the threshold commands (seconds; None: no threshold, observed)
+    threshold_show  {"vg0": {"threshold_s": 0.012, "configured_s": 0.01,
+                     "override": true}, "vg1": {"threshold_s": null,
+                     "configured_s": null, "override": false}}
+    threshold_set   {"resource": "vg0", "threshold_s": 0.012, "configured_s": 0.01,
+                     "override": true}
+    threshold_reset {"resource": "vg0", "threshold_s": 0.01, "configured_s": 0.01,
+                     "override": false, "removed_s": 0.012}  (removed_s: the
+                     override it dropped, null when there was none)
 
 Worked example
     handle(d, "pin", {"initiator": "10.0.0.3", "class": 10, "mode": "all"})
     -> {"initiator": "10.0.0.3", "class": 10, "delay_s": 0.005, "mode": "all"};
     the next tick puts 10.0.0.3 into class 10.
+    handle(d, "pin", {"initiator": "bogus", "class": 5, "mode": "all"})
+    -> CommandError "pin: initiator: 'bogus' is not an IPv4 address"
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from santhrottle.appliance.config.schema import PIN_MODES
+from santhrottle.appliance.daemon.requests import Context, RequestError, check
 
 if TYPE_CHECKING:
     from santhrottle.appliance.daemon.loop import Daemon
 
+# Pins share the mode sets with the controller's members (datapath MAXELEM
+# 65,536 per set): a bound far below it, so pins can never fill a set.
+MAX_PINS = 4096
 
-class CommandError(Exception):
+
+class CommandError(RequestError):
     """A control-socket request that cannot be done; the message goes to the admin."""
+
+
+def _threshold(daemon: Daemon, name: str) -> dict[str, Any]:
+    return {
+        "threshold_s": daemon.threshold_of(name),
+        "configured_s": daemon.config.threshold_of(name),
+        "override": name in daemon.state.thresholds,
+    }
 
 
 def handle(daemon: Daemon, cmd: str, args: dict[str, Any]) -> Any:
     """One request; raises CommandError with the line for the admin."""
+    if cmd == "reload":  # reads the file outside the lock (Daemon.reload)
+        _checked(daemon, cmd, args)
+        return daemon.reload()
     with daemon.lock:
+        a = _checked(daemon, cmd, args)
         if cmd == "ping":
             return {"pong": True}
         if cmd == "status":
@@ -36,35 +69,27 @@ def handle(daemon: Daemon, cmd: str, args: dict[str, Any]) -> Any:
         if cmd == "initiators":
             return daemon.status()["initiators"]
         if cmd == "threshold_show":
-            return {n: daemon.threshold_of(n) for n in sorted(daemon.known_resources())}
+            return {n: _threshold(daemon, n) for n in sorted(daemon.known_resources())}
         if cmd == "threshold_set":
-            name = args.get("resource")
-            thr = args.get("threshold_s")
-            if name not in daemon.known_resources():
-                raise CommandError(
-                    f"unknown resource {name!r}; known: "
-                    f"{', '.join(sorted(daemon.known_resources())) or 'none'}"
-                )
-            if not isinstance(thr, int | float) or isinstance(thr, bool) or not thr > 0:
-                raise CommandError("threshold must be a positive duration")
-            daemon.state.thresholds[name] = float(thr)
+            name = a["resource"]
+            daemon.state.thresholds[name] = a["threshold_s"]
             daemon._reconcile_resources()
-            return {"resource": name, "threshold_s": float(thr)}
+            return {"resource": name, **_threshold(daemon, name)}
+        if cmd == "threshold_reset":
+            name = a["resource"]
+            removed = daemon.state.thresholds.pop(name, None)
+            daemon._reconcile_resources()
+            return {"resource": name, **_threshold(daemon, name), "removed_s": removed}
         if cmd == "pin":
-            ip, k, mode = args.get("initiator"), args.get("class"), args.get("mode")
-            if not isinstance(ip, str) or not isinstance(k, int) or mode not in PIN_MODES:
-                raise CommandError("pin needs initiator, class and mode (all|ack|read)")
-            if not 0 <= k <= daemon.config.max_class:
-                raise CommandError(f"class {k} outside 0..{daemon.config.max_class}")
-            daemon.state.pins[ip] = (k, mode)  # applied by the next tick
-            return {
-                "initiator": ip,
-                "class": k,
-                "delay_s": k * daemon.config.step_s,
-                "mode": mode,
-            }
+            ip, k, mode = a["initiator"], a["class"], a["mode"]
+            pins = daemon.state.pins
+            if ip not in pins and len(pins) >= MAX_PINS:
+                raise CommandError(f"pin: {len(pins)} initiators pinned already (at most "
+                                   f"{MAX_PINS}): unpin some first")  # fmt: skip
+            pins[ip] = (k, mode)  # applied by the next tick
+            return {"initiator": ip, "class": k, "delay_s": k * daemon.config.step_s, "mode": mode}
         if cmd == "unpin":
-            ip = args.get("initiator")
+            ip = a["initiator"]
             if ip not in daemon.state.pins:
                 raise CommandError(f"{ip!r} is not pinned")
             del daemon.state.pins[ip]
@@ -72,6 +97,13 @@ def handle(daemon: Daemon, cmd: str, args: dict[str, Any]) -> Any:
         if cmd in ("pause", "resume"):
             daemon.state.paused = cmd == "pause"
             return {"paused": daemon.state.paused}
-    if cmd == "reload":
-        return daemon.reload()
-    raise CommandError(f"unknown command {cmd!r}")
+    raise CommandError(f"unknown command {cmd!r}")  # in requests.COMMANDS, not here: a bug
+
+
+def _checked(daemon: Daemon, cmd: str, args: dict[str, Any]) -> dict[str, Any]:
+    with daemon.lock:
+        ctx = Context(daemon.config.max_class, frozenset(daemon.known_resources()))
+    try:
+        return check(cmd, args, ctx)
+    except RequestError as e:
+        raise CommandError(str(e)) from None

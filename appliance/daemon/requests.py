@@ -1,0 +1,263 @@
+"""Control-socket requests: every command's arguments, checked with the config's rules.
+
+What it owns
+    COMMANDS, the one table of the control protocol's commands and, for each,
+    its arguments and the Kind that checks each (appliance/config/schema.py's
+    Kinds and bounds: the same rules as the configuration file).  Every
+    argument of a command is required and no other is accepted.  check()
+    turns a parsed request into its normalised arguments, or raises
+    RequestError with one line naming the command, the field and the problem.
+
+Two passes
+    The control server (daemon/control.py) checks every request without the
+    daemon (types, finite numbers, addresses, modes, class <= MAX_CLASSES)
+    before it calls the daemon; the daemon's command handler (commands.py)
+    checks again with a Context (this configuration's max_class and the known
+    resources) under its lock.  So nothing unchecked ever reaches the state.
+
+Initiators are IPv4 addresses (the data path's sets are `hash:ip family
+inet`: an IPv6 member would make the kernel refuse every batch of its mode),
+normalised as str(IPv4Address(x)).
+
+Worked example
+    check("pin", {"initiator": "10.0.0.3", "class": 10, "mode": "all"})
+    -> {"initiator": "10.0.0.3", "class": 10, "mode": "all"}
+    check("pin", {"initiator": "bogus", "class": 5, "mode": "all"})
+    -> RequestError "pin: initiator: 'bogus' is not an IPv4 address"
+    check("threshold_set", {"resource": "vg0", "threshold_s": 0.015},
+          Context(max_class=100, resources=frozenset({"vg0"})))
+    -> {"resource": "vg0", "threshold_s": 0.015}
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from santhrottle.appliance.config.schema import (
+    MAX_CLASSES,
+    PIN_MODES,
+    KindError,
+    choice,
+    integer,
+    key,
+    name,
+)
+
+log = logging.getLogger("santhrottled.control")
+
+# The control protocol's version: in every reply ("protocol") and in the CLI's --json.
+PROTOCOL_VERSION = 1
+# The configuration key whose rules a runtime threshold follows.
+THRESHOLD_KEY = key("resources.NAME.threshold")
+NS_PER_S = 10**9
+# A value quoted in an error is cut to this many characters, an error line to the other.
+MAX_QUOTE_CHARS = 60
+MAX_ERROR_CHARS = 400
+
+
+class DaemonUnavailable(Exception):
+    """No daemon answers on the control socket."""
+
+
+class RemoteError(Exception):
+    """The daemon refused the request; the message is its one line."""
+
+
+Handler = Callable[[str, dict[str, Any]], Any]
+
+
+class RequestError(Exception):
+    """A request refused: one line naming the command and field (commands.CommandError
+    is one too)."""
+
+
+@dataclass(frozen=True)
+class Context:
+    """What only the running daemon knows: its configuration's bounds."""
+
+    max_class: int
+    resources: frozenset[str]
+
+
+Spec = Callable[[Any, Context | None], Any]
+
+
+def quote(v: Any) -> str:
+    """repr(v), cut to MAX_QUOTE_CHARS (a refusal stays one short line)."""
+    r = repr(v)
+    return r if len(r) <= MAX_QUOTE_CHARS else r[: MAX_QUOTE_CHARS - 3] + "..."
+
+
+def _initiator(v: Any, _ctx: Context | None) -> str:
+    if not isinstance(v, str):
+        raise KindError(f"{quote(v)} is not an IPv4 address")
+    try:
+        return str(ipaddress.IPv4Address(v))
+    except ValueError:
+        raise KindError(f"{quote(v)} is not an IPv4 address") from None
+
+
+def _class(v: Any, ctx: Context | None) -> int:
+    hi = MAX_CLASSES if ctx is None else ctx.max_class
+    try:
+        return int(integer(0, hi).parse(v))
+    except KindError:
+        raise KindError(f"{quote(v)} must be a whole number within [0, {hi}]") from None
+
+
+_MODE = choice(PIN_MODES)
+
+
+def _mode(v: Any, _ctx: Context | None) -> str:
+    try:
+        return str(_MODE.parse(v))
+    except KindError:
+        raise KindError(f"{quote(v)} must be one of {', '.join(PIN_MODES)}") from None
+
+
+_RESOURCE = name("resource")
+
+
+def _resource(v: Any, ctx: Context | None) -> str:
+    try:
+        n = str(_RESOURCE.parse(v))
+    except KindError:
+        raise KindError(f"{quote(v)} is not a resource name") from None
+    if ctx is not None and n not in ctx.resources:
+        raise KindError(
+            f"unknown resource {quote(n)}; known: {', '.join(sorted(ctx.resources)) or 'none'}"
+        )
+    return n
+
+
+def _threshold_s(v: Any, _ctx: Context | None) -> float:
+    """Seconds, finite and > 0, rounded to whole ns, within the config key's bounds."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise KindError(f"{quote(v)} is not a number of seconds")
+    try:
+        s = float(v)
+    except OverflowError:
+        s = math.inf
+    if not math.isfinite(s):
+        raise KindError(f"{quote(v)} is not a finite number of seconds")
+    if s <= 0:
+        raise KindError(f"{quote(v)} must be above 0")
+    ns = int((Decimal(repr(s)) * NS_PER_S).to_integral_value())
+    if ns <= 0:
+        raise KindError(f"{quote(v)} is below 1ns")
+    # the file's rules, through the file's own Kind (its bounds, if it gets any)
+    return float(THRESHOLD_KEY.kind.parse(f"{ns}ns"))
+
+
+NO_ARGS: dict[str, Spec] = {}
+COMMANDS: dict[str, dict[str, Spec]] = {
+    "ping": NO_ARGS,
+    "status": NO_ARGS,
+    "resources": NO_ARGS,
+    "initiators": NO_ARGS,
+    "threshold_show": NO_ARGS,
+    "threshold_set": {"resource": _resource, "threshold_s": _threshold_s},
+    "threshold_reset": {"resource": _resource},
+    "pin": {"initiator": _initiator, "class": _class, "mode": _mode},
+    "unpin": {"initiator": _initiator},
+    "pause": NO_ARGS,
+    "resume": NO_ARGS,
+    "reload": NO_ARGS,
+}
+
+
+def one_line(msg: str) -> str:
+    """msg on one line of at most MAX_ERROR_CHARS."""
+    line = " ".join(msg.split())
+    return line if len(line) <= MAX_ERROR_CHARS else line[: MAX_ERROR_CHARS - 3] + "..."
+
+
+def reject_constant(name: str) -> Any:
+    """json.loads' parse_constant: NaN and Infinity are not JSON numbers."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_line(line: bytes) -> tuple[str, dict[str, Any]]:
+    """One request line -> (cmd, checked args), or RequestError (one line)."""
+    try:
+        req = json.loads(line, parse_constant=reject_constant)
+    except (ValueError, RecursionError) as e:  # JSON, UTF-8, nesting, int digits
+        raise RequestError(one_line(f"bad request: {e}")) from None
+    if not isinstance(req, dict):
+        raise RequestError('bad request: a request is {"cmd": ..., "args": {...}}')
+    extra = sorted(str(k) for k in req if k not in ("cmd", "args"))
+    if extra:
+        raise RequestError(f"bad request: unknown key {quote(extra[0])}")
+    cmd = req.get("cmd")
+    return cmd, check(cmd, req.get("args", {}))
+
+
+def check(cmd: Any, args: Any, ctx: Context | None = None) -> dict[str, Any]:
+    """The normalised arguments of one request, or RequestError (one line)."""
+    if not isinstance(cmd, str) or cmd not in COMMANDS:
+        raise RequestError(f"unknown command {quote(cmd)}; known: {', '.join(COMMANDS)}")
+    if not isinstance(args, Mapping):
+        raise RequestError(f"{cmd}: args must be an object, not {type(args).__name__}")
+    spec = COMMANDS[cmd]
+    extra = sorted(str(k) for k in args if k not in spec)
+    if extra:
+        expected = ", ".join(spec) or "none"
+        raise RequestError(f"{cmd}: unknown argument {quote(extra[0])} (expected: {expected})")
+    out: dict[str, Any] = {}
+    for field, parse in spec.items():
+        if field not in args:
+            raise RequestError(f"{cmd}: {field}: missing")
+        try:
+            out[field] = parse(args[field], ctx)
+        except KindError as e:
+            raise RequestError(f"{cmd}: {field}: {e}") from None
+    return out
+
+
+def encode(obj: dict[str, Any]) -> bytes:
+    """One reply line; an answer that cannot be encoded becomes a refusal."""
+    obj = {"protocol": PROTOCOL_VERSION, **obj}
+    try:
+        return json.dumps(obj, allow_nan=False, default=str).encode() + b"\n"
+    except (ValueError, TypeError, RecursionError) as e:
+        err = {"ok": False, "protocol": PROTOCOL_VERSION, "error": f"cannot encode the answer: {e}"}
+        return json.dumps(err).encode() + b"\n"
+
+
+def answer(line: bytes, dispatch: Handler) -> dict[str, Any]:
+    """The reply object to one request line (never raises)."""
+    try:
+        cmd, args = parse_line(line)
+        return {"ok": True, "data": dispatch(cmd, args)}
+    except Exception as e:  # a one-line refusal, or a bug: never a crash
+        if not isinstance(e, RequestError):
+            log.exception("control: request failed")
+        return {"ok": False, "error": one_line(str(e) or type(e).__name__)}
+
+
+def parse_reply(line: bytes, path: str) -> Any:
+    """The client's side: a reply line -> its data, or DaemonUnavailable / RemoteError."""
+    try:
+        resp = json.loads(line, parse_constant=reject_constant)
+    except (ValueError, RecursionError):
+        raise DaemonUnavailable(f"santhrottled's reply on {path} is not JSON") from None
+    if not isinstance(resp, dict) or not isinstance(resp.get("ok"), bool):
+        raise DaemonUnavailable(f"santhrottled's reply on {path} is not an answer object")
+    proto = resp.get("protocol")
+    if proto != PROTOCOL_VERSION or isinstance(proto, bool):
+        theirs = "no protocol version" if proto is None else f"protocol {one_line(repr(proto))}"
+        raise RemoteError(
+            f"santhrottled on {path} speaks {theirs}, this santhrottle speaks protocol "
+            f"{PROTOCOL_VERSION}: restart santhrottled after an upgrade"
+        )
+    if not resp["ok"]:
+        return_error = resp.get("error")
+        raise RemoteError(one_line(str(return_error)) if return_error else "refused")
+    return resp.get("data")
