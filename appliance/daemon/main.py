@@ -1,10 +1,20 @@
 """santhrottled: the daemon's command line (`santhrottled [--config F] [--check] [--version]`).
 
 Builds the real adapters from the config (TargetSensor, the Datapath on
-every egress device), installs or adopts the data path, serves the control
-socket and the metrics, runs the loop until SIGTERM/SIGINT, then removes
+every egress device), takes the control socket and the metrics port,
+installs or adopts the data path, restores the runtime state of the last
+run (daemon/restore.py), runs the loop until SIGTERM/SIGINT, then removes
 every delay (and the static state unless daemon.keep_static_state).
-SIGHUP reloads.  Exit status 2 for a bad config or command line.
+SIGHUP reloads.
+
+The start is all or nothing: the socket and the port are taken before the
+kernel is touched (another santhrottled on the socket, or the port in use,
+stops the start with the kernel as it was), and a failure once the data
+path is applied removes what this start installed.  One line on stderr.
+
+Exit status: 0 stopped cleanly, or --check found it ready; 1 the start
+failed (the kernel, the socket, the port) or --check found a problem;
+2 a bad configuration or command line.
 Nothing imports this module: it is the process's entry point.
 """
 
@@ -15,8 +25,10 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import threading
+import time
 from typing import Any
 
 from santhrottle.appliance.config import DEFAULT_PATH, Config, ConfigError, load_config
@@ -24,17 +36,21 @@ from santhrottle.appliance.daemon.sdnotify import notify
 from santhrottle.appliance.version import version_line
 
 log = logging.getLogger("santhrottled")
+EXIT_FAILED = 1
 EXIT_USAGE = 2
-REQUIRED_MODULES = (
-    "sch_htb", "sch_netem", "ip_set", "ip_set_hash_ip", "xt_set", "xt_bpf", "xt_multiport"
-)  # fmt: skip
 REQUIRED_TOOLS = ("tc", "ipset", "iptables", "iptables-restore")
 
 EPILOG = """\
 examples:
-  santhrottled --check                          # preflight: root, tools, modules, devices
+  santhrottled --check                          # would it start? config, devices, kernel
   santhrottled --config /etc/santhrottle/santhrottle.toml
   systemctl start santhrottled                  # what the unit runs (santhrottled(8))
+
+exit status:
+  0  stopped cleanly (--check: ready to start)
+  1  the start failed: the kernel, the control socket or the metrics port
+     refused (--check: a problem, each on its own line)
+  2  a bad configuration file or command line
 
 The configuration keys are in santhrottle.toml(5) and docs/configure.md.
 """
@@ -59,33 +75,78 @@ def build_sensors(cfg: Config) -> Any:
 
 
 def check(cfg: Config) -> int:
-    """Preflight: permissions, tools, kernel modules, devices. 0 = ready."""
-    from santhrottle.appliance.datapath import module_available
-
-    problems: list[str] = []
-    if os.geteuid() != 0:
-        problems.append("not root: needs CAP_NET_ADMIN for tc/ipset/iptables and configfs")
-    for tool in REQUIRED_TOOLS:
-        if not shutil.which(tool):
-            problems.append(f"{tool} not found in PATH")
-    for mod in REQUIRED_MODULES:
-        if mod == "sch_netem" and cfg.leaf != "netem":
-            continue
-        have = module_available(mod)
-        if have is False:
-            problems.append(f"kernel module {mod} is not available")
-        elif have is None:
-            print(f"santhrottled --check: cannot tell whether {mod} is available (no module tree)")
-    if not cfg.devices:
-        problems.append(f"{cfg.path}: datapath.devices is empty: name the egress device(s)")
-    for dev in cfg.devices:
-        if not cfg.netns and not os.path.exists(f"/sys/class/net/{dev}"):
-            problems.append(f"datapath.devices: no network device {dev!r}")
+    """Would santhrottled start with this config?  The same validation (the
+    config is loaded by the start's code), the devices, the socket, the
+    port, and the kernel asked for real (datapath/probe.py).  0 = ready."""
+    problems = preflight(cfg)
     for p in problems:
         print(f"santhrottled --check: {p}", file=sys.stderr)
     if not problems:
         print(f"santhrottled --check: ready ({cfg.path}, devices {', '.join(cfg.devices)})")
-    return 1 if problems else 0
+    return EXIT_FAILED if problems else 0
+
+
+def preflight(cfg: Config) -> list[str]:
+    from santhrottle.appliance.datapath import DatapathError, DatapathSpec, Host
+    from santhrottle.appliance.datapath.probe import probe
+
+    problems: list[str] = []
+    root = os.geteuid() == 0
+    if not root:
+        problems.append("not root: needs CAP_NET_ADMIN for tc/ipset/iptables and configfs")
+    for tool in REQUIRED_TOOLS:
+        if not shutil.which(tool):
+            problems.append(f"{tool} not found in PATH")
+    if not cfg.devices:
+        problems.append(f"{cfg.path}: datapath.devices is empty: name the egress device(s)")
+    if cfg.netns and not os.path.exists(f"/run/netns/{cfg.netns}"):
+        problems.append(f"daemon.netns: no network namespace {cfg.netns!r} (/run/netns)")
+    elif root:
+        host = Host(cfg.netns)
+        try:
+            for dev in cfg.devices:
+                try:
+                    host.ifindex(dev)
+                except DatapathError as e:
+                    problems.append(f"datapath.devices: {e}")
+        finally:
+            host.close()
+    else:
+        for dev in cfg.devices:
+            if not cfg.netns and not os.path.exists(f"/sys/class/net/{dev}"):
+                problems.append(f"datapath.devices: no network device {dev!r}")
+    if socket_in_use(cfg.control_socket):
+        problems.append(f"{cfg.control_socket}: another santhrottled answers there")
+    if cfg.metrics_port:
+        err = _port_taken(cfg.metrics_address, cfg.metrics_port)
+        if err:
+            problems.append(f"metrics {cfg.metrics_address}:{cfg.metrics_port}: {err}")
+    if root:
+        spec = DatapathSpec.from_config(cfg)
+        problems += probe(spec)
+    return problems
+
+
+def socket_in_use(path: str) -> bool:
+    """A daemon answers on this Unix socket."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(2.0)
+        try:
+            s.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def _port_taken(address: str, port: int) -> str | None:
+    fam = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((address, port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -122,27 +183,40 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve(cfg: Config) -> int:
-    from prometheus_client import start_http_server
-
     from santhrottle.appliance.daemon.control import ControlServer
     from santhrottle.appliance.daemon.loop import Daemon
-    from santhrottle.appliance.daemon.member_counters import MemberCounterReader
-    from santhrottle.appliance.daemon.metrics import registry_for
+    from santhrottle.appliance.daemon.restore import restore
+    from santhrottle.appliance.daemon.state import StateStore
     from santhrottle.appliance.datapath import DatapathError
 
+    server = metrics = datapath = None
+    applied = False
     try:
         datapath = build_datapath(cfg)
+        daemon = Daemon(
+            cfg,
+            build_sensors(cfg),
+            datapath,
+            load_config=load_config,
+            notify=notify,
+            store=StateStore(cfg.state_dir),
+        )
+        # what can be refused without touching the kernel, first
+        server = ControlServer(cfg.control_socket, daemon.handle, cfg.socket_mode, cfg.socket_group)
+        metrics = start_metrics(cfg, daemon)
+        applied = True
         log.info("datapath: %s", datapath.apply().summary())
-    except DatapathError as e:
-        print(f"santhrottled: {e}", file=sys.stderr)
-        return 1
-    daemon = Daemon(cfg, build_sensors(cfg), datapath, load_config=load_config, notify=notify)
-    server = ControlServer(cfg.control_socket, daemon.handle, cfg.socket_mode)
-    server.start()
-    if cfg.metrics_port:
-        # the member counters through their own read-only netlink socket, per scrape
-        registry = registry_for(daemon, MemberCounterReader(cfg.netns))
-        start_http_server(cfg.metrics_port, cfg.metrics_address, registry=registry)
+        restore(daemon, daemon.store, datapath.current(), time.monotonic())
+        server.start()
+    except (DatapathError, OSError, ValueError) as e:
+        print(f"santhrottled: {_one_line(e)}", file=sys.stderr)
+        if applied and datapath is not None:
+            undo(datapath, cfg)
+        if metrics is not None:
+            metrics.shutdown()
+        if server is not None:
+            server.close()
+        return EXIT_FAILED
 
     def on_term(signum: int, _frame: Any) -> None:
         log.info("signal %d: stopping", signum)
@@ -165,7 +239,37 @@ def serve(cfg: Config) -> int:
     finally:
         daemon.shutdown()
         server.close()
+        if metrics is not None:
+            metrics.shutdown()
     return 0
+
+
+def start_metrics(cfg: Config, daemon: Any) -> Any:
+    """The Prometheus exporter (None when metrics.port is 0); OSError when the
+    port is taken."""
+    if not cfg.metrics_port:
+        return None
+    from santhrottle.appliance.daemon.member_counters import MemberCounterReader
+    from santhrottle.appliance.daemon.metrics import MetricsServer, registry_for
+
+    # the member counters through their own read-only netlink socket, per scrape
+    registry = registry_for(daemon, MemberCounterReader(cfg.netns))
+    return MetricsServer(cfg.metrics_address, cfg.metrics_port, registry)
+
+
+def undo(datapath: Any, cfg: Config) -> None:
+    """A start that failed after apply(): nobody delayed, and unless the static
+    state is kept, nothing of santhrottle's left in the kernel."""
+    try:
+        datapath.set_classes(dict.fromkeys(datapath.current(), 0), ordered=False)
+        if not cfg.keep_static_state:
+            datapath.cleanup()
+    except Exception as e:  # the unit's ExecStopPost removes the delays by name
+        log.error("undoing the start: %s", e)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 if __name__ == "__main__":

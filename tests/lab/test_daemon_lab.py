@@ -56,6 +56,7 @@ def daemon(topology, tmp_path):
     )
     conf.write_text(
         f'[daemon]\ncontrol_socket = "{SOCK}"\nnetns = "{topology["netns"]}"\n'
+        f'state_dir = "{tmp_path / "state"}"\n'
         f'[datapath]\ndevices = ["lab-tgt"]\nmax_delay = "50ms"\nlink_speed = "10gbit"\n'
         f"[metrics]\nport = 0\n"
         f'[resources.{topology["vg"]}]\nthreshold = "50ms"\n' + resources

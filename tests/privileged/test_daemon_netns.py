@@ -1,6 +1,8 @@
 """santhrottled for real in a network namespace it owns.
 
-Start -> throttle -> SIGTERM -> nothing left.
+Start -> throttle -> SIGTERM -> nothing left.  A start that fails leaves the
+kernel as it was; kill -9 then a start adopts what was left; cleanup
+--delays-only works with a broken config; --check tells the truth.
 
 The host kernel has no sch_netem, so the classes get a pfifo leaf
 (`datapath.leaf = "pfifo"`): packets are classified, not delayed. The
@@ -63,21 +65,12 @@ def test_start_throttle_sigterm_leaves_nothing(ns, tmp_path):
     disk = next(iter(sorted(p.name for p in Path("/sys/block").iterdir())), "vda")
     conf.write_text(
         f'[daemon]\ncontrol_socket = "{sock}"\nnetns = "{ns}"\n'
+        f'state_dir = "{tmp_path / "state"}"\n'
         f'[datapath]\ndevices = ["st-d0"]\nleaf = "pfifo"\nlink_speed = "10gbit"\n'
         f'[metrics]\nport = 0\n[resources.r0]\nthreshold = "20ms"\ndevices = ["{disk}"]\n'
     )
-    proc = subprocess.Popen(
-        [str(BIN / "santhrottled"), "--config", str(conf)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = _start(conf, sock)
     try:
-        deadline = time.monotonic() + 30
-        while not os.path.exists(sock):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
-            time.sleep(0.05)
-        time.sleep(0.3)
         assert "santhrottle-all" in kernel_state(ns)[1]
         request(sock, "pin", initiator="192.0.2.7", **{"class": 5, "mode": "all"})
         time.sleep(0.3)  # applied by the next tick
@@ -94,3 +87,169 @@ def test_start_throttle_sigterm_leaves_nothing(ns, tmp_path):
             proc.wait()
     assert kernel_state(ns) == before
     assert not os.path.exists(sock)
+
+
+def _conf(tmp_path: Path, ns: str, extra: str = "", metrics_port: int = 0) -> Path:
+    conf = tmp_path / "s.toml"
+    conf.write_text(
+        f'[daemon]\ncontrol_socket = "{tmp_path / "control.sock"}"\nnetns = "{ns}"\n'
+        f'state_dir = "{tmp_path / "state"}"\n'
+        f'[datapath]\ndevices = ["st-d0"]\nleaf = "pfifo"\nlink_speed = "10gbit"\n'
+        f"[metrics]\nport = {metrics_port}\n{extra}"
+    )
+    return conf
+
+
+def _start(conf: Path, sock: str) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [str(BIN / "santhrottled"), "--config", str(conf)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            request(sock, "ping")
+            return proc
+        except Exception:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(0.05)
+
+
+def _stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
+    if proc.poll() is None:
+        proc.send_signal(sig)  # our own child, by PID
+        proc.wait(timeout=30)
+
+
+def _members(ns: str) -> str:
+    return sh("ip", "netns", "exec", ns, "ipset", "list", "santhrottle-all")
+
+
+def test_a_start_that_cannot_take_the_metrics_port_leaves_the_kernel_as_it_was(ns, tmp_path):
+    import socket as _socket
+
+    before = kernel_state(ns)
+    with _socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        conf = _conf(tmp_path, ns, metrics_port=port)
+        p = subprocess.run(
+            [str(BIN / "santhrottled"), "--config", str(conf)],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    assert p.returncode == 1, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Address already in use" in lines[0], p.stderr
+    assert kernel_state(ns) == before
+    assert not (tmp_path / "control.sock").exists()
+
+
+def test_a_second_daemon_on_the_socket_touches_nothing(ns, tmp_path):
+    conf = _conf(tmp_path, ns)
+    sock = str(tmp_path / "control.sock")
+    first = _start(conf, sock)
+    try:
+        request(sock, "pin", initiator="192.0.2.7", **{"class": 5, "mode": "all"})
+        time.sleep(0.3)
+        state = kernel_state(ns)
+        p = subprocess.run(
+            [str(BIN / "santhrottled"), "--config", str(conf)],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert p.returncode == 1 and "another santhrottled" in p.stderr, p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1
+        assert kernel_state(ns) == state and "192.0.2.7" in _members(ns)
+        assert request(sock, "ping")
+    finally:
+        _stop(first)
+
+
+def test_kill_9_then_start_adopts_pins_and_releases_the_rest(ns, tmp_path):
+    conf = _conf(tmp_path, ns, extra='[controller]\nconverge = "200ms"\n')
+    sock = str(tmp_path / "control.sock")
+    proc = _start(conf, sock)
+    try:
+        request(sock, "pin", initiator="192.0.2.7", **{"class": 100, "mode": "all"})
+        request(sock, "pin", initiator="192.0.2.8", **{"class": 3, "mode": "all"})
+        request(sock, "pause")
+        request(sock, "resume")
+        time.sleep(0.5)
+        assert "192.0.2.7" in _members(ns) and "192.0.2.8" in _members(ns)
+        # the pin of .8 is lost from the state file: the kernel alone knows it
+        state = tmp_path / "state" / "state.json"
+        import json as _json
+
+        doc = _json.loads(state.read_text())
+        proc.kill()  # SIGKILL, our own child
+        proc.wait()
+        del doc["pins"]["192.0.2.8"]
+        state.write_text(_json.dumps(doc))
+        proc = _start(conf, sock)
+        st = {i["initiator"]: i for i in request(sock, "status")["initiators"]}
+        assert st["192.0.2.7"]["pinned"] and st["192.0.2.7"]["class"] == 100
+        assert st["192.0.2.8"]["adopted"] and st["192.0.2.8"]["class"] == 3
+        deadline = time.monotonic() + 15  # held 3 x 200 ms, then a class per tick
+        while "192.0.2.8" in _members(ns):
+            assert time.monotonic() < deadline, _members(ns)
+            time.sleep(0.1)
+        request(sock, "unpin", initiator="192.0.2.7")
+        time.sleep(0.5)
+        assert "192.0.2.7" not in _members(ns)
+    finally:
+        _stop(proc)
+
+
+def test_cleanup_delays_only_works_with_a_broken_config(ns, tmp_path):
+    conf = _conf(tmp_path, ns)
+    sock = str(tmp_path / "control.sock")
+    proc = _start(conf, sock)
+    try:
+        request(sock, "pin", initiator="192.0.2.7", **{"class": 9, "mode": "all"})
+        time.sleep(0.3)
+    finally:
+        proc.kill()  # SIGKILL: the delay stays in the kernel
+        proc.wait()
+    assert "192.0.2.7" in _members(ns)
+    conf.write_text(conf.read_text() + "[datapath.nope]\nports = [1, 1]\n[[[")
+    p = subprocess.run(
+        [str(BIN / "santhrottle"), "cleanup", "--delays-only", "--config", str(conf)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert "192.0.2.7" not in _members(ns)
+    assert "Traceback" not in p.stderr
+
+
+def test_check_tells_the_truth(ns, tmp_path):
+    conf = _conf(tmp_path, ns)
+    ok = subprocess.run([str(BIN / "santhrottled"), "--check", "--config", str(conf)],
+                        capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    netem = conf.read_text().replace('leaf = "pfifo"\n', "")
+    (tmp_path / "netem.toml").write_text(netem)
+    bad = subprocess.run(
+        [str(BIN / "santhrottled"), "--check", "--config", str(tmp_path / "netem.toml")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    if Path("/sys/module/sch_netem").exists():
+        assert bad.returncode == 0, bad.stderr
+    else:
+        assert bad.returncode == 1 and "sch_netem" in bad.stderr, bad.stderr
+    (tmp_path / "gone.toml").write_text(
+        conf.read_text().replace(f'netns = "{ns}"', 'netns = "st-none"')
+    )
+    gone = subprocess.run(
+        [str(BIN / "santhrottled"), "--check", "--config", str(tmp_path / "gone.toml")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert gone.returncode == 1 and "st-none" in gone.stderr
+    (tmp_path / "dev.toml").write_text(conf.read_text().replace('"st-d0"', '"st-nodev"'))
+    dev = subprocess.run(
+        [str(BIN / "santhrottled"), "--check", "--config", str(tmp_path / "dev.toml")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert dev.returncode == 1 and "st-nodev" in dev.stderr
+    assert not [n for n in sh("ip", "netns", "list").split() if n.startswith("santhrottle-check")]

@@ -199,6 +199,7 @@ def start_daemon(
     conf = conf_dir / f"santhrottle-{threshold}.toml"
     conf.write_text(
         f'[daemon]\ncontrol_socket = "{SOCK}"\nnetns = "{t["netns"]}"\n'
+        f'state_dir = "{conf_dir / f"state-{threshold}"}"\n'
         f'[datapath]\ndevices = ["{t["veth"]["target"]}"]\nmax_delay = "{max_delay}"\n'
         f'link_speed = "10gbit"\n[metrics]\nport = 0\n'
         f"[controller]\nsetpoint_fraction = {setpoint}\n"

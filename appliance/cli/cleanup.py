@@ -1,0 +1,104 @@
+"""`santhrottle cleanup [--delays-only]`: the way out that cannot fail for want of a config.
+
+What it owns
+    cmd_cleanup: the unit's ExecStopPost (`cleanup --delays-only`) after a
+    crash, and the admin's full removal.  santhrottle's kernel objects are
+    found by their names (the santhrottle-* sets, the SANTHROTTLE chain,
+    the root qdiscs with santhrottle's handle), so the configuration is
+    needed only for one fact: which network namespace.  That comes from
+    --netns, else the file; a file that does not load still names it when
+    its `netns = "..."` line can be read; when nothing names it, every
+    namespace (the initial one and each under /run/netns) is cleaned.
+    An invalid file is reported (one line on stderr), never a reason to
+    leave a delay: the exit status is 0 once the delays are gone.
+
+Worked example
+    The daemon was killed and the file since edited into an invalid one
+    (`ports = [3260, 3260]`) with `netns = "tgt"`: `santhrottle cleanup
+    --delays-only` prints "santhrottle: /etc/...: datapath.ports: port 3260
+    given twice; cleaning up in netns tgt, as the file names it" on stderr,
+    empties the sets in tgt, removes the jumps, and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+from santhrottle.appliance.cli.common import Failed
+from santhrottle.appliance.config import ConfigError, load_config
+from santhrottle.appliance.config.parse import MAX_CONFIG_BYTES, read_text_file
+
+# `netns = "tgt"` as written in a file that may not parse as a whole.
+_NETNS_LINE = re.compile(r'^\s*netns\s*=\s*"([A-Za-z0-9][A-Za-z0-9_.+-]*)"\s*(?:#.*)?$', re.M)
+NETNS_DIR = "/run/netns"
+EVERY = object()  # no namespace is named: clean them all
+
+
+def cleanup_namespaces(args: argparse.Namespace) -> tuple[list[str | None], str | None]:
+    """The namespaces to clean (None: the initial one) and a warning line."""
+    if args.netns:
+        return [str(args.netns)], None
+    if not os.path.exists(args.config):
+        return [None], None
+    try:
+        return [load_config(args.config).netns], None
+    except ConfigError as e:
+        named = _netns_named_in(Path(args.config))
+        if named is EVERY:
+            every = [None, *sorted(_named_namespaces())]
+            return every, f"{e}; cleaning up in every network namespace"
+        where = f"netns {named}" if named else "the initial network namespace"
+        return [named if isinstance(named, str) else None], (
+            f"{e}; cleaning up in {where}, as the file names it"
+        )
+
+
+def _netns_named_in(path: Path) -> str | object | None:
+    try:
+        text = read_text_file(path, MAX_CONFIG_BYTES, ConfigError)
+    except ConfigError:
+        return EVERY
+    found = set(_NETNS_LINE.findall(text))
+    if len(found) > 1:
+        return EVERY
+    if found:
+        return found.pop()
+    return None if "netns" not in text else EVERY
+
+
+def _named_namespaces() -> list[str]:
+    try:
+        return [p.name for p in Path(NETNS_DIR).iterdir()]
+    except OSError:
+        return []
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    from santhrottle.appliance import datapath as dp
+
+    namespaces, warning = cleanup_namespaces(args)
+    if warning:
+        print(f"santhrottle: {warning}", file=sys.stderr)
+    failed: list[str] = []
+    for netns in namespaces:
+        where = f" (netns {netns})" if netns else ""
+        try:
+            with dp.Datapath(dp.DatapathSpec(), netns=netns) as d:
+                if args.delays_only:  # class 0 takes a member out of whichever set holds it
+                    # unordered: this process exits now, nobody would settle a glide leaf
+                    d.set_classes(dict.fromkeys(d.current(), 0), ordered=False)
+                    d.mangle.set_jumps((), active=False)  # also what a crash left with no member
+                    print(
+                        f"no initiator is delayed any more{where}; the tc tree, sets and chain stay"
+                    )
+                else:
+                    print(d.cleanup().summary() + where)
+        except dp.DatapathError as e:
+            failed.append(f"{e}{where}")
+    if failed:
+        raise Failed("; ".join(failed))
+    return 0
