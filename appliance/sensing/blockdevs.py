@@ -8,6 +8,14 @@ paper measures the consumers (the LVs), and only those that had reads.
 
 A resource can also be declared in config as any set of block devices
 (appliance config); this module only discovers the LVM ones.
+
+Errors: none. A file that cannot be read (gone mid-scan, a directory) counts as
+absent, bytes that are not UTF-8 become U+FFFD, a dm device whose uuid or name
+is not an LVM one is not an LV; resolve_device_path() gives None for a path it
+cannot resolve (a NUL byte in a backstore's udev_path included). For example:
+
+    >>> resolve_device_path("/dev/x\0y/z", {})  # os.path.realpath raises ValueError
+    None
 """
 
 from __future__ import annotations
@@ -164,6 +172,8 @@ def resolve_device_path(
     (so captured trees resolve without their /dev), then falls back to
     following the symlink under dev_root. `by_vg_lv` is lv_index(scan_lvm()).
     """
+    if "\0" in path:  # no kernel name or path has one (a damaged udev_path)
+        return None
     p = Path(path)
     parts = p.parts
     if len(parts) == 4 and parts[:2] == ("/", "dev") and parts[2] != "mapper":
@@ -183,7 +193,7 @@ def resolve_device_path(
         return None
     try:
         real = os.path.realpath(root / rel)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL byte in the path
         return None
     name = os.path.basename(real)
     return name if os.path.dirname(real) == os.path.realpath(root) else None

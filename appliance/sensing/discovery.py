@@ -26,6 +26,18 @@ Write-rate sources, per (initiator, resource) (docs/sensing.md)
     "static" a static map entry: the resource is known but no per-initiator
              counter is; no write rate (it never joins a write-heavy set by
              itself, but pin works)
+
+Errors: build_discovery() raises nothing on what the adapters read: an address
+or portal that does not parse matches nothing, a path that does not resolve has
+no device. The static map is validated by the configuration's parser; an entry
+that is not a network is left out here. For example, an ACL session address
+"garbage" is an initiator without resources, and the static map skips it:
+
+    >>> acl = LioAcl("iqn.x:ini", ("garbage",), (0,))
+    >>> tpg = LioTpg("iscsi", "iqn.x:tgt", 1, True, False, (), (), (acl,))
+    >>> d = build_discovery(lio=[tpg], static_map={"10.0.0.0/24": ["vg0"]})
+    >>> d.initiators["garbage"].resources
+    set()
 """
 
 from __future__ import annotations
@@ -87,6 +99,13 @@ def _canon(ip: str) -> str | None:
         return "*"
     try:
         return str(ipaddress.ip_address(ip))
+    except ValueError:
+        return None
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text)
     except ValueError:
         return None
 
@@ -232,9 +251,19 @@ def build_discovery(
                 for ex in nv_exports.get(nqn, []):
                     attach(c.peer_ip, ex)
 
+    parsed: dict[str, ipaddress.IPv4Address | ipaddress.IPv6Address | None] = {}
+
+    def ip_of(addr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+        if addr not in parsed:
+            parsed[addr] = _address(addr)
+        return parsed[addr]
+
     for spec, res_names in (static_map or {}).items():
-        net = ipaddress.ip_network(spec, strict=False)
-        addrs = [a for a in initiators if ipaddress.ip_address(a) in net]
+        try:
+            net = ipaddress.ip_network(spec, strict=False)
+        except (TypeError, ValueError):  # the config's parser refuses it: not here
+            continue
+        addrs = [a for a in initiators if (ip := ip_of(a)) is not None and ip in net]
         if net.num_addresses == 1:
             addrs = addrs or [str(net.network_address)]
         for a in addrs:

@@ -11,10 +11,25 @@ which a wrap is plausible within one interval), otherwise as a reset (a
 device removed and re-created with the same name): that device gets no
 interval for that pass. A device missing from the new snapshot has
 disappeared; it is dropped and reported.
+
+Errors: parse_diskstats() never raises. A line it cannot read (another field
+count, a number field that is not ASCII digits, a value of 2**64 or more, which
+no kernel counter reaches) is skipped and kept in Snapshot.malformed. interval()
+and write_bps_of() raise ValueError, one line, for an interval that is not a
+finite number of seconds >= MIN_INTERVAL_S; otherwise every latency and rate
+they give is finite and non-negative. For example:
+
+    >>> snap = parse_diskstats("8 0 sda 1 0 8 4 0 0 0 0 0 4 4\n8 1 sdb ٣ 0 8 4 0 0 0 0 0 4 4")
+    >>> list(snap.devices), len(snap.malformed)
+    (['sda'], 1)
+    >>> interval(snap, snap, float("nan"))
+    Traceback (most recent call last):
+    ValueError: diskstats interval must be a finite number of seconds >= 1e-06, got nan
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
@@ -26,6 +41,9 @@ from typing import NamedTuple
 SECTOR_BYTES = 512  # diskstats sectors are always 512 bytes
 FIELD_COUNTS = (14, 18, 20)
 WRAP_32 = 1 << 32
+COUNTER_LIMIT = 1 << 64  # an unsigned long is at most 64 bits: a larger value is garbage
+# Below this an interval gives rates no device has (and, near 0, overflows a float)
+MIN_INTERVAL_S = 1e-6
 MS = 1e-3
 
 
@@ -81,13 +99,17 @@ def _parse_lines(lines: list[str], snap: Snapshot) -> None:
         if len(parts) not in FIELD_COUNTS:
             snap.malformed.append(line)
             continue
+        digits = "".join((parts[0], parts[1], *parts[3:14]))
+        if not (digits.isascii() and digits.isdigit()):  # int() takes "+1", "1_0", "٣"
+            snap.malformed.append(line)
+            continue
         try:
             nums = list(map(int, parts[3:14]))
             major, minor = int(parts[0]), int(parts[1])
-        except ValueError:
+        except ValueError:  # more digits than int() converts
             snap.malformed.append(line)
             continue
-        if min(nums) < 0 or major < 0 or minor < 0:
+        if max(major, minor, *nums) >= COUNTER_LIMIT:
             snap.malformed.append(line)
             continue
         name = parts[2]
@@ -103,18 +125,21 @@ _PARSE_BLOCK_LINES = 64
 
 def _parse_columns(rows: list[list[str]], devices: dict[str, DevCounters]) -> bool:
     """A block of split lines column by column, in C loops, into `devices`, when
-    every line has the same valid field count, every number parses and none is
-    negative (1,000 devices: ~2.1 -> 1.8 ms in make bench). False, and nothing
+    every line has the same valid field count and every number is ASCII digits below
+    COUNTER_LIMIT (1,000 devices: ~2.1 -> 1.8 ms in make bench). False, and nothing
     added, otherwise: _parse_lines() then says which lines it skipped."""
     widths = set(map(len, rows))
     if len(widths) != 1 or widths.pop() not in FIELD_COUNTS:
         return False
     columns = list(zip(*rows, strict=True))
+    digits = "".join("".join(columns[i]) for i in _NUMBER_COLUMNS)
+    if not (digits.isascii() and digits.isdigit()):
+        return False
     try:
         nums = [list(map(int, columns[i])) for i in _NUMBER_COLUMNS]
     except ValueError:
         return False
-    if min(map(min, nums)) < 0:
+    if max(map(max, nums)) >= COUNTER_LIMIT:
         return False
     names = columns[2]
     counters = map(_new_counters, zip(nums[0], nums[1], names, *nums[2:], strict=True))
@@ -198,9 +223,20 @@ def _deltas(old: DevCounters, new: DevCounters) -> list[int] | None:
     return d
 
 
+def _check_interval(interval_s: float) -> None:
+    try:
+        ok = math.isfinite(interval_s) and interval_s >= MIN_INTERVAL_S
+    except TypeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            "diskstats interval must be a finite number of seconds >= "
+            f"{MIN_INTERVAL_S:g}, got {interval_s!r}"
+        )
+
+
 def interval(prev: Snapshot, cur: Snapshot, interval_s: float) -> IntervalResult:
-    if interval_s <= 0.0:
-        raise ValueError(f"diskstats interval must be > 0 s, got {interval_s}")
+    _check_interval(interval_s)
     res = _interval_columns(prev, cur, interval_s)
     return res if res is not None else _interval_by_device(prev, cur, interval_s)
 
@@ -277,8 +313,7 @@ def write_bps_of(
     """Write bytes/s of the given devices only (the per-second pass needs no more).
     A device missing from either snapshot, re-created (another major:minor) or
     whose write counter went back further than a 32-bit wrap is left out."""
-    if interval_s <= 0.0:
-        raise ValueError(f"diskstats interval must be > 0 s, got {interval_s}")
+    _check_interval(interval_s)
     out: dict[str, float] = {}
     po, pc = prev.devices, cur.devices
     scale = SECTOR_BYTES / interval_s

@@ -10,6 +10,15 @@ There is no python library for it beyond nvmetcli's private module, and the
 tree is plain files; read it directly. nvmet keeps no host addresses:
 connected hosts are the peers of established connections on the ports'
 trsvcid (conns.py), mapped to subsystems through the port they connected to.
+
+Errors: none. A file that cannot be read is empty text, a directory that cannot
+be listed has no entries, bytes that are not UTF-8 become U+FFFD; a namespace
+directory whose name is not a number (ASCII digits) is left out, and a trsvcid
+that is not a port number (0-65535, ASCII digits) is None. For example, a port
+whose addr_trsvcid holds "٤٤٢٠" (Arabic-Indic digits, which int() would take):
+
+    >>> [p.trsvcid for p in NvmetSensor(tree).ports()]
+    [None]
 """
 
 from __future__ import annotations
@@ -17,6 +26,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+_PORT_MAX = 65535
+_NSID_DIGITS_MAX = 10  # an NSID is a 32-bit number
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +62,12 @@ def _read(path: Path) -> str:
         return ""
 
 
+def _number(text: str, digits_max: int) -> int | None:
+    """ASCII digits as an int (int() also takes "+1", "1_0", "٣"), None otherwise."""
+    ok = text.isascii() and text.isdigit() and len(text) <= digits_max
+    return int(text) if ok else None
+
+
 def _ls(path: Path) -> list[str]:
     try:
         return sorted(os.listdir(path))
@@ -66,14 +84,13 @@ class NvmetSensor:
         for nqn in _ls(self.root / "subsystems"):
             base = self.root / "subsystems" / nqn
             nss = []
-            for nsid in _ls(base / "namespaces"):
-                if not nsid.isdigit():
+            for name in _ls(base / "namespaces"):
+                nsid = _number(name, _NSID_DIGITS_MAX)
+                if nsid is None:
                     continue
-                ns = base / "namespaces" / nsid
+                ns = base / "namespaces" / name
                 nss.append(
-                    NvmetNamespace(
-                        int(nsid), _read(ns / "device_path"), _read(ns / "enable") == "1"
-                    )
+                    NvmetNamespace(nsid, _read(ns / "device_path"), _read(ns / "enable") == "1")
                 )
             out.append(
                 NvmetSubsystem(
@@ -89,13 +106,13 @@ class NvmetSensor:
         out = []
         for pid in _ls(self.root / "ports"):
             base = self.root / "ports" / pid
-            svc = _read(base / "addr_trsvcid")
+            svc = _number(_read(base / "addr_trsvcid"), len(str(_PORT_MAX)))
             out.append(
                 NvmetPort(
                     pid,
                     _read(base / "addr_trtype"),
                     _read(base / "addr_traddr"),
-                    int(svc) if svc.isdigit() else None,
+                    svc if svc is not None and svc <= _PORT_MAX else None,
                     tuple(_ls(base / "subsystems")),
                 )
             )

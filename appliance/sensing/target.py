@@ -5,6 +5,16 @@ rtslib-fb, nvmet configfs, sock_diag) and turns counter deltas into the
 controller's ReadSample (per resource, every tick) and WriteSample (per
 resource and initiator, every convergence). Every path and the netns are
 constructor parameters; `clock` is only used to timestamp snapshots.
+
+Errors: a LioUnavailable becomes a warning (`warnings.lio_errors`, no LIO
+targets that pass), and the LIO objects a scan skipped are added up in
+`warnings.lio_skipped`; the sock_diag dump's OSError (SockDiagError included)
+and a diskstats file that cannot be read (OSError) are raised to the caller.
+An interval shorter than diskstats.MIN_INTERVAL_S gives no sample. For example,
+after a converge() over a tree whose one ACL has an empty `info`:
+
+    >>> sensor.warnings.lio_errors, sensor.warnings.lio_skipped
+    (0, 1)
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from santhrottle.appliance.sensing.blockdevs import LvmScanner
 from santhrottle.appliance.sensing.conns import ConnectionSensor
 from santhrottle.appliance.sensing.discovery import Discovery, acl_write_bytes, build_discovery
 from santhrottle.appliance.sensing.diskstats import (
+    MIN_INTERVAL_S,
     DevInterval,
     DiskstatsReader,
     Snapshot,
@@ -44,6 +55,7 @@ class SensorWarnings:
     malformed_diskstats_lines: int = 0
     disappeared_devices: list[str] = field(default_factory=list)
     lio_errors: int = 0
+    lio_skipped: int = 0  # unreadable LIO objects skipped, summed over scans (lio.py)
 
 
 class TargetSensor:
@@ -88,6 +100,7 @@ class TargetSensor:
     def discover(self) -> Discovery:
         try:
             tpgs = self.lio.scan()
+            self.warnings.lio_skipped += len(getattr(self.lio, "last_skipped", ()))
         except LioUnavailable as e:
             self.warnings.lio_errors += 1
             log.warning("LIO: %s", e)
@@ -144,7 +157,7 @@ class TargetSensor:
         now = self.clock()
         cur = self._snapshot()
         prev, self._tick_prev = self._tick_prev, (now, cur)
-        if prev is None or self.discovery is None or now <= prev[0]:
+        if prev is None or self.discovery is None or now - prev[0] < MIN_INTERVAL_S:
             return []
         devs = self._devices(prev[1], cur, now - prev[0])
         out = []
@@ -192,7 +205,7 @@ class TargetSensor:
         if prev is None:
             return []
         out: list[WriteSample] = []
-        if snap_t > prev[0]:  # device sources: between the two snapshots
+        if snap_t - prev[0] >= MIN_INTERVAL_S:  # device sources: between the two snapshots
             self._disappeared(prev[1], cur)
             ch = self._charges
             bps_of = write_bps_of(prev[1], cur, snap_t - prev[0], ch.devices)
@@ -211,7 +224,7 @@ class TargetSensor:
                 got = [bps_of[d] for d in devs if d in bps_of]
                 if got:
                     out.append(_write_sample((*pair, sum(got))))
-        if now > prev[2]:  # ACL counters: between the two discoveries (other pairs)
+        if now - prev[2] >= MIN_INTERVAL_S:  # ACL counters: between the two discoveries
             dt = now - prev[2]
             for (ini, res), b in acl_now.items():
                 old = prev[3].get((ini, res))
