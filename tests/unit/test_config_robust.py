@@ -134,3 +134,29 @@ def test_fuzz_random_text(text):
         parse_config(text, "fuzz.toml")
     except ConfigError as e:
         assert "\n" not in str(e)
+
+
+# ------------------------------------------------ santhrottled --check and the start
+_START_FAILURES = [
+    DEV + "ports = [3260, 3260]\n",
+    DEV + f"ports = [{', '.join(str(1000 + i) for i in range(16))}]\n",
+    DEV + 'step = "10.5us"\n',
+    DEV + "[metrics]\naddress = 5\n",
+    f'[daemon]\ncontrol_socket = "/run/{"x" * 120}/s.sock"\n' + DEV,
+    DEV + f'link_speed = "{"9" * 30}tbit"\n',
+    "a = " + "[" * 600 + "]" * 600 + "\n",
+]
+
+
+@pytest.mark.parametrize("text", _START_FAILURES)
+def test_check_and_start_refuse_what_the_start_would_refuse(tmp_path, capsys, text):
+    """--check loads the file with the start's own code: what the start refuses,
+    --check refuses, before anything is touched (exit 2, one line)."""
+    from santhrottle.appliance.daemon.main import main
+
+    f = tmp_path / "s.toml"
+    f.write_text(text)
+    for argv in (["--check", "--config", str(f)], ["--config", str(f)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("santhrottled: "), err
