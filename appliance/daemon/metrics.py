@@ -69,6 +69,11 @@ EVENT_COUNTERS = (
     ("santhrottle_reloads", "reloads", "Configuration reloads"),
     ("santhrottle_reload_failures", "reload_failures", "Refused reloads"),
     (
+        "santhrottle_state_save_errors",
+        "state_save_errors",
+        "Failed writes of the runtime state file (pins, pause, overrides, classes)",
+    ),
+    (
         "santhrottle_glided_descents",
         "glided_descents",
         "Initiators whose delay went down through a glide leaf (kept in order)",
@@ -244,6 +249,12 @@ def initiator_families(initiators: list[dict[str, Any]]) -> Iterator[Metric]:
         "Delay class applied to the initiator (0: not delayed)",
         labels=["initiator", "mode"],
     )
+    adopted = GaugeMetricFamily(
+        "santhrottle_initiators_adopted",
+        "Members a previous run left that no pin explains, held and then lowered",
+    )
+    adopted.add_metric([], sum(1 for i in initiators if i.get("adopted")))
+    yield adopted
     for i in initiators:
         ip = i["initiator"]
         for res, bps in i["write_bytes_per_second"].items():
