@@ -22,6 +22,7 @@ import os
 import sys
 from typing import Any
 
+from santhrottle.appliance.cli.cleanup import cmd_cleanup
 from santhrottle.appliance.cli.common import (
     JSON_HELP,
     CliError,
@@ -135,34 +136,6 @@ def cmd_apply(args: argparse.Namespace) -> int:
         f"(max {fmt_us(spec.max_delay_us)}), ports {','.join(map(str, spec.ports))}, "
         f"write mode {spec.write_mode}; {rep.summary()}"
     )
-    return 0
-
-
-def _cleanup_netns(args: argparse.Namespace) -> str | None:
-    if args.netns:
-        return str(args.netns)
-    if not os.path.exists(args.config):
-        return None
-    try:
-        return load_config(args.config).netns
-    except ConfigError as e:
-        raise CliError(f"{e} (give --netns to clean up without the config)") from None
-
-
-def cmd_cleanup(args: argparse.Namespace) -> int:
-    dp = _dp()
-    netns = _cleanup_netns(args)
-    try:
-        with dp.Datapath(dp.DatapathSpec(), netns=netns) as d:
-            if args.delays_only:  # class 0 takes a member out of whichever set holds it
-                # unordered: this process exits now, nobody would settle a glide leaf
-                d.set_classes(dict.fromkeys(d.current(), 0), ordered=False)
-                d.mangle.set_jumps((), active=False)  # also what a crash left with no member
-                print("no initiator is delayed any more; the tc tree, sets and chain stay")
-            else:
-                print(d.cleanup().summary())
-    except dp.DatapathError as e:
-        raise CliError(str(e)) from None
     return 0
 
 
