@@ -45,7 +45,6 @@ from santhrottle.appliance.config.schema import (
     PIN_MODES,
     KindError,
     choice,
-    integer,
     key,
     name,
 )
@@ -90,8 +89,8 @@ Spec = Callable[[Any, Context | None], Any]
 
 
 def quote(v: Any) -> str:
-    """repr(v), cut to MAX_QUOTE_CHARS (a refusal stays one short line)."""
-    r = repr(v)
+    """A value as the client wrote it (true, null, 'text', 5), cut to MAX_QUOTE_CHARS."""
+    r = json.dumps(v) if v is None or isinstance(v, bool) else repr(v)
     return r if len(r) <= MAX_QUOTE_CHARS else r[: MAX_QUOTE_CHARS - 3] + "..."
 
 
@@ -105,11 +104,13 @@ def _initiator(v: Any, _ctx: Context | None) -> str:
 
 
 def _class(v: Any, ctx: Context | None) -> int:
+    """A whole number (not a bool) within 0..max_class (MAX_CLASSES before the daemon)."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise KindError(f"{quote(v)} is not a whole number")
     hi = MAX_CLASSES if ctx is None else ctx.max_class
-    try:
-        return int(integer(0, hi).parse(v))
-    except KindError:
-        raise KindError(f"{quote(v)} must be a whole number within [0, {hi}]") from None
+    if not 0 <= v <= hi:
+        raise KindError(f"{quote(v)} is outside 0..{hi}")
+    return v
 
 
 _MODE = choice(PIN_MODES)
@@ -190,7 +191,7 @@ def parse_line(line: bytes) -> tuple[str, dict[str, Any]]:
         req = json.loads(line, parse_constant=reject_constant)
     except (ValueError, RecursionError) as e:  # JSON, UTF-8, nesting, int digits
         raise RequestError(one_line(f"bad request: {e}")) from None
-    if not isinstance(req, dict):
+    if not isinstance(req, dict) or "cmd" not in req:
         raise RequestError('bad request: a request is {"cmd": ..., "args": {...}}')
     extra = sorted(str(k) for k in req if k not in ("cmd", "args"))
     if extra:
