@@ -3,7 +3,7 @@
 LAB_PY ?= python3
 LAB := vagrant/qemu/lab.py
 
-.PHONY: lab-deps lab-up lab lab-test lab-ci lab-run lab-clean
+.PHONY: lab-deps lab-up lab lab-test lab-ci lab-faults lab-run lab-clean
 
 # apt-get install what the lab needs on the host (root; idempotent).
 lab-deps:
@@ -21,6 +21,11 @@ lab: setup
 # CI's short closed-loop experiment (tests/closed_loop; docs/lab.md), ~3 min.
 lab-ci: setup
 	$(VPY) -m pytest -rs tests/closed_loop
+
+# Issue 17's fault campaign (vagrant/experiments/faults.py; docs/faults.md): the
+# product of HEAD under the closed loop's load, 7 faults x 5 repetitions, 25-40 min.
+lab-faults: setup
+	$(VPY) vagrant/experiments/faults.py $(ARGS)
 
 # The lab test tier alone (one guest boot).
 lab-test: setup

@@ -1,0 +1,302 @@
+"""What the fault campaign measures in the lab guest (vagrant/experiments/faults.py).
+
+What it owns
+    Every reading of one repetition, taken from outside the daemon: the
+    reader's read latency at the target (its LV's diskstats every 100 ms,
+    the signal the controller holds), the daemon's answers on its control
+    socket (a raw client of the JSON-line protocol, so a change of the CLI
+    cannot hide a dead socket), the kernel's set members against the
+    daemon's view (orphans), the iSCSI sessions and the target's TCP
+    connections, the target's TCP counters (nstat in netns tgt), the
+    kernel's new iSCSI log lines, and the daemon's log ("tick late by").
+    Pure helpers (`windows`, `time_to_hold`, `orphans_of`) are separate
+    from the readers so the definitions can be read and checked alone.
+
+Definitions (docs/faults.md)
+    window     the reader LV's mean read latency over the last 1 s
+               (diskstats read ticks / reads completed between two samples
+               1 s apart); a window with no read completed is not held.
+    held       a window <= T.
+    time to hold again
+               from the fault's end E: the smallest d >= 0 such that every
+               window ending in [E + d, E + d + HOLD_S] is held.  None when
+               that never happens before the repetition's end.
+    orphan     an IP in santhrottle-all/-ack/-read (`ipset save` in the
+               target's netns) that the daemon's status does not show with a
+               class > 0, in each of ORPHAN_ROUNDS readings ORPHAN_GAP_S apart
+               (a glide leaf's hand-off lasts up to max_delay: one reading
+               could catch it in passing).
+
+Worked example
+    rows [(0.0, 100, 50), (1.0, 164, 114), (2.0, 228, 300)] (t, reads,
+    read ticks in ms): windows() -> [(1.0, 0.001), (2.0, 0.0029...)]; at
+    T = 2 ms the first is held, the second not; time_to_hold(windows, T,
+    end=0.5, hold_s=0.5) -> 0.5 (the first held window at t = 1.0 is
+    followed by a late one only at 2.0, past 1.0 + 0.5).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+NETNS = "tgt"
+SAMPLE_S = 0.1
+WINDOW_S = 1.0
+HOLD_S = 3.0  # a recovery counts once the threshold held this long
+PROBE_EVERY_S = 0.5  # the daemon's status, from outside
+PROBE_TIMEOUT_S = 2.0
+ORPHAN_ROUNDS = 3
+ORPHAN_GAP_S = 1.0
+MODE_SETS = ("santhrottle-all", "santhrottle-ack", "santhrottle-read")
+NSTAT_KEYS = (
+    "TcpRetransSegs",
+    "TcpExtTCPLossProbes",
+    "TcpExtTCPTimeouts",
+    "TcpExtTCPFastRetrans",
+    "TcpExtTCPSACKReorder",
+)
+TICK_LATE = re.compile(r"tick late by (\d+) ms")
+# what the kernel's iSCSI initiator and LIO log when a connection breaks
+KERNEL_ISCSI = re.compile(r"conn error|ping timeout|session recovery|Unable to recover|iSCSI Login")
+# read ticks (ms) and reads completed: positions in a /proc/diskstats row after the name
+READS, READ_TICKS = 0, 3
+
+
+# ------------------------------------------------------------------ pure
+def windows(rows: list[tuple[float, int, int]], span_s: float = WINDOW_S) -> list[tuple]:
+    """(t, mean read latency in s over the last span_s, or None) per sample."""
+    out = []
+    j = 0
+    for t, reads, ticks in rows:
+        while j + 1 < len(rows) and rows[j + 1][0] <= t - span_s:
+            j += 1
+        t0, r0, k0 = rows[j]
+        if t - t0 < span_s - 1e-6:
+            continue
+        n = reads - r0
+        out.append((t, (ticks - k0) / 1000 / n if n > 0 else None))
+    return out
+
+
+def held(lat: float | None, threshold_s: float) -> bool:
+    return lat is not None and lat <= threshold_s
+
+
+def time_to_hold(wins: list[tuple], threshold_s: float, end: float, hold_s: float = HOLD_S):
+    """Seconds from `end` until the windows hold for hold_s (module header); None if never."""
+    after = [(t, lat) for t, lat in wins if t >= end]
+    for i, (t, _) in enumerate(after):
+        span = [w for w in after[i:] if w[0] <= t + hold_s]
+        if after[-1][0] < t + hold_s:
+            return None  # not enough windows left to tell
+        if all(held(lat, threshold_s) for _, lat in span):
+            return round(t - end, 2)
+    return None
+
+
+def orphans_of(rounds: list[tuple[set[str], set[str]]]) -> tuple[list[str], list[str]]:
+    """(orphans, missing) from (kernel members, daemon's delayed IPs) readings:
+    in every reading, in the kernel and not in the daemon's view (and the reverse)."""
+    orphans = set.intersection(*(k - d for k, d in rounds)) if rounds else set()
+    missing = set.intersection(*(d - k for k, d in rounds)) if rounds else set()
+    return sorted(orphans), sorted(missing)
+
+
+def parse_ipset_save(text: str) -> dict[str, str]:
+    """IP -> set name, for members of the mode sets (not the -tmp sets, not the list:set)."""
+    out = {}
+    for line in text.splitlines():
+        p = line.split()
+        if len(p) >= 3 and p[0] == "add" and p[1] in MODE_SETS:
+            out[p[2]] = p[1]
+    return out
+
+
+def tick_lateness_ms(lines: list[str]) -> list[int]:
+    return [int(m.group(1)) for x in lines if (m := TICK_LATE.search(x))]
+
+
+# --------------------------------------------------------------- readers
+def run(cmd: list[str], timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def ctl(sock: str, cmd: str = "status", timeout_s: float = PROBE_TIMEOUT_S, **args):
+    """One request on the control socket; returns `data` or raises (OSError, RuntimeError)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout_s)
+        s.connect(sock)
+        s.sendall(json.dumps({"cmd": cmd, "args": args}).encode() + b"\n")
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(1 << 20)
+            if not chunk:
+                raise RuntimeError("closed without an answer")
+            buf += chunk
+    resp = json.loads(buf)
+    if not resp.get("ok"):
+        raise RuntimeError(resp.get("error", "refused"))
+    return resp.get("data")
+
+
+def delayed_ips(st: dict) -> set[str]:
+    return {i["initiator"] for i in st.get("initiators", []) if i.get("class")}
+
+
+def kernel_members(netns: str = NETNS) -> dict[str, str]:
+    return parse_ipset_save(run(["ip", "netns", "exec", netns, "ipset", "save"]).stdout)
+
+
+def orphan_check(sock: str, rounds: int = ORPHAN_ROUNDS, gap_s: float = ORPHAN_GAP_S) -> dict:
+    readings, errors = [], []
+    for k in range(rounds):
+        if k:
+            time.sleep(gap_s)
+        members = set(kernel_members())
+        try:
+            readings.append((members, delayed_ips(ctl(sock, timeout_s=10.0))))
+        except Exception as e:  # a daemon that does not answer wants nothing
+            errors.append(str(e))
+            readings.append((members, set()))
+    orphans, missing = orphans_of(readings)
+    return {
+        "orphans": orphans,
+        "missing": missing,
+        "status_errors": errors,
+        "members_last": sorted(readings[-1][0]),
+    }
+
+
+def nstat(netns: str = NETNS) -> dict[str, int]:
+    vals = dict.fromkeys(NSTAT_KEYS, 0)
+    for line in run(["ip", "netns", "exec", netns, "nstat", "-saz"]).stdout.splitlines():
+        p = line.split()
+        if len(p) >= 2 and p[0] in vals:
+            vals[p[0]] = int(p[1])
+    return vals
+
+
+def sessions(topology) -> dict[int, dict]:
+    """sid -> target and state, from the initiator's sysfs (topology.iscsi_sessions)."""
+    return {
+        s["sid"]: {"target": s["targetname"], "state": s["state"]}
+        for s in topology.iscsi_sessions()
+    }
+
+
+def target_conns(netns: str = NETNS, port: int = 3260) -> list[str]:
+    """The target's iSCSI connections, 'local peer' (a reconnect changes the peer's port)."""
+    out = run(
+        ["ip", "netns", "exec", netns, "ss", "-tnH", "state", "established", f"( sport = :{port} )"]
+    ).stdout
+    return sorted(" ".join(x.split()[-2:]) for x in out.splitlines() if x.strip())
+
+
+def kernel_log_lines() -> list[str]:
+    return run(["dmesg"]).stdout.splitlines()
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """Threads and VmRSS (kB) of a process; {} once it is gone."""
+    out = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            k, _, v = line.partition(":")
+            if k in ("Threads", "VmRSS"):
+                out[k] = int(v.split()[0])
+        out["fds"] = len(list(Path(f"/proc/{pid}/fd").iterdir()))
+    except OSError:
+        pass
+    return out
+
+
+class Sampler(threading.Thread):
+    """The reader LV's diskstats every SAMPLE_S; the daemon's status every PROBE_EVERY_S."""
+
+    def __init__(self, dm: str, sock: str) -> None:
+        super().__init__(daemon=True, name="sampler")
+        self.dm, self.sock = dm, sock
+        self.rows: list[tuple[float, int, int]] = []
+        self.probes: list[dict] = []
+        self.stop_ev = threading.Event()
+        self._prober = threading.Thread(target=self._probe_loop, daemon=True, name="prober")
+
+    def run(self) -> None:
+        self._prober.start()
+        nxt = time.monotonic()
+        while not self.stop_ev.is_set():
+            with open("/proc/diskstats") as f:
+                for line in f:
+                    p = line.split()
+                    if p[2] == self.dm:
+                        self.rows.append(
+                            (time.monotonic(), int(p[3 + READS]), int(p[3 + READ_TICKS]))
+                        )
+                        break
+            nxt += SAMPLE_S
+            self.stop_ev.wait(max(0.0, nxt - time.monotonic()))
+
+    def _probe_loop(self) -> None:
+        while not self.stop_ev.is_set():
+            t0 = time.monotonic()
+            rec: dict = {"t": t0}
+            try:
+                st = ctl(self.sock)
+                rec.update(
+                    ok=True,
+                    overruns=st["counters"]["tick_overruns"],
+                    max_class=max((i["class"] for i in st["initiators"]), default=0),
+                )
+            except Exception as e:
+                rec.update(ok=False, error=f"{type(e).__name__}: {e}"[:200])
+            rec["latency_s"] = round(time.monotonic() - t0, 3)
+            self.probes.append(rec)
+            self.stop_ev.wait(max(0.0, PROBE_EVERY_S - (time.monotonic() - t0)))
+
+    def stop(self) -> None:
+        self.stop_ev.set()
+        self.join()
+        self._prober.join(timeout=PROBE_TIMEOUT_S + 1)
+
+
+class LogTail(threading.Thread):
+    """New lines of the daemon's current log file, each stamped with the time it was seen."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True, name="logtail")
+        self.lines: list[tuple[float, str]] = []
+        self.path: Path | None = None
+        self._pos = 0
+        self._lock = threading.Lock()
+        self.stop_ev = threading.Event()
+
+    def follow(self, path: Path) -> None:
+        with self._lock:
+            self._read()
+            self.path, self._pos = path, 0
+
+    def _read(self) -> None:
+        if self.path is None or not self.path.exists():
+            return
+        with open(self.path, errors="replace") as f:
+            f.seek(self._pos)
+            data = f.read()
+            self._pos = f.tell()
+        now = time.monotonic()
+        self.lines.extend((now, x) for x in data.splitlines())
+
+    def run(self) -> None:
+        while not self.stop_ev.wait(0.2):
+            with self._lock:
+                self._read()
+
+    def between(self, t0: float, t1: float) -> list[str]:
+        with self._lock:
+            self._read()
+            return [x for t, x in self.lines if t0 <= t <= t1]
