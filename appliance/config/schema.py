@@ -55,6 +55,8 @@ MAX_GLIDE_LEAVES = 256
 MIN_STEP_US = 10
 MAX_STEP_US = 100_000
 MAX_DELAY_US = 2_000_000
+# A read-latency threshold above a minute is no threshold an array is held to.
+MAX_THRESHOLD_S = 60.0
 # The fastest link HTB's and netem's sizing is checked for (tc takes 64-bit rates).
 MAX_LINK_BITS_S = 10 * 10**12
 # sun_path of a Unix socket holds 107 bytes and the terminating NUL.
@@ -115,7 +117,9 @@ def duration_s(lo_s: float = 0.0, hi_s: float | None = None, positive: bool = Fa
             raise _fail(v, f"is outside {fmt_duration(lo_s)}..{fmt_duration(hi_s or 0)}")
         return s
 
-    if hi_s is not None:
+    if hi_s is not None and positive and not lo_s:
+        desc = f"duration > 0, at most {fmt_duration(hi_s)}"
+    elif hi_s is not None:
         desc = f"duration, {fmt_duration(lo_s)}..{fmt_duration(hi_s)}"
     else:
         desc = "duration > 0" if positive else "duration >= 0"
@@ -381,10 +385,10 @@ KEYS: tuple[Key, ...] = (
          "write rate under which it leaves the set; below write_heavy_enter"),
     _ctl("read_idle_release", duration_s(), fmt_duration(_DC.read_idle_release_s),
          "no reads for this long releases the resource's class"),
-    _ctl("default_threshold", duration_s(positive=True), None,
+    _ctl("default_threshold", duration_s(0.0, MAX_THRESHOLD_S, positive=True), None,
          "threshold of every discovered resource without its own; unset: observe them"),
     # [resources.NAME]
-    Key("resources.NAME", "threshold", duration_s(positive=True), None,
+    Key("resources.NAME", "threshold", duration_s(0.0, MAX_THRESHOLD_S, positive=True), None,
         "the resource's read-latency threshold; unset: observed, never throttled"),
     Key("resources.NAME", "devices", names("block device", '"sdb", "dm-3"'), [],
         "declare a resource as these block devices (a VG is discovered)"),

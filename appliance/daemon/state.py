@@ -21,7 +21,7 @@ Worked example
                      thresholds={"vg0": 0.01}, resource_classes={"vg0": 12}))
     store.load(max_class=100) -> the same Saved (saved_at set);
     a file with "pins": {"bogus": [5, "all"]} -> StateError
-    "state.json: pins: 'bogus' is not an IP address".
+    "state.json: pins: 'bogus' is not an IPv4 address".
 """
 
 from __future__ import annotations
@@ -99,10 +99,10 @@ def decode(text: str, max_class: int, where: str = STATE_FILE) -> Saved:
         raise bad("paused", "must be true or false")
     out.paused = bool(doc.get("paused", False))
     for ip, pin in _table(doc, "pins", bad).items():
-        try:
-            norm = str(ipaddress.ip_address(ip))
+        try:  # the data path's sets hold IPv4 addresses
+            norm = str(ipaddress.IPv4Address(ip))
         except ValueError:
-            raise bad("pins", f"{ip!r} is not an IP address") from None
+            raise bad("pins", f"{ip!r} is not an IPv4 address") from None
         if not (isinstance(pin, list) and len(pin) == 2 and pin[1] in PIN_MODES):
             raise bad("pins", f"{ip}: expected [class, mode] with a mode of {PIN_MODES}")
         out.pins[norm] = (_class(pin[0], max_class, f"pins: {ip}", bad), pin[1])

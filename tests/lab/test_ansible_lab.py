@@ -258,7 +258,7 @@ def test_first_run_installs_from_the_wheel_and_starts_the_daemon(first, topology
         timeout=60,
     )
     assert p.returncode == 0, p.stderr
-    st = json.loads(p.stdout)
+    st = json.loads(p.stdout)["data"]
     res = {r["resource"]: r for r in st["resources"]}
     vg = res[topology["vg"]]
     assert vg["mode"] == "control" and vg["threshold_s"] == 0.05, vg

@@ -111,7 +111,7 @@ def _members(topology) -> str:
 def test_status_threshold_kill9_cleanup_and_cpu(topology, daemon, guest):
     proc, conf = daemon
     time.sleep(2.0)  # a few convergences
-    st = json.loads(_cli(topology, "status", "--json").stdout)
+    st = json.loads(_cli(topology, "status", "--json").stdout)["data"]
     res = {r["resource"]: r for r in st["resources"]}
     assert set(res) == {topology["vg"], "r0", "r1", "r2", "r3"}
     assert all(r["mode"] == "control" for r in res.values())
@@ -123,12 +123,20 @@ def test_status_threshold_kill9_cleanup_and_cpu(topology, daemon, guest):
     # threshold set: in the controller within one tick
     _cli(topology, "threshold", "set", "r0", "0.1ms")
     t0 = time.monotonic()
-    while json.loads(_cli(topology, "threshold", "show", "--json").stdout)["r0"] != 0.0001:
+    while (
+        json.loads(_cli(topology, "threshold", "show", "--json").stdout)["data"]["r0"][
+            "threshold_s"
+        ]
+        != 0.0001
+    ):
         assert time.monotonic() - t0 < 0.2
-    # bad input: one line, exit 2, daemon unaffected
-    for bad in (["threshold", "set", "nope", "5ms"], ["threshold", "set", "r0", "5"]):
+    # bad input (exit 2) and a refusal (exit 1): one line each, daemon unaffected
+    for bad, code in (
+        (["threshold", "set", "nope", "5ms"], 1),
+        (["threshold", "set", "r0", "5"], 2),
+    ):
         p = _cli(topology, *bad, check=False)
-        assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+        assert p.returncode == code and p.stderr.count("\n") == 1, p.stderr
     assert proc.poll() is None
 
     # a writer on lun0 (resource r0, threshold 0.1 ms) with a reader: it gets throttled
@@ -160,7 +168,7 @@ def test_status_threshold_kill9_cleanup_and_cpu(topology, daemon, guest):
                 _cli(topology, "status", "--json").stdout
             )
             time.sleep(0.5)
-        st = json.loads(_cli(topology, "status", "--json").stdout)
+        st = json.loads(_cli(topology, "status", "--json").stdout)["data"]
         (ini,) = [i for i in st["initiators"] if i["initiator"] == w["initiator_ip"]]
         assert ini["class"] > 0 and "r0" in ini["write_heavy_on"]
         cpu = (_ticks(proc.pid) - cpu0) / os.sysconf("SC_CLK_TCK") / (time.monotonic() - t_cpu)

@@ -11,7 +11,7 @@ PAPER = Path(__file__).parents[2] / "controller" / "scenarios" / "paper.toml"
 def test_json_is_real_json_with_summary_and_series(capsys):
     assert main(["simulate", str(PAPER), "--json", "--no-baseline"]) == 0
     out = capsys.readouterr().out
-    data = json.loads(out)  # strict: NaN would fail parse_constant below
+    data = json.loads(out)["data"]  # strict: NaN would fail parse_constant below
     json.loads(out, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     c = data["controlled"][0]
     for key in (

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from santhrottle.appliance.cli.main import main
-from santhrottle.appliance.daemon.control import ControlServer, request
+from santhrottle.appliance.daemon.control import PROTOCOL_VERSION, ControlServer, request
 from santhrottle.appliance.daemon.metrics import registry_for
 
 from .test_daemon import make, run_for
@@ -45,7 +45,9 @@ def test_socket_is_root_only_and_speaks_json(live, tmp_path):
 def test_status_json_and_table(live, capsys):
     _d, _act, sock = live
     assert main(["status", "--json", *sock]) == 0
-    st = json.loads(capsys.readouterr().out)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["protocol"] == PROTOCOL_VERSION
+    st = doc["data"]
     assert {r["resource"] for r in st["resources"]} == {"vg0", "vg1"}
     (ini,) = [i for i in st["initiators"] if i["initiator"] == "10.0.0.3"]
     assert ini["class"] > 0 and ini["delay_s"] == pytest.approx(ini["class"] * 0.0005)
@@ -60,14 +62,16 @@ def test_threshold_set_show_and_errors(live, capsys):
     assert d.ctl.resources["vg0"].resource.threshold_s == pytest.approx(0.0125)
     assert "vg0: threshold 12.50ms" in capsys.readouterr().out
     assert main(["threshold", "show", "--json", *sock]) == 0
-    assert json.loads(capsys.readouterr().out) == {"vg0": pytest.approx(0.0125), "vg1": None}
-    for bad, msg in (
-        (["threshold", "set", "nope", "5ms"], "unknown resource 'nope'"),
-        (["threshold", "set", "vg0", "15"], "is not a duration"),
-        (["threshold", "set", "vg0", "-5ms"], "is not a duration"),
-        (["threshold", "set", "vg0", "0ms"], "must be above 0"),
+    shown = json.loads(capsys.readouterr().out)["data"]
+    assert shown["vg0"]["threshold_s"] == pytest.approx(0.0125) and shown["vg0"]["override"]
+    assert shown["vg1"]["threshold_s"] is None and not shown["vg1"]["override"]
+    for bad, msg, code in (
+        (["threshold", "set", "nope", "5ms"], "unknown resource 'nope'", 1),  # refused
+        (["threshold", "set", "vg0", "15"], "is not a duration", 2),  # bad input
+        (["threshold", "set", "vg0", "-5ms"], "is not a duration", 2),
+        (["threshold", "set", "vg0", "0ms"], "must be above 0", 2),
     ):
-        assert main([*bad, *sock]) == 2
+        assert main([*bad, *sock]) == code
         err = capsys.readouterr().err
         assert msg in err and err.count("\n") == 1
     assert d.ctl.resources["vg0"].resource.threshold_s == pytest.approx(0.0125)  # unaffected
@@ -81,15 +85,15 @@ def test_pause_resume_reload_top(live, capsys):
     assert main(["resume", *sock]) == 0 and not d.state.paused
     d.run_once()
     assert act.kernel
-    assert main(["reload", *sock]) == 2  # started without a config file
+    assert main(["reload", *sock]) == 1  # refused: started without a config file
     assert "without a config file" in capsys.readouterr().err
     assert main(["top", "0.01", "2", "--json", *sock]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 and all(json.loads(x)["resources"] for x in lines)
+    assert len(lines) == 2 and all(json.loads(x)["data"]["resources"] for x in lines)
 
 
 def test_no_daemon_is_one_line(tmp_path, capsys):
-    assert main(["status", "--socket", str(tmp_path / "none.sock")]) == 2
+    assert main(["status", "--socket", str(tmp_path / "none.sock")]) == 3
     err = capsys.readouterr().err
     assert "santhrottled is not running" in err and err.count("\n") == 1
 

@@ -59,7 +59,7 @@ def test_no_file_is_an_empty_state(tmp_path):
 @pytest.mark.parametrize(
     "doc, words",
     [
-        ({"version": 1, "pins": {"bogus": [5, "all"]}}, "'bogus' is not an IP address"),
+        ({"version": 1, "pins": {"bogus": [5, "all"]}}, "'bogus' is not an IPv4 address"),
         ({"version": 1, "pins": {"10.0.0.3": [True, "all"]}}, "not a delay class"),
         ({"version": 1, "pins": {"10.0.0.3": [5, "sideways"]}}, "mode"),
         ({"version": 1, "thresholds": {"vg0": -1}}, "positive"),
