@@ -337,6 +337,9 @@ class _Walk:
         return LioAcl(acl.node_wwn, tuple(addrs), tuple(mapped), wbytes)
 
     def _mapped_lun(self, acl: Any, n: int, lun_paths: dict[str, int]) -> tuple[int, str]:
-        """(the TPG LUN it maps, its path); KeyError when it links to no LUN read."""
+        """(the TPG LUN it maps, its path); LookupError when it links to no LUN read."""
         m = self.rts.MappedLUN(acl, n)  # no TPG LUN: lookup
-        return lun_paths[os.path.realpath(f"{m.path}/{m.alias}")], m.path
+        tpg_lun = lun_paths.get(os.path.realpath(f"{m.path}/{m.alias}"))
+        if tpg_lun is None:
+            raise LookupError("links to no LUN of its TPG that could be read")
+        return tpg_lun, m.path
