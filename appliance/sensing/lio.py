@@ -269,11 +269,12 @@ class _Walk:
     def _tpg(self, tgt: Any, tag: int) -> LioTpg:
         tpg = self.rts.TPG(tgt, tag, "lookup")
         luns = self._each("LUN", f"{tpg.path}/lun", "lun_", lambda n: self._lun(tpg, n))
-        lun_paths = {os.path.realpath(f"{tpg.path}/lun/lun_{lun.lun}"): lun.lun for lun in luns}
         acls = []
-        if tpg.has_feature("acls"):
+        names = sorted(os.listdir(f"{tpg.path}/acls")) if tpg.has_feature("acls") else []
+        if names:  # what the ACLs' mapped LUNs link to (none with generated ACLs)
+            lun_paths = {os.path.realpath(f"{tpg.path}/lun/lun_{x.lun}"): x.lun for x in luns}
             fm = tgt.fabric_module
-            for name in sorted(os.listdir(f"{tpg.path}/acls")):
+            for name in names:
                 path = f"{tpg.path}/acls/{name}"
                 acl = self._try("ACL", path, lambda name=name: self._acl(tpg, fm, name, lun_paths))
                 if acl is not None:
