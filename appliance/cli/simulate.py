@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from santhrottle.appliance.cli.common import (
     path_arg,
     verb,
 )
+from santhrottle.appliance.config.parse import read_text_file
 from santhrottle.appliance.units import fmt_ms
 from santhrottle.controller.plant import SaturatedError
 from santhrottle.controller.scenario import ScenarioError, parse_scenario
@@ -51,26 +50,9 @@ PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 
 def read_scenario(path: Path) -> str:
-    """A regular file's UTF-8 text, at most MAX_SCENARIO_BYTES; CliError otherwise.
-    Opened non-blocking and checked before reading: a FIFO or a device never blocks."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        raise CliError(f"cannot read scenario {path}: {e.strerror or e}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise CliError(f"scenario {path}: not a regular file")
-    with os.fdopen(fd, "rb") as f:
-        try:
-            raw = f.read(MAX_SCENARIO_BYTES + 1)
-        except OSError as e:
-            raise CliError(f"cannot read scenario {path}: {e.strerror or e}") from None
-    if len(raw) > MAX_SCENARIO_BYTES:
-        raise CliError(f"scenario {path}: larger than {MAX_SCENARIO_BYTES // 1024} KiB")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise CliError(f"scenario {path}: not UTF-8 text") from None
+    """A regular file's UTF-8 text, at most MAX_SCENARIO_BYTES; CliError otherwise
+    (a FIFO or a device never blocks)."""
+    return read_text_file(path, MAX_SCENARIO_BYTES, CliError, what="scenario ")
 
 
 def _print_summary(result: dict[str, Any]) -> None:

@@ -280,36 +280,41 @@ def _static_map(r: _Reader, data: dict[str, Any]) -> dict[str, tuple[str, ...]]:
 
 def load_config(path: str | Path = DEFAULT_PATH) -> Config:
     p = Path(path)
-    return parse_config(read_text_file(p, MAX_CONFIG_BYTES, ConfigError), str(p))
+    hint = " (see docs/configure.md for an example)"
+    return parse_config(read_text_file(p, MAX_CONFIG_BYTES, ConfigError, missing_hint=hint), str(p))
 
 
-def read_text_file(p: Path, max_bytes: int, error: type[Exception]) -> str:
+def read_text_file(
+    p: Path, max_bytes: int, error: type[Exception], what: str = "", missing_hint: str = ""
+) -> str:
     """A regular file's UTF-8 text, at most max_bytes; `error` with one line
-    otherwise.  Opened non-blocking and checked before reading: a FIFO, a
-    device (/dev/zero) or a directory never blocks or fills the memory."""
+    ("WHAT FILE: PROBLEM") otherwise.  Opened non-blocking and checked before
+    reading: a FIFO, a device (/dev/zero) or a directory never blocks or
+    fills the memory."""
+    name = f"{what}{p}"
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise error(f"{p}: no such file (see docs/configure.md for an example)") from None
+        raise error(f"{name}: no such file{missing_hint}") from None
     except OSError as e:
-        raise error(f"{p}: cannot read: {e.strerror or e}") from None
+        raise error(f"{name}: cannot read: {e.strerror or e}") from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise error(f"{p}: not a regular file")
+        raise error(f"{name}: not a regular file")
     with os.fdopen(fd, "rb") as f:
         if st.st_size > max_bytes:
-            raise error(f"{p}: larger than {max_bytes // 1024} KiB")
+            raise error(f"{name}: larger than {max_bytes // 1024} KiB")
         try:
             raw = f.read(max_bytes + 1)
         except OSError as e:
-            raise error(f"{p}: cannot read: {e.strerror or e}") from None
+            raise error(f"{name}: cannot read: {e.strerror or e}") from None
     if len(raw) > max_bytes:
-        raise error(f"{p}: larger than {max_bytes // 1024} KiB")
+        raise error(f"{name}: larger than {max_bytes // 1024} KiB")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise error(f"{p}: not UTF-8 text") from None
+        raise error(f"{name}: not UTF-8 text") from None
 
 
 def _one_line(e: Exception) -> str:
