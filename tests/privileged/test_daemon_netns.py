@@ -100,6 +100,12 @@ def _conf(tmp_path: Path, ns: str, extra: str = "", metrics_port: int = 0) -> Pa
     return conf
 
 
+def _run(prog: str, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / prog), *argv], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
 def _start(conf: Path, sock: str) -> subprocess.Popen:
     proc = subprocess.Popen(
         [str(BIN / "santhrottled"), "--config", str(conf)],
@@ -136,10 +142,7 @@ def test_a_start_that_cannot_take_the_metrics_port_leaves_the_kernel_as_it_was(n
         taken.listen()
         port = taken.getsockname()[1]
         conf = _conf(tmp_path, ns, metrics_port=port)
-        p = subprocess.run(
-            [str(BIN / "santhrottled"), "--config", str(conf)],
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
+        p = _run("santhrottled", "--config", str(conf))
     assert p.returncode == 1, p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "Address already in use" in lines[0], p.stderr
@@ -155,10 +158,7 @@ def test_a_second_daemon_on_the_socket_touches_nothing(ns, tmp_path):
         request(sock, "pin", initiator="192.0.2.7", **{"class": 5, "mode": "all"})
         time.sleep(0.3)
         state = kernel_state(ns)
-        p = subprocess.run(
-            [str(BIN / "santhrottled"), "--config", str(conf)],
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
+        p = _run("santhrottled", "--config", str(conf))
         assert p.returncode == 1 and "another santhrottled" in p.stderr, p.stderr
         assert len(p.stderr.strip().splitlines()) == 1
         assert kernel_state(ns) == state and "192.0.2.7" in _members(ns)
@@ -214,10 +214,7 @@ def test_cleanup_delays_only_works_with_a_broken_config(ns, tmp_path):
         proc.wait()
     assert "192.0.2.7" in _members(ns)
     conf.write_text(conf.read_text() + "[datapath.nope]\nports = [1, 1]\n[[[")
-    p = subprocess.run(
-        [str(BIN / "santhrottle"), "cleanup", "--delays-only", "--config", str(conf)],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    p = _run("santhrottle", "cleanup", "--delays-only", "--config", str(conf))
     assert p.returncode == 0, p.stderr
     assert "192.0.2.7" not in _members(ns)
     assert "Traceback" not in p.stderr
@@ -225,15 +222,11 @@ def test_cleanup_delays_only_works_with_a_broken_config(ns, tmp_path):
 
 def test_check_tells_the_truth(ns, tmp_path):
     conf = _conf(tmp_path, ns)
-    ok = subprocess.run([str(BIN / "santhrottled"), "--check", "--config", str(conf)],
-                        capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    ok = _run("santhrottled", "--check", "--config", str(conf))
     assert ok.returncode == 0, ok.stderr
     netem = conf.read_text().replace('leaf = "pfifo"\n', "")
     (tmp_path / "netem.toml").write_text(netem)
-    bad = subprocess.run(
-        [str(BIN / "santhrottled"), "--check", "--config", str(tmp_path / "netem.toml")],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    bad = _run("santhrottled", "--check", "--config", str(tmp_path / "netem.toml"))
     if Path("/sys/module/sch_netem").exists():
         assert bad.returncode == 0, bad.stderr
     else:
@@ -241,15 +234,9 @@ def test_check_tells_the_truth(ns, tmp_path):
     (tmp_path / "gone.toml").write_text(
         conf.read_text().replace(f'netns = "{ns}"', 'netns = "st-none"')
     )
-    gone = subprocess.run(
-        [str(BIN / "santhrottled"), "--check", "--config", str(tmp_path / "gone.toml")],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    gone = _run("santhrottled", "--check", "--config", str(tmp_path / "gone.toml"))
     assert gone.returncode == 1 and "st-none" in gone.stderr
     (tmp_path / "dev.toml").write_text(conf.read_text().replace('"st-d0"', '"st-nodev"'))
-    dev = subprocess.run(
-        [str(BIN / "santhrottled"), "--check", "--config", str(tmp_path / "dev.toml")],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    dev = _run("santhrottled", "--check", "--config", str(tmp_path / "dev.toml"))
     assert dev.returncode == 1 and "st-nodev" in dev.stderr
     assert not [n for n in sh("ip", "netns", "list").split() if n.startswith("santhrottle-check")]
