@@ -73,14 +73,14 @@ def test_interval_wrap_reset_and_disappearance():
         interval(old, new, 0.0)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(derandomize=True, max_examples=300, deadline=None)
 @given(st.text(alphabet=string.printable, max_size=400))
 def test_diskstats_parser_never_crashes(text):
     snap = parse_diskstats(text)
     assert all(d.reads >= 0 for d in snap.devices.values())
 
 
-@settings(max_examples=300, deadline=None)
+@settings(derandomize=True, max_examples=300, deadline=None)
 @given(
     st.lists(st.integers(min_value=0, max_value=2**64), min_size=11, max_size=11),
     st.lists(st.integers(min_value=0, max_value=2**64), min_size=11, max_size=11),
@@ -109,7 +109,7 @@ def test_split_dm_name(name, want):
 names = st.text(alphabet=string.ascii_letters + string.digits + "-_.", min_size=1, max_size=12)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(derandomize=True, max_examples=100, deadline=None)
 @given(st.lists(st.tuples(names, st.text(max_size=30), st.text(max_size=30)), max_size=6))
 def test_sysfs_scan_never_crashes(tmp_path_factory, entries):
     root = tmp_path_factory.mktemp("sys")
@@ -122,7 +122,7 @@ def test_sysfs_scan_never_crashes(tmp_path_factory, entries):
     assert all(lv.device.startswith("dm-") for lv in lvs.values())
 
 
-@settings(max_examples=100, deadline=None)
+@settings(derandomize=True, max_examples=100, deadline=None)
 @given(
     st.dictionaries(
         st.sampled_from(
@@ -357,7 +357,7 @@ def _diskstats_texts(draw):
     return "\n".join(lines)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(derandomize=True, max_examples=60, deadline=None)
 @given(_diskstats_texts())
 def test_parse_diskstats_columns_match_line_by_line(text):
     from santhrottle.appliance.sensing.diskstats import Snapshot, _parse_lines
@@ -396,7 +396,7 @@ def _snapshot_pairs(draw):
     return parse_diskstats("\n".join(old_lines)), parse_diskstats("\n".join(new_lines))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(derandomize=True, max_examples=80, deadline=None)
 @given(_snapshot_pairs(), st.sampled_from([0.1, 1.0, 2.5]))
 def test_interval_columns_match_device_by_device(pair, dt):
     from santhrottle.appliance.sensing.diskstats import _interval_by_device
