@@ -126,6 +126,7 @@ def _measure_once(args: argparse.Namespace) -> dict[str, Any]:
         "warnings": {
             "malformed_diskstats_lines": sensor.warnings.malformed_diskstats_lines,
             "lio_errors": sensor.warnings.lio_errors,
+            "lio_skipped": sensor.warnings.lio_skipped,
         },
     }
 
