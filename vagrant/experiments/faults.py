@@ -101,7 +101,13 @@ def row(fault: str, reps: list[dict]) -> dict:
 def notes(fault: str, reps: list[dict]) -> str:
     """What the fault itself saw, in a few words per row."""
     if fault == "kill9":
-        return f"restart (kill -> answering) {spread([r.get('restart_s', 0) for r in reps])} s"
+        return (
+            f"restart (kill -> answering) {spread([r.get('restart_s', 0) for r in reps])} s, of "
+            f"which cleanup {spread([r.get('cleanup_s', 0) for r in reps])} s, --check "
+            f"{spread([r.get('check_s', 0) for r in reps])} s, start "
+            f"{spread([r.get('ready_s', 0) for r in reps])} s; members the kill left "
+            f"{[r.get('members_left_by_kill') for r in reps]}"
+        )
     if fault == "hup":
         bad = [r["kind"] for r in reps if not r.get("alive") or not r.get("good_reload_taken")]
         uncounted = [r["kind"] for r in reps if not r.get("reload_failures_counted")]
@@ -116,16 +122,19 @@ def notes(fault: str, reps: list[dict]) -> str:
             for k, v in (r.get("errors") or {}).items():
                 errs[k] = errs.get(k, 0) + v
         top = max(errs, key=errs.get) if errs else ""
-        return f"failed calls per 1,000: {failed}" + (f"; most common: {top}" if top else "")
+        return f"failed calls per 1,000: {failed}" + (f"; most common: '{top}'" if top else "")
     if fault == "flood":
         return (
             "opened "
             + ", ".join(str(r.get("opened")) for r in reps)
             + f"; daemon threads during {[r.get('daemon_during', {}).get('Threads') for r in reps]}"
-            + f"; status during: {[r.get('status_during_flood') for r in reps]}"
+            + f"; admin's status probes failed {[r.get('probe_failures') for r in reps]}"
         )
     if fault == "link":
-        return f"iSCSI connections re-established: {[r.get('connections_replaced') for r in reps]}"
+        return (
+            f"down {spread([r.get('down_s', 0) for r in reps])} s; iSCSI connections "
+            f"re-established {[r.get('connections_replaced') for r in reps]}"
+        )
     if fault == "stall":
         return f"stalled {spread([r.get('stalled_s', 0) for r in reps])} s"
     return ""

@@ -149,16 +149,22 @@ def kill9(c: Ctx, rep: int) -> dict:
     assert u.proc is not None
     u.proc.wait()
     left = m.kernel_members()
+    t_c = _now()
     p = u.tool("cleanup", "--delays-only", "--config", str(c.unit.conf))  # ExecStopPost
+    cleanup_s = round(_now() - t_c, 2)
     after = m.kernel_members()
     time.sleep(RESTART_SEC_S)
+    t_c = _now()
     chk = u.tool("--check", "--config", str(c.unit.conf), daemon=True)  # ExecStartPre
+    check_s = round(_now() - t_c, 2)
     ready_s = u.start()
     t1 = _now()
     return {
         "start": t0,
         "end": t1,
         "restart_s": round(t1 - t0, 2),
+        "cleanup_s": cleanup_s,
+        "check_s": check_s,
         "ready_s": ready_s,
         "members_left_by_kill": len(left),
         "members_after_cleanup": sorted(after),
@@ -235,14 +241,16 @@ def link(c: Ctx, rep: int) -> dict:
     ns, dev = c.topology["netns"], c.topology["veth"]["target"]
     t0 = _now()
     m.run(["ip", "-n", ns, "link", "set", dev, "down"])
+    t_down = _now()
     time.sleep(LINK_DOWN_S)
+    t_up = _now()
     m.run(["ip", "-n", ns, "link", "set", dev, "up"])
     t1 = _now()
     tree = m.run(["tc", "-n", ns, "qdisc", "show", "dev", dev]).stdout
     return {
         "start": t0,
         "end": t1,
-        "down_s": round(t1 - t0, 2),
+        "down_s": round(t_up - t_down, 2),
         "tc_tree_after": "htb 5374:" in tree,
     }
 

@@ -49,8 +49,10 @@ NETNS = "tgt"
 SAMPLE_S = 0.1
 WINDOW_S = 1.0
 HOLD_S = 3.0  # a recovery counts once the threshold held this long
-PROBE_EVERY_S = 0.5  # the daemon's status, from outside
-PROBE_TIMEOUT_S = 2.0
+PROBE_EVERY_S = 1.0  # the daemon's status, from outside
+# long enough for a loaded daemon to answer (a client that leaves first costs the
+# daemon a BrokenPipeError traceback in its log, today)
+PROBE_TIMEOUT_S = 5.0
 ORPHAN_ROUNDS = 3
 ORPHAN_GAP_S = 1.0
 MODE_SETS = ("santhrottle-all", "santhrottle-ack", "santhrottle-read")

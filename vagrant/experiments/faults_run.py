@@ -32,6 +32,7 @@ import os
 import signal
 import subprocess
 import time
+from collections import Counter
 
 import closed_loop  # also puts vagrant/qemu/guest on sys.path
 import faults_inject as fi
@@ -167,7 +168,16 @@ def repetition(ctx: fi.Ctx, s: m.Sampler, load: Load, fault: str, rep: int, thr_
         "worst_window_after_ms": round(max((x for x in after if x), default=0) * 1e3, 2),
         "probe_failures": sum(not p["ok"] for p in probes),
         "probe_max_s": max((p["latency_s"] for p in probes), default=None),
+        "probe_errors": dict(Counter(p["error"][:100] for p in probes if not p["ok"])),
         "kernel_iscsi_log": klog[:6],
+        # the series, relative to the fault's end: 1 s windows (ms), the daemon's answers
+        "windows_ms": [
+            [round(t - res["end"], 1), None if x is None else round(x * 1e3, 2)] for t, x in wins
+        ],
+        "probes": [
+            [round(p["t"] - res["end"], 1), p.get("max_class", -1) if p["ok"] else None]
+            for p in probes
+        ],
         "t": round(t_pre, 1),
     }
     return rec
