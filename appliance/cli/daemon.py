@@ -34,13 +34,10 @@ from santhrottle.appliance.cli.common import (
     verb,
 )
 from santhrottle.appliance.config import DEFAULT_PATH, ConfigError, defaults, load_config
-from santhrottle.appliance.daemon.control import (
-    CLIENT_TIMEOUT_S,
-    DaemonUnavailable,
-    RemoteError,
-    request,
-)
-from santhrottle.appliance.units import UnitError, fmt_duration, fmt_mb, fmt_ms, parse_duration_s
+from santhrottle.appliance.config.schema import KindError, key
+from santhrottle.appliance.daemon.client import CLIENT_TIMEOUT_S, request
+from santhrottle.appliance.daemon.requests import DaemonAbsent, DaemonUnavailable, RemoteError
+from santhrottle.appliance.units import fmt_duration, fmt_mb, fmt_ms
 
 EPILOG = """\
 examples:
@@ -99,9 +96,11 @@ def call(
     path = path or _socket(args)
     try:
         return request(path, cmd, timeout_s=args.timeout, **kw)
-    except DaemonUnavailable as e:
+    except DaemonAbsent as e:
         if absent_ok:
             return None
+        raise NoDaemon(str(e)) from None
+    except DaemonUnavailable as e:  # there, but silent: never behind its back
         raise NoDaemon(str(e)) from None
     except RemoteError as e:
         raise Failed(str(e)) from None
@@ -121,24 +120,29 @@ def print_status(st: dict[str, Any]) -> None:
         f"ticks {c['ticks']}, late {c['tick_overruns']}, sensor errors {c['sensor_errors']}, "
         f"actuator errors {c['actuator_errors']}"
     )
+    if st.get("restart_needed"):
+        print(f"restart needed for: {', '.join(st['restart_needed'])} (the file changed them)")
     print(
-        f"{'RESOURCE':<16} {'MODE':<8} {'THRESHOLD':>9} {'LAT_EWMA':>9} {'LAST':>9} "
+        f"{'RESOURCE':<16} {'MODE':<8} {'THRESHOLD':>10} {'LAT_EWMA':>9} {'LAST':>9} "
         f"{'CLASS':>5} {'DELAY':>8}  MEMBERS"
     )
     for r in st["resources"]:
+        thr = fmt_ms(r["threshold_s"]) + ("*" if r.get("threshold_override") else "")
         print(
-            f"{r['resource']:<16} {r['mode']:<8} {fmt_ms(r['threshold_s']):>9} "
+            f"{r['resource']:<16} {r['mode']:<8} {thr:>10} "
             f"{fmt_ms(r['read_latency_ewma_s']):>9} {fmt_ms(r['read_latency_s']):>9} "
             f"{r['delay_class']:>5} {fmt_ms(r['delay_s']):>8}  {','.join(r['members']) or '-'}"
         )
     print(f"{'INITIATOR':<18} {'RESOURCES':<20} {'WR_MB/s':>8} {'CLASS':>5} {'DELAY':>8} MODE")
     for i in st["initiators"]:
         rate = sum(v for v in i["write_bytes_per_second"].values() if v is not None)
-        pinned = " (pinned)" if i["pinned"] else ""
+        pinned = " (pinned)" if i["pinned"] else " (adopted)" if i.get("adopted") else ""
         print(
             f"{i['initiator']:<18} {','.join(i['resources']) or '-':<20} {fmt_mb(rate):>8} "
             f"{i['class']:>5} {fmt_ms(i['delay_s']):>8} {i['mode']}{pinned}"
         )
+    if any(r.get("threshold_override") for r in st["resources"]):
+        print("* a threshold set at run time (threshold reset returns to the file's)")
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -191,12 +195,11 @@ def cmd_threshold_show(args: argparse.Namespace) -> int:
 
 
 def _threshold_value(value: str) -> float:
+    """The configuration's own rules for a threshold (a duration > 0, at most 60 s)."""
     try:
-        thr = parse_duration_s(value)
-    except UnitError as e:
+        thr: float = key("resources.NAME.threshold").kind.parse(value)
+    except KindError as e:
         raise CliError(f"threshold: {e}") from None
-    if thr <= 0:
-        raise CliError("threshold: must be above 0")
     return thr
 
 
@@ -231,9 +234,20 @@ def _check_resource(name: str) -> None:
         raise CliError(f"bad resource name {name!r}: give the name status shows, e.g. vg0")
 
 
+def _print_simple(d: dict[str, Any]) -> None:
+    if "paused" in d:
+        print("paused: every delay is removed at the next tick" if d["paused"] else "resumed")
+    elif "reloaded" in d:
+        pending = d.get("restart_needed") or []
+        print(f"reloaded {d['reloaded']}")
+        if pending:
+            print(f"these keys changed and take effect at the next restart: {', '.join(pending)}")
+    else:
+        print(", ".join(f"{k} {v}" for k, v in d.items()))
+
+
 def cmd_simple(args: argparse.Namespace) -> int:
-    data = call(args, args.command)
-    return emit(args, data, lambda d: print(", ".join(f"{k} {v}" for k, v in d.items())))
+    return emit(args, call(args, args.command), _print_simple)
 
 
 def cmd_top(args: argparse.Namespace) -> int:

@@ -161,12 +161,17 @@ def _print_initiators(initiators: list[dict[str, Any]]) -> None:
 
 
 def cmd_resources(args: argparse.Namespace) -> int:
+    """--json: {"resources": [...], "ambiguous": [...], "warnings": {...}}."""
     data = _measure(args)
-    return emit(args, data["resources"], lambda rs: _print_resources(rs, data["ambiguous"]))
+    doc = {k: data[k] for k in ("interval_s", "resources", "ambiguous", "warnings")}
+    return emit(args, doc, lambda d: _print_resources(d["resources"], d["ambiguous"]))
 
 
 def cmd_initiators(args: argparse.Namespace) -> int:
-    return emit(args, _measure(args)["initiators"], _print_initiators)
+    """--json: {"initiators": [...], "warnings": {...}}."""
+    data = _measure(args)
+    doc = {k: data[k] for k in ("interval_s", "initiators", "warnings")}
+    return emit(args, doc, lambda d: _print_initiators(d["initiators"]))
 
 
 def add_commands(sub: Any) -> None:

@@ -105,8 +105,10 @@ class Config:
 
     def keeping_restart_keys_of(self, running: Config) -> Config:
         """This config with the restart keys' values of the running one (what a
-        reload can take effect with)."""
-        return replace(self, **{a: getattr(running, a) for a in RESTART_FIELDS.values()})
+        reload can take effect with; the controller's max_class follows the data
+        path's step and max_delay, which are restart keys)."""
+        kept = replace(self, **{a: getattr(running, a) for a in RESTART_FIELDS.values()})
+        return replace(kept, controller=replace(kept.controller, max_class=running.max_class))
 
 
 # Config attribute of each key that needs a restart (schema: Key.restart).

@@ -2,7 +2,8 @@
 
 What it owns
     ControlServer, the daemon's side: one thread, one event loop (selectors)
-    over every connection; request(), the CLI's side. The messages (the
+    over every connection (the CLI's side, request(), is daemon/client.py's,
+    importable from here too). The messages (the
     commands and their arguments, replies, PROTOCOL_VERSION) are
     daemon/requests.py's: nothing reaches the daemon unchecked.
 
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import grp
-import json
 import logging
 import os
 import selectors
@@ -48,22 +48,21 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+# request(): the client, daemon/client.py's; importable from here as from there
+from santhrottle.appliance.daemon.client import CLIENT_TIMEOUT_S as CLIENT_TIMEOUT_S
+from santhrottle.appliance.daemon.client import request as request
+
 # PROTOCOL_VERSION: the CLI's --json takes it from here
 from santhrottle.appliance.daemon.requests import PROTOCOL_VERSION as PROTOCOL_VERSION
 from santhrottle.appliance.daemon.requests import (
-    DaemonUnavailable,
     Handler,
-    RemoteError,
     answer,
     encode,
-    one_line,
-    parse_reply,
 )
 
 log = logging.getLogger("santhrottled.control")
 
 MAX_REQUEST_BYTES = 64 * 1024
-CLIENT_TIMEOUT_S = 10.0
 # How long close() waits for the loop to end.
 SHUTDOWN_WAIT_S = 5.0
 MAX_CONNECTIONS = 64
@@ -75,10 +74,6 @@ LISTEN_BACKLOG = 128
 RECV_CHUNK_BYTES = 64 * 1024
 # After an exception in the loop itself (a bug), the loop waits this long.
 LOOP_ERROR_PAUSE_S = 0.05
-# The largest reply the client reads (a status of 10,000 initiators is ~4 MB).
-MAX_REPLY_BYTES = 64 * 1024 * 1024
-# A client whose connect finds the backlog full tries again after this long.
-CONNECT_RETRY_S = 0.01
 # The socket's modes: root only, or root and one group.
 MODE_ROOT = 0o600
 MODE_GROUP = 0o660
@@ -136,7 +131,7 @@ class ControlServer:
         p = Path(path)
         p.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         if p.is_socket():
-            if _alive(path):
+            if socket_in_use(path):
                 raise OSError(f"{path}: another santhrottled is running")
             p.unlink()  # left by a daemon that died
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -413,85 +408,11 @@ def proc_groups(pid: int) -> set[int]:
     return set()
 
 
-def _alive(path: str) -> bool:
+def socket_in_use(path: str) -> bool:
+    """A daemon answers on this Unix socket."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         try:
             s.connect(path)
         except OSError:
             return False
     return True
-
-
-# ---------------------------------------------------------------- the client
-def request(path: str, cmd: str, timeout_s: float = CLIENT_TIMEOUT_S, **args: Any) -> Any:
-    """One request to the daemon: its answer's data, or DaemonUnavailable (nobody
-    answers: no socket, a timeout, a dropped connection, a reply that is not
-    JSON) or RemoteError (the daemon refused; another protocol version), each
-    with one line. The whole exchange takes at most timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    try:
-        line = json.dumps({"cmd": cmd, "args": args}, allow_nan=False).encode() + b"\n"
-    except (ValueError, TypeError) as e:
-        raise RemoteError(one_line(f"{cmd}: not sent: {e}")) from None
-    s = _connect(path, deadline)
-    with s:
-        sent: OSError | None = None
-        try:
-            s.sendall(line)
-        except OSError as e:  # a timeout, or the daemon refused us in one line: read
-            sent = e
-        reply = _read_line(s, path, deadline, timeout_s, sent)
-    return parse_reply(reply, path)
-
-
-def _connect(path: str, deadline: float) -> socket.socket:
-    while True:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(max(deadline - time.monotonic(), 0.001))
-        try:
-            s.connect(path)
-            return s
-        except BlockingIOError:  # the listen backlog is full (a burst): again
-            why = "busy"
-        except FileNotFoundError:
-            why = f"santhrottled is not running (no socket {path})"
-        except PermissionError:
-            why = f"permission denied on {path} (root or its group only)"
-        except ConnectionRefusedError:
-            why = f"santhrottled is not running (nobody listens on {path})"
-        except OSError as e:
-            why = f"santhrottled does not answer on {path}: {e.strerror or e}"
-        s.close()
-        if why != "busy":
-            raise DaemonUnavailable(why)
-        if time.monotonic() >= deadline:
-            raise DaemonUnavailable(f"santhrottled does not answer on {path} (busy)")
-        time.sleep(CONNECT_RETRY_S)
-
-
-def _read_line(
-    s: socket.socket, path: str, deadline: float, timeout_s: float, sent: OSError | None
-) -> bytes:
-    buf = bytearray()
-    while b"\n" not in buf:
-        if len(buf) > MAX_REPLY_BYTES:
-            raise DaemonUnavailable(
-                f"santhrottled's reply on {path} is over {MAX_REPLY_BYTES} bytes"
-            )
-        left = deadline - time.monotonic()
-        try:
-            if left <= 0:
-                raise TimeoutError
-            s.settimeout(left)
-            chunk = s.recv(RECV_CHUNK_BYTES)
-        except TimeoutError:
-            raise DaemonUnavailable(
-                f"santhrottled does not answer on {path} (no answer within {timeout_s:g}s)"
-            ) from None
-        except OSError as e:
-            chunk, sent = b"", sent or e
-        if not chunk:
-            why = f": {sent.strerror or sent}" if sent is not None else ""
-            raise DaemonUnavailable(f"santhrottled closed {path} without an answer{why}")
-        buf += chunk
-    return bytes(buf[: buf.index(b"\n")])

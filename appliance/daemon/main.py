@@ -21,6 +21,7 @@ Nothing imports this module: it is the process's entry point.
 from __future__ import annotations
 
 import argparse
+import grp
 import logging
 import os
 import shutil
@@ -87,6 +88,7 @@ def check(cfg: Config) -> int:
 
 
 def preflight(cfg: Config) -> list[str]:
+    from santhrottle.appliance.daemon.control import socket_in_use
     from santhrottle.appliance.datapath import DatapathError, DatapathSpec, Host
     from santhrottle.appliance.datapath.probe import probe
 
@@ -115,6 +117,11 @@ def preflight(cfg: Config) -> list[str]:
         for dev in cfg.devices:
             if not cfg.netns and not os.path.exists(f"/sys/class/net/{dev}"):
                 problems.append(f"datapath.devices: no network device {dev!r}")
+    if cfg.socket_group:
+        try:
+            grp.getgrnam(cfg.socket_group)
+        except KeyError:
+            problems.append(f"daemon.socket_group: no group {cfg.socket_group!r}")
     if socket_in_use(cfg.control_socket):
         problems.append(f"{cfg.control_socket}: another santhrottled answers there")
     if cfg.metrics_port:
@@ -125,17 +132,6 @@ def preflight(cfg: Config) -> list[str]:
         spec = DatapathSpec.from_config(cfg)
         problems += probe(spec)
     return problems
-
-
-def socket_in_use(path: str) -> bool:
-    """A daemon answers on this Unix socket."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(2.0)
-        try:
-            s.connect(path)
-        except OSError:
-            return False
-    return True
 
 
 def _port_taken(address: str, port: int) -> str | None:

@@ -65,6 +65,11 @@ class DaemonUnavailable(Exception):
     """No daemon answers on the control socket."""
 
 
+class DaemonAbsent(DaemonUnavailable):
+    """Nobody listens on the control socket: no daemon runs (the CLI's pin and
+    unpin may then go to the kernel; never when a daemon is there but silent)."""
+
+
 class RemoteError(Exception):
     """The daemon refused the request; the message is its one line."""
 
@@ -154,7 +159,10 @@ def _threshold_s(v: Any, _ctx: Context | None) -> float:
     if ns <= 0:
         raise KindError(f"{quote(v)} is below 1ns")
     # the file's rules, through the file's own Kind (its bounds, if it gets any)
-    return float(THRESHOLD_KEY.kind.parse(f"{ns}ns"))
+    try:
+        return float(THRESHOLD_KEY.kind.parse(f"{ns}ns"))
+    except KindError as e:  # the Kind quotes the nanoseconds: quote what was sent
+        raise KindError(str(e).replace(f"'{ns}ns'", f"{quote(v)} s", 1)) from None
 
 
 NO_ARGS: dict[str, Spec] = {}

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from santhrottle.appliance.config.parse import read_text_file
-from santhrottle.appliance.config.schema import NAME_RE, PIN_MODES
+from santhrottle.appliance.config.schema import MAX_THRESHOLD_S, NAME_RE, PIN_MODES
 
 STATE_FILE = "state.json"
 STATE_VERSION = 1
@@ -109,8 +109,8 @@ def decode(text: str, max_class: int, where: str = STATE_FILE) -> Saved:
     for name, thr in _table(doc, "thresholds", bad).items():
         if not NAME_RE.match(name):
             raise bad("thresholds", f"{name!r} is not a resource name")
-        if not _number(thr) or not thr > 0:
-            raise bad("thresholds", f"{name}: {thr!r} is not a positive number of seconds")
+        if not _number(thr) or not 0 < thr <= MAX_THRESHOLD_S:
+            raise bad("thresholds", f"{name}: {thr!r} is not a threshold (0 < s <= 60)")
         out.thresholds[name] = float(thr)
     for name, k in _table(doc, "resource_classes", bad).items():
         if not NAME_RE.match(name):

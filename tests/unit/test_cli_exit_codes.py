@@ -231,3 +231,21 @@ def test_every_json_output_carries_the_protocol(argv, serve, capsys):
     for line in capsys.readouterr().out.strip().split("\n" if argv[0] == "top" else "\0"):
         out = json.loads(line)
         assert out["protocol"] == PROTOCOL_VERSION and out["data"]["resource"] == "vg0"
+
+
+@pytest.mark.parametrize("verb", [["pin", "10.0.0.9", "--delay", "5ms"], ["unpin", "10.0.0.9"]])
+def test_pin_never_goes_behind_a_silent_daemons_back(verb, serve, tmp_path, monkeypatch, capsys):
+    """The configuration's socket has a daemon that does not answer: pin and unpin
+    stop there (exit 3); only a socket nobody listens on sends them to the kernel."""
+    import santhrottle.appliance.datapath as dp
+
+    def kernel(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("pin went to the kernel behind the daemon's back")
+
+    monkeypatch.setattr(dp, "Datapath", kernel)
+    monkeypatch.setattr(dp, "discover", kernel)
+    sock = serve(lambda req: None)[1]
+    conf = tmp_path / "s.toml"
+    conf.write_text(f'[daemon]\ncontrol_socket = "{sock}"\n[datapath]\ndevices = ["eth1"]\n')
+    assert main([*verb, "--config", str(conf), "--timeout", "0.2"]) == 3
+    assert "does not answer" in one_line(capsys.readouterr().err)

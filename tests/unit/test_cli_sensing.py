@@ -32,7 +32,9 @@ def test_resources_json(roots, capsys):
     assert main(["resources", "--json", *roots]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["protocol"] == PROTOCOL_VERSION
-    (r,) = out["data"]
+    (r,) = out["data"]["resources"]
+    assert out["data"]["warnings"] == {
+        "malformed_diskstats_lines": 0, "lio_errors": 0, "lio_skipped": 0}  # fmt: skip
     assert r["resource"] == META["vg"] and r["devices"] == ["dm-0", "dm-1", "dm-2"]
     # the ACL session is known from configfs alone (no live connections here)
     assert META["iscsi"][1]["initiator_ip"] in r["initiators"]
@@ -65,7 +67,7 @@ def test_the_configuration_declares_resources_and_maps_addresses(roots, tmp_path
         '[static_map]\n"192.0.2.77" = ["decl"]\n'
     )
     assert main(["resources", "--json", *roots, "--config", str(conf)]) == 0
-    got = {r["resource"]: r for r in json.loads(capsys.readouterr().out)["data"]}
+    got = {r["resource"]: r for r in json.loads(capsys.readouterr().out)["data"]["resources"]}
     assert got["decl"]["devices"] == ["dm-2"] and "192.0.2.77" in got["decl"]["initiators"]
     conf.write_text("[datapath]\nstep = 5\n")
     assert main(["resources", *roots, "--config", str(conf)]) == 2

@@ -17,16 +17,15 @@ import threading
 
 import pytest
 
+from santhrottle.appliance.daemon.client import request
 from santhrottle.appliance.daemon.commands import CommandError
 from santhrottle.appliance.daemon.control import (
     MAX_REQUEST_BYTES,
     PROTOCOL_VERSION,
     ControlServer,
-    DaemonUnavailable,
-    RemoteError,
     proc_groups,
-    request,
 )
+from santhrottle.appliance.daemon.requests import DaemonUnavailable, RemoteError
 
 from .test_daemon import make, run_for
 

@@ -62,8 +62,9 @@ def test_no_file_is_an_empty_state(tmp_path):
         ({"version": 1, "pins": {"bogus": [5, "all"]}}, "'bogus' is not an IPv4 address"),
         ({"version": 1, "pins": {"10.0.0.3": [True, "all"]}}, "not a delay class"),
         ({"version": 1, "pins": {"10.0.0.3": [5, "sideways"]}}, "mode"),
-        ({"version": 1, "thresholds": {"vg0": -1}}, "positive"),
-        ({"version": 1, "thresholds": {"vg0": "10ms"}}, "positive"),
+        ({"version": 1, "thresholds": {"vg0": -1}}, "not a threshold"),
+        ({"version": 1, "thresholds": {"vg0": "10ms"}}, "not a threshold"),
+        ({"version": 1, "thresholds": {"vg0": 90}}, "not a threshold"),
         ({"version": 1, "paused": "yes"}, "true or false"),
         ({"version": 2}, "version 2"),
         ([1, 2], "not a JSON object"),
@@ -222,3 +223,18 @@ def test_reconfigure_and_seed_are_bumpless():
     st3 = new_state(c, [Resource("vg0", 0.01)])
     seed_class(st3, "vg0", 17)
     assert st3.resources["vg0"].delay_class == 17 and st3.resources["vg0"].pid.u == 17.0
+
+
+def test_a_reload_of_max_delay_waits_for_the_restart_in_the_controller_too(tmp_path):
+    """datapath.max_delay needs a restart: the data path keeps its classes, so the
+    controller must keep its max_class too (it would ask for classes the tree lacks)."""
+    f = tmp_path / "s.toml"
+    f.write_text(CONF)
+    from santhrottle.appliance.config import load_config
+
+    d, _vt, _s, _a = make(load_config=load_config)
+    d.config = load_config(f)
+    f.write_text(CONF.replace('devices = ["eth1"]', 'devices = ["eth1"]\nmax_delay = "100ms"'))
+    out = d.handle("reload", {})
+    assert out["restart_needed"] == ["datapath.max_delay"]
+    assert d.config.max_class == 100 and d.config.controller.max_class == 100
