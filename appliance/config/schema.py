@@ -113,6 +113,8 @@ def duration_s(lo_s: float = 0.0, hi_s: float | None = None, positive: bool = Fa
             raise KindError(str(e)) from None
         if positive and s <= 0:
             raise _fail(v, "must be above 0")
+        if positive and not lo_s and hi_s is not None and s > hi_s:
+            raise _fail(v, f"is above {fmt_duration(hi_s)}")
         if s < lo_s or (hi_s is not None and s > hi_s):
             raise _fail(v, f"is outside {fmt_duration(lo_s)}..{fmt_duration(hi_s or 0)}")
         return s
