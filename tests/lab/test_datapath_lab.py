@@ -109,7 +109,9 @@ def test_datapath_builds_with_netem_and_cleans_up(topology, datapath):
 def test_time_grows_linearly_with_delay(topology, datapath):
     """Paper figs 8/9 in small: seconds per GB vs delay for 64k qd1 reads
     (`read` mode) and writes (`all` mode) of one initiator; R^2 >= 0.95 and
-    the target never retransmits."""
+    the target never loses a segment: every retransmission it makes is one the
+    initiator reports as a duplicate (D-SACK), a tail-loss probe or timeout of a
+    stalled emulated vCPU, never the repair of a drop."""
     ini = topology["iscsi"][0]
     datapath.apply()
     out = {}
@@ -122,13 +124,17 @@ def test_time_grows_linearly_with_delay(topology, datapath):
         print(
             f"{mode}/{rw}: {[round(p['mb_s'], 1) for p in pts]} MB/s at {CI_DELAYS_MS} ms; "
             f"fit {s['intercept_s_per_gb']:.1f} + {s['slope_s_per_gb_per_ms']:.1f} s/GB per ms, "
-            f"R^2 {s['r2']:.3f}; target retrans {s['retrans']} (at the class changes: "
+            f"R^2 {s['r2']:.3f}; target retrans {s['retrans']} ({s['dsack']} D-SACKed, "
+            f"{s['tlp']} tail-loss probes; at the class changes: "
             f"{s['transition_retrans']}, {s['transition_tlp']} tail-loss probes)"
         )
     for mode, s in out.items():
         assert s["slope_s_per_gb_per_ms"] > 0, mode
         assert s["r2"] >= R2_MIN, f"{mode}: R^2 {s['r2']:.3f}"
-        assert s["retrans"] == 0, f"{mode}: the target retransmitted {s['retrans']} segments"
+        assert s["retrans"] <= s["dsack"], (
+            f"{mode}: the target retransmitted {s['retrans']} segments, only {s['dsack']} "
+            "of them reported as duplicates: a segment was lost"
+        )
 
 
 DESCENTS = 4  # one descent reorders often, not always (the reads can fall into step)
@@ -235,9 +241,9 @@ def test_a_lowered_delay_keeps_each_initiators_packets_in_order(topology, datapa
     assert plain["TcpExtTCPSACKReorder"] + plain["TcpRetransSegs"] > 0, (
         "the control run did not reorder: this test cannot tell"
     )
-    # What the glide leaf removes is the overtaking: the target sees no reordering.
-    # Retransmissions are held to a tenth of the control's, not to 0: the two-vCPU
-    # guest makes a few with no reordering at all, with or without a delay (docs/lab.md,
-    # "Controlled": 1.7 per uncontrolled phase; one make test run: 3 here, 0 in 4 runs alone).
+    # What the glide leaf removes is the overtaking: the target sees no reordering,
+    # and so makes no fast retransmission.  The two-vCPU guest makes a few tail-loss
+    # probes with no reordering at all, with or without a delay, more on a busy host
+    # (docs/lab.md, "Controlled"): every retransmission through the glide leaf is one.
     assert glide["TcpExtTCPSACKReorder"] == 0, (glide, plain)
-    assert glide["TcpRetransSegs"] * 10 <= plain["TcpRetransSegs"], (glide, plain)
+    assert glide["TcpRetransSegs"] <= glide["TcpExtTCPLossProbes"], (glide, plain)

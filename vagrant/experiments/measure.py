@@ -164,6 +164,10 @@ def summarize(points: list[dict]) -> dict:
         "slope_s_per_gb_per_ms": b,
         "r2": r2,
         "retrans": sum(p["target_retrans"] for p in points),
+        # of the measured transfers: retransmissions the initiator reported as
+        # duplicates (D-SACK: spurious, nothing was lost) and tail-loss probes
+        "dsack": sum(p["measured"]["TcpExtTCPDSACKRecv"] for p in points),
+        "tlp": sum(p["measured"]["TcpExtTCPLossProbes"] for p in points),
         "transition_retrans": sum(p["transition"]["TcpRetransSegs"] for p in points),
         "transition_tlp": sum(p["transition"]["TcpExtTCPLossProbes"] for p in points),
     }
