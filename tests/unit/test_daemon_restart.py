@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from santhrottle.appliance.daemon.loop import CommandError
 from santhrottle.appliance.daemon.restore import ADOPT_HOLD_CONVERGES, restore
 from santhrottle.appliance.daemon.state import Saved, StateError, StateStore, decode, encode
 from santhrottle.controller.domain import (
@@ -238,3 +239,61 @@ def test_a_reload_of_max_delay_waits_for_the_restart_in_the_controller_too(tmp_p
     out = d.handle("reload", {})
     assert out["restart_needed"] == ["datapath.max_delay"]
     assert d.config.max_class == 100 and d.config.controller.max_class == 100
+
+
+def test_reload_names_metrics_and_socket_keys_and_counts_a_nested_file(tmp_path):
+    """Issue 17: metrics address/port and the socket mode were read once at start while
+    reload said "reloaded"; a TOML nested 500 deep was a RecursionError not counted."""
+    f = tmp_path / "s.toml"
+    f.write_text(CONF)
+    from santhrottle.appliance.config import load_config
+
+    d, _vt, _s, _a = make(load_config=load_config)
+    d.config = load_config(f)
+    f.write_text(CONF + '[metrics]\nport = 9999\naddress = "::1"\n')
+    assert d.handle("reload", {})["restart_needed"] == ["metrics.address", "metrics.port"]
+    assert (d.config.metrics_address, d.config.metrics_port) == ("127.0.0.1", 9753)
+    f.write_text("a = " + "[" * 600 + "]" * 600 + "\n")
+    with pytest.raises(CommandError, match="nested too deep"):
+        d.handle("reload", {})
+    assert d.counters.reload_failures == 1
+
+
+@pytest.mark.parametrize(
+    "text, named",
+    [
+        ('[daemon]\nnetns = "tgt"\n[datapath]\nports = [3260, 3260]\n', "tgt"),
+        (
+            '[daemon]\nnetns = "tgt"\n[datapath]\nports = [%s]\n'
+            % ", ".join(str(1000 + i) for i in range(16)),
+            "tgt",
+        ),  # fmt: skip
+        ('[daemon]\nnetns = "tgt"\n[datapath]\nstep = "10.5us"\n', "tgt"),
+        ('[datapath]\nstep = "10.5us"\n', None),  # no netns line: the initial namespace
+    ],
+)
+def test_cleanup_finds_the_namespace_in_a_config_that_does_not_load(tmp_path, text, named):
+    """Issue 17: `cleanup --delays-only` (ExecStopPost) failed on these files."""
+    import argparse
+
+    from santhrottle.appliance.cli.cleanup import cleanup_namespaces
+
+    f = tmp_path / "s.toml"
+    f.write_text(text)
+    spaces, warning = cleanup_namespaces(argparse.Namespace(netns=None, config=str(f)))
+    assert spaces == [named] and warning and "\n" not in warning
+
+
+def test_cleanup_without_a_readable_namespace_cleans_every_one(tmp_path, monkeypatch):
+    import argparse
+
+    from santhrottle.appliance.cli import cleanup
+
+    (tmp_path / "netns").mkdir()
+    for ns in ("a", "b"):
+        (tmp_path / "netns" / ns).touch()
+    monkeypatch.setattr(cleanup, "NETNS_DIR", str(tmp_path / "netns"))
+    f = tmp_path / "s.toml"
+    f.write_text("[daemon]\nnetns = 5\n[[[")
+    spaces, warning = cleanup.cleanup_namespaces(argparse.Namespace(netns=None, config=str(f)))
+    assert spaces == [None, "a", "b"] and "every network namespace" in warning
