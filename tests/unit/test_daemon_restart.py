@@ -259,15 +259,14 @@ def test_reload_names_metrics_and_socket_keys_and_counts_a_nested_file(tmp_path)
     assert d.counters.reload_failures == 1
 
 
+SIXTEEN_PORTS = ", ".join(str(1000 + i) for i in range(16))
+
+
 @pytest.mark.parametrize(
     "text, named",
     [
         ('[daemon]\nnetns = "tgt"\n[datapath]\nports = [3260, 3260]\n', "tgt"),
-        (
-            '[daemon]\nnetns = "tgt"\n[datapath]\nports = [%s]\n'
-            % ", ".join(str(1000 + i) for i in range(16)),
-            "tgt",
-        ),  # fmt: skip
+        ('[daemon]\nnetns = "tgt"\n[datapath]\nports = [' + SIXTEEN_PORTS + "]\n", "tgt"),
         ('[daemon]\nnetns = "tgt"\n[datapath]\nstep = "10.5us"\n', "tgt"),
         ('[datapath]\nstep = "10.5us"\n', None),  # no netns line: the initial namespace
     ],
