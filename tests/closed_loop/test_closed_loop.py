@@ -20,7 +20,8 @@ pytestmark = pytest.mark.lab
 CHECKOUT = Path(__file__).resolve().parents[2]
 REPORT = CHECKOUT / "vagrant" / "experiments" / "report.py"
 LAB_UNAVAILABLE = 3  # vagrant/qemu/lab.py: QEMU or the kernel package is missing
-THRESHOLD_S = 0.002
+# the guest picks T from its uncontrolled phase (closed_loop.auto_threshold): 1-2 ms
+THRESHOLD_MIN_S, THRESHOLD_MAX_S = 0.001, 0.002
 
 
 def test_short_closed_loop_holds_the_threshold():
@@ -38,9 +39,10 @@ def test_short_closed_loop_holds_the_threshold():
     print(p.stdout[-2500:])
     s = json.loads((out / "summary.json").read_text())
     (c,) = s["controlled"]
-    assert c["threshold_s"] == THRESHOLD_S
-    assert s["uncontrolled"]["read_latency_p95_s"] >= 2 * THRESHOLD_S  # the test is not trivial
-    assert c["read_latency_p95_s"] <= THRESHOLD_S, c
+    thr = c["threshold_s"]
+    assert THRESHOLD_MIN_S <= thr <= THRESHOLD_MAX_S
+    assert s["uncontrolled"]["read_latency_p95_s"] >= 2 * thr  # the test is not trivial
+    assert c["read_latency_p95_s"] <= thr, c
     assert c["sets_left_after_stop"] == []
     print(
         "target: retrans {target_retrans_segs}, tail-loss probes {target_loss_probes}, "
