@@ -26,7 +26,9 @@ import argparse
 import os
 import re
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 from santhrottle.appliance.cli.common import Failed
 from santhrottle.appliance.config import ConfigError, load_config
@@ -35,6 +37,10 @@ from santhrottle.appliance.config.parse import MAX_CONFIG_BYTES, read_text_file
 # `netns = "tgt"` as written in a file that may not parse as a whole.
 _NETNS_LINE = re.compile(r'^\s*netns\s*=\s*"([A-Za-z0-9][A-Za-z0-9_.+-]*)"\s*(?:#.*)?$', re.M)
 NETNS_DIR = "/run/netns"
+# Removing the delays in order: how often the glide leaves are settled, and the
+# time allowed beyond twice the largest delay before the rest leave unordered.
+SETTLE_EVERY_S = 0.02
+SETTLE_MARGIN_S = 0.2
 EVERY = object()  # no namespace is named: clean them all
 
 
@@ -77,6 +83,32 @@ def _named_namespaces() -> list[str]:
         return []
 
 
+def remove_delays(d: Any, clock: Any = time.monotonic, sleep: Any = time.sleep) -> None:
+    """Every member to class 0, in order: through the glide leaves, as the daemon
+    lowers a delay, settled for up to about twice the largest delay; what is still
+    in a leaf then (its delay already 0, or no free leaf) leaves unordered."""
+    members = d.current()
+    if not members:
+        return
+    d.set_classes(dict.fromkeys(members, 0))
+    deadline = clock() + 2 * d.spec.max_delay_us / 1e6 + SETTLE_MARGIN_S
+    while clock() < deadline and d.current():
+        sleep(SETTLE_EVERY_S)
+        d.settle()
+    left = d.current()
+    if left:  # class 0 takes a member out of whichever set holds it
+        d.set_classes(dict.fromkeys(left, 0), ordered=False)
+
+
+def _installed(dp: Any, netns: str | None) -> Any:
+    """The data path as installed (its classes and glide leaves: an ordered removal
+    needs them); santhrottle's names alone when no tree is there."""
+    try:
+        return dp.discover(netns)
+    except dp.NotApplied:
+        return dp.Datapath(dp.DatapathSpec(), netns=netns)
+
+
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from santhrottle.appliance import datapath as dp
 
@@ -87,15 +119,13 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     for netns in namespaces:
         where = f" (netns {netns})" if netns else ""
         try:
-            with dp.Datapath(dp.DatapathSpec(), netns=netns) as d:
-                if args.delays_only:  # class 0 takes a member out of whichever set holds it
-                    # unordered: this process exits now, nobody would settle a glide leaf
-                    d.set_classes(dict.fromkeys(d.current(), 0), ordered=False)
+            if args.delays_only:
+                with _installed(dp, netns) as d:
+                    remove_delays(d)
                     d.mangle.set_jumps((), active=False)  # also what a crash left with no member
-                    print(
-                        f"no initiator is delayed any more{where}; the tc tree, sets and chain stay"
-                    )
-                else:
+                print(f"no initiator is delayed any more{where}; the tc tree, sets and chain stay")
+            else:
+                with dp.Datapath(dp.DatapathSpec(), netns=netns) as d:
                     print(d.cleanup().summary() + where)
         except dp.DatapathError as e:
             failed.append(f"{e}{where}")

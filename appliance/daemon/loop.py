@@ -248,6 +248,11 @@ class Daemon:
         """Fixed-rate loop until stop(); the convergence runs in a worker thread."""
         worker = threading.Thread(target=self._converge_loop, name="converge", daemon=True)
         self.converge_once()  # a first discovery before the first tick
+        # A first tick off the schedule: it opens the netlink sockets and loads what the
+        # tick needs (seconds under an emulated CPU), so the fixed rate starts after it
+        # instead of counting it as the first late tick.
+        self.tick(self.clock())
+        self._next_tick = self.clock() + self.config.controller.tick_s
         worker.start()
         self.notify("READY=1")
         while not self._stop.is_set():

@@ -5,10 +5,11 @@ What it owns
     say a module exists and still the kernel refuses (no module loading, a
     kernel without a tree, a missing iptables match); only building tells.
     It creates a namespace of its own (santhrottle-check-PID), a veth pair
-    in it, and runs on that device exactly what a start runs: apply() (the
-    HTB tree with the configured leaf, netem or pfifo; the skbinfo ipsets;
-    the mangle chain), one member in and out (the jump rule with its set
-    and bpf matches), cleanup().  The namespace goes whatever happens.
+    in it, and runs on that device what a start runs, on a small tree (two
+    classes, one glide leaf: every kind of object, not the configured
+    count): apply() (the HTB tree with the configured leaf, netem or pfifo;
+    the skbinfo ipsets; the mangle chain), one member in and out (the jump
+    rule with its set and bpf matches), cleanup().  The namespace goes whatever happens.
 
 Kernel objects
     network namespace santhrottle-check-PID, veth stchk0/stchk1 in it;
@@ -37,6 +38,9 @@ PROBE_DEVICE = "stchk0"
 PROBE_PEER = "stchk1"
 # An address from TEST-NET-1 (RFC 5737): never a real initiator.
 PROBE_MEMBER = "192.0.2.1"
+# What is built: every kind of object a start builds, a few of each.
+PROBE_CLASSES = 2
+PROBE_GLIDE_LEAVES = 1
 
 
 def probe(spec: DatapathSpec, tools: Tools | None = None) -> list[str]:
@@ -54,7 +58,14 @@ def probe(spec: DatapathSpec, tools: Tools | None = None) -> list[str]:
             ipr.link("add", ifname=PROBE_DEVICE, kind="veth", peer=PROBE_PEER)
             for dev in (PROBE_DEVICE, PROBE_PEER):
                 ipr.link("set", index=ipr.link_lookup(ifname=dev)[0], state="up")
-        with Datapath(replace(spec, devices=(PROBE_DEVICE,)), netns=ns, tools=tools) as d:
+        # the kernel's features, not the tree's size: two classes and one glide leaf
+        small = replace(
+            spec,
+            devices=(PROBE_DEVICE,),
+            max_class=min(spec.max_class, PROBE_CLASSES),
+            glide_leaves=min(spec.glide_leaves, PROBE_GLIDE_LEAVES),
+        )
+        with Datapath(small, netns=ns, tools=tools) as d:
             d.apply()
             d.set_classes({PROBE_MEMBER: 1}, ordered=False)
             d.set_classes({PROBE_MEMBER: 0}, ordered=False)

@@ -296,3 +296,46 @@ def test_cleanup_without_a_readable_namespace_cleans_every_one(tmp_path, monkeyp
     f.write_text("[daemon]\nnetns = 5\n[[[")
     spaces, warning = cleanup.cleanup_namespaces(argparse.Namespace(netns=None, config=str(f)))
     assert spaces == [None, "a", "b"] and "every network namespace" in warning
+
+
+class _LeafDatapath:
+    """What remove_delays sees of a data path: members, glide leaves that empty
+    after `drain_s`, and whether each move was ordered."""
+
+    def __init__(self, members, drain_s, vt):
+        self.members = dict(members)
+        self.spec = SimpleNamespace(max_delay_us=50_000)
+        self.drain_s, self.vt, self.moves = drain_s, vt, []
+        self.t0 = None
+
+    def current(self):
+        return dict(self.members)
+
+    def set_classes(self, classes, mode=None, *, ordered=True):
+        self.moves.append((sorted(classes), ordered))
+        if ordered:
+            self.t0 = self.vt.now
+        else:
+            for ip in classes:
+                self.members.pop(ip)
+
+    def settle(self):
+        if self.vt.now - self.t0 >= self.drain_s:
+            self.members.clear()
+
+
+@pytest.mark.parametrize("drain_s, unordered", [(0.08, False), (5.0, True)])
+def test_cleanup_removes_delays_in_order_then_the_rest(drain_s, unordered):
+    """ExecStopPost's removal goes through the glide leaves like the daemon's
+    descents; only what is still in a leaf after 2 x max_delay + a margin (a
+    member whose traffic never pauses rides a leaf at delay 0) leaves unordered."""
+    from santhrottle.appliance.cli.cleanup import remove_delays
+
+    from .test_daemon import VirtualTime
+
+    vt = VirtualTime()
+    d = _LeafDatapath({"10.0.0.3": SimpleNamespace(klass=40, mode="all")}, drain_s, vt)
+    remove_delays(d, clock=vt.clock, sleep=vt.sleep)
+    assert d.moves[0] == (["10.0.0.3"], True)
+    assert (len(d.moves) == 2 and d.moves[1] == (["10.0.0.3"], False)) == unordered
+    assert d.members == {}
