@@ -299,6 +299,9 @@ class LogTail(threading.Thread):
                 self._read()
 
     def between(self, t0: float, t1: float) -> list[str]:
+        return [x for _, x in self.stamped(t0, t1)]
+
+    def stamped(self, t0: float, t1: float) -> list[tuple[float, str]]:
         with self._lock:
             self._read()
-            return [x for t, x in self.lines if t0 <= t <= t1]
+            return [(t, x) for t, x in self.lines if t0 <= t <= t1]

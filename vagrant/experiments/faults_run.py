@@ -138,6 +138,13 @@ def repetition(ctx: fi.Ctx, s: m.Sampler, load: Load, fault: str, rep: int, thr_
     probes = [p for p in list(s.probes) if res["start"] <= p["t"] <= t_end]
     lines = u.tail.between(t_pre, t_end)
     late = m.tick_lateness_ms(lines)
+    # when the daemon logged its late ticks over 500 ms (s from the fault's end; the
+    # log is read every 0.2 s), to tell the fault's from the start's or the host's
+    late_at = [
+        [round(t - res["end"], 1), ms[0]]
+        for t, x in u.tail.stamped(t_pre, t_end)
+        if (ms := m.tick_lateness_ms([x])) and ms[0] > 500
+    ]
     rec = {
         "fault": fault,
         "rep": rep,
@@ -158,6 +165,7 @@ def repetition(ctx: fi.Ctx, s: m.Sampler, load: Load, fault: str, rep: int, thr_
         "nstat": {k: net1[k] - net0[k] for k in net0},
         "tick_late_max_ms": max(late, default=0),
         "tick_late_lines": len(late),
+        "tick_late_at": late_at,
         "daemon_errors": [
             x[:200] for x in lines if x.startswith(("ERROR", "Traceback", "CRITICAL"))
         ][:5],
