@@ -71,6 +71,7 @@ FILE_OPTIONS = {"config", "socket", "scenario", "plot"}
 # Examples for the keys without a default (the example config shows them in a comment).
 UNSET_EXAMPLES = {
     "daemon.netns": '"tgt"',
+    "daemon.socket_group": '"storage-admins"',
     "controller.default_threshold": '"20ms"',
     "resources.NAME.threshold": '"15ms"',
 }

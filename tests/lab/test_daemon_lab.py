@@ -47,6 +47,16 @@ def _cli(topology, *args, check=True):
     return p
 
 
+def _ticked() -> bool:
+    from santhrottle.appliance.daemon.client import request
+
+    try:
+        c = request(SOCK, "status", timeout_s=5.0)["counters"]
+    except Exception:  # not up yet: no socket, or not answering
+        return False
+    return bool(c["converges"] >= 1 and c["ticks"] >= 1)
+
+
 @pytest.fixture
 def daemon(topology, tmp_path):
     dms = [x["dm"] for x in topology["iscsi"]]
@@ -72,11 +82,13 @@ def daemon(topology, tmp_path):
         stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.monotonic() + 30
-        while not os.path.exists(SOCK):
+        # ready (what READY=1 tells systemd): a first discovery and a first tick done;
+        # the socket exists from before the data path is applied
+        deadline = time.monotonic() + 60
+        while not _ticked():
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"santhrottled did not start:\n{(tmp_path / 'daemon.log').read_text()}")
-            time.sleep(0.1)
+            time.sleep(0.2)
         yield proc, conf
     finally:
         if proc.poll() is None:

@@ -135,7 +135,9 @@ def test_man_pages_exist_and_format_cleanly(pages):
 
 
 def _examples(epilog: str) -> list[str]:
-    return [" ".join(line.split()) for line in epilog.splitlines() if line.startswith("  ")]
+    """The indented lines of an epilog, its exit-status block (EXIT STATUS's) left out."""
+    examples = epilog.split("exit status:\n")[0]
+    return [" ".join(line.split()) for line in examples.splitlines() if line.startswith("  ")]
 
 
 def test_santhrottle_8_has_every_verb_its_options_and_examples(pages):
@@ -205,7 +207,7 @@ def test_bash_completion_completes_verbs_options_and_choices(generated):
     top = {path.split()[1] for path, _ in _verbs(parser, "santhrottle")}
     assert _complete(generated, "santhrottle", "") >= top
     assert _complete(generated, "santhrottle", "thr") == {"threshold"}
-    assert _complete(generated, "santhrottle", "threshold", "") == {"show", "set"}
+    assert _complete(generated, "santhrottle", "threshold", "") == {"show", "set", "reset"}
     assert "--write-mode" in _complete(generated, "santhrottle", "datapath", "apply", "--")
     assert _complete(generated, "santhrottle", "pin", "10.0.0.3", "--mode", "") == {
         "all",

@@ -257,9 +257,9 @@ def test_modules_load_lists_the_data_path_modules(rendered):
         if line and not line.startswith("#")
     ]
     assert {"sch_netem", "sch_htb", "ip_set", "ip_set_hash_ip", "xt_set", "xt_bpf"} <= set(mods)
-    from santhrottle.appliance.daemon.main import REQUIRED_MODULES
+    from santhrottle.appliance.datapath.probe import KERNEL_MODULES
 
-    assert set(REQUIRED_MODULES) <= set(mods)
+    assert set(KERNEL_MODULES) <= set(mods)
     paths = (rendered["paths"] / "modules-load.conf").read_text().split()
     assert paths[-2:] == ["sch_htb", "xt_set"]
 
