@@ -98,22 +98,39 @@ def row(fault: str, reps: list[dict]) -> dict:
     }
 
 
+def over_pct(r: dict) -> float | None:
+    """Percent of the 1 s windows over T from the fault's start until it held again."""
+    thr_ms, hold = r.get("threshold_ms", 2.0), r["time_to_hold_s"]
+    span = [v for t, v in r.get("windows_ms", []) if -r["fault_s"] <= t <= (hold or 0.0)]
+    if not span:
+        return None
+    return 100 * sum(v is None or v > thr_ms for v in span) / len(span)
+
+
 def notes(fault: str, reps: list[dict]) -> str:
     """What the fault itself saw, in a few words per row."""
     if fault == "kill9":
+        over = [over_pct(r) for r in reps]
         return (
             f"restart (kill -> answering) {spread([r.get('restart_s', 0) for r in reps])} s, of "
             f"which cleanup {spread([r.get('cleanup_s', 0) for r in reps])} s, --check "
             f"{spread([r.get('check_s', 0) for r in reps])} s, start "
             f"{spread([r.get('ready_s', 0) for r in reps])} s; members the kill left "
-            f"{[r.get('members_left_by_kill') for r in reps]}"
+            f"{[r.get('members_left_by_kill') for r in reps]}; windows over T from the kill to "
+            f"the hold {spread([x for x in over if x is not None], '{:.0f}')} %"
         )
     if fault == "hup":
         bad = [r["kind"] for r in reps if not r.get("alive") or not r.get("good_reload_taken")]
-        uncounted = [r["kind"] for r in reps if not r.get("reload_failures_counted")]
+        refused = [r["kind"] for r in reps if r.get("reload_failures_counted")]
+        other = [
+            f"{r['kind']}: '{' '.join(x for x in r.get('log', []) if 'reload' in x)[:120]}'"
+            for r in reps
+            if not r.get("reload_failures_counted")
+        ]
         return (
             f"daemon alive and the good reload taken after {len(reps) - len(bad)}/{len(reps)}; "
-            f"failure not counted: {', '.join(uncounted) or 'none'}"
+            f"refused and counted: {len(refused)}/{len(reps)}"
+            + (f"; not refused: {'; '.join(other)}" if other else "")
         )
     if fault == "cli":
         failed = [r.get("failed", "?") for r in reps]
@@ -153,7 +170,9 @@ def table(res: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for f in faults:
-        reps = [r for r in res["reps"] if r["fault"] == f]
+        reps = [
+            {**r, "threshold_ms": meta["threshold_s"] * 1e3} for r in res["reps"] if r["fault"] == f
+        ]
         x = row(f, reps)
         never = f" ({x['never_held']} never)" if x["never_held"] else ""
         lines.append(
