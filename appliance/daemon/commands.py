@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 MAX_PINS = 4096
 
 
+# Commands that only read: no state to save, the status cache stays.
+READ_ONLY = frozenset({"ping", "status", "resources", "initiators", "threshold_show"})
+
+
 class CommandError(RequestError):
     """A control-socket request that cannot be done; the message goes to the admin."""
 

@@ -138,6 +138,8 @@ class Daemon:
         self._saved: Saved | None = None  # what the store holds
         self._save_lock = threading.Lock()
         self.restart_pending: list[str] = []  # keys a reload could not change
+        self._changes = 0  # commands that changed the state (status' cache key)
+        self._status: tuple[tuple[int, ...], dict[str, Any]] | None = None
 
     # ----------------------------------------------------------- resources
     def threshold_of(self, name: str) -> float | None:
@@ -339,7 +341,10 @@ class Daemon:
         """One control-socket request (daemon/control.py); raises CommandError.
         What it changed is on disk before the answer (save_state)."""
         out = commands.handle(self, cmd, args)
-        self.save_state()
+        if cmd not in commands.READ_ONLY:
+            with self.lock:
+                self._changes += 1
+            self.save_state()
         return out
 
     def save_state(self) -> None:
@@ -363,8 +368,15 @@ class Daemon:
             self._saved = snap
 
     def status(self) -> dict[str, Any]:
-        """The daemon's whole view: resources, initiators, counters (daemon/view.py)."""
-        return view.status(self)
+        """The daemon's whole view: resources, initiators, counters (daemon/view.py).
+        Built once per tick, convergence or change (callers hold the lock and only
+        read it): a burst of `santhrottle status` calls holds the tick up once, not
+        once per call."""
+        c = self.counters
+        key = (c.ticks, c.converges, c.reloads, c.actuator_errors, self._changes)
+        if self._status is None or self._status[0] != key:
+            self._status = (key, view.status(self))
+        return self._status[1]
 
 
 class GcFreezer:

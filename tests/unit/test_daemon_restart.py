@@ -339,3 +339,17 @@ def test_cleanup_removes_delays_in_order_then_the_rest(drain_s, unordered):
     assert d.moves[0] == (["10.0.0.3"], True)
     assert (len(d.moves) == 2 and d.moves[1] == (["10.0.0.3"], False)) == unordered
     assert d.members == {}
+
+
+def test_status_is_built_once_per_tick_or_change():
+    """A burst of status calls between two ticks builds the view once (the lock the
+    tick needs is held once), and a command or a tick builds it again."""
+    d, vt, _s, _act = make()
+    run_for(d, vt, 1.0)
+    a = d.handle("status", {})
+    assert d.handle("status", {}) is a
+    d.handle("pin", {"initiator": "10.0.0.9", "class": 3, "mode": "all"})
+    b = d.handle("status", {})
+    assert b is not a and any(i["initiator"] == "10.0.0.9" for i in b["initiators"])
+    d.tick(vt.now)
+    assert d.handle("status", {}) is not b
