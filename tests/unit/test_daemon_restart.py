@@ -7,13 +7,17 @@ actuator's `kernel`) and state.json.
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import json
 import os
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from santhrottle.appliance.config.schema import PIN_MODES
 from santhrottle.appliance.daemon.loop import CommandError
 from santhrottle.appliance.daemon.restore import ADOPT_HOLD_CONVERGES, restore
 from santhrottle.appliance.daemon.state import Saved, StateError, StateStore, decode, encode
@@ -353,3 +357,33 @@ def test_status_is_built_once_per_tick_or_change():
     assert b is not a and any(i["initiator"] == "10.0.0.9" for i in b["initiators"])
     d.tick(vt.now)
     assert d.handle("status", {}) is not b
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+_STATE_KEYS = st.sampled_from(
+    ["version", "saved_at", "paused", "pins", "thresholds", "resource_classes"]
+)
+
+
+@settings(derandomize=True, max_examples=400, deadline=None)
+@given(st.dictionaries(_STATE_KEYS, _JSON, max_size=6), st.booleans())
+def test_fuzz_the_state_file(doc, versioned):
+    """Any JSON in state.json: a Saved whose every value the daemon can use, or
+    StateError with one line; nothing else escapes."""
+    if versioned:
+        doc["version"] = 1
+    try:
+        s = decode(json.dumps(doc, allow_nan=True), max_class=100)
+    except StateError as e:
+        assert "\n" not in str(e)
+        return
+    for ip, (k, mode) in s.pins.items():
+        assert str(ipaddress.IPv4Address(ip)) == ip and 0 <= k <= 100 and mode in PIN_MODES
+    assert all(0 < t <= 60 for t in s.thresholds.values())
+    assert all(0 <= k <= 100 for k in s.resource_classes.values())
