@@ -298,7 +298,9 @@ def lab_scenario(raw: dict, c: float, m: float, noise: float, overhead_s: float)
         f"cycles = {a['cycles']} }}\n"
         for k in range(a["writers"])
     )
-    thr = ", ".join(f"{parse_ms(x) * 1000:g}" for x in a["thresholds"].split(","))
+    # the thresholds the phases ran (--thresholds auto: the one the guest picked)
+    ran = [ph["threshold"] for ph in raw["phases"] if ph["threshold"]]
+    thr = ", ".join(f"{parse_ms(x) * 1000:g}" for x in ran)
     text = (
         f"[run]\nduration_s = {dur}\nseed = 1\n"
         f'[[resource]]\nname = "vg"\nintercept_ms = {c * 1000:.4f}\n'
