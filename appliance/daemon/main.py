@@ -181,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
 def serve(cfg: Config) -> int:
     from santhrottle.appliance.daemon.control import ControlServer
     from santhrottle.appliance.daemon.loop import Daemon
+    from santhrottle.appliance.daemon.requests import one_line
     from santhrottle.appliance.daemon.restore import restore
     from santhrottle.appliance.daemon.state import StateStore
     from santhrottle.appliance.datapath import DatapathError
@@ -205,7 +206,7 @@ def serve(cfg: Config) -> int:
         restore(daemon, daemon.store, datapath.current(), time.monotonic())
         server.start()
     except (DatapathError, OSError, ValueError) as e:
-        print(f"santhrottled: {_one_line(e)}", file=sys.stderr)
+        print(f"santhrottled: {one_line(str(e)) or type(e).__name__}", file=sys.stderr)
         if applied and datapath is not None:
             undo(datapath, cfg)
         if metrics is not None:
@@ -262,10 +263,6 @@ def undo(datapath: Any, cfg: Config) -> None:
             datapath.cleanup()
     except Exception as e:  # the unit's ExecStopPost removes the delays by name
         log.error("undoing the start: %s", e)
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ def restore(
     st = daemon.state
     st.paused = saved.paused
     st.pins = dict(saved.pins)
-    st.thresholds = {n: t for n, t in saved.thresholds.items()}
+    st.thresholds = dict(saved.thresholds)
     wall = time.time() if wall is None else wall
     if saved.saved_at is not None and 0 <= wall - saved.saved_at <= SEED_MAX_AGE_S:
         daemon.seed_classes = dict(saved.resource_classes)
