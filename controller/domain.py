@@ -119,12 +119,27 @@ class WriteSample(NamedTuple):
     write_bps: float
 
 
+class DeviceSample(NamedTuple):
+    """A resource's devices over the sensor interval, as Pesto's LQ line sees them.
+
+    ios: IOs (reads and writes) completed; latency_s: their mean latency;
+    in_flight: the mean number of IOs outstanding over the interval (the
+    time-weighted queue, diskstats' weighted io time / interval).
+    """
+
+    resource: str
+    ios: int
+    latency_s: float
+    in_flight: float
+
+
 @dataclass(frozen=True, slots=True)
 class Samples:
     """What the sensors produced since the previous step()."""
 
     reads: Sequence[ReadSample] = ()
     writes: Sequence[WriteSample] = ()
+    devices: Sequence[DeviceSample] = ()
 
 
 @dataclass(slots=True)
