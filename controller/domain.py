@@ -10,24 +10,25 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from .ladder import Ladder
+
 # Paper 2.3: the PID runs every 100 ms, the write-heavy sets converge every 1 s.
 TICK_S = 0.100
 CONVERGE_S = 1.0
-# Paper appendix: 0.5 ms steps are a suitable granularity for the delay ladder.
-DELAY_STEP_S = 0.0005
-# The lab (docs/lab.md) needs delays far past 10 ms against deep-queue
-# writers: 100 classes of 0.5 ms = 50 ms by default.
-MAX_CLASS = 100
+# The control laws (controller/pid.py): "log" acts on the logarithm of the
+# delay (its speed does not depend on the array); "paper" is the method
+# paper's PID on the class index, kept for comparison.
+LAWS = ("log", "paper")
 
 
 @dataclass(frozen=True, slots=True)
 class PidGains:
-    """Gains of the single-sided PID (controller/pid.py)."""
+    """Gains of the paper's PID on the class index (law "paper", controller/pid.py)."""
 
     # The error is relative: measured / threshold - setpoint_fraction, so the
     # same gains serve a 1 ms and a 20 ms threshold (step.py, "Law"). Tuned on
-    # controller/scenarios/paper.toml (docs/simulator.md, "Tuning"): 15 classes
-    # per unit of relative error = 7.5 ms of delay for a latency 100 % too high.
+    # controller/scenarios/paper.toml with the linear ladder: 15 classes per
+    # unit of relative error = 7.5 ms of delay for a latency 100 % too high.
     kp_class_per_rel_error: float = 15.0
     ti_s: float = 0.25
     # Derivative off: it differentiates the sensor noise of a few reads per
@@ -36,19 +37,39 @@ class PidGains:
 
 
 @dataclass(frozen=True, slots=True)
+class LogGains:
+    """Gains of the PID on ln(delay) (law "log", controller/pid.py).
+
+    Kp is in natural-log units of delay per unit of relative error: 1.0 and
+    a latency 10 % over the setpoint move the delay by e^0.1 = +10.5 % at
+    once (the proportional part), and by as much again every Ti/tick ticks.
+    Tuned on the generated plants of `santhrottle simulate --sweep`
+    (docs/controller.md, "Tuning").
+    """
+
+    kp_log_per_rel_error: float = 1.0
+    ti_s: float = 0.5
+    td_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class ControllerConfig:
     tick_s: float = TICK_S
     converge_s: float = CONVERGE_S
-    max_class: int = MAX_CLASS
+    # The delay of every class (controller/ladder.py); shared with the data path.
+    ladder: Ladder = field(default_factory=Ladder)
+    law: str = "log"
     gains: PidGains = field(default_factory=PidGains)
+    log_gains: LogGains = field(default_factory=LogGains)
     # The PID regulates to setpoint_fraction x threshold: the threshold is the
     # admin's limit, and the latency's noise around the setpoint (a few % in
     # the 1 s mean) must fall under it, not around it.
     setpoint_fraction: float = 0.90
-    # The emitted class follows the PID's ceil(u) up at once, but down only
-    # once ceil(u + class_hysteresis) is below it: sensor noise moves u by
-    # fractions of a class every tick, and each emitted change costs one
-    # netlink message per member of the set.
+    # The emitted class follows the PID's class up at once, but down only
+    # once the PID's class plus class_hysteresis is below it: sensor noise
+    # moves the PID every tick, and each emitted change costs one netlink
+    # message per member of the set. In ladder classes: 4 = 2 ms near 0,
+    # ~20 % past 10 ms.
     class_hysteresis: float = 4.0
     # A class goes down by at most this many classes per tick (0: no limit),
     # the release included. Lowering an initiator's delay by D lets its packets
@@ -57,19 +78,18 @@ class ControllerConfig:
     # (its reordering window is min_rtt/4 until it has seen reordering). Small
     # steps leave few packets to overtake (docs/lab.md, "Retransmissions").
     class_decrease_max_per_tick: int = 1
-    # A class goes up by at most a factor class_increase_max_ratio_per_tick
-    # per tick, but always by class_increase_min_per_tick classes if wanted
-    # (ratio 0: no limit). It bounds an initiator's effective class (a writer
-    # that joins a set at class 60 climbs to it) and a resource's class (its
-    # PID then tracks the class it got). The target's TCP arms a tail-loss
-    # probe 2 x srtt + 2 jiffies after its last transmission; an initiator
-    # whose delay jumps past that before srtt has followed gets a spurious
-    # probe, a retransmission (docs/lab.md, "Retransmissions"). 1.25 keeps a
-    # rise under the probe timer even if srtt lags by two ticks; 2 classes of
-    # 0.5 ms = 1 ms from class 0, under the timer's floor of 2 jiffies (a
-    # class step larger than 0.5 ms wants a smaller minimum).
+    # A delay goes up by at most a factor class_increase_max_ratio_per_tick
+    # per tick, but always by delay_increase_min_s_per_tick if wanted (ratio
+    # 0: no limit). It bounds an initiator's effective class (a writer that
+    # joins a set at 60 ms climbs to it) and a resource's class (its PID then
+    # tracks the class it got). The target's TCP arms a tail-loss probe
+    # 2 x srtt + 2 jiffies after its last transmission; an initiator whose
+    # delay jumps past that before srtt has followed gets a spurious probe, a
+    # retransmission (docs/lab.md, "Retransmissions"). 1.25 keeps a rise under
+    # the probe timer even if srtt lags by two ticks; 1 ms from 0 is under the
+    # timer's floor of 2 jiffies.
     class_increase_max_ratio_per_tick: float = 1.25
-    class_increase_min_per_tick: int = 2
+    delay_increase_min_s_per_tick: float = 0.001
     # Read-latency EWMA: smooths the ~6 reads/tick of a 256 kB/s reader.
     read_ewma_tau_s: float = 0.2
     # Write-rate EWMA: long enough to keep a writer in its set through a
@@ -80,6 +100,14 @@ class ControllerConfig:
     # No reads on a resource for this long: its latency is unobservable and
     # throttling its writers helps nobody; release the class.
     read_idle_release_s: float = 3.0
+
+    def __post_init__(self) -> None:
+        if self.law not in LAWS:
+            raise ValueError(f"control law must be one of {', '.join(LAWS)}, got {self.law!r}")
+
+    @property
+    def max_class(self) -> int:
+        return self.ladder.max_class
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ Worked example (the defaults: step 0.5 ms, ratio 1.05, max 250 ms)
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 # Paper appendix: 0.5 ms steps are a suitable granularity near 0.
@@ -59,10 +60,13 @@ class Ladder:
 
     def __post_init__(self) -> None:
         if type(self.step_us) is not int or self.step_us < 1:
-            raise LadderError(f"ladder step must be a whole number of us >= 1, got {self.step_us!r}")
+            raise LadderError(
+                f"ladder step must be a whole number of us >= 1, got {self.step_us!r}"
+            )
         if type(self.max_delay_us) is not int or self.max_delay_us < self.step_us:
             raise LadderError(
-                f"ladder maximum must be a whole number of us >= the step, got {self.max_delay_us!r}"
+                f"ladder maximum must be a whole number of us >= the step, "
+                f"got {self.max_delay_us!r}"
             )
         if not 1.0 <= self.ratio <= 2.0:
             raise LadderError(f"ladder ratio must be within 1.0-2.0, got {self.ratio!r}")
@@ -120,6 +124,27 @@ class Ladder:
         """The class whose delay is exactly delay_us, or None."""
         k = bisect.bisect_left(self.delays_us, delay_us)
         return k if k < len(self.delays_us) and self.delays_us[k] == delay_us else None
+
+    @classmethod
+    def matching(cls, delays_us: Sequence[int]) -> Ladder | None:
+        """The ladder whose delays are exactly delays_us ([0] = 0), or None.
+
+        For a tree read back from the kernel: step and maximum are its first
+        and last delays; the ratio is searched in steps of 0.001."""
+        if len(delays_us) < 2 or delays_us[0] != 0:
+            return None
+        step, top = delays_us[1], delays_us[-1]
+        want = tuple(delays_us)
+        for milli in range(1000, 2001):
+            try:
+                lad = cls(step, top, milli / 1000.0)
+            except LadderError:
+                return None
+            if lad.delays_us == want:
+                return lad
+            if lad.max_class < len(want) - 1:  # fewer classes as the ratio grows
+                return None
+        return None
 
     def describe(self) -> str:
         lin = "linear" if self.ratio == 1.0 else f"x{self.ratio:g} past {self._knee_ms():g} ms"

@@ -1,37 +1,60 @@
-"""Single-sided incremental PID: read-latency error -> integer delay class.
+"""Single-sided incremental PID: read-latency error -> delay class on the ladder.
 
 Problem
     Keep a resource's read latency at or under a threshold set by the
     admin by delaying the packets sent to the initiators that write to it.
-    The actuator is a ladder of netem classes: class k delays by k * step
-    (0.5 ms by default), class 0 is no delay. More delay -> fewer writes in
-    the device -> lower read latency, close to linearly (paper 3.3).
+    The actuator is a ladder of netem classes (controller/ladder.py):
+    class 0 is no delay, class k delays by ladder.delay(k). More delay ->
+    fewer writes in the device -> lower read latency (paper 3.3).
 
 Measured signal
     The EWMA of the resource's mean read latency (controller/ewma.py), one
-    value per controller tick T (100 ms).
+    value per controller tick T (100 ms), divided by the threshold:
+    step() passes relative latencies, so e is a relative error.
 
-Law (paper, appendix, eq. 2: the discrete PID in velocity form)
-    e_k = measured_k - threshold                (seconds; > 0 means too slow)
+Law "paper" (appendix, eq. 2: the discrete PID in velocity form) on the
+class index, SingleSidedPid
+    e_k = measured_k - setpoint                 (> 0 means too slow)
     u_k = u_{k-1} + Kp * [ (e_k - e_{k-1})                   proportional
                            + (T / Ti) * e_k                    integral
                            + (Td / T) * (e_k - 2 e_{k-1} + e_{k-2}) ]  derivative
     u_k = min(max(u_k, 0), max_class)            clamp after EVERY update
     class_k = ceil(u_k)
+    Kp is in classes per unit of relative error, so the loop's speed
+    depends on how many classes the array happens to need: 15 classes is
+    everything on a plant that needs 10, and a crawl on one that needs 100.
 
-    Kp is in classes per unit of error; step() passes relative latencies
-    (measured / threshold against setpoint_fraction), so there Kp is in
-    classes per unit of relative error. The velocity form only ever adds
-    increments to the previous output, so clamping u_k itself is the
-    anti-windup: the integral cannot accumulate beyond the ladder, and a
-    negative error winds u back down to 0 instead of going below it
-    ("single-sided": it throttles only when the latency is above the
-    threshold, and it stops throttling once it is below for long enough to
-    unwind). e_{-1} = e_{-2} = 0 before the first update.
+Law "log" (the default), LogPid: the same increments on v = ln(delay)
+    v_k = v_{k-1} + Kp * [ same bracket ]
+    v_k = min(max(v_k, ln(d_1 / 2)), ln(d_max))
+    class_k = 0 if v_k is at its floor, else the smallest class whose delay
+              is >= e^v_k
+    Kp is in natural-log units per unit of relative error: every step of
+    the PID is a multiplication of the delay. Why that makes the speed
+    independent of the array: where the writers' delay d dominates their
+    IO time, a closed-loop writer keeps q * L / (L + d) IOs in the device,
+    so the reader's latency L falls as a power of d and its elasticity
+    -dln(L)/dln(d) stays between 0 and 1 whatever C, m or the needed delay
+    are; the loop gain Kp * (T/Ti) * elasticity is then bounded the same on
+    an array that needs 2 ms and one that needs 200 ms. A linear law's
+    gain is instead proportional to dL/dd, which varies by the same factor
+    100 between those arrays.
+
+Both
+    The velocity form only ever adds increments to the previous output, so
+    clamping the output is the anti-windup: the integral cannot accumulate
+    beyond the ladder, and a negative error winds the output back down to
+    its floor instead of below it ("single-sided": it throttles only when
+    the latency is above the setpoint, and stops once it is below for long
+    enough to unwind). e_{-1} = e_{-2} = 0 before the first update.
+    track(k) pulls the output down to class k when the actuator applied
+    less (a rate limit), follow(k) continues from class k (bumpless start
+    or reconfiguration).
 
 Rounding
-    ceil, as in the paper: any positive output means at least class 1, so
-    the controller never under-delivers the delay it asked for.
+    ceil (paper) / the class at or above e^v (log): any positive output
+    means at least class 1, and the controller never under-delivers the
+    delay it asked for.
 
 Idle behaviour
     Not here: a resource without reads in an interval has no measurement;
@@ -39,10 +62,10 @@ Idle behaviour
     a configured idle time.
 
 Watching it
-    `santhrottle simulate` prints and plots u (as class) against the latency;
-    the daemon exports santhrottle_resource_delay_class.
+    `santhrottle simulate` prints and plots the class against the latency;
+    the daemon exports santhrottle_resource_delay_class and _delay_seconds.
 
-Worked example
+Worked example, law "paper"
     Kp = 400 classes per second of error (absolute units here; step() passes
     relative ones), Ti = 0.5 s, Td = 0, T = 0.1 s, max_class = 100,
     threshold 10 ms, measurements 14, 12, 9, 5 ms:
@@ -50,11 +73,27 @@ Worked example
         k=1  e=+0.002  u = 1.92 + 400*(0.002 - 0.004 + 0.2*0.002)  = 1.28 -> class 2
         k=2  e=-0.001  u = 1.28 + 400*(-0.001 - 0.002 - 0.2*0.001) ~ 0   -> clamped to 0, class 0
         k=3  e=-0.005  u = 0    + 400*(-0.005 + 0.001 - 0.001)     = -2.0 -> clamped 0, class 0
+
+Worked example, law "log"
+    Kp = 1, Ti = 0.5 s, T = 0.1 s, the default ladder (0.5 ms steps to
+    10 ms, x1.05 above), relative latencies 1.5, 1.2, 1.0 against a
+    setpoint 0.9, starting at class 40 (25 ms, v = ln 0.025 = -3.689):
+        k=0  e=0.6  v = -3.689 + (0.6 - 0   + 0.2*0.6) = -2.969 -> 51.4 ms: class 55 (52 ms)
+        k=1  e=0.3  v = -2.969 + (0.3 - 0.6 + 0.2*0.3) = -3.209 -> 40.4 ms: class 50 (41 ms)
+        k=2  e=0.1  v = -3.209 + (0.1 - 0.3 + 0.2*0.1) = -3.389 -> 33.7 ms: class 47 (35 ms)
+    The same errors move 24 ms or 240 ms by the same factors.
 """
 
 from __future__ import annotations
 
 import math
+
+from .domain import ControllerConfig
+from .ladder import Ladder
+
+# Law "log": the output's floor is half the first class's delay; at the floor
+# the class is 0 (no delay), anywhere above it at least class 1.
+OFF_FRACTION = 0.5
 
 
 class SingleSidedPid:
@@ -117,7 +156,87 @@ class SingleSidedPid:
     def delay_class(self) -> int:
         return math.ceil(self.u)
 
+    def class_with_margin(self, margin: float) -> int:
+        """The class the output would be `margin` classes higher (hysteresis)."""
+        return math.ceil(self.u + margin)
+
+    def follow(self, delay_class: int) -> None:
+        """Continue from delay_class (a seeded or reconfigured resource: bumpless)."""
+        self.u = float(max(0, min(delay_class, self.max_class)))
+
     def reset(self) -> None:
         self.u = 0.0
         self._e1 = 0.0
         self._e2 = 0.0
+
+
+class LogPid:
+    """The same incremental PI(D) on v = ln(delay), quantized to the ladder (law "log")."""
+
+    __slots__ = ("_d_over_t", "_e1", "_e2", "_hi", "_i_over_t", "_lo", "kp", "ladder", "u")
+
+    def __init__(
+        self, kp: float, ti_s: float, td_s: float, interval_s: float, ladder: Ladder
+    ) -> None:
+        probe = SingleSidedPid(kp, ti_s, td_s, interval_s, ladder.max_class)  # validates
+        self.kp = kp
+        self._i_over_t = probe._i_over_t
+        self._d_over_t = probe._d_over_t
+        self.ladder = ladder
+        self._lo = math.log(ladder.delay_s(1) * OFF_FRACTION)
+        self._hi = math.log(ladder.max_delay_s)
+        self.u = self._lo
+        self._e1 = 0.0
+        self._e2 = 0.0
+
+    @property
+    def max_class(self) -> int:
+        return self.ladder.max_class
+
+    def update(self, measured_s: float, threshold_s: float) -> int:
+        e = measured_s - threshold_s
+        du = self.kp * (
+            (e - self._e1) + self._i_over_t * e + self._d_over_t * (e - 2.0 * self._e1 + self._e2)
+        )
+        self.u = min(max(self.u + du, self._lo), self._hi)  # single-sided, anti-windup
+        self._e2 = self._e1
+        self._e1 = e
+        return self.delay_class
+
+    def _v(self, delay_class: int) -> float:
+        return self._lo if delay_class <= 0 else math.log(self.ladder.delay_s(delay_class))
+
+    def track(self, applied_class: int) -> None:
+        """As SingleSidedPid.track: never above the class the actuator applied."""
+        self.u = min(self.u, self._v(applied_class))
+
+    def follow(self, delay_class: int) -> None:
+        self.u = self._v(max(0, min(delay_class, self.ladder.max_class)))
+
+    @property
+    def delay_class(self) -> int:
+        if self.u <= self._lo:
+            return 0
+        return self.ladder.class_at_least(math.exp(self.u))
+
+    def class_with_margin(self, margin: float) -> int:
+        return min(self.ladder.max_class, self.delay_class + math.ceil(margin))
+
+    def reset(self) -> None:
+        self.u = self._lo
+        self._e1 = 0.0
+        self._e2 = 0.0
+
+
+Pid = SingleSidedPid | LogPid
+
+
+def new_pid(config: ControllerConfig) -> Pid:
+    """The PID of config.law with its gains."""
+    if config.law == "paper":
+        g = config.gains
+        return SingleSidedPid(
+            g.kp_class_per_rel_error, g.ti_s, g.td_s, config.tick_s, config.ladder.max_class
+        )
+    lg = config.log_gains
+    return LogPid(lg.kp_log_per_rel_error, lg.ti_s, lg.td_s, config.tick_s, config.ladder)

@@ -13,7 +13,8 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from .domain import DELAY_STEP_S, MAX_CLASS, TICK_S, ControllerConfig, PidGains
+from .domain import LAWS, TICK_S, ControllerConfig, LogGains, PidGains
+from .ladder import Ladder, LadderError
 
 KIB = 1024.0
 
@@ -73,7 +74,6 @@ class Scenario:
     resources: tuple[ResourceModel, ...]
     streams: tuple[Stream, ...]
     thresholds_s: tuple[float, ...]
-    step_s: float
     controller: ControllerConfig
 
     def switch_ons(self) -> list[float]:
@@ -213,11 +213,27 @@ def parse_scenario(text: str) -> Scenario:
     if tick_s < sim_step_s:
         raise ScenarioError("controller.tick_ms: must be >= run.sim_step_s")
     d = ControllerConfig()
-    g = d.gains
+    g, lg, lad = d.gains, d.log_gains, d.ladder
+    try:
+        ladder = Ladder(
+            round(ctl.number("step_ms", lad.step_us / 1000.0, lo=0.0, lo_open=True) * 1000.0),
+            round(ctl.number("max_delay_ms", lad.max_delay_us / 1000.0, lo=0.0) * 1000.0),
+            ctl.number("ladder_ratio", lad.ratio, lo=1.0, hi=2.0),
+        )
+    except LadderError as e:
+        raise ScenarioError(f"controller: {e}") from None
     config = ControllerConfig(
         tick_s=tick_s,
         converge_s=ctl.number("converge_s", d.converge_s, lo=tick_s),
-        max_class=ctl.integer("max_class", MAX_CLASS, lo=1),
+        ladder=ladder,
+        law=ctl.string("law", d.law, LAWS),
+        log_gains=LogGains(
+            kp_log_per_rel_error=ctl.number(
+                "kp_log_per_rel_error", lg.kp_log_per_rel_error, lo=0.0
+            ),
+            ti_s=ctl.number("ti_log_s", lg.ti_s, lo=0.0, lo_open=True),
+            td_s=ctl.number("td_log_s", lg.td_s, lo=0.0),
+        ),
         gains=PidGains(
             kp_class_per_rel_error=ctl.number(
                 "kp_class_per_rel_error", g.kp_class_per_rel_error, lo=0.0
@@ -235,9 +251,10 @@ def parse_scenario(text: str) -> Scenario:
         class_increase_max_ratio_per_tick=ctl.number(
             "class_increase_max_ratio_per_tick", d.class_increase_max_ratio_per_tick, lo=0.0
         ),
-        class_increase_min_per_tick=ctl.integer(
-            "class_increase_min_per_tick", d.class_increase_min_per_tick, lo=1
-        ),
+        delay_increase_min_s_per_tick=ctl.number(
+            "delay_increase_min_ms_per_tick", d.delay_increase_min_s_per_tick * 1000.0, lo=0.0
+        )
+        / 1000.0,
         read_ewma_tau_s=ctl.number("read_ewma_tau_s", d.read_ewma_tau_s, lo=0.0),
         write_ewma_tau_s=ctl.number("write_ewma_tau_s", d.write_ewma_tau_s, lo=0.0, lo_open=True),
         write_heavy_enter_bps=ctl.number(
@@ -258,7 +275,6 @@ def parse_scenario(text: str) -> Scenario:
         raise ScenarioError(
             "controller.write_heavy_leave_kib_per_s: must be below write_heavy_enter_kib_per_s"
         )
-    step_s = ctl.number("step_ms", DELAY_STEP_S * 1000.0, lo=0.0, lo_open=True) / 1000.0
     ctl.done()
     top.done()
 
@@ -277,7 +293,6 @@ def parse_scenario(text: str) -> Scenario:
         resources=tuple(resources),
         streams=tuple(streams),
         thresholds_s=tuple(float(x) / 1000.0 for x in thr),
-        step_s=step_s,
         controller=config,
     )
 

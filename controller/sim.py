@@ -7,7 +7,7 @@ Problem
 What one run does (every sim_step_s, 10 ms by default)
     1. Streams switch on/off by their schedules.
     2. Each closed stream's per-IO delay d = effective class of its
-       initiator x step_s (0 when uncontrolled; fixed for a constant run).
+       initiator's delay on the ladder (0 when uncontrolled; fixed for a constant run).
     3. Per resource, the device latency L is the fixed point of
        controller/plant.py; closed streams move q/(L+d) IOs per second.
     4. Open-loop reads arrive as a Poisson process (their own seeded RNG,
@@ -127,6 +127,7 @@ def run(
     converge_every = max(1, round(cfg.converge_s / dt))
     n_steps = round(sc.duration_s / dt)
     effective: dict[str, int] = {}
+    delay_of = [cfg.ladder.delay_s(k) for k in range(cfg.ladder.max_class + 1)]
     prev_class = 0
 
     by_resource = {r.name: [s for s in sc.streams if s.resource == r.name] for r in sc.resources}
@@ -141,15 +142,19 @@ def run(
             closed = [
                 (
                     s,
-                    (effective.get(s.initiator, 0) if constant_class is None else constant_class)
-                    * sc.step_s
+                    delay_of[
+                        effective.get(s.initiator, 0) if constant_class is None else constant_class
+                    ]
                     + s.overhead_s,
                 )
                 for s in mine
                 if s.loop == "closed" and on[id(s)]
             ]
             open_iops = sum(s.rate_iops for s in mine if s.loop == "open" and on[id(s)])
-            lat = solve_latency(devices[r.name], open_iops, [(s.depth, d) for s, d in closed])
+            by_delay: dict[float, float] = {}  # streams with one delay act as one
+            for s, d in closed:
+                by_delay[d] = by_delay.get(d, 0.0) + s.depth
+            lat = solve_latency(devices[r.name], open_iops, [(q, d) for d, q in by_delay.items()])
             mu, sd = ln_params[r.name]
             for s, d in closed:
                 iops = s.depth / (lat + d)
@@ -373,7 +378,7 @@ def simulate(sc: Scenario, baseline: bool = True) -> dict[str, Any]:
                 cw = summarize(sc, cres, thr)["write_throughput_bps"]
                 summary["best_constant"] = {
                     "delay_class": c,
-                    "delay_s": c * sc.step_s,
+                    "delay_s": sc.controller.ladder.delay_s(c),
                     "write_throughput_bps": cw,
                     "controlled_vs_constant": summary["write_throughput_bps"] / cw if cw else None,
                 }
@@ -387,7 +392,7 @@ def simulate(sc: Scenario, baseline: bool = True) -> dict[str, Any]:
                 "read_latency_s": r.series.read_latency_s,
                 "ewma_s": r.series.ewma_s,
                 "delay_class": r.series.delay_class,
-                "delay_s": [c * sc.step_s for c in r.series.delay_class],
+                "delay_s": [sc.controller.ladder.delay_s(c) for c in r.series.delay_class],
                 "write_bps": r.series.write_bps,
             }
             for r in all_runs

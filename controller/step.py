@@ -17,8 +17,8 @@ Law, per call step(state, samples, now_s)
                         want <- PID(ewma / threshold, setpoint_fraction)
                         (the error is relative, e = ewma/threshold - setpoint:
                         a threshold of 1 ms and one of 20 ms get the same
-                        response to the same relative overshoot; Kp is in
-                        classes per unit of relative error)
+                        response to the same relative overshoot; the PID is
+                        config.law's, controller/pid.py)
                         class <- want if want >= class ("up"), else
                         min(class, ceil(u + class_hysteresis)) ("down")
          reads, but the resource writes less than write_heavy_leave_bps:
@@ -32,9 +32,10 @@ Law, per call step(state, samples, now_s)
        class_decrease_max_per_tick classes per tick ("gradually"): a lower
        delay lets an initiator's new packets overtake its older ones still
        queued in the slower class, and the target's TCP fast-retransmits.
-       Every increase is at most to rise(class) = class + max(min_per_tick,
-       floor(class x (ratio - 1))) per tick ("ramp"), with the
-       class_increase_* settings; the PID's output is pulled down to the
+       Every increase is at most to rise(class), the highest class whose
+       delay is within max(d x ratio, d + min) of the class's delay d, per
+       tick ("ramp": class_increase_max_ratio_per_tick,
+       delay_increase_min_s_per_tick); the PID's output is pulled down to the
        class it got (tracking anti-windup: it must not integrate what the
        ramp holds back). A delay that jumps past the target's tail-loss
        probe timer (2 x srtt + 2 jiffies) before srtt has followed makes a
@@ -83,21 +84,23 @@ State ownership
     other reference to it.
 
 Worked example
-    One resource, threshold 10 ms, tick 100 ms, gains of pid.py's example,
-    initiator A already a member: step at t=0.1 with a 14 ms read sample
-    (seeding the EWMA) -> resource class 2, Decisions.initiator_classes
-    {A: 2}; a second resource with A as member at class 5 -> A: 4 (the
-    ramp from 2: 2 + max(2, floor(2 x 0.25))), and A: 5 at the next tick.
+    One resource, threshold 10 ms, tick 100 ms, law "paper" with pid.py's
+    example gains, the default ladder, initiator A already a member: step
+    at t=0.1 with a 14 ms read sample (seeding the EWMA) -> resource class
+    2 (1 ms), Decisions.initiator_classes {A: 2}; a second resource with A
+    as member at class 5 (2.5 ms) -> A: 4 (the ramp from 1 ms: max(1 x
+    1.25, 1 + 1) = 2 ms), and A: 5 at the next tick.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
 from .domain import ControllerConfig, Decisions, Resource, Samples
 from .ewma import Ewma
-from .pid import SingleSidedPid
+from .pid import Pid, new_pid
 from .writeheavy import WriteHeavySets
 
 
@@ -105,7 +108,7 @@ from .writeheavy import WriteHeavySets
 class ResourceState:
     resource: Resource
     ewma: Ewma
-    pid: SingleSidedPid
+    pid: Pid
     delay_class: int = 0
     last_read_s: float | None = None
 
@@ -142,12 +145,7 @@ class ControllerState:
             rs.resource = resource
             return
         c = self.config
-        g = c.gains
-        self.resources[resource.name] = ResourceState(
-            resource,
-            Ewma(c.read_ewma_tau_s),
-            SingleSidedPid(g.kp_class_per_rel_error, g.ti_s, g.td_s, c.tick_s, c.max_class),
-        )
+        self.resources[resource.name] = ResourceState(resource, Ewma(c.read_ewma_tau_s), new_pid(c))
 
     def remove_resource(self, name: str) -> dict[str, int]:
         """Forget a resource; returns the initiators whose class changed."""
@@ -172,7 +170,7 @@ def seed_class(state: ControllerState, name: str, delay_class: int) -> None:
     """Start resource `name` at delay_class (the PID continues from it)."""
     rs = state.resources[name]
     rs.delay_class = max(0, min(delay_class, state.config.max_class))
-    rs.pid.u = float(rs.delay_class)
+    rs.pid.follow(rs.delay_class)
     _recompute_effective(state, set(state.members(name)))
 
 
@@ -199,7 +197,7 @@ def reconfigure(state: ControllerState, config: ControllerConfig) -> ControllerS
         new.ewma.value, new.ewma.last_s = rs.ewma.value, rs.ewma.last_s
         new.last_read_s = rs.last_read_s
         new.delay_class = min(rs.delay_class, config.max_class)
-        new.pid.u = float(new.delay_class)
+        new.pid.follow(new.delay_class)
     _recompute_effective(out, set(out.effective) | set(out.rising))
     return out
 
@@ -253,7 +251,7 @@ def step(
                 if want >= rs.delay_class:  # up: at once
                     new_class = want
                 else:  # down: past the hysteresis band only
-                    new_class = min(rs.delay_class, math.ceil(rs.pid.u + c.class_hysteresis))
+                    new_class = min(rs.delay_class, rs.pid.class_with_margin(c.class_hysteresis))
             elif (
                 rs.last_read_s is not None
                 and now_s - rs.last_read_s >= c.read_idle_release_s
@@ -293,10 +291,22 @@ def step(
 
 def rise(delay_class: int, c: ControllerConfig) -> int:
     """The highest class one tick may lead to from delay_class ("ramp")."""
+    return _rise_table(c)[delay_class]
+
+
+@functools.lru_cache(maxsize=16)
+def _rise_table(c: ControllerConfig) -> tuple[int, ...]:
+    """rise() of every class of c's ladder: the largest class whose delay is within
+    max(d x ratio, d + delay_increase_min_s_per_tick) of class k's delay d."""
+    lad = c.ladder
     if not c.class_increase_max_ratio_per_tick:
-        return c.max_class
-    step_up = math.floor(delay_class * (c.class_increase_max_ratio_per_tick - 1.0))
-    return delay_class + max(c.class_increase_min_per_tick, step_up)
+        return (lad.max_class,) * (lad.max_class + 1)
+    out = []
+    for k in range(lad.max_class + 1):
+        d = lad.delay_s(k)
+        top = max(d * c.class_increase_max_ratio_per_tick, d + c.delay_increase_min_s_per_tick)
+        out.append(max(k + 1 if k < lad.max_class else k, lad.class_at_most(top)))
+    return tuple(out)
 
 
 def _recompute_effective(state: ControllerState, initiators: set[str]) -> dict[str, int]:

@@ -38,7 +38,6 @@ from santhrottle.appliance.cli.common import (
 from santhrottle.appliance.config import DEFAULT_PATH, ConfigError, default, load_config
 from santhrottle.appliance.config import defaults as config_defaults
 from santhrottle.appliance.config.schema import (
-    MAX_CLASSES,
     MAX_GLIDE_LEAVES,
     PIN_MODES,
     WRITE_MODES,
@@ -50,6 +49,7 @@ from santhrottle.appliance.units import (
     parse_bit_rate,
     parse_duration_us,
 )
+from santhrottle.controller.ladder import Ladder
 
 DATAPATH_EPILOG = """\
 examples:
@@ -103,18 +103,17 @@ def _names() -> Any:
 def _spec_from_args(args: argparse.Namespace) -> Any:
     """The spec `datapath apply` asks for (parsed strictly, one-line errors)."""
     dp = _dp()
-    step, most = fmt_us(args.step), fmt_us(args.max_delay)
-    k, rem = divmod(args.max_delay, args.step)
-    if rem or k < 1:
-        raise CliError(f"maximum delay {most} is not a positive multiple of the step {step}")
-    if k > MAX_CLASSES:
-        raise CliError(f"maximum delay {most} needs {k} classes of {step}: at most {MAX_CLASSES}")
+    if args.max_delay < args.step:
+        raise CliError(
+            f"maximum delay {fmt_us(args.max_delay)} is below the step {fmt_us(args.step)}"
+        )
     try:
         return dp.DatapathSpec(
             devices=(args.device,),
             ports=args.ports,
             step_us=args.step,
-            max_class=k,
+            max_delay_us=args.max_delay,
+            ladder_ratio=args.ladder_ratio,
             link_bits_s=args.link_speed,
             write_mode=args.write_mode,
             glide_leaves=args.glide_leaves,
@@ -132,8 +131,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
     except dp.DatapathError as e:
         raise Failed(str(e)) from None
     print(
-        f"applied on {args.device}: {spec.max_class} delay classes of {fmt_us(spec.step_us)} "
-        f"(max {fmt_us(spec.max_delay_us)}), ports {','.join(map(str, spec.ports))}, "
+        f"applied on {args.device}: {spec.ladder.describe()}, "
+        f"ports {','.join(map(str, spec.ports))}, "
         f"write mode {spec.write_mode}; {rep.summary()}"
     )
     return 0
@@ -200,7 +199,8 @@ def _print_status(st: dict[str, Any]) -> None:
         if busy_classes:
             print(f"  {'class':<10} {'delay':>7} {'packets':>10} {'bytes':>12}")
             for k, v in sorted(busy_classes.items(), key=lambda kv: int(kv[0])):
-                delay = fmt_us(int(k) * c["step_us"]) if c["step_us"] else "-"
+                ds = c.get("delays_us")
+                delay = fmt_us(ds[int(k)]) if ds and int(k) < len(ds) else "-"
                 name = classid(int(k))
                 if k == "0":
                     delay, name = "none", "direct"
@@ -266,10 +266,10 @@ def _daemon(args: argparse.Namespace, cmd: str, **kw: Any) -> Any:
     return call(args, cmd, path=path, absent_ok=args.socket is None, **kw)
 
 
-def _delay_class(delay_us: int, step_us: int, max_class: int) -> int:
+def _delay_class(delay_us: int, ladder: Ladder) -> int:
     """The class of a delay on this data path; a delay it has no class for is exit 2."""
     try:
-        k: int = _names().delay_to_class(delay_us, step_us, max_class)
+        k: int = _names().delay_to_class(delay_us, ladder)
     except _dp().DatapathError as e:
         raise CliError(str(e)) from None
     return k
@@ -281,17 +281,18 @@ def cmd_pin(args: argparse.Namespace) -> int:
     try:
         st = _daemon(args, "status")
         if st is not None:  # through the daemon: it would overwrite a pin behind its back
-            step_us = round(st["step_s"] * 1e6)
-            k = _delay_class(delay_us, step_us, st["max_class"])
+            lad = st["ladder"]
+            ladder = Ladder(lad["step_us"], lad["max_delay_us"], lad["ratio"])
+            k = _delay_class(delay_us, ladder)
             _daemon(args, "pin", initiator=ip, mode=args.mode, **{"class": k})
             print(
                 f"pinned {ip} through santhrottled: {args.mode} packets delayed "
-                f"{fmt_us(k * step_us)} (class {k}) from the next tick"
+                f"{fmt_us(ladder.delay_us(k))} (class {k}) from the next tick"
             )
             return 0
         d, note = _discover_or_apply(args)
         with d:
-            k = _delay_class(delay_us, d.spec.step_us, d.spec.max_class)
+            k = _delay_class(delay_us, d.spec.ladder)
             # ordered=False: this process exits now, nobody would settle a glide
             d.set_classes({ip: k}, mode=args.mode, ordered=False)
     except dp.DatapathError as e:
@@ -300,7 +301,7 @@ def cmd_pin(args: argparse.Namespace) -> int:
         note += f"{d.spec.leaf} test leaves: classified, not delayed; "
     print(
         f"{note}pinned {ip}: {args.mode} packets from ports "
-        f"{','.join(map(str, d.spec.ports))} delayed {fmt_us(k * d.spec.step_us)} "
+        f"{','.join(map(str, d.spec.ports))} delayed {fmt_us(d.spec.delay_us(k))} "
         f"(class {k}, {_names().classid(k)}) on {', '.join(d.spec.devices)}"
     )
     return 0
@@ -384,6 +385,13 @@ def add_commands(sub: Any) -> None:
         type=parsed("--max-delay", parse_duration_us, positive=True),
         default=fmt_us(default("datapath.max_delay")),
         help="largest delay class (default %(default)s)",
+    )
+    a.add_argument(
+        "--ladder-ratio",
+        type=number("--ladder-ratio", lo=1.0, hi=2.0),
+        default=default("datapath.ladder_ratio"),
+        help="each class delays this much more than the one below, in whole steps; "
+        "1.0: linear (default %(default)s)",
     )
     a.add_argument(
         "--link-speed",

@@ -1,15 +1,16 @@
 """santhrottled's configuration file: TOML (stdlib tomllib), validated whole against the schema.
 
 Every key, its default and its bounds are in schema.py; this module reads
-a file into a Config, adding what no single key can check (max_delay a
-multiple of step, converge at least tick, leave below enter).  An invalid
+a file into a Config, adding what no single key can check (a ladder that
+can be built, converge at least tick, leave below enter).  An invalid
 file raises ConfigError naming the file, the line and the key
 (`santhrottle.toml:12: resources.vg0.threshold: '15' is not a duration...`);
 the daemon keeps its last good config when a reload fails.
 
 Worked example
     parse_config('[datapath]\\ndevices = ["eth1"]\\n') -> Config with
-    devices ("eth1",), step_us 500, max_delay_us 50000 (max_class 100),
+    devices ("eth1",), step_us 500, max_delay_us 250000, ladder_ratio 1.05
+    (the ladder's max_class 88),
     link_bits_s 25e9 and every other key at its default.
 """
 
@@ -27,12 +28,12 @@ from typing import Any
 from santhrottle.appliance.config.schema import (
     DEFAULT_PATH,
     KEYS,
-    MAX_CLASSES,
     NAME_RE,
     TABLES,
     KindError,
 )
-from santhrottle.controller.domain import ControllerConfig, PidGains
+from santhrottle.controller.domain import ControllerConfig, LogGains, PidGains
+from santhrottle.controller.ladder import Ladder, LadderError
 
 # No configuration is near this; a bigger file is a mistake (or /dev/zero).
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -65,6 +66,7 @@ class Config:
     write_mode: str
     step_us: int
     max_delay_us: int
+    ladder_ratio: float
     link_bits_s: int
     leaf: str
     glide_leaves: int
@@ -86,8 +88,12 @@ class Config:
         return self.step_us / 1e6
 
     @property
+    def ladder(self) -> Ladder:
+        return self.controller.ladder
+
+    @property
     def max_class(self) -> int:
-        return self.max_delay_us // self.step_us
+        return self.controller.ladder.max_class
 
     def threshold_of(self, resource: str) -> float | None:
         rc = self.resources.get(resource)
@@ -105,10 +111,10 @@ class Config:
 
     def keeping_restart_keys_of(self, running: Config) -> Config:
         """This config with the restart keys' values of the running one (what a
-        reload can take effect with; the controller's max_class follows the data
-        path's step and max_delay, which are restart keys)."""
+        reload can take effect with; the controller's ladder is the data path's,
+        whose keys are restart keys)."""
         kept = replace(self, **{a: getattr(running, a) for a in RESTART_FIELDS.values()})
-        return replace(kept, controller=replace(kept.controller, max_class=running.max_class))
+        return replace(kept, controller=replace(kept.controller, ladder=running.ladder))
 
 
 # Config attribute of each key that needs a restart (schema: Key.restart).
@@ -190,12 +196,12 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
     if d["socket_group"] and d["socket_mode"] != 0o660:
         raise r.fail("daemon.socket_group", 'needs socket_mode = "0660"')
     p = r.table(data, "datapath", "datapath")
-    if p["max_delay"] % p["step"]:
-        raise r.fail("datapath.max_delay", "must be a whole multiple of datapath.step")
-    if p["max_delay"] // p["step"] > MAX_CLASSES:
-        raise r.fail("datapath.max_delay", f"must be at most {MAX_CLASSES} steps")
     if p["max_delay"] < p["step"]:
         raise r.fail("datapath.max_delay", "must be at least datapath.step")
+    try:
+        ladder = Ladder(p["step"], p["max_delay"], p["ladder_ratio"])
+    except LadderError as e:
+        raise r.fail("datapath.max_delay", str(e)) from None
     c = r.table(data, "controller", "controller")
     if c["converge"] < c["tick"]:
         raise r.fail("controller.converge", "must be at least controller.tick")
@@ -206,7 +212,11 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
     controller = ControllerConfig(
         tick_s=c["tick"],
         converge_s=c["converge"],
-        max_class=p["max_delay"] // p["step"],
+        ladder=ladder,
+        law=c["law"],
+        log_gains=LogGains(
+            kp_log_per_rel_error=c["kp_log_per_rel_error"], ti_s=c["ti_log"], td_s=c["td_log"]
+        ),
         gains=PidGains(
             kp_class_per_rel_error=c["kp_class_per_rel_error"], ti_s=c["ti"], td_s=c["td"]
         ),
@@ -214,7 +224,7 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
         class_hysteresis=c["class_hysteresis"],
         class_decrease_max_per_tick=c["class_decrease_max_per_tick"],
         class_increase_max_ratio_per_tick=c["class_increase_max_ratio_per_tick"],
-        class_increase_min_per_tick=c["class_increase_min_per_tick"],
+        delay_increase_min_s_per_tick=c["delay_increase_min"],
         read_ewma_tau_s=c["read_ewma_tau"],
         write_ewma_tau_s=c["write_ewma_tau"],
         write_heavy_enter_bps=c["write_heavy_enter"],
@@ -233,6 +243,7 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
         write_mode=p["write_mode"],
         step_us=p["step"],
         max_delay_us=p["max_delay"],
+        ladder_ratio=p["ladder_ratio"],
         link_bits_s=p["link_speed"],
         leaf=p["leaf"],
         glide_leaves=p["glide_leaves"],

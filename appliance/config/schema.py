@@ -40,7 +40,9 @@ from santhrottle.appliance.units import (
     parse_duration_s,
     parse_duration_us,
 )
-from santhrottle.controller.domain import DELAY_STEP_S, MAX_CLASS, ControllerConfig
+from santhrottle.controller.domain import LAWS, ControllerConfig
+from santhrottle.controller.ladder import MAX_CLASSES as MAX_CLASSES
+from santhrottle.controller.ladder import Ladder
 
 DEFAULT_PATH = "/etc/santhrottle/santhrottle.toml"
 # Interface, namespace, resource and block device names.
@@ -48,13 +50,16 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 # ------------------------------------------------------------ kernel bounds
 MAX_PORTS = 15
-MAX_CLASSES = 5000
 MAX_GLIDE_LEAVES = 256
 # A step finer than 10 us is below what netem's timer keeps; above 100 ms a
 # class is too coarse for any threshold the controller can hold.
 MIN_STEP_US = 10
 MAX_STEP_US = 100_000
-MAX_DELAY_US = 2_000_000
+# The largest delay a class may have: 1 s, a fifth of the shortest initiator
+# timeout a delayed response can meet (open-iscsi's NOP-Out timeout and the
+# NVMe/TCP keep-alive timeout, both 5 s by default); a write through R2T
+# meets the delay twice (docs/controller.md, "The ladder").
+MAX_DELAY_US = 1_000_000
 # A read-latency threshold above a minute is no threshold an array is held to.
 MAX_THRESHOLD_S = 60.0
 # The fastest link HTB's and netem's sizing is checked for (tc takes 64-bit rates).
@@ -70,6 +75,7 @@ PIN_MODES = ("all", "ack", "read")
 LEAVES = ("netem", "pfifo")
 
 _DC = ControllerConfig()
+_LADDER = Ladder()
 
 
 class KindError(ValueError):
@@ -344,10 +350,14 @@ KEYS: tuple[Key, ...] = (
         "what is delayed for a write-heavy initiator: every packet, or pure ACKs only",
         restart=True),
     Key("datapath", "step", delay_us(MIN_STEP_US, MAX_STEP_US),
-        fmt_us(round(DELAY_STEP_S * 1e6)), "delay of one class", restart=True),
+        fmt_us(_LADDER.step_us), "delay of class 1, and the ladder's step near 0",
+        restart=True),
     Key("datapath", "max_delay", delay_us(MIN_STEP_US, MAX_DELAY_US),
-        fmt_us(round(DELAY_STEP_S * MAX_CLASS * 1e6)),
-        f"largest delay; a multiple of step, at most {MAX_CLASSES} steps", restart=True),
+        fmt_us(_LADDER.max_delay_us),
+        f"largest delay (the last class), at most {fmt_us(MAX_DELAY_US)}", restart=True),
+    Key("datapath", "ladder_ratio", number(1.0, 2.0), _LADDER.ratio,
+        "each class delays this much more than the one below it, in whole steps "
+        "(1.0: a linear ladder of step)", restart=True),
     Key("datapath", "link_speed", bit_rate(), "25gbit",
         "link speed: sizes HTB bursts and netem queue limits", restart=True),
     Key("datapath", "leaf", choice(LEAVES), "netem",
@@ -360,12 +370,20 @@ KEYS: tuple[Key, ...] = (
          "the PID's period (fixed rate)"),
     _ctl("converge", duration_s(0.01, 60.0), fmt_duration(_DC.converge_s),
          "period of discovery and of the write-heavy sets; at least tick"),
+    _ctl("law", choice(LAWS), _DC.law,
+         '"log": the PID acts on the logarithm of the delay; "paper": on the class index'),
+    _ctl("kp_log_per_rel_error", number(0.0, 1e3), _DC.log_gains.kp_log_per_rel_error,
+         'law "log": proportional gain, ln(delay) per unit of relative latency error'),
+    _ctl("ti_log", duration_s(positive=True), fmt_duration(_DC.log_gains.ti_s),
+         'law "log": integral time'),
+    _ctl("td_log", duration_s(), fmt_duration(_DC.log_gains.td_s) if _DC.log_gains.td_s else "0",
+         'law "log": derivative time (0: off)'),
     _ctl("kp_class_per_rel_error", number(0.0, 1e6), _DC.gains.kp_class_per_rel_error,
-         "proportional gain: classes per unit of relative latency error"),
+         'law "paper": proportional gain, classes per unit of relative latency error'),
     _ctl("ti", duration_s(positive=True), fmt_duration(_DC.gains.ti_s),
-         "integral time"),
+         'law "paper": integral time'),
     _ctl("td", duration_s(), fmt_duration(_DC.gains.td_s) if _DC.gains.td_s else "0",
-         "derivative time (0: off)"),
+         'law "paper": derivative time (0: off)'),
     _ctl("setpoint_fraction", number(0.1, 1.0), _DC.setpoint_fraction,
          "the PID regulates to this fraction of the threshold"),
     _ctl("class_hysteresis", number(0.0, 1000.0), _DC.class_hysteresis,
@@ -375,8 +393,9 @@ KEYS: tuple[Key, ...] = (
     _ctl("class_increase_max_ratio_per_tick", number(0.0, 100.0),
          _DC.class_increase_max_ratio_per_tick,
          "factor a delay may grow by per tick (0: no limit, else >= 1)"),
-    _ctl("class_increase_min_per_tick", integer(1, 1000), _DC.class_increase_min_per_tick,
-         "a rise of this many classes per tick is always allowed"),
+    _ctl("delay_increase_min", duration_s(0.0, 1.0),
+         fmt_duration(_DC.delay_increase_min_s_per_tick),
+         "a rise of this much delay per tick is always allowed"),
     _ctl("read_ewma_tau", duration_s(), fmt_duration(_DC.read_ewma_tau_s),
          "time constant of the read-latency EWMA"),
     _ctl("write_ewma_tau", duration_s(positive=True), fmt_duration(_DC.write_ewma_tau_s),

@@ -91,7 +91,12 @@ def handle(daemon: Daemon, cmd: str, args: dict[str, Any]) -> Any:
                 raise CommandError(f"pin: {len(pins)} initiators pinned already (at most "
                                    f"{MAX_PINS}): unpin some first")  # fmt: skip
             pins[ip] = (k, mode)  # applied by the next tick
-            return {"initiator": ip, "class": k, "delay_s": k * daemon.config.step_s, "mode": mode}
+            return {
+                "initiator": ip,
+                "class": k,
+                "delay_s": daemon.config.ladder.delay_s(k),
+                "mode": mode,
+            }
         if cmd == "unpin":
             ip = a["initiator"]
             if ip not in daemon.state.pins:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 def status(daemon: Daemon) -> dict[str, Any]:
     d = daemon.state.discovery
-    step_s = daemon.config.step_s
+    ladder = daemon.config.ladder
     resources = []
     totals = daemon.counters.resources
     for name in sorted(daemon.known_resources()):
@@ -36,7 +36,7 @@ def status(daemon: Daemon) -> dict[str, Any]:
                 "reads": last.reads if last else 0,
                 "write_bytes_per_second": last.write_bps if last else None,
                 "delay_class": rs.delay_class if rs else 0,
-                "delay_s": (rs.delay_class if rs else 0) * step_s,
+                "delay_s": ladder.delay_s(rs.delay_class if rs else 0),
                 "members": sorted(daemon.ctl.members(name)),
                 "devices": list(d.resources.get(name, ())) if d is not None else [],
                 # raw totals since the daemon started (daemon/counters.py)
@@ -64,7 +64,7 @@ def status(daemon: Daemon) -> dict[str, Any]:
                 "written_bytes": {r: written.get((ip, r), 0.0) for r in inis[ip]["resources"]},
                 "write_heavy_on": sorted(daemon.ctl.write_sets.member_of.get(ip, ())),
                 "class": k,
-                "delay_s": k * step_s,
+                "delay_s": ladder.delay_s(min(k, ladder.max_class)),
                 "mode": mode,
                 "pinned": ip in daemon.state.pins,
                 # left by a previous run: held, then lowered (daemon/restore.py)
@@ -77,8 +77,13 @@ def status(daemon: Daemon) -> dict[str, Any]:
         # keys the configuration file changed that take effect at the next restart
         "restart_needed": list(daemon.restart_pending),
         "tick_s": daemon.config.controller.tick_s,
-        "step_s": step_s,
-        "max_class": daemon.config.max_class,
+        "step_s": ladder.step_s,
+        "max_class": ladder.max_class,
+        "ladder": {
+            "step_us": ladder.step_us,
+            "max_delay_us": ladder.max_delay_us,
+            "ratio": ladder.ratio,
+        },
         "write_mode": daemon.config.write_mode,
         "counters": {
             "ticks": c.ticks,

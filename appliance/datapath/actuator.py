@@ -3,7 +3,7 @@
 Problem
     Per initiator, delay the packets the target (or bridge) sends to it by
     a chosen delay class: class k delays by k x step (0.5 ms by default), up
-    to max_class (100 = 50 ms by default).  Class 0 = unthrottled.  Classes
+    to max_class (88 = 250 ms by default, controller/ladder.py).  Class 0 = unthrottled.  Classes
     change every 100 ms for thousands of initiators, so a change is one
     netlink message (or one `ipset restore`), never a tc filter or an
     iptables change; when nobody is throttled, no packet pays anything.
@@ -145,7 +145,7 @@ class Datapath:
         self.devices = [TcDevice(self.host, d) for d in spec.devices]
         self.sets = MemberSets(self.host, maxelem, bulk_threshold)
         self.mangle = Mangle(self.host)
-        self.glides = GlidePlanner(spec.glide_leaves, spec.step_us, spec.max_class)
+        self.glides = GlidePlanner(spec.glide_leaves, spec.ladder)
         self.clock = clock
         self._jumps: bool | None = None  # the jumps are installed (None: unknown)
 
@@ -188,7 +188,7 @@ class Datapath:
         s = self.spec
         t0 = time.monotonic()
         report = ApplyReport(backend=self.mangle.backend())
-        want = desired_tree(s.step_us, s.max_class, s.link_bits_s, s.leaf, s.glide_leaves)
+        want = desired_tree(s.ladder.delays_us, s.link_bits_s, s.leaf, s.glide_leaves)
         t1 = time.monotonic()
         for dev in self.devices:
             lines, fresh = dev.apply(want)
@@ -339,9 +339,9 @@ class Datapath:
             return
         s = self.spec
         for d in delays:
-            want = glide_leaf("netem", d.minor, s.link_bits_s, s.max_class * s.step_us)
+            want = glide_leaf("netem", d.minor, s.link_bits_s, s.ladder.max_delay_us)
             for dev in self.devices:
-                dev.set_leaf_delay(want, d.klass * s.step_us)
+                dev.set_leaf_delay(want, s.delay_us(d.klass))
 
     def _leaf_readings(self, minors: Sequence[int]) -> dict[int, tuple[int, int]]:
         """(queued, sent) of glide leaves, summed over the devices."""

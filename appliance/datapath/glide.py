@@ -18,7 +18,7 @@ The mechanism (a glide leaf)
     change of its delay in place (one RTM_NEWQDISC) keeps the queue.  A
     descent c -> k < c moves the initiators into a free leaf set to c (same
     delay: nothing overtakes), then lowers the leaf to k in place -- but not
-    before c x step after the move: until then the packets sent before it
+    before class c's delay after the move: until then the packets sent before it
     still wait in the shared class c, and nothing in the leaf holds the new
     ones behind them.  A rise within one HTB prio takes a free leaf at the
     new delay (served after the class it left).  Initiators moving together
@@ -57,7 +57,7 @@ Interface (pure: time and the kernel's readings are inputs)
     The state assumes every returned action succeeds; the actuator calls
     lost() when one fails, and the next read-back re-adopts every leaf.
 
-Worked example (step 0.5 ms)
+Worked example (the default ladder: 0.5 ms steps up to 10 ms)
     10.0.0.4 in class 12 (6 ms) goes to 10 at t = 100.000: plan -> before
     [leaf 6000 to 12], ops [add 10.0.0.4 to santhrottle-all at 5374:6000];
     entered at 100.000 -> [] (lowering to 10 due at 100.006: LOWERING);
@@ -85,6 +85,7 @@ from santhrottle.appliance.datapath.names import (
     is_glide_minor,
     minor_class,
 )
+from santhrottle.controller.ladder import Ladder
 
 
 class LeafState(enum.Enum):
@@ -97,7 +98,7 @@ class LeafState(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class LeafDelay:
-    """An action: set glide leaf `minor`'s netem delay to klass x step, in place."""
+    """An action: set glide leaf `minor`'s netem delay to class klass's, in place."""
 
     minor: int
     klass: int
@@ -145,11 +146,11 @@ class GlidePlan:
 class GlidePlanner:
     """The glide leaves' state machine (module header)."""
 
-    def __init__(self, count: int, step_us: int, max_class: int) -> None:
+    def __init__(self, count: int, ladder: Ladder) -> None:
         self.count = count
-        self.step_s = step_us / 1e6
-        self.step_us = step_us
-        self.max_class = max_class
+        self.ladder = ladder
+        self.max_class = ladder.max_class
+        self._delay_s = [ladder.delay_s(k) for k in range(ladder.max_class + 1)]
         self.leaves: dict[int, GlideLeaf] = {}
         self.forget()
         self.glided = 0  # initiators moved down through a glide leaf
@@ -193,7 +194,7 @@ class GlidePlanner:
         """The kernel's delays of leaves sync() named; what they hold may be that old."""
         for minor, delay_us in delays_us.items():
             leaf = self.leaves.setdefault(minor, GlideLeaf(minor))
-            leaf.klass = min(self.max_class, round(delay_us / self.step_us))
+            leaf.klass = self.ladder.class_at_least(delay_us / 1e6)
             leaf.busy_until_s = now + delay_us / 1e6
             leaf.lower_to = None
             leaf.known = True
@@ -279,7 +280,7 @@ class GlidePlanner:
             if not gone:
                 continue
             leaf.members.difference_update(gone)  # what they sent leaves at the leaf's delay
-            leaf.busy_until_s = max(leaf.busy_until_s, now + leaf.klass * self.step_s)
+            leaf.busy_until_s = max(leaf.busy_until_s, now + self._delay_s[leaf.klass])
             if not leaf.members:
                 leaf.lower_to = None
         for verb, _name, ip, minor in ops:
@@ -294,7 +295,7 @@ class GlidePlanner:
         for d in plan.after:
             leaf = self.leaves[d.minor]
             if d.minor in fresh:  # moved in at delay <= leaf.klass: those packets leave by then
-                leaf.lower_at_s = now + leaf.klass * self.step_s
+                leaf.lower_at_s = now + self._delay_s[leaf.klass]
             if d.klass == leaf.klass:  # a rise that entered a fresh leaf at its new delay
                 leaf.lower_to = None
             elif d.klass < leaf.klass and now < leaf.lower_at_s:
@@ -364,7 +365,7 @@ class GlidePlanner:
         """Record a leaf's new delay (the caller sets it in the kernel)."""
         leaf = self.leaves.setdefault(minor, GlideLeaf(minor))
         if k < leaf.klass:  # its packets at the old delay leave by then
-            leaf.busy_until_s = max(leaf.busy_until_s, now + leaf.klass * self.step_s)
+            leaf.busy_until_s = max(leaf.busy_until_s, now + self._delay_s[leaf.klass])
         leaf.klass = k
         leaf.known = True
         return LeafDelay(minor, k)

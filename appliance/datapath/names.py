@@ -36,6 +36,7 @@ import socket
 
 from santhrottle.appliance.config.schema import MAX_CLASSES, PIN_MODES
 from santhrottle.appliance.units import fmt_us
+from santhrottle.controller.ladder import Ladder
 
 # The HTB root handle major, "St" in ASCII.  The skbprio major of every set
 # member must equal it (HTB looks skb->priority up as a classid of its own).
@@ -118,29 +119,30 @@ def is_glide_minor(minor: int) -> bool:
 
 def class_prio(k: int) -> int:
     """HTB prio of shared delay class k: 0 for class 1, one more per doubling
-    of the delay, at most GLIDE_PRIO - 1 (a lower delay is served first)."""
+    of the class number, at most GLIDE_PRIO - 1 (a lower delay is served first)."""
     return min(k.bit_length() - 1, GLIDE_PRIO - 1)
 
 
 CLASS_PRIO = [0] + [class_prio(k) for k in range(1, MAX_CLASSES + 1)]
 
 
-def delay_to_class(delay_us: int, step_us: int, max_class: int) -> int:
+def delay_to_class(delay_us: int, ladder: Ladder) -> int:
     """The class whose delay is exactly delay_us; anything else is an error
     naming the neighbours (no silent rounding: the admin asked for a delay)."""
     if delay_us < 0:
         raise DatapathError(f"bad delay {fmt_us(delay_us)}: negative")
-    k, rem = divmod(delay_us, step_us)
-    if rem:
-        lo, hi = k * step_us, (k + 1) * step_us
+    if delay_us > ladder.max_delay_us:
         raise DatapathError(
-            f"delay {fmt_us(delay_us)} is not a multiple of the step {fmt_us(step_us)}: "
-            f"use {fmt_us(lo)} or {fmt_us(hi)}"
+            f"delay {fmt_us(delay_us)} is above the maximum {fmt_us(ladder.max_delay_us)} "
+            f"(class {ladder.max_class})"
         )
-    if k > max_class:
+    k = ladder.class_of_us(delay_us)
+    if k is None:
+        hi = ladder.class_at_least(delay_us / 1e6)
+        lo, up = ladder.delay_us(hi - 1), ladder.delay_us(hi)
         raise DatapathError(
-            f"delay {fmt_us(delay_us)} is above the maximum {fmt_us(max_class * step_us)} "
-            f"(class {max_class} of {fmt_us(step_us)})"
+            f"delay {fmt_us(delay_us)} is not a delay of the ladder: use {fmt_us(lo)} "
+            f"(class {hi - 1}) or {fmt_us(up)} (class {hi})"
         )
     return k
 

@@ -16,7 +16,7 @@ Kernel objects
     nothing outside it is touched.
 
 Worked example
-    probe(DatapathSpec(("eth1",), max_class=100)) on a kernel without
+    probe(DatapathSpec(("eth1",))) on a kernel without
     sch_netem -> ["the kernel refused the data path: netem is not available
     in this kernel: load it with `modprobe sch_netem` or ..."]; with leaf
     "pfifo" on the same kernel -> [].
@@ -67,7 +67,7 @@ def probe(spec: DatapathSpec, tools: Tools | None = None) -> list[str]:
         small = replace(
             spec,
             devices=(PROBE_DEVICE,),
-            max_class=min(spec.max_class, PROBE_CLASSES),
+            max_delay_us=spec.delay_us(min(spec.max_class, PROBE_CLASSES)),
             glide_leaves=min(spec.glide_leaves, PROBE_GLIDE_LEAVES),
         )
         with Datapath(small, netns=ns, tools=tools) as d:

@@ -33,6 +33,7 @@ from santhrottle.appliance.datapath.rules import parse_jump_device, parse_rule_p
 from santhrottle.appliance.datapath.spec import DatapathSpec
 from santhrottle.appliance.datapath.tc import TcDevice, installed_devices
 from santhrottle.appliance.datapath.tctree import basic_stats, queued, tree_summary
+from santhrottle.controller.ladder import Ladder
 
 
 def glide_status(dp: Datapath, device: str | None = None) -> list[dict[str, Any]]:
@@ -41,7 +42,7 @@ def glide_status(dp: Datapath, device: str | None = None) -> list[dict[str, Any]
     tree, records = dp.device(device).glide_records()
     dp.current()  # the leaves' members, as the kernel has them
     views = {v.minor: v for v in dp.glides.views(dp.clock())}
-    step_us = dp.spec.step_us
+    spec = dp.spec
     out = []
     for c in records:
         minor = c["handle"] & 0xFFFF
@@ -50,7 +51,7 @@ def glide_status(dp: Datapath, device: str | None = None) -> list[dict[str, Any]
         leaf = tree.leaves.get(minor)
         delay_us = leaf.delay_us if leaf is not None and leaf.kind == "netem" else None
         if delay_us is None and v is not None:
-            delay_us = v.klass * step_us
+            delay_us = spec.delay_us(v.klass)
         lower_to = v.lower_to if v is not None else None
         out.append(
             {
@@ -58,7 +59,7 @@ def glide_status(dp: Datapath, device: str | None = None) -> list[dict[str, Any]
                 "state": v.state.value if v is not None else "free",
                 "delay_us": delay_us,
                 "members": v.members if v is not None else [],
-                "lowering_to_us": None if lower_to is None else lower_to * step_us,
+                "lowering_to_us": None if lower_to is None else spec.delay_us(lower_to),
                 "packets": packets,
                 "bytes": nbytes,
                 "queued": queued(c),
@@ -110,7 +111,7 @@ def status(dp: Datapath) -> dict[str, Any]:
                     for k, (p, b) in sorted(tcd.class_counters().items())
                 }
                 out["classes"]["glides"] = glide_status(dp, dev)
-    step_us = (out["classes"] or {}).get("step_us")
+    delays = (out["classes"] or {}).get("delays_us")
     for ip in sorted(members, key=ipaddress.IPv4Address):
         m = members[ip]
         out["members"].append(
@@ -118,7 +119,7 @@ def status(dp: Datapath) -> dict[str, Any]:
                 "ip": ip,
                 "mode": m.mode,
                 "class": m.klass,
-                "delay_us": m.klass * step_us if step_us else None,
+                "delay_us": delays[m.klass] if delays and m.klass < len(delays) else None,
                 "packets": m.packets,
                 "bytes": m.bytes,
             }
@@ -141,10 +142,7 @@ def discover(netns: str | None = None, tools: Tools | None = None, **kw: Any) ->
     finally:
         host.close()
     args: dict[str, Any] = {"devices": tuple(devices)}
-    if s["step_us"]:
-        args["step_us"] = s["step_us"]
-    if s["max_class"]:
-        args["max_class"] = s["max_class"]
+    args.update(_ladder_args(s))
     if s["link_bits_s"]:
         args["link_bits_s"] = s["link_bits_s"]
     if s["leaf"] == "pfifo":
@@ -154,3 +152,17 @@ def discover(netns: str | None = None, tools: Tools | None = None, **kw: Any) ->
     if ports:
         args["ports"] = ports
     return Datapath(DatapathSpec(**args), netns=netns, tools=tools, **kw)
+
+
+def _ladder_args(summary: dict[str, Any]) -> dict[str, Any]:
+    """DatapathSpec's ladder fields for an installed tree: from its netem delays,
+    else (pfifo leaves) the default ladder if it has that many classes, else a
+    linear one of the default step."""
+    delays = summary.get("delays_us")
+    lad = Ladder.matching(delays) if delays else None
+    if lad is None:
+        n = summary.get("max_class") or 0
+        if not n or n == Ladder().max_class:
+            return {}
+        lad = Ladder.linear(Ladder().step_us, n)
+    return {"step_us": lad.step_us, "max_delay_us": lad.max_delay_us, "ladder_ratio": lad.ratio}

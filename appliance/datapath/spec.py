@@ -7,9 +7,10 @@ What it owns
     options, discover() from what is installed.
 
 Worked example
-    DatapathSpec(("eth1",)) -> ports (3260, 4420), step 500 us, max_class
-    100 (50 ms), 25 Gbit/s, write mode all, netem leaves, 8 glide leaves;
-    DatapathSpec(("eth1",), step_us=1, max_class=5001) fails naming the bound.
+    DatapathSpec(("eth1",)) -> ports (3260, 4420), the default ladder (0.5
+    ms steps to 10 ms, x1.05 above, 250 ms: max_class 88), 25 Gbit/s, write
+    mode all, netem leaves, 8 glide leaves; DatapathSpec(("eth1",),
+    step_us=1) fails naming the bound.
 """
 
 from __future__ import annotations
@@ -29,16 +30,16 @@ from santhrottle.appliance.config.schema import (
 )
 from santhrottle.appliance.datapath.names import DatapathError
 from santhrottle.appliance.units import fmt_us
-
-_STEP_US: int = default("datapath.step")
+from santhrottle.controller.ladder import Ladder, LadderError
 
 
 @dataclass(frozen=True)
 class DatapathSpec:
     devices: tuple[str, ...] = ()
     ports: tuple[int, ...] = default("datapath.ports")
-    step_us: int = _STEP_US
-    max_class: int = default("datapath.max_delay") // _STEP_US
+    step_us: int = default("datapath.step")
+    max_delay_us: int = default("datapath.max_delay")
+    ladder_ratio: float = default("datapath.ladder_ratio")
     link_bits_s: int = default("datapath.link_speed")
     write_mode: str = default("datapath.write_mode")
     leaf: str = default("datapath.leaf")
@@ -53,8 +54,13 @@ class DatapathSpec:
         if type(self.step_us) is not int or not MIN_STEP_US <= self.step_us <= MAX_STEP_US:
             lo, hi = fmt_us(MIN_STEP_US), fmt_us(MAX_STEP_US)
             raise DatapathError(f"bad step {self.step_us!r} us: must be {lo}..{hi}")
-        if not 1 <= self.max_class <= MAX_CLASSES:
-            raise DatapathError(f"bad maximum class {self.max_class}: must be 1-{MAX_CLASSES}")
+        try:
+            ladder = Ladder(self.step_us, self.max_delay_us, self.ladder_ratio)
+        except LadderError as e:
+            raise DatapathError(str(e)) from None
+        if ladder.max_class > MAX_CLASSES:
+            raise DatapathError(f"bad ladder: {ladder.max_class} classes, at most {MAX_CLASSES}")
+        object.__setattr__(self, "_ladder", ladder)
         if self.write_mode not in WRITE_MODES:
             raise DatapathError(
                 f"bad write mode {self.write_mode!r}: expected {' or '.join(WRITE_MODES)}"
@@ -67,12 +73,29 @@ class DatapathSpec:
             )
 
     @property
+    def ladder(self) -> Ladder:
+        lad: Ladder = self.__dict__["_ladder"]
+        return lad
+
+    @property
+    def max_class(self) -> int:
+        return self.ladder.max_class
+
+    @property
     def step_s(self) -> float:
         return self.step_us / 1e6
 
-    @property
-    def max_delay_us(self) -> int:
-        return self.max_class * self.step_us
+    def delay_us(self, k: int) -> int:
+        return self.ladder.delay_us(k)
+
+    @classmethod
+    def linear(
+        cls, devices: tuple[str, ...], step_us: int, max_class: int, **kw: object
+    ) -> DatapathSpec:
+        """The method paper's ladder: class k delays by k * step."""
+        return cls(
+            devices, step_us=step_us, max_delay_us=step_us * max_class, ladder_ratio=1.0, **kw
+        )  # type: ignore[arg-type]
 
     @classmethod
     def from_config(cls, cfg: Config) -> DatapathSpec:
@@ -80,7 +103,8 @@ class DatapathSpec:
             devices=cfg.devices,
             ports=cfg.ports,
             step_us=cfg.step_us,
-            max_class=cfg.max_class,
+            max_delay_us=cfg.max_delay_us,
+            ladder_ratio=cfg.ladder_ratio,
             link_bits_s=cfg.link_bits_s,
             write_mode=cfg.write_mode,
             leaf=cfg.leaf,

@@ -9,7 +9,7 @@ What it owns
 Layout (datapath/names.py for the numbers)::
 
     qdisc htb 5374: root default 0
-    class htb 5374:K   + qdisc netem K: delay K*step limit L(K)     K = 1..max_class
+    class htb 5374:K   + qdisc netem K: delay D(K) limit L(K)     K = 1..max_class
     class htb 5374:60II prio 7 + qdisc netem 60II: delay D rate R limit L(max)   glide leaves
 
     Unthrottled packets take HTB's direct queue (`default 0`): a plain
@@ -19,7 +19,8 @@ Layout (datapath/names.py for the numbers)::
 
 Sizing
     netem limit L(K) = max(NETEM_LIMIT_FLOOR_PKTS,
-                           ceil(link_bytes_s * K * step_s / MIN_FRAME_BYTES))
+                           ceil(link_bytes_s * D(K) / MIN_FRAME_BYTES))
+    (D(K): class K's delay on the ladder, controller/ladder.py)
     (the most packets that can sit in the class if the whole link fed it
     minimum-size frames for the class's delay: no drops; a cap, not an
     allocation).  HTB burst = cburst = max(link_bytes_s * HTB_BURST_S,
@@ -36,10 +37,10 @@ Reconciliation (render_tc_plan)
     either difference means a rebuild.
 
 Worked example
-    step 0.5 ms, max_class 100, 10 Gbit/s: 100 classes 5374:1 .. 5374:100 with
-    delays 500us .. 50ms; class 20 (10 ms) gets limit ceil(1.25e9 * 0.010 / 64)
+    the default ladder, 10 Gbit/s: 88 classes 5374:1 .. 5374:88 with delays
+    500us .. 250ms; class 20 (10 ms) gets limit ceil(1.25e9 * 0.010 / 64)
     = 195313 packets; HTB burst 1.25 MB, quantum 200000; a fresh build is one
-    `tc -batch` of 1 + 2 x 100 lines (+ 2 per glide leaf).
+    `tc -batch` of 1 + 2 x 88 lines (+ 2 per glide leaf).
 """
 
 from __future__ import annotations
@@ -191,21 +192,22 @@ def glide_leaf(kind: str, minor: int, link_bits_s: int, max_delay_us: int) -> Le
 
 
 def desired_tree(
-    step_us: int, max_class: int, link_bits_s: int, leaf: str = "netem", glides: int = 0
+    delays_us: Sequence[int], link_bits_s: int, leaf: str = "netem", glides: int = 0
 ) -> TcTree:
+    """delays_us[k] = the delay of class k (the ladder's; delays_us[0] = 0, no class)."""
     t = TcTree("htb", ROOT_MAJOR, DIRECT_MINOR)
     netem = leaf == "netem"
-    for k in range(1, max_class + 1):
+    for k in range(1, len(delays_us)):
         minor = class_minor(k)
         t.classes[minor] = htb_params(link_bits_s, class_prio(k))
-        delay = k * step_us
+        delay = delays_us[k]
         t.leaves[minor] = Leaf(
             leaf, minor, netem_limit(link_bits_s, delay), delay if netem else None
         )
     for i in range(glides):
         minor = glide_minor(i)
         t.classes[minor] = htb_params(link_bits_s, GLIDE_PRIO)
-        t.leaves[minor] = glide_leaf(leaf, minor, link_bits_s, max_class * step_us)
+        t.leaves[minor] = glide_leaf(leaf, minor, link_bits_s, delays_us[-1])
     return t
 
 
@@ -337,15 +339,21 @@ def observe_tree(
 
 
 def tree_summary(tree: TcTree) -> dict[str, Any]:
-    """Class count, step and leaf kind of one of our trees (for show / discover)."""
+    """Class count, delays and leaf kind of one of our trees (for show / discover).
+
+    delays_us: every class's delay (index k; [0] = 0) when every class has a
+    netem leaf with one, else None (pfifo leaves, a partial tree)."""
     ks = sorted(k for k in (minor_class(m) for m in tree.classes) if k)
     leaves = [tree.leaves[class_minor(k)] for k in ks if class_minor(k) in tree.leaves]
     kinds = sorted({lf.kind for lf in leaves})
-    step_us = None
-    if ks and leaves and all(lf.kind == "netem" for lf in leaves):
-        first = tree.leaves.get(class_minor(ks[0]))
-        if first is not None and first.delay_us:
-            step_us = first.delay_us // ks[0]
+    delays: list[int] | None = None
+    if (
+        ks == list(range(1, len(ks) + 1))
+        and len(leaves) == len(ks)
+        and all(lf.kind == "netem" and lf.delay_us for lf in leaves)
+    ):
+        delays = [0] + [lf.delay_us or 0 for lf in leaves]
+    step_us = delays[1] if delays else None
     hp = next(iter(tree.classes.values()), None)
     return {
         "glide_leaves": sum(1 for m in tree.classes if is_glide_minor(m)),
@@ -359,5 +367,6 @@ def tree_summary(tree: TcTree) -> dict[str, Any]:
         "classes": len(ks),
         "leaf": kinds[0] if len(kinds) == 1 else kinds,
         "step_us": step_us,
+        "delays_us": delays,
         "link_bits_s": hp.rate_bytes_s * 8 if hp else None,
     }

@@ -11,10 +11,13 @@ from santhrottle.controller.domain import (
     Samples,
     WriteSample,
 )
+from santhrottle.controller.ladder import Ladder
 from santhrottle.controller.step import new_state, rise, step
 
 MIB = 1024.0 * 1024.0
 CFG = ControllerConfig(
+    law="paper",  # hand-computable in classes (the log law: test_logpid.py)
+    ladder=Ladder.linear(500, 100),
     gains=PidGains(4.0, 0.5, 0.0),  # relative error: = 400 classes/s of error at 10 ms
     read_ewma_tau_s=0.0,  # the PID sees the raw sample: hand-computable
     setpoint_fraction=1.0,
@@ -168,7 +171,10 @@ def test_decreases_are_gradual_release_included():
 
 
 RAMP = dataclasses.replace(
-    CFG, class_increase_max_ratio_per_tick=1.25, class_increase_min_per_tick=2, max_class=200
+    CFG,
+    class_increase_max_ratio_per_tick=1.25,
+    delay_increase_min_s_per_tick=0.001,
+    ladder=Ladder.linear(500, 200),
 )
 
 
