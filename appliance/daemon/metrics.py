@@ -184,7 +184,7 @@ def resource_families(resources: list[dict[str, Any]]) -> Iterator[Metric]:
     )
     delay = GaugeMetricFamily(
         "santhrottle_resource_delay_seconds",
-        "Packet delay the resource's PID asks for its write-heavy initiators (class x step)",
+        "Packet delay the resource's PID asks for its write-heavy initiators (the delay of its class on the ladder)",
         labels=["resource"],
     )
     members = GaugeMetricFamily(

@@ -82,12 +82,23 @@ def test_version(capsys):
     ("argv", "message"),
     [
         (
-            ["datapath", "apply", "--device", "eth1", "--max-delay", "1.2ms"],
-            "maximum delay 1.2ms is not a positive multiple of the step 500us",
+            ["datapath", "apply", "--device", "eth1", "--max-delay", "0.2ms"],
+            "maximum delay 200us is below the step 500us",
         ),
         (
-            ["datapath", "apply", "--device", "eth1", "--step", "1us", "--max-delay", "1s"],
-            "needs 1000000 classes of 1us: at most 5000",
+            [
+                "datapath",
+                "apply",
+                "--device",
+                "eth1",
+                "--step",
+                "10us",
+                "--max-delay",
+                "1s",
+                "--ladder-ratio",
+                "1",
+            ],
+            "ladder has more than 5000 classes",
         ),
         (
             ["datapath", "apply", "--device", "eth1", "--step", "1us", "--max-delay", "1ms"],
@@ -167,14 +178,14 @@ def test_the_apply_defaults_are_the_configs(capsys):
     with pytest.raises(SystemExit):
         main(["datapath", "apply", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    for want in ("(default 3260,4420)", "(default 500us)", "(default 50ms)", "(default 25gbit)",
+    for want in ("(default 3260,4420)", "(default 500us)", "(default 250ms)", "(default 25gbit)",
                  "(default all)", "(default 8, 0 = none)"):  # fmt: skip
         assert want in out
 
 
 def test_spec_validates_against_the_schemas_bounds():
-    with pytest.raises(DatapathError, match="bad maximum class 5001"):
-        DatapathSpec(("eth1",), max_class=5001)
+    with pytest.raises(DatapathError, match="more than 5000 classes"):
+        DatapathSpec(("eth1",), step_us=10, max_delay_us=1_000_000, ladder_ratio=1.0)
     with pytest.raises(DatapathError, match="bad write mode 'read'"):
         DatapathSpec(("eth1",), write_mode="read")
     with pytest.raises(DatapathError, match="at most 15"):
@@ -184,8 +195,8 @@ def test_spec_validates_against_the_schemas_bounds():
     with pytest.raises(DatapathError, match="bad leaf"):
         DatapathSpec(("eth1",), leaf="fq")
     s = DatapathSpec(("eth1",))
-    assert (s.step_us, s.max_class, s.write_mode, s.ports) == (500, 100, "all", (3260, 4420))
-    assert s.link_bits_s == 25 * 10**9 and s.max_delay_us == 50_000
+    assert (s.step_us, s.max_class, s.write_mode, s.ports) == (500, 88, "all", (3260, 4420))
+    assert s.link_bits_s == 25 * 10**9 and s.max_delay_us == 250_000
 
 
 def test_netns_path_missing_is_one_line(tmp_path):

@@ -15,6 +15,7 @@ from prometheus_client import generate_latest
 from santhrottle.appliance.cli.main import main
 from santhrottle.appliance.daemon.control import PROTOCOL_VERSION, ControlServer, request
 from santhrottle.appliance.daemon.metrics import registry_for
+from santhrottle.controller.ladder import Ladder
 
 from .test_daemon import make, run_for
 
@@ -50,7 +51,7 @@ def test_status_json_and_table(live, capsys):
     st = doc["data"]
     assert {r["resource"] for r in st["resources"]} == {"vg0", "vg1"}
     (ini,) = [i for i in st["initiators"] if i["initiator"] == "10.0.0.3"]
-    assert ini["class"] > 0 and ini["delay_s"] == pytest.approx(ini["class"] * 0.0005)
+    assert ini["class"] > 0 and ini["delay_s"] == pytest.approx(Ladder().delay_s(ini["class"]))
     assert main(["status", *sock]) == 0
     out = capsys.readouterr().out
     assert "vg0" in out and "control" in out and "observe" in out

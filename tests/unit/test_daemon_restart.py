@@ -135,9 +135,9 @@ def test_a_member_left_by_kill_9_shows_is_held_then_lowered_to_zero(tmp_path):
 
 def test_a_pinned_member_left_in_the_kernel_is_the_pin_and_unpin_works(tmp_path):
     d, vt, _s, _act = make(store=StateStore(tmp_path))
-    d.handle("pin", {"initiator": "10.0.0.9", "class": 100, "mode": "all"})
+    d.handle("pin", {"initiator": "10.0.0.9", "class": 88, "mode": "all"})
     run_for(d, vt, 0.3)
-    d2, vt2, _s2, act2 = _restart(tmp_path, {"10.0.0.9": (100, "all")})
+    d2, vt2, _s2, act2 = _restart(tmp_path, {"10.0.0.9": (88, "all")})
     assert "10.0.0.9" not in d2.state.adopted
     d2.handle("unpin", {"initiator": "10.0.0.9"})
     run_for(d2, vt2, 0.5)
@@ -227,7 +227,7 @@ def test_reconfigure_and_seed_are_bumpless():
     assert st2.resources["vg0"].delay_class == k and st2.effective == st.effective
     st3 = new_state(c, [Resource("vg0", 0.01)])
     seed_class(st3, "vg0", 17)
-    assert st3.resources["vg0"].delay_class == 17 and st3.resources["vg0"].pid.u == 17.0
+    assert st3.resources["vg0"].delay_class == 17 and st3.resources["vg0"].pid.delay_class == 17
 
 
 def test_a_reload_of_max_delay_waits_for_the_restart_in_the_controller_too(tmp_path):
@@ -242,7 +242,7 @@ def test_a_reload_of_max_delay_waits_for_the_restart_in_the_controller_too(tmp_p
     f.write_text(CONF.replace('devices = ["eth1"]', 'devices = ["eth1"]\nmax_delay = "100ms"'))
     out = d.handle("reload", {})
     assert out["restart_needed"] == ["datapath.max_delay"]
-    assert d.config.max_class == 100 and d.config.controller.max_class == 100
+    assert d.config.max_class == 88 and d.config.controller.max_class == 88
 
 
 def test_reload_names_metrics_and_socket_keys_and_counts_a_nested_file(tmp_path):

@@ -10,17 +10,24 @@ from santhrottle.appliance.datapath import names as nm
 from santhrottle.appliance.datapath import rules as rl
 from santhrottle.appliance.datapath import tctree as tt
 from santhrottle.appliance.datapath.host import NETEM_MISSING_MSG, module_available
+from santhrottle.controller.ladder import Ladder
+
+LIN = Ladder.linear(500, 100)
 
 
-def test_delay_to_class_exact_multiples_only():
-    assert nm.delay_to_class(5000, 500, 100) == 10
-    assert nm.delay_to_class(0, 500, 100) == 0
+def test_delay_to_class_exact_delays_of_the_ladder_only():
+    assert nm.delay_to_class(5000, LIN) == 10
+    assert nm.delay_to_class(0, LIN) == 0
     with pytest.raises(
-        nm.DatapathError, match=r"not a multiple of the step 500us: use 1ms or 1.5ms"
+        nm.DatapathError, match=r"not a delay of the ladder: use 1ms \(class 2\) or"
     ):
-        nm.delay_to_class(1200, 500, 100)
-    with pytest.raises(nm.DatapathError, match=r"above the maximum 50ms \(class 100 of 500us\)"):
-        nm.delay_to_class(60_000, 500, 100)
+        nm.delay_to_class(1200, LIN)
+    with pytest.raises(nm.DatapathError, match=r"above the maximum 50ms \(class 100\)"):
+        nm.delay_to_class(60_000, LIN)
+    geo = Ladder()  # 0.5 ms steps to 10 ms, x1.05 above
+    assert nm.delay_to_class(29_000, geo) == 43 and geo.delay_us(44) == 30_500
+    with pytest.raises(nm.DatapathError, match=r"use 29ms \(class 43\) or 30.5ms \(class 44\)"):
+        nm.delay_to_class(30_000, geo)
 
 
 def test_check_ip():
@@ -95,7 +102,7 @@ def test_netem_limit_holds_link_rate_times_delay_of_min_frames():
 
 
 def _want(step_us=500, max_class=100, gbit=10, leaf="netem"):
-    return tt.desired_tree(step_us, max_class, gbit * 10**9, leaf)
+    return tt.desired_tree(Ladder.linear(step_us, max_class).delays_us, gbit * 10**9, leaf)
 
 
 def test_fresh_build_is_one_batch():
@@ -449,7 +456,7 @@ def test_members_after_and_the_bulk_choice():
 
 
 def test_glide_leaves_are_built_with_a_rate_and_their_delay_is_run_time_state():
-    want = tt.desired_tree(500, 100, 10**10, "netem", glides=2)
+    want = tt.desired_tree(LIN.delays_us, 10**10, "netem", glides=2)
     lines = tt.render_tc_plan("eth1", want, None)
     assert len(lines) == 1 + 2 * 102
     # after the delay classes; the largest limit; a rate keeps the queue in order
@@ -459,7 +466,7 @@ def test_glide_leaves_are_built_with_a_rate_and_their_delay_is_run_time_state():
     )
     assert all(nm.minor_class(m) is None for m in (0x6000, 0x6001))
     # a leaf gliding at 3 ms is what apply wants: nothing to change
-    have = tt.desired_tree(500, 100, 10**10, "netem", glides=2)
+    have = tt.desired_tree(LIN.delays_us, 10**10, "netem", glides=2)
     have.leaves[0x6000] = tt.Leaf("netem", 0x6000, 976563, 3000, 2**32 - 1)
     assert tt.render_tc_plan("eth1", want, have) == []
     # ... but a leaf without the rate is not (nor one of santhrottle 0.6, at link rate)

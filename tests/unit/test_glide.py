@@ -8,6 +8,7 @@ import pytest
 from santhrottle.appliance.datapath import members as mb
 from santhrottle.appliance.datapath.glide import GlidePlanner, LeafDelay, LeafState
 from santhrottle.appliance.datapath.names import class_minor, class_prio, glide_minor
+from santhrottle.controller.ladder import Ladder
 
 STEP_US = 500
 A, B = glide_minor(0), glide_minor(1)
@@ -56,7 +57,7 @@ def _kernel(leaves: int = 2) -> Kernel:
         "10.0.0.4": ("all", class_minor(12)),
         "10.0.0.5": ("read", class_minor(2)),
     }
-    p = GlidePlanner(leaves, STEP_US, 100)
+    p = GlidePlanner(leaves, Ladder.linear(STEP_US, 100))
     assert p.sync(members) == []  # nobody in a leaf yet
     return Kernel(p, members)
 
@@ -202,7 +203,7 @@ def test_state_read_back_from_the_kernel_is_adopted():
     """A restarted process (or one whose kernel change failed) does not know the
     leaves' delays: sync() names the leaves with members, adopt() takes the
     kernel's delays, and what they hold may be that old."""
-    p = GlidePlanner(2, STEP_US, 100)
+    p = GlidePlanner(2, Ladder.linear(STEP_US, 100))
     members = {"10.0.0.2": ("all", A), "10.0.0.3": ("all", class_minor(3))}
     assert p.sync(members) == [A]
     p.adopt({A: 3000}, 50.0)
@@ -216,7 +217,7 @@ def test_state_read_back_from_the_kernel_is_adopted():
 @pytest.mark.parametrize("count", [0, 1, 8])
 def test_with_every_leaf_taken_a_descent_moves_unordered(count):
     members = {f"10.0.0.{i}": ("all", class_minor(9)) for i in range(2, 12)}
-    k = Kernel(GlidePlanner(count, STEP_US, 100), members)
+    k = Kernel(GlidePlanner(count, Ladder.linear(STEP_US, 100)), members)
     for i in range(2, 12):  # one at a time: each takes a leaf of its own while there is one
         k.move({f"10.0.0.{i}": 8}, 100.0)
     assert (k.p.glided, k.p.unordered) == (min(count, 10), 10 - min(count, 10))

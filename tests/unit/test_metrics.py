@@ -107,15 +107,15 @@ def test_delay_seconds_beside_each_class(daemon):
     (vg0,) = [r for r in st["resources"] if r["resource"] == "vg0"]
     (ini,) = [i for i in st["initiators"] if i["initiator"] == "10.0.0.3"]
     assert vg0["delay_class"] > 0 and ini["class"] > 0
-    step_s = d.config.step_s
+    lad = d.config.ladder
     assert value(reg, "santhrottle_resource_delay_class", resource="vg0") == vg0["delay_class"]
     assert value(reg, "santhrottle_resource_delay_seconds", resource="vg0") == pytest.approx(
-        vg0["delay_class"] * step_s
+        lad.delay_s(vg0["delay_class"])
     )
     labels = {"initiator": "10.0.0.3", "mode": "all"}
     assert value(reg, "santhrottle_initiator_delay_class", **labels) == ini["class"]
     assert value(reg, "santhrottle_initiator_delay_seconds", **labels) == pytest.approx(
-        ini["class"] * step_s
+        lad.delay_s(ini["class"])
     )
 
 

@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+from santhrottle.controller.ladder import Ladder
 from santhrottle.controller.scenario import ScenarioError, parse_scenario
 
 PAPER = Path(__file__).parents[2] / "controller" / "scenarios" / "paper.toml"
@@ -56,7 +57,7 @@ def test_minimal_defaults_and_schedule():
     w = [s for s in sc.streams if s.kind == "write"]
     assert [s.name for s in w] == ["w#0", "w#1", "w#2"]
     assert w[0].schedule.windows(sc.duration_s) == [(1.0, 3.0), (4.0, 6.0)]
-    assert sc.controller.max_class == 100 and sc.step_s == pytest.approx(0.0005)
+    assert sc.controller.ladder == Ladder() and sc.controller.law == "log"
 
 
 @pytest.mark.parametrize(
