@@ -97,6 +97,9 @@ class ControllerConfig:
     write_ewma_tau_s: float = 8.0
     write_heavy_enter_bps: float = 1024.0 * 1024.0
     write_heavy_leave_bps: float = 256.0 * 1024.0
+    # Also write-heavy: a pair writing this share of its resource's fair share
+    # (controller/writeheavy.py): many small writers that together load it.
+    write_heavy_share: float = 0.5
     # No reads on a resource for this long: its latency is unobservable and
     # throttling its writers helps nobody; release the class.
     read_idle_release_s: float = 3.0

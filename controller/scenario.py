@@ -266,6 +266,7 @@ def parse_scenario(text: str) -> Scenario:
         )
         * KIB,
         read_idle_release_s=ctl.number("read_idle_release_s", d.read_idle_release_s, lo=0.0),
+        write_heavy_share=ctl.number("write_heavy_share", d.write_heavy_share, lo=0.0, hi=1.0),
     )
     if 0.0 < config.class_increase_max_ratio_per_tick < 1.0:
         raise ScenarioError(

@@ -123,12 +123,17 @@ class ControllerState:
     next_tick_s: float | None = None
     next_converge_s: float | None = None
     late_ticks_total: int = 0
+    rise_to: tuple[int, ...] = ()  # rise() of every class (the ramp), from the config
 
     def __post_init__(self) -> None:
         c = self.config
+        self.rise_to = _rise_table(c)
         if self.sets is None:
             self.sets = WriteHeavySets(
-                c.write_ewma_tau_s, c.write_heavy_enter_bps, c.write_heavy_leave_bps
+                c.write_ewma_tau_s,
+                c.write_heavy_enter_bps,
+                c.write_heavy_leave_bps,
+                c.write_heavy_share,
             )
 
     @property
@@ -178,9 +183,13 @@ def reconfigure(state: ControllerState, config: ControllerConfig) -> ControllerS
     """The same resources, classes, EWMAs and write-heavy sets under new parameters."""
     sets = state.write_sets
     fresh = WriteHeavySets(
-        config.write_ewma_tau_s, config.write_heavy_enter_bps, config.write_heavy_leave_bps
+        config.write_ewma_tau_s,
+        config.write_heavy_enter_bps,
+        config.write_heavy_leave_bps,
+        config.write_heavy_share,
     )  # validates the thresholds
     sets.tau_s, sets.enter_bps, sets.leave_bps = fresh.tau_s, fresh.enter_bps, fresh.leave_bps
+    sets.share = fresh.share
     sets.clear_alpha_cache()
     out = ControllerState(
         config,
@@ -265,7 +274,7 @@ def step(
             if c.class_decrease_max_per_tick and new_class < rs.delay_class:  # gradually
                 new_class = max(new_class, rs.delay_class - c.class_decrease_max_per_tick)
             elif new_class > rs.delay_class:  # ramp
-                new_class = min(new_class, rise(rs.delay_class, c))
+                new_class = min(new_class, state.rise_to[rs.delay_class])
                 rs.pid.track(new_class)
             if new_class != rs.delay_class:
                 rs.delay_class = new_class
@@ -315,7 +324,7 @@ def _recompute_effective(state: ControllerState, initiators: set[str]) -> dict[s
     resources = state.resources
     eff = state.effective
     rising = state.rising
-    c = state.config
+    rise_to = state.rise_to
     changed: dict[str, int] = {}
     for ini in initiators:
         cls = 0
@@ -324,7 +333,7 @@ def _recompute_effective(state: ControllerState, initiators: set[str]) -> dict[s
             if rs is not None and rs.delay_class > cls:
                 cls = rs.delay_class
         old = eff.get(ini, 0)
-        if cls > old and cls > (top := rise(old, c)):  # ramp
+        if cls > old and cls > (top := rise_to[old]):  # ramp
             cls = top
             rising.add(ini)
         else:

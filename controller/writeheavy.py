@@ -14,10 +14,21 @@ Measured signal
     in as a 0 B/s sample (the initiator stopped writing or disconnected).
 
 Law (evaluated at every set convergence, 1 s by default)
-    not member and ewma >  enter_bytes_per_s  -> join   ("enter")
-    member     and ewma <  leave_bytes_per_s  -> leave  ("leave")
-    otherwise                                  -> keep   ("hold")
-    with leave < enter: the band between them is the hysteresis.
+    not member and ewma >  enter                -> join   ("enter")
+    member     and ewma <  leave                -> leave  ("leave")
+    otherwise                                    -> keep   ("hold")
+    with leave < enter: the band between them is the hysteresis, and
+        enter = min(enter_bytes_per_s, share x fair)   where the resource
+        leave = min(leave_bytes_per_s, share x fair x leave_bytes_per_s /
+                    enter_bytes_per_s)                 writes > enter_bytes_per_s
+        fair  = sum(r^2) / sum(r) over the resource's pairs' write EWMAs r:
+                the rate of the writer that writes the average byte (40
+                hosts at r each: r; one at 20 and one at 0.3 MiB/s: 19.7)
+    The relative part ("share", 0 turns it off) catches many hosts that each
+    write little (under any per-host threshold) but together load the
+    resource: 40 hosts at 0.5 MiB/s each all join (each writes the fair
+    share), while one host at 0.3 MiB/s beside one at 20 MiB/s does not
+    (the fair share is 10 MiB/s).
 
 Bounds
     A pair that is not a member and whose EWMA has decayed below
@@ -69,7 +80,15 @@ class Membership:
 class WriteHeavySets:
     """Per-resource sets of write-heavy initiators (pure; time passed in)."""
 
-    def __init__(self, tau_s: float, enter_bytes_per_s: float, leave_bytes_per_s: float) -> None:
+    def __init__(
+        self,
+        tau_s: float,
+        enter_bytes_per_s: float,
+        leave_bytes_per_s: float,
+        share: float = 0.0,
+    ) -> None:
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"write-heavy share must be within 0-1, got {share}")
         if not 0.0 <= leave_bytes_per_s < enter_bytes_per_s:
             raise ValueError(
                 "write-heavy thresholds need 0 <= leave < enter, got "
@@ -80,6 +99,7 @@ class WriteHeavySets:
         self.tau_s = tau_s
         self.enter_bps = enter_bytes_per_s
         self.leave_bps = leave_bytes_per_s
+        self.share = share
         self._pairs: dict[tuple[str, str], _Pair] = {}
         self.members: dict[str, set[str]] = {}  # resource -> initiators
         self.member_of: dict[str, set[str]] = {}  # initiator -> resources
@@ -136,26 +156,57 @@ class WriteHeavySets:
         out = Membership()
         forget_bps = FORGET_FRACTION * self.leave_bps
         dead: list[tuple[str, str]] = []
-        for key, p in self._pairs.items():
+        pairs = self._pairs
+        s1: dict[str, float] = {}  # per resource: sum of rates, of squared rates
+        s2: dict[str, float] = {}
+        for (resource, _), p in pairs.items():
             if not p.seen:  # no sample this period: it wrote nothing
                 p.rate_bps -= self._alpha(now_s - p.last_s) * p.rate_bps
                 p.last_s = now_s
             p.seen = False
-            resource, initiator = key
-            if not p.member and p.rate_bps > self.enter_bps:  # enter
+            r = p.rate_bps
+            s1[resource] = s1.get(resource, 0.0) + r
+            s2[resource] = s2.get(resource, 0.0) + r * r
+        enter, leave = self._thresholds(s1, s2)
+        enter_bps, leave_bps = self.enter_bps, self.leave_bps  # relative ones are lower
+        for key, p in pairs.items():
+            r = p.rate_bps
+            if p.member:
+                if r >= leave_bps or (leave and r >= leave.get(key[0], leave_bps)):
+                    continue  # hold
+                p.member = False  # leave
+                resource, initiator = key
+                self._unlink(resource, initiator)
+                out.left.setdefault(resource, set()).add(initiator)
+            elif r > enter_bps or (enter and r > enter.get(key[0], enter_bps)):  # enter
                 p.member = True
+                resource, initiator = key
                 self.members.setdefault(resource, set()).add(initiator)
                 self.member_of.setdefault(initiator, set()).add(resource)
                 out.joined.setdefault(resource, set()).add(initiator)
-            elif p.member and p.rate_bps < self.leave_bps:  # leave
-                p.member = False
-                self._unlink(resource, initiator)
-                out.left.setdefault(resource, set()).add(initiator)
-            if not p.member and p.rate_bps <= forget_bps:  # forget
+                continue
+            if r <= forget_bps:  # forget
                 dead.append(key)
         for key in dead:
             del self._pairs[key]
         return out
+
+    def _thresholds(
+        self, s1: dict[str, float], s2: dict[str, float]
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """The relative thresholds of each resource writing more than enter_bps in all."""
+        enter: dict[str, float] = {}
+        leave: dict[str, float] = {}
+        if not self.share:
+            return enter, leave
+        ratio = self.leave_bps / self.enter_bps
+        for name, total in s1.items():
+            if total > self.enter_bps:
+                fair = self.share * s2[name] / total
+                if fair < self.enter_bps:
+                    enter[name] = fair
+                    leave[name] = min(self.leave_bps, fair * ratio)
+        return enter, leave
 
     def _unlink(self, resource: str, initiator: str) -> None:
         self.members[resource].discard(initiator)

@@ -230,6 +230,7 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
         write_heavy_enter_bps=c["write_heavy_enter"],
         write_heavy_leave_bps=c["write_heavy_leave"],
         read_idle_release_s=c["read_idle_release"],
+        write_heavy_share=c["write_heavy_share"],
     )
     m = r.table(data, "metrics", "metrics")
     return Config(

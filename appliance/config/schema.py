@@ -404,6 +404,9 @@ KEYS: tuple[Key, ...] = (
          "write rate that makes an initiator write-heavy on a resource"),
     _ctl("write_heavy_leave", byte_rate(), fmt_byte_rate(_DC.write_heavy_leave_bps),
          "write rate under which it leaves the set; below write_heavy_enter"),
+    _ctl("write_heavy_share", number(0.0, 1.0), _DC.write_heavy_share,
+         "also write-heavy: an initiator writing this share of its resource's fair share "
+         "while the resource writes more than write_heavy_enter (0: off)"),
     _ctl("read_idle_release", duration_s(), fmt_duration(_DC.read_idle_release_s),
          "no reads for this long releases the resource's class"),
     _ctl("default_threshold", duration_s(0.0, MAX_THRESHOLD_S, positive=True), None,

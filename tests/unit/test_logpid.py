@@ -1,0 +1,98 @@
+"""The PID on ln(delay) (controller/pid.py, law "log") and the relative write-heavy share."""
+
+import itertools
+import math
+
+import pytest
+
+from santhrottle.controller.domain import (
+    ControllerConfig,
+    ReadSample,
+    Resource,
+    Samples,
+    WriteSample,
+)
+from santhrottle.controller.ladder import Ladder
+from santhrottle.controller.pid import LogPid, SingleSidedPid, new_pid
+from santhrottle.controller.step import new_state, step
+from santhrottle.controller.writeheavy import WriteHeavySets
+
+pytestmark = pytest.mark.unit
+MIB = 1024.0 * 1024.0
+
+
+def test_the_docstrings_worked_example():
+    p = LogPid(1.0, 0.5, 0.0, 0.1, Ladder())
+    p.follow(40)
+    assert p.u == pytest.approx(math.log(0.025))
+    got = [(p.update(m, 0.9), round(math.exp(p.u) * 1000, 1)) for m in (1.5, 1.2, 1.0)]
+    assert got == [(55, 51.4), (50, 40.4), (47, 33.7)]
+
+
+def test_the_same_relative_errors_move_any_delay_by_the_same_factors():
+    def run(start_class):
+        p = LogPid(1.0, 0.5, 0.0, 0.1, Ladder(500, 1_000_000))
+        p.follow(start_class)
+        u0 = p.u
+        for m in (1.3, 1.1, 0.95):
+            p.update(m, 0.9)
+        return p.u - u0
+
+    lad = Ladder(500, 1_000_000)
+    lo, hi = lad.class_of_us(20_000), lad.class_of_us(202_500)
+    assert run(lo) == pytest.approx(run(hi))
+
+
+def test_single_sided_off_at_the_floor_and_clamped_at_the_top():
+    lad = Ladder()
+    p = LogPid(1.0, 0.5, 0.0, 0.1, lad)
+    assert p.delay_class == 0
+    assert p.update(0.5, 0.9) == 0  # under the setpoint from off: stays off
+    assert p.update(1.0, 0.9) == 1  # any rise above the floor is at least class 1
+    for _ in range(200):
+        p.update(10.0, 0.9)
+    assert p.delay_class == lad.max_class and p.u == pytest.approx(math.log(0.25))
+    for _ in range(20):  # anti-windup: it unwinds at once, not after 200 ticks
+        p.update(0.1, 0.9)
+    assert p.delay_class == 0
+    p.follow(30)
+    p.track(10)
+    assert p.delay_class == 10
+    assert p.class_with_margin(4) == 14
+    p.reset()
+    assert p.delay_class == 0
+
+
+def test_new_pid_follows_the_law():
+    assert isinstance(new_pid(ControllerConfig()), LogPid)
+    assert isinstance(new_pid(ControllerConfig(law="paper")), SingleSidedPid)
+    with pytest.raises(ValueError, match="control law must be one of log, paper"):
+        ControllerConfig(law="fast")
+
+
+def test_the_ramp_bounds_a_rise_by_the_delay_not_the_class_number():
+    cfg = ControllerConfig(read_ewma_tau_s=0.0)
+    st = new_state(cfg, [Resource("vg", 0.010)])
+    st, _ = step(st, Samples(writes=[WriteSample("vg", "A", 20 * MIB)]), 0.0)
+    delays = []
+    for k in range(1, 30):  # 5 x the threshold: the ramp alone sets the pace
+        st, _ = step(st, Samples([ReadSample("vg", 6, 0.050)]), k / 10)
+        delays.append(cfg.ladder.delay_s(st.resources["vg"].delay_class))
+    for a, b in itertools.pairwise(delays):
+        assert b <= max(a * 1.25, a + 0.001) + 1e-9
+    assert delays[-1] > 0.1  # and it gets far (no plant needs fewer than 29 ticks)
+
+
+def test_many_light_writers_join_one_small_writer_beside_a_heavy_one_does_not():
+    w = WriteHeavySets(8.0, MIB, MIB / 4, share=0.5)
+    light = [("vg", f"10.0.1.{i}", 0.5 * MIB) for i in range(40)]  # 20 MiB/s together
+    mixed = [("vg2", "10.0.2.1", 20 * MIB), ("vg2", "10.0.2.2", 0.3 * MIB)]
+    w.observe_many(light + mixed + [("vg", "10.0.9.9", 0.01 * MIB)], 0.0)
+    ch = w.converge(0.0)
+    assert ch.joined["vg"] == {f"10.0.1.{i}" for i in range(40)}  # not the 10 kB/s one
+    assert ch.joined["vg2"] == {"10.0.2.1"}
+    off = WriteHeavySets(8.0, MIB, MIB / 4, share=0.0)
+    off.observe_many(light, 0.0)
+    assert off.converge(0.0).joined == {}  # the per-host threshold alone misses them
+    with pytest.raises(ValueError, match="share must be within 0-1"):
+        WriteHeavySets(8.0, MIB, MIB / 4, share=2.0)
