@@ -103,6 +103,9 @@ class ControllerConfig:
     # No reads on a resource for this long: its latency is unobservable and
     # throttling its writers helps nobody; release the class.
     read_idle_release_s: float = 3.0
+    # threshold = "auto": the latency at this fraction of the device's peak
+    # throughput on its LQ line (SIOC's convention, Pesto section 5).
+    auto_alpha: float = 0.9
 
     def __post_init__(self) -> None:
         if self.law not in LAWS:
@@ -115,10 +118,16 @@ class ControllerConfig:
 
 @dataclass(frozen=True, slots=True)
 class Resource:
-    """A shared resource (an LVM volume group) and its read-latency threshold."""
+    """A shared resource (an LVM volume group) and its read-latency threshold.
+
+    auto: the threshold is Pesto's, C / (1 - auto_alpha) of the resource's LQ
+    line fitted online (controller/lqfit.py); threshold_s is the fallback
+    held until the fit is confident (math.inf: observed until then).
+    """
 
     name: str
     threshold_s: float
+    auto: bool = False
 
 
 @dataclass(frozen=True, slots=True)

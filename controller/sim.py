@@ -39,7 +39,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from .domain import ReadSample, Resource, Samples, WriteSample
+from .domain import DeviceSample, ReadSample, Resource, Samples, WriteSample
 from .plant import Device, solve_latency
 from .scenario import Scenario
 from .step import new_state, step
@@ -58,6 +58,7 @@ class Series:
     t_s: list[float] = field(default_factory=list)
     read_latency_s: list[float | None] = field(default_factory=list)  # 1 s window, per resource 0
     ewma_s: list[float | None] = field(default_factory=list)
+    threshold_s: list[float | None] = field(default_factory=list)  # in force, resource 0
     delay_class: list[int] = field(default_factory=list)
     write_bps: list[float] = field(default_factory=list)  # aggregate, over the tick
 
@@ -88,11 +89,15 @@ def run(
     threshold_s: float | None = None,
     constant_class: int | None = None,
     label: str | None = None,
+    auto: bool = False,
 ) -> RunResult:
-    """One run: controlled at threshold_s, or a constant class, or neither (uncontrolled)."""
+    """One run: controlled at threshold_s, or a constant class, or neither (uncontrolled).
+
+    auto: threshold "auto" (Pesto's, from the LQ fit of the device samples),
+    threshold_s the fallback until the fit is confident."""
     cfg = sc.controller
     state = (
-        new_state(cfg, [Resource(r.name, threshold_s) for r in sc.resources])
+        new_state(cfg, [Resource(r.name, threshold_s, auto) for r in sc.resources])
         if threshold_s is not None
         else None
     )
@@ -108,6 +113,8 @@ def run(
         id(s): open_rng[id(s)].expovariate(s.rate_iops) for s in sc.streams if s.loop == "open"
     }
     closed_rng = {r.name: random.Random(f"{sc.seed}:closed:{r.name}") for r in sc.resources}
+    dev_rng = random.Random(f"{sc.seed}:device")
+    dev_tick = {r.name: [0.0, 0.0, 0.0] for r in sc.resources}  # IOs, sum of L, sum of Q dt
 
     pending: list[tuple[float, str, float]] = []  # (completion time, resource, latency)
     tick_sum: dict[str, float] = {r.name: 0.0 for r in sc.resources}
@@ -155,6 +162,12 @@ def run(
             for s, d in closed:
                 by_delay[d] = by_delay.get(d, 0.0) + s.depth
             lat = solve_latency(devices[r.name], open_iops, [(q, d) for d, q in by_delay.items()])
+            # the device as diskstats sees it: IOs, their latency, IOs in flight (Little)
+            dev_iops = open_iops + sum(q / (lat + d) for d, q in by_delay.items())
+            dev_acc = dev_tick[r.name]
+            dev_acc[0] += dev_iops * dt
+            dev_acc[1] += dev_iops * dt * lat
+            dev_acc[2] += dev_iops * lat * dt
             mu, sd = ln_params[r.name]
             for s, d in closed:
                 iops = s.depth / (lat + d)
@@ -210,6 +223,16 @@ def run(
         ]
         for name in tick_n:
             tick_sum[name] = tick_n[name] = tick_res_write_bytes[name] = 0.0
+        devs = []
+        for name, (n_io, lat_sum, q_sum) in dev_tick.items():
+            if n_io > 0.0:
+                g = math.exp(
+                    ln_params[name][0] + ln_params[name][1] / math.sqrt(n_io) * dev_rng.gauss()
+                )
+                devs.append(
+                    DeviceSample(name, math.ceil(n_io), lat_sum / n_io * g, q_sum / cfg.tick_s)
+                )
+            dev_tick[name] = [0.0, 0.0, 0.0]
         writes: list[WriteSample] = []
         if (k + 1) % converge_every == 0:
             span = converge_every * dt
@@ -218,7 +241,7 @@ def run(
         ewma: float | None = None
         cls0 = 0
         if state is not None:
-            state, _ = step(state, Samples(reads, writes), t_end)
+            state, _ = step(state, Samples(reads, writes, devs), t_end)
             effective = state.effective
             rs = state.resources[first]
             ewma = rs.ewma.value
@@ -231,6 +254,9 @@ def run(
         series.t_s.append(round(t_end, 6))
         series.read_latency_s.append(window_sum / len(window) if window else None)
         series.ewma_s.append(ewma)
+        series.threshold_s.append(
+            state.resources[first].threshold_s(cfg.auto_alpha) if state is not None else None
+        )
         series.delay_class.append(cls0)
         series.write_bps.append(tick_write_bytes / cfg.tick_s)
         tick_write_bytes = 0.0

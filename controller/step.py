@@ -56,6 +56,13 @@ Bounds
     Classes are in [0, max_class] (PID clamp). A resource whose threshold
     is changed keeps its PID state: the new error acts from the next tick.
 
+Threshold "auto" (Resource.auto)
+    Every DeviceSample (the resource's devices over the sensor interval:
+    IOs, their mean latency, the mean IOs in flight) feeds the resource's
+    LQ fit (controller/lqfit.py); the threshold in force is C / (1 -
+    auto_alpha) of its last confident fit, and the Resource's threshold_s
+    (the fallback; math.inf observes) until there is one.
+
 New parameters, a restart
     reconfigure(state, config): new gains, EWMA time constants, write-heavy
     thresholds or cadences keep every resource's class (the PID continues
@@ -100,6 +107,7 @@ from dataclasses import dataclass, field
 
 from .domain import ControllerConfig, Decisions, Resource, Samples
 from .ewma import Ewma
+from .lqfit import LqEstimator, LqFit
 from .pid import Pid, new_pid
 from .writeheavy import WriteHeavySets
 
@@ -111,6 +119,19 @@ class ResourceState:
     pid: Pid
     delay_class: int = 0
     last_read_s: float | None = None
+    lq: LqEstimator | None = None  # threshold "auto": the LQ fit
+
+    def threshold_s(self, alpha: float) -> float:
+        """The threshold in force: the fitted one (auto, once confident), else the set one."""
+        if self.lq is not None:
+            fit = self.lq.last_confident
+            if fit is not None:
+                return fit.threshold_s(alpha) or self.resource.threshold_s
+        return self.resource.threshold_s
+
+    @property
+    def fit(self) -> LqFit | None:
+        return None if self.lq is None else self.lq.fit
 
 
 @dataclass
@@ -148,9 +169,18 @@ class ControllerState:
         rs = self.resources.get(resource.name)
         if rs is not None:
             rs.resource = resource
+            if resource.auto and rs.lq is None:
+                rs.lq = LqEstimator()
+            elif not resource.auto:
+                rs.lq = None
             return
         c = self.config
-        self.resources[resource.name] = ResourceState(resource, Ewma(c.read_ewma_tau_s), new_pid(c))
+        self.resources[resource.name] = ResourceState(
+            resource,
+            Ewma(c.read_ewma_tau_s),
+            new_pid(c),
+            lq=LqEstimator() if resource.auto else None,
+        )
 
     def remove_resource(self, name: str) -> dict[str, int]:
         """Forget a resource; returns the initiators whose class changed."""
@@ -205,6 +235,7 @@ def reconfigure(state: ControllerState, config: ControllerConfig) -> ControllerS
         new = out.resources[name]
         new.ewma.value, new.ewma.last_s = rs.ewma.value, rs.ewma.last_s
         new.last_read_s = rs.last_read_s
+        new.lq = rs.lq
         new.delay_class = min(rs.delay_class, config.max_class)
         new.pid.follow(new.delay_class)
     _recompute_effective(out, set(out.effective) | set(out.rising))
@@ -229,6 +260,10 @@ def step(
     sets = state.write_sets
     if samples.writes:
         sets.observe_many(samples.writes, now_s)
+    for dev in samples.devices:  # threshold "auto": the LQ fits
+        rs0 = state.resources.get(dev.resource)
+        if rs0 is not None and rs0.lq is not None:
+            rs0.lq.observe(dev, now_s)
 
     touched: set[str] = set()  # resources whose class or membership changed
 
@@ -256,7 +291,8 @@ def step(
                 rs.last_read_s = now_s
                 ewma = rs.ewma.update(sample.read_latency_s, now_s)
                 # relative error: one set of gains for any threshold
-                want = rs.pid.update(ewma / rs.resource.threshold_s, c.setpoint_fraction)
+                thr = rs.resource.threshold_s if rs.lq is None else rs.threshold_s(c.auto_alpha)
+                want = rs.pid.update(ewma / thr, c.setpoint_fraction)
                 if want >= rs.delay_class:  # up: at once
                     new_class = want
                 else:  # down: past the hysteresis band only

@@ -123,13 +123,14 @@ def print_status(st: dict[str, Any]) -> None:
     if st.get("restart_needed"):
         print(f"restart needed for: {', '.join(st['restart_needed'])} (the file changed them)")
     print(
-        f"{'RESOURCE':<16} {'MODE':<8} {'THRESHOLD':>10} {'LAT_EWMA':>9} {'LAST':>9} "
+        f"{'RESOURCE':<16} {'MODE':<8} {'THRESHOLD':>13} {'LAT_EWMA':>9} {'LAST':>9} "
         f"{'CLASS':>5} {'DELAY':>8}  MEMBERS"
     )
     for r in st["resources"]:
-        thr = fmt_ms(r["threshold_s"]) + ("*" if r.get("threshold_override") else "")
+        thr = fmt_threshold(r["threshold_s"], r.get("threshold_in_force_s"))
+        thr += "*" if r.get("threshold_override") else ""
         print(
-            f"{r['resource']:<16} {r['mode']:<8} {thr:>10} "
+            f"{r['resource']:<16} {r['mode']:<8} {thr:>13} "
             f"{fmt_ms(r['read_latency_ewma_s']):>9} {fmt_ms(r['read_latency_s']):>9} "
             f"{r['delay_class']:>5} {fmt_ms(r['delay_s']):>8}  {','.join(r['members']) or '-'}"
         )
@@ -143,6 +144,36 @@ def print_status(st: dict[str, Any]) -> None:
         )
     if any(r.get("threshold_override") for r in st["resources"]):
         print("* a threshold set at run time (threshold reset returns to the file's)")
+    for r in st["resources"]:
+        if r["threshold_s"] == "auto":
+            fit = describe_fit(r.get("threshold_fit"), r.get("threshold_in_force_s"))
+            print(f"{r['resource']}: {fit}")
+
+
+def fmt_threshold(thr: Any, in_force: float | None) -> str:
+    """A threshold as asked for; "auto" with the one in force ("-": observed)."""
+    if thr == "auto":
+        return f"auto {fmt_ms(in_force) if in_force is not None else '-'}"
+    return fmt_ms(thr)
+
+
+def describe_fit(fit: dict[str, Any] | None, in_force: float | None) -> str:
+    """threshold "auto": the LQ fit (C, m, R^2, windows, Q seen) and what is in force."""
+    force = f"in force {fmt_ms(in_force)}" if in_force is not None else "observed (no fallback)"
+    if not fit or not fit.get("windows"):
+        return f"LQ fit: no samples yet; {force} (the fallback)"
+    line = (
+        f"LQ fit L = {fmt_ms(fit['intercept_s'])} + {fmt_ms(fit['slope_s_per_io'])} x Q, "
+        f"R^2 {_num(fit['r_squared'])}, {fit['windows']:.0f} windows, "
+        f"Q {_num(fit['q_lo'])}..{_num(fit['q_hi'])} IOs"
+    )
+    if fit.get("fitted"):
+        return f"{line}; threshold C/(1-alpha) {force}"
+    return f"{line}; not confident yet: {force} (the fallback)"
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -183,7 +214,9 @@ def _print_thresholds(data: dict[str, Any]) -> None:
         if not isinstance(v, dict):
             v = {"threshold_s": v, "configured_s": v, "override": False}
         thr = v.get("threshold_s")
-        text = fmt_ms(thr) if thr is not None else "none (observe only)"
+        text = fmt_threshold(thr, v.get("in_force_s")) if thr is not None else "none (observe only)"
+        if thr == "auto":
+            text += f"; {describe_fit(v.get('fit'), v.get('in_force_s'))}"
         if v.get("override"):
             conf = v.get("configured_s")
             text += f" (override; file: {fmt_ms(conf) if conf is not None else 'none'})"
@@ -194,10 +227,11 @@ def cmd_threshold_show(args: argparse.Namespace) -> int:
     return emit(args, call(args, "threshold_show"), _print_thresholds)
 
 
-def _threshold_value(value: str) -> float:
-    """The configuration's own rules for a threshold (a duration > 0, at most 60 s)."""
+def _threshold_value(value: str) -> float | str:
+    """The configuration's own rules for a threshold (a duration > 0, at most 60 s,
+    or "auto")."""
     try:
-        thr: float = key("resources.NAME.threshold").kind.parse(value)
+        thr: float | str = key("resources.NAME.threshold").kind.parse(value)
     except KindError as e:
         raise CliError(f"threshold: {e}") from None
     return thr
@@ -212,7 +246,11 @@ def cmd_threshold_set(args: argparse.Namespace) -> int:
     thr = _threshold_value(value)
     data = call(args, "threshold_set", resource=resource, threshold_s=thr)
     return emit(
-        args, data, lambda d: print(f"{d['resource']}: threshold {fmt_ms(d['threshold_s'])}")
+        args,
+        data,
+        lambda d: print(
+            f"{d['resource']}: threshold {fmt_threshold(d['threshold_s'], d.get('in_force_s'))}"
+        ),
     )
 
 
@@ -221,7 +259,8 @@ def _print_reset(d: dict[str, Any]) -> None:
     if thr is None:
         print(f"{d['resource']}: no threshold (observe only), as in the configuration")
     else:
-        print(f"{d['resource']}: threshold {fmt_ms(thr)} (the configuration's)")
+        text = fmt_threshold(thr, d.get("in_force_s"))
+        print(f"{d['resource']}: threshold {text} (the configuration's)")
 
 
 def cmd_threshold_reset(args: argparse.Namespace) -> int:

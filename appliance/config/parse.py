@@ -46,8 +46,9 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class ResourceConfig:
     name: str
-    threshold_s: float | None  # None: measured, never throttled
+    threshold_s: float | str | None  # None: measured, never throttled; "auto": fitted
     devices: tuple[str, ...] = ()  # declared resource: these block devices
+    fallback_s: float | None = None  # "auto": held until the fit is confident
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class Config:
     glide_leaves: int
     # [controller]
     controller: ControllerConfig
-    default_threshold_s: float | None
+    default_threshold_s: float | str | None
     # [resources.NAME], [static_map]
     resources: dict[str, ResourceConfig] = field(default_factory=dict)
     static_map: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -95,7 +96,11 @@ class Config:
     def max_class(self) -> int:
         return self.controller.ladder.max_class
 
-    def threshold_of(self, resource: str) -> float | None:
+    def fallback_of(self, resource: str) -> float | None:
+        rc = self.resources.get(resource)
+        return rc.fallback_s if rc is not None else None
+
+    def threshold_of(self, resource: str) -> float | str | None:
         rc = self.resources.get(resource)
         if rc is not None and rc.threshold_s is not None:
             return rc.threshold_s
@@ -230,6 +235,7 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
         write_heavy_enter_bps=c["write_heavy_enter"],
         write_heavy_leave_bps=c["write_heavy_leave"],
         read_idle_release_s=c["read_idle_release"],
+        auto_alpha=c["auto_alpha"],
         write_heavy_share=c["write_heavy_share"],
     )
     m = r.table(data, "metrics", "metrics")
@@ -271,7 +277,7 @@ def _resources(r: _Reader, data: dict[str, Any]) -> dict[str, ResourceConfig]:
         if not isinstance(rt, dict):
             raise r.fail(key, "must be a table with threshold and optional devices")
         v = r.table({key: rt}, key, "resources.NAME")
-        out[name] = ResourceConfig(name, v["threshold"], v["devices"])
+        out[name] = ResourceConfig(name, v["threshold"], v["devices"], v["fallback_threshold"])
     return out
 
 

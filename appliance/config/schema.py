@@ -134,6 +134,25 @@ def duration_s(lo_s: float = 0.0, hi_s: float | None = None, positive: bool = Fa
     return Kind(desc, parse)
 
 
+# A threshold the daemon derives itself (Pesto's, controller/lqfit.py).
+AUTO = "auto"
+
+
+def threshold() -> Kind:
+    """A read-latency threshold: a duration > 0 (at most MAX_THRESHOLD_S), or "auto"."""
+    dur = duration_s(0.0, MAX_THRESHOLD_S, positive=True)
+
+    def parse(v: Any) -> float | str:
+        if v == AUTO:
+            return AUTO
+        try:
+            return float(dur.parse(v))
+        except KindError as e:
+            raise KindError(f'{e}; or "auto"') from None
+
+    return Kind(f'{dur.describe}, or "auto"', parse)
+
+
 def byte_rate() -> Kind:
     def parse(v: Any) -> float:
         if not isinstance(v, str):
@@ -409,11 +428,16 @@ KEYS: tuple[Key, ...] = (
          "while the resource writes more than write_heavy_enter (0: off)"),
     _ctl("read_idle_release", duration_s(), fmt_duration(_DC.read_idle_release_s),
          "no reads for this long releases the resource's class"),
-    _ctl("default_threshold", duration_s(0.0, MAX_THRESHOLD_S, positive=True), None,
+    _ctl("default_threshold", threshold(), None,
          "threshold of every discovered resource without its own; unset: observe them"),
+    _ctl("auto_alpha", number(0.5, 0.99), _DC.auto_alpha,
+         'threshold "auto": the latency at this fraction of the device\'s peak throughput'),
     # [resources.NAME]
-    Key("resources.NAME", "threshold", duration_s(0.0, MAX_THRESHOLD_S, positive=True), None,
-        "the resource's read-latency threshold; unset: observed, never throttled"),
+    Key("resources.NAME", "threshold", threshold(), None,
+        'the resource\'s read-latency threshold; "auto": fitted from its devices (Pesto); '
+        "unset: observed, never throttled"),
+    Key("resources.NAME", "fallback_threshold", duration_s(0.0, MAX_THRESHOLD_S, positive=True),
+        None, 'threshold "auto": held until the fit is confident; unset: observed until then'),
     Key("resources.NAME", "devices", names("block device", '"sdb", "dm-3"'), [],
         "declare a resource as these block devices (a VG is discovered)"),
     # [metrics]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from santhrottle.appliance.daemon import view
 from santhrottle.appliance.daemon.requests import Context, RequestError, check
 
 if TYPE_CHECKING:
@@ -50,10 +51,13 @@ class CommandError(RequestError):
 
 
 def _threshold(daemon: Daemon, name: str) -> dict[str, Any]:
+    """threshold_s: what is asked for (seconds, "auto", None); in_force_s: what the
+    PID regulates to now (auto: the fitted one, or the fallback; None: observed)."""
     return {
         "threshold_s": daemon.threshold_of(name),
         "configured_s": daemon.config.threshold_of(name),
         "override": name in daemon.state.thresholds,
+        **view.threshold_view(daemon, name),
     }
 
 

@@ -42,12 +42,19 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from santhrottle.appliance.config import Config, ConfigError
+from santhrottle.appliance.config.schema import AUTO
 from santhrottle.appliance.daemon import commands, view
 from santhrottle.appliance.daemon.commands import CommandError
 from santhrottle.appliance.daemon.counters import Counters, WrittenBytes
 from santhrottle.appliance.daemon.restore import age_adopted, snapshot
 from santhrottle.appliance.daemon.state import Saved, StateStore
-from santhrottle.controller.domain import ReadSample, Resource, Samples, WriteSample
+from santhrottle.controller.domain import (
+    DeviceSample,
+    ReadSample,
+    Resource,
+    Samples,
+    WriteSample,
+)
 from santhrottle.controller.step import (
     ControllerState,
     new_state,
@@ -61,6 +68,8 @@ log = logging.getLogger("santhrottled")
 
 class Sensors(Protocol):
     def read_samples(self) -> list[ReadSample]: ...
+
+    def device_samples(self) -> list[DeviceSample]: ...
 
     def converge(self) -> tuple[Any, list[WriteSample]]: ...
 
@@ -93,7 +102,7 @@ class ResourceView:
 class DaemonState:
     paused: bool = False
     pins: dict[str, tuple[int, str]] = field(default_factory=dict)  # ip -> (class, mode)
-    thresholds: dict[str, float] = field(default_factory=dict)  # runtime overrides
+    thresholds: dict[str, float | str] = field(default_factory=dict)  # runtime overrides
     applied: dict[str, tuple[int, str]] = field(default_factory=dict)  # ip -> (class, mode)
     # members a previous run left that no pin explains: held, then lowered (restore.py)
     adopted: dict[str, tuple[int, str]] = field(default_factory=dict)
@@ -142,8 +151,15 @@ class Daemon:
         self._status: tuple[tuple[int, ...], dict[str, Any]] | None = None
 
     # ----------------------------------------------------------- resources
-    def threshold_of(self, name: str) -> float | None:
+    def threshold_of(self, name: str) -> float | str | None:
+        """The threshold asked for: seconds, "auto" (fitted), None (observed)."""
         return self.state.thresholds.get(name, self.config.threshold_of(name))
+
+    def _controller_resource(self, name: str, thr: float | str) -> Resource:
+        if thr == AUTO:  # the fallback until the fit is confident; inf observes
+            fallback = self.config.fallback_of(name)
+            return Resource(name, math.inf if fallback is None else fallback, auto=True)
+        return Resource(name, float(thr))
 
     def known_resources(self) -> set[str]:
         d = self.state.discovery
@@ -160,7 +176,7 @@ class Daemon:
             if name not in want:
                 changed.update(self.ctl.remove_resource(name))
         for name, thr in want.items():
-            self.ctl.set_resource(Resource(name, thr))
+            self.ctl.set_resource(self._controller_resource(name, thr))
             if name in self.seed_classes:  # the last run's class: continue from it
                 seed_class(self.ctl, name, self.seed_classes.pop(name))
         if changed:
@@ -191,8 +207,9 @@ class Daemon:
         read_ok = True
         try:
             reads = self.sensors.read_samples()
+            devices = self.sensors.device_samples()  # of the same pass
         except Exception as e:
-            reads, read_ok = [], False
+            reads, devices, read_ok = [], [], False
             self.counters.sensor_errors += 1
             log.warning("tick: read samples failed: %s", e)
         with self.lock:
@@ -203,7 +220,7 @@ class Daemon:
             for r in reads:
                 self.state.last_reads[r.resource] = r
             self.counters.add_reads(reads if read_ok else None, self.config.controller.tick_s)
-            self.ctl, _ = step(self.ctl, Samples(reads, writes), now)
+            self.ctl, _ = step(self.ctl, Samples(reads, writes, devices), now)
             age_adopted(self, now)
             self._actuate()
             self.counters.record_tick(self.clock() - t0)

@@ -184,7 +184,8 @@ def resource_families(resources: list[dict[str, Any]]) -> Iterator[Metric]:
     )
     delay = GaugeMetricFamily(
         "santhrottle_resource_delay_seconds",
-        "Packet delay the resource's PID asks for its write-heavy initiators (the delay of its class on the ladder)",
+        "Packet delay the resource's PID asks for its write-heavy initiators "
+        "(the delay of its class on the ladder)",
         labels=["resource"],
     )
     members = GaugeMetricFamily(
@@ -209,22 +210,35 @@ def resource_families(resources: list[dict[str, Any]]) -> Iterator[Metric]:
         "the sample covers",
         labels=["resource"],
     )
+    lq = {
+        key: GaugeMetricFamily(f"santhrottle_resource_lq_{metric}", doc, labels=["resource"])
+        for key, metric, doc in (
+            ("intercept_s", "intercept_seconds", 'threshold "auto": the fitted LQ line\'s C'),
+            ("slope_s_per_io", "slope_seconds", 'threshold "auto": its slope m per IO in flight'),
+            ("r_squared", "r_squared", 'threshold "auto": R^2 of the fit'),
+            ("windows", "windows", 'threshold "auto": the 1 s windows the fit holds'),
+        )
+    }
     for r in resources:
         name = [r["resource"]]
+        for key, fam in lq.items():
+            fit = r.get("threshold_fit") or {}
+            if fit.get(key) is not None:
+                fam.add_metric(name, fit[key])
         v = r["read_latency_ewma_s"]
         if v is None:
             v = r["read_latency_s"]
         if v is not None:
             lat.add_metric(name, v)
-        if r["threshold_s"] is not None:
-            thr.add_metric(name, r["threshold_s"])
+        if r["threshold_in_force_s"] is not None:  # "auto": the fitted one
+            thr.add_metric(name, r["threshold_in_force_s"])
         cls.add_metric(name, r["delay_class"])
         delay.add_metric(name, r["delay_s"])
         members.add_metric(name, len(r["members"]))
         reads.add_metric(name, r["reads_completed"])
         read_time.add_metric(name, r["read_time_s"])
         written.add_metric(name, r["written_bytes"])
-    yield from (lat, thr, cls, delay, members, reads, read_time, written)
+    yield from (lat, thr, cls, delay, members, reads, read_time, written, *lq.values())
 
 
 def initiator_families(initiators: list[dict[str, Any]]) -> Iterator[Metric]:

@@ -41,6 +41,7 @@ from decimal import Decimal
 from typing import Any
 
 from santhrottle.appliance.config.schema import (
+    AUTO,
     MAX_CLASSES,
     PIN_MODES,
     KindError,
@@ -143,8 +144,11 @@ def _resource(v: Any, ctx: Context | None) -> str:
     return n
 
 
-def _threshold_s(v: Any, _ctx: Context | None) -> float:
-    """Seconds, finite and > 0, rounded to whole ns, within the config key's bounds."""
+def _threshold_s(v: Any, _ctx: Context | None) -> float | str:
+    """Seconds, finite and > 0, rounded to whole ns, within the config key's bounds;
+    or "auto" (the threshold the daemon fits itself)."""
+    if v == AUTO:
+        return AUTO
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise KindError(f"{quote(v)} is not a number of seconds")
     try:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from santhrottle.appliance.config.parse import read_text_file
-from santhrottle.appliance.config.schema import MAX_THRESHOLD_S, NAME_RE, PIN_MODES
+from santhrottle.appliance.config.schema import AUTO, MAX_THRESHOLD_S, NAME_RE, PIN_MODES
 
 STATE_FILE = "state.json"
 STATE_VERSION = 1
@@ -54,7 +54,7 @@ class StateError(ValueError):
 class Saved:
     paused: bool = False
     pins: dict[str, tuple[int, str]] = field(default_factory=dict)  # ip -> (class, mode)
-    thresholds: dict[str, float] = field(default_factory=dict)  # resource -> s (overrides)
+    thresholds: dict[str, float | str] = field(default_factory=dict)  # s or "auto" (overrides)
     resource_classes: dict[str, int] = field(default_factory=dict)
     saved_at: float | None = None  # wall clock (time.time()) of the save
 
@@ -109,8 +109,11 @@ def decode(text: str, max_class: int, where: str = STATE_FILE) -> Saved:
     for name, thr in _table(doc, "thresholds", bad).items():
         if not NAME_RE.match(name):
             raise bad("thresholds", f"{name!r} is not a resource name")
+        if thr == AUTO:
+            out.thresholds[name] = AUTO
+            continue
         if not _number(thr) or not 0 < thr <= MAX_THRESHOLD_S:
-            raise bad("thresholds", f"{name}: {thr!r} is not a threshold (0 < s <= 60)")
+            raise bad("thresholds", f"{name}: {thr!r} is not a threshold (0 < s <= 60, or auto)")
         out.thresholds[name] = float(thr)
     for name, k in _table(doc, "resource_classes", bad).items():
         if not NAME_RE.match(name):

@@ -15,6 +15,34 @@ if TYPE_CHECKING:
     from santhrottle.appliance.daemon.loop import Daemon
 
 
+def threshold_view(daemon: Daemon, name: str) -> dict[str, Any]:
+    """The threshold in force (None: observed) and, for "auto", the LQ fit behind it."""
+    rs = daemon.ctl.resources.get(name)
+    if rs is None:
+        return {"in_force_s": None, "fit": None}
+    thr = rs.threshold_s(daemon.config.controller.auto_alpha)
+    fit = rs.fit
+    return {
+        "in_force_s": thr if math.isfinite(thr) else None,
+        "fit": None
+        if fit is None
+        else {
+            "intercept_s": _finite(fit.intercept_s),
+            "slope_s_per_io": _finite(fit.slope_s_per_io),
+            "r_squared": _finite(fit.r_squared),
+            "windows": fit.windows,
+            "q_lo": _finite(fit.q_lo),
+            "q_hi": _finite(fit.q_hi),
+            "confident": fit.confident,
+            "fitted": rs.lq is not None and rs.lq.last_confident is not None,
+        },
+    }
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
 def status(daemon: Daemon) -> dict[str, Any]:
     d = daemon.state.discovery
     ladder = daemon.config.ladder
@@ -30,6 +58,7 @@ def status(daemon: Daemon) -> dict[str, Any]:
                 "threshold_s": daemon.threshold_of(name),
                 "configured_threshold_s": daemon.config.threshold_of(name),
                 "threshold_override": name in daemon.state.thresholds,
+                **{f"threshold_{k}": v for k, v in threshold_view(daemon, name).items()},
                 "mode": "control" if rs is not None else "observe",
                 "read_latency_ewma_s": rs.ewma.value if rs else None,
                 "read_latency_s": last.read_latency_s if last and last.reads else None,

@@ -38,6 +38,8 @@ from operator import mul, sub
 from pathlib import Path
 from typing import NamedTuple
 
+from santhrottle.controller.domain import DeviceSample
+
 SECTOR_BYTES = 512  # diskstats sectors are always 512 bytes
 FIELD_COUNTS = (14, 18, 20)
 WRAP_32 = 1 << 32
@@ -343,6 +345,22 @@ def read_latency_of(devs: Iterable[DevInterval]) -> tuple[int, float | None]:
             reads += d.reads
             ticks += d.read_ticks_ms
     return reads, (ticks * MS / reads if reads else None)
+
+
+def device_sample_of(resource: str, devs: Iterable[DevInterval]) -> DeviceSample | None:
+    """A resource's devices as Pesto's LQ line sees them: IOs completed (reads and
+    writes), their mean latency, the mean IOs in flight (weighted io time /
+    interval, Little's law). None without completed IOs."""
+    ios = ticks = weighted = 0
+    span_s = 0.0
+    for d in devs:
+        ios += d.reads + d.writes
+        ticks += d.read_ticks_ms + d.write_ticks_ms
+        weighted += d.weighted_ms
+        span_s = max(span_s, d.interval_s)
+    if not ios or span_s <= 0.0:
+        return None
+    return DeviceSample(resource, ios, ticks * MS / ios, weighted * MS / span_s)
 
 
 class DiskstatsReader:

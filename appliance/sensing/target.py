@@ -34,13 +34,14 @@ from santhrottle.appliance.sensing.diskstats import (
     DevInterval,
     DiskstatsReader,
     Snapshot,
+    device_sample_of,
     interval,
     read_latency_of,
     write_bps_of,
 )
 from santhrottle.appliance.sensing.lio import LioSensor, LioUnavailable
 from santhrottle.appliance.sensing.nvmet import NvmetSensor
-from santhrottle.controller.domain import ReadSample, WriteSample
+from santhrottle.controller.domain import DeviceSample, ReadSample, WriteSample
 
 log = logging.getLogger(__name__)
 # WriteSample from a (resource, initiator, bps) tuple without a Python call per item
@@ -93,6 +94,7 @@ class TargetSensor:
         self._discovery_key: tuple[object, ...] = ()
         self._charges = _Charges()
         self._tick_prev: tuple[float, Snapshot] | None = None
+        self._device_samples: list[DeviceSample] = []
         # (snapshot time, snapshot, ACL read time, ACL counters) of the last convergence
         self._conv_prev: tuple[float, Snapshot, float, dict[tuple[str, str], int]] | None = None
 
@@ -161,14 +163,23 @@ class TargetSensor:
             return []
         devs = self._devices(prev[1], cur, now - prev[0])
         out = []
+        self._device_samples = []
         for name, members in self.discovery.resources.items():
             ivs = [devs[d] for d in members if d in devs]
             reads, lat = read_latency_of(ivs)
             if not ivs:
                 continue
+            dev = device_sample_of(name, ivs)
+            if dev is not None:
+                self._device_samples.append(dev)
             pending = None if reads else self._reads_in_flight(members)
             out.append(ReadSample(name, reads, lat or 0.0, sum(i.write_bps for i in ivs), pending))
         return out
+
+    def device_samples(self) -> list[DeviceSample]:
+        """Per resource, of the last read_samples() pass: its devices' IOs, their mean
+        latency and the mean IOs in flight (Pesto's L and Q, for threshold "auto")."""
+        return self._device_samples
 
     def _reads_in_flight(self, devices: Iterable[str]) -> int | None:
         """Reads in flight (/sys/block/DEV/inflight: "reads writes"), read only for a

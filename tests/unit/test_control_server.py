@@ -169,21 +169,37 @@ def test_infinite_or_nan_thresholds_are_refused_and_status_still_works(live):
 
 
 # ---------------------------------------------------------------- 3. overrides
+def _asked(v):
+    return {k: v[k] for k in ("threshold_s", "configured_s", "override")}
+
+
 def test_threshold_show_marks_overrides_and_reset_returns_to_the_file(live):
     d, _vt, _act, path, _srv = live
-    assert request(path, "threshold_show") == {
+    shown = request(path, "threshold_show")
+    assert {n: _asked(v) for n, v in shown.items()} == {
         "vg0": {"threshold_s": 0.01, "configured_s": 0.01, "override": False},
         "vg1": {"threshold_s": None, "configured_s": None, "override": False},
     }
+    assert shown["vg0"]["in_force_s"] == 0.01 and shown["vg1"]["in_force_s"] is None
     got = request(path, "threshold_set", resource="vg0", threshold_s=0.012)
-    assert got == {"resource": "vg0", "threshold_s": 0.012, "configured_s": 0.01, "override": True}
-    assert request(path, "threshold_show")["vg0"] == {
+    assert got == {
+        "resource": "vg0",
+        "threshold_s": 0.012,
+        "configured_s": 0.01,
+        "override": True,
+        "in_force_s": 0.012,
+        "fit": None,
+    }
+    assert _asked(request(path, "threshold_show")["vg0"]) == {
         "threshold_s": 0.012,
         "configured_s": 0.01,
         "override": True,
     }
     assert d.ctl.resources["vg0"].resource.threshold_s == 0.012
-    got = request(path, "threshold_reset", resource="vg0")
+    got = _asked(request(path, "threshold_reset", resource="vg0")) | {
+        "resource": "vg0",
+        "removed_s": 0.012,
+    }
     assert got == {
         "resource": "vg0",
         "threshold_s": 0.01,
@@ -462,3 +478,18 @@ def test_the_client_without_a_daemon(tmp_path):
         request(str(stale), "ping")
     with pytest.raises(RemoteError, match="not sent"):
         request(str(stale), "threshold_set", resource="vg0", threshold_s=math.nan)
+
+
+def test_threshold_auto_is_fitted_and_observed_until_confident(live):
+    """threshold set vg0 auto: the PID observes (no fallback) until the LQ fit is
+    confident; status and threshold_show carry the fit; the override is kept."""
+    d, vt, _act, path, _srv = live
+    got = request(path, "threshold_set", resource="vg0", threshold_s="auto")
+    assert got["threshold_s"] == "auto" and got["override"] and got["in_force_s"] is None
+    assert got["fit"]["windows"] == 0 and not got["fit"]["fitted"]
+    assert d.ctl.resources["vg0"].resource.auto
+    assert d.state.thresholds == {"vg0": "auto"}
+    with pytest.raises(RemoteError, match="threshold_s"):
+        request(path, "threshold_set", resource="vg0", threshold_s="automatic")
+    request(path, "threshold_reset", resource="vg0")
+    assert not d.ctl.resources["vg0"].resource.auto

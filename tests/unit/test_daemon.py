@@ -13,7 +13,7 @@ import pytest
 
 from santhrottle.appliance.config import ConfigError, parse_config
 from santhrottle.appliance.daemon.loop import CommandError, Daemon
-from santhrottle.controller.domain import ReadSample, WriteSample
+from santhrottle.controller.domain import DeviceSample, ReadSample, WriteSample
 
 MIB = 1024 * 1024
 CONF = """
@@ -48,6 +48,11 @@ class FakeSensors:
         if self.fail_reads:
             raise OSError("diskstats: gone")
         return [ReadSample("vg0", 6, self.latency_s, self.write_bps)]
+
+    def device_samples(self) -> list[DeviceSample]:
+        """The devices as an LQ line L = 2 ms + 3 ms x Q would show them."""
+        q = max(0.0, (self.latency_s - 0.002) / 0.003)
+        return [DeviceSample("vg0", 60, self.latency_s, q)]
 
     def converge(self):
         d = FakeDiscovery(

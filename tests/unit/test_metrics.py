@@ -26,6 +26,10 @@ KERNEL = {"10.0.0.3": ("all", 0x20, 1834, 2650112), "10.0.0.7": ("ack", 0x04, 12
 SERIES = {
     "santhrottle_resource_read_latency_seconds": ("gauge", {"resource"}),
     "santhrottle_resource_threshold_seconds": ("gauge", {"resource"}),
+    "santhrottle_resource_lq_intercept_seconds": ("gauge", {"resource"}),
+    "santhrottle_resource_lq_slope_seconds": ("gauge", {"resource"}),
+    "santhrottle_resource_lq_r_squared": ("gauge", {"resource"}),
+    "santhrottle_resource_lq_windows": ("gauge", {"resource"}),
     "santhrottle_resource_delay_class": ("gauge", {"resource"}),
     "santhrottle_resource_delay_seconds": ("gauge", {"resource"}),
     "santhrottle_resource_write_heavy_initiators": ("gauge", {"resource"}),
@@ -82,7 +86,7 @@ def test_every_series_has_its_type_and_labels(daemon):
     for name, (kind, labels) in SERIES.items():
         m = fams[name]
         assert m.type == kind, name
-        assert m.samples, name
+        assert m.samples or "_lq_" in name, name  # lq: "auto" resources only (below)
         for s in m.samples:
             want = labels | {"le"} if s.name.endswith("_bucket") else labels
             assert set(s.labels) == want, (name, s)
@@ -302,3 +306,23 @@ def test_counters_never_read_a_clock():
     assert t.written_bytes == pytest.approx(1e6 * 0.1 + 1e6 * 0.4)
     c.add_reads([ReadSample("vg0", 1, 0.01, None)], 0.1)  # no write rate: no bytes
     assert t.written_bytes == pytest.approx(5e5)
+
+
+def test_an_auto_threshold_exports_its_lq_fit_and_the_threshold_in_force():
+    """The fake devices follow L = 2 ms + 3 ms x Q: once the load has varied, the fit
+    is confident and the threshold in force is C / (1 - 0.9) = 20 ms."""
+    d, vt, sensors, _act = make()
+    d.handle("threshold_set", {"resource": "vg0", "threshold_s": "auto"})
+    for lat in (0.005, 0.011, 0.020, 0.035, 0.050) * 3:
+        sensors.latency_s = lat
+        run_for(d, vt, 3.0)
+    fams = families(registry_for(d, lambda: KERNEL))
+
+    def one(name):
+        (s,) = [s for s in fams[name].samples if s.labels == {"resource": "vg0"}]
+        return s.value
+
+    assert one("santhrottle_resource_lq_intercept_seconds") == pytest.approx(0.002, rel=0.05)
+    assert one("santhrottle_resource_lq_slope_seconds") == pytest.approx(0.003, rel=0.05)
+    assert one("santhrottle_resource_lq_r_squared") > 0.95
+    assert one("santhrottle_resource_threshold_seconds") == pytest.approx(0.020, rel=0.05)
