@@ -47,7 +47,9 @@ GLIDE_LEAVES = default("datapath.glide_leaves")
 def _dp(pair, devices=(TARGET_DEV,), clock=None, **kw) -> dp.Datapath:
     # pfifo leaves: this kernel has no sch_netem (checked in test_missing_netem...)
     kw.setdefault("leaf", "pfifo")
-    kw.setdefault("max_class", 20)
+    max_class = kw.pop("max_class", 20)  # a linear ladder of the default step
+    kw.setdefault("ladder_ratio", 1.0)
+    kw.setdefault("max_delay_us", kw.get("step_us", default("datapath.step")) * max_class)
     extra = {"clock": clock} if clock else {}
     return dp.Datapath(dp.DatapathSpec(devices, **kw), netns=pair.target, **extra)
 
@@ -460,7 +462,7 @@ def test_pin_and_unpin_from_the_cli(netns_pair):
     assert "pinned 192.0.2.2: read" in p.stdout and "class 10, 5374:10" in p.stdout
     assert _jumps(pair) == [dp.rules.jump_rule(TARGET_DEV)]
     p = cli("pin", OTHER_IP, "--delay", "1.2ms")
-    assert p.returncode == 2 and "not a multiple of the step 500us" in p.stderr
+    assert p.returncode == 2 and "not a delay of the ladder: use 1ms (class 2)" in p.stderr
     p = cli("pin", OTHER_IP, "--delay", "51ms")
     assert p.returncode == 2 and "above the maximum 50ms" in p.stderr
     p = cli("pin", OTHER_IP, "--delay", "5ms", "--device", "nope0")
@@ -554,7 +556,7 @@ def test_a_descent_glides_through_its_own_leaf_then_settles(netns_pair):
             assert _leaf(other, "5374:6000")["members"] == [MEMBER_IP]
         # in at class 6; lowered only once what it sent before has left class 6
         assert d.current()[MEMBER_IP].klass == 6
-        assert [g["lowering_to_us"] for g in dp.glide_status(d)] == [2 * d.spec.step_us, None]
+        assert [g["lowering_to_us"] for g in dp.glide_status(d)] == [d.spec.delay_us(2), None]
         before = {g["leaf"]: g["packets"] for g in dp.glide_status(d)}
         classes, members = _measured(pair, d, (MEMBER_IP, 3260, MB, MB))
         gliding = {g["leaf"]: g for g in dp.glide_status(d)}

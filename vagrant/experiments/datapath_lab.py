@@ -218,7 +218,7 @@ def _defclass_tree(d: Datapath) -> None:
     """The tree with a default class 5374:ffff (HTB's pfifo leaf) for
     unthrottled packets instead of HTB's direct queue."""
     s = d.spec
-    want = desired_tree(s.step_us, s.max_class, s.link_bits_s)
+    want = desired_tree(s.ladder.delays_us, s.link_bits_s)
     want.default_minor = 0xFFFF
     want.classes[0xFFFF] = htb_params(s.link_bits_s)
     for dev in s.devices:
@@ -312,7 +312,7 @@ def set_side(links: list[str], state: str, baseline: str) -> None:
         if baseline == "tc":
             with Datapath(DatapathSpec((link,), ports=PORTS), netns=NETNS) as d:
                 s = d.spec
-                tree = desired_tree(s.step_us, s.max_class, s.link_bits_s, s.leaf, s.glide_leaves)
+                tree = desired_tree(s.ladder.delays_us, s.link_bits_s, s.leaf, s.glide_leaves)
                 d.device().apply(tree)
         elif baseline != "noqueue":
             sh([*tc, "add", "dev", link, "root", baseline])

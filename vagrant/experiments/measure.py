@@ -123,8 +123,9 @@ def curve(
     repeat > 1 the point is the fastest of the runs: on a shared host,
     contention only ever adds time."""
     points = []
-    for ms in delays_ms:
-        k = round(ms * 1000 / d.spec.step_us)
+    for asked_ms in delays_ms:
+        k = d.spec.ladder.class_at_least(asked_ms / 1000)  # the ladder's delay at or above
+        ms = d.spec.delay_us(k) / 1000
         d.set_classes({ip: k}, mode=mode)
         c0 = tcp_counters()
         fio_once(device, rw, bs, qd, WARMUP_SIZE, offset=size)

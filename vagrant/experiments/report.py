@@ -308,8 +308,8 @@ def lab_scenario(raw: dict, c: float, m: float, noise: float, overhead_s: float)
         f'[[stream]]\nname = "reader"\nkind = "read"\nloop = "open"\n'
         f'rate_kib_per_s = {rate_kib}\nsize_kib = 4\nresource = "vg"\ninitiator = "10.0.0.2"\n'
         + writers
-        + f"[controller]\nthresholds_ms = [{thr}]\nmax_class = "
-        f"{round(parse_ms(a['max_delay']) / 0.0005)}\n"
+        + f"[controller]\nthresholds_ms = [{thr}]\nmax_delay_ms = "
+        f"{parse_ms(a['max_delay']) * 1000:g}\n"
         f"setpoint_fraction = {a.get('setpoint', 0.9)}\n"
     )
     return text
