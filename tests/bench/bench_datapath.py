@@ -75,7 +75,7 @@ def bench_datapath() -> dict[str, Any]:
         subprocess.run(["ip", "-n", ns, "link", "set", "stb0", "up"], check=True)
         # glide_leaves=0: the set moves alone (a descent through a glide leaf adds
         # two tc messages to the same ipset ops; measured in the lab, not here)
-        spec = dp.DatapathSpec(("stb0",), leaf="pfifo", max_class=100, glide_leaves=0)
+        spec = dp.DatapathSpec.linear(("stb0",), 500, 100, leaf="pfifo", glide_leaves=0)
         with dp.Datapath(spec, netns=ns) as d:
             build_ms = _time(d.apply)
             ips = _ips(N_INITIATORS)

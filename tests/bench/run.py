@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_datapath import bench_datapath
+from bench_ladder import bench_ladder
 from bench_sensing import bench_sensing
 
 from santhrottle.controller.domain import (
@@ -92,6 +93,7 @@ BENCHES: dict[str, Callable[[], dict]] = {
     "controller": bench_controller_step,
     "sensing": bench_sensing,
     "datapath": bench_datapath,
+    "ladder": bench_ladder,
 }
 
 
