@@ -111,6 +111,9 @@ def main() -> int:
         print()
         return 0
     for r in results:
+        if r.get("goal_ms") is None:  # a measurement without a goal
+            print(f"{r['name']}: {r['summary']}")
+            continue
         print(
             f"{r['name']}: {r['summary']}; goal <= {r['goal_ms']:g} ms: "
             f"{'met' if r['met'] else 'MISSED'}"
