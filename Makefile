@@ -63,6 +63,12 @@ bench-compare: setup
 simulate: setup
 	$(VENV)/bin/santhrottle simulate controller/scenarios/paper.toml --plot results/simulate-paper.png
 
+# The robustness sweep: 200 generated plants, the share meeting the spine's bounds
+# per controller variant and the worst cases (controller/sweep.py); a few minutes.
+.PHONY: sweep
+sweep: setup
+	$(VENV)/bin/santhrottle simulate --sweep 200 --seed 1 --workers 2
+
 clean:
 	rm -rf $(VENV) build dist *.egg-info results
 

@@ -10,13 +10,21 @@ What it owns
 Worked example
     `santhrottle simulate controller/scenarios/paper.toml --no-baseline` prints
     the uncontrolled p50/p95/p99, then one line per threshold (10, 15, 20 ms).
+    `santhrottle simulate --sweep 200 --seed 1 --workers 2` prints, per
+    variant, the share of the feasible plants meeting all three bounds, then
+    the worst 10 plants with their parameters.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,20 +33,25 @@ from santhrottle.appliance.cli.common import (
     CliError,
     Failed,
     envelope,
+    number,
     path_arg,
     verb,
 )
 from santhrottle.appliance.config.parse import read_text_file
 from santhrottle.appliance.units import fmt_ms
 from santhrottle.controller.plant import SaturatedError
+from santhrottle.controller.plantgen import generate
 from santhrottle.controller.scenario import ScenarioError, parse_scenario
 from santhrottle.controller.sim import simulate
+from santhrottle.controller.sweep import VARIANTS, MapFn, sweep
 
 SIMULATE_EPILOG = """\
 examples:
   santhrottle simulate controller/scenarios/paper.toml
   santhrottle simulate paper.toml --plot /tmp/paper.png
   santhrottle simulate paper.toml --json | jq '.data.controlled[].read_latency_p95_s'
+  santhrottle simulate --sweep 200 --seed 1 --workers 2 --save-worst /tmp/worst
+  santhrottle simulate /tmp/worst/plant-1-17.toml   # replay one of them
 
 The scenario format is described in docs/simulator.md.  --json prints
 {"protocol": N, "data": ...}, N the control protocol's version.
@@ -47,6 +60,10 @@ The scenario format is described in docs/simulator.md.  --json prints
 MAX_SCENARIO_BYTES = 1024 * 1024
 # The figure formats --plot writes (by the file name's suffix).
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+# --sweep: at most this many plants, this many worker processes.
+MAX_SWEEP_PLANTS = 100_000
+MAX_WORKERS = 256
+MAX_SEED = 10**9
 
 
 def read_scenario(path: Path) -> str:
@@ -92,6 +109,17 @@ def _print_summary(result: dict[str, Any]) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    if args.sweep is not None:
+        return cmd_sweep(args)
+    for flag, given in (
+        ("--seed", args.seed is not None),
+        ("--workers", args.workers is not None),
+        ("--save-worst", args.save_worst is not None),
+    ):
+        if given:
+            raise CliError(f"{flag} goes with --sweep N")
+    if args.scenario is None:
+        args.simulate_parser.error("give a SCENARIO file, or --sweep N")
     path = Path(args.scenario)
     if args.plot and Path(args.plot).suffix.lower() not in PLOT_SUFFIXES:
         raise CliError(
@@ -124,6 +152,122 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    if args.scenario is not None:
+        raise CliError("give a SCENARIO or --sweep N, not both")
+    for flag, given in (("--plot", args.plot), ("--no-baseline", args.no_baseline)):
+        if given:
+            raise CliError(f"{flag} does not go with --sweep")
+    seed = 1 if args.seed is None else args.seed
+    workers = 1 if args.workers is None else args.workers
+    worst_dir = _worst_dir(args.save_worst) if args.save_worst else None
+    show = _progress if sys.stderr.isatty() and not args.json else None
+    t0 = time.monotonic()
+    try:
+        with _mapper(workers) as map_fn:
+            result = sweep(args.sweep, seed, VARIANTS, map_fn, show)
+    except (ScenarioError, SaturatedError) as e:
+        raise CliError(f"sweep: {e}") from None
+    wall_s = time.monotonic() - t0
+    result["summary"]["wall_s"] = round(wall_s, 1)
+    result["summary"]["workers"] = workers
+    saved = _save_worst(worst_dir, result, seed) if worst_dir else []
+    if args.json:
+        json.dump(envelope(result), sys.stdout, allow_nan=False)
+        sys.stdout.write("\n")
+    else:
+        _print_sweep(result["summary"])
+        if saved:
+            print(f"worst plants saved: {', '.join(str(p) for p in saved)}")
+    return 0
+
+
+@contextmanager
+def _mapper(workers: int) -> Iterator[MapFn]:
+    """map for one worker, else a process pool's ordered imap (one plant per task)."""
+    if workers == 1:
+        yield map
+        return
+    with multiprocessing.get_context().Pool(workers) as pool:
+        yield partial(pool.imap, chunksize=1)
+
+
+def _progress(done: int, total: int) -> None:
+    if done == total or done % max(1, total // 20) == 0:
+        end = "\n" if done == total else ""
+        print(f"\rswept {done}/{total} plants", end=end, file=sys.stderr, flush=True)
+
+
+def _worst_dir(text: str) -> Path:
+    """--save-worst's directory, created now (a bad one fails before the sweep)."""
+    d = Path(text)
+    if d.exists() and not d.is_dir():
+        raise CliError(f"--save-worst {text}: not a directory")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CliError(f"--save-worst {text}: {e.strerror or e}") from None
+    if not d.is_dir():
+        raise CliError(f"--save-worst {text}: not a directory")
+    return d
+
+
+def _save_worst(d: Path, result: dict[str, Any], seed: int) -> list[Path]:
+    first = next(iter(result["summary"]["worst"]))
+    out = []
+    for w in result["summary"]["worst"][first]:
+        f = d / f"plant-{w['seed']}-{w['index']}.toml"
+        figures = "; ".join(
+            f"{name}: p95 {x['p95_x_threshold']:.2f} T, p99calm {x['p99_calm_x_threshold']:.2f} T, "
+            f"writes {x['throughput_x_best_constant']:.2f} x best constant"
+            for name, x in w["figures"].items()
+        )
+        head = f"# santhrottle simulate --sweep (seed {seed}): {figures}\n"
+        try:
+            f.write_text(head + generate(w["seed"], w["index"]))
+        except OSError as e:
+            raise CliError(f"--save-worst {f}: {e.strerror or e}") from None
+        out.append(f)
+    return out
+
+
+def _print_sweep(s: dict[str, Any]) -> None:
+    print(
+        f"{s['plants']} plants (seed {s['seed']}), {s['feasible']} feasible (a constant "
+        f"delay within the ladder holds T), {s['needs_delay']} of them need a delay; "
+        f"wall time {s['wall_s']:.0f} s on {s['workers']} worker(s)"
+    )
+    print(f"{'variant':<10} {'all 3 bounds':>16} {'p95':>5} {'p99calm':>7} {'writes':>6}")
+    for name, v in s["variants"].items():
+        share = (
+            f"{v['pass_all']}/{v['feasible']} {100 * v['share_all']:.1f}%" if v["feasible"] else "-"
+        )
+        p = v["pass"]
+        print(f"{name:<10} {share:>16} {p['p95']:>5} {p['p99_calm']:>7} {p['throughput']:>6}")
+        for by in ("by_family", "by_schedule", "by_resources"):
+            cells = ", ".join(f"{k} {a}/{b}" for k, (a, b) in v[by].items())
+            print(f"{'':<10} {by[3:]}: {cells}")
+    for name, rows in s["worst"].items():
+        print(f"worst {len(rows)} for {name} (x T; writes x best constant):")
+        for w in rows:
+            figs = "  ".join(
+                f"{n} {x['p95_x_threshold']:.2f}/{x['p99_calm_x_threshold']:.2f}/"
+                f"{x['throughput_x_best_constant']:.2f}"
+                for n, x in w["figures"].items()
+            )
+            print(
+                f"  {w['seed']}/{w['index']:<4} {figs}  best {w['best_delay_s'] * 1000:g} ms  "
+                f"{w['description']}"
+            )
+    b = s["bounds"]
+    print(
+        f"bounds: p95 <= {b['p95_x_threshold_max']:g} T, p99 outside the 2 s after a "
+        f"switch-on <= {b['p99_calm_x_threshold_max']:g} T, writes >= "
+        f"{b['throughput_x_best_constant_min']:g} x the best constant delay's; figures "
+        "p95/p99calm/writes"
+    )
+
+
 def add_commands(sub: Any) -> None:
     s = verb(
         sub,
@@ -134,7 +278,11 @@ def add_commands(sub: Any) -> None:
         "percentiles, overshoot, time above threshold, writer throughput.",
     )
     s.add_argument(
-        "scenario", metavar="SCENARIO", type=path_arg("SCENARIO"), help="scenario file (TOML)"
+        "scenario",
+        metavar="SCENARIO",
+        nargs="?",
+        type=path_arg("SCENARIO"),
+        help="scenario file (TOML); not with --sweep",
     )
     s.add_argument("--json", action="store_true", help=JSON_HELP + ": the summary and the series")
     s.add_argument(
@@ -148,4 +296,29 @@ def add_commands(sub: Any) -> None:
         action="store_true",
         help="skip the search for the best constant delay (faster)",
     )
-    s.set_defaults(func=cmd_simulate)
+    s.add_argument(
+        "--sweep",
+        metavar="N",
+        type=number("--sweep", lo=1, hi=MAX_SWEEP_PLANTS, integer=True),
+        help="robustness sweep: N generated plants (controller/plantgen.py), each judged "
+        "for every controller variant against the spine's bounds",
+    )
+    s.add_argument(
+        "--seed",
+        metavar="S",
+        type=number("--seed", lo=0, hi=MAX_SEED, integer=True),
+        help="--sweep: the plants' seed (default 1; the same seed, the same plants)",
+    )
+    s.add_argument(
+        "--workers",
+        metavar="W",
+        type=number("--workers", lo=1, hi=MAX_WORKERS, integer=True),
+        help="--sweep: worker processes (default 1)",
+    )
+    s.add_argument(
+        "--save-worst",
+        metavar="DIR",
+        type=path_arg("--save-worst"),
+        help="--sweep: write the worst plants' scenarios to DIR (replay: simulate FILE)",
+    )
+    s.set_defaults(func=cmd_simulate, simulate_parser=s)

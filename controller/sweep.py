@@ -1,0 +1,251 @@
+"""Robustness sweep: the controller on many generated plants, judged by the spine's bounds.
+
+Problem
+    Say how often the controller holds the threshold on plants it was not
+    tuned on, and which plants it fails, for the default settings and for
+    other named settings (variants) side by side.
+
+Law (per plant, controller/plantgen.py draws it from (seed, index))
+    1. feasible: sim.best_constant_class finds the smallest constant class
+       of the ladder whose p95 holds T (with the scenario's own [controller]
+       table, i.e. the default ladder); its writer throughput is the
+       reference of bound 3. A plant no constant delay holds does not count.
+    2. per variant (a named set of overrides of the scenario's [controller]
+       table, appended to the TOML and parsed like any scenario): one
+       controlled run at T, summarized by sim.summarize.
+    3. bounds, each against T:
+         p95 of the 1 s read latency            <= P95_BOUND x T
+         p99 outside the 2 s after a switch-on  <= P99_BOUND x T
+         writer throughput                       >= THROUGHPUT_BOUND x the best constant's
+       margin = the worst of p95/(1.1 T), p99calm/(1.1 T), 0.9/throughput ratio:
+       > 1 fails; the worst cases are the largest margins.
+
+Bounds
+    Pure: the caller brings the parallelism as a map function (the CLI
+    passes a process pool's imap); results come back in index order, so a
+    sweep is the same for any number of workers. Statistics are the
+    simulator's: resource 0's reader (plantgen makes any second resource
+    one that every constant delay holding resource 0 holds too).
+
+Worked example
+    sweep(4, seed=1) judges plants (1, 0)..(1, 3) under VARIANTS:
+    result["summary"]["variants"]["default"] == {"feasible": 4, "pass_all": 3,
+    "share_all": 0.75, ...} and result["summary"]["worst"]["default"][0] is
+    the plant with the largest margin, its parameters and figures.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from functools import partial
+from typing import Any
+
+from . import plantgen
+from .scenario import ScenarioError, parse_scenario
+from .sim import best_constant_class, run, summarize
+
+# ---------------------------------------------------------------------------
+# VARIANTS: named overrides of a scenario's [controller] table (its TOML keys,
+# docs/simulator.md). "default" is the controller's defaults as they are;
+# "paper" stands for the defaults before the log law and the long ladder (the
+# method paper's PID on the class index, linear 0.5 ms ladder to 50 ms = 100
+# classes). Owner of the control law: keep "paper" equal to those old defaults.
+# ---------------------------------------------------------------------------
+VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "paper": {"law": "paper", "ladder_ratio": 1.0, "max_delay_ms": 50.0},
+}
+
+P95_BOUND = 1.1
+P99_BOUND = 1.1
+THROUGHPUT_BOUND = 0.9
+WORST_CASES = 10
+BOUNDS = ("p95", "p99_calm", "throughput")
+
+Variants = Mapping[str, Mapping[str, Any]]
+MapFn = Callable[[Callable[[int], dict[str, Any]], Iterable[int]], Iterable[dict[str, Any]]]
+
+
+def toml_value(v: Any) -> str:
+    """A TOML literal for an override: bool, int, float, string, or a list of them."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        if not math.isfinite(v):
+            raise ScenarioError(f"override value {v!r}: must be finite")
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    raise ScenarioError(f"override value {v!r}: not a TOML number, string, bool or list")
+
+
+def with_overrides(text: str, overrides: Mapping[str, Any]) -> str:
+    """plantgen's TOML with keys added to its [controller] table (its last table)."""
+    head, sep, tail = text.rpartition("\n[controller]\n")
+    if not sep or "\n[" in tail:
+        raise ScenarioError("scenario: [controller] must be the last table to take overrides")
+    lines = [f"{k} = {toml_value(v)}" for k, v in overrides.items()]
+    return head + sep + tail.rstrip("\n") + "\n" + "".join(x + "\n" for x in lines)
+
+
+def check_variants(variants: Variants) -> None:
+    """ScenarioError (naming the variant) if a variant's overrides do not parse."""
+    if not variants:
+        raise ScenarioError("sweep: no variants")
+    text = plantgen.generate(0, 0)
+    for name, overrides in variants.items():
+        try:
+            parse_scenario(with_overrides(text, overrides))
+        except ScenarioError as e:
+            raise ScenarioError(f"variant {name!r}: {e}") from None
+
+
+def _ratio(x: float, thr: float) -> float:
+    return x / thr if math.isfinite(x) else math.inf
+
+
+def judge(index: int, seed: int, variants: Variants) -> dict[str, Any]:
+    """One plant: feasibility, its best constant delay, each variant's figures and bounds."""
+    plant = plantgen.draw(seed, index)
+    text = plant.toml()
+    sc = parse_scenario(text)
+    thr = sc.thresholds_s[0]
+    out: dict[str, Any] = {
+        "seed": seed,
+        "index": index,
+        "description": plant.describe(),
+        "params": plant.params(),
+        "threshold_s": thr,
+        "feasible": False,
+        "variants": {},
+    }
+    found = best_constant_class(sc, thr)
+    if found is None:
+        return out
+    cls, cres = found
+    best_bps = summarize(sc, cres, thr)["write_throughput_bps"]
+    out.update(
+        feasible=True,
+        best_class=cls,
+        best_delay_s=sc.controller.ladder.delay_s(cls),
+        best_write_bps=best_bps,
+    )
+    for name, overrides in variants.items():
+        scv = parse_scenario(with_overrides(text, overrides))
+        s = summarize(scv, run(scv, threshold_s=thr))
+        p95 = _ratio(s["read_latency_p95_s"], thr)
+        p99 = _ratio(s["read_latency_p99_outside_transients_s"], thr)
+        wr = s["write_throughput_bps"] / best_bps if best_bps > 0.0 else 1.0
+        ok = {
+            "p95": p95 <= P95_BOUND,
+            "p99_calm": p99 <= P99_BOUND,
+            "throughput": wr >= THROUGHPUT_BOUND,
+        }
+        out["variants"][name] = {
+            "p95_x_threshold": p95,
+            "p99_calm_x_threshold": p99,
+            "throughput_x_best_constant": wr,
+            "write_bps": s["write_throughput_bps"],
+            "peak_x_threshold": _ratio(s["peak_overshoot_s"], thr),
+            "time_above_threshold_pct": s["time_above_threshold_pct"],
+            "class_changes_per_min": s["class_changes_per_min"],
+            "passes": ok,
+            "pass_all": all(ok.values()),
+            "margin": max(p95 / P95_BOUND, p99 / P99_BOUND, THROUGHPUT_BOUND / max(wr, 1e-9)),
+        }
+    return out
+
+
+def sweep(
+    n: int,
+    seed: int,
+    variants: Variants = VARIANTS,
+    map_fn: MapFn = map,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Plants (seed, 0..n-1), each judged (judge()), and their summary."""
+    if n < 1:
+        raise ScenarioError(f"sweep: need at least 1 plant, got {n}")
+    check_variants(variants)
+    job = partial(judge, seed=seed, variants=dict(variants))
+    plants: list[dict[str, Any]] = []
+    for p in map_fn(job, range(n)):
+        plants.append(p)
+        if progress is not None:
+            progress(len(plants), n)
+    return {"summary": summarize_sweep(plants, list(variants), seed), "plants": plants}
+
+
+def summarize_sweep(plants: list[dict[str, Any]], variants: list[str], seed: int) -> dict[str, Any]:
+    """Shares meeting the bounds per variant (among feasible plants) and the worst cases."""
+    feasible = [p for p in plants if p["feasible"]]
+    out: dict[str, Any] = {
+        "seed": seed,
+        "plants": len(plants),
+        "feasible": len(feasible),
+        "needs_delay": sum(1 for p in feasible if p["best_class"] > 0),
+        "bounds": {
+            "p95_x_threshold_max": P95_BOUND,
+            "p99_calm_x_threshold_max": P99_BOUND,
+            "throughput_x_best_constant_min": THROUGHPUT_BOUND,
+        },
+        "variants": {},
+        "worst": {},
+    }
+    for v in variants:
+        rows = [p["variants"][v] for p in feasible]
+        k = len(rows)
+        counts = {b: sum(1 for r in rows if r["passes"][b]) for b in BOUNDS}
+        passed = sum(1 for r in rows if r["pass_all"])
+        out["variants"][v] = {
+            "feasible": k,
+            "pass_all": passed,
+            "share_all": passed / k if k else math.nan,
+            "pass": counts,
+            "by_family": _by(feasible, v, "family"),
+            "by_schedule": _by(feasible, v, "schedule"),
+            "by_resources": _by(feasible, v, "resources"),
+        }
+        ranked = sorted(feasible, key=lambda p: -_key(p["variants"][v]["margin"]))
+        out["worst"][v] = [
+            {
+                "seed": p["seed"],
+                "index": p["index"],
+                "description": p["description"],
+                "params": p["params"],
+                "best_delay_s": p["best_delay_s"],
+                "figures": {name: _brief(f) for name, f in p["variants"].items()},
+            }
+            for p in ranked[:WORST_CASES]
+        ]
+    return out
+
+
+def _key(margin: float) -> float:
+    return math.inf if math.isnan(margin) else margin
+
+
+def _by(plants: list[dict[str, Any]], variant: str, param: str) -> dict[str, list[int]]:
+    """{value of param: [passing all bounds, feasible]}."""
+    out: dict[str, list[int]] = {}
+    for p in plants:
+        row = out.setdefault(str(p["params"][param]), [0, 0])
+        row[0] += int(p["variants"][variant]["pass_all"])
+        row[1] += 1
+    return dict(sorted(out.items()))
+
+
+def _brief(f: dict[str, Any]) -> dict[str, Any]:
+    keys = (
+        "p95_x_threshold",
+        "p99_calm_x_threshold",
+        "throughput_x_best_constant",
+        "time_above_threshold_pct",
+        "class_changes_per_min",
+        "pass_all",
+        "margin",
+    )
+    return {k: f[k] for k in keys}

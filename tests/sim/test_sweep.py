@@ -1,0 +1,123 @@
+"""controller/sweep.py and `santhrottle simulate --sweep`: a small sweep, its summary, the CLI."""
+
+import json
+
+import pytest
+
+from santhrottle.appliance.cli.main import main
+from santhrottle.controller import plantgen
+from santhrottle.controller.scenario import ScenarioError, parse_scenario
+from santhrottle.controller.sweep import (
+    P95_BOUND,
+    THROUGHPUT_BOUND,
+    VARIANTS,
+    WORST_CASES,
+    check_variants,
+    sweep,
+    with_overrides,
+)
+
+pytestmark = pytest.mark.sim
+
+N = 4
+
+
+@pytest.fixture(scope="module")
+def result():
+    return sweep(N, 1, VARIANTS)
+
+
+def test_summary_is_consistent_with_the_plants(result):
+    plants, s = result["plants"], result["summary"]
+    assert [p["index"] for p in plants] == list(range(N))
+    feasible = [p for p in plants if p["feasible"]]
+    assert s["plants"] == N and s["feasible"] == len(feasible) >= 1
+    for name in VARIANTS:
+        v = s["variants"][name]
+        rows = [p["variants"][name] for p in feasible]
+        assert v["feasible"] == len(rows)
+        assert v["pass_all"] == sum(r["pass_all"] for r in rows)
+        assert v["share_all"] == v["pass_all"] / v["feasible"]
+        assert v["pass_all"] <= min(v["pass"].values())
+        assert sum(b for _, b in v["by_family"].values()) == v["feasible"]
+        for r in rows:
+            assert r["passes"]["p95"] == (r["p95_x_threshold"] <= P95_BOUND)
+            assert r["passes"]["throughput"] == (
+                r["throughput_x_best_constant"] >= THROUGHPUT_BOUND
+            )
+            assert r["pass_all"] == (r["margin"] <= 1.0)
+        worst = s["worst"][name]
+        assert len(worst) == min(WORST_CASES, len(feasible))
+        margins = [w["figures"][name]["margin"] for w in worst]
+        assert margins == sorted(margins, reverse=True)
+        assert all(set(w["figures"]) == set(VARIANTS) for w in worst)
+    for p in feasible:
+        assert p["best_delay_s"] >= 0.0 and p["best_write_bps"] > 0.0
+        assert p["params"]["threshold_x_idle"] >= 1.5
+
+
+def test_overrides_reach_the_controller_table():
+    text = plantgen.generate(1, 0)
+    sc = parse_scenario(with_overrides(text, {"setpoint_fraction": 0.8, "law": "paper"}))
+    assert sc.controller.setpoint_fraction == 0.8 and sc.controller.law == "paper"
+    with pytest.raises(ScenarioError, match=r"variant 'bad': controller\.no_such_key"):
+        check_variants({"bad": {"no_such_key": 1}})
+
+
+def test_cli_sweep_on_two_workers_matches_the_library(result, capsys, tmp_path):
+    worst = tmp_path / "worst"
+    args = ["simulate", "--sweep", "2", "--seed", "1", "--workers", "2", "--json"]
+    assert main([*args, "--save-worst", str(worst)]) == 0
+    data = json.loads(capsys.readouterr().out)["data"]
+    for got, want in zip(data["plants"], result["plants"][:2], strict=True):
+        assert got["description"] == want["description"]
+        for name in VARIANTS:
+            g, w = got["variants"].get(name), want["variants"].get(name)
+            assert (g and g["p95_x_threshold"]) == (w and w["p95_x_threshold"])
+    saved = sorted(worst.glob("plant-1-*.toml"))
+    assert len(saved) == data["summary"]["feasible"]
+    assert main(["simulate", str(saved[0]), "--no-baseline"]) == 0  # replays
+    assert "threshold" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--sweep", "2", "x.toml"], "not both"),
+        (["--sweep", "2", "--plot", "a.png"], "--plot does not go with --sweep"),
+        (["--sweep", "2", "--no-baseline"], "--no-baseline does not go with --sweep"),
+        (["x.toml", "--workers", "2"], "--workers goes with --sweep"),
+        (["x.toml", "--seed", "2"], "--seed goes with --sweep"),
+    ],
+)
+def test_cli_conflicts_one_line_exit_2(capsys, argv, message):
+    assert main(["simulate", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_cli_save_worst_on_a_file_fails_before_the_sweep(tmp_path, capsys):
+    f = tmp_path / "file"
+    f.write_text("")
+    assert main(["simulate", "--sweep", "1", "--save-worst", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "not a directory" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--sweep", "0"],
+        ["--sweep", "-1"],
+        ["--sweep", "nan"],
+        ["--sweep", "2", "--workers", "0"],
+        ["--sweep", "2", "--seed", "1.5"],
+        [],
+    ],
+)
+def test_cli_bad_values_are_argparse_errors_exit_2(capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        main(["simulate", *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "Traceback" not in err
