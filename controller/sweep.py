@@ -54,7 +54,12 @@ from .sim import best_constant_class, run, summarize
 # ---------------------------------------------------------------------------
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
-    "paper": {"law": "paper", "ladder_ratio": 1.0, "max_delay_ms": 50.0},
+    "paper": {
+        "law": "paper",
+        "ladder_ratio": 1.0,
+        "max_delay_ms": 50.0,
+        "write_heavy_share": 0.0,
+    },
 }
 
 P95_BOUND = 1.1

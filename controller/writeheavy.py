@@ -18,9 +18,16 @@ Law (evaluated at every set convergence, 1 s by default)
     member     and ewma <  leave                -> leave  ("leave")
     otherwise                                    -> keep   ("hold")
     with leave < enter: the band between them is the hysteresis, and
-        enter = min(enter_bytes_per_s, share x fair)   where the resource
-        leave = min(leave_bytes_per_s, share x fair x leave_bytes_per_s /
-                    enter_bytes_per_s)                 writes > enter_bytes_per_s
+    and, unless share = 0, lower thresholds per resource:
+      contended (the controller's view: latency over its setpoint, or a
+      class > 0) and writing > floor = CONTENDED_FLOOR_FRACTION x leave in all:
+        enter = floor           every writer above the floor is throttled
+        leave = FORGET_FRACTION x leave   members hold while contended (a
+                throttled writer writes little: judged by its throttled
+                rate it would leave, and come back unthrottled)
+      not contended but writing > enter_bytes_per_s in all:
+        enter = min(enter_bytes_per_s, share x fair)
+        leave = min(leave_bytes_per_s, share x fair x leave / enter)
         fair  = sum(r^2) / sum(r) over the resource's pairs' write EWMAs r:
                 the rate of the writer that writes the average byte (40
                 hosts at r each: r; one at 20 and one at 0.3 MiB/s: 19.7)
@@ -51,7 +58,7 @@ Worked example
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from .ewma import alpha_for
@@ -59,6 +66,11 @@ from .ewma import alpha_for
 # A pair below this fraction of the leave threshold, and not a member, is
 # dropped from the table (it would take a new burst to matter again).
 FORGET_FRACTION = 0.01
+# A contended resource (latency over its setpoint) applies the relative rule
+# once its writers write this fraction of leave_bps in all (64 KiB/s by
+# default): small-IO writers saturate a slow array at well under 1 MiB/s,
+# while a reader's own log writes stay under it.
+CONTENDED_FLOOR_FRACTION = 0.25
 
 
 @dataclass(slots=True)
@@ -152,7 +164,10 @@ class WriteHeavySets:
     def rates(self) -> dict[tuple[str, str], float]:
         return {k: p.rate_bps for k, p in self._pairs.items()}
 
-    def converge(self, now_s: float) -> Membership:
+    def converge(self, now_s: float, contended: Collection[str] = ()) -> Membership:
+        """Re-evaluate every set. contended: resources whose latency is over their
+        setpoint (the controller's view): the relative rule applies to them from
+        CONTENDED_FLOOR_FRACTION x leave on, to the others from enter_bps."""
         out = Membership()
         forget_bps = FORGET_FRACTION * self.leave_bps
         dead: list[tuple[str, str]] = []
@@ -167,7 +182,7 @@ class WriteHeavySets:
             r = p.rate_bps
             s1[resource] = s1.get(resource, 0.0) + r
             s2[resource] = s2.get(resource, 0.0) + r * r
-        enter, leave = self._thresholds(s1, s2)
+        enter, leave = self._thresholds(s1, s2, contended)
         enter_bps, leave_bps = self.enter_bps, self.leave_bps  # relative ones are lower
         for key, p in pairs.items():
             r = p.rate_bps
@@ -192,16 +207,24 @@ class WriteHeavySets:
         return out
 
     def _thresholds(
-        self, s1: dict[str, float], s2: dict[str, float]
+        self, s1: dict[str, float], s2: dict[str, float], contended: Collection[str]
     ) -> tuple[dict[str, float], dict[str, float]]:
-        """The relative thresholds of each resource writing more than enter_bps in all."""
+        """Per resource, thresholds below the absolute ones: a contended resource's
+        writers above the floor enter and its members hold; a busy one's writers of
+        their share of the fair share enter."""
         enter: dict[str, float] = {}
         leave: dict[str, float] = {}
         if not self.share:
             return enter, leave
         ratio = self.leave_bps / self.enter_bps
+        floor = CONTENDED_FLOOR_FRACTION * self.leave_bps
+        hold = FORGET_FRACTION * self.leave_bps
         for name, total in s1.items():
-            if total > self.enter_bps:
+            if name in contended:
+                leave[name] = hold
+                if total > floor:
+                    enter[name] = floor
+            elif total > self.enter_bps:
                 fair = self.share * s2[name] / total
                 if fair < self.enter_bps:
                     enter[name] = fair
