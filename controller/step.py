@@ -320,12 +320,12 @@ def step(
     due, state.next_converge_s, _ = _schedule(state.next_converge_s, c.converge_s, now_s)
     if due:  # converge
         out.converged = True
-        contended = [  # over the setpoint, or throttling: the relative write-heavy rule
+        contended = {  # over the setpoint, or throttling: the relative write-heavy rule
             name
             for name, rs in state.resources.items()
             if rs.delay_class
             or (rs.ewma.value or 0.0) > c.setpoint_fraction * rs.threshold_s(c.auto_alpha)
-        ]
+        }
         change = sets.converge(now_s, contended)
         out.joined, out.left = change.joined, change.left
         touched.update(change.joined)

@@ -182,7 +182,7 @@ class WriteHeavySets:
             r = p.rate_bps
             s1[resource] = s1.get(resource, 0.0) + r
             s2[resource] = s2.get(resource, 0.0) + r * r
-        enter, leave = self._thresholds(s1, s2, contended)
+        enter, leave = self._thresholds(s1, s2, frozenset(contended))
         enter_bps, leave_bps = self.enter_bps, self.leave_bps  # relative ones are lower
         for key, p in pairs.items():
             r = p.rate_bps
