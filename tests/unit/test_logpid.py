@@ -96,3 +96,18 @@ def test_many_light_writers_join_one_small_writer_beside_a_heavy_one_does_not():
     assert off.converge(0.0).joined == {}  # the per-host threshold alone misses them
     with pytest.raises(ValueError, match="share must be within 0-1"):
         WriteHeavySets(8.0, MIB, MIB / 4, share=2.0)
+
+
+def test_a_contended_resource_throttles_every_writer_above_the_floor_and_holds_them():
+    w = WriteHeavySets(8.0, MIB, MIB / 4, share=0.5)
+    small = [("vg", "10.0.1.1", 0.2 * MIB), ("vg", "10.0.1.2", 0.01 * MIB)]  # 10 kB/s: logs
+    w.observe_many(small, 0.0)
+    assert w.converge(0.0).joined == {}  # 0.21 MiB/s in all: not busy, not contended
+    assert w.converge(1.0, {"vg"}).joined == {"vg": {"10.0.1.1"}}  # over the 64 KiB/s floor
+    w.observe_many([("vg", "10.0.1.1", 0.02 * MIB)], 2.0)  # throttled: writes little now
+    for t in range(3, 20):
+        assert w.converge(float(t), {"vg"}).left == {}  # held while contended
+    assert w.converge(20.0).left == {"vg": {"10.0.1.1"}}  # under leave once it is not
+    off = WriteHeavySets(8.0, MIB, MIB / 4, share=0.0)  # share 0: the fixed thresholds only
+    off.observe_many(small, 0.0)
+    assert off.converge(0.0, {"vg"}).joined == {}
