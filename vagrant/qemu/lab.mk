@@ -3,11 +3,12 @@
 LAB_PY ?= python3
 LAB := vagrant/qemu/lab.py
 
-.PHONY: lab-deps lab-up lab lab-test lab-ci lab-faults lab-run lab-clean
+.PHONY: lab-deps lab-up lab lab-test lab-ci lab-faults lab-plant lab-run lab-clean
 
-# apt-get install what the lab needs on the host (root; idempotent).
+# apt-get install what the lab needs on the host (root; idempotent), with the
+# known plant's nbdkit (lab.py --array nbd; docs/lab.md).
 lab-deps:
-	$(LAB_PY) $(LAB) deps
+	$(LAB_PY) $(LAB) --array nbd deps
 
 # deps + Debian's kernel + initramfs + guest venv, all cached.
 lab-up:
@@ -30,6 +31,14 @@ lab-faults: setup
 # The lab test tier alone (one guest boot).
 lab-test: setup
 	$(VPY) -m pytest -m lab -v
+
+# The array as a known plant (docs/lab.md): nbdkit on the host, the LQ line
+# L = C + m*Q measured through iSCSI and on the raw device, ~13 min.
+# make lab-plant PLANT=c_ms=2,m_ms=5 ARGS='--reps 3 --modes raw,iscsi'
+PLANT ?=
+lab-plant:
+	$(LAB_PY) $(LAB) --array nbd$(if $(PLANT),:$(PLANT)) run --timeout 2400 \
+		vagrant/experiments/plant_lab.py $(ARGS)
 
 # Boot and run one script of the checkout inside: make lab-run SCRIPT=path ARGS='...'
 lab-run:

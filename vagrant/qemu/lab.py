@@ -33,6 +33,8 @@ Everything is cached under ``$SANTHROTTLE_LAB_CACHE`` (default
     SANTHROTTLE_LAB_NO_INSTALL  =1: never run apt-get install (report instead)
     SANTHROTTLE_LAB_SMP / _MEM  guest vCPUs (2) / memory in MiB (3072)
     SANTHROTTLE_LAB_KERNEL_ARGS extra kernel command line (e.g. loglevel=7)
+    SANTHROTTLE_LAB_ARRAY       a third disk, the array as a known plant
+                                (``--array nbd[:model=lq,c_ms=2,m_ms=5]``)
 
 Exit statuses of ``run``: the command's own, 124 when the guest timed out,
 125 when the guest ended without reporting a status (crash, panic), 3 when the
@@ -49,6 +51,7 @@ import io
 import json
 import lzma
 import os
+import resource
 import shlex
 import shutil
 import signal
@@ -100,6 +103,50 @@ INITRAMFS_MODULES = [
     "9p",
     "overlay",
 ]
+
+# ``--array nbd``: the known plant, an nbdkit server on the host (lqarray.py,
+# docs/lab.md "The array as a known plant"), attached as a third virtio disk
+# (serial lab-array) over QEMU's NBD client on a unix socket.
+ARRAY_PACKAGES = ["nbdkit", "nbdkit-plugin-python"]
+ARRAY_PLUGIN = HERE / "lqarray.py"
+ARRAY_GIB = 8
+ARRAY_DEFAULTS = {
+    "model": "lq",
+    "c_ms": 2.0,
+    "m_ms": 5.0,
+    "tau_ms": 50.0,
+    "noise": 0.0,
+    "bw_mbps": 0.0,
+}
+ARRAY_MODELS = ("lq", "lqnow", "fifo")  # lqarray.py
+ARRAY_THREADS = 64  # more than QEMU's NBD client keeps in flight (16)
+
+
+def parse_array(spec: str | None) -> dict | None:
+    """``nbd[:key=val,...]`` -> the plant's parameters; None/''/'none' -> None."""
+    if not spec or spec == "none":
+        return None
+    kind, _, rest = spec.partition(":")
+    if kind != "nbd":
+        raise LabError(f"unknown array {kind!r} (only 'nbd')")
+    out = dict(ARRAY_DEFAULTS)
+    for item in filter(None, rest.split(",")):
+        key, eq, val = item.partition("=")
+        if not eq or key not in out:
+            raise LabError(f"array parameter {item!r}: one of {', '.join(out)} with =value")
+        if key == "model":
+            if val not in ARRAY_MODELS:
+                raise LabError(f"array model {val!r}: one of {', '.join(ARRAY_MODELS)}")
+            out[key] = val
+        else:
+            try:
+                out[key] = float(val)
+            except ValueError:
+                raise LabError(f"array parameter {item!r}: not a number") from None
+            if out[key] < 0:
+                raise LabError(f"array parameter {item!r}: negative")
+    return out
+
 
 # What the guest's venv gets from PyPI besides the project itself.
 VENV_REQUIREMENTS = ["pytest>=8", "pyroute2>=0.9,<0.10"]
@@ -180,6 +227,7 @@ class Lab:
         install: bool | None = None,
         smp: int | None = None,
         mem_mib: int | None = None,
+        array: str | None = None,
         log=_log_default,
     ) -> None:
         self.cache = Path(cache) if cache else default_cache()
@@ -192,6 +240,9 @@ class Lab:
         self.install = install
         self.smp = smp or int(os.environ.get("SANTHROTTLE_LAB_SMP", DEFAULT_SMP))
         self.mem_mib = mem_mib or int(os.environ.get("SANTHROTTLE_LAB_MEM", DEFAULT_MEM_MIB))
+        self.array = parse_array(
+            array if array is not None else os.environ.get("SANTHROTTLE_LAB_ARRAY")
+        )
         self.log = log
         self._apt_updated = False
 
@@ -226,6 +277,8 @@ class Lab:
         pkgs = list(HOST_PACKAGES)
         if self.qemu_override:  # a QEMU of one's own: the package is not needed
             pkgs.remove("qemu-system-x86")
+        if self.array:
+            pkgs += ARRAY_PACKAGES
         return pkgs
 
     @staticmethod
@@ -587,6 +640,8 @@ class Lab:
             genv["PATH"] = (
                 f"{prep['venv']}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
             )
+        if self.array:
+            genv["SANTHROTTLE_LAB_ARRAY"] = json.dumps(self.array, separators=(",", ":"))
         genv.update(env or {})
         (work / "env").write_text("".join(f"{k}={shlex.quote(str(v))}\n" for k, v in genv.items()))
 
@@ -663,14 +718,27 @@ class Lab:
             "-device",
             "virtio-blk-pci,drive=fast,serial=lab-fast",
         ]
+        array = self._start_array(rundir, work) if self.array else None
+        if array:
+            cmd += [
+                "-blockdev",
+                f"driver=nbd,node-name=array,server.type=unix,server.path={array['sock']}",
+                "-device",
+                "virtio-blk-pci,drive=array,serial=lab-array",
+            ]
         (rundir / "qemu.cmd").write_text(shlex.join(map(str, cmd)) + "\n")
         t0 = time.monotonic()
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         stop_echo = threading.Event()
         echo_thread = None
         with open(rundir / "qemu.log", "w") as qlog:
-            proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=qlog, stderr=subprocess.STDOUT
-            )
+            try:
+                proc = subprocess.Popen(
+                    cmd, stdin=subprocess.DEVNULL, stdout=qlog, stderr=subprocess.STDOUT
+                )
+            except BaseException:
+                self._stop_array(array)
+                raise
             if echo_console:
                 echo_thread = threading.Thread(
                     target=_follow, args=(console, stop_echo), daemon=True
@@ -690,12 +758,18 @@ class Lab:
             except BaseException:
                 proc.kill()
                 proc.wait()
+                self._stop_array(array)
                 raise
             finally:
                 stop_echo.set()
                 if echo_thread:
                     echo_thread.join(timeout=2)
         wall = time.monotonic() - t0
+        if array:
+            ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            array["qemu_cpu_s"] = (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)
+            array["wall_s"] = wall
+        self._stop_array(array, rundir)
         for img in (slow, fast):
             img.unlink(missing_ok=True)
         self._run_lock.close()
@@ -719,6 +793,70 @@ class Lab:
             reason = ""
             code = status
         return RunResult(code, rundir, wall, reason)
+
+    def _start_array(self, rundir: Path, work: Path) -> dict:
+        """Start the plant's nbdkit on a unix socket in the run dir (its own
+        process, ended by PID in _stop_array; --exit-with-parent if lab.py dies)."""
+        nbdkit = shutil.which("nbdkit")
+        if not nbdkit:
+            raise LabError("nbdkit not found (packages nbdkit nbdkit-plugin-python)")
+        sock = rundir / "array.sock"
+        if len(str(sock)) > 100:  # sun_path is 108 bytes
+            sock = Path(tempfile.mkdtemp(prefix="lab-array-")) / "array.sock"
+        img = rundir / "array.img"
+        a = self.array
+        argv = [
+            nbdkit, "-f", "--exit-with-parent", "--unix", str(sock),
+            "--threads", str(ARRAY_THREADS),
+            "python", str(ARRAY_PLUGIN),
+            f"file={img}", f"size={ARRAY_GIB}G", f"model={a['model']}",
+            *(f"{k}={v:g}" for k, v in a.items() if k != "model"),
+            f"stats={work / 'array-stats.json'}",
+        ]  # fmt: skip
+        (rundir / "nbdkit.cmd").write_text(shlex.join(argv) + "\n")
+        log = open(rundir / "nbdkit.log", "w")  # noqa: SIM115
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        log.close()
+        out = {"proc": proc, "sock": sock, "img": img}
+        deadline = time.monotonic() + 30
+        while not sock.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                self._stop_array(out)
+                tail = (rundir / "nbdkit.log").read_text(errors="replace").strip()
+                raise LabError(f"nbdkit did not come up (exit {proc.returncode}): {tail}")
+            time.sleep(0.05)
+        self.log(f"array: nbdkit pid {proc.pid}, {sock}, {a}")
+        return out
+
+    def _stop_array(self, array: dict | None, rundir: Path | None = None) -> None:
+        if not array:
+            return
+        proc = array["proc"]
+        if rundir and proc.poll() is None:  # host CPU: QEMU's and the server's
+            try:
+                f = (Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1]).split()
+                tck = os.sysconf("SC_CLK_TCK")
+                cpu = {
+                    "wall_s": round(array.get("wall_s", 0.0), 2),
+                    "qemu_cpu_s": round(array.get("qemu_cpu_s", 0.0), 2),
+                    "nbdkit_cpu_s": round((int(f[11]) + int(f[12])) / tck, 2),
+                }
+                (rundir / "host-cpu.json").write_text(json.dumps(cpu) + "\n")
+                self.log(f"array: host CPU {cpu}")
+            except (OSError, ValueError, IndexError):
+                pass
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        sock = Path(array["sock"])
+        sock.unlink(missing_ok=True)
+        if sock.parent.name.startswith("lab-array-"):
+            shutil.rmtree(sock.parent, ignore_errors=True)
+        Path(array["img"]).unlink(missing_ok=True)
 
     def _new_rundir(self) -> Path:
         runs = self.cache / "runs"
@@ -895,6 +1033,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-install", action="store_true", help="never run apt-get install")
     ap.add_argument("--smp", type=int, default=None)
     ap.add_argument("--mem", type=int, default=None, help="guest memory, MiB")
+    ap.add_argument(
+        "--array",
+        default=None,
+        metavar="nbd[:model=lq,c_ms=2,m_ms=5,tau_ms=50,noise=0]",
+        help="a third disk (serial lab-array): the array as a known plant, nbdkit on the "
+        "host (lqarray.py; SANTHROTTLE_LAB_ARRAY; docs/lab.md)",
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("deps", help="install the host packages (root)")
     sub.add_parser("kernel", help="fetch and unpack Debian's kernel")
@@ -918,6 +1063,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             sp.add_argument("line", help="shell command line")
     a = ap.parse_args(argv)
+    try:
+        parse_array(a.array)
+    except LabError as e:
+        ap.error(str(e))
     lab = Lab(
         cache=a.cache,
         checkout=a.checkout,
@@ -927,6 +1076,7 @@ def main(argv: list[str] | None = None) -> int:
         install=False if a.no_install else None,
         smp=a.smp,
         mem_mib=a.mem,
+        array=a.array,
     )
     t0 = time.monotonic()
     try:

@@ -685,9 +685,10 @@ def main(argv=None) -> int:
     u.add_argument("--lv-size-mib", type=int, default=256)
     u.add_argument(
         "--disk",
-        choices=("slow", "fast", "nullb"),
+        choices=("slow", "fast", "nullb", "array"),
         default="slow",
-        help="the QEMU-throttled disk (slow), the unthrottled one, or a null_blk array",
+        help="the QEMU-throttled disk (slow), the unthrottled one, a null_blk array, or "
+        "the known plant (array: lab.py --array nbd; docs/lab.md)",
     )
     u.add_argument("--nullb-mbps", type=int, default=20, help="null_blk bandwidth cap, MB/s")
     u.add_argument("--nullb-queue-depth", type=int, default=4, help="null_blk hw queue depth")
