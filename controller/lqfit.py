@@ -17,6 +17,10 @@ Measured signal
     latency L, the time-weighted mean IOs outstanding Q. Ticks are folded
     into windows of WINDOW_S, IO-weighted:
         n_w = sum(n),  Q_w = sum(n Q) / n_w,  L_w = sum(n L) / n_w
+    Q counts every IO in the device, each IO's own included (Pesto's
+    convention: an IO alone takes C + m); a plant whose IOs see C + m * n,
+    n the *other* IOs, has the line (C - m) + m * Q under a closed stream
+    without think time (arrivals see Q - 1), C + m * Q under Poisson arrivals.
     IO-weighting both keeps a window whose load changed mid-way on the line
     (a weighted mean of points of a line is on it; a time-mean Q against an
     IO-mean L is not: the busier ticks count more in L).
@@ -24,9 +28,12 @@ Measured signal
 Law (once per window)
     A window with n_w >= MIN_WINDOW_IOS goes into its bin of Q (log-spaced,
     BIN_RATIO wide), which keeps the weighted sums of 1, Q, L, Q^2, Q L,
-    L^2 and k, its count of windows. The weight of a window is n_w / L_w^2:
+    L^2 and k, its count of windows. The weight of a window is n_w / Lb^2:
     the mean of n IOs whose latencies spread by a fraction of L has a
-    variance ~ L^2 / n. Then
+    variance ~ L^2 / n; Lb is the bin's mean latency so far (the window's
+    own L_w for a new bin): weighting by the window's own noisy L_w would
+    favour the windows that came out low, and bias C down by ~0.2 of its
+    standard error on the generated plants. Then
         every bin *= exp(-dt / FORGET_TAU_S)       forgetting: a changed array is re-learnt
         a bin over BIN_CAP_WINDOWS is scaled down to it: a steady load
         replaces its own bin's past, and does not drown the Qs seen before
@@ -35,9 +42,14 @@ Law (once per window)
             se(C)^2 = s^2 (1/S + Qbar^2 / Sxx),  s^2 = (Syy - m Sxy) / (K - 2)
     confident when K (windows) >= MIN_WINDOWS, q_hi >= MIN_Q_SPREAD_RATIO * q_lo
     (the means of the bins holding >= one window), R^2 >= MIN_R_SQUARED,
-    C > 0, m > 0 and se(C) <= MAX_INTERCEPT_REL_SE * C.
-    threshold_s(alpha) = C / (1 - alpha) when confident, else None: the
-    caller holds its configured fallback.
+    C > 0, m > 0 and se(C) <= MAX_INTERCEPT_REL_SE * C. se(C) is what
+    judges the spread: C is an extrapolation to Q = 0, as good as the
+    lowest loads seen are low and many (the spread ratio only keeps a
+    line that is straight over a narrow range from being extrapolated far).
+    LqFit.threshold_s(alpha) = C / (1 - alpha) when that fit is confident,
+    else None. LqEstimator.threshold_s(alpha) is the threshold in force: the
+    last confident fit's, None before the first (the caller holds its
+    configured fallback until then).
 
 Bounds
     Per tick: three multiply-adds, no allocation. Per window: one pass over
@@ -49,20 +61,24 @@ Idle behaviour
     Intervals without IOs add nothing; a window with fewer than
     MIN_WINDOW_IOS is skipped (its mean is mostly noise), but the
     forgetting still runs for the time it took. A load that stops varying
-    keeps the spread it had for a while (its bins are capped; the others
-    only decay, e^-1 per FORGET_TAU_S); `last_confident` keeps the last
-    confident fit for a caller that prefers it to its fallback once the
-    spread has decayed.
+    keeps the spread it had for a while (its own bin is capped; the others
+    only decay, e^-1 per FORGET_TAU_S), then the fit loses its confidence
+    and the last confident line stays in force (`last_confident`) until the
+    load varies again. A changed array: the windows off the old line drop
+    R^2 and raise se(C), the old line stays in force, and the new one takes
+    over once the old windows have decayed: the Qs seen often are replaced
+    within ~3 BIN_CAP_WINDOWS, the rarer ones only decay; 15-20 min in the
+    unit test (C and m doubled, loads of 2-6 s at four Qs).
 
 Worked example
     C = 2 ms, m = 1 ms/IO (peak 1000 IOPS), 50 IOs per tick. 15 s at Q = 2
-    (L = 4 ms), then 15 s at Q = 8 (L = 10 ms): 30 windows, two bins, weights
-    500/0.004^2 and 500/0.010^2 per window. The fit is exact: C = 2 ms,
-    m = 1 ms/IO, R^2 = 1, q_lo = 2, q_hi = 8, K = 29.3 (the first windows
-    have decayed by e^-(30-i)/1800), confident, and
+    (L = 4 ms): 15 windows in one bin; no line (one Q), threshold None.
+    Then 15 s at Q = 8 (L = 10 ms): 30 windows in two bins, each window of
+    weight 500/0.004^2 or 500/0.010^2. The fit is exact: C = 2 ms,
+    m = 1 ms/IO, R^2 = 1, q_lo = 2, q_hi = 8, K = sum(e^(-j/600), j < 30)
+    = 29.29 (forgetting), se(C) = 0: confident, and
         threshold_s(0.9) = 0.002 / (1 - 0.9) = 20 ms
-    where X = Q / L = 18 / 20 ms = 900 IOPS = 0.9 of the peak.
-    After the first 15 s alone (one Q): not confident, threshold None.
+    where Q = (L - C) / m = 18 and X = Q / L = 900 IOPS = 0.9 of the peak.
 """
 
 from __future__ import annotations
@@ -89,14 +105,17 @@ Q_MAX = 1e5  # IOs; above it into the highest
 # theirs (forgetting aside), so 30 s of another load still weighs as much
 # as an hour of the same one.
 BIN_CAP_WINDOWS = 30.0
-# Everything decays e^-1 per 30 min: a changed array (rebuild, new disks,
-# another workload mix) is re-learnt within the hour even at Qs not seen again.
-FORGET_TAU_S = 1800.0
+# Everything decays e^-1 per 10 min: a changed array (rebuild, new disks,
+# another workload mix) is re-learnt in ~20 min even at Qs not seen again,
+# and 10 windows at another Q keep the spread through ~20 min of one load.
+FORGET_TAU_S = 600.0
 # A bin under this many windows' weight is dropped (memory bound).
 DROP_WINDOWS = 0.01
-# Confidence: 20 windows (20 s of IO), the Q seen spanning a factor of 2
-# (bins holding >= 1 window), R^2 of Pesto's injector less a little for
-# passive data (Pesto discards fits under 0.93), and C known to 5 %.
+# Confidence: 20 windows (20 s of IO); the Q seen spanning a factor of 1.5
+# (bins holding >= 1 window: q_lo at most two spreads from Q = 0); R^2 of
+# Pesto's injector less a little for passive data (Pesto discards fits under
+# 0.93); C known to 5 %, so that the acceptance's 15 % is 3 standard errors
+# (se(C) is calibrated on the generated plants: (C^ - C) / se has sd 1.0).
 MIN_WINDOWS = 20.0
 MIN_Q_SPREAD_RATIO = 1.5
 MIN_R_SQUARED = 0.9
@@ -171,6 +190,11 @@ class LqEstimator:
 
     def observe(self, sample: DeviceSample, now_s: float) -> LqFit | None:
         """Fold in one sensor interval ending at now_s; the new fit when a window closed."""
+        start = self._window_start_s
+        if start is None:  # the first sample starts the clock; its interval came before
+            if -_INF < now_s < _INF:
+                self._window_start_s = now_s
+            return None
         _, ios, lat, q = sample
         # Chained comparisons are False for NaN: NaN, inf, <= 0 IOs and
         # negative values all fall out here.
@@ -178,11 +202,6 @@ class LqEstimator:
             self._n += ios
             self._nq += ios * q
             self._nl += ios * lat
-        start = self._window_start_s
-        if start is None:
-            if -_INF < now_s < _INF:
-                self._window_start_s = now_s
-            return None
         elapsed = now_s - start
         if elapsed >= self.window_s - _CLOCK_SLACK_S:
             if elapsed == _INF:  # a clock gone to infinity: ignore the time
@@ -193,13 +212,17 @@ class LqEstimator:
         return None
 
     def threshold_s(self, alpha: float = DEFAULT_ALPHA) -> float | None:
-        return self.fit.threshold_s(alpha)
+        """The threshold in force: the last confident fit's; None before the first."""
+        last = self.last_confident
+        return None if last is None else last.threshold_s(alpha)
 
     def _close(self, now_s: float, elapsed_s: float) -> LqFit:
         n, nq, nl = self._n, self._nq, self._nl
         self._n = self._nq = self._nl = 0.0
         self._window_start_s = now_s
         bins = self._bins
+        # A gap of days would make decay 0 and 1/decay below infinite: 50 tau forgets all the same.
+        decay = math.exp(-min(elapsed_s / self.forget_tau_s, 50.0))
         if n >= MIN_WINDOW_IOS:
             qw, lw = nq / n, nl / n
             i = math.floor(math.log(qw) / _LOG_BIN_RATIO) if qw > Q_MIN else _BIN_LO
@@ -210,15 +233,16 @@ class LqEstimator:
                 lref = lw
             else:
                 lref = b[_WL] / b[_W]
-            w = n / (lref * lref)
-            b[_K] += 1.0
+            # 1/decay: the forgetting of this close (in _refit) brings the window to 1.
+            w = n / (lref * lref * decay)
+            b[_K] += 1.0 / decay
             b[_W] += w
             b[_WQ] += w * qw
             b[_WL] += w * lw
             b[_WQQ] += w * qw * qw
             b[_WQL] += w * qw * lw
             b[_WLL] += w * lw * lw
-        self.fit = self._refit(math.exp(-elapsed_s / self.forget_tau_s))
+        self.fit = self._refit(decay)
         if self.fit.confident:
             self.last_confident = self.fit
         return self.fit
