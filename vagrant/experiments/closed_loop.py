@@ -2,6 +2,9 @@
 """The paper's experiments in the lab guest (issue: closed loop). Runs INSIDE the guest.
 
     python3 vagrant/qemu/lab.py run vagrant/experiments/closed_loop.py --out DIR [--short]
+    python3 vagrant/qemu/lab.py --array nbd:c_ms=2,m_ms=5 run \\
+        vagrant/experiments/closed_loop.py --out DIR --paper     # the paper's experiment
+
 
 (`make lab` runs it through vagrant/experiments/report.py, which also draws
 the report.) The topology: LIO in netns `tgt` on a VG over a shared "array"
@@ -16,6 +19,20 @@ reads and writes), one iSCSI initiator per LV. Experiments:
    In the last on-period of each controlled phase the reader stops: the
    writers no longer hurt anyone, and the release time of their throttle is
    measured.
+3. static (with --static): per threshold, after its controlled phase, the
+   writers pinned by hand (`santhrottle pin` through a daemon that only
+   observes) at delays of the ladder: a short search from the controller's
+   median delay in the writers' on-periods, down while the reader's p95
+   holds T, up until it does; the smallest that holds is what an admin could
+   pin, and its writer throughput is the controller's yardstick.
+
+--paper is the method paper's experiment on the known plant (docs/lab.md,
+"The array as a known plant"; run with lab.py --array nbd:c_ms=2,m_ms=5):
+the VG on the lab-array disk, 3 writer hosts x 4 sequential 128 KiB QD1
+writers, the 256 kB/s 4 KiB random reader, writers 20 s on and 5 s off,
+thresholds 10, 15 and 20 ms, the static search, and the daemon with the
+product's defaults (no setpoint_fraction, no max_delay in its file).
+
 Raw series go to DIR/raw.json: every 100 ms the reader's and the VG's
 diskstats counters, the writers' write bytes, the array's in-flight time
 (for the LQ fit); every 500 ms the daemon's status and each iSCSI
@@ -26,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import signal
@@ -99,7 +117,7 @@ def nstat(netns: str) -> dict[str, int]:
     return vals
 
 
-def fio(dev: str, *job: str, runtime: float) -> subprocess.Popen:
+def fio(dev: str, *job: str, runtime: float, size: str = "200m") -> subprocess.Popen:
     return subprocess.Popen(
         [
             "fio",
@@ -110,7 +128,7 @@ def fio(dev: str, *job: str, runtime: float) -> subprocess.Popen:
             "--ioengine=libaio",
             "--time_based",
             f"--runtime={runtime:.1f}",
-            "--size=200m",
+            f"--size={size}",
             *job,
         ],
         stdout=subprocess.PIPE,
@@ -127,11 +145,22 @@ def reader_job(a: argparse.Namespace, dev: str, runtime: float) -> subprocess.Po
     )
 
 
+# --writer-jobs > 1: each job writes its own region of the host's LV (4 x 300 MiB
+# of a 1536 MiB LV with --paper), as plant_lab.py's writers do.
+REGION_MIB = 300
+
+
 def writer_job(a: argparse.Namespace, dev: str, runtime: float) -> subprocess.Popen:
-    """One writer host: sequential writes at the configured size and depth."""
+    """One writer host: `writer_jobs` sequential writers at the configured size and depth."""
+    if a.writer_jobs == 1:
+        return fio(
+            dev, "--rw=write", f"--bs={a.writer_bs}", f"--iodepth={a.writer_qd}", runtime=runtime
+        )
     return fio(
-        dev, "--rw=write", f"--bs={a.writer_bs}", f"--iodepth={a.writer_qd}", runtime=runtime
-    )
+        dev, "--rw=write", f"--bs={a.writer_bs}", f"--iodepth={a.writer_qd}",
+        f"--numjobs={a.writer_jobs}", f"--offset_increment={REGION_MIB}m", "--group_reporting",
+        runtime=runtime, size=f"{REGION_MIB}m",
+    )  # fmt: skip
 
 
 class Sampler(threading.Thread):
@@ -167,7 +196,16 @@ class Sampler(threading.Thread):
                     st = request(SOCK, "status", timeout_s=2.0)
                     row["status"] = {
                         "resources": [
-                            {x: r[x] for x in ("resource", "read_latency_ewma_s", "delay_class")}
+                            {
+                                x: r.get(x)
+                                for x in (
+                                    "resource",
+                                    "read_latency_ewma_s",
+                                    "delay_class",
+                                    "members",
+                                    "mode",
+                                )
+                            }
                             for r in st["resources"]
                         ],
                         "initiators": {
@@ -194,18 +232,26 @@ def unit_nice() -> int:
 
 
 def start_daemon(
-    t: dict, threshold: str, conf_dir: Path, max_delay: str, setpoint: float
+    t: dict,
+    name: str,
+    threshold: str | None,
+    conf_dir: Path,
+    max_delay: str | None,
+    setpoint: float | None,
 ) -> subprocess.Popen:
-    conf = conf_dir / f"santhrottle-{threshold}.toml"
+    """santhrottled on the target's veth; threshold None: it only observes the VG (pins
+    still apply).  max_delay / setpoint None: the product's defaults (nothing written)."""
+    conf = conf_dir / f"santhrottle-{name}.toml"
     conf.write_text(
         f'[daemon]\ncontrol_socket = "{SOCK}"\nnetns = "{t["netns"]}"\n'
-        f'state_dir = "{conf_dir / f"state-{threshold}"}"\n'
-        f'[datapath]\ndevices = ["{t["veth"]["target"]}"]\nmax_delay = "{max_delay}"\n'
-        f'link_speed = "10gbit"\n[metrics]\nport = 0\n'
-        f"[controller]\nsetpoint_fraction = {setpoint}\n"
-        f'[resources.{t["vg"]}]\nthreshold = "{threshold}"\n'
+        f'state_dir = "{conf_dir / f"state-{name}"}"\n'
+        f'[datapath]\ndevices = ["{t["veth"]["target"]}"]\n'
+        + (f'max_delay = "{max_delay}"\n' if max_delay else "")
+        + 'link_speed = "10gbit"\n[metrics]\nport = 0\n'
+        + (f"[controller]\nsetpoint_fraction = {setpoint}\n" if setpoint is not None else "")
+        + (f'[resources.{t["vg"]}]\nthreshold = "{threshold}"\n' if threshold else "")
     )
-    log = open(conf_dir / f"santhrottled-{threshold}.log", "w")  # noqa: SIM115 - lives with the process
+    log = open(conf_dir / f"santhrottled-{name}.log", "w")  # noqa: SIM115 - lives with the process
     nice = unit_nice()
     p = subprocess.Popen(
         [str(BIN / "santhrottled"), "--config", str(conf)],
@@ -221,7 +267,7 @@ def start_daemon(
     return p
 
 
-def stop_daemon(p: subprocess.Popen, conf_dir: Path, threshold: str) -> None:
+def stop_daemon(p: subprocess.Popen, conf_dir: Path, name: str) -> None:
     p.send_signal(signal.SIGTERM)  # our own child, by PID
     p.wait(timeout=60)
     subprocess.run(
@@ -229,31 +275,64 @@ def stop_daemon(p: subprocess.Popen, conf_dir: Path, threshold: str) -> None:
             str(BIN / "santhrottle"),
             "cleanup",
             "--config",
-            str(conf_dir / f"santhrottle-{threshold}.toml"),
+            str(conf_dir / f"santhrottle-{name}.toml"),
         ],
         capture_output=True,
     )
 
 
-def phase(t: dict, a: argparse.Namespace, threshold: str | None, out: Path) -> dict:
+def pin(ip: str, delay_us: int) -> None:
+    """Pin one initiator by hand through the running daemon, as an admin would."""
+    subprocess.run(
+        [str(BIN / "santhrottle"), "pin", ip, "--delay", f"{delay_us}us", "--socket", SOCK],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+
+
+def phase(
+    t: dict,
+    a: argparse.Namespace,
+    threshold: str | None,
+    out: Path,
+    static_us: int | None = None,
+    cycles: int | None = None,
+) -> dict:
+    """One phase: uncontrolled (threshold None), controlled at `threshold`, or static:
+    the writers pinned at static_us by hand (the daemon only observes; `threshold` is
+    then the one the pin is judged against)."""
     reader, writers = t["iscsi"][0], t["iscsi"][1:]
     devices = [reader["dm"], *[w["dm"] for w in writers], Path(t["disk"]).name]
-    daemon = start_daemon(t, threshold, out, a.max_delay, a.setpoint) if threshold else None
+    static = static_us is not None
+    cycles = a.cycles if cycles is None else cycles
+    name = f"static-{threshold}-{static_us}us" if static else threshold
+    daemon = None
+    if threshold:
+        daemon = start_daemon(t, name, None if static else threshold, out, a.max_delay, a.setpoint)
+    ladder = None
     try:
-        time.sleep(2.0)  # a first discovery
+        if daemon is not None:
+            from santhrottle.appliance.daemon.control import request
+
+            ladder = request(SOCK, "status", timeout_s=5.0)["ladder"]
+        if static:
+            for w in writers:
+                pin(w["initiator_ip"], static_us)
+        time.sleep(2.0)  # a first discovery (and the pins applied by a tick)
         s = Sampler(devices, daemon is not None, t["netns"])
         net0 = nstat(t["netns"])
         conns0 = tcp_conns(t["netns"])
         s.start()
-        duration = a.lead + a.cycles * (a.on + a.off)
+        duration = a.lead + cycles * (a.on + a.off)
         rd = reader_job(a, reader["device"], duration)
         s.mark("reader on")
+        if static:  # nothing to learn: every on-period counts
+            s.mark("settle")
         time.sleep(a.lead)
-        for c in range(a.cycles):
-            last = c == a.cycles - 1
+        for c in range(cycles):
+            last = c == cycles - 1
             ws = [writer_job(a, w["device"], a.on) for w in writers]
             s.mark("writers on")
-            if last and daemon is not None:
+            if last and daemon is not None and not static:
                 time.sleep(a.on / 2)
                 rd.send_signal(signal.SIGINT)  # the reader leaves: nobody to protect
                 s.mark("reader off")
@@ -269,12 +348,15 @@ def phase(t: dict, a: argparse.Namespace, threshold: str | None, out: Path) -> d
         conns = tcp_conns(t["netns"])
     finally:
         if daemon is not None:
-            stop_daemon(daemon, out, threshold)
+            stop_daemon(daemon, out, name)
     members = subprocess.run(
         ["ip", "netns", "exec", t["netns"], "ipset", "list", "-n"], capture_output=True, text=True
     ).stdout.split()
     return {
         "threshold": threshold,
+        "kind": "static" if static else ("controlled" if threshold else "uncontrolled"),
+        "static_delay_us": static_us,
+        "ladder": ladder,
         "rows": s.rows,
         "events": s.events,
         "nstat": {k: net1.get(k, 0) - net0.get(k, 0) for k in NSTAT_KEYS},
@@ -286,6 +368,80 @@ def phase(t: dict, a: argparse.Namespace, threshold: str | None, out: Path) -> d
         "writer_ips": [w["initiator_ip"] for w in writers],
         "array": Path(t["disk"]).name,
     }
+
+
+def controller_delay_class(ph: dict) -> int:
+    """The median class the controller gave the writers while they wrote and the
+    reader was there, after the learning burst: where the static search starts."""
+    on, off = events(ph, "writers on"), events(ph, "writers off")
+    settle = off[0] if off else 0.0
+    reader_off = (events(ph, "reader off") or [math.inf])[0]
+    ks = []
+    for r in ph["rows"]:
+        st = r.get("status")
+        t_ = r["t"]
+        if st is None or not settle <= t_ < reader_off:
+            continue
+        if not any(x + 1.0 <= t_ < y for x, y in zip(on, off, strict=False)):
+            continue
+        ks += [st["initiators"].get(ip, 0) for ip in ph["writer_ips"]]
+    return sorted(ks)[len(ks) // 2] if ks else 1
+
+
+def static_search(t: dict, a: argparse.Namespace, thr: str, ctl: dict, out: Path) -> list[dict]:
+    """The smallest delay of the ladder an admin could pin on the writers that holds T.
+
+    From the controller's median class (controller_delay_class): `static_step`
+    classes up while the reader's p95 is over T (down while it holds), the step
+    doubling each probe, until the result flips; then bisection between the
+    highest class over T and the lowest that holds; at most `static_probes`
+    phases of `static_cycles` on-periods each.
+    Returns the phases (each with "holds")."""
+    from santhrottle.controller.ladder import Ladder
+
+    lad = ctl["ladder"]
+    ladder = Ladder(lad["step_us"], lad["max_delay_us"], lad["ratio"])
+    thr_s = parse_ms(thr)
+    k = max(1, min(ladder.max_class, controller_delay_class(ctl)))
+    over, held = 0, ladder.max_class + 1  # highest class over T, lowest that holds
+    phases = []
+    jump = a.static_step
+    for _ in range(a.static_probes):
+        ph = phase(t, a, thr, out, static_us=ladder.delay_us(k), cycles=a.static_cycles)
+        p95 = summarize(ph, thr_s, None)["read_latency_p95_s"]
+        ph["holds"] = p95 <= thr_s
+        phases.append(ph)
+        verdict = "holds" if ph["holds"] else "over T"
+        print(f"  static {thr} at {ladder.delay_us(k) / 1000:g} ms (class {k}): p95 "
+              f"{p95 * 1e3:.2f} ms, {verdict}", flush=True)  # fmt: skip
+        if ph["holds"]:
+            held = min(held, k)
+        else:
+            over = max(over, k)
+        if held <= ladder.max_class and over > 0:  # bracketed: bisect
+            if held - over <= 1:
+                break
+            k = (held + over) // 2
+        elif held <= ladder.max_class:  # all held so far: lower
+            k = max(1, held - jump)
+            if k == held:
+                break
+        else:  # none held yet: higher
+            k = min(ladder.max_class, over + jump)
+            if k == over:
+                break
+        jump *= 2  # galloping until bracketed
+    return phases
+
+
+def events(ph: dict, name: str) -> list[float]:
+    return [t_ for t_, e in ph["events"] if e == name]
+
+
+def parse_ms(text: str) -> float:
+    from santhrottle.appliance.units import parse_duration_s
+
+    return parse_duration_s(text)
 
 
 def interference(t: dict, a: argparse.Namespace) -> list[dict]:
@@ -333,10 +489,34 @@ def auto_threshold(uncontrolled_p95_s: float) -> str:
     return f"{us / 1000:g}ms"
 
 
+# --paper: the method paper's experiment on the known plant (docs/lab.md); explicit
+# options still win.  No setpoint, no max_delay: the daemon runs the product's defaults.
+PAPER = {
+    "disk": "array",
+    "writers": 3,
+    "writer_jobs": 4,
+    "writer_bs": "128k",
+    "writer_qd": 1,
+    "lv_size_mib": 1536,
+    "thresholds": "10ms,15ms,20ms",
+    "max_delay": None,
+    "setpoint": None,
+    "cycles": 4,
+    "on": 20.0,
+    "off": 5.0,
+    "static": True,
+}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--writers", type=int, default=3)
+    ap.add_argument("--paper", action="store_true", help="the paper's experiment (PAPER)")
+    ap.add_argument("--disk", choices=("nullb", "array"), default="nullb",
+                    help="array: lab.py --array nbd's known plant")  # fmt: skip
+    ap.add_argument("--lv-size-mib", type=int, default=256)
+    ap.add_argument("--writers", type=int, default=3, help="writer hosts")
+    ap.add_argument("--writer-jobs", type=int, default=1, help="writers per host")
     ap.add_argument("--writer-bs", default="64k")
     ap.add_argument("--writer-qd", type=int, default=4)
     ap.add_argument("--reader-rate", default="256k")
@@ -345,27 +525,49 @@ def main() -> int:
     # under half the one-vCPU lab's uncontrolled p95 (2.1-5.7 ms, docs/lab.md);
     # "auto": one threshold, half the uncontrolled phase's p95 (auto_threshold)
     ap.add_argument("--thresholds", default="1ms,1.25ms")
+    # "default": the product's (nothing in the daemon's file)
     ap.add_argument("--max-delay", default="100ms")
-    # The lab's reader is noisy (heavy-tailed waits behind writes, ~6 reads per
-    # tick): aiming at 0.55 x threshold keeps p95 of the 1 s mean under it
-    # (docs/lab.md, tuned with the simulator fitted to the lab).
-    ap.add_argument("--setpoint", type=float, default=0.55)
+    # The null_blk lab's reader is noisy (heavy-tailed waits behind writes, ~6 reads
+    # per tick): aiming at 0.55 x threshold keeps p95 of the 1 s mean under it
+    # (docs/lab.md, tuned with the simulator fitted to the lab); "default": the
+    # product's setpoint_fraction.
+    ap.add_argument("--setpoint", default=0.55)
     ap.add_argument("--cycles", type=int, default=3)
     ap.add_argument("--on", type=float, default=25.0)
     ap.add_argument("--off", type=float, default=5.0)
     ap.add_argument("--lead", type=float, default=4.0)
     ap.add_argument("--steady", type=float, default=6.0)
     ap.add_argument("--skip-interference", action="store_true")
-    a = ap.parse_args()
-    a.out.mkdir(parents=True, exist_ok=True)
-    t = topology.up(
-        luns=a.writers + 1, nvme=0, disk="nullb", nullb_mbps=a.mbps, nullb_queue_depth=a.queue_depth
+    ap.add_argument(
+        "--static",
+        action="store_true",
+        help="per threshold, the smallest delay pinned by hand that holds it",
     )
+    ap.add_argument("--no-static", dest="static", action="store_false")
+    ap.add_argument("--static-probes", type=int, default=4)
+    ap.add_argument("--static-cycles", type=int, default=2)
+    ap.add_argument("--static-step", type=int, default=5, help="classes per probe")
+    pre, _ = ap.parse_known_args()
+    if pre.paper:
+        ap.set_defaults(**PAPER)
+    a = ap.parse_args()
+    if a.max_delay in (None, "default"):
+        a.max_delay = None
+    a.setpoint = None if a.setpoint in (None, "default") else float(a.setpoint)
+    a.out.mkdir(parents=True, exist_ok=True)
+    if a.disk == "array":
+        topology.load_modules(["virtio_blk"])
+    t = topology.up(
+        luns=a.writers + 1, nvme=0, disk=a.disk, lv_size_mib=a.lv_size_mib,
+        nullb_mbps=a.mbps, nullb_queue_depth=a.queue_depth,
+    )  # fmt: skip
     raw: dict = {
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
         "kernel": os.uname().release,
         "topology_timings_s": t.get("timings_s"),
+        "array_config": json.loads(os.environ.get("SANTHROTTLE_LAB_ARRAY") or "null"),
     }
+    t_all = time.monotonic()
     try:
         raw["interference"] = [] if a.skip_interference else interference(t, a)
         raw["phases"] = [phase(t, a, None, a.out)]
@@ -376,9 +578,15 @@ def main() -> int:
             thresholds = [auto_threshold(unc_p95_s)]
             print(f"uncontrolled p95 {unc_p95_s * 1e3:.2f} ms: threshold {thresholds[0]}")
         for thr in thresholds:
-            raw["phases"].append(phase(t, a, thr, a.out))
-            print(f"phase {thr} done", flush=True)
+            ctl = phase(t, a, thr, a.out)
+            raw["phases"].append(ctl)
+            s = summarize(ctl, parse_ms(thr), None)
+            print(f"phase {thr} done: p95 {s['read_latency_p95_s'] * 1e3:.2f} ms, writes "
+                  f"{s['write_bytes_per_s'] / 1e6:.1f} MB/s", flush=True)  # fmt: skip
+            if a.static:
+                raw["phases"] += static_search(t, a, thr, ctl, a.out)
     finally:
+        raw["guest_wall_s"] = time.monotonic() - t_all
         (a.out / "raw.json").write_text(json.dumps(raw))
         topology.down()
     return 0

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """`make lab`: run the closed-loop experiments in the lab guest, then report.
 
-    python3 vagrant/experiments/report.py [--short] [--out DIR]   # boot, run, report
-    python3 vagrant/experiments/report.py --from DIR              # report an earlier run
+    python3 vagrant/experiments/report.py --paper [--out DIR]  # make lab: known plant
+    python3 vagrant/experiments/report.py --short [--out DIR]  # CI's short run
+    python3 vagrant/experiments/report.py [--out DIR]          # the null_blk experiment
+    python3 vagrant/experiments/report.py --from DIR           # report an earlier run
 
 Prints a table per threshold (reader latency p50/p95/p99 from the target's
 diskstats over 1 s windows, time above threshold, writer throughput, target
@@ -138,7 +140,9 @@ def retrans_split(ph: dict) -> tuple[dict[str, int] | None, list[dict]]:
 def summarize(ph: dict, threshold_s: float | None, uncontrolled_wr: float | None) -> dict:
     w = windows(ph)
     on, off = events(ph, "writers on"), events(ph, "writers off")
-    settle = off[0] if off else 0.0
+    # from the end of the learning burst (the first on-period); a static phase marks
+    # its own start ("settle"): nothing to learn
+    settle = (events(ph, "settle") or off[:1] or [0.0])[0]
     reader_off = (events(ph, "reader off") or [math.inf])[0]
     lat = [v for t, v, _, _ in w if settle <= t < reader_off and v is not None]
     writing = [
@@ -226,7 +230,7 @@ def fit_streams(raw: dict, c: float, m: float) -> tuple[float, float]:
     ph = raw["phases"][0]
     w = [x for x in windows(ph) if x[2] > 0.5 * max(y[2] for y in windows(ph))]
     bs = int(a["writer_bs"].rstrip("kK")) * 1024
-    iops = sum(x[2] for x in w) / len(w) / bs / a["writers"]
+    iops = sum(x[2] for x in w) / len(w) / bs / (a["writers"] * a.get("writer_jobs", 1))
     q = sum(x[3] for x in w) / len(w)
     overhead = max(0.0, a["writer_qd"] / iops - (c + m * q))
     rows, rd = ph["rows"], ph["reader_dm"]
@@ -275,12 +279,14 @@ def calibrate_overhead(raw: dict, c: float, m: float, noise: float, p50_s: float
 
 
 def simulate_lab(raw: dict, c: float, m: float, noise: float, overhead_s: float = 0.0) -> dict:
-    """The same experiment in the simulator, with the lab's fitted device."""
+    """The same experiment in the simulator, with the lab's fitted device (and, when the
+    lab searched for the best static delay, the simulator's best constant class)."""
     from santhrottle.controller.scenario import parse_scenario
     from santhrottle.controller.sim import simulate
 
     text = lab_scenario(raw, c, m, noise, overhead_s)
-    res = simulate(parse_scenario(text), baseline=False)
+    baseline = any(ph.get("kind") == "static" for ph in raw["phases"])
+    res = simulate(parse_scenario(text), baseline=baseline)
     return {"scenario": text, "controlled": res["controlled"], "uncontrolled": res["uncontrolled"]}
 
 
@@ -292,6 +298,7 @@ def lab_scenario(raw: dict, c: float, m: float, noise: float, overhead_s: float)
     rate_kib = int(a["reader_rate"].rstrip("kK"))
     writers = "".join(
         f'[[stream]]\nname = "w{k}"\nkind = "write"\nloop = "closed"\ndepth = {a["writer_qd"]}\n'
+        f"count = {a.get('writer_jobs', 1)}\n"
         f"overhead_ms = {overhead_s * 1000:.3f}\n"
         f'size_kib = {bs_kib}\nresource = "vg"\ninitiator = "10.0.0.{3 + k}"\n'
         f"schedule = {{ start_s = {a['lead']}, on_s = {a['on']}, off_s = {a['off']}, "
@@ -299,7 +306,7 @@ def lab_scenario(raw: dict, c: float, m: float, noise: float, overhead_s: float)
         for k in range(a["writers"])
     )
     # the thresholds the phases ran (--thresholds auto: the one the guest picked)
-    ran = [ph["threshold"] for ph in raw["phases"] if ph["threshold"]]
+    ran = [ph["threshold"] for ph in raw["phases"] if ph["threshold"] and is_controlled(ph)]
     thr = ", ".join(f"{parse_ms(x) * 1000:g}" for x in ran)
     text = (
         f"[run]\nduration_s = {dur}\nseed = 1\n"
@@ -308,11 +315,58 @@ def lab_scenario(raw: dict, c: float, m: float, noise: float, overhead_s: float)
         f'[[stream]]\nname = "reader"\nkind = "read"\nloop = "open"\n'
         f'rate_kib_per_s = {rate_kib}\nsize_kib = 4\nresource = "vg"\ninitiator = "10.0.0.2"\n'
         + writers
-        + f"[controller]\nthresholds_ms = [{thr}]\nmax_delay_ms = "
-        f"{parse_ms(a['max_delay']) * 1000:g}\n"
-        f"setpoint_fraction = {a.get('setpoint', 0.9)}\n"
+        + f"[controller]\nthresholds_ms = [{thr}]\n"
+        # the daemon's ladder and setpoint: what the run gave it, else the product's
+        # defaults (the simulator's ControllerConfig(), like the daemon's)
+        + (f"max_delay_ms = {parse_ms(a['max_delay']) * 1000:g}\n" if a.get("max_delay") else "")
+        + (f"setpoint_fraction = {a['setpoint']}\n" if a.get("setpoint") is not None else "")
     )
     return text
+
+
+def is_controlled(ph: dict) -> bool:
+    """A phase the controller ran (older runs have no "kind": threshold set)."""
+    return ph.get("kind", "controlled" if ph["threshold"] else "uncontrolled") == "controlled"
+
+
+def ladder_of(ph: dict, max_delay: str | None = None):
+    """The daemon's ladder in this phase; runs that did not record it: the default
+    ladder up to their max_delay."""
+    from santhrottle.controller.ladder import Ladder
+
+    lad = ph.get("ladder")
+    if lad is None:
+        d = Ladder()
+        us = round(parse_ms(max_delay) * 1e6) if max_delay else d.max_delay_us
+        return Ladder(d.step_us, us, d.ratio)
+    return Ladder(lad["step_us"], lad["max_delay_us"], lad["ratio"])
+
+
+def static_pick(phases: list[dict], threshold: str) -> dict | None:
+    """The static probes of one threshold, and the smallest pinned delay that held it."""
+    probes = []
+    for ph in phases:
+        if ph.get("kind") == "static" and ph["threshold"] == threshold:
+            thr = parse_ms(threshold)
+            s = summarize(ph, thr, None)
+            s["delay_s"] = ph["static_delay_us"] / 1e6
+            probes.append(s)
+    if not probes:
+        return None
+    held = [p for p in probes if p["read_latency_p95_s"] <= p["threshold_s"]]
+    best = min(held, key=lambda p: p["delay_s"]) if held else None
+    return {"probes": probes, "best": best}
+
+
+def members(ph: dict) -> list[tuple[float, int]]:
+    """(t, write-heavy members of the resource) from the daemon's status (0 without)."""
+    out = []
+    for r in ph["rows"]:
+        st = r.get("status")
+        if st is not None:
+            ms_ = [len(x.get("members") or []) for x in st["resources"]]
+            out.append((r["t"], max(ms_, default=0)))
+    return out
 
 
 def plot(raw: dict, out: Path) -> list[Path]:
@@ -322,9 +376,27 @@ def plot(raw: dict, out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     files = []
+    # fig. 12: the interference without santhrottle, the writers switched on and off
+    unc = raw["phases"][0]
+    w = windows(unc)
+    fig, axes = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True)
+    axes[0].plot([t for t, v, _, _ in w if v is not None],
+                 [v * 1e3 for _, v, _, _ in w if v is not None], lw=0.9, color="black")  # fmt: skip
+    axes[0].set_ylabel("reader latency, 1 s mean (ms)")
+    axes[1].plot([t for t, _, _, _ in w], [wr / 1e6 for _, _, wr, _ in w], lw=0.9)
+    axes[1].set_ylabel("aggregate writes (MB/s)")
+    axes[1].set_xlabel("time (s)")
+    fig.suptitle("lab, uncontrolled: the reader at the target, writers on and off "
+                 "(cf. paper fig. 12)")  # fmt: skip
+    fig.tight_layout()
+    files.append(out / "fig12.png")
+    fig.savefig(files[-1], dpi=100)
+    plt.close(fig)
+
     fig, ax = plt.subplots(figsize=(10, 4.5))
     colors = ["black", "#d62728", "#2ca02c", "#1f77b4", "#9467bd"]
-    for k, ph in enumerate(raw["phases"]):
+    shown = [ph for ph in raw["phases"] if ph["threshold"] is None or is_controlled(ph)]
+    for k, ph in enumerate(shown):
         w = windows(ph)
         label = ph["threshold"] or "uncontrolled"
         ax.plot(
@@ -344,10 +416,12 @@ def plot(raw: dict, out: Path) -> list[Path]:
     files.append(out / "fig14.png")
     fig.savefig(files[-1], dpi=100)
     plt.close(fig)
-    for ph in raw["phases"][1:]:
+    for ph in shown[1:]:
         w = windows(ph)
         cl = classes(ph)
-        fig, axes = plt.subplots(3, 1, figsize=(10, 7), sharex=True)
+        lad = ladder_of(ph, raw["args"].get("max_delay"))
+        mb = members(ph)
+        fig, axes = plt.subplots(4, 1, figsize=(10, 8.5), sharex=True)
         axes[0].plot(
             [t for t, v, _, _ in w if v is not None],
             [v * 1e3 for _, v, _, _ in w if v is not None],
@@ -355,11 +429,13 @@ def plot(raw: dict, out: Path) -> list[Path]:
         )
         axes[0].axhline(parse_ms(ph["threshold"]) * 1e3, ls="--", color="red", lw=0.8)
         axes[0].set_ylabel("read latency (ms)")
-        axes[1].step([t for t, _ in cl], [c * 0.5 for _, c in cl], where="post")
+        axes[1].step([t for t, _ in cl], [lad.delay_s(c) * 1e3 for _, c in cl], where="post")
         axes[1].set_ylabel("packet delay (ms)")
-        axes[2].plot([t for t, _, _, _ in w], [wr / 1e6 for _, _, wr, _ in w], lw=0.9)
-        axes[2].set_ylabel("aggregate writes (MB/s)")
-        axes[2].set_xlabel("time (s)")
+        axes[2].step([t for t, _ in mb], [n for _, n in mb], where="post")
+        axes[2].set_ylabel("write-heavy members")
+        axes[3].plot([t for t, _, _, _ in w], [wr / 1e6 for _, _, wr, _ in w], lw=0.9)
+        axes[3].set_ylabel("aggregate writes (MB/s)")
+        axes[3].set_xlabel("time (s)")
         for t, e in ph["events"]:
             if e == "reader off":
                 for a in axes:
@@ -378,9 +454,23 @@ def report(out: Path) -> int:
     unc = summarize(phases[0], None, None)
     rows = []
     for ph in phases[1:]:
+        if not is_controlled(ph):
+            continue
         thr = parse_ms(ph["threshold"])
         s = summarize(ph, thr, unc["write_bytes_per_s"])
         s["uncontrolled_p95_s"] = unc["read_latency_p95_s"]
+        lad = ladder_of(ph, raw["args"].get("max_delay"))
+        cl = [k for _, k in classes(ph)]
+        s["max_delay_s"] = lad.delay_s(max(cl, default=0))
+        st = static_pick(phases, ph["threshold"])
+        if st is not None:
+            s["static"] = st
+            b = st["best"]
+            s["vs_static_writes"] = (
+                s["write_bytes_per_s"] / b["write_bytes_per_s"]
+                if b and b["write_bytes_per_s"]
+                else None
+            )
         rows.append(s)
     c, m, r2 = fit_lq(phases[0])
     calm = [v for _, v, _, _ in windows(phases[0]) if v is not None]
@@ -390,7 +480,13 @@ def report(out: Path) -> int:
     for s, sc in zip(rows, sim["controlled"], strict=True):
         s["sim_read_latency_p95_s"] = sc["read_latency_p95_s"]
         s["sim_vs_lab_p95"] = sc["read_latency_p95_s"] / s["read_latency_p95_s"] - 1
+        s["sim_write_bytes_per_s"] = sc["write_throughput_bps"]
+        if sc.get("best_constant"):
+            s["sim_best_constant"] = sc["best_constant"]
     summary = {
+        "args": raw["args"],
+        "array_config": raw.get("array_config"),
+        "guest_wall_s": raw.get("guest_wall_s"),
         "interference": raw.get("interference", []),
         "uncontrolled": unc,
         "controlled": rows,
@@ -437,7 +533,7 @@ def report(out: Path) -> int:
     print(
         f"{'threshold':>9} {'p50':>6} {'p95':>6} {'p99':>6} {'above%':>6} {'wr MB/s':>7} "
         f"{'retrans':>7} {'TLP':>4} {'spur.':>5} {'writers':>7} {'reader':>6} {'release':>8} "
-        f"{'sim p95':>7} {'sim/lab':>7}"
+        f"{'sim p95':>7} {'sim/lab':>7} {'max dly':>7}"
     )
     for s in rows:
         rel = s.get("release_throughput_back_after_s")
@@ -450,7 +546,7 @@ def report(out: Path) -> int:
             f"{known(s.get('target_retrans_others')):>6} "
             f"{'-' if rel is None else f'{rel:.1f}s':>8} "
             f"{ms(s['sim_read_latency_p95_s']):>7} "
-            f"{s['sim_vs_lab_p95']:>+7.0%}"
+            f"{s['sim_vs_lab_p95']:>+7.0%} {ms(s['max_delay_s']):>7}"
         )
     print(
         f"LQ fit of the array (uncontrolled run, 1 s windows): C {c * 1e3:.3f} ms, "
@@ -460,6 +556,11 @@ def report(out: Path) -> int:
         f"{sim['uncontrolled']['read_latency_p95_s'] * 1e3:.2f} ms (lab "
         f"{unc['read_latency_p95_s'] * 1e3:.2f})"
     )
+    cfg = raw.get("array_config")
+    if cfg:
+        print(f"the array is the known plant: configured C {cfg.get('c_ms')} ms, m "
+              f"{cfg.get('m_ms')} ms/IO ({cfg}); fitted / configured: C "
+              f"{c * 1e3 / cfg['c_ms']:.2f}, m {m * 1e3 / cfg['m_ms']:.2f}")  # fmt: skip
     print(
         "descents (initiators whose delay went down) through a glide leaf / unordered: "
         + ", ".join(
@@ -467,6 +568,34 @@ def report(out: Path) -> int:
             for s in rows
         )
     )
+    if any("static" in s for s in rows):
+        print("static delays pinned by hand on the writers (santhrottle pin; the daemon only "
+              "observes), each probe over its on-periods:")  # fmt: skip
+        for s in rows:
+            st = s.get("static")
+            if not st:
+                continue
+            for pr in st["probes"]:
+                print(
+                    f"  {ms(s['threshold_s'])}ms: pinned {pr['delay_s'] * 1e3:g} ms: p50 "
+                    f"{ms(pr['read_latency_p50_s'])} p95 {ms(pr['read_latency_p95_s'])} p99 "
+                    f"{ms(pr['read_latency_p99_s'])} ms, above T "
+                    f"{pr['time_above_threshold_pct']:.1f} %, writes "
+                    f"{pr['write_bytes_per_s'] / 1e6:.2f} MB/s, target retrans "
+                    f"{pr['target_retrans_segs']}"
+                )
+            b = st["best"]
+            sb = s.get("sim_best_constant")
+            ratio = s.get("vs_static_writes")
+            print(
+                f"  {ms(s['threshold_s'])}ms: best static "
+                + ("none held T" if b is None else f"{b['delay_s'] * 1e3:g} ms, "
+                   f"{b['write_bytes_per_s'] / 1e6:.2f} MB/s")
+                + f"; controller {s['write_bytes_per_s'] / 1e6:.2f} MB/s"
+                + ("" if ratio is None else f" = {ratio:.1%} of it")
+                + ("" if not sb else f"; simulator's best constant {sb['delay_s'] * 1e3:g} ms, "
+                   f"controller {sb['controlled_vs_constant']:.1%} of it")
+            )  # fmt: skip
     for s in rows:
         for e in s.get("writer_retrans_events", []):
             print(
@@ -507,6 +636,11 @@ def report(out: Path) -> int:
     return 0
 
 
+# `make lab`: the method paper's experiment on the known plant (docs/lab.md, "The
+# array as a known plant"): C = 2 ms, m = 5 ms, closed_loop.py --paper.
+PAPER_ARRAY = "nbd:c_ms=2,m_ms=5"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path)
@@ -516,7 +650,14 @@ def main() -> int:
         action="store_true",
         help="CI's version: one threshold, two cycles, no interference sweep",
     )
-    ap.add_argument("--timeout", type=float, default=1500)
+    ap.add_argument(
+        "--paper",
+        action="store_true",
+        help=f"the paper's experiment on the known plant (--array {PAPER_ARRAY}, "
+        "closed_loop.py --paper)",
+    )
+    ap.add_argument("--array", default=None, help="lab.py --array (the known plant's spec)")
+    ap.add_argument("--timeout", type=float, default=None)
     ap.add_argument(
         "--no-curves", action="store_true", help="skip the throttle curves (a second guest boot)"
     )
@@ -527,7 +668,13 @@ def main() -> int:
     if not out.is_relative_to(CHECKOUT):
         ap.error(f"--out must be inside the checkout {CHECKOUT} (the guest sees only that)")
     out.mkdir(parents=True, exist_ok=True)
-    guest_args = ["--out", str(out), *extra]
+    guest_args = ["--out", str(out)]
+    array = args.array
+    timeout = args.timeout or 1500
+    if args.paper:
+        array = array or PAPER_ARRAY
+        guest_args.append("--paper")
+        timeout = args.timeout or 2700
     if args.short:  # CI: one threshold, two 25 s bursts (~3 min of guest time)
         guest_args += [
             "--thresholds",
@@ -540,14 +687,19 @@ def main() -> int:
             "5",
             "--skip-interference",
         ]
+    guest_args += extra
     # the full run on one vCPU (SANTHROTTLE_LAB_SMP overrides); CI's short one on lab.py's default
     smp = os.environ.get("SANTHROTTLE_LAB_SMP") or ("" if args.short else str(FULL_RUN_SMP))
     lab = [sys.executable, str(LAB_PY), *(["--smp", smp] if smp else [])]
-    p = subprocess.run([*lab, "run", "--timeout", str(args.timeout), str(GUEST), *guest_args])
+    if array:
+        lab += ["--array", array]
+    p = subprocess.run([*lab, "run", "--timeout", str(timeout), str(GUEST), *guest_args])
     if p.returncode != 0:
         print(f"lab run failed (exit {p.returncode}); results so far in {out}", file=sys.stderr)
         return p.returncode
     if not (args.short or args.no_curves):
+        if array:  # the curves run on the unthrottled disk: no plant needed
+            lab = lab[: lab.index("--array")] + lab[lab.index("--array") + 2 :]
         p = subprocess.run(
             [
                 *lab, "run", "--timeout", "1200", str(CURVES_SCRIPT),
