@@ -79,10 +79,13 @@ def test_datapath_builds_with_netem_and_cleans_up(topology, datapath):
     from santhrottle.appliance.datapath.tctree import netem_limit
 
     link = datapath.spec.link_bits_s
-    lim = {k: netem_limit(link, k * 500) for k in (1, 20, 100)}
+    # the default ladder: 0.5 ms steps to 10 ms (class 20), x1.05 above, 250 ms (class 88)
+    lim = {k: netem_limit(link, datapath.spec.delay_us(k)) for k in (1, 20, 44, 88)}
     assert re.search(rf"qdisc netem 1: parent 5374:1 limit {lim[1]} delay (499|500)us", qd), qd
     assert f"qdisc netem 20: parent 5374:20 limit {lim[20]} delay 10ms" in qd, qd
-    assert f"qdisc netem 100: parent 5374:100 limit {lim[100]} delay 50ms" in qd, qd
+    assert f"qdisc netem 44: parent 5374:44 limit {lim[44]} delay 30.5ms" in qd, qd
+    assert f"qdisc netem 88: parent 5374:88 limit {lim[88]} delay 250ms" in qd, qd
+    assert "parent 5374:89 " not in qd, qd
     from santhrottle.appliance.datapath import discover
     from santhrottle.appliance.datapath.rules import jump_rule
 
@@ -92,12 +95,13 @@ def test_datapath_builds_with_netem_and_cleans_up(topology, datapath):
     # the tree read back through pyroute2 (netem's delay field) is what we asked
     with discover(netns=NETNS) as found:
         s = found.spec
-        assert (s.devices, s.step_us, s.max_class, s.ports) == ((DEVICE,), 500, 100, PORTS)
+        assert (s.devices, s.ports) == ((DEVICE,), PORTS)
+        assert s.ladder == datapath.spec.ladder and s.max_class == 88
     datapath.set_classes({"192.0.2.250": 1})  # the first member brings the jump
     assert jump_rule(DEVICE) in sh(["ip", "netns", "exec", NETNS, "iptables", "-t", "mangle", "-S"])
     datapath.set_classes({"192.0.2.250": 0}, ordered=False)
     steps = ", ".join(f"{k} {v:.2f} s" for k, v in rep.timings_s.items())
-    print(f"100 netem classes + sets + rules applied in {build_s:.2f} s ({steps}; {rep.summary()})")
+    print(f"{datapath.spec.max_class} netem classes + sets + rules applied in {build_s:.2f} s ({steps}; {rep.summary()})")
     t0 = time.monotonic()
     again = datapath.apply()
     print(f"apply again (adopt): {time.monotonic() - t0:.2f} s")

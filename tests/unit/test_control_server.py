@@ -483,7 +483,7 @@ def test_the_client_without_a_daemon(tmp_path):
 def test_threshold_auto_is_fitted_and_observed_until_confident(live):
     """threshold set vg0 auto: the PID observes (no fallback) until the LQ fit is
     confident; status and threshold_show carry the fit; the override is kept."""
-    d, vt, _act, path, _srv = live
+    d, _vt, _act, path, _srv = live
     got = request(path, "threshold_set", resource="vg0", threshold_s="auto")
     assert got["threshold_s"] == "auto" and got["override"] and got["in_force_s"] is None
     assert got["fit"]["windows"] == 0 and not got["fit"]["fitted"]
