@@ -101,7 +101,10 @@ def test_datapath_builds_with_netem_and_cleans_up(topology, datapath):
     assert jump_rule(DEVICE) in sh(["ip", "netns", "exec", NETNS, "iptables", "-t", "mangle", "-S"])
     datapath.set_classes({"192.0.2.250": 0}, ordered=False)
     steps = ", ".join(f"{k} {v:.2f} s" for k, v in rep.timings_s.items())
-    print(f"{datapath.spec.max_class} netem classes + sets + rules applied in {build_s:.2f} s ({steps}; {rep.summary()})")
+    print(
+        f"{datapath.spec.max_class} netem classes + sets + rules applied in {build_s:.2f} s "
+        f"({steps}; {rep.summary()})"
+    )
     t0 = time.monotonic()
     again = datapath.apply()
     print(f"apply again (adopt): {time.monotonic() - t0:.2f} s")
