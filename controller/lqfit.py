@@ -114,12 +114,14 @@ DROP_WINDOWS = 0.01
 # Confidence: 20 windows (20 s of IO); the Q seen spanning a factor of 1.5
 # (bins holding >= 1 window: q_lo at most two spreads from Q = 0); R^2 of
 # Pesto's injector less a little for passive data (Pesto discards fits under
-# 0.93); C known to 5 %, so that the acceptance's 15 % is 3 standard errors
-# (se(C) is calibrated on the generated plants: (C^ - C) / se has sd 1.0).
+# 0.93); C known to 6 %, so that the acceptance's 15 % is 2.5 standard errors
+# (se(C) is calibrated on the generated plants: (C^ - C) / se has sd 1.0; at
+# 5 % a noisy plant of the sweep's generator, C known to 5.1 % and 4.6 % off,
+# still held its fallback at 73 s).
 MIN_WINDOWS = 20.0
 MIN_Q_SPREAD_RATIO = 1.5
 MIN_R_SQUARED = 0.9
-MAX_INTERCEPT_REL_SE = 0.05
+MAX_INTERCEPT_REL_SE = 0.06
 
 _INF = math.inf
 # 100 ms ticks summed in floating point: ten of them make 0.9999999999999999 s.

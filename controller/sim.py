@@ -74,6 +74,13 @@ class RunResult:
     class_changes_after_settle: int
 
 
+def _mean_of_n(rel_sd: float, n: float, g: float) -> float:
+    """A mean-1 lognormal factor for the mean of n IOs of relative spread rel_sd
+    (its spread rel_sd / sqrt(n)), from the standard normal draw g."""
+    mu, sd = _lognormal_params(rel_sd / math.sqrt(max(n, 1.0)))
+    return math.exp(mu + sd * g)
+
+
 def _lognormal_params(rel_sd: float) -> tuple[float, float]:
     s2 = math.log1p(rel_sd * rel_sd)
     return -s2 / 2.0, math.sqrt(s2)
@@ -103,6 +110,7 @@ def run(
     )
     devices = {r.name: Device(r.intercept_s, r.slope_s_per_io) for r in sc.resources}
     ln_params = {r.name: _lognormal_params(r.noise) for r in sc.resources}
+    noise_of = {r.name: r.noise for r in sc.resources}
     windows = {id(s): s.schedule.windows(sc.duration_s) for s in sc.streams}
     settle_s = sc.default_settle_s()
     first = sc.resources[0].name
@@ -181,7 +189,7 @@ def run(
                         bytes_after_settle += b
                 else:  # closed-loop reads: counted as a fluid in the sensor
                     n = iops * dt
-                    noise = math.exp(mu + sd / math.sqrt(max(n, 1.0)) * closed_rng[r.name].gauss())
+                    noise = _mean_of_n(r.noise, n, closed_rng[r.name].gauss())
                     tick_sum[r.name] += n * lat * noise
                     tick_n[r.name] += n
             for s in mine:
@@ -226,9 +234,7 @@ def run(
         devs = []
         for name, (n_io, lat_sum, q_sum) in dev_tick.items():
             if n_io > 0.0:
-                g = math.exp(
-                    ln_params[name][0] + ln_params[name][1] / math.sqrt(n_io) * dev_rng.gauss()
-                )
+                g = _mean_of_n(noise_of[name], n_io, dev_rng.gauss())
                 devs.append(
                     DeviceSample(name, math.ceil(n_io), lat_sum / n_io * g, q_sum / cfg.tick_s)
                 )
