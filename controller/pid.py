@@ -213,6 +213,12 @@ class LogPid:
     def follow(self, delay_class: int) -> None:
         self.u = self._v(max(0, min(delay_class, self.ladder.max_class)))
 
+    def track_up(self, delay_class: int) -> None:
+        """The actuator kept more than asked (the decrease limit): never below
+        delay_class, or the output runs to its floor while the class comes down one
+        step a tick, and every new error starts from there (a sawtooth)."""
+        self.u = max(self.u, self._v(max(0, delay_class)))
+
     @property
     def delay_class(self) -> int:
         if self.u <= self._lo:

@@ -108,8 +108,8 @@ from dataclasses import dataclass, field
 from .domain import ControllerConfig, Decisions, Resource, Samples
 from .ewma import Ewma
 from .lqfit import LqEstimator, LqFit
-from .pid import Pid, new_pid
-from .writeheavy import WriteHeavySets
+from .pid import LogPid, Pid, new_pid
+from .writeheavy import CONTENDED_FLOOR_FRACTION, WriteHeavySets
 
 
 @dataclass(slots=True)
@@ -145,10 +145,18 @@ class ControllerState:
     next_converge_s: float | None = None
     late_ticks_total: int = 0
     rise_to: tuple[int, ...] = ()  # rise() of every class (the ramp), from the config
+    no_writers_bps: float = 0.0  # a resource writing less holds its class
 
     def __post_init__(self) -> None:
         c = self.config
         self.rise_to = _rise_table(c)
+        # with the relative write-heavy rules a writer of 64 KiB/s is throttled, so
+        # it is a writer here too; without them, write_heavy_leave as before
+        self.no_writers_bps = (
+            c.write_heavy_leave_bps * CONTENDED_FLOOR_FRACTION
+            if c.write_heavy_share
+            else c.write_heavy_leave_bps
+        )
         if self.sets is None:
             self.sets = WriteHeavySets(
                 c.write_ewma_tau_s,
@@ -282,7 +290,7 @@ def step(
             if (
                 sample is not None
                 and sample.write_bps is not None
-                and sample.write_bps < c.write_heavy_leave_bps
+                and sample.write_bps < state.no_writers_bps
             ):  # no writers: the class acts on nothing, do not integrate
                 rs.last_read_s = now_s
                 rs.ewma.update(sample.read_latency_s, now_s)
@@ -308,7 +316,11 @@ def step(
             else:  # idle: hold
                 continue
             if c.class_decrease_max_per_tick and new_class < rs.delay_class:  # gradually
-                new_class = max(new_class, rs.delay_class - c.class_decrease_max_per_tick)
+                lowest = rs.delay_class - c.class_decrease_max_per_tick
+                if new_class < lowest:
+                    new_class = lowest
+                    if sample is not None and isinstance(rs.pid, LogPid):  # tracking, down
+                        rs.pid.track_up(lowest - math.ceil(c.class_hysteresis))
             elif new_class > rs.delay_class:  # ramp
                 new_class = min(new_class, state.rise_to[rs.delay_class])
                 rs.pid.track(new_class)
