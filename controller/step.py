@@ -111,6 +111,12 @@ from .lqfit import LqEstimator, LqFit
 from .pid import LogPid, Pid, new_pid
 from .writeheavy import CONTENDED_FLOOR_FRACTION, WriteHeavySets
 
+# A member that stopped writing while others go on holds its resource's class
+# (no decrease) for at most this long: writers pause and come back (the
+# method paper's pause 5 s), and the delay the others need alone is too
+# little for them all; one that stays away longer has gone.
+PAUSE_HOLD_S = 10.0
+
 
 @dataclass(slots=True)
 class ResourceState:
@@ -146,6 +152,7 @@ class ControllerState:
     late_ticks_total: int = 0
     rise_to: tuple[int, ...] = ()  # rise() of every class (the ramp), from the config
     no_writers_bps: float = 0.0  # a resource writing less holds its class
+    paused: set[str] = field(default_factory=set)  # resources with a paused member
 
     def __post_init__(self) -> None:
         c = self.config
@@ -163,6 +170,7 @@ class ControllerState:
                 c.write_heavy_enter_bps,
                 c.write_heavy_leave_bps,
                 c.write_heavy_share,
+                PAUSE_HOLD_S if c.write_heavy_share else 0.0,
             )
 
     @property
@@ -225,9 +233,10 @@ def reconfigure(state: ControllerState, config: ControllerConfig) -> ControllerS
         config.write_heavy_enter_bps,
         config.write_heavy_leave_bps,
         config.write_heavy_share,
+        PAUSE_HOLD_S if config.write_heavy_share else 0.0,
     )  # validates the thresholds
     sets.tau_s, sets.enter_bps, sets.leave_bps = fresh.tau_s, fresh.enter_bps, fresh.leave_bps
-    sets.share = fresh.share
+    sets.share, sets.pause_hold_s = fresh.share, fresh.pause_hold_s
     sets.clear_alpha_cache()
     out = ControllerState(
         config,
@@ -303,6 +312,10 @@ def step(
                 want = rs.pid.update(ewma / thr, c.setpoint_fraction)
                 if want >= rs.delay_class:  # up: at once
                     new_class = want
+                elif name in state.paused:  # down, but a member paused: hold (the others
+                    new_class = rs.delay_class  # alone need less; it comes back)
+                    if isinstance(rs.pid, LogPid):
+                        rs.pid.track_up(rs.delay_class - math.ceil(c.class_hysteresis))
                 else:  # down: past the hysteresis band only
                     new_class = min(rs.delay_class, rs.pid.class_with_margin(c.class_hysteresis))
             elif (
@@ -339,6 +352,7 @@ def step(
             or (rs.ewma.value or 0.0) > c.setpoint_fraction * rs.threshold_s(c.auto_alpha)
         }
         change = sets.converge(now_s, contended)
+        state.paused = change.paused
         out.joined, out.left = change.joined, change.left
         touched.update(change.joined)
         touched.update(change.left)

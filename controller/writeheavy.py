@@ -79,6 +79,7 @@ class _Pair:
     last_s: float
     member: bool = False
     seen: bool = True  # got a sample since the last convergence
+    paused_s: float | None = None  # since when its samples are under the pause floor
 
 
 @dataclass
@@ -87,6 +88,9 @@ class Membership:
 
     joined: dict[str, set[str]] = field(default_factory=dict)
     left: dict[str, set[str]] = field(default_factory=dict)
+    # resources with a member that stopped writing (its samples under pause_bps)
+    # less than pause_hold_s ago, while the resource is contended
+    paused: set[str] = field(default_factory=set)
 
 
 class WriteHeavySets:
@@ -98,6 +102,7 @@ class WriteHeavySets:
         enter_bytes_per_s: float,
         leave_bytes_per_s: float,
         share: float = 0.0,
+        pause_hold_s: float = 0.0,
     ) -> None:
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"write-heavy share must be within 0-1, got {share}")
@@ -112,6 +117,9 @@ class WriteHeavySets:
         self.enter_bps = enter_bytes_per_s
         self.leave_bps = leave_bytes_per_s
         self.share = share
+        self.pause_hold_s = pause_hold_s
+        # a member writing under this has paused (CONTENDED_FLOOR_FRACTION x leave)
+        self.pause_bps = CONTENDED_FLOOR_FRACTION * leave_bytes_per_s
         self._pairs: dict[tuple[str, str], _Pair] = {}
         self.members: dict[str, set[str]] = {}  # resource -> initiators
         self.member_of: dict[str, set[str]] = {}  # initiator -> resources
@@ -139,6 +147,11 @@ class WriteHeavySets:
         p.rate_bps += self._alpha(now_s - p.last_s) * (rate_bps - p.rate_bps)
         p.last_s = now_s
         p.seen = True
+        if rate_bps < self.pause_bps:
+            if p.paused_s is None:
+                p.paused_s = now_s
+        else:
+            p.paused_s = None
 
     def observe_many(self, samples: Iterable[tuple[str, str, float]], now_s: float) -> None:
         """observe() for a whole sensor pass; the hot path of a convergence."""
@@ -156,6 +169,11 @@ class WriteHeavySets:
             p.rate_bps += a * (rate - p.rate_bps)
             p.last_s = now_s
             p.seen = True
+            if rate < self.pause_bps:
+                if p.paused_s is None:
+                    p.paused_s = now_s
+            else:
+                p.paused_s = None
 
     def rate(self, resource: str, initiator: str) -> float | None:
         p = self._pairs.get((resource, initiator))
@@ -178,11 +196,17 @@ class WriteHeavySets:
             if not p.seen:  # no sample this period: it wrote nothing
                 p.rate_bps -= self._alpha(now_s - p.last_s) * p.rate_bps
                 p.last_s = now_s
+                if p.paused_s is None:
+                    p.paused_s = now_s
             p.seen = False
+            if p.paused_s is not None and p.member and now_s - p.paused_s < self.pause_hold_s:
+                out.paused.add(resource)
             r = p.rate_bps
             s1[resource] = s1.get(resource, 0.0) + r
             s2[resource] = s2.get(resource, 0.0) + r * r
-        enter, leave = self._thresholds(s1, s2, frozenset(contended))
+        cont = frozenset(contended)
+        out.paused &= cont
+        enter, leave = self._thresholds(s1, s2, cont)
         enter_bps, leave_bps = self.enter_bps, self.leave_bps  # relative ones are lower
         for key, p in pairs.items():
             r = p.rate_bps

@@ -111,3 +111,31 @@ def test_a_contended_resource_throttles_every_writer_above_the_floor_and_holds_t
     off = WriteHeavySets(8.0, MIB, MIB / 4, share=0.0)  # share 0: the fixed thresholds only
     off.observe_many(small, 0.0)
     assert off.converge(0.0, {"vg"}).joined == {}
+
+
+def test_a_member_that_pauses_while_others_write_holds_the_class_for_a_while():
+    """B pauses while A goes on: the latency falls (A alone needs less), but B comes
+    back; once a convergence has seen B write nothing the class holds, until
+    PAUSE_HOLD_S after that; then it unwinds."""
+    from santhrottle.controller.step import PAUSE_HOLD_S
+
+    cfg = ControllerConfig(read_ewma_tau_s=0.0)
+    st = new_state(cfg, [Resource("vg", 0.010)])
+
+    def at(t, lat, writers):  # write samples once per convergence, as the sensors do
+        ws = [WriteSample("vg", w, 20 * MIB) for w in writers] if t == int(t) else []
+        return step(st, Samples([ReadSample("vg", 6, lat, 20 * MIB)], ws), t)[0]
+
+    k = 0
+    while st.resources["vg"].delay_class < 40 or k % 10:  # both write, too slow
+        st = at(k / 10, 0.030, "AB")
+        k += 1
+    t0 = k / 10
+    classes = []
+    while k / 10 < t0 + PAUSE_HOLD_S + 4.0:  # B paused; A alone is fast
+        st = at(k / 10, 0.002, "A")
+        classes.append((round(k / 10 - t0, 1), st.resources["vg"].delay_class))
+        k += 1
+    held = dict(classes)[1.1]  # seen paused at the convergence 1 s after its last write
+    assert all(c == held for t, c in classes if 1.1 <= t < PAUSE_HOLD_S)
+    assert classes[-1][1] < held  # B stayed away: it has gone, the class unwinds
