@@ -86,6 +86,7 @@ Worked example, law "log"
 
 from __future__ import annotations
 
+import bisect
 import math
 
 from .domain import ControllerConfig
@@ -94,6 +95,8 @@ from .ladder import Ladder
 # Law "log": the output's floor is half the first class's delay; at the floor
 # the class is 0 (no delay), anywhere above it at least class 1.
 OFF_FRACTION = 0.5
+# v within this of a class's ln(delay) is that class (float rounding of ln/exp).
+LOG_TOLERANCE = 1e-9
 
 
 class SingleSidedPid:
@@ -173,7 +176,7 @@ class SingleSidedPid:
 class LogPid:
     """The same incremental PI(D) on v = ln(delay), quantized to the ladder (law "log")."""
 
-    __slots__ = ("_d_over_t", "_e1", "_e2", "_hi", "_i_over_t", "_lo", "kp", "ladder", "u")
+    __slots__ = ("_d_over_t", "_e1", "_e2", "_hi", "_i_over_t", "_lo", "_logs", "kp", "ladder", "u")
 
     def __init__(
         self, kp: float, ti_s: float, td_s: float, interval_s: float, ladder: Ladder
@@ -184,6 +187,8 @@ class LogPid:
         self._d_over_t = probe._d_over_t
         self.ladder = ladder
         self._lo = math.log(ladder.delay_s(1) * OFF_FRACTION)
+        # ln of each class's delay (class k at index k - 1): the class of v by bisection
+        self._logs = [math.log(ladder.delay_s(k)) for k in range(1, ladder.max_class + 1)]
         self._hi = math.log(ladder.max_delay_s)
         self.u = self._lo
         self._e1 = 0.0
@@ -223,7 +228,9 @@ class LogPid:
     def delay_class(self) -> int:
         if self.u <= self._lo:
             return 0
-        return self.ladder.class_at_least(math.exp(self.u))
+        return min(
+            bisect.bisect_left(self._logs, self.u - LOG_TOLERANCE) + 1, self.ladder.max_class
+        )
 
     def class_with_margin(self, margin: float) -> int:
         return min(self.ladder.max_class, self.delay_class + math.ceil(margin))
