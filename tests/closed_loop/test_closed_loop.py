@@ -1,8 +1,13 @@
-"""CI's short version of the closed-loop experiment (docs/lab.md): one threshold, two bursts.
+"""CI's short version of the closed-loop experiment (docs/lab.md): one threshold, three bursts.
 
 A lab-tier test that boots its own guest through vagrant/experiments/report.py
-(the experiment needs the null_blk array, not the session topology of
-tests/lab). Fails when the bound is not held.
+--short: the paper's workload on the known plant (lab.py --array
+nbd:c_ms=2,m_ms=5: nbdkit on the host, installed by lab.py's deps; 12
+sequential 128 KiB QD1 writers from 3 hosts, the 256 kB/s reader), T = 20 ms,
+the daemon with the product's defaults.  Without santhrottle the reader waits
+about 54 ms at the target by construction of the plant (C + m x ~10.7 IOs),
+so the precondition uncontrolled p95 >= 2 T does not depend on the host's
+load; the test fails when the controller does not hold T.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,28 +26,42 @@ pytestmark = pytest.mark.lab
 CHECKOUT = Path(__file__).resolve().parents[2]
 REPORT = CHECKOUT / "vagrant" / "experiments" / "report.py"
 LAB_UNAVAILABLE = 3  # vagrant/qemu/lab.py: QEMU or the kernel package is missing
-# the guest picks T from its uncontrolled phase (closed_loop.auto_threshold): 1-2 ms
-THRESHOLD_MIN_S, THRESHOLD_MAX_S = 0.001, 0.002
+THRESHOLD_S = 0.020  # report.py --short: closed_loop.py --paper --thresholds 20ms
+# the test's own budget (report.py's guest timeout is under it): it took 4-5 min
+# (docs/lab.md, "CI's short closed loop")
+BUDGET_S = 600
 
 
 def test_short_closed_loop_holds_the_threshold():
     out = CHECKOUT / "results" / f"ci-closed-loop-{os.getpid()}"
+    t0 = time.monotonic()
     p = subprocess.run(
         [sys.executable, str(REPORT), "--short", "--out", str(out)],
         capture_output=True,
         text=True,
-        timeout=1200,
+        timeout=BUDGET_S + 300,
     )
+    wall = time.monotonic() - t0
     if p.returncode == LAB_UNAVAILABLE:
         why = [x for x in (p.stderr + p.stdout).splitlines() if x.startswith("lab unavailable")]
         pytest.skip(why[0] if why else "lab unavailable (vagrant/qemu/lab.py exit 3)")
     assert p.returncode == 0, f"{p.stdout[-4000:]}\n{p.stderr[-4000:]}"
-    print(p.stdout[-2500:])
+    print(p.stdout[-3000:])
     s = json.loads((out / "summary.json").read_text())
     (c,) = s["controlled"]
     thr = c["threshold_s"]
-    assert THRESHOLD_MIN_S <= thr <= THRESHOLD_MAX_S
-    assert s["uncontrolled"]["read_latency_p95_s"] >= 2 * thr  # the test is not trivial
+    unc = s["uncontrolled"]["read_latency_p95_s"]
+    print(
+        f"CI closed loop: T {thr * 1e3:g} ms, uncontrolled p95 {unc * 1e3:.2f} ms, controlled "
+        f"p95 {c['read_latency_p95_s'] * 1e3:.2f} ms (p99 {c['read_latency_p99_s'] * 1e3:.2f}, "
+        f"above T {c['time_above_threshold_pct']:.1f} %), writes "
+        f"{c['write_bytes_per_s'] / 1e6:.2f} MB/s, target retrans {c['target_retrans_segs']} "
+        f"(uncontrolled {s['uncontrolled']['target_retrans_segs']}), wall {wall:.0f} s "
+        f"(budget {BUDGET_S} s)"
+    )
+    assert thr == pytest.approx(THRESHOLD_S)
+    # the plant's construction, not the controller: a broken lab, said as such
+    assert unc >= 2 * thr, f"the known plant gave only {unc * 1e3:.1f} ms uncontrolled"
     assert c["read_latency_p95_s"] <= thr, c
     assert c["sets_left_after_stop"] == []
     print(
@@ -55,7 +75,7 @@ def test_short_closed_loop_holds_the_threshold():
     # Lowered delays glide in one netem FIFO per group of initiators (docs/datapath.md):
     # the writers' packets are never reordered.  Retransmissions are printed, not
     # asserted: under TCG the target sends spurious tail-loss probes with or without
-    # santhrottle (the long runs: 1.7 per uncontrolled phase, 1.5 per controlled one;
-    # docs/lab.md), which is random.
+    # santhrottle (docs/lab.md), which is random.
     assert c["glided_descents"] > 0 and c["unordered_descents"] == 0, c
     assert c["target_sack_reorder"] == 0, c
+    assert wall <= BUDGET_S, f"the closed loop took {wall:.0f} s, over its {BUDGET_S} s budget"
