@@ -37,6 +37,8 @@ Worked example
 from __future__ import annotations
 
 import math
+import re
+import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
@@ -94,6 +96,40 @@ def with_overrides(text: str, overrides: Mapping[str, Any]) -> str:
         raise ScenarioError("scenario: [controller] must be the last table to take overrides")
     lines = [f"{k} = {toml_value(v)}" for k, v in overrides.items()]
     return head + sep + tail.rstrip("\n") + "\n" + "".join(x + "\n" for x in lines)
+
+
+# A variant's name on the command line: a short identifier (it heads a column).
+VARIANT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,9}")
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
+    """NAME:KEY=VALUE[,KEY=VALUE...] (VALUE a TOML literal) -> (NAME, overrides).
+
+    `sp95:setpoint_fraction=0.95` or `oldlaw:law="paper",ladder_ratio=1.0`.
+    ScenarioError naming the problem; the keys are checked by check_variants."""
+    name, sep, rest = text.partition(":")
+    if not sep or not VARIANT_NAME.fullmatch(name):
+        raise ScenarioError(
+            f"variant {text!r}: expected NAME:KEY=VALUE[,KEY=VALUE...], NAME a letter "
+            "then up to 9 letters, digits, '_', '.' or '-'"
+        )
+    overrides: dict[str, Any] = {}
+    for item in rest.split(","):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or not re.fullmatch(r"[a-z_]+", key):
+            raise ScenarioError(f"variant {name!r}: {item.strip()!r} is not KEY=VALUE")
+        try:
+            parsed = tomllib.loads(f"v = {value.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            raise ScenarioError(
+                f"variant {name!r}: {key}: {value.strip()!r} is not a TOML value "
+                '(a number, true/false or a "string")'
+            ) from None
+        if key in overrides:
+            raise ScenarioError(f"variant {name!r}: {key} given twice")
+        overrides[key] = parsed
+    return name, overrides
 
 
 def check_variants(variants: Variants) -> None:

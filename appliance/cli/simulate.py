@@ -43,7 +43,7 @@ from santhrottle.controller.plant import SaturatedError
 from santhrottle.controller.plantgen import generate
 from santhrottle.controller.scenario import ScenarioError, parse_scenario
 from santhrottle.controller.sim import simulate
-from santhrottle.controller.sweep import VARIANTS, MapFn, sweep
+from santhrottle.controller.sweep import VARIANTS, MapFn, check_variants, parse_variant, sweep
 
 SIMULATE_EPILOG = """\
 examples:
@@ -51,6 +51,7 @@ examples:
   santhrottle simulate paper.toml --plot /tmp/paper.png
   santhrottle simulate paper.toml --json | jq '.data.controlled[].read_latency_p95_s'
   santhrottle simulate --sweep 200 --seed 1 --workers 2 --save-worst /tmp/worst
+  santhrottle simulate --sweep 200 --variant sp95:setpoint_fraction=0.95
   santhrottle simulate /tmp/worst/plant-1-17.toml   # replay one of them
 
 The scenario format is described in docs/simulator.md.  --json prints
@@ -115,6 +116,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         ("--seed", args.seed is not None),
         ("--workers", args.workers is not None),
         ("--save-worst", args.save_worst is not None),
+        ("--variant", bool(args.variant)),
     ):
         if given:
             raise CliError(f"{flag} goes with --sweep N")
@@ -162,10 +164,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     workers = 1 if args.workers is None else args.workers
     worst_dir = _worst_dir(args.save_worst) if args.save_worst else None
     show = _progress if sys.stderr.isatty() and not args.json else None
+    variants = _variants(args.variant or [])
     t0 = time.monotonic()
     try:
         with _mapper(workers) as map_fn:
-            result = sweep(args.sweep, seed, VARIANTS, map_fn, show)
+            result = sweep(args.sweep, seed, variants, map_fn, show)
     except (ScenarioError, SaturatedError) as e:
         raise CliError(f"sweep: {e}") from None
     wall_s = time.monotonic() - t0
@@ -180,6 +183,21 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if saved:
             print(f"worst plants saved: {', '.join(str(p) for p in saved)}")
     return 0
+
+
+def _variants(texts: list[str]) -> dict[str, dict[str, Any]]:
+    """The built-in variants and those of --variant (checked before the sweep)."""
+    out: dict[str, dict[str, Any]] = {k: dict(v) for k, v in VARIANTS.items()}
+    try:
+        for text in texts:
+            name, overrides = parse_variant(text)
+            if name in out:
+                raise ScenarioError(f"variant {name!r} is already defined")
+            out[name] = overrides
+        check_variants(out)
+    except ScenarioError as e:
+        raise CliError(f"--variant: {e}") from None
+    return out
 
 
 @contextmanager
@@ -320,5 +338,12 @@ def add_commands(sub: Any) -> None:
         metavar="DIR",
         type=path_arg("--save-worst"),
         help="--sweep: write the worst plants' scenarios to DIR (replay: simulate FILE)",
+    )
+    s.add_argument(
+        "--variant",
+        metavar="NAME:KEY=VALUE[,...]",
+        action="append",
+        help="--sweep: judge also the controller with these [controller] keys of a "
+        "scenario (docs/simulator.md) beside the defaults; repeatable",
     )
     s.set_defaults(func=cmd_simulate, simulate_parser=s)

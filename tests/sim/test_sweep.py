@@ -13,6 +13,7 @@ from santhrottle.controller.sweep import (
     VARIANTS,
     WORST_CASES,
     check_variants,
+    parse_variant,
     sweep,
     with_overrides,
 )
@@ -121,3 +122,54 @@ def test_cli_bad_values_are_argparse_errors_exit_2(capsys, argv):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "error:" in err and "Traceback" not in err
+
+
+def test_parse_variant_reads_toml_values():
+    assert parse_variant("sp95:setpoint_fraction=0.95") == ("sp95", {"setpoint_fraction": 0.95})
+    assert parse_variant('old:law="paper", ladder_ratio=1.0') == (
+        "old",
+        {"law": "paper", "ladder_ratio": 1.0},
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("setpoint_fraction=0.95", "expected NAME:KEY=VALUE"),
+        ("1x:setpoint_fraction=0.95", "expected NAME:KEY=VALUE"),
+        ("a:setpoint_fraction", "is not KEY=VALUE"),
+        ("a:setpoint_fraction=0.9,setpoint_fraction=0.8", "given twice"),
+        ("a:law=paper", "is not a TOML value"),
+    ],
+)
+def test_parse_variant_errors_name_the_problem(text, message):
+    with pytest.raises(ScenarioError, match=message):
+        parse_variant(text)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--variant", "a:no_such_key=1"], "--variant: variant 'a': controller.no_such_key"),
+        (["--variant", "default:ti_s=1.0"], "variant 'default' is already defined"),
+        (["--variant", "a:setpoint_fraction=7"], "--variant: variant 'a'"),
+    ],
+)
+def test_cli_bad_variant_one_line_exit_2(capsys, argv, message):
+    assert main(["simulate", "--sweep", "1", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_cli_variant_is_judged_beside_the_defaults(result, capsys):
+    argv = ["simulate", "--sweep", "1", "--json", "--variant", "sp80:setpoint_fraction=0.8"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)["data"]
+    assert set(data["summary"]["variants"]) == {*VARIANTS, "sp80"}
+    plant = data["plants"][0]
+    if plant["feasible"]:  # the defaults' figures are the library's; the lower setpoint's differ
+        want = result["plants"][0]["variants"]["default"]["p95_x_threshold"]
+        assert plant["variants"]["default"]["p95_x_threshold"] == want
+        assert plant["variants"]["sp80"]["p95_x_threshold"] < want
+    assert main(["simulate", "x.toml", "--variant", "a:ti_s=1.0"]) == 2
+    assert "--variant goes with --sweep" in capsys.readouterr().err
