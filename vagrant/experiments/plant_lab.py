@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The lab's array as a known plant: measure it as the initiators see it. Runs INSIDE the guest.
 
-    python3 vagrant/qemu/lab.py --array nbd:model=lq,c_ms=2,m_ms=3 run --timeout 2400 \\
+    python3 vagrant/qemu/lab.py --array nbd:c_ms=2,m_ms=5 run --timeout 2400 \\
         vagrant/experiments/plant_lab.py [--reps 3] [--modes raw,iscsi]
 
 (docs/lab.md, "The array as a known plant".)  The array is the third virtio disk
@@ -248,8 +248,16 @@ def summarize(rows: list[dict], mode: str) -> dict:
         "fit_array": fit([(r["array"]["q"], r["array"]["l_s"]) for r in rs]),
         "fit_server": fit([(r["server"]["q"], r["server"]["l_s"]) for r in rs if r["server"]]),
         "fit_reader_target": fit([(r["array"]["q"], r["reader_target_s"]) for r in rs]),
+        "fits_by_rep": {},
         "by_writers": {},
     }
+    for rep in sorted({r.get("rep", 0) for r in rs}):
+        g = [r for r in rs if r.get("rep", 0) == rep]
+        out["fits_by_rep"][rep] = {
+            "fit_array": fit([(r["array"]["q"], r["array"]["l_s"]) for r in g]),
+            "fit_server": fit([(r["server"]["q"], r["server"]["l_s"]) for r in g if r["server"]]),
+            "fit_reader_target": fit([(r["array"]["q"], r["reader_target_s"]) for r in g]),
+        }
     for n in sorted({r["writers"] for r in rs}):
         g = [r for r in rs if r["writers"] == n]
 
@@ -296,6 +304,16 @@ def print_summary(mode: str, s: dict, cfg: dict | None) -> None:
         if f:
             print(f"  {key}: C {f['c_s'] * 1e3:.2f} ms, m {f['m_s'] * 1e3:.2f} ms/IO, "
                   f"R^2 {f['r2']:.3f} ({f['points']} points)")  # fmt: skip
+    reps = s.get("fits_by_rep") or {}
+    if len(reps) > 1:  # each repetition's own fit: median (range)
+        for key in ("fit_array", "fit_server", "fit_reader_target"):
+            fs = [f[key] for f in reps.values() if f[key]]
+            if fs:
+                cs = [f["c_s"] * 1e3 for f in fs]
+                mm = [f["m_s"] * 1e3 for f in fs]
+                print(f"  {key} per repetition ({len(fs)}): C {statistics.median(cs):.2f} "
+                      f"({min(cs):.2f}-{max(cs):.2f}) ms, m {statistics.median(mm):.2f} "
+                      f"({min(mm):.2f}-{max(mm):.2f}) ms/IO")  # fmt: skip
     if cfg:
         print(f"  configured: {cfg}")
 

@@ -2,8 +2,10 @@
 # Included by the top Makefile; VENV / VPY come from there.
 LAB_PY ?= python3
 LAB := vagrant/qemu/lab.py
+# The known plant of make lab, lab-ci, lab-plant and lab-auto-fit (report.py's PAPER_ARRAY).
+LAB_PLANT := c_ms=2,m_ms=5
 
-.PHONY: lab-deps lab-up lab lab-nullb lab-test lab-ci lab-faults lab-plant lab-run lab-clean
+.PHONY: lab-deps lab-up lab lab-nullb lab-test lab-ci lab-faults lab-plant lab-auto-fit lab-run lab-clean
 
 # apt-get install what the lab needs on the host (root; idempotent), with the
 # known plant's nbdkit (lab.py --array nbd; docs/lab.md).
@@ -43,8 +45,15 @@ lab-test: setup
 # make lab-plant PLANT=c_ms=2,m_ms=5 ARGS='--reps 3 --modes raw,iscsi'
 PLANT ?=
 lab-plant:
-	$(LAB_PY) $(LAB) --array nbd$(if $(PLANT),:$(PLANT)) run --timeout 2400 \
+	$(LAB_PY) $(LAB) --array nbd:$(or $(PLANT),$(LAB_PLANT)) run --timeout 2400 \
 		vagrant/experiments/plant_lab.py $(ARGS)
+
+# threshold = "auto" in the lab (docs/lab.md): the daemon's own LQ fit of the known plant
+# (one vCPU, as make lab) while the writers step through 0-12, against the configured C and
+# m; three repetitions, each with a fresh daemon, ~10 min.
+lab-auto-fit:
+	$(LAB_PY) $(LAB) --smp 1 --array nbd:$(or $(PLANT),$(LAB_PLANT)) run --timeout 1800 \
+		vagrant/experiments/auto_fit_lab.py $(ARGS)
 
 # Boot and run one script of the checkout inside: make lab-run SCRIPT=path ARGS='...'
 lab-run:
