@@ -42,6 +42,18 @@ Bounds
     FORGET_FRACTION * leave is forgotten, so the table does not grow with
     every initiator ever seen.
 
+Performance
+    observe_many: one table lookup per sample, one alpha per sensor pass
+    (its pairs share the previous pass's time). converge: one pass over the
+    table, which folds in the silent pairs and sets aside, in table order,
+    all but the members at or over leave_bps (they hold: the relative
+    thresholds are lower); then a pass over those set aside, so the sets
+    change in the same order as in one pass over the whole table. A
+    resource's sums (fair share) are taken, in table order (its pairs are
+    also indexed by resource), only once one of its pairs is set aside: a
+    convergence where every pair is a member over leave_bps sums nothing.
+    `make bench` (1,000 resources, 11,000 pairs) measures the tick with it.
+
 Idle behaviour
     A writer that pauses decays as exp(-t / tau): with tau = 8 s and a
     member writing 1 MiB/s, it stays a member through a 5 s pause as long as
@@ -73,13 +85,27 @@ FORGET_FRACTION = 0.01
 CONTENDED_FLOOR_FRACTION = 0.25
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Pair:
     rate_bps: float
     last_s: float
+    of: _Resource  # its resource's pairs
+    initiator: str
     member: bool = False
     seen: bool = True  # got a sample since the last convergence
     paused_s: float | None = None  # since when its samples are under the pause floor
+
+
+@dataclass(slots=True, eq=False)
+class _Resource:
+    """One resource's pairs, in the table's order, and its thresholds in force at
+    the convergence numbered `at` (the relative ones where they apply)."""
+
+    name: str
+    pairs: dict[str, _Pair] = field(default_factory=dict)  # initiator -> pair
+    at: int = -1
+    enter_bps: float = 0.0
+    leave_bps: float = 0.0
 
 
 @dataclass
@@ -120,7 +146,9 @@ class WriteHeavySets:
         self.pause_hold_s = pause_hold_s
         # a member writing under this has paused (CONTENDED_FLOOR_FRACTION x leave)
         self.pause_bps = CONTENDED_FLOOR_FRACTION * leave_bytes_per_s
-        self._pairs: dict[tuple[str, str], _Pair] = {}
+        self._pairs: dict[tuple[str, str], _Pair] = {}  # the table, in order of arrival
+        self._resources: dict[str, _Resource] = {}  # the same pairs by resource, initiator
+        self._converges = 0  # convergences so far
         self.members: dict[str, set[str]] = {}  # resource -> initiators
         self.member_of: dict[str, set[str]] = {}  # initiator -> resources
         self._alpha_cache: dict[float, float] = {}
@@ -138,38 +166,42 @@ class WriteHeavySets:
             a = self._alpha_cache[dt_s] = alpha_for(dt_s, self.tau_s)
         return a
 
+    def _new_pair(self, resource: str, initiator: str, rate_bps: float, now_s: float) -> None:
+        of = self._resources.get(resource)
+        if of is None:
+            of = self._resources[resource] = _Resource(resource)
+        p = of.pairs[initiator] = _Pair(rate_bps, now_s, of, initiator)  # first sample seeds
+        self._pairs[resource, initiator] = p
+
+    def _drop_pair(self, p: _Pair) -> None:
+        of = p.of
+        del of.pairs[p.initiator]
+        del self._pairs[of.name, p.initiator]
+        if not of.pairs:
+            del self._resources[of.name]
+
     def observe(self, resource: str, initiator: str, rate_bps: float, now_s: float) -> None:
-        key = (resource, initiator)
-        p = self._pairs.get(key)
-        if p is None:
-            self._pairs[key] = _Pair(rate_bps, now_s)  # first sample seeds
-            return
-        p.rate_bps += self._alpha(now_s - p.last_s) * (rate_bps - p.rate_bps)
-        p.last_s = now_s
-        p.seen = True
-        if rate_bps < self.pause_bps:
-            if p.paused_s is None:
-                p.paused_s = now_s
-        else:
-            p.paused_s = None
+        self.observe_many(((resource, initiator, rate_bps),), now_s)
 
     def observe_many(self, samples: Iterable[tuple[str, str, float]], now_s: float) -> None:
         """observe() for a whole sensor pass; the hot path of a convergence."""
         pairs = self._pairs
-        last_dt = math.nan
+        pause_bps = self.pause_bps
+        last_s = math.nan  # the previous pair's last_s, and its alpha: one per sensor pass
         a = 0.0
         for resource, initiator, rate in samples:
-            p = pairs.get((resource, initiator))
-            if p is None:
-                pairs[(resource, initiator)] = _Pair(rate, now_s)
+            try:
+                p = pairs[resource, initiator]
+            except KeyError:
+                self._new_pair(resource, initiator, rate, now_s)
                 continue
-            dt = now_s - p.last_s
-            if dt != last_dt:
-                a, last_dt = self._alpha(dt), dt
+            if p.last_s != last_s:
+                last_s = p.last_s
+                a = self._alpha(now_s - last_s)
             p.rate_bps += a * (rate - p.rate_bps)
             p.last_s = now_s
             p.seen = True
-            if rate < self.pause_bps:
+            if rate < pause_bps:
                 if p.paused_s is None:
                     p.paused_s = now_s
             else:
@@ -187,73 +219,87 @@ class WriteHeavySets:
         setpoint (the controller's view): the relative rule applies to them from
         CONTENDED_FLOOR_FRACTION x leave on, to the others from enter_bps."""
         out = Membership()
-        forget_bps = FORGET_FRACTION * self.leave_bps
-        dead: list[tuple[str, str]] = []
-        pairs = self._pairs
-        s1: dict[str, float] = {}  # per resource: sum of rates, of squared rates
-        s2: dict[str, float] = {}
-        for (resource, _), p in pairs.items():
-            if not p.seen:  # no sample this period: it wrote nothing
-                p.rate_bps -= self._alpha(now_s - p.last_s) * p.rate_bps
+        paused = out.paused
+        hold_s = self.pause_hold_s
+        leave_bps = self.leave_bps
+        # 1. Every pair: fold in the silent ones; set aside, in table order, all but
+        #    the members at or over leave_bps (they hold whatever the relative
+        #    thresholds, which are lower).
+        todo: list[_Pair] = []
+        last_s = math.nan  # the previous silent pair's last_s, and its alpha
+        a = 0.0
+        for p in self._pairs.values():
+            if p.seen:
+                p.seen = False
+            else:  # no sample this period: it wrote nothing
+                if p.last_s != last_s:
+                    last_s = p.last_s
+                    a = self._alpha(now_s - last_s)
+                p.rate_bps -= a * p.rate_bps
                 p.last_s = now_s
                 if p.paused_s is None:
                     p.paused_s = now_s
-            p.seen = False
-            if p.paused_s is not None and p.member and now_s - p.paused_s < self.pause_hold_s:
-                out.paused.add(resource)
-            r = p.rate_bps
-            s1[resource] = s1.get(resource, 0.0) + r
-            s2[resource] = s2.get(resource, 0.0) + r * r
+            if p.member:
+                if p.paused_s is not None and now_s - p.paused_s < hold_s:
+                    paused.add(p.of.name)
+                if p.rate_bps >= leave_bps:
+                    continue  # hold
+            todo.append(p)
         cont = frozenset(contended)
         out.paused &= cont
-        enter, leave = self._thresholds(s1, s2, cont)
-        enter_bps, leave_bps = self.enter_bps, self.leave_bps  # relative ones are lower
-        for key, p in pairs.items():
+        # 2. Those set aside, in the same order (the sets change as in one pass over
+        #    the table), against their resource's thresholds (computed once, when
+        #    first needed: the other resources' are not).
+        self._converges = at = self._converges + 1
+        forget_bps = FORGET_FRACTION * leave_bps
+        dead: list[_Pair] = []
+        for p in todo:
+            of = p.of
+            if of.at != at:
+                self._thresholds(of, cont)
+                of.at = at
             r = p.rate_bps
-            if p.member:
-                if r >= leave_bps or (leave and r >= leave.get(key[0], leave_bps)):
+            if p.member:  # under leave_bps
+                if r >= of.leave_bps:
                     continue  # hold
                 p.member = False  # leave
-                resource, initiator = key
-                self._unlink(resource, initiator)
-                out.left.setdefault(resource, set()).add(initiator)
-            elif r > enter_bps or (enter and r > enter.get(key[0], enter_bps)):  # enter
+                self._unlink(of.name, p.initiator)
+                out.left.setdefault(of.name, set()).add(p.initiator)
+            elif r > of.enter_bps:  # enter
                 p.member = True
-                resource, initiator = key
-                self.members.setdefault(resource, set()).add(initiator)
-                self.member_of.setdefault(initiator, set()).add(resource)
-                out.joined.setdefault(resource, set()).add(initiator)
+                self.members.setdefault(of.name, set()).add(p.initiator)
+                self.member_of.setdefault(p.initiator, set()).add(of.name)
+                out.joined.setdefault(of.name, set()).add(p.initiator)
                 continue
             if r <= forget_bps:  # forget
-                dead.append(key)
-        for key in dead:
-            del self._pairs[key]
+                dead.append(p)
+        for p in dead:
+            self._drop_pair(p)
         return out
 
-    def _thresholds(
-        self, s1: dict[str, float], s2: dict[str, float], contended: Collection[str]
-    ) -> tuple[dict[str, float], dict[str, float]]:
-        """Per resource, thresholds below the absolute ones: a contended resource's
-        writers above the floor enter and its members hold; a busy one's writers of
-        their share of the fair share enter."""
-        enter: dict[str, float] = {}
-        leave: dict[str, float] = {}
+    def _thresholds(self, of: _Resource, contended: Collection[str]) -> None:
+        """A resource's thresholds in force: the absolute ones, or lower ones where
+        the relative rule applies: a contended resource's writers above the floor
+        enter and its members hold; a busy one's writers of their share of the fair
+        share enter. From the sums over its pairs in table order."""
+        enter_bps, leave_bps = self.enter_bps, self.leave_bps
+        of.enter_bps, of.leave_bps = enter_bps, leave_bps
         if not self.share:
-            return enter, leave
-        ratio = self.leave_bps / self.enter_bps
-        floor = CONTENDED_FLOOR_FRACTION * self.leave_bps
-        hold = FORGET_FRACTION * self.leave_bps
-        for name, total in s1.items():
-            if name in contended:
-                leave[name] = hold
-                if total > floor:
-                    enter[name] = floor
-            elif total > self.enter_bps:
-                fair = self.share * s2[name] / total
-                if fair < self.enter_bps:
-                    enter[name] = fair
-                    leave[name] = min(self.leave_bps, fair * ratio)
-        return enter, leave
+            return
+        total = s2 = 0.0
+        for p in of.pairs.values():
+            r = p.rate_bps
+            total += r
+            s2 += r * r
+        if of.name in contended:
+            of.leave_bps = min(leave_bps, FORGET_FRACTION * leave_bps)
+            if total > (floor := CONTENDED_FLOOR_FRACTION * leave_bps):
+                of.enter_bps = min(enter_bps, floor)
+        elif total > enter_bps:
+            fair = self.share * s2 / total
+            if fair < enter_bps:
+                of.enter_bps = fair
+                of.leave_bps = min(leave_bps, fair * (leave_bps / enter_bps))
 
     def _unlink(self, resource: str, initiator: str) -> None:
         self.members[resource].discard(initiator)
@@ -268,6 +314,8 @@ class WriteHeavySets:
         for initiator in gone:
             self._unlink(resource, initiator)
         self.members.pop(resource, None)
-        for key in [k for k in self._pairs if k[0] == resource]:
-            del self._pairs[key]
+        of = self._resources.pop(resource, None)
+        if of is not None:
+            for initiator in of.pairs:
+                del self._pairs[resource, initiator]
         return gone
