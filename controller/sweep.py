@@ -37,7 +37,6 @@ Worked example
 from __future__ import annotations
 
 import math
-import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
@@ -99,7 +98,15 @@ def with_overrides(text: str, overrides: Mapping[str, Any]) -> str:
 
 
 # A variant's name on the command line: a short identifier (it heads a column).
-VARIANT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,9}")
+VARIANT_NAME_MAX = 10
+_LOWER = "abcdefghijklmnopqrstuvwxyz"
+_LETTERS = _LOWER + _LOWER.upper()
+_NAME_CHARS = frozenset(_LETTERS + "0123456789_.-")
+_KEY_CHARS = frozenset(_LOWER + "_")
+
+
+def _is_name(text: str) -> bool:
+    return 0 < len(text) <= VARIANT_NAME_MAX and text[0] in _LETTERS and set(text) <= _NAME_CHARS
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
@@ -108,7 +115,7 @@ def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
     `sp95:setpoint_fraction=0.95` or `oldlaw:law="paper",ladder_ratio=1.0`.
     ScenarioError naming the problem; the keys are checked by check_variants."""
     name, sep, rest = text.partition(":")
-    if not sep or not VARIANT_NAME.fullmatch(name):
+    if not sep or not _is_name(name):
         raise ScenarioError(
             f"variant {text!r}: expected NAME:KEY=VALUE[,KEY=VALUE...], NAME a letter "
             "then up to 9 letters, digits, '_', '.' or '-'"
@@ -117,7 +124,7 @@ def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
     for item in rest.split(","):
         key, eq, value = item.partition("=")
         key = key.strip()
-        if not eq or not re.fullmatch(r"[a-z_]+", key):
+        if not eq or not key or not set(key) <= _KEY_CHARS:
             raise ScenarioError(f"variant {name!r}: {item.strip()!r} is not KEY=VALUE")
         try:
             parsed = tomllib.loads(f"v = {value.strip()}")["v"]
