@@ -65,6 +65,11 @@ class ControllerConfig:
     # admin's limit, and the latency's noise around the setpoint (a few % in
     # the 1 s mean) must fall under it, not around it.
     setpoint_fraction: float = 0.90
+    # ... and up to setpoint_quiet_fraction where the 1 s mean latency scatters
+    # little: 1 - setpoint_noise_z x its relative sd (controller/setpoint.py).
+    # A quiet fraction <= setpoint_fraction: the setpoint is fixed.
+    setpoint_quiet_fraction: float = 0.97
+    setpoint_noise_z: float = 2.33
     # The emitted class follows the PID's class up at once, but down only
     # once the PID's class plus class_hysteresis is below it: sensor noise
     # moves the PID every tick, and each emitted change costs one netlink

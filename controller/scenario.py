@@ -244,6 +244,10 @@ def parse_scenario(text: str) -> Scenario:
         setpoint_fraction=ctl.number(
             "setpoint_fraction", d.setpoint_fraction, lo=0.0, lo_open=True, hi=1.0
         ),
+        setpoint_quiet_fraction=ctl.number(
+            "setpoint_quiet_fraction", d.setpoint_quiet_fraction, lo=0.0, hi=1.0
+        ),
+        setpoint_noise_z=ctl.number("setpoint_noise_z", d.setpoint_noise_z, lo=0.0, hi=10.0),
         class_hysteresis=ctl.number("class_hysteresis", d.class_hysteresis, lo=0.0),
         class_decrease_max_per_tick=ctl.integer(
             "class_decrease_max_per_tick", d.class_decrease_max_per_tick, lo=0

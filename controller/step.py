@@ -109,6 +109,7 @@ from .domain import ControllerConfig, Decisions, Resource, Samples
 from .ewma import Ewma
 from .lqfit import LqEstimator, LqFit
 from .pid import LogPid, Pid, new_pid
+from .setpoint import NoiseGauge
 from .writeheavy import CONTENDED_FLOOR_FRACTION, WriteHeavySets
 
 # A member that stopped writing while others go on holds its resource's class
@@ -126,6 +127,13 @@ class ResourceState:
     delay_class: int = 0
     last_read_s: float | None = None
     lq: LqEstimator | None = None  # threshold "auto": the LQ fit
+    noise: NoiseGauge = field(default_factory=NoiseGauge)  # the setpoint's (setpoint.py)
+
+    def setpoint(self, c: ControllerConfig) -> float:
+        """The setpoint in force, a fraction of the threshold in force."""
+        return self.noise.setpoint(
+            c.setpoint_fraction, c.setpoint_quiet_fraction, c.setpoint_noise_z
+        )
 
     def threshold_s(self, alpha: float) -> float:
         """The threshold in force: the fitted one (auto, once confident), else the set one."""
@@ -253,6 +261,7 @@ def reconfigure(state: ControllerState, config: ControllerConfig) -> ControllerS
         new.ewma.value, new.ewma.last_s = rs.ewma.value, rs.ewma.last_s
         new.last_read_s = rs.last_read_s
         new.lq = rs.lq
+        new.noise = rs.noise
         new.delay_class = min(rs.delay_class, config.max_class)
         new.pid.follow(new.delay_class)
     _recompute_effective(out, set(out.effective) | set(out.rising))
@@ -306,10 +315,11 @@ def step(
                 continue
             if sample is not None:  # tick
                 rs.last_read_s = now_s
+                rs.noise.observe(sample.reads, sample.read_latency_s, rs.ewma.value, now_s)
                 ewma = rs.ewma.update(sample.read_latency_s, now_s)
                 # relative error: one set of gains for any threshold
                 thr = rs.resource.threshold_s if rs.lq is None else rs.threshold_s(c.auto_alpha)
-                want = rs.pid.update(ewma / thr, c.setpoint_fraction)
+                want = rs.pid.update(ewma / thr, rs.setpoint(c))
                 if want >= rs.delay_class:  # up: at once
                     new_class = want
                 elif name in state.paused:  # down, but a member paused: hold (the others
@@ -349,7 +359,7 @@ def step(
             name
             for name, rs in state.resources.items()
             if rs.delay_class
-            or (rs.ewma.value or 0.0) > c.setpoint_fraction * rs.threshold_s(c.auto_alpha)
+            or (rs.ewma.value or 0.0) > rs.setpoint(c) * rs.threshold_s(c.auto_alpha)
         }
         change = sets.converge(now_s, contended)
         state.paused = change.paused

@@ -58,7 +58,11 @@ Idle behaviour
     A writer that pauses decays as exp(-t / tau): with tau = 8 s and a
     member writing 1 MiB/s, it stays a member through a 5 s pause as long as
     leave < 0.53 MiB/s, so the next burst is throttled from its first tick
-    instead of after a new convergence.
+    instead of after a new convergence. A member whose sample is under
+    PAUSE_FRACTION x leave (2.56 KiB/s by default) has paused (the
+    controller holds its resource's class for a while, controller/step.py);
+    one that writes little because it is throttled has not: a 4 KiB QD1
+    writer at 250 ms writes 16 KiB/s.
 
 Worked example
     enter 1 MiB/s, leave 0.25 MiB/s, tau 8 s, samples each second:
@@ -83,6 +87,8 @@ FORGET_FRACTION = 0.01
 # default): small-IO writers saturate a slow array at well under 1 MiB/s,
 # while a reader's own log writes stay under it.
 CONTENDED_FLOOR_FRACTION = 0.25
+# A member writing under this fraction of leave_bps has paused ("Idle behaviour").
+PAUSE_FRACTION = 0.01
 
 
 @dataclass(slots=True, eq=False)
@@ -144,8 +150,8 @@ class WriteHeavySets:
         self.leave_bps = leave_bytes_per_s
         self.share = share
         self.pause_hold_s = pause_hold_s
-        # a member writing under this has paused (CONTENDED_FLOOR_FRACTION x leave)
-        self.pause_bps = CONTENDED_FLOOR_FRACTION * leave_bytes_per_s
+        # a member writing under this has paused (PAUSE_FRACTION x leave)
+        self.pause_bps = PAUSE_FRACTION * leave_bytes_per_s
         self._pairs: dict[tuple[str, str], _Pair] = {}  # the table, in order of arrival
         self._resources: dict[str, _Resource] = {}  # the same pairs by resource, initiator
         self._converges = 0  # convergences so far

@@ -123,14 +123,15 @@ def print_status(st: dict[str, Any]) -> None:
     if st.get("restart_needed"):
         print(f"restart needed for: {', '.join(st['restart_needed'])} (the file changed them)")
     print(
-        f"{'RESOURCE':<16} {'MODE':<8} {'THRESHOLD':>13} {'LAT_EWMA':>9} {'LAST':>9} "
+        f"{'RESOURCE':<16} {'MODE':<8} {'THRESHOLD':>13} {'SETPT':>5} {'LAT_EWMA':>9} {'LAST':>9} "
         f"{'CLASS':>5} {'DELAY':>8}  MEMBERS"
     )
     for r in st["resources"]:
         thr = fmt_threshold(r["threshold_s"], r.get("threshold_in_force_s"))
         thr += "*" if r.get("threshold_override") else ""
+        sp = r.get("threshold_setpoint_fraction")
         print(
-            f"{r['resource']:<16} {r['mode']:<8} {thr:>13} "
+            f"{r['resource']:<16} {r['mode']:<8} {thr:>13} {'-' if sp is None else f'{sp:.2f}':>5} "
             f"{fmt_ms(r['read_latency_ewma_s']):>9} {fmt_ms(r['read_latency_s']):>9} "
             f"{r['delay_class']:>5} {fmt_ms(r['delay_s']):>8}  {','.join(r['members']) or '-'}"
         )

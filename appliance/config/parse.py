@@ -226,6 +226,8 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
             kp_class_per_rel_error=c["kp_class_per_rel_error"], ti_s=c["ti"], td_s=c["td"]
         ),
         setpoint_fraction=c["setpoint_fraction"],
+        setpoint_quiet_fraction=c["setpoint_quiet_fraction"],
+        setpoint_noise_z=c["setpoint_noise_z"],
         class_hysteresis=c["class_hysteresis"],
         class_decrease_max_per_tick=c["class_decrease_max_per_tick"],
         class_increase_max_ratio_per_tick=c["class_increase_max_ratio_per_tick"],

@@ -404,7 +404,12 @@ KEYS: tuple[Key, ...] = (
     _ctl("td", duration_s(), fmt_duration(_DC.gains.td_s) if _DC.gains.td_s else "0",
          'law "paper": derivative time (0: off)'),
     _ctl("setpoint_fraction", number(0.1, 1.0), _DC.setpoint_fraction,
-         "the PID regulates to this fraction of the threshold"),
+         "the PID regulates to this fraction of the threshold (the least)"),
+    _ctl("setpoint_quiet_fraction", number(0.0, 1.0), _DC.setpoint_quiet_fraction,
+         "... and up to this one where the 1 s latency scatters little "
+         "(<= setpoint_fraction: fixed)"),
+    _ctl("setpoint_noise_z", number(0.0, 10.0), _DC.setpoint_noise_z,
+         "the setpoint is 1 - z x the 1 s latency's relative sd, within those two"),
     _ctl("class_hysteresis", number(0.0, 1000.0), _DC.class_hysteresis,
          "classes the PID's output must fall before the class goes down"),
     _ctl("class_decrease_max_per_tick", integer(0, 1000), _DC.class_decrease_max_per_tick,

@@ -210,6 +210,12 @@ def resource_families(resources: list[dict[str, Any]]) -> Iterator[Metric]:
         "the sample covers",
         labels=["resource"],
     )
+    setpoint = GaugeMetricFamily(
+        "santhrottle_resource_setpoint_ratio",
+        "The fraction of the threshold the PID regulates to (setpoint_fraction, more where "
+        "the latency scatters little)",
+        labels=["resource"],
+    )
     lq = {
         key: GaugeMetricFamily(f"santhrottle_resource_lq_{metric}", doc, labels=["resource"])
         for key, metric, doc in (
@@ -232,13 +238,15 @@ def resource_families(resources: list[dict[str, Any]]) -> Iterator[Metric]:
             lat.add_metric(name, v)
         if r["threshold_in_force_s"] is not None:  # "auto": the fitted one
             thr.add_metric(name, r["threshold_in_force_s"])
+        if r.get("threshold_setpoint_fraction") is not None:
+            setpoint.add_metric(name, r["threshold_setpoint_fraction"])
         cls.add_metric(name, r["delay_class"])
         delay.add_metric(name, r["delay_s"])
         members.add_metric(name, len(r["members"]))
         reads.add_metric(name, r["reads_completed"])
         read_time.add_metric(name, r["read_time_s"])
         written.add_metric(name, r["written_bytes"])
-    yield from (lat, thr, cls, delay, members, reads, read_time, written, *lq.values())
+    yield from (lat, thr, setpoint, cls, delay, members, reads, read_time, written, *lq.values())
 
 
 def initiator_families(initiators: list[dict[str, Any]]) -> Iterator[Metric]:

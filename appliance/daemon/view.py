@@ -16,14 +16,17 @@ if TYPE_CHECKING:
 
 
 def threshold_view(daemon: Daemon, name: str) -> dict[str, Any]:
-    """The threshold in force (None: observed) and, for "auto", the LQ fit behind it."""
+    """The threshold in force (None: observed), the setpoint's fraction of it and, for
+    "auto", the LQ fit behind it."""
     rs = daemon.ctl.resources.get(name)
     if rs is None:
-        return {"in_force_s": None, "fit": None}
+        return {"in_force_s": None, "setpoint_fraction": None, "fit": None}
     thr = rs.threshold_s(daemon.config.controller.auto_alpha)
     fit = rs.fit
     return {
         "in_force_s": thr if math.isfinite(thr) else None,
+        # the fraction of it the PID regulates to (controller/setpoint.py)
+        "setpoint_fraction": rs.setpoint(daemon.config.controller),
         "fit": None
         if fit is None
         else {

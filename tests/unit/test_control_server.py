@@ -188,6 +188,7 @@ def test_threshold_show_marks_overrides_and_reset_returns_to_the_file(live):
         "configured_s": 0.01,
         "override": True,
         "in_force_s": 0.012,
+        "setpoint_fraction": 0.9,
         "fit": None,
     }
     assert _asked(request(path, "threshold_show")["vg0"]) == {

@@ -26,6 +26,7 @@ KERNEL = {"10.0.0.3": ("all", 0x20, 1834, 2650112), "10.0.0.7": ("ack", 0x04, 12
 SERIES = {
     "santhrottle_resource_read_latency_seconds": ("gauge", {"resource"}),
     "santhrottle_resource_threshold_seconds": ("gauge", {"resource"}),
+    "santhrottle_resource_setpoint_ratio": ("gauge", {"resource"}),
     "santhrottle_resource_lq_intercept_seconds": ("gauge", {"resource"}),
     "santhrottle_resource_lq_slope_seconds": ("gauge", {"resource"}),
     "santhrottle_resource_lq_r_squared": ("gauge", {"resource"}),
