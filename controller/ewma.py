@@ -35,6 +35,10 @@ from __future__ import annotations
 
 import math
 
+# Intervals within this of the previous one reuse its alpha (float rounding of
+# now - last; the alpha differs by ~1e-9 / tau).
+DT_SAME_S = 1e-9
+
 
 def alpha_for(dt_s: float, tau_s: float) -> float:
     """Weight of a new sample taken dt_s after the previous one."""
@@ -48,7 +52,7 @@ def alpha_for(dt_s: float, tau_s: float) -> float:
 class Ewma:
     """Time-constant EWMA; time is passed in, never read."""
 
-    __slots__ = ("last_s", "tau_s", "value")
+    __slots__ = ("_a", "_dt", "last_s", "tau_s", "value")
 
     def __init__(self, tau_s: float) -> None:
         if tau_s < 0.0:
@@ -56,12 +60,17 @@ class Ewma:
         self.tau_s = tau_s
         self.value: float | None = None
         self.last_s: float | None = None
+        self._dt = math.nan  # the last interval and its alpha: one exp() per new interval
+        self._a = 0.0
 
     def update(self, x: float, now_s: float) -> float:
         if self.value is None or self.last_s is None:
             self.value = x
         else:
-            self.value += alpha_for(now_s - self.last_s, self.tau_s) * (x - self.value)
+            dt = now_s - self.last_s
+            if not abs(dt - self._dt) <= DT_SAME_S:  # nan at first
+                self._dt, self._a = dt, alpha_for(dt, self.tau_s)
+            self.value += self._a * (x - self.value)
         self.last_s = now_s
         return self.value
 

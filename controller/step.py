@@ -146,9 +146,11 @@ class ResourceState:
 
     def setpoint(self, c: ControllerConfig) -> float:
         """The setpoint in force, a fraction of the threshold in force."""
-        return self.noise.setpoint(
-            c.setpoint_fraction, c.setpoint_quiet_fraction, c.setpoint_noise_z
-        )
+        lo, hi = c.setpoint_fraction, c.setpoint_quiet_fraction
+        if hi <= lo:
+            return lo
+        sp = 1.0 - c.setpoint_noise_z * self.noise.cv
+        return hi if sp > hi else lo if sp < lo else sp
 
     def threshold_s(self, alpha: float) -> float:
         """The threshold in force: the fitted one (auto, once confident), else the set one."""
@@ -331,7 +333,7 @@ def step(
                 continue
             if sample is not None:  # tick
                 rs.last_read_s = now_s
-                rs.noise.observe(sample.reads, sample.read_latency_s, rs.ewma.value, now_s)
+                rs.noise.observe(sample.reads, sample.read_latency_s, now_s)
                 ewma = rs.ewma.update(sample.read_latency_s, now_s)
                 # relative error: one set of gains for any threshold
                 thr = rs.resource.threshold_s if rs.lq is None else rs.threshold_s(c.auto_alpha)
