@@ -267,6 +267,28 @@ def start_daemon(
     return p
 
 
+# The daemon answers once its first discovery is done; under emulation on a busy
+# host that takes longer than one request's timeout.
+FIRST_STATUS_S = 90.0
+
+
+def first_status(sock: str) -> dict:
+    """The daemon's first status, asked again until FIRST_STATUS_S has passed."""
+    from santhrottle.appliance.daemon.control import request
+    from santhrottle.appliance.daemon.requests import DaemonUnavailable, RemoteError
+
+    deadline = time.monotonic() + FIRST_STATUS_S
+    while True:
+        try:
+            return request(sock, "status", timeout_s=5.0)
+        except (OSError, DaemonUnavailable, RemoteError) as e:  # not answering yet: again
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"santhrottled gave no status in {FIRST_STATUS_S:g} s: {e}"
+                ) from None
+            time.sleep(1.0)
+
+
 def stop_daemon(p: subprocess.Popen, conf_dir: Path, name: str) -> None:
     p.send_signal(signal.SIGTERM)  # our own child, by PID
     p.wait(timeout=60)
@@ -311,9 +333,7 @@ def phase(
     ladder = None
     try:
         if daemon is not None:
-            from santhrottle.appliance.daemon.control import request
-
-            ladder = request(SOCK, "status", timeout_s=5.0)["ladder"]
+            ladder = first_status(SOCK)["ladder"]
         if static:
             for w in writers:
                 pin(w["initiator_ip"], static_us)
