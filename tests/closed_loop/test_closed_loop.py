@@ -1,15 +1,15 @@
 """CI's short version of the closed-loop experiment (docs/lab.md): one threshold, three bursts.
 
 A lab-tier test that boots its own guest through vagrant/experiments/report.py
---short: the paper's workload on the known plant (lab.py --array
-nbd:c_ms=2,m_ms=5: nbdkit on the host, installed by lab.py's deps; 12
+--short: the paper's workload on a known plant (lab.py --array
+nbd:c_ms=2,m_ms=10: nbdkit on the host, installed by lab.py's deps; 12
 sequential 128 KiB QD1 writers from 3 hosts, the 256 kB/s reader), T = 20 ms,
 the daemon with the product's defaults.  Without santhrottle the reader waits
-about 54 ms at the target by construction of the plant (C + m x ~10.7 IOs),
-so the precondition uncontrolled p95 >= 2 T holds whenever the guest has about
-a core of the host (with both of the host's cores busy the guest, not the
-plant, is the bottleneck: docs/lab.md); the test fails when the controller
-does not hold T.
+C + m x Q at the target, Q the writers' IOs at the array: about 100 ms when the
+guest keeps ~10 of them there, and still ~70 ms on a host whose emulation adds
+~50 ms to each of the writers' IOs (the slope of 10 ms, twice make lab's, keeps
+the precondition uncontrolled p95 >= 2 T a matter of the plant, not of the
+host's speed: docs/lab.md); the test fails when the controller does not hold T.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 REPORT = CHECKOUT / "vagrant" / "experiments" / "report.py"
 LAB_UNAVAILABLE = 3  # vagrant/qemu/lab.py: QEMU or the kernel package is missing
 THRESHOLD_S = 0.020  # report.py --short: closed_loop.py --paper --thresholds 20ms
-# the test's own budget (report.py's guest timeout is under it): it took 4-5 min
-# (docs/lab.md, "CI's short closed loop")
-BUDGET_S = 600
+# the test's own budget (report.py's guest timeout, 1,500 s, is under it): 4-5 min
+# on a fast host, up to three times that where the emulation is slow (docs/lab.md,
+# "CI's short closed loop")
+BUDGET_S = 1800
 
 
 def test_short_closed_loop_holds_the_threshold():
