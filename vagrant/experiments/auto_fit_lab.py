@@ -184,9 +184,8 @@ def main() -> int:
     ap.add_argument("--reader-rate", default="256k")
     ap.add_argument("--writer-bs", default="128k")
     a = ap.parse_args()
-    cfg = json.loads(os.environ.get("SANTHROTTLE_LAB_ARRAY") or "null")
+    cfg = plant_lab.array_config()
     if cfg is None:
-        print("no plant: run with lab.py --array nbd[:...] (docs/lab.md)", file=sys.stderr)
         return 2
     a.out.mkdir(parents=True, exist_ok=True)
     topology.load_modules(["virtio_blk"])

@@ -322,6 +322,15 @@ def array_device() -> str:
     return topology.find_disk("lab-array")
 
 
+def array_config() -> dict | None:
+    """The plant lab.py --array describes (SANTHROTTLE_LAB_ARRAY); None, said on stderr,
+    when the guest was booted without one."""
+    cfg = json.loads(os.environ.get("SANTHROTTLE_LAB_ARRAY") or "null")
+    if cfg is None:
+        print("no plant: run with lab.py --array nbd[:...] (docs/lab.md)", file=sys.stderr)
+    return cfg
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("/shared/work/plant"))
@@ -336,9 +345,8 @@ def main() -> int:
     a = ap.parse_args()
     counts = [int(x) for x in a.writers.split(",")]
     modes = a.modes.split(",")
-    cfg = json.loads(os.environ.get("SANTHROTTLE_LAB_ARRAY") or "null")
+    cfg = array_config()
     if cfg is None:
-        print("no plant: run with lab.py --array nbd[:...] (docs/lab.md)", file=sys.stderr)
         return 2
     a.out.mkdir(parents=True, exist_ok=True)
     topology.load_modules(["virtio_blk"])
