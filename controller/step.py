@@ -23,7 +23,10 @@ Law, per call step(state, samples, now_s)
                         scatters little, controller/setpoint.py)
                         class <- want if want >= class ("up"), else
                         min(class, ceil(u + class_hysteresis)) ("down"),
-                        held instead while a member has paused
+                        held instead while a member has paused, or for
+                        WRITE_DROP_HOLD_CONVERGES convergences after the
+                        resource's write rate fell under half its EWMA
+                        (a writer stopped; the sets tell which later)
          reads, but the resource writes less than write_heavy_leave_bps:
                         ewma updated, class held ("no writers": conditional
                         integration; the delay has nothing to act on, so the
@@ -120,6 +123,13 @@ from .writeheavy import CONTENDED_FLOOR_FRACTION, WriteHeavySets
 # method paper's pause 5 s), and the delay the others need alone is too
 # little for them all; one that stays away longer has gone.
 PAUSE_HOLD_S = 10.0
+# The same from the first tick on: a throttled resource whose write rate (its
+# tick's, against its EWMA over WRITE_RATE_TAU_S) falls under WRITE_DROP_FRACTION
+# has a writer that stopped, and the write-heavy sets tell which only at a later
+# convergence; its class does not go down for WRITE_DROP_HOLD_CONVERGES periods.
+WRITE_RATE_TAU_S = 1.0
+WRITE_DROP_FRACTION = 0.5
+WRITE_DROP_HOLD_CONVERGES = 2
 
 
 @dataclass(slots=True)
@@ -131,6 +141,8 @@ class ResourceState:
     last_read_s: float | None = None
     lq: LqEstimator | None = None  # threshold "auto": the LQ fit
     noise: NoiseGauge = field(default_factory=NoiseGauge)  # the setpoint's (setpoint.py)
+    write_rate: Ewma = field(default_factory=lambda: Ewma(WRITE_RATE_TAU_S))
+    drop_hold_until_s: float = -math.inf  # its writes dropped: no decrease until then
 
     def setpoint(self, c: ControllerConfig) -> float:
         """The setpoint in force, a fraction of the threshold in force."""
@@ -266,7 +278,8 @@ def reconfigure(state: ControllerState, config: ControllerConfig) -> ControllerS
         new.ewma.value, new.ewma.last_s = rs.ewma.value, rs.ewma.last_s
         new.last_read_s = rs.last_read_s
         new.lq = rs.lq
-        new.noise = rs.noise
+        new.noise, new.write_rate = rs.noise, rs.write_rate
+        new.drop_hold_until_s = rs.drop_hold_until_s
         new.delay_class = min(rs.delay_class, config.max_class)
         new.pid.follow(new.delay_class)
     _recompute_effective(out, set(out.effective) | set(out.rising))
@@ -325,10 +338,20 @@ def step(
                 # relative error: one set of gains for any threshold
                 thr = rs.resource.threshold_s if rs.lq is None else rs.threshold_s(c.auto_alpha)
                 want = rs.pid.update(ewma / thr, rs.setpoint(c))
+                if sample.write_bps is not None:  # a writer stopped?
+                    before = rs.write_rate.value
+                    rs.write_rate.update(sample.write_bps, now_s)
+                    if (
+                        rs.delay_class
+                        and before
+                        and sample.write_bps < WRITE_DROP_FRACTION * before
+                    ):
+                        rs.drop_hold_until_s = now_s + WRITE_DROP_HOLD_CONVERGES * c.converge_s
                 if want >= rs.delay_class:  # up: at once
                     new_class = want
-                elif name in state.paused:  # down, but a member paused: hold (the others
-                    new_class = rs.delay_class  # alone need less; it comes back)
+                elif name in state.paused or now_s < rs.drop_hold_until_s:  # down, but a
+                    new_class = rs.delay_class  # member paused: hold (the others alone need
+                    # less; it comes back)
                     if isinstance(rs.pid, LogPid):
                         rs.pid.track_up(rs.delay_class - math.ceil(c.class_hysteresis))
                 else:  # down: past the hysteresis band only

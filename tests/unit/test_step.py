@@ -228,3 +228,36 @@ def test_a_writer_that_joins_a_throttled_set_climbs_to_its_class_one_tick_at_a_t
         expected.append(min(top, rise(expected[-1], RAMP)))
     assert seen == expected and "B" not in st.rising
     assert st.effective_class("B") == top
+
+
+def test_a_write_drop_holds_the_class_until_the_sets_can_tell():
+    """A throttled resource whose write rate halves at a tick (a writer stopped; the
+    sets learn which at a later convergence) does not go down for 2 convergences;
+    a smaller dip does not hold it."""
+    from santhrottle.controller.step import WRITE_DROP_FRACTION, WRITE_DROP_HOLD_CONVERGES
+
+    def run(dip):
+        st = new_state(CFG, [Resource("vg", 0.010)])
+        st, _ = step(st, Samples(writes=writes("vg", "A", "B")), 0.0)
+        busy = ReadSample("vg", 6, 0.030, write_bps=20 * MIB)
+        st, _ = step(st, Samples([busy]), 0.1)
+        held = st.resources["vg"].delay_class
+        assert held > 0
+        low = ReadSample("vg", 6, 0.002, write_bps=20 * MIB * dip)
+        st, d = step(st, Samples([low]), 0.2)
+        return st, d, held
+
+    st, d, held = run(WRITE_DROP_FRACTION * 0.8)
+    assert "vg" not in d.resource_classes
+    hold_s = WRITE_DROP_HOLD_CONVERGES * CFG.converge_s
+    low = ReadSample("vg", 6, 0.002, write_bps=20 * MIB * WRITE_DROP_FRACTION * 0.8)
+    for k in range(3, 60):  # the rate stays low: a hold from each tick under half its EWMA
+        t = k / 10
+        both = writes("vg", "A", "B") if k % 10 == 0 else []  # no member paused
+        st, d = step(st, Samples([low], both), t)
+        if t <= 0.2 + hold_s + 1e-6:
+            assert st.resources["vg"].delay_class == held, t
+    assert st.resources["vg"].delay_class < held  # the EWMA followed: the hold is over
+
+    st, d, held = run(WRITE_DROP_FRACTION * 1.2)  # a dip, not a stop
+    assert d.resource_classes["vg"] < held
