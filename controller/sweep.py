@@ -51,7 +51,8 @@ from .sim import best_constant_class, run, summarize
 # docs/simulator.md). "default" is the controller's defaults as they are;
 # "paper" stands for the defaults before the log law and the long ladder (the
 # method paper's PID on the class index, linear 0.5 ms ladder to 50 ms = 100
-# classes). Owner of the control law: keep "paper" equal to those old defaults.
+# classes), a fixed setpoint. Owner of the control law: keep "paper" equal to
+# those old defaults where a key can (the write-drop hold of step.py has none).
 # ---------------------------------------------------------------------------
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
@@ -60,6 +61,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "ladder_ratio": 1.0,
         "max_delay_ms": 50.0,
         "write_heavy_share": 0.0,
+        "setpoint_quiet_fraction": 0.0,
     },
 }
 
