@@ -42,7 +42,7 @@ from typing import Any
 from .domain import DeviceSample, ReadSample, Resource, Samples, WriteSample
 from .plant import Device, solve_latency
 from .scenario import Scenario
-from .step import new_state, step
+from .step import new_state, seed_class, step
 
 # After a switch-on the p99 and the "back under threshold" clock exclude or
 # measure this long a transient (issue acceptance: 2 s).
@@ -97,11 +97,18 @@ def run(
     constant_class: int | None = None,
     label: str | None = None,
     auto: bool = False,
+    oracle_class: int | None = None,
 ) -> RunResult:
     """One run: controlled at threshold_s, or a constant class, or neither (uncontrolled).
 
     auto: threshold "auto" (Pesto's, from the LQ fit of the device samples),
-    threshold_s the fallback until the fit is confident."""
+    threshold_s the fallback until the fit is confident.
+    oracle_class (with threshold_s): every resource's class is held at it after
+    each step, so a writer gets it once the write-heavy sets have it and
+    through the ramp: the best a controller limited by the sets' cadence and
+    the ramp could do, knowing the class in advance (controller/sweep.py)."""
+    if oracle_class is not None and threshold_s is None:
+        raise ValueError("oracle_class needs threshold_s (a controlled run)")
     cfg = sc.controller
     state = (
         new_state(cfg, [Resource(r.name, threshold_s, auto) for r in sc.resources])
@@ -248,6 +255,9 @@ def run(
         cls0 = 0
         if state is not None:
             state, _ = step(state, Samples(reads, writes, devs), t_end)
+            if oracle_class is not None:
+                for name in state.resources:
+                    seed_class(state, name, oracle_class)
             effective = state.effective
             rs = state.resources[first]
             ewma = rs.ewma.value

@@ -27,10 +27,15 @@ Law, per call step(state, samples, now_s)
                         WRITE_DROP_HOLD_CONVERGES convergences after the
                         resource's write rate fell under half its EWMA
                         (a writer stopped; the sets tell which later)
-         reads, but the resource writes less than write_heavy_leave_bps:
+         reads, but the resource writes less than no_writers_bps (a
+         quarter of write_heavy_leave_bps with the relative rules, else all
+         of it), or, with members, less than their pause floor:
                         ewma updated, class held ("no writers": conditional
                         integration; the delay has nothing to act on, so the
-                        error must not wind the class down or up)
+                        error must not wind the class down or up; members that
+                        write little because their delay is long are writers:
+                        a 4 KiB QD1 writer at 250 ms writes 16 KiB/s, and its
+                        class must be able to come down)
          without reads: hold the class ("idle"); after read_idle_release_s
                         without reads release it to 0 ("release"), unless
                         reads are in flight (a stalled reader is not gone)
@@ -327,6 +332,7 @@ def step(
                 sample is not None
                 and sample.write_bps is not None
                 and sample.write_bps < state.no_writers_bps
+                and (sample.write_bps < sets.pause_bps or not sets.members.get(name))
             ):  # no writers: the class acts on nothing, do not integrate
                 rs.last_read_s = now_s
                 rs.ewma.update(sample.read_latency_s, now_s)

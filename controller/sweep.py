@@ -13,6 +13,11 @@ Law (per plant, controller/plantgen.py draws it from (seed, index))
     2. per variant (a named set of overrides of the scenario's [controller]
        table, appended to the TOML and parsed like any scenario): one
        controlled run at T, summarized by sim.summarize.
+    2b. per variant, its oracle (ORACLE): one more run with the variant's
+       settings and each resource's class held at the best constant one
+       (sim.run's oracle_class): the sets' cadence and the ramp alone, no
+       control law. A plant the oracle misses needs a writer throttled
+       before the sets name it, or faster than the ramp lets it.
     3. bounds, each against T:
          p95 of the 1 s read latency            <= P95_BOUND x T
          p99 outside the 2 s after a switch-on  <= P99_BOUND x T
@@ -30,8 +35,9 @@ Bounds
 Worked example
     sweep(4, seed=1) judges plants (1, 0)..(1, 3) under VARIANTS:
     result["summary"]["variants"]["default"] == {"feasible": 4, "pass_all": 3,
-    "share_all": 0.75, ...} and result["summary"]["worst"]["default"][0] is
-    the plant with the largest margin, its parameters and figures.
+    "share_all": 0.75, ...}, result["summary"]["oracle"]["default"] the same
+    for its oracle runs, and result["summary"]["worst"]["default"][0] is the plant
+    with the largest margin, its parameters and figures (the oracle's too).
 """
 
 from __future__ import annotations
@@ -43,8 +49,8 @@ from functools import partial
 from typing import Any
 
 from . import plantgen
-from .scenario import ScenarioError, parse_scenario
-from .sim import best_constant_class, run, summarize
+from .scenario import Scenario, ScenarioError, parse_scenario
+from .sim import RunResult, best_constant_class, run, summarize
 
 # ---------------------------------------------------------------------------
 # VARIANTS: named overrides of a scenario's [controller] table (its TOML keys,
@@ -65,11 +71,19 @@ VARIANTS: dict[str, dict[str, Any]] = {
     },
 }
 
+# Beside each variant, every feasible plant is run once more with the variant's
+# settings but each resource's class held at the best constant one (sim.run's
+# oracle_class): a writer gets it only once the write-heavy sets have it, and
+# through the ramp. A plant the oracle misses is lost to the sets' cadence and
+# the ramp, not to the control law.
+ORACLE = "oracle"
+
 P95_BOUND = 1.1
 P99_BOUND = 1.1
 THROUGHPUT_BOUND = 0.9
 WORST_CASES = 10
 BOUNDS = ("p95", "p99_calm", "throughput")
+BY = ("family", "schedule", "resources")  # the plant parameters the shares are split by
 
 Variants = Mapping[str, Mapping[str, Any]]
 MapFn = Callable[[Callable[[int], dict[str, Any]], Iterable[int]], Iterable[dict[str, Any]]]
@@ -145,6 +159,8 @@ def check_variants(variants: Variants) -> None:
     """ScenarioError (naming the variant) if a variant's overrides do not parse."""
     if not variants:
         raise ScenarioError("sweep: no variants")
+    if ORACLE in variants:
+        raise ScenarioError(f"variant {ORACLE!r}: the name is the sweep's own (its oracle run)")
     text = plantgen.generate(0, 0)
     for name, overrides in variants.items():
         try:
@@ -183,30 +199,40 @@ def judge(index: int, seed: int, variants: Variants) -> dict[str, Any]:
         best_delay_s=sc.controller.ladder.delay_s(cls),
         best_write_bps=best_bps,
     )
+    out[ORACLE] = {}
     for name, overrides in variants.items():
         scv = parse_scenario(with_overrides(text, overrides))
-        s = summarize(scv, run(scv, threshold_s=thr))
-        p95 = _ratio(s["read_latency_p95_s"], thr)
-        p99 = _ratio(s["read_latency_p99_outside_transients_s"], thr)
-        wr = s["write_throughput_bps"] / best_bps if best_bps > 0.0 else 1.0
-        ok = {
-            "p95": p95 <= P95_BOUND,
-            "p99_calm": p99 <= P99_BOUND,
-            "throughput": wr >= THROUGHPUT_BOUND,
-        }
-        out["variants"][name] = {
-            "p95_x_threshold": p95,
-            "p99_calm_x_threshold": p99,
-            "throughput_x_best_constant": wr,
-            "write_bps": s["write_throughput_bps"],
-            "peak_x_threshold": _ratio(s["peak_overshoot_s"], thr),
-            "time_above_threshold_pct": s["time_above_threshold_pct"],
-            "class_changes_per_min": s["class_changes_per_min"],
-            "passes": ok,
-            "pass_all": all(ok.values()),
-            "margin": max(p95 / P95_BOUND, p99 / P99_BOUND, THROUGHPUT_BOUND / max(wr, 1e-9)),
-        }
+        out["variants"][name] = _figures(scv, run(scv, threshold_s=thr), thr, best_bps)
+        # the best constant delay on the variant's ladder (the top class if it is short)
+        k = scv.controller.ladder.class_at_least(sc.controller.ladder.delay_s(cls))
+        oracle = run(scv, threshold_s=thr, oracle_class=k)
+        out[ORACLE][name] = _figures(scv, oracle, thr, best_bps)
     return out
+
+
+def _figures(sc: Scenario, r: RunResult, thr: float, best_bps: float) -> dict[str, Any]:
+    """One controlled run's figures against T and the best constant delay, and its bounds."""
+    s = summarize(sc, r)
+    p95 = _ratio(s["read_latency_p95_s"], thr)
+    p99 = _ratio(s["read_latency_p99_outside_transients_s"], thr)
+    wr = s["write_throughput_bps"] / best_bps if best_bps > 0.0 else 1.0
+    ok = {
+        "p95": p95 <= P95_BOUND,
+        "p99_calm": p99 <= P99_BOUND,
+        "throughput": wr >= THROUGHPUT_BOUND,
+    }
+    return {
+        "p95_x_threshold": p95,
+        "p99_calm_x_threshold": p99,
+        "throughput_x_best_constant": wr,
+        "write_bps": s["write_throughput_bps"],
+        "peak_x_threshold": _ratio(s["peak_overshoot_s"], thr),
+        "time_above_threshold_pct": s["time_above_threshold_pct"],
+        "class_changes_per_min": s["class_changes_per_min"],
+        "passes": ok,
+        "pass_all": all(ok.values()),
+        "margin": max(p95 / P95_BOUND, p99 / P99_BOUND, THROUGHPUT_BOUND / max(wr, 1e-9)),
+    }
 
 
 def sweep(
@@ -245,20 +271,10 @@ def summarize_sweep(plants: list[dict[str, Any]], variants: list[str], seed: int
         "variants": {},
         "worst": {},
     }
+    out[ORACLE] = {}
     for v in variants:
-        rows = [p["variants"][v] for p in feasible]
-        k = len(rows)
-        counts = {b: sum(1 for r in rows if r["passes"][b]) for b in BOUNDS}
-        passed = sum(1 for r in rows if r["pass_all"])
-        out["variants"][v] = {
-            "feasible": k,
-            "pass_all": passed,
-            "share_all": passed / k if k else math.nan,
-            "pass": counts,
-            "by_family": _by(feasible, v, "family"),
-            "by_schedule": _by(feasible, v, "schedule"),
-            "by_resources": _by(feasible, v, "resources"),
-        }
+        out["variants"][v] = _shares(feasible, "variants", v)
+        out[ORACLE][v] = _shares(feasible, ORACLE, v)
         ranked = sorted(feasible, key=lambda p: -_key(p["variants"][v]["margin"]))
         out["worst"][v] = [
             {
@@ -268,22 +284,38 @@ def summarize_sweep(plants: list[dict[str, Any]], variants: list[str], seed: int
                 "params": p["params"],
                 "best_delay_s": p["best_delay_s"],
                 "figures": {name: _brief(f) for name, f in p["variants"].items()},
+                "oracle": {name: _brief(f) for name, f in p[ORACLE].items()},
             }
             for p in ranked[:WORST_CASES]
         ]
     return out
 
 
+def _shares(feasible: list[dict[str, Any]], kind: str, variant: str) -> dict[str, Any]:
+    """The shares of p[kind][variant] ("variants" or ORACLE) meeting each bound and all
+    three, in all and per plant parameter."""
+    rows = [p[kind][variant] for p in feasible]
+    k = len(rows)
+    passed = sum(1 for r in rows if r["pass_all"])
+    return {
+        "feasible": k,
+        "pass_all": passed,
+        "share_all": passed / k if k else math.nan,
+        "pass": {b: sum(1 for r in rows if r["passes"][b]) for b in BOUNDS},
+        **{f"by_{param}": _by(feasible, kind, variant, param) for param in BY},
+    }
+
+
 def _key(margin: float) -> float:
     return math.inf if math.isnan(margin) else margin
 
 
-def _by(plants: list[dict[str, Any]], variant: str, param: str) -> dict[str, list[int]]:
+def _by(plants: list[dict[str, Any]], kind: str, variant: str, param: str) -> dict[str, list[int]]:
     """{value of param: [passing all bounds, feasible]}."""
     out: dict[str, list[int]] = {}
     for p in plants:
         row = out.setdefault(str(p["params"][param]), [0, 0])
-        row[0] += int(p["variants"][variant]["pass_all"])
+        row[0] += int(p[kind][variant]["pass_all"])
         row[1] += 1
     return dict(sorted(out.items()))
 

@@ -43,7 +43,14 @@ from santhrottle.controller.plant import SaturatedError
 from santhrottle.controller.plantgen import generate
 from santhrottle.controller.scenario import ScenarioError, parse_scenario
 from santhrottle.controller.sim import simulate
-from santhrottle.controller.sweep import VARIANTS, MapFn, check_variants, parse_variant, sweep
+from santhrottle.controller.sweep import (
+    ORACLE,
+    VARIANTS,
+    MapFn,
+    check_variants,
+    parse_variant,
+    sweep,
+)
 
 SIMULATE_EPILOG = """\
 examples:
@@ -255,23 +262,31 @@ def _print_sweep(s: dict[str, Any]) -> None:
         f"delay within the ladder holds T), {s['needs_delay']} of them need a delay; "
         f"wall time {s['wall_s']:.0f} s on {s['workers']} worker(s)"
     )
-    print(f"{'variant':<10} {'all 3 bounds':>16} {'p95':>5} {'p99calm':>7} {'writes':>6}")
-    for name, v in s["variants"].items():
+    print(f"{'variant':<17} {'all 3 bounds':>16} {'p95':>5} {'p99calm':>7} {'writes':>6}")
+    rows = [*s["variants"].items(), *((f"{n} ({ORACLE})", v) for n, v in s[ORACLE].items())]
+    for name, v in rows:
         share = (
             f"{v['pass_all']}/{v['feasible']} {100 * v['share_all']:.1f}%" if v["feasible"] else "-"
         )
         p = v["pass"]
-        print(f"{name:<10} {share:>16} {p['p95']:>5} {p['p99_calm']:>7} {p['throughput']:>6}")
+        print(f"{name:<17} {share:>16} {p['p95']:>5} {p['p99_calm']:>7} {p['throughput']:>6}")
         for by in ("by_family", "by_schedule", "by_resources"):
             cells = ", ".join(f"{k} {a}/{b}" for k, (a, b) in v[by].items())
-            print(f"{'':<10} {by[3:]}: {cells}")
+            print(f"{'':<17} {by[3:]}: {cells}")
+    print(
+        f"({ORACLE}): the variant with every resource's class held at the best constant "
+        "one; a writer gets it once the write-heavy sets have it, through the ramp"
+    )
     for name, rows in s["worst"].items():
         print(f"worst {len(rows)} for {name} (x T; writes x best constant):")
         for w in rows:
             figs = "  ".join(
                 f"{n} {x['p95_x_threshold']:.2f}/{x['p99_calm_x_threshold']:.2f}/"
                 f"{x['throughput_x_best_constant']:.2f}"
-                for n, x in w["figures"].items()
+                for n, x in [
+                    *w["figures"].items(),
+                    *((f"{n}({ORACLE})", x) for n, x in w[ORACLE].items()),
+                ]
             )
             print(
                 f"  {w['seed']}/{w['index']:<4} {figs}  best {w['best_delay_s'] * 1000:g} ms  "

@@ -8,6 +8,7 @@ from santhrottle.appliance.cli.main import main
 from santhrottle.controller import plantgen
 from santhrottle.controller.scenario import ScenarioError, parse_scenario
 from santhrottle.controller.sweep import (
+    ORACLE,
     P95_BOUND,
     THROUGHPUT_BOUND,
     VARIANTS,
@@ -51,10 +52,32 @@ def test_summary_is_consistent_with_the_plants(result):
         assert len(worst) == min(WORST_CASES, len(feasible))
         margins = [w["figures"][name]["margin"] for w in worst]
         assert margins == sorted(margins, reverse=True)
-        assert all(set(w["figures"]) == set(VARIANTS) for w in worst)
+        assert all(set(w["figures"]) == set(w[ORACLE]) == set(VARIANTS) for w in worst)
+        o = s[ORACLE][name]
+        assert o["feasible"] == len(feasible)
+        assert o["pass_all"] == sum(p[ORACLE][name]["pass_all"] for p in feasible)
     for p in feasible:
         assert p["best_delay_s"] >= 0.0 and p["best_write_bps"] > 0.0
         assert p["params"]["threshold_x_idle"] >= 1.5
+
+
+def test_the_oracle_holds_every_resource_at_its_class():
+    """sim.run's oracle_class: the class never leaves it, members reach it through
+    the ramp, and a write-heavy plant's oracle holds T (plant 1/0 needs a delay)."""
+    from santhrottle.controller.sim import best_constant_class, run, summarize
+
+    sc = parse_scenario(plantgen.generate(1, 0))
+    thr = sc.thresholds_s[0]
+    cls, _ = best_constant_class(sc, thr)
+    assert cls > 0
+    r = run(sc, threshold_s=thr, oracle_class=cls)
+    settled = [k for t, k in zip(r.series.t_s, r.series.delay_class, strict=True) if t > 1.0]
+    assert set(settled) == {cls}
+    assert summarize(sc, r, thr)["read_latency_p95_s"] <= P95_BOUND * thr
+    with pytest.raises(ValueError, match="needs threshold_s"):
+        run(sc, oracle_class=cls)
+    with pytest.raises(ScenarioError, match="'oracle'"):
+        check_variants({ORACLE: {}})
 
 
 def test_overrides_reach_the_controller_table():

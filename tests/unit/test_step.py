@@ -100,6 +100,22 @@ def test_no_writers_holds_class():
     assert d.resource_classes["vg"] < held
 
 
+def test_throttled_members_that_write_little_are_writers():
+    """A member its long delay holds under the no-writers floor (but over the pause
+    floor) is still a writer: a latency far under the setpoint winds its class down."""
+    st = new_state(CFG, [Resource("vg", 0.010)])
+    st, _ = step(st, Samples(writes=writes("vg", "A")), 0.0)
+    st, _ = step(st, Samples([ReadSample("vg", 6, 0.030, write_bps=20 * MIB)]), 0.1)
+    held = st.resources["vg"].delay_class
+    trickle = 4 * st.write_sets.pause_bps
+    assert trickle < st.no_writers_bps
+    for k in range(2, 150):  # past the write-drop hold (the rate fell 1,000-fold)
+        a = writes("vg", "A", rate=trickle) if k % 10 == 0 else []
+        st, _ = step(st, Samples([ReadSample("vg", 6, 0.002, write_bps=trickle)], a), k / 10)
+    assert "A" in st.members("vg")
+    assert st.resources["vg"].delay_class < held
+
+
 def test_read_idle_releases_after_configured_time():
     cfg = dataclasses.replace(CFG, read_idle_release_s=1.0)
     st = new_state(cfg, [Resource("vg", 0.010)])
