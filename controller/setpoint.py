@@ -74,14 +74,13 @@ JUDGED_WINDOW_S = 1.0
 class NoiseGauge:
     """The scatter of a resource's read latency, and the setpoint it allows."""
 
-    __slots__ = ("_k", "_n", "_s1", "_s2", "_since_s", "cv", "last_s", "reads_per_s", "spread")
+    __slots__ = ("_k", "_n", "_s1", "_s2", "_since_s", "cv", "reads_per_s", "spread")
 
     def __init__(self) -> None:
         self.spread = PRIOR_SPREAD  # per-read relative sd
         self.reads_per_s = 0.0
         # the relative standard deviation of the judged (1 s) mean latency
-        self.cv = math.inf
-        self.last_s: float | None = None  # the last window's end
+        self.cv = math.inf  # until the first window's sample
         self._since_s: float | None = None  # this window's start
         self._k = 0  # ticks with reads in it, their reads, sum n x, sum n x^2
         self._n = 0
@@ -105,7 +104,7 @@ class NoiseGauge:
 
     def _fold(self, now_s: float) -> None:
         k, n, s1, s2 = self._k, self._n, self._s1, self._s2
-        since = self._since_s if self.last_s is None else self.last_s
+        since = self._since_s
         self._k = self._n = 0
         self._s1 = self._s2 = 0.0
         self._since_s = now_s
@@ -116,17 +115,18 @@ class NoiseGauge:
         rel = math.sqrt(ss / (k - 1) if ss > 0.0 else 0.0) / mean
         dt = now_s - since
         rate = n / dt
-        if self.last_s is None:
+        if self.cv == math.inf:  # the first sample seeds the read rate
             self.reads_per_s = rate
         a = alpha_for(dt, SPREAD_TAU_S)
         clip = SPREAD_CLIP * self.spread
         self.spread += a * ((rel if rel < clip else clip) - self.spread)
         self.reads_per_s += a * (rate - self.reads_per_s)
-        self.last_s = now_s
         self.cv = self.spread / math.sqrt(self.reads_per_s * JUDGED_WINDOW_S)
 
     def setpoint(self, floor: float, ceiling: float, z: float) -> float:
-        """The setpoint this scatter allows, as a fraction of the threshold."""
+        """The setpoint this scatter allows, as a fraction of the threshold (every
+        tick of every resource: comparisons, not min/max calls)."""
         if ceiling <= floor:
             return floor
-        return min(ceiling, max(floor, 1.0 - z * self.cv))
+        sp = 1.0 - z * self.cv
+        return ceiling if sp > ceiling else floor if sp < floor else sp

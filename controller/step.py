@@ -151,11 +151,9 @@ class ResourceState:
 
     def setpoint(self, c: ControllerConfig) -> float:
         """The setpoint in force, a fraction of the threshold in force."""
-        lo, hi = c.setpoint_fraction, c.setpoint_quiet_fraction
-        if hi <= lo:
-            return lo
-        sp = 1.0 - c.setpoint_noise_z * self.noise.cv
-        return hi if sp > hi else lo if sp < lo else sp
+        return self.noise.setpoint(
+            c.setpoint_fraction, c.setpoint_quiet_fraction, c.setpoint_noise_z
+        )
 
     def threshold_s(self, alpha: float) -> float:
         """The threshold in force: the fitted one (auto, once confident), else the set one."""
