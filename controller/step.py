@@ -26,7 +26,8 @@ Law, per call step(state, samples, now_s)
                         held instead while a member has paused, or for
                         WRITE_DROP_HOLD_CONVERGES convergences after the
                         resource's write rate fell under half its EWMA
-                        (a writer stopped; the sets tell which later)
+                        WRITE_DROP_TICKS ticks in a row (a writer stopped;
+                        the sets tell which later)
          reads, but the resource writes less than no_writers_bps (a
          quarter of write_heavy_leave_bps with the relative rules, else all
          of it), or, with members, less than their pause floor:
@@ -132,8 +133,12 @@ PAUSE_HOLD_S = 10.0
 # tick's, against its EWMA over WRITE_RATE_TAU_S) falls under WRITE_DROP_FRACTION
 # has a writer that stopped, and the write-heavy sets tell which only at a later
 # convergence; its class does not go down for WRITE_DROP_HOLD_CONVERGES periods.
+# A drop counts after WRITE_DROP_TICKS ticks in a row: a tick's rate is a few IOs
+# where the delay is long, and a single tick of one IO where three are the mean
+# (Poisson: 1 in 5 ticks) must not renew the hold; three in a row are 1 in 125.
 WRITE_RATE_TAU_S = 1.0
 WRITE_DROP_FRACTION = 0.5
+WRITE_DROP_TICKS = 3
 WRITE_DROP_HOLD_CONVERGES = 2
 
 
@@ -148,6 +153,7 @@ class ResourceState:
     noise: NoiseGauge = field(default_factory=NoiseGauge)  # the setpoint's (setpoint.py)
     write_rate: Ewma = field(default_factory=lambda: Ewma(WRITE_RATE_TAU_S))
     drop_hold_until_s: float = -math.inf  # its writes dropped: no decrease until then
+    drop_ticks: int = 0  # ticks in a row with the write rate under WRITE_DROP_FRACTION
 
     def setpoint(self, c: ControllerConfig) -> float:
         """The setpoint in force, a fraction of the threshold in force."""
@@ -282,7 +288,7 @@ def reconfigure(state: ControllerState, config: ControllerConfig) -> ControllerS
         new.last_read_s = rs.last_read_s
         new.lq = rs.lq
         new.noise, new.write_rate = rs.noise, rs.write_rate
-        new.drop_hold_until_s = rs.drop_hold_until_s
+        new.drop_hold_until_s, new.drop_ticks = rs.drop_hold_until_s, rs.drop_ticks
         new.delay_class = min(rs.delay_class, config.max_class)
         new.pid.follow(new.delay_class)
     _recompute_effective(out, set(out.effective) | set(out.rising))
@@ -350,7 +356,12 @@ def step(
                         and before
                         and sample.write_bps < WRITE_DROP_FRACTION * before
                     ):
-                        rs.drop_hold_until_s = now_s + WRITE_DROP_HOLD_CONVERGES * c.converge_s
+                        rs.drop_ticks += 1
+                        if rs.drop_ticks >= WRITE_DROP_TICKS:
+                            hold_s = WRITE_DROP_HOLD_CONVERGES * c.converge_s
+                            rs.drop_hold_until_s = now_s + hold_s
+                    else:
+                        rs.drop_ticks = 0
                 if want >= rs.delay_class:  # up: at once
                     new_class = want
                 elif name in state.paused or now_s < rs.drop_hold_until_s:  # down, but a

@@ -247,33 +247,44 @@ def test_a_writer_that_joins_a_throttled_set_climbs_to_its_class_one_tick_at_a_t
 
 
 def test_a_write_drop_holds_the_class_until_the_sets_can_tell():
-    """A throttled resource whose write rate halves at a tick (a writer stopped; the
-    sets learn which at a later convergence) does not go down for 2 convergences;
-    a smaller dip does not hold it."""
-    from santhrottle.controller.step import WRITE_DROP_FRACTION, WRITE_DROP_HOLD_CONVERGES
+    """A throttled resource whose write rate stays under half its EWMA for
+    WRITE_DROP_TICKS ticks in a row (a writer stopped; the sets learn which at a later
+    convergence) does not go down for 2 convergences from then; a smaller dip does not
+    hold it, nor do single low ticks among normal ones (a tick's few IOs)."""
+    from santhrottle.controller.step import (
+        WRITE_DROP_FRACTION,
+        WRITE_DROP_HOLD_CONVERGES,
+        WRITE_DROP_TICKS,
+    )
 
-    def run(dip):
-        st = new_state(CFG, [Resource("vg", 0.010)])
+    cfg = dataclasses.replace(CFG, class_decrease_max_per_tick=1)  # one class a tick
+    hold_s = WRITE_DROP_HOLD_CONVERGES * cfg.converge_s
+
+    def classes(rate_of_tick):
+        """The class after tick k (at k/10 s): 1 busy, then the rate rate_of_tick(k)."""
+        st = new_state(cfg, [Resource("vg", 0.010)])
         st, _ = step(st, Samples(writes=writes("vg", "A", "B")), 0.0)
-        busy = ReadSample("vg", 6, 0.030, write_bps=20 * MIB)
-        st, _ = step(st, Samples([busy]), 0.1)
-        held = st.resources["vg"].delay_class
-        assert held > 0
-        low = ReadSample("vg", 6, 0.002, write_bps=20 * MIB * dip)
-        st, d = step(st, Samples([low]), 0.2)
-        return st, d, held
+        st, _ = step(st, Samples([ReadSample("vg", 6, 0.030, write_bps=20 * MIB)]), 0.1)
+        out = {1: st.resources["vg"].delay_class}
+        for k in range(2, 60):
+            both = writes("vg", "A", "B") if k % 10 == 0 else []  # no member paused
+            low = ReadSample("vg", 6, 0.002, write_bps=20 * MIB * rate_of_tick(k))
+            st, _ = step(st, Samples([low], both), k / 10)
+            out[k] = st.resources["vg"].delay_class
+        return out
 
-    st, d, held = run(WRITE_DROP_FRACTION * 0.8)
-    assert "vg" not in d.resource_classes
-    hold_s = WRITE_DROP_HOLD_CONVERGES * CFG.converge_s
-    low = ReadSample("vg", 6, 0.002, write_bps=20 * MIB * WRITE_DROP_FRACTION * 0.8)
-    for k in range(3, 60):  # the rate stays low: a hold from each tick under half its EWMA
-        t = k / 10
-        both = writes("vg", "A", "B") if k % 10 == 0 else []  # no member paused
-        st, d = step(st, Samples([low], both), t)
-        if t <= 0.2 + hold_s + 1e-6:
-            assert st.resources["vg"].delay_class == held, t
-    assert st.resources["vg"].delay_class < held  # the EWMA followed: the hold is over
+    stop = classes(lambda k: WRITE_DROP_FRACTION * 0.8)
+    assert stop[1] > WRITE_DROP_TICKS + 2
+    for k in range(2, 1 + WRITE_DROP_TICKS):  # the first ticks of the drop: going down
+        assert stop[k] == stop[k - 1] - 1
+    start = 1 + WRITE_DROP_TICKS  # the tick the hold starts
+    held = stop[start - 1]
+    for k, cls in stop.items():
+        if start <= k <= start + round(hold_s * 10):
+            assert cls == held, k
+    assert stop[59] < held  # the EWMA followed: the hold is over
 
-    st, d, held = run(WRITE_DROP_FRACTION * 1.2)  # a dip, not a stop
-    assert d.resource_classes["vg"] < held
+    dip = classes(lambda k: WRITE_DROP_FRACTION * 1.2)  # a dip, not a stop
+    assert dip[start] < dip[start - 1]
+    flicker = classes(lambda k: 0.3 if k % 2 else 1.0)  # every other tick low
+    assert all(flicker[k] == max(0, flicker[1] - (k - 1)) for k in range(2, 20))
