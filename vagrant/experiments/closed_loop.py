@@ -20,8 +20,10 @@ reads and writes), one iSCSI initiator per LV. Experiments:
    writers no longer hurt anyone, and the release time of their throttle is
    measured.
 3. static (with --static): per threshold, after its controlled phase, the
-   writers pinned by hand (`santhrottle pin` through a daemon that only
-   observes) at delays of the ladder: a short search from the controller's
+   writers pinned by hand (`santhrottle pin`) at delays of the ladder, the
+   daemon running with the threshold as in the controlled phase (the same
+   sensing and controller work, whose CPU the one-vCPU guest's writers share;
+   the pins override its classes): a short search from the controller's
    median delay in the writers' on-periods, down while the reader's p95
    holds T, up until it does; the smallest that holds is what an admin could
    pin, and its writer throughput is the controller's yardstick.
@@ -320,8 +322,8 @@ def phase(
     cycles: int | None = None,
 ) -> dict:
     """One phase: uncontrolled (threshold None), controlled at `threshold`, or static:
-    the writers pinned at static_us by hand (the daemon only observes; `threshold` is
-    then the one the pin is judged against)."""
+    the writers pinned at static_us by hand, judged against `threshold` (the daemon runs
+    with it, as in the controlled phase: both pay its CPU; the pins override its classes)."""
     reader, writers = t["iscsi"][0], t["iscsi"][1:]
     devices = [reader["dm"], *[w["dm"] for w in writers], Path(t["disk"]).name]
     static = static_us is not None
@@ -329,7 +331,7 @@ def phase(
     name = f"static-{threshold}-{static_us}us" if static else threshold
     daemon = None
     if threshold:
-        daemon = start_daemon(t, name, None if static else threshold, out, a.max_delay, a.setpoint)
+        daemon = start_daemon(t, name, threshold, out, a.max_delay, a.setpoint)
     ladder = None
     try:
         if daemon is not None:

@@ -569,8 +569,9 @@ def report(out: Path) -> int:
         )
     )
     if any("static" in s for s in rows):
-        print("static delays pinned by hand on the writers (santhrottle pin; the daemon only "
-              "observes), each probe over its on-periods:")  # fmt: skip
+        print("static delays pinned by hand on the writers (santhrottle pin; the daemon runs "
+              "with the threshold, as controlled, its pins over its classes), each probe over "
+              "its on-periods:")  # fmt: skip
         for s in rows:
             st = s.get("static")
             if not st:
