@@ -19,6 +19,8 @@ CONVERGE_S = 1.0
 # delay (its speed does not depend on the array); "paper" is the method
 # paper's PID on the class index, kept for comparison.
 LAWS = ("log", "paper")
+# Law "log"'s offset (LogGains.offset_x_threshold), in thresholds: at most this.
+OFFSET_X_THRESHOLD_MAX = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,11 @@ class LogGains:
     kp_log_per_rel_error: float = 1.0
     ti_s: float = 0.5
     td_s: float = 0.0
+    # The law acts on ln(delay + offset), offset = this x the threshold in
+    # force: a writer's IO takes about the device's latency plus its delay, so
+    # where the delay is short against the latency, a step of ln(delay) alone
+    # would barely change the writers' rate (controller/pid.py, "offset").
+    offset_x_threshold: float = 0.5
 
 
 @dataclass(frozen=True, slots=True)

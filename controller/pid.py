@@ -24,8 +24,9 @@ class index, SingleSidedPid
     depends on how many classes the array happens to need: 15 classes is
     everything on a plant that needs 10, and a crawl on one that needs 100.
 
-Law "log" (the default), LogPid: the same increments on v = ln(delay)
-    v_k = v_{k-1} + Kp * [ same bracket ]
+Law "log" (the default), LogPid: the same increments on w = ln(delay + offset)
+    w_k = w_{k-1} + Kp * [ same bracket ]      offset = offset_x_threshold x T
+    v_k = ln(e^w_k - offset)                   (v = ln(delay); -inf if <= 0)
     v_k = min(max(v_k, ln(d_1 / 2)), ln(d_max))
     class_k = 0 if v_k is at its floor, else the smallest class whose delay
               is >= e^v_k
@@ -39,6 +40,13 @@ Law "log" (the default), LogPid: the same increments on v = ln(delay)
     an array that needs 2 ms and one that needs 200 ms. A linear law's
     gain is instead proportional to dL/dd, which varies by the same factor
     100 between those arrays.
+    The offset: a writer's IO takes about the device's latency plus its
+    delay, and at the setpoint the latency is about the threshold T (the
+    caller passes it in seconds). Where d is short against T, a step of
+    ln(d) alone hardly changes the writers' rate (its elasticity is near 0),
+    and a delay that starts at 0.5 ms and needs 25 ms would take some 100
+    ticks to get there; on ln(d + T/2) the step moves d by a share of T.
+    Where d is long against T, ln(d + T/2) ~ ln(d). offset 0: plain ln(d).
 
 Both
     The velocity form only ever adds increments to the previous output, so
@@ -81,7 +89,11 @@ Worked example, law "log"
         k=0  e=0.6  v = -3.689 + (0.6 - 0   + 0.2*0.6) = -2.969 -> 51.4 ms: class 55 (52 ms)
         k=1  e=0.3  v = -2.969 + (0.3 - 0.6 + 0.2*0.3) = -3.209 -> 40.4 ms: class 50 (41 ms)
         k=2  e=0.1  v = -3.209 + (0.1 - 0.3 + 0.2*0.1) = -3.389 -> 33.7 ms: class 47 (35 ms)
-    The same errors move 24 ms or 240 ms by the same factors.
+    The same errors move 24 ms or 240 ms by the same factors (offset 0). With
+    offset 0.5 (the default) and a threshold of 10 ms, the first step from
+    25 ms is (25 + 5) * e^0.72 - 5 = 56.6 ms: class 57 (57 ms); from 1 ms,
+    (1 + 5) * e^0.72 - 5 = 7.3 ms: class 15 (7.5 ms), where offset 0 gives
+    1 * e^0.72 = 2.05 ms: class 5 (2.5 ms).
 """
 
 from __future__ import annotations
@@ -89,7 +101,7 @@ from __future__ import annotations
 import bisect
 import math
 
-from .domain import ControllerConfig
+from .domain import OFFSET_X_THRESHOLD_MAX, ControllerConfig
 from .ladder import Ladder
 
 # Law "log": the output's floor is half the first class's delay; at the floor
@@ -130,7 +142,8 @@ class SingleSidedPid:
         self._e1 = 0.0
         self._e2 = 0.0
 
-    def update(self, measured_s: float, threshold_s: float) -> int:
+    def update(self, measured_s: float, threshold_s: float, scale_s: float = 0.0) -> int:
+        """scale_s: unused (law "log"'s offset; the class index has no scale)."""
         e = measured_s - threshold_s
         du = self.kp * (
             (e - self._e1) + self._i_over_t * e + self._d_over_t * (e - 2.0 * self._e1 + self._e2)
@@ -176,13 +189,28 @@ class SingleSidedPid:
 class LogPid:
     """The same incremental PI(D) on v = ln(delay), quantized to the ladder (law "log")."""
 
-    __slots__ = ("_d_over_t", "_e1", "_e2", "_hi", "_i_over_t", "_lo", "_logs", "kp", "ladder", "u")
+    __slots__ = (
+        "_d_over_t", "_e1", "_e2", "_hi", "_i_over_t", "_lo", "_logs", "kp", "ladder",
+        "offset_x_threshold", "u",
+    )
 
     def __init__(
-        self, kp: float, ti_s: float, td_s: float, interval_s: float, ladder: Ladder
+        self,
+        kp: float,
+        ti_s: float,
+        td_s: float,
+        interval_s: float,
+        ladder: Ladder,
+        offset_x_threshold: float = 0.0,
     ) -> None:
         probe = SingleSidedPid(kp, ti_s, td_s, interval_s, ladder.max_class)  # validates
+        if not 0.0 <= offset_x_threshold <= OFFSET_X_THRESHOLD_MAX:
+            raise ValueError(
+                f"PID offset must be within 0-{OFFSET_X_THRESHOLD_MAX:g} x the threshold, "
+                f"got {offset_x_threshold}"
+            )
         self.kp = kp
+        self.offset_x_threshold = offset_x_threshold
         self._i_over_t = probe._i_over_t
         self._d_over_t = probe._d_over_t
         self.ladder = ladder
@@ -198,12 +226,20 @@ class LogPid:
     def max_class(self) -> int:
         return self.ladder.max_class
 
-    def update(self, measured_s: float, threshold_s: float) -> int:
+    def update(self, measured_s: float, threshold_s: float, scale_s: float = 0.0) -> int:
+        """measured_s, threshold_s: relative (step() divides by the threshold);
+        scale_s: the threshold in force in seconds, the offset's unit."""
         e = measured_s - threshold_s
         du = self.kp * (
             (e - self._e1) + self._i_over_t * e + self._d_over_t * (e - 2.0 * self._e1 + self._e2)
         )
-        self.u = min(max(self.u + du, self._lo), self._hi)  # single-sided, anti-windup
+        offset_s = self.offset_x_threshold * scale_s
+        if offset_s > 0.0:  # the increment acts on ln(delay + offset)
+            d = (math.exp(self.u) + offset_s) * math.exp(du) - offset_s
+            u = math.log(d) if d > 0.0 else self._lo
+        else:
+            u = self.u + du
+        self.u = min(max(u, self._lo), self._hi)  # single-sided, anti-windup
         self._e2 = self._e1
         self._e1 = e
         return self.delay_class
@@ -252,4 +288,7 @@ def new_pid(config: ControllerConfig) -> Pid:
             g.kp_class_per_rel_error, g.ti_s, g.td_s, config.tick_s, config.ladder.max_class
         )
     lg = config.log_gains
-    return LogPid(lg.kp_log_per_rel_error, lg.ti_s, lg.td_s, config.tick_s, config.ladder)
+    return LogPid(
+        lg.kp_log_per_rel_error, lg.ti_s, lg.td_s, config.tick_s, config.ladder,
+        lg.offset_x_threshold,
+    )

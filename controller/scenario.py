@@ -13,7 +13,7 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from .domain import LAWS, TICK_S, ControllerConfig, LogGains, PidGains
+from .domain import LAWS, OFFSET_X_THRESHOLD_MAX, TICK_S, ControllerConfig, LogGains, PidGains
 from .ladder import Ladder, LadderError
 
 KIB = 1024.0
@@ -233,6 +233,9 @@ def parse_scenario(text: str) -> Scenario:
             ),
             ti_s=ctl.number("ti_log_s", lg.ti_s, lo=0.0, lo_open=True),
             td_s=ctl.number("td_log_s", lg.td_s, lo=0.0),
+            offset_x_threshold=ctl.number(
+                "offset_log_x_threshold", lg.offset_x_threshold, lo=0.0, hi=OFFSET_X_THRESHOLD_MAX
+            ),
         ),
         gains=PidGains(
             kp_class_per_rel_error=ctl.number(

@@ -14,15 +14,19 @@ Law, per call step(state, samples, now_s)
     1. Fold every WriteSample into the write-heavy EWMAs (any time).
     2. If now_s >= next_tick_s ("tick"), per resource:
          with reads:    ewma <- EWMA(read latency)
-                        want <- PID(ewma / threshold, setpoint)
+                        want <- PID(ewma / threshold, setpoint, threshold)
                         (the error is relative, e = ewma/threshold - setpoint:
                         a threshold of 1 ms and one of 20 ms get the same
                         response to the same relative overshoot; the PID is
                         config.law's, controller/pid.py; the setpoint
                         is setpoint_fraction or more where the latency
                         scatters little, controller/setpoint.py)
-                        class <- want if want >= class ("up"), else
-                        min(class, ceil(u + class_hysteresis)) ("down"),
+                        class <- want if want >= class ("up"; law "log":
+                        only while ewma > the setpoint, else the PID is
+                        pulled to the class: the proportional term moves
+                        up when the error grows, also far under the
+                        setpoint, and with the holds below that ratchets),
+                        else min(class, ceil(u + class_hysteresis)) ("down"),
                         held instead while a member has paused, or for
                         WRITE_DROP_HOLD_CONVERGES convergences after the
                         resource's write rate fell under half its EWMA
@@ -347,7 +351,8 @@ def step(
                 ewma = rs.ewma.update(sample.read_latency_s, now_s)
                 # relative error: one set of gains for any threshold
                 thr = rs.resource.threshold_s if rs.lq is None else rs.threshold_s(c.auto_alpha)
-                want = rs.pid.update(ewma / thr, rs.setpoint(c))
+                sp = rs.setpoint(c)
+                want = rs.pid.update(ewma / thr, sp, thr)
                 if sample.write_bps is not None:  # a writer stopped?
                     before = rs.write_rate.value
                     rs.write_rate.update(sample.write_bps, now_s)
@@ -362,7 +367,10 @@ def step(
                             rs.drop_hold_until_s = now_s + hold_s
                     else:
                         rs.drop_ticks = 0
-                if want >= rs.delay_class:  # up: at once
+                if want > rs.delay_class and ewma <= sp * thr and isinstance(rs.pid, LogPid):
+                    new_class = rs.delay_class  # up only over the setpoint ("single-sided up")
+                    rs.pid.track(new_class)
+                elif want >= rs.delay_class:  # up: at once
                     new_class = want
                 elif name in state.paused or now_s < rs.drop_hold_until_s:  # down, but a
                     new_class = rs.delay_class  # member paused: hold (the others alone need

@@ -220,7 +220,10 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
         ladder=ladder,
         law=c["law"],
         log_gains=LogGains(
-            kp_log_per_rel_error=c["kp_log_per_rel_error"], ti_s=c["ti_log"], td_s=c["td_log"]
+            kp_log_per_rel_error=c["kp_log_per_rel_error"],
+            ti_s=c["ti_log"],
+            td_s=c["td_log"],
+            offset_x_threshold=c["offset_log_x_threshold"],
         ),
         gains=PidGains(
             kp_class_per_rel_error=c["kp_class_per_rel_error"], ti_s=c["ti"], td_s=c["td"]

@@ -40,7 +40,7 @@ from santhrottle.appliance.units import (
     parse_duration_s,
     parse_duration_us,
 )
-from santhrottle.controller.domain import LAWS, ControllerConfig
+from santhrottle.controller.domain import LAWS, OFFSET_X_THRESHOLD_MAX, ControllerConfig
 from santhrottle.controller.ladder import MAX_CLASSES as MAX_CLASSES
 from santhrottle.controller.ladder import Ladder
 
@@ -397,6 +397,9 @@ KEYS: tuple[Key, ...] = (
          'law "log": integral time'),
     _ctl("td_log", duration_s(), fmt_duration(_DC.log_gains.td_s) if _DC.log_gains.td_s else "0",
          'law "log": derivative time (0: off)'),
+    _ctl("offset_log_x_threshold", number(0.0, OFFSET_X_THRESHOLD_MAX),
+         _DC.log_gains.offset_x_threshold,
+         'law "log": it acts on ln(delay + this x the threshold); 0: on ln(delay)'),
     _ctl("kp_class_per_rel_error", number(0.0, 1e6), _DC.gains.kp_class_per_rel_error,
          'law "paper": proportional gain, classes per unit of relative latency error'),
     _ctl("ti", duration_s(positive=True), fmt_duration(_DC.gains.ti_s),

@@ -29,6 +29,25 @@ def test_the_docstrings_worked_example():
     assert got == [(55, 51.4), (50, 40.4), (47, 33.7)]
 
 
+def test_the_offset_moves_a_short_delay_by_a_share_of_the_threshold():
+    # the docstring's example with offset 0.5 and a threshold of 10 ms
+    lad = Ladder()
+    got = []
+    for start in (40, 2):  # 25 ms, 1 ms
+        p = LogPid(1.0, 0.5, 0.0, 0.1, lad, offset_x_threshold=0.5)
+        p.follow(start)
+        got.append(p.update(1.5, 0.9, 0.010))
+    assert got == [57, 15]
+    plain = LogPid(1.0, 0.5, 0.0, 0.1, lad, offset_x_threshold=0.5)
+    plain.follow(2)
+    assert plain.update(1.5, 0.9) == 5  # no scale given: ln(delay), 2.05 ms
+    down = LogPid(1.0, 0.5, 0.0, 0.1, lad, offset_x_threshold=0.5)
+    down.follow(4)  # 2 ms; far under the setpoint: (2 + 5) e^-0.72 - 5 < 0 -> off
+    assert down.update(0.3, 0.9, 0.010) == 0
+    with pytest.raises(ValueError, match="offset must be within 0-10"):
+        LogPid(1.0, 0.5, 0.0, 0.1, lad, offset_x_threshold=-1.0)
+
+
 def test_the_same_relative_errors_move_any_delay_by_the_same_factors():
     def run(start_class):
         p = LogPid(1.0, 0.5, 0.0, 0.1, Ladder(500, 1_000_000))
@@ -81,6 +100,31 @@ def test_the_ramp_bounds_a_rise_by_the_delay_not_the_class_number():
     for a, b in itertools.pairwise(delays):
         assert b <= max(a * 1.25, a + 0.001) + 1e-9
     assert delays[-1] > 0.1  # and it gets far (no plant needs fewer than 29 ticks)
+
+
+def test_the_class_rises_only_while_the_latency_is_over_the_setpoint():
+    """The proportional term moves up when the error grows, also far under the
+    setpoint: law "log" does not apply that (nor integrate it)."""
+    cfg = ControllerConfig(read_ewma_tau_s=0.0, setpoint_quiet_fraction=0.0)
+    st = new_state(cfg, [Resource("vg", 0.010)])
+
+    def at(k, lat):  # A writes on; its samples come once per convergence
+        ws = [WriteSample("vg", "A", 20 * MIB)] if k % 10 == 0 else []
+        return step(st, Samples([ReadSample("vg", 6, lat, 20 * MIB)], ws), k / 10)[0]
+
+    st = at(0, 0.002)
+    k = 1
+    while st.resources["vg"].delay_class < 30:  # too slow: up to 30 (17 ms)
+        st = at(k, 0.020)
+        k += 1
+    classes = []
+    for lat in (0.002, 0.008, 0.003, 0.0085, 0.002):  # jumps, all under 9 ms
+        st = at(k, lat)
+        k += 1
+        classes.append(st.resources["vg"].delay_class)
+    assert all(b <= a for a, b in itertools.pairwise(classes))  # never up
+    st = at(k, 0.012)
+    assert st.resources["vg"].delay_class > classes[-1]  # over the setpoint: up at once
 
 
 def test_many_light_writers_join_one_small_writer_beside_a_heavy_one_does_not():
