@@ -27,11 +27,13 @@ Law, per call step(state, samples, now_s)
                         up when the error grows, also far under the
                         setpoint, and with the holds below that ratchets),
                         else min(class, ceil(u + class_hysteresis)) ("down"),
-                        held instead while a member has paused, or for
+                        but not under the class the resource had when a
+                        hold began, while a member has paused, or for
                         WRITE_DROP_HOLD_CONVERGES convergences after the
                         resource's write rate fell under half its EWMA
                         WRITE_DROP_TICKS ticks in a row (a writer stopped;
-                        the sets tell which later)
+                        the sets tell which later): a class gained during
+                        the hold may come back down to it
          reads, but the resource writes less than no_writers_bps (a
          quarter of write_heavy_leave_bps with the relative rules, else all
          of it), or, with members, less than their pause floor:
@@ -158,6 +160,7 @@ class ResourceState:
     write_rate: Ewma = field(default_factory=lambda: Ewma(WRITE_RATE_TAU_S))
     drop_hold_until_s: float = -math.inf  # its writes dropped: no decrease until then
     drop_ticks: int = 0  # ticks in a row with the write rate under WRITE_DROP_FRACTION
+    hold_base: int | None = None  # the class when the hold in force began (None: no hold)
 
     def setpoint(self, c: ControllerConfig) -> float:
         """The setpoint in force, a fraction of the threshold in force."""
@@ -293,6 +296,7 @@ def reconfigure(state: ControllerState, config: ControllerConfig) -> ControllerS
         new.lq = rs.lq
         new.noise, new.write_rate = rs.noise, rs.write_rate
         new.drop_hold_until_s, new.drop_ticks = rs.drop_hold_until_s, rs.drop_ticks
+        new.hold_base = rs.hold_base
         new.delay_class = min(rs.delay_class, config.max_class)
         new.pid.follow(new.delay_class)
     _recompute_effective(out, set(out.effective) | set(out.rising))
@@ -367,15 +371,24 @@ def step(
                             rs.drop_hold_until_s = now_s + hold_s
                     else:
                         rs.drop_ticks = 0
+                held = name in state.paused or now_s < rs.drop_hold_until_s
+                if not held:
+                    rs.hold_base = None
+                elif rs.hold_base is None:
+                    rs.hold_base = rs.delay_class
                 if want > rs.delay_class and ewma <= sp * thr and isinstance(rs.pid, LogPid):
                     new_class = rs.delay_class  # up only over the setpoint ("single-sided up")
                     rs.pid.track(new_class)
                 elif want >= rs.delay_class:  # up: at once
                     new_class = want
-                elif name in state.paused or now_s < rs.drop_hold_until_s:  # down, but a
-                    new_class = rs.delay_class  # member paused: hold (the others alone need
-                    # less; it comes back)
-                    if isinstance(rs.pid, LogPid):
+                elif held:  # down, but a member paused: hold the class it had when the
+                    # hold began (the others alone need less; it comes back); what it
+                    # gained since, on their latency alone, may come back down
+                    new_class = max(
+                        rs.hold_base or 0,
+                        min(rs.delay_class, rs.pid.class_with_margin(c.class_hysteresis)),
+                    )
+                    if new_class == rs.delay_class and isinstance(rs.pid, LogPid):
                         rs.pid.track_up(rs.delay_class - math.ceil(c.class_hysteresis))
                 else:  # down: past the hysteresis band only
                     new_class = min(rs.delay_class, rs.pid.class_with_margin(c.class_hysteresis))

@@ -183,3 +183,38 @@ def test_a_member_that_pauses_while_others_write_holds_the_class_for_a_while():
     held = dict(classes)[1.1]  # seen paused at the convergence 1 s after its last write
     assert all(c == held for t, c in classes if 1.1 <= t < PAUSE_HOLD_S)
     assert classes[-1][1] < held  # B stayed away: it has gone, the class unwinds
+
+
+def test_a_hold_keeps_the_class_it_began_with_not_what_it_gained_since():
+    """B pauses, the class holds; a burst of slow reads during the pause lifts it,
+    and once they pass it comes back down to the held class, not below, while the
+    hold lasts (a few noisy ticks must not ratchet a held class up)."""
+    from santhrottle.controller.step import PAUSE_HOLD_S
+
+    cfg = ControllerConfig(read_ewma_tau_s=0.0)
+    st = new_state(cfg, [Resource("vg", 0.010)])
+
+    def at(t, lat, writers):
+        ws = [WriteSample("vg", w, 20 * MIB) for w in writers] if t == int(t) else []
+        return step(st, Samples([ReadSample("vg", 6, lat, 20 * MIB)], ws), t)[0]
+
+    k = 0
+    while st.resources["vg"].delay_class < 40 or k % 10:  # both write, too slow
+        st = at(k / 10, 0.030, "AB")
+        k += 1
+    t0 = k / 10
+    while k / 10 < t0 + 1.5:  # B paused: held from the convergence that sees it
+        st = at(k / 10, 0.002, "A")
+        k += 1
+    held = st.resources["vg"].delay_class
+    assert st.resources["vg"].hold_base == held
+    for _ in range(3):  # three slow ticks
+        st = at(k / 10, 0.030, "A")
+        k += 1
+    assert st.resources["vg"].delay_class > held
+    classes = []
+    while k / 10 < t0 + PAUSE_HOLD_S - 0.5:  # fast again, still within the hold
+        st = at(k / 10, 0.002, "A")
+        classes.append(st.resources["vg"].delay_class)
+        k += 1
+    assert classes[-1] == held and min(classes) == held
