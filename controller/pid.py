@@ -187,7 +187,7 @@ class SingleSidedPid:
 
 
 class LogPid:
-    """The same incremental PI(D) on v = ln(delay), quantized to the ladder (law "log")."""
+    """The same incremental PI(D) on ln(delay + offset), quantized to the ladder (law "log")."""
 
     __slots__ = (
         "_d_over_t", "_e1", "_e2", "_hi", "_i_over_t", "_lo", "_logs", "kp", "ladder",
