@@ -190,8 +190,17 @@ class LogPid:
     """The same incremental PI(D) on ln(delay + offset), quantized to the ladder (law "log")."""
 
     __slots__ = (
-        "_d_over_t", "_e1", "_e2", "_hi", "_i_over_t", "_lo", "_logs", "kp", "ladder",
-        "offset_x_threshold", "u",
+        "_d_over_t",
+        "_e1",
+        "_e2",
+        "_hi",
+        "_i_over_t",
+        "_lo",
+        "_logs",
+        "kp",
+        "ladder",
+        "offset_x_threshold",
+        "u",
     )
 
     def __init__(
@@ -289,6 +298,10 @@ def new_pid(config: ControllerConfig) -> Pid:
         )
     lg = config.log_gains
     return LogPid(
-        lg.kp_log_per_rel_error, lg.ti_s, lg.td_s, config.tick_s, config.ladder,
+        lg.kp_log_per_rel_error,
+        lg.ti_s,
+        lg.td_s,
+        config.tick_s,
+        config.ladder,
         lg.offset_x_threshold,
     )

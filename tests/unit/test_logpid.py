@@ -157,29 +157,48 @@ def test_a_contended_resource_throttles_every_writer_above_the_floor_and_holds_t
     assert off.converge(0.0, {"vg"}).joined == {}
 
 
+class _TwoWriters:
+    """Writers A and B on "vg" (T 10 ms), a tick per call; write samples once per
+    convergence, as the sensors give them."""
+
+    def __init__(self):
+        self.st = new_state(ControllerConfig(read_ewma_tau_s=0.0), [Resource("vg", 0.010)])
+        self.k = 0
+
+    @property
+    def t(self):
+        return self.k / 10
+
+    @property
+    def delay_class(self):
+        return self.st.resources["vg"].delay_class
+
+    def tick(self, lat, writers):
+        t = self.t
+        ws = [WriteSample("vg", w, 20 * MIB) for w in writers] if self.k % 10 == 0 else []
+        self.st = step(self.st, Samples([ReadSample("vg", 6, lat, 20 * MIB)], ws), t)[0]
+        self.k += 1
+        return self.delay_class
+
+    def throttled(self):
+        """Both write and the reader is slow, up to class 40, at a whole second."""
+        while self.delay_class < 40 or self.k % 10:
+            self.tick(0.030, "AB")
+        return self
+
+
 def test_a_member_that_pauses_while_others_write_holds_the_class_for_a_while():
     """B pauses while A goes on: the latency falls (A alone needs less), but B comes
     back; once a convergence has seen B write nothing the class holds, until
     PAUSE_HOLD_S after that; then it unwinds."""
     from santhrottle.controller.step import PAUSE_HOLD_S
 
-    cfg = ControllerConfig(read_ewma_tau_s=0.0)
-    st = new_state(cfg, [Resource("vg", 0.010)])
-
-    def at(t, lat, writers):  # write samples once per convergence, as the sensors do
-        ws = [WriteSample("vg", w, 20 * MIB) for w in writers] if t == int(t) else []
-        return step(st, Samples([ReadSample("vg", 6, lat, 20 * MIB)], ws), t)[0]
-
-    k = 0
-    while st.resources["vg"].delay_class < 40 or k % 10:  # both write, too slow
-        st = at(k / 10, 0.030, "AB")
-        k += 1
-    t0 = k / 10
+    w = _TwoWriters().throttled()
+    t0 = w.t
     classes = []
-    while k / 10 < t0 + PAUSE_HOLD_S + 4.0:  # B paused; A alone is fast
-        st = at(k / 10, 0.002, "A")
-        classes.append((round(k / 10 - t0, 1), st.resources["vg"].delay_class))
-        k += 1
+    while w.t < t0 + PAUSE_HOLD_S + 4.0:  # B paused; A alone is fast
+        t = round(w.t - t0, 1)
+        classes.append((t, w.tick(0.002, "A")))
     held = dict(classes)[1.1]  # seen paused at the convergence 1 s after its last write
     assert all(c == held for t, c in classes if 1.1 <= t < PAUSE_HOLD_S)
     assert classes[-1][1] < held  # B stayed away: it has gone, the class unwinds
@@ -191,30 +210,16 @@ def test_a_hold_keeps_the_class_it_began_with_not_what_it_gained_since():
     hold lasts (a few noisy ticks must not ratchet a held class up)."""
     from santhrottle.controller.step import PAUSE_HOLD_S
 
-    cfg = ControllerConfig(read_ewma_tau_s=0.0)
-    st = new_state(cfg, [Resource("vg", 0.010)])
-
-    def at(t, lat, writers):
-        ws = [WriteSample("vg", w, 20 * MIB) for w in writers] if t == int(t) else []
-        return step(st, Samples([ReadSample("vg", 6, lat, 20 * MIB)], ws), t)[0]
-
-    k = 0
-    while st.resources["vg"].delay_class < 40 or k % 10:  # both write, too slow
-        st = at(k / 10, 0.030, "AB")
-        k += 1
-    t0 = k / 10
-    while k / 10 < t0 + 1.5:  # B paused: held from the convergence that sees it
-        st = at(k / 10, 0.002, "A")
-        k += 1
-    held = st.resources["vg"].delay_class
-    assert st.resources["vg"].hold_base == held
+    w = _TwoWriters().throttled()
+    t0 = w.t
+    while w.t < t0 + 1.5:  # B paused: held from the convergence that sees it
+        w.tick(0.002, "A")
+    held = w.delay_class
+    assert w.st.resources["vg"].hold_base == held
     for _ in range(3):  # three slow ticks
-        st = at(k / 10, 0.030, "A")
-        k += 1
-    assert st.resources["vg"].delay_class > held
+        w.tick(0.030, "A")
+    assert w.delay_class > held
     classes = []
-    while k / 10 < t0 + PAUSE_HOLD_S - 0.5:  # fast again, still within the hold
-        st = at(k / 10, 0.002, "A")
-        classes.append(st.resources["vg"].delay_class)
-        k += 1
+    while w.t < t0 + PAUSE_HOLD_S - 0.5:  # fast again, still within the hold
+        classes.append(w.tick(0.002, "A"))
     assert classes[-1] == held and min(classes) == held
