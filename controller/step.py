@@ -381,17 +381,14 @@ def step(
                     rs.pid.track(new_class)
                 elif want >= rs.delay_class:  # up: at once
                     new_class = want
-                elif held:  # down, but a member paused: hold the class it had when the
-                    # hold began (the others alone need less; it comes back); what it
-                    # gained since, on their latency alone, may come back down
-                    new_class = max(
-                        rs.hold_base or 0,
-                        min(rs.delay_class, rs.pid.class_with_margin(c.class_hysteresis)),
-                    )
-                    if new_class == rs.delay_class and isinstance(rs.pid, LogPid):
-                        rs.pid.track_up(rs.delay_class - math.ceil(c.class_hysteresis))
                 else:  # down: past the hysteresis band only
                     new_class = min(rs.delay_class, rs.pid.class_with_margin(c.class_hysteresis))
+                    if rs.hold_base is not None:  # but a member paused: not under the class
+                        # the hold began with (the others alone need less; it comes back);
+                        # what it gained since, on their latency alone, may come back down
+                        new_class = max(new_class, rs.hold_base)
+                        if new_class == rs.delay_class and isinstance(rs.pid, LogPid):
+                            rs.pid.track_up(rs.delay_class - math.ceil(c.class_hysteresis))
             elif (
                 rs.last_read_s is not None
                 and now_s - rs.last_read_s >= c.read_idle_release_s
