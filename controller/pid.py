@@ -168,6 +168,10 @@ class SingleSidedPid:
         if self.u > applied_class:
             self.u = float(applied_class)
 
+    def track_up(self, delay_class: int) -> None:
+        """Nothing: the paper's form does not track the decrease limit (kept as
+        published, for comparison); LogPid.track_up does."""
+
     @property
     def delay_class(self) -> int:
         return math.ceil(self.u)
@@ -197,6 +201,7 @@ class LogPid:
         "_i_over_t",
         "_lo",
         "_logs",
+        "_top",
         "kp",
         "ladder",
         "offset_x_threshold",
@@ -227,6 +232,7 @@ class LogPid:
         # ln of each class's delay (class k at index k - 1): the class of v by bisection
         self._logs = [math.log(ladder.delay_s(k)) for k in range(1, ladder.max_class + 1)]
         self._hi = math.log(ladder.max_delay_s)
+        self._top = ladder.max_class
         self.u = self._lo
         self._e1 = 0.0
         self._e2 = 0.0
@@ -239,22 +245,26 @@ class LogPid:
         """measured_s, threshold_s: relative (step() divides by the threshold);
         scale_s: the threshold in force in seconds, the offset's unit."""
         e = measured_s - threshold_s
-        du = self.kp * (
-            (e - self._e1) + self._i_over_t * e + self._d_over_t * (e - 2.0 * self._e1 + self._e2)
-        )
+        e1 = self._e1
+        du = self.kp * ((e - e1) + self._i_over_t * e + self._d_over_t * (e - 2.0 * e1 + self._e2))
         offset_s = self.offset_x_threshold * scale_s
         if offset_s > 0.0:  # the increment acts on ln(delay + offset)
             d = (math.exp(self.u) + offset_s) * math.exp(du) - offset_s
             u = math.log(d) if d > 0.0 else self._lo
         else:
             u = self.u + du
-        self.u = min(max(u, self._lo), self._hi)  # single-sided, anti-windup
-        self._e2 = self._e1
+        # single-sided, anti-windup (comparisons: every tick of every resource)
+        u = self._lo if u < self._lo else self._hi if u > self._hi else u
+        self.u = u
+        self._e2 = e1
         self._e1 = e
-        return self.delay_class
+        if u <= self._lo:  # self.delay_class, inline
+            return 0
+        k = bisect.bisect_left(self._logs, u - LOG_TOLERANCE) + 1
+        return k if k < self._top else self._top
 
     def _v(self, delay_class: int) -> float:
-        return self._lo if delay_class <= 0 else math.log(self.ladder.delay_s(delay_class))
+        return self._lo if delay_class <= 0 else self._logs[delay_class - 1]
 
     def track(self, applied_class: int) -> None:
         """As SingleSidedPid.track: never above the class the actuator applied."""
@@ -273,12 +283,10 @@ class LogPid:
     def delay_class(self) -> int:
         if self.u <= self._lo:
             return 0
-        return min(
-            bisect.bisect_left(self._logs, self.u - LOG_TOLERANCE) + 1, self.ladder.max_class
-        )
+        return min(bisect.bisect_left(self._logs, self.u - LOG_TOLERANCE) + 1, self._top)
 
     def class_with_margin(self, margin: float) -> int:
-        return min(self.ladder.max_class, self.delay_class + math.ceil(margin))
+        return min(self._top, self.delay_class + math.ceil(margin))
 
     def reset(self) -> None:
         self.u = self._lo

@@ -126,7 +126,7 @@ from dataclasses import dataclass, field
 from .domain import ControllerConfig, Decisions, Resource, Samples
 from .ewma import Ewma
 from .lqfit import LqEstimator, LqFit
-from .pid import LogPid, Pid, new_pid
+from .pid import Pid, new_pid
 from .setpoint import NoiseGauge
 from .writeheavy import CONTENDED_FLOOR_FRACTION, WriteHeavySets
 
@@ -335,83 +335,94 @@ def step(
         state.late_ticks_total += missed
         reads = {s.resource: s for s in samples.reads if s.reads > 0}
         stalled = {s.resource for s in samples.reads if not s.reads and s.reads_in_flight}
+        # the loop's invariants, once per tick (1,000 resources: attribute lookups count)
+        log_law = c.law == "log"
+        hyst = c.class_hysteresis
+        hyst_classes = math.ceil(hyst)
+        decrease_max = c.class_decrease_max_per_tick
+        sp_floor, sp_ceiling, sp_z = (
+            c.setpoint_fraction,
+            c.setpoint_quiet_fraction,
+            c.setpoint_noise_z,
+        )
+        no_writers_bps, pause_bps = state.no_writers_bps, sets.pause_bps
+        members, paused, rise_to = sets.members, state.paused, state.rise_to
+        resource_classes = out.resource_classes
         for name, rs in state.resources.items():
             sample = reads.get(name)
-            if sample is None and name in stalled:  # reads pending: not idle, hold
+            if sample is None:
+                if name in stalled:  # reads pending: not idle, hold
+                    rs.last_read_s = now_s
+                    continue
+                if (
+                    rs.last_read_s is not None
+                    and now_s - rs.last_read_s >= c.read_idle_release_s
+                    and rs.delay_class
+                ):  # release
+                    rs.pid.reset()
+                    rs.ewma.reset()
+                    new_class = 0
+                else:  # idle: hold
+                    continue
+            else:
                 rs.last_read_s = now_s
-                continue
-            if (
-                sample is not None
-                and sample.write_bps is not None
-                and sample.write_bps < state.no_writers_bps
-                and (sample.write_bps < sets.pause_bps or not sets.members.get(name))
-            ):  # no writers: the class acts on nothing, do not integrate
-                rs.last_read_s = now_s
-                rs.ewma.update(sample.read_latency_s, now_s)
-                continue
-            if sample is not None:  # tick
-                rs.last_read_s = now_s
+                write_bps = sample.write_bps
+                if (
+                    write_bps is not None
+                    and write_bps < no_writers_bps
+                    and (write_bps < pause_bps or not members.get(name))
+                ):  # no writers: the class acts on nothing, do not integrate
+                    rs.ewma.update(sample.read_latency_s, now_s)
+                    continue
+                # tick
                 rs.noise.observe(sample.reads, sample.read_latency_s, now_s)
                 ewma = rs.ewma.update(sample.read_latency_s, now_s)
                 # relative error: one set of gains for any threshold
                 thr = rs.resource.threshold_s if rs.lq is None else rs.threshold_s(c.auto_alpha)
-                sp = rs.setpoint(c)
-                want = rs.pid.update(ewma / thr, sp, thr)
-                if sample.write_bps is not None:  # a writer stopped?
+                sp = rs.noise.setpoint(sp_floor, sp_ceiling, sp_z)
+                pid = rs.pid
+                want = pid.update(ewma / thr, sp, thr)
+                if write_bps is not None:  # a writer stopped?
                     before = rs.write_rate.value
-                    rs.write_rate.update(sample.write_bps, now_s)
-                    if (
-                        rs.delay_class
-                        and before
-                        and sample.write_bps < WRITE_DROP_FRACTION * before
-                    ):
+                    rs.write_rate.update(write_bps, now_s)
+                    if rs.delay_class and before and write_bps < WRITE_DROP_FRACTION * before:
                         rs.drop_ticks += 1
                         if rs.drop_ticks >= WRITE_DROP_TICKS:
                             hold_s = WRITE_DROP_HOLD_CONVERGES * c.converge_s
                             rs.drop_hold_until_s = now_s + hold_s
                     else:
                         rs.drop_ticks = 0
-                held = name in state.paused or now_s < rs.drop_hold_until_s
-                if not held:
+                if name in paused or now_s < rs.drop_hold_until_s:  # held
+                    if rs.hold_base is None:
+                        rs.hold_base = rs.delay_class
+                else:
                     rs.hold_base = None
-                elif rs.hold_base is None:
-                    rs.hold_base = rs.delay_class
-                if want > rs.delay_class and ewma <= sp * thr and isinstance(rs.pid, LogPid):
+                if want > rs.delay_class and log_law and ewma <= sp * thr:
                     new_class = rs.delay_class  # up only over the setpoint ("single-sided up")
-                    rs.pid.track(new_class)
+                    pid.track(new_class)
                 elif want >= rs.delay_class:  # up: at once
                     new_class = want
                 else:  # down: past the hysteresis band only
-                    new_class = min(rs.delay_class, rs.pid.class_with_margin(c.class_hysteresis))
+                    new_class = min(rs.delay_class, pid.class_with_margin(hyst))
                     if rs.hold_base is not None:  # but a member paused: not under the class
                         # the hold began with (the others alone need less; it comes back);
                         # what it gained since, on their latency alone, may come back down
                         new_class = max(new_class, rs.hold_base)
-                        if new_class == rs.delay_class and isinstance(rs.pid, LogPid):
-                            rs.pid.track_up(rs.delay_class - math.ceil(c.class_hysteresis))
-            elif (
-                rs.last_read_s is not None
-                and now_s - rs.last_read_s >= c.read_idle_release_s
-                and rs.delay_class
-            ):  # release
-                rs.pid.reset()
-                rs.ewma.reset()
-                new_class = 0
-            else:  # idle: hold
+                        if new_class == rs.delay_class:
+                            pid.track_up(rs.delay_class - hyst_classes)
+            if new_class == rs.delay_class:
                 continue
-            if c.class_decrease_max_per_tick and new_class < rs.delay_class:  # gradually
-                lowest = rs.delay_class - c.class_decrease_max_per_tick
-                if new_class < lowest:
-                    new_class = lowest
-                    if sample is not None and isinstance(rs.pid, LogPid):  # tracking, down
-                        rs.pid.track_up(lowest - math.ceil(c.class_hysteresis))
-            elif new_class > rs.delay_class:  # ramp
-                new_class = min(new_class, state.rise_to[rs.delay_class])
+            if new_class < rs.delay_class:
+                if decrease_max and new_class < rs.delay_class - decrease_max:  # gradually
+                    new_class = rs.delay_class - decrease_max
+                    if sample is not None:  # tracking, down
+                        rs.pid.track_up(new_class - hyst_classes)
+            else:  # ramp
+                new_class = min(new_class, rise_to[rs.delay_class])
                 rs.pid.track(new_class)
-            if new_class != rs.delay_class:
-                rs.delay_class = new_class
-                out.resource_classes[name] = new_class
-                touched.add(name)
+            rs.delay_class = new_class
+            resource_classes[name] = new_class
+            touched.add(name)
 
     due, state.next_converge_s, _ = _schedule(state.next_converge_s, c.converge_s, now_s)
     if due:  # converge
@@ -460,27 +471,28 @@ def _rise_table(c: ControllerConfig) -> tuple[int, ...]:
 def _recompute_effective(state: ControllerState, initiators: set[str]) -> dict[str, int]:
     """Effective class of each given initiator; returns those that changed."""
     member_of = state.write_sets.member_of
-    resources = state.resources
     eff = state.effective
     rising = state.rising
     rise_to = state.rise_to
+    # each resource's class once (a tick recomputes thousands of members)
+    class_of = {name: rs.delay_class for name, rs in state.resources.items()}
     changed: dict[str, int] = {}
     for ini in initiators:
         cls = 0
         for name in member_of.get(ini, ()):  # max-over-resources
-            rs = resources.get(name)
-            if rs is not None and rs.delay_class > cls:
-                cls = rs.delay_class
+            k = class_of.get(name, 0)
+            if k > cls:
+                cls = k
         old = eff.get(ini, 0)
         if cls > old and cls > (top := rise_to[old]):  # ramp
             cls = top
             rising.add(ini)
-        else:
+        elif rising:
             rising.discard(ini)
         if old != cls:
             changed[ini] = cls
             if cls:
                 eff[ini] = cls
             else:
-                eff.pop(ini, None)
+                del eff[ini]
     return changed

@@ -10,8 +10,10 @@ the median and spread (min..max) of both and the ratio of the medians
 REV's code is extracted with `git archive` into a temporary directory and
 imported through a shim package (santhrottle.controller / .appliance /
 .bridge pointing into it) on PYTHONPATH, ahead of this checkout's editable
-install; REV's own tests/bench/run.py measures it.  The directory is
-removed at the end.
+install; REV's own tests/bench/run.py measures it, or with --same-bench
+this checkout's (the same workload for both, where the bench changed
+since REV; REV's code must then have the API the bench calls).  The
+directory is removed at the end.
 
     .venv/bin/python tests/bench/compare.py --against b858db4 datapath sensing
 """
@@ -34,6 +36,7 @@ FIGURES = {
     "datapath": ("move_ms_median",),
     "sensing": ("full_pass_ms_median", "tick_ms_median", "converge_ms_median"),
     "controller": ("tick_ms_median", "converge_tick_ms_median"),
+    "controller-closed": ("tick_ms_median", "converge_tick_ms_median"),
 }
 
 
@@ -71,6 +74,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--against", required=True, metavar="REV", help="git revision to compare")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--same-bench", action="store_true", help="measure REV with this checkout's benches"
+    )
     ap.add_argument("names", nargs="*", default=list(FIGURES), help="benches (default all)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -81,7 +87,8 @@ def main() -> int:
         for r in range(args.rounds):
             for name in args.names:
                 runs[name]["this"].append(_run(ROOT / "tests/bench/run.py", name, None))
-                runs[name]["rev"].append(_run(src / "tests/bench/run.py", name, env))
+                bench = ROOT if args.same_bench else src
+                runs[name]["rev"].append(_run(bench / "tests/bench/run.py", name, env))
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
         shutil.rmtree(Path(tmp) / "shim", ignore_errors=True)
     out = []
