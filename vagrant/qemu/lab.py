@@ -1015,6 +1015,10 @@ def _cpio_newc(files: list[tuple[str, int, bytes]]) -> bytes:
 
 
 # -------------------------------------------------------------------- CLI
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="lab.py",
@@ -1078,6 +1082,9 @@ def main(argv: list[str] | None = None) -> int:
         mem_mib=a.mem,
         array=a.array,
     )
+    # SIGTERM (a CI job's timeout, kill PID) unwinds like ^C: the guest and the array
+    # server are stopped, never left running
+    signal.signal(signal.SIGTERM, _interrupted)
     t0 = time.monotonic()
     try:
         if a.cmd == "deps":
@@ -1135,6 +1142,9 @@ def main(argv: list[str] | None = None) -> int:
     except LabError as e:
         print(f"lab error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as e:
+        print(f"lab: interrupted ({e or 'SIGINT'}); guest and array stopped", file=sys.stderr)
+        return 130
     return 0
 
 

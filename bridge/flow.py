@@ -1,0 +1,314 @@
+"""One direction of a storage TCP connection: where each PDU header is, segment by segment.
+
+Problem
+    A capture hands over TCP segments, not PDUs. Once a link is loaded a
+    segment holds several PDUs back to back, a header can straddle two
+    segments, a GRO'd skb is 64 KiB of them, and most bytes are data that
+    merely has to be skipped. Captures also lose packets and see
+    retransmissions, and a sensor may start in the middle of a session.
+    Stream walks one direction's byte stream by TCP sequence number and
+    yields each PDU header it crosses, decoded by its protocol (pdu.py).
+
+State, per direction
+    pdu_seq: the sequence number where the next header starts (None:
+    not synchronised). carry: the bytes of a header cut by the end of a
+    segment (at most MAX_CARRY_BYTES), or the start of a PDU whose body
+    is wanted (iSCSI login, NVMe connect: they name the target, and are
+    at most MAX_CARRY_BYTES long), from carry_seq. expect_seq: the
+    sequence number after the last byte seen.
+
+Law, per segment (seq, payload)
+    behind expect_seq entirely: a retransmission, ignored; partly: its
+    new bytes only. Ahead of expect_seq: a gap (bytes the capture lost) --
+    the position of the next header is unknown: resynchronise. Otherwise
+    walk: while the next header starts inside the bytes at hand, decode it
+    (None: not a header where one must be -- count it, resynchronise from
+    there), emit it, move by its length.
+    Resynchronise: find the first offset where a header decodes and the
+    header after it (if inside the bytes at hand) decodes too, trying the
+    digest settings the protocol allows (iSCSI: negotiated at login; a
+    sensor that missed the login tries each); candidates come from a
+    regular expression on the header's fixed bytes, so a 64 KiB payload is
+    scanned at C speed.
+
+Bounds
+    Sequence arithmetic is modulo 2^32. A carry never exceeds
+    MAX_CARRY_BYTES: a wanted PDU longer than that is emitted with the
+    part of its body its first segment holds.
+
+Worked example (iSCSI, no digests)
+    SYN with ISN 999: pdu_seq = 1000. Segment (1000, 60 bytes) holds a
+    48-byte SCSI Command and the first 12 bytes of the next BHS: one PDU
+    emitted, carry = those 12 bytes at 1048. Segment (1060, 100 bytes):
+    carry + payload decode the second header at 1048 (a Data-Out with 4096
+    bytes of data): pdu_seq = 1048 + 48 + 4096 = 5192; nothing else in this
+    segment. Segment (5192, ...) starts with a header again.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .pdu import (
+    CONNECT,
+    ISCSI_BHS_BYTES,
+    LOGIN,
+    NVME_CH_BYTES,
+    NVME_HLEN,
+    Pdu,
+    decode_iscsi,
+    decode_nvme,
+)
+
+SEQ_MOD = 1 << 32
+# The most bytes kept across segments: a cut header, or a login's or connect's
+# start (iSCSI login text is a few hundred bytes; the NVMe connect data is 1 KiB
+# after a 72-byte header).
+MAX_CARRY_BYTES = 4096
+# Wanted bodies: PDUs whose data the tracker reads (they name the target).
+WANTED = frozenset({LOGIN, CONNECT})
+
+
+def seq_diff(a: int, b: int) -> int:
+    """a - b in sequence space: negative when a is before b."""
+    return (a - b + (1 << 31)) % SEQ_MOD - (1 << 31)
+
+
+@dataclass(slots=True)
+class Counters:
+    pdus: int = 0
+    retransmitted_bytes: int = 0
+    gaps: int = 0
+    desyncs: int = 0  # a non-header where a header had to be
+    resyncs: int = 0
+
+
+class Protocol:
+    """How one protocol's headers are found and decoded in one direction."""
+
+    # iSCSI's header digests are a connection's setting, not in each PDU
+    digest_choices: tuple[tuple[bool, bool], ...] = ((False, False),)
+    candidates: re.Pattern[bytes]
+
+    def need(self, buf: bytes, off: int) -> int:
+        """Bytes from off needed to decode the header there."""
+        raise NotImplementedError
+
+    def decode(self, buf: bytes, off: int, digests: tuple[bool, bool]) -> Pdu | None:
+        raise NotImplementedError
+
+
+class Iscsi(Protocol):
+    digest_choices = ((False, False), (True, False), (False, True), (True, True))
+
+    def __init__(self, to_target: bool) -> None:
+        self.to_target = to_target
+        # byte 0: an opcode this direction sends (bit 0x40, immediate, only to the
+        # target); byte 4: no AHS (the only AHS, extended CDBs, are rare: a
+        # resync skips such a PDU); byte 5: a data segment under 1 MiB
+        ops = b"\x00-\x06\x10\x40-\x46\x50" if to_target else b"\x20-\x26\x31\x32\x3f"
+        self.candidates = re.compile(b"(?=[" + ops + b"][\\x00-\\xff]{3}\\x00[\\x00-\\x0f])", re.S)
+
+    def need(self, buf: bytes, off: int) -> int:
+        return ISCSI_BHS_BYTES
+
+    def decode(self, buf: bytes, off: int, digests: tuple[bool, bool]) -> Pdu | None:
+        return decode_iscsi(buf, off, self.to_target, digests[0], digests[1])
+
+
+class NvmeTcp(Protocol):
+    def __init__(self, to_controller: bool) -> None:
+        self.to_controller = to_controller
+        types = sorted(t for t in NVME_HLEN if (t in (0, 2, 4, 6)) == to_controller)
+        # type, flags (4 bits), hlen of that type
+        alts = b"|".join(
+            re.escape(bytes([t])) + b"[\\x00-\\x0f]" + re.escape(bytes([NVME_HLEN[t]]))
+            for t in types
+        )
+        self.candidates = re.compile(b"(?=" + alts + b")", re.S)
+
+    def need(self, buf: bytes, off: int) -> int:
+        if len(buf) - off < NVME_CH_BYTES:
+            return NVME_CH_BYTES
+        return NVME_HLEN.get(buf[off], NVME_CH_BYTES)
+
+    def decode(self, buf: bytes, off: int, digests: tuple[bool, bool]) -> Pdu | None:
+        return decode_nvme(buf, off, self.to_controller)
+
+
+# (pdu, its body's bytes as far as captured: for WANTED kinds, else b"")
+Emitted = tuple[Pdu, bytes]
+Digests = tuple[bool, bool]
+
+
+class Stream:
+    """One direction's walk; feed() returns the headers crossed."""
+
+    __slots__ = ("alts", "carry", "carry_seq", "counters", "digests", "expect_seq",
+                 "on_digests", "pdu_seq", "proto", "verified")  # fmt: skip
+
+    def __init__(
+        self, proto: Protocol, on_digests: Callable[[Digests], None] | None = None
+    ) -> None:
+        self.proto = proto
+        self.digests: Digests = (False, False)
+        # digests confirmed: by a header where the previous one's length under them
+        # said, or set by the login (set_digests); until then, where the next
+        # header would be under each other choice (alts)
+        self.verified = len(proto.digest_choices) == 1
+        self.alts: list[tuple[Digests, int]] = []
+        self.on_digests = on_digests  # the walk found the connection's digests
+        self.pdu_seq: int | None = None
+        self.expect_seq: int | None = None
+        self.carry = b""
+        self.carry_seq = 0
+        self.counters = Counters()
+
+    def start(self, isn: int) -> None:
+        """A SYN: the stream's first byte (isn + 1) starts a header."""
+        self.pdu_seq = self.expect_seq = (isn + 1) % SEQ_MOD
+        self.carry = b""
+
+    def set_digests(self, digests: Digests) -> None:
+        """The digests negotiated at login (they apply once it completes)."""
+        self.digests = digests
+        self.verified = True
+        self.alts = []
+
+    def feed(self, seq: int, payload: bytes) -> list[Emitted]:
+        if not payload:
+            return []
+        out: list[Emitted] = []
+        if self.expect_seq is not None:
+            d = seq_diff(seq, self.expect_seq)
+            if d < 0:  # a retransmission, or an overlap
+                if -d >= len(payload):
+                    self.counters.retransmitted_bytes += len(payload)
+                    return out
+                self.counters.retransmitted_bytes += -d
+                payload = payload[-d:]
+                seq = self.expect_seq
+            elif d > 0:  # the capture lost bytes: the next header's place is unknown
+                self.counters.gaps += 1
+                self._lose_sync()
+        self.expect_seq = (seq + len(payload)) % SEQ_MOD
+        if self.carry:
+            buf = self.carry + payload
+            base = self.carry_seq
+            self.carry = b""
+        else:
+            buf, base = payload, seq
+        if self.pdu_seq is None:
+            off = self._resync(buf, 0)
+            if off is None:
+                return out
+        else:
+            off = seq_diff(self.pdu_seq, base)
+            if off < 0:  # cannot happen with a consistent state; be safe
+                self._lose_sync()
+                return out
+        self._walk(buf, base, off, out)
+        return out
+
+    def _walk(self, buf: bytes, base: int, off: int, out: list[Emitted]) -> None:
+        proto = self.proto
+        n = len(buf)
+        while off < n:
+            need = proto.need(buf, off)
+            if n - off < need:  # a header cut by the segment's end
+                self._keep(buf[off:], base + off)
+                return
+            pdu = proto.decode(buf, off, self.digests)
+            if self.alts:  # the previous header's length was under unconfirmed digests
+                if pdu is not None:
+                    self.verified = True  # a header where they said: confirmed
+                else:  # another choice's length?
+                    hit = self._try_alts(buf, base)
+                    if hit is not None:
+                        off, pdu = hit
+                self.alts = []
+            if pdu is None:
+                self.counters.desyncs += 1
+                self._lose_sync()
+                nxt = self._resync(buf, off + 1)
+                if nxt is None:
+                    return
+                off = nxt
+                continue
+            if pdu.kind in WANTED and n - off < pdu.length <= MAX_CARRY_BYTES:
+                self._keep(buf[off:], base + off)  # its body comes in the next segments
+                return
+            self.counters.pdus += 1
+            body = buf[off : off + pdu.length] if pdu.kind in WANTED else b""
+            out.append((pdu, body))
+            if not self.verified:
+                self._note_alts(buf, base, off)
+            off += pdu.length
+        self.pdu_seq = (base + off) % SEQ_MOD
+
+    def _note_alts(self, buf: bytes, base: int, off: int) -> None:
+        """Where the next header is under each digest choice but the current one."""
+        for d in self.proto.digest_choices:
+            if d != self.digests:
+                alt = self.proto.decode(buf, off, d)
+                if alt is not None:
+                    self.alts.append((d, (base + off + alt.length) % SEQ_MOD))
+
+    def _try_alts(self, buf: bytes, base: int) -> tuple[int, Pdu] | None:
+        for d, seq in self.alts:
+            off = seq_diff(seq, base)
+            if off >= 0 and off + self.proto.need(buf, off) <= len(buf):
+                pdu = self.proto.decode(buf, off, d)
+                if pdu is not None:
+                    self._adopt(d)
+                    self.verified = True
+                    return off, pdu
+        return None
+
+    def _keep(self, data: bytes, seq: int) -> None:
+        self.carry = data
+        self.carry_seq = seq % SEQ_MOD
+        self.pdu_seq = self.carry_seq
+
+    def _lose_sync(self) -> None:
+        self.pdu_seq = None
+        self.carry = b""
+        self.alts = []
+
+    def _resync(self, buf: bytes, start: int) -> int | None:
+        """The first offset >= start where a header chains (see the module header)."""
+        proto = self.proto
+        n = len(buf)
+        first_unchained: tuple[int, Digests] | None = None
+        for m in proto.candidates.finditer(buf, start):
+            off = m.start()
+            if n - off < proto.need(buf, off):
+                break
+            for digests in proto.digest_choices:
+                pdu = proto.decode(buf, off, digests)
+                if pdu is None:
+                    continue
+                nxt = off + pdu.length
+                if nxt + proto.need(buf, nxt) <= n:  # the next header is here: check it
+                    if proto.decode(buf, nxt, digests) is not None:
+                        self.counters.resyncs += 1
+                        self._adopt(digests)
+                        self.verified = True
+                        return off
+                elif first_unchained is None:
+                    first_unchained = (off, digests)
+        if first_unchained is None:
+            return None
+        # nothing chains here: the first plausible header, its digests to be confirmed
+        self.counters.resyncs += 1
+        self._adopt(first_unchained[1])
+        self.verified = len(proto.digest_choices) == 1
+        return first_unchained[0]
+
+    def _adopt(self, digests: Digests) -> None:
+        if digests != self.digests:
+            self.digests = digests
+            if self.on_digests is not None:
+                self.on_digests(digests)

@@ -1,0 +1,294 @@
+"""Storage commands matched to their completions, per connection: the wire's samples.
+
+Problem
+    The controller wants, per resource, the mean read latency and the read
+    count of each tick, and per (resource, initiator) the write rate of
+    each convergence -- what diskstats gives on a target host. On a bridge
+    they come from the PDUs (pdu.py) that the stream walker (flow.py)
+    finds: a read's latency is the time from its command to its
+    completion, as the bridge sees them (so it includes the hop from the
+    bridge to the array), a write's bytes are in its command (iSCSI's
+    expected transfer length) or in its data PDUs (NVMe: the capsule's own
+    data and each H2CData; the wire does not say a namespace's block size).
+
+State
+    Per TCP connection (initiator address and port, target address and
+    port): its protocol (by the target's port: ISCSI_PORT or
+    NVME_TCP_PORT), a Stream per direction, the target's name once the
+    login (iSCSI TargetName) or the connect (NVMe SUBNQN) was seen, and the
+    commands in flight by tag (ITT; the whole 16-bit CID: Linux hosts put
+    a generation counter in its top bits). Per volume -- (protocol, portal,
+    target name or "" before the login was seen, LUN or NSID) -- the reads
+    completed and their latency sum since the last take(), and per
+    (volume, initiator address) the write bytes since the last take_writes().
+
+Law, per PDU
+    command (to the target): in flight under its tag (a tag reused before
+    its completion replaces the old command: counted, the capture lost
+    the completion); a write adds its bytes at once.
+    completion (to the initiator): the command with its tag leaves; a read
+    adds (now - its start) to its volume. No such command (the sensor
+    started after it, or a second completion of one command): counted.
+    NVMe H2CData: its bytes go to its command's volume and initiator.
+    Every AGE_SWEEP_S, commands in flight longer than INFLIGHT_MAX_S are
+    aged out and counted (aborted, or their completion lost); connections
+    silent for CONN_IDLE_S are forgotten (a capture may miss the FIN).
+
+Bounds
+    Names are decoded as ASCII with errors replaced and cut at
+    NAME_MAX_BYTES. Nothing here reads a clock: every call passes now_s.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .flow import Emitted, Iscsi, NvmeTcp, Stream
+from .pdu import (
+    CMD,
+    CONNECT,
+    DATA_OUT,
+    DONE,
+    ISCSI_PORT,
+    LOGIN,
+    NVME_TCP_PORT,
+    READ,
+    WRITE,
+)
+
+# A command this long in flight has been aborted or its completion was not
+# captured: initiators time commands out well before (open-iscsi 30 s,
+# Linux NVMe 30 s I/O timeout).
+INFLIGHT_MAX_S = 60.0
+AGE_SWEEP_S = 1.0
+CONN_IDLE_S = 600.0
+NAME_MAX_BYTES = 223  # an IQN's and an NQN's limit
+# Where the NVMe connect data names the subsystem (NVMe over Fabrics, Connect
+# command data: SUBNQN at bytes 256-511).
+_SUBNQN = slice(256, 512)
+
+ISCSI = "iscsi"
+NVME = "nvme"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Volume:
+    """What the wire can name: a LUN of an iSCSI target or a namespace of an NVMe
+    subsystem, at a portal; target "" until the login or connect was seen."""
+
+    proto: str
+    portal: str  # target address:port
+    target: str  # IQN or NQN
+    unit: int  # LUN or NSID
+
+    def __str__(self) -> str:
+        kind = "lun" if self.proto == ISCSI else "nsid"
+        return f"{self.proto} {self.portal} {self.target or '?'} {kind} {self.unit}"
+
+
+@dataclass(slots=True)
+class VolumeReads:
+    reads: int = 0
+    latency_sum_s: float = 0.0
+
+    @property
+    def mean_s(self) -> float:
+        return self.latency_sum_s / self.reads if self.reads else math.nan
+
+
+@dataclass(slots=True)
+class Counters:
+    commands: int = 0
+    completions: int = 0
+    unmatched: int = 0  # completions of commands not seen
+    replaced: int = 0  # a tag reused while its command was in flight
+    aged: int = 0  # commands that never completed
+    connections: int = 0
+
+
+def lun_number(raw: int) -> int:
+    """The LUN of the 8-byte LUN field (SAM: peripheral and flat addressing)."""
+    method = raw >> 62
+    if method == 0:
+        return (raw >> 48) & 0xFF
+    if method == 1:
+        return (raw >> 48) & 0x3FFF
+    return raw
+
+
+def _text_value(body: bytes, start: int, key: bytes) -> str | None:
+    """key=value of an iSCSI login's text (key=value pairs, each NUL-ended)."""
+    for pair in body[start:].split(b"\0"):
+        if pair.startswith(key + b"="):
+            return pair[len(key) + 1 :][:NAME_MAX_BYTES].decode("ascii", "replace")
+    return None
+
+
+@dataclass(slots=True)
+class _Command:
+    start_s: float
+    op: int
+    volume: Volume
+
+
+@dataclass(slots=True)
+class Connection:
+    proto: str
+    initiator: str  # the initiator's address
+    portal: str
+    to_target: Stream
+    to_initiator: Stream
+    target: str = ""
+    last_s: float = 0.0
+    inflight: dict[int, _Command] = field(default_factory=dict)
+
+
+ConnKey = tuple[str, int, str, int]  # initiator address, port, target address, port
+
+
+class Tracker:
+    """Feed it each TCP segment of storage traffic; take() the samples."""
+
+    def __init__(self) -> None:
+        self.conns: dict[ConnKey, Connection] = {}
+        self.reads: dict[Volume, VolumeReads] = {}
+        self.writes: dict[tuple[Volume, str], int] = {}
+        self.counters = Counters()
+        self._next_sweep_s = -math.inf
+
+    def segment(
+        self,
+        now_s: float,
+        src: str,
+        sport: int,
+        dst: str,
+        dport: int,
+        seq: int,
+        payload: bytes,
+        syn: bool = False,
+        fin_or_rst: bool = False,
+    ) -> None:
+        """One TCP segment, either direction (the target's port tells which)."""
+        if dport in (ISCSI_PORT, NVME_TCP_PORT):
+            key, to_target = (src, sport, dst, dport), True
+        elif sport in (ISCSI_PORT, NVME_TCP_PORT):
+            key, to_target = (dst, dport, src, sport), False
+        else:
+            return
+        conn = self.conns.get(key)
+        if conn is None:
+            if fin_or_rst:
+                return
+            conn = self._connect(key)
+        conn.last_s = now_s
+        stream = conn.to_target if to_target else conn.to_initiator
+        if syn:
+            stream.start(seq)
+        elif payload:
+            for pdu in stream.feed(seq, payload):
+                self._pdu(conn, pdu, to_target, now_s)
+        if fin_or_rst:
+            del self.conns[key]  # its commands in flight go with it
+        if now_s >= self._next_sweep_s:
+            self._sweep(now_s)
+
+    def _connect(self, key: ConnKey) -> Connection:
+        ini, _, tgt, tport = key
+        portal = f"[{tgt}]:{tport}" if ":" in tgt else f"{tgt}:{tport}"
+        if tport == ISCSI_PORT:
+            conn = Connection(ISCSI, ini, portal, Stream(Iscsi(True)), Stream(Iscsi(False)))
+            # iSCSI digests are the connection's: what one direction found holds for both
+            conn.to_target.on_digests = conn.to_initiator.set_digests
+            conn.to_initiator.on_digests = conn.to_target.set_digests
+        else:
+            conn = Connection(NVME, ini, portal, Stream(NvmeTcp(True)), Stream(NvmeTcp(False)))
+        self.conns[key] = conn
+        self.counters.connections += 1
+        return conn
+
+    def _pdu(self, conn: Connection, emitted: Emitted, to_target: bool, now_s: float) -> None:
+        pdu, body = emitted
+        kind = pdu.kind
+        if kind == CONNECT and to_target:  # names the subsystem; a command all the same
+            nqn = body[pdu.header_bytes :][_SUBNQN].split(b"\0", 1)[0]
+            if nqn:
+                conn.target = nqn[:NAME_MAX_BYTES].decode("ascii", "replace")
+            kind = CMD
+        if kind == CMD and to_target:
+            unit = lun_number(pdu.volume) if conn.proto == ISCSI else pdu.volume
+            vol = Volume(conn.proto, conn.portal, conn.target, unit)
+            if pdu.tag in conn.inflight:
+                self.counters.replaced += 1
+            self.counters.commands += 1
+            conn.inflight[pdu.tag] = _Command(now_s, pdu.op, vol)
+            if pdu.op == WRITE:
+                nbytes = pdu.data_bytes  # iSCSI: the whole write; NVMe: in-capsule data
+                if nbytes:
+                    self._wrote(vol, conn.initiator, nbytes)
+        elif kind == DONE and not to_target:
+            cmd = conn.inflight.pop(pdu.tag, None)
+            if cmd is None:
+                self.counters.unmatched += 1
+                return
+            self.counters.completions += 1
+            if cmd.op == READ:
+                r = self.reads.get(cmd.volume)
+                if r is None:
+                    r = self.reads[cmd.volume] = VolumeReads()
+                r.reads += 1
+                r.latency_sum_s += now_s - cmd.start_s
+        elif kind == DATA_OUT and to_target:
+            cmd = conn.inflight.get(pdu.tag)
+            if cmd is not None and cmd.op == WRITE:
+                self._wrote(cmd.volume, conn.initiator, pdu.data_bytes)
+        elif kind == LOGIN:
+            self._login(conn, pdu.header_bytes, body, to_target)
+
+    def _login(self, conn: Connection, start: int, body: bytes, to_target: bool) -> None:
+        if to_target:
+            name = _text_value(body, start, b"TargetName")
+            if name:
+                conn.target = name
+            return
+        hd = _text_value(body, start, b"HeaderDigest")
+        dd = _text_value(body, start, b"DataDigest")
+        if hd is not None or dd is not None:  # the target's answer: what was negotiated
+            digests = (hd == "CRC32C", dd == "CRC32C")
+            conn.to_target.set_digests(digests)
+            conn.to_initiator.set_digests(digests)
+
+    def _wrote(self, vol: Volume, initiator: str, nbytes: int) -> None:
+        k = (vol, initiator)
+        self.writes[k] = self.writes.get(k, 0) + nbytes
+
+    def _sweep(self, now_s: float) -> None:
+        self._next_sweep_s = now_s + AGE_SWEEP_S
+        oldest = now_s - INFLIGHT_MAX_S
+        for key, conn in list(self.conns.items()):
+            if now_s - conn.last_s >= CONN_IDLE_S:
+                del self.conns[key]
+                continue
+            stale = [tag for tag, c in conn.inflight.items() if c.start_s < oldest]
+            for tag in stale:
+                del conn.inflight[tag]
+            self.counters.aged += len(stale)
+
+    def take_reads(self) -> dict[Volume, VolumeReads]:
+        """Reads completed per volume since the last call (a tick)."""
+        out, self.reads = self.reads, {}
+        return out
+
+    def take_writes(self) -> dict[tuple[Volume, str], int]:
+        """Write bytes per (volume, initiator address) since the last call (a convergence)."""
+        out, self.writes = self.writes, {}
+        return out
+
+    def in_flight(self) -> dict[Volume, int]:
+        """Commands in flight per volume (a stalled reader is not an idle one)."""
+        out: dict[Volume, int] = {}
+        for conn in self.conns.values():
+            for c in conn.inflight.values():
+                if c.op == READ:
+                    out[c.volume] = out.get(c.volume, 0) + 1
+        return out

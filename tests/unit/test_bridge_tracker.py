@@ -1,0 +1,143 @@
+"""bridge/tracker.py: reads' latencies and writes' bytes per volume, from the segments."""
+
+from __future__ import annotations
+
+import pytest
+
+from santhrottle.bridge import tracker as T
+from tests.unit import storage_pdus as B
+
+INI, TGT = "10.0.0.2", "10.0.0.9"
+
+
+class Conn:
+    """Both directions of one connection, fed to a tracker with their sequence numbers."""
+
+    def __init__(self, tr: T.Tracker, port: int, sport: int = 40000, ini: str = INI) -> None:
+        self.tr, self.port, self.sport, self.ini = tr, port, sport, ini
+        self.seq = {True: 1000, False: 5000}
+        tr.segment(0.0, ini, sport, TGT, port, 999, b"", syn=True)
+        tr.segment(0.0, TGT, port, ini, sport, 4999, b"", syn=True)
+
+    def send(self, t: float, data: bytes, to_target: bool) -> None:
+        seq = self.seq[to_target]
+        if to_target:
+            self.tr.segment(t, self.ini, self.sport, TGT, self.port, seq, data)
+        else:
+            self.tr.segment(t, TGT, self.port, self.ini, self.sport, seq, data)
+        self.seq[to_target] = (seq + len(data)) % (1 << 32)
+
+
+def test_iscsi_read_latency_per_lun_named_by_the_login():
+    tr = T.Tracker()
+    c = Conn(tr, 3260)
+    c.send(0.0, B.login_request("iqn.2026-11.lab:array"), True)
+    c.send(
+        0.001, B.iscsi(B.LOGIN_RESP, 0x87, 0, data=b"HeaderDigest=None\0DataDigest=None\0"), False
+    )
+    c.send(1.000, B.scsi_read(1, lun=2) + B.scsi_read(2, lun=3), True)
+    c.send(1.004, B.data_in(1, b"r" * 4096), False)  # F|S: the read's completion
+    c.send(1.010, B.data_in(2, b"r" * 4096, final_status=False) + B.scsi_response(2), False)
+    reads = tr.take_reads()
+    lun2 = T.Volume("iscsi", f"{TGT}:3260", "iqn.2026-11.lab:array", 2)
+    lun3 = T.Volume("iscsi", f"{TGT}:3260", "iqn.2026-11.lab:array", 3)
+    assert reads[lun2].reads == 1 and reads[lun2].mean_s == pytest.approx(0.004)
+    assert reads[lun3].mean_s == pytest.approx(0.010)
+    assert tr.take_reads() == {}  # taken
+    assert str(lun2) == "iscsi 10.0.0.9:3260 iqn.2026-11.lab:array lun 2"
+
+
+def test_iscsi_writes_count_their_expected_length_per_initiator():
+    tr = T.Tracker()
+    a, b = Conn(tr, 3260), Conn(tr, 3260, 40001, ini="10.0.0.3")
+    a.send(0.1, B.scsi_write(1, lun=1, nbytes=65536), True)
+    a.send(0.2, B.scsi_write(2, lun=1, nbytes=65536, immediate=b"x" * 8192), True)
+    b.send(0.2, B.scsi_write(1, lun=1, nbytes=4096), True)
+    w = tr.take_writes()
+    vol = T.Volume("iscsi", f"{TGT}:3260", "", 1)
+    assert w == {(vol, INI): 131072, (vol, "10.0.0.3"): 4096}
+
+
+def test_negotiated_digests_apply_to_both_directions():
+    tr = T.Tracker()
+    c = Conn(tr, 3260)
+    c.send(0.0, B.login_request("iqn.x:t"), True)
+    c.send(
+        0.0, B.iscsi(B.LOGIN_RESP, 0x87, 0, data=b"HeaderDigest=CRC32C\0DataDigest=CRC32C\0"), False
+    )
+    c.send(1.0, B.scsi_read(7, header_digest=True) + B.scsi_read(8, header_digest=True), True)
+    c.send(1.002, B.data_in(7, b"d" * 100, header_digest=True, data_digest=True), False)
+    c.send(1.003, B.data_in(8, b"d" * 100, header_digest=True, data_digest=True), False)
+    (vr,) = tr.take_reads().values()
+    assert vr.reads == 2 and tr.counters.unmatched == 0
+
+
+def test_nvme_reads_writes_and_the_subsystem_name():
+    tr = T.Tracker()
+    c = Conn(tr, 4420)
+    c.send(0.0, B.nvme_connect("nqn.2026-11.lab:sub"), True)
+    c.send(0.0, B.capsule_resp(0), False)
+    c.send(2.0, B.capsule_cmd(0x1001, 0x02, nsid=1, nlb=7), True)
+    c.send(2.0, B.capsule_cmd(0x1002, 0x01, nsid=1, nlb=15, data=b"w" * 4096), True)
+    c.send(2.001, B.h2c_data(0x1002, b"w" * 4096), True)
+    c.send(2.003, B.c2h_data(0x1001, b"r" * 4096) + B.capsule_resp(0x1001), False)
+    c.send(2.005, B.capsule_resp(0x1002), False)
+    vol = T.Volume("nvme", f"{TGT}:4420", "nqn.2026-11.lab:sub", 1)
+    assert tr.take_reads()[vol].mean_s == pytest.approx(0.003)
+    assert tr.take_writes() == {(vol, INI): 8192}
+    assert tr.counters.completions == 3  # the connect's, the read's, the write's
+
+
+def test_c2h_success_completes_and_a_following_response_is_unmatched():
+    tr = T.Tracker()
+    c = Conn(tr, 4420)
+    c.send(1.0, B.capsule_cmd(5, 0x02), True)
+    c.send(1.002, B.c2h_data(5, b"r" * 512, success=True) + B.capsule_resp(5), False)
+    (vr,) = tr.take_reads().values()
+    assert vr.reads == 1 and vr.mean_s == pytest.approx(0.002)
+    assert tr.counters.unmatched == 1
+
+
+def test_commands_never_completed_are_aged_out_and_counted():
+    tr = T.Tracker()
+    c = Conn(tr, 3260)
+    c.send(1.0, B.scsi_read(1), True)
+    c.send(1.0 + T.INFLIGHT_MAX_S / 2, B.scsi_read(2), True)
+    assert sum(tr.in_flight().values()) == 2
+    c.send(1.0 + T.INFLIGHT_MAX_S + T.AGE_SWEEP_S, B.scsi_read(3), True)
+    assert tr.counters.aged == 1 and sum(tr.in_flight().values()) == 2
+
+
+def test_a_reused_tag_replaces_and_counts():
+    tr = T.Tracker()
+    c = Conn(tr, 3260)
+    c.send(1.0, B.scsi_read(1), True)
+    c.send(2.0, B.scsi_read(1), True)
+    c.send(2.5, B.scsi_response(1), False)
+    (vr,) = tr.take_reads().values()
+    assert tr.counters.replaced == 1 and vr.mean_s == pytest.approx(0.5)
+
+
+def test_fin_forgets_the_connection_and_idle_ones_go():
+    tr = T.Tracker()
+    Conn(tr, 3260)
+    b = Conn(tr, 3260, 40001)
+    tr.segment(1.0, INI, 40000, TGT, 3260, 0, b"", fin_or_rst=True)
+    assert len(tr.conns) == 1
+    b.send(2.0, B.scsi_read(1), True)
+    tr.segment(3.0 + T.CONN_IDLE_S, "10.0.0.7", 40009, TGT, 4420, 1, b"", syn=True)
+    assert list(tr.conns) == [("10.0.0.7", 40009, TGT, 4420)]
+
+
+def test_other_ports_are_ignored_and_ipv6_portals_are_bracketed():
+    tr = T.Tracker()
+    tr.segment(0.0, INI, 1234, TGT, 80, 1, b"GET /")
+    assert tr.conns == {}
+    tr.segment(0.0, "fd00::2", 40000, "fd00::9", 3260, 1, b"", syn=True)
+    (conn,) = tr.conns.values()
+    assert conn.portal == "[fd00::9]:3260"
+
+
+def test_lun_numbers_of_both_addressing_methods():
+    assert T.lun_number(5 << 48) == 5
+    assert T.lun_number((0x4000 | 300) << 48) == 300
