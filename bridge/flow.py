@@ -63,6 +63,7 @@ from .pdu import (
 )
 
 SEQ_MOD = 1 << 32
+Buffer = bytes | memoryview  # a segment's payload: a capture's frame is decoded in place
 # The most bytes kept across segments: a cut header, or a login's or connect's
 # start (iSCSI login text is a few hundred bytes; the NVMe connect data is 1 KiB
 # after a 72-byte header).
@@ -92,11 +93,11 @@ class Protocol:
     digest_choices: tuple[tuple[bool, bool], ...] = ((False, False),)
     candidates: re.Pattern[bytes]
 
-    def need(self, buf: bytes, off: int) -> int:
+    def need(self, buf: Buffer, off: int) -> int:
         """Bytes from off needed to decode the header there."""
         raise NotImplementedError
 
-    def decode(self, buf: bytes, off: int, digests: tuple[bool, bool]) -> Pdu | None:
+    def decode(self, buf: Buffer, off: int, digests: tuple[bool, bool]) -> Pdu | None:
         raise NotImplementedError
 
 
@@ -111,10 +112,10 @@ class Iscsi(Protocol):
         ops = b"\x00-\x06\x10\x40-\x46\x50" if to_target else b"\x20-\x26\x31\x32\x3f"
         self.candidates = re.compile(b"(?=[" + ops + b"][\\x00-\\xff]{3}\\x00[\\x00-\\x0f])", re.S)
 
-    def need(self, buf: bytes, off: int) -> int:
+    def need(self, buf: Buffer, off: int) -> int:
         return ISCSI_BHS_BYTES
 
-    def decode(self, buf: bytes, off: int, digests: tuple[bool, bool]) -> Pdu | None:
+    def decode(self, buf: Buffer, off: int, digests: tuple[bool, bool]) -> Pdu | None:
         return decode_iscsi(buf, off, self.to_target, digests[0], digests[1])
 
 
@@ -129,12 +130,12 @@ class NvmeTcp(Protocol):
         )
         self.candidates = re.compile(b"(?=" + alts + b")", re.S)
 
-    def need(self, buf: bytes, off: int) -> int:
+    def need(self, buf: Buffer, off: int) -> int:
         if len(buf) - off < NVME_CH_BYTES:
             return NVME_CH_BYTES
         return NVME_HLEN.get(buf[off], NVME_CH_BYTES)
 
-    def decode(self, buf: bytes, off: int, digests: tuple[bool, bool]) -> Pdu | None:
+    def decode(self, buf: Buffer, off: int, digests: tuple[bool, bool]) -> Pdu | None:
         return decode_nvme(buf, off, self.to_controller)
 
 
@@ -177,7 +178,7 @@ class Stream:
         self.verified = True
         self.alts = []
 
-    def feed(self, seq: int, payload: bytes) -> list[Emitted]:
+    def feed(self, seq: int, payload: Buffer) -> list[Emitted]:
         if not payload:
             return []
         out: list[Emitted] = []
@@ -194,6 +195,7 @@ class Stream:
                 self.counters.gaps += 1
                 self._lose_sync()
         self.expect_seq = (seq + len(payload)) % SEQ_MOD
+        buf: Buffer
         if self.carry:
             buf = self.carry + payload
             base = self.carry_seq
@@ -212,7 +214,7 @@ class Stream:
         self._walk(buf, base, off, out)
         return out
 
-    def _walk(self, buf: bytes, base: int, off: int, out: list[Emitted]) -> None:
+    def _walk(self, buf: Buffer, base: int, off: int, out: list[Emitted]) -> None:
         proto = self.proto
         n = len(buf)
         while off < n:
@@ -241,14 +243,14 @@ class Stream:
                 self._keep(buf[off:], base + off)  # its body comes in the next segments
                 return
             self.counters.pdus += 1
-            body = buf[off : off + pdu.length] if pdu.kind in WANTED else b""
+            body = bytes(buf[off : off + pdu.length]) if pdu.kind in WANTED else b""
             out.append((pdu, body))
             if not self.verified:
                 self._note_alts(buf, base, off)
             off += pdu.length
         self.pdu_seq = (base + off) % SEQ_MOD
 
-    def _note_alts(self, buf: bytes, base: int, off: int) -> None:
+    def _note_alts(self, buf: Buffer, base: int, off: int) -> None:
         """Where the next header is under each digest choice but the current one."""
         for d in self.proto.digest_choices:
             if d != self.digests:
@@ -256,7 +258,7 @@ class Stream:
                 if alt is not None:
                     self.alts.append((d, (base + off + alt.length) % SEQ_MOD))
 
-    def _try_alts(self, buf: bytes, base: int) -> tuple[int, Pdu] | None:
+    def _try_alts(self, buf: Buffer, base: int) -> tuple[int, Pdu] | None:
         for d, seq in self.alts:
             off = seq_diff(seq, base)
             if off >= 0 and off + self.proto.need(buf, off) <= len(buf):
@@ -267,8 +269,8 @@ class Stream:
                     return off, pdu
         return None
 
-    def _keep(self, data: bytes, seq: int) -> None:
-        self.carry = data
+    def _keep(self, data: Buffer, seq: int) -> None:
+        self.carry = bytes(data)  # a copy: a capture's buffer goes back to the kernel
         self.carry_seq = seq % SEQ_MOD
         self.pdu_seq = self.carry_seq
 
@@ -277,7 +279,7 @@ class Stream:
         self.carry = b""
         self.alts = []
 
-    def _resync(self, buf: bytes, start: int) -> int | None:
+    def _resync(self, buf: Buffer, start: int) -> int | None:
         """The first offset >= start where a header chains (see the module header)."""
         proto = self.proto
         n = len(buf)

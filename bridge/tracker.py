@@ -165,7 +165,7 @@ class Tracker:
         dst: str,
         dport: int,
         seq: int,
-        payload: bytes,
+        payload: bytes | memoryview,
         syn: bool = False,
         fin_or_rst: bool = False,
     ) -> None:
