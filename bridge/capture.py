@@ -80,6 +80,9 @@ _BLOCK = struct.Struct("=III")  # block_status, num_pkts, offset_to_first_pkt (f
 _FRAME = struct.Struct("=IIIII4xH")  # next, sec, nsec, snaplen, len, (status), mac
 _STATS3 = struct.Struct("=III")  # packets, drops, freeze_q_cnt
 _IP4 = struct.Struct("!BxHHHBBH4s4s")
+# Ethernet (type 0x0800), IPv4 with a 20-byte header, TCP: total length, fragment,
+# protocol, addresses, ports, sequence, data offset, flags
+_FAST4 = struct.Struct("!16xH2xH1xB2x4s4sHHI4xBB")
 _TCP = struct.Struct("!HHIIBB")  # sport, dport, seq, ack, data offset, flags
 _SYN, _FIN, _RST = 0x02, 0x01, 0x04
 
@@ -104,6 +107,7 @@ class _SockFprog(ctypes.Structure):
 class CaptureCounters:
     frames: int = 0
     segments: int = 0  # TCP segments handed on
+    acks: int = 0  # pure ACKs (no payload, no SYN/FIN/RST): not handed on
     truncated: int = 0  # frames cut by the snap length
     not_tcp: int = 0  # frames the filter let through that are not plain TCP
     kernel_drops: int = 0  # the ring was full (PACKET_STATISTICS)
@@ -146,7 +150,7 @@ class Ring:
         self.next_block = 0
         self.poller = select.poll()
         self.poller.register(self.sock.fileno(), select.POLLIN | select.POLLERR)
-        self._names: dict[bytes, str] = {}
+        self.decoder = FrameDecoder(self.counters)
 
     def close(self) -> None:
         self.view.release()
@@ -182,15 +186,8 @@ class Ring:
         self.counters.kernel_drops += drops
         return packets, drops
 
-    def _name(self, raw: bytes) -> str:
-        name = self._names.get(raw)
-        if name is None:
-            fam = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
-            name = self._names[raw] = socket.inet_ntop(fam, raw)
-        return name
-
     def _block(self, off: int, segment: Segment) -> None:
-        view, c = self.view, self.counters
+        view, c, frame = self.view, self.counters, self.decoder.frame
         _, num, first = _BLOCK.unpack_from(self.map, off + 8)
         pos = off + first
         for _ in range(num):
@@ -198,11 +195,46 @@ class Ring:
             c.frames += 1
             if snap < length:
                 c.truncated += 1
-            self._frame(view, pos + mac, snap, sec + nsec * 1e-9, segment)
+            frame(view, pos + mac, snap, sec + nsec * 1e-9, segment)
             pos += nxt
 
-    def _frame(self, view: memoryview, p: int, snap: int, t: float, segment: Segment) -> None:
+
+class FrameDecoder:
+    """Ethernet / IPv4 or IPv6 / TCP, in place; addresses named once each."""
+
+    def __init__(self, counters: CaptureCounters) -> None:
+        self.counters = counters
+        self._names: dict[bytes, str] = {}
+
+    def name(self, raw: bytes) -> str:
+        name = self._names.get(raw)
+        if name is None:
+            fam = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
+            name = self._names[raw] = socket.inet_ntop(fam, raw)
+        return name
+
+    def frame(self, view: memoryview, p: int, snap: int, t: float, segment: Segment) -> None:
+        """The Ethernet frame of snap bytes at view[p], captured at t."""
         end = p + snap
+        if snap >= 54 and view[p + 12] == 0x08 and view[p + 13] == 0 and view[p + 14] == 0x45:
+            # the common case in one unpack: IPv4 without options, TCP
+            total, frag, proto, src, dst, sport, dport, seq, doff, flags = _FAST4.unpack_from(
+                view, p
+            )
+            if proto != 6 or frag & 0x1FFF:
+                self.counters.not_tcp += 1
+                return
+            data = p + 34 + (doff >> 4) * 4
+            end = min(end, p + 14 + total)
+            if data >= end and not flags & (_SYN | _FIN | _RST):
+                self.counters.acks += 1  # a pure ACK: nothing for the walker
+                return
+            self.counters.segments += 1
+            segment(
+                t, self.name(src), sport, self.name(dst), dport, seq, view[data:end],
+                bool(flags & _SYN), bool(flags & (_FIN | _RST)),
+            )  # fmt: skip
+            return
         etype = view[p + 12] << 8 | view[p + 13]
         ip = p + 14
         if etype == 0x8100:  # an 802.1Q tag left in line
@@ -227,9 +259,12 @@ class Ring:
             return
         sport, dport, seq, _, doff, flags = _TCP.unpack_from(view, tcp)
         data = tcp + (doff >> 4) * 4
+        if data >= end and not flags & (_SYN | _FIN | _RST):
+            self.counters.acks += 1
+            return
         self.counters.segments += 1
         segment(
-            t, self._name(src), sport, self._name(dst), dport, seq,
-            view[data:end] if data < end else view[0:0],
+            t, self.name(src), sport, self.name(dst), dport, seq,
+            view[data:end] if data < end else view[0:0],  # a SYN, FIN or RST
             bool(flags & _SYN), bool(flags & (_FIN | _RST)),
         )  # fmt: skip

@@ -68,6 +68,9 @@ Buffer = bytes | memoryview  # a segment's payload: a capture's frame is decoded
 # start (iSCSI login text is a few hundred bytes; the NVMe connect data is 1 KiB
 # after a 72-byte header).
 MAX_CARRY_BYTES = 4096
+# A resync takes no header of a PDU longer than this (a data segment of 1 MiB,
+# beyond what targets negotiate): a false one would skip that much of the stream.
+RESYNC_MAX_PDU_BYTES = (1 << 20) + 256
 # Wanted bodies: PDUs whose data the tracker reads (they name the target).
 WANTED = frozenset({LOGIN, CONNECT})
 
@@ -106,10 +109,12 @@ class Iscsi(Protocol):
 
     def __init__(self, to_target: bool) -> None:
         self.to_target = to_target
-        # byte 0: an opcode this direction sends (bit 0x40, immediate, only to the
-        # target); byte 4: no AHS (the only AHS, extended CDBs, are rare: a
-        # resync skips such a PDU); byte 5: a data segment under 1 MiB
-        ops = b"\x00-\x06\x10\x40-\x46\x50" if to_target else b"\x20-\x26\x31\x32\x3f"
+        # byte 0: an opcode of the full feature phase's I/O (to the target NOP-Out,
+        # Command, Data-Out, with bit 0x40, immediate, on the first two; to the
+        # initiator NOP-In, Response, Data-In, R2T: a resync lands on the next such
+        # PDU); byte 4: no AHS (extended CDBs are rare); byte 5: a data segment
+        # under 1 MiB
+        ops = bytes([0x00, 0x01, 0x05, 0x40, 0x41] if to_target else [0x20, 0x21, 0x25, 0x31])
         self.candidates = re.compile(b"(?=[" + ops + b"][\\x00-\\xff]{3}\\x00[\\x00-\\x0f])", re.S)
 
     def need(self, buf: Buffer, off: int) -> int:
@@ -122,7 +127,8 @@ class Iscsi(Protocol):
 class NvmeTcp(Protocol):
     def __init__(self, to_controller: bool) -> None:
         self.to_controller = to_controller
-        types = sorted(t for t in NVME_HLEN if (t in (0, 2, 4, 6)) == to_controller)
+        # the I/O's PDUs (not ICReq/ICResp, which only start a stream, nor TermReq)
+        types = (0x04, 0x06) if to_controller else (0x05, 0x07, 0x09)
         # type, flags (4 bits), hlen of that type
         alts = b"|".join(
             re.escape(bytes([t])) + b"[\\x00-\\x0f]" + re.escape(bytes([NVME_HLEN[t]]))
@@ -141,6 +147,7 @@ class NvmeTcp(Protocol):
 
 # (pdu, its body's bytes as far as captured: for WANTED kinds, else b"")
 Emitted = tuple[Pdu, bytes]
+_NONE: list[Emitted] = []  # returned for no header: never appended to
 Digests = tuple[bool, bool]
 
 
@@ -179,15 +186,25 @@ class Stream:
         self.alts = []
 
     def feed(self, seq: int, payload: Buffer) -> list[Emitted]:
-        if not payload:
-            return []
-        out: list[Emitted] = []
+        n = len(payload)
+        if not n:
+            return _NONE
+        if seq == self.expect_seq and not self.carry and self.pdu_seq is not None:
+            # in order, synchronised: most segments are data with no header in them
+            self.expect_seq = (seq + n) % SEQ_MOD
+            at = (self.pdu_seq - seq) % SEQ_MOD
+            if at >= n:
+                return _NONE
+            out: list[Emitted] = []
+            self._walk(payload, seq, at, out)
+            return out
+        out = []
         if self.expect_seq is not None:
             d = seq_diff(seq, self.expect_seq)
             if d < 0:  # a retransmission, or an overlap
                 if -d >= len(payload):
                     self.counters.retransmitted_bytes += len(payload)
-                    return out
+                    return _NONE
                 self.counters.retransmitted_bytes += -d
                 payload = payload[-d:]
                 seq = self.expect_seq
@@ -280,34 +297,30 @@ class Stream:
         self.alts = []
 
     def _resync(self, buf: Buffer, start: int) -> int | None:
-        """The first offset >= start where a header chains (see the module header)."""
+        """The first offset >= start where a header decodes that the next one does not
+        refute (see the module header)."""
         proto = self.proto
         n = len(buf)
-        first_unchained: tuple[int, Digests] | None = None
         for m in proto.candidates.finditer(buf, start):
             off = m.start()
             if n - off < proto.need(buf, off):
-                break
+                return None
             for digests in proto.digest_choices:
                 pdu = proto.decode(buf, off, digests)
-                if pdu is None:
-                    continue
+                if pdu is None or pdu.kind in WANTED or pdu.length > RESYNC_MAX_PDU_BYTES:
+                    continue  # logins and connects only start a stream (its SYN is seen)
                 nxt = off + pdu.length
                 if nxt + proto.need(buf, nxt) <= n:  # the next header is here: check it
-                    if proto.decode(buf, nxt, digests) is not None:
-                        self.counters.resyncs += 1
-                        self._adopt(digests)
-                        self.verified = True
-                        return off
-                elif first_unchained is None:
-                    first_unchained = (off, digests)
-        if first_unchained is None:
-            return None
-        # nothing chains here: the first plausible header, its digests to be confirmed
-        self.counters.resyncs += 1
-        self._adopt(first_unchained[1])
-        self.verified = len(proto.digest_choices) == 1
-        return first_unchained[0]
+                    if proto.decode(buf, nxt, digests) is None:
+                        continue  # refuted
+                    verified = True
+                else:  # to be confirmed where the next header falls (alts)
+                    verified = len(proto.digest_choices) == 1
+                self.counters.resyncs += 1
+                self._adopt(digests)
+                self.verified = verified
+                return off
+        return None
 
     def _adopt(self, digests: Digests) -> None:
         if digests != self.digests:
