@@ -131,3 +131,13 @@ def test_a_login_is_emitted_with_its_body_across_segments():
     (pdu0, body0), (pdu1, _) = out
     assert pdu0.kind == P.LOGIN and b"TargetName=iqn.2026-11.lab:array" in body0
     assert pdu1.tag == 4
+
+
+def test_a_resync_takes_the_first_header_not_one_chaining_inside_data():
+    # write data holding every byte value: somewhere in it two "headers" chain
+    data = bytes(range(256)) * 16
+    stream = b"".join(B.scsi_write(i, nbytes=4096, immediate=data) for i in range(50))
+    s = F.Stream(F.Iscsi(to_target=True))
+    got = _walk(s, _segments(stream, [1448] * 1000, 12345))  # no SYN: a resync first
+    assert [p.tag for p in got] == list(range(50))
+    assert s.counters.desyncs == 0
