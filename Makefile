@@ -5,8 +5,9 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 # Host tools the test tiers use: netns/veth/HTB (iproute2), ipset, iptables; the
 # rollout checks: ansible-core (the lab guest runs the host's), python3-apt, vagrant.
-# The lab (vagrant/qemu) installs its own packages through `make lab-deps`.
-HOST_PKGS := iproute2 ipset iptables kmod ansible-core python3-pip python3-apt vagrant vagrant-libvirt
+# The wire sensor's bench replays pcaps with tcpreplay. The lab (vagrant/qemu)
+# installs its own packages through `make lab-deps`.
+HOST_PKGS := iproute2 ipset iptables kmod ansible-core python3-pip python3-apt vagrant vagrant-libvirt tcpreplay
 APT_STAMP := $(VENV)/.apt-host
 VENV_STAMP := $(VENV)/.installed
 

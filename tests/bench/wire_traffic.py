@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.unit import storage_pdus as B  # noqa: E402
+from tests.unit import storage_pdus as B
 
 MSS = 1448
 TARGET = "192.0.2.1"
@@ -90,8 +90,10 @@ def build(n_conns: int, n_ios: int, seed: int = 1) -> tuple[list[bytes], dict[st
                 read = rng.random() < READ_FRACTION
                 batch.append((c.tag, read))
                 if c.port == 3260:
-                    c.up.pending += B.scsi_read(c.tag) if read else B.scsi_write(
-                        c.tag, nbytes=4096, immediate=data
+                    c.up.pending += (
+                        B.scsi_read(c.tag)
+                        if read
+                        else B.scsi_write(c.tag, nbytes=4096, immediate=data)
                     )
                 else:
                     c.up.pending += (
