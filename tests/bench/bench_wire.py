@@ -56,12 +56,13 @@ def seg(t, *a):
     tr.segment(t, *a)
 with Ring(sys.argv[1]) as ring:
     print("ready", flush=True)
-    c0 = None
+    c0 = os.times()
     while True:
+        before = time.monotonic()
         n = ring.poll(200, seg)
         now = time.monotonic()
         if n and first is None:
-            first, c0 = now, os.times()
+            first = before
         if n:
             last = now
         elif first is not None and now - last > 1.5:
