@@ -10,7 +10,7 @@ Method (run by `make bench` through tests/bench/run.py, or alone:
     written to a pcap.
   * A fresh network namespace with a veth pair; the sensor (bridge/capture.py's
     ring on one end, bridge/tracker.py behind it) in a process of its own, inside
-    the namespace; tcpreplay sends the pcap into the other end at PPS packets a
+    the namespace; tcpreplay sends the pcap into the other end at each rate of RATES_PPS packets a
     second (`--pps`, `--preload-pcap`). The sensor starts mid-session (no SYN):
     every stream begins with a resynchronisation.
   * The sensor reports what it saw: frames, the commands and completions it
@@ -42,8 +42,10 @@ import wire_traffic
 
 N_CONNS = 16
 N_IOS = 60_000
-PPS = 200_000
 GOAL_PPS = 200_000
+# The goal's rate, then one the sensor keeps up with on a slow host: what it loses
+# there is what it gets wrong, not what it has no time for.
+RATES_PPS = (GOAL_PPS, 40_000)
 GOAL_CPU_SHARE = 0.5
 
 SENSOR = r"""
@@ -99,6 +101,34 @@ def offline_us_per_frame(frames: list[bytes], repeats: int = 3) -> float:
     return statistics.median(out)
 
 
+def _replay(ns: str, pcap: Path, pps: int) -> dict[str, Any]:
+    """One replay at pps into stw0; what the sensor on stw1 saw."""
+    sensor = subprocess.Popen(
+        ["ip", "netns", "exec", ns, sys.executable, "-c", SENSOR, "stw1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        if sensor.stdout is None or sensor.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the sensor did not start: {sensor.communicate()[1][-500:]}")
+        rep = subprocess.run(
+            ["ip", "netns", "exec", ns, "tcpreplay", "-i", "stw0", f"--pps={pps}",
+             "--preload-pcap", str(pcap)],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        out, err = sensor.communicate(timeout=120)
+        if rep.returncode or not out.strip():
+            raise RuntimeError(f"tcpreplay: {rep.stderr[-300:]} sensor: {err[-300:]}")
+    finally:
+        if sensor.poll() is None:
+            sensor.kill()  # our own child, by PID
+            sensor.wait()
+    got: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    got["offered_pps"] = pps
+    got["pps"] = got["frames"] / got["span_s"] if got["span_s"] else 0.0
+    got["cpu_share"] = got["cpu_s"] / got["span_s"] if got["span_s"] else float("inf")
+    return got
+
+
 def bench_wire() -> dict[str, Any]:
     if os.geteuid() != 0:
         return _skipped("needs root (a network namespace)")
@@ -107,7 +137,7 @@ def bench_wire() -> dict[str, Any]:
     frames, counts = wire_traffic.build(N_CONNS, N_IOS)
     us = offline_us_per_frame(frames)
     ns = f"stwire-{os.getpid()}"
-    sensor = None
+    runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="santhrottle-wire-") as tmp:
         pcap = Path(tmp) / "storage.pcap"
         wire_traffic.write_pcap(pcap, frames)
@@ -123,46 +153,33 @@ def bench_wire() -> dict[str, Any]:
                                 f"net.ipv6.conf.{k}.disable_ipv6=1"], check=True)  # fmt: skip
             for dev in ("stw0", "stw1"):
                 subprocess.run([*ip, "link", "set", dev, "up"], check=True)
-            sensor = subprocess.Popen(
-                ["ip", "netns", "exec", ns, sys.executable, "-c", SENSOR, "stw1"],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            )  # fmt: skip
-            if sensor.stdout.readline().strip() != "ready":
-                return _skipped(f"the sensor did not start: {sensor.stderr.read()[-500:]}")
-            rep = subprocess.run(
-                ["ip", "netns", "exec", ns, "tcpreplay", "-i", "stw0", f"--pps={PPS}",
-                 "--preload-pcap", str(pcap)],
-                capture_output=True, text=True, timeout=600,
-            )  # fmt: skip
-            out, err = sensor.communicate(timeout=120)
-            if rep.returncode or not out.strip():
-                return _skipped(f"tcpreplay: {rep.stderr[-300:]} sensor: {err[-300:]}")
-            got = json.loads(out.strip().splitlines()[-1])
+            for pps in RATES_PPS:
+                runs.append(_replay(ns, pcap, pps))
+        except RuntimeError as e:
+            return _skipped(str(e))
         finally:
-            if sensor is not None and sensor.poll() is None:
-                sensor.kill()  # our own child, by PID
-                sensor.wait()
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
-    rate = next((ln for ln in rep.stdout.splitlines() if "Rated:" in ln), rep.stdout.strip()[-200:])
-    pps = got["frames"] / got["span_s"] if got["span_s"] else 0.0
-    share = got["cpu_s"] / got["span_s"] if got["span_s"] else float("inf")
-    lost = counts["completions"] - got["completions"]
-    met = pps >= GOAL_PPS and share <= GOAL_CPU_SHARE and lost == 0 and not got["kernel_drops"]
+    goal = runs[0]
+    lost = counts["completions"] - goal["completions"]
+    met = (
+        goal["pps"] >= GOAL_PPS and goal["cpu_share"] <= GOAL_CPU_SHARE
+        and lost == 0 and not goal["kernel_drops"]
+    )  # fmt: skip
+    parts = [
+        f"at {g['offered_pps']:,} pps offered: {g['frames']:,} of {len(frames):,} frames seen "
+        f"({g['pps']:,.0f}/s), CPU {g['cpu_share']:.2f} of a core, completions "
+        f"{g['completions']:,} of {counts['completions']:,} ({g['unmatched']} unmatched), "
+        f"ring drops {g['kernel_drops']:,}"
+        for g in runs
+    ]
     return {
         "name": NAME,
         "met": met,
-        "summary": f"{got['frames']:,} of {len(frames):,} frames at {pps:,.0f}/s, sensor CPU "
-        f"{share:.2f} of a core, completions {got['completions']:,} of "
-        f"{counts['completions']:,} ({got['unmatched']} unmatched), ring drops "
-        f"{got['kernel_drops']}; from memory {us:.2f} us of CPU per frame "
-        f"({1e6 / us:,.0f} frames/s per core); tcpreplay: {rate.strip()}",
+        "summary": "; ".join(parts) + f"; from memory {us:.2f} us of CPU per frame "
+        f"({1e6 / us:,.0f} frames/s per core)",
         "frames_sent": len(frames),
-        "frames_seen": got["frames"],
-        "pps": pps,
-        "cpu_share": share,
         "completions_expected": counts["completions"],
-        "completions": got["completions"],
-        "kernel_drops": got["kernel_drops"],
+        "runs": runs,
         "offline_us_per_frame": us,
         "goal": f">= {GOAL_PPS:,} packets/s at <= {GOAL_CPU_SHARE} core, 0 completions lost",
     }
