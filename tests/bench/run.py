@@ -66,13 +66,12 @@ def bench_controller_step(
         (prng.uniform(0.002, 0.006), prng.uniform(0.005, 0.030), prng.uniform(0.005, 0.030))
         for _ in names
     ]
-    delay_s = cfg.ladder.delay_s
 
     def latency(i: int) -> float:
         if plant == "open":
             return 0.004 + 0.010 * rng.random()
         c, s, d0 = lines[i]
-        d = delay_s(st.resources[names[i]].delay_class)
+        d = cfg.ladder.delay_s(st.resources[names[i]].delay_class)
         return (c + s / (1.0 + d / d0)) * (0.65 + 0.7 * rng.random())
 
     t = 0.0
