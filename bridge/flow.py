@@ -27,9 +27,11 @@ Law, per segment (seq, payload)
     Resynchronise: find the first offset where a header decodes and the
     header after it (if inside the bytes at hand) decodes too, trying the
     digest settings the protocol allows (iSCSI: negotiated at login; a
-    sensor that missed the login tries each); candidates come from a
-    regular expression on the header's fixed bytes, so a 64 KiB payload is
-    scanned at C speed.
+    sensor that missed the login tries each, and a header whose successor
+    is past the bytes at hand is confirmed, or its digests corrected, where
+    that successor falls); only the full feature phase's I/O PDUs, none
+    over RESYNC_MAX_PDU_BYTES; candidates come from a regular expression on
+    the header's fixed bytes, so a 64 KiB payload is scanned at C speed.
 
 Bounds
     Sequence arithmetic is modulo 2^32. A carry never exceeds
@@ -175,9 +177,13 @@ class Stream:
         self.counters = Counters()
 
     def start(self, isn: int) -> None:
-        """A SYN: the stream's first byte (isn + 1) starts a header."""
+        """A SYN: the stream's first byte (isn + 1) starts a header; a new
+        connection's digests are negotiated anew."""
         self.pdu_seq = self.expect_seq = (isn + 1) % SEQ_MOD
         self.carry = b""
+        self.digests = (False, False)
+        self.verified = len(self.proto.digest_choices) == 1
+        self.alts = []
 
     def set_digests(self, digests: Digests) -> None:
         """The digests negotiated at login (they apply once it completes)."""

@@ -177,7 +177,7 @@ class Tracker:
         else:
             return
         conn = self.conns.get(key)
-        if conn is None:
+        if conn is None or (syn and to_target):  # the initiator's SYN: a new connection
             if fin_or_rst:
                 return
             conn = self._connect(key)

@@ -141,3 +141,13 @@ def test_other_ports_are_ignored_and_ipv6_portals_are_bracketed():
 def test_lun_numbers_of_both_addressing_methods():
     assert T.lun_number(5 << 48) == 5
     assert T.lun_number((0x4000 | 300) << 48) == 300
+
+
+def test_a_new_syn_on_the_same_ports_is_a_new_connection():
+    tr = T.Tracker()
+    c = Conn(tr, 3260)
+    c.send(0.0, B.login_request("iqn.x:old"), True)
+    c.send(1.0, B.scsi_read(1), True)
+    Conn(tr, 3260)  # the same four-tuple again: the old one ended unseen
+    (conn,) = tr.conns.values()
+    assert conn.target == "" and conn.inflight == {} and tr.counters.connections == 2
