@@ -21,11 +21,8 @@ TARGET_DEV, TARGET_IP, MEMBER_IP = "st-tgt", "192.0.2.1", "192.0.2.2"
 DELAY_S = 0.02
 READS = 20
 
-# A storage server that answers each read after DELAY_S: iSCSI (a Data-In with
-# the status, F|S) on 3260, NVMe/TCP (a C2HData then a CapsuleResp) on 4420.
-SERVER = r"""
-import socket, struct, sys, threading, time
-delay = float(sys.argv[2])
+# Both ends read whole PDUs.
+EXACT = r"""
 def exact(c, n):
     b = b""
     while len(b) < n:
@@ -34,6 +31,17 @@ def exact(c, n):
             raise EOFError
         b += d
     return b
+"""
+
+# A storage server that answers each read after DELAY_S: iSCSI (a Data-In with
+# the status, F|S) on 3260, NVMe/TCP (a C2HData then a CapsuleResp) on 4420.
+SERVER = (
+    r"""
+import socket, struct, sys, threading, time
+"""
+    + EXACT
+    + r"""
+delay = float(sys.argv[2])
 def iscsi(c):
     while True:
         bhs = exact(c, 48)
@@ -69,19 +77,16 @@ for port, fn in ((3260, iscsi), (4420, nvme)):
 print("ready", flush=True)
 time.sleep(120)
 """
+)
 
 # n reads, one at a time, over each protocol.
-CLIENT = r"""
+CLIENT = (
+    r"""
 import socket, struct, sys
+"""
+    + EXACT
+    + r"""
 src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-def exact(c, k):
-    b = b""
-    while len(b) < k:
-        d = c.recv(k - len(b))
-        if not d:
-            raise EOFError
-        b += d
-    return b
 c = socket.socket(); c.bind((src, 0)); c.connect((dst, 3260))
 for i in range(n):
     bhs = bytearray(48); bhs[0] = 0x01; bhs[1] = 0xC0
@@ -95,6 +100,7 @@ for i in range(n):
 c.close()
 print("done", flush=True)
 """
+)
 
 
 def test_the_ring_and_the_tracker_measure_reads_on_a_veth(netns_pair):

@@ -28,13 +28,19 @@ class Conn:
         self.seq[to_target] = (seq + len(data)) % (1 << 32)
 
 
+def _logged_in(tr: T.Tracker, target: str, digests: str = "None") -> Conn:
+    """An iSCSI connection through its login: the request names the target, the
+    response the negotiated digests."""
+    c = Conn(tr, 3260)
+    c.send(0.0, B.login_request(target), True)
+    text = f"HeaderDigest={digests}\0DataDigest={digests}\0".encode()
+    c.send(0.001, B.iscsi(B.LOGIN_RESP, 0x87, 0, data=text), False)
+    return c
+
+
 def test_iscsi_read_latency_per_lun_named_by_the_login():
     tr = T.Tracker()
-    c = Conn(tr, 3260)
-    c.send(0.0, B.login_request("iqn.2026-11.lab:array"), True)
-    c.send(
-        0.001, B.iscsi(B.LOGIN_RESP, 0x87, 0, data=b"HeaderDigest=None\0DataDigest=None\0"), False
-    )
+    c = _logged_in(tr, "iqn.2026-11.lab:array")
     c.send(1.000, B.scsi_read(1, lun=2) + B.scsi_read(2, lun=3), True)
     c.send(1.004, B.data_in(1, b"r" * 4096), False)  # F|S: the read's completion
     c.send(1.010, B.data_in(2, b"r" * 4096, final_status=False) + B.scsi_response(2), False)
@@ -60,11 +66,7 @@ def test_iscsi_writes_count_their_expected_length_per_initiator():
 
 def test_negotiated_digests_apply_to_both_directions():
     tr = T.Tracker()
-    c = Conn(tr, 3260)
-    c.send(0.0, B.login_request("iqn.x:t"), True)
-    c.send(
-        0.0, B.iscsi(B.LOGIN_RESP, 0x87, 0, data=b"HeaderDigest=CRC32C\0DataDigest=CRC32C\0"), False
-    )
+    c = _logged_in(tr, "iqn.x:t", digests="CRC32C")
     c.send(1.0, B.scsi_read(7, header_digest=True) + B.scsi_read(8, header_digest=True), True)
     c.send(1.002, B.data_in(7, b"d" * 100, header_digest=True, data_digest=True), False)
     c.send(1.003, B.data_in(8, b"d" * 100, header_digest=True, data_digest=True), False)
