@@ -19,8 +19,9 @@ State
     commands in flight by tag (ITT; the whole 16-bit CID: Linux hosts put
     a generation counter in its top bits). Per volume -- (protocol, portal,
     target name or "" before the login was seen, LUN or NSID) -- the reads
-    completed and their latency sum since the last take(), and per
-    (volume, initiator address) the write bytes since the last take_writes().
+    completed, their latency sum and the write bytes since the last
+    take_tick(), and per (volume, initiator address) the write bytes since
+    the last take_writes().
 
 Law, per PDU
     command (to the target): in flight under its tag (a tag reused before
@@ -148,12 +149,13 @@ ConnKey = tuple[str, int, str, int]  # initiator address, port, target address, 
 
 
 class Tracker:
-    """Feed it each TCP segment of storage traffic; take() the samples."""
+    """Feed it each TCP segment of storage traffic; take_tick() and take_writes() the sums."""
 
     def __init__(self) -> None:
         self.conns: dict[ConnKey, Connection] = {}
         self.reads: dict[Volume, VolumeReads] = {}
         self.writes: dict[tuple[Volume, str], int] = {}
+        self.volume_writes: dict[Volume, int] = {}  # per tick, for the resource's write rate
         self.counters = Counters()
         self._next_sweep_s = -math.inf
 
@@ -261,6 +263,7 @@ class Tracker:
     def _wrote(self, vol: Volume, initiator: str, nbytes: int) -> None:
         k = (vol, initiator)
         self.writes[k] = self.writes.get(k, 0) + nbytes
+        self.volume_writes[vol] = self.volume_writes.get(vol, 0) + nbytes
 
     def _sweep(self, now_s: float) -> None:
         self._next_sweep_s = now_s + AGE_SWEEP_S
@@ -274,10 +277,11 @@ class Tracker:
                 del conn.inflight[tag]
             self.counters.aged += len(stale)
 
-    def take_reads(self) -> dict[Volume, VolumeReads]:
-        """Reads completed per volume since the last call (a tick)."""
-        out, self.reads = self.reads, {}
-        return out
+    def take_tick(self) -> tuple[dict[Volume, VolumeReads], dict[Volume, int]]:
+        """Reads completed and write bytes per volume since the last call (a tick)."""
+        reads, self.reads = self.reads, {}
+        writes, self.volume_writes = self.volume_writes, {}
+        return reads, writes
 
     def take_writes(self) -> dict[tuple[Volume, str], int]:
         """Write bytes per (volume, initiator address) since the last call (a convergence)."""

@@ -130,7 +130,7 @@ def test_the_ring_and_the_tracker_measure_reads_on_a_veth(netns_pair):
         ring.poll(50, tracker.segment)  # what the last block holds
         assert cli.wait(timeout=5) == 0
         _, drops = ring.kernel_stats()
-    reads = tracker.take_reads()
+    reads = tracker.take_tick()[0]
     by_proto = {v.proto: r for v, r in reads.items()}
     assert set(by_proto) == {"iscsi", "nvme"}, reads
     for proto, r in by_proto.items():

@@ -44,12 +44,12 @@ def test_iscsi_read_latency_per_lun_named_by_the_login():
     c.send(1.000, B.scsi_read(1, lun=2) + B.scsi_read(2, lun=3), True)
     c.send(1.004, B.data_in(1, b"r" * 4096), False)  # F|S: the read's completion
     c.send(1.010, B.data_in(2, b"r" * 4096, final_status=False) + B.scsi_response(2), False)
-    reads = tr.take_reads()
+    reads = tr.take_tick()[0]
     lun2 = T.Volume("iscsi", f"{TGT}:3260", "iqn.2026-11.lab:array", 2)
     lun3 = T.Volume("iscsi", f"{TGT}:3260", "iqn.2026-11.lab:array", 3)
     assert reads[lun2].reads == 1 and reads[lun2].mean_s == pytest.approx(0.004)
     assert reads[lun3].mean_s == pytest.approx(0.010)
-    assert tr.take_reads() == {}  # taken
+    assert tr.take_tick()[0] == {}  # taken
     assert str(lun2) == "iscsi 10.0.0.9:3260 iqn.2026-11.lab:array lun 2"
 
 
@@ -70,7 +70,7 @@ def test_negotiated_digests_apply_to_both_directions():
     c.send(1.0, B.scsi_read(7, header_digest=True) + B.scsi_read(8, header_digest=True), True)
     c.send(1.002, B.data_in(7, b"d" * 100, header_digest=True, data_digest=True), False)
     c.send(1.003, B.data_in(8, b"d" * 100, header_digest=True, data_digest=True), False)
-    (vr,) = tr.take_reads().values()
+    (vr,) = tr.take_tick()[0].values()
     assert vr.reads == 2 and tr.counters.unmatched == 0
 
 
@@ -85,7 +85,7 @@ def test_nvme_reads_writes_and_the_subsystem_name():
     c.send(2.003, B.c2h_data(0x1001, b"r" * 4096) + B.capsule_resp(0x1001), False)
     c.send(2.005, B.capsule_resp(0x1002), False)
     vol = T.Volume("nvme", f"{TGT}:4420", "nqn.2026-11.lab:sub", 1)
-    assert tr.take_reads()[vol].mean_s == pytest.approx(0.003)
+    assert tr.take_tick()[0][vol].mean_s == pytest.approx(0.003)
     assert tr.take_writes() == {(vol, INI): 8192}
     assert tr.counters.completions == 3  # the connect's, the read's, the write's
 
@@ -95,7 +95,7 @@ def test_c2h_success_completes_and_a_following_response_is_unmatched():
     c = Conn(tr, 4420)
     c.send(1.0, B.capsule_cmd(5, 0x02), True)
     c.send(1.002, B.c2h_data(5, b"r" * 512, success=True) + B.capsule_resp(5), False)
-    (vr,) = tr.take_reads().values()
+    (vr,) = tr.take_tick()[0].values()
     assert vr.reads == 1 and vr.mean_s == pytest.approx(0.002)
     assert tr.counters.unmatched == 1
 
@@ -116,7 +116,7 @@ def test_a_reused_tag_replaces_and_counts():
     c.send(1.0, B.scsi_read(1), True)
     c.send(2.0, B.scsi_read(1), True)
     c.send(2.5, B.scsi_response(1), False)
-    (vr,) = tr.take_reads().values()
+    (vr,) = tr.take_tick()[0].values()
     assert tr.counters.replaced == 1 and vr.mean_s == pytest.approx(0.5)
 
 
@@ -153,3 +153,14 @@ def test_a_new_syn_on_the_same_ports_is_a_new_connection():
     Conn(tr, 3260)  # the same four-tuple again: the old one ended unseen
     (conn,) = tr.conns.values()
     assert conn.target == "" and conn.inflight == {} and tr.counters.connections == 2
+
+
+def test_a_tick_takes_each_volumes_write_bytes_too():
+    tr = T.Tracker()
+    c = Conn(tr, 3260)
+    c.send(0.1, B.scsi_write(1, lun=1, nbytes=65536), True)
+    c.send(0.1, B.scsi_write(2, lun=1, nbytes=4096), True)
+    vol = T.Volume("iscsi", f"{TGT}:3260", "", 1)
+    assert tr.take_tick() == ({}, {vol: 69632})
+    assert tr.take_tick() == ({}, {})
+    assert tr.take_writes() == {(vol, INI): 69632}  # the convergence's, apart

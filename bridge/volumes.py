@@ -1,0 +1,149 @@
+"""Resources on a bridge: named groups of the volumes the wire can name, and their samples.
+
+Problem
+    On a target host a resource is a volume group whose devices diskstats
+    counts. On a bridge the only names are the wire's: a LUN of an iSCSI
+    target or a namespace of an NVMe subsystem at a portal (tracker.py's
+    Volume). The admin groups them into resources in the configuration
+    (`[resources.array1] volumes = [...]`); this module parses those names
+    and turns the tracker's per-volume figures into the controller's
+    samples, so that controller/ takes the same ReadSample and WriteSample
+    as on a target host.
+
+Names
+    iscsi://PORTAL/IQN/LUN and nvme://PORTAL/NQN/NSID; PORTAL is address
+    or address:port ([v6-address]:port; the port defaults to 3260 and
+    4420), IQN or NQN may be "*" (any target at that portal, and the
+    volumes of sessions whose login the sensor did not see), LUN or NSID
+    may be "*" (all of them).
+
+Law
+    A resource's tick: reads = the sum over its volumes, read latency = the
+    read-weighted mean (sum of latency sums / sum of reads: the same rule
+    as diskstats' on a target host), write rate = its volumes' write bytes
+    / the interval. Its convergence: per initiator, its write bytes on the
+    resource's volumes / the interval. A volume in no resource is counted
+    by no resource (`santhrottle resources` shows it, so the admin can name
+    it). A volume in two resources counts in both.
+
+Bounds
+    A name that does not parse raises VolumeNameError naming the part.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from santhrottle.controller.domain import ReadSample, WriteSample
+
+from .pdu import ISCSI_PORT, NVME_TCP_PORT
+from .tracker import ISCSI, NVME, Volume, VolumeReads
+
+ANY = "*"
+_DEFAULT_PORTS = {ISCSI: ISCSI_PORT, NVME: NVME_TCP_PORT}
+
+
+class VolumeNameError(ValueError):
+    """A volume name that does not parse; the message names the part."""
+
+
+@dataclass(frozen=True, slots=True)
+class VolumePattern:
+    proto: str
+    portal: str  # as the tracker writes it: address:port, [v6]:port
+    target: str  # or ANY
+    unit: int | None  # None: any
+
+    def matches(self, v: Volume) -> bool:
+        return (
+            v.proto == self.proto
+            and v.portal == self.portal
+            and (self.target == ANY or v.target == self.target)
+            and (self.unit is None or v.unit == self.unit)
+        )
+
+
+def parse_volume(name: str) -> VolumePattern:
+    """iscsi://PORTAL/IQN/LUN or nvme://PORTAL/NQN/NSID (see the module header)."""
+    scheme, sep, rest = name.partition("://")
+    if not sep or scheme not in _DEFAULT_PORTS:
+        raise VolumeNameError(f"volume {name!r}: must start with iscsi:// or nvme://")
+    parts = rest.split("/")
+    if len(parts) != 3:
+        raise VolumeNameError(f"volume {name!r}: want {scheme}://PORTAL/NAME/UNIT")
+    portal_s, target, unit_s = parts
+    portal = _portal(name, portal_s, _DEFAULT_PORTS[scheme])
+    if not target:
+        raise VolumeNameError(f"volume {name!r}: the target name is empty (use * for any)")
+    if unit_s == ANY:
+        unit = None
+    elif unit_s.isdigit():
+        unit = int(unit_s)
+    else:
+        what = "LUN" if scheme == ISCSI else "NSID"
+        raise VolumeNameError(f"volume {name!r}: {what} must be a number or *, got {unit_s!r}")
+    return VolumePattern(scheme, portal, target, unit)
+
+
+def _portal(name: str, s: str, default_port: int) -> str:
+    if s.startswith("["):  # [v6]:port or [v6]
+        host, _, tail = s[1:].partition("]")
+        port_s = tail[1:] if tail.startswith(":") else ""
+        if tail and not tail.startswith(":"):
+            raise VolumeNameError(f"volume {name!r}: bad portal {s!r}")
+    else:
+        host, _, port_s = s.partition(":")
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        raise VolumeNameError(f"volume {name!r}: portal {host!r} is not an IP address") from None
+    if port_s and not (port_s.isdigit() and 0 < int(port_s) < 65536):
+        raise VolumeNameError(f"volume {name!r}: bad port {port_s!r}")
+    port = int(port_s) if port_s else default_port
+    return f"[{addr}]:{port}" if addr.version == 6 else f"{addr}:{port}"
+
+
+class VolumeMap:
+    """Resource name -> its volume patterns; which resources a volume belongs to."""
+
+    def __init__(self, resources: Mapping[str, Iterable[str]]) -> None:
+        self.patterns = {r: [parse_volume(v) for v in vols] for r, vols in resources.items()}
+        self._of: dict[Volume, tuple[str, ...]] = {}
+
+    def resources_of(self, v: Volume) -> tuple[str, ...]:
+        got = self._of.get(v)
+        if got is None:
+            got = self._of[v] = tuple(
+                r for r, pats in self.patterns.items() if any(p.matches(v) for p in pats)
+            )
+        return got
+
+    def read_samples(
+        self, reads: Mapping[Volume, VolumeReads], writes: Mapping[Volume, int], interval_s: float
+    ) -> list[ReadSample]:
+        """One tick's samples, one per resource with reads or writes on its volumes."""
+        acc: dict[str, list[float]] = {}  # resource -> [reads, latency sum, write bytes]
+        for v, r in reads.items():
+            for name in self.resources_of(v):
+                a = acc.setdefault(name, [0, 0.0, 0])
+                a[0] += r.reads
+                a[1] += r.latency_sum_s
+        for v, nbytes in writes.items():
+            for name in self.resources_of(v):
+                acc.setdefault(name, [0, 0.0, 0])[2] += nbytes
+        return [
+            ReadSample(name, int(n), lat / n if n else 0.0, wbytes / interval_s)
+            for name, (n, lat, wbytes) in sorted(acc.items())
+        ]
+
+    def write_samples(
+        self, writes: Mapping[tuple[Volume, str], int], interval_s: float
+    ) -> list[WriteSample]:
+        """One convergence's samples, one per (resource, initiator)."""
+        acc: dict[tuple[str, str], int] = {}
+        for (v, ini), nbytes in writes.items():
+            for name in self.resources_of(v):
+                acc[name, ini] = acc.get((name, ini), 0) + nbytes
+        return [WriteSample(r, ini, b / interval_s) for (r, ini), b in sorted(acc.items())]
