@@ -50,7 +50,7 @@ test-privileged: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy --strict controller bridge
+	$(VENV)/bin/mypy --strict controller
 	$(VENV)/bin/codespell
 
 bench: setup
