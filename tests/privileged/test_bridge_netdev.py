@@ -1,0 +1,129 @@
+"""bridge/netdev.py on the host kernel: a bridge made between two veths in a namespace this
+test owns forwards TCP between an initiator's and a target's namespaces at once, with STP off;
+made again it is adopted unchanged; what is someone else's is refused."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from santhrottle.appliance.netns import entered
+from santhrottle.bridge import netdev
+
+pytestmark = pytest.mark.privileged
+
+INI_IP, TGT_IP = "192.0.2.2", "192.0.2.1"
+
+ECHO = r"""
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 3260)); s.listen(1); print("ready", flush=True)
+c, _ = s.accept(); c.sendall(c.recv(100)); c.close()
+"""
+CALL = r"""
+import socket, sys
+c = socket.create_connection((sys.argv[1], 3260), timeout=10); c.sendall(b"ping")
+print(c.recv(100).decode())
+"""
+
+
+def _run(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+
+@pytest.fixture
+def three_namespaces():
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.skip("needs root and iproute2")
+    tag = f"{os.getpid()}"
+    ini, mid, tgt = f"stb-{tag}-i", f"stb-{tag}-m", f"stb-{tag}-t"
+    made = []
+    try:
+        for ns in (ini, mid, tgt):
+            _run("ip", "netns", "add", ns)
+            made.append(ns)
+            _run("ip", "-n", ns, "link", "set", "lo", "up")
+            for k in ("all", "default"):
+                _run(
+                    "ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv6.conf.{k}.disable_ipv6=1"
+                )
+        # initiator -- (st-bi) bridge (st-ba) -- target
+        _run("ip", "-n", mid, "link", "add", "st-bi", "type", "veth", "peer", "name", "st-i",
+             "netns", ini)  # fmt: skip
+        _run("ip", "-n", mid, "link", "add", "st-ba", "type", "veth", "peer", "name", "st-t",
+             "netns", tgt)  # fmt: skip
+        _run("ip", "-n", mid, "link", "add", "st-x", "type", "veth", "peer", "name", "st-y")
+        for ns, dev, ip in ((ini, "st-i", INI_IP), (tgt, "st-t", TGT_IP)):
+            _run("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
+            _run("ip", "-n", ns, "link", "set", dev, "up")
+        yield ini, mid, tgt
+    finally:
+        for ns in made:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+
+
+def _tcp_through(ini: str, tgt: str) -> str:
+    srv = subprocess.Popen(["ip", "netns", "exec", tgt, sys.executable, "-c", ECHO, TGT_IP],
+                           stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert srv.stdout is not None and srv.stdout.readline().strip() == "ready"
+        out = subprocess.run(["ip", "netns", "exec", ini, sys.executable, "-c", CALL, TGT_IP],
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+        return out.stdout.strip()
+    finally:
+        srv.kill()  # our own child, by PID
+        srv.wait()
+
+
+def test_a_bridge_made_then_adopted_forwards_at_once(three_namespaces):
+    from pyroute2 import IPRoute
+
+    ini, mid, tgt = three_namespaces
+    with entered(f"/run/netns/{mid}"):
+        ipr = IPRoute()
+    with ipr:
+        made = netdev.ensure(ipr, "st-br0", "st-bi", "st-ba")
+        assert made.created and made.ports == ("st-ba", "st-bi")
+        assert (made.stp_state, made.forward_delay_cs) == (0, 0)
+        assert _tcp_through(ini, tgt) == "ping"  # no listening and learning first
+        again = netdev.ensure(ipr, "st-br0", "st-bi", "st-ba")
+        assert not again.created and again.ports == made.ports and again.index == made.index
+        assert _tcp_through(ini, tgt) == "ping"
+
+
+def test_what_is_someone_elses_is_refused(three_namespaces):
+    from pyroute2 import IPRoute
+
+    _, mid, _ = three_namespaces
+    with entered(f"/run/netns/{mid}"):
+        ipr = IPRoute()
+    with ipr:
+        ipr.link("add", ifname="st-other", kind="bridge")
+        (other,) = ipr.link_lookup(ifname="st-other")
+        (x,) = ipr.link_lookup(ifname="st-x")
+        ipr.link("set", index=x, master=other)
+        with pytest.raises(netdev.BridgeError, match="port st-x already belongs to st-other"):
+            netdev.ensure(ipr, "st-br0", "st-bi", "st-x")
+        with pytest.raises(netdev.BridgeError, match="st-y exists and is a veth device"):
+            netdev.ensure(ipr, "st-y", "st-bi", "st-ba")
+        with pytest.raises(netdev.BridgeError, match="no array-side device st-nope"):
+            netdev.ensure(ipr, "st-br0", "st-bi", "st-nope")
+        with pytest.raises(netdev.BridgeError, match="both st-bi"):
+            netdev.ensure(ipr, "st-br0", "st-bi", "st-bi")
+
+
+def test_an_admins_bridge_with_stp_on_is_adopted_with_stp_off(three_namespaces):
+    from pyroute2 import IPRoute
+
+    ini, mid, tgt = three_namespaces
+    with entered(f"/run/netns/{mid}"):
+        ipr = IPRoute()
+    with ipr:
+        ipr.link("add", ifname="st-br0", kind="bridge", br_stp_state=1, br_forward_delay=1500)
+        got = netdev.ensure(ipr, "st-br0", "st-bi", "st-ba")
+        assert not got.created and (got.stp_state, got.forward_delay_cs) == (0, 0)
+        assert _tcp_through(ini, tgt) == "ping"
