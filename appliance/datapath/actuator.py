@@ -200,7 +200,7 @@ class Datapath:
         members = self.current()
         self.sets.sync_gate(self._membership())
         t3 = time.monotonic()
-        report.rules_changed = self.mangle.converge(s.devices, s.ports, bool(members))
+        report.rules_changed = self.mangle.converge(s.devices, s.ports, bool(members), s.bridged)
         self._jumps = bool(members)
         t4 = time.monotonic()
         # Members whose class no longer exists would fall to HTB's direct queue
@@ -320,7 +320,7 @@ class Datapath:
 
     def _set_jumps(self, active: bool) -> None:
         if self._jumps != active:
-            self.mangle.set_jumps(self.spec.devices, active)
+            self.mangle.set_jumps(self.spec.devices, active, self.spec.bridged)
             self._jumps = active
 
     @contextlib.contextmanager

@@ -59,22 +59,24 @@ class Mangle:
                             what="iptables -S")  # fmt: skip
         return parse_mangle_rules(out)
 
-    def converge(self, devices: Sequence[str], ports: Sequence[int], active: bool) -> bool:
+    def converge(
+        self, devices: Sequence[str], ports: Sequence[int], active: bool, bridged: bool = False
+    ) -> bool:
         """The chain with these ports; a jump on each device iff active (apply).
         True: changed."""
         jumps, chain = self.read()
-        text = render_rules_restore(devices, ports, active, jumps, chain)
+        text = render_rules_restore(devices, ports, active, jumps, chain, bridged)
         if text is not None:
             self._restore(text)
         if not active:
             self._tidy()
         return text is not None
 
-    def set_jumps(self, devices: Sequence[str], active: bool) -> bool:
+    def set_jumps(self, devices: Sequence[str], active: bool, bridged: bool = False) -> bool:
         """Jumps on each device (the first member went in), or none at all (the
         last left); the chain is not touched.  True: changed."""
         jumps, _chain = self.read()
-        text = render_jumps(devices, active, jumps)
+        text = render_jumps(devices, active, jumps, bridged)
         if text is not None:
             self._restore(text)
             if not active:

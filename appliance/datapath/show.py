@@ -31,7 +31,7 @@ from santhrottle.appliance.datapath.names import (
 )
 from santhrottle.appliance.datapath.rules import parse_jump_device, parse_rule_ports
 from santhrottle.appliance.datapath.spec import DatapathSpec
-from santhrottle.appliance.datapath.tc import TcDevice, installed_devices
+from santhrottle.appliance.datapath.tc import TcDevice, installed_devices, is_bridge_port
 from santhrottle.appliance.datapath.tctree import basic_stats, queued, tree_summary
 from santhrottle.controller.ladder import Ladder
 
@@ -139,9 +139,10 @@ def discover(netns: str | None = None, tools: Tools | None = None, **kw: Any) ->
                 "the data path is not applied: run `santhrottle datapath apply --device IF`"
             )
         s = tree_summary(TcDevice(host, devices[0]).observe())
+        bridged = is_bridge_port(host, devices[0])
     finally:
         host.close()
-    args: dict[str, Any] = {"devices": tuple(devices)}
+    args: dict[str, Any] = {"devices": tuple(devices), "bridged": bridged}
     args.update(_ladder_args(s))
     if s["link_bits_s"]:
         args["link_bits_s"] = s["link_bits_s"]

@@ -71,6 +71,17 @@ def installed_devices(host: Host) -> list[str]:
     return sorted(out)
 
 
+def is_bridge_port(host: Host, device: str) -> bool:
+    """The device is a port of a Linux bridge (bridge mode: its jumps match by physdev)."""
+    ipr = host.iproute()
+    (link,) = ipr.get_links(host.ifindex(device))
+    master = link.get_attr("IFLA_MASTER")
+    if master is None:
+        return False
+    info = ipr.get_links(master)[0].get_attr("IFLA_LINKINFO")
+    return info is not None and info.get_attr("IFLA_INFO_KIND") == "bridge"
+
+
 class TcDevice:
     def __init__(self, host: Host, device: str) -> None:
         self.host = host
