@@ -143,6 +143,7 @@ class Connection:
     target: str = ""
     last_s: float = 0.0
     inflight: dict[int, _Command] = field(default_factory=dict)
+    volumes: set[Volume] = field(default_factory=set)  # every volume it sent a command to
 
 
 ConnKey = tuple[str, int, str, int]  # initiator address, port, target address, port
@@ -220,6 +221,7 @@ class Tracker:
         if kind == CMD and to_target:
             unit = lun_number(pdu.volume) if conn.proto == ISCSI else pdu.volume
             vol = Volume(conn.proto, conn.portal, conn.target, unit)
+            conn.volumes.add(vol)
             if pdu.tag in conn.inflight:
                 self.counters.replaced += 1
             self.counters.commands += 1
@@ -286,6 +288,15 @@ class Tracker:
     def take_writes(self) -> dict[tuple[Volume, str], int]:
         """Write bytes per (volume, initiator address) since the last call (a convergence)."""
         out, self.writes = self.writes, {}
+        return out
+
+    def seen(self) -> dict[Volume, set[str]]:
+        """Every volume the live connections have sent commands to, with the
+        initiators that did (what `santhrottle resources` lists in bridge mode)."""
+        out: dict[Volume, set[str]] = {}
+        for conn in self.conns.values():
+            for v in conn.volumes:
+                out.setdefault(v, set()).add(conn.initiator)
         return out
 
     def in_flight(self) -> dict[Volume, int]:

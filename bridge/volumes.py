@@ -26,6 +26,12 @@ Law
     by no resource (`santhrottle resources` shows it, so the admin can name
     it). A volume in two resources counts in both.
 
+What the wire shows
+    volume_rows(): every volume the live connections have sent commands
+    to, with its initiators, the resources it is in and its last tick's
+    reads and latency, named as the configuration takes it -- an admin
+    writes the resources from that list.
+
 Bounds
     A name that does not parse raises VolumeNameError naming the part.
 """
@@ -147,3 +153,38 @@ class VolumeMap:
             for name in self.resources_of(v):
                 acc[name, ini] = acc.get((name, ini), 0) + nbytes
         return [WriteSample(r, ini, b / interval_s) for (r, ini), b in sorted(acc.items())]
+
+
+@dataclass(frozen=True, slots=True)
+class VolumeRow:
+    """One line of the volumes the wire shows: the admin's material for the config."""
+
+    name: str  # as the configuration writes it (iscsi://PORTAL/IQN/LUN, nvme://...)
+    resources: tuple[str, ...]  # the resources it belongs to (none: not configured)
+    initiators: tuple[str, ...]
+    reads: int  # in the last tick
+    read_latency_s: float | None  # their mean; None without reads
+
+
+def volume_name(v: Volume) -> str:
+    """The name the configuration takes for v ("*" for a target not seen at login)."""
+    return f"{v.proto}://{v.portal}/{v.target or ANY}/{v.unit}"
+
+
+def volume_rows(
+    seen: Mapping[Volume, Iterable[str]], last_tick: Mapping[Volume, VolumeReads], vmap: VolumeMap
+) -> list[VolumeRow]:
+    """Every volume seen (Tracker.seen()) or read in the last tick, sorted by name."""
+    out = []
+    for v in sorted(set(seen) | set(last_tick), key=volume_name):
+        r = last_tick.get(v)
+        out.append(
+            VolumeRow(
+                volume_name(v),
+                vmap.resources_of(v),
+                tuple(sorted(seen.get(v, ()))),
+                r.reads if r else 0,
+                r.mean_s if r and r.reads else None,
+            )
+        )
+    return out

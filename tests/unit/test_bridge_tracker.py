@@ -164,3 +164,13 @@ def test_a_tick_takes_each_volumes_write_bytes_too():
     assert tr.take_tick() == ({}, {vol: 69632})
     assert tr.take_tick() == ({}, {})
     assert tr.take_writes() == {(vol, INI): 69632}  # the convergence's, apart
+
+
+def test_the_volumes_seen_with_their_initiators():
+    tr = T.Tracker()
+    a, b = Conn(tr, 3260), Conn(tr, 3260, 40001, ini="10.0.0.3")
+    a.send(0.1, B.scsi_read(1, lun=1) + B.scsi_read(2, lun=2), True)
+    b.send(0.1, B.scsi_write(1, lun=1), True)
+    lun1 = T.Volume("iscsi", f"{TGT}:3260", "", 1)
+    lun2 = T.Volume("iscsi", f"{TGT}:3260", "", 2)
+    assert tr.seen() == {lun1: {INI, "10.0.0.3"}, lun2: {INI}}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from santhrottle.bridge.tracker import Volume, VolumeReads
-from santhrottle.bridge.volumes import VolumeMap, VolumeNameError, parse_volume
+from santhrottle.bridge.volumes import VolumeMap, VolumeNameError, parse_volume, volume_rows
 from santhrottle.controller.domain import ReadSample, WriteSample
 
 IQN = "iqn.2026-11.lab:array"
@@ -63,3 +63,17 @@ def test_a_resources_tick_and_convergence_from_its_volumes():
         WriteSample("array1", "10.0.0.2", 3_000_000.0),
         WriteSample("fast", "fd00::2", 5.0),
     ]
+
+
+def test_the_volumes_the_wire_shows_named_as_the_config_takes_them():
+    m = VolumeMap({"array1": [f"iscsi://10.0.0.9/{IQN}/*"]})
+    seen = {LUN1: {"10.0.0.3", "10.0.0.2"}, UNNAMED: {"10.0.0.4"}}
+    rows = volume_rows(seen, {LUN1: VolumeReads(2, 0.006), NS1: VolumeReads(0, 0.0)}, m)
+    assert [(r.name, r.resources, r.initiators, r.reads, r.read_latency_s) for r in rows] == [
+        ("iscsi://10.0.0.9:3260/*/3", (), ("10.0.0.4",), 0, None),
+        (f"iscsi://10.0.0.9:3260/{IQN}/1", ("array1",), ("10.0.0.2", "10.0.0.3"), 2,
+         pytest.approx(0.003)),
+        ("nvme://[fd00::9]:4420/nqn.2026-11.lab:sub/1", (), (), 0, None),
+    ]  # fmt: skip
+    # every name it prints parses back to a pattern that matches its volume
+    assert parse_volume(rows[1].name).matches(LUN1) and parse_volume(rows[0].name).matches(UNNAMED)
