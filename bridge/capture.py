@@ -167,12 +167,16 @@ class Ring:
         """Hand every TCP segment of the blocks ready within timeout_ms to segment();
         returns the number of blocks read."""
         n = 0
+        waited = False
         while True:
             off = self.next_block * self.block_bytes
             status = _BLOCK.unpack_from(self.map, off + 8)[0]
             if not status & TP_STATUS_USER:
-                if n or not self.poller.poll(timeout_ms):
+                # one wait at most: an error on the socket (POLLERR) makes poll()
+                # return at once, and a loop on it would spin
+                if n or waited or not self.poller.poll(timeout_ms):
                     return n
+                waited = True
                 continue
             self._block(off, segment)
             struct.pack_into("=I", self.map, off + 8, TP_STATUS_KERNEL)
