@@ -229,46 +229,38 @@ class FrameDecoder:
                 self.counters.not_tcp += 1
                 return
             data = p + 34 + (doff >> 4) * 4
-            end = min(end, p + 14 + total)
-            if data >= end and not flags & (_SYN | _FIN | _RST):
-                self.counters.acks += 1  # a pure ACK: nothing for the walker
-                return
-            self.counters.segments += 1
-            segment(
-                t, self.name(src), sport, self.name(dst), dport, seq, view[data:end],
-                bool(flags & _SYN), bool(flags & (_FIN | _RST)),
-            )  # fmt: skip
-            return
-        etype = view[p + 12] << 8 | view[p + 13]
-        ip = p + 14
-        if etype == 0x8100:  # an 802.1Q tag left in line
-            etype = view[p + 16] << 8 | view[p + 17]
-            ip += 4
-        if etype == 0x0800:
-            vihl, total, _, frag, _, proto, _, src, dst = _IP4.unpack_from(view, ip)
-            if proto != 6 or frag & 0x1FFF:
-                self.counters.not_tcp += 1
-                return
-            tcp = ip + (vihl & 0x0F) * 4
-            end = min(end, ip + total)  # not the Ethernet padding
-        elif etype == 0x86DD:
-            if view[ip + 6] != 6:
-                self.counters.not_tcp += 1
-                return
-            src, dst = bytes(view[ip + 8 : ip + 24]), bytes(view[ip + 24 : ip + 40])
-            tcp = ip + 40
-            end = min(end, tcp + (view[ip + 4] << 8 | view[ip + 5]))
+            end = min(end, p + 14 + total)  # not the Ethernet padding
         else:
-            self.counters.not_tcp += 1
-            return
-        sport, dport, seq, _, doff, flags = _TCP.unpack_from(view, tcp)
-        data = tcp + (doff >> 4) * 4
+            etype = view[p + 12] << 8 | view[p + 13]
+            ip = p + 14
+            if etype == 0x8100:  # an 802.1Q tag left in line
+                etype = view[p + 16] << 8 | view[p + 17]
+                ip += 4
+            if etype == 0x0800:
+                vihl, total, _, frag, _, proto, _, src, dst = _IP4.unpack_from(view, ip)
+                if proto != 6 or frag & 0x1FFF:
+                    self.counters.not_tcp += 1
+                    return
+                tcp = ip + (vihl & 0x0F) * 4
+                end = min(end, ip + total)
+            elif etype == 0x86DD:
+                if view[ip + 6] != 6:
+                    self.counters.not_tcp += 1
+                    return
+                src, dst = bytes(view[ip + 8 : ip + 24]), bytes(view[ip + 24 : ip + 40])
+                tcp = ip + 40
+                end = min(end, tcp + (view[ip + 4] << 8 | view[ip + 5]))
+            else:
+                self.counters.not_tcp += 1
+                return
+            sport, dport, seq, _, doff, flags = _TCP.unpack_from(view, tcp)
+            data = tcp + (doff >> 4) * 4
         if data >= end and not flags & (_SYN | _FIN | _RST):
-            self.counters.acks += 1
+            self.counters.acks += 1  # a pure ACK: nothing for the walker
             return
         self.counters.segments += 1
         segment(
             t, self.name(src), sport, self.name(dst), dport, seq,
-            view[data:end] if data < end else view[0:0],  # a SYN, FIN or RST
+            view[data:end],  # empty for a SYN, FIN or RST without data
             bool(flags & _SYN), bool(flags & (_FIN | _RST)),
         )  # fmt: skip
