@@ -37,13 +37,16 @@ Bounds
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import select
 import socket
 import struct
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any
 
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263
@@ -163,9 +166,13 @@ class Ring:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def poll(self, timeout_ms: int, segment: Segment) -> int:
+    def poll(
+        self, timeout_ms: int, segment: Segment, guard: AbstractContextManager[Any] | None = None
+    ) -> int:
         """Hand every TCP segment of the blocks ready within timeout_ms to segment();
-        returns the number of blocks read."""
+        returns the number of blocks read. guard (a lock) is held while a block is
+        read, not while waiting."""
+        guard = guard or contextlib.nullcontext()
         n = 0
         waited = False
         while True:
@@ -178,7 +185,8 @@ class Ring:
                     return n
                 waited = True
                 continue
-            self._block(off, segment)
+            with guard:
+                self._block(off, segment)
             struct.pack_into("=I", self.map, off + 8, TP_STATUS_KERNEL)
             self.next_block = (self.next_block + 1) % self.blocks
             n += 1

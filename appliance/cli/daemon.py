@@ -34,7 +34,8 @@ from santhrottle.appliance.cli.common import (
     verb,
 )
 from santhrottle.appliance.config import DEFAULT_PATH, ConfigError, defaults, load_config
-from santhrottle.appliance.config.schema import KindError, key
+from santhrottle.appliance.config.kinds import KindError
+from santhrottle.appliance.config.schema import key
 from santhrottle.appliance.daemon.client import CLIENT_TIMEOUT_S, request
 from santhrottle.appliance.daemon.requests import DaemonAbsent, DaemonUnavailable, RemoteError
 from santhrottle.appliance.units import fmt_duration, fmt_mb, fmt_ms

@@ -37,12 +37,8 @@ from santhrottle.appliance.cli.common import (
 )
 from santhrottle.appliance.config import DEFAULT_PATH, ConfigError, default, load_config
 from santhrottle.appliance.config import defaults as config_defaults
-from santhrottle.appliance.config.schema import (
-    MAX_GLIDE_LEAVES,
-    PIN_MODES,
-    WRITE_MODES,
-    parse_ports_text,
-)
+from santhrottle.appliance.config.kinds import parse_ports_text
+from santhrottle.appliance.config.schema import MAX_GLIDE_LEAVES, PIN_MODES, WRITE_MODES
 from santhrottle.appliance.units import (
     fmt_bit_rate,
     fmt_us,

@@ -25,13 +25,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from santhrottle.appliance.config.schema import (
-    DEFAULT_PATH,
-    KEYS,
-    NAME_RE,
-    TABLES,
-    KindError,
-)
+from santhrottle.appliance.config.kinds import AUTO, NAME_RE, KindError
+from santhrottle.appliance.config.schema import DEFAULT_PATH, KEYS, TABLES
 from santhrottle.controller.domain import ControllerConfig, LogGains, PidGains
 from santhrottle.controller.ladder import Ladder, LadderError
 
@@ -49,6 +44,7 @@ class ResourceConfig:
     threshold_s: float | str | None  # None: measured, never throttled; "auto": fitted
     devices: tuple[str, ...] = ()  # declared resource: these block devices
     fallback_s: float | None = None  # "auto": held until the fit is confident
+    volumes: tuple[str, ...] = ()  # bridge mode: iscsi://... and nvme://... names
 
 
 @dataclass(frozen=True)
@@ -83,6 +79,19 @@ class Config:
     # [daemon], later additions
     socket_group: str | None = None
     state_dir: str = "/var/lib/santhrottle"
+    mode: str = "target"  # or "bridge"
+    # [bridge]
+    bridge_name: str = "br-santhrottle"
+    initiator_port: str | None = None
+    array_port: str | None = None
+
+    @property
+    def bridge_mode(self) -> bool:
+        return self.mode == "bridge"
+
+    def volumes(self) -> dict[str, tuple[str, ...]]:
+        """Bridge mode: resource -> its volume names."""
+        return {n: r.volumes for n, r in self.resources.items()}
 
     @property
     def step_s(self) -> float:
@@ -129,6 +138,7 @@ _FIELD = {
     "datapath.link_speed": "link_bits_s",
     "metrics.address": "metrics_address",
     "metrics.port": "metrics_port",
+    "bridge.name": "bridge_name",
 }
 RESTART_FIELDS = {k.dotted: _FIELD.get(k.dotted, k.name) for k in KEYS if k.restart}
 assert set(RESTART_FIELDS.values()) <= {f.name for f in fields(Config)}
@@ -244,13 +254,23 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
         write_heavy_share=c["write_heavy_share"],
     )
     m = r.table(data, "metrics", "metrics")
+    b = r.table(data, "bridge", "bridge")
+    resources = _resources(r, data)
+    static_map = _static_map(r, data)
+    devices = p["devices"]
+    if d["mode"] == "bridge":
+        devices = _bridge_checks(r, b, devices, resources, static_map, c["default_threshold"])
+    else:
+        for name, rc in resources.items():
+            if rc.volumes:
+                raise r.fail(f"resources.{name}.volumes", 'needs daemon.mode = "bridge"')
     return Config(
         path=path,
         control_socket=d["control_socket"],
         socket_mode=d["socket_mode"],
         netns=d["netns"],
         keep_static_state=d["keep_static_state"],
-        devices=p["devices"],
+        devices=devices,
         ports=p["ports"],
         write_mode=p["write_mode"],
         step_us=p["step"],
@@ -261,13 +281,54 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
         glide_leaves=p["glide_leaves"],
         controller=controller,
         default_threshold_s=c["default_threshold"],
-        resources=_resources(r, data),
-        static_map=_static_map(r, data),
+        resources=resources,
+        static_map=static_map,
         metrics_address=m["address"],
         metrics_port=m["port"],
         socket_group=d["socket_group"],
         state_dir=d["state_dir"],
+        mode=d["mode"],
+        bridge_name=b["name"],
+        initiator_port=b["initiator_port"],
+        array_port=b["array_port"],
     )
+
+
+def _bridge_checks(
+    r: _Reader,
+    b: dict[str, Any],
+    devices: tuple[str, ...],
+    resources: dict[str, ResourceConfig],
+    static_map: dict[str, tuple[str, ...]],
+    default_threshold: float | str | None,
+) -> tuple[str, ...]:
+    """Bridge mode's own rules; the data path's devices (the initiator-side port)."""
+    for k in ("initiator_port", "array_port"):
+        if not b[k]:
+            raise r.fail(f"bridge.{k}", 'is required with daemon.mode = "bridge"')
+    if b["initiator_port"] == b["array_port"]:
+        raise r.fail("bridge.array_port", "must differ from bridge.initiator_port")
+    if b["name"] in (b["initiator_port"], b["array_port"]):
+        raise r.fail("bridge.name", "must differ from both ports")
+    if devices and devices != (b["initiator_port"],):
+        raise r.fail(
+            "datapath.devices", "bridge mode delays on bridge.initiator_port: leave this out"
+        )
+    if static_map:
+        raise r.fail("static_map", "in bridge mode the wire names each initiator's volumes")
+    if default_threshold == AUTO:
+        raise r.fail("controller.default_threshold", _NO_AUTO)
+    for name, rc in resources.items():
+        if rc.devices:
+            raise r.fail(f"resources.{name}.devices", "in bridge mode a resource is volumes")
+        if rc.threshold_s == AUTO:
+            raise r.fail(f"resources.{name}.threshold", _NO_AUTO)
+    return (b["initiator_port"],)
+
+
+# Pesto's fit wants every IO's latency and the queue (diskstats); the wire sensor
+# measures reads only.
+_NO_AUTO = '"auto" needs the devices\' counters: target mode only; give a duration'
 
 
 def _resources(r: _Reader, data: dict[str, Any]) -> dict[str, ResourceConfig]:
@@ -282,7 +343,9 @@ def _resources(r: _Reader, data: dict[str, Any]) -> dict[str, ResourceConfig]:
         if not isinstance(rt, dict):
             raise r.fail(key, "must be a table with threshold and optional devices")
         v = r.table({key: rt}, key, "resources.NAME")
-        out[name] = ResourceConfig(name, v["threshold"], v["devices"], v["fallback_threshold"])
+        out[name] = ResourceConfig(
+            name, v["threshold"], v["devices"], v["fallback_threshold"], v["volumes"]
+        )
     return out
 
 

@@ -2,7 +2,7 @@
 
 What it owns
     KEYS, one Key per configuration key of /etc/santhrottle/santhrottle.toml:
-    its table, type (a Kind that parses and checks a TOML value), default
+    its table, type (a Kind that parses and checks a TOML value, kinds.py), default
     as written in the file, documentation, and whether a change takes
     effect on reload or needs a restart.  The config parser (parse.py), the
     CLI's option defaults (`datapath apply --link-speed`, ...), the data
@@ -10,7 +10,7 @@ What it owns
     docs/configure.md all come from here; a unit test holds the docs to it.
 
 Bounds that are facts of the kernel or the tools, not choices
-    MAX_PORTS      iptables multiport takes at most 15 ports.
+    MAX_PORTS      iptables multiport takes at most 15 ports (kinds.py).
     MAX_CLASSES    a delay class is an HTB minor written in decimal and
                    read as hex (class 20 is 5374:20), and its leaf qdisc
                    takes the same number as its handle major, which must
@@ -24,32 +24,42 @@ Worked example
 
 from __future__ import annotations
 
-import ipaddress
-import re
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from santhrottle.appliance.config.kinds import (
+    MAX_THRESHOLD_S,
+    Kind,
+    abs_path,
+    bit_rate,
+    boolean,
+    byte_rate,
+    choice,
+    delay_us,
+    duration_s,
+    integer,
+    ip_address,
+    name,
+    names,
+    number,
+    ports,
+    socket_mode,
+    tcp_port_or_0,
+    threshold,
+    volume_names,
+)
 from santhrottle.appliance.units import (
-    UnitError,
     fmt_byte_rate,
     fmt_duration,
     fmt_us,
-    parse_bit_rate,
-    parse_byte_rate,
-    parse_duration_s,
-    parse_duration_us,
 )
 from santhrottle.controller.domain import LAWS, OFFSET_X_THRESHOLD_MAX, ControllerConfig
 from santhrottle.controller.ladder import MAX_CLASSES as MAX_CLASSES
 from santhrottle.controller.ladder import Ladder
 
 DEFAULT_PATH = "/etc/santhrottle/santhrottle.toml"
-# Interface, namespace, resource and block device names.
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 # ------------------------------------------------------------ kernel bounds
-MAX_PORTS = 15
 MAX_GLIDE_LEAVES = 256
 # A step finer than 10 us is below what netem's timer keeps; above 100 ms a
 # class is too coarse for any threshold the controller can hold.
@@ -60,262 +70,18 @@ MAX_STEP_US = 100_000
 # NVMe/TCP keep-alive timeout, both 5 s by default); a write through R2T
 # meets the delay twice (docs/controller.md, "The ladder").
 MAX_DELAY_US = 1_000_000
-# A read-latency threshold above a minute is no threshold an array is held to.
-MAX_THRESHOLD_S = 60.0
-# The fastest link HTB's and netem's sizing is checked for (tc takes 64-bit rates).
-MAX_LINK_BITS_S = 10 * 10**12
 # sun_path of a Unix socket holds 107 bytes and the terminating NUL.
 MAX_SOCKET_PATH_BYTES = 107
-# The control socket: root only, or root and one group (daemon.socket_group).
-SOCKET_MODES = ("0600", "0660")
 # The modes a write-heavy initiator's packets can be delayed in (docs/datapath.md):
 # every packet, or pure ACKs only (the 2010 method).  `read` exists for pins.
 WRITE_MODES = ("all", "ack")
 PIN_MODES = ("all", "ack", "read")
 LEAVES = ("netem", "pfifo")
+# Where santhrottle stands: on the target host, or on a bridge in front of any array.
+MODES = ("target", "bridge")
 
 _DC = ControllerConfig()
 _LADDER = Ladder()
-
-
-class KindError(ValueError):
-    """A value of the wrong type or out of its bounds: the message, without the key."""
-
-
-@dataclass(frozen=True)
-class Kind:
-    """A value type: parses a TOML value, describes itself for the docs."""
-
-    describe: str
-    parse: Callable[[Any], Any]
-
-
-def _fail(value: Any, what: str) -> KindError:
-    return KindError(f"{value!r} {what}")
-
-
-def delay_us(lo_us: int, hi_us: int) -> Kind:
-    def parse(v: Any) -> int:
-        if not isinstance(v, str):
-            raise _fail(v, 'is not a duration: write e.g. "500us"')
-        try:
-            us = parse_duration_us(v)
-        except UnitError as e:
-            raise KindError(str(e)) from None
-        if not lo_us <= us <= hi_us:
-            raise _fail(v, f"is outside {fmt_us(lo_us)}..{fmt_us(hi_us)}")
-        return us
-
-    return Kind(f"duration, {fmt_us(lo_us)}..{fmt_us(hi_us)}, whole us", parse)
-
-
-def duration_s(lo_s: float = 0.0, hi_s: float | None = None, positive: bool = False) -> Kind:
-    def parse(v: Any) -> float:
-        if not isinstance(v, str):
-            raise _fail(v, 'is not a duration: write e.g. "15ms"')
-        try:
-            s = parse_duration_s(v)
-        except UnitError as e:
-            raise KindError(str(e)) from None
-        if positive and s <= 0:
-            raise _fail(v, "must be above 0")
-        if positive and not lo_s and hi_s is not None and s > hi_s:
-            raise _fail(v, f"is above {fmt_duration(hi_s)}")
-        if s < lo_s or (hi_s is not None and s > hi_s):
-            raise _fail(v, f"is outside {fmt_duration(lo_s)}..{fmt_duration(hi_s or 0)}")
-        return s
-
-    if hi_s is not None and positive and not lo_s:
-        desc = f"duration > 0, at most {fmt_duration(hi_s)}"
-    elif hi_s is not None:
-        desc = f"duration, {fmt_duration(lo_s)}..{fmt_duration(hi_s)}"
-    else:
-        desc = "duration > 0" if positive else "duration >= 0"
-    return Kind(desc, parse)
-
-
-# A threshold the daemon derives itself (Pesto's, controller/lqfit.py).
-AUTO = "auto"
-
-
-def threshold() -> Kind:
-    """A read-latency threshold: a duration > 0 (at most MAX_THRESHOLD_S), or "auto"."""
-    dur = duration_s(0.0, MAX_THRESHOLD_S, positive=True)
-
-    def parse(v: Any) -> float | str:
-        if v == AUTO:
-            return AUTO
-        try:
-            return float(dur.parse(v))
-        except KindError as e:
-            raise KindError(f'{e}; or "auto"') from None
-
-    return Kind(f'{dur.describe}, or "auto"', parse)
-
-
-def byte_rate() -> Kind:
-    def parse(v: Any) -> float:
-        if not isinstance(v, str):
-            raise _fail(v, 'is not a byte rate: write e.g. "1MiB/s"')
-        try:
-            return parse_byte_rate(v)
-        except UnitError as e:
-            raise KindError(str(e)) from None
-
-    return Kind("byte rate (B/s, kB/s, KiB/s, MB/s, MiB/s, ...)", parse)
-
-
-def bit_rate() -> Kind:
-    def parse(v: Any) -> int:
-        try:
-            bits = parse_bit_rate(v)
-        except UnitError as e:
-            raise KindError(str(e)) from None
-        if bits > MAX_LINK_BITS_S:
-            raise _fail(v, "is above 10tbit")
-        return bits
-
-    return Kind("link speed, 1mbit..10tbit (e.g. 10gbit)", parse)
-
-
-def integer(lo: int, hi: int) -> Kind:
-    def parse(v: Any) -> int:
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            raise _fail(v, f"must be a whole number within [{lo}, {hi}]")
-        return v
-
-    return Kind(f"whole number, {lo}..{hi}", parse)
-
-
-def number(lo: float, hi: float) -> Kind:
-    def parse(v: Any) -> float:
-        if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
-            raise _fail(v, f"must be a number within [{lo:g}, {hi:g}]")
-        return float(v)
-
-    return Kind(f"number, {lo:g}..{hi:g}", parse)
-
-
-def boolean() -> Kind:
-    def parse(v: Any) -> bool:
-        if not isinstance(v, bool):
-            raise _fail(v, "must be true or false")
-        return v
-
-    return Kind("true or false", parse)
-
-
-def choice(options: Sequence[str]) -> Kind:
-    def parse(v: Any) -> str:
-        if v not in options:
-            raise _fail(v, f"must be one of {', '.join(options)}")
-        return str(v)
-
-    return Kind(" or ".join(f'"{o}"' for o in options), parse)
-
-
-def abs_path(max_bytes: int = 4095) -> Kind:
-    def parse(v: Any) -> str:
-        if not isinstance(v, str) or not v.startswith("/") or "\0" in v:
-            raise _fail(v, "must be an absolute path")
-        if len(v.encode("utf-8", "surrogateescape")) > max_bytes:
-            raise _fail(v, f"is longer than {max_bytes} bytes")
-        return v
-
-    return Kind("absolute path" if max_bytes == 4095 else f"absolute path, <= {max_bytes} bytes",
-                parse)  # fmt: skip
-
-
-def socket_mode() -> Kind:
-    def parse(v: Any) -> int:
-        if v not in SOCKET_MODES:
-            raise _fail(
-                v, f"must be {' or '.join(map(repr, SOCKET_MODES))} (0660 with socket_group)"
-            )
-        return int(v, 8)
-
-    return Kind(" or ".join(f'"{m}"' for m in SOCKET_MODES), parse)
-
-
-def name(what: str) -> Kind:
-    def parse(v: Any) -> str:
-        if not isinstance(v, str) or not NAME_RE.match(v):
-            article = "an" if what[:1] in "aeiou" else "a"
-            raise _fail(v, f"is not {article} {what} name (letters, digits and _ . + -)")
-        return v
-
-    return Kind(f"{what} name", parse)
-
-
-def names(what: str, examples: str) -> Kind:
-    one = name(what).parse
-
-    def parse(v: Any) -> tuple[str, ...]:
-        if not isinstance(v, list):
-            raise _fail(v, f"must be a list of {what} names ({examples})")
-        try:
-            return tuple(one(x) for x in v)
-        except KindError as e:
-            raise KindError(f"must be a list of {what} names ({examples}): {e}") from None
-
-    return Kind(f"list of {what} names", parse)
-
-
-def ports() -> Kind:
-    def parse(v: Any) -> tuple[int, ...]:
-        if not isinstance(v, list):
-            raise _fail(v, "must be a list of TCP ports (1-65535)")
-        return check_ports(v)
-
-    return Kind(f"list of 1..{MAX_PORTS} TCP ports", parse)
-
-
-def check_ports(values: Sequence[Any]) -> tuple[int, ...]:
-    """The storage ports, or a KindError: 1..MAX_PORTS distinct TCP ports."""
-    if not values:
-        raise KindError("no storage ports given")
-    out: list[int] = []
-    for p in values:
-        if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= 65535:
-            raise KindError(f"bad port {p!r}: expected 1-65535")
-        if p in out:
-            raise KindError(f"port {p} given twice")
-        out.append(p)
-    if len(out) > MAX_PORTS:
-        raise KindError(f"{len(out)} storage ports: iptables multiport takes at most {MAX_PORTS}")
-    return tuple(out)
-
-
-def parse_ports_text(text: str) -> tuple[int, ...]:
-    """'3260,4420' (the CLI's spelling) -> (3260, 4420); KindError otherwise."""
-    vals: list[Any] = []
-    for part in text.split(","):
-        p = part.strip()
-        if not p.isdigit():
-            raise KindError(f"bad port {part!r} in {text!r}: expected 1-65535")
-        vals.append(int(p))
-    return check_ports(vals)
-
-
-def ip_address() -> Kind:
-    def parse(v: Any) -> str:
-        if not isinstance(v, str):
-            raise _fail(v, 'is not an IP address: write it as a string, e.g. "127.0.0.1"')
-        try:
-            return str(ipaddress.ip_address(v))
-        except (ValueError, TypeError):
-            raise _fail(v, "is not an IP address") from None
-
-    return Kind("IP address", parse)
-
-
-def tcp_port_or_0() -> Kind:
-    def parse(v: Any) -> int:
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 65536:
-            raise _fail(v, "must be a TCP port (0 disables the exporter)")
-        return v
-
-    return Kind("TCP port, 0 = off", parse)
 
 
 @dataclass(frozen=True)
@@ -360,9 +126,23 @@ KEYS: tuple[Key, ...] = (
         "daemon's own", restart=True),
     Key("daemon", "keep_static_state", boolean(), False,
         "on stop, keep the tc tree, sets and chain (delays are always removed)"),
+    Key("daemon", "mode", choice(MODES), "target",
+        '"target": on the iSCSI / NVMe-oF target host (diskstats, LIO, nvmet); "bridge": '
+        "a transparent bridge in front of any array, latency measured from the wire",
+        restart=True),
+    # [bridge]
+    Key("bridge", "name", name("bridge"), "br-santhrottle",
+        "bridge mode: the bridge between the two ports (created when absent)", restart=True),
+    Key("bridge", "initiator_port", name("interface"), None,
+        "bridge mode: the port facing the initiators, where the delays sit (required)",
+        restart=True),
+    Key("bridge", "array_port", name("interface"), None,
+        "bridge mode: the port facing the array, where the wire is read (required)",
+        restart=True),
     # [datapath]
     Key("datapath", "devices", names("interface", '"eth1"'), [],
-        "egress devices facing the initiators (required)", restart=True),
+        "egress devices facing the initiators (required in target mode; in bridge mode "
+        "bridge.initiator_port)", restart=True),
     Key("datapath", "ports", ports(), [3260, 4420],
         "storage ports whose packets are delayed (iSCSI 3260, NVMe/TCP 4420)", restart=True),
     Key("datapath", "write_mode", choice(WRITE_MODES), "all",
@@ -447,7 +227,10 @@ KEYS: tuple[Key, ...] = (
     Key("resources.NAME", "fallback_threshold", duration_s(0.0, MAX_THRESHOLD_S, positive=True),
         None, 'threshold "auto": held until the fit is confident; unset: observed until then'),
     Key("resources.NAME", "devices", names("block device", '"sdb", "dm-3"'), [],
-        "declare a resource as these block devices (a VG is discovered)"),
+        "target mode: declare a resource as these block devices (a VG is discovered)"),
+    Key("resources.NAME", "volumes", volume_names(), [],
+        "bridge mode: the volumes the resource is made of, as `santhrottle resources` "
+        "names them"),
     # [metrics]
     Key("metrics", "address", ip_address(), "127.0.0.1",
         "address of the Prometheus exporter", restart=True),
@@ -456,7 +239,7 @@ KEYS: tuple[Key, ...] = (
 )  # fmt: skip
 
 BY_NAME = {k.dotted: k for k in KEYS}
-TABLES = ("daemon", "datapath", "controller", "resources", "static_map", "metrics")
+TABLES = ("daemon", "bridge", "datapath", "controller", "resources", "static_map", "metrics")
 
 
 def key(dotted: str) -> Key:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from santhrottle.appliance.config import Config, ConfigError
-from santhrottle.appliance.config.schema import AUTO
+from santhrottle.appliance.config.kinds import AUTO
 from santhrottle.appliance.daemon import commands, view
 from santhrottle.appliance.daemon.commands import CommandError
 from santhrottle.appliance.daemon.counters import Counters, WrittenBytes
@@ -342,6 +342,8 @@ class Daemon:
             self.config = new.keeping_restart_keys_of(old)
             if self.config.controller != old.controller:
                 self.ctl = reconfigure(self.ctl, self.config.controller)
+            if self.config.bridge_mode and hasattr(self.sensors, "reconfigure"):
+                self.sensors.reconfigure(self.config.volumes())  # the resources' volumes
             self._resources_dirty = True
             self.counters.reloads += 1
         if self.restart_pending:

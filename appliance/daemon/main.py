@@ -64,6 +64,11 @@ def build_datapath(cfg: Config) -> Any:
 
 
 def build_sensors(cfg: Config) -> Any:
+    if cfg.bridge_mode:  # the wire on the array-side port (started by serve())
+        from santhrottle.appliance.sensing.bridge import BridgeSensor
+
+        assert cfg.array_port is not None  # the parser's rule in bridge mode
+        return BridgeSensor(port=cfg.array_port, resources=cfg.volumes(), netns=cfg.netns)
     from santhrottle.appliance.sensing.target import TargetSensor
 
     return TargetSensor(
@@ -90,6 +95,11 @@ def check(cfg: Config) -> int:
 def preflight(cfg: Config) -> list[str]:
     from santhrottle.appliance.daemon.control import socket_in_use
     from santhrottle.appliance.datapath import DatapathError, DatapathSpec, Host
+    from santhrottle.appliance.datapath.bridged import (
+        NF_CALL_IPTABLES,
+        NO_BR_NETFILTER,
+        br_netfilter_on,
+    )
     from santhrottle.appliance.datapath.probe import probe
 
     problems: list[str] = []
@@ -106,17 +116,19 @@ def preflight(cfg: Config) -> list[str]:
     elif root:
         host = Host(cfg.netns)
         try:
-            for dev in cfg.devices:
+            for key, dev in _devices_to_check(cfg):
                 try:
                     host.ifindex(dev)
                 except DatapathError as e:
-                    problems.append(f"datapath.devices: {e}")
+                    problems.append(f"{key}: {e}")
+            if cfg.bridge_mode and br_netfilter_on(host) is None:
+                problems.append(NO_BR_NETFILTER.format(path=NF_CALL_IPTABLES))
         finally:
             host.close()
     else:
-        for dev in cfg.devices:
+        for key, dev in _devices_to_check(cfg):
             if not cfg.netns and not os.path.exists(f"/sys/class/net/{dev}"):
-                problems.append(f"datapath.devices: no network device {dev!r}")
+                problems.append(f"{key}: no network device {dev!r}")
     if cfg.socket_group:
         try:
             grp.getgrnam(cfg.socket_group)
@@ -132,6 +144,14 @@ def preflight(cfg: Config) -> list[str]:
         spec = DatapathSpec.from_config(cfg)
         problems += probe(spec)
     return problems
+
+
+def _devices_to_check(cfg: Config) -> list[tuple[str, str]]:
+    """(key, device) of every device the start needs."""
+    if cfg.bridge_mode:
+        return [("bridge.initiator_port", str(cfg.initiator_port)),
+                ("bridge.array_port", str(cfg.array_port))]  # fmt: skip
+    return [("datapath.devices", d) for d in cfg.devices]
 
 
 def _port_taken(address: str, port: int) -> str | None:
@@ -186,13 +206,14 @@ def serve(cfg: Config) -> int:
     from santhrottle.appliance.daemon.state import StateStore
     from santhrottle.appliance.datapath import DatapathError
 
-    server = metrics = datapath = None
+    server = metrics = datapath = sensors = None
     applied = False
     try:
         datapath = build_datapath(cfg)
+        sensors = build_sensors(cfg)
         daemon = Daemon(
             cfg,
-            build_sensors(cfg),
+            sensors,
             datapath,
             load_config=load_config,
             notify=notify,
@@ -201,8 +222,12 @@ def serve(cfg: Config) -> int:
         # what can be refused without touching the kernel, first
         server = ControlServer(cfg.control_socket, daemon.handle, cfg.socket_mode, cfg.socket_group)
         metrics = start_metrics(cfg, daemon)
+        if cfg.bridge_mode:  # the ports must be the bridge's before the jumps match them
+            log.info("bridge: %s", prepare(cfg))
         applied = True
         log.info("datapath: %s", datapath.apply().summary())
+        if cfg.bridge_mode:
+            sensors.start()
         restore(daemon, daemon.store, datapath.current(), time.monotonic())
         server.start()
     except (DatapathError, OSError, ValueError) as e:
@@ -213,6 +238,7 @@ def serve(cfg: Config) -> int:
             metrics.shutdown()
         if server is not None:
             server.close()
+        _close(sensors)
         return EXIT_FAILED
 
     def on_term(signum: int, _frame: Any) -> None:
@@ -234,11 +260,32 @@ def serve(cfg: Config) -> int:
     try:
         daemon.run()
     finally:
+        _close(sensors)
         daemon.shutdown()
         server.close()
         if metrics is not None:
             metrics.shutdown()
     return 0
+
+
+def prepare(cfg: Config) -> str:
+    """Bridge mode: make or adopt the bridge, bridged packets into iptables (one line)."""
+    from santhrottle.appliance.datapath import Host
+    from santhrottle.appliance.datapath.bridged import prepare_bridge
+
+    host = Host(cfg.netns)
+    try:
+        st = prepare_bridge(host, cfg.bridge_name, str(cfg.initiator_port), str(cfg.array_port))
+    finally:
+        host.close()
+    how = "created" if st.created else "adopted"
+    return f"{st.name} {how}, ports {', '.join(st.ports)}, STP off, forward delay 0"
+
+
+def _close(sensors: Any) -> None:
+    close = getattr(sensors, "close", None)
+    if close is not None:
+        close()
 
 
 def start_metrics(cfg: Config, daemon: Any) -> Any:

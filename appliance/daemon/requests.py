@@ -40,15 +40,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from santhrottle.appliance.config.schema import (
-    AUTO,
-    MAX_CLASSES,
-    PIN_MODES,
-    KindError,
-    choice,
-    key,
-    name,
-)
+from santhrottle.appliance.config.kinds import AUTO, KindError, choice, name
+from santhrottle.appliance.config.schema import MAX_CLASSES, PIN_MODES, key
 
 log = logging.getLogger("santhrottled.control")
 

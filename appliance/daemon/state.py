@@ -37,8 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from santhrottle.appliance.config.kinds import AUTO, MAX_THRESHOLD_S, NAME_RE
 from santhrottle.appliance.config.parse import read_text_file
-from santhrottle.appliance.config.schema import AUTO, MAX_THRESHOLD_S, NAME_RE, PIN_MODES
+from santhrottle.appliance.config.schema import PIN_MODES
 
 STATE_FILE = "state.json"
 STATE_VERSION = 1

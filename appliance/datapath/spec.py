@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from santhrottle.appliance.config import Config, default
+from santhrottle.appliance.config.kinds import KindError, check_ports
 from santhrottle.appliance.config.schema import (
     LEAVES,
     MAX_CLASSES,
@@ -25,8 +26,6 @@ from santhrottle.appliance.config.schema import (
     MAX_STEP_US,
     MIN_STEP_US,
     WRITE_MODES,
-    KindError,
-    check_ports,
 )
 from santhrottle.appliance.datapath.names import DatapathError
 from santhrottle.appliance.units import fmt_us
@@ -112,4 +111,5 @@ class DatapathSpec:
             write_mode=cfg.write_mode,
             leaf=cfg.leaf,
             glide_leaves=cfg.glide_leaves,
+            bridged=cfg.bridge_mode,
         )

@@ -48,6 +48,42 @@ def test_a_bad_config_is_one_line_naming_it(text, words):
     assert words in _refused(text)
 
 
+BRIDGE = '[daemon]\nmode = "bridge"\n[bridge]\ninitiator_port = "eth1"\narray_port = "eth2"\n'
+VOL = "iscsi://10.0.0.5/iqn.2026-11.lab:a/0"
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ('[daemon]\nmode = "bridge"\n', "bridge.initiator_port: is required"),
+        (BRIDGE.replace('"eth2"', '"eth1"'), "must differ from bridge.initiator_port"),
+        (BRIDGE + 'name = "eth1"\n', "bridge.name: must differ from both ports"),
+        (BRIDGE + DEV, "datapath.devices: bridge mode delays on bridge.initiator_port"),
+        (BRIDGE + '[static_map]\n"10.0.0.0/24" = ["a"]\n', "static_map: in bridge mode"),
+        (BRIDGE + '[resources.a]\nthreshold = "auto"\n', '"auto" needs the devices'),
+        (BRIDGE + '[controller]\ndefault_threshold = "auto"\n', "target mode only"),
+        (BRIDGE + '[resources.a]\ndevices = ["sdb"]\n', "in bridge mode a resource is volumes"),
+        (BRIDGE + '[resources.a]\nvolumes = ["iscsi://x/y/0"]\n', "portal 'x' is not an IP"),
+        (BRIDGE + '[resources.a]\nvolumes = ["nvme://10.0.0.5/n/x"]\n', "NSID must be a number"),
+        (BRIDGE + "[resources.a]\nvolumes = [5]\n", "must be a list of volume names"),
+        (DEV + f'[resources.a]\nvolumes = ["{VOL}"]\n', 'needs daemon.mode = "bridge"'),
+        ('[daemon]\nmode = "router"\n' + DEV, 'must be one of target, bridge'),
+    ],
+)
+def test_a_bad_bridge_config_is_one_line_naming_it(text, words):
+    assert words in _refused(text)
+
+
+def test_bridge_mode_delays_on_the_initiator_port_and_groups_volumes():
+    cfg = parse_config(BRIDGE + f'[resources.a]\nthreshold = "10ms"\nvolumes = ["{VOL}"]\n')
+    assert cfg.bridge_mode and cfg.devices == ("eth1",) and cfg.array_port == "eth2"
+    assert cfg.volumes() == {"a": (VOL,)} and cfg.bridge_name == "br-santhrottle"
+    from santhrottle.appliance.datapath import DatapathSpec
+
+    assert DatapathSpec.from_config(cfg).bridged
+    assert not DatapathSpec.from_config(parse_config(DEV)).bridged
+
+
 def test_socket_group_with_0660_is_accepted():
     cfg = parse_config('[daemon]\nsocket_mode = "0660"\nsocket_group = "disk"\n' + DEV)
     assert (cfg.socket_mode, cfg.socket_group) == (0o660, "disk")

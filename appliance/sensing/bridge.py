@@ -1,0 +1,246 @@
+"""The bridge sensor: the controller's samples from the wire, in bridge mode.
+
+BridgeSensor reads the array-side port of the bridge (bridge/capture.py's
+ring, in a thread of its own), hands every storage segment to the tracker
+(bridge/tracker.py), and gives the daemon what TargetSensor gives it on a
+target host, so the controller cannot tell the two apart:
+
+    read_samples()   per tick, one ReadSample per configured resource:
+                     its volumes' reads, their mean latency, the write rate
+                     (bridge/volumes.py's law), and the reads in flight when
+                     none completed (a stalled reader is not an idle one);
+    converge()       per convergence, a Discovery (the configured resources;
+                     every initiator the wire saw send commands, with the
+                     resources its volumes are in) and one WriteSample per
+                     (resource, initiator) that wrote;
+    device_samples() empty: the wire sees no device queue (threshold "auto"
+                     is target mode's, config/parse.py refuses it here).
+
+Threads
+    The capture thread holds `lock` while it walks one block of the ring (a
+    few ms at most), never while it waits for one; the tick and the
+    convergence take the tracker's sums under the same lock, so a
+    completion is counted in exactly one tick. A capture that fails (the
+    port went away) is logged; the thread opens the ring again every
+    REOPEN_S and, until it has, read_samples() raises CaptureDown, which
+    the daemon counts as a sensor error (the controller holds).
+
+Worked example
+    resources {"array1": ["iscsi://10.0.0.9/*/*"]}; in one 0.1 s tick the
+    wire shows two reads of LUN 2 at that portal, 4 and 10 ms:
+    read_samples() -> [ReadSample("array1", 2, 0.007, 0.0, None)].
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager, suppress
+from dataclasses import asdict
+from typing import Any, Protocol
+
+from santhrottle.appliance.netns import entered
+from santhrottle.appliance.sensing.discovery import Discovery, InitiatorView
+from santhrottle.appliance.sensing.diskstats import MIN_INTERVAL_S
+from santhrottle.bridge.capture import CaptureCounters, Ring, Segment
+from santhrottle.bridge.tracker import Tracker, Volume, VolumeReads
+from santhrottle.bridge.volumes import VolumeMap, VolumeRow, volume_rows
+from santhrottle.controller.domain import DeviceSample, ReadSample, WriteSample
+
+log = logging.getLogger(__name__)
+
+POLL_MS = 100  # the capture thread's longest wait: how soon close() is seen
+REOPEN_S = 1.0
+WIRE = "wire"  # Discovery's write source of every pair: the wire's own bytes
+
+
+class CaptureDown(OSError):
+    """The capture on the array-side port is not running; the message says why."""
+
+
+class CaptureSource(Protocol):
+    """What the sensor needs of a capture (bridge/capture.py's Ring)."""
+
+    def poll(
+        self, timeout_ms: int, segment: Segment, guard: AbstractContextManager[Any] | None = None
+    ) -> int: ...
+
+    def close(self) -> None: ...
+
+    def kernel_stats(self) -> tuple[int, int]: ...
+
+    @property
+    def counters(self) -> CaptureCounters: ...
+
+
+class BridgeSensor:
+    def __init__(
+        self,
+        *,
+        port: str,
+        resources: Mapping[str, Iterable[str]],
+        netns: str | None = None,
+        open_capture: Callable[[str], CaptureSource] = Ring,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.port = port
+        self.netns = netns
+        self.vmap = VolumeMap(resources)
+        self.tracker = Tracker()
+        self.lock = threading.Lock()
+        self.clock = clock
+        self._open = open_capture
+        self._stop = threading.Event()
+        self._down: str | None = "not started"
+        self._thread: threading.Thread | None = None
+        self._capture: CaptureSource | None = None
+        self._capture_counters = CaptureCounters()  # of the captures before this one too
+        self._tick_at = self._converge_at = clock()
+        self.last_tick: dict[Volume, VolumeReads] = {}
+
+    # -- the capture thread ----------------------------------------------
+    def start(self) -> None:
+        """Open the capture (raises OSError when the port cannot be read) and
+        start reading it."""
+        self._capture = self._opened()
+        self._down = None
+        self._thread = threading.Thread(target=self._run, name="wire", daemon=True)
+        self._thread.start()
+
+    def _opened(self) -> CaptureSource:
+        with entered(self.netns):
+            return self._open(self.port)
+
+    def _run(self) -> None:
+        segment = self.tracker.segment
+        while not self._stop.is_set():
+            try:
+                if self._capture is None:
+                    self._capture = self._opened()
+                    self._down = None
+                    log.info("capture on %s running again", self.port)
+                self._capture.poll(POLL_MS, segment, self.lock)
+            except OSError as e:
+                if self._down is None:
+                    log.error("capture on %s: %s", self.port, e)
+                self._down = f"capture on {self.port}: {e.strerror or e}"
+                self._close_capture()
+                self._stop.wait(REOPEN_S)
+
+    def _close_capture(self) -> None:
+        cap, self._capture = self._capture, None
+        if cap is not None:
+            self._fold(cap)
+            with suppress(OSError):
+                cap.close()
+
+    def _fold(self, cap: CaptureSource) -> None:
+        """Move a capture's counts into the sensor's totals (the ring's drops read first)."""
+        with suppress(OSError):
+            cap.kernel_stats()
+        with self.lock:
+            mine, theirs = self._capture_counters, cap.counters
+            for k, v in asdict(theirs).items():
+                setattr(mine, k, getattr(mine, k) + v)
+                setattr(theirs, k, 0)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * POLL_MS / 1000 + 1)
+        self._close_capture()
+
+    # -- the daemon's sensor interface -------------------------------------
+    def reconfigure(self, resources: Mapping[str, Iterable[str]]) -> None:
+        """New resource definitions (a reload); the tracker keeps its state."""
+        vmap = VolumeMap(resources)
+        with self.lock:
+            self.vmap = vmap
+
+    def read_samples(self) -> list[ReadSample]:
+        if self._down is not None:
+            raise CaptureDown(self._down)
+        now = self.clock()
+        with self.lock:
+            if now - self._tick_at < MIN_INTERVAL_S:
+                return []
+            reads, writes = self.tracker.take_tick()
+            vmap = self.vmap
+        dt, self._tick_at = now - self._tick_at, now
+        self.last_tick = reads
+        got = {s.resource: s for s in vmap.read_samples(reads, writes, dt)}
+        stalled: dict[str, int] | None = None
+        out = []
+        for name in vmap.patterns:
+            s = got.get(name)
+            if s is not None and s.reads:
+                out.append(s)
+                continue
+            if stalled is None:
+                stalled = self._reads_in_flight(vmap)
+            wbps = s.write_bps if s is not None else 0.0
+            out.append(ReadSample(name, 0, 0.0, wbps, stalled.get(name, 0)))
+        return out
+
+    def _reads_in_flight(self, vmap: VolumeMap) -> dict[str, int]:
+        with self.lock:
+            per_volume = self.tracker.in_flight()
+        out: dict[str, int] = {}
+        for v, n in per_volume.items():
+            for name in vmap.resources_of(v):
+                out[name] = out.get(name, 0) + n
+        return out
+
+    def device_samples(self) -> list[DeviceSample]:
+        return []
+
+    def converge(self) -> tuple[Discovery, list[WriteSample]]:
+        cap = self._capture
+        if cap is not None:
+            self._fold(cap)  # once per convergence: the ring's drops, the counts
+        now = self.clock()
+        with self.lock:
+            writes = self.tracker.take_writes()
+            seen = self.tracker.seen()
+            vmap = self.vmap
+        dt, self._converge_at = max(now - self._converge_at, MIN_INTERVAL_S), now
+        initiators: dict[str, InitiatorView] = {}
+        for v, addrs in seen.items():
+            names = vmap.resources_of(v)
+            for ip in addrs:
+                view = initiators.get(ip) or initiators.setdefault(ip, InitiatorView(ip))
+                view.resources.update(names)
+                view.write_sources.update(dict.fromkeys(names, WIRE))
+        samples = vmap.write_samples(writes, dt)
+        for w in samples:  # a writer whose connection closed within the interval
+            initiators.setdefault(w.initiator, InitiatorView(w.initiator)).resources.add(w.resource)
+        disc = Discovery(
+            resources=dict.fromkeys(vmap.patterns, ()),
+            exports=[],
+            initiators=initiators,
+            device_writers={},
+            acl_write_bytes={},
+            ambiguous=[],
+        )
+        return disc, samples
+
+    # -- what the admin sees -------------------------------------------------
+    def volume_rows(self) -> list[VolumeRow]:
+        """Every volume the wire has shown, its initiators and last tick's latency."""
+        with self.lock:
+            seen = self.tracker.seen()
+            vmap = self.vmap
+        return volume_rows(seen, self.last_tick, vmap)
+
+    def counters(self) -> dict[str, int]:
+        """The tracker's and the capture's counts since the start."""
+        with self.lock:
+            out = asdict(self.tracker.counters)
+        out.update({f"capture_{k}": v for k, v in asdict(self._capture_counters).items()})
+        return out
+
+    @property
+    def running(self) -> bool:
+        return self._down is None

@@ -1,0 +1,220 @@
+"""appliance/sensing/bridge.py: the wire's segments become the controller's samples.
+
+The capture is a scripted one behind the interface bridge/capture.py's Ring
+implements (tested on real veths in tests/privileged/test_bridge_capture.py and
+with the daemon in tests/privileged/test_bridge_daemon.py)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from santhrottle.appliance.sensing.bridge import WIRE, BridgeSensor, CaptureDown
+from santhrottle.bridge.capture import CaptureCounters
+from tests.unit import storage_pdus as B
+
+INI, INI2, TGT = "10.0.0.2", "10.0.0.3", "10.0.0.9"
+IQN = "iqn.2026-11.lab:array"
+
+
+class ScriptedCapture:
+    """Hands over the segments queued with feed(), in order, under the sensor's lock."""
+
+    def __init__(self) -> None:
+        self.counters = CaptureCounters()
+        self.queue: list[tuple] = []
+        self.cv = threading.Condition()
+        self.fail: OSError | None = None
+        self.closed = False
+
+    def feed(self, *segments: tuple) -> None:
+        with self.cv:
+            self.queue.extend(segments)
+            self.cv.notify_all()
+            assert self.cv.wait_for(lambda: not self.queue, timeout=10), "not consumed"
+
+    def poll(self, timeout_ms, segment, guard=None):
+        with self.cv:
+            if self.fail is not None:
+                raise self.fail
+            if not self.queue:
+                self.cv.wait(timeout_ms / 1000)
+            batch, self.queue = self.queue, []
+            with guard:
+                for s in batch:
+                    self.counters.segments += 1
+                    segment(*s)
+            self.cv.notify_all()
+            return 1 if batch else 0
+
+    def kernel_stats(self):
+        return 0, 0
+
+    def close(self):
+        self.closed = True
+
+
+class Wire:
+    """Segments of one TCP connection, both directions, with their sequence numbers."""
+
+    def __init__(self, port: int, sport: int = 40000, ini: str = INI) -> None:
+        self.port, self.sport, self.ini = port, sport, ini
+        self.seq = {True: 1000, False: 5000}
+
+    def syn(self) -> list[tuple]:
+        return [
+            (0.0, self.ini, self.sport, TGT, self.port, 999, b"", True, False),
+            (0.0, TGT, self.port, self.ini, self.sport, 4999, b"", True, False),
+        ]
+
+    def send(self, t: float, data: bytes, to_target: bool) -> tuple:
+        seq = self.seq[to_target]
+        self.seq[to_target] = seq + len(data)
+        if to_target:
+            return (t, self.ini, self.sport, TGT, self.port, seq, data, False, False)
+        return (t, TGT, self.port, self.ini, self.sport, seq, data, False, False)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def rig():
+    caps: list[ScriptedCapture] = []
+    clock = Clock()
+
+    def open_capture(port: str) -> ScriptedCapture:
+        assert port == "eth-array"
+        caps.append(ScriptedCapture())
+        return caps[-1]
+
+    resources = {
+        "fast": [f"iscsi://{TGT}/{IQN}/*"],
+        "slow": [f"nvme://{TGT}/*/1"],
+    }
+    s = BridgeSensor(port="eth-array", resources=resources, open_capture=open_capture, clock=clock)
+    s.start()
+    try:
+        yield s, caps, clock
+    finally:
+        s.close()
+
+
+def _iscsi_session(w: Wire) -> list[tuple]:
+    return [*w.syn(), w.send(0.0, B.login_request(IQN), True)]
+
+
+def test_a_tick_gives_every_resource_its_reads_and_the_read_weighted_mean(rig):
+    s, caps, clock = rig
+    w = Wire(3260)
+    caps[0].feed(
+        *_iscsi_session(w),
+        w.send(1.000, B.scsi_read(1, lun=0) + B.scsi_read(2, lun=5), True),
+        w.send(1.004, B.data_in(1, b"r" * 512), False),
+        w.send(1.010, B.data_in(2, b"r" * 512), False),
+    )
+    clock.t += 0.1
+    got = {r.resource: r for r in s.read_samples()}
+    assert got["fast"].reads == 2
+    assert got["fast"].read_latency_s == pytest.approx(0.007)
+    # the NVMe resource had no reads and none in flight: idle, not stalled
+    assert got["slow"].reads == 0 and got["slow"].reads_in_flight == 0
+    assert s.device_samples() == []
+
+
+def test_a_resource_without_completions_reports_its_reads_in_flight(rig):
+    s, caps, clock = rig
+    w = Wire(4420)
+    caps[0].feed(*w.syn(), w.send(1.0, B.capsule_cmd(7, opcode=0x02, nsid=1), True))
+    clock.t += 0.1
+    got = {r.resource: r for r in s.read_samples()}
+    assert got["slow"].reads == 0 and got["slow"].reads_in_flight == 1
+
+
+def test_a_convergence_names_each_initiators_resources_and_write_rates(rig):
+    s, caps, clock = rig
+    a, b = Wire(3260), Wire(3260, 40001, ini=INI2)
+    caps[0].feed(
+        *_iscsi_session(a),
+        *_iscsi_session(b),
+        a.send(1.0, B.scsi_write(1, lun=0, nbytes=400_000), True),
+        b.send(1.0, B.scsi_read(1, lun=0), True),
+    )
+    clock.t += 2.0
+    disc, writes = s.converge()
+    assert set(disc.resources) == {"fast", "slow"}
+    assert disc.initiators[INI].resources == {"fast"}
+    assert disc.initiators[INI].write_sources == {"fast": WIRE}
+    assert disc.initiators[INI2].resources == {"fast"}
+    assert [(w.resource, w.initiator, w.write_bps) for w in writes] == [("fast", INI, 200_000.0)]
+    rows = s.volume_rows()
+    assert [r.name for r in rows] == [f"iscsi://{TGT}:3260/{IQN}/0"]
+    assert rows[0].initiators == (INI, INI2) and rows[0].resources == ("fast",)
+
+
+def test_a_volume_in_no_resource_is_listed_but_counted_nowhere(rig):
+    s, caps, clock = rig
+    w = Wire(4420)
+    caps[0].feed(
+        *w.syn(),
+        w.send(1.0, B.capsule_cmd(3, opcode=0x02, nsid=9), True),
+        w.send(1.002, B.capsule_resp(3), False),
+    )
+    clock.t += 0.1
+    assert all(r.reads == 0 for r in s.read_samples())
+    (row,) = s.volume_rows()
+    assert row.name == f"nvme://{TGT}:4420/*/9" and row.resources == ()
+    assert row.reads == 1 and row.read_latency_s == pytest.approx(0.002)
+    disc, _ = s.converge()
+    assert disc.initiators[INI].resources == set()
+
+
+def test_a_reload_regroups_the_volumes(rig):
+    s, caps, clock = rig
+    s.reconfigure({"everything": [f"nvme://{TGT}/*/*", f"iscsi://{TGT}/*/*"]})
+    w = Wire(4420)
+    caps[0].feed(
+        *w.syn(),
+        w.send(1.0, B.capsule_cmd(3, opcode=0x02, nsid=9), True),
+        w.send(1.003, B.capsule_resp(3), False),
+    )
+    clock.t += 0.1
+    (r,) = s.read_samples()
+    assert (r.resource, r.reads) == ("everything", 1)
+
+
+def test_a_failed_capture_is_a_sensor_error_until_it_is_open_again(rig, monkeypatch):
+    s, caps, clock = rig
+    monkeypatch.setattr("santhrottle.appliance.sensing.bridge.REOPEN_S", 0.01)
+    caps[0].counters.frames = 5
+    with caps[0].cv:
+        caps[0].fail = OSError(19, "No such device")
+    deadline = threading.Event()
+    for _ in range(500):  # the thread notices within one poll, then opens a new capture
+        if len(caps) > 1 or not s.running:
+            break
+        deadline.wait(0.01)
+    assert caps[0].closed
+    for _ in range(500):
+        if len(caps) > 1 and s.running:
+            break
+        with pytest.raises(CaptureDown, match="capture on eth-array: No such device"):
+            s.read_samples()
+        deadline.wait(0.01)
+    assert len(caps) == 2 and s.running
+    clock.t += 0.1
+    assert len(s.read_samples()) == 2
+    assert s.counters()["capture_frames"] == 5  # the first capture's counts are kept
+
+
+def test_a_tick_too_soon_after_the_last_gives_nothing(rig):
+    s, _, clock = rig
+    clock.t += 0.1
+    assert s.read_samples()
+    assert s.read_samples() == []  # no time has passed
