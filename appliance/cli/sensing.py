@@ -1,7 +1,9 @@
 """`santhrottle resources` and `santhrottle initiators`: what discovery sees, measured now.
 
 They run one sensing pass over --interval seconds on this host (no daemon
-needed), so an admin can check discovery before enabling throttling.  They
+needed), so an admin can check discovery before enabling throttling.  In
+bridge mode (the configuration's daemon.mode) they list what the wire shows
+instead: cli/wire.py.  They
 see what the daemon would: the configuration file, when there is one, gives
 the storage ports, the declared resources, the static map and the target's
 network namespace (sock_diag runs inside it).
@@ -21,6 +23,7 @@ import os
 import time
 from typing import Any
 
+from santhrottle.appliance.cli import wire
 from santhrottle.appliance.cli.common import (
     JSON_HELP,
     CliError,
@@ -30,7 +33,7 @@ from santhrottle.appliance.cli.common import (
     path_arg,
     verb,
 )
-from santhrottle.appliance.config import DEFAULT_PATH, ConfigError, load_config
+from santhrottle.appliance.config import DEFAULT_PATH, Config, ConfigError, load_config
 from santhrottle.appliance.sensing.target import TargetSensor
 from santhrottle.appliance.units import fmt_mb, fmt_ms
 
@@ -42,6 +45,12 @@ examples:
   santhrottle resources --config /etc/santhrottle/santhrottle.toml
                                         # ports, declared resources, static map, netns from it
   santhrottle resources --json | jq '.data[].resource'
+
+In bridge mode (daemon.mode = "bridge" in the configuration) they list what
+the wire shows: resources, every volume as the configuration names it
+(iscsi://PORTAL/IQN/LUN, nvme://PORTAL/NQN/NSID), its initiators and read
+latency; from santhrottled when it runs, else measured on the array-side
+port over --interval (docs/bridge.md).
 
 Read latency is the read-weighted mean over the resource's devices that had
 reads in the interval; write rates come from LIO's per-ACL counters or from
@@ -59,14 +68,20 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
         raise Failed(f"cannot read {e.filename or 'kernel state'}: {e.strerror or e}") from None
 
 
-def _from_config(path: str) -> dict[str, Any]:
-    """What the configuration tells the sensors (nothing when there is no file)."""
+def _config(path: str) -> Config | None:
+    """The configuration file, when there is one."""
     if not os.path.exists(path):
-        return {}
+        return None
     try:
-        cfg = load_config(path)
+        return load_config(path)
     except ConfigError as e:
         raise CliError(str(e)) from None
+
+
+def _from_config(cfg: Config | None) -> dict[str, Any]:
+    """What the configuration tells the sensors (nothing when there is no file)."""
+    if cfg is None:
+        return {}
     return {
         "ports": cfg.ports,
         "netns": cfg.netns,
@@ -80,7 +95,7 @@ def _measure_once(args: argparse.Namespace) -> dict[str, Any]:
         proc_root=args.proc_root,
         sys_root=args.sys_root,
         configfs_root=args.configfs_root,
-        **_from_config(args.config),
+        **_from_config(_config(args.config)),
     )
     sensor.converge()
     sensor.read_samples()
@@ -161,14 +176,27 @@ def _print_initiators(initiators: list[dict[str, Any]]) -> None:
 
 
 def cmd_resources(args: argparse.Namespace) -> int:
-    """--json: {"resources": [...], "ambiguous": [...], "warnings": {...}}."""
+    """--json: {"resources": [...], "ambiguous": [...], "warnings": {...}}; in bridge
+    mode {"source", "resources", "volumes", "wire"} (cli/wire.py)."""
+    cfg = _config(args.config)
+    if cfg is not None and cfg.bridge_mode:
+        doc = wire.measure(args, cfg)
+        doc.pop("initiators")
+        return emit(args, doc, wire.print_resources)
     data = _measure(args)
     doc = {k: data[k] for k in ("interval_s", "resources", "ambiguous", "warnings")}
     return emit(args, doc, lambda d: _print_resources(d["resources"], d["ambiguous"]))
 
 
 def cmd_initiators(args: argparse.Namespace) -> int:
-    """--json: {"initiators": [...], "warnings": {...}}."""
+    """--json: {"initiators": [...], "warnings": {...}}; in bridge mode
+    {"source", "initiators", "wire"} (cli/wire.py)."""
+    cfg = _config(args.config)
+    if cfg is not None and cfg.bridge_mode:
+        doc = wire.measure(args, cfg)
+        doc.pop("resources")
+        doc.pop("volumes")
+        return emit(args, doc, wire.print_initiators)
     data = _measure(args)
     doc = {k: data[k] for k in ("interval_s", "initiators", "warnings")}
     return emit(args, doc, lambda d: _print_initiators(d["initiators"]))

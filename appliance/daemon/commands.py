@@ -43,7 +43,9 @@ MAX_PINS = 4096
 
 
 # Commands that only read: no state to save, the status cache stays.
-READ_ONLY = frozenset({"ping", "status", "resources", "initiators", "threshold_show"})
+READ_ONLY = frozenset(
+    {"ping", "status", "resources", "initiators", "volumes", "threshold_show"}
+)
 
 
 class CommandError(RequestError):
@@ -76,6 +78,11 @@ def handle(daemon: Daemon, cmd: str, args: dict[str, Any]) -> Any:
             return daemon.status()["resources"]
         if cmd == "initiators":
             return daemon.status()["initiators"]
+        if cmd == "volumes":
+            rows = view.volumes(daemon)
+            if rows is None:
+                raise CommandError("volumes: santhrottled runs in target mode (no wire sensor)")
+            return rows
         if cmd == "threshold_show":
             return {n: _threshold(daemon, n) for n in sorted(daemon.known_resources())}
         if cmd == "threshold_set":

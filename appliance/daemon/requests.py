@@ -168,6 +168,7 @@ COMMANDS: dict[str, dict[str, Spec]] = {
     "status": NO_ARGS,
     "resources": NO_ARGS,
     "initiators": NO_ARGS,
+    "volumes": NO_ARGS,
     "threshold_show": NO_ARGS,
     "threshold_set": {"resource": _resource, "threshold_s": _threshold_s},
     "threshold_reset": {"resource": _resource},

@@ -105,6 +105,7 @@ def status(daemon: Daemon) -> dict[str, Any]:
         )
     c = daemon.counters
     return {
+        "mode": daemon.config.mode,
         "paused": daemon.state.paused,
         # keys the configuration file changed that take effect at the next restart
         "restart_needed": list(daemon.restart_pending),
@@ -135,4 +136,33 @@ def status(daemon: Daemon) -> dict[str, Any]:
         },
         "resources": resources,
         "initiators": initiators,
+        # bridge mode: the wire sensor's counts since the start (appliance/sensing/bridge.py)
+        "wire": wire_counters(daemon),
     }
+
+
+def wire_counters(daemon: Daemon) -> dict[str, Any] | None:
+    """The wire sensor's counters and whether it captures (None: target mode)."""
+    counters = getattr(daemon.sensors, "counters", None)
+    if not daemon.config.bridge_mode or not callable(counters):
+        return None
+    return {"capturing": bool(daemon.sensors.running), **counters()}
+
+
+def volumes(daemon: Daemon) -> list[dict[str, Any]] | None:
+    """Bridge mode: every volume the wire has shown (`santhrottle resources`);
+    None in target mode."""
+    rows = getattr(daemon.sensors, "volume_rows", None)
+    if not daemon.config.bridge_mode or rows is None:
+        return None
+    tick_s = daemon.config.controller.tick_s
+    return [
+        {
+            "volume": r.name,
+            "resources": list(r.resources),
+            "initiators": list(r.initiators),
+            "reads_per_s": r.reads / tick_s,
+            "read_latency_s": r.read_latency_s,
+        }
+        for r in rows()
+    ]

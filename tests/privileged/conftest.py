@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.privileged.bridge_ns import three_namespaces  # noqa: F401 (the bridge tests' fixture)
+
 TARGET_IP = "192.0.2.1"
 MEMBER_IP = "192.0.2.2"
 OTHER_IP = "192.0.2.3"

@@ -1,0 +1,184 @@
+"""`santhrottle resources` and `santhrottle initiators` in bridge mode: what the wire shows.
+
+On a bridge the resources are groups of volumes named in the configuration,
+and the admin writes them from what this lists: every volume the wire has
+shown (iscsi://PORTAL/IQN/LUN, nvme://PORTAL/NQN/NSID, as the file takes
+them), the resources it is in, its initiators, its reads and their latency.
+
+Where the figures come from
+    When santhrottled answers on the configuration's control socket, from
+    it: it has watched the wire since its start, so it has seen the logins
+    that name each volume's target (source "santhrottled"). Otherwise the
+    CLI reads the array-side port itself for --interval seconds (root, the
+    same sensor as the daemon's: source "measured"); a session that logged
+    in before that shows its target as "*", which the configuration accepts
+    too ("any target at that portal").
+
+Worked example
+    `santhrottle resources --json` on a bridge with santhrottled running:
+    {"protocol": 1, "data": {"source": "santhrottled", "resources": [{"resource":
+    "array1", ...}], "volumes": [{"volume": "iscsi://10.0.0.5:3260/iqn...:sn1/0",
+    "resources": ["array1"], "initiators": ["10.0.0.21"], "reads_per_s": 812.0,
+    "read_latency_s": 0.0041}]}}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from santhrottle.appliance.cli.common import Failed
+from santhrottle.appliance.config import Config
+from santhrottle.appliance.daemon.client import request
+from santhrottle.appliance.daemon.requests import DaemonAbsent, DaemonUnavailable, RemoteError
+from santhrottle.appliance.units import fmt_mb, fmt_ms
+
+
+def measure(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
+    """The daemon's view when it answers, else one pass over --interval."""
+    try:
+        return _from_daemon(cfg)
+    except DaemonAbsent:
+        pass
+    except (DaemonUnavailable, RemoteError) as e:
+        raise Failed(str(e)) from None
+    try:
+        return _measured(args, cfg)
+    except OSError as e:
+        raise Failed(f"cannot capture on {cfg.array_port}: {e.strerror or e}") from None
+
+
+def _from_daemon(cfg: Config) -> dict[str, Any]:
+    volumes = request(cfg.control_socket, "volumes")
+    st = request(cfg.control_socket, "status")
+    tick_s = st["tick_s"]
+    resources = [
+        {
+            "resource": r["resource"],
+            "volumes": list(cfg.volumes().get(r["resource"], ())),
+            "reads_per_s": r["reads"] / tick_s,
+            "read_latency_s": r["read_latency_s"],
+            "write_bytes_per_second": r["write_bytes_per_second"] or 0.0,
+            "initiators": sorted(
+                i["initiator"] for i in st["initiators"] if r["resource"] in i["resources"]
+            ),
+        }
+        for r in st["resources"]
+    ]
+    initiators = [
+        {
+            "initiator": i["initiator"],
+            "resources": i["resources"],
+            "volumes": sorted(v["volume"] for v in volumes if i["initiator"] in v["initiators"]),
+            "write_bytes_per_second": i["write_bytes_per_second"],
+        }
+        for i in st["initiators"]
+    ]
+    return {
+        "source": "santhrottled",
+        "interval_s": tick_s,
+        "resources": resources,
+        "volumes": volumes,
+        "initiators": initiators,
+        "wire": st.get("wire"),
+    }
+
+
+def _measured(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
+    from santhrottle.appliance.sensing.bridge import BridgeSensor
+
+    sensor = BridgeSensor(port=str(cfg.array_port), resources=cfg.volumes(), netns=cfg.netns)
+    sensor.start()
+    try:
+        sensor.read_samples()
+        sensor.converge()
+        time.sleep(args.interval)
+        reads = {r.resource: r for r in sensor.read_samples()}
+        disc, writes = sensor.converge()
+        rows = sensor.volume_rows()
+        counters = sensor.counters()
+    finally:
+        sensor.close()
+    rates = {(w.resource, w.initiator): w.write_bps for w in writes}
+    resources = []
+    for name, vols in sorted(cfg.volumes().items()):
+        r = reads.get(name)
+        resources.append(
+            {
+                "resource": name,
+                "volumes": list(vols),
+                "reads_per_s": r.reads / args.interval if r else 0.0,
+                "read_latency_s": r.read_latency_s if r and r.reads else None,
+                "write_bytes_per_second": (r.write_bps or 0.0) if r else 0.0,
+                "initiators": sorted(a for a, v in disc.initiators.items() if name in v.resources),
+            }
+        )
+    volumes = [
+        {
+            "volume": row.name,
+            "resources": list(row.resources),
+            "initiators": list(row.initiators),
+            "reads_per_s": row.reads / args.interval,
+            "read_latency_s": row.read_latency_s,
+        }
+        for row in rows
+    ]
+    initiators = [
+        {
+            "initiator": ip,
+            "resources": sorted(v.resources),
+            "volumes": sorted(x["volume"] for x in volumes if ip in x["initiators"]),
+            "write_bytes_per_second": {res: rates.get((res, ip)) for res in sorted(v.resources)},
+        }
+        for ip, v in sorted(disc.initiators.items())
+    ]
+    return {
+        "source": "measured",
+        "interval_s": args.interval,
+        "resources": resources,
+        "volumes": volumes,
+        "initiators": initiators,
+        "wire": {"capturing": True, **counters},
+    }
+
+
+def print_resources(d: dict[str, Any]) -> None:
+    print(f"from {_source(d)}")
+    print(f"{'RESOURCE':<16} {'VOLUMES':>7} {'READS/s':>8} {'READ_LAT':>9} {'WR_MB/s':>8}  "
+          "INITIATORS")  # fmt: skip
+    for r in d["resources"]:
+        print(
+            f"{r['resource']:<16} {len(r['volumes']):>7} {r['reads_per_s']:>8.1f} "
+            f"{fmt_ms(r['read_latency_s']):>9} {fmt_mb(r['write_bytes_per_second']):>8}  "
+            f"{','.join(r['initiators']) or '-'}"
+        )
+    if not d["resources"]:
+        print("no resources configured: name them from the volumes below ([resources.NAME])")
+    print()
+    print(f"{'READS/s':>8} {'READ_LAT':>9}  {'RESOURCES':<16} {'INITIATORS':<24} VOLUME")
+    for v in d["volumes"]:
+        print(
+            f"{v['reads_per_s']:>8.1f} {fmt_ms(v['read_latency_s']):>9}  "
+            f"{','.join(v['resources']) or '-':<16} {','.join(v['initiators']) or '-':<24} "
+            f"{v['volume']}"
+        )
+    if not d["volumes"]:
+        print("no volumes: no iSCSI or NVMe/TCP command crossed the bridge")
+
+
+def print_initiators(d: dict[str, Any]) -> None:
+    print(f"from {_source(d)}")
+    print(f"{'INITIATOR':<40} {'RESOURCE':<16} {'WR_MB/s':>8}  VOLUMES")
+    for i in d["initiators"]:
+        for res in i["resources"] or ["-"]:
+            rate = i["write_bytes_per_second"].get(res)
+            print(f"{i['initiator']:<40} {res:<16} {fmt_mb(rate):>8}  {','.join(i['volumes'])}")
+    if not d["initiators"]:
+        print("no initiators: no iSCSI or NVMe/TCP command crossed the bridge")
+
+
+def _source(d: dict[str, Any]) -> str:
+    if d["source"] == "santhrottled":
+        return "santhrottled (the wire since its start; rates of its last tick)"
+    return f"the wire, measured over {d['interval_s']:g} s (targets logged in before: *)"
