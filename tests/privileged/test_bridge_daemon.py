@@ -156,7 +156,8 @@ def _until(what, timeout_s: float = 20.0):
 
 
 def _class_bytes(mid: str, dev: str, classid: str) -> int:
-    out = sh("ip", "netns", "exec", mid, "tc", "-s", "class", "show", "dev", dev, "classid", classid)
+    out = sh("ip", "netns", "exec", mid, "tc", "-s", "class", "show", "dev", dev, "classid",
+             classid)  # fmt: skip
     words = out.split()
     return int(words[words.index("Sent") + 1]) if "Sent" in words else 0
 
