@@ -43,9 +43,7 @@ MAX_PINS = 4096
 
 
 # Commands that only read: no state to save, the status cache stays.
-READ_ONLY = frozenset(
-    {"ping", "status", "resources", "initiators", "volumes", "threshold_show"}
-)
+READ_ONLY = frozenset({"ping", "status", "resources", "initiators", "volumes", "threshold_show"})
 
 
 class CommandError(RequestError):

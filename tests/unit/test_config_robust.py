@@ -67,7 +67,7 @@ VOL = "iscsi://10.0.0.5/iqn.2026-11.lab:a/0"
         (BRIDGE + '[resources.a]\nvolumes = ["nvme://10.0.0.5/n/x"]\n', "NSID must be a number"),
         (BRIDGE + "[resources.a]\nvolumes = [5]\n", "must be a list of volume names"),
         (DEV + f'[resources.a]\nvolumes = ["{VOL}"]\n', 'needs daemon.mode = "bridge"'),
-        ('[daemon]\nmode = "router"\n' + DEV, 'must be one of target, bridge'),
+        ('[daemon]\nmode = "router"\n' + DEV, "must be one of target, bridge"),
     ],
 )
 def test_a_bad_bridge_config_is_one_line_naming_it(text, words):
