@@ -86,6 +86,24 @@ EVENT_COUNTERS = (
 )
 
 
+# Bridge mode: (metric name without _total, key in status()["wire"], help)
+WIRE_COUNTERS = (
+    ("santhrottle_wire_commands", "commands", "Storage commands seen on the wire"),
+    ("santhrottle_wire_completions", "completions", "Commands matched to their completion"),
+    ("santhrottle_wire_unmatched_completions", "unmatched",
+     "Completions of commands not seen (sent before the capture started, or lost)"),
+    ("santhrottle_wire_replaced_commands", "replaced",
+     "Commands whose tag was reused before their completion was seen"),
+    ("santhrottle_wire_aged_commands", "aged", "Commands never completed, aged out after 60 s"),
+    ("santhrottle_wire_connections", "connections", "Storage connections seen"),
+    ("santhrottle_wire_frames", "capture_frames", "Frames read from the array-side port"),
+    ("santhrottle_wire_truncated_frames", "capture_truncated",
+     "Frames longer than the capture's snap length (the stream resynchronises)"),
+    ("santhrottle_wire_dropped_frames", "capture_kernel_drops",
+     "Frames the kernel dropped because the capture ring was full"),
+)  # fmt: skip
+
+
 class StatusSource(Protocol):
     lock: Any
 
@@ -113,6 +131,8 @@ class DaemonCollector(Collector):
         if self.read_members is not None:
             yield from self._member_families()
         yield from daemon_families(st)
+        if st.get("wire") is not None:
+            yield from wire_families(st["wire"])
         info = GaugeMetricFamily(
             "santhrottle_build_info",
             "santhrottle's version and the Python running it (always 1)",
@@ -304,6 +324,18 @@ def daemon_families(st: dict[str, Any]) -> Iterator[Metric]:
         buckets=[(floatToGoString(float(le)), n) for le, n in c["tick_duration_buckets"].items()],
         sum_value=c["tick_seconds_sum"],
     )
+
+
+def wire_families(wire: dict[str, Any]) -> Iterator[Metric]:
+    up = GaugeMetricFamily(
+        "santhrottle_wire_capturing", "1 while the wire sensor reads the array-side port"
+    )
+    up.add_metric([], 1.0 if wire["capturing"] else 0.0)
+    yield up
+    for name, key, doc in WIRE_COUNTERS:
+        m = CounterMetricFamily(name, doc)
+        m.add_metric([], wire.get(key, 0))
+        yield m
 
 
 def registry_for(

@@ -327,3 +327,14 @@ def test_an_auto_threshold_exports_its_lq_fit_and_the_threshold_in_force():
     assert one("santhrottle_resource_lq_slope_seconds") == pytest.approx(0.003, rel=0.05)
     assert one("santhrottle_resource_lq_r_squared") > 0.95
     assert one("santhrottle_resource_threshold_seconds") == pytest.approx(0.020, rel=0.05)
+
+
+def test_bridge_mode_exports_the_wire_sensors_counters():
+    from santhrottle.appliance.daemon.metrics import WIRE_COUNTERS, wire_families
+
+    wire = {"capturing": True, "commands": 10, "completions": 9, "capture_kernel_drops": 2}
+    got = {m.name: m.samples[0].value for m in wire_families(wire)}
+    assert got["santhrottle_wire_capturing"] == 1.0
+    assert got["santhrottle_wire_commands"] == 10 and got["santhrottle_wire_completions"] == 9
+    assert got["santhrottle_wire_dropped_frames"] == 2 and got["santhrottle_wire_aged_commands"] == 0
+    assert len(got) == len(WIRE_COUNTERS) + 1
