@@ -86,6 +86,16 @@ SCENARIOS = {
     "defaults": {},
     "control": {**FLEET, "santhrottle_mode": "control"},
     "observe": {**FLEET, "santhrottle_mode": "observe"},
+    "bridge": {
+        "santhrottle_enabled": True,
+        "santhrottle_mode": "control",
+        "santhrottle_daemon_mode": "bridge",
+        "santhrottle_bridge_initiator_port": "eth1",
+        "santhrottle_bridge_array_port": "eth2",
+        "santhrottle_resources": {
+            "array1": {"threshold": "10ms", "volumes": ["iscsi://10.0.0.5/iqn.x:a/*"]},
+        },
+    },
     "paths": {
         "santhrottle_venv": "/srv/st/venv",
         "santhrottle_config_path": "/srv/st/etc/st.toml",
@@ -234,6 +244,19 @@ def test_observe_renders_no_threshold_but_keeps_the_resources(rendered):
     assert cfg.resources["array1"].devices == ("sdb", "sdc")  # still measured
     # the inventory's thresholds stay visible, commented out
     assert '# threshold = "15ms"' in text and '# default_threshold = "30ms"' in text
+
+
+def test_bridge_mode_renders_the_ports_and_volumes_and_loads_br_netfilter(rendered):
+    cfg = parse_config((rendered["bridge"] / "santhrottle.toml").read_text(), "bridge.toml")
+    assert cfg.bridge_mode and (cfg.initiator_port, cfg.array_port) == ("eth1", "eth2")
+    assert cfg.devices == ("eth1",) and cfg.bridge_name == "br-santhrottle"
+    assert cfg.volumes() == {"array1": ("iscsi://10.0.0.5/iqn.x:a/*",)}
+    assert cfg.threshold_of("array1") == 0.010
+    mods = (rendered["bridge"] / "modules-load.conf").read_text().split()
+    assert {"br_netfilter", "xt_physdev", "sch_netem"} <= set(mods)
+    plain = (rendered["defaults"] / "modules-load.conf").read_text().splitlines()
+    assert "br_netfilter" not in plain
+    assert parse_config((rendered["defaults"] / "santhrottle.toml").read_text()).mode == "target"
 
 
 def test_unit_is_the_projects_unit_with_the_venvs_paths(rendered):
@@ -582,7 +605,10 @@ def test_the_roles_restart_keys_are_the_schemas():
     role_vars = yaml.safe_load((ROOT / "ansible/roles/santhrottle/vars/main.yml").read_text())
     role = set(role_vars["__santhrottle_restart_keys"])
     as_schema = {"control_socket": "daemon.control_socket", "netns": "daemon.netns",
-                 "metrics_address": "metrics.address", "metrics_port": "metrics.port"}  # fmt: skip
+                 "metrics_address": "metrics.address", "metrics_port": "metrics.port",
+                 "mode": "daemon.mode", "bridge_name": "bridge.name",
+                 "bridge_initiator_port": "bridge.initiator_port",
+                 "bridge_array_port": "bridge.array_port"}  # fmt: skip
     covered = {as_schema.get(k, f"datapath.{k}") for k in role}
     unwritten = {"daemon.socket_mode", "daemon.socket_group", "daemon.state_dir"}
     restart = {k.dotted for k in KEYS if k.restart} - unwritten
