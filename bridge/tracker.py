@@ -17,11 +17,14 @@ State
     NVME_TCP_PORT), a Stream per direction, the target's name once the
     login (iSCSI TargetName) or the connect (NVMe SUBNQN) was seen, and the
     commands in flight by tag (ITT; the whole 16-bit CID: Linux hosts put
-    a generation counter in its top bits). Per volume -- (protocol, portal,
-    target name or "" before the login was seen, LUN or NSID) -- the reads
-    completed, their latency sum and the write bytes since the last
-    take_tick(), and per (volume, initiator address) the write bytes since
-    the last take_writes().
+    a generation counter in its top bits). A connection first seen in
+    mid-session takes its target's name from known_targets (targets() of an
+    earlier run: sessions outlive a restart of the sensor; one that starts
+    with a SYN logs in again and is named by that). Per volume --
+    (protocol, portal, target name or "" before the login was seen, LUN or
+    NSID) -- the reads completed, their latency sum and the write bytes
+    since the last take_tick(), and per (volume, initiator address) the
+    write bytes since the last take_writes().
 
 Law, per PDU
     command (to the target): in flight under its tag (a tag reused before
@@ -152,7 +155,10 @@ ConnKey = tuple[str, int, str, int]  # initiator address, port, target address, 
 class Tracker:
     """Feed it each TCP segment of storage traffic; take_tick() and take_writes() the sums."""
 
-    def __init__(self) -> None:
+    def __init__(self, known_targets: dict[ConnKey, str] | None = None) -> None:
+        # target names learnt before (a restart): a connection first seen in mid-session
+        # takes its name from here; one that starts with a SYN logs in again
+        self.known_targets = dict(known_targets or {})
         self.conns: dict[ConnKey, Connection] = {}
         self.reads: dict[Volume, VolumeReads] = {}
         self.writes: dict[tuple[Volume, str], int] = {}
@@ -183,7 +189,7 @@ class Tracker:
         if conn is None or (syn and to_target):  # the initiator's SYN: a new connection
             if fin_or_rst:
                 return
-            conn = self._connect(key)
+            conn = self._connect(key, fresh=syn)
         conn.last_s = now_s
         stream = conn.to_target if to_target else conn.to_initiator
         if syn:
@@ -196,7 +202,7 @@ class Tracker:
         if now_s >= self._next_sweep_s:
             self._sweep(now_s)
 
-    def _connect(self, key: ConnKey) -> Connection:
+    def _connect(self, key: ConnKey, fresh: bool = False) -> Connection:
         ini, _, tgt, tport = key
         portal = f"[{tgt}]:{tport}" if ":" in tgt else f"{tgt}:{tport}"
         if tport == ISCSI_PORT:
@@ -206,6 +212,9 @@ class Tracker:
             conn.to_initiator.on_digests = conn.to_target.set_digests
         else:
             conn = Connection(NVME, ini, portal, Stream(NvmeTcp(True)), Stream(NvmeTcp(False)))
+        known = None if fresh else self.known_targets.get(key)
+        if known:
+            conn.target = known
         self.conns[key] = conn
         self.counters.connections += 1
         return conn
@@ -289,6 +298,11 @@ class Tracker:
         """Write bytes per (volume, initiator address) since the last call (a convergence)."""
         out, self.writes = self.writes, {}
         return out
+
+    def targets(self) -> dict[ConnKey, str]:
+        """The target name of every live connection whose login or connect was seen
+        (or that was named by known_targets): what a restart needs to name them again."""
+        return {k: c.target for k, c in self.conns.items() if c.target}
 
     def seen(self) -> dict[Volume, set[str]]:
         """Every volume the live connections have sent commands to, with the

@@ -10,9 +10,10 @@ Where the figures come from
     it: it has watched the wire since its start, so it has seen the logins
     that name each volume's target (source "santhrottled"). Otherwise the
     CLI reads the array-side port itself for --interval seconds (root, the
-    same sensor as the daemon's: source "measured"); a session that logged
-    in before that shows its target as "*", which the configuration accepts
-    too ("any target at that portal").
+    same sensor as the daemon's: source "measured"), with the target names a
+    daemon saved before (daemon.state_dir); a session that logged in before
+    and is named nowhere shows its target as "*", which the configuration
+    accepts too ("any target at that portal").
 
 Worked example
     `santhrottle resources --json` on a bridge with santhrottled running:
@@ -25,6 +26,7 @@ Worked example
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Any
 
@@ -86,9 +88,16 @@ def _from_daemon(cfg: Config) -> dict[str, Any]:
 
 
 def _measured(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
-    from santhrottle.appliance.sensing.bridge import BridgeSensor
+    from santhrottle.appliance.sensing.bridge import NAMES_FILE, BridgeSensor
 
-    sensor = BridgeSensor(port=str(cfg.array_port), resources=cfg.volumes(), netns=cfg.netns)
+    sensor = BridgeSensor(
+        port=str(cfg.array_port),
+        resources=cfg.volumes(),
+        netns=cfg.netns,
+        # the names santhrottled learnt from the logins, read only
+        names_path=os.path.join(cfg.state_dir, NAMES_FILE),
+        save_names=False,
+    )
     sensor.start()
     try:
         sensor.read_samples()

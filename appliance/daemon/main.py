@@ -65,10 +65,15 @@ def build_datapath(cfg: Config) -> Any:
 
 def build_sensors(cfg: Config) -> Any:
     if cfg.bridge_mode:  # the wire on the array-side port (started by serve())
-        from santhrottle.appliance.sensing.bridge import BridgeSensor
+        from santhrottle.appliance.sensing.bridge import NAMES_FILE, BridgeSensor
 
         assert cfg.array_port is not None  # the parser's rule in bridge mode
-        return BridgeSensor(port=cfg.array_port, resources=cfg.volumes(), netns=cfg.netns)
+        return BridgeSensor(
+            port=cfg.array_port,
+            resources=cfg.volumes(),
+            netns=cfg.netns,
+            names_path=os.path.join(cfg.state_dir, NAMES_FILE),
+        )
     from santhrottle.appliance.sensing.target import TargetSensor
 
     return TargetSensor(

@@ -16,6 +16,16 @@ target host, so the controller cannot tell the two apart:
     device_samples() empty: the wire sees no device queue (threshold "auto"
                      is target mode's, config/parse.py refuses it here).
 
+Names across restarts
+    A volume's target name comes from its session's login (or connect),
+    which happened long before a restart of santhrottled. With names_path,
+    the sensor writes every live connection's target name there when they
+    change (at a convergence; a JSON list, written whole and renamed into
+    place) and reads it back at its start, so the sessions that outlive the
+    restart keep their names. A file that cannot be read or parsed is a
+    warning, not an error: those sessions show their target as "*" until
+    they log in again.
+
 Threads
     The capture thread holds `lock` while it walks one block of the ring (a
     few ms at most), never while it waits for one; the tick and the
@@ -33,19 +43,22 @@ Worked example
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, suppress
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any, Protocol
 
 from santhrottle.appliance.netns import entered
 from santhrottle.appliance.sensing.discovery import Discovery, InitiatorView
 from santhrottle.appliance.sensing.diskstats import MIN_INTERVAL_S
 from santhrottle.bridge.capture import CaptureCounters, Ring, Segment
-from santhrottle.bridge.tracker import Tracker, Volume, VolumeReads
+from santhrottle.bridge.tracker import ConnKey, Tracker, Volume, VolumeReads
 from santhrottle.bridge.volumes import VolumeMap, VolumeRow, volume_rows
 from santhrottle.controller.domain import DeviceSample, ReadSample, WriteSample
 
@@ -54,6 +67,7 @@ log = logging.getLogger(__name__)
 POLL_MS = 100  # the capture thread's longest wait: how soon close() is seen
 REOPEN_S = 1.0
 WIRE = "wire"  # Discovery's write source of every pair: the wire's own bytes
+NAMES_FILE = "wire-names.json"  # the daemon's, in daemon.state_dir
 
 
 class CaptureDown(OSError):
@@ -84,11 +98,16 @@ class BridgeSensor:
         netns: str | None = None,
         open_capture: Callable[[str], CaptureSource] = Ring,
         clock: Callable[[], float] = time.monotonic,
+        names_path: str | Path | None = None,
+        save_names: bool = True,
     ) -> None:
         self.port = port
         self.netns = netns
         self.vmap = VolumeMap(resources)
-        self.tracker = Tracker()
+        self.names_path = Path(names_path) if names_path is not None else None
+        self._save_names = save_names
+        self._saved_names = load_names(self.names_path) if self.names_path else {}
+        self.tracker = Tracker(self._saved_names)
         self.lock = threading.Lock()
         self.clock = clock
         self._open = open_capture
@@ -216,6 +235,8 @@ class BridgeSensor:
         samples = vmap.write_samples(writes, dt)
         for w in samples:  # a writer whose connection closed within the interval
             initiators.setdefault(w.initiator, InitiatorView(w.initiator)).resources.add(w.resource)
+        if self._save_names and self.names_path is not None:
+            self._store_names()
         disc = Discovery(
             resources=dict.fromkeys(vmap.patterns, ()),
             exports=[],
@@ -225,6 +246,19 @@ class BridgeSensor:
             ambiguous=[],
         )
         return disc, samples
+
+    def _store_names(self) -> None:
+        with self.lock:
+            names = self.tracker.targets()
+        if names == self._saved_names:
+            return
+        assert self.names_path is not None
+        try:
+            store_names(self.names_path, names)
+        except OSError as e:
+            log.warning("cannot write %s: %s", self.names_path, e.strerror or e)
+            return
+        self._saved_names = names
 
     # -- what the admin sees -------------------------------------------------
     def volume_rows(self) -> list[VolumeRow]:
@@ -244,3 +278,29 @@ class BridgeSensor:
     @property
     def running(self) -> bool:
         return self._down is None
+
+
+# The longest names file read: 10,000 connections' names are ~3 MB.
+MAX_NAMES_BYTES = 16 << 20
+
+
+def load_names(path: Path) -> dict[ConnKey, str]:
+    """(initiator, port, target address, port) -> target name, from store_names()."""
+    try:
+        if path.stat().st_size > MAX_NAMES_BYTES:
+            raise ValueError(f"larger than {MAX_NAMES_BYTES} bytes")
+        rows = json.loads(path.read_text())
+        return {(str(a), int(b), str(c), int(d)): str(n) for a, b, c, d, n in rows}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, TypeError) as e:  # a broken file names nothing
+        log.warning("%s: cannot use the saved target names (%s)", path, e)
+        return {}
+
+
+def store_names(path: Path, names: Mapping[ConnKey, str]) -> None:
+    rows = sorted([*k, n] for k, n in names.items())
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(rows))
+    os.replace(tmp, path)

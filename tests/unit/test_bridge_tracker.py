@@ -174,3 +174,14 @@ def test_the_volumes_seen_with_their_initiators():
     lun1 = T.Volume("iscsi", f"{TGT}:3260", "", 1)
     lun2 = T.Volume("iscsi", f"{TGT}:3260", "", 2)
     assert tr.seen() == {lun1: {INI, "10.0.0.3"}, lun2: {INI}}
+
+
+def test_known_targets_name_a_session_seen_mid_way_but_not_a_new_one():
+    key = (INI, 40000, TGT, 3260)
+    tr = T.Tracker(known_targets={key: "iqn.2026-11.lab:array"})
+    tr.segment(1.0, INI, 40000, TGT, 3260, 5, B.scsi_read(1, lun=0))  # no SYN: mid-session
+    assert tr.targets() == {key: "iqn.2026-11.lab:array"}
+    assert {v.target for v in tr.seen()} == {"iqn.2026-11.lab:array"}
+    fresh = T.Tracker(known_targets={key: "iqn.2026-11.lab:array"})
+    Conn(fresh, 3260).send(1.0, B.scsi_read(1, lun=0), True)  # a SYN: it logs in again
+    assert fresh.targets() == {} and {v.target for v in fresh.seen()} == {""}

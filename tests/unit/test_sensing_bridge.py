@@ -218,3 +218,44 @@ def test_a_tick_too_soon_after_the_last_gives_nothing(rig):
     clock.t += 0.1
     assert s.read_samples()
     assert s.read_samples() == []  # no time has passed
+
+
+def test_target_names_outlive_a_restart_through_the_names_file(tmp_path):
+    """The first sensor sees the login and saves the name; the second, started in
+    mid-session (no SYN, no login), names the volume from the file; a broken file
+    names nothing and is no error."""
+    names = tmp_path / "state" / "wire-names.json"
+    w = Wire(3260)
+    caps: list[ScriptedCapture] = []
+
+    def sensor(**kw) -> BridgeSensor:
+        def open_capture(_port):
+            caps.append(ScriptedCapture())
+            return caps[-1]
+
+        s = BridgeSensor(port="p", resources={"a": [f"iscsi://{TGT}/{IQN}/*"]},
+                         open_capture=open_capture, clock=Clock(), **kw)  # fmt: skip
+        s.start()
+        return s
+
+    first = sensor(names_path=names)
+    try:
+        caps[-1].feed(*_iscsi_session(w), w.send(1.0, B.scsi_read(1, lun=0), True))
+        first.converge()
+    finally:
+        first.close()
+    assert names.exists()
+
+    def mid_session(s: BridgeSensor) -> str:
+        try:
+            caps[-1].feed(w.send(2.0, B.scsi_read(2, lun=0), True))
+            (row,) = s.volume_rows()
+            return row.name
+        finally:
+            s.close()
+
+    assert mid_session(sensor(names_path=names, save_names=False)) == (
+        f"iscsi://{TGT}:3260/{IQN}/0"
+    )
+    names.write_text("{not json")
+    assert mid_session(sensor(names_path=names)) == f"iscsi://{TGT}:3260/*/0"

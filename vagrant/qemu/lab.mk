@@ -5,7 +5,7 @@ LAB := vagrant/qemu/lab.py
 # The known plant of make lab, lab-ci, lab-plant and lab-auto-fit (report.py's PAPER_ARRAY).
 LAB_PLANT := c_ms=2,m_ms=5
 
-.PHONY: lab-deps lab-up lab lab-nullb lab-test lab-ci lab-faults lab-plant lab-auto-fit lab-run lab-clean
+.PHONY: lab-deps lab-up lab lab-nullb lab-test lab-ci lab-faults lab-plant lab-auto-fit lab-bridge lab-run lab-clean
 
 # apt-get install what the lab needs on the host (root; idempotent), with the
 # known plant's nbdkit (lab.py --array nbd; docs/lab.md).
@@ -54,6 +54,13 @@ lab-plant:
 lab-auto-fit:
 	$(LAB_PY) $(LAB) --smp 1 --array nbd:$(or $(PLANT),$(LAB_PLANT)) run --timeout 1800 \
 		vagrant/experiments/auto_fit_lab.py $(ARGS)
+
+# Bridge mode in the lab (docs/bridge.md): the wire sensor's read latency against the
+# target's diskstats and fio (iSCSI and NVMe/TCP, idle and under writers), then the
+# per-packet cost of br_netfilter + iptables against nftables' bridge family, ~15 min.
+lab-bridge:
+	$(LAB_PY) $(LAB) --array nbd:$(or $(PLANT),$(LAB_PLANT)) run --timeout 3000 \
+		vagrant/experiments/bridge_lab.py $(ARGS)
 
 # Boot and run one script of the checkout inside: make lab-run SCRIPT=path ARGS='...'
 lab-run:

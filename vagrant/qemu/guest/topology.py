@@ -46,6 +46,11 @@ from pathlib import Path
 
 NETNS = "tgt"
 NETNS_PATH = f"/run/netns/{NETNS}"
+# --bridge: a third namespace between the two, its bridge joining the initiators'
+# veth to the target's ("any array" behind a transparent bridge; docs/bridge.md)
+BRIDGE_NETNS = "labbr"
+BRIDGE = {"netns": BRIDGE_NETNS, "name": "lab-br", "initiator_port": "lab-bi",
+          "array_port": "lab-ba"}  # fmt: skip
 VETH_INI = "lab-ini"
 VETH_TGT = "lab-tgt"
 VG = "labvg"
@@ -71,6 +76,7 @@ MODULES = [
     "sd_mod",
 ]
 NVME_MODULES = ["nvmet", "nvmet_tcp", "nvme_tcp", "nvme_fabrics"]
+BRIDGE_MODULES = ["bridge", "br_netfilter"]
 
 LVM_ENV = {"DM_DISABLE_UDEV": "1", "LVM_SUPPRESS_FD_WARNINGS": "1"}
 
@@ -182,14 +188,33 @@ def veth_pair(j: int) -> tuple[str, str]:
     return (VETH_INI, VETH_TGT) if j == 0 else (f"{VETH_INI}{j}", f"{VETH_TGT}{j}")
 
 
-def setup_network(n_iscsi: int, n_nvme: int, rps: bool = True, links: int = 1) -> None:
+def setup_network(
+    n_iscsi: int, n_nvme: int, rps: bool = True, links: int = 1, bridge: bool = False
+) -> None:
     """links > 1: iSCSI initiator k uses link k % links (/32 addresses and routes
-    on the extra links), e.g. to measure two paths at the same time."""
+    on the extra links), e.g. to measure two paths at the same time. bridge: the
+    one link goes through BRIDGE's namespace (lab-ini -- lab-bi [lab-br] lab-ba --
+    lab-tgt), the bridge made with STP off and a forward delay of 0."""
     ini = [f"netns add {NETNS}"]
-    ini += [
-        f"link add {a} type veth peer name {b} netns {NETNS}"
-        for a, b in map(veth_pair, range(links))
-    ]
+    if bridge:
+        b = BRIDGE
+        ini += [
+            f"netns add {b['netns']}",
+            f"link add {VETH_INI} type veth peer name {b['initiator_port']} netns {b['netns']}",
+        ]
+        mid = [
+            "link set lo up",
+            f"link add {b['array_port']} type veth peer name {VETH_TGT} netns {NETNS}",
+            f"link add {b['name']} type bridge stp_state 0 forward_delay 0",
+            f"link set {b['initiator_port']} master {b['name']} up",
+            f"link set {b['array_port']} master {b['name']} up",
+            f"link set {b['name']} up",
+        ]
+    else:
+        ini += [
+            f"link add {a} type veth peer name {b} netns {NETNS}"
+            for a, b in map(veth_pair, range(links))
+        ]
     tgt = ["link set lo up"]
     extra_routes = []
     for k in range(n_iscsi):
@@ -213,6 +238,13 @@ def setup_network(n_iscsi: int, n_nvme: int, rps: bool = True, links: int = 1) -
         ini.append(f"route add {portal_ip(k)}/32 dev {a} src {initiator_ip(k)}")
     for k in range(n_nvme):
         ini.append(f"route add {nvme_port_ip(k)}/32 dev {VETH_INI} src {nvme_host_ip(k)}")
+    sh(["ip", "-batch", "-"], input="\n".join(ini[:1]) + "\n")
+    if bridge:
+        sh(["ip", "-batch", "-"], input="\n".join(ini[1:3]) + "\n")
+        ini = ini[3:]
+        sh(["ip", "-n", BRIDGE_NETNS, "-batch", "-"], input="\n".join(mid) + "\n")
+    else:
+        ini = ini[1:]
     sh(["ip", "-batch", "-"], input="\n".join(ini) + "\n")
     sh(["ip", "-n", NETNS, "-batch", "-"], input="\n".join(tgt) + "\n")
     if rps:
@@ -231,12 +263,19 @@ def setup_network(n_iscsi: int, n_nvme: int, rps: bool = True, links: int = 1) -
                     f"echo {mask} > /sys/class/net/{b}/queues/rx-0/rps_cpus",
                 ]
             )
+        if bridge:  # the bridge's ports receive too
+            ports = f"{BRIDGE['initiator_port']} {BRIDGE['array_port']}"
+            sh(["ip", "netns", "exec", BRIDGE_NETNS, "sh", "-c",
+                f"for d in {ports}; do echo {mask} > /sys/class/net/$d/queues/rx-0/rps_cpus; "
+                "done"])  # fmt: skip
         Path("/proc/sys/net/core/netdev_max_backlog").write_text(str(NETDEV_MAX_BACKLOG))
 
 
 def teardown_network() -> None:
     if os.path.exists(NETNS_PATH):
         sh(["ip", "netns", "del", NETNS], check=False)  # takes the veth pairs with it
+    if os.path.exists(f"/run/netns/{BRIDGE_NETNS}"):
+        sh(["ip", "netns", "del", BRIDGE_NETNS], check=False)
     for j in range(MAX_INITIATORS):
         a, _ = veth_pair(j)
         if os.path.exists(f"/sys/class/net/{a}"):
@@ -543,12 +582,19 @@ def nvme_disconnect(nvme: list[dict]) -> None:
 
 # --------------------------------------------------------------- top level
 def plan(
-    luns: int = 4, nvme: int = 1, lv_size_mib: int = 256, disk: str = "slow", links: int = 1
+    luns: int = 4,
+    nvme: int = 1,
+    lv_size_mib: int = 256,
+    disk: str = "slow",
+    links: int = 1,
+    bridge: bool = False,
 ) -> dict:
     if not 0 <= luns <= MAX_INITIATORS or not 0 <= nvme <= MAX_INITIATORS:
         raise TopologyError(f"luns and nvme must be within 0..{MAX_INITIATORS}")
     if not 1 <= links <= max(1, luns):
         raise TopologyError(f"links must be within 1..{max(1, luns)} (one per iSCSI LUN at most)")
+    if bridge and links != 1:
+        raise TopologyError("a bridge joins one link: --bridge takes --links 1")
     out = {
         "netns": NETNS,
         "vg": VG,
@@ -558,6 +604,7 @@ def plan(
         "links": [{"initiator": a, "target": b} for a, b in map(veth_pair, range(links))],
         "iscsi": [],
         "nvme": [],
+        "bridge": dict(BRIDGE) if bridge else None,
     }
     for k in range(luns):
         out["iscsi"].append(
@@ -602,11 +649,12 @@ def up(
     nullb_mbps: int = 20,
     nullb_queue_depth: int = 4,
     links: int = 1,
+    bridge: bool = False,
 ) -> dict:
     """Bring the topology up; returns (and stores) its description."""
     if STATE_FILE.exists():
         raise TopologyError(f"topology already up ({STATE_FILE}); run down first")
-    t = plan(luns, nvme, lv_size_mib, disk, links)
+    t = plan(luns, nvme, lv_size_mib, disk, links, bridge)
     timings = {}
     t0 = time.monotonic()
 
@@ -616,7 +664,7 @@ def up(
         timings[step] = round(now - t0, 2)
         t0 = now
 
-    load_modules(MODULES + (NVME_MODULES if nvme else []))
+    load_modules(MODULES + (NVME_MODULES if nvme else []) + (BRIDGE_MODULES if bridge else []))
     mark("modules")
     if disk == "nullb":
         size = (len(t["iscsi"]) + len(t["nvme"])) * lv_size_mib + 64
@@ -631,7 +679,7 @@ def up(
     mark("lvm")
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     STATE_FILE.write_text(json.dumps(t, indent=1))  # from here on, down() cleans up
-    setup_network(luns, nvme, rps=rps, links=links)
+    setup_network(luns, nvme, rps=rps, links=links, bridge=bridge)
     mark("network")
     _in_netns(["_target-up"], t)
     mark("target")
@@ -695,6 +743,9 @@ def main(argv=None) -> int:
     u.add_argument("--no-login", action="store_true", help="create node records, do not log in")
     u.add_argument("--no-rps", action="store_true", help="leave RPS off (shows the retransmits)")
     u.add_argument(
+        "--bridge", action="store_true", help="a transparent bridge between the two (netns labbr)"
+    )
+    u.add_argument(
         "--links", type=int, default=1, help="veth pairs; iSCSI initiator k uses link k %% links"
     )
     sub.add_parser("down", help="tear it down")
@@ -713,6 +764,7 @@ def main(argv=None) -> int:
             nullb_mbps=a.nullb_mbps,
             nullb_queue_depth=a.nullb_queue_depth,
             links=a.links,
+            bridge=a.bridge,
         )
         print(json.dumps(t, indent=1))
     elif a.cmd == "down":

@@ -1,0 +1,492 @@
+#!/usr/bin/env python3
+"""Bridge mode in the lab: the wire against the target and fio; what the gate costs. In the guest.
+
+    python3 vagrant/qemu/lab.py --array nbd:c_ms=2,m_ms=5 run --timeout 3000 \\
+        vagrant/experiments/bridge_lab.py [--only agreement|nf-cost] [--seconds 20]
+    make lab-bridge                                    # the same, both parts
+
+(docs/bridge.md, "Measured in the lab".)  The topology with a bridge
+(topology.py --bridge: the initiators -- lab-bi [lab-br in netns labbr] lab-ba
+-- the target) on the known plant (the lab-array disk).
+
+agreement
+    santhrottled in bridge mode on lab-br, observing (no threshold): one
+    resource per reader volume, named as the wire names it. An iSCSI reader
+    (LUN 0) and an NVMe/TCP reader (namespace 1 of subsystem nvme0), 4 KiB
+    random reads at QD1 and --reader-iops, each alone (idle) and beside
+    writers on the other LVs of the same VG (three iSCSI hosts and one
+    NVMe/TCP host, sequential --writer-bs 16 KiB at --writer-qd 2). The
+    sessions log in through the running daemon's bridge, so the wire names
+    every volume; at the end the daemon is restarted in mid-session and
+    names them again from its saved names (daemon.state_dir). Every second: the daemon's
+    read totals for the reader's resource (the wire), the target's diskstats
+    for the reader's LV (dm-N), and fio's own completion latency (its
+    latency log averaged over 1 s, stamped with the epoch). Per 1 s window
+    the mean latency of each; per phase the mean over its windows and each
+    source against the wire.
+
+nf-cost
+    The per-packet cost of the two ways a bridged packet can reach the delay
+    classes, side by side in alternating rounds: a 256 MiB TCP stream from the
+    target's namespace to an initiator address through the bridge, its
+    segments unaggregated (TSO, GSO and GRO off on every veth: one packet one
+    frame), the CPU time of the whole guest per packet forwarded, for
+      none      br_netfilter off, no rule: the bridge and the port's HTB;
+      iptables  br_netfilter on, santhrottle's data path with the
+                receiver a member (the physdev jump, the chain, the set,
+                the SET target: what bridge mode runs);
+      nft       br_netfilter off, an nftables bridge-family chain on
+                postrouting: oifname + ip daddr @set -> meta priority.
+    Both gates put the packets into the same HTB class (pfifo leaf: classified,
+    not delayed); its counters prove each did.
+
+Results: OUT/bridge-lab.json (default /shared/work/bridge, the run dir's
+work/bridge on the host) and tables on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import closed_loop  # noqa: E402
+import plant_lab  # noqa: E402
+import topology  # noqa: E402  (closed_loop put vagrant/qemu/guest on the path)
+
+SOCK = closed_loop.SOCK
+BIN = closed_loop.BIN
+# the wire sensor's counts per phase: what it matched, what it could not, what it lost
+WIRE_KEYS = ("completions", "unmatched", "replaced", "capture_frames", "capture_kernel_drops")
+WARMUP_WINDOWS = 2  # the first windows of a phase: fio ramps, the daemon's counters start
+STREAM_BYTES = 256 << 20
+# The stream's source port: one of the data path's ports (its rules match it) that the
+# wire sensor does not read (its capture filter takes 3260 and 4420 only).
+STREAM_PORT = 5001
+
+
+# ------------------------------------------------------------------ daemon
+def daemon_config(t: dict, out: Path, leaf: str = "netem", ports: str = "") -> Path:
+    b = t["bridge"]
+    lun0, nvme0 = t["iscsi"][0], t["nvme"][0]
+    writers = [f"iscsi://{x['portal']}:{x['port']}/*/*" for x in t["iscsi"][1:]]
+    writers += [f"nvme://{x['traddr']}:{x['port']}/*/*" for x in t["nvme"][1:]]
+    conf = out / "santhrottle-bridge.toml"
+    conf.write_text(
+        f'[daemon]\nmode = "bridge"\ncontrol_socket = "{SOCK}"\nnetns = "{b["netns"]}"\n'
+        f'state_dir = "{out / "state"}"\n'
+        f'[bridge]\nname = "{b["name"]}"\ninitiator_port = "{b["initiator_port"]}"\n'
+        f'array_port = "{b["array_port"]}"\n'
+        f'[datapath]\nlink_speed = "10gbit"\nleaf = "{leaf}"\n{ports}[metrics]\nport = 0\n'
+        f'[resources.r_iscsi]\nvolumes = ["iscsi://{lun0["portal"]}:{lun0["port"]}/'
+        f'{lun0["iqn"]}/0"]\n'
+        f'[resources.r_nvme]\nvolumes = ["nvme://{nvme0["traddr"]}:{nvme0["port"]}/'
+        f'{nvme0["nqn"]}/1"]\n'
+        f"[resources.writers]\nvolumes = {json.dumps(writers)}\n"
+    )
+    return conf
+
+
+def start_daemon(conf: Path, out: Path) -> subprocess.Popen:
+    log = open(out / "santhrottled.log", "a")  # noqa: SIM115 - lives with the process
+    p = subprocess.Popen(
+        [str(BIN / "santhrottled"), "--config", str(conf)], stdout=log, stderr=subprocess.STDOUT
+    )
+    deadline = time.monotonic() + 120
+    while not os.path.exists(SOCK):
+        if p.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(
+                f"santhrottled did not start: {(out / 'santhrottled.log').read_text()}"
+            )
+        time.sleep(0.2)
+    closed_loop.first_status(SOCK)
+    return p
+
+
+def stop_daemon(p: subprocess.Popen, conf: Path) -> None:
+    if p.poll() is None:
+        p.terminate()  # our own child, by PID
+        p.wait(timeout=60)
+    subprocess.run([str(BIN / "santhrottle"), "cleanup", "--config", str(conf)],
+                   capture_output=True)  # fmt: skip
+
+
+# --------------------------------------------------------------- agreement
+class Sampler(threading.Thread):
+    """Every second: epoch time, the resource's wire totals, the LV's diskstats."""
+
+    def __init__(self, resource: str, dm: str) -> None:
+        super().__init__(daemon=True)
+        self.resource, self.dm = resource, dm
+        self.rows: list[dict] = []
+        self.stop_ev = threading.Event()
+
+    def run(self) -> None:
+        from santhrottle.appliance.daemon.control import request
+
+        nxt = time.monotonic()
+        while not self.stop_ev.is_set():
+            row: dict = {"epoch": time.time()}
+            try:
+                st = request(SOCK, "status", timeout_s=2.0)
+                r = next(x for x in st["resources"] if x["resource"] == self.resource)
+                row["wire"] = (r["reads_completed"], r["read_time_s"])
+                row["wire_counters"] = st.get("wire")
+            except Exception as e:  # keep sampling; record why
+                row["error"] = str(e)
+            ds = closed_loop.diskstats().get(self.dm)
+            row["ds"] = (ds[0], ds[3]) if ds else None  # reads completed, ms reading
+            self.rows.append(row)
+            nxt += 1.0
+            self.stop_ev.wait(max(0.0, nxt - time.monotonic()))
+
+
+def fio_log(path: Path) -> list[tuple[float, float]]:
+    """fio's 1 s-averaged completion latency log: (epoch s at the interval's end, mean s)."""
+    out = []
+    for line in path.read_text().splitlines():
+        p = [x.strip() for x in line.split(",")]
+        if len(p) >= 2 and p[0].isdigit():
+            out.append((int(p[0]) / 1e3, int(p[1]) / 1e9))
+    return out
+
+
+def windows(rows: list[dict], fio: list[tuple[float, float]]) -> list[dict]:
+    """Per 1 s window between two samples: the wire's, the LV's and fio's mean latency."""
+    out = []
+    for a, b in itertools.pairwise(rows):
+        if "wire" not in a or "wire" not in b or not a["ds"] or not b["ds"]:
+            continue
+        n_wire = b["wire"][0] - a["wire"][0]
+        n_ds = b["ds"][0] - a["ds"][0]
+        if n_wire <= 0 or n_ds <= 0:
+            continue
+        w = {
+            "end": b["epoch"],
+            "reads_wire": n_wire,
+            "reads_disk": n_ds,
+            "wire_s": (b["wire"][1] - a["wire"][1]) / n_wire,
+            "disk_s": (b["ds"][1] - a["ds"][1]) / 1e3 / n_ds,
+        }
+        # fio's interval ending closest to this window's end, within half a second
+        near = [v for t_end, v in fio if abs(t_end - b["epoch"]) <= 0.5]
+        w["fio_s"] = near[0] if near else None
+        out.append(w)
+    return out[WARMUP_WINDOWS:-1]
+
+
+def summarize(ws: list[dict]) -> dict:
+    def mean(k):
+        vals = [w[k] for w in ws if w.get(k) is not None]
+        return statistics.fmean(vals) if vals else None
+
+    s = {"windows": len(ws), "wire_s": mean("wire_s"), "disk_s": mean("disk_s"),
+         "fio_s": mean("fio_s")}  # fmt: skip
+    for other in ("disk", "fio"):
+        ratios = [w["wire_s"] / w[f"{other}_s"] for w in ws if w.get(f"{other}_s")]
+        if s[f"{other}_s"]:
+            s[f"wire_vs_{other}"] = s["wire_s"] / s[f"{other}_s"] - 1.0
+        if ratios:
+            q = statistics.quantiles(ratios, n=20) if len(ratios) > 1 else ratios * 19
+            s[f"window_ratio_{other}"] = {
+                "median": statistics.median(ratios), "p5": q[0], "p95": q[-1],
+                "min": min(ratios), "max": max(ratios),
+            }  # fmt: skip
+    return s
+
+
+def agreement(a, t: dict, out: Path) -> tuple[list[dict], dict]:
+    """The phases; then a restart of the daemon in mid-session, and the names it keeps."""
+    conf = daemon_config(t, out)
+    daemon = start_daemon(conf, out)
+    # the sessions log in through the running bridge, as they do in production: the
+    # wire names each volume from its login
+    topology.iscsi_login(t["iscsi"])
+    topology.nvme_connect(t["nvme"])
+    results = []
+    try:
+        readers = {
+            "iscsi": ("r_iscsi", t["iscsi"][0]["device"], t["iscsi"][0]["dm"]),
+            "nvme": ("r_nvme", t["nvme"][0]["device"], t["nvme"][0]["dm"]),
+        }
+        writer_devs = [x["device"] for x in t["iscsi"][1:] + t["nvme"][1:]]
+        for rep in range(a.reps):
+            for proto, (res, dev, dm) in readers.items():
+                for load in ("idle", "loaded"):
+                    name = f"{proto}-{load}-{rep}"
+                    results.append(phase(a, name, res, dev, dm, writer_devs if load == "loaded"
+                                         else [], out))  # fmt: skip
+                    show(results[-1])
+        st = closed_loop.first_status(SOCK)
+        (out / "status-end.json").write_text(json.dumps(st, indent=1))
+        stop_daemon(daemon, conf)
+        daemon = start_daemon(conf, out)
+        restart = names_after_restart(t)
+        print(f"after a restart: {restart}", flush=True)
+    finally:
+        stop_daemon(daemon, conf)
+    return results, restart
+
+
+def names_after_restart(t: dict) -> dict:
+    """The volumes a restarted daemon lists while both readers read (sessions it never
+    saw log in): named from the saved names, and counted in their resources."""
+    from santhrottle.appliance.daemon.control import request
+
+    lun0, nvme0 = t["iscsi"][0], t["nvme"][0]
+    rds = [closed_loop.fio(x["device"], "--rw=randread", "--bs=4k", "--iodepth=1",
+                           "--rate_iops=50", runtime=6) for x in (lun0, nvme0)]  # fmt: skip
+    time.sleep(5)
+    vols = request(SOCK, "volumes")
+    for p in rds:
+        p.communicate()
+    want = {f"iscsi://{lun0['portal']}:3260/{lun0['iqn']}/0": ["r_iscsi"],
+            f"nvme://{nvme0['traddr']}:4420/{nvme0['nqn']}/1": ["r_nvme"]}  # fmt: skip
+    got = {v["volume"]: v["resources"] for v in vols}
+    return {"volumes": vols, "named": all(got.get(k) == r for k, r in want.items())}
+
+
+def phase(a, name: str, res: str, dev: str, dm: str, writers: list[str], out: Path) -> dict:
+    lat_prefix = out / f"lat-{name}"
+    ws = [closed_loop.fio(w, "--rw=write", f"--bs={a.writer_bs}", f"--iodepth={a.writer_qd}",
+                          runtime=a.seconds + 4) for w in writers]  # fmt: skip
+    if ws:
+        time.sleep(2.0)  # the writers reach their pace first
+    sampler = Sampler(res, dm)
+    sampler.start()
+    rd = closed_loop.fio(
+        dev, "--rw=randread", "--bs=4k", "--iodepth=1", f"--rate_iops={a.reader_iops}",
+        f"--write_lat_log={lat_prefix}", "--log_avg_msec=1000", "--log_unix_epoch=1",
+        runtime=a.seconds,
+    )  # fmt: skip
+    fio_out = rd.communicate()[0]
+    time.sleep(1.2)  # the window the reader ended in
+    sampler.stop_ev.set()
+    sampler.join()
+    for w in ws:
+        w.communicate()
+    log = next(iter(sorted(out.glob(f"lat-{name}_clat*.log"))), None)
+    fio_windows = fio_log(log) if log else []
+    ws_ = windows(sampler.rows, fio_windows)
+    try:
+        fio_mean = json.loads(fio_out)["jobs"][0]["read"]["clat_ns"]["mean"] / 1e9
+    except (ValueError, KeyError, IndexError):
+        fio_mean = None
+    counts = [r["wire_counters"] for r in sampler.rows if r.get("wire_counters")]
+    wire = {k: counts[-1][k] - counts[0][k] for k in WIRE_KEYS} if len(counts) > 1 else None
+    return {"phase": name, "writers": len(writers), "fio_mean_s": fio_mean,
+            **summarize(ws_), "wire_counts": wire, "window_rows": ws_}  # fmt: skip
+
+
+def show(r: dict) -> None:
+    def ms(x):
+        return "-" if x is None else f"{x * 1e3:.2f}"
+
+    def pct(x):
+        return "-" if x is None else f"{x * 100:+.1f}%"
+
+    print(f"{r['phase']:<18} windows {r['windows']:>3}  wire {ms(r['wire_s'])} ms  "
+          f"target {ms(r['disk_s'])} ms ({pct(r.get('wire_vs_disk'))})  "
+          f"fio {ms(r['fio_s'])} ms ({pct(r.get('wire_vs_fio'))})  "
+          f"wire counts {r.get('wire_counts')}", flush=True)  # fmt: skip
+
+
+# ---------------------------------------------------------------- nf-cost
+def _ns(ns: str, *cmd: str, check: bool = True, input: str | None = None) -> str:
+    p = subprocess.run(["ip", "netns", "exec", ns, *cmd], capture_output=True, text=True,
+                       check=False, input=input)  # fmt: skip
+    if check and p.returncode:
+        raise RuntimeError(f"{' '.join(cmd)}: {p.stderr.strip()}")
+    return p.stdout
+
+
+def cpu_busy_s() -> float:
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + v[4]
+    return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def tx_packets(ns: str, dev: str) -> int:
+    return int(_ns(ns, "cat", f"/sys/class/net/{dev}/statistics/tx_packets"))
+
+
+NFT_TABLE = "santhrottle_nfcost"
+
+
+def set_gate(t: dict, gate: str, member: str, minor: int) -> None:
+    b = t["bridge"]
+    ns = b["netns"]
+    _ns(ns, "nft", "delete", "table", "bridge", NFT_TABLE, check=False)
+    on = "1" if gate == "iptables" else "0"
+    _ns(ns, "sysctl", "-qw", f"net.bridge.bridge-nf-call-iptables={on}")
+    if gate == "iptables":
+        closed_loop_pin(member, minor)
+    else:
+        closed_loop_unpin(member)
+    if gate == "nft":
+        _ns(ns, "nft", "-f", "-", input=(
+            f"table bridge {NFT_TABLE} {{\n"
+            "  map prio { type ipv4_addr : classid;\n"
+            f"    elements = {{ {member} : 5374:{minor:x} }} }}\n"
+            "  chain post { type filter hook postrouting priority 0; policy accept;\n"
+            f'    oifname "{b["initiator_port"]}" tcp sport {{ 3260, 4420, {STREAM_PORT} }} '
+            "meta priority set ip daddr map @prio\n  }\n}\n"
+        ))  # fmt: skip
+
+
+def closed_loop_pin(ip: str, minor: int) -> None:
+    from santhrottle.appliance.daemon.control import request
+
+    request(SOCK, "pin", initiator=ip, **{"class": minor, "mode": "all"})
+    time.sleep(0.5)  # the next tick applies it
+
+
+def closed_loop_unpin(ip: str) -> None:
+    from santhrottle.appliance.daemon.control import request
+    from santhrottle.appliance.daemon.requests import RemoteError
+
+    with contextlib.suppress(RemoteError):  # not pinned
+        request(SOCK, "unpin", initiator=ip)
+    time.sleep(0.5)
+
+
+RECEIVER = r"""
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); print("ready", flush=True)
+c, _ = s.accept(); n = 0
+while d := c.recv(1 << 20):
+    n += len(d)
+print(n, flush=True)
+"""
+
+
+def stream(t: dict, src_ns: str, member: str) -> tuple[float, int, float]:
+    """STREAM_BYTES from the target's namespace (port 3260) to member: (CPU s, packets, s)."""
+    b = t["bridge"]
+    rcv = subprocess.Popen([sys.executable, "-c", RECEIVER, member, "40960"],
+                           stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert rcv.stdout is not None and rcv.stdout.readline().strip() == "ready"
+        sender = (
+            "import socket,sys\n"
+            "s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+            f"s.bind(('{t['iscsi'][0]['portal']}', {STREAM_PORT})); "
+            f"s.connect(('{member}', 40960))\n"
+            f"buf=b'x'*(1<<20)\nfor _ in range({STREAM_BYTES >> 20}): s.sendall(buf)\n"
+            "s.close()\n"
+        )
+        p0, c0, t0 = tx_packets(b["netns"], b["initiator_port"]), cpu_busy_s(), time.monotonic()
+        _ns(src_ns, sys.executable, "-c", sender)
+        got = int(rcv.stdout.readline())
+        p1, c1, t1 = tx_packets(b["netns"], b["initiator_port"]), cpu_busy_s(), time.monotonic()
+        assert got == STREAM_BYTES, got
+        return c1 - c0, p1 - p0, t1 - t0
+    finally:
+        if rcv.poll() is None:
+            rcv.kill()  # our own child, by PID
+        rcv.wait()
+
+
+def class_bytes(t: dict, minor: int) -> int:
+    b = t["bridge"]
+    out = _ns(b["netns"], "tc", "-s", "class", "show", "dev", b["initiator_port"],
+              "classid", f"5374:{minor:x}")  # fmt: skip
+    words = out.split()
+    return int(words[words.index("Sent") + 1]) if "Sent" in words else 0
+
+
+def nf_cost(a, t: dict, out: Path) -> dict:
+    b = t["bridge"]
+    for ns, devs in ((b["netns"], (b["initiator_port"], b["array_port"])),
+                     (topology.NETNS, (topology.VETH_TGT,))):  # fmt: skip
+        for dev in devs:
+            _ns(ns, "ethtool", "-K", dev, "tso", "off", "gso", "off", "gro", "off", check=False)
+    subprocess.run(["ethtool", "-K", topology.VETH_INI, "gro", "off", "tso", "off", "gso", "off"],
+                   capture_output=True)  # fmt: skip
+    conf = daemon_config(t, out, leaf="pfifo", ports=f"ports = [3260, 4420, {STREAM_PORT}]\n")
+    daemon = start_daemon(conf, out)
+    member, minor = t["iscsi"][0]["initiator_ip"], 5
+    rows: list[dict] = []
+    try:
+        gates = ("none", "iptables", "nft")
+        for rnd in range(a.nf_rounds):
+            order = gates[rnd % 3 :] + gates[: rnd % 3]  # rotate: no gate always first
+            for gate in order:
+                set_gate(t, gate, member, minor)
+                before = class_bytes(t, minor)
+                cpu, pkts, secs = stream(t, topology.NETNS, member)
+                classified = class_bytes(t, minor) - before
+                rows.append({"round": rnd, "gate": gate, "cpu_s": cpu, "packets": pkts,
+                             "seconds": secs, "us_per_packet": cpu / pkts * 1e6,
+                             "classified_bytes": classified})  # fmt: skip
+                print(f"nf-cost round {rnd} {gate:<9} {pkts:>8} packets  "
+                      f"{cpu / pkts * 1e6:7.2f} us/packet  {secs:6.1f} s  "
+                      f"class 5374:{minor} +{classified} B", flush=True)  # fmt: skip
+        set_gate(t, "none", member, minor)
+    finally:
+        _ns(b["netns"], "nft", "delete", "table", "bridge", NFT_TABLE, check=False)
+        stop_daemon(daemon, conf)
+    per = {
+        g: [r["us_per_packet"] for r in rows if r["gate"] == g] for g in ("none", "iptables", "nft")
+    }
+    summary = {g: {"median": statistics.median(v), "min": min(v), "max": max(v)}
+               for g, v in per.items()}  # fmt: skip
+    # the extra cost of each gate over no gate, per round (the rounds' own noise cancels)
+    for g in ("iptables", "nft"):
+        d = [x - y for x, y in zip(per[g], per["none"], strict=True)]
+        summary[g]["over_none_median"] = statistics.median(d)
+        summary[g]["over_none_range"] = [min(d), max(d)]
+    return {"rows": rows, "summary": summary}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", choices=("agreement", "nf-cost"))
+    ap.add_argument("--seconds", type=float, default=20.0, help="each agreement phase")
+    ap.add_argument("--reps", type=int, default=2, help="agreement repetitions")
+    ap.add_argument("--reader-iops", type=int, default=100)
+    ap.add_argument("--writer-bs", default="16k")
+    ap.add_argument("--writer-qd", type=int, default=2)
+    ap.add_argument("--nf-rounds", type=int, default=5)
+    ap.add_argument("--disk", default="array", choices=("array", "slow", "fast"))
+    ap.add_argument("--out", default="/shared/work/bridge")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if topology.status() is not None:
+        topology.down()
+    # logged in by agreement(), through the running daemon's bridge
+    t = topology.up(luns=4, nvme=2, disk=a.disk, bridge=True, lv_size_mib=512, login=False)
+    res: dict = {"kernel": os.uname().release, "cpus": os.cpu_count(), "disk": a.disk,
+                 "array": plant_lab.array_config(), "args": vars(a)}  # fmt: skip
+    try:
+        if a.only in (None, "agreement"):
+            res["agreement"], res["restart"] = agreement(a, t, out)
+            (out / "bridge-lab.json").write_text(json.dumps(res, indent=1))
+        if a.only == "nf-cost":
+            topology.iscsi_login(t["iscsi"])
+        if a.only in (None, "nf-cost"):
+            res["nf_cost"] = nf_cost(a, t, out)
+            print(json.dumps(res["nf_cost"]["summary"], indent=1))
+    finally:
+        (out / "bridge-lab.json").write_text(json.dumps(res, indent=1))
+        topology.down()
+    return 0
+
+
+if __name__ == "__main__":
+    socket.setdefaulttimeout(None)
+    sys.exit(main())
