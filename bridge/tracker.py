@@ -72,6 +72,10 @@ NAME_MAX_BYTES = 223  # an IQN's and an NQN's limit
 # command data: SUBNQN at bytes 256-511).
 _SUBNQN = slice(256, 512)
 
+# NSIDs that name no namespace: 0 (the fabrics connect, keep-alive, admin commands)
+# and the broadcast NSID (a flush of every namespace).
+NO_NAMESPACE = (0, 0xFFFFFFFF)
+
 ISCSI = "iscsi"
 NVME = "nvme"
 
@@ -133,7 +137,7 @@ def _text_value(body: bytes, start: int, key: bytes) -> str | None:
 class _Command:
     start_s: float
     op: int
-    volume: Volume
+    volume: Volume | None  # None: an NVMe command of no namespace (connect, keep-alive)
 
 
 @dataclass(slots=True)
@@ -229,13 +233,15 @@ class Tracker:
             kind = CMD
         if kind == CMD and to_target:
             unit = lun_number(pdu.volume) if conn.proto == ISCSI else pdu.volume
-            vol = Volume(conn.proto, conn.portal, conn.target, unit)
-            conn.volumes.add(vol)
+            vol: Volume | None = None
+            if conn.proto == ISCSI or unit not in NO_NAMESPACE:
+                vol = Volume(conn.proto, conn.portal, conn.target, unit)
+                conn.volumes.add(vol)
             if pdu.tag in conn.inflight:
                 self.counters.replaced += 1
             self.counters.commands += 1
             conn.inflight[pdu.tag] = _Command(now_s, pdu.op, vol)
-            if pdu.op == WRITE:
+            if pdu.op == WRITE and vol is not None:
                 nbytes = pdu.data_bytes  # iSCSI: the whole write; NVMe: in-capsule data
                 if nbytes:
                     self._wrote(vol, conn.initiator, nbytes)
@@ -245,7 +251,7 @@ class Tracker:
                 self.counters.unmatched += 1
                 return
             self.counters.completions += 1
-            if cmd.op == READ:
+            if cmd.op == READ and cmd.volume is not None:
                 r = self.reads.get(cmd.volume)
                 if r is None:
                     r = self.reads[cmd.volume] = VolumeReads()
@@ -253,7 +259,7 @@ class Tracker:
                 r.latency_sum_s += now_s - cmd.start_s
         elif kind == DATA_OUT and to_target:
             cmd = conn.inflight.get(pdu.tag)
-            if cmd is not None and cmd.op == WRITE:
+            if cmd is not None and cmd.op == WRITE and cmd.volume is not None:
                 self._wrote(cmd.volume, conn.initiator, pdu.data_bytes)
         elif kind == LOGIN:
             self._login(conn, pdu.header_bytes, body, to_target)
@@ -318,6 +324,6 @@ class Tracker:
         out: dict[Volume, int] = {}
         for conn in self.conns.values():
             for c in conn.inflight.values():
-                if c.op == READ:
+                if c.op == READ and c.volume is not None:
                     out[c.volume] = out.get(c.volume, 0) + 1
         return out

@@ -185,3 +185,13 @@ def test_known_targets_name_a_session_seen_mid_way_but_not_a_new_one():
     fresh = T.Tracker(known_targets={key: "iqn.2026-11.lab:array"})
     Conn(fresh, 3260).send(1.0, B.scsi_read(1, lun=0), True)  # a SYN: it logs in again
     assert fresh.targets() == {} and {v.target for v in fresh.seen()} == {""}
+
+
+def test_nvme_commands_of_no_namespace_are_matched_but_name_no_volume():
+    tr = T.Tracker()
+    c = Conn(tr, 4420)
+    c.send(0.0, B.nvme_connect("nqn.2026-11.lab:sub", cid=1), True)  # NSID 0
+    c.send(0.001, B.capsule_resp(1), False)
+    c.send(0.1, B.capsule_cmd(2, opcode=0x00, nsid=0xFFFFFFFF), True)  # flush, broadcast
+    c.send(0.2, B.capsule_resp(2), False)
+    assert tr.seen() == {} and tr.counters.completions == 2 and tr.counters.unmatched == 0
