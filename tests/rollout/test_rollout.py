@@ -441,16 +441,19 @@ VALIDATIONS = {
 
 
 @pytest.mark.parametrize(
-    ("provider", "initiators"),
-    [("core", "1"), ("core", "3"), ("libvirt", "3"), ("virtualbox", "3")],
-)
-def test_vagrant_validate(provider, initiators, tmp_path):
+    ("provider", "initiators", "mode"),
+    [("core", "1", "target"), ("core", "3", "target"), ("libvirt", "3", "target"),
+     ("virtualbox", "3", "target"), ("core", "2", "bridge"), ("libvirt", "2", "bridge"),
+     ("virtualbox", "2", "bridge")],
+)  # fmt: skip
+def test_vagrant_validate(provider, initiators, mode, tmp_path):
     vagrant = _need(shutil.which("vagrant"), "vagrant (apt-get install --no-install-recommends)")
     args, extra = VALIDATIONS[provider]
     env = dict(
         os.environ,
         VAGRANT_DOTFILE_PATH=str(tmp_path / "dot"),
         SANTHROTTLE_INITIATORS=initiators,
+        SANTHROTTLE_MODE=mode,
         VAGRANT_NO_COLOR="1",
         **extra,
     )
@@ -467,8 +470,9 @@ def test_vagrant_validate(provider, initiators, tmp_path):
         env["PATH"] = f"{stub.parent}:{env['PATH']}"
     p = _run([vagrant, "validate", *args], cwd=ROOT / "vagrant", env=env, timeout=120)
     assert p.returncode == 0 and "validated successfully" in p.stdout, p.stdout
-    if provider == "core":  # one line per machine: the target and N initiators
+    if provider == "core":  # one line per machine: the target, N initiators, the bridge
         machines = {"target"} | {f"ini{k}" for k in range(1, int(initiators) + 1)}
+        machines |= {"bridge"} if mode == "bridge" else set()
         seen = set(re.findall(r"==> (\S+): Ignoring provider config", p.stdout))
         assert seen == machines, p.stdout
 
