@@ -32,6 +32,8 @@ nf-cost
     segments unaggregated (TSO, GSO and GRO off on every veth: one packet one
     frame), the CPU time of the whole guest per packet forwarded, for
       none      br_netfilter off, no rule: the bridge and the port's HTB;
+      brnf-idle br_netfilter on, nobody delayed (so no jump: the data path's
+                idle gate), what every bridged packet pays for the switch;
       iptables  br_netfilter on, santhrottle's data path with the
                 receiver a member (the physdev jump, the chain, the set,
                 the SET target: what bridge mode runs);
@@ -323,13 +325,14 @@ def tx_packets(ns: str, dev: str) -> int:
 
 
 NFT_TABLE = "santhrottle_nfcost"
+GATES = ("none", "brnf-idle", "iptables", "nft")
 
 
 def set_gate(t: dict, gate: str, member: str, minor: int) -> None:
     b = t["bridge"]
     ns = b["netns"]
     _ns(ns, "nft", "delete", "table", "bridge", NFT_TABLE, check=False)
-    on = "1" if gate == "iptables" else "0"
+    on = "1" if gate in ("iptables", "brnf-idle") else "0"
     _ns(ns, "sysctl", "-qw", f"net.bridge.bridge-nf-call-iptables={on}")
     if gate == "iptables":
         closed_loop_pin(member, minor)
@@ -421,9 +424,9 @@ def nf_cost(a, t: dict, out: Path) -> dict:
     member, minor = t["iscsi"][0]["initiator_ip"], 5
     rows: list[dict] = []
     try:
-        gates = ("none", "iptables", "nft")
         for rnd in range(a.nf_rounds):
-            order = gates[rnd % 3 :] + gates[: rnd % 3]  # rotate: no gate always first
+            k = rnd % len(GATES)
+            order = GATES[k:] + GATES[:k]  # rotate: no gate always first
             for gate in order:
                 set_gate(t, gate, member, minor)
                 before = class_bytes(t, minor)
@@ -439,13 +442,11 @@ def nf_cost(a, t: dict, out: Path) -> dict:
     finally:
         _ns(b["netns"], "nft", "delete", "table", "bridge", NFT_TABLE, check=False)
         stop_daemon(daemon, conf)
-    per = {
-        g: [r["us_per_packet"] for r in rows if r["gate"] == g] for g in ("none", "iptables", "nft")
-    }
+    per = {g: [r["us_per_packet"] for r in rows if r["gate"] == g] for g in GATES}
     summary = {g: {"median": statistics.median(v), "min": min(v), "max": max(v)}
                for g, v in per.items()}  # fmt: skip
     # the extra cost of each gate over no gate, per round (the rounds' own noise cancels)
-    for g in ("iptables", "nft"):
+    for g in GATES[1:]:
         d = [x - y for x, y in zip(per[g], per["none"], strict=True)]
         summary[g]["over_none_median"] = statistics.median(d)
         summary[g]["over_none_range"] = [min(d), max(d)]
