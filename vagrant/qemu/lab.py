@@ -84,6 +84,7 @@ HOST_PACKAGES = [
     "ipset",
     "iptables",
     "nftables",  # the side-by-side overhead variant with a native nft gate
+    "ethtool",  # bridge_lab.py: segmentation offloads off for the per-packet cost
     "iproute2",
     "nvme-cli",
     "procps",
