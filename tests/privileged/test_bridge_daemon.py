@@ -194,6 +194,9 @@ def test_the_daemon_makes_the_bridge_and_measures_reads_off_the_wire(bridged):
         assert vol["volume"] == f"iscsi://{TGT_IP}:3260/{IQN}/0"
         assert vol["initiators"] == [INI_IP] and vol["resources"] == ["arr"]
         assert data["resources"][0]["initiators"] == [INI_IP]
+        text = _run("santhrottle", "resources", "--config", str(conf)).stdout
+        print(text)  # what docs/bridge.md shows
+        assert text.startswith("from santhrottled") and vol["volume"] in text
 
         # pinned, the target's packets to the initiator go through its class on st-bi
         request(sock, "pin", initiator=INI_IP, **{"class": 5, "mode": "all"})
