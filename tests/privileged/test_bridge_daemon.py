@@ -251,3 +251,14 @@ def test_a_missing_array_port_stops_the_start_with_one_line(bridged, tmp_path: P
     assert out.returncode == 1
     (line,) = out.stderr.strip().splitlines()[-1:]
     assert "st-nope" in line, out.stderr
+
+
+def test_check_in_bridge_mode_asks_the_kernel_and_names_a_missing_port(bridged):
+    _, _, conf = bridged
+    ok = _run("santhrottled", "--check", "--config", str(conf))
+    assert ok.returncode == 0 and "ready" in ok.stdout, ok.stdout + ok.stderr
+    conf.write_text(
+        conf.read_text().replace('initiator_port = "st-bi"', 'initiator_port = "st-zz"')
+    )
+    bad = _run("santhrottled", "--check", "--config", str(conf))
+    assert bad.returncode == 1 and "bridge.initiator_port: no network device st-zz" in bad.stderr
