@@ -73,6 +73,8 @@ UNSET_EXAMPLES = {
     "daemon.netns": '"tgt"',
     "daemon.socket_group": '"storage-admins"',
     "controller.default_threshold": '"20ms"',
+    "bridge.initiator_port": '"eth1"',
+    "bridge.array_port": '"eth2"',
     "resources.NAME.threshold": '"15ms"',
 }
 
@@ -406,7 +408,8 @@ def example_config() -> str:
         "#",
         *comment(
             "To start: copy this file to /etc/santhrottle/santhrottle.toml, name the device "
-            "facing the initiators in datapath.devices, give thresholds ([resources.NAME] "
+            "facing the initiators in datapath.devices (on a bridge: daemon.mode = "
+            '"bridge" and the two ports in [bridge]), give thresholds ([resources.NAME] '
             "or controller.default_threshold), then `santhrottled --check`. Without a "
             "threshold a resource is only measured. [reload]: `santhrottle reload` or "
             "SIGHUP applies it; [restart]: the daemon must restart."
@@ -442,6 +445,9 @@ def example_config() -> str:
         "#   [resources.array1]",
         '#   threshold = "10ms"',
         '#   devices = ["sdb", "sdc"]',
+        "#   [resources.array2]                # bridge mode: volumes as the wire names them",
+        '#   threshold = "10ms"',
+        '#   volumes = ["iscsi://10.0.0.5/iqn.2003-01.org.example:array2/*"]',
         "",
         *comment(
             "[static_map]: addresses or subnets -> the resources their initiators use, for "

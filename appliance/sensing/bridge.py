@@ -121,9 +121,12 @@ class BridgeSensor:
 
     # -- the capture thread ----------------------------------------------
     def start(self) -> None:
-        """Open the capture (raises OSError when the port cannot be read) and
-        start reading it."""
-        self._capture = self._opened()
+        """Open the capture (CaptureDown, an OSError, when the port cannot be read)
+        and start reading it."""
+        try:
+            self._capture = self._opened()
+        except OSError as e:
+            raise CaptureDown(f"cannot capture on {self.port}: {e.strerror or e}") from None
         self._down = None
         self._thread = threading.Thread(target=self._run, name="wire", daemon=True)
         self._thread.start()

@@ -259,3 +259,13 @@ def test_target_names_outlive_a_restart_through_the_names_file(tmp_path):
     )
     names.write_text("{not json")
     assert mid_session(sensor(names_path=names)) == f"iscsi://{TGT}:3260/*/0"
+
+
+def test_a_port_that_cannot_be_read_fails_the_start_with_one_line():
+    def refuse(_port):
+        raise OSError(19, "No such device")
+
+    s = BridgeSensor(port="eth9", resources={}, open_capture=refuse)
+    with pytest.raises(CaptureDown, match=r"^cannot capture on eth9: No such device$"):
+        s.start()
+    s.close()
