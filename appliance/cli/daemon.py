@@ -123,6 +123,8 @@ def print_status(st: dict[str, Any]) -> None:
     )
     if st.get("restart_needed"):
         print(f"restart needed for: {', '.join(st['restart_needed'])} (the file changed them)")
+    if st.get("wire") is not None:
+        print(describe_wire(st["wire"]))
     print(
         f"{'RESOURCE':<16} {'MODE':<8} {'THRESHOLD':>13} {'SETPT':>5} {'LAT_EWMA':>9} {'LAST':>9} "
         f"{'CLASS':>5} {'DELAY':>8}  MEMBERS"
@@ -150,6 +152,17 @@ def print_status(st: dict[str, Any]) -> None:
         if r["threshold_s"] == "auto":
             fit = describe_fit(r.get("threshold_fit"), r.get("threshold_in_force_s"))
             print(f"{r['resource']}: {fit}")
+
+
+def describe_wire(w: dict[str, Any]) -> str:
+    """Bridge mode: the wire sensor in one line (counts since the daemon's start)."""
+    state = "capturing" if w["capturing"] else "NOT capturing (see the log)"
+    return (
+        f"bridge mode, wire {state}: {w.get('commands', 0)} commands, "
+        f"{w.get('completions', 0)} completed, {w.get('unmatched', 0)} unmatched, "
+        f"{w.get('aged', 0)} aged out; {w.get('capture_frames', 0)} frames, "
+        f"{w.get('capture_kernel_drops', 0)} dropped by a full ring"
+    )
 
 
 def fmt_threshold(thr: Any, in_force: float | None) -> str:

@@ -206,6 +206,9 @@ def test_the_daemon_makes_the_bridge_and_measures_reads_off_the_wire(bridged):
         st = request(sock, "status")
         assert st["mode"] == "bridge" and st["wire"]["capturing"]
         assert st["wire"]["completions"] > 0 and st["wire"]["capture_frames"] > 0
+        shown = _run("santhrottle", "status", "--socket", sock).stdout
+        print(shown)  # what docs/bridge.md shows
+        assert "bridge mode, wire capturing: " in shown and " 0 unmatched" in shown, shown
 
         _stop(proc)
         assert proc.returncode == 0, proc.stdout.read()
