@@ -1,12 +1,11 @@
 """`santhrottle resources` and `santhrottle initiators`: what discovery sees, measured now.
 
 They run one sensing pass over --interval seconds on this host (no daemon
-needed), so an admin can check discovery before enabling throttling.  In
-bridge mode (the configuration's daemon.mode) they list what the wire shows
-instead: cli/wire.py.  They
+needed), so an admin can check discovery before enabling throttling.  They
 see what the daemon would: the configuration file, when there is one, gives
 the storage ports, the declared resources, the static map and the target's
-network namespace (sock_diag runs inside it).
+network namespace (sock_diag runs inside it).  In bridge mode (the
+configuration's daemon.mode) they list what the wire shows instead: cli/wire.py.
 
 A bad --interval or --config is exit 2; kernel state that cannot be read is
 exit 1 (cli/common.py, EXIT_CODES).
@@ -61,9 +60,9 @@ the LUN's block device (docs/sensing.md, "Write-rate sources").  --json prints
 MAX_INTERVAL_S = 60.0
 
 
-def _measure(args: argparse.Namespace) -> dict[str, Any]:
+def _measure(args: argparse.Namespace, cfg: Config | None) -> dict[str, Any]:
     try:
-        return _measure_once(args)
+        return _measure_once(args, cfg)
     except OSError as e:
         raise Failed(f"cannot read {e.filename or 'kernel state'}: {e.strerror or e}") from None
 
@@ -90,12 +89,12 @@ def _from_config(cfg: Config | None) -> dict[str, Any]:
     }
 
 
-def _measure_once(args: argparse.Namespace) -> dict[str, Any]:
+def _measure_once(args: argparse.Namespace, cfg: Config | None) -> dict[str, Any]:
     sensor = TargetSensor(
         proc_root=args.proc_root,
         sys_root=args.sys_root,
         configfs_root=args.configfs_root,
-        **_from_config(_config(args.config)),
+        **_from_config(cfg),
     )
     sensor.converge()
     sensor.read_samples()
@@ -183,7 +182,7 @@ def cmd_resources(args: argparse.Namespace) -> int:
         doc = wire.measure(args, cfg)
         doc.pop("initiators")
         return emit(args, doc, wire.print_resources)
-    data = _measure(args)
+    data = _measure(args, cfg)
     doc = {k: data[k] for k in ("interval_s", "resources", "ambiguous", "warnings")}
     return emit(args, doc, lambda d: _print_resources(d["resources"], d["ambiguous"]))
 
@@ -197,7 +196,7 @@ def cmd_initiators(args: argparse.Namespace) -> int:
         doc.pop("resources")
         doc.pop("volumes")
         return emit(args, doc, wire.print_initiators)
-    data = _measure(args)
+    data = _measure(args, cfg)
     doc = {k: data[k] for k in ("interval_s", "initiators", "warnings")}
     return emit(args, doc, lambda d: _print_initiators(d["initiators"]))
 

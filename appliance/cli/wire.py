@@ -55,10 +55,11 @@ def _from_daemon(cfg: Config) -> dict[str, Any]:
     volumes = request(cfg.control_socket, "volumes")
     st = request(cfg.control_socket, "status")
     tick_s = st["tick_s"]
+    configured = cfg.volumes()
     resources = [
         {
             "resource": r["resource"],
-            "volumes": list(cfg.volumes().get(r["resource"], ())),
+            "volumes": list(configured.get(r["resource"], ())),
             "reads_per_s": r["reads"] / tick_s,
             "read_latency_s": r["read_latency_s"],
             "write_bytes_per_second": r["write_bytes_per_second"] or 0.0,

@@ -17,7 +17,7 @@ import ipaddress
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from santhrottle.appliance.units import (
     UnitError,
@@ -54,18 +54,27 @@ class Kind:
     parse: Callable[[Any], Any]
 
 
+T = TypeVar("T")
+
+
 def _fail(value: Any, what: str) -> KindError:
     return KindError(f"{value!r} {what}")
 
 
+def _with_unit(v: Any, parse: Callable[[str], T], hint: str) -> T:
+    """A string with its unit through parse; hint names what it must be (e.g.
+    'a duration: write e.g. "500us"'). The unit parser's message as it is."""
+    if not isinstance(v, str):
+        raise _fail(v, f"is not {hint}")
+    try:
+        return parse(v)
+    except UnitError as e:
+        raise KindError(str(e)) from None
+
+
 def delay_us(lo_us: int, hi_us: int) -> Kind:
     def parse(v: Any) -> int:
-        if not isinstance(v, str):
-            raise _fail(v, 'is not a duration: write e.g. "500us"')
-        try:
-            us = parse_duration_us(v)
-        except UnitError as e:
-            raise KindError(str(e)) from None
+        us = _with_unit(v, parse_duration_us, 'a duration: write e.g. "500us"')
         if not lo_us <= us <= hi_us:
             raise _fail(v, f"is outside {fmt_us(lo_us)}..{fmt_us(hi_us)}")
         return us
@@ -75,12 +84,7 @@ def delay_us(lo_us: int, hi_us: int) -> Kind:
 
 def duration_s(lo_s: float = 0.0, hi_s: float | None = None, positive: bool = False) -> Kind:
     def parse(v: Any) -> float:
-        if not isinstance(v, str):
-            raise _fail(v, 'is not a duration: write e.g. "15ms"')
-        try:
-            s = parse_duration_s(v)
-        except UnitError as e:
-            raise KindError(str(e)) from None
+        s = _with_unit(v, parse_duration_s, 'a duration: write e.g. "15ms"')
         if positive and s <= 0:
             raise _fail(v, "must be above 0")
         if positive and not lo_s and hi_s is not None and s > hi_s:
@@ -119,12 +123,7 @@ def threshold() -> Kind:
 
 def byte_rate() -> Kind:
     def parse(v: Any) -> float:
-        if not isinstance(v, str):
-            raise _fail(v, 'is not a byte rate: write e.g. "1MiB/s"')
-        try:
-            return parse_byte_rate(v)
-        except UnitError as e:
-            raise KindError(str(e)) from None
+        return _with_unit(v, parse_byte_rate, 'a byte rate: write e.g. "1MiB/s"')
 
     return Kind("byte rate (B/s, kB/s, KiB/s, MB/s, MiB/s, ...)", parse)
 

@@ -103,7 +103,7 @@ def preflight(cfg: Config) -> list[str]:
     from santhrottle.appliance.datapath.bridged import (
         NF_CALL_IPTABLES,
         NO_BR_NETFILTER,
-        br_netfilter_on,
+        br_netfilter_loaded,
     )
     from santhrottle.appliance.datapath.probe import probe
 
@@ -126,7 +126,7 @@ def preflight(cfg: Config) -> list[str]:
                     host.ifindex(dev)
                 except DatapathError as e:
                     problems.append(f"{key}: {e}")
-            if cfg.bridge_mode and br_netfilter_on(host) is None:
+            if cfg.bridge_mode and not br_netfilter_loaded(host):
                 problems.append(NO_BR_NETFILTER.format(path=NF_CALL_IPTABLES))
         finally:
             host.close()

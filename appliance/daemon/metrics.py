@@ -314,10 +314,7 @@ def daemon_families(st: dict[str, Any]) -> Iterator[Metric]:
     paused.add_metric([], 1.0 if st["paused"] else 0.0)
     yield paused
     c = st["counters"]
-    for name, key, doc in EVENT_COUNTERS:
-        m = CounterMetricFamily(name, doc)
-        m.add_metric([], c[key])
-        yield m
+    yield from counter_families(EVENT_COUNTERS, c)
     yield HistogramMetricFamily(
         "santhrottle_tick_duration_seconds",
         "Time each controller tick took (read the samples, step, update the kernel)",
@@ -332,9 +329,17 @@ def wire_families(wire: dict[str, Any]) -> Iterator[Metric]:
     )
     up.add_metric([], 1.0 if wire["capturing"] else 0.0)
     yield up
-    for name, key, doc in WIRE_COUNTERS:
+    yield from counter_families(WIRE_COUNTERS, wire)
+
+
+def counter_families(
+    table: tuple[tuple[str, str, str], ...], values: dict[str, Any]
+) -> Iterator[Metric]:
+    """One unlabelled counter per (name, key, help) of table, valued values[key] (0 when
+    absent)."""
+    for name, key, doc in table:
         m = CounterMetricFamily(name, doc)
-        m.add_metric([], wire.get(key, 0))
+        m.add_metric([], values.get(key, 0))
         yield m
 
 

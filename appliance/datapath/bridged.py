@@ -26,6 +26,7 @@ Errors: DatapathError, one line naming the device or the missing module.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from santhrottle.appliance.datapath.host import Host
@@ -53,15 +54,10 @@ def prepare_bridge(
     return state
 
 
-def br_netfilter_on(host: Host, proc_root: str = "/proc") -> bool | None:
-    """The switch in host's namespace: True/False, None when br_netfilter is not loaded."""
-    path = Path(proc_root) / NF_CALL_IPTABLES
+def br_netfilter_loaded(host: Host, proc_root: str = "/proc") -> bool:
+    """Whether host's namespace has br_netfilter's switch (the module is loaded)."""
     with host.inside():  # /proc/sys/net is the opening thread's namespace's
-        try:
-            with open(path) as f:
-                return f.read().strip() == "1"
-        except FileNotFoundError:
-            return None
+        return os.path.exists(Path(proc_root) / NF_CALL_IPTABLES)
 
 
 def enable_br_netfilter(host: Host, proc_root: str = "/proc") -> None:

@@ -232,7 +232,9 @@ class BridgeSensor:
         for v, addrs in seen.items():
             names = vmap.resources_of(v)
             for ip in addrs:
-                view = initiators.get(ip) or initiators.setdefault(ip, InitiatorView(ip))
+                view = initiators.get(ip)
+                if view is None:
+                    view = initiators[ip] = InitiatorView(ip)
                 view.resources.update(names)
                 view.write_sources.update(dict.fromkeys(names, WIRE))
         samples = vmap.write_samples(writes, dt)

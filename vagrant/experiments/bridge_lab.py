@@ -53,7 +53,6 @@ import contextlib
 import itertools
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -68,7 +67,7 @@ import plant_lab  # noqa: E402
 import topology  # noqa: E402  (closed_loop put vagrant/qemu/guest on the path)
 
 SOCK = closed_loop.SOCK
-BIN = closed_loop.BIN
+NAME = "bridge"  # the daemon's config and log: santhrottle-bridge.toml, santhrottled-bridge.log
 # the wire sensor's counts per phase: what it matched, what it could not, what it lost
 WIRE_KEYS = ("completions", "unmatched", "replaced", "capture_frames", "capture_kernel_drops")
 WARMUP_WINDOWS = 2  # the first windows of a phase: fio ramps, the daemon's counters start
@@ -84,7 +83,7 @@ def daemon_config(t: dict, out: Path, leaf: str = "netem", ports: str = "") -> P
     lun0, nvme0 = t["iscsi"][0], t["nvme"][0]
     writers = [f"iscsi://{x['portal']}:{x['port']}/*/*" for x in t["iscsi"][1:]]
     writers += [f"nvme://{x['traddr']}:{x['port']}/*/*" for x in t["nvme"][1:]]
-    conf = out / "santhrottle-bridge.toml"
+    conf = out / f"santhrottle-{NAME}.toml"  # closed_loop.stop_daemon's name for it
     conf.write_text(
         f'[daemon]\nmode = "bridge"\ncontrol_socket = "{SOCK}"\nnetns = "{b["netns"]}"\n'
         f'state_dir = "{out / "state"}"\n'
@@ -101,27 +100,10 @@ def daemon_config(t: dict, out: Path, leaf: str = "netem", ports: str = "") -> P
 
 
 def start_daemon(conf: Path, out: Path) -> subprocess.Popen:
-    log = open(out / "santhrottled.log", "a")  # noqa: SIM115 - lives with the process
-    p = subprocess.Popen(
-        [str(BIN / "santhrottled"), "--config", str(conf)], stdout=log, stderr=subprocess.STDOUT
-    )
-    deadline = time.monotonic() + 120
-    while not os.path.exists(SOCK):
-        if p.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(
-                f"santhrottled did not start: {(out / 'santhrottled.log').read_text()}"
-            )
-        time.sleep(0.2)
+    # the bridge's set-up comes first in bridge mode: a longer start than the target's
+    p = closed_loop.launch_daemon(conf, out / f"santhrottled-{NAME}.log", timeout_s=120.0)
     closed_loop.first_status(SOCK)
     return p
-
-
-def stop_daemon(p: subprocess.Popen, conf: Path) -> None:
-    if p.poll() is None:
-        p.terminate()  # our own child, by PID
-        p.wait(timeout=60)
-    subprocess.run([str(BIN / "santhrottle"), "cleanup", "--config", str(conf)],
-                   capture_output=True)  # fmt: skip
 
 
 # --------------------------------------------------------------- agreement
@@ -232,12 +214,12 @@ def agreement(a, t: dict, out: Path) -> tuple[list[dict], dict]:
                     show(results[-1])
         st = closed_loop.first_status(SOCK)
         (out / "status-end.json").write_text(json.dumps(st, indent=1))
-        stop_daemon(daemon, conf)
+        closed_loop.stop_daemon(daemon, out, NAME)
         daemon = start_daemon(conf, out)
         restart = names_after_restart(t)
         print(f"after a restart: {restart}", flush=True)
     finally:
-        stop_daemon(daemon, conf)
+        closed_loop.stop_daemon(daemon, out, NAME)
     return results, restart
 
 
@@ -306,18 +288,13 @@ def show(r: dict) -> None:
 
 # ---------------------------------------------------------------- nf-cost
 def _ns(ns: str, *cmd: str, check: bool = True, input: str | None = None) -> str:
-    p = subprocess.run(["ip", "netns", "exec", ns, *cmd], capture_output=True, text=True,
-                       check=False, input=input)  # fmt: skip
-    if check and p.returncode:
-        raise RuntimeError(f"{' '.join(cmd)}: {p.stderr.strip()}")
-    return p.stdout
+    return topology.sh(["ip", "netns", "exec", ns, *cmd], check=check, input=input)
 
 
 def cpu_busy_s() -> float:
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    idle = v[3] + v[4]
-    return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+    """The guest's busy CPU seconds so far (/proc/stat: all but idle and iowait)."""
+    v = plant_lab.cpu_times()
+    return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def tx_packets(ns: str, dev: str) -> int:
@@ -335,9 +312,9 @@ def set_gate(t: dict, gate: str, member: str, minor: int) -> None:
     on = "1" if gate in ("iptables", "brnf-idle") else "0"
     _ns(ns, "sysctl", "-qw", f"net.bridge.bridge-nf-call-iptables={on}")
     if gate == "iptables":
-        closed_loop_pin(member, minor)
+        pin_class(member, minor)
     else:
-        closed_loop_unpin(member)
+        unpin(member)
     if gate == "nft":
         _ns(ns, "nft", "-f", "-", input=(
             f"table bridge {NFT_TABLE} {{\n"
@@ -349,14 +326,14 @@ def set_gate(t: dict, gate: str, member: str, minor: int) -> None:
         ))  # fmt: skip
 
 
-def closed_loop_pin(ip: str, minor: int) -> None:
+def pin_class(ip: str, minor: int) -> None:
     from santhrottle.appliance.daemon.control import request
 
     request(SOCK, "pin", initiator=ip, **{"class": minor, "mode": "all"})
     time.sleep(0.5)  # the next tick applies it
 
 
-def closed_loop_unpin(ip: str) -> None:
+def unpin(ip: str) -> None:
     from santhrottle.appliance.daemon.control import request
     from santhrottle.appliance.daemon.requests import RemoteError
 
@@ -441,7 +418,7 @@ def nf_cost(a, t: dict, out: Path) -> dict:
         set_gate(t, "none", member, minor)
     finally:
         _ns(b["netns"], "nft", "delete", "table", "bridge", NFT_TABLE, check=False)
-        stop_daemon(daemon, conf)
+        closed_loop.stop_daemon(daemon, out, NAME)
     per = {g: [r["us_per_packet"] for r in rows if r["gate"] == g] for g in GATES}
     summary = {g: {"median": statistics.median(v), "min": min(v), "max": max(v)}
                for g, v in per.items()}  # fmt: skip
@@ -489,5 +466,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    socket.setdefaulttimeout(None)
     sys.exit(main())

@@ -253,7 +253,13 @@ def start_daemon(
         + (f"[controller]\nsetpoint_fraction = {setpoint}\n" if setpoint is not None else "")
         + (f'[resources.{t["vg"]}]\nthreshold = "{threshold}"\n' if threshold else "")
     )
-    log = open(conf_dir / f"santhrottled-{name}.log", "w")  # noqa: SIM115 - lives with the process
+    return launch_daemon(conf, conf_dir / f"santhrottled-{name}.log")
+
+
+def launch_daemon(conf: Path, log_path: Path, timeout_s: float = 90.0) -> subprocess.Popen:
+    """santhrottled on conf, niced as the unit runs it, its output appended to log_path;
+    returns once its control socket (SOCK) exists."""
+    log = open(log_path, "a")  # noqa: SIM115 - lives with the process
     nice = unit_nice()
     p = subprocess.Popen(
         [str(BIN / "santhrottled"), "--config", str(conf)],
@@ -261,10 +267,10 @@ def start_daemon(
         stderr=subprocess.STDOUT,
         preexec_fn=lambda: os.nice(nice),  # as systemd runs it
     )
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + timeout_s
     while not os.path.exists(SOCK):
         if p.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"santhrottled did not start: {(conf_dir / log.name).read_text()}")
+            raise RuntimeError(f"santhrottled did not start: {log_path.read_text()}")
         time.sleep(0.2)
     return p
 

@@ -195,10 +195,10 @@ def setup_network(
     on the extra links), e.g. to measure two paths at the same time. bridge: the
     one link goes through BRIDGE's namespace (lab-ini -- lab-bi [lab-br] lab-ba --
     lab-tgt), the bridge made with STP off and a forward delay of 0."""
-    ini = [f"netns add {NETNS}"]
+    make = [f"netns add {NETNS}"]  # the namespaces and the initiators' veths, first
     if bridge:
         b = BRIDGE
-        ini += [
+        make += [
             f"netns add {b['netns']}",
             f"link add {VETH_INI} type veth peer name {b['initiator_port']} netns {b['netns']}",
         ]
@@ -211,10 +211,11 @@ def setup_network(
             f"link set {b['name']} up",
         ]
     else:
-        ini += [
+        make += [
             f"link add {a} type veth peer name {b} netns {NETNS}"
             for a, b in map(veth_pair, range(links))
         ]
+    ini: list[str] = []
     tgt = ["link set lo up"]
     extra_routes = []
     for k in range(n_iscsi):
@@ -238,13 +239,9 @@ def setup_network(
         ini.append(f"route add {portal_ip(k)}/32 dev {a} src {initiator_ip(k)}")
     for k in range(n_nvme):
         ini.append(f"route add {nvme_port_ip(k)}/32 dev {VETH_INI} src {nvme_host_ip(k)}")
-    sh(["ip", "-batch", "-"], input="\n".join(ini[:1]) + "\n")
+    sh(["ip", "-batch", "-"], input="\n".join(make) + "\n")
     if bridge:
-        sh(["ip", "-batch", "-"], input="\n".join(ini[1:3]) + "\n")
-        ini = ini[3:]
         sh(["ip", "-n", BRIDGE_NETNS, "-batch", "-"], input="\n".join(mid) + "\n")
-    else:
-        ini = ini[1:]
     sh(["ip", "-batch", "-"], input="\n".join(ini) + "\n")
     sh(["ip", "-n", NETNS, "-batch", "-"], input="\n".join(tgt) + "\n")
     if rps:
