@@ -27,13 +27,19 @@ reads and writes), one iSCSI initiator per LV. Experiments:
    median delay in the writers' on-periods, down while the reader's p95
    holds T, up until it does; the smallest that holds is what an admin could
    pin, and its writer throughput is the controller's yardstick.
+4. bridge (with --bridge): the topology has a transparent bridge between the
+   initiators and the target (topology.py --bridge); per threshold, after the
+   target host's phases, the same controlled phase with santhrottled in
+   bridge mode on that bridge instead: its resource is every volume of the
+   portal, its latency the wire's, its delays on the bridge's initiator-side
+   port; nothing of the target is read (docs/bridge.md).
 
 --paper is the method paper's experiment on the known plant (docs/lab.md,
 "The array as a known plant"; run with lab.py --array nbd:c_ms=2,m_ms=5):
 the VG on the lab-array disk, 3 writer hosts x 4 sequential 128 KiB QD1
 writers, the 256 kB/s 4 KiB random reader, writers 20 s on and 5 s off,
-thresholds 10, 15 and 20 ms, the static search, and the daemon with the
-product's defaults (no setpoint_fraction, no max_delay in its file).
+thresholds 10, 15 and 20 ms, the static search, the bridge phases, and the
+daemon with the product's defaults (no setpoint_fraction, no max_delay in its file).
 
 Raw series go to DIR/raw.json: every 100 ms the reader's and the VG's
 diskstats counters, the writers' write bytes, the array's in-flight time
@@ -240,18 +246,36 @@ def start_daemon(
     conf_dir: Path,
     max_delay: str | None,
     setpoint: float | None,
+    bridge: bool = False,
 ) -> subprocess.Popen:
     """santhrottled on the target's veth; threshold None: it only observes the VG (pins
-    still apply).  max_delay / setpoint None: the product's defaults (nothing written)."""
+    still apply).  max_delay / setpoint None: the product's defaults (nothing written).
+    bridge: santhrottled in bridge mode on the topology's bridge instead, nothing of the
+    target's read: the resource is every volume of the portal, as the wire shows them."""
     conf = conf_dir / f"santhrottle-{name}.toml"
+    thr = f'threshold = "{threshold}"\n' if threshold else ""
+    if bridge:
+        b, lun = t["bridge"], t["iscsi"][0]
+        head = (
+            f'[daemon]\nmode = "bridge"\ncontrol_socket = "{SOCK}"\nnetns = "{b["netns"]}"\n'
+            f'state_dir = "{conf_dir / f"state-{name}"}"\n'
+            f'[bridge]\nname = "{b["name"]}"\ninitiator_port = "{b["initiator_port"]}"\n'
+            f'array_port = "{b["array_port"]}"\n[datapath]\n'
+        )
+        res = f'[resources.{t["vg"]}]\nvolumes = ["iscsi://{lun["portal"]}:{lun["port"]}/*/*"]\n'
+    else:
+        head = (
+            f'[daemon]\ncontrol_socket = "{SOCK}"\nnetns = "{t["netns"]}"\n'
+            f'state_dir = "{conf_dir / f"state-{name}"}"\n'
+            f'[datapath]\ndevices = ["{t["veth"]["target"]}"]\n'
+        )
+        res = f"[resources.{t['vg']}]\n" if threshold else ""
     conf.write_text(
-        f'[daemon]\ncontrol_socket = "{SOCK}"\nnetns = "{t["netns"]}"\n'
-        f'state_dir = "{conf_dir / f"state-{name}"}"\n'
-        f'[datapath]\ndevices = ["{t["veth"]["target"]}"]\n'
+        head
         + (f'max_delay = "{max_delay}"\n' if max_delay else "")
         + 'link_speed = "10gbit"\n[metrics]\nport = 0\n'
         + (f"[controller]\nsetpoint_fraction = {setpoint}\n" if setpoint is not None else "")
-        + (f'[resources.{t["vg"]}]\nthreshold = "{threshold}"\n' if threshold else "")
+        + (res + thr if res else "")
     )
     return launch_daemon(conf, conf_dir / f"santhrottled-{name}.log")
 
@@ -326,18 +350,23 @@ def phase(
     out: Path,
     static_us: int | None = None,
     cycles: int | None = None,
+    bridge: bool = False,
 ) -> dict:
     """One phase: uncontrolled (threshold None), controlled at `threshold`, or static:
     the writers pinned at static_us by hand, judged against `threshold` (the daemon runs
-    with it, as in the controlled phase: both pay its CPU; the pins override its classes)."""
+    with it, as in the controlled phase: both pay its CPU; the pins override its classes).
+    bridge: controlled by santhrottled in bridge mode on the topology's bridge."""
     reader, writers = t["iscsi"][0], t["iscsi"][1:]
     devices = [reader["dm"], *[w["dm"] for w in writers], Path(t["disk"]).name]
     static = static_us is not None
     cycles = a.cycles if cycles is None else cycles
     name = f"static-{threshold}-{static_us}us" if static else threshold
+    if bridge:
+        name = f"bridge-{threshold}"
+    daemon_ns = t["bridge"]["netns"] if bridge else t["netns"]
     daemon = None
     if threshold:
-        daemon = start_daemon(t, name, threshold, out, a.max_delay, a.setpoint)
+        daemon = start_daemon(t, name, threshold, out, a.max_delay, a.setpoint, bridge)
     ladder = None
     try:
         if daemon is not None:
@@ -378,11 +407,12 @@ def phase(
         if daemon is not None:
             stop_daemon(daemon, out, name)
     members = subprocess.run(
-        ["ip", "netns", "exec", t["netns"], "ipset", "list", "-n"], capture_output=True, text=True
+        ["ip", "netns", "exec", daemon_ns, "ipset", "list", "-n"], capture_output=True, text=True
     ).stdout.split()
+    kind = "static" if static else ("controlled" if threshold else "uncontrolled")
     return {
         "threshold": threshold,
-        "kind": "static" if static else ("controlled" if threshold else "uncontrolled"),
+        "kind": "bridge" if bridge else kind,
         "static_delay_us": static_us,
         "ladder": ladder,
         "rows": s.rows,
@@ -533,6 +563,7 @@ PAPER = {
     "on": 20.0,
     "off": 5.0,
     "static": True,
+    "bridge": True,
 }
 
 
@@ -575,6 +606,13 @@ def main() -> int:
     ap.add_argument("--static-probes", type=int, default=4)
     ap.add_argument("--static-cycles", type=int, default=2)
     ap.add_argument("--static-step", type=int, default=5, help="classes per probe")
+    ap.add_argument(
+        "--bridge",
+        action="store_true",
+        help="the initiators behind a transparent bridge; per threshold, after the target "
+        "host's phases, one controlled by santhrottled in bridge mode on it",
+    )
+    ap.add_argument("--no-bridge", dest="bridge", action="store_false")
     pre, _ = ap.parse_known_args()
     if pre.paper:
         ap.set_defaults(**PAPER)
@@ -587,7 +625,7 @@ def main() -> int:
         topology.load_modules(["virtio_blk"])
     t = topology.up(
         luns=a.writers + 1, nvme=0, disk=a.disk, lv_size_mib=a.lv_size_mib,
-        nullb_mbps=a.mbps, nullb_queue_depth=a.queue_depth,
+        nullb_mbps=a.mbps, nullb_queue_depth=a.queue_depth, bridge=a.bridge,
     )  # fmt: skip
     raw: dict = {
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
@@ -613,6 +651,13 @@ def main() -> int:
                   f"{s['write_bytes_per_s'] / 1e6:.1f} MB/s", flush=True)  # fmt: skip
             if a.static:
                 raw["phases"] += static_search(t, a, thr, ctl, a.out)
+            if a.bridge:
+                br = phase(t, a, thr, a.out, bridge=True)
+                raw["phases"].append(br)
+                s = summarize(br, parse_ms(thr), None)
+                print(f"phase {thr} through the bridge done: p95 "
+                      f"{s['read_latency_p95_s'] * 1e3:.2f} ms, writes "
+                      f"{s['write_bytes_per_s'] / 1e6:.1f} MB/s", flush=True)  # fmt: skip
     finally:
         raw["guest_wall_s"] = time.monotonic() - t_all
         (a.out / "raw.json").write_text(json.dumps(raw))

@@ -416,7 +416,8 @@ def plot(raw: dict, out: Path) -> list[Path]:
     files.append(out / "fig14.png")
     fig.savefig(files[-1], dpi=100)
     plt.close(fig)
-    for ph in shown[1:]:
+    for ph in shown[1:] + [ph for ph in raw["phases"] if ph.get("kind") == "bridge"]:
+        bridged = ph.get("kind") == "bridge"
         w = windows(ph)
         cl = classes(ph)
         lad = ladder_of(ph, raw["args"].get("max_delay"))
@@ -440,9 +441,10 @@ def plot(raw: dict, out: Path) -> list[Path]:
             if e == "reader off":
                 for a in axes:
                     a.axvline(t, color="grey", ls=":", lw=0.8)
-        fig.suptitle(f"lab, threshold {ph['threshold']} (cf. paper fig. 16)")
+        where = ", santhrottled in bridge mode" if bridged else ""
+        fig.suptitle(f"lab, threshold {ph['threshold']}{where} (cf. paper fig. 16)")
         fig.tight_layout()
-        files.append(out / f"fig16-{ph['threshold']}.png")
+        files.append(out / f"fig16-{'bridge-' if bridged else ''}{ph['threshold']}.png")
         fig.savefig(files[-1], dpi=100)
         plt.close(fig)
     return files
@@ -472,6 +474,7 @@ def report(out: Path) -> int:
                 else None
             )
         rows.append(s)
+    bridged = bridge_rows(phases, rows, unc)
     c, m, r2 = fit_lq(phases[0])
     calm = [v for _, v, _, _ in windows(phases[0]) if v is not None]
     little, noise = fit_streams(raw, c, m)
@@ -490,6 +493,7 @@ def report(out: Path) -> int:
         "interference": raw.get("interference", []),
         "uncontrolled": unc,
         "controlled": rows,
+        "bridge": bridged,
         "lq_fit": {
             "intercept_s": c,
             "slope_s_per_io": m,
@@ -508,13 +512,6 @@ def report(out: Path) -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     figs = plot(raw, out)
 
-    def ms(x: float | None) -> str:
-        return (
-            "-"
-            if x is None or (isinstance(x, float) and not math.isfinite(x))
-            else f"{x * 1e3:.2f}"
-        )
-
     print("interference (reader 4 KiB QD1 at 256 kB/s; latency at the target's diskstats / fio):")
     for i in raw.get("interference", []):
         print(
@@ -530,24 +527,21 @@ def report(out: Path) -> int:
         f"{known(unc.get('target_retrans_writers'))}, the reader's "
         f"{known(unc.get('target_retrans_others'))})"
     )
-    print(
-        f"{'threshold':>9} {'p50':>6} {'p95':>6} {'p99':>6} {'above%':>6} {'wr MB/s':>7} "
-        f"{'retrans':>7} {'TLP':>4} {'spur.':>5} {'writers':>7} {'reader':>6} {'release':>8} "
-        f"{'sim p95':>7} {'sim/lab':>7} {'max dly':>7}"
-    )
+    print(f"{HEAD} {'sim p95':>7} {'sim/lab':>7} {'max dly':>7}")
     for s in rows:
-        rel = s.get("release_throughput_back_after_s")
         print(
-            f"{ms(s['threshold_s']):>7}ms {ms(s['read_latency_p50_s']):>6} "
-            f"{ms(s['read_latency_p95_s']):>6} {ms(s['read_latency_p99_s']):>6} "
-            f"{s['time_above_threshold_pct']:>6.1f} {s['write_bytes_per_s'] / 1e6:>7.1f} "
-            f"{s['target_retrans_segs']:>7} {s['target_loss_probes']:>4} "
-            f"{s['target_dsack_recv']:>5} {known(s.get('target_retrans_writers')):>7} "
-            f"{known(s.get('target_retrans_others')):>6} "
-            f"{'-' if rel is None else f'{rel:.1f}s':>8} "
-            f"{ms(s['sim_read_latency_p95_s']):>7} "
+            f"{row_text(s)} {ms(s['sim_read_latency_p95_s']):>7} "
             f"{s['sim_vs_lab_p95']:>+7.0%} {ms(s['max_delay_s']):>7}"
         )
+    if bridged:
+        print(
+            "through the bridge (santhrottled in bridge mode: the wire its sensor, its delays "
+            "on the bridge's initiator-side port; the reader still measured at the target):"
+        )
+        print(f"{HEAD} {'p95/host':>8} {'wr/host':>7}")  # fmt: skip
+        for s in bridged:
+            print(f"{row_text(s)} {pct(s.get('vs_target_p95')):>8} "
+                  f"{pct(s.get('vs_target_writes')):>7}")  # fmt: skip
     print(
         f"LQ fit of the array (uncontrolled run, 1 s windows): C {c * 1e3:.3f} ms, "
         f"m {m * 1e3:.3f} ms/IO, R^2 {r2:.2f}; simulator's writers: overhead "
@@ -644,6 +638,52 @@ PAPER_ARRAY = "nbd:c_ms=2,m_ms=5"
 # >= 2 T uncontrolled even where the emulated guest, not the array, limits the
 # writers (docs/lab.md, "CI's short closed loop").
 CI_ARRAY = "nbd:c_ms=2,m_ms=10"
+
+
+HEAD = (
+    f"{'threshold':>9} {'p50':>6} {'p95':>6} {'p99':>6} {'above%':>6} {'wr MB/s':>7} "
+    f"{'retrans':>7} {'TLP':>4} {'spur.':>5} {'writers':>7} {'reader':>6} {'release':>8}"
+)
+
+
+def ms(x: float | None) -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x * 1e3:.2f}"
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def row_text(s: dict) -> str:
+    """One controlled phase's columns of HEAD."""
+    rel = s.get("release_throughput_back_after_s")
+    return (
+        f"{ms(s['threshold_s']):>7}ms {ms(s['read_latency_p50_s']):>6} "
+        f"{ms(s['read_latency_p95_s']):>6} {ms(s['read_latency_p99_s']):>6} "
+        f"{s['time_above_threshold_pct']:>6.1f} {s['write_bytes_per_s'] / 1e6:>7.1f} "
+        f"{s['target_retrans_segs']:>7} {s['target_loss_probes']:>4} "
+        f"{s['target_dsack_recv']:>5} {known(s.get('target_retrans_writers')):>7} "
+        f"{known(s.get('target_retrans_others')):>6} "
+        f"{'-' if rel is None else f'{rel:.1f}s':>8}"
+    )
+
+
+def bridge_rows(phases: list[dict], rows: list[dict], unc: dict) -> list[dict]:
+    """The bridge-mode phases summarized, each beside the target host's at its threshold:
+    p95 and writes as ratios of the target host's (vs_target_p95, vs_target_writes)."""
+    out = []
+    for ph in phases:
+        if ph.get("kind") != "bridge":
+            continue
+        s = summarize(ph, parse_ms(ph["threshold"]), unc["write_bytes_per_s"])
+        s["uncontrolled_p95_s"] = unc["read_latency_p95_s"]
+        host = next((r for r in rows if r["threshold_s"] == s["threshold_s"]), None)
+        if host is not None:
+            s["vs_target_p95"] = s["read_latency_p95_s"] / host["read_latency_p95_s"]
+            wr = host["write_bytes_per_s"]
+            s["vs_target_writes"] = s["write_bytes_per_s"] / wr if wr else None
+        out.append(s)
+    return out
 
 
 def main() -> int:
