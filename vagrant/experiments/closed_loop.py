@@ -31,7 +31,7 @@ reads and writes), one iSCSI initiator per LV. Experiments:
    initiators and the target (topology.py --bridge); per threshold, after the
    target host's phases, the same controlled phase with santhrottled in
    bridge mode on that bridge instead: its resource is every volume of the
-   portal, its latency the wire's, its delays on the bridge's initiator-side
+   portals, its latency the wire's, its delays on the bridge's initiator-side
    port; nothing of the target is read (docs/bridge.md).
 
 --paper is the method paper's experiment on the known plant (docs/lab.md,
@@ -251,18 +251,20 @@ def start_daemon(
     """santhrottled on the target's veth; threshold None: it only observes the VG (pins
     still apply).  max_delay / setpoint None: the product's defaults (nothing written).
     bridge: santhrottled in bridge mode on the topology's bridge instead, nothing of the
-    target's read: the resource is every volume of the portal, as the wire shows them."""
+    target's read: the resource is every volume of its portals (the lab has one per LUN),
+    as the wire shows them."""
     conf = conf_dir / f"santhrottle-{name}.toml"
     thr = f'threshold = "{threshold}"\n' if threshold else ""
     if bridge:
-        b, lun = t["bridge"], t["iscsi"][0]
+        b = t["bridge"]
+        vols = [f"iscsi://{x['portal']}:{x['port']}/*/*" for x in t["iscsi"]]  # a portal each
         head = (
             f'[daemon]\nmode = "bridge"\ncontrol_socket = "{SOCK}"\nnetns = "{b["netns"]}"\n'
             f'state_dir = "{conf_dir / f"state-{name}"}"\n'
             f'[bridge]\nname = "{b["name"]}"\ninitiator_port = "{b["initiator_port"]}"\n'
             f'array_port = "{b["array_port"]}"\n[datapath]\n'
         )
-        res = f'[resources.{t["vg"]}]\nvolumes = ["iscsi://{lun["portal"]}:{lun["port"]}/*/*"]\n'
+        res = f"[resources.{t['vg']}]\nvolumes = {json.dumps(vols)}\n"
     else:
         head = (
             f'[daemon]\ncontrol_socket = "{SOCK}"\nnetns = "{t["netns"]}"\n'
