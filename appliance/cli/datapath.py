@@ -120,8 +120,8 @@ def _spec_from_args(args: argparse.Namespace) -> Any:
 
 def cmd_apply(args: argparse.Namespace) -> int:
     dp = _dp()
-    spec = _spec_from_args(args)
     try:
+        spec = dp.with_gate(_spec_from_args(args), args.netns)
         with dp.Datapath(spec, netns=args.netns) as d:
             rep = d.apply()
     except dp.DatapathError as e:
@@ -134,6 +134,12 @@ def cmd_apply(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gate(st: dict[str, Any]) -> str:
+    if st.get("gate") == "nft":
+        return "gate: nftables' bridge family"
+    return f"iptables {st['backend']} backend"
+
+
 def _print_status(st: dict[str, Any]) -> None:
     classid = _names().classid
     where = f" (netns {st['netns']})" if st["netns"] else ""
@@ -142,11 +148,9 @@ def _print_status(st: dict[str, Any]) -> None:
         and not st["installed_devices"]
         and not any(v is not None for v in st["sets"].values())
     ):
-        print(f"santhrottle data path: not applied{where}; iptables {st['backend']} backend")
+        print(f"santhrottle data path: not applied{where}; {_gate(st)}")
         return
-    print(
-        f"santhrottle data path on {st['device'] or '?'}{where}; iptables {st['backend']} backend"
-    )
+    print(f"santhrottle data path on {st['device'] or '?'}{where}; {_gate(st)}")
     c = st["classes"]
     if c:
         step = f"{fmt_us(c['step_us'])} steps" if c["step_us"] else f"{c['leaf']} leaves"
@@ -171,14 +175,17 @@ def _print_status(st: dict[str, Any]) -> None:
     else:
         print("  tc: no santhrottle qdisc tree")
     ch = st["chain"]
+    nft = st.get("gate") == "nft"
+    tool, chain = ("nft", "table bridge santhrottle, chain delay") if nft else (
+        "iptables", "chain SANTHROTTLE")  # fmt: skip
     if ch["exists"]:
         jumps = "; ".join(j.replace("-A ", "", 1) for j in ch["jumps"]) or "no jump (idle)"
         print(
-            f"  iptables: chain SANTHROTTLE ({len(ch['rules'])} rules, ports "
+            f"  {tool}: {chain} ({len(ch['rules'])} rules, ports "
             f"{','.join(map(str, ch['ports']))}), {jumps}"
         )
     else:
-        print("  iptables: no SANTHROTTLE chain")
+        print(f"  {tool}: no {chain}")
     sets = ", ".join(f"{name} {'missing' if n is None else n}" for name, n in st["sets"].items())
     print(f"  sets: {sets}")
     if st["members"]:
@@ -207,7 +214,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     dp = _dp()
     devices = (args.device,) if args.device else ()
     try:
-        with dp.Datapath(dp.DatapathSpec(devices), netns=args.netns) as d:
+        with dp.Datapath(dp.with_gate(dp.DatapathSpec(devices), args.netns), netns=args.netns) as d:
             st = dp.status(d)
     except dp.DatapathError as e:
         raise Failed(str(e)) from None
@@ -227,7 +234,7 @@ def _discover_or_apply(args: argparse.Namespace) -> tuple[Any, str]:
     except dp.NotApplied:
         if not args.device:
             raise
-        d = dp.Datapath(dp.DatapathSpec((args.device,)), netns=args.netns)
+        d = dp.Datapath(dp.with_gate(dp.DatapathSpec((args.device,)), args.netns), netns=args.netns)
         d.apply()
         note = f"applied the data path on {args.device} (defaults); "
     if args.device and args.device not in d.spec.devices:

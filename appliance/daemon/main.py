@@ -39,7 +39,11 @@ from santhrottle.appliance.version import version_line
 log = logging.getLogger("santhrottled")
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-REQUIRED_TOOLS = ("tc", "ipset", "iptables", "iptables-restore")
+# per daemon.mode: the target host's gate is ipset + iptables, the bridge's nftables
+REQUIRED_TOOLS = {
+    "target": ("tc", "ipset", "iptables", "iptables-restore"),
+    "bridge": ("tc", "nft"),
+}
 
 EPILOG = """\
 examples:
@@ -100,18 +104,14 @@ def check(cfg: Config) -> int:
 def preflight(cfg: Config) -> list[str]:
     from santhrottle.appliance.daemon.control import socket_in_use
     from santhrottle.appliance.datapath import DatapathError, DatapathSpec, Host
-    from santhrottle.appliance.datapath.bridged import (
-        NF_CALL_IPTABLES,
-        NO_BR_NETFILTER,
-        br_netfilter_loaded,
-    )
+    from santhrottle.appliance.datapath.bridged import nft_bridge_problem
     from santhrottle.appliance.datapath.probe import probe
 
     problems: list[str] = []
     root = os.geteuid() == 0
     if not root:
         problems.append("not root: needs CAP_NET_ADMIN for tc/ipset/iptables and configfs")
-    for tool in REQUIRED_TOOLS:
+    for tool in REQUIRED_TOOLS[cfg.mode]:
         if not shutil.which(tool):
             problems.append(f"{tool} not found in PATH")
     if not cfg.devices:
@@ -126,8 +126,9 @@ def preflight(cfg: Config) -> list[str]:
                     host.ifindex(dev)
                 except DatapathError as e:
                     problems.append(f"{key}: {e}")
-            if cfg.bridge_mode and not br_netfilter_loaded(host):
-                problems.append(NO_BR_NETFILTER.format(path=NF_CALL_IPTABLES))
+            nft = nft_bridge_problem(host) if cfg.bridge_mode and shutil.which("nft") else None
+            if nft:
+                problems.append(nft)
         finally:
             host.close()
     else:
@@ -274,7 +275,7 @@ def serve(cfg: Config) -> int:
 
 
 def prepare(cfg: Config) -> str:
-    """Bridge mode: make or adopt the bridge, bridged packets into iptables (one line)."""
+    """Bridge mode: make or adopt the bridge (one line)."""
     from santhrottle.appliance.datapath import Host
     from santhrottle.appliance.datapath.bridged import prepare_bridge
 
@@ -302,7 +303,7 @@ def start_metrics(cfg: Config, daemon: Any) -> Any:
     from santhrottle.appliance.daemon.metrics import MetricsServer, registry_for
 
     # the member counters through their own read-only netlink socket, per scrape
-    registry = registry_for(daemon, MemberCounterReader(cfg.netns))
+    registry = registry_for(daemon, MemberCounterReader(cfg.netns, bridged=cfg.bridge_mode))
     return MetricsServer(cfg.metrics_address, cfg.metrics_port, registry)
 
 

@@ -8,7 +8,8 @@ What it owns
     thread owns the data path's netlink sockets (pyroute2's sockets are not
     thread-safe), so each call opens its own Host(netns), reads with
     MemberSets.read() and closes it again; a lock makes concurrent scrapes
-    take turns.  It never writes to the kernel.  The collector
+    take turns.  In bridge mode it reads NftSets instead (the counters of
+    santhrottle-counted, datapath/nftrules.py).  It never writes to the kernel.  The collector
     (daemon/metrics.py) takes any callable of this shape, so unit tests pass
     a fake; daemon/main.py wires this one.
 
@@ -33,21 +34,25 @@ from __future__ import annotations
 import threading
 
 from santhrottle.appliance.datapath.host import Host, Tools
+from santhrottle.appliance.datapath.nftgate import NftSets
 from santhrottle.appliance.datapath.sets import MemberSets, Readback
 
 
 class MemberCounterReader:
     """ip -> (mode, HTB minor, packets, bytes) of every member, read-only, per call."""
 
-    def __init__(self, netns: str | None = None, tools: Tools | None = None) -> None:
+    def __init__(
+        self, netns: str | None = None, tools: Tools | None = None, bridged: bool = False
+    ) -> None:
         self.netns = netns
         self.tools = tools
+        self.bridged = bridged  # bridge mode: the counters of nftables' bridge table
         self._lock = threading.Lock()
 
     def __call__(self) -> Readback:
         with self._lock:
             host = Host(self.netns, self.tools)
             try:
-                return MemberSets(host).read()
+                return (NftSets(host) if self.bridged else MemberSets(host)).read()
             finally:
                 host.close()

@@ -14,7 +14,7 @@ from santhrottle.appliance.datapath.names import (
     NetemMissing,
     NotApplied,
 )
-from santhrottle.appliance.datapath.show import discover, glide_status, status
+from santhrottle.appliance.datapath.show import discover, glide_status, status, with_gate
 from santhrottle.appliance.datapath.spec import DatapathSpec
 
 __all__ = [
@@ -35,4 +35,5 @@ __all__ = [
     "glide_status",
     "module_available",
     "status",
+    "with_gate",
 ]

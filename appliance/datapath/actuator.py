@@ -18,10 +18,13 @@ The parts (each a module with its own header)
     tc.py       one device's tree in the kernel
     sets.py     the member sets and their gate in the kernel
     mangle.py   the rules in the kernel
+    nftrules.py bridge mode's sets and rules in nftables' bridge family (pure)
+    nftgate.py  the same in the kernel, behind sets.py's and mangle.py's interfaces
 
     Datapath composes them: a TcDevice per egress device (every device has
     the same tree, so the same skbprio means the same delay on each), one
-    MemberSets and one Mangle shared by all, one GlidePlanner.
+    MemberSets and one Mangle shared by all (on a bridge, spec.bridged:
+    NftSets and NftRules), one GlidePlanner.
 
 Run time
     set_classes({ip: class}, mode) diffs against the membership it knows
@@ -50,6 +53,7 @@ Worked example
 from __future__ import annotations
 
 import contextlib
+import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -74,6 +78,7 @@ from santhrottle.appliance.datapath.names import (
     check_ip,
     class_minor,
 )
+from santhrottle.appliance.datapath.nftgate import NFT_BACKEND, NFT_TABLE, NftRules, NftSets
 from santhrottle.appliance.datapath.sets import MemberSets
 from santhrottle.appliance.datapath.spec import DatapathSpec
 from santhrottle.appliance.datapath.tc import TcDevice, installed_devices
@@ -98,7 +103,8 @@ class ApplyReport:
         created = ", ".join(self.sets_created)
         sets = f"sets: created {created}" if created else "sets: adopted"
         rules = "rules: installed" if self.rules_changed else "rules: adopted"
-        out = f"{tc}; {sets}; {rules} (iptables {self.backend} backend)"
+        how = self.backend if self.backend == NFT_BACKEND else f"iptables {self.backend} backend"
+        out = f"{tc}; {sets}; {rules} ({how})"
         if self.clamped:
             out += f"; {len(self.clamped)} members clamped to the new maximum class"
         return out
@@ -111,9 +117,12 @@ class CleanupReport:
     rules: int = 0  # jump rules removed
     chain: bool = False
     nft_table: bool = False
+    bridge_table: bool = False  # bridge mode's table bridge santhrottle
+    bridge_jumps: int = 0
 
     def summary(self) -> str:
-        if not (self.qdiscs or self.sets or self.rules or self.chain or self.nft_table):
+        if not (self.qdiscs or self.sets or self.rules or self.chain or self.nft_table
+                or self.bridge_table):  # fmt: skip
             return "nothing of santhrottle's was installed"
         parts = []
         if self.qdiscs:
@@ -124,7 +133,19 @@ class CleanupReport:
             parts.append(f"chain {CHAIN} and {self.rules} jump rule(s)")
         if self.nft_table:
             parts.append("the empty nft table ip mangle iptables-nft had created")
+        if self.bridge_table:
+            parts.append(f"table {NFT_TABLE} with {self.bridge_jumps} jump rule(s)")
         return "removed " + "; ".join(parts)
+
+
+def gate(
+    host: Host, bridged: bool, maxelem: int = MAXELEM, bulk_threshold: int = BULK_THRESHOLD
+) -> tuple[MemberSets | NftSets, Mangle | NftRules]:
+    """The member sets and the rules in front of them: ipset + iptables on a target
+    host, nftables' bridge family on a bridge (datapath/nftrules.py)."""
+    if bridged:
+        return NftSets(host), NftRules(host)
+    return MemberSets(host, maxelem, bulk_threshold), Mangle(host)
 
 
 class Datapath:
@@ -143,8 +164,7 @@ class Datapath:
         self.spec = spec
         self.host = Host(netns, tools)
         self.devices = [TcDevice(self.host, d) for d in spec.devices]
-        self.sets = MemberSets(self.host, maxelem, bulk_threshold)
-        self.mangle = Mangle(self.host)
+        self.sets, self.mangle = gate(self.host, spec.bridged, maxelem, bulk_threshold)
         self.glides = GlidePlanner(spec.glide_leaves, spec.ladder)
         self.clock = clock
         self._jumps: bool | None = None  # the jumps are installed (None: unknown)
@@ -200,7 +220,7 @@ class Datapath:
         members = self.current()
         self.sets.sync_gate(self._membership())
         t3 = time.monotonic()
-        report.rules_changed = self.mangle.converge(s.devices, s.ports, bool(members), s.bridged)
+        report.rules_changed = self.mangle.converge(s.devices, s.ports, bool(members))
         self._jumps = bool(members)
         t4 = time.monotonic()
         # Members whose class no longer exists would fall to HTB's direct queue
@@ -219,9 +239,17 @@ class Datapath:
     def cleanup(self) -> CleanupReport:
         """Remove every qdisc, class, set and rule santhrottle created."""
         rep = CleanupReport()
-        m = self.mangle.cleanup()
-        rep.rules, rep.chain, rep.nft_table = m.jumps, m.chain, m.nft_table
-        rep.sets = self.sets.destroy()
+        # both gates, whichever mode this Datapath was made for (a mode changed since
+        # the last run); a tool that is not installed has nothing of ours to remove
+        t = self.host.tools
+        if not self.spec.bridged or (shutil.which(t.iptables) and shutil.which(t.ipset)):
+            m = Mangle(self.host).cleanup()
+            rep.rules, rep.chain, rep.nft_table = m.jumps, m.chain, m.nft_table
+            rep.sets = MemberSets(self.host).destroy()
+        if self.spec.bridged or shutil.which(t.nft):
+            n = NftRules(self.host).cleanup()
+            rep.bridge_jumps = n.jumps
+            rep.bridge_table = bool(NftSets(self.host).destroy()) or n.chain
         self.glides.forget()
         self._jumps = None
         for dev in installed_devices(self.host):
@@ -320,7 +348,7 @@ class Datapath:
 
     def _set_jumps(self, active: bool) -> None:
         if self._jumps != active:
-            self.mangle.set_jumps(self.spec.devices, active, self.spec.bridged)
+            self.mangle.set_jumps(self.spec.devices, active)
             self._jumps = active
 
     @contextlib.contextmanager

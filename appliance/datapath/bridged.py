@@ -1,72 +1,57 @@
-"""Bridge mode's kernel set-up: the bridge itself, and bridged packets into iptables.
+"""Bridge mode's kernel set-up: the bridge itself, and whether nftables' bridge family works.
 
 What it owns
     prepare_bridge(): before the data path is applied, the bridge between
     the initiator-side and the array-side port is made or adopted
     (bridge/netdev.py: STP off, forward delay 0, both ports members, all
-    up) and br_netfilter's switch is turned on in the namespace, so the
-    packets the bridge forwards traverse iptables' mangle POSTROUTING,
-    where the physdev jump (rules.py) sends those to the initiators into
-    the SANTHROTTLE chain.
+    up).  nft_bridge_problem(): whether the namespace's kernel takes the
+    gate's table (nftables' bridge family, datapath/nftrules.py), checked
+    by `santhrottled --check` with `nft --check` (nothing is installed).
 
-Why br_netfilter and iptables
-    The data path's sets, chain and classes are the target-host mode's
-    (datapath.md): the same rules serve both modes, with one jump that
-    matches the bridge port instead of the egress device. The switch
-    (net.bridge.bridge-nf-call-iptables) costs every bridged IPv4 packet a
-    pass through netfilter's hooks, which the jump's gate keeps to one
-    rule while nobody is delayed (docs/bridge.md, measured costs).
+Why nftables' bridge family
+    A bridged packet passes the bridge family's postrouting hook on its way
+    out of a port, with no br_netfilter: the hook chain of the gate exists
+    only while somebody is delayed, so an idle bridge pays nothing, and a
+    delayed packet one chain and a map lookup.  br_netfilter + iptables,
+    the alternative, costs every bridged packet a pass through iptables'
+    hooks as soon as its switch is on, and six times the nftables gate's
+    cost per packet while throttling (docs/bridge.md, "What the gate costs").
 
-    The switch is left on at stop: a bridge whose packets stop reaching
-    iptables while an admin's own rules expect them would be a surprise,
-    and the chain's jumps are gone by then.
-
-Errors: DatapathError, one line naming the device or the missing module.
+Errors: DatapathError, one line naming the device or what the kernel lacks.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from santhrottle.appliance.datapath.host import Host
 from santhrottle.appliance.datapath.names import DatapathError
+from santhrottle.appliance.datapath.nftrules import NftState, render_converge, render_ensure
 from santhrottle.bridge import netdev
 
-NF_CALL_IPTABLES = "sys/net/bridge/bridge-nf-call-iptables"  # under /proc
-NO_BR_NETFILTER = (
-    "br_netfilter is not loaded (no /proc/{path}): `modprobe br_netfilter`, or add it to "
-    "/etc/modules-load.d; bridged packets cannot reach the delay classes without it"
+NO_NFT_BRIDGE = (
+    "nftables' bridge family does not work here ({why}): bridge mode needs nf_tables with "
+    "CONFIG_NF_TABLES_BRIDGE (`modprobe nf_tables`) and the nft tool"
 )
 
 
 def prepare_bridge(
-    host: Host, name: str, initiator_port: str, array_port: str, proc_root: str = "/proc"
+    host: Host, name: str, initiator_port: str, array_port: str
 ) -> netdev.BridgeState:
-    """Make or adopt the bridge, then let its packets reach iptables."""
+    """Make or adopt the bridge."""
     try:
-        state = netdev.ensure(host.iproute(), name, initiator_port, array_port)
+        return netdev.ensure(host.iproute(), name, initiator_port, array_port)
     except netdev.BridgeError as e:
         raise DatapathError(str(e)) from None
     except OSError as e:  # netlink refused (permissions, a device gone meanwhile)
         raise DatapathError(f"bridge {name}: {e.strerror or e}") from None
-    enable_br_netfilter(host, proc_root)
-    return state
 
 
-def br_netfilter_loaded(host: Host, proc_root: str = "/proc") -> bool:
-    """Whether host's namespace has br_netfilter's switch (the module is loaded)."""
-    with host.inside():  # /proc/sys/net is the opening thread's namespace's
-        return os.path.exists(Path(proc_root) / NF_CALL_IPTABLES)
-
-
-def enable_br_netfilter(host: Host, proc_root: str = "/proc") -> None:
-    path = Path(proc_root) / NF_CALL_IPTABLES
-    with host.inside():
-        try:
-            with open(path, "w") as f:
-                f.write("1\n")
-        except FileNotFoundError:
-            raise DatapathError(NO_BR_NETFILTER.format(path=NF_CALL_IPTABLES)) from None
-        except OSError as e:
-            raise DatapathError(f"cannot write {path}: {e.strerror or e}") from None
+def nft_bridge_problem(host: Host) -> str | None:
+    """None when the kernel takes the gate's table and rules (checked, not installed: the
+    payload test of its rules needs Linux 5.16), else one line."""
+    text, _ = render_ensure(NftState())
+    text += render_converge((3260,), None, None, ("lo",), True) or ""
+    try:
+        host.run([host.tools.nft, "--check", "-f", "-"], text, what="nft --check")
+    except DatapathError as e:
+        return NO_NFT_BRIDGE.format(why=e)
+    return None

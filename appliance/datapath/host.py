@@ -21,6 +21,7 @@ Worked example
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shlex
 import subprocess
@@ -43,12 +44,24 @@ class Tools:
     ipset: str = "ipset"
     iptables: str = "iptables"
     iptables_restore: str = "iptables-restore"
+    nft: str = "nft"
     nsenter: str = "nsenter"
     unshare: str = "unshare"
     netns_dir: str = "/run/netns"
     sys_module_dir: str = "/sys/module"
     modules_dir: str = "/lib/modules"
     command_timeout_s: float = 60.0
+
+
+NS_GET_NSTYPE = 0xB703  # ioctl on a namespace file: its CLONE_NEW* type
+CLONE_NEWNET = 0x40000000
+
+
+def _is_netns(fd: int) -> bool:
+    try:
+        return fcntl.ioctl(fd, NS_GET_NSTYPE) == CLONE_NEWNET
+    except OSError:  # not a namespace file at all
+        return False
 
 
 def _last_line(text: str) -> str:
@@ -114,8 +127,13 @@ class Host:
         if path is None:
             yield
             return
-        fd = os.open(path, os.O_RDONLY)
+        try:  # non-blocking: a FIFO given as the namespace must not hang the open
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            raise DatapathError(f"cannot open network namespace {path}: {e.strerror}") from None
         try:
+            if not _is_netns(fd):
+                raise DatapathError(f"{path} is not a network namespace")
             with entered(fd):  # an fd: never creates a namespace
                 yield
         finally:

@@ -27,7 +27,9 @@ from santhrottle.appliance.datapath.host import Host
 from santhrottle.appliance.datapath.names import DatapathError
 from santhrottle.appliance.datapath.rules import (
     parse_backend,
+    parse_jump_device,
     parse_mangle_rules,
+    parse_rule_ports,
     render_jumps,
     render_rules_cleanup,
     render_rules_restore,
@@ -59,24 +61,22 @@ class Mangle:
                             what="iptables -S")  # fmt: skip
         return parse_mangle_rules(out)
 
-    def converge(
-        self, devices: Sequence[str], ports: Sequence[int], active: bool, bridged: bool = False
-    ) -> bool:
+    def converge(self, devices: Sequence[str], ports: Sequence[int], active: bool) -> bool:
         """The chain with these ports; a jump on each device iff active (apply).
         True: changed."""
         jumps, chain = self.read()
-        text = render_rules_restore(devices, ports, active, jumps, chain, bridged)
+        text = render_rules_restore(devices, ports, active, jumps, chain)
         if text is not None:
             self._restore(text)
         if not active:
             self._tidy()
         return text is not None
 
-    def set_jumps(self, devices: Sequence[str], active: bool, bridged: bool = False) -> bool:
+    def set_jumps(self, devices: Sequence[str], active: bool) -> bool:
         """Jumps on each device (the first member went in), or none at all (the
         last left); the chain is not touched.  True: changed."""
         jumps, _chain = self.read()
-        text = render_jumps(devices, active, jumps, bridged)
+        text = render_jumps(devices, active, jumps)
         if text is not None:
             self._restore(text)
             if not active:
@@ -97,6 +97,14 @@ class Mangle:
         self._restore(text)
         nft = self.backend() == "nf_tables" and self._drop_empty_nft(table=True)
         return MangleCleanup(len(jumps), chain is not None, nft)
+
+    @staticmethod
+    def ports_of(rules: Sequence[str]) -> tuple[int, ...] | None:
+        return parse_rule_ports(rules)
+
+    @staticmethod
+    def device_of(jump: str) -> str | None:
+        return parse_jump_device(jump)
 
     def _restore(self, text: str) -> None:
         t = self.host.tools

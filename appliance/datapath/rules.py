@@ -90,26 +90,19 @@ def render_chain_rules(ports: Sequence[int]) -> list[str]:
     ]
 
 
-def jump_rule(device: str, bridged: bool = False) -> str:
-    """The one rule outside our chain, as -S prints it: the gate. bridged: the
-    device is a port of a bridge, whose forwarded packets POSTROUTING sees (with
-    br_netfilter) going out of the bridge, the port named by physdev."""
-    if bridged:
-        out = f"-p tcp -m physdev --physdev-out {device} --physdev-is-bridged"
-        return f"-A POSTROUTING {out} {member_match(MEMBERS_SET)} -j {CHAIN}"
+def jump_rule(device: str) -> str:
+    """The one rule outside our chain, as -S prints it: the gate."""
     return f"-A POSTROUTING -o {device} -p tcp {member_match(MEMBERS_SET)} -j {CHAIN}"
 
 
-def _jump_lines(
-    devices: Sequence[str], active: bool, jumps: Sequence[str], bridged: bool = False
-) -> list[str]:
+def _jump_lines(devices: Sequence[str], active: bool, jumps: Sequence[str]) -> list[str]:
     """-D / -I lines: exactly one jump on each of `devices` when active (other
     devices' jumps left alone); none anywhere when not (nobody is a member)."""
     body: list[str] = []
     if not active:
         return ["-D" + j[2:] for j in jumps]
     for dev in devices:
-        want = jump_rule(dev, bridged)
+        want = jump_rule(dev)
         kept = False
         for j in jumps:
             if parse_jump_device(j) != dev:
@@ -133,7 +126,6 @@ def render_rules_restore(
     active: bool,
     jumps: Sequence[str],
     chain_rules: Sequence[str] | None,
-    bridged: bool = False,
 ) -> str | None:
     """iptables-restore --noflush input converging the mangle table, or None
     when it already is as wanted: the chain with these ports, and the jumps
@@ -143,18 +135,16 @@ def render_rules_restore(
     want_rules = render_chain_rules(ports)
     chain_ok = chain_rules is not None and list(chain_rules) == want_rules
     body: list[str] = [] if chain_ok else [f":{CHAIN} - [0:0]"]  # creates it, or flushes it
-    body += _jump_lines(devices, active, jumps, bridged)
+    body += _jump_lines(devices, active, jumps)
     if not chain_ok:
         body += want_rules
     return _restore_text(body)
 
 
-def render_jumps(
-    devices: Sequence[str], active: bool, jumps: Sequence[str], bridged: bool = False
-) -> str | None:
+def render_jumps(devices: Sequence[str], active: bool, jumps: Sequence[str]) -> str | None:
     """The jumps alone (the chain exists): one on each device while somebody
     is throttled (active), none at all otherwise; None: nothing to change."""
-    return _restore_text(_jump_lines(devices, active, jumps, bridged))
+    return _restore_text(_jump_lines(devices, active, jumps))
 
 
 def render_rules_cleanup(jumps: Sequence[str], chain_exists: bool) -> str | None:
@@ -196,7 +186,7 @@ def parse_backend(version_text: str) -> str:
 
 
 def parse_jump_device(jump: str) -> str | None:
-    m = re.search(r"(?:^| )(?:-o|--physdev-out) (\S+)", jump)
+    m = re.search(r"(?:^| )-o (\S+)", jump)
     return m.group(1) if m else None
 
 

@@ -6,7 +6,8 @@ What it owns
     discover(): a Datapath whose spec is read back from the kernel (the
     devices with our root qdisc, the ports from the chain, step, classes,
     link speed and leaves from the tree), for the CLI acting without the
-    daemon (pin, unpin).
+    daemon (pin, unpin); with_gate(): a spec the CLI builds, bridged when
+    its device is a bridge port.
 
 Worked example
     After `santhrottle datapath apply --device eth1`, discover() returns a
@@ -17,19 +18,18 @@ Worked example
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 from typing import Any
 
-from santhrottle.appliance.datapath.actuator import Datapath
+from santhrottle.appliance.datapath.actuator import Datapath, gate
 from santhrottle.appliance.datapath.host import Host, Tools
-from santhrottle.appliance.datapath.mangle import Mangle
 from santhrottle.appliance.datapath.names import (
     SET_NAMES,
     DatapathError,
     NotApplied,
     minor_classid,
 )
-from santhrottle.appliance.datapath.rules import parse_jump_device, parse_rule_ports
 from santhrottle.appliance.datapath.spec import DatapathSpec
 from santhrottle.appliance.datapath.tc import TcDevice, installed_devices, is_bridge_port
 from santhrottle.appliance.datapath.tctree import basic_stats, queued, tree_summary
@@ -74,19 +74,21 @@ def status(dp: Datapath) -> dict[str, Any]:
     devices = installed_devices(dp.host)
     dev = (
         (dp.spec.devices[0] if dp.spec.devices else None)
-        or (parse_jump_device(jumps[0]) if jumps else None)
+        or (dp.mangle.device_of(jumps[0]) if jumps else None)
         or (devices[0] if devices else None)
     )
     out: dict[str, Any] = {
         "netns": dp.netns,
         "backend": dp.mangle.backend(),
+        # the gate in front of the classes: ipset + iptables, or nftables' bridge family
+        "gate": "nft" if dp.spec.bridged else "iptables",
         "device": dev,
         "installed_devices": devices,
         "chain": {
             "exists": chain_rules is not None,
             "jumps": jumps,
             "rules": chain_rules or [],
-            "ports": list(parse_rule_ports(chain_rules or []) or []),
+            "ports": list(dp.mangle.ports_of(chain_rules or []) or []),
         },
         "sets": {},
         "classes": None,
@@ -132,14 +134,16 @@ def discover(netns: str | None = None, tools: Tools | None = None, **kw: Any) ->
     nothing is.  kw: Datapath's keyword arguments (clock, ...)."""
     host = Host(netns, tools)
     try:
-        _jumps, rules = Mangle(host).read()
         devices = installed_devices(host)
+        bridged = bool(devices) and is_bridge_port(host, devices[0])
+        rules_now = gate(host, bridged)[1]
+        _jumps, rules = rules_now.read()
         if rules is None or not devices:
             raise NotApplied(
                 "the data path is not applied: run `santhrottle datapath apply --device IF`"
             )
         s = tree_summary(TcDevice(host, devices[0]).observe())
-        bridged = is_bridge_port(host, devices[0])
+        ports = rules_now.ports_of(rules)
     finally:
         host.close()
     args: dict[str, Any] = {"devices": tuple(devices), "bridged": bridged}
@@ -149,10 +153,26 @@ def discover(netns: str | None = None, tools: Tools | None = None, **kw: Any) ->
     if s["leaf"] == "pfifo":
         args["leaf"] = "pfifo"
     args["glide_leaves"] = s["glide_leaves"]
-    ports = parse_rule_ports(rules)
     if ports:
         args["ports"] = ports
     return Datapath(DatapathSpec(**args), netns=netns, tools=tools, **kw)
+
+
+def with_gate(
+    spec: DatapathSpec, netns: str | None = None, tools: Tools | None = None
+) -> DatapathSpec:
+    """spec, bridged when its first device (without one: the first with our tree) is a
+    port of a bridge: the gate the CLI installs or reads by hand is the one santhrottled
+    would (nftables' on a bridge)."""
+    if spec.bridged:
+        return spec
+    host = Host(netns, tools)
+    try:
+        devices = spec.devices or tuple(installed_devices(host))
+        bridged = bool(devices) and is_bridge_port(host, devices[0])
+    finally:
+        host.close()
+    return dataclasses.replace(spec, bridged=True) if bridged else spec
 
 
 def _ladder_args(summary: dict[str, Any]) -> dict[str, Any]:

@@ -43,8 +43,8 @@ class DatapathSpec:
     write_mode: str = default("datapath.write_mode")
     leaf: str = default("datapath.leaf")
     glide_leaves: int = default("datapath.glide_leaves")
-    # the devices are ports of a bridge (bridge mode): the jumps match them by
-    # physdev, the forwarded packets reaching iptables through br_netfilter
+    # the devices are ports of a bridge (bridge mode): the gate is nftables' bridge
+    # family (datapath/nftrules.py), not ipset + iptables
     bridged: bool = False
 
     def __post_init__(self) -> None:

@@ -72,7 +72,7 @@ def installed_devices(host: Host) -> list[str]:
 
 
 def is_bridge_port(host: Host, device: str) -> bool:
-    """The device is a port of a Linux bridge (bridge mode: its jumps match by physdev)."""
+    """The device is a port of a Linux bridge (bridge mode: the gate is nftables')."""
     ipr = host.iproute()
     (link,) = ipr.get_links(host.ifindex(device))
     master = link.get_attr("IFLA_MASTER")

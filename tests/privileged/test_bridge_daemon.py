@@ -12,7 +12,7 @@ pfifo leaf (classified, not delayed); the delay is the lab's to prove.
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import signal
 import socket
 import struct
@@ -34,6 +34,7 @@ pytestmark = pytest.mark.privileged
 IQN = "iqn.2026-11.lab:array"
 READ_DELAY_S = 0.02
 READ_BYTES = 4096
+WRITE_BYTES = 65536
 
 
 def _recv_exact(s: socket.socket, n: int) -> bytes:
@@ -80,6 +81,8 @@ class Target(threading.Thread):
                     if bhs[0] & 0x3F == B.LOGIN_REQ:
                         text = b"HeaderDigest=None\0DataDigest=None\0"
                         c.sendall(B.iscsi(B.LOGIN_RESP, 0x87, itt, data=text))
+                    elif bhs[0] & 0x3F == B.SCSI_CMD and bhs[32] == B.WRITE10:
+                        c.sendall(B.scsi_response(itt))  # the write's data came immediate
                     elif bhs[0] & 0x3F == B.SCSI_CMD:
                         time.sleep(READ_DELAY_S)
                         c.sendall(B.data_in(itt, b"r" * READ_BYTES))
@@ -91,11 +94,13 @@ class Target(threading.Thread):
 
 
 class Reader(threading.Thread):
-    """One initiator session: a login naming IQN, then READs of LUN 0 one at a time."""
+    """One initiator session: a login naming IQN, then READs of LUN 0 one at a time
+    (write_bps: WRITEs of LUN 1 instead, WRITE_BYTES of immediate data each, at that pace)."""
 
-    def __init__(self, ns: str) -> None:
+    def __init__(self, ns: str, write_bps: float = 0.0) -> None:
         super().__init__(daemon=True)
         self.ns = ns
+        self.write_bps = write_bps
         self.stop = threading.Event()
         self.done = 0
         self.error: BaseException | None = None
@@ -111,7 +116,12 @@ class Reader(threading.Thread):
                 _recv_pdu(s)
                 itt = 1
                 while not self.stop.is_set():
-                    s.sendall(B.scsi_read(itt, lun=0, nbytes=READ_BYTES))
+                    if self.write_bps:
+                        data = b"w" * WRITE_BYTES
+                        s.sendall(B.scsi_write(itt, lun=1, nbytes=WRITE_BYTES, immediate=data))
+                        self.stop.wait(WRITE_BYTES / self.write_bps)
+                    else:
+                        s.sendall(B.scsi_read(itt, lun=0, nbytes=READ_BYTES))
                     _recv_pdu(s)
                     self.done += 1
                     itt += 1
@@ -122,8 +132,8 @@ class Reader(threading.Thread):
 @pytest.fixture
 def bridged(three_namespaces, tmp_path):
     ini, mid, tgt = three_namespaces
-    if not os.path.exists("/proc/sys/net/bridge/bridge-nf-call-iptables"):
-        pytest.skip("no br_netfilter on this kernel (net.bridge.bridge-nf-call-iptables)")
+    if not shutil.which("nft"):
+        pytest.skip("no nft (nftables): bridge mode's gate")
     conf = tmp_path / "s.toml"
     conf.write_text(
         f'[daemon]\nmode = "bridge"\ncontrol_socket = "{tmp_path / "control.sock"}"\n'
@@ -200,7 +210,7 @@ def test_the_daemon_makes_the_bridge_and_measures_reads_off_the_wire(bridged):
 
         # pinned, the target's packets to the initiator go through its class on st-bi
         request(sock, "pin", initiator=INI_IP, **{"class": 5, "mode": "all"})
-        assert _until(lambda: INI_IP in sh("ip", "netns", "exec", mid, "ipset", "list"))
+        assert _until(lambda: INI_IP in sh("ip", "netns", "exec", mid, "nft", "list", "ruleset"))
         before = _class_bytes(mid, "st-bi", "5374:5")
         assert _until(lambda: _class_bytes(mid, "st-bi", "5374:5") > before + 10 * READ_BYTES)
         st = request(sock, "status")
@@ -216,13 +226,53 @@ def test_the_daemon_makes_the_bridge_and_measures_reads_off_the_wire(bridged):
         done = reader.done
         assert _until(lambda: reader.done > done + 10) and reader.error is None
         assert "st-br0" in sh("ip", "-n", mid, "link", "show", "st-br0")
-        assert "santhrottle" not in sh("ip", "netns", "exec", mid, "ipset", "list", "-n")
+        assert " : 5374:" not in sh("ip", "netns", "exec", mid, "nft", "list", "ruleset")
     finally:
         reader.stop.set()
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)  # our own child, by PID
             proc.wait()
         reader.join(timeout=15)
+
+
+def test_a_writer_on_the_wire_becomes_write_heavy_and_is_delayed(bridged):
+    """An initiator writing 4 MB/s of immediate data through the bridge joins its
+    resource's write-heavy set from the wire's write rates alone, and with the read
+    latency over the threshold (20 ms answers, T = 10 ms) gets a delay class: the
+    target's packets to it go through that class on the initiator-side port."""
+    ini, mid, conf = bridged
+    conf.write_text(conf.read_text().replace('threshold = "1s"', 'threshold = "10ms"'))
+    sock = str(conf.parent / "control.sock")
+    subprocess.run(["ip", "-n", mid, "link", "add", "st-br0", "type", "bridge"], check=True)
+    for port in ("st-bi", "st-ba"):
+        subprocess.run(["ip", "-n", mid, "link", "set", port, "master", "st-br0", "up"], check=True)
+    subprocess.run(["ip", "-n", mid, "link", "set", "st-br0", "up"], check=True)
+    reader, writer = _reading(ini), Reader(ini, write_bps=4e6)
+    writer.start()
+    time.sleep(2)
+    proc = _start(conf, sock)
+    try:
+
+        def members():
+            (r,) = request(sock, "status")["resources"]
+            return r["members"]
+
+        assert _until(members, 30.0) == [INI_IP], request(sock, "status")
+        assert writer.error is None and reader.error is None
+
+        def delayed():
+            return {i["initiator"]: i["class"] for i in request(sock, "status")["initiators"]}
+
+        got = _until(lambda: delayed().get(INI_IP), 30.0)
+        assert got, request(sock, "status")
+        assert f"{INI_IP} : 5374:" in sh("ip", "netns", "exec", mid, "nft", "list", "ruleset")
+    finally:
+        reader.stop.set()
+        writer.stop.set()
+        _stop(proc)
+        reader.join(timeout=15)
+        writer.join(timeout=15)
+    assert "santhrottle" not in sh("ip", "netns", "exec", mid, "nft", "list", "ruleset", "bridge")
 
 
 def test_resources_without_a_daemon_measure_the_wire(bridged):

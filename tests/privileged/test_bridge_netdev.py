@@ -1,10 +1,11 @@
 """bridge/netdev.py on the host kernel: a bridge made between two veths in a namespace this
 test owns forwards TCP between an initiator's and a target's namespaces at once, with STP off;
 made again it is adopted unchanged; what is someone else's is refused. And the data path on
-its initiator-side port classifies the bridged packets (the physdev jump)."""
+its initiator-side port classifies the bridged packets (nftables' bridge family)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
@@ -122,41 +123,101 @@ def _download(ini: str, tgt: str, nbytes: int) -> int:
         srv.wait()
 
 
-@pytest.mark.parametrize("bridged", [True, False])
-def test_bridged_traffic_is_classified_on_the_initiator_side_port(three_namespaces, bridged):
-    """With bridged, the target's packets to a member, forwarded by the bridge, go
-    to its class on the initiator-side port's HTB; with the target host's jump (-o)
-    they do not: br_netfilter shows them to POSTROUTING leaving the bridge."""
+UPLOAD = r"""
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 3260)); s.listen(1); print("ready", flush=True)
+c, _ = s.accept(); n = 0
+while d := c.recv(1 << 16):
+    n += len(d)
+c.close()
+"""
+PUSH = r"""
+import socket, sys
+c = socket.create_connection((sys.argv[1], 3260), timeout=30)
+c.sendall(b"w" * int(sys.argv[2])); c.shutdown(socket.SHUT_WR); c.recv(1); print("done")
+"""
+
+
+def _upload(ini: str, tgt: str, nbytes: int) -> None:
+    """The initiator writes: the target's packets back are pure ACKs."""
+    srv = subprocess.Popen(["ip", "netns", "exec", tgt, sys.executable, "-c", UPLOAD, TGT_IP],
+                           stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert srv.stdout is not None and srv.stdout.readline().strip() == "ready"
+        push = [sys.executable, "-c", PUSH, TGT_IP, str(nbytes)]
+        subprocess.run(["ip", "netns", "exec", ini, *push], capture_output=True, text=True,
+                       timeout=60, check=True)  # fmt: skip
+    finally:
+        srv.kill()  # our own child, by PID
+        srv.wait()
+
+
+def _nft(mid: str) -> str:
+    return subprocess.run(["ip", "netns", "exec", mid, "nft", "list", "table", "bridge",
+                           "santhrottle"], capture_output=True, text=True).stdout  # fmt: skip
+
+
+@pytest.fixture
+def bridge_gate(three_namespaces):
+    """The bridge, and the data path on its initiator-side port (pfifo leaves: classified,
+    not delayed); cleaned up by the test, and by the namespaces' removal whatever happens."""
     from pyroute2 import IPRoute
 
     from santhrottle.appliance import datapath as dp
 
     ini, mid, tgt = three_namespaces
-    nf = ["ip", "netns", "exec", mid, "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1"]
-    if subprocess.run(nf, capture_output=True).returncode:
-        pytest.skip("no br_netfilter (net.bridge.bridge-nf-call-iptables) in a namespace")
+    if not shutil.which("nft"):
+        pytest.skip("no nft (nftables) on this host")
     with entered(f"/run/netns/{mid}"):
         ipr = IPRoute()
     with ipr:
         netdev.ensure(ipr, "st-br0", "st-bi", "st-ba")
-    spec = dp.DatapathSpec(("st-bi",), leaf="pfifo", ladder_ratio=1.0, max_delay_us=10_000,
-                           bridged=bridged)  # fmt: skip
+    spec = dp.with_gate(dp.DatapathSpec(("st-bi",), leaf="pfifo", ladder_ratio=1.0,
+                                        max_delay_us=10_000), mid)  # fmt: skip
+    assert spec.bridged, "st-bi is a bridge port: the CLI's spec takes nftables' gate"
     with dp.Datapath(spec, netns=mid) as d:
-        d.apply()
-        d.set_classes({INI_IP: 3})
-        rules = subprocess.run(["ip", "netns", "exec", mid, "iptables", "-t", "mangle", "-S",
-                                "POSTROUTING"], capture_output=True, text=True).stdout  # fmt: skip
-        assert [r for r in rules.splitlines() if r.endswith("-j SANTHROTTLE")] == [
-            dp.rules.jump_rule("st-bi", bridged)
-        ]
+        yield ini, mid, tgt, d
+
+
+def test_the_nft_gate_classifies_bridged_traffic_by_mode_and_counts_it(bridge_gate):
+    """all: the target's data to a member goes through its class on the initiator-side
+    port; read: the data, not the pure ACKs; ack: the pure ACKs, not the data. The
+    member's counters survive a class change; idle, no hook of ours is left."""
+    from santhrottle.appliance import datapath as dp
+
+    ini, mid, tgt, d = bridge_gate
+    d.apply()
+    assert "chain postrouting" not in _nft(mid), "idle: no hook chain"
+
+    def through(k: int, move) -> int:
         before = d.device().class_counters()
-        assert _download(ini, tgt, 4 << 20) == 4 << 20
-        after = d.device().class_counters()
-        if bridged:
-            assert dp.discover(netns=mid).spec.bridged
-        d.cleanup()
-    got = after[3][1] - before.get(3, (0, 0))[1]
-    if bridged:
-        assert got >= 4 << 20, "the download went through class 3"
-    else:
-        assert got == 0, "an -o jump does not see bridged packets"
+        move()
+        return d.device().class_counters().get(k, (0, 0))[1] - before.get(k, (0, 0))[1]
+
+    d.set_classes({INI_IP: 3}, "all")
+    assert 'oifname "st-bi" meta l4proto tcp jump delay' in _nft(mid)
+    assert through(3, lambda: _download(ini, tgt, 4 << 20)) >= 4 << 20
+    print(_nft(mid))  # what docs/bridge.md shows
+    counted = d.current()[INI_IP]
+    assert (counted.mode, counted.klass) == ("all", 3) and counted.bytes >= 4 << 20
+    d.set_classes({INI_IP: 5}, "all", ordered=False)
+    assert d.current()[INI_IP].bytes >= counted.bytes, "the counters survive a class change"
+
+    d.set_classes({INI_IP: 4}, "read", ordered=False)
+    assert d.current()[INI_IP].mode == "read"
+    assert through(4, lambda: _download(ini, tgt, 2 << 20)) >= 2 << 20
+    acks = through(4, lambda: _upload(ini, tgt, 2 << 20))
+    assert acks < 2000, f"read mode left pure ACKs alone ({acks} B through the class)"
+
+    d.set_classes({INI_IP: 6}, "ack", ordered=False)
+    assert through(6, lambda: _upload(ini, tgt, 4 << 20)) > 0, "the pure ACKs go through"
+    data = through(6, lambda: _download(ini, tgt, 2 << 20))
+    assert data < 10_000, f"ack mode left the data alone ({data} B through the class)"
+
+    d.set_classes({INI_IP: 0}, ordered=False)
+    assert d.current() == {} and "chain postrouting" not in _nft(mid)
+    assert dp.discover(netns=mid).spec.bridged
+    rep = d.cleanup()
+    assert rep.bridge_table and "table bridge santhrottle" in rep.summary()
+    assert _nft(mid) == ""

@@ -246,16 +246,16 @@ def test_observe_renders_no_threshold_but_keeps_the_resources(rendered):
     assert '# threshold = "15ms"' in text and '# default_threshold = "30ms"' in text
 
 
-def test_bridge_mode_renders_the_ports_and_volumes_and_loads_br_netfilter(rendered):
+def test_bridge_mode_renders_the_ports_and_volumes_and_loads_nf_tables(rendered):
     cfg = parse_config((rendered["bridge"] / "santhrottle.toml").read_text(), "bridge.toml")
     assert cfg.bridge_mode and (cfg.initiator_port, cfg.array_port) == ("eth1", "eth2")
     assert cfg.devices == ("eth1",) and cfg.bridge_name == "br-santhrottle"
     assert cfg.volumes() == {"array1": ("iscsi://10.0.0.5/iqn.x:a/*",)}
     assert cfg.threshold_of("array1") == 0.010
     mods = (rendered["bridge"] / "modules-load.conf").read_text().split()
-    assert {"br_netfilter", "xt_physdev", "sch_netem"} <= set(mods)
+    assert {"bridge", "nf_tables", "sch_netem"} <= set(mods)
     plain = (rendered["defaults"] / "modules-load.conf").read_text().splitlines()
-    assert "br_netfilter" not in plain
+    assert "bridge" not in plain and "nf_tables" not in plain
     assert parse_config((rendered["defaults"] / "santhrottle.toml").read_text()).mode == "target"
 
 

@@ -361,21 +361,6 @@ def test_another_port_list_or_an_edited_chain_rewrites_the_chain():
     assert rl.parse_jump_device(J1) == "eth1"
 
 
-def test_a_bridge_ports_jump_matches_by_physdev_as_iptables_prints_it():
-    jb = (
-        "-A POSTROUTING -p tcp -m physdev --physdev-out eth1 --physdev-is-bridged"
-        " -m set --match-set santhrottle-members dst ! --update-counters -j SANTHROTTLE"
-    )
-    assert rl.jump_rule("eth1", bridged=True) == jb
-    assert rl.parse_jump_device(jb) == "eth1"
-    assert rl.render_jumps(["eth1"], True, [jb], bridged=True) is None  # as wanted
-    # a target host's jump on that device is replaced by the bridged one, and back
-    text = rl.render_jumps(["eth1"], True, [J1], bridged=True)
-    assert text.splitlines()[1:3] == ["-D" + J1[2:], "-I" + jb[2:]]
-    text = rl.render_jumps(["eth1"], True, [jb])
-    assert text.splitlines()[1:3] == ["-D" + jb[2:], "-I" + J1[2:]]
-
-
 def test_cleanup_rules():
     assert rl.render_rules_cleanup([], False) is None
     text = rl.render_rules_cleanup(["-A POSTROUTING -o eth1 -j SANTHROTTLE"], True)

@@ -174,6 +174,7 @@ def no_host(tmp_path, monkeypatch):
     monkeypatch.setattr(dp, "Datapath", Refused)
     monkeypatch.setattr(dp, "discover", not_applied)
     monkeypatch.setattr(dp, "status", not_applied)
+    monkeypatch.setattr(dp, "with_gate", lambda spec, *_a, **_k: spec)
     parser = build_parser()  # one parser for the corpus (7 ms each; parse_args keeps no state)
     monkeypatch.setattr(cli_main, "build_parser", lambda: parser)
     return tmp_path

@@ -34,11 +34,13 @@ nf-cost
       none      br_netfilter off, no rule: the bridge and the port's HTB;
       brnf-idle br_netfilter on, nobody delayed (so no jump: the data path's
                 idle gate), what every bridged packet pays for the switch;
-      iptables  br_netfilter on, santhrottle's data path with the
-                receiver a member (the physdev jump, the chain, the set,
-                the SET target: what bridge mode runs);
-      nft       br_netfilter off, an nftables bridge-family chain on
-                postrouting: oifname + ip daddr @set -> meta priority.
+      iptables  br_netfilter on, the target host's gate made by hand for
+                the receiver (the physdev jump matching an skbinfo ipset, a
+                chain with the ports, SET --map-prio);
+      nft       br_netfilter off, santhrottled's own gate with the receiver
+                pinned (nftables' bridge family: the hook chain's jump, the
+                ports, the map lookup, the counting set; what bridge mode
+                runs, datapath/nftrules.py).
     Both gates put the packets into the same HTB class (pfifo leaf: classified,
     not delayed); its counters prove each did.
 
@@ -301,29 +303,37 @@ def tx_packets(ns: str, dev: str) -> int:
     return int(_ns(ns, "cat", f"/sys/class/net/{dev}/statistics/tx_packets"))
 
 
-NFT_TABLE = "santhrottle_nfcost"
+IPT_SET, IPT_CHAIN = "nfcost", "NFCOST"
 GATES = ("none", "brnf-idle", "iptables", "nft")
 
 
 def set_gate(t: dict, gate: str, member: str, minor: int) -> None:
     b = t["bridge"]
     ns = b["netns"]
-    _ns(ns, "nft", "delete", "table", "bridge", NFT_TABLE, check=False)
+    _ns(ns, "iptables", "-t", "mangle", "-F", IPT_CHAIN, check=False)
+    _ns(ns, "iptables", "-t", "mangle", "-D", "POSTROUTING", *ipt_jump(b), check=False)
+    _ns(ns, "iptables", "-t", "mangle", "-X", IPT_CHAIN, check=False)
+    _ns(ns, "ipset", "destroy", IPT_SET, check=False)
     on = "1" if gate in ("iptables", "brnf-idle") else "0"
     _ns(ns, "sysctl", "-qw", f"net.bridge.bridge-nf-call-iptables={on}")
-    if gate == "iptables":
-        pin_class(member, minor)
+    if gate == "nft":
+        pin_class(member, minor)  # santhrottled's own gate
     else:
         unpin(member)
-    if gate == "nft":
-        _ns(ns, "nft", "-f", "-", input=(
-            f"table bridge {NFT_TABLE} {{\n"
-            "  map prio { type ipv4_addr : classid;\n"
-            f"    elements = {{ {member} : 5374:{minor:x} }} }}\n"
-            "  chain post { type filter hook postrouting priority 0; policy accept;\n"
-            f'    oifname "{b["initiator_port"]}" tcp sport {{ 3260, 4420, {STREAM_PORT} }} '
-            "meta priority set ip daddr map @prio\n  }\n}\n"
+    if gate == "iptables":  # the target host's gate, behind br_netfilter
+        _ns(ns, "ipset", "create", IPT_SET, "hash:ip", "skbinfo")
+        _ns(ns, "ipset", "add", IPT_SET, member, "skbprio", f"5374:{minor:x}")
+        _ns(ns, "iptables-restore", "--noflush", input=(
+            f"*mangle\n:{IPT_CHAIN} - [0:0]\n-I POSTROUTING {' '.join(ipt_jump(b))}\n"
+            f"-A {IPT_CHAIN} -p tcp -m multiport ! --sports 3260,4420,{STREAM_PORT} -j RETURN\n"
+            f"-A {IPT_CHAIN} -j SET --map-set {IPT_SET} dst --map-prio\nCOMMIT\n"
         ))  # fmt: skip
+
+
+def ipt_jump(b: dict) -> list[str]:
+    """The by-hand gate's jump: packets leaving the bridge by its initiator-side port."""
+    port = ["-m", "physdev", "--physdev-out", b["initiator_port"], "--physdev-is-bridged"]
+    return ["-p", "tcp", *port, "-m", "set", "--match-set", IPT_SET, "dst", "-j", IPT_CHAIN]
 
 
 def pin_class(ip: str, minor: int) -> None:
@@ -417,7 +427,6 @@ def nf_cost(a, t: dict, out: Path) -> dict:
                       f"class 5374:{minor} +{classified} B", flush=True)  # fmt: skip
         set_gate(t, "none", member, minor)
     finally:
-        _ns(b["netns"], "nft", "delete", "table", "bridge", NFT_TABLE, check=False)
         closed_loop.stop_daemon(daemon, out, NAME)
     per = {g: [r["us_per_packet"] for r in rows if r["gate"] == g] for g in GATES}
     summary = {g: {"median": statistics.median(v), "min": min(v), "max": max(v)}

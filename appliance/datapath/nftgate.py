@@ -1,0 +1,170 @@
+"""Bridge mode's gate in the kernel: nftables' bridge family instead of ipset + iptables.
+
+What it owns
+    NftSets and NftRules, the kernel side of datapath/nftrules.py: the
+    member maps of `table bridge santhrottle` (what datapath/sets.py's
+    MemberSets is on a target host) and its chains (what
+    datapath/mangle.py's Mangle is).  Datapath takes them when its spec is
+    bridged; each call is one `nft -f -` transaction (atomic: all or
+    nothing) inside the namespace.  Nothing outside the table is touched.
+
+Run time
+    Every member change is one `nft` process (~3-5 ms, a few us more per
+    element): the controller changes classes at most once a tick (100 ms).
+    The hook chain, the only thing a bridged packet passes, exists only
+    while somebody is delayed (nftrules.py, the layout).
+
+Worked example
+    NftSets(host).ensure() on a clean namespace creates the table, the three
+    mode maps, santhrottle-counted and the delay chain; send([("add",
+    "santhrottle-all", "10.0.0.3", 0x20)], {}) puts 10.0.0.3 : 5374:20 in
+    the map and returns {"10.0.0.3": ("all", 0x20)}; NftRules(host)
+    .set_jumps(["br-port"], True) adds the hook chain with its jump.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from santhrottle.appliance.datapath.host import Host
+from santhrottle.appliance.datapath.mangle import MangleCleanup
+from santhrottle.appliance.datapath.members import Membership, Op, members_after
+from santhrottle.appliance.datapath.names import SET_NAMES, DatapathError
+from santhrottle.appliance.datapath.nftrules import (
+    FAMILY,
+    QUALIFIED,
+    NftState,
+    parse_chains,
+    parse_json,
+    parse_jump_device,
+    parse_ports,
+    render_chains_cleanup,
+    render_converge,
+    render_destroy,
+    render_ensure,
+    render_jumps,
+    render_ops,
+    render_replace,
+)
+from santhrottle.appliance.datapath.sets import Readback
+
+NFT_BACKEND = "nftables bridge"
+NFT_TABLE = QUALIFIED
+
+
+class _Nft:
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    def _list(self, json_out: bool) -> str:
+        """`nft [-j] list ruleset bridge`: the bridge family's tables, ours among them or
+        not (listing a table that does not exist is an error nft words variously)."""
+        argv = [self.host.tools.nft, *(["-j"] if json_out else []), "list", "ruleset", FAMILY]
+        return self.host.run(argv, what="nft list")
+
+    def state(self) -> NftState:
+        return parse_json(self._list(json_out=True))
+
+    def apply(self, text: str) -> None:
+        if text:
+            self.host.run([self.host.tools.nft, "-f", "-"], text, what="nft -f")
+
+
+class NftSets(_Nft):
+    """MemberSets' interface on the bridge family's maps (datapath/sets.py)."""
+
+    def __init__(self, host: Host) -> None:
+        super().__init__(host)
+        self._members: Membership | None = None
+
+    def headers(self) -> dict[str, int]:
+        """The mode maps that exist (by their set names) -> 0."""
+        return dict.fromkeys(sorted(self.state().maps), 0)
+
+    def read(self) -> Readback:
+        raw = dict(self.state().members)
+        self._members = {ip: (mode, minor) for ip, (mode, minor, _, _) in raw.items()}
+        return raw
+
+    def cached(self) -> Membership | None:
+        return self._members
+
+    def invalidate(self) -> None:
+        self._members = None
+
+    def ensure(self) -> list[str]:
+        text, created = render_ensure(self.state())
+        self.apply(text)
+        return created
+
+    def sync_gate(self, members: Mapping[str, tuple[str, int]]) -> None:
+        """Nothing to do: the maps' lookups are the gate."""
+
+    def gate_now(self) -> set[str]:
+        members = self._members or {}
+        return {SET_NAMES[m] for m, _ in members.values()}
+
+    def send(self, ops: Sequence[Op], before: Mapping[str, tuple[str, int]]) -> Membership:
+        after = members_after(before, ops)
+        try:
+            self.apply(render_ops(ops, before))
+        except DatapathError:
+            self._members = None  # unknown now: read back next time
+            raise
+        self._members = after
+        return after
+
+    def replace(self, mode: str, members: Mapping[str, int]) -> None:
+        before = {ip: (m, minor) for ip, (m, minor, _, _) in self.read().items()}
+        try:
+            self.apply(render_replace(mode, members, before))
+        finally:
+            self._members = None
+
+    def destroy(self) -> list[str]:
+        """Delete the table with its maps and counted set (its chains first: NftRules)."""
+        st = self.state()
+        self.apply(render_destroy(st))
+        self.invalidate()
+        return sorted(st.maps) + (["santhrottle-counted"] if st.counted else [])
+
+
+class NftRules(_Nft):
+    """Mangle's interface on the bridge family's chains (datapath/mangle.py)."""
+
+    def backend(self) -> str:
+        return NFT_BACKEND
+
+    def read(self) -> tuple[list[str], list[str] | None]:
+        """(the hook chain's jumps, the delay chain's rules or None)."""
+        jumps, rules = self._chains()
+        return jumps or [], rules
+
+    def _chains(self) -> tuple[list[str] | None, list[str] | None]:
+        rules, jumps = parse_chains(self._list(json_out=False))
+        return jumps, rules
+
+    def converge(self, devices: Sequence[str], ports: Sequence[int], active: bool) -> bool:
+        jumps, rules = self._chains()
+        text = render_converge(ports, rules, jumps, devices, active)
+        self.apply(text or "")
+        return text is not None
+
+    def set_jumps(self, devices: Sequence[str], active: bool) -> bool:
+        jumps, _ = self._chains()
+        text = render_jumps(devices, active, jumps)
+        self.apply(text)
+        return bool(text)
+
+    def cleanup(self) -> MangleCleanup:
+        jumps, rules = self._chains()
+        self.apply(render_chains_cleanup(rules, jumps))
+        return MangleCleanup(len(jumps or []), rules is not None, False)
+
+    @staticmethod
+    def ports_of(rules: Sequence[str]) -> tuple[int, ...] | None:
+        return parse_ports(rules)
+
+    @staticmethod
+    def device_of(jump: str) -> str | None:
+        return parse_jump_device(jump)
