@@ -3,17 +3,25 @@ SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
-# Host tools the test tiers use: netns/veth/HTB (iproute2), ipset, iptables; the
+# Host tools the test tiers use: netns/veth/HTB (iproute2), ipset, iptables, nftables; the
 # rollout checks: ansible-core (the lab guest runs the host's), python3-apt, vagrant.
-# The wire sensor's bench replays pcaps with tcpreplay. The lab (vagrant/qemu)
+# The wire sensor's bench replays pcaps with tcpreplay; its in-kernel version is a tc
+# program built with clang against libbpf's headers (make bpf). The lab (vagrant/qemu)
 # installs its own packages through `make lab-deps`.
-HOST_PKGS := iproute2 ipset iptables kmod ansible-core python3-pip python3-apt vagrant vagrant-libvirt tcpreplay
+HOST_PKGS := iproute2 ipset iptables nftables kmod ansible-core python3-pip python3-apt vagrant vagrant-libvirt tcpreplay clang libbpf-dev
 APT_STAMP := $(VENV)/.apt-host
 VENV_STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-unit test-sim test-rollout test-privileged lint bench bench-compare simulate lab-up lab clean
+.PHONY: setup bpf test test-unit test-sim test-rollout test-privileged lint bench bench-compare simulate lab-up lab clean
 
-setup: $(APT_STAMP) $(VENV_STAMP)
+setup: $(APT_STAMP) $(VENV_STAMP) bpf
+
+# The in-kernel wire sensor (bridge/bpf/wire.bpf.c -> .o, gitignored; the wheel's build
+# compiles it too: buildsys/santhrottle_build.py).
+BPF_OBJ := bridge/bpf/wire.bpf.o
+bpf: $(BPF_OBJ)
+$(BPF_OBJ): bridge/bpf/wire.bpf.c $(APT_STAMP)
+	$(PY) buildsys/santhrottle_build.py --bpf
 
 $(APT_STAMP): Makefile
 	@missing=$$(for p in $(HOST_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \

@@ -70,7 +70,7 @@ CONN_IDLE_S = 600.0
 NAME_MAX_BYTES = 223  # an IQN's and an NQN's limit
 # Where the NVMe connect data names the subsystem (NVMe over Fabrics, Connect
 # command data: SUBNQN at bytes 256-511).
-_SUBNQN = slice(256, 512)
+SUBNQN = slice(256, 512)
 
 # NSIDs that name no namespace: 0 (the fabrics connect, keep-alive, admin commands)
 # and the broadcast NSID (a flush of every namespace).
@@ -125,7 +125,7 @@ def lun_number(raw: int) -> int:
     return raw
 
 
-def _text_value(body: bytes, start: int, key: bytes) -> str | None:
+def text_value(body: bytes, start: int, key: bytes) -> str | None:
     """key=value of an iSCSI login's text (key=value pairs, each NUL-ended)."""
     for pair in body[start:].split(b"\0"):
         if pair.startswith(key + b"="):
@@ -227,7 +227,7 @@ class Tracker:
         pdu, body = emitted
         kind = pdu.kind
         if kind == CONNECT and to_target:  # names the subsystem; a command all the same
-            nqn = body[pdu.header_bytes :][_SUBNQN].split(b"\0", 1)[0]
+            nqn = body[pdu.header_bytes :][SUBNQN].split(b"\0", 1)[0]
             if nqn:
                 conn.target = nqn[:NAME_MAX_BYTES].decode("ascii", "replace")
             kind = CMD
@@ -266,12 +266,12 @@ class Tracker:
 
     def _login(self, conn: Connection, start: int, body: bytes, to_target: bool) -> None:
         if to_target:
-            name = _text_value(body, start, b"TargetName")
+            name = text_value(body, start, b"TargetName")
             if name:
                 conn.target = name
             return
-        hd = _text_value(body, start, b"HeaderDigest")
-        dd = _text_value(body, start, b"DataDigest")
+        hd = text_value(body, start, b"HeaderDigest")
+        dd = text_value(body, start, b"DataDigest")
         if hd is not None or dd is not None:  # the target's answer: what was negotiated
             digests = (hd == "CRC32C", dd == "CRC32C")
             conn.to_target.set_digests(digests)

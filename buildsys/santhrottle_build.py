@@ -33,7 +33,9 @@ build requirements (no pyroute2, no prometheus_client).
 Reproducible: the man pages' date is SOURCE_DATE_EPOCH's (as argparse-manpage's), and
 argparse's usage lines do not depend on the terminal's width (COLUMNS is set).
 
-`python buildsys/santhrottle_build.py [OUTDIR]` runs generate() alone (`make man`).
+`python buildsys/santhrottle_build.py [OUTDIR]` runs generate() alone (`make man`);
+`... --bpf` compiles the in-kernel wire sensor alone (compile_bpf(), `make bpf`), which
+the wheel's and the editable install's builds do too.
 """
 
 from __future__ import annotations
@@ -489,6 +491,34 @@ def generate(outdir: Path = GENERATED) -> list[Path]:
     return written
 
 
+BPF_SOURCE = ROOT / "bridge" / "bpf" / "wire.bpf.c"
+BPF_OBJECT = BPF_SOURCE.with_suffix(".o")
+
+
+def compile_bpf(strict: bool = False) -> Path | None:
+    """bridge/bpf/wire.bpf.c -> wire.bpf.o (the in-kernel wire sensor) with clang, against
+    libbpf's headers. Without clang: a warning, and None (bridge mode then reads the wire
+    in Python); strict (make bpf): an error."""
+    import shutil
+    import subprocess
+    import sysconfig
+
+    clang = shutil.which("clang")
+    if clang is None:
+        msg = "clang not found: the in-kernel wire sensor (bridge/bpf) is not built"
+        if strict:
+            raise SystemExit(f"santhrottle_build: {msg}")
+        print(f"santhrottle_build: warning: {msg}", file=sys.stderr)
+        return None
+    multiarch = sysconfig.get_config_var("MULTIARCH") or f"{os.uname().machine}-linux-gnu"
+    cmd = [clang, "-O2", "-g", "-target", "bpf", "-Wall", "-Werror",
+           f"-I/usr/include/{multiarch}", "-c", str(BPF_SOURCE), "-o", str(BPF_OBJECT)]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"santhrottle_build: {' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
+    return BPF_OBJECT
+
+
 class Sdist(_sdist):  # type: ignore[misc]  # setuptools has no types here
     """setuptools' sdist plus this backend (pyproject.toml: [tool.setuptools.cmdclass]):
     the wheel is built from the sdist, with this module."""
@@ -517,6 +547,7 @@ def build_wheel(
     metadata_directory: str | None = None,
 ) -> str:
     generate()
+    compile_bpf()
     name: str = _setuptools.build_wheel(wheel_directory, config_settings, metadata_directory)
     return name
 
@@ -527,10 +558,14 @@ def build_editable(
     metadata_directory: str | None = None,
 ) -> str:
     generate()
+    compile_bpf()
     name: str = _setuptools.build_editable(wheel_directory, config_settings, metadata_directory)
     return name
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--bpf"]:  # make bpf
+        print(compile_bpf(strict=True))
+        sys.exit(0)
     for p in generate(Path(sys.argv[1]) if len(sys.argv) > 1 else GENERATED):
         print(p)

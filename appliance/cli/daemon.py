@@ -157,11 +157,16 @@ def print_status(st: dict[str, Any]) -> None:
 def describe_wire(w: dict[str, Any]) -> str:
     """Bridge mode: the wire sensor in one line (counts since the daemon's start)."""
     state = "capturing" if w["capturing"] else "NOT capturing (see the log)"
+    where = " in the kernel" if w.get("sensor") == "kernel" else ""
+    lost = (
+        f"{w.get('kernel_desyncs', 0)} desyncs, {w.get('kernel_gaps', 0)} gaps"
+        if where
+        else f"{w.get('capture_kernel_drops', 0)} dropped by a full ring"
+    )
     return (
-        f"bridge mode, wire {state}: {w.get('commands', 0)} commands, "
+        f"bridge mode, wire {state}{where}: {w.get('commands', 0)} commands, "
         f"{w.get('completions', 0)} completed, {w.get('unmatched', 0)} unmatched, "
-        f"{w.get('aged', 0)} aged out; {w.get('capture_frames', 0)} frames, "
-        f"{w.get('capture_kernel_drops', 0)} dropped by a full ring"
+        f"{w.get('aged', 0)} aged out; {w.get('capture_frames', 0)} frames, {lost}"
     )
 
 

@@ -98,6 +98,7 @@ def _measured(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
         # the names santhrottled learnt from the logins, read only
         names_path=os.path.join(cfg.state_dir, NAMES_FILE),
         save_names=False,
+        sensor=cfg.bridge_sensor,
     )
     sensor.start()
     try:
@@ -149,7 +150,7 @@ def _measured(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
         "resources": resources,
         "volumes": volumes,
         "initiators": initiators,
-        "wire": {"capturing": True, **counters},
+        "wire": {"capturing": True, "sensor": sensor.kind, **counters},
     }
 
 

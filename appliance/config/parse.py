@@ -84,6 +84,7 @@ class Config:
     bridge_name: str = "br-santhrottle"
     initiator_port: str | None = None
     array_port: str | None = None
+    bridge_sensor: str = "auto"
 
     @property
     def bridge_mode(self) -> bool:
@@ -139,6 +140,7 @@ _FIELD = {
     "metrics.address": "metrics_address",
     "metrics.port": "metrics_port",
     "bridge.name": "bridge_name",
+    "bridge.sensor": "bridge_sensor",
 }
 RESTART_FIELDS = {k.dotted: _FIELD.get(k.dotted, k.name) for k in KEYS if k.restart}
 assert set(RESTART_FIELDS.values()) <= {f.name for f in fields(Config)}
@@ -291,6 +293,7 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
         bridge_name=b["name"],
         initiator_port=b["initiator_port"],
         array_port=b["array_port"],
+        bridge_sensor=b["sensor"],
     )
 
 

@@ -77,6 +77,7 @@ def build_sensors(cfg: Config) -> Any:
             resources=cfg.volumes(),
             netns=cfg.netns,
             names_path=os.path.join(cfg.state_dir, NAMES_FILE),
+            sensor=cfg.bridge_sensor,
         )
     from santhrottle.appliance.sensing.target import TargetSensor
 

@@ -146,7 +146,8 @@ def wire_counters(daemon: Daemon) -> dict[str, Any] | None:
     counters = getattr(daemon.sensors, "counters", None)
     if not daemon.config.bridge_mode or not callable(counters):
         return None
-    return {"capturing": bool(daemon.sensors.running), **counters()}
+    kind = getattr(daemon.sensors, "kind", "capture")
+    return {"capturing": bool(daemon.sensors.running), "sensor": kind, **counters()}
 
 
 def volumes(daemon: Daemon) -> list[dict[str, Any]] | None:

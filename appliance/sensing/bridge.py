@@ -1,9 +1,11 @@
 """The bridge sensor: the controller's samples from the wire, in bridge mode.
 
-BridgeSensor reads the array-side port of the bridge (bridge/capture.py's
-ring, in a thread of its own), hands every storage segment to the tracker
-(bridge/tracker.py), and gives the daemon what TargetSensor gives it on a
-target host, so the controller cannot tell the two apart:
+BridgeSensor reads the array-side port of the bridge -- in the kernel
+(bridge/kernel.py's tc program, whose sums bridge/ksums.py reads each tick
+and convergence) when it loads, else in Python (bridge/capture.py's ring,
+in a thread of its own, every storage segment to bridge/tracker.py) -- and
+gives the daemon what TargetSensor gives it on a target host, so the
+controller cannot tell the two apart:
 
     read_samples()   per tick, one ReadSample per configured resource:
                      its volumes' reads, their mean latency, the write rate
@@ -100,6 +102,8 @@ class BridgeSensor:
         clock: Callable[[], float] = time.monotonic,
         names_path: str | Path | None = None,
         save_names: bool = True,
+        sensor: str = "auto",
+        open_kernel: Callable[[str], Any] | None = None,
     ) -> None:
         self.port = port
         self.netns = netns
@@ -107,7 +111,10 @@ class BridgeSensor:
         self.names_path = Path(names_path) if names_path is not None else None
         self._save_names = save_names
         self._saved_names = load_names(self.names_path) if self.names_path else {}
-        self.tracker = Tracker(self._saved_names)
+        self.tracker: Any = Tracker(self._saved_names)
+        self.sensor = sensor  # kernel, capture or auto: the first that starts
+        self._open_kernel = open_kernel
+        self._kernel: Any = None  # the loaded program, when it walks the wire
         self.lock = threading.Lock()
         self.clock = clock
         self._open = open_capture
@@ -121,8 +128,16 @@ class BridgeSensor:
 
     # -- the capture thread ----------------------------------------------
     def start(self) -> None:
-        """Open the capture (CaptureDown, an OSError, when the port cannot be read)
-        and start reading it."""
+        """Load the in-kernel sensor (sensor kernel or auto), else open the capture and
+        start reading it; CaptureDown (an OSError) when neither can read the port."""
+        if self.sensor in ("kernel", "auto"):
+            why = self._start_kernel()
+            if why is None:
+                return
+            if self.sensor == "kernel":
+                raise CaptureDown(f"cannot read {self.port} in the kernel: {why}")
+            log.warning("the in-kernel wire sensor cannot run (%s): reading %s in Python",
+                        why, self.port)  # fmt: skip
         try:
             self._capture = self._opened()
         except OSError as e:
@@ -130,6 +145,28 @@ class BridgeSensor:
         self._down = None
         self._thread = threading.Thread(target=self._run, name="wire", daemon=True)
         self._thread.start()
+
+    def _start_kernel(self) -> str | None:
+        """Load bridge/bpf's program onto the port; None, or why it cannot."""
+        from santhrottle.bridge.kernel import KernelWire, KernelWireError
+        from santhrottle.bridge.ksums import KernelSums
+
+        try:
+            with entered(self.netns):  # its netlink socket, opened in the bridge's namespace
+                wire = (self._open_kernel or KernelWire)(self.port)
+        except (KernelWireError, OSError) as e:
+            return str(e)
+        with self.lock:
+            self._kernel = wire
+            self.tracker = KernelSums(wire, self._saved_names, self.clock)
+        self._down = None
+        log.info("wire sensor: in the kernel on %s", self.port)
+        return None
+
+    @property
+    def kind(self) -> str:
+        """Where the wire is walked: "kernel" (bridge/bpf) or "capture" (Python)."""
+        return "kernel" if self._kernel is not None else "capture"
 
     def _opened(self) -> CaptureSource:
         with entered(self.netns):
@@ -173,6 +210,9 @@ class BridgeSensor:
         if self._thread is not None:
             self._thread.join(timeout=2 * POLL_MS / 1000 + 1)
         self._close_capture()
+        wire, self._kernel = self._kernel, None
+        if wire is not None:
+            wire.close()
 
     # -- the daemon's sensor interface -------------------------------------
     def reconfigure(self, resources: Mapping[str, Iterable[str]]) -> None:
@@ -277,7 +317,11 @@ class BridgeSensor:
         """The tracker's and the capture's counts since the start."""
         with self.lock:
             out = asdict(self.tracker.counters)
-        out.update({f"capture_{k}": v for k, v in asdict(self._capture_counters).items()})
+            kernel = self._kernel is not None
+            cap = self.tracker.capture if kernel else self._capture_counters
+            out.update({f"capture_{k}": v for k, v in asdict(cap).items()})
+            if kernel:  # the program's own counts of its walk
+                out.update({f"kernel_{k}": v for k, v in self.tracker.kernel.items()})
         return out
 
     @property

@@ -129,8 +129,9 @@ class Reader(threading.Thread):
             self.error = e
 
 
-@pytest.fixture
-def bridged(three_namespaces, tmp_path):
+@pytest.fixture(params=["kernel", "capture"])
+def bridged(three_namespaces, tmp_path, request):
+    """The daemon's config; once with the wire walked in the kernel, once in Python."""
     ini, mid, tgt = three_namespaces
     if not shutil.which("nft"):
         pytest.skip("no nft (nftables): bridge mode's gate")
@@ -139,6 +140,7 @@ def bridged(three_namespaces, tmp_path):
         f'[daemon]\nmode = "bridge"\ncontrol_socket = "{tmp_path / "control.sock"}"\n'
         f'netns = "{mid}"\nstate_dir = "{tmp_path / "state"}"\n'
         '[bridge]\nname = "st-br0"\ninitiator_port = "st-bi"\narray_port = "st-ba"\n'
+        f'sensor = "{request.param}"\n'
         '[datapath]\nleaf = "pfifo"\nlink_speed = "10gbit"\n[metrics]\nport = 0\n'
         f'[resources.arr]\nthreshold = "1s"\nvolumes = ["iscsi://{TGT_IP}/*/*"]\n'
     )
@@ -218,7 +220,9 @@ def test_the_daemon_makes_the_bridge_and_measures_reads_off_the_wire(bridged):
         assert st["wire"]["completions"] > 0 and st["wire"]["capture_frames"] > 0
         shown = _run("santhrottle", "status", "--socket", sock).stdout
         print(shown)  # what docs/bridge.md shows
-        assert "bridge mode, wire capturing: " in shown and " 0 unmatched" in shown, shown
+        where = " in the kernel" if "sensor = \"kernel\"" in conf.read_text() else ""
+        assert f"bridge mode, wire capturing{where}: " in shown, shown
+        assert " 0 unmatched" in shown, shown
 
         _stop(proc)
         assert proc.returncode == 0, proc.stdout.read()

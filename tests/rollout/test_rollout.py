@@ -612,7 +612,8 @@ def test_the_roles_restart_keys_are_the_schemas():
                  "metrics_address": "metrics.address", "metrics_port": "metrics.port",
                  "mode": "daemon.mode", "bridge_name": "bridge.name",
                  "bridge_initiator_port": "bridge.initiator_port",
-                 "bridge_array_port": "bridge.array_port"}  # fmt: skip
+                 "bridge_array_port": "bridge.array_port",
+                 "bridge_sensor": "bridge.sensor"}  # fmt: skip
     covered = {as_schema.get(k, f"datapath.{k}") for k in role}
     unwritten = {"daemon.socket_mode", "daemon.socket_group", "daemon.state_dir"}
     restart = {k.dotted for k in KEYS if k.restart} - unwritten
