@@ -220,7 +220,7 @@ def test_the_daemon_makes_the_bridge_and_measures_reads_off_the_wire(bridged):
         assert st["wire"]["completions"] > 0 and st["wire"]["capture_frames"] > 0
         shown = _run("santhrottle", "status", "--socket", sock).stdout
         print(shown)  # what docs/bridge.md shows
-        where = " in the kernel" if "sensor = \"kernel\"" in conf.read_text() else ""
+        where = " in the kernel" if 'sensor = "kernel"' in conf.read_text() else ""
         assert f"bridge mode, wire capturing{where}: " in shown, shown
         assert " 0 unmatched" in shown, shown
 
