@@ -40,7 +40,11 @@ Law, per PDU
 
 Bounds
     Names are decoded as ASCII with errors replaced and cut at
-    NAME_MAX_BYTES. Nothing here reads a clock: every call passes now_s.
+    NAME_MAX_BYTES. At most MAX_CONNS connections (a new one beyond
+    drops the oldest made), MAX_INFLIGHT commands in flight over all of
+    them (a new one beyond drops its connection's oldest), and
+    MAX_VOLUMES_PER_CONN volumes named per connection; each drop counts
+    in evicted. Nothing here reads a clock: every call passes now_s.
 """
 
 from __future__ import annotations
@@ -75,6 +79,12 @@ SUBNQN = slice(256, 512)
 # NSIDs that name no namespace: 0 (the fabrics connect, keep-alive, admin commands)
 # and the broadcast NSID (a flush of every namespace).
 NO_NAMESPACE = (0, 0xFFFFFFFF)
+# Bounds on what the wire can make the tracker hold (docs/bridge.md, "Bounds"): the
+# connections (the oldest made goes first), the commands in flight over all of them
+# (the oldest of the connection goes first), the volumes one connection names.
+MAX_CONNS = 8192
+MAX_INFLIGHT = 1 << 20
+MAX_VOLUMES_PER_CONN = 4096
 
 ISCSI = "iscsi"
 NVME = "nvme"
@@ -113,6 +123,7 @@ class Counters:
     replaced: int = 0  # a tag reused while its command was in flight
     aged: int = 0  # commands that never completed
     connections: int = 0
+    evicted: int = 0  # commands and connections dropped at the bounds (MAX_*)
 
 
 def lun_number(raw: int) -> int:
@@ -168,6 +179,7 @@ class Tracker:
         self.writes: dict[tuple[Volume, str], int] = {}
         self.volume_writes: dict[Volume, int] = {}  # per tick, for the resource's write rate
         self.counters = Counters()
+        self.inflight_total = 0  # commands in flight over every connection
         self._next_sweep_s = -math.inf
 
     def segment(
@@ -193,6 +205,8 @@ class Tracker:
         if conn is None or (syn and to_target):  # the initiator's SYN: a new connection
             if fin_or_rst:
                 return
+            if conn is not None:
+                self._forget(key)
             conn = self._connect(key, fresh=syn)
         conn.last_s = now_s
         stream = conn.to_target if to_target else conn.to_initiator
@@ -202,11 +216,19 @@ class Tracker:
             for pdu in stream.feed(seq, payload):
                 self._pdu(conn, pdu, to_target, now_s)
         if fin_or_rst:
-            del self.conns[key]  # its commands in flight go with it
+            self._forget(key)  # its commands in flight go with it
         if now_s >= self._next_sweep_s:
             self._sweep(now_s)
 
+    def _forget(self, key: ConnKey) -> None:
+        conn = self.conns.pop(key, None)
+        if conn is not None:
+            self.inflight_total -= len(conn.inflight)
+
     def _connect(self, key: ConnKey, fresh: bool = False) -> Connection:
+        if len(self.conns) >= MAX_CONNS:  # the oldest made goes
+            self._forget(next(iter(self.conns)))
+            self.counters.evicted += 1
         ini, _, tgt, tport = key
         portal = f"[{tgt}]:{tport}" if ":" in tgt else f"{tgt}:{tport}"
         if tport == ISCSI_PORT:
@@ -236,9 +258,18 @@ class Tracker:
             vol: Volume | None = None
             if conn.proto == ISCSI or unit not in NO_NAMESPACE:
                 vol = Volume(conn.proto, conn.portal, conn.target, unit)
-                conn.volumes.add(vol)
+                if len(conn.volumes) < MAX_VOLUMES_PER_CONN or vol in conn.volumes:
+                    conn.volumes.add(vol)
             if pdu.tag in conn.inflight:
                 self.counters.replaced += 1
+            else:
+                if self.inflight_total >= MAX_INFLIGHT:
+                    self.counters.evicted += 1
+                    if not conn.inflight:
+                        return  # nothing of its own to give up: not tracked
+                    del conn.inflight[next(iter(conn.inflight))]
+                    self.inflight_total -= 1
+                self.inflight_total += 1
             self.counters.commands += 1
             conn.inflight[pdu.tag] = _Command(now_s, pdu.op, vol)
             if pdu.op == WRITE and vol is not None:
@@ -250,6 +281,7 @@ class Tracker:
             if cmd is None:
                 self.counters.unmatched += 1
                 return
+            self.inflight_total -= 1
             self.counters.completions += 1
             if cmd.op == READ and cmd.volume is not None:
                 r = self.reads.get(cmd.volume)
@@ -287,12 +319,13 @@ class Tracker:
         oldest = now_s - INFLIGHT_MAX_S
         for key, conn in list(self.conns.items()):
             if now_s - conn.last_s >= CONN_IDLE_S:
-                del self.conns[key]
+                self._forget(key)
                 continue
             stale = [tag for tag, c in conn.inflight.items() if c.start_s < oldest]
             for tag in stale:
                 del conn.inflight[tag]
             self.counters.aged += len(stale)
+            self.inflight_total -= len(stale)
 
     def take_tick(self) -> tuple[dict[Volume, VolumeReads], dict[Volume, int]]:
         """Reads completed and write bytes per volume since the last call (a tick)."""

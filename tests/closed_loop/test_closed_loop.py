@@ -4,7 +4,9 @@ A lab-tier test that boots its own guest through vagrant/experiments/report.py
 --short: the paper's workload on a known plant (lab.py --array
 nbd:c_ms=2,m_ms=10: nbdkit on the host, installed by lab.py's deps; 12
 sequential 128 KiB QD1 writers from 3 hosts, the 256 kB/s reader), T = 20 ms,
-the daemon with the product's defaults.  Without santhrottle the reader waits
+the daemon with the product's defaults, then the same controlled phase with
+santhrottled in bridge mode on a bridge between the initiators and the target (the
+wire its sensor).  Without santhrottle the reader waits
 C + m x Q at the target, Q the writers' IOs at the array: about 100 ms when the
 guest keeps ~10 of them there, and still ~70 ms on a host whose emulation adds
 ~50 ms to each of the writers' IOs (the slope of 10 ms, twice make lab's, keeps
@@ -81,4 +83,16 @@ def test_short_closed_loop_holds_the_threshold():
     # santhrottle (docs/lab.md), which is random.
     assert c["glided_descents"] > 0 and c["unordered_descents"] == 0, c
     assert c["target_sack_reorder"] == 0, c
+    # the same phase with santhrottled in bridge mode on a bridge in front of the target
+    # (closed_loop.py --bridge, in --paper): the wire its sensor, the same bound
+    (b,) = s["bridge"]
+    print(
+        f"through the bridge: p95 {b['read_latency_p95_s'] * 1e3:.2f} ms (p99 "
+        f"{b['read_latency_p99_s'] * 1e3:.2f}, above T {b['time_above_threshold_pct']:.1f} %), "
+        f"writes {b['write_bytes_per_s'] / 1e6:.2f} MB/s, target retrans "
+        f"{b['target_retrans_segs']}"
+    )
+    assert b["threshold_s"] == pytest.approx(THRESHOLD_S)
+    assert b["read_latency_p95_s"] <= thr, b
+    assert b["sets_left_after_stop"] == []
     assert wall <= BUDGET_S, f"the closed loop took {wall:.0f} s, over its {BUDGET_S} s budget"

@@ -408,9 +408,7 @@ def phase(
     finally:
         if daemon is not None:
             stop_daemon(daemon, out, name)
-    members = subprocess.run(
-        ["ip", "netns", "exec", daemon_ns, "ipset", "list", "-n"], capture_output=True, text=True
-    ).stdout.split()
+    members = left_members(daemon_ns, bridge)
     kind = "static" if static else ("controlled" if threshold else "uncontrolled")
     return {
         "threshold": threshold,
@@ -428,6 +426,18 @@ def phase(
         "writer_ips": [w["initiator_ip"] for w in writers],
         "array": Path(t["disk"]).name,
     }
+
+
+def left_members(netns: str, bridge: bool) -> list[str]:
+    """What the stop left of santhrottle's member sets: on a target host the ipsets, on a
+    bridge the nftables maps that still hold an element."""
+    if not bridge:
+        return subprocess.run(["ip", "netns", "exec", netns, "ipset", "list", "-n"],
+                              capture_output=True, text=True).stdout.split()  # fmt: skip
+    text = subprocess.run(["ip", "netns", "exec", netns, "nft", "-j", "list", "ruleset", "bridge"],
+                          capture_output=True, text=True).stdout  # fmt: skip
+    items = json.loads(text or '{"nftables": []}')["nftables"]
+    return [m["map"]["name"] for m in items if "map" in m and m["map"].get("elem")]
 
 
 def controller_delay_class(ph: dict) -> int:
