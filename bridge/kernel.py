@@ -66,8 +66,8 @@ _MAPPED = b"\0" * 10 + b"\xff\xff"
 # struct bpf_prog_info (linux/bpf.h, append-only): run_time_ns and run_cnt at 192
 PROG_INFO_BYTES, PROG_INFO_RUN_TIME = 232, 192
 # struct flow: next_seq, expect_seq, carry_seq (u32), synced, header_digest, data_digest,
-# carry_len (u8), carry[72]
-FLOW_BYTES, FLOW_HEADER_DIGEST, FLOW_DATA_DIGEST = 88, 13, 14
+# carry_len (u8), carry[128]
+FLOW_BYTES, FLOW_HEADER_DIGEST, FLOW_DATA_DIGEST = 144, 13, 14
 BPF_EXIST = 2
 BPF_STATS_RUN_TIME = 0
 

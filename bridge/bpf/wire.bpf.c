@@ -35,6 +35,7 @@
 #define NVME_CMD_HLEN 72
 #define NVME_SMALL_HLEN 24
 #define HDR_MAX 72
+#define CARRY_BYTES 128 /* a power of two over HDR_MAX: a masked length fits it */
 #define MAX_PDUS_PER_SEGMENT 48
 #define MAX_DATA_BYTES (16u << 20)
 #define NAME_BYTES 1024
@@ -46,8 +47,11 @@
 #define OP_READ 1
 #define OP_WRITE 2
 
-/* keep a bounds-checked value in one register, so the verifier sees the check */
-#define BOUND(v) asm volatile("" : "+r"(v))
+/* Lengths of variable-size loads are masked (and the load's length is the mask + 1):
+ * the verifier of every kernel proves them in bounds and non-zero, where older ones
+ * cannot follow the compiler's compares.  The code checks the real ranges first, so
+ * a mask never changes a value. */
+#define LEN_MASKED(v, pow2) ((((__u64)(v) - 1) & ((pow2) - 1)) + 1)
 
 #define EV_LOGIN 1
 #define EV_CONNECT 2
@@ -73,7 +77,7 @@ struct flow {
 	__u8 header_digest;
 	__u8 data_digest;
 	__u8 carry_len;
-	__u8 carry[HDR_MAX];
+	__u8 carry[CARRY_BYTES];
 };
 
 struct tag_key {
@@ -437,9 +441,11 @@ static __noinline void on_pdu(struct __sk_buff *skb, struct scratch *sc, __u32 a
 		n = from < seg_end ? seg_end - from : 0;
 		if (n > NAME_BYTES)
 			n = NAME_BYTES;
-		BOUND(n);
-		if (n >= 1 && n <= NAME_BYTES && bpf_skb_load_bytes(skb, from, e->data, n) == 0)
-			e->len = n;
+		if (n >= 1) {
+			n = LEN_MASKED(n, NAME_BYTES);
+			if (bpf_skb_load_bytes(skb, from, e->data, n) == 0)
+				e->len = n;
+		}
 		bpf_ringbuf_submit(e, 0);
 	}
 }
@@ -475,12 +481,16 @@ static __always_inline int header_at(struct __sk_buff *skb, __u8 *h, __u32 off, 
 
 /* One step of the walk: the header at next_seq, if it is in this segment.  1: go on.
  * A global function: the verifier checks it once, not once per step of the loop. */
-__noinline int walk_one(struct __sk_buff *skb, struct scratch *sc, struct flow *fl)
+__noinline int walk_one(struct __sk_buff *skb, struct flow *fl)
 {
-	__u32 seq, poff, seg_end, at;
+	__u32 seq, poff, seg_end, at, zero = 0;
+	struct scratch *sc;
 	__s32 off_s;
 	int ok;
 
+	/* the scratch looked up again: a map value, which the map helpers take as a key
+	 * on every kernel (an argument is plain memory to the verifier) */
+	sc = bpf_map_lookup_elem(&scratch, &zero);
 	if (!skb || !sc || !fl)
 		return 0;
 	seq = sc->seq;
@@ -498,9 +508,9 @@ __noinline int walk_one(struct __sk_buff *skb, struct scratch *sc, struct flow *
 		fl->carry_seq = fl->next_seq;
 		fl->carry_len = 0;
 		fl->synced = 0;
-		BOUND(n);
-		if (n == 0 || n > HDR_MAX)
+		if (n < 1 || n > HDR_MAX)
 			return 0;
+		n = LEN_MASKED(n, CARRY_BYTES);
 		if (bpf_skb_load_bytes(skb, at, fl->carry, n) == 0) {
 			fl->carry_len = n;
 			fl->synced = 1;
@@ -688,11 +698,11 @@ int wire_sensor(struct __sk_buff *skb)
 		}
 		__builtin_memcpy(sc->hdr, fl->carry, HDR_MAX);
 		if (take) {
-			BOUND(have);
-			BOUND(take);
-			if (have > HDR_MAX || take < 1 || take > HDR_MAX - have)
+			if (have >= HDR_MAX || have + take > HDR_MAX)
 				return TC_ACT_OK;
-			if (bpf_skb_load_bytes(skb, poff, sc->hdr + have, take))
+			/* hdr sits at the scratch's start, which has room for any masked load */
+			if (bpf_skb_load_bytes(skb, poff, sc->hdr + (have & (CARRY_BYTES - 1)),
+					       LEN_MASKED(take, CARRY_BYTES)))
 				return TC_ACT_OK;
 		}
 		count(C_CARRIED);
@@ -715,7 +725,7 @@ int wire_sensor(struct __sk_buff *skb)
 	sc->proto = proto;
 #pragma clang loop unroll(disable)
 	for (int i = 0; i < MAX_PDUS_PER_SEGMENT; i++) {
-		if (!walk_one(skb, sc, fl))
+		if (!walk_one(skb, fl))
 			return TC_ACT_OK;
 	}
 	count(C_TRUNCATED_WALKS);
