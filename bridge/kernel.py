@@ -53,7 +53,7 @@ COUNTER_NAMES = (
     "frames", "segments", "pdus", "commands", "completions", "unmatched", "replaced",
     "retransmitted", "gaps", "desyncs", "resyncs", "carried", "events_lost", "truncated_walks",
 )  # fmt: skip
-EV_LOGIN, EV_CONNECT = 1, 2
+EV_LOGIN, EV_CONNECT, EV_BODY = 1, 2, 3  # EV_BODY: more of the last one's text
 NAME_BYTES = 1024
 _CONN = struct.Struct("=16s16sHH")  # conn_key: initiator, target, their ports
 _VOL_KEY = struct.Struct("=16s16sHH4xQ")  # vol_key (the u64 aligned to 8)
@@ -66,8 +66,8 @@ _MAPPED = b"\0" * 10 + b"\xff\xff"
 # struct bpf_prog_info (linux/bpf.h, append-only): run_time_ns and run_cnt at 192
 PROG_INFO_BYTES, PROG_INFO_RUN_TIME = 232, 192
 # struct flow: next_seq, expect_seq, carry_seq (u32), synced, header_digest, data_digest,
-# carry_len (u8), carry[128]
-FLOW_BYTES, FLOW_HEADER_DIGEST, FLOW_DATA_DIGEST = 144, 13, 14
+# carry_len (u8), carry[128], body_left (u32)
+FLOW_BYTES, FLOW_HEADER_DIGEST, FLOW_DATA_DIGEST = 152, 13, 14
 BPF_EXIST = 2
 BPF_STATS_RUN_TIME = 0
 
@@ -93,7 +93,7 @@ class VolumeSums:
 @dataclass(frozen=True, slots=True)
 class Event:
     conn: Conn
-    kind: int  # EV_LOGIN, EV_CONNECT
+    kind: int  # EV_LOGIN, EV_CONNECT, EV_BODY
     to_target: bool
     data: bytes
 

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from .capture import CaptureCounters
-from .kernel import EV_CONNECT, EV_LOGIN, Conn, Event, KernelWire, VolumeSums
+from .kernel import EV_BODY, EV_CONNECT, EV_LOGIN, Conn, Event, KernelWire, VolumeSums
 from .pdu import ISCSI_PORT, NVME_TCP_PORT, READ
 from .tracker import (
     CONN_IDLE_S,
@@ -55,6 +55,7 @@ from .tracker import (
 )
 
 SWEEP_S = 1.0
+BODY_MAX_BYTES = 4096  # the most of one login's or connect's text kept (wire.bpf.c's BODY_MAX)
 
 
 def conn_key(c: Conn) -> ConnKey:
@@ -88,6 +89,8 @@ class KernelSums:
         self.writes: dict[tuple[Volume, str], int] = {}
         self._next_sweep = -math.inf
         self.kernel: dict[str, int] = {}  # the program's own counts, as last read
+        # the last login's or connect's text per connection and direction, as it came up
+        self._texts: dict[tuple[ConnKey, bool], tuple[int, bytes]] = {}
 
     # ------------------------------------------------------------ reading
     def volume(self, c: Conn, raw: int) -> Volume | None:
@@ -142,18 +145,33 @@ class KernelSums:
             self.sweep(now)
 
     def _event(self, ev: Event) -> None:
-        key = conn_key(ev.conn)
-        if ev.kind == EV_LOGIN and ev.to_target:
-            name = text_value(ev.data, 0, b"TargetName")
+        """A login's or connect's text, as it comes up (its start, then EV_BODY parts:
+        a header may come alone in its segment); read again as each part arrives."""
+        key = (conn_key(ev.conn), ev.to_target)
+        if ev.kind == EV_BODY:
+            held = self._texts.get(key)
+            if held is None:
+                return
+            kind, text = held
+            text = (text + ev.data)[:BODY_MAX_BYTES]
+        else:
+            kind, text = ev.kind, ev.data
+        self._texts[key] = (kind, text)
+        self._read_text(ev.conn, kind, ev.to_target, text)
+
+    def _read_text(self, conn: Conn, kind: int, to_target: bool, text: bytes) -> None:
+        key = conn_key(conn)
+        if kind == EV_LOGIN and to_target:
+            name = text_value(text, 0, b"TargetName")
             if name:
                 self.names[key] = name
-        elif ev.kind == EV_LOGIN:
-            hd = text_value(ev.data, 0, b"HeaderDigest")
-            dd = text_value(ev.data, 0, b"DataDigest")
+        elif kind == EV_LOGIN:
+            hd = text_value(text, 0, b"HeaderDigest")
+            dd = text_value(text, 0, b"DataDigest")
             if hd is not None or dd is not None:
-                self.wire.set_digests(ev.conn, hd == "CRC32C", dd == "CRC32C")
-        elif ev.kind == EV_CONNECT:
-            nqn = ev.data[SUBNQN].split(b"\0", 1)[0]
+                self.wire.set_digests(conn, hd == "CRC32C", dd == "CRC32C")
+        elif kind == EV_CONNECT and len(text) >= SUBNQN.start:
+            nqn = text[SUBNQN].split(b"\0", 1)[0]
             if nqn:
                 self.names[key] = nqn[:NAME_MAX_BYTES].decode("ascii", "replace")
 
@@ -171,6 +189,8 @@ class KernelSums:
                 del self._active[c]
                 self._units.pop(c, None)
                 self.names.pop(conn_key(c), None)
+                for d in (True, False):
+                    self._texts.pop((conn_key(c), d), None)
 
     # ------------------------------------------------------------ Tracker's
     def take_tick(self) -> tuple[dict[Volume, VolumeReads], dict[Volume, int]]:

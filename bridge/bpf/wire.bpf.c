@@ -55,6 +55,8 @@
 
 #define EV_LOGIN 1
 #define EV_CONNECT 2
+#define EV_BODY 3 /* more of the last login's or connect's text */
+#define BODY_MAX 4096 /* the most of one text passed up */
 
 /* the connection, from the initiator's side: addresses as 16 bytes (IPv4 mapped) */
 struct conn_key {
@@ -78,6 +80,7 @@ struct flow {
 	__u8 data_digest;
 	__u8 carry_len;
 	__u8 carry[CARRY_BYTES];
+	__u32 body_left; /* a login's or connect's text still to pass up, in later segments */
 };
 
 struct tag_key {
@@ -175,6 +178,7 @@ struct scratch {
 	struct pdu p;
 	struct pdu q;
 	__u64 now;
+	__u32 body_left; /* set by on_pdu for its caller's flow */
 	__u32 to_target;
 	__u32 seq;
 	__u32 poff;
@@ -370,6 +374,37 @@ static __always_inline struct vol_stats *vol_of(struct scratch *sc, __u64 volume
 	return bpf_map_lookup_elem(&stats, &sc->vk);
 }
 
+/* An event with up to `want` (at most NAME_BYTES) bytes of the segment from `from`;
+ * the bytes it passed up. */
+static __always_inline __u32 emit(struct __sk_buff *skb, struct conn_key *c, __u32 kind,
+				  __u32 to_target, __u32 from, __u32 seg_end, __u32 want)
+{
+	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	__u32 got = 0;
+	__u64 n;
+
+	if (!e) {
+		count(C_EVENTS_LOST);
+		return 0;
+	}
+	__builtin_memcpy(&e->conn, c, sizeof(*c));
+	e->kind = kind;
+	e->to_target = to_target;
+	n = from < seg_end ? seg_end - from : 0;
+	if (n > want)
+		n = want;
+	if (n > NAME_BYTES)
+		n = NAME_BYTES;
+	if (n >= 1) {
+		n = LEN_MASKED(n, NAME_BYTES);
+		if (bpf_skb_load_bytes(skb, from, e->data, n) == 0)
+			got = n;
+	}
+	e->len = got;
+	bpf_ringbuf_submit(e, 0);
+	return got;
+}
+
 static __noinline void on_pdu(struct __sk_buff *skb, struct scratch *sc, __u32 at,
 			      __u32 seg_end)
 {
@@ -424,29 +459,15 @@ static __noinline void on_pdu(struct __sk_buff *skb, struct scratch *sc, __u32 a
 				__sync_fetch_and_add(&s->write_bytes, p->data_bytes);
 		}
 	}
+	sc->body_left = 0;
 	if (p->kind == K_LOGIN || p->kind == K_CONNECT) {
-		/* the text after the header, as far as this segment holds it */
-		struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-		__u32 from = at + p->header_bytes;
-		__u64 n;
+		/* the text after the header, as far as this segment holds it; the rest (the
+		 * header alone in its segment, as open-iscsi sends it) from the next ones */
+		__u32 body = p->data_bytes < BODY_MAX ? p->data_bytes : BODY_MAX;
+		__u32 got = emit(skb, c, p->kind == K_LOGIN ? EV_LOGIN : EV_CONNECT, to_target,
+				 at + p->header_bytes, seg_end, body);
 
-		if (!e) {
-			count(C_EVENTS_LOST);
-			return;
-		}
-		__builtin_memcpy(&e->conn, c, sizeof(*c));
-		e->kind = p->kind == K_LOGIN ? EV_LOGIN : EV_CONNECT;
-		e->to_target = to_target;
-		e->len = 0;
-		n = from < seg_end ? seg_end - from : 0;
-		if (n > NAME_BYTES)
-			n = NAME_BYTES;
-		if (n >= 1) {
-			n = LEN_MASKED(n, NAME_BYTES);
-			if (bpf_skb_load_bytes(skb, from, e->data, n) == 0)
-				e->len = n;
-		}
-		bpf_ringbuf_submit(e, 0);
+		sc->body_left = body > got ? body - got : 0;
 	}
 }
 
@@ -523,6 +544,8 @@ __noinline int walk_one(struct __sk_buff *skb, struct flow *fl)
 		return 0;
 	}
 	on_pdu(skb, sc, at, seg_end);
+	if (sc->body_left)
+		fl->body_left = sc->body_left;
 	fl->next_seq += sc->p.length;
 	return 1;
 }
@@ -654,6 +677,7 @@ int wire_sensor(struct __sk_buff *skb)
 			count(C_GAPS);
 			fl->synced = 0;
 			fl->carry_len = 0;
+			fl->body_left = 0;
 		}
 		if (fl->synced && ahead < 0) { /* partly old: only its new bytes */
 			poff += (__u32)(-ahead);
@@ -717,7 +741,14 @@ int wire_sensor(struct __sk_buff *skb)
 			return TC_ACT_OK;
 		}
 		on_pdu(skb, sc, poff - (want - take), seg_end);
+		fl->body_left = sc->body_left;
 		fl->next_seq = fl->carry_seq + sc->p.length;
+	}
+	if (fl->body_left) { /* the text a login's or connect's header left to this one */
+		__u32 got = emit(skb, &sc->fk.conn, EV_BODY, to_target, poff, seg_end,
+				 fl->body_left);
+
+		fl->body_left = got && got < fl->body_left ? fl->body_left - got : 0;
 	}
 	sc->seq = seq;
 	sc->poff = poff;
