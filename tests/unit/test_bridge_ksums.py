@@ -1,0 +1,113 @@
+"""bridge/ksums.py: the in-kernel sensor's running totals as the tracker's per-tick and
+per-convergence sums, and the names from logins and connects that come up in parts.
+
+The wire here is a fake with KernelWire's reading interface; the real one is proved on
+the host kernel in tests/privileged/test_bridge_kernel.py and test_bridge_daemon.py."""
+
+from __future__ import annotations
+
+import time
+
+from santhrottle.bridge.kernel import EV_BODY, EV_CONNECT, EV_LOGIN, Conn, Event, VolumeSums
+from santhrottle.bridge.ksums import KernelSums
+from santhrottle.bridge.tracker import ISCSI, NVME, Volume
+
+C = Conn("10.0.0.2", "10.0.0.11", 51000, 3260)
+N = Conn("10.0.0.3", "10.0.0.21", 52000, 4420)
+IQN = "iqn.2003-01.org.lab:lun0"
+NQN = "nqn.2003-01.org.lab:nvme0"
+
+
+class FakeWire:
+    def __init__(self) -> None:
+        self.sums: dict[tuple[Conn, int], VolumeSums] = {}
+        self.queued: list[Event] = []
+        self.open: dict[tuple[Conn, int], tuple[int, int, int]] = {}
+        self.digests: dict[Conn, tuple[bool, bool]] = {}
+        self.forgotten: list[tuple[Conn, int]] = []
+
+    def events(self) -> list[Event]:
+        out, self.queued = self.queued, []
+        return out
+
+    def volume_sums(self) -> dict[tuple[Conn, int], VolumeSums]:
+        return dict(self.sums)
+
+    def counters(self) -> dict[str, int]:
+        return {"frames": 10, "segments": 7, "commands": 5, "completions": 4}
+
+    def inflight(self) -> dict[tuple[Conn, int], tuple[int, int, int]]:
+        return dict(self.open)
+
+    def forget_inflight(self, conn: Conn, tag: int) -> None:
+        self.forgotten.append((conn, tag))
+        self.open.pop((conn, tag), None)
+
+    def set_digests(self, conn: Conn, header: bool, data: bool) -> None:
+        self.digests[conn] = (header, data)
+
+
+def test_what_grew_since_the_last_take_is_the_tick_and_the_convergence():
+    w = FakeWire()
+    ks = KernelSums(w)  # type: ignore[arg-type]
+    w.sums[C, 0] = VolumeSums(reads=10, read_ns=50_000_000, write_bytes=0)
+    w.sums[C, 1 << 48] = VolumeSums(reads=0, read_ns=0, write_bytes=4096)
+    reads, writes = ks.take_tick()
+    lun0, lun1 = Volume(ISCSI, "10.0.0.11:3260", "", 0), Volume(ISCSI, "10.0.0.11:3260", "", 1)
+    assert reads[lun0].reads == 10 and abs(reads[lun0].mean_s - 0.005) < 1e-12
+    assert writes == {lun1: 4096}
+    w.sums[C, 0] = VolumeSums(reads=12, read_ns=70_000_000, write_bytes=0)
+    reads, writes = ks.take_tick()
+    assert reads[lun0].reads == 2 and abs(reads[lun0].mean_s - 0.010) < 1e-12 and not writes
+    # the convergence sees every write since the last convergence, ticks or not
+    assert ks.take_writes() == {(lun1, "10.0.0.2"): 4096}
+    assert ks.take_writes() == {}
+    # a total that went down (the map's entry made anew) counts from zero
+    w.sums[C, 0] = VolumeSums(reads=3, read_ns=3_000_000, write_bytes=0)
+    assert ks.take_tick()[0][lun0].reads == 3
+    assert ks.seen() == {lun0: {"10.0.0.2"}, lun1: {"10.0.0.2"}}
+    assert (ks.counters.commands, ks.counters.completions, ks.capture.acks) == (5, 4, 3)
+
+
+def test_names_come_from_a_login_whose_text_arrives_after_its_header():
+    w = FakeWire()
+    ks = KernelSums(w)  # type: ignore[arg-type]
+    text = f"InitiatorName=iqn.x:ini\0TargetName={IQN}\0SessionType=Normal\0".encode()
+    w.queued = [
+        Event(C, EV_LOGIN, True, b""),  # the header alone in its segment
+        Event(C, EV_BODY, True, text[:20]),
+        Event(C, EV_BODY, True, text[20:]),
+        Event(C, EV_LOGIN, False, b"HeaderDigest=CRC32C\0DataDigest=None\0"),
+    ]
+    w.sums[C, 0] = VolumeSums(reads=1, read_ns=1000, write_bytes=0)
+    reads, _ = ks.take_tick()
+    assert list(reads) == [Volume(ISCSI, "10.0.0.11:3260", IQN, 0)]
+    assert w.digests[C] == (True, False)
+    assert ks.targets() == {("10.0.0.2", 51000, "10.0.0.11", 3260): IQN}
+
+
+def test_an_nvme_connect_names_its_subsystem_and_namespace_zero_is_no_volume():
+    w = FakeWire()
+    ks = KernelSums(w)  # type: ignore[arg-type]
+    data = bytearray(1024)
+    data[256 : 256 + len(NQN)] = NQN.encode()
+    w.queued = [
+        Event(N, EV_CONNECT, True, bytes(data[:300])),
+        Event(N, EV_BODY, True, bytes(data[300:])),
+    ]
+    w.sums[N, 1] = VolumeSums(reads=2, read_ns=2000, write_bytes=0)
+    w.sums[N, 0] = VolumeSums(reads=1, read_ns=1000, write_bytes=0)  # the connect itself
+    reads, _ = ks.take_tick()
+    assert list(reads) == [Volume(NVME, "10.0.0.21:4420", NQN, 1)]
+
+
+def test_known_targets_name_sessions_that_logged_in_before_and_old_commands_age_out():
+    w = FakeWire()
+    ks = KernelSums(w, {("10.0.0.2", 51000, "10.0.0.11", 3260): IQN})  # type: ignore[arg-type]
+    w.sums[C, 0] = VolumeSums(reads=1, read_ns=1000, write_bytes=0)
+    now_ns = time.monotonic_ns()
+    w.open = {(C, 7): (now_ns - 61 * 10**9, 1, 0), (C, 8): (now_ns, 1, 0)}
+    reads, _ = ks.take_tick()
+    assert list(reads) == [Volume(ISCSI, "10.0.0.11:3260", IQN, 0)]
+    assert w.forgotten == [(C, 7)] and ks.counters.aged == 1
+    assert ks.in_flight() == {Volume(ISCSI, "10.0.0.11:3260", IQN, 0): 1}
