@@ -46,7 +46,7 @@ from santhrottle.appliance.datapath.nftrules import (
     render_ops,
     render_replace,
 )
-from santhrottle.appliance.datapath.sets import Readback
+from santhrottle.appliance.datapath.sets import KnownMembers, Readback
 
 NFT_BACKEND = "nftables bridge"
 NFT_TABLE = QUALIFIED
@@ -70,7 +70,7 @@ class _Nft:
             self.host.run([self.host.tools.nft, "-f", "-"], text, what="nft -f")
 
 
-class NftSets(_Nft):
+class NftSets(_Nft, KnownMembers):
     """MemberSets' interface on the bridge family's maps (datapath/sets.py)."""
 
     def __init__(self, host: Host) -> None:
@@ -82,15 +82,7 @@ class NftSets(_Nft):
         return dict.fromkeys(sorted(self.state().maps), 0)
 
     def read(self) -> Readback:
-        raw = dict(self.state().members)
-        self._members = {ip: (mode, minor) for ip, (mode, minor, _, _) in raw.items()}
-        return raw
-
-    def cached(self) -> Membership | None:
-        return self._members
-
-    def invalidate(self) -> None:
-        self._members = None
+        return self._read_back(dict(self.state().members))
 
     def ensure(self) -> list[str]:
         text, created = render_ensure(self.state())

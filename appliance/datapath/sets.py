@@ -64,7 +64,25 @@ IPSET_FLAG_WITH_SKBINFO = 1 << 6
 Readback = dict[str, tuple[str, int, int, int]]
 
 
-class MemberSets:
+class KnownMembers:
+    """The membership as last read back or written (MemberSets', and NftSets' on a bridge)."""
+
+    _members: Membership | None = None
+
+    def _read_back(self, raw: Readback) -> Readback:
+        """raw, as read from the kernel, becomes the membership known."""
+        self._members = {ip: (mode, minor) for ip, (mode, minor, _, _) in raw.items()}
+        return raw
+
+    def cached(self) -> Membership | None:
+        """The membership as last read or written; None: unknown (read it)."""
+        return self._members
+
+    def invalidate(self) -> None:
+        self._members = None
+
+
+class MemberSets(KnownMembers):
     def __init__(
         self, host: Host, maxelem: int = MAXELEM, bulk_threshold: int = BULK_THRESHOLD
     ) -> None:
@@ -103,15 +121,10 @@ class MemberSets:
             if name in existing:
                 out = self.host.run([self.host.tools.ipset, "save", name], what="ipset save")
                 raw.update(parse_ipset_save(out))
-        self._members = {ip: (mode, minor) for ip, (mode, minor, _, _) in raw.items()}
-        return raw
-
-    def cached(self) -> Membership | None:
-        """The membership as last read or written; None: unknown (read it)."""
-        return self._members
+        return self._read_back(raw)
 
     def invalidate(self) -> None:
-        self._members = None
+        super().invalidate()
         self._gated = None
 
     # ------------------------------------------------------------ ensure
