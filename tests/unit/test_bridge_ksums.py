@@ -46,6 +46,9 @@ class FakeWire:
     def set_digests(self, conn: Conn, header: bool, data: bool) -> None:
         self.digests[conn] = (header, data)
 
+    def close(self) -> None:
+        self.closed = True
+
 
 def test_what_grew_since_the_last_take_is_the_tick_and_the_convergence():
     w = FakeWire()

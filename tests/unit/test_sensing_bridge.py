@@ -98,7 +98,8 @@ def rig():
         "fast": [f"iscsi://{TGT}/{IQN}/*"],
         "slow": [f"nvme://{TGT}/*/1"],
     }
-    s = BridgeSensor(port="eth-array", resources=resources, open_capture=open_capture, clock=clock)
+    s = BridgeSensor(port="eth-array", resources=resources, open_capture=open_capture,
+                     clock=clock, sensor="capture")  # fmt: skip
     s.start()
     try:
         yield s, caps, clock
@@ -234,7 +235,8 @@ def test_target_names_outlive_a_restart_through_the_names_file(tmp_path):
             return caps[-1]
 
         s = BridgeSensor(port="p", resources={"a": [f"iscsi://{TGT}/{IQN}/*"]},
-                         open_capture=open_capture, clock=Clock(), **kw)  # fmt: skip
+                         open_capture=open_capture, clock=Clock(), sensor="capture",
+                         **kw)  # fmt: skip
         s.start()
         return s
 
@@ -265,7 +267,53 @@ def test_a_port_that_cannot_be_read_fails_the_start_with_one_line():
     def refuse(_port):
         raise OSError(19, "No such device")
 
-    s = BridgeSensor(port="eth9", resources={}, open_capture=refuse)
+    s = BridgeSensor(port="eth9", resources={}, open_capture=refuse, sensor="capture")
     with pytest.raises(CaptureDown, match=r"^cannot capture on eth9: No such device$"):
         s.start()
     s.close()
+
+
+def test_the_kernel_sensor_first_the_capture_when_it_cannot_load(caplog):
+    """auto: the in-kernel sensor when it loads (its sums are the samples), else one
+    warning and the capture; kernel: one line, no capture."""
+    from santhrottle.bridge.kernel import KernelWireError, VolumeSums
+    from tests.unit.test_bridge_ksums import C, FakeWire
+
+    def refused(_port):
+        raise KernelWireError("the kernel refused wire.bpf.o: no BPF here")
+
+    caps: list[ScriptedCapture] = []
+
+    def open_capture(_port):
+        caps.append(ScriptedCapture())
+        return caps[-1]
+
+    s = BridgeSensor(port="eth9", resources={"a": ["iscsi://10.0.0.11/*/*"]},
+                     open_capture=open_capture, open_kernel=refused)  # fmt: skip
+    s.start()
+    try:
+        assert s.kind == "capture" and len(caps) == 1
+        assert "cannot run (the kernel refused wire.bpf.o: no BPF here)" in caplog.text
+    finally:
+        s.close()
+    k = BridgeSensor(port="eth9", resources={}, open_capture=open_capture,
+                     open_kernel=refused, sensor="kernel")  # fmt: skip
+    with pytest.raises(CaptureDown, match=r"^cannot read eth9 in the kernel: the kernel"):
+        k.start()
+    assert len(caps) == 1, "no capture was opened"
+    wire = FakeWire()
+    clock = Clock()
+    w = BridgeSensor(port="eth9", resources={"a": ["iscsi://10.0.0.11/*/*"]},
+                     open_capture=open_capture, open_kernel=lambda _p: wire,
+                     clock=clock)  # fmt: skip
+    w.start()
+    try:
+        assert w.kind == "kernel" and w.running
+        clock.t += 0.1
+        wire.sums[C, 0] = VolumeSums(reads=4, read_ns=40_000_000, write_bytes=0)
+        (sample,) = w.read_samples()
+        assert (sample.resource, sample.reads) == ("a", 4)
+        assert abs(sample.read_latency_s - 0.010) < 1e-9
+        assert w.counters()["capture_frames"] == 10 and "kernel_frames" in w.counters()
+    finally:
+        w.close()
