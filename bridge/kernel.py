@@ -189,10 +189,26 @@ class KernelWire:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def attached(self) -> bool:
+        """The device is still the one the filters went on (not removed, not made anew)."""
+        try:
+            (link,) = self._ipr.get_links(self._index)
+        except Exception:  # gone: netlink says no such device
+            return False
+        return bool(link.get_attr("IFLA_IFNAME") == self.device)
+
+    def reattach(self) -> None:
+        """The filters on the device again (it was made anew): KernelWireError if it
+        cannot be."""
+        self._attached = False
+        self._attach()
+
     def _attach(self) -> None:
         from pyroute2 import IPRoute
 
-        self._ipr = ipr = IPRoute()
+        if self._ipr is None:
+            self._ipr = IPRoute()
+        ipr = self._ipr
         idx = ipr.link_lookup(ifname=self.device)
         if not idx:
             raise KernelWireError(f"no device {self.device}")

@@ -35,7 +35,9 @@ Threads
     completion is counted in exactly one tick. A capture that fails (the
     port went away) is logged; the thread opens the ring again every
     REOPEN_S and, until it has, read_samples() raises CaptureDown, which
-    the daemon counts as a sensor error (the controller holds).
+    the daemon counts as a sensor error (the controller holds). In the
+    kernel, read_samples() checks every REOPEN_S that the port is still the
+    one the program is on, and attaches it again when it was made anew.
 
 Worked example
     resources {"array1": ["iscsi://10.0.0.9/*/*"]}; in one 0.1 s tick the
@@ -115,6 +117,7 @@ class BridgeSensor:
         self.sensor = sensor  # kernel, capture or auto: the first that starts
         self._open_kernel = open_kernel
         self._kernel: Any = None  # the loaded program, when it walks the wire
+        self._kernel_checked = -1e18  # when its attachment was last checked
         self.lock = threading.Lock()
         self.clock = clock
         self._open = open_capture
@@ -162,6 +165,29 @@ class BridgeSensor:
         self._down = None
         log.info("wire sensor: in the kernel on %s", self.port)
         return None
+
+    def _check_kernel(self, now: float) -> None:
+        """Every REOPEN_S: is the program still on the port? If the port went away or
+        was made anew, attach it again; until then the ticks raise CaptureDown."""
+        wire = self._kernel
+        if wire is None or now - self._kernel_checked < REOPEN_S:
+            return
+        self._kernel_checked = now
+        if wire.attached():
+            return
+        from santhrottle.bridge.kernel import KernelWireError
+
+        try:
+            with entered(self.netns):
+                wire.reattach()
+        except (KernelWireError, OSError) as e:
+            if self._down is None:
+                log.error("in-kernel wire sensor on %s: %s", self.port, e)
+            self._down = f"in-kernel wire sensor on {self.port}: {e}"
+            return
+        if self._down is not None:
+            log.info("in-kernel wire sensor on %s running again", self.port)
+        self._down = None
 
     @property
     def kind(self) -> str:
@@ -222,9 +248,10 @@ class BridgeSensor:
             self.vmap = vmap
 
     def read_samples(self) -> list[ReadSample]:
+        now = self.clock()
+        self._check_kernel(now)
         if self._down is not None:
             raise CaptureDown(self._down)
-        now = self.clock()
         with self.lock:
             if now - self._tick_at < MIN_INTERVAL_S:
                 return []

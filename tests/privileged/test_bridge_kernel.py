@@ -182,3 +182,27 @@ def test_hostile_frames_and_a_million_open_commands_leave_it_working(veth_ns):
     after = _send(tx, session, w)
     assert after["completions"] - mid["completions"] == counts["completions"], after
     print(f"\nkernel wire fuzz: {HOSTILE:,} hostile frames, {want:,} open commands; {after}")
+
+
+def test_a_port_made_anew_is_noticed_and_the_program_goes_on_it_again(veth_ns):
+    w, _tx = veth_ns
+    assert w.attached()
+    ns = f"stk-{os.getpid()}"
+    ip = ["ip", "-n", ns]
+    subprocess.run([*ip, "link", "del", "stk0"], check=True)  # takes stk1 with it
+    assert not w.attached()
+    subprocess.run([*ip, "link", "add", "stk0", "type", "veth", "peer", "name", "stk1"],
+                   check=True)  # fmt: skip
+    for dev in ("stk0", "stk1"):
+        subprocess.run([*ip, "link", "set", dev, "up"], check=True)
+    assert not w.attached(), "a new device of the same name is not the one the program is on"
+    with entered(ns):
+        w.reattach()
+        tx2 = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+        tx2.bind(("stk0", 0))
+    with tx2:
+        assert w.attached()
+        frames, counts = _session(500, seed=5)
+        before = w.counters()
+        after = _send(tx2, frames, w)
+        assert after["completions"] - before["completions"] == counts["completions"]

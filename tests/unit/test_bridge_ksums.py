@@ -49,6 +49,18 @@ class FakeWire:
     def close(self) -> None:
         self.closed = True
 
+    # the port's attachment (appliance/sensing/bridge.py checks it every second)
+    on_port = True
+    reattach_error: Exception | None = None
+
+    def attached(self) -> bool:
+        return self.on_port
+
+    def reattach(self) -> None:
+        if self.reattach_error is not None:
+            raise self.reattach_error
+        self.on_port = True
+
 
 def test_what_grew_since_the_last_take_is_the_tick_and_the_convergence():
     w = FakeWire()

@@ -315,5 +315,15 @@ def test_the_kernel_sensor_first_the_capture_when_it_cannot_load(caplog):
         assert (sample.resource, sample.reads) == ("a", 4)
         assert abs(sample.read_latency_s - 0.010) < 1e-9
         assert w.counters()["capture_frames"] == 10 and "kernel_frames" in w.counters()
+        # the port made anew: the program goes on it again; until it can, the ticks fail
+        wire.on_port = False
+        wire.reattach_error = KernelWireError("no device eth9")
+        clock.t += 1.5
+        with pytest.raises(CaptureDown, match="in-kernel wire sensor on eth9: no device eth9"):
+            w.read_samples()
+        assert not w.running
+        wire.reattach_error = None
+        clock.t += 1.5
+        assert [x.resource for x in w.read_samples()] == ["a"] and w.running
     finally:
         w.close()
