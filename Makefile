@@ -20,7 +20,7 @@ setup: $(APT_STAMP) $(VENV_STAMP) bpf
 # compiles it too: buildsys/santhrottle_build.py).
 BPF_OBJ := bridge/bpf/wire.bpf.o
 bpf: $(BPF_OBJ)
-$(BPF_OBJ): bridge/bpf/wire.bpf.c $(APT_STAMP)
+$(BPF_OBJ): bridge/bpf/wire.bpf.c buildsys/santhrottle_build.py $(APT_STAMP)
 	$(PY) buildsys/santhrottle_build.py --bpf
 
 $(APT_STAMP): Makefile

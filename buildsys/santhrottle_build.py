@@ -511,9 +511,12 @@ def compile_bpf(strict: bool = False) -> Path | None:
         print(f"santhrottle_build: warning: {msg}", file=sys.stderr)
         return None
     multiarch = sysconfig.get_config_var("MULTIARCH") or f"{os.uname().machine}-linux-gnu"
+    # reproducible: from the tree's root with relative paths, the debug info names no
+    # directory of this build (the wheel's, built from an unpacked sdist, is the same)
     cmd = [clang, "-O2", "-g", "-target", "bpf", "-Wall", "-Werror",
-           f"-I/usr/include/{multiarch}", "-c", str(BPF_SOURCE), "-o", str(BPF_OBJECT)]  # fmt: skip
-    r = subprocess.run(cmd, capture_output=True, text=True)
+           "-fdebug-compilation-dir=.", f"-I/usr/include/{multiarch}", "-c",
+           str(BPF_SOURCE.relative_to(ROOT)), "-o", str(BPF_OBJECT)]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if r.returncode:
         raise SystemExit(f"santhrottle_build: {' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
     return BPF_OBJECT

@@ -22,6 +22,10 @@ Method (run by `make bench` through tests/bench/run.py, or alone:
     against those the traffic holds, what it lost (the ring's drops), and its CPU
     share of one core: CPU time over the span from the first frame to the last
     (kernel: tcpreplay's own span, its sends being the program's runs).
+  * Then, when tests/fixtures/wire/lab-wire.pcap.gz is there (a capture of the lab's
+    bridge: vagrant/experiments/bridge_lab.py --capture), that lab traffic replayed at
+    the goal's rate through each sensor, against the completions the Python path
+    decodes from it in memory.
   * For scale, the same frames decoded from memory by the Python path (no kernel):
     microseconds of CPU per frame, the packets a second one core could take.
 
@@ -175,6 +179,44 @@ def _replay(ns: str, pcap: Path, pps: int, kind: str) -> dict[str, Any]:
     return got
 
 
+# Lab traffic: the array-side port of the lab's bridge captured while two readers read
+# and two writers wrote zeros (vagrant/experiments/bridge_lab.py --capture).
+LAB_PCAP = Path(__file__).resolve().parents[1] / "fixtures" / "wire" / "lab-wire.pcap.gz"
+
+
+def offline_completions(pcap: Path) -> int:
+    """The completions the Python path matches in pcap, decoded from memory: the count
+    each sensor must reach when the capture is replayed."""
+    from scapy.utils import RawPcapReader
+
+    from santhrottle.bridge.capture import CaptureCounters, FrameDecoder
+    from santhrottle.bridge.tracker import Tracker
+
+    tr, dec = Tracker(), FrameDecoder(CaptureCounters())
+    for raw, _meta in RawPcapReader(str(pcap)):
+        v = memoryview(raw)
+        dec.frame(v, 0, len(v), 0.0, tr.segment)
+    return tr.counters.completions
+
+
+def _lab_replays(ns: str, tmp: str) -> dict[str, Any] | None:
+    """The lab's capture replayed at GOAL_PPS through each sensor (None without it)."""
+    import gzip
+
+    if not LAB_PCAP.exists():
+        return None
+    pcap = Path(tmp) / "lab.pcap"
+    pcap.write_bytes(gzip.decompress(LAB_PCAP.read_bytes()))
+    want = offline_completions(pcap)
+    runs = []
+    for kind in SENSORS:
+        try:
+            runs.append(_replay(ns, pcap, GOAL_PPS, kind))
+        except RuntimeError as e:
+            runs.append({"sensor": kind, "skipped": str(e)})
+    return {"completions_expected": want, "runs": runs}
+
+
 def bench_wire() -> dict[str, Any]:
     if os.geteuid() != 0:
         return _skipped("needs root (a network namespace)")
@@ -199,6 +241,7 @@ def bench_wire() -> dict[str, Any]:
                                 f"net.ipv6.conf.{k}.disable_ipv6=1"], check=True)  # fmt: skip
             for dev in ("stw0", "stw1"):
                 subprocess.run([*ip, "link", "set", dev, "up"], check=True)
+            lab = _lab_replays(ns, tmp)
             for kind in SENSORS:
                 for pps in RATES_PPS:
                     try:
@@ -232,9 +275,25 @@ def bench_wire() -> dict[str, Any]:
         )
         for g in runs
     ]
+    if lab is not None:
+        k = next((g for g in lab["runs"] if "skipped" not in g), None)
+        met = met and k is not None and k["completions"] == lab["completions_expected"]
+    if lab is not None:  # the lab's traffic: every completion the Python decoding finds
+        parts += [
+            f"lab capture, {g['sensor']} at {GOAL_PPS:,} pps: "
+            + (
+                f"not run ({g['skipped'][:120]})"
+                if "skipped" in g
+                else f"{g['frames']:,} frames at {g['pps']:,.0f}/s, CPU "
+                f"{g['cpu_share']:.3f} of a core, completions {g['completions']:,} of "
+                f"{lab['completions_expected']:,}, ring drops {g['kernel_drops']:,}"
+            )
+            for g in lab["runs"]
+        ]
     return {
         "name": NAME,
         "met": met,
+        "lab_capture": lab,
         "summary": "; ".join(parts) + f"; from memory {us:.2f} us of CPU per frame "
         f"({1e6 / us:,.0f} frames/s per core)",
         "frames_sent": len(frames),

@@ -44,6 +44,12 @@ nf-cost
     Both gates put the packets into the same HTB class (pfifo leaf: classified,
     not delayed); its counters prove each did.
 
+capture (--capture, after the agreement)
+    tcpdump on the array-side port while both readers read and two writers
+    write zeros at 1 MB/s, gzipped to OUT/lab-wire.pcap.gz with the daemon's
+    wire counts over it: the lab traffic `make bench` replays
+    (tests/fixtures/wire/lab-wire.pcap.gz).
+
 Results: OUT/bridge-lab.json (default /shared/work/bridge, the run dir's
 work/bridge on the host) and tables on stdout.
 """
@@ -192,8 +198,9 @@ def summarize(ws: list[dict]) -> dict:
     return s
 
 
-def agreement(a, t: dict, out: Path) -> tuple[list[dict], dict]:
-    """The phases; then a restart of the daemon in mid-session, and the names it keeps."""
+def agreement(a, t: dict, out: Path) -> tuple[list[dict], dict, dict | None]:
+    """The phases (and with --capture the capture); then a restart of the daemon in
+    mid-session, and the names it keeps."""
     conf = daemon_config(t, out)
     daemon = start_daemon(conf, out)
     # the sessions log in through the running bridge, as they do in production: the
@@ -214,6 +221,7 @@ def agreement(a, t: dict, out: Path) -> tuple[list[dict], dict]:
                     results.append(phase(a, name, res, dev, dm, writer_devs if load == "loaded"
                                          else [], out))  # fmt: skip
                     show(results[-1])
+        cap = capture(a, t, out) if a.capture else None
         st = closed_loop.first_status(SOCK)
         (out / "status-end.json").write_text(json.dumps(st, indent=1))
         closed_loop.stop_daemon(daemon, out, NAME)
@@ -222,7 +230,51 @@ def agreement(a, t: dict, out: Path) -> tuple[list[dict], dict]:
         print(f"after a restart: {restart}", flush=True)
     finally:
         closed_loop.stop_daemon(daemon, out, NAME)
-    return results, restart
+    return results, restart, cap
+
+
+CAPTURE = "lab-wire.pcap"
+
+
+def capture(a, t: dict, out: Path) -> dict:
+    """The array-side port captured (tcpdump, whole frames, the storage ports) while both
+    readers read and one iSCSI and one NVMe/TCP writer write zeros at 1 MB/s (fio
+    --zero_buffers: the capture compresses to a fixture), for `make bench`'s replay of
+    lab traffic (tests/fixtures/wire/); gzipped to OUT/lab-wire.pcap.gz, with the
+    daemon's wire counts over the capture."""
+    import gzip
+    import signal
+
+    from santhrottle.appliance.daemon.control import request
+
+    b = t["bridge"]
+    pcap = out / CAPTURE
+    dump = subprocess.Popen(["ip", "netns", "exec", b["netns"], "tcpdump", "-i",
+                             b["array_port"], "-s", "0", "-U", "-w", str(pcap),
+                             "tcp port 3260 or tcp port 4420"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    time.sleep(2.0)
+    w0 = request(SOCK, "status")["wire"]
+    jobs = [closed_loop.fio(x["device"], "--rw=randread", "--bs=4k", "--iodepth=1",
+                            f"--rate_iops={a.reader_iops}", runtime=a.capture_seconds)
+            for x in (t["iscsi"][0], t["nvme"][0])]  # fmt: skip
+    jobs += [closed_loop.fio(x["device"], "--rw=write", "--bs=16k", "--iodepth=2",
+                             "--rate=1m", "--zero_buffers", runtime=a.capture_seconds)
+             for x in (t["iscsi"][1], t["nvme"][1])]  # fmt: skip
+    for j in jobs:
+        j.communicate()
+    time.sleep(1.0)
+    w1 = request(SOCK, "status")["wire"]
+    dump.send_signal(signal.SIGINT)  # our own child, by PID
+    dump.wait(timeout=30)
+    raw = pcap.read_bytes()
+    (out / (CAPTURE + ".gz")).write_bytes(gzip.compress(raw, mtime=0))
+    pcap.unlink()
+    got = {"phase": "capture", "pcap_bytes": len(raw),
+           "wire_counts": {k: w1[k] - w0[k] for k in WIRE_KEYS}}  # fmt: skip
+    print(f"capture: {len(raw):,} B of frames; the daemon's wire over it: "
+          f"{got['wire_counts']}", flush=True)  # fmt: skip
+    return got
 
 
 def names_after_restart(t: dict) -> dict:
@@ -448,6 +500,12 @@ def main() -> int:
     ap.add_argument("--writer-bs", default="16k")
     ap.add_argument("--writer-qd", type=int, default=2)
     ap.add_argument("--nf-rounds", type=int, default=5)
+    ap.add_argument(
+        "--capture",
+        action="store_true",
+        help="after the agreement, capture the port for make bench (lab-wire.pcap.gz)",
+    )
+    ap.add_argument("--capture-seconds", type=float, default=6.0)
     ap.add_argument("--disk", default="array", choices=("array", "slow", "fast"))
     ap.add_argument("--out", default="/shared/work/bridge")
     a = ap.parse_args()
@@ -461,7 +519,7 @@ def main() -> int:
                  "array": plant_lab.array_config(), "args": vars(a)}  # fmt: skip
     try:
         if a.only in (None, "agreement"):
-            res["agreement"], res["restart"] = agreement(a, t, out)
+            res["agreement"], res["restart"], res["capture"] = agreement(a, t, out)
             (out / "bridge-lab.json").write_text(json.dumps(res, indent=1))
         if a.only == "nf-cost":
             topology.iscsi_login(t["iscsi"])

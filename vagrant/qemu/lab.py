@@ -83,7 +83,9 @@ HOST_PACKAGES = [
     "lvm2",
     "ipset",
     "iptables",
-    "nftables",  # the side-by-side overhead variant with a native nft gate
+    "nftables",  # bridge mode's gate
+    "libbpf1",  # bridge mode's in-kernel wire sensor (libbpf.so.1)
+    "tcpdump",  # bridge_lab.py --capture: lab traffic for make bench
     "ethtool",  # bridge_lab.py: segmentation offloads off for the per-packet cost
     "iproute2",
     "nvme-cli",
