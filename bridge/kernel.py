@@ -70,6 +70,7 @@ PROG_INFO_BYTES, PROG_INFO_RUN_TIME = 232, 192
 FLOW_BYTES, FLOW_HEADER_DIGEST, FLOW_DATA_DIGEST = 152, 13, 14
 BPF_EXIST = 2
 BPF_STATS_RUN_TIME = 0
+VERIFIER_LOG_BYTES = 16 << 20  # libbpf's largest log buffer
 
 
 class KernelWireError(Exception):
@@ -345,17 +346,33 @@ class KernelWire:
         self._events.append(Event(conn_of(ini, tgt, ip, tp), kind, bool(to_target), body))
         return 0
 
-    def _keep_log(self, _level: int, fmt: bytes, _args: int) -> int:
-        # libbpf's messages are printf formats with a va_list: keep the format's text
+    def _keep_log(self, _level: int, fmt: bytes, args: int) -> int:
+        # libbpf's messages are a printf format and its va_list (a pointer on the ABIs
+        # Linux runs BPF on): formatted with libc's vsnprintf, its lines kept
         if fmt:
-            self._log.append(fmt.decode(errors="replace").strip())
+            # the verifier's log comes whole in one message, its reason at the end
+            buf = ctypes.create_string_buffer(VERIFIER_LOG_BYTES if b"LOAD LOG" in fmt else 4096)
+            _vsnprintf(buf, len(buf), fmt, args)
+            self._log += [x.strip() for x in buf.value.decode(errors="replace").splitlines()]
         return 0
 
     def _last_log(self) -> str:
+        """The verifier's reason when it refused (the line before its counts), else the
+        last line libbpf printed."""
         lines = [x for x in self._log if x]
+        if "-- END PROG LOAD LOG --" in lines:
+            head = lines[: lines.index("-- END PROG LOAD LOG --")]
+            reasons = [x for x in head if not x.startswith(("processed ", "verification time"))]
+            if reasons:
+                return reasons[-1]
         return (
             lines[-1] if lines else f"errno {ctypes.get_errno()}: {os.strerror(ctypes.get_errno())}"
         )
+
+
+_vsnprintf = ctypes.CDLL(None).vsnprintf
+_vsnprintf.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p]
+_vsnprintf.restype = ctypes.c_int
 
 
 def _raw(addr: str) -> bytes:
