@@ -299,8 +299,7 @@ class KernelWire:
         fd = self.maps["flows"]
         val = ctypes.create_string_buffer(FLOW_BYTES)
         for to_target in (0, 1):
-            key = _CONN.pack(_raw(conn.initiator), _raw(conn.target), conn.initiator_port,
-                             conn.target_port) + struct.pack("=I", to_target)  # fmt: skip
+            key = _conn_raw(conn) + struct.pack("=I", to_target)  # flow_key
             if self._lib.bpf_map_lookup_elem(fd, key, val):
                 continue  # that direction not seen yet: its start has no digests to walk
             raw = bytearray(val.raw)
@@ -309,8 +308,7 @@ class KernelWire:
 
     def forget_inflight(self, conn: Conn, tag: int) -> None:
         """Age one command out (it never completed)."""
-        key = _TAG_KEY.pack(_raw(conn.initiator), _raw(conn.target), conn.initiator_port,
-                            conn.target_port, tag)  # fmt: skip
+        key = _conn_raw(conn) + struct.pack("=I", tag)  # tag_key
         self._lib.bpf_map_delete_elem(self.maps["inflight"], key)
 
     def events(self) -> list[Event]:
@@ -373,6 +371,12 @@ class KernelWire:
 _vsnprintf = ctypes.CDLL(None).vsnprintf
 _vsnprintf.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p]
 _vsnprintf.restype = ctypes.c_int
+
+
+def _conn_raw(conn: Conn) -> bytes:
+    """A connection as the program's conn_key (the start of its flow and tag keys)."""
+    return _CONN.pack(_raw(conn.initiator), _raw(conn.target), conn.initiator_port,
+                      conn.target_port)  # fmt: skip
 
 
 def _raw(addr: str) -> bytes:

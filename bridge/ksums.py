@@ -51,6 +51,7 @@ from .tracker import (
     Volume,
     VolumeReads,
     lun_number,
+    portal_name,
     text_value,
 )
 
@@ -63,7 +64,7 @@ def conn_key(c: Conn) -> ConnKey:
 
 
 def portal_of(c: Conn) -> str:
-    return f"[{c.target}]:{c.target_port}" if ":" in c.target else f"{c.target}:{c.target_port}"
+    return portal_name(c.target, c.target_port)
 
 
 class KernelSums:

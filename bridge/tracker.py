@@ -126,6 +126,11 @@ class Counters:
     evicted: int = 0  # commands and connections dropped at the bounds (MAX_*)
 
 
+def portal_name(addr: str, port: int) -> str:
+    """A target's address and port as a volume name writes them ([v6]:port for IPv6)."""
+    return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
+
+
 def lun_number(raw: int) -> int:
     """The LUN of the 8-byte LUN field (SAM: peripheral and flat addressing)."""
     method = raw >> 62
@@ -230,7 +235,7 @@ class Tracker:
             self._forget(next(iter(self.conns)))
             self.counters.evicted += 1
         ini, _, tgt, tport = key
-        portal = f"[{tgt}]:{tport}" if ":" in tgt else f"{tgt}:{tport}"
+        portal = portal_name(tgt, tport)
         if tport == ISCSI_PORT:
             conn = Connection(ISCSI, ini, portal, Stream(Iscsi(True)), Stream(Iscsi(False)))
             # iSCSI digests are the connection's: what one direction found holds for both
