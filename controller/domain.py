@@ -185,6 +185,20 @@ class DeviceSample(NamedTuple):
     in_flight: float
 
 
+class IoSample(NamedTuple):
+    """One initiator's IOs on one resource over the interval ending now.
+
+    read_latency_s: the reads' mean latency at the array; None where the
+    sensor has no per-initiator latency (the resource's stands in)."""
+
+    resource: str
+    initiator: str
+    ios: float
+    bytes: float
+    reads: float
+    read_latency_s: float | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Samples:
     """What the sensors produced since the previous step()."""
@@ -192,6 +206,7 @@ class Samples:
     reads: Sequence[ReadSample] = ()
     writes: Sequence[WriteSample] = ()
     devices: Sequence[DeviceSample] = ()
+    ios: Sequence[IoSample] = ()  # every convergence, for grouped resources (groups.py)
 
 
 @dataclass(slots=True)

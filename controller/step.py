@@ -121,10 +121,12 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .domain import ControllerConfig, Decisions, Resource, Samples
+from .domain import ControllerConfig, Decisions, IoSample, Resource, Samples
 from .ewma import Ewma
+from .groups import Group, GroupsState, advance, interval, set_groups
 from .lqfit import LqEstimator, LqFit
 from .pid import Pid, new_pid
 from .setpoint import NoiseGauge
@@ -194,6 +196,8 @@ class ControllerState:
     rise_to: tuple[int, ...] = ()  # rise() of every class (the ramp), from the config
     no_writers_bps: float = 0.0  # a resource writing less holds its class
     paused: set[str] = field(default_factory=set)  # resources with a paused member
+    groups: GroupsState = field(default_factory=GroupsState)  # grouped resources (groups.py)
+    grouped: frozenset[str] = frozenset()  # resources whose classes come from their groups
 
     def __post_init__(self) -> None:
         c = self.config
@@ -287,6 +291,8 @@ def reconfigure(state: ControllerState, config: ControllerConfig) -> ControllerS
         next_tick_s=state.next_tick_s,
         next_converge_s=state.next_converge_s,
         late_ticks_total=state.late_ticks_total,
+        groups=state.groups,
+        grouped=state.grouped,
     )
     for name, rs in state.resources.items():
         out.set_resource(rs.resource)
@@ -301,6 +307,34 @@ def reconfigure(state: ControllerState, config: ControllerConfig) -> ControllerS
         new.pid.follow(new.delay_class)
     _recompute_effective(out, set(out.effective) | set(out.rising))
     return out
+
+
+def configure_groups(
+    state: ControllerState,
+    groups: Sequence[Group],
+    group_of: Mapping[str, str],
+    grouped: Iterable[str],
+    default_priority: float = 1.0,
+) -> dict[str, int]:
+    """Groups, membership and the grouped resources, live; returns the initiators
+    whose effective class changed (a resource that leaves the groups gives its
+    initiators back to its PID, one that joins them hands its class to them)."""
+    set_groups(state.groups, groups, group_of, default_priority)
+    new = frozenset(grouped)
+    affected: set[str] = set()
+    for name in state.grouped - new:  # back to the resource's PID and sets
+        gr = state.groups.resources.pop(name, None)
+        if gr is not None:
+            for gs in gr.groups.values():
+                affected.update(gs.members)
+    for name in new - state.grouped:  # the groups take over from the PID
+        rs = state.resources.get(name)
+        if rs is not None and rs.delay_class:
+            rs.delay_class = 0
+            rs.pid.reset()
+            affected.update(state.members(name))
+    state.grouped = new
+    return _recompute_effective(state, affected)
 
 
 def _schedule(next_s: float | None, period_s: float, now_s: float) -> tuple[bool, float, int]:
@@ -347,6 +381,7 @@ def step(
         )
         no_writers_bps, pause_bps = state.no_writers_bps, sets.pause_bps
         members, paused, rise_to = sets.members, state.paused, state.rise_to
+        grouped = state.grouped
         resource_classes = out.resource_classes
         for name, rs in state.resources.items():
             sample = reads.get(name)
@@ -366,6 +401,9 @@ def step(
                     continue
             else:
                 rs.last_read_s = now_s
+                if name in grouped:  # the groups' arbiter decides (groups.py)
+                    rs.ewma.update(sample.read_latency_s, now_s)
+                    continue
                 write_bps = sample.write_bps
                 if (
                     write_bps is not None
@@ -438,9 +476,24 @@ def step(
         out.joined, out.left = change.joined, change.left
         touched.update(change.joined)
         touched.update(change.left)
+        if state.grouped:  # Maestro's interval on each grouped resource
+            by_res: dict[str, list[IoSample]] = {name: [] for name in state.grouped}
+            for io in samples.ios:
+                if io.resource in by_res:
+                    by_res[io.resource].append(io)
+            for name, ios in by_res.items():
+                rs1 = state.resources.get(name)
+                lat = None if rs1 is None else rs1.ewma.value
+                interval(state.groups, name, ios, c.converge_s, c.ladder, lat)
 
-    if touched or (out.ticked and state.rising):
+    group_changed: set[str] = set()
+    if out.ticked and state.groups.resources:  # group classes move a tick toward their target
+        for inis in advance(state.groups, state.rise_to, c.class_decrease_max_per_tick).values():
+            group_changed.update(inis)
+
+    if touched or group_changed or (out.ticked and state.rising):
         affected: set[str] = set(state.rising) if out.ticked else set()
+        affected.update(group_changed)
         for name in touched:
             affected.update(sets.members.get(name, ()))
             affected.update(out.left.get(name, ()))
@@ -476,9 +529,14 @@ def _recompute_effective(state: ControllerState, initiators: set[str]) -> dict[s
     rise_to = state.rise_to
     # each resource's class once (a tick recomputes thousands of members)
     class_of = {name: rs.delay_class for name, rs in state.resources.items()}
+    group_class: dict[str, int] = {}
+    for name in state.groups.resources:
+        for ini, k in state.groups.classes(name).items():
+            if k > group_class.get(ini, 0):
+                group_class[ini] = k
     changed: dict[str, int] = {}
     for ini in initiators:
-        cls = 0
+        cls = group_class.get(ini, 0)
         for name in member_of.get(ini, ()):  # max-over-resources
             k = class_of.get(name, 0)
             if k > cls:

@@ -1,0 +1,308 @@
+"""Initiator groups on a resource: Maestro's shares turned into delay classes.
+
+Problem
+    On a resource with groups (config [groups.NAME]), who is delayed and by
+    how much follows the groups' targets and priorities (controller/maestro.py)
+    instead of the resource's one threshold: a database group that must see
+    5 ms is protected, a backup group that may see 50 ms gives way, and when
+    not every target can be met each falls short in inverse proportion to its
+    priority. Initiators of the resource in no group form the group "default"
+    (no target, priority default_priority): best effort, it gives way first.
+
+Measured signal (IoSample per (resource, initiator), every interval)
+    Over the interval (the convergence, 1 s): IOs, bytes and reads
+    completed, and the reads' mean latency at the array (the wire's per
+    initiator in bridge mode; on a target host the resource's diskstats
+    latency stands for every initiator's). Per group, summed:
+        X  = bytes / interval   (throughput; IOPS = IOs / interval)
+        L  = the group's mean read latency at the array (the resource's
+             when it has no reads of its own)
+        d  = the delay its class adds (every packet to a delayed initiator,
+             its reads' data too), so it sees L + d
+        y  = maestro.normalised(target latency, L + d, target, X); 1 for a
+             group without a target
+        q  = IOPS * (L + d)     (Little: its IOs outstanding, in our delay
+             or at the array; for closed streams the same at any delay)
+
+The knob: a share u -> a delay d
+    Maestro's scheduler bounds each application's IOs at the array; ours
+    delays its packets. A group whose streams keep q IOs outstanding, each
+    spending L at the array and d in our delay, has q * L / (L + d) of them
+    at the array (Little). Its share u of the resource's concurrency
+    C = sum q (every group's demand: nobody delayed) is C * u IOs, so
+        d = L * (w / u - 1)   for u < w = q / C,   0 for u >= w.
+    A share above the group's demand w is not concurrency it uses but
+    concurrency the others are denied: it is how a protected group that
+    delays nobody makes the others give way. This is why Maestro's 80 %
+    utilisation rule is left out: here a share beyond use is the lever.
+    The delay is rounded up to the ladder's next class (class_at_least):
+    a share is never exceeded by rounding.
+
+Each interval, per grouped resource
+    1. A group with IOs this interval is active; one seen for the first
+       time starts at its demand share w (no delay), the shares of the
+       others scaled down to make room; one that went quiet leaves, its
+       share spread over the rest in proportion.
+    2. model.observe(share in force, y); claims -> maestro.arbitrate.
+    3. Shares -> delays -> classes: the group's target class.
+Every tick the class in force moves to the target class: up by the ramp
+(step.py's rise), down by class_decrease_max_per_tick, as a resource's
+class does (a delay that falls too fast reorders and retransmits).
+
+Idle behaviour
+    A resource without IOs in an interval keeps its groups' shares and
+    classes; a group without IOs for GROUP_IDLE_INTERVALS intervals leaves
+    and its initiators go back to class 0 (gradually).
+
+How to watch it
+    GroupView per (resource, group): target(s), measured latency and
+    throughput, y, PWFTE, share, demand share, beta (default or fitted),
+    delay and class (santhrottle group show, santhrottle_group_* metrics).
+
+Worked example (the ladder's 0.5 ms steps)
+    Two groups on one resource, L = 20 ms: "db" (q = 1, latency target
+    10 ms, p = 2) and "backup" (q = 9, no target), shares w = 0.1 / 0.9,
+    y_db = 0.5, y_backup = 1. Requests: db 0.1 + 0.5 -> 0.15 (l = 0.05),
+    backup 0.9: sum 1.05 > 1, overload. PWFTE e_db = 2 * (0.5 - (u - 0.1))
+    = 2 * (0.6 - u), e_backup = -(u - 0.9); boxes [0.05, 0.15] and [0.85,
+    0.95]: u_db = 0.15, u_backup = 0.85 (e = 0.9 and 0.05: db at its top).
+    backup's delay: 20 ms * (0.9 / 0.85 - 1) = 1.18 ms -> class 3 (1.5 ms).
+    Next intervals move 0.05 a time while db is short: backup at 0.5 gets
+    20 * (0.9 / 0.5 - 1) = 16 ms.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .domain import IoSample
+from .ladder import Ladder
+from .maestro import (
+    STEP_MAX_FRACTION,
+    U_MIN_FRACTION,
+    Claim,
+    Model,
+    arbitrate,
+    normalised,
+    pwfte,
+)
+
+# The implicit group of a grouped resource's initiators in no group.
+DEFAULT_GROUP = "default"
+# A group without IOs this many intervals in a row leaves its resource.
+GROUP_IDLE_INTERVALS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """A group's targets and priority (the members are mapped by the caller)."""
+
+    name: str
+    priority: float = 1.0
+    latency_target_s: float | None = None
+    throughput_target_bps: float | None = None
+    throughput_target_iops: float | None = None
+
+    @property
+    def has_target(self) -> bool:
+        return (
+            self.latency_target_s is not None
+            or self.throughput_target_bps is not None
+            or self.throughput_target_iops is not None
+        )
+
+
+@dataclass(slots=True)
+class GroupState:
+    """One group on one resource."""
+
+    model: Model = field(default_factory=Model)
+    share: float = 0.0  # u in force
+    demand: float = 0.0  # w = q / C, this interval
+    y: float | None = None
+    pwfte: float = 0.0
+    latency_s: float | None = None  # as the group sees it: L + d
+    throughput_bps: float = 0.0
+    iops: float = 0.0
+    delay_s: float = 0.0  # the target class's delay
+    target_class: int = 0
+    delay_class: int = 0  # in force (moves to target_class tick by tick)
+    idle_intervals: int = 0
+    members: frozenset[str] = frozenset()  # initiators seen this interval
+
+
+@dataclass(slots=True)
+class GroupedResource:
+    groups: dict[str, GroupState] = field(default_factory=dict)
+    overloaded: bool = False
+    latency_s: float | None = None  # the resource's read latency over the interval
+
+
+@dataclass(slots=True)
+class GroupsState:
+    """Every grouped resource's groups, and who is in which group."""
+
+    groups: dict[str, Group] = field(default_factory=dict)  # name -> spec
+    group_of: dict[str, str] = field(default_factory=dict)  # initiator -> group name
+    resources: dict[str, GroupedResource] = field(default_factory=dict)
+    default_priority: float = 1.0
+    step_max_fraction: float = STEP_MAX_FRACTION
+
+    def spec(self, name: str) -> Group:
+        g = self.groups.get(name)
+        return g if g is not None else Group(DEFAULT_GROUP, self.default_priority)
+
+    def classes(self, resource: str) -> dict[str, int]:
+        """initiator -> class in force on one grouped resource (> 0 only)."""
+        gr = self.resources.get(resource)
+        out: dict[str, int] = {}
+        if gr is None:
+            return out
+        for gs in gr.groups.values():
+            if gs.delay_class:
+                for ini in gs.members:
+                    out[ini] = gs.delay_class
+        return out
+
+
+def set_groups(
+    st: GroupsState,
+    groups: Sequence[Group],
+    group_of: Mapping[str, str],
+    default_priority: float = 1.0,
+) -> None:
+    """New specs (targets, priorities) and membership: live, from the next interval.
+
+    Shares, models and classes stay (a priority change moves the shares by at
+    most step_max_fraction per interval); a group that no longer exists goes at
+    the next interval, its initiators into "default"."""
+    st.groups = {g.name: g for g in groups}
+    st.group_of = dict(group_of)
+    st.default_priority = default_priority
+
+
+def interval(
+    st: GroupsState,
+    resource: str,
+    samples: Sequence[IoSample],
+    span_s: float,
+    ladder: Ladder,
+    resource_latency_s: float | None,
+) -> None:
+    """One Maestro interval on one grouped resource: shares and target classes."""
+    gr = st.resources.setdefault(resource, GroupedResource())
+    agg: dict[str, list[float]] = {}  # group -> [ios, bytes, reads, read latency sum]
+    members: dict[str, set[str]] = {}
+    lat_known = 0.0
+    lat_reads = 0.0
+    for s in samples:
+        g = st.group_of.get(s.initiator, DEFAULT_GROUP)
+        a = agg.setdefault(g, [0.0, 0.0, 0.0, 0.0])
+        a[0] += s.ios
+        a[1] += s.bytes
+        if s.read_latency_s is not None and s.reads > 0:
+            a[2] += s.reads
+            a[3] += s.reads * s.read_latency_s
+            lat_known += s.reads * s.read_latency_s
+            lat_reads += s.reads
+        members.setdefault(g, set()).add(s.initiator)
+    res_lat = lat_known / lat_reads if lat_reads else resource_latency_s
+    gr.latency_s = res_lat
+    if res_lat is None or not agg:  # nothing measured: hold
+        return
+    # 1. who is active; demand shares
+    for name, gs in gr.groups.items():
+        known = name == DEFAULT_GROUP or name in st.groups
+        if known and name in agg:
+            continue
+        gs.idle_intervals += 1
+        if not known or gs.idle_intervals >= GROUP_IDLE_INTERVALS:  # leaves (advance drops it)
+            gs.share, gs.target_class = 0.0, 0
+    active = [g for g in agg if g in st.groups or g == DEFAULT_GROUP]
+    q: dict[str, float] = {}
+    for g in active:
+        ios, nbytes, reads, lat_sum = agg[g]
+        gs = gr.groups.setdefault(g, GroupState())
+        gs.idle_intervals = 0
+        gs.members = frozenset(members[g])
+        lat = lat_sum / reads if reads else res_lat
+        seen = lat + ladder.delay_s(gs.delay_class)
+        gs.iops = ios / span_s
+        gs.throughput_bps = nbytes / span_s
+        gs.latency_s = seen
+        q[g] = gs.iops * seen
+    total_q = sum(q.values())
+    if total_q <= 0.0:
+        return
+    new = [g for g in active if gr.groups[g].share <= 0.0]
+    for g in active:
+        gr.groups[g].demand = q[g] / total_q
+    room = sum(gr.groups[g].demand for g in new)
+    old_sum = sum(gr.groups[g].share for g in active if g not in new)
+    for g in active:
+        gs = gr.groups[g]
+        if g in new:
+            gs.share = gs.demand if old_sum > 0.0 else gs.demand / room
+        elif old_sum > 0.0:  # the others make room and absorb the quiet ones' shares
+            gs.share = max(gs.share / old_sum * (1.0 - room), U_MIN_FRACTION)
+    norm = sum(gr.groups[g].share for g in active)
+    for g in active:
+        gr.groups[g].share /= norm
+    # 2. models, claims, the arbiter
+    claims = []
+    for g in active:
+        gs = gr.groups[g]
+        spec = st.spec(g)
+        y = normalised(
+            spec.latency_target_s,
+            gs.latency_s,
+            spec.throughput_target_bps,
+            gs.throughput_bps if spec.throughput_target_bps is not None else None,
+        )
+        if spec.throughput_target_iops is not None:
+            yi = gs.iops / spec.throughput_target_iops
+            y = yi if y is None else min(y, yi)
+        gs.y = y
+        y_eff = 1.0 if y is None else y
+        beta = gs.model.observe(gs.share, y_eff)
+        cl = Claim(spec.priority, y_eff, gs.share, beta)
+        gs.pwfte = pwfte(cl)
+        claims.append(cl)
+    shares, gr.overloaded = arbitrate(claims, st.step_max_fraction)
+    # 3. shares -> delays -> target classes
+    for g, u in zip(active, shares, strict=True):
+        gs = gr.groups[g]
+        gs.share = u
+        lat = gs.latency_s - ladder.delay_s(gs.delay_class) if gs.latency_s else res_lat
+        gs.delay_s = share_delay_s(lat, gs.demand, u)
+        gs.target_class = ladder.class_at_least(gs.delay_s)
+
+
+def share_delay_s(latency_s: float, demand: float, share: float) -> float:
+    """The delay that leaves a group of demand share w with share u at the array."""
+    if share >= demand or share <= 0.0:
+        return 0.0 if share >= demand else math.inf
+    return latency_s * (demand / share - 1.0)
+
+
+def advance(st: GroupsState, rise_to: Sequence[int], decrease_max: int) -> dict[str, set[str]]:
+    """One tick: every group's class in force moves toward its target class.
+
+    Returns resource -> the initiators whose class on it changed."""
+    changed: dict[str, set[str]] = {}
+    for name, gr in st.resources.items():
+        for g in list(gr.groups):
+            gs = gr.groups[g]
+            k, want = gs.delay_class, gs.target_class
+            if want > k:
+                want = min(want, rise_to[k])
+            elif want < k and decrease_max:
+                want = max(want, k - decrease_max)
+            if want != k:
+                gs.delay_class = want
+                changed.setdefault(name, set()).update(gs.members)
+            if not gs.delay_class and gs.share <= 0.0:  # left, and back at 0
+                del gr.groups[g]
+    return changed
