@@ -74,7 +74,7 @@ Worked example (the ladder's 0.5 ms steps)
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .domain import IoSample
@@ -154,33 +154,60 @@ class GroupsState:
         g = self.groups.get(name)
         return g if g is not None else Group(DEFAULT_GROUP, self.default_priority)
 
-    def classes(self, resource: str) -> dict[str, int]:
-        """initiator -> class in force on one grouped resource (> 0 only)."""
-        gr = self.resources.get(resource)
+    def class_by_initiator(self) -> dict[str, int]:
+        """initiator -> its highest class in force over the grouped resources (> 0 only)."""
         out: dict[str, int] = {}
-        if gr is None:
-            return out
-        for gs in gr.groups.values():
-            if gs.delay_class:
-                for ini in gs.members:
-                    out[ini] = gs.delay_class
+        for gr in self.resources.values():
+            for gs in gr.groups.values():
+                k = gs.delay_class
+                if k:
+                    for ini in gs.members:
+                        if k > out.get(ini, 0):
+                            out[ini] = k
         return out
 
 
-def set_groups(
+def regroup(
     st: GroupsState,
     groups: Sequence[Group],
     group_of: Mapping[str, str],
+    ungrouped: Iterable[str] = (),
     default_priority: float = 1.0,
-) -> None:
+) -> set[str]:
     """New specs (targets, priorities) and membership: live, from the next interval.
 
     Shares, models and classes stay (a priority change moves the shares by at
     most step_max_fraction per interval); a group that no longer exists goes at
-    the next interval, its initiators into "default"."""
+    the next interval, its initiators into "default". The resources in
+    `ungrouped` leave the groups; returns their initiators (their classes go)."""
     st.groups = {g.name: g for g in groups}
     st.group_of = dict(group_of)
     st.default_priority = default_priority
+    out: set[str] = set()
+    for name in ungrouped:
+        gr = st.resources.pop(name, None)
+        if gr is not None:
+            for gs in gr.groups.values():
+                out.update(gs.members)
+    return out
+
+
+def run_intervals(
+    st: GroupsState,
+    grouped: Iterable[str],
+    samples: Iterable[IoSample],
+    span_s: float,
+    ladder: Ladder,
+    latency_of: Mapping[str, float | None],
+) -> None:
+    """interval() on every grouped resource, each with its own samples."""
+    by_res: dict[str, list[IoSample]] = {name: [] for name in grouped}
+    for io in samples:
+        mine = by_res.get(io.resource)
+        if mine is not None:
+            mine.append(io)
+    for name, ios in by_res.items():
+        interval(st, name, ios, span_s, ladder, latency_of.get(name))
 
 
 def interval(

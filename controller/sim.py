@@ -41,8 +41,9 @@ from typing import Any
 
 from .domain import DeviceSample, ReadSample, Resource, Samples, WriteSample
 from .plant import Device, solve_latency
+from .restate import seed_class
 from .scenario import Scenario
-from .step import new_state, seed_class, step
+from .step import new_state, step
 
 # After a switch-on the p99 and the "back under threshold" clock exclude or
 # measure this long a transient (issue acceptance: 2 s).

@@ -81,7 +81,7 @@ Threshold "auto" (Resource.auto)
     auto_alpha) of its last confident fit, and the Resource's threshold_s
     (the fallback; math.inf observes) until there is one.
 
-New parameters, a restart
+New parameters, a restart (controller/restate.py)
     reconfigure(state, config): new gains, EWMA time constants, write-heavy
     thresholds or cadences keep every resource's class (the PID continues
     from it: bumpless), its latency EWMA and the write-heavy sets, so a
@@ -119,16 +119,15 @@ Worked example
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .domain import ControllerConfig, Decisions, IoSample, Resource, Samples
+from .domain import ControllerConfig, Decisions, Resource, Samples
 from .ewma import Ewma
-from .groups import Group, GroupsState, advance, interval, set_groups
+from .groups import GroupsState, advance, run_intervals
 from .lqfit import LqEstimator, LqFit
 from .pid import Pid, new_pid
+from .ramp import rise_table
 from .setpoint import NoiseGauge
 from .writeheavy import CONTENDED_FLOOR_FRACTION, WriteHeavySets
 
@@ -201,7 +200,7 @@ class ControllerState:
 
     def __post_init__(self) -> None:
         c = self.config
-        self.rise_to = _rise_table(c)
+        self.rise_to = rise_table(c)
         # with the relative write-heavy rules a writer of 64 KiB/s is throttled, so
         # it is a writer here too; without them, write_heavy_leave as before
         self.no_writers_bps = (
@@ -246,7 +245,7 @@ class ControllerState:
     def remove_resource(self, name: str) -> dict[str, int]:
         """Forget a resource; returns the initiators whose class changed."""
         self.resources.pop(name, None)
-        return _recompute_effective(self, self.write_sets.forget_resource(name))
+        return recompute_effective(self, self.write_sets.forget_resource(name))
 
     def effective_class(self, initiator: str) -> int:
         return self.effective.get(initiator, 0)
@@ -260,81 +259,6 @@ def new_state(config: ControllerConfig, resources: list[Resource]) -> Controller
     for r in resources:
         state.set_resource(r)
     return state
-
-
-def seed_class(state: ControllerState, name: str, delay_class: int) -> None:
-    """Start resource `name` at delay_class (the PID continues from it)."""
-    rs = state.resources[name]
-    rs.delay_class = max(0, min(delay_class, state.config.max_class))
-    rs.pid.follow(rs.delay_class)
-    _recompute_effective(state, set(state.members(name)))
-
-
-def reconfigure(state: ControllerState, config: ControllerConfig) -> ControllerState:
-    """The same resources, classes, EWMAs and write-heavy sets under new parameters."""
-    sets = state.write_sets
-    fresh = WriteHeavySets(
-        config.write_ewma_tau_s,
-        config.write_heavy_enter_bps,
-        config.write_heavy_leave_bps,
-        config.write_heavy_share,
-        PAUSE_HOLD_S if config.write_heavy_share else 0.0,
-    )  # validates the thresholds
-    sets.tau_s, sets.enter_bps, sets.leave_bps = fresh.tau_s, fresh.enter_bps, fresh.leave_bps
-    sets.share, sets.pause_hold_s = fresh.share, fresh.pause_hold_s
-    sets.clear_alpha_cache()
-    out = ControllerState(
-        config,
-        sets=sets,
-        effective=state.effective,
-        rising=state.rising,
-        next_tick_s=state.next_tick_s,
-        next_converge_s=state.next_converge_s,
-        late_ticks_total=state.late_ticks_total,
-        groups=state.groups,
-        grouped=state.grouped,
-    )
-    for name, rs in state.resources.items():
-        out.set_resource(rs.resource)
-        new = out.resources[name]
-        new.ewma.value, new.ewma.last_s = rs.ewma.value, rs.ewma.last_s
-        new.last_read_s = rs.last_read_s
-        new.lq = rs.lq
-        new.noise, new.write_rate = rs.noise, rs.write_rate
-        new.drop_hold_until_s, new.drop_ticks = rs.drop_hold_until_s, rs.drop_ticks
-        new.hold_base = rs.hold_base
-        new.delay_class = min(rs.delay_class, config.max_class)
-        new.pid.follow(new.delay_class)
-    _recompute_effective(out, set(out.effective) | set(out.rising))
-    return out
-
-
-def configure_groups(
-    state: ControllerState,
-    groups: Sequence[Group],
-    group_of: Mapping[str, str],
-    grouped: Iterable[str],
-    default_priority: float = 1.0,
-) -> dict[str, int]:
-    """Groups, membership and the grouped resources, live; returns the initiators
-    whose effective class changed (a resource that leaves the groups gives its
-    initiators back to its PID, one that joins them hands its class to them)."""
-    set_groups(state.groups, groups, group_of, default_priority)
-    new = frozenset(grouped)
-    affected: set[str] = set()
-    for name in state.grouped - new:  # back to the resource's PID and sets
-        gr = state.groups.resources.pop(name, None)
-        if gr is not None:
-            for gs in gr.groups.values():
-                affected.update(gs.members)
-    for name in new - state.grouped:  # the groups take over from the PID
-        rs = state.resources.get(name)
-        if rs is not None and rs.delay_class:
-            rs.delay_class = 0
-            rs.pid.reset()
-            affected.update(state.members(name))
-    state.grouped = new
-    return _recompute_effective(state, affected)
 
 
 def _schedule(next_s: float | None, period_s: float, now_s: float) -> tuple[bool, float, int]:
@@ -477,14 +401,8 @@ def step(
         touched.update(change.joined)
         touched.update(change.left)
         if state.grouped:  # Maestro's interval on each grouped resource
-            by_res: dict[str, list[IoSample]] = {name: [] for name in state.grouped}
-            for io in samples.ios:
-                if io.resource in by_res:
-                    by_res[io.resource].append(io)
-            for name, ios in by_res.items():
-                rs1 = state.resources.get(name)
-                lat = None if rs1 is None else rs1.ewma.value
-                interval(state.groups, name, ios, c.converge_s, c.ladder, lat)
+            lat = {name: rs.ewma.value for name, rs in state.resources.items()}
+            run_intervals(state.groups, state.grouped, samples.ios, c.converge_s, c.ladder, lat)
 
     group_changed: set[str] = set()
     if out.ticked and state.groups.resources:  # group classes move a tick toward their target
@@ -497,31 +415,11 @@ def step(
         for name in touched:
             affected.update(sets.members.get(name, ()))
             affected.update(out.left.get(name, ()))
-        out.initiator_classes = _recompute_effective(state, affected)
+        out.initiator_classes = recompute_effective(state, affected)
     return state, out
 
 
-def rise(delay_class: int, c: ControllerConfig) -> int:
-    """The highest class one tick may lead to from delay_class ("ramp")."""
-    return _rise_table(c)[delay_class]
-
-
-@functools.lru_cache(maxsize=16)
-def _rise_table(c: ControllerConfig) -> tuple[int, ...]:
-    """rise() of every class of c's ladder: the largest class whose delay is within
-    max(d x ratio, d + delay_increase_min_s_per_tick) of class k's delay d."""
-    lad = c.ladder
-    if not c.class_increase_max_ratio_per_tick:
-        return (lad.max_class,) * (lad.max_class + 1)
-    out = []
-    for k in range(lad.max_class + 1):
-        d = lad.delay_s(k)
-        top = max(d * c.class_increase_max_ratio_per_tick, d + c.delay_increase_min_s_per_tick)
-        out.append(max(k + 1 if k < lad.max_class else k, lad.class_at_most(top)))
-    return tuple(out)
-
-
-def _recompute_effective(state: ControllerState, initiators: set[str]) -> dict[str, int]:
+def recompute_effective(state: ControllerState, initiators: set[str]) -> dict[str, int]:
     """Effective class of each given initiator; returns those that changed."""
     member_of = state.write_sets.member_of
     eff = state.effective
@@ -529,11 +427,7 @@ def _recompute_effective(state: ControllerState, initiators: set[str]) -> dict[s
     rise_to = state.rise_to
     # each resource's class once (a tick recomputes thousands of members)
     class_of = {name: rs.delay_class for name, rs in state.resources.items()}
-    group_class: dict[str, int] = {}
-    for name in state.groups.resources:
-        for ini, k in state.groups.classes(name).items():
-            if k > group_class.get(ini, 0):
-                group_class[ini] = k
+    group_class = state.groups.class_by_initiator()
     changed: dict[str, int] = {}
     for ini in initiators:
         cls = group_class.get(ini, 0)

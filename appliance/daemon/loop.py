@@ -55,13 +55,8 @@ from santhrottle.controller.domain import (
     Samples,
     WriteSample,
 )
-from santhrottle.controller.step import (
-    ControllerState,
-    new_state,
-    reconfigure,
-    seed_class,
-    step,
-)
+from santhrottle.controller.restate import reconfigure, seed_class
+from santhrottle.controller.step import ControllerState, new_state, step
 
 log = logging.getLogger("santhrottled")
 

@@ -153,7 +153,7 @@ def _climb(d, ip, to_class: int, ordered: bool) -> None:
     tail-loss probe timer (2 x srtt + 2 jiffies) makes it send a spurious
     probe, which would count here against the descent under test."""
     from santhrottle.controller.domain import ControllerConfig
-    from santhrottle.controller.step import rise
+    from santhrottle.controller.ramp import rise
 
     cfg = ControllerConfig()
     k = 0

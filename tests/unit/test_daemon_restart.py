@@ -28,7 +28,8 @@ from santhrottle.controller.domain import (
     Samples,
     WriteSample,
 )
-from santhrottle.controller.step import new_state, reconfigure, seed_class, step
+from santhrottle.controller.restate import reconfigure, seed_class
+from santhrottle.controller.step import new_state, step
 
 from .test_daemon import CONF, make, run_for
 

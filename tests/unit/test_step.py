@@ -12,7 +12,8 @@ from santhrottle.controller.domain import (
     WriteSample,
 )
 from santhrottle.controller.ladder import Ladder
-from santhrottle.controller.step import new_state, rise, step
+from santhrottle.controller.ramp import rise
+from santhrottle.controller.step import new_state, step
 
 MIB = 1024.0 * 1024.0
 CFG = ControllerConfig(
