@@ -188,8 +188,9 @@ class DeviceSample(NamedTuple):
 class IoSample(NamedTuple):
     """One initiator's IOs on one resource over the interval ending now.
 
-    read_latency_s: the reads' mean latency at the array; None where the
-    sensor has no per-initiator latency (the resource's stands in)."""
+    read_latency_s: its reads' mean latency at the array; latency_s: all its
+    IOs'; None where the sensor cannot tell per initiator (the resource's
+    stands in)."""
 
     resource: str
     initiator: str
@@ -197,6 +198,7 @@ class IoSample(NamedTuple):
     bytes: float
     reads: float
     read_latency_s: float | None = None
+    latency_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

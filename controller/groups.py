@@ -123,7 +123,8 @@ class GroupState:
     demand: float = 0.0  # w = q / C, this interval
     y: float | None = None
     pwfte: float = 0.0
-    latency_s: float | None = None  # as the group sees it: L + d
+    latency_s: float | None = None  # as the group sees it: its reads' L + d
+    io_latency_s: float = 0.0  # its IOs' mean latency at the array (the knob's L)
     throughput_bps: float = 0.0
     iops: float = 0.0
     delay_s: float = 0.0  # the target class's delay
@@ -220,63 +221,35 @@ def interval(
 ) -> None:
     """One Maestro interval on one grouped resource: shares and target classes."""
     gr = st.resources.setdefault(resource, GroupedResource())
-    agg: dict[str, list[float]] = {}  # group -> [ios, bytes, reads, read latency sum]
-    members: dict[str, set[str]] = {}
-    lat_known = 0.0
-    lat_reads = 0.0
+    agg: dict[str, _Acc] = {}
+    whole = _Acc()
     for s in samples:
         g = st.group_of.get(s.initiator, DEFAULT_GROUP)
-        a = agg.setdefault(g, [0.0, 0.0, 0.0, 0.0])
-        a[0] += s.ios
-        a[1] += s.bytes
-        if s.read_latency_s is not None and s.reads > 0:
-            a[2] += s.reads
-            a[3] += s.reads * s.read_latency_s
-            lat_known += s.reads * s.read_latency_s
-            lat_reads += s.reads
-        members.setdefault(g, set()).add(s.initiator)
-    res_lat = lat_known / lat_reads if lat_reads else resource_latency_s
+        agg.setdefault(g, _Acc()).add(s)
+        whole.add(s)
+    res_lat = whole.io_latency_s(resource_latency_s)
     gr.latency_s = res_lat
     if res_lat is None or not agg:  # nothing measured: hold
         return
-    # 1. who is active; demand shares
-    for name, gs in gr.groups.items():
-        known = name == DEFAULT_GROUP or name in st.groups
-        if known and name in agg:
-            continue
-        gs.idle_intervals += 1
-        if not known or gs.idle_intervals >= GROUP_IDLE_INTERVALS:  # leaves (advance drops it)
-            gs.share, gs.target_class = 0.0, 0
-    active = [g for g in agg if g in st.groups or g == DEFAULT_GROUP]
+    active = _active(st, gr, agg)
     q: dict[str, float] = {}
     for g in active:
-        ios, nbytes, reads, lat_sum = agg[g]
+        acc = agg[g]
         gs = gr.groups.setdefault(g, GroupState())
         gs.idle_intervals = 0
-        gs.members = frozenset(members[g])
-        lat = lat_sum / reads if reads else res_lat
-        seen = lat + ladder.delay_s(gs.delay_class)
-        gs.iops = ios / span_s
-        gs.throughput_bps = nbytes / span_s
-        gs.latency_s = seen
-        q[g] = gs.iops * seen
+        gs.members = frozenset(acc.initiators)
+        delay = ladder.delay_s(gs.delay_class)
+        gs.io_latency_s = acc.io_latency_s(res_lat) or res_lat
+        gs.latency_s = (acc.read_latency_s() or gs.io_latency_s) + delay
+        gs.iops = acc.ios / span_s
+        gs.throughput_bps = acc.bytes / span_s
+        q[g] = gs.iops * (gs.io_latency_s + delay)
     total_q = sum(q.values())
     if total_q <= 0.0:
         return
-    new = [g for g in active if gr.groups[g].share <= 0.0]
     for g in active:
         gr.groups[g].demand = q[g] / total_q
-    room = sum(gr.groups[g].demand for g in new)
-    old_sum = sum(gr.groups[g].share for g in active if g not in new)
-    for g in active:
-        gs = gr.groups[g]
-        if g in new:
-            gs.share = gs.demand if old_sum > 0.0 else gs.demand / room
-        elif old_sum > 0.0:  # the others make room and absorb the quiet ones' shares
-            gs.share = max(gs.share / old_sum * (1.0 - room), U_MIN_FRACTION)
-    norm = sum(gr.groups[g].share for g in active)
-    for g in active:
-        gr.groups[g].share /= norm
+    _make_room(gr, active)
     # 2. models, claims, the arbiter
     claims = []
     for g in active:
@@ -302,9 +275,73 @@ def interval(
     for g, u in zip(active, shares, strict=True):
         gs = gr.groups[g]
         gs.share = u
-        lat = gs.latency_s - ladder.delay_s(gs.delay_class) if gs.latency_s else res_lat
-        gs.delay_s = share_delay_s(lat, gs.demand, u)
+        gs.delay_s = share_delay_s(gs.io_latency_s, gs.demand, u)
         gs.target_class = ladder.class_at_least(gs.delay_s)
+
+
+@dataclass(slots=True)
+class _Acc:
+    """IoSamples summed (one group's, or the resource's)."""
+
+    ios: float = 0.0
+    bytes: float = 0.0
+    reads: float = 0.0
+    read_lat_sum: float = 0.0
+    timed_ios: float = 0.0
+    lat_sum: float = 0.0
+    initiators: set[str] = field(default_factory=set)
+
+    def add(self, s: IoSample) -> None:
+        self.ios += s.ios
+        self.bytes += s.bytes
+        self.initiators.add(s.initiator)
+        if s.read_latency_s is not None and s.reads > 0:
+            self.reads += s.reads
+            self.read_lat_sum += s.reads * s.read_latency_s
+        if s.latency_s is not None and s.ios > 0:
+            self.timed_ios += s.ios
+            self.lat_sum += s.ios * s.latency_s
+
+    def read_latency_s(self) -> float | None:
+        return self.read_lat_sum / self.reads if self.reads else None
+
+    def io_latency_s(self, otherwise: float | None) -> float | None:
+        """Mean latency of the IOs, else of the reads, else `otherwise`."""
+        if self.timed_ios:
+            return self.lat_sum / self.timed_ios
+        r = self.read_latency_s()
+        return otherwise if r is None else r
+
+
+def _active(st: GroupsState, gr: GroupedResource, agg: Mapping[str, _Acc]) -> list[str]:
+    """1. The groups with IOs this interval; the others count idle intervals and,
+    past GROUP_IDLE_INTERVALS or once their spec is gone, leave (advance() drops
+    them when their class is back at 0)."""
+    for name, gs in gr.groups.items():
+        known = name == DEFAULT_GROUP or name in st.groups
+        if known and name in agg:
+            continue
+        gs.idle_intervals += 1
+        if not known or gs.idle_intervals >= GROUP_IDLE_INTERVALS:
+            gs.share, gs.target_class = 0.0, 0
+    return [g for g in agg if g in st.groups or g == DEFAULT_GROUP]
+
+
+def _make_room(gr: GroupedResource, active: Sequence[str]) -> None:
+    """A group new on the resource starts at its demand share; the others scale
+    down to make room (and absorb the shares of the ones idle now): sum = 1."""
+    new = [g for g in active if gr.groups[g].share <= 0.0]
+    room = sum(gr.groups[g].demand for g in new)
+    old_sum = sum(gr.groups[g].share for g in active if g not in new)
+    for g in active:
+        gs = gr.groups[g]
+        if g in new:
+            gs.share = gs.demand if old_sum > 0.0 else gs.demand / room
+        elif old_sum > 0.0:
+            gs.share = max(gs.share / old_sum * (1.0 - room), U_MIN_FRACTION)
+    norm = sum(gr.groups[g].share for g in active)
+    for g in active:
+        gr.groups[g].share /= norm
 
 
 def share_delay_s(latency_s: float, demand: float, share: float) -> float:

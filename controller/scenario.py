@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .domain import LAWS, OFFSET_X_THRESHOLD_MAX, TICK_S, ControllerConfig, LogGains, PidGains
+from .groups import Group
 from .ladder import Ladder, LadderError
 
 KIB = 1024.0
@@ -66,6 +67,15 @@ class ResourceModel:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupModel:
+    """A [[group]]: its spec, its members (initiators), its live changes (at_s, new spec)."""
+
+    group: Group
+    members: tuple[str, ...]
+    changes: tuple[tuple[float, Group], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
     duration_s: float
     sim_step_s: float
@@ -75,6 +85,7 @@ class Scenario:
     streams: tuple[Stream, ...]
     thresholds_s: tuple[float, ...]
     controller: ControllerConfig
+    groups: tuple[GroupModel, ...] = ()  # every resource is grouped when there are any
 
     def switch_ons(self) -> list[float]:
         """Times at which write streams switch on (deduplicated, sorted)."""
@@ -201,6 +212,8 @@ def parse_scenario(text: str) -> Scenario:
     for t in top.tables("stream"):
         streams.extend(_parse_stream(t, names, duration_s))
 
+    groups = _parse_groups(top, {s.initiator for s in streams}, duration_s)
+
     ctl = top.table("controller")
     thr = ctl.get("thresholds_ms", required=True)
     if (
@@ -302,7 +315,62 @@ def parse_scenario(text: str) -> Scenario:
         streams=tuple(streams),
         thresholds_s=tuple(float(x) / 1000.0 for x in thr),
         controller=config,
+        groups=groups,
     )
+
+
+def _group_spec(t: _Table, name: str, base: Group | None = None) -> Group:
+    """A group's targets and priority from t; what t does not name stays as in base."""
+    b = base or Group(name)
+
+    def opt(key: str, scale: float, old: float | None) -> float | None:
+        if key not in t.data:
+            t.used.add(key)
+            return old
+        return t.number(key, lo=0.0, lo_open=True) * scale
+
+    return Group(
+        name,
+        priority=t.number("priority", b.priority, lo=0.0, lo_open=True),
+        latency_target_s=opt("latency_target_ms", 1e-3, b.latency_target_s),
+        throughput_target_bps=opt("throughput_target_mib_s", KIB * KIB, b.throughput_target_bps),
+        throughput_target_iops=opt("throughput_target_iops", 1.0, b.throughput_target_iops),
+    )
+
+
+def _parse_groups(top: _Table, initiators: set[str], duration_s: float) -> tuple[GroupModel, ...]:
+    if "group" not in top.data:
+        top.used.add("group")
+        return ()
+    out: list[GroupModel] = []
+    seen: set[str] = set()
+    for t in top.tables("group"):
+        name = t.string("name")
+        if name in {g.group.name for g in out} or name == "default":
+            raise ScenarioError(f"{t.path}.name: duplicate or reserved group name {name!r}")
+        members = t.get("members", required=True)
+        if (
+            not isinstance(members, list)
+            or not members
+            or not all(isinstance(m, str) and m in initiators for m in members)
+        ):
+            raise ScenarioError(f"{t.path}.members: must list initiators of the [[stream]]s")
+        if seen & set(members):
+            raise ScenarioError(f"{t.path}.members: an initiator is in one group only")
+        seen.update(members)
+        spec = _group_spec(t, name)
+        changes: list[tuple[float, Group]] = []
+        raw = t.get("changes", [])
+        if not isinstance(raw, list):
+            raise ScenarioError(f"{t.path}.changes: must be a list of tables")
+        for i, c in enumerate(raw):
+            ct = _Table(c, f"{t.path}.changes[{i}]")
+            at_s = ct.number("at_s", lo=0.0, hi=duration_s)
+            changes.append((at_s, _group_spec(ct, name, changes[-1][1] if changes else spec)))
+            ct.done()
+        t.done()
+        out.append(GroupModel(spec, tuple(members), tuple(changes)))
+    return tuple(out)
 
 
 def _parse_stream(t: _Table, resources: set[str], duration_s: float) -> list[Stream]:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .domain import DeviceSample, ReadSample, Resource, Samples, WriteSample
+from .groupsim import GroupMeter, GroupSeries
 from .plant import Device, solve_latency
 from .restate import seed_class
 from .scenario import Scenario
@@ -73,6 +74,7 @@ class RunResult:
     write_bytes_after_settle: float
     writer_on_s_after_settle: float
     class_changes_after_settle: int
+    groups: dict[str, GroupSeries] = field(default_factory=dict)  # scenarios with [[group]]
 
 
 def _mean_of_n(rel_sd: float, n: float, g: float) -> float:
@@ -116,6 +118,9 @@ def run(
         if threshold_s is not None
         else None
     )
+    meter = GroupMeter(sc) if sc.groups and state is not None else None
+    if meter is not None and state is not None:
+        meter.configure(state)
     devices = {r.name: Device(r.intercept_s, r.slope_s_per_io) for r in sc.resources}
     ln_params = {r.name: _lognormal_params(r.noise) for r in sc.resources}
     noise_of = {r.name: r.noise for r in sc.resources}
@@ -132,7 +137,8 @@ def run(
     dev_rng = random.Random(f"{sc.seed}:device")
     dev_tick = {r.name: [0.0, 0.0, 0.0] for r in sc.resources}  # IOs, sum of L, sum of Q dt
 
-    pending: list[tuple[float, str, float]] = []  # (completion time, resource, latency)
+    # (completion time, resource, latency, initiator, bytes)
+    pending: list[tuple[float, str, float, str, float]] = []
     tick_sum: dict[str, float] = {r.name: 0.0 for r in sc.resources}
     tick_n: dict[str, float] = {r.name: 0.0 for r in sc.resources}
     tick_res_write_bytes: dict[str, float] = {r.name: 0.0 for r in sc.resources}
@@ -187,6 +193,8 @@ def run(
             mu, sd = ln_params[r.name]
             for s, d in closed:
                 iops = s.depth / (lat + d)
+                if meter is not None:
+                    meter.closed(r.name, s.initiator, s.kind == "read", iops, s.size_bytes, lat, dt)
                 if s.kind == "write":
                     b = iops * s.size_bytes * dt
                     key = (s.resource, s.initiator)
@@ -210,12 +218,15 @@ def run(
                     noise = math.exp(mu + sd * rng.gauss())
                     if on[id(s)] and s.kind == "read":
                         lat_i = lat * noise
-                        heapq.heappush(pending, (next_arrival[id(s)] + lat_i, r.name, lat_i))
+                        done = next_arrival[id(s)] + lat_i
+                        heapq.heappush(pending, (done, r.name, lat_i, s.initiator, s.size_bytes))
                     next_arrival[id(s)] += rng.expovariate(s.rate_iops)
 
         t_end = t + dt
         while pending and pending[0][0] <= t_end:
-            done_t, name, lat_i = heapq.heappop(pending)
+            done_t, name, lat_i, ini, size = heapq.heappop(pending)
+            if meter is not None:
+                meter.read_done(name, ini, size, lat_i)
             tick_sum[name] += lat_i
             tick_n[name] += 1.0
             if name == first:
@@ -248,14 +259,18 @@ def run(
                 )
             dev_tick[name] = [0.0, 0.0, 0.0]
         writes: list[WriteSample] = []
-        if (k + 1) % converge_every == 0:
+        converging = (k + 1) % converge_every == 0
+        ios = meter.take() if meter is not None and converging else []
+        if converging:
             span = converge_every * dt
             writes = [WriteSample(r, i, b / span) for (r, i), b in write_bytes.items()]
             write_bytes.clear()
         ewma: float | None = None
         cls0 = 0
         if state is not None:
-            state, _ = step(state, Samples(reads, writes, devs), t_end)
+            state, _ = step(state, Samples(reads, writes, devs, ios), t_end)
+            if meter is not None:
+                meter.after_step(state, t_end, converging)
             if oracle_class is not None:
                 for name in state.resources:
                     seed_class(state, name, oracle_class)
@@ -293,6 +308,7 @@ def run(
         bytes_after_settle,
         writer_on_after_settle,
         class_changes,
+        meter.series if meter is not None else {},
     )
 
 

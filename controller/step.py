@@ -122,7 +122,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .domain import ControllerConfig, Decisions, Resource, Samples
+from .domain import ControllerConfig, Decisions, IoSample, Resource, Samples
 from .ewma import Ewma
 from .groups import GroupsState, advance, run_intervals
 from .lqfit import LqEstimator, LqFit
@@ -197,6 +197,7 @@ class ControllerState:
     paused: set[str] = field(default_factory=set)  # resources with a paused member
     groups: GroupsState = field(default_factory=GroupsState)  # grouped resources (groups.py)
     grouped: frozenset[str] = frozenset()  # resources whose classes come from their groups
+    ios: list[IoSample] = field(default_factory=list)  # since the last convergence (groups)
 
     def __post_init__(self) -> None:
         c = self.config
@@ -279,6 +280,8 @@ def step(
     sets = state.write_sets
     if samples.writes:
         sets.observe_many(samples.writes, now_s)
+    if samples.ios and state.grouped:  # the groups' next interval
+        state.ios.extend(samples.ios)
     for dev in samples.devices:  # threshold "auto": the LQ fits
         rs0 = state.resources.get(dev.resource)
         if rs0 is not None and rs0.lq is not None:
@@ -402,7 +405,8 @@ def step(
         touched.update(change.left)
         if state.grouped:  # Maestro's interval on each grouped resource
             lat = {name: rs.ewma.value for name, rs in state.resources.items()}
-            run_intervals(state.groups, state.grouped, samples.ios, c.converge_s, c.ladder, lat)
+            run_intervals(state.groups, state.grouped, state.ios, c.converge_s, c.ladder, lat)
+            state.ios.clear()
 
     group_changed: set[str] = set()
     if out.ticked and state.groups.resources:  # group classes move a tick toward their target
