@@ -43,8 +43,22 @@ Each interval, per grouped resource
        time starts at its demand share w (no delay), the shares of the
        others scaled down to make room; one that went quiet leaves, its
        share spread over the rest in proportion.
-    2. model.observe(share in force, y); claims -> maestro.arbitrate.
-    3. Shares -> delays -> classes: the group's target class.
+    2. model.observe(share in force, y); claims -> maestro.arbitrate, each
+       with its change limit l_i = step_i x (sum over groups of
+       min(u, w)): a share point is C/100 IOs, and what that does to the
+       latency depends on how many IOs the array holds in all (a backup
+       group throttled to a tenth of its demand moves its IOs at the array
+       by half with a step of 0.05 of C). step_i starts at
+       STEP_MAX_FRACTION, grows x STEP_GROW while the group's share moves
+       one way and shrinks x STEP_SHRINK (not under STEP_MIN_FRACTION) when
+       it turns: its delay follows its share a tick or more late, and full
+       steps each way would oscillate.
+    3. Shares -> delays -> classes: the group's target class. L and d are
+       means over the interval (its IOs' latency at the array; the delay of
+       the class in force at each tick), q is peak-held
+       (DEMAND_DECAY_PER_INTERVAL): an interval in which writers start or
+       pause shows part of their demand, and a demand that looks halved
+       would halve their delay.
 Every tick the class in force moves to the target class: up by the ramp
 (step.py's rise), down by class_decrease_max_per_tick, as a resource's
 class does (a delay that falls too fast reorders and retransmits).
@@ -61,14 +75,14 @@ How to watch it
 
 Worked example (the ladder's 0.5 ms steps)
     Two groups on one resource, L = 20 ms: "db" (q = 1, latency target
-    10 ms, p = 2) and "backup" (q = 9, no target), shares w = 0.1 / 0.9,
-    y_db = 0.5, y_backup = 1. Requests: db 0.1 + 0.5 -> 0.15 (l = 0.05),
-    backup 0.9: sum 1.05 > 1, overload. PWFTE e_db = 2 * (0.5 - (u - 0.1))
-    = 2 * (0.6 - u), e_backup = -(u - 0.9); boxes [0.05, 0.15] and [0.85,
-    0.95]: u_db = 0.15, u_backup = 0.85 (e = 0.9 and 0.05: db at its top).
-    backup's delay: 20 ms * (0.9 / 0.85 - 1) = 1.18 ms -> class 3 (1.5 ms).
-    Next intervals move 0.05 a time while db is short: backup at 0.5 gets
-    20 * (0.9 / 0.5 - 1) = 16 ms.
+    10 ms, p = 2) and "backup" (q = 9, no target), shares = demand shares
+    w = 0.1 / 0.9 (nobody delayed: in use 1.0, l = 0.1), y_db = 0.5,
+    y_backup = 1. Requests: db 0.1 + 0.5 -> 0.2, backup 0.9: sum 1.1 > 1,
+    overload. PWFTE e_db = 2 * (0.5 - (u - 0.1)) = 2 * (0.6 - u), e_backup
+    = -(u - 0.9); boxes [0.005, 0.2] and [0.8, 1.0]: u_db = 0.2, u_backup
+    = 0.8 (e = 0.8 and 0.1: db at its top). backup's delay: 20 ms * (0.9 /
+    0.8 - 1) = 2.5 ms -> class 5. While db is short the shares move on:
+    backup at 0.5 gets 20 * (0.9 / 0.5 - 1) = 16 ms.
 """
 
 from __future__ import annotations
@@ -91,8 +105,19 @@ from .maestro import (
 
 # The implicit group of a grouped resource's initiators in no group.
 DEFAULT_GROUP = "default"
-# A group without IOs this many intervals in a row leaves its resource.
-GROUP_IDLE_INTERVALS = 5
+# A group without IOs this many intervals in a row leaves its resource; until then it
+# keeps its share, so writers that pause (the method paper: 5 s) come back to the
+# share they had, not to their demand.
+GROUP_IDLE_INTERVALS = 30
+# A group's demand (IOs outstanding) is the larger of this interval's and the last
+# one's times this: writers that start or pause within an interval show part of
+# their demand in it, and a demand that looks halved halves the delay (d = L(w/u - 1)).
+DEMAND_DECAY_PER_INTERVAL = 0.8
+# A group's change limit adapts (_adapt_step): x STEP_GROW per interval its share
+# keeps moving one way, x STEP_SHRINK when it turns, never under STEP_MIN_FRACTION.
+STEP_GROW = 1.5
+STEP_SHRINK = 0.7
+STEP_MIN_FRACTION = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +146,7 @@ class GroupState:
     model: Model = field(default_factory=Model)
     share: float = 0.0  # u in force
     demand: float = 0.0  # w = q / C, this interval
+    q: float = 0.0  # IOs outstanding (Little), peak-held (DEMAND_DECAY_PER_INTERVAL)
     y: float | None = None
     pwfte: float = 0.0
     latency_s: float | None = None  # as the group sees it: its reads' L + d
@@ -131,6 +157,10 @@ class GroupState:
     target_class: int = 0
     delay_class: int = 0  # in force (moves to target_class tick by tick)
     idle_intervals: int = 0
+    step: float = STEP_MAX_FRACTION  # its change limit, a fraction of the in-use share
+    last_way: int = 0  # the sign of its last share change
+    delay_sum_s: float = 0.0  # the delay in force, summed over the interval's ticks
+    delay_ticks: int = 0
     members: frozenset[str] = frozenset()  # initiators seen this interval
 
 
@@ -238,12 +268,18 @@ def interval(
         gs = gr.groups.setdefault(g, GroupState())
         gs.idle_intervals = 0
         gs.members = frozenset(acc.initiators)
-        delay = ladder.delay_s(gs.delay_class)
+        # the delay its IOs met over the interval (the class moved tick by tick)
+        delay = (
+            gs.delay_sum_s / gs.delay_ticks if gs.delay_ticks else ladder.delay_s(gs.delay_class)
+        )
+        gs.delay_sum_s, gs.delay_ticks = 0.0, 0
         gs.io_latency_s = acc.io_latency_s(res_lat) or res_lat
         gs.latency_s = (acc.read_latency_s() or gs.io_latency_s) + delay
         gs.iops = acc.ios / span_s
         gs.throughput_bps = acc.bytes / span_s
-        q[g] = gs.iops * (gs.io_latency_s + delay)
+        # Little, peak-held: an interval the streams started or paused in shows less
+        gs.q = max(gs.iops * (gs.io_latency_s + delay), gs.q * DEMAND_DECAY_PER_INTERVAL)
+        q[g] = gs.q
     total_q = sum(q.values())
     if total_q <= 0.0:
         return
@@ -251,6 +287,8 @@ def interval(
         gr.groups[g].demand = q[g] / total_q
     _make_room(gr, active)
     # 2. models, claims, the arbiter
+    # the change limit, in shares of the demand C: a fraction of what is at the array
+    in_use = sum(min(gr.groups[g].share, gr.groups[g].demand) for g in active)
     claims = []
     for g in active:
         gs = gr.groups[g]
@@ -267,10 +305,12 @@ def interval(
         gs.y = y
         y_eff = 1.0 if y is None else y
         beta = gs.model.observe(gs.share, y_eff)
-        cl = Claim(spec.priority, y_eff, gs.share, beta)
+        cl = Claim(spec.priority, y_eff, gs.share, beta, gs.step * in_use)
         gs.pwfte = pwfte(cl)
         claims.append(cl)
-    shares, gr.overloaded = arbitrate(claims, st.step_max_fraction)
+    shares, gr.overloaded = arbitrate(claims, st.step_max_fraction * in_use)
+    for g, u in zip(active, shares, strict=True):
+        _adapt_step(gr.groups[g], u, st.step_max_fraction)
     # 3. shares -> delays -> target classes
     for g, u in zip(active, shares, strict=True):
         gs = gr.groups[g]
@@ -344,6 +384,21 @@ def _make_room(gr: GroupedResource, active: Sequence[str]) -> None:
         gr.groups[g].share /= norm
 
 
+def _adapt_step(gs: GroupState, u: float, step_max: float) -> None:
+    """A group's change limit: it grows while its share moves one way and halves
+    when the share turns back (the delay lags the share by a tick or more, and a
+    full step each way would oscillate)."""
+    move = u - gs.share
+    if abs(move) < 1e-9:
+        return
+    way = 1 if move > 0 else -1
+    if way == -gs.last_way:
+        gs.step = max(gs.step * STEP_SHRINK, STEP_MIN_FRACTION)
+    elif way == gs.last_way:
+        gs.step = min(gs.step * STEP_GROW, step_max)
+    gs.last_way = way
+
+
 def share_delay_s(latency_s: float, demand: float, share: float) -> float:
     """The delay that leaves a group of demand share w with share u at the array."""
     if share >= demand or share <= 0.0:
@@ -351,14 +406,19 @@ def share_delay_s(latency_s: float, demand: float, share: float) -> float:
     return latency_s * (demand / share - 1.0)
 
 
-def advance(st: GroupsState, rise_to: Sequence[int], decrease_max: int) -> dict[str, set[str]]:
-    """One tick: every group's class in force moves toward its target class.
+def advance(
+    st: GroupsState, rise_to: Sequence[int], decrease_max: int, ladder: Ladder
+) -> dict[str, set[str]]:
+    """One tick: every group's class in force moves toward its target class (and
+    its delay is summed for the interval's mean).
 
     Returns resource -> the initiators whose class on it changed."""
     changed: dict[str, set[str]] = {}
     for name, gr in st.resources.items():
         for g in list(gr.groups):
             gs = gr.groups[g]
+            gs.delay_sum_s += ladder.delay_s(gs.delay_class)
+            gs.delay_ticks += 1
             k, want = gs.delay_class, gs.target_class
             if want > k:
                 want = min(want, rise_to[k])

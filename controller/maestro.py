@@ -70,8 +70,9 @@ The linear program in closed form (water-filling), and why it is optimal
 
 Bounds
     beta in [BETA_MIN, BETA_MAX]; u in [U_MIN_FRACTION, 1]; a change of at
-    most l per interval (so a priority change moves an allocation by l
-    per interval: from 1/3 to 2/3 in 7 intervals at l = 0.05).
+    most l per interval (a priority change moves an allocation by at most l
+    per interval: from 1/3 to 2/3 in 7 intervals at l = 0.05). l is the
+    caller's, per claim or for all (Claim.step_max, arbitrate's step_max).
 
 How to watch it
     Per group: y, the PWFTE p * (1 - y), the share u and beta with whether
@@ -114,8 +115,9 @@ DEFAULT_BETA = 1.0
 # No group's share goes under this: its delay stays finite and its model
 # keeps seeing the effect of its share.
 U_MIN_FRACTION = 0.005
-# Maestro's limit on a share's change per interval (5 % of C).
-STEP_MAX_FRACTION = 0.05
+# The limit on a share's change per interval. Maestro's is 5 % of C; groups.py
+# scales this one by the share in use at the array and adapts it per group.
+STEP_MAX_FRACTION = 0.1
 
 
 @dataclass(slots=True)
@@ -170,6 +172,7 @@ class Claim:
     y: float  # normalised performance measured under `share`
     share: float  # c, the share in force (sum over the claims = 1)
     beta: float  # the model's slope (> 0)
+    step_max: float | None = None  # this group's change limit l (None: the arbiter's)
 
 
 def box(c: float, step_max: float) -> tuple[float, float]:
@@ -179,7 +182,7 @@ def box(c: float, step_max: float) -> tuple[float, float]:
 
 def requirement(cl: Claim, step_max: float = STEP_MAX_FRACTION) -> float:
     """The share that would bring y to 1 by the model, within the change limit."""
-    lo, hi = box(cl.share, step_max)
+    lo, hi = box(cl.share, step_max if cl.step_max is None else cl.step_max)
     want = cl.share + (1.0 - cl.y) / cl.beta
     return min(max(want, lo), hi)
 
@@ -197,7 +200,7 @@ def arbitrate(
     """(next shares, overloaded): Maestro's arbiter over the groups' claims."""
     if not claims:
         return [], False
-    boxes = [box(cl.share, step_max) for cl in claims]
+    boxes = [box(cl.share, step_max if cl.step_max is None else cl.step_max) for cl in claims]
     req = [requirement(cl, step_max) for cl in claims]
     if sum(req) <= 1.0:  # underload: grant, spread the excess by priority
         a = [r / cl.priority for r, cl in zip(req, claims, strict=True)]

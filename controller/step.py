@@ -410,7 +410,9 @@ def step(
 
     group_changed: set[str] = set()
     if out.ticked and state.groups.resources:  # group classes move a tick toward their target
-        for inis in advance(state.groups, state.rise_to, c.class_decrease_max_per_tick).values():
+        for inis in advance(
+            state.groups, state.rise_to, c.class_decrease_max_per_tick, c.ladder
+        ).values():
             group_changed.update(inis)
 
     if touched or group_changed or (out.ticked and state.rising):
