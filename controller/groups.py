@@ -252,11 +252,14 @@ def interval(
     """One Maestro interval on one grouped resource: shares and target classes."""
     gr = st.resources.setdefault(resource, GroupedResource())
     agg: dict[str, _Acc] = {}
-    whole = _Acc()
-    for s in samples:
-        g = st.group_of.get(s.initiator, DEFAULT_GROUP)
-        agg.setdefault(g, _Acc()).add(s)
-        whole.add(s)
+    group_of = st.group_of
+    for s in samples:  # 10,000s per interval (make bench): no more than this per sample
+        g = group_of.get(s.initiator, DEFAULT_GROUP)
+        acc = agg.get(g)
+        if acc is None:
+            acc = agg[g] = _Acc()
+        acc.add(s)
+    whole = _Acc.total(agg.values())
     res_lat = whole.io_latency_s(resource_latency_s)
     gr.latency_s = res_lat
     if res_lat is None or not agg:  # nothing measured: hold
@@ -332,15 +335,28 @@ class _Acc:
     initiators: set[str] = field(default_factory=set)
 
     def add(self, s: IoSample) -> None:
-        self.ios += s.ios
-        self.bytes += s.bytes
-        self.initiators.add(s.initiator)
-        if s.read_latency_s is not None and s.reads > 0:
-            self.reads += s.reads
-            self.read_lat_sum += s.reads * s.read_latency_s
-        if s.latency_s is not None and s.ios > 0:
-            self.timed_ios += s.ios
-            self.lat_sum += s.ios * s.latency_s
+        _, ini, ios, nbytes, reads, read_lat, lat = s
+        self.ios += ios
+        self.bytes += nbytes
+        self.initiators.add(ini)
+        if read_lat is not None and reads > 0:
+            self.reads += reads
+            self.read_lat_sum += reads * read_lat
+        if lat is not None and ios > 0:
+            self.timed_ios += ios
+            self.lat_sum += ios * lat
+
+    @classmethod
+    def total(cls, accs: Iterable[_Acc]) -> _Acc:
+        out = cls()
+        for a in accs:
+            out.ios += a.ios
+            out.bytes += a.bytes
+            out.reads += a.reads
+            out.read_lat_sum += a.read_lat_sum
+            out.timed_ios += a.timed_ios
+            out.lat_sum += a.lat_sum
+        return out
 
     def read_latency_s(self) -> float | None:
         return self.read_lat_sum / self.reads if self.reads else None

@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_datapath import bench_datapath
+from bench_groups import bench_groups
 from bench_ladder import bench_ladder
 from bench_sensing import bench_sensing
 from bench_wire import bench_wire
@@ -116,6 +117,7 @@ BENCHES: dict[str, Callable[[], dict]] = {
     "datapath": bench_datapath,
     "ladder": bench_ladder,
     "wire": bench_wire,
+    "groups": bench_groups,
 }
 
 
