@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .domain import DeviceSample, ReadSample, Resource, Samples, WriteSample
-from .groupsim import GroupMeter, GroupSeries
+from .groupsim import GroupMeter, GroupSeries, group_summary
 from .plant import Device, solve_latency
 from .restate import seed_class
 from .scenario import Scenario
@@ -442,7 +442,9 @@ def simulate(sc: Scenario, baseline: bool = True) -> dict[str, Any]:
                     "controlled_vs_constant": summary["write_throughput_bps"] / cw if cw else None,
                 }
         runs.append(summary)
+    out_groups = {r.label: _groups_view(sc, r) for r in all_runs if r.groups}
     return {
+        **({"groups": out_groups} if out_groups else {}),
         "uncontrolled": summarize(sc, unc),
         "controlled": runs,
         "series": {
@@ -456,4 +458,31 @@ def simulate(sc: Scenario, baseline: bool = True) -> dict[str, Any]:
             }
             for r in all_runs
         },
+    }
+
+
+def _groups_view(sc: Scenario, r: RunResult) -> dict[str, Any]:
+    """Per group of a controlled run: its figures after the settle time, and its series."""
+    specs = {g.group.name: g.group for g in sc.groups}
+    settle = sc.default_settle_s()
+    return {
+        name: {
+            "summary": group_summary(ser, specs[name], settle),
+            "latency_target_s": specs[name].latency_target_s,
+            "throughput_target_bps": specs[name].throughput_target_bps,
+            "throughput_target_iops": specs[name].throughput_target_iops,
+            "series": {
+                "t_s": ser.t_s,
+                "latency_s": ser.latency_s,
+                "throughput_bps": ser.throughput_bps,
+                "iops": ser.iops,
+                "y": ser.y,
+                "pwfte": ser.pwfte,
+                "share": ser.share,
+                "demand": ser.demand,
+                "delay_class": ser.delay_class,
+                "priority": ser.priority,
+            },
+        }
+        for name, ser in r.groups.items()
     }

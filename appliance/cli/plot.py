@@ -3,6 +3,9 @@
 What it owns
     plot_simulation(): three panels over time from simulate()'s result, written
     with matplotlib (Agg) to the file named (its suffix picks the format).
+    plot_groups(): for a scenario with groups, one row per group: its
+    performance against its target, and its PWFTE and share, over time
+    (written beside the first: NAME-groups.SUFFIX).
     PlotUnavailable: no matplotlib; PlotError: the figure cannot be written
     there (one line each, for the CLI).
 
@@ -24,8 +27,7 @@ class PlotError(ValueError):
     """The figure cannot be written to that file (its format or its place)."""
 
 
-def plot_simulation(result: dict[str, Any], path: Path, title: str) -> None:
-    """Three panels over time: 1 s read latency (with thresholds), delay (ms), write MB/s."""
+def _pyplot() -> Any:
     try:
         import matplotlib
 
@@ -33,6 +35,60 @@ def plot_simulation(result: dict[str, Any], path: Path, title: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError as e:  # pragma: no cover - depends on the install
         raise PlotUnavailable("--plot needs matplotlib: pip install 'santhrottle[plot]'") from e
+    return plt
+
+
+def _save(plt: Any, fig: Any, path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+    except OSError as e:
+        raise PlotError(f"cannot write plot {path}: {e.strerror or e}") from None
+    except ValueError as e:  # matplotlib: a format it does not write
+        raise PlotError(f"cannot write plot {path}: {str(e).splitlines()[0]}") from None
+    finally:
+        plt.close(fig)
+
+
+def groups_plot_path(path: Path) -> Path:
+    """Where plot_groups() writes beside the figure at `path`."""
+    return path.with_name(f"{path.stem}-groups{path.suffix}")
+
+
+def plot_groups(result: dict[str, Any], path: Path, title: str) -> None:
+    """Per group (a row): what it gets against its target; its PWFTE and share."""
+    plt = _pyplot()
+    runs = result["groups"]
+    label = next(iter(runs))  # the first controlled run
+    groups = runs[label]
+    fig, axes = plt.subplots(len(groups), 2, figsize=(12, 2.6 * len(groups) + 0.8), squeeze=False)
+    for row, (name, g) in zip(axes, groups.items(), strict=True):
+        ax_perf, ax_err = row
+        s = g["series"]
+        t = s["t_s"]
+        if g["latency_target_s"] is not None:
+            ax_perf.plot(t, [None if v is None else v * 1000.0 for v in s["latency_s"]], lw=0.9)
+            ax_perf.axhline(g["latency_target_s"] * 1000.0, color="black", ls="--", lw=0.8)
+            ax_perf.set_ylabel(f"{name}: latency (ms)")
+        else:
+            ax_perf.plot(t, [b / 1e6 for b in s["throughput_bps"]], lw=0.9)
+            if g["throughput_target_bps"] is not None:
+                ax_perf.axhline(g["throughput_target_bps"] / 1e6, color="black", ls="--", lw=0.8)
+            ax_perf.set_ylabel(f"{name}: MB/s")
+        ax_err.plot(t, s["pwfte"], lw=0.9, label="PWFTE p(1 - y)")
+        ax_err.plot(t, s["share"], lw=0.9, label="share")
+        ax_err.plot(t, s["priority"], lw=0.7, ls=":", label="priority")
+        ax_err.legend(loc="upper right", fontsize=7, ncol=3)
+    axes[-1][0].set_xlabel("time (s)")
+    axes[-1][1].set_xlabel("time (s)")
+    fig.suptitle(f"{title} ({label}): dashed = target")
+    fig.tight_layout()
+    _save(plt, fig, path)
+
+
+def plot_simulation(result: dict[str, Any], path: Path, title: str) -> None:
+    """Three panels over time: 1 s read latency (with thresholds), delay (ms), write MB/s."""
+    plt = _pyplot()
 
     series = result["series"]
     thresholds = {c["label"]: c["threshold_s"] for c in result["controlled"]}
@@ -55,12 +111,4 @@ def plot_simulation(result: dict[str, Any], path: Path, title: str) -> None:
     ax_wr.set_xlabel("time (s)")
     fig.suptitle(title)
     fig.tight_layout()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=100)
-    except OSError as e:
-        raise PlotError(f"cannot write plot {path}: {e.strerror or e}") from None
-    except ValueError as e:  # matplotlib: a format it does not write
-        raise PlotError(f"cannot write plot {path}: {str(e).splitlines()[0]}") from None
-    finally:
-        plt.close(fig)
+    _save(plt, fig, path)

@@ -114,6 +114,41 @@ def _print_summary(result: dict[str, Any]) -> None:
         "switch-on peak and its time back under the threshold; const: best constant delay "
         "holding p95 <= threshold and its write MB/s"
     )
+    for label, groups in result.get("groups", {}).items():
+        _print_groups(label, groups)
+
+
+def _target_text(g: dict[str, Any]) -> str:
+    parts = []
+    if g["latency_target_s"] is not None:
+        parts.append(f"{fmt_ms(g['latency_target_s'], '')}ms")
+    if g["throughput_target_bps"] is not None:
+        parts.append(f"{g['throughput_target_bps'] / 1e6:.1f}MB/s")
+    if g["throughput_target_iops"] is not None:
+        parts.append(f"{g['throughput_target_iops']:g}iops")
+    return ",".join(parts) or "-"
+
+
+def _print_groups(label: str, groups: dict[str, Any]) -> None:
+    """One line per group of a controlled run (scenarios with [[group]])."""
+    print(f"groups, {label}, after the settle time:")
+    print(
+        f"  {'group':<12} {'prio':>4} {'target':>14} {'lat p95':>7} {'MB/s':>7} {'y':>5} "
+        f"{'short':>5} {'pwfte':>6} {'share':>5} {'class':>5}"
+    )
+    for name, g in groups.items():
+        s = g["summary"]
+        print(
+            f"  {name:<12} {s['priority']:>4g} {_target_text(g):>14} "
+            f"{fmt_ms(s['latency_p95_s'], ''):>7} {s['throughput_bps'] / 1e6:>7.1f} "
+            f"{s['y_mean']:>5.2f} {s['shortfall']:>5.2f} {s['pwfte']:>6.2f} "
+            f"{s['share']:>5.2f} {s['delay_class']:>5.1f}"
+        )
+    print(
+        "  lat p95: of the 1 s latency the group sees (delay included); y: performance / "
+        "target (mean); short: 1 - y where short; pwfte: priority x (1 - y); share: of "
+        "the resource's concurrency; class: mean delay class"
+    )
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -141,10 +176,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except (ScenarioError, SaturatedError) as e:
         raise CliError(f"scenario {path}: {e}") from None
     if args.plot:
-        from santhrottle.appliance.cli.plot import PlotError, PlotUnavailable, plot_simulation
+        from santhrottle.appliance.cli.plot import (
+            PlotError,
+            PlotUnavailable,
+            groups_plot_path,
+            plot_groups,
+            plot_simulation,
+        )
 
         try:
             plot_simulation(result, Path(args.plot), f"santhrottle simulate {path.name}")
+            if "groups" in result:
+                plot_groups(result, groups_plot_path(Path(args.plot)), f"{path.name}: groups")
         except PlotUnavailable as e:
             raise Failed(str(e)) from None
         except PlotError as e:
@@ -158,6 +201,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         _print_summary(result)
         if args.plot:
             print(f"plot: {args.plot}")
+            if "groups" in result:
+                from santhrottle.appliance.cli.plot import groups_plot_path
+
+                print(f"plot of the groups: {groups_plot_path(Path(args.plot))}")
     return 0
 
 

@@ -37,6 +37,21 @@ def test_plot_writes_png(tmp_path, capsys):
     assert "threshold" in out and "uncontrolled" in out
 
 
+def test_groups_table_json_and_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="--plot needs the plot extra")
+    scenario = PAPER.with_name("groups.toml")
+    png = tmp_path / "g.png"
+    assert main(["simulate", str(scenario), "--no-baseline", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "groups, T=50ms" in out and "tenant-a" in out and "pwfte" in out
+    assert (tmp_path / "g-groups.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["simulate", str(scenario), "--no-baseline", "--json"]) == 0
+    groups = json.loads(capsys.readouterr().out)["data"]["groups"]["T=50ms"]
+    assert set(groups) == {"tenant-a", "tenant-b"}
+    assert groups["tenant-a"]["summary"]["shortfall"] > 0.0
+    assert len(groups["tenant-b"]["series"]["pwfte"]) == len(groups["tenant-b"]["series"]["t_s"])
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [
