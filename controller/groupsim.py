@@ -98,27 +98,27 @@ class GroupMeter:
             self.configure(state)
         if not converged:
             return
-        for name, ser in self.series.items():
+        for name, rec in self.series.items():
             gs = None
             for gr in state.groups.resources.values():
                 gs = gr.groups.get(name) or gs
-            ser.t_s.append(round(t_s, 6))
-            ser.priority.append(state.groups.spec(name).priority)
+            rec.t_s.append(round(t_s, 6))
+            rec.priority.append(state.groups.spec(name).priority)
             if gs is None:
-                for lst in (ser.throughput_bps, ser.iops, ser.pwfte, ser.share, ser.demand):
+                for lst in (rec.throughput_bps, rec.iops, rec.pwfte, rec.share, rec.demand):
                     lst.append(math.nan)
-                ser.latency_s.append(None)
-                ser.y.append(None)
-                ser.delay_class.append(0)
+                rec.latency_s.append(None)
+                rec.y.append(None)
+                rec.delay_class.append(0)
                 continue
-            ser.latency_s.append(gs.latency_s)
-            ser.throughput_bps.append(gs.throughput_bps)
-            ser.iops.append(gs.iops)
-            ser.y.append(gs.y)
-            ser.pwfte.append(gs.pwfte)
-            ser.share.append(gs.share)
-            ser.demand.append(gs.demand)
-            ser.delay_class.append(gs.delay_class)
+            rec.latency_s.append(gs.latency_s)
+            rec.throughput_bps.append(gs.throughput_bps)
+            rec.iops.append(gs.iops)
+            rec.y.append(gs.y)
+            rec.pwfte.append(gs.pwfte)
+            rec.share.append(gs.share)
+            rec.demand.append(gs.demand)
+            rec.delay_class.append(gs.delay_class)
 
 
 def group_summary(

@@ -467,22 +467,22 @@ def _groups_view(sc: Scenario, r: RunResult) -> dict[str, Any]:
     settle = sc.default_settle_s()
     return {
         name: {
-            "summary": group_summary(ser, specs[name], settle),
+            "summary": group_summary(rec, specs[name], settle),
             "latency_target_s": specs[name].latency_target_s,
             "throughput_target_bps": specs[name].throughput_target_bps,
             "throughput_target_iops": specs[name].throughput_target_iops,
             "series": {
-                "t_s": ser.t_s,
-                "latency_s": ser.latency_s,
-                "throughput_bps": ser.throughput_bps,
-                "iops": ser.iops,
-                "y": ser.y,
-                "pwfte": ser.pwfte,
-                "share": ser.share,
-                "demand": ser.demand,
-                "delay_class": ser.delay_class,
-                "priority": ser.priority,
+                "t_s": rec.t_s,
+                "latency_s": rec.latency_s,
+                "throughput_bps": rec.throughput_bps,
+                "iops": rec.iops,
+                "y": rec.y,
+                "pwfte": rec.pwfte,
+                "share": rec.share,
+                "demand": rec.demand,
+                "delay_class": rec.delay_class,
+                "priority": rec.priority,
             },
         }
-        for name, ser in r.groups.items()
+        for name, rec in r.groups.items()
     }

@@ -43,26 +43,26 @@ def test_overload_shortfalls_in_inverse_proportion_to_priority(tenants, start, e
 
 def test_priority_change_followed_within_10_s(tenants):
     _, series = tenants
-    for ser in series.values():
-        final = [u for t, u in zip(ser.t_s, ser.share, strict=True) if 100.0 <= t < 120.0]
+    for rec in series.values():
+        final = [u for t, u in zip(rec.t_s, rec.share, strict=True) if 100.0 <= t < 120.0]
         mean = sum(final) / len(final)
         off = [
             t
-            for t, u in zip(ser.t_s, ser.share, strict=True)
+            for t, u in zip(rec.t_s, rec.share, strict=True)
             if t > SWAP_S and abs(u - mean) > 0.1 * mean
         ]
         assert max(off, default=SWAP_S) - SWAP_S < 10.0
-        before = [u for t, u in zip(ser.t_s, ser.share, strict=True) if 50.0 <= t < SWAP_S]
+        before = [u for t, u in zip(rec.t_s, rec.share, strict=True) if 50.0 <= t < SWAP_S]
         assert abs(sum(before) / len(before) - mean) > 0.1  # it did move
 
 
 def test_underload_meets_every_target():
     text = TENANTS.replace("throughput_target_mib_s = 25", "throughput_target_mib_s = 15")
     specs, series = _run(text)
-    for name, ser in series.items():
-        s = group_summary(ser, specs[name], 30.0, 120.0)
+    for name, rec in series.items():
+        s = group_summary(rec, specs[name], 30.0, 120.0)
         assert s["shortfall"] == 0.0
-        ys = sorted(y for t, y in zip(ser.t_s, ser.y, strict=True) if t >= 30.0 and y is not None)
+        ys = sorted(y for t, y in zip(rec.t_s, rec.y, strict=True) if t >= 30.0 and y is not None)
         assert ys[len(ys) // 20] >= 0.95  # and nearly every second: p5 of y
 
 
