@@ -69,9 +69,10 @@ Idle behaviour
     and its initiators go back to class 0 (gradually).
 
 How to watch it
-    GroupView per (resource, group): target(s), measured latency and
-    throughput, y, PWFTE, share, demand share, beta (default or fitted),
-    delay and class (santhrottle group show, santhrottle_group_* metrics).
+    GroupState per (resource, group): measured latency and throughput, y,
+    PWFTE, share, demand share, the model (beta, default or fitted), delay
+    and classes; `santhrottle simulate` prints them per group and plots
+    them over time (controller/groupsim.py, docs/groups.md).
 
 Worked example (the ladder's 0.5 ms steps)
     Two groups on one resource, L = 20 ms: "db" (q = 1, latency target
@@ -129,14 +130,6 @@ class Group:
     latency_target_s: float | None = None
     throughput_target_bps: float | None = None
     throughput_target_iops: float | None = None
-
-    @property
-    def has_target(self) -> bool:
-        return (
-            self.latency_target_s is not None
-            or self.throughput_target_bps is not None
-            or self.throughput_target_iops is not None
-        )
 
 
 @dataclass(slots=True)

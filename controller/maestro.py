@@ -75,9 +75,9 @@ Bounds
     caller's, per claim or for all (Claim.step_max, arbitrate's step_max).
 
 How to watch it
-    Per group: y, the PWFTE p * (1 - y), the share u and beta with whether
-    it is the default (santhrottle group show; metrics
-    santhrottle_group_*).
+    Per group: y, the PWFTE p * (1 - y), the share u, and beta with
+    whether it is the default model's (Model.default); groups.py keeps them
+    per group and `santhrottle simulate` shows them.
 
 Worked example
     Two groups, p = 1 and 2, both at c = 0.5 with y = 0.8, beta = 1,
