@@ -244,9 +244,14 @@ class ControllerState:
         )
 
     def remove_resource(self, name: str) -> dict[str, int]:
-        """Forget a resource; returns the initiators whose class changed."""
+        """Forget a resource (and its groups' classes); returns the initiators whose
+        class changed."""
         self.resources.pop(name, None)
-        return recompute_effective(self, self.write_sets.forget_resource(name))
+        gr = self.groups.resources.pop(name, None)
+        affected = self.write_sets.forget_resource(name)
+        if gr is not None:
+            affected = set(affected).union(*(gs.members for gs in gr.groups.values()))
+        return recompute_effective(self, affected)
 
     def effective_class(self, initiator: str) -> int:
         return self.effective.get(initiator, 0)

@@ -183,3 +183,14 @@ def test_ios_without_groups_change_nothing():
         b, db = step(b, Samples(s.reads, s.writes, ios=_samples()), t)
         assert da == db
     assert not b.ios
+
+
+def test_a_removed_resource_takes_its_group_classes_with_it():
+    st = new_state(CFG, [Resource("vg", 0.010)])
+    configure_groups(st, [BACKUP], {"bk1": "backup"}, ["vg"])
+    interval(st.groups, "vg", _samples(), 1.0, LADDER, None)
+    st.groups.resources["vg"].groups["backup"].target_class = 7
+    st, _ = step(st, Samples(), 0.1)
+    assert st.effective_class("bk1") == 7
+    assert st.remove_resource("vg") == {"bk1": 0}
+    assert "vg" not in st.groups.resources
