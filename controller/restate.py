@@ -54,6 +54,7 @@ def reconfigure(state: ControllerState, config: ControllerConfig) -> ControllerS
         late_ticks_total=state.late_ticks_total,
         groups=state.groups,
         grouped=state.grouped,
+        ios=state.ios,
     )
     for name, rs in state.resources.items():
         out.set_resource(rs.resource)
