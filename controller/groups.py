@@ -55,7 +55,10 @@ Each interval, per grouped resource
        steps each way would oscillate.
     3. Shares -> delays -> classes: the group's target class. L and d are
        means over the interval (its IOs' latency at the array; the delay of
-       the class in force at each tick), q is peak-held
+       the class in force at each tick); the L of d = L(w/u - 1) is smoothed
+       over intervals (KNOB_LATENCY_ALPHA): with this interval's L, a high
+       L asks a long delay, which brings a low L, which asks a short one,
+       a swing of a few seconds in a heavily throttled group. q is peak-held
        (DEMAND_DECAY_PER_INTERVAL): an interval in which writers start or
        pause shows part of their demand, and a demand that looks halved
        would halve their delay.
@@ -116,6 +119,9 @@ GROUP_IDLE_INTERVALS = 30
 DEMAND_DECAY_PER_INTERVAL = 0.8
 # A group's change limit adapts (_adapt_step): x STEP_GROW per interval its share
 # keeps moving one way, x STEP_SHRINK when it turns, never under STEP_MIN_FRACTION.
+# The knob's L (d = L(w/u - 1)) is an EWMA over intervals with this weight of the
+# newest: a time constant of about 3 intervals.
+KNOB_LATENCY_ALPHA = 0.3
 STEP_GROW = 1.5
 STEP_SHRINK = 0.7
 STEP_MIN_FRACTION = 0.05
@@ -152,6 +158,7 @@ class GroupState:
     idle_intervals: int = 0
     step: float = STEP_MAX_FRACTION  # its change limit, a fraction of the in-use share
     last_way: int = 0  # the sign of its last share change
+    knob_latency_s: float = 0.0  # io_latency_s smoothed (KNOB_LATENCY_ALPHA)
     delay_sum_s: float = 0.0  # the delay in force, summed over the interval's ticks
     delay_ticks: int = 0
     members: frozenset[str] = frozenset()  # initiators seen this interval
@@ -270,6 +277,13 @@ def interval(
         )
         gs.delay_sum_s, gs.delay_ticks = 0.0, 0
         gs.io_latency_s = acc.io_latency_s(res_lat) or res_lat
+        # the knob's L, smoothed: d = L(w/u - 1) with this interval's L swings (a high
+        # L asks a long delay, which brings a low L, which asks a short one ...)
+        gs.knob_latency_s = (
+            gs.io_latency_s
+            if not gs.knob_latency_s
+            else gs.knob_latency_s + KNOB_LATENCY_ALPHA * (gs.io_latency_s - gs.knob_latency_s)
+        )
         gs.latency_s = (acc.read_latency_s() or gs.io_latency_s) + delay
         gs.iops = acc.ios / span_s
         gs.throughput_bps = acc.bytes / span_s
@@ -311,7 +325,7 @@ def interval(
     for g, u in zip(active, shares, strict=True):
         gs = gr.groups[g]
         gs.share = u
-        gs.delay_s = share_delay_s(gs.io_latency_s, gs.demand, u)
+        gs.delay_s = share_delay_s(gs.knob_latency_s, gs.demand, u)
         gs.target_class = ladder.class_at_least(gs.delay_s)
 
 

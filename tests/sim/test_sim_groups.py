@@ -76,6 +76,18 @@ def test_latency_target_held_while_the_lower_priority_group_gives_way(seed):
     assert backup["delay_class"] > 20  # the backup group absorbs the throttling
 
 
+def test_latency_targets_in_overload_fall_short_in_inverse_proportion_to_priority():
+    """db (priority 2) asks 6 ms, backup (1) 40 ms: not both can be had."""
+    text = PAPER.replace("latency_target_ms = 80", "latency_target_ms = 40")
+    _, series = _run(text.replace("latency_target_ms = 10\n", "latency_target_ms = 6\n"))
+    db, backup = series["db"], series["backup"]
+    both = [i for i, t in enumerate(db.t_s) if t >= 30.0 and db.share[i] < 0.999]  # writers on
+    short_db = 1.0 - sum(db.y[i] for i in both) / len(both)
+    short_backup = 1.0 - sum(backup.y[i] for i in both) / len(both)
+    assert short_db > 0.05 and short_backup > 0.05
+    assert short_backup / short_db == pytest.approx(2.0, rel=0.10)
+
+
 def test_without_groups_the_paper_run_is_unchanged():
     """A scenario without [[group]] never reaches the groups (a resource without
     groups behaves exactly as before): no group series, no grouped resource."""
