@@ -24,8 +24,8 @@ from santhrottle.controller.maestro import (
 
 def test_worked_example_of_the_header() -> None:
     claims = [Claim(1.0, 0.8, 0.5, 1.0), Claim(2.0, 0.8, 0.5, 1.0)]
-    assert requirement(claims[0]) == pytest.approx(0.55)
-    shares, over = arbitrate(claims)
+    assert requirement(claims[0], 0.05) == pytest.approx(0.55)
+    shares, over = arbitrate(claims, 0.05)
     assert over
     assert shares == pytest.approx([0.45, 0.55])
     assert [pwfte(c, u) for c, u in zip(claims, shares, strict=True)] == pytest.approx([0.25, 0.3])
