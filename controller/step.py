@@ -438,10 +438,12 @@ def recompute_effective(state: ControllerState, initiators: set[str]) -> dict[st
     rise_to = state.rise_to
     # each resource's class once (a tick recomputes thousands of members)
     class_of = {name: rs.delay_class for name, rs in state.resources.items()}
-    group_class = state.groups.class_by_initiator()
+    # groups' classes (controller/groups.py); None without: a tick without groups pays
+    # one `is None` per initiator, not a lookup
+    group_class = state.groups.class_by_initiator() if state.groups.resources else None
     changed: dict[str, int] = {}
     for ini in initiators:
-        cls = group_class.get(ini, 0)
+        cls = 0 if group_class is None else group_class.get(ini, 0)
         for name in member_of.get(ini, ()):  # max-over-resources
             k = class_of.get(name, 0)
             if k > cls:
