@@ -69,6 +69,11 @@ Law, per call step(state, samples, now_s)
        rises by the same ramp: a writer that joins a set whose class is 60
        climbs 0, 2, 4, ... one tick at a time (`rising` holds those not yet
        there; every tick recomputes them).
+    5. A grouped resource (restate.configure_groups) is decided by its
+       groups (controller/groups.py): its PID does not act (its EWMA is
+       kept), every convergence runs Maestro's interval on the IoSamples
+       gathered since the last one, every tick moves the groups' classes,
+       and those enter step 4's max beside the resources' classes.
 
 Bounds
     Classes are in [0, max_class] (PID clamp). A resource whose threshold
