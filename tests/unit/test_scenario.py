@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,37 @@ def test_bad_fields_are_named(edit, field):
 def test_missing_tables():
     with pytest.raises(ScenarioError, match=r"resource: needs at least one"):
         parse_scenario("[run]\nduration_s = 1\n")
+
+
+GROUPS = PAPER.with_name("groups.toml").read_text()
+
+
+def test_groups_scenario_parses_with_its_changes():
+    sc = parse_scenario(GROUPS)
+    a, b = sc.groups
+    assert b.group.priority == 2.0
+    assert a.group.name == "tenant-a" and a.members == ("10.0.1.1",)
+    assert a.group.priority == 1.0 and a.group.throughput_target_bps == 25 * 1024 * 1024
+    ((at_s, later),) = a.changes
+    assert at_s == 70.0 and later.priority == 2.0
+    assert later.throughput_target_bps == a.group.throughput_target_bps  # kept
+    assert not parse_scenario(PAPER.read_text()).groups
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (('name = "tenant-b"', 'name = "tenant-a"'), "group[1].name: duplicate"),
+        (('name = "tenant-b"', 'name = "default"'), "reserved group name"),
+        (('members = ["10.0.2.1"]', 'members = ["10.9.9.9"]'), "group[1].members"),
+        (('members = ["10.0.2.1"]', 'members = ["10.0.1.1"]'), "in one group only"),
+        (("priority = 2\n", "priority = 0\n"), "group[1].priority: must be > 0"),
+        (("{ at_s = 70.0, priority = 1 }", "{ at_s = 999.0 }"), "changes[0].at_s"),
+        (("{ at_s = 70.0, priority = 1 }", "{ at_s = 70.0, colour = 1 }"), "colour: unknown"),
+    ],
+)
+def test_bad_groups_are_named(edit, message):
+    old, new = edit
+    assert old in GROUPS
+    with pytest.raises(ScenarioError, match=re.escape(message)):
+        parse_scenario(GROUPS.replace(old, new))
