@@ -104,12 +104,16 @@ class GroupMeter:
                 gs = gr.groups.get(name) or gs
             rec.t_s.append(round(t_s, 6))
             rec.priority.append(state.groups.spec(name).priority)
-            if gs is None:
-                for lst in (rec.throughput_bps, rec.iops, rec.pwfte, rec.share, rec.demand):
-                    lst.append(math.nan)
+            if gs is None or gs.idle_intervals:  # not there, or no IOs this interval
+                idle = gs is not None
+                rec.throughput_bps.append(0.0 if idle else math.nan)
+                rec.iops.append(0.0 if idle else math.nan)
+                rec.pwfte.append(math.nan)
+                rec.share.append(gs.share if gs is not None else math.nan)
+                rec.demand.append(math.nan)
                 rec.latency_s.append(None)
                 rec.y.append(None)
-                rec.delay_class.append(0)
+                rec.delay_class.append(gs.delay_class if gs is not None else 0)
                 continue
             rec.latency_s.append(gs.latency_s)
             rec.throughput_bps.append(gs.throughput_bps)

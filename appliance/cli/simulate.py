@@ -145,7 +145,8 @@ def _print_groups(label: str, groups: dict[str, Any]) -> None:
             f"{s['share']:>5.2f} {s['delay_class']:>5.1f}"
         )
     print(
-        "  lat p95: of the 1 s latency the group sees (delay included); y: performance / "
+        "  lat p95: of the 1 s latency the group sees (delay included); MB/s: pauses included; "
+        "y: performance / "
         "target (mean); short: 1 - y where short; pwfte: priority x (1 - y); share: of "
         "the resource's concurrency; class: mean delay class"
     )
