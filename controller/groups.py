@@ -307,7 +307,7 @@ def interval(
             spec.latency_target_s,
             gs.latency_s,
             spec.throughput_target_bps,
-            gs.throughput_bps if spec.throughput_target_bps is not None else None,
+            gs.throughput_bps,
         )
         if spec.throughput_target_iops is not None:
             yi = gs.iops / spec.throughput_target_iops

@@ -414,7 +414,8 @@ def step(
         touched.update(change.joined)
         touched.update(change.left)
         if state.grouped:  # Maestro's interval on each grouped resource
-            lat = {name: rs.ewma.value for name, rs in state.resources.items()}
+            res = state.resources  # the grouped ones' latency only, not every resource's
+            lat = {n: res[n].ewma.value for n in state.grouped if n in res}
             run_intervals(state.groups, state.grouped, state.ios, c.converge_s, c.ladder, lat)
             state.ios.clear()
 
