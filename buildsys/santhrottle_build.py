@@ -333,6 +333,13 @@ def config_man_page() -> str:
                         "finds by its name, or, with devices, any set of block devices."
                     )
                 )
+            elif table == "groups.NAME":
+                out.append(
+                    roff(
+                        "One table per initiator group: its members, targets and priority "
+                        "(read and checked; the daemon does not act on groups yet)."
+                    )
+                )
         default = "unset" if k.default is None else toml_value(k.default)
         out.append(".TP")
         out.append(f"\\fB{roff(k.name)}\\fR = \\fI{roff(default)}\\fR")
@@ -399,6 +406,17 @@ def example_config() -> str:
         return textwrap.wrap(text, 88, initial_indent="# " + indent,
                              subsequent_indent="# " + indent)  # fmt: skip
 
+    def named_keys(table: str) -> list[str]:
+        """The keys of a [TABLE.NAME] table, one comment each."""
+        lines: list[str] = []
+        for k in KEYS:
+            if k.table == table:
+                when = "restart" if k.restart else "reload"
+                default = "unset" if k.default is None else toml_value(k.default)
+                lines += comment(f"{k.name}: {k.doc} [{k.kind.describe}; default {default}; "
+                                 f"{when}]", "  ")  # fmt: skip
+        return lines
+
     out = [
         f"# {DEFAULT_PATH}: santhrottled's configuration (santhrottle.toml(5)).",
         "#",
@@ -419,7 +437,7 @@ def example_config() -> str:
     ]
     table = None
     for k in KEYS:
-        if k.table == "resources.NAME":
+        if k.table.endswith(".NAME"):  # described in comments below
             continue
         if k.table != table:
             table = k.table
@@ -434,12 +452,7 @@ def example_config() -> str:
     out += ["", *comment("[resources.NAME]: one table per shared resource, by its name: an LVM "
                          "volume group that discovery finds, or any set of block devices "
                          "(devices). None by default. Keys:")]  # fmt: skip
-    for k in KEYS:
-        if k.table == "resources.NAME":
-            when = "restart" if k.restart else "reload"
-            default = "unset" if k.default is None else toml_value(k.default)
-            out += comment(f"{k.name}: {k.doc} [{k.kind.describe}; default {default}; {when}]",
-                           "  ")  # fmt: skip
+    out += named_keys("resources.NAME")
     out += [
         "# e.g.",
         "#   [resources.vg_aic]",
@@ -458,6 +471,17 @@ def example_config() -> str:
         ),
         "#   [static_map]",
         '#   "10.1.0.0/24" = ["vg_aic"]',
+        "",
+        *comment(
+            "[groups.NAME]: one table per initiator group (read and checked; the daemon "
+            "does not act on groups yet). None by default. Keys:"
+        ),
+        *named_keys("groups.NAME"),
+        "# e.g.",
+        "#   [groups.db]",
+        '#   members = ["10.0.1.0/24", "iqn.2024-01.com.example:db1"]',
+        '#   latency_target = "5ms"',
+        "#   priority = 2",
     ]
     return "\n".join(out) + "\n"
 

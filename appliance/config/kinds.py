@@ -293,3 +293,78 @@ def tcp_port_or_0() -> Kind:
         return v
 
     return Kind("TCP port, 0 = off", parse)
+
+
+# ----------------------------------------------------------------- groups
+# An initiator group's member: an address, a network, an iSCSI or NVMe name, a host.
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOST_RE = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
+_ISCSI_NAME_RE = re.compile(
+    r"^(iqn\.\d{4}-\d{2}\.[^\s]+|eui\.[0-9A-Fa-f]{16}|naa\.[0-9A-Fa-f]{16,32})$"
+)
+_NQN_RE = re.compile(r"^nqn\.[^\s]{1,219}$")
+MEMBER_KINDS = ("address", "network", "iscsi", "nvme", "host")
+
+
+def member_kind(text: str) -> str | None:
+    """What a group member names (MEMBER_KINDS), or None for nothing valid."""
+    if _ISCSI_NAME_RE.match(text):
+        return "iscsi"
+    if _NQN_RE.match(text):
+        return "nvme"
+    try:
+        ipaddress.ip_address(text)
+        return "address"
+    except ValueError:
+        pass
+    if "/" in text:
+        try:
+            ipaddress.ip_network(text, strict=False)
+            return "network"
+        except ValueError:
+            return None
+    return "host" if _HOST_RE.match(text) and not text.replace(".", "").isdigit() else None
+
+
+def group_members() -> Kind:
+    def parse(v: Any) -> tuple[str, ...]:
+        if not isinstance(v, list) or not v:
+            raise _fail(v, "must be a non-empty list of members")
+        for x in v:
+            if not isinstance(x, str) or member_kind(x) is None:
+                raise _fail(
+                    x, "is not a member: give an address, a network (10.0.1.0/24), an iSCSI "
+                    "name (iqn.*), an NVMe name (nqn.*) or a host name",
+                )  # fmt: skip
+        return tuple(v)
+
+    return Kind("list of addresses, networks, IQNs, NQNs or host names", parse)
+
+
+IOPS_SUFFIX = "iops"
+
+
+def throughput() -> Kind:
+    """A throughput target: a byte rate ("200MB/s") or IOs per second ("5000iops");
+    parsed to (value, "B/s" or "iops")."""
+    rate = byte_rate()
+
+    def parse(v: Any) -> tuple[float, str]:
+        if isinstance(v, str) and v.strip().lower().endswith(IOPS_SUFFIX):
+            num = v.strip()[: -len(IOPS_SUFFIX)].strip()
+            try:
+                iops = float(num)
+            except ValueError:
+                raise _fail(v, 'is not a throughput: e.g. "200MB/s" or "5000iops"') from None
+            if not 0.0 < iops < 1e9:
+                raise _fail(v, "must be more than 0 iops")
+            return iops, IOPS_SUFFIX
+        try:
+            bps = float(rate.parse(v))
+        except KindError:
+            raise _fail(v, 'is not a throughput: e.g. "200MB/s" or "5000iops"') from None
+        if bps <= 0.0:
+            raise _fail(v, "must be more than 0 B/s")
+        return bps, "B/s"
+
+    return Kind('byte rate ("200MB/s") or IOs per second ("5000iops")', parse)

@@ -48,6 +48,19 @@ class ResourceConfig:
 
 
 @dataclass(frozen=True)
+class GroupConfig:
+    """[groups.NAME]: an initiator group's members, targets and priority (docs/groups.md)."""
+
+    name: str
+    members: tuple[str, ...]
+    priority: float = 1.0
+    latency_target_s: float | None = None
+    throughput_target_bps: float | None = None
+    throughput_target_iops: float | None = None
+    resources: tuple[str, ...] = ()  # empty: every resource its members load
+
+
+@dataclass(frozen=True)
 class Config:
     """A validated configuration (parse_config("") is every default)."""
 
@@ -73,6 +86,8 @@ class Config:
     # [resources.NAME], [static_map]
     resources: dict[str, ResourceConfig] = field(default_factory=dict)
     static_map: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # [groups.NAME]
+    groups: dict[str, GroupConfig] = field(default_factory=dict)
     # [metrics]
     metrics_address: str = ""
     metrics_port: int = 0
@@ -259,6 +274,7 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
     b = r.table(data, "bridge", "bridge")
     resources = _resources(r, data)
     static_map = _static_map(r, data)
+    groups = _groups(r, data)
     devices = p["devices"]
     if d["mode"] == "bridge":
         devices = _bridge_checks(r, b, devices, resources, static_map, c["default_threshold"])
@@ -285,6 +301,7 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
         default_threshold_s=c["default_threshold"],
         resources=resources,
         static_map=static_map,
+        groups=groups,
         metrics_address=m["address"],
         metrics_port=m["port"],
         socket_group=d["socket_group"],
@@ -348,6 +365,46 @@ def _resources(r: _Reader, data: dict[str, Any]) -> dict[str, ResourceConfig]:
         v = r.table({key: rt}, key, "resources.NAME")
         out[name] = ResourceConfig(
             name, v["threshold"], v["devices"], v["fallback_threshold"], v["volumes"]
+        )
+    return out
+
+
+# The initiators of a grouped resource in no group (controller/groups.py DEFAULT_GROUP).
+RESERVED_GROUP = "default"
+
+
+def _groups(r: _Reader, data: dict[str, Any]) -> dict[str, GroupConfig]:
+    table = data.get("groups", {})
+    if not isinstance(table, dict):
+        raise r.fail("groups", "must be a table of [groups.NAME] tables")
+    out: dict[str, GroupConfig] = {}
+    owner: dict[str, str] = {}  # member, as written -> its group
+    for name, gt in table.items():
+        key = f"groups.{name}"
+        if not NAME_RE.match(name):
+            raise r.fail(key, "group names are letters, digits and _ . + -")
+        if name == RESERVED_GROUP:
+            raise r.fail(
+                key, f'"{RESERVED_GROUP}" names the initiators in no group: choose another name'
+            )
+        if not isinstance(gt, dict):
+            raise r.fail(key, "must be a table with members and optional targets and priority")
+        v = r.table({key: gt}, key, "groups.NAME")
+        if v["members"] is None:
+            raise r.fail(f"{key}.members", "is required")
+        for m in v["members"]:
+            other = owner.setdefault(m.lower(), name)
+            if other != name:
+                raise r.fail(f"{key}.members", f"{m} is already a member of groups.{other}")
+        tp = v["throughput_target"]
+        out[name] = GroupConfig(
+            name,
+            v["members"],
+            v["priority"],
+            v["latency_target"],
+            tp[0] if tp is not None and tp[1] == "B/s" else None,
+            tp[0] if tp is not None and tp[1] == "iops" else None,
+            v["resources"],
         )
     return out
 

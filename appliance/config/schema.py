@@ -37,6 +37,7 @@ from santhrottle.appliance.config.kinds import (
     choice,
     delay_us,
     duration_s,
+    group_members,
     integer,
     ip_address,
     name,
@@ -46,6 +47,7 @@ from santhrottle.appliance.config.kinds import (
     socket_mode,
     tcp_port_or_0,
     threshold,
+    throughput,
     volume_names,
 )
 from santhrottle.appliance.units import (
@@ -70,6 +72,9 @@ MAX_STEP_US = 100_000
 # NVMe/TCP keep-alive timeout, both 5 s by default); a write through R2T
 # meets the delay twice (docs/controller.md, "The ladder").
 MAX_DELAY_US = 1_000_000
+# A group's priority: a positive weight; 1000 to 1 is already "absolute priority".
+MIN_PRIORITY = 0.001
+MAX_PRIORITY = 1000.0
 # sun_path of a Unix socket holds 107 bytes and the terminating NUL.
 MAX_SOCKET_PATH_BYTES = 107
 # The modes a write-heavy initiator's packets can be delayed in (docs/datapath.md):
@@ -236,6 +241,19 @@ KEYS: tuple[Key, ...] = (
     Key("resources.NAME", "volumes", volume_names(), [],
         "bridge mode: the volumes the resource is made of, as `santhrottle resources` "
         "names them"),
+    # [groups.NAME]
+    Key("groups.NAME", "members", group_members(), None,
+        "the group's initiators: addresses, networks (10.0.1.0/24), iSCSI names (iqn.*), "
+        "NVMe host names (nqn.*), host names (required)"),
+    Key("groups.NAME", "priority", number(MIN_PRIORITY, MAX_PRIORITY), 1.0,
+        "how much a shortfall of this group weighs against the others' (docs/groups.md)"),
+    Key("groups.NAME", "latency_target", duration_s(0.0, MAX_THRESHOLD_S, positive=True), None,
+        "the mean read latency the group's initiators should see, the delay included; unset: "
+        "none"),
+    Key("groups.NAME", "throughput_target", throughput(), None,
+        'the throughput the group should get, "200MB/s" or "5000iops"; unset: none'),
+    Key("groups.NAME", "resources", names("resource", '"vg0"'), [],
+        "the resources the group is arbitrated on; empty: every resource its members load"),
     # [metrics]
     Key("metrics", "address", ip_address(), "127.0.0.1",
         "address of the Prometheus exporter", restart=True),
@@ -244,7 +262,16 @@ KEYS: tuple[Key, ...] = (
 )  # fmt: skip
 
 BY_NAME = {k.dotted: k for k in KEYS}
-TABLES = ("daemon", "bridge", "datapath", "controller", "resources", "static_map", "metrics")
+TABLES = (
+    "daemon",
+    "bridge",
+    "datapath",
+    "controller",
+    "resources",
+    "static_map",
+    "groups",
+    "metrics",
+)
 
 
 def key(dotted: str) -> Key:
