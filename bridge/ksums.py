@@ -88,6 +88,7 @@ class KernelSums:
         self.reads: dict[Volume, VolumeReads] = {}
         self.volume_writes: dict[Volume, int] = {}
         self.writes: dict[tuple[Volume, str], int] = {}
+        self.initiator_reads: dict[tuple[Volume, str], VolumeReads] = {}
         self._next_sweep = -math.inf
         self.kernel: dict[str, int] = {}  # the program's own counts, as last read
         # the last login's or connect's text per connection and direction, as it came up
@@ -129,6 +130,11 @@ class KernelSums:
                     r = self.reads[v] = VolumeReads()
                 r.reads += dr
                 r.latency_sum_s += dns / 1e9
+                ri = self.initiator_reads.get((v, c.initiator))
+                if ri is None:
+                    ri = self.initiator_reads[v, c.initiator] = VolumeReads()
+                ri.reads += dr
+                ri.latency_sum_s += dns / 1e9
             if dw:
                 self.volume_writes[v] = self.volume_writes.get(v, 0) + dw
                 k = (v, c.initiator)
@@ -203,6 +209,11 @@ class KernelSums:
     def take_writes(self) -> dict[tuple[Volume, str], int]:
         self.refresh()
         out, self.writes = self.writes, {}
+        return out
+
+    def take_initiator_reads(self) -> dict[tuple[Volume, str], VolumeReads]:
+        self.refresh()
+        out, self.initiator_reads = self.initiator_reads, {}
         return out
 
     def targets(self) -> dict[ConnKey, str]:

@@ -183,6 +183,8 @@ class Tracker:
         self.reads: dict[Volume, VolumeReads] = {}
         self.writes: dict[tuple[Volume, str], int] = {}
         self.volume_writes: dict[Volume, int] = {}  # per tick, for the resource's write rate
+        # per (volume, initiator) per convergence, for initiator groups
+        self.initiator_reads: dict[tuple[Volume, str], VolumeReads] = {}
         self.counters = Counters()
         self.inflight_total = 0  # commands in flight over every connection
         self._next_sweep_s = -math.inf
@@ -292,8 +294,15 @@ class Tracker:
                 r = self.reads.get(cmd.volume)
                 if r is None:
                     r = self.reads[cmd.volume] = VolumeReads()
+                lat = now_s - cmd.start_s
                 r.reads += 1
-                r.latency_sum_s += now_s - cmd.start_s
+                r.latency_sum_s += lat
+                k = (cmd.volume, conn.initiator)
+                ri = self.initiator_reads.get(k)
+                if ri is None:
+                    ri = self.initiator_reads[k] = VolumeReads()
+                ri.reads += 1
+                ri.latency_sum_s += lat
         elif kind == DATA_OUT and to_target:
             cmd = conn.inflight.get(pdu.tag)
             if cmd is not None and cmd.op == WRITE and cmd.volume is not None:
@@ -341,6 +350,11 @@ class Tracker:
     def take_writes(self) -> dict[tuple[Volume, str], int]:
         """Write bytes per (volume, initiator address) since the last call (a convergence)."""
         out, self.writes = self.writes, {}
+        return out
+
+    def take_initiator_reads(self) -> dict[tuple[Volume, str], VolumeReads]:
+        """Reads and their latency per (volume, initiator address) since the last call."""
+        out, self.initiator_reads = self.initiator_reads, {}
         return out
 
     def targets(self) -> dict[ConnKey, str]:

@@ -42,7 +42,7 @@ import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from santhrottle.controller.domain import ReadSample, WriteSample
+from santhrottle.controller.domain import IoSample, ReadSample, WriteSample
 
 from .pdu import ISCSI_PORT, NVME_TCP_PORT
 from .tracker import ISCSI, NVME, Volume, VolumeReads
@@ -153,6 +153,28 @@ class VolumeMap:
             for name in self.resources_of(v):
                 acc[name, ini] = acc.get((name, ini), 0) + nbytes
         return [WriteSample(r, ini, b / interval_s) for (r, ini), b in sorted(acc.items())]
+
+    def io_samples(
+        self,
+        reads: Mapping[tuple[Volume, str], VolumeReads],
+        writes: Mapping[tuple[Volume, str], int],
+    ) -> list[IoSample]:
+        """One convergence's IoSamples for initiator groups, one per (resource,
+        initiator): its reads and their latency at the array, and its bytes written.
+        IOs are the reads: the wire's sums do not count write commands (yet)."""
+        acc: dict[tuple[str, str], list[float]] = {}  # reads, latency sum, bytes
+        for (v, ini), r in reads.items():
+            for name in self.resources_of(v):
+                a = acc.setdefault((name, ini), [0.0, 0.0, 0.0])
+                a[0] += r.reads
+                a[1] += r.latency_sum_s
+        for (v, ini), nbytes in writes.items():
+            for name in self.resources_of(v):
+                acc.setdefault((name, ini), [0.0, 0.0, 0.0])[2] += nbytes
+        return [
+            IoSample(r, ini, n, nbytes, n, lat / n if n else None)
+            for (r, ini), (n, lat, nbytes) in sorted(acc.items())
+        ]
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,7 +64,7 @@ from santhrottle.appliance.sensing.diskstats import MIN_INTERVAL_S
 from santhrottle.bridge.capture import CaptureCounters, Ring, Segment
 from santhrottle.bridge.tracker import ConnKey, Tracker, Volume, VolumeReads
 from santhrottle.bridge.volumes import VolumeMap, VolumeRow, volume_rows
-from santhrottle.controller.domain import DeviceSample, ReadSample, WriteSample
+from santhrottle.controller.domain import DeviceSample, IoSample, ReadSample, WriteSample
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,7 @@ class BridgeSensor:
         self._capture_counters = CaptureCounters()  # of the captures before this one too
         self._tick_at = self._converge_at = clock()
         self.last_tick: dict[Volume, VolumeReads] = {}
+        self.io_samples: list[IoSample] = []  # the last convergence's, per (resource, initiator)
 
     # -- the capture thread ----------------------------------------------
     def start(self) -> None:
@@ -292,6 +293,7 @@ class BridgeSensor:
         now = self.clock()
         with self.lock:
             writes = self.tracker.take_writes()
+            per_initiator = self.tracker.take_initiator_reads()
             seen = self.tracker.seen()
             vmap = self.vmap
         dt, self._converge_at = max(now - self._converge_at, MIN_INTERVAL_S), now
@@ -305,6 +307,7 @@ class BridgeSensor:
                 view.resources.update(names)
                 view.write_sources.update(dict.fromkeys(names, WIRE))
         samples = vmap.write_samples(writes, dt)
+        self.io_samples = vmap.io_samples(per_initiator, writes)  # for initiator groups
         for w in samples:  # a writer whose connection closed within the interval
             initiators.setdefault(w.initiator, InitiatorView(w.initiator)).resources.add(w.resource)
         if self._save_names and self.names_path is not None:

@@ -77,6 +77,11 @@ def test_what_grew_since_the_last_take_is_the_tick_and_the_convergence():
     # the convergence sees every write since the last convergence, ticks or not
     assert ks.take_writes() == {(lun1, "10.0.0.2"): 4096}
     assert ks.take_writes() == {}
+    # and every read, per initiator, since the last convergence
+    per = ks.take_initiator_reads()
+    assert list(per) == [(lun0, "10.0.0.2")] and per[lun0, "10.0.0.2"].reads == 12
+    assert abs(per[lun0, "10.0.0.2"].mean_s - 70e-3 / 12) < 1e-12
+    assert ks.take_initiator_reads() == {}
     # a total that went down (the map's entry made anew) counts from zero
     w.sums[C, 0] = VolumeSums(reads=3, read_ns=3_000_000, write_bytes=0)
     assert ks.take_tick()[0][lun0].reads == 3

@@ -195,3 +195,20 @@ def test_nvme_commands_of_no_namespace_are_matched_but_name_no_volume():
     c.send(0.1, B.capsule_cmd(2, opcode=0x00, nsid=0xFFFFFFFF), True)  # flush, broadcast
     c.send(0.2, B.capsule_resp(2), False)
     assert tr.seen() == {} and tr.counters.completions == 2 and tr.counters.unmatched == 0
+
+
+def test_reads_per_initiator_for_the_groups():
+    tr = T.Tracker()
+    a = _logged_in(tr, "iqn.2026-11.lab:array")
+    b = Conn(tr, 3260, sport=40001, ini="10.0.0.3")
+    b.send(0.0, B.login_request("iqn.2026-11.lab:array"), True)
+    a.send(1.000, B.scsi_read(1, lun=2), True)
+    b.send(1.000, B.scsi_read(7, lun=2), True)
+    a.send(1.004, B.data_in(1, b"r" * 4096), False)
+    b.send(1.012, B.data_in(7, b"r" * 4096), False)
+    lun2 = T.Volume("iscsi", f"{TGT}:3260", "iqn.2026-11.lab:array", 2)
+    assert tr.take_tick()[0][lun2].reads == 2  # the tick's sums are per volume
+    per = tr.take_initiator_reads()
+    assert per[lun2, INI].reads == 1 and per[lun2, INI].mean_s == pytest.approx(0.004)
+    assert per[lun2, "10.0.0.3"].mean_s == pytest.approx(0.012)
+    assert tr.take_initiator_reads() == {}  # taken

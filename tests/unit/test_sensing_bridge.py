@@ -154,6 +154,10 @@ def test_a_convergence_names_each_initiators_resources_and_write_rates(rig):
     assert disc.initiators[INI].write_sources == {"fast": WIRE}
     assert disc.initiators[INI2].resources == {"fast"}
     assert [(w.resource, w.initiator, w.write_bps) for w in writes] == [("fast", INI, 200_000.0)]
+    # the groups' samples of the same convergence: INI wrote, INI2's read is in flight
+    assert [(i.resource, i.initiator, i.bytes, i.reads) for i in s.io_samples] == [
+        ("fast", INI, 400_000, 0)
+    ]
     rows = s.volume_rows()
     assert [r.name for r in rows] == [f"iscsi://{TGT}:3260/{IQN}/0"]
     assert rows[0].initiators == (INI, INI2) and rows[0].resources == ("fast",)
