@@ -27,12 +27,12 @@ import socket
 from collections.abc import Callable, Iterable, Mapping
 
 from santhrottle.appliance.config.kinds import member_kind
-from santhrottle.appliance.config.parse import GroupConfig
+from santhrottle.appliance.config.parse import ConfigError, GroupConfig
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
-class GroupMapError(ValueError):
+class GroupMapError(ConfigError):
     """A member that cannot be used (a host name that does not resolve); one line."""
 
 

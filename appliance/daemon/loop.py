@@ -43,13 +43,14 @@ from typing import Any, Protocol
 
 from santhrottle.appliance.config import Config, ConfigError
 from santhrottle.appliance.config.kinds import AUTO
-from santhrottle.appliance.daemon import commands, view
+from santhrottle.appliance.daemon import commands, grouping, view
 from santhrottle.appliance.daemon.commands import CommandError
 from santhrottle.appliance.daemon.counters import Counters, WrittenBytes
 from santhrottle.appliance.daemon.restore import age_adopted, snapshot
 from santhrottle.appliance.daemon.state import Saved, StateStore
 from santhrottle.controller.domain import (
     DeviceSample,
+    IoSample,
     ReadSample,
     Resource,
     Samples,
@@ -104,6 +105,7 @@ class DaemonState:
     adopt_until: float | None = None
     discovery: Any = None
     pending_writes: list[WriteSample] = field(default_factory=list)
+    pending_ios: list[IoSample] = field(default_factory=list)  # initiator groups (grouping.py)
     last_reads: dict[str, ReadSample] = field(default_factory=dict)
 
 
@@ -144,6 +146,7 @@ class Daemon:
         self.restart_pending: list[str] = []  # keys a reload could not change
         self._changes = 0  # commands that changed the state (status' cache key)
         self._status: tuple[tuple[int, ...], dict[str, Any]] | None = None
+        self.group_map = grouping.build(config)  # GroupMapError: a host does not resolve
 
     # ----------------------------------------------------------- resources
     def threshold_of(self, name: str) -> float | str | None:
@@ -177,6 +180,14 @@ class Daemon:
         if changed:
             log.info("resources removed; %d initiator class(es) changed", len(changed))
 
+    def _apply_groups(self) -> None:
+        """The groups, their members among the known initiators, the grouped resources."""
+        d = self.state.discovery
+        known = set(d.initiators) if d is not None else set()
+        changed = grouping.apply(self.ctl, self.config, self.group_map, known)
+        if changed:
+            log.info("groups: %d initiator class(es) changed", len(changed))
+
     # ----------------------------------------------------------- the tick
     def converge_once(self) -> None:
         """Discovery + write rates (worker thread; may be slow)."""
@@ -189,9 +200,11 @@ class Daemon:
             return
         live = {ip: v.resources for ip, v in disc.initiators.items()} if disc is not None else None
         self.written.add(writes, self.config.controller.converge_s, live)
+        ios = grouping.io_samples(self.sensors)
         with self.lock:
             self.state.discovery = disc
             self.state.pending_writes.extend(writes)
+            self.state.pending_ios.extend(ios)
             self.counters.converges += 1
             self._resources_dirty = True
         self.save_state()  # the resource classes, once per convergence when they changed
@@ -210,12 +223,14 @@ class Daemon:
         with self.lock:
             if self._resources_dirty:  # once per discovery, not every 100 ms
                 self._reconcile_resources()
+                self._apply_groups()
                 self._resources_dirty = False
             writes, self.state.pending_writes = self.state.pending_writes, []
+            ios, self.state.pending_ios = self.state.pending_ios, []
             for r in reads:
                 self.state.last_reads[r.resource] = r
             self.counters.add_reads(reads if read_ok else None, self.config.controller.tick_s)
-            self.ctl, _ = step(self.ctl, Samples(reads, writes, devices), now)
+            self.ctl, _ = step(self.ctl, Samples(reads, writes, devices, ios), now)
             age_adopted(self, now)
             self._actuate()
             self.counters.record_tick(self.clock() - t0)
@@ -330,7 +345,13 @@ class Daemon:
         except ConfigError as e:
             self.counters.reload_failures += 1
             raise CommandError(f"reload refused, keeping the running config: {e}") from None
+        try:
+            gmap = grouping.build(new)
+        except ConfigError as e:  # a group's host that does not resolve
+            self.counters.reload_failures += 1
+            raise CommandError(f"reload refused, keeping the running config: {e}") from None
         with self.lock:
+            self.group_map = gmap
             old = self.config
             # restart keys keep their running values; the rest takes effect now
             self.restart_pending = new.restart_changes(old)

@@ -115,3 +115,10 @@ def test_a_longer_network_beats_a_shorter_one_whatever_the_order():
 def test_a_host_that_does_not_resolve_is_one_error():
     with pytest.raises(GroupMapError, match=r"backup1\.example\.com"):
         _map(hosts={})
+
+
+def test_resolve_host_reads_the_system_resolver():
+    """localhost comes from /etc/hosts: no query leaves the machine."""
+    from santhrottle.appliance.daemon.groupmap import resolve_host
+
+    assert {"127.0.0.1", "::1"} & set(resolve_host("localhost"))
