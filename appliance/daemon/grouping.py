@@ -20,6 +20,7 @@ Sensors
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,6 +30,8 @@ from santhrottle.controller.domain import IoSample
 from santhrottle.controller.groups import Group
 from santhrottle.controller.restate import configure_groups
 from santhrottle.controller.step import ControllerState
+
+log = logging.getLogger("santhrottled")
 
 
 def build(config: Config, resolve: Any = None) -> GroupMap:
@@ -72,6 +75,16 @@ def apply(
         gmap.group_of_all(initiators),
         grouped_resources(config, ctl.resources),
     )
+
+
+def refresh(daemon: Any) -> None:
+    """The daemon's groups, their members among the initiators its discovery knows,
+    and the grouped resources, into its controller (under the daemon's lock)."""
+    d = daemon.state.discovery
+    known = set(d.initiators) if d is not None else set()
+    changed = apply(daemon.ctl, daemon.config, daemon.group_map, known)
+    if changed:
+        log.info("groups: %d initiator class(es) changed", len(changed))
 
 
 def io_samples(sensors: Any) -> list[IoSample]:

@@ -180,14 +180,6 @@ class Daemon:
         if changed:
             log.info("resources removed; %d initiator class(es) changed", len(changed))
 
-    def _apply_groups(self) -> None:
-        """The groups, their members among the known initiators, the grouped resources."""
-        d = self.state.discovery
-        known = set(d.initiators) if d is not None else set()
-        changed = grouping.apply(self.ctl, self.config, self.group_map, known)
-        if changed:
-            log.info("groups: %d initiator class(es) changed", len(changed))
-
     # ----------------------------------------------------------- the tick
     def converge_once(self) -> None:
         """Discovery + write rates (worker thread; may be slow)."""
@@ -223,7 +215,7 @@ class Daemon:
         with self.lock:
             if self._resources_dirty:  # once per discovery, not every 100 ms
                 self._reconcile_resources()
-                self._apply_groups()
+                grouping.refresh(self)
                 self._resources_dirty = False
             writes, self.state.pending_writes = self.state.pending_writes, []
             ios, self.state.pending_ios = self.state.pending_ios, []
@@ -342,12 +334,8 @@ class Daemon:
             raise CommandError("this daemon was started without a config file")
         try:
             new = self._load_config(self.config.path)
+            gmap = grouping.build(new)  # a group's host that does not resolve: ConfigError
         except ConfigError as e:
-            self.counters.reload_failures += 1
-            raise CommandError(f"reload refused, keeping the running config: {e}") from None
-        try:
-            gmap = grouping.build(new)
-        except ConfigError as e:  # a group's host that does not resolve
             self.counters.reload_failures += 1
             raise CommandError(f"reload refused, keeping the running config: {e}") from None
         with self.lock:
