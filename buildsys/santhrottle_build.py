@@ -337,7 +337,7 @@ def config_man_page() -> str:
                 out.append(
                     roff(
                         "One table per initiator group: its members, targets and priority "
-                        "(read and checked; the daemon does not act on groups yet)."
+                        "(bridge mode for now; docs/groups.md)."
                     )
                 )
         default = "unset" if k.default is None else toml_value(k.default)
@@ -473,8 +473,8 @@ def example_config() -> str:
         '#   "10.1.0.0/24" = ["vg_aic"]',
         "",
         *comment(
-            "[groups.NAME]: one table per initiator group (read and checked; the daemon "
-            "does not act on groups yet). None by default. Keys:"
+            "[groups.NAME]: one table per initiator group, its members, targets and "
+            "priority (bridge mode for now). None by default. Keys:"
         ),
         *named_keys("groups.NAME"),
         "# e.g.",

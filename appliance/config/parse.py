@@ -282,6 +282,8 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
         for name, rc in resources.items():
             if rc.volumes:
                 raise r.fail(f"resources.{name}.volumes", 'needs daemon.mode = "bridge"')
+        if groups:  # the target host has no per-initiator reads to feed them yet
+            raise r.fail(f"groups.{next(iter(groups))}", 'needs daemon.mode = "bridge" for now')
     return Config(
         path=path,
         control_socket=d["control_socket"],

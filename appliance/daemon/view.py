@@ -138,7 +138,42 @@ def status(daemon: Daemon) -> dict[str, Any]:
         "initiators": initiators,
         # bridge mode: the wire sensor's counts since the start (appliance/sensing/bridge.py)
         "wire": wire_counters(daemon),
+        "groups": groups(daemon),
     }
+
+
+def groups(daemon: Daemon) -> list[dict[str, Any]]:
+    """Per (grouped resource, group): its target, what it gets, its PWFTE, share and
+    class (controller/groups.py); empty without [groups]."""
+    ladder = daemon.config.ladder
+    out = []
+    gst = daemon.ctl.groups
+    for res in sorted(gst.resources):
+        gr = gst.resources[res]
+        for name in sorted(gr.groups):
+            g, spec = gr.groups[name], gst.spec(name)
+            out.append(
+                {
+                    "resource": res,
+                    "group": name,
+                    "priority": spec.priority,
+                    "latency_target_s": spec.latency_target_s,
+                    "throughput_target_bps": spec.throughput_target_bps,
+                    "throughput_target_iops": spec.throughput_target_iops,
+                    "latency_s": g.latency_s,
+                    "throughput_bps": g.throughput_bps,
+                    "iops": g.iops,
+                    "y": g.y,
+                    "pwfte": g.pwfte,
+                    "share": g.share,
+                    "demand": g.demand,
+                    "delay_class": g.delay_class,
+                    "delay_s": ladder.delay_s(min(g.delay_class, ladder.max_class)),
+                    "members": sorted(g.members),
+                    "overloaded": gr.overloaded,
+                }
+            )
+    return out
 
 
 def wire_counters(daemon: Daemon) -> dict[str, Any] | None:

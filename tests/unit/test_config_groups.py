@@ -7,7 +7,16 @@ from santhrottle.appliance.config.kinds import member_kind
 from santhrottle.appliance.config.parse import ConfigError, parse_config
 from santhrottle.appliance.daemon.groupmap import GroupMap, GroupMapError
 
-GOOD = """
+BRIDGE = """
+[daemon]
+mode = "bridge"
+[bridge]
+initiator_port = "eth1"
+array_port = "eth2"
+"""
+GOOD = (
+    BRIDGE
+    + """
 [groups.db]
 members = ["10.0.1.0/24", "iqn.2024-01.com.example:db1", "fd00::/64"]
 latency_target = "5ms"
@@ -22,6 +31,7 @@ resources = ["vg0"]
 members = ["10.0.2.0/23"]
 throughput_target = "200MB/s"
 """
+)
 
 
 def test_groups_parse_with_their_targets():
@@ -33,6 +43,11 @@ def test_groups_parse_with_their_targets():
     assert backup.resources == ("vg0",)
     assert tenant.throughput_target_bps == 200e6 and tenant.resources == ()
     assert parse_config("").groups == {}
+
+
+def test_groups_need_bridge_mode_for_now():
+    with pytest.raises(ConfigError, match=r'groups\.db: needs daemon\.mode = "bridge"'):
+        parse_config(GOOD.replace(BRIDGE, ""))
 
 
 @pytest.mark.parametrize(
@@ -107,7 +122,10 @@ def test_the_most_specific_member_wins():
 
 
 def test_a_longer_network_beats_a_shorter_one_whatever_the_order():
-    text = '[groups.wide]\nmembers = ["10.0.0.0/8"]\n[groups.narrow]\nmembers = ["10.1.0.0/16"]'
+    text = (
+        BRIDGE
+        + '[groups.wide]\nmembers = ["10.0.0.0/8"]\n[groups.narrow]\nmembers = ["10.1.0.0/16"]'
+    )
     m = _map(text, {})
     assert m.group_of("10.1.2.3") == "narrow" and m.group_of("10.2.0.1") == "wide"
 

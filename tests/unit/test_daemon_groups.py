@@ -13,8 +13,16 @@ from santhrottle.appliance.daemon.loop import CommandError
 from santhrottle.controller.domain import IoSample
 from tests.unit.test_daemon import CONF, make, run_for
 
+BRIDGE = """
+[daemon]
+mode = "bridge"
+[bridge]
+initiator_port = "eth1"
+array_port = "eth2"
+"""
 GROUPS = (
-    CONF
+    BRIDGE
+    + CONF
     + """
 [groups.db]
 members = ["10.0.0.2"]
@@ -64,6 +72,10 @@ def test_groups_reach_the_controller_and_the_actuator():
     assert groups["backup"].delay_class > 0 and groups["db"].delay_class == 0
     assert act.kernel["10.0.0.3"][0] == groups["backup"].delay_class  # the group's class
     assert "10.0.0.2" not in act.kernel  # db is never delayed
+    rows = {r["group"]: r for r in d.status()["groups"]}
+    assert rows["db"]["latency_target_s"] == 0.010 and rows["db"]["members"] == ["10.0.0.2"]
+    assert rows["backup"]["delay_class"] == groups["backup"].delay_class
+    assert rows["backup"]["pwfte"] == pytest.approx(groups["backup"].pwfte)
 
 
 def test_without_groups_nothing_is_grouped():
@@ -95,6 +107,8 @@ def test_a_reload_whose_host_does_not_resolve_keeps_the_running_groups(tmp_path,
 def test_grouped_resources_follow_the_groups_resources():
     cfg = parse_config(GROUPS)
     assert grouping.grouped_resources(cfg, {"vg0", "vg1"}) == {"vg0", "vg1"}
-    only = parse_config(CONF + '[groups.db]\nmembers = ["10.0.0.2"]\nresources = ["vg1", "vg9"]\n')
+    only = parse_config(
+        BRIDGE + CONF + '[groups.db]\nmembers = ["10.0.0.2"]\nresources = ["vg1", "vg9"]\n'
+    )
     assert grouping.grouped_resources(only, {"vg0", "vg1"}) == {"vg1"}
     assert grouping.grouped_resources(parse_config(CONF), {"vg0"}) == set()
