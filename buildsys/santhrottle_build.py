@@ -479,7 +479,7 @@ def example_config() -> str:
         *named_keys("groups.NAME"),
         "# e.g.",
         "#   [groups.db]",
-        '#   members = ["10.0.1.0/24", "iqn.2024-01.com.example:db1"]',
+        '#   members = ["10.0.1.0/24", "10.0.2.7"]',
         '#   latency_target = "5ms"',
         "#   priority = 2",
     ]

@@ -338,7 +338,7 @@ def group_members() -> Kind:
                 )  # fmt: skip
         return tuple(v)
 
-    return Kind("list of addresses, networks, IQNs, NQNs or host names", parse)
+    return Kind("list of addresses, networks or host names", parse)
 
 
 IOPS_SUFFIX = "iops"

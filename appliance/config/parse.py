@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from santhrottle.appliance.config.kinds import AUTO, NAME_RE, KindError
+from santhrottle.appliance.config.kinds import AUTO, NAME_RE, KindError, member_kind
 from santhrottle.appliance.config.schema import DEFAULT_PATH, KEYS, TABLES
 from santhrottle.controller.domain import ControllerConfig, LogGains, PidGains
 from santhrottle.controller.ladder import Ladder, LadderError
@@ -395,6 +395,10 @@ def _groups(r: _Reader, data: dict[str, Any]) -> dict[str, GroupConfig]:
         if v["members"] is None:
             raise r.fail(f"{key}.members", "is required")
         for m in v["members"]:
+            if member_kind(m) in ("iscsi", "nvme"):  # the sensors give no initiator names yet
+                raise r.fail(
+                    f"{key}.members", f"{m}: initiator names are not matched yet; give its address"
+                )
             other = owner.setdefault(m.lower(), name)
             if other != name:
                 raise r.fail(f"{key}.members", f"{m} is already a member of groups.{other}")

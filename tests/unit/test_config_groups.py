@@ -1,6 +1,8 @@
 """[groups.NAME] in the configuration (appliance/config) and who is in which group
 (appliance/daemon/groupmap.py)."""
 
+from dataclasses import replace
+
 import pytest
 
 from santhrottle.appliance.config.kinds import member_kind
@@ -18,12 +20,12 @@ GOOD = (
     BRIDGE
     + """
 [groups.db]
-members = ["10.0.1.0/24", "iqn.2024-01.com.example:db1", "fd00::/64"]
+members = ["10.0.1.0/24", "fd00::/64"]
 latency_target = "5ms"
 priority = 2
 
 [groups.backup]
-members = ["10.0.1.7", "backup1.example.com", "nqn.2014-08.org.nvmexpress:uuid:42"]
+members = ["10.0.1.7", "backup1.example.com"]
 throughput_target = "5000iops"
 resources = ["vg0"]
 
@@ -43,6 +45,12 @@ def test_groups_parse_with_their_targets():
     assert backup.resources == ("vg0",)
     assert tenant.throughput_target_bps == 200e6 and tenant.resources == ()
     assert parse_config("").groups == {}
+
+
+def test_initiator_names_are_refused_until_the_sensors_give_them():
+    text = BRIDGE + '[groups.a]\nmembers = ["iqn.2024-01.com.example:db1"]'
+    with pytest.raises(ConfigError, match="initiator names are not matched yet"):
+        parse_config(text)
 
 
 def test_groups_need_bridge_mode_for_now():
@@ -108,7 +116,14 @@ def _map(text=GOOD, hosts=None):
 
 
 def test_the_most_specific_member_wins():
-    m = _map()
+    groups = dict(parse_config(GOOD).groups)
+    # names are matched by the map (the configuration refuses them until the sensors
+    # give the names initiators log in with)
+    db = groups["db"]
+    groups["db"] = replace(db, members=(*db.members, "iqn.2024-01.com.example:db1"))
+    bk = groups["backup"]
+    groups["backup"] = replace(bk, members=(*bk.members, "nqn.2014-08.org.nvmexpress:uuid:42"))
+    m = GroupMap(groups, lambda name: {"backup1.example.com": ["10.0.3.9", "fd00::9"]}[name])
     assert m.group_of("10.0.1.8") == "db"  # the network
     assert m.group_of("10.0.1.7") == "backup"  # an address beats a network
     assert m.group_of("10.0.1.7", ["IQN.2024-01.com.example:DB1"]) == "db"  # a name beats both
