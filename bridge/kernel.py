@@ -89,6 +89,7 @@ class VolumeSums:
     reads: int
     read_ns: int
     write_bytes: int
+    writes: int = 0  # write commands completed
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,8 +278,8 @@ class KernelWire:
             if self._lib.bpf_map_lookup_elem(fd, raw, val):
                 continue  # gone meanwhile
             ini, tgt, ip, tp, vol = _VOL_KEY.unpack(raw)
-            reads, read_ns, wbytes, _ = _VOL_STATS.unpack(val.raw)
-            out[conn_of(ini, tgt, ip, tp), vol] = VolumeSums(reads, read_ns, wbytes)
+            reads, read_ns, wbytes, writes = _VOL_STATS.unpack(val.raw)
+            out[conn_of(ini, tgt, ip, tp), vol] = VolumeSums(reads, read_ns, wbytes, writes)
         return out
 
     def inflight(self) -> dict[tuple[Conn, int], tuple[int, int, int]]:

@@ -88,7 +88,7 @@ class KernelSums:
         self.reads: dict[Volume, VolumeReads] = {}
         self.volume_writes: dict[Volume, int] = {}
         self.writes: dict[tuple[Volume, str], int] = {}
-        self.initiator_reads: dict[tuple[Volume, str], VolumeReads] = {}
+        self.initiator_ios: dict[tuple[Volume, str], VolumeReads] = {}
         self._next_sweep = -math.inf
         self.kernel: dict[str, int] = {}  # the program's own counts, as last read
         # the last login's or connect's text per connection and direction, as it came up
@@ -115,7 +115,8 @@ class KernelSums:
                 old = VolumeSums(0, 0, 0)
             dr, dns = s.reads - old.reads, s.read_ns - old.read_ns
             dw = s.write_bytes - old.write_bytes
-            if not (dr or dw):
+            dn = s.writes - old.writes
+            if not (dr or dw or dn):
                 continue
             if c not in self._active:
                 self.counters.connections += 1
@@ -130,11 +131,11 @@ class KernelSums:
                     r = self.reads[v] = VolumeReads()
                 r.reads += dr
                 r.latency_sum_s += dns / 1e9
-                ri = self.initiator_reads.get((v, c.initiator))
-                if ri is None:
-                    ri = self.initiator_reads[v, c.initiator] = VolumeReads()
+                ri = self._initiator_io(v, c.initiator)
                 ri.reads += dr
                 ri.latency_sum_s += dns / 1e9
+            if dn:
+                self._initiator_io(v, c.initiator).writes += dn
             if dw:
                 self.volume_writes[v] = self.volume_writes.get(v, 0) + dw
                 k = (v, c.initiator)
@@ -211,9 +212,15 @@ class KernelSums:
         out, self.writes = self.writes, {}
         return out
 
-    def take_initiator_reads(self) -> dict[tuple[Volume, str], VolumeReads]:
+    def _initiator_io(self, v: Volume, initiator: str) -> VolumeReads:
+        r = self.initiator_ios.get((v, initiator))
+        if r is None:
+            r = self.initiator_ios[v, initiator] = VolumeReads()
+        return r
+
+    def take_initiator_ios(self) -> dict[tuple[Volume, str], VolumeReads]:
         self.refresh()
-        out, self.initiator_reads = self.initiator_reads, {}
+        out, self.initiator_ios = self.initiator_ios, {}
         return out
 
     def targets(self) -> dict[ConnKey, str]:

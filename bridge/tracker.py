@@ -109,6 +109,7 @@ class Volume:
 class VolumeReads:
     reads: int = 0
     latency_sum_s: float = 0.0
+    writes: int = 0  # write commands completed (per initiator: take_initiator_ios)
 
     @property
     def mean_s(self) -> float:
@@ -183,8 +184,8 @@ class Tracker:
         self.reads: dict[Volume, VolumeReads] = {}
         self.writes: dict[tuple[Volume, str], int] = {}
         self.volume_writes: dict[Volume, int] = {}  # per tick, for the resource's write rate
-        # per (volume, initiator) per convergence, for initiator groups
-        self.initiator_reads: dict[tuple[Volume, str], VolumeReads] = {}
+        # per (volume, initiator) per convergence, for initiator groups: reads and writes
+        self.initiator_ios: dict[tuple[Volume, str], VolumeReads] = {}
         self.counters = Counters()
         self.inflight_total = 0  # commands in flight over every connection
         self._next_sweep_s = -math.inf
@@ -297,12 +298,10 @@ class Tracker:
                 lat = now_s - cmd.start_s
                 r.reads += 1
                 r.latency_sum_s += lat
-                k = (cmd.volume, conn.initiator)
-                ri = self.initiator_reads.get(k)
-                if ri is None:
-                    ri = self.initiator_reads[k] = VolumeReads()
-                ri.reads += 1
-                ri.latency_sum_s += lat
+                self._initiator_io(cmd.volume, conn.initiator).reads += 1
+                self._initiator_io(cmd.volume, conn.initiator).latency_sum_s += lat
+            elif cmd.op == WRITE and cmd.volume is not None:
+                self._initiator_io(cmd.volume, conn.initiator).writes += 1
         elif kind == DATA_OUT and to_target:
             cmd = conn.inflight.get(pdu.tag)
             if cmd is not None and cmd.op == WRITE and cmd.volume is not None:
@@ -352,9 +351,17 @@ class Tracker:
         out, self.writes = self.writes, {}
         return out
 
-    def take_initiator_reads(self) -> dict[tuple[Volume, str], VolumeReads]:
-        """Reads and their latency per (volume, initiator address) since the last call."""
-        out, self.initiator_reads = self.initiator_reads, {}
+    def _initiator_io(self, vol: Volume, initiator: str) -> VolumeReads:
+        k = (vol, initiator)
+        r = self.initiator_ios.get(k)
+        if r is None:
+            r = self.initiator_ios[k] = VolumeReads()
+        return r
+
+    def take_initiator_ios(self) -> dict[tuple[Volume, str], VolumeReads]:
+        """Reads (their latency) and writes completed per (volume, initiator address)
+        since the last call (a convergence)."""
+        out, self.initiator_ios = self.initiator_ios, {}
         return out
 
     def targets(self) -> dict[ConnKey, str]:

@@ -160,20 +160,21 @@ class VolumeMap:
         writes: Mapping[tuple[Volume, str], int],
     ) -> list[IoSample]:
         """One convergence's IoSamples for initiator groups, one per (resource,
-        initiator): its reads and their latency at the array, and its bytes written.
-        IOs are the reads: the wire's sums do not count write commands (yet)."""
-        acc: dict[tuple[str, str], list[float]] = {}  # reads, latency sum, bytes
+        initiator): its IOs (reads and writes completed), its reads and their latency
+        at the array, and its bytes written."""
+        acc: dict[tuple[str, str], list[float]] = {}  # reads, latency sum, bytes, writes
         for (v, ini), r in reads.items():
             for name in self.resources_of(v):
-                a = acc.setdefault((name, ini), [0.0, 0.0, 0.0])
+                a = acc.setdefault((name, ini), [0.0, 0.0, 0.0, 0.0])
                 a[0] += r.reads
                 a[1] += r.latency_sum_s
+                a[3] += r.writes
         for (v, ini), nbytes in writes.items():
             for name in self.resources_of(v):
-                acc.setdefault((name, ini), [0.0, 0.0, 0.0])[2] += nbytes
+                acc.setdefault((name, ini), [0.0, 0.0, 0.0, 0.0])[2] += nbytes
         return [
-            IoSample(r, ini, n, nbytes, n, lat / n if n else None)
-            for (r, ini), (n, lat, nbytes) in sorted(acc.items())
+            IoSample(r, ini, n + nw, nbytes, n, lat / n if n else None)
+            for (r, ini), (n, lat, nbytes, nw) in sorted(acc.items())
         ]
 
 

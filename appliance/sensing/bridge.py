@@ -293,7 +293,7 @@ class BridgeSensor:
         now = self.clock()
         with self.lock:
             writes = self.tracker.take_writes()
-            per_initiator = self.tracker.take_initiator_reads()
+            per_initiator = self.tracker.take_initiator_ios()
             seen = self.tracker.seen()
             vmap = self.vmap
         dt, self._converge_at = max(now - self._converge_at, MIN_INTERVAL_S), now

@@ -2,9 +2,9 @@
 /*
  * The wire sensor in the kernel: a tc (clsact) program on the bridge's array-side port
  * that walks each storage TCP stream, matches commands to completions and adds up, per
- * connection and volume, the reads, their latency and the write bytes.  Userspace
- * (bridge/kernel.py) reads the sums once a tick; only logins and connects (they name
- * the target) come up as events.  The program never changes a packet: TC_ACT_OK always.
+ * connection and volume, the reads, their latency, the write bytes and the writes
+ * completed.  Userspace (bridge/kernel.py) reads the sums once a tick; only logins and
+ * connects (they name the target) come up as events.  The program never changes a packet: TC_ACT_OK always.
  *
  * Per direction of a connection (map flows), the sequence number where the next PDU
  * header starts (next_seq) and the end of what was seen (expect_seq):
@@ -103,7 +103,7 @@ struct vol_stats {
 	__u64 reads;
 	__u64 read_ns;
 	__u64 write_bytes;
-	__u64 commands;
+	__u64 writes;	/* write commands completed */
 };
 
 /* indices of the global counters (bridge/kernel.py names them) */
@@ -447,6 +447,10 @@ static __noinline void on_pdu(struct __sk_buff *skb, struct scratch *sc, __u32 a
 				__sync_fetch_and_add(&s->reads, 1);
 				__sync_fetch_and_add(&s->read_ns, took);
 			}
+		} else if (f->op == OP_WRITE) {
+			s = vol_of(sc, f->volume);
+			if (s)
+				__sync_fetch_and_add(&s->writes, 1);
 		}
 		bpf_map_delete_elem(&inflight, &sc->tk);
 	} else if (p->kind == K_DATA_OUT && to_target) {

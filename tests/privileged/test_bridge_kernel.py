@@ -144,13 +144,24 @@ def test_the_kernel_matches_every_command_as_the_python_tracker_does(veth_ns):
         v = memoryview(f)
         dec.frame(v, 0, len(v), 0.0, tr.segment)
     python = {(v.portal, v.unit): r.reads for v, r in tr.take_tick()[0].items()}
+    python_writes: dict[tuple[str, int], int] = {}
+    for (v, _ini), r in tr.take_initiator_ios().items():
+        key = (v.portal, v.unit)
+        python_writes[key] = python_writes.get(key, 0) + r.writes
     kernel: dict[tuple[str, int], int] = {}
+    kernel_writes: dict[tuple[str, int], int] = {}
     for (c, raw), s in w.volume_sums().items():
         unit = lun_number(raw) if c.target_port == 3260 else raw
         key = (f"{c.target}:{c.target_port}", unit)
         kernel[key] = kernel.get(key, 0) + s.reads
+        kernel_writes[key] = kernel_writes.get(key, 0) + s.writes
     assert {k: v for k, v in kernel.items() if v} == python
     assert sum(python.values()) == counts["reads"]
+    # writes completed, for the groups' IOs: the same in both, every one of them
+    assert {k: v for k, v in kernel_writes.items() if v} == {
+        k: v for k, v in python_writes.items() if v
+    }
+    assert sum(kernel_writes.values()) == counts["writes"]
 
 
 def test_hostile_frames_and_a_million_open_commands_leave_it_working(veth_ns):

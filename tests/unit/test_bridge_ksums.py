@@ -66,7 +66,7 @@ def test_what_grew_since_the_last_take_is_the_tick_and_the_convergence():
     w = FakeWire()
     ks = KernelSums(w)  # type: ignore[arg-type]
     w.sums[C, 0] = VolumeSums(reads=10, read_ns=50_000_000, write_bytes=0)
-    w.sums[C, 1 << 48] = VolumeSums(reads=0, read_ns=0, write_bytes=4096)
+    w.sums[C, 1 << 48] = VolumeSums(reads=0, read_ns=0, write_bytes=4096, writes=1)
     reads, writes = ks.take_tick()
     lun0, lun1 = Volume(ISCSI, "10.0.0.11:3260", "", 0), Volume(ISCSI, "10.0.0.11:3260", "", 1)
     assert reads[lun0].reads == 10 and abs(reads[lun0].mean_s - 0.005) < 1e-12
@@ -78,10 +78,11 @@ def test_what_grew_since_the_last_take_is_the_tick_and_the_convergence():
     assert ks.take_writes() == {(lun1, "10.0.0.2"): 4096}
     assert ks.take_writes() == {}
     # and every read, per initiator, since the last convergence
-    per = ks.take_initiator_reads()
-    assert list(per) == [(lun0, "10.0.0.2")] and per[lun0, "10.0.0.2"].reads == 12
+    per = ks.take_initiator_ios()
+    assert set(per) == {(lun0, "10.0.0.2"), (lun1, "10.0.0.2")}
+    assert per[lun0, "10.0.0.2"].reads == 12 and per[lun1, "10.0.0.2"].writes == 1
     assert abs(per[lun0, "10.0.0.2"].mean_s - 70e-3 / 12) < 1e-12
-    assert ks.take_initiator_reads() == {}
+    assert ks.take_initiator_ios() == {}
     # a total that went down (the map's entry made anew) counts from zero
     w.sums[C, 0] = VolumeSums(reads=3, read_ns=3_000_000, write_bytes=0)
     assert ks.take_tick()[0][lun0].reads == 3

@@ -206,9 +206,13 @@ def test_reads_per_initiator_for_the_groups():
     b.send(1.000, B.scsi_read(7, lun=2), True)
     a.send(1.004, B.data_in(1, b"r" * 4096), False)
     b.send(1.012, B.data_in(7, b"r" * 4096), False)
+    b.send(1.020, B.scsi_write(8, lun=2, nbytes=4096), True)
+    b.send(1.030, B.scsi_response(8), False)
     lun2 = T.Volume("iscsi", f"{TGT}:3260", "iqn.2026-11.lab:array", 2)
     assert tr.take_tick()[0][lun2].reads == 2  # the tick's sums are per volume
-    per = tr.take_initiator_reads()
+    per = tr.take_initiator_ios()
     assert per[lun2, INI].reads == 1 and per[lun2, INI].mean_s == pytest.approx(0.004)
+    assert per[lun2, INI].writes == 0
     assert per[lun2, "10.0.0.3"].mean_s == pytest.approx(0.012)
-    assert tr.take_initiator_reads() == {}  # taken
+    assert per[lun2, "10.0.0.3"].writes == 1  # a write completed
+    assert tr.take_initiator_ios() == {}  # taken

@@ -83,10 +83,14 @@ def test_io_samples_per_resource_and_initiator():
     vm = VolumeMap({"r1": ["iscsi://10.0.0.9/*/*"]})
     lun0 = Volume("iscsi", "10.0.0.9:3260", "iqn.x:a", 0)
     lun1 = Volume("iscsi", "10.0.0.9:3260", "iqn.x:a", 1)
-    reads = {(lun0, "10.0.0.2"): VolumeReads(3, 0.030), (lun1, "10.0.0.2"): VolumeReads(1, 0.002)}
+    reads = {
+        (lun0, "10.0.0.2"): VolumeReads(3, 0.030),
+        (lun1, "10.0.0.2"): VolumeReads(1, 0.002),
+        (lun1, "10.0.0.3"): VolumeReads(writes=2),
+    }
     writes = {(lun1, "10.0.0.3"): 8192}
     out = vm.io_samples(reads, writes)
     assert [(s.resource, s.initiator) for s in out] == [("r1", "10.0.0.2"), ("r1", "10.0.0.3")]
     a, b = out
     assert a.reads == 4 and a.ios == 4 and abs(a.read_latency_s - 0.008) < 1e-12 and a.bytes == 0
-    assert b.reads == 0 and b.read_latency_s is None and b.bytes == 8192
+    assert b.reads == 0 and b.read_latency_s is None and b.bytes == 8192 and b.ios == 2

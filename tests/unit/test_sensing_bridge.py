@@ -154,8 +154,9 @@ def test_a_convergence_names_each_initiators_resources_and_write_rates(rig):
     assert disc.initiators[INI].write_sources == {"fast": WIRE}
     assert disc.initiators[INI2].resources == {"fast"}
     assert [(w.resource, w.initiator, w.write_bps) for w in writes] == [("fast", INI, 200_000.0)]
-    # the groups' samples of the same convergence: INI wrote, INI2's read is in flight
-    assert [(i.resource, i.initiator, i.bytes, i.reads) for i in s.io_samples] == [
+    # the groups' samples of the same convergence: INI's write and INI2's read are in
+    # flight (no IO completed), INI's bytes are counted
+    assert [(i.resource, i.initiator, i.bytes, i.ios) for i in s.io_samples] == [
         ("fast", INI, 400_000, 0)
     ]
     rows = s.volume_rows()
