@@ -95,12 +95,14 @@ class Target(threading.Thread):
 
 class Reader(threading.Thread):
     """One initiator session: a login naming IQN, then READs of LUN 0 one at a time
-    (write_bps: WRITEs of LUN 1 instead, WRITE_BYTES of immediate data each, at that pace)."""
+    (write_bps: WRITEs of LUN 1 instead, WRITE_BYTES of immediate data each, at that pace;
+    src: the initiator's address, when its namespace has several)."""
 
-    def __init__(self, ns: str, write_bps: float = 0.0) -> None:
+    def __init__(self, ns: str, write_bps: float = 0.0, src: str | None = None) -> None:
         super().__init__(daemon=True)
         self.ns = ns
         self.write_bps = write_bps
+        self.src = src
         self.stop = threading.Event()
         self.done = 0
         self.error: BaseException | None = None
@@ -111,6 +113,8 @@ class Reader(threading.Thread):
                 s = socket.socket()
             with s:
                 s.settimeout(10)
+                if self.src:
+                    s.bind((self.src, 0))
                 s.connect((TGT_IP, 3260))
                 s.sendall(B.login_request(IQN))
                 _recv_pdu(s)

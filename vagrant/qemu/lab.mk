@@ -5,7 +5,7 @@ LAB := vagrant/qemu/lab.py
 # The known plant of make lab, lab-ci, lab-plant and lab-auto-fit (report.py's PAPER_ARRAY).
 LAB_PLANT := c_ms=2,m_ms=5
 
-.PHONY: lab-deps lab-up lab lab-nullb lab-test lab-ci lab-faults lab-plant lab-auto-fit lab-bridge lab-run lab-clean
+.PHONY: lab-deps lab-up lab lab-nullb lab-test lab-ci lab-faults lab-plant lab-auto-fit lab-bridge lab-groups lab-run lab-clean
 
 # apt-get install what the lab needs on the host (root; idempotent), with the
 # known plant's nbdkit (lab.py --array nbd; docs/lab.md).
@@ -61,6 +61,16 @@ lab-auto-fit:
 lab-bridge:
 	$(LAB_PY) $(LAB) --array nbd:$(or $(PLANT),$(LAB_PLANT)) run --timeout 3000 \
 		vagrant/experiments/bridge_lab.py $(ARGS)
+
+# Initiator groups in the lab (docs/groups.md, "In the lab"): two reader groups of
+# different targets and priorities beside three writers, through the bridge, on an
+# array whose idle read is 10 ms; then the simulator on the same plant and streams
+# (groups_compare.py), ~12 min.
+GROUPS_PLANT := c_ms=10,m_ms=5
+lab-groups: setup
+	$(LAB_PY) $(LAB) --array nbd:$(or $(PLANT),$(GROUPS_PLANT)) run --timeout 2400 \
+		vagrant/experiments/groups_lab.py $(ARGS)
+	$(VPY) vagrant/experiments/groups_compare.py
 
 # Boot and run one script of the checkout inside: make lab-run SCRIPT=path ARGS='...'
 lab-run:
