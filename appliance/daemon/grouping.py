@@ -1,8 +1,9 @@
 """The daemon's initiator groups: [groups.NAME] handed to the controller (controller/groups.py).
 
 What it owns
-    Which resources are grouped (those a group names in `resources`, or
-    every controlled resource when a group names none), who is in which
+    Which resources are grouped (those a group names in `resources`; for a
+    group that names none, every resource its members load; a grouped
+    resource is controlled without a threshold), who is in which
     group (GroupMap, over the initiators discovery knows), and the sensors'
     IoSamples of each convergence, passed to step() at the next tick.
     Nothing here changes a class: the controller does, at its convergence.
@@ -21,7 +22,7 @@ Sensors
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from santhrottle.appliance.config.parse import Config
@@ -29,7 +30,6 @@ from santhrottle.appliance.daemon.groupmap import GroupMap, resolve_host
 from santhrottle.controller.domain import IoSample
 from santhrottle.controller.groups import Group
 from santhrottle.controller.restate import configure_groups
-from santhrottle.controller.step import ControllerState
 
 log = logging.getLogger("santhrottled")
 
@@ -52,37 +52,50 @@ def specs(config: Config) -> list[Group]:
     ]
 
 
-def grouped_resources(config: Config, controlled: Iterable[str]) -> set[str]:
-    """The resources the groups are arbitrated on."""
+def grouped_resources(
+    config: Config,
+    known: Iterable[str],
+    group_of: Mapping[str, str],
+    loads: Mapping[str, Iterable[str]],
+) -> set[str]:
+    """The resources the groups are arbitrated on, among `known`: those a group names,
+    and for a group that names none, every resource its members load (`group_of`:
+    initiator -> group; `loads`: initiator -> the resources discovery sees it load).
+    A resource no group reaches keeps its threshold and PID, as without groups."""
     if not config.groups:
         return set()
-    controlled = set(controlled)
-    if any(not g.resources for g in config.groups.values()):
-        return controlled
-    return controlled & {r for g in config.groups.values() for r in g.resources}
+    named = {r for g in config.groups.values() for r in g.resources}
+    free = {n for n, g in config.groups.items() if not g.resources}
+    loaded = {r for ini, g in group_of.items() if g in free for r in loads.get(ini, ())}
+    return set(known) & (named | loaded)
 
 
-def apply(
-    ctl: ControllerState, config: Config, gmap: GroupMap, initiators: Iterable[str]
-) -> dict[str, int]:
-    """Groups, membership and grouped resources into the controller; returns the
-    initiators whose effective class changed."""
-    if not config.groups and not ctl.grouped:
-        return {}
-    return configure_groups(
-        ctl,
-        specs(config),
-        gmap.group_of_all(initiators),
-        grouped_resources(config, ctl.resources),
-    )
+def membership(daemon: Any) -> tuple[dict[str, str], dict[str, set[str]]]:
+    """(initiator -> group, initiator -> the resources it loads) over the initiators
+    the daemon's discovery knows."""
+    d = daemon.state.discovery
+    if d is None or not daemon.config.groups:
+        return {}, {}
+    loads = {ip: set(v.resources) for ip, v in d.initiators.items()}
+    return daemon.group_map.group_of_all(loads), loads
+
+
+def grouped_of(daemon: Any, known: Iterable[str]) -> set[str]:
+    """The daemon's grouped resources among `known` (a grouped resource needs no
+    threshold: the controller has it, its PID observing, math.inf, for its groups)."""
+    group_of, loads = membership(daemon)
+    return grouped_resources(daemon.config, known, group_of, loads)
 
 
 def refresh(daemon: Any) -> None:
     """The daemon's groups, their members among the initiators its discovery knows,
     and the grouped resources, into its controller (under the daemon's lock)."""
-    d = daemon.state.discovery
-    known = set(d.initiators) if d is not None else set()
-    changed = apply(daemon.ctl, daemon.config, daemon.group_map, known)
+    ctl, config = daemon.ctl, daemon.config
+    if not config.groups and not ctl.grouped:
+        return
+    group_of, loads = membership(daemon)
+    grouped = grouped_resources(config, ctl.resources, group_of, loads)
+    changed = configure_groups(ctl, specs(config), group_of, grouped)
     if changed:
         log.info("groups: %d initiator class(es) changed", len(changed))
 

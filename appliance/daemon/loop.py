@@ -167,8 +167,11 @@ class Daemon:
         return names
 
     def _reconcile_resources(self) -> None:
-        """Controller resources = known resources that have a threshold."""
-        want = {n: t for n in self.known_resources() if (t := self.threshold_of(n)) is not None}
+        """Controller resources = known resources that have a threshold or groups."""
+        known = self.known_resources()
+        want = {n: t for n in known if (t := self.threshold_of(n)) is not None}
+        for n in grouping.grouped_of(self, known):
+            want.setdefault(n, math.inf)  # its groups decide; its PID only observes
         changed: dict[str, int] = {}
         for name in list(self.ctl.resources):
             if name not in want:

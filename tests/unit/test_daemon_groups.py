@@ -106,9 +106,32 @@ def test_a_reload_whose_host_does_not_resolve_keeps_the_running_groups(tmp_path,
 
 def test_grouped_resources_follow_the_groups_resources():
     cfg = parse_config(GROUPS)
-    assert grouping.grouped_resources(cfg, {"vg0", "vg1"}) == {"vg0", "vg1"}
+    group_of = {"10.0.0.2": "db", "10.0.0.3": "backup"}
+    loads = {"10.0.0.2": {"vg0"}, "10.0.0.3": {"vg0", "vg2"}, "10.0.1.9": {"vg1"}}
+    # no group names resources: those its members load (vg1's initiator is in none)
+    assert grouping.grouped_resources(cfg, {"vg0", "vg1", "vg2"}, group_of, loads) == {
+        "vg0",
+        "vg2",
+    }
+    assert grouping.grouped_resources(cfg, {"vg0"}, group_of, loads) == {"vg0"}  # known only
     only = parse_config(
         BRIDGE + CONF + '[groups.db]\nmembers = ["10.0.0.2"]\nresources = ["vg1", "vg9"]\n'
     )
-    assert grouping.grouped_resources(only, {"vg0", "vg1"}) == {"vg1"}
-    assert grouping.grouped_resources(parse_config(CONF), {"vg0"}) == set()
+    assert grouping.grouped_resources(only, {"vg0", "vg1"}, group_of, loads) == {"vg1"}
+    assert grouping.grouped_resources(parse_config(CONF), {"vg0"}, group_of, loads) == set()
+
+
+def test_a_grouped_resource_needs_no_threshold():
+    """The lab's case: a resource with groups and no threshold is controlled for its
+    groups (its PID only observes: math.inf), and its writer still gets the class."""
+    d, vt, s, act = make(GROUPS.replace('threshold = "10ms"\n', ""))
+    d.sensors = GroupSensors(s)
+    run_for(d, vt, 6.0)
+    assert d.ctl.grouped == frozenset({"vg0"})
+    assert d.ctl.resources["vg0"].resource.threshold_s == float("inf")
+    assert act.kernel["10.0.0.3"][0] == d.ctl.groups.resources["vg0"].groups["backup"].delay_class
+    assert act.kernel["10.0.0.3"][0] > 0
+    ungrouped = make(CONF.replace('threshold = "10ms"\n', ""))[0]
+    ungrouped.sensors = GroupSensors(s)
+    ungrouped._reconcile_resources()
+    assert not ungrouped.ctl.resources  # without groups: observed, as before
