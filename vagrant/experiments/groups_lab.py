@@ -16,10 +16,10 @@ every volume of the five portals, and the groups in [groups.NAME]; the sessions
 log in through its bridge.
 
 Phases (one daemon run; each --seconds long, the first --warmup left out)
-    idle         the readers alone: what the lab adds to the plant (the
-                 emulated target's software path).
-    uncontrolled the readers and the writers, the daemon paused (it measures,
-                 delays nobody).
+    idle         the readers alone, the daemon paused (it measures, delays
+                 nobody): what the lab adds to the plant (the emulated
+                 target's software path).
+    uncontrolled the readers and the writers, the daemon still paused.
     controlled   the same, the daemon resumed: the groups' arbiter decides.
     overload     (with --bulk-target) the bulk group gets a throughput target by
                  a live reload: not every target can be met.
@@ -204,7 +204,7 @@ def run(a: argparse.Namespace, t: dict, out: Path) -> list[dict]:
     topology.iscsi_login(t["iscsi"])  # through the running bridge: the wire names them
     results = []
     try:
-        plan = [("idle", False, None), ("uncontrolled", True, "pause"),
+        plan = [("idle", False, "pause"), ("uncontrolled", True, None),
                 ("controlled", True, "resume")]  # fmt: skip
         if a.bulk_target:
             plan.append(("overload", True, "reload"))
@@ -225,15 +225,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=90.0, help="each phase")
     ap.add_argument("--warmup", type=float, default=30.0, help="left out of each phase")
-    ap.add_argument("--reader-iops", type=int, default=40)
+    ap.add_argument("--reader-iops", type=int, default=25)
     ap.add_argument("--writer-bs", default="16k")
     ap.add_argument("--writer-qd", type=int, default=2)
-    ap.add_argument("--gold-target", default="20ms")
+    ap.add_argument("--gold-target", default="30ms")
     ap.add_argument("--gold-priority", type=float, default=2.0)
-    ap.add_argument("--silver-target", default="30ms")
+    ap.add_argument("--silver-target", default="40ms")
     ap.add_argument("--silver-priority", type=float, default=1.0)
     ap.add_argument("--bulk-priority", type=float, default=1.0)
-    ap.add_argument("--bulk-target", default=None, help='e.g. "2MB/s": the overload phase')
+    ap.add_argument("--bulk-target", default="1.2MB/s", help='"": no overload phase')
     ap.add_argument("--disk", default="array", choices=("array", "slow", "fast"))
     ap.add_argument("--out", default="/shared/work/groups")
     a = ap.parse_args()
