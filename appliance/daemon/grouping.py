@@ -21,10 +21,11 @@ Sensors
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from santhrottle.appliance.config.parse import Config
+from santhrottle.appliance.daemon.group_overrides import GroupOverride, overlay
 from santhrottle.appliance.daemon.groupmap import GroupMap, resolve_host
 from santhrottle.controller.domain import IoSample
 from santhrottle.controller.groups import Group
@@ -39,17 +40,22 @@ def build(config: Config, resolve: Any = None) -> GroupMap:
     return GroupMap(config.groups, resolve or resolve_host)
 
 
-def specs(config: Config) -> list[Group]:
-    return [
-        Group(
-            g.name,
-            g.priority,
-            g.latency_target_s,
-            g.throughput_target_bps,
-            g.throughput_target_iops,
+def specs(config: Config, overrides: Mapping[str, GroupOverride] | None = None) -> list[Group]:
+    """The configured groups as the controller takes them, each with its runtime
+    override (`santhrottle group set`, daemon/group_overrides.py) over the file's values."""
+    out = []
+    for g in config.groups.values():
+        g = overlay(g, (overrides or {}).get(g.name))
+        out.append(
+            Group(
+                g.name,
+                g.priority,
+                g.latency_target_s,
+                g.throughput_target_bps,
+                g.throughput_target_iops,
+            )
         )
-        for g in config.groups.values()
-    ]
+    return out
 
 
 def grouped_resources(config: Config, controlled: Iterable[str]) -> set[str]:
@@ -63,15 +69,19 @@ def grouped_resources(config: Config, controlled: Iterable[str]) -> set[str]:
 
 
 def apply(
-    ctl: ControllerState, config: Config, gmap: GroupMap, initiators: Iterable[str]
+    ctl: ControllerState,
+    config: Config,
+    gmap: GroupMap,
+    initiators: Iterable[str],
+    overrides: Mapping[str, GroupOverride] | None = None,
 ) -> dict[str, int]:
-    """Groups, membership and grouped resources into the controller; returns the
-    initiators whose effective class changed."""
+    """Groups (the file's, with the runtime overrides), membership and grouped
+    resources into the controller; returns the initiators whose effective class changed."""
     if not config.groups and not ctl.grouped:
         return {}
     return configure_groups(
         ctl,
-        specs(config),
+        specs(config, overrides),
         gmap.group_of_all(initiators),
         grouped_resources(config, ctl.resources),
     )
@@ -82,7 +92,9 @@ def refresh(daemon: Any) -> None:
     and the grouped resources, into its controller (under the daemon's lock)."""
     d = daemon.state.discovery
     known = set(d.initiators) if d is not None else set()
-    changed = apply(daemon.ctl, daemon.config, daemon.group_map, known)
+    changed = apply(
+        daemon.ctl, daemon.config, daemon.group_map, known, daemon.state.group_overrides
+    )
     if changed:
         log.info("groups: %d initiator class(es) changed", len(changed))
 
