@@ -33,6 +33,7 @@ from santhrottle.appliance.cli.common import (
     path_arg,
     verb,
 )
+from santhrottle.appliance.cli.groupview import print_status_groups
 from santhrottle.appliance.config import DEFAULT_PATH, ConfigError, defaults, load_config
 from santhrottle.appliance.config.kinds import KindError
 from santhrottle.appliance.config.schema import key
@@ -42,7 +43,7 @@ from santhrottle.appliance.units import fmt_duration, fmt_mb, fmt_ms
 
 EPILOG = """\
 examples:
-  santhrottle status                       # resources, thresholds, classes, initiators
+  santhrottle status                       # resources, thresholds, classes, initiators, groups
   santhrottle status --json | jq '.data.resources[] | {resource, read_latency_ewma_s}'
   santhrottle threshold set vg_aic 15ms    # takes effect at the next tick (100 ms)
   santhrottle threshold show
@@ -152,6 +153,8 @@ def print_status(st: dict[str, Any]) -> None:
         if r["threshold_s"] == "auto":
             fit = describe_fit(r.get("threshold_fit"), r.get("threshold_in_force_s"))
             print(f"{r['resource']}: {fit}")
+    if st.get("groups"):  # [groups.NAME]: per grouped resource and group (cli/groupview.py)
+        print_status_groups(st["groups"])
 
 
 def describe_wire(w: dict[str, Any]) -> str:

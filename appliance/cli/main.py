@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from santhrottle.appliance.cli import daemon, datapath, sensing, simulate
+from santhrottle.appliance.cli import daemon, datapath, groups, sensing, simulate
 from santhrottle.appliance.cli.common import (
     EXIT_FAILED,
     EXIT_HELP,
@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=version_line("santhrottle"))
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     daemon.add_commands(sub)
+    groups.add_commands(sub)
     datapath.add_commands(sub)
     sensing.add_commands(sub)
     simulate.add_commands(sub)

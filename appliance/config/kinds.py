@@ -342,6 +342,8 @@ def group_members() -> Kind:
 
 
 IOPS_SUFFIX = "iops"
+# No array does a billion IOs per second; a target that large is a typo.
+MAX_IOPS = 1e9
 
 
 def throughput() -> Kind:
@@ -356,8 +358,10 @@ def throughput() -> Kind:
                 iops = float(num)
             except ValueError:
                 raise _fail(v, 'is not a throughput: e.g. "200MB/s" or "5000iops"') from None
-            if not 0.0 < iops < 1e9:
+            if not iops > 0.0:
                 raise _fail(v, "must be more than 0 iops")
+            if not iops < MAX_IOPS:
+                raise _fail(v, f"must be below {MAX_IOPS:g} iops")
             return iops, IOPS_SUFFIX
         try:
             bps = float(rate.parse(v))

@@ -1,7 +1,7 @@
 """The control socket's commands: what each does to the daemon's state, and its answer.
 
-A command changes only the daemon's state (pins, pause, thresholds, the
-configuration); the kernel follows at the next tick, from the tick's thread.
+A command changes only the daemon's state (pins, pause, thresholds, the groups'
+overrides, the configuration); the kernel follows at the next tick, from the tick's thread.
 Every request's arguments are checked first (daemon/requests.py: the one
 table of commands and arguments, the config's rules) against this daemon's
 configuration, under the daemon's lock; nothing unchecked reaches the state.
@@ -19,6 +19,9 @@ Answers of the threshold commands (seconds; None: no threshold, observed)
                      "override": false, "removed_s": 0.012}  (removed_s: the
                      override it dropped, null when there was none)
 
+The group commands (group_list, group_show, group_set, group_reset) and their
+answers are daemon/group_commands.py's.
+
 Worked example
     handle(d, "pin", {"initiator": "10.0.0.3", "class": 10, "mode": "all"})
     -> {"initiator": "10.0.0.3", "class": 10, "delay_s": 0.005, "mode": "all"};
@@ -31,8 +34,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from santhrottle.appliance.daemon import view
-from santhrottle.appliance.daemon.requests import Context, RequestError, check
+from santhrottle.appliance.daemon import group_commands, view
+from santhrottle.appliance.daemon.requests import CommandError, Context, RequestError, check
 
 if TYPE_CHECKING:
     from santhrottle.appliance.daemon.loop import Daemon
@@ -43,11 +46,10 @@ MAX_PINS = 4096
 
 
 # Commands that only read: no state to save, the status cache stays.
-READ_ONLY = frozenset({"ping", "status", "resources", "initiators", "volumes", "threshold_show"})
-
-
-class CommandError(RequestError):
-    """A control-socket request that cannot be done; the message goes to the admin."""
+READ_ONLY = frozenset(
+    {"ping", "status", "resources", "initiators", "volumes", "threshold_show"}
+    | group_commands.READ_ONLY
+)
 
 
 def _threshold(daemon: Daemon, name: str) -> dict[str, Any]:
@@ -112,6 +114,8 @@ def handle(daemon: Daemon, cmd: str, args: dict[str, Any]) -> Any:
                 raise CommandError(f"{ip!r} is not pinned")
             del daemon.state.pins[ip]
             return {"initiator": ip, "unpinned": True}
+        if cmd in group_commands.COMMANDS:  # daemon/group_commands.py
+            return group_commands.handle(daemon, cmd, a)
         if cmd in ("pause", "resume"):
             daemon.state.paused = cmd == "pause"
             return {"paused": daemon.state.paused}
@@ -120,7 +124,11 @@ def handle(daemon: Daemon, cmd: str, args: dict[str, Any]) -> Any:
 
 def _checked(daemon: Daemon, cmd: str, args: dict[str, Any]) -> dict[str, Any]:
     with daemon.lock:
-        ctx = Context(daemon.config.max_class, frozenset(daemon.known_resources()))
+        ctx = Context(
+            daemon.config.max_class,
+            frozenset(daemon.known_resources()),
+            frozenset(daemon.config.groups),
+        )
     try:
         return check(cmd, args, ctx)
     except RequestError as e:

@@ -46,6 +46,7 @@ from santhrottle.appliance.config.kinds import AUTO
 from santhrottle.appliance.daemon import commands, grouping, view
 from santhrottle.appliance.daemon.commands import CommandError
 from santhrottle.appliance.daemon.counters import Counters, WrittenBytes
+from santhrottle.appliance.daemon.group_overrides import GroupOverride, prune
 from santhrottle.appliance.daemon.restore import age_adopted, snapshot
 from santhrottle.appliance.daemon.state import Saved, StateStore
 from santhrottle.controller.domain import (
@@ -99,6 +100,7 @@ class DaemonState:
     paused: bool = False
     pins: dict[str, tuple[int, str]] = field(default_factory=dict)  # ip -> (class, mode)
     thresholds: dict[str, float | str] = field(default_factory=dict)  # runtime overrides
+    group_overrides: dict[str, GroupOverride] = field(default_factory=dict)  # `group set`
     applied: dict[str, tuple[int, str]] = field(default_factory=dict)  # ip -> (class, mode)
     # members a previous run left that no pin explains: held, then lowered (restore.py)
     adopted: dict[str, tuple[int, str]] = field(default_factory=dict)
@@ -347,6 +349,7 @@ class Daemon:
             # restart keys keep their running values; the rest takes effect now
             self.restart_pending = new.restart_changes(old)
             self.config = new.keeping_restart_keys_of(old)
+            prune(self.state.group_overrides, self.config.groups, "reload")  # logged
             if self.config.controller != old.controller:
                 self.ctl = reconfigure(self.ctl, self.config.controller)
             if self.config.bridge_mode and hasattr(self.sensors, "reconfigure"):

@@ -4,10 +4,11 @@ What it owns
     DaemonCollector: a custom collector on an injected CollectorRegistry (no
     global registry, no values cached between scrapes) that turns one
     Daemon.status() and one read of the member sets' counters into metric
-    families.  Names are in base units with node_exporter's vocabulary
-    (`_seconds`, `_bytes`, `_total`; read time and written bytes as
-    node_disk_read_time_seconds_total / node_disk_written_bytes_total).  The
-    exporter listens on 127.0.0.1 by default.
+    families (the initiator groups': daemon/group_metrics.py).  Names are in
+    base units with node_exporter's vocabulary (`_seconds`, `_bytes`,
+    `_total`; read time and written bytes as node_disk_read_time_seconds_total
+    / node_disk_written_bytes_total).  The exporter listens on 127.0.0.1 by
+    default.
 
     The daemon's state is read under its lock; the kernel's counters after
     the lock is released, through read_members (a callable: the real one is
@@ -48,6 +49,7 @@ from prometheus_client.exposition import make_wsgi_app
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
+from santhrottle.appliance.daemon.group_metrics import group_families
 from santhrottle.appliance.version import version
 
 log = logging.getLogger("santhrottled")
@@ -133,6 +135,8 @@ class DaemonCollector(Collector):
         yield from daemon_families(st)
         if st.get("wire") is not None:
             yield from wire_families(st["wire"])
+        if st.get("groups"):  # [groups.NAME] configured and on a resource
+            yield from group_families(st["groups"])
         info = GaugeMetricFamily(
             "santhrottle_build_info",
             "santhrottle's version and the Python running it (always 1)",

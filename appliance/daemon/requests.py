@@ -4,7 +4,8 @@ What it owns
     COMMANDS, the one table of the control protocol's commands and, for each,
     its arguments and the Kind that checks each (appliance/config/schema.py's
     Kinds and bounds: the same rules as the configuration file).  Every
-    argument of a command is required and no other is accepted.  check()
+    argument of a command is required (group_set's targets and priority may
+    be null: unchanged) and no other is accepted.  check()
     turns a parsed request into its normalised arguments, or raises
     RequestError with one line naming the command, the field and the problem.
 
@@ -12,8 +13,8 @@ Two passes
     The control server (daemon/control.py) checks every request without the
     daemon (types, finite numbers, addresses, modes, class <= MAX_CLASSES)
     before it calls the daemon; the daemon's command handler (commands.py)
-    checks again with a Context (this configuration's max_class and the known
-    resources) under its lock.  So nothing unchecked ever reaches the state.
+    checks again with a Context (this configuration's max_class, the known
+    resources and its groups) under its lock.  So nothing unchecked ever reaches the state.
 
 Initiators are IPv4 addresses (the data path's sets are `hash:ip family
 inet`: an IPv6 member would make the kernel refuse every batch of its mode),
@@ -27,6 +28,9 @@ Worked example
     check("threshold_set", {"resource": "vg0", "threshold_s": 0.015},
           Context(max_class=100, resources=frozenset({"vg0"})))
     -> {"resource": "vg0", "threshold_s": 0.015}
+    check("group_set", {"group": "db", "priority": 0, "latency_target_s": None,
+          "throughput_target_bps": None, "throughput_target_iops": None})
+    -> RequestError "group_set: priority: 0 must be above 0"
 """
 
 from __future__ import annotations
@@ -42,6 +46,13 @@ from typing import Any
 
 from santhrottle.appliance.config.kinds import AUTO, KindError, choice, name
 from santhrottle.appliance.config.schema import MAX_CLASSES, PIN_MODES, key
+from santhrottle.appliance.daemon.group_overrides import (
+    check_latency_target_s,
+    check_priority,
+    check_throughput_bps,
+    check_throughput_iops,
+)
+from santhrottle.controller.groups import DEFAULT_GROUP
 
 log = logging.getLogger("santhrottled.control")
 
@@ -76,12 +87,18 @@ class RequestError(Exception):
     is one too)."""
 
 
+class CommandError(RequestError):
+    """A control-socket request that cannot be done; the message goes to the admin
+    (daemon/commands.py)."""
+
+
 @dataclass(frozen=True)
 class Context:
     """What only the running daemon knows: its configuration's bounds."""
 
     max_class: int
     resources: frozenset[str]
+    groups: frozenset[str] = frozenset()  # [groups.NAME] of the configuration
 
 
 Spec = Callable[[Any, Context | None], Any]
@@ -162,6 +179,39 @@ def _threshold_s(v: Any, _ctx: Context | None) -> float | str:
         raise KindError(str(e).replace(f"'{ns}ns'", f"{quote(v)} s", 1)) from None
 
 
+_GROUP = name("group")
+
+
+def _group_name(v: Any, ctx: Context | None, also: frozenset[str]) -> str:
+    try:
+        n = str(_GROUP.parse(v))
+    except KindError:
+        raise KindError(f"{quote(v)} is not a group name") from None
+    if ctx is not None and n not in ctx.groups | also:
+        known = ", ".join(sorted(ctx.groups)) or "none ([groups.NAME] in the configuration)"
+        raise KindError(f"unknown group {quote(n)}; known: {known}")
+    return n
+
+
+def _group(v: Any, ctx: Context | None) -> str:
+    """A configured group (its targets are the file's, so they can be overridden)."""
+    return _group_name(v, ctx, frozenset())
+
+
+def _group_shown(v: Any, ctx: Context | None) -> str:
+    """A configured group, or "default" (the initiators in no group)."""
+    return _group_name(v, ctx, frozenset({DEFAULT_GROUP}))
+
+
+def _unset_or(check: Callable[[Any], float]) -> Spec:
+    """null (leave the value as it is) or a value check() accepts."""
+
+    def spec(v: Any, _ctx: Context | None) -> float | None:
+        return None if v is None else check(v)
+
+    return spec
+
+
 NO_ARGS: dict[str, Spec] = {}
 COMMANDS: dict[str, dict[str, Spec]] = {
     "ping": NO_ARGS,
@@ -172,6 +222,17 @@ COMMANDS: dict[str, dict[str, Spec]] = {
     "threshold_show": NO_ARGS,
     "threshold_set": {"resource": _resource, "threshold_s": _threshold_s},
     "threshold_reset": {"resource": _resource},
+    "group_list": NO_ARGS,
+    "group_show": {"group": _group_shown},
+    # null: unchanged (the earlier override's, else the file's); daemon/group_overrides.py
+    "group_set": {
+        "group": _group,
+        "priority": _unset_or(check_priority),
+        "latency_target_s": _unset_or(check_latency_target_s),
+        "throughput_target_bps": _unset_or(check_throughput_bps),
+        "throughput_target_iops": _unset_or(check_throughput_iops),
+    },
+    "group_reset": {"group": _group},
     "pin": {"initiator": _initiator, "class": _class, "mode": _mode},
     "unpin": {"initiator": _initiator},
     "pause": NO_ARGS,

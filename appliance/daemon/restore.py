@@ -3,7 +3,8 @@
 What it owns
     restore(): at start, after the data path is applied, the saved state
     (daemon/state.py) and the kernel's members come together.  Pause, pins
-    and threshold overrides come back as they were.  Each resource's saved
+    and threshold overrides come back as they were, and the groups'
+    overrides of the groups the file still has.  Each resource's saved
     class seeds its controller (when the save is recent), so a writer the
     controller throttled is throttled again as soon as it is seen writing.
     Every member the kernel still holds is in `applied` (shown by status,
@@ -31,6 +32,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from santhrottle.appliance.daemon.group_overrides import prune
 from santhrottle.appliance.daemon.state import Saved, StateError, StateStore
 
 if TYPE_CHECKING:
@@ -66,6 +68,8 @@ def restore(
     st.paused = saved.paused
     st.pins = dict(saved.pins)
     st.thresholds = dict(saved.thresholds)
+    st.group_overrides = dict(saved.group_overrides)
+    prune(st.group_overrides, daemon.config.groups, "start")  # the file changed since
     wall = time.time() if wall is None else wall
     if saved.saved_at is not None and 0 <= wall - saved.saved_at <= SEED_MAX_AGE_S:
         daemon.seed_classes = dict(saved.resource_classes)
@@ -103,6 +107,7 @@ def snapshot(daemon: Daemon) -> Saved:
         paused=st.paused,
         pins=dict(st.pins),
         thresholds=dict(st.thresholds),
+        group_overrides=dict(st.group_overrides),
         resource_classes={
             n: rs.delay_class for n, rs in daemon.ctl.resources.items() if rs.delay_class
         },

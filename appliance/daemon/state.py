@@ -1,8 +1,9 @@
 """The daemon's runtime state on disk: what the admin said and what the controller decided.
 
 What it owns
-    state.json in daemon.state_dir (/var/lib/santhrottle): pause, pins and
-    threshold overrides (the admin's words, kept however old), and each
+    state.json in daemon.state_dir (/var/lib/santhrottle): pause, pins,
+    threshold overrides and the groups' overrides (`santhrottle group set`,
+    daemon/group_overrides.py): the admin's words, kept however old; and each
     resource's delay class with the wall-clock time it was saved (the
     controller's last decision, a starting point only while it is recent).
     The kernel's members are not kept here: the kernel is their record,
@@ -12,7 +13,8 @@ Writes are atomic: a temporary file in the same directory, fsync, rename
 over state.json, fsync of the directory.  A kill -9 at any moment leaves
 either the old or the new file, never half of one.  A file is validated on
 load like a configuration (types, addresses, finite positive thresholds,
-classes within 0..max_class, modes); one that is not valid raises
+classes within 0..max_class, modes, group targets and priorities within the
+file's bounds); one that is not valid raises
 StateError with one line, and the caller sets it aside.
 
 Worked example
@@ -21,7 +23,9 @@ Worked example
                      thresholds={"vg0": 0.01}, resource_classes={"vg0": 12}))
     store.load(max_class=100) -> the same Saved (saved_at set);
     a file with "pins": {"bogus": [5, "all"]} -> StateError
-    "state.json: pins: 'bogus' is not an IPv4 address".
+    "state.json: pins: 'bogus' is not an IPv4 address"; one with
+    "group_overrides": {"db": {"priority": 0}} -> StateError "state.json:
+    group_overrides: db: priority: 0 must be above 0".
 """
 
 from __future__ import annotations
@@ -37,9 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from santhrottle.appliance.config.kinds import AUTO, MAX_THRESHOLD_S, NAME_RE
+from santhrottle.appliance.config.kinds import AUTO, MAX_THRESHOLD_S, NAME_RE, KindError
 from santhrottle.appliance.config.parse import read_text_file
 from santhrottle.appliance.config.schema import PIN_MODES
+from santhrottle.appliance.daemon.group_overrides import GroupOverride, from_json, to_json
 
 STATE_FILE = "state.json"
 STATE_VERSION = 1
@@ -58,6 +63,7 @@ class Saved:
     thresholds: dict[str, float | str] = field(default_factory=dict)  # s or "auto" (overrides)
     resource_classes: dict[str, int] = field(default_factory=dict)
     saved_at: float | None = None  # wall clock (time.time()) of the save
+    group_overrides: dict[str, GroupOverride] = field(default_factory=dict)  # `group set`
 
 
 def encode(s: Saved, now: float) -> bytes:
@@ -67,6 +73,7 @@ def encode(s: Saved, now: float) -> bytes:
         "paused": s.paused,
         "pins": {ip: [k, mode] for ip, (k, mode) in sorted(s.pins.items())},
         "thresholds": dict(sorted(s.thresholds.items())),
+        "group_overrides": {n: to_json(o) for n, o in sorted(s.group_overrides.items())},
         "resource_classes": dict(sorted(s.resource_classes.items())),
     }
     return json.dumps(doc, indent=1, allow_nan=False).encode() + b"\n"
@@ -116,6 +123,13 @@ def decode(text: str, max_class: int, where: str = STATE_FILE) -> Saved:
         if not _number(thr) or not 0 < thr <= MAX_THRESHOLD_S:
             raise bad("thresholds", f"{name}: {thr!r} is not a threshold (0 < s <= 60, or auto)")
         out.thresholds[name] = float(thr)
+    for name, ov in _table(doc, "group_overrides", bad).items():
+        if not NAME_RE.match(name):
+            raise bad("group_overrides", f"{name!r} is not a group name")
+        try:
+            out.group_overrides[name] = from_json(ov)
+        except KindError as e:
+            raise bad("group_overrides", f"{name}: {e}") from None
     for name, k in _table(doc, "resource_classes", bad).items():
         if not NAME_RE.match(name):
             raise bad("resource_classes", f"{name!r} is not a resource name")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from santhrottle.appliance.daemon.group_overrides import to_json
+
 if TYPE_CHECKING:
     from santhrottle.appliance.daemon.loop import Daemon
 
@@ -160,7 +162,10 @@ def groups(daemon: Daemon) -> list[dict[str, Any]]:
                     "latency_target_s": spec.latency_target_s,
                     "throughput_target_bps": spec.throughput_target_bps,
                     "throughput_target_iops": spec.throughput_target_iops,
-                    "latency_s": g.latency_s,
+                    # what `santhrottle group set` changed ({}: the file's values)
+                    "override": to_json(daemon.state.group_overrides.get(name)),
+                    "latency_s": g.latency_s,  # its reads' mean, the delay included
+                    "io_latency_s": g.io_latency_s,  # its IOs' mean at the array
                     "throughput_bps": g.throughput_bps,
                     "iops": g.iops,
                     "y": g.y,
@@ -169,8 +174,10 @@ def groups(daemon: Daemon) -> list[dict[str, Any]]:
                     "demand": g.demand,
                     "delay_class": g.delay_class,
                     "delay_s": ladder.delay_s(min(g.delay_class, ladder.max_class)),
+                    "target_class": g.target_class,
                     "members": sorted(g.members),
                     "overloaded": gr.overloaded,
+                    "resource_latency_s": gr.latency_s,
                 }
             )
     return out

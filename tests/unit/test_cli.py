@@ -38,7 +38,8 @@ VERBS = [path for path, _ in _verbs(build_parser())]
 def test_the_verbs_an_admin_guesses_are_there():
     for verb in (("status",), ("threshold", "set"), ("threshold", "show"), ("pin",),
                  ("unpin",), ("cleanup",), ("datapath", "apply"), ("datapath", "show"),
-                 ("resources",), ("initiators",), ("top",), ("reload",)):  # fmt: skip
+                 ("resources",), ("initiators",), ("top",), ("reload",), ("group", "list"),
+                 ("group", "show"), ("group", "set"), ("group", "reset")):  # fmt: skip
         assert verb in VERBS
     # one cleanup verb
     assert ("datapath", "cleanup") not in VERBS

@@ -368,7 +368,7 @@ _JSON = st.recursive(
     max_leaves=10,
 )
 _STATE_KEYS = st.sampled_from(
-    ["version", "saved_at", "paused", "pins", "thresholds", "resource_classes"]
+    ["version", "saved_at", "paused", "pins", "thresholds", "resource_classes", "group_overrides"]
 )
 
 
@@ -388,3 +388,7 @@ def test_fuzz_the_state_file(doc, versioned):
         assert str(ipaddress.IPv4Address(ip)) == ip and 0 <= k <= 100 and mode in PIN_MODES
     assert all(0 < t <= 60 for t in s.thresholds.values())
     assert all(0 <= k <= 100 for k in s.resource_classes.values())
+    for o in s.group_overrides.values():
+        assert o.priority is None or 0.001 <= o.priority <= 1000
+        assert o.latency_target_s is None or 0 < o.latency_target_s <= 60
+        assert o.throughput_target is None or o.throughput_target[0] > 0

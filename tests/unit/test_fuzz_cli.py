@@ -104,6 +104,7 @@ def baseline(path: tuple[str, ...], tmp: Path) -> tuple[dict[str, str], dict[str
     pos: dict[str, list[str]] = {
         "initiator": ["10.0.0.3"],
         "resource": ["vg0"],
+        "group": ["db"],
         "operands": ["vg0", "15ms"],
         "scenario": [str(PAPER)],
         "interval": ["0.01"],
@@ -233,7 +234,8 @@ def test_the_walk_finds_every_verb_and_the_corpus_is_large(tmp_path):
     names = {" ".join(p) for p, _ in VERBS}
     assert {"status", "threshold show", "threshold set", "threshold reset", "top", "pin",
             "unpin", "cleanup", "datapath apply", "datapath show", "resources",
-            "initiators", "simulate"} <= names  # fmt: skip
+            "initiators", "simulate", "group list", "group show", "group set",
+            "group reset"} <= names  # fmt: skip
     n = sum(len(list(invocations(path, parser, tmp_path))) for path, parser in VERBS)
     assert n >= 1000, n
 

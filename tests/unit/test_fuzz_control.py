@@ -99,6 +99,7 @@ def check_after(d, vt, path, srv, caplog, name: str, at_least: int) -> None:
     for name, thr in d.state.thresholds.items():
         assert name in d.known_resources()
         assert type(thr) is float and math.isfinite(thr) and thr > 0
+    assert set(d.state.group_overrides) <= set(d.config.groups)
     d.handle("resume", {})
     run_for(d, vt, 0.5)
     assert d.counters.actuator_errors == 0  # no batch refused by the strict actuator
@@ -142,6 +143,12 @@ VALID = {
     "mode": st.sampled_from(PIN_MODES),
     "resource": st.sampled_from(["vg0", "vg1"]),
     "threshold_s": st.floats(min_value=1e-6, max_value=10.0),
+    # the fuzzed daemon has no [groups.NAME]: every group command is refused but the list
+    "group": st.sampled_from(["db", "default", "backup"]),
+    "priority": st.none() | st.floats(min_value=0.001, max_value=1000.0),
+    "latency_target_s": st.none() | st.floats(min_value=1e-6, max_value=60.0),
+    "throughput_target_bps": st.none() | st.floats(min_value=1.0, max_value=1e12),
+    "throughput_target_iops": st.none() | st.floats(min_value=1.0, max_value=1e6),
 }
 
 
