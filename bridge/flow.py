@@ -13,9 +13,9 @@ State, per direction
     pdu_seq: the sequence number where the next header starts (None:
     not synchronised). carry: the bytes of a header cut by the end of a
     segment (at most MAX_CARRY_BYTES), or the start of a PDU whose body
-    is wanted (iSCSI login, NVMe connect: they name the target, and are
-    at most MAX_CARRY_BYTES long), from carry_seq. expect_seq: the
-    sequence number after the last byte seen.
+    is wanted (iSCSI login, NVMe connect: they name the target and the
+    initiator, and are at most MAX_CARRY_BYTES long), from carry_seq.
+    expect_seq: the sequence number after the last byte seen.
 
 Law, per segment (seq, payload)
     behind expect_seq entirely: a retransmission, ignored; partly: its
@@ -73,7 +73,7 @@ MAX_CARRY_BYTES = 4096
 # A resync takes no header of a PDU longer than this (a data segment of 1 MiB,
 # beyond what targets negotiate): a false one would skip that much of the stream.
 RESYNC_MAX_PDU_BYTES = (1 << 20) + 256
-# Wanted bodies: PDUs whose data the tracker reads (they name the target).
+# Wanted bodies: PDUs whose data the tracker reads (they name the target and the initiator).
 WANTED = frozenset({LOGIN, CONNECT})
 
 

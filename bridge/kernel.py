@@ -16,7 +16,8 @@ What it owns
     port, the completions arrive by it), and reads of its maps:
     counters() (the global counts), volume_sums() (per connection and
     volume: reads, their latency in ns, write bytes, all since the
-    load), events() (login and connect text, per connection), inflight()
+    load), events() (login and connect text, per connection, with the
+    PDU's flags and its text's length), inflight()
     (the commands in flight, for ageing). close() detaches and unloads.
 
 Bounds
@@ -60,7 +61,7 @@ _VOL_KEY = struct.Struct("=16s16sHH4xQ")  # vol_key (the u64 aligned to 8)
 _VOL_STATS = struct.Struct("=QQQQ")
 _TAG_KEY = struct.Struct("=16s16sHHI")
 _INFLIGHT = struct.Struct("=QQB7x")
-_EVENT_HEAD = struct.Struct("=16s16sHHIII")
+_EVENT_HEAD = struct.Struct("=16s16sHHIIIII")  # conn, kind, to_target, len, flags, total
 _U64 = struct.Struct("=Q")
 _MAPPED = b"\0" * 10 + b"\xff\xff"
 # struct bpf_prog_info (linux/bpf.h, append-only): run_time_ns and run_cnt at 192
@@ -98,6 +99,8 @@ class Event:
     kind: int  # EV_LOGIN, EV_CONNECT, EV_BODY
     to_target: bool
     data: bytes
+    flags: int = 0  # EV_LOGIN: the PDU's flags (C, 0x40: its text goes on in the next)
+    total: int | None = None  # EV_LOGIN, EV_CONNECT: the PDU's text bytes (None: unknown)
 
 
 def _addr(raw: bytes) -> str:
@@ -340,9 +343,10 @@ class KernelWire:
     # ------------------------------------------------------------ internal
     def _on_event(self, _ctx: int, data: int, size: int) -> int:
         raw = ctypes.string_at(data, size)
-        ini, tgt, ip, tp, kind, to_target, n = _EVENT_HEAD.unpack_from(raw)
+        ini, tgt, ip, tp, kind, to_target, n, flags, total = _EVENT_HEAD.unpack_from(raw)
         body = raw[_EVENT_HEAD.size : _EVENT_HEAD.size + min(n, NAME_BYTES)]
-        self._events.append(Event(conn_of(ini, tgt, ip, tp), kind, bool(to_target), body))
+        conn = conn_of(ini, tgt, ip, tp)
+        self._events.append(Event(conn, kind, bool(to_target), body, flags, total))
         return 0
 
     def _keep_log(self, _level: int, fmt: bytes, args: int) -> int:

@@ -15,13 +15,22 @@ Law
     added to the tick's and the convergence's pending sums (a total that
     went down -- the map's entry was made anew -- counts from zero).
     Each take_* refreshes first, then hands its sums over and starts
-    afresh. Names: a login's TargetName (iSCSI, to the target) or a
-    connect's SUBNQN (NVMe) names its connection; the target's login
-    answer with HeaderDigest / DataDigest = CRC32C sets the connection's
-    digests in the kernel's flows. A connection first seen in mid-session
-    takes its name from known_targets, as the tracker's do. sweep() ages
-    out commands in flight longer than INFLIGHT_MAX_S (counted in aged)
-    and forgets connections idle for CONN_IDLE_S.
+    afresh. Names: the program passes up each login's and connect's text
+    in events (its start with the PDU's flags and text length, then
+    EV_BODY parts), which logins.py reads part by part: a login's
+    TargetName (iSCSI, to the target) or a connect's SUBNQN (NVMe) names
+    its connection's target, its InitiatorName or HOSTNQN its initiator;
+    the target's login answer with HeaderDigest / DataDigest = CRC32C sets
+    the connection's digests in the kernel's flows. A connection first
+    seen in mid-session takes its names from known_targets and
+    known_initiators, as the tracker's do. sweep() ages out commands in
+    flight longer than INFLIGHT_MAX_S (counted in aged) and forgets
+    connections idle for CONN_IDLE_S.
+
+Bounds
+    The names and the logins being read are kept for at most MAX_CONNS
+    connections each (the oldest first goes, counted in evicted): a
+    connection that logs in and never sends a command is never idle here.
 
 Worked example
     refresh() sees (conn 10.0.0.2:51000 -> 10.0.0.11:3260, LUN field 0) at
@@ -37,26 +46,24 @@ from collections.abc import Callable, Mapping
 
 from .capture import CaptureCounters
 from .kernel import EV_BODY, EV_CONNECT, EV_LOGIN, Conn, Event, KernelWire, VolumeSums
+from .logins import Login, Said, by_address, put_bounded
 from .pdu import ISCSI_PORT, NVME_TCP_PORT, READ
 from .tracker import (
     CONN_IDLE_S,
     INFLIGHT_MAX_S,
     ISCSI,
-    NAME_MAX_BYTES,
+    MAX_CONNS,
     NO_NAMESPACE,
     NVME,
-    SUBNQN,
     ConnKey,
     Counters,
     Volume,
     VolumeReads,
     lun_number,
     portal_name,
-    text_value,
 )
 
 SWEEP_S = 1.0
-BODY_MAX_BYTES = 4096  # the most of one login's or connect's text kept (wire.bpf.c's BODY_MAX)
 
 
 def conn_key(c: Conn) -> ConnKey:
@@ -75,11 +82,14 @@ class KernelSums:
         wire: KernelWire,
         known_targets: Mapping[ConnKey, str] | None = None,
         clock: Callable[[], float] | None = None,
+        known_initiators: Mapping[ConnKey, str] | None = None,
     ) -> None:
         self.wire = wire
         self.clock = clock or time.monotonic
         self.known_targets = dict(known_targets or {})
-        self.names: dict[ConnKey, str] = {}
+        self.known_initiators = dict(known_initiators or {})
+        self.names: dict[ConnKey, str] = {}  # target names
+        self.initiators: dict[ConnKey, str] = {}  # initiator names
         self.counters = Counters()
         self.capture = CaptureCounters()
         self._totals: dict[tuple[Conn, int], VolumeSums] = {}
@@ -91,8 +101,8 @@ class KernelSums:
         self.initiator_ios: dict[tuple[Volume, str], VolumeReads] = {}
         self._next_sweep = -math.inf
         self.kernel: dict[str, int] = {}  # the program's own counts, as last read
-        # the last login's or connect's text per connection and direction, as it came up
-        self._texts: dict[tuple[ConnKey, bool], tuple[int, bytes]] = {}
+        # each connection's login or connect, read as its events come up
+        self._logins: dict[ConnKey, Login] = {}
 
     # ------------------------------------------------------------ reading
     def volume(self, c: Conn, raw: int) -> Volume | None:
@@ -154,34 +164,31 @@ class KernelSums:
 
     def _event(self, ev: Event) -> None:
         """A login's or connect's text, as it comes up (its start, then EV_BODY parts:
-        a header may come alone in its segment); read again as each part arrives."""
-        key = (conn_key(ev.conn), ev.to_target)
+        a header may come alone in its segment)."""
+        key = conn_key(ev.conn)
+        login = self._logins.get(key)
         if ev.kind == EV_BODY:
-            held = self._texts.get(key)
-            if held is None:
-                return
-            kind, text = held
-            text = (text + ev.data)[:BODY_MAX_BYTES]
-        else:
-            kind, text = ev.kind, ev.data
-        self._texts[key] = (kind, text)
-        self._read_text(ev.conn, kind, ev.to_target, text)
+            if login is not None:
+                self._said(ev.conn, login.more(ev.to_target, ev.data))
+            return
+        if ev.kind not in (EV_LOGIN, EV_CONNECT):
+            return
+        if login is None:
+            login = Login()
+            self.counters.evicted += put_bounded(self._logins, key, login, MAX_CONNS)
+        connect = ev.kind == EV_CONNECT
+        said = login.start(connect, ev.to_target, ev.flags, ev.total, ev.data)
+        self._said(ev.conn, said)
 
-    def _read_text(self, conn: Conn, kind: int, to_target: bool, text: bytes) -> None:
+    def _said(self, conn: Conn, said: Said) -> None:
         key = conn_key(conn)
-        if kind == EV_LOGIN and to_target:
-            name = text_value(text, 0, b"TargetName")
-            if name:
-                self.names[key] = name
-        elif kind == EV_LOGIN:
-            hd = text_value(text, 0, b"HeaderDigest")
-            dd = text_value(text, 0, b"DataDigest")
-            if hd is not None or dd is not None:
-                self.wire.set_digests(conn, hd == "CRC32C", dd == "CRC32C")
-        elif kind == EV_CONNECT and len(text) >= SUBNQN.start:
-            nqn = text[SUBNQN].split(b"\0", 1)[0]
-            if nqn:
-                self.names[key] = nqn[:NAME_MAX_BYTES].decode("ascii", "replace")
+        if said.target:
+            self.counters.evicted += put_bounded(self.names, key, said.target, MAX_CONNS)
+        if said.initiator:
+            self.counters.evicted += put_bounded(self.initiators, key, said.initiator, MAX_CONNS)
+        if said.digests is not None:
+            self.wire.set_digests(conn, *said.digests)
+        self.counters.bad_names += said.bad_names
 
     def sweep(self, now: float) -> None:
         """Age out commands that never completed; forget idle connections."""
@@ -196,9 +203,8 @@ class KernelSums:
             if now - t >= CONN_IDLE_S:
                 del self._active[c]
                 self._units.pop(c, None)
-                self.names.pop(conn_key(c), None)
-                for d in (True, False):
-                    self._texts.pop((conn_key(c), d), None)
+                for held in (self.names, self.initiators, self._logins):
+                    held.pop(conn_key(c), None)
 
     # ------------------------------------------------------------ Tracker's
     def take_tick(self) -> tuple[dict[Volume, VolumeReads], dict[Volume, int]]:
@@ -227,6 +233,14 @@ class KernelSums:
         live = {conn_key(c) for c in self._active}
         named = {**{k: v for k, v in self.known_targets.items() if k in live}, **self.names}
         return {k: v for k, v in named.items() if k in live}
+
+    def initiator_logins(self) -> dict[ConnKey, str]:
+        live = {conn_key(c) for c in self._active}
+        named = {**{k: v for k, v in self.known_initiators.items() if k in live}, **self.initiators}
+        return {k: v for k, v in named.items() if k in live}
+
+    def initiator_names(self) -> dict[str, tuple[str, ...]]:
+        return by_address((k[0], n) for k, n in self.initiator_logins().items())
 
     def seen(self) -> dict[Volume, set[str]]:
         out: dict[Volume, set[str]] = {}

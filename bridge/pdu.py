@@ -80,8 +80,8 @@ CMD = 1  # a command (op READ, WRITE, or 0: another one): its completion will co
 DONE = 2  # completes the command with the tag
 DATA_OUT = 3  # write data for the command with the tag (NVMe H2CData)
 LOGIN = 4  # iSCSI login request or response (op: its flags): their text names the
-# target and the digests
-CONNECT = 5  # NVMe fabrics connect: its data names the subsystem
+# target, the initiator and the digests
+CONNECT = 5  # NVMe fabrics connect: its data names the subsystem and the host
 OTHER = 0
 
 READ = 1

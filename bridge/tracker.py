@@ -15,12 +15,14 @@ State
     Per TCP connection (initiator address and port, target address and
     port): its protocol (by the target's port: ISCSI_PORT or
     NVME_TCP_PORT), a Stream per direction, the target's name once the
-    login (iSCSI TargetName) or the connect (NVMe SUBNQN) was seen, and the
-    commands in flight by tag (ITT; the whole 16-bit CID: Linux hosts put
-    a generation counter in its top bits). A connection first seen in
-    mid-session takes its target's name from known_targets (targets() of an
-    earlier run: sessions outlive a restart of the sensor; one that starts
-    with a SYN logs in again and is named by that). Per volume --
+    login (iSCSI TargetName) or the connect (NVMe SUBNQN) was seen, the
+    initiator's name from the same (InitiatorName, HOSTNQN: logins.py reads
+    both, across parts and PDUs), and the commands in flight by tag (ITT;
+    the whole 16-bit CID: Linux hosts put a generation counter in its top
+    bits). A connection first seen in mid-session takes its names from
+    known_targets and known_initiators (targets() and initiator_logins() of
+    an earlier run: sessions outlive a restart of the sensor; one that
+    starts with a SYN logs in again and is named by that). Per volume --
     (protocol, portal, target name or "" before the login was seen, LUN or
     NSID) -- the reads completed, their latency sum and the write bytes
     since the last take_tick(), and per (volume, initiator address) the
@@ -39,12 +41,15 @@ Law, per PDU
     silent for CONN_IDLE_S are forgotten (a capture may miss the FIN).
 
 Bounds
-    Names are decoded as ASCII with errors replaced and cut at
-    NAME_MAX_BYTES. At most MAX_CONNS connections (a new one beyond
-    drops the oldest made), MAX_INFLIGHT commands in flight over all of
-    them (a new one beyond drops its connection's oldest), and
-    MAX_VOLUMES_PER_CONN volumes named per connection; each drop counts
-    in evicted. Nothing here reads a clock: every call passes now_s.
+    Target names are decoded as ASCII with errors replaced and cut at
+    logins.NAME_MAX_BYTES (223); an initiator name that is not printable
+    ASCII of at most that many bytes is ignored and counted in bad_names;
+    initiator_names() gives at most logins.MAX_NAMES_PER_INITIATOR (16) per
+    address. At most MAX_CONNS connections (a new one beyond drops the oldest made,
+    its names with it), MAX_INFLIGHT commands in flight over all of them
+    (a new one beyond drops its connection's oldest), and
+    MAX_VOLUMES_PER_CONN volumes named per connection; each drop counts in
+    evicted. Nothing here reads a clock: every call passes now_s.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ import math
 from dataclasses import dataclass, field
 
 from .flow import Emitted, Iscsi, NvmeTcp, Stream
+from .logins import Login, Said, by_address
 from .pdu import (
     CMD,
     CONNECT,
@@ -63,6 +69,7 @@ from .pdu import (
     NVME_TCP_PORT,
     READ,
     WRITE,
+    Pdu,
 )
 
 # A command this long in flight has been aborted or its completion was not
@@ -71,11 +78,6 @@ from .pdu import (
 INFLIGHT_MAX_S = 60.0
 AGE_SWEEP_S = 1.0
 CONN_IDLE_S = 600.0
-NAME_MAX_BYTES = 223  # an IQN's and an NQN's limit
-# Where the NVMe connect data names the subsystem (NVMe over Fabrics, Connect
-# command data: SUBNQN at bytes 256-511).
-SUBNQN = slice(256, 512)
-
 # NSIDs that name no namespace: 0 (the fabrics connect, keep-alive, admin commands)
 # and the broadcast NSID (a flush of every namespace).
 NO_NAMESPACE = (0, 0xFFFFFFFF)
@@ -125,6 +127,7 @@ class Counters:
     aged: int = 0  # commands that never completed
     connections: int = 0
     evicted: int = 0  # commands and connections dropped at the bounds (MAX_*)
+    bad_names: int = 0  # initiator names in logins and connects that are garbage
 
 
 def portal_name(addr: str, port: int) -> str:
@@ -142,14 +145,6 @@ def lun_number(raw: int) -> int:
     return raw
 
 
-def text_value(body: bytes, start: int, key: bytes) -> str | None:
-    """key=value of an iSCSI login's text (key=value pairs, each NUL-ended)."""
-    for pair in body[start:].split(b"\0"):
-        if pair.startswith(key + b"="):
-            return pair[len(key) + 1 :][:NAME_MAX_BYTES].decode("ascii", "replace")
-    return None
-
-
 @dataclass(slots=True)
 class _Command:
     start_s: float
@@ -165,6 +160,8 @@ class Connection:
     to_target: Stream
     to_initiator: Stream
     target: str = ""
+    initiator_name: str = ""  # the IQN or host NQN it logged in with
+    login: Login | None = None  # its login's or connect's text, as far as read
     last_s: float = 0.0
     inflight: dict[int, _Command] = field(default_factory=dict)
     volumes: set[Volume] = field(default_factory=set)  # every volume it sent a command to
@@ -176,10 +173,15 @@ ConnKey = tuple[str, int, str, int]  # initiator address, port, target address, 
 class Tracker:
     """Feed it each TCP segment of storage traffic; take_tick() and take_writes() the sums."""
 
-    def __init__(self, known_targets: dict[ConnKey, str] | None = None) -> None:
-        # target names learnt before (a restart): a connection first seen in mid-session
-        # takes its name from here; one that starts with a SYN logs in again
+    def __init__(
+        self,
+        known_targets: dict[ConnKey, str] | None = None,
+        known_initiators: dict[ConnKey, str] | None = None,
+    ) -> None:
+        # names learnt before (a restart): a connection first seen in mid-session
+        # takes its names from here; one that starts with a SYN logs in again
         self.known_targets = dict(known_targets or {})
+        self.known_initiators = dict(known_initiators or {})
         self.conns: dict[ConnKey, Connection] = {}
         self.reads: dict[Volume, VolumeReads] = {}
         self.writes: dict[tuple[Volume, str], int] = {}
@@ -246,9 +248,9 @@ class Tracker:
             conn.to_initiator.on_digests = conn.to_target.set_digests
         else:
             conn = Connection(NVME, ini, portal, Stream(NvmeTcp(True)), Stream(NvmeTcp(False)))
-        known = None if fresh else self.known_targets.get(key)
-        if known:
-            conn.target = known
+        if not fresh:
+            conn.target = self.known_targets.get(key, "")
+            conn.initiator_name = self.known_initiators.get(key, "")
         self.conns[key] = conn
         self.counters.connections += 1
         return conn
@@ -256,10 +258,8 @@ class Tracker:
     def _pdu(self, conn: Connection, emitted: Emitted, to_target: bool, now_s: float) -> None:
         pdu, body = emitted
         kind = pdu.kind
-        if kind == CONNECT and to_target:  # names the subsystem; a command all the same
-            nqn = body[pdu.header_bytes :][SUBNQN].split(b"\0", 1)[0]
-            if nqn:
-                conn.target = nqn[:NAME_MAX_BYTES].decode("ascii", "replace")
+        if kind == CONNECT and to_target:  # names the subsystem and host; a command too
+            self._login(conn, pdu, body, True, True)
             kind = CMD
         if kind == CMD and to_target:
             unit = lun_number(pdu.volume) if conn.proto == ISCSI else pdu.volume
@@ -307,20 +307,27 @@ class Tracker:
             if cmd is not None and cmd.op == WRITE and cmd.volume is not None:
                 self._wrote(cmd.volume, conn.initiator, pdu.data_bytes)
         elif kind == LOGIN:
-            self._login(conn, pdu.header_bytes, body, to_target)
+            self._login(conn, pdu, body, False, to_target)
 
-    def _login(self, conn: Connection, start: int, body: bytes, to_target: bool) -> None:
-        if to_target:
-            name = text_value(body, start, b"TargetName")
-            if name:
-                conn.target = name
-            return
-        hd = text_value(body, start, b"HeaderDigest")
-        dd = text_value(body, start, b"DataDigest")
-        if hd is not None or dd is not None:  # the target's answer: what was negotiated
-            digests = (hd == "CRC32C", dd == "CRC32C")
-            conn.to_target.set_digests(digests)
-            conn.to_initiator.set_digests(digests)
+    def _login(
+        self, conn: Connection, pdu: Pdu, body: bytes, connect: bool, to_target: bool
+    ) -> None:
+        """A login's or connect's text (the PDU's data segment, as far as captured)."""
+        text = body[pdu.header_bytes : pdu.header_bytes + pdu.data_bytes]
+        if conn.login is None:
+            conn.login = Login()
+        flags = 0 if connect else pdu.op  # an iSCSI login's flags (pdu.py)
+        self._said(conn, conn.login.start(connect, to_target, flags, pdu.data_bytes, text))
+
+    def _said(self, conn: Connection, said: Said) -> None:
+        if said.target:
+            conn.target = said.target
+        if said.initiator:
+            conn.initiator_name = said.initiator
+        if said.digests is not None:  # the target's answer: what was negotiated
+            conn.to_target.set_digests(said.digests)
+            conn.to_initiator.set_digests(said.digests)
+        self.counters.bad_names += said.bad_names
 
     def _wrote(self, vol: Volume, initiator: str, nbytes: int) -> None:
         k = (vol, initiator)
@@ -368,6 +375,16 @@ class Tracker:
         """The target name of every live connection whose login or connect was seen
         (or that was named by known_targets): what a restart needs to name them again."""
         return {k: c.target for k, c in self.conns.items() if c.target}
+
+    def initiator_logins(self) -> dict[ConnKey, str]:
+        """The initiator name of every live connection whose login or connect was seen
+        (or that was named by known_initiators): what a restart needs."""
+        return {k: c.initiator_name for k, c in self.conns.items() if c.initiator_name}
+
+    def initiator_names(self) -> dict[str, tuple[str, ...]]:
+        """Initiator address -> the names its live connections logged in with."""
+        return by_address((c.initiator, c.initiator_name) for c in self.conns.values()
+                          if c.initiator_name)  # fmt: skip
 
     def seen(self) -> dict[Volume, set[str]]:
         """Every volume the live connections have sent commands to, with the

@@ -199,11 +199,15 @@ def volumes(daemon: Daemon) -> list[dict[str, Any]] | None:
     if not daemon.config.bridge_mode or rows is None:
         return None
     tick_s = daemon.config.controller.tick_s
+    names = getattr(daemon.sensors, "initiator_names", None)
+    logged_in = names() if callable(names) else {}
     return [
         {
             "volume": r.name,
             "resources": list(r.resources),
             "initiators": list(r.initiators),
+            # the names its initiators logged in with (IQN, host NQN), where seen
+            "initiator_names": {i: list(logged_in[i]) for i in r.initiators if i in logged_in},
             "reads_per_s": r.reads / tick_s,
             "read_latency_s": r.read_latency_s,
         }

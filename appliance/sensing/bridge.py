@@ -16,17 +16,23 @@ controller cannot tell the two apart:
                      resources its volumes are in) and one WriteSample per
                      (resource, initiator) that wrote;
     device_samples() empty: the wire sees no device queue (threshold "auto"
-                     is target mode's, config/parse.py refuses it here).
+                     is target mode's, config/parse.py refuses it here);
+    initiator_names() the names each initiator address logged in with (iSCSI
+                     InitiatorName, NVMe host NQN) over its live connections,
+                     for the daemon's group map (iqn.* and nqn.* members);
+                     a convergence's InitiatorViews carry them too.
 
 Names across restarts
-    A volume's target name comes from its session's login (or connect),
-    which happened long before a restart of santhrottled. With names_path,
-    the sensor writes every live connection's target name there when they
-    change (at a convergence; a JSON list, written whole and renamed into
-    place) and reads it back at its start, so the sessions that outlive the
-    restart keep their names. A file that cannot be read or parsed is a
-    warning, not an error: those sessions show their target as "*" until
-    they log in again.
+    A volume's target name and an initiator's name come from its session's
+    login (or connect), which happened long before a restart of
+    santhrottled. With names_path, the sensor writes every live
+    connection's target name there when they change (at a convergence; a
+    JSON list, written whole and renamed into place) and their initiator
+    names likewise to initiators_path (by default INITIATORS_FILE beside
+    names_path), and reads both back at its start, so the sessions that
+    outlive the restart keep their names. A file that cannot be read or
+    parsed is a warning, not an error: those sessions show their target as
+    "*", and their initiators by address only, until they log in again.
 
 Threads
     The capture thread holds `lock` while it walks one block of the ring (a
@@ -72,6 +78,7 @@ POLL_MS = 100  # the capture thread's longest wait: how soon close() is seen
 REOPEN_S = 1.0
 WIRE = "wire"  # Discovery's write source of every pair: the wire's own bytes
 NAMES_FILE = "wire-names.json"  # the daemon's, in daemon.state_dir
+INITIATORS_FILE = "wire-initiators.json"  # beside it: the initiators' login names
 
 
 class CaptureDown(OSError):
@@ -106,14 +113,21 @@ class BridgeSensor:
         save_names: bool = True,
         sensor: str = "auto",
         open_kernel: Callable[[str], Any] | None = None,
+        initiators_path: str | Path | None = None,
     ) -> None:
         self.port = port
         self.netns = netns
         self.vmap = VolumeMap(resources)
         self.names_path = Path(names_path) if names_path is not None else None
+        if initiators_path is None and self.names_path is not None:
+            initiators_path = self.names_path.with_name(INITIATORS_FILE)
+        self.initiators_path = Path(initiators_path) if initiators_path is not None else None
         self._save_names = save_names
         self._saved_names = load_names(self.names_path) if self.names_path else {}
-        self.tracker: Any = Tracker(self._saved_names)
+        self._saved_initiators = (
+            load_names(self.initiators_path, "initiator") if self.initiators_path else {}
+        )
+        self.tracker: Any = Tracker(self._saved_names, self._saved_initiators)
         self.sensor = sensor  # kernel, capture or auto: the first that starts
         self._open_kernel = open_kernel
         self._kernel: Any = None  # the loaded program, when it walks the wire
@@ -162,7 +176,7 @@ class BridgeSensor:
             return str(e)
         with self.lock:
             self._kernel = wire
-            self.tracker = KernelSums(wire, self._saved_names, self.clock)
+            self.tracker = KernelSums(wire, self._saved_names, self.clock, self._saved_initiators)
         self._down = None
         log.info("wire sensor: in the kernel on %s", self.port)
         return None
@@ -295,6 +309,7 @@ class BridgeSensor:
             writes = self.tracker.take_writes()
             per_initiator = self.tracker.take_initiator_ios()
             seen = self.tracker.seen()
+            logged_in = self.tracker.initiator_names()
             vmap = self.vmap
         dt, self._converge_at = max(now - self._converge_at, MIN_INTERVAL_S), now
         initiators: dict[str, InitiatorView] = {}
@@ -303,7 +318,7 @@ class BridgeSensor:
             for ip in addrs:
                 view = initiators.get(ip)
                 if view is None:
-                    view = initiators[ip] = InitiatorView(ip)
+                    view = initiators[ip] = InitiatorView(ip, set(logged_in.get(ip, ())))
                 view.resources.update(names)
                 view.write_sources.update(dict.fromkeys(names, WIRE))
         samples = vmap.write_samples(writes, dt)
@@ -325,15 +340,28 @@ class BridgeSensor:
     def _store_names(self) -> None:
         with self.lock:
             names = self.tracker.targets()
-        if names == self._saved_names:
-            return
-        assert self.names_path is not None
+            logins = self.tracker.initiator_logins()
+        if names != self._saved_names and self._stored(self.names_path, names):
+            self._saved_names = names
+        if logins != self._saved_initiators and self._stored(self.initiators_path, logins):
+            self._saved_initiators = logins
+
+    @staticmethod
+    def _stored(path: Path | None, names: Mapping[ConnKey, str]) -> bool:
+        if path is None:
+            return False
         try:
-            store_names(self.names_path, names)
+            store_names(path, names)
         except OSError as e:
-            log.warning("cannot write %s: %s", self.names_path, e.strerror or e)
-            return
-        self._saved_names = names
+            log.warning("cannot write %s: %s", path, e.strerror or e)
+            return False
+        return True
+
+    def initiator_names(self) -> dict[str, tuple[str, ...]]:
+        """Initiator address -> the names it logged in with (iSCSI InitiatorName,
+        NVMe host NQN), over its live connections: for the daemon's group map."""
+        with self.lock:
+            return dict(self.tracker.initiator_names())
 
     # -- what the admin sees -------------------------------------------------
     def volume_rows(self) -> list[VolumeRow]:
@@ -363,8 +391,9 @@ class BridgeSensor:
 MAX_NAMES_BYTES = 16 << 20
 
 
-def load_names(path: Path) -> dict[ConnKey, str]:
-    """(initiator, port, target address, port) -> target name, from store_names()."""
+def load_names(path: Path, what: str = "target") -> dict[ConnKey, str]:
+    """(initiator, port, target address, port) -> target (or initiator) name, from
+    store_names()."""
     try:
         if path.stat().st_size > MAX_NAMES_BYTES:
             raise ValueError(f"larger than {MAX_NAMES_BYTES} bytes")
@@ -373,7 +402,7 @@ def load_names(path: Path) -> dict[ConnKey, str]:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError, TypeError) as e:  # a broken file names nothing
-        log.warning("%s: cannot use the saved target names (%s)", path, e)
+        log.warning("%s: cannot use the saved %s names (%s)", path, what, e)
         return {}
 
 

@@ -4,7 +4,10 @@
  * that walks each storage TCP stream, matches commands to completions and adds up, per
  * connection and volume, the reads, their latency, the write bytes and the writes
  * completed.  Userspace (bridge/kernel.py) reads the sums once a tick; only logins and
- * connects (they name the target) come up as events.  The program never changes a packet: TC_ACT_OK always.
+ * connects (they name the target and the initiator) come up as events: their text, as
+ * far as each segment holds it, in parts of up to NAME_BYTES, with the PDU's flags and
+ * its text's length (userspace reads it part by part: bridge/logins.py).  The program
+ * never changes a packet: TC_ACT_OK always.
  *
  * Per direction of a connection (map flows), the sequence number where the next PDU
  * header starts (next_seq) and the end of what was seen (expect_seq):
@@ -118,6 +121,8 @@ struct event {
 	__u32 kind;
 	__u32 to_target;
 	__u32 len;
+	__u32 flags; /* EV_LOGIN: the PDU's flags byte (C, 0x40: its text goes on) */
+	__u32 total; /* EV_LOGIN, EV_CONNECT: the PDU's text bytes, all of them */
 	__u8 data[NAME_BYTES];
 };
 
@@ -284,6 +289,7 @@ static __always_inline int decode_iscsi(const __u8 *h, int to_target, int hd, in
 		p->kind = K_DONE;
 	} else if (op == 0x03 || op == 0x23) {
 		p->kind = K_LOGIN;
+		p->op = flags; /* C: the text goes on in the next login PDU */
 	}
 	return 1;
 }
@@ -375,9 +381,10 @@ static __always_inline struct vol_stats *vol_of(struct scratch *sc, __u64 volume
 }
 
 /* An event with up to `want` (at most NAME_BYTES) bytes of the segment from `from`;
- * the bytes it passed up. */
-static __always_inline __u32 emit(struct __sk_buff *skb, struct conn_key *c, __u32 kind,
-				  __u32 to_target, __u32 from, __u32 seg_end, __u32 want)
+ * the bytes it passed up, or -1 when the ring had no room (counted). */
+static __always_inline int emit(struct __sk_buff *skb, struct conn_key *c, __u32 kind,
+				__u32 to_target, __u32 from, __u32 seg_end, __u32 want,
+				__u32 flags, __u32 total)
 {
 	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	__u32 got = 0;
@@ -385,11 +392,13 @@ static __always_inline __u32 emit(struct __sk_buff *skb, struct conn_key *c, __u
 
 	if (!e) {
 		count(C_EVENTS_LOST);
-		return 0;
+		return -1;
 	}
 	__builtin_memcpy(&e->conn, c, sizeof(*c));
 	e->kind = kind;
 	e->to_target = to_target;
+	e->flags = flags;
+	e->total = total;
 	n = from < seg_end ? seg_end - from : 0;
 	if (n > want)
 		n = want;
@@ -403,6 +412,36 @@ static __always_inline __u32 emit(struct __sk_buff *skb, struct conn_key *c, __u
 	e->len = got;
 	bpf_ringbuf_submit(e, 0);
 	return got;
+}
+
+/* A login's or connect's text from `from`, as far as this segment holds it (at most
+ * `want` bytes), in events of up to NAME_BYTES: the first of `kind`, the others EV_BODY.
+ * The bytes of it left for the next segments; 0 also when a part was lost, so userspace
+ * has a text cut short, never one with a hole. */
+static __always_inline __u32 emit_text(struct __sk_buff *skb, struct conn_key *c,
+				       __u32 kind, __u32 to_target, __u32 from, __u32 seg_end,
+				       __u32 want, __u32 flags, __u32 total)
+{
+	__u32 here = from < seg_end ? seg_end - from : 0, sent = 0;
+	int got;
+
+	if (here > want)
+		here = want;
+#pragma unroll
+	for (int i = 0; i < BODY_MAX / NAME_BYTES; i++) {
+		__u32 part = here - sent;
+
+		if (i && !part)
+			break;
+		if (part > NAME_BYTES)
+			part = NAME_BYTES;
+		got = emit(skb, c, i ? EV_BODY : kind, to_target, from + sent, seg_end, part,
+			   flags, total);
+		if (got < 0 || (__u32)got < part)
+			return 0;
+		sent += part;
+	}
+	return want > sent ? want - sent : 0;
 }
 
 static __noinline void on_pdu(struct __sk_buff *skb, struct scratch *sc, __u32 at,
@@ -468,10 +507,10 @@ static __noinline void on_pdu(struct __sk_buff *skb, struct scratch *sc, __u32 a
 		/* the text after the header, as far as this segment holds it; the rest (the
 		 * header alone in its segment, as open-iscsi sends it) from the next ones */
 		__u32 body = p->data_bytes < BODY_MAX ? p->data_bytes : BODY_MAX;
-		__u32 got = emit(skb, c, p->kind == K_LOGIN ? EV_LOGIN : EV_CONNECT, to_target,
-				 at + p->header_bytes, seg_end, body);
 
-		sc->body_left = body > got ? body - got : 0;
+		sc->body_left = emit_text(skb, c, p->kind == K_LOGIN ? EV_LOGIN : EV_CONNECT,
+					  to_target, at + p->header_bytes, seg_end, body, p->op,
+					  p->data_bytes);
 	}
 }
 
@@ -748,12 +787,9 @@ int wire_sensor(struct __sk_buff *skb)
 		fl->body_left = sc->body_left;
 		fl->next_seq = fl->carry_seq + sc->p.length;
 	}
-	if (fl->body_left) { /* the text a login's or connect's header left to this one */
-		__u32 got = emit(skb, &sc->fk.conn, EV_BODY, to_target, poff, seg_end,
-				 fl->body_left);
-
-		fl->body_left = got && got < fl->body_left ? fl->body_left - got : 0;
-	}
+	if (fl->body_left) /* the text a login's or connect's header left to this one */
+		fl->body_left = emit_text(skb, &sc->fk.conn, EV_BODY, to_target, poff, seg_end,
+					  fl->body_left, 0, 0);
 	sc->seq = seq;
 	sc->poff = poff;
 	sc->seg_end = seg_end;

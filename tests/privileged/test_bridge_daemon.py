@@ -209,6 +209,8 @@ def test_the_daemon_makes_the_bridge_and_measures_reads_off_the_wire(bridged):
         (vol,) = data["volumes"]
         assert vol["volume"] == f"iscsi://{TGT_IP}:3260/{IQN}/0"
         assert vol["initiators"] == [INI_IP] and vol["resources"] == ["arr"]
+        # the name the initiator logged in with (storage_pdus.login_request's)
+        assert vol["initiator_names"] == {INI_IP: ["iqn.2026-11.lab:ini"]}
         assert data["resources"][0]["initiators"] == [INI_IP]
         text = _run("santhrottle", "resources", "--config", str(conf)).stdout
         print(text)  # what docs/bridge.md shows

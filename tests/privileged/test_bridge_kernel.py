@@ -10,6 +10,11 @@ program on the other end's ingress.
     million commands that never complete: the program keeps counting (the kernel's
     verifier proved it cannot fault), its maps stay at their fixed sizes, and a valid
     session afterwards is matched in full.
+  * Logins and connects cut every way (a login over two PDUs with a pair cut at the C
+    bit, more than 1 KiB of text in one segment, a header alone in its segment, a
+    connect's data in the next segment, a name that is garbage): the events the program
+    passes up name the initiators and targets as the Python tracker does on the same
+    frames.
 """
 
 from __future__ import annotations
@@ -217,3 +222,79 @@ def test_a_port_made_anew_is_noticed_and_the_program_goes_on_it_again(veth_ns):
         before = w.counters()
         after = _send(tx2, frames, w)
         assert after["completions"] - before["completions"] == counts["completions"]
+
+
+def _syn(src: str, dst: str, sport: int, dport: int, isn: int) -> bytes:
+    from scapy.layers.inet import IP, TCP
+    from scapy.layers.l2 import Ether
+
+    return bytes(Ether() / IP(src=src, dst=dst) / TCP(sport=sport, dport=dport, flags="S",
+                                                     seq=isn))  # fmt: skip
+
+
+class _Tcp:
+    """One connection's frames from its SYNs on, segment by segment as given."""
+
+    def __init__(self, frames: list[bytes], ini: str, sport: int, port: int) -> None:
+        tgt = wire_traffic.TARGET
+        self.frames = frames
+        self.up = wire_traffic._Dir(wire_traffic._template(ini, tgt, sport, port), 1000)
+        self.down = wire_traffic._Dir(wire_traffic._template(tgt, ini, port, sport), 5000)
+        frames += [_syn(ini, tgt, sport, port, 999), _syn(tgt, ini, port, sport, 4999)]
+
+    def send(self, *segments: bytes, to_target: bool = True) -> None:
+        d, o = (self.up, self.down) if to_target else (self.down, self.up)
+        self.frames += [wire_traffic._frame(d, o, seg) for seg in segments]
+
+
+HOSTNQN = "nqn.2014-08.org.nvmexpress:uuid:5ee1c0de-0000-4000-8000-0000000000a1"
+
+
+def _login_frames() -> list[bytes]:
+    frames: list[bytes] = []
+    a = _Tcp(frames, "198.51.100.50", 41000, 3260)
+    # the first PDU (C: its text goes on) holds 1,133 bytes of text in one segment, the
+    # last pair cut; the second's header comes alone, its text in two more segments
+    first = b"X-Filler=" + b"f" * 1100 + b"\0InitiatorName=iqn.2026-"
+    a.send(B.iscsi(B.LOGIN_REQ | 0x40, 0x40, 0, data=first))
+    second = B.iscsi(B.LOGIN_REQ | 0x40, 0x87, 0,
+                     data=b"11.lab:kernel-a\0TargetName=iqn.2026-11.lab:array\0")  # fmt: skip
+    a.send(second[:48], second[48:59], second[59:])
+    a.send(B.iscsi(B.LOGIN_RESP, 0x87, 0, data=b"HeaderDigest=None\0DataDigest=None\0"),
+           to_target=False)  # fmt: skip
+    a.send(B.scsi_read(1, lun=0))
+    a.send(B.data_in(1, b"r" * 512), to_target=False)
+    n = _Tcp(frames, "198.51.100.51", 41001, 4420)
+    connect = B.nvme_connect("nqn.2026-11.lab:sub", cid=1, hostnqn=HOSTNQN)
+    n.send(connect[:72], connect[72:])  # the capsule's header alone, then its data
+    n.send(B.capsule_resp(1), to_target=False)
+    n.send(B.capsule_cmd(2, 0x02, nsid=1))
+    n.send(B.capsule_resp(2), to_target=False)
+    g = _Tcp(frames, "198.51.100.52", 41002, 3260)
+    g.send(B.login_request("iqn.2026-11.lab:array", initiator="iqn.2026-11.lab:b\x7fd"))
+    g.send(B.scsi_read(1, lun=0))
+    g.send(B.data_in(1, b"r" * 512), to_target=False)
+    return frames
+
+
+def test_logins_and_connects_name_their_initiators_as_the_python_tracker_does(veth_ns):
+    from santhrottle.bridge.capture import CaptureCounters, FrameDecoder
+    from santhrottle.bridge.ksums import KernelSums
+    from santhrottle.bridge.tracker import Tracker
+
+    w, tx = veth_ns
+    frames = _login_frames()
+    k = _send(tx, frames, w)
+    assert k["events_lost"] == 0 and k["desyncs"] == 0, k
+    ks = KernelSums(w)
+    ks.take_tick()
+    tr, dec = Tracker(), FrameDecoder(CaptureCounters())
+    for f in frames:
+        v = memoryview(f)
+        dec.frame(v, 0, len(v), 0.0, tr.segment)
+    want = {"198.51.100.50": ("iqn.2026-11.lab:kernel-a",), "198.51.100.51": (HOSTNQN,)}
+    assert ks.initiator_names() == want
+    assert tr.initiator_names() == want
+    assert ks.targets() == tr.targets() and set(ks.targets().values()) == {
+        "iqn.2026-11.lab:array", "nqn.2026-11.lab:sub"}  # fmt: skip
+    assert ks.counters.bad_names == tr.counters.bad_names == 1

@@ -12,6 +12,7 @@ import pytest
 
 from santhrottle.appliance.sensing.bridge import WIRE, BridgeSensor, CaptureDown
 from santhrottle.bridge.capture import CaptureCounters
+from santhrottle.bridge.kernel import Conn
 from tests.unit import storage_pdus as B
 
 INI, INI2, TGT = "10.0.0.2", "10.0.0.3", "10.0.0.9"
@@ -332,3 +333,67 @@ def test_the_kernel_sensor_first_the_capture_when_it_cannot_load(caplog):
         assert [x.resource for x in w.read_samples()] == ["a"] and w.running
     finally:
         w.close()
+
+
+def test_initiator_names_from_the_logins_outlive_a_restart_in_their_own_file(tmp_path, caplog):
+    """The names initiators logged in with: from the sensor, in the discovery's views
+    and in the daemon's volume list; saved beside the target names and read back by a
+    sensor started in mid-session (by either walker); a broken file is a warning."""
+    from types import SimpleNamespace
+
+    from santhrottle.appliance.daemon import view
+    from santhrottle.appliance.sensing.bridge import INITIATORS_FILE
+    from santhrottle.bridge.kernel import VolumeSums
+    from tests.unit.test_bridge_ksums import FakeWire
+
+    names = tmp_path / "state" / "wire-names.json"
+    host = "iqn.2026-11.lab:db1"
+    w = Wire(3260)
+    caps: list[ScriptedCapture] = []
+
+    def sensor(**kw) -> BridgeSensor:
+        def open_capture(_port):
+            caps.append(ScriptedCapture())
+            return caps[-1]
+
+        kw.setdefault("sensor", "capture")
+        s = BridgeSensor(port="p", resources={"a": [f"iscsi://{TGT}/*/*"]},
+                         open_capture=open_capture, clock=Clock(), names_path=names,
+                         **kw)  # fmt: skip
+        s.start()
+        return s
+
+    first = sensor()
+    try:
+        caps[-1].feed(*w.syn(), w.send(0.0, B.login_request(IQN, initiator=host), True),
+                      w.send(1.0, B.scsi_read(1, lun=0), True))  # fmt: skip
+        assert first.initiator_names() == {INI: (host,)}
+        disc, _ = first.converge()
+        assert disc.initiators[INI].names == {host}
+        cfg = SimpleNamespace(bridge_mode=True, controller=SimpleNamespace(tick_s=0.1))
+        (row,) = view.volumes(SimpleNamespace(sensors=first, config=cfg))  # type: ignore[arg-type]
+        assert row["initiator_names"] == {INI: [host]}
+    finally:
+        first.close()
+    saved = tmp_path / "state" / INITIATORS_FILE
+    assert saved.exists()
+
+    def mid_session(s: BridgeSensor) -> dict[str, tuple[str, ...]]:
+        try:
+            caps[-1].feed(w.send(2.0, B.scsi_read(2, lun=0), True))  # no SYN, no login
+            return s.initiator_names()
+        finally:
+            s.close()
+
+    assert mid_session(sensor(save_names=False)) == {INI: (host,)}
+    wire = FakeWire()
+    k = sensor(sensor="kernel", open_kernel=lambda _p: wire)
+    try:  # the in-kernel walker's sessions are named from the same file
+        wire.sums[Conn(INI, TGT, 40000, 3260), 0] = VolumeSums(1, 1000, 0)
+        k.converge()
+        assert k.initiator_names() == {INI: (host,)}
+    finally:
+        k.close()
+    saved.write_text("[[1, 2]]")
+    assert mid_session(sensor()) == {}  # known by its address only
+    assert "cannot use the saved initiator names" in caplog.text
