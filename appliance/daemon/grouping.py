@@ -9,13 +9,27 @@ What it owns
 
 When
     At start and at every reload (a new GroupMap: a host name that no longer
-    resolves refuses the reload), and at every convergence (new initiators;
-    the sensors' IoSamples).
+    resolves refuses the reload), and at every convergence (new initiators,
+    the names they logged in with; the sensors' IoSamples).
 
 Sensors
-    A sensor with an `io_samples` attribute (bridge mode: the wire's reads
-    per initiator) feeds the groups; without one (the target host, today)
-    the grouped resources get no samples and their groups hold.
+    A sensor with an `io_samples` attribute feeds the groups (bridge mode:
+    the wire's reads per initiator; a target host: each LUN's device, LIO's
+    ACL counters, appliance/sensing/initiator_io.py); without one the
+    grouped resources get no samples and their groups hold. A sensor with
+    initiator_names() (address -> the IQNs / NQNs it logged in with) lets a
+    group name its members by those; without it, or for an initiator it
+    names nothing for, members match by address. A failing initiator_names()
+    is a warning: that refresh matches by address. A sensor with
+    want_io_samples() is told the grouped resources at every refresh, and
+    makes IoSamples for those only (none without groups: a target host's
+    10,000 initiators cost nothing then).
+
+Worked example
+    [groups.db] members = ["iqn.2024-01.com.example:db1"]; the target's LIO
+    ACL of that IQN has a session from 10.0.1.7: initiator_names() gives
+    {"10.0.1.7": ("iqn.2024-01.com.example:db1",)}, so 10.0.1.7 is in db, and
+    its IoSamples count for db at the next convergence.
 """
 
 from __future__ import annotations
@@ -78,13 +92,31 @@ def apply(
 
 
 def refresh(daemon: Any) -> None:
-    """The daemon's groups, their members among the initiators its discovery knows,
+    """The daemon's groups, their members among the initiators its discovery knows
+    (by the names they logged in with, when the sensors give them, else by address),
     and the grouped resources, into its controller (under the daemon's lock)."""
-    d = daemon.state.discovery
-    known = set(d.initiators) if d is not None else set()
-    changed = apply(daemon.ctl, daemon.config, daemon.group_map, known)
-    if changed:
-        log.info("groups: %d initiator class(es) changed", len(changed))
+    ctl, config, sensors = daemon.ctl, daemon.config, daemon.sensors
+    if config.groups or ctl.grouped:
+        d = daemon.state.discovery
+        known = set(d.initiators) if d is not None else set()
+        names: dict[str, Iterable[str]] = {}
+        names_of = getattr(sensors, "initiator_names", None)
+        if callable(names_of):
+            try:
+                names = dict(names_of())
+            except Exception as e:  # a sensor failure must not stop the tick
+                log.warning("groups: initiator names: %s; matching by address", e)
+        changed = configure_groups(
+            ctl,
+            specs(config),
+            daemon.group_map.group_of_all(known, names),
+            grouped_resources(config, ctl.resources),
+        )
+        if changed:
+            log.info("groups: %d initiator class(es) changed", len(changed))
+    want = getattr(sensors, "want_io_samples", None)
+    if callable(want):  # only the grouped resources' (none: nothing computed)
+        want(ctl.grouped)
 
 
 def io_samples(sensors: Any) -> list[IoSample]:
