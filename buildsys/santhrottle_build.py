@@ -337,7 +337,7 @@ def config_man_page() -> str:
                 out.append(
                     roff(
                         "One table per initiator group: its members, targets and priority "
-                        "(bridge mode for now; docs/groups.md)."
+                        "(docs/groups.md)."
                     )
                 )
         default = "unset" if k.default is None else toml_value(k.default)
@@ -474,7 +474,7 @@ def example_config() -> str:
         "",
         *comment(
             "[groups.NAME]: one table per initiator group, its members, targets and "
-            "priority (bridge mode for now). None by default. Keys:"
+            "priority. None by default. Keys:"
         ),
         *named_keys("groups.NAME"),
         "# e.g.",

@@ -338,7 +338,7 @@ def group_members() -> Kind:
                 )  # fmt: skip
         return tuple(v)
 
-    return Kind("list of addresses, networks or host names", parse)
+    return Kind("list of addresses, networks, host names or initiator names", parse)
 
 
 IOPS_SUFFIX = "iops"

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from santhrottle.appliance.config.kinds import AUTO, NAME_RE, KindError, member_kind
+from santhrottle.appliance.config.kinds import AUTO, NAME_RE, KindError
 from santhrottle.appliance.config.schema import DEFAULT_PATH, KEYS, TABLES
 from santhrottle.controller.domain import ControllerConfig, LogGains, PidGains
 from santhrottle.controller.ladder import Ladder, LadderError
@@ -282,8 +282,6 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
         for name, rc in resources.items():
             if rc.volumes:
                 raise r.fail(f"resources.{name}.volumes", 'needs daemon.mode = "bridge"')
-        if groups:  # the target host has no per-initiator reads to feed them yet
-            raise r.fail(f"groups.{next(iter(groups))}", 'needs daemon.mode = "bridge" for now')
     return Config(
         path=path,
         control_socket=d["control_socket"],
@@ -395,10 +393,6 @@ def _groups(r: _Reader, data: dict[str, Any]) -> dict[str, GroupConfig]:
         if v["members"] is None:
             raise r.fail(f"{key}.members", "is required")
         for m in v["members"]:
-            if member_kind(m) in ("iscsi", "nvme"):  # the sensors give no initiator names yet
-                raise r.fail(
-                    f"{key}.members", f"{m}: initiator names are not matched yet; give its address"
-                )
             other = owner.setdefault(m.lower(), name)
             if other != name:
                 raise r.fail(f"{key}.members", f"{m} is already a member of groups.{other}")

@@ -243,7 +243,8 @@ KEYS: tuple[Key, ...] = (
         "names them"),
     # [groups.NAME]
     Key("groups.NAME", "members", group_members(), None,
-        "the group's initiators: addresses, networks (10.0.1.0/24), host names (required)"),
+        "the group's initiators: addresses, networks (10.0.1.0/24), host names, the names "
+        "they log in with (iqn.*, nqn.*) (required)"),
     Key("groups.NAME", "priority", number(MIN_PRIORITY, MAX_PRIORITY), 1.0,
         "how much a shortfall of this group weighs against the others' (docs/groups.md)"),
     Key("groups.NAME", "latency_target", duration_s(0.0, MAX_THRESHOLD_S, positive=True), None,

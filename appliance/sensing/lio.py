@@ -11,11 +11,17 @@ connections' addresses in the ACL's `info`). With generate_node_acls=1 (no
 ACLs, the common lab/demo setup) LIO keeps no addresses: the caller takes
 the peers of established connections on the portal ports (conns.py).
 
-Per-initiator write counters: with explicit ACLs, LIO counts per mapped
-LUN in acls/<initiator>/lun_<n>/statistics/scsi_auth_intr/write_mbytes
-(MiB, so a 1 s rate has a 1 MiB/s resolution). Without ACLs there are
-none: discovery.py then uses the LUN's block device when one initiator has
-that LUN (docs/sensing.md, "Write-rate sources").
+Per-initiator counters: with explicit ACLs, LIO counts per mapped LUN in
+acls/<initiator>/lun_<n>/statistics/scsi_auth_intr/: write_mbytes and
+read_mbytes (MiB, so a 1 s rate has a 1 MiB/s resolution) and num_cmds (every
+SCSI command, exact). Without ACLs there are none: discovery.py then uses the
+LUN's block device when one initiator has that LUN (docs/sensing.md,
+"Write-rate sources"); initiator_io.py splits a shared device's IOs with them.
+
+Initiator names: an explicit ACL is named by its initiator (and its session
+gives the addresses); with generated ACLs, tpgt_N/dynamic_sessions lists the
+names of the sessions, without addresses (LioTpg.dynamic_sessions; a file that
+cannot be read lists none).
 
 Errors, per object: the scan lists the tree's directories itself (sorted) and
 reads each target, TPG, portal, LUN, ACL, session and mapped LUN through rtslib
@@ -33,7 +39,8 @@ IndexError on it):
     >>> sensor = LioSensor(copy_of_the_lab_configfs)
     >>> [t.acls for t in sensor.scan() if t.acls]
     [(LioAcl(initiator='iqn.2003-01.org.santhrottle.lab:ini1', addresses=(),
-             mapped_luns=(0,), write_bytes={0: 46137344}),)]
+             mapped_luns=(0,), write_bytes={0: 46137344}, read_bytes={0: 0},
+             commands={0: 774}),)]
     >>> sensor.last_skipped, sensor.skipped
     (('session <root>/target/iscsi/<iqn>/tpgt_1/acls/<ini1>: IndexError: list index
     out of range',), 1)
@@ -83,6 +90,10 @@ class LioAcl:
     # tpg lun -> bytes (MiB res.): a counter, not part of the ACL's identity (equal
     # ACLs with other counts are the same configuration: discovery's change test)
     write_bytes: dict[int, int] = field(default_factory=dict, compare=False)
+    # tpg lun -> bytes read (MiB res.) and SCSI commands, for initiator groups; a LUN
+    # is in both only when all three of its counters could be read
+    read_bytes: dict[int, int] = field(default_factory=dict, compare=False)
+    commands: dict[int, int] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +106,9 @@ class LioTpg:
     portals: tuple[tuple[str, int], ...]
     luns: tuple[LioLun, ...]
     acls: tuple[LioAcl, ...]
+    # the initiator names of its sessions through generated ACLs (tpgt_N/dynamic_sessions:
+    # names only, no addresses); state, not configuration, like the ACL counters
+    dynamic_sessions: tuple[str, ...] = field(default=(), compare=False)
 
 
 @contextlib.contextmanager
@@ -122,6 +136,17 @@ def _uint_file(path: Path) -> int | None:
     except (OSError, IndexError):
         return None
     return int(word) if word.isdigit() and len(word) <= 20 else None
+
+
+def _session_names(path: Path) -> tuple[str, ...]:
+    """The names in a dynamic_sessions file ("<name>\\n\\0" per session: the kernel's
+    target_show_dynamic_sessions()), each once, sorted; none if it cannot be read."""
+    try:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except OSError:
+        return ()
+    words = {w.strip() for w in text.replace("\0", "\n").split("\n")}
+    return tuple(sorted(w for w in words if w and w.isprintable()))
 
 
 def _one_line(e: BaseException) -> str:
@@ -292,6 +317,7 @@ class _Walk:
             portals=self._portals(tpg),
             luns=tuple(luns),
             acls=tuple(acls),
+            dynamic_sessions=_session_names(Path(tpg.path, "dynamic_sessions")) if gen else (),
         )
 
     def _portals(self, tpg: Any) -> tuple[tuple[str, int], ...]:
@@ -328,14 +354,20 @@ class _Walk:
                 addrs.append(addr)
         mapped: list[int] = []
         wbytes: dict[int, int] = {}
+        rbytes: dict[int, int] = {}
+        commands: dict[int, int] = {}
         for tpg_lun, mpath in self._each(
             "mapped LUN", acl.path, "lun_", lambda n: self._mapped_lun(acl, n, lun_paths)
         ):
             mapped.append(tpg_lun)
-            mib = _uint_file(Path(mpath, "statistics", "scsi_auth_intr", "write_mbytes"))
+            stats = Path(mpath, "statistics", "scsi_auth_intr")
+            mib = _uint_file(stats / "write_mbytes")
             if mib is not None:
                 wbytes[tpg_lun] = mib * MIB
-        return LioAcl(acl.node_wwn, tuple(addrs), tuple(mapped), wbytes)
+                read_mib, cmds = _uint_file(stats / "read_mbytes"), _uint_file(stats / "num_cmds")
+                if read_mib is not None and cmds is not None:
+                    rbytes[tpg_lun], commands[tpg_lun] = read_mib * MIB, cmds
+        return LioAcl(acl.node_wwn, tuple(addrs), tuple(mapped), wbytes, rbytes, commands)
 
     def _mapped_lun(self, acl: Any, n: int, lun_paths: dict[str, int]) -> tuple[int, str]:
         """(the TPG LUN it maps, its path); LookupError when it links to no LUN read."""

@@ -1,10 +1,13 @@
 """The target-host sensor: discovery every second, samples for the controller.
 
 TargetSensor wires the adapters (diskstats, sysfs LVM map, LIO through
-rtslib-fb, nvmet configfs, sock_diag) and turns counter deltas into the
-controller's ReadSample (per resource, every tick) and WriteSample (per
-resource and initiator, every convergence). Every path and the netns are
-constructor parameters; `clock` is only used to timestamp snapshots.
+rtslib-fb, nvmet configfs and debugfs, sock_diag) and turns counter deltas
+into the controller's ReadSample (per resource, every tick), WriteSample (per
+resource and initiator, every convergence) and, for initiator groups,
+`io_samples` (IoSample per resource and initiator, every convergence, by
+initiator_io.py's sources) and initiator_names() (address -> IQNs and host
+NQNs). Every path and the netns are constructor parameters; `clock` is only
+used to timestamp snapshots.
 
 Errors: a LioUnavailable becomes a warning (`warnings.lio_errors`, no LIO
 targets that pass), and the LIO objects a scan skipped are added up in
@@ -39,9 +42,24 @@ from santhrottle.appliance.sensing.diskstats import (
     read_latency_of,
     write_bps_of,
 )
-from santhrottle.appliance.sensing.lio import LioSensor, LioUnavailable
-from santhrottle.appliance.sensing.nvmet import NvmetSensor
-from santhrottle.controller.domain import DeviceSample, ReadSample, WriteSample
+from santhrottle.appliance.sensing.initiator_io import (
+    AclCount,
+    AclKey,
+    IoPlan,
+    acl_counters,
+    acl_deltas,
+    initiator_names,
+    io_plan,
+    io_samples,
+)
+from santhrottle.appliance.sensing.lio import LioSensor, LioTpg, LioUnavailable
+from santhrottle.appliance.sensing.nvmet import (
+    DEFAULT_DEBUGFS,
+    NvmetSensor,
+    debugfs_controllers,
+    debugfs_hosts,
+)
+from santhrottle.controller.domain import DeviceSample, IoSample, ReadSample, WriteSample
 
 log = logging.getLogger(__name__)
 # WriteSample from a (resource, initiator, bps) tuple without a Python call per item
@@ -67,6 +85,7 @@ class TargetSensor:
         sys_root: str | Path = "/sys",
         configfs_root: str | Path = "/sys/kernel/config",
         dev_root: str | Path = "/dev",
+        debugfs_root: str | Path = DEFAULT_DEBUGFS,
         ports: Iterable[int] = (ISCSI_PORT, NVME_TCP_PORT),
         netns: str | None = None,
         declared: Mapping[str, Iterable[str]] | None = None,
@@ -81,6 +100,7 @@ class TargetSensor:
         self.diskstats = DiskstatsReader(proc_root)
         self.lio = LioSensor(configfs_root)
         self.nvmet = NvmetSensor(configfs_root)
+        self.debugfs_root = Path(debugfs_root)
         self.conns = connections or ConnectionSensor(ports, netns)
         self.declared = {k: tuple(v) for k, v in (declared or {}).items()}
         self.static_map = {k: tuple(v) for k, v in (static_map or {}).items()}
@@ -97,6 +117,18 @@ class TargetSensor:
         self._device_samples: list[DeviceSample] = []
         # (snapshot time, snapshot, ACL read time, ACL counters) of the last convergence
         self._conv_prev: tuple[float, Snapshot, float, dict[tuple[str, str], int]] | None = None
+        # initiator groups: the last convergence's IoSamples, of the resources asked
+        # for (want_io_samples(): the daemon's grouped ones; none until asked), the ACL
+        # counters of the last discovery and of the one before, each device's users,
+        # nvmet's host names
+        self.io_samples: list[IoSample] = []
+        self.io_resources: frozenset[str] = frozenset()
+        self._acl_io: dict[AclKey, AclCount] = {}
+        self._acl_io_prev: dict[AclKey, AclCount] | None = None
+        self._io_plan = IoPlan({}, frozenset())
+        self._nvme_ctrls: list[Path] | None = None
+        self._nvme_hosts: dict[str, tuple[str, ...]] = {}
+        self._names: dict[str, tuple[str, ...]] = {}
 
     # -- discovery (every second) --------------------------------------
     def discover(self) -> Discovery:
@@ -119,11 +151,14 @@ class TargetSensor:
             a is b or a == b for a, b in zip(key, self._discovery_key, strict=True)
         )
         if same:
-            self.discovery = replace(
-                self.discovery,
-                acl_write_bytes=acl_write_bytes(tpgs, self.discovery.exports),
+            assert self.discovery is not None
+            disc = replace(
+                self.discovery, acl_write_bytes=acl_write_bytes(tpgs, self.discovery.exports)
             )
-            return self.discovery
+            self.discovery = disc
+            self._acl_io = acl_counters(tpgs, disc.exports)
+            self._read_names(tpgs, rebuilt=False)
+            return disc
         self.discovery = build_discovery(
             lio=tpgs,
             nvmet_subsystems=subsystems,
@@ -136,8 +171,28 @@ class TargetSensor:
         )
         self._discovery_key = key
         self._charges = _device_charges(self.discovery)
+        self._io_plan = io_plan(self.discovery)
+        self._acl_io = acl_counters(tpgs, self.discovery.exports)
+        self._read_names(tpgs, rebuilt=True)
         self.discoveries += 1
         return self.discovery
+
+    def _read_names(self, tpgs: list[LioTpg], rebuilt: bool) -> None:
+        """The initiators' names (initiator_io.initiator_names()), here in the
+        convergence's thread, not in the tick that asks for them. nvmet's debugfs is
+        read again when the discovery was rebuilt (new connections) or the controllers
+        listed changed."""
+        ctrls = debugfs_controllers(self.debugfs_root)
+        if rebuilt or ctrls != self._nvme_ctrls:
+            self._nvme_ctrls = ctrls
+            self._nvme_hosts = debugfs_hosts(ctrls)
+        self._names = initiator_names(self.discovery, tpgs, self._nvme_hosts)
+
+    def initiator_names(self) -> dict[str, tuple[str, ...]]:
+        """address -> the IQNs / host NQNs it logged in with, as of the last discovery
+        (initiator_io.initiator_names(): explicit ACLs, generated ACLs on a target one
+        address uses, nvmet's debugfs when the kernel has it)."""
+        return self._names
 
     def _snapshot(self) -> Snapshot:
         snap = self.diskstats.snapshot()
@@ -213,8 +268,12 @@ class TargetSensor:
             snap_t, cur = now, self._snapshot()
         acl_now = d.acl_write_bytes
         prev, self._conv_prev = self._conv_prev, (snap_t, cur, now, acl_now)
+        acl_io_prev, self._acl_io_prev = self._acl_io_prev, self._acl_io
+        self.io_samples = []
         if prev is None:
             return []
+        if snap_t - prev[0] >= MIN_INTERVAL_S and acl_io_prev is not None:
+            self.io_samples = self._io_samples(prev[1], cur, snap_t - prev[0], acl_io_prev)
         out: list[WriteSample] = []
         if snap_t - prev[0] >= MIN_INTERVAL_S:  # device sources: between the two snapshots
             self._disappeared(prev[1], cur)
@@ -242,6 +301,31 @@ class TargetSensor:
                 if old is not None and b >= old:
                     out.append(_write_sample((res, ini, (b - old) / dt)))
         return out
+
+    def want_io_samples(self, resources: Iterable[str]) -> None:
+        """The resources whose IoSamples the next convergences make: the daemon's
+        grouped resources. None asked (the default): no samples, nothing computed --
+        10,000 initiators' samples cost about a third of a convergence (make bench)."""
+        self.io_resources = frozenset(resources)
+
+    def _io_samples(
+        self, prev: Snapshot, cur: Snapshot, dt: float, acl_prev: dict[AclKey, AclCount]
+    ) -> list[IoSample]:
+        """Per (resource, initiator), for initiator groups: the used devices' intervals
+        between the two snapshots, the ACL counters between the two discoveries."""
+        want = self.io_resources
+        if not want:
+            return []
+        users = {dev: u for dev, u in self._io_plan.users.items() if u[0] in want}
+        if not users:
+            return []
+        p, c = prev.devices, cur.devices
+        devs = interval(
+            Snapshot({n: p[n] for n in users if n in p}),
+            Snapshot({n: c[n] for n in users if n in c}),
+            dt,
+        ).devices
+        return io_samples(self._io_plan, devs, acl_deltas(acl_prev, self._acl_io), want)
 
     def _disappeared(self, prev: Snapshot, cur: Snapshot) -> None:
         gone = [name for name in prev.devices if name not in cur.devices]

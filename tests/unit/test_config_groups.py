@@ -47,15 +47,27 @@ def test_groups_parse_with_their_targets():
     assert parse_config("").groups == {}
 
 
-def test_initiator_names_are_refused_until_the_sensors_give_them():
-    text = BRIDGE + '[groups.a]\nmembers = ["iqn.2024-01.com.example:db1"]'
-    with pytest.raises(ConfigError, match="initiator names are not matched yet"):
+@pytest.mark.parametrize("mode", [BRIDGE, ""], ids=["bridge", "target"])
+def test_initiator_names_are_members_in_both_modes(mode):
+    text = mode + (
+        '[groups.a]\nmembers = ["iqn.2024-01.com.example:db1", "10.0.0.9"]\n'
+        '[groups.b]\nmembers = ["nqn.2014-08.org.nvmexpress:uuid:42", "eui.0123456789abcdef"]'
+    )
+    c = parse_config(text)
+    assert c.groups["a"].members == ("iqn.2024-01.com.example:db1", "10.0.0.9")
+    assert c.groups["b"].members[0] == "nqn.2014-08.org.nvmexpress:uuid:42"
+
+
+def test_a_name_in_two_groups_is_an_error_whatever_its_case():
+    text = '[groups.a]\nmembers = ["iqn.2024-01.com.example:db1"]\n'
+    text += '[groups.b]\nmembers = ["iqn.2024-01.com.Example:DB1"]'
+    with pytest.raises(ConfigError, match=r"already a member of groups\.a"):
         parse_config(text)
 
 
-def test_groups_need_bridge_mode_for_now():
-    with pytest.raises(ConfigError, match=r'groups\.db: needs daemon\.mode = "bridge"'):
-        parse_config(GOOD.replace(BRIDGE, ""))
+def test_target_mode_takes_groups():
+    c = parse_config(GOOD.replace(BRIDGE, ""))
+    assert c.mode == "target" and set(c.groups) == {"db", "backup", "tenant"}
 
 
 @pytest.mark.parametrize(
@@ -117,8 +129,6 @@ def _map(text=GOOD, hosts=None):
 
 def test_the_most_specific_member_wins():
     groups = dict(parse_config(GOOD).groups)
-    # names are matched by the map (the configuration refuses them until the sensors
-    # give the names initiators log in with)
     db = groups["db"]
     groups["db"] = replace(db, members=(*db.members, "iqn.2024-01.com.example:db1"))
     bk = groups["backup"]

@@ -1,8 +1,11 @@
 """The daemon with [groups.NAME] (appliance/daemon/grouping.py), in virtual time with the
 fakes of test_daemon.py: the sensors' IoSamples reach the groups, whose classes the
-actuator gets; a reload with a host that does not resolve keeps the running groups."""
+actuator gets; a reload with a host that does not resolve keeps the running groups; on
+a target host, the real TargetSensor's samples and initiator names."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -10,8 +13,13 @@ from santhrottle.appliance.config import parse_config
 from santhrottle.appliance.daemon import grouping
 from santhrottle.appliance.daemon.groupmap import GroupMapError
 from santhrottle.appliance.daemon.loop import CommandError
+from santhrottle.appliance.sensing.conns import TcpConn
+from santhrottle.appliance.sensing.diskstats import parse_diskstats
+from santhrottle.appliance.sensing.lio import LioAcl, LioLun, LioTpg
+from santhrottle.appliance.sensing.target import TargetSensor
 from santhrottle.controller.domain import IoSample
 from tests.unit.test_daemon import CONF, make, run_for
+from tests.unit.test_sensing import FakeConns
 
 BRIDGE = """
 [daemon]
@@ -135,3 +143,94 @@ def test_a_grouped_resource_needs_no_threshold():
     ungrouped.sensors = GroupSensors(s)
     ungrouped._reconcile_resources()
     assert not ungrouped.ctl.resources  # without groups: observed, as before
+
+
+# -- a target host ----------------------------------------------------------------------
+
+LAB = Path(__file__).parents[1] / "fixtures" / "lab"  # its sysfs: labvg = dm-0, dm-1, dm-2
+DB_IQN = "iqn.2024-01.com.example:db1"
+TARGET_GROUPS = f"""
+[datapath]
+devices = ["eth1"]
+[controller]
+class_hysteresis = 0
+[resources.labvg]
+threshold = "10ms"
+
+[groups.db]
+members = ["{DB_IQN}"]
+latency_target = "10ms"
+priority = 2
+
+[groups.backup]
+members = ["10.0.0.0/24"]
+"""
+
+
+class LabDiskstats:
+    """/proc/diskstats at the daemon's virtual time: the db host reads lun1 (dm-1), 50
+    reads/s at 20 ms; the backup host writes lun0 (dm-0), 450 writes/s of 128 KiB at
+    20 ms (nine times the reader's IOs outstanding)."""
+
+    def __init__(self, vt) -> None:
+        self.vt = vt
+
+    def snapshot(self):
+        t = self.vt.now - 1000.0
+        r, w = int(50 * t), int(450 * t)
+        return parse_diskstats(
+            f"253 0 dm-0 0 0 0 0 {w} 0 {w * 256} {w * 20} 0 {w * 20} {w * 20}\n"
+            f"253 1 dm-1 {r} 0 {r * 8} {r * 20} 0 0 0 0 0 {r * 20} {r * 20}\n"
+            "253 2 dm-2 0 0 0 0 0 0 0 0 0 0 0\n"
+        )
+
+
+def test_a_target_host_groups_an_initiator_by_the_iqn_it_logged_in_with(tmp_path):
+    """Target mode, the real TargetSensor: the db host 10.0.0.3 has an explicit LIO ACL
+    as iqn.2024-01.com.example:db1 (lun1), the backup host 10.0.0.4 uses lun0 through
+    generated ACLs. 10.0.0.3 is in 10.0.0.0/24 too, but its name puts it in db; the
+    samples of its device reach its group, which sees the 20 ms its reads take."""
+    d, vt, _s, act = make(TARGET_GROUPS)
+    assert not d.config.bridge_mode
+    acl = LioAcl(DB_IQN, ("10.0.0.3",), (0,), {0: 0}, {0: 0}, {0: 0})
+    tpgs = [
+        LioTpg("iscsi", "iqn.t:lun0", 1, True, True, (("10.0.0.11", 3260),),
+               (LioLun(0, "block/lun0", "/dev/labvg/lun0"),), ()),
+        LioTpg("iscsi", "iqn.t:lun1", 1, True, False, (("10.0.0.12", 3260),),
+               (LioLun(0, "block/lun1", "/dev/labvg/lun1"),), (acl,)),
+    ]  # fmt: skip
+    sensor = TargetSensor(
+        proc_root=tmp_path,
+        sys_root=LAB / "sys",
+        configfs_root=tmp_path / "no-configfs",
+        debugfs_root=tmp_path / "no-debugfs",
+        clock=vt.clock,
+        connections=FakeConns([TcpConn("10.0.0.11", 3260, "10.0.0.4", 40000)]),
+    )
+    sensor.lio = type("Lio", (), {"scan": lambda self: tpgs})()
+    sensor.diskstats = LabDiskstats(vt)
+    d.sensors = sensor
+    run_for(d, vt, 8.0)
+    assert sensor.initiator_names() == {"10.0.0.3": (DB_IQN,)}
+    assert sensor.io_resources == {"labvg"}  # asked for by the groups' refresh
+    assert d.ctl.grouped == frozenset({"labvg"})
+    assert d.ctl.groups.group_of == {"10.0.0.3": "db", "10.0.0.4": "backup"}
+    groups = d.ctl.groups.resources["labvg"].groups
+    assert groups["db"].members == {"10.0.0.3"}
+    assert groups["db"].latency_s == pytest.approx(0.020)  # its reads', undelayed
+    assert groups["db"].y == pytest.approx(0.5)  # 10 ms target, 20 ms seen
+    assert groups["backup"].delay_class > 0 and groups["db"].delay_class == 0
+    assert act.kernel["10.0.0.4"][0] == groups["backup"].delay_class
+    assert "10.0.0.3" not in act.kernel
+
+
+def test_a_daemon_without_groups_asks_the_target_sensor_for_no_samples(tmp_path):
+    d, vt, _s, _act = make()
+    sensor = TargetSensor(proc_root=tmp_path, sys_root=LAB / "sys",
+                          configfs_root=tmp_path / "none", clock=vt.clock,
+                          connections=FakeConns([]))  # fmt: skip
+    sensor.want_io_samples(["labvg"])
+    sensor.diskstats = LabDiskstats(vt)
+    d.sensors = sensor
+    run_for(d, vt, 3.0)
+    assert sensor.io_resources == frozenset() and sensor.io_samples == []
