@@ -66,6 +66,10 @@ Every tick the class in force moves to the target class: up by the ramp
 (step.py's rise), down by class_decrease_max_per_tick, as a resource's
 class does (a delay that falls too fast reorders and retransmits).
 
+Paused (GroupsState.applied False: the daemon's `santhrottle pause`)
+    The shares and classes go on as computed, but no delay is counted in
+    the latency a group sees: the data path applies none.
+
 Idle behaviour
     A resource without IOs in an interval keeps its groups' shares and
     classes; a group without IOs for GROUP_IDLE_INTERVALS intervals leaves
@@ -180,6 +184,9 @@ class GroupsState:
     resources: dict[str, GroupedResource] = field(default_factory=dict)
     default_priority: float = 1.0
     step_max_fraction: float = STEP_MAX_FRACTION
+    # False while the data path applies no class (the daemon paused): a group's
+    # latency is then its IOs' alone, not its class's delay added to them
+    applied: bool = True
 
     def spec(self, name: str) -> Group:
         g = self.groups.get(name)
@@ -440,7 +447,7 @@ def advance(
     for name, gr in st.resources.items():
         for g in list(gr.groups):
             gs = gr.groups[g]
-            gs.delay_sum_s += ladder.delay_s(gs.delay_class)
+            gs.delay_sum_s += ladder.delay_s(gs.delay_class) if st.applied else 0.0
             gs.delay_ticks += 1
             k, want = gs.delay_class, gs.target_class
             if want > k:

@@ -227,6 +227,7 @@ class Daemon:
             for r in reads:
                 self.state.last_reads[r.resource] = r
             self.counters.add_reads(reads if read_ok else None, self.config.controller.tick_s)
+            self.ctl.groups.applied = not self.state.paused  # paused: no delay is seen
             self.ctl, _ = step(self.ctl, Samples(reads, writes, devices, ios), now)
             age_adopted(self, now)
             self._actuate()

@@ -91,6 +91,22 @@ def test_advance_ramps_up_and_decreases_gradually():
     assert backup.delay_class == 18
 
 
+def test_paused_a_group_sees_no_delay_but_its_class_goes_on():
+    """The daemon paused (applied False): the class in force is not in the latency the
+    group sees, as the data path applies none; applied again, it is."""
+    for applied, seen in ((False, 0.020), (True, 0.020 + LADDER.delay_s(20))):
+        st = _state()
+        interval(st, "vg", _samples(), 1.0, LADDER, None)
+        backup = st.resources["vg"].groups["backup"]
+        backup.delay_class = backup.target_class = 20
+        st.applied = applied
+        for _ in range(10):
+            advance(st, list(range(1, 102)), 1, LADDER)
+        interval(st, "vg", _samples(), 1.0, LADDER, None)
+        assert backup.latency_s == pytest.approx(seen)  # its IOs' 20 ms (+ the delay)
+        assert st.resources["vg"].groups["db"].latency_s == pytest.approx(0.020)
+
+
 def test_ungrouped_initiators_form_the_default_group():
     st = _state()
     extra = IoSample("vg", "other", 100.0, 1e6, 0.0, None, 0.020)

@@ -24,9 +24,11 @@ Phases (one daemon run; each --seconds long, the first --warmup left out)
     overload     (with --bulk-target) the bulk group gets a throughput target by
                  a live reload: not every target can be met.
 Every second: the daemon's status (each group's latency as it sees it, its
-throughput, y, PWFTE, share, class), and the writers' LVs' diskstats; each
-reader's fio latency log (1 s means).  Per phase and group: the mean and p95 of
-its 1 s latency (fio's, and the wire's as the daemon saw it), its MB/s.
+throughput, y, PWFTE, share, class), the writers' LVs' diskstats and the
+plant's own counters (its mean IO latency and IOs in flight); each reader's
+fio latency log (1 s means); `santhrottle group list` 10 s before the end.
+Per phase and group: the mean and p95 of its 1 s latency (fio's, and the
+wire's as the daemon saw it), its MB/s; the plant's mean IO latency.
 
 Results: OUT/groups-lab.json (default /shared/work/groups: the run dir's
 work/groups on the host), which groups_compare.py sets beside the simulator.
@@ -35,9 +37,11 @@ work/groups on the host), which groups_compare.py sets beside the simulator.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -56,6 +60,9 @@ RESOURCE = "array"
 READERS = ("gold", "silver")  # LUN 0 and LUN 1
 WRITER_GROUP = "bulk"
 SECTOR_BYTES = 512
+# lab.py --array nbd's plant writes its cumulative counters here (vagrant/qemu/lqarray.py)
+ARRAY_STATS = Path("/shared/work/array-stats.json")
+VIEW_BEFORE_END_S = 10.0  # `santhrottle group list` this long before a phase's end
 DS_SECTORS_WRITTEN = 6  # closed_loop.diskstats() fields
 
 
@@ -109,6 +116,9 @@ class Sampler(threading.Thread):
                     "delay_class", "overloaded", "members")} for g in st["groups"]}  # fmt: skip
             except Exception as e:  # keep sampling; record why
                 row["error"] = str(e)
+            with contextlib.suppress(OSError, ValueError):  # the known plant's own counters
+                a = json.loads(ARRAY_STATS.read_text())
+                row["array"] = (a["t"], a["ios"], a["lat_sum_s"], a["inflight_s"])
             ds = closed_loop.diskstats()
             row["written_sectors"] = sum(ds[d][DS_SECTORS_WRITTEN] for d in self.writer_dms
                                          if d in ds)  # fmt: skip
@@ -146,6 +156,10 @@ def phase(a: argparse.Namespace, t: dict, name: str, writers: bool, out: Path) -
             f"--rate_iops={a.reader_iops}", f"--write_lat_log={prefix}", "--log_avg_msec=1000",
             "--log_unix_epoch=1", runtime=a.seconds,
         )  # fmt: skip
+    time.sleep(max(0.0, t0 + a.seconds - VIEW_BEFORE_END_S - time.time()))
+    # what an admin sees near the phase's end (docs/groups.md, "Measured in the lab")
+    view = subprocess.run([str(closed_loop.BIN / "santhrottle"), "group", "list", "--socket",
+                           SOCK], capture_output=True, text=True, check=False)  # fmt: skip
     for p in rds.values():
         p.communicate()
     sampler.stop_ev.set()
@@ -154,7 +168,8 @@ def phase(a: argparse.Namespace, t: dict, name: str, writers: bool, out: Path) -
         w.communicate()
     lo, hi = t0 + a.warmup, t0 + a.seconds
     steady = [r for r in sampler.rows if lo <= r["epoch"] <= hi]
-    res: dict = {"phase": name, "writers": writers, "start_epoch": t0, "groups": {}}
+    res: dict = {"phase": name, "writers": writers, "start_epoch": t0, "groups": {},
+                 "group_list": view.stdout or view.stderr}  # fmt: skip
     for g in READERS:
         log = next(iter(sorted(out.glob(f"lat-{name}-{g}_clat*.log"))), None)
         fio_w = [v for e, v in (bridge_lab.fio_log(log) if log else []) if lo <= e <= hi]
@@ -170,6 +185,12 @@ def phase(a: argparse.Namespace, t: dict, name: str, writers: bool, out: Path) -
             "delay_class": stats([float(x["delay_class"]) for x in rows]),
             "overloaded": sum(1 for x in rows if x["overloaded"]),
         })  # fmt: skip
+    arr = [r["array"] for r in steady if "array" in r]
+    if len(arr) > 1:  # the plant's own mean IO latency and IOs in flight
+        (t0_, n0, l0, q0), (t1_, n1, l1, q1) = arr[0], arr[-1]
+        res["array"] = {"latency_s": (l1 - l0) / (n1 - n0) if n1 > n0 else None,
+                        "q": (q1 - q0) / (t1_ - t0_) if t1_ > t0_ else None,
+                        "iops": (n1 - n0) / (t1_ - t0_) if t1_ > t0_ else None}  # fmt: skip
     if len(steady) > 1:
         dt = steady[-1]["epoch"] - steady[0]["epoch"]
         nbytes = (steady[-1]["written_sectors"] - steady[0]["written_sectors"]) * SECTOR_BYTES
@@ -182,7 +203,9 @@ def show(r: dict) -> None:
     def ms(s):
         return f"{s['mean'] * 1e3:6.2f} (p95 {s['p95'] * 1e3:6.2f})" if s else "     -"
 
-    print(f"phase {r['phase']}:", flush=True)
+    arr = r.get("array") or {}
+    print(f"phase {r['phase']}: the array {(arr.get('latency_s') or 0) * 1e3:.2f} ms, "
+          f"Q {arr.get('q') or 0:.2f}\n{r['group_list']}", flush=True)  # fmt: skip
     for g, v in r["groups"].items():
         mb = (v.get("disk_write_bps") or (v["throughput_bps"] or {}).get("mean") or 0) / 1e6
         print(f"  {g:<7} fio {ms(v.get('fio_latency_s'))} ms  wire {ms(v['wire_latency_s'])} ms"
