@@ -67,8 +67,10 @@ Every tick the class in force moves to the target class: up by the ramp
 class does (a delay that falls too fast reorders and retransmits).
 
 Paused (GroupsState.applied False: the daemon's `santhrottle pause`)
-    The shares and classes go on as computed, but no delay is counted in
-    the latency a group sees: the data path applies none.
+    The groups are measured (latency, throughput, y, PWFTE, with no delay
+    counted: the data path applies none) but nothing is decided: the
+    models learn nothing, the shares and target classes stay, and a resume
+    goes on from where the pause began.
 
 Idle behaviour
     A resource without IOs in an interval keeps its groups' shares and
@@ -321,10 +323,15 @@ def interval(
             y = yi if y is None else min(y, yi)
         gs.y = y
         y_eff = 1.0 if y is None else y
+        if not st.applied:  # paused: measured, not decided (nor learnt: no delay is in y)
+            gs.pwfte = spec.priority * (1.0 - y_eff)
+            continue
         beta = gs.model.observe(gs.share, y_eff)
         cl = Claim(spec.priority, y_eff, gs.share, beta, gs.step * in_use)
         gs.pwfte = pwfte(cl)
         claims.append(cl)
+    if not st.applied:
+        return
     shares, gr.overloaded = arbitrate(claims, st.step_max_fraction * in_use)
     for g, u in zip(active, shares, strict=True):
         _adapt_step(gr.groups[g], u, st.step_max_fraction)

@@ -91,20 +91,28 @@ def test_advance_ramps_up_and_decreases_gradually():
     assert backup.delay_class == 18
 
 
-def test_paused_a_group_sees_no_delay_but_its_class_goes_on():
+def test_paused_a_group_sees_no_delay_and_nothing_is_decided():
     """The daemon paused (applied False): the class in force is not in the latency the
-    group sees, as the data path applies none; applied again, it is."""
+    group sees, as the data path applies none, and the shares and classes stay; applied
+    again, the delay is in it."""
     for applied, seen in ((False, 0.020), (True, 0.020 + LADDER.delay_s(20))):
         st = _state()
         interval(st, "vg", _samples(), 1.0, LADDER, None)
         backup = st.resources["vg"].groups["backup"]
         backup.delay_class = backup.target_class = 20
+        share_db = st.resources["vg"].groups["db"].share
         st.applied = applied
         for _ in range(10):
             advance(st, list(range(1, 102)), 1, LADDER)
         interval(st, "vg", _samples(), 1.0, LADDER, None)
         assert backup.latency_s == pytest.approx(seen)  # its IOs' 20 ms (+ the delay)
-        assert st.resources["vg"].groups["db"].latency_s == pytest.approx(0.020)
+        db = st.resources["vg"].groups["db"]
+        assert db.latency_s == pytest.approx(0.020) and db.y == pytest.approx(0.5)
+        assert db.pwfte == pytest.approx(1.0)  # priority 2 x (1 - 0.5)
+        if not applied:  # nothing decided: db's share stays short of what it asks
+            assert (db.share, backup.target_class) == (share_db, 20)
+        else:
+            assert db.share > share_db
 
 
 def test_ungrouped_initiators_form_the_default_group():

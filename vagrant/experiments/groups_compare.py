@@ -10,15 +10,18 @@ plant's; the readers are open-loop 4 KiB reads at the lab's rate; each writer
 host a closed stream of its block size and depth; the groups, targets and
 priorities are the daemon's) and runs it for each of the lab's phases with
 groups (controlled, and overload with the bulk group's throughput target).
-The lab's emulated target adds a software path the plant does not have:
-  - on the reads, measured in the idle phase (the readers' mean latency over
-    C + m * Q at their own load) and subtracted from the lab's reader latency
-    (an extra intercept in the simulator would load its device too);
-  - on the writes, the writers' overhead (`overhead_ms`, time per IO outside
-    the device and the delay) is calibrated, as report.py does for `make lab`:
-    by bisection, so that the simulator's uncontrolled run has the lab's
-    uncontrolled median reader latency.  Every figure with groups is then a
-    prediction.
+The lab's emulated target adds a software path the plant does not have (its
+LIO, TCP and bridge under TCG: milliseconds, growing with the load), and the
+daemon's controller acts on the latency the wire shows, the path included.
+Each phase measures it: the gold reader's mean wire latency (gold is never
+delayed) over the plant's own mean IO latency (lqarray's counters). So that
+the simulator's controller aims where the lab's did, its latency targets are
+the lab's less that phase's path; its writers' overhead (`overhead_ms`, time
+per IO outside the device and the delay) is calibrated as report.py does for
+`make lab`: by bisection, so that its uncontrolled run has the plant's mean
+latency of the lab's uncontrolled phase. Every figure with groups is then a
+prediction. A reader's lab latency is compared at the plant: its wire
+latency less the phase's path (the array's, plus its delay).
 
 Per group, over the same steady window (after the lab's --warmup): the mean
 latency it sees (readers) and its MB/s (writers), the lab's against the
@@ -67,7 +70,8 @@ def kib(text: str) -> float:
     return float(t[:-1]) * mult if mult else float(t) / 1024.0
 
 
-def scenario(lab: dict, overhead_ms: float, bulk_target: str | None) -> str:
+def scenario(lab: dict, overhead_ms: float, bulk_target: str | None, path_ms: float = 0.0) -> str:
+    """The lab run as a scenario; the readers' latency targets less path_ms."""
     a, arr = lab["args"], lab["array"] or {}
     ini = lab["initiators"]
     dur = a["seconds"]
@@ -91,7 +95,7 @@ def scenario(lab: dict, overhead_ms: float, bulk_target: str | None) -> str:
     for g, ip in zip(READERS, ini[:2], strict=True):
         lines.append(
             f'[[group]]\nname = "{g}"\nmembers = ["{ip}"]\npriority = {a[g + "_priority"]}\n'
-            f"latency_target_ms = {ms(a[g + '_target'])}\n"
+            f"latency_target_ms = {ms(a[g + '_target']) - path_ms:.3f}\n"
         )
     bulk = ""
     if bulk_target:
@@ -110,52 +114,46 @@ def lab_phase(lab: dict, name: str) -> dict | None:
     return next((p for p in lab["phases"] if p["phase"] == name), None)
 
 
-def software_path_ms(lab: dict) -> float:
-    """The lab's reads' mean latency in the idle phase over the plant's C + m * Q at the
-    readers' own load (Q = both readers' IOPS x their latency, Little)."""
-    idle = lab_phase(lab, "idle")
-    arr, a = lab["array"] or {}, lab["args"]
-    lats = [idle["groups"][g]["fio_latency_s"]["mean"] for g in READERS]
-    mean_s = sum(lats) / len(lats)
-    q = 2 * a["reader_iops"] * mean_s
-    return max(0.0, mean_s * 1e3 - (arr.get("c_ms", 2.0) + arr.get("m_ms", 5.0) * q))
+def software_path_ms(ph: dict) -> float:
+    """The phase's path outside the plant: gold's mean wire latency (never delayed) over
+    the plant's mean IO latency."""
+    return (ph["groups"]["gold"]["wire_latency_s"]["mean"] - ph["array"]["latency_s"]) * 1e3
 
 
 CALIBRATION_MAX_OVERHEAD_MS = 1000.0
 CALIBRATION_STEPS = 18
 
 
-def calibrate_overhead_ms(lab: dict, sw_ms: float) -> float:
-    """The writers' overhead with which the simulator's uncontrolled run has the lab's
-    uncontrolled median reader latency (its software path taken off); bisection."""
-    unc = lab_phase(lab, "uncontrolled")
-    want_s = sum(unc["groups"][g]["fio_latency_s"]["median"] for g in READERS) / len(READERS)
-    want_s -= sw_ms / 1e3
+def calibrate_overhead_ms(lab: dict) -> float:
+    """The writers' overhead with which the simulator's uncontrolled run has the plant's
+    mean latency in the lab's uncontrolled phase (more overhead, less queue); bisection."""
+    want_s = lab_phase(lab, "uncontrolled")["array"]["latency_s"]
     lo, hi = 0.0, CALIBRATION_MAX_OVERHEAD_MS
     for _ in range(CALIBRATION_STEPS):
         mid = (lo + hi) / 2
         sc = parse_scenario(scenario(lab, mid, None))
-        if summarize(sc, run(sc))["read_latency_p50_s"] > want_s:  # more overhead, less queue
+        if summarize(sc, run(sc))["read_latency_p50_s"] > want_s:
             lo = mid
         else:
             hi = mid
     return hi
 
 
-def compare(lab: dict, name: str, sw_ms: float, overhead_ms: float, out_dir: Path) -> dict:
+def compare(lab: dict, name: str, overhead_ms: float, out_dir: Path) -> dict:
     ph = lab_phase(lab, name)
     a = lab["args"]
-    text = scenario(lab, overhead_ms, a["bulk_target"] if name == "overload" else None)
+    sw_ms = software_path_ms(ph)
+    text = scenario(lab, overhead_ms, a["bulk_target"] if name == "overload" else None, sw_ms)
     (out_dir / f"groups-lab-sim-{name}.toml").write_text(text)
     sc = parse_scenario(text)
     r = run(sc, threshold_s=0.05)
     specs = {g.group.name: g.group for g in sc.groups}
-    rows = {}
+    rows: dict = {"software_path_ms": sw_ms, "array_latency_ms": ph["array"]["latency_s"] * 1e3}
     for g in (*READERS, WRITER_GROUP):
         s = group_summary(r.groups[g], specs[g], a["warmup"], a["seconds"])
         lg = ph["groups"][g]
         if g in READERS:
-            lab_v = lg["fio_latency_s"]["mean"] * 1e3 - sw_ms  # the plant's share of it
+            lab_v = lg["wire_latency_s"]["mean"] * 1e3 - sw_ms  # at the plant, its delay in
             sim_v, unit = s["latency_mean_s"] * 1e3, "ms"
         else:
             lab_v = (lg.get("disk_write_bps") or 0.0) / 1e6
@@ -163,6 +161,7 @@ def compare(lab: dict, name: str, sw_ms: float, overhead_ms: float, out_dir: Pat
         ratio = lab_v / sim_v if sim_v else math.nan
         rows[g] = {"lab": lab_v, "sim": sim_v, "unit": unit, "ratio": ratio,
                    "within": abs(ratio - 1.0) <= TOLERANCE,
+                   "lab_fio_ms": ((lg.get("fio_latency_s") or {}).get("mean") or 0) * 1e3,
                    "lab_pwfte": (lg.get("pwfte") or {}).get("mean"), "sim_pwfte": s["pwfte"],
                    "lab_y": (lg.get("y") or {}).get("mean"), "sim_y": s["y_mean"],
                    "lab_class": (lg.get("delay_class") or {}).get("mean"),
@@ -175,21 +174,18 @@ def main() -> int:
     ap.add_argument("input", nargs="?", type=Path, default=default_input())
     a = ap.parse_args()
     lab = json.loads(a.input.read_text())
-    sw_ms = software_path_ms(lab)
-    overhead_ms = calibrate_overhead_ms(lab, sw_ms)
-    out: dict = {"input": str(a.input), "software_path_ms": sw_ms,
-                 "writer_overhead_ms": overhead_ms, "phases": {}}  # fmt: skip
-    print(
-        f"the lab's software path (idle reads over the plant): {sw_ms:.2f} ms; the "
-        f"writers' overhead calibrated on the uncontrolled phase: {overhead_ms:.2f} ms"
-    )
+    overhead_ms = calibrate_overhead_ms(lab)
+    out: dict = {"input": str(a.input), "writer_overhead_ms": overhead_ms, "phases": {}}
+    print(f"the writers' overhead, calibrated on the uncontrolled phase: {overhead_ms:.2f} ms")
     for name in ("controlled", "overload"):
         if lab_phase(lab, name) is None:
             continue
-        rows = compare(lab, name, sw_ms, overhead_ms, a.input.parent)
+        rows = compare(lab, name, overhead_ms, a.input.parent)
         out["phases"][name] = rows
-        print(f"{name}:")
-        for g, v in rows.items():
+        print(f"{name}: the plant {rows['array_latency_ms']:.2f} ms, the path outside it "
+              f"{rows['software_path_ms']:.2f} ms")  # fmt: skip
+        for g in (*READERS, WRITER_GROUP):
+            v = rows[g]
             print(f"  {g:<7} lab {v['lab']:7.2f} {v['unit']:<4} sim {v['sim']:7.2f}  "
                   f"lab/sim {v['ratio']:5.2f} {'ok' if v['within'] else 'OFF'}   "
                   f"PWFTE lab {v['lab_pwfte'] or 0:5.2f} sim {v['sim_pwfte']:5.2f}   "
