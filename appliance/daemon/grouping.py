@@ -21,8 +21,9 @@ Sensors
     A sensor with an `io_samples` attribute feeds the groups (bridge mode:
     the wire's IOs per initiator; a target host: each LUN's device, LIO's
     ACL counters, appliance/sensing/initiator_io.py); without one the
-    grouped resources get no samples and their groups hold. A sensor with
-    initiator_names() (address -> the IQNs / NQNs it logged in with: the
+    grouped resources get no samples and their groups hold; its `io_span_s`,
+    the time its last samples cover, scales them to one convergence. A sensor
+    with initiator_names() (address -> the IQNs / NQNs it logged in with: the
     wire's logins on a bridge, LIO's ACLs and nvmet's debugfs on a target
     host) lets a group name its members by those; without it, or for an
     initiator it names nothing for, members match by address. A failing
@@ -142,7 +143,16 @@ def refresh(daemon: Any) -> None:
         want(ctl.grouped)
 
 
-def io_samples(sensors: Any) -> list[IoSample]:
-    """The sensors' IoSamples of the convergence just made (none without)."""
+def io_samples(sensors: Any, converge_s: float) -> list[IoSample]:
+    """The sensors' IoSamples of the convergence just made (none without), their counts
+    scaled to one convergence of converge_s: the controller reads them as one interval's,
+    and on a loaded host a sensor's convergence can span more (`io_span_s`, the time its
+    counts cover: 1.2 s counted as 1 s would overstate every group's throughput by 20 %)."""
     got = getattr(sensors, "io_samples", None)
-    return list(got) if isinstance(got, list) else []
+    if not isinstance(got, list):
+        return []
+    span = getattr(sensors, "io_span_s", None)
+    if not isinstance(span, int | float) or span <= 0.0 or span == converge_s:
+        return list(got)
+    k = converge_s / span
+    return [s._replace(ios=s.ios * k, bytes=s.bytes * k, reads=s.reads * k) for s in got]

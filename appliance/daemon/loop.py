@@ -197,7 +197,7 @@ class Daemon:
             return
         live = {ip: v.resources for ip, v in disc.initiators.items()} if disc is not None else None
         self.written.add(writes, self.config.controller.converge_s, live)
-        ios = grouping.io_samples(self.sensors)
+        ios = grouping.io_samples(self.sensors, self.config.controller.converge_s)
         with self.lock:
             self.state.discovery = disc
             self.state.pending_writes.extend(writes)

@@ -143,6 +143,7 @@ class BridgeSensor:
         self._tick_at = self._converge_at = clock()
         self.last_tick: dict[Volume, VolumeReads] = {}
         self.io_samples: list[IoSample] = []  # the last convergence's, per (resource, initiator)
+        self.io_span_s: float | None = None  # the time io_samples cover
 
     # -- the capture thread ----------------------------------------------
     def start(self) -> None:
@@ -323,6 +324,7 @@ class BridgeSensor:
                 view.write_sources.update(dict.fromkeys(names, WIRE))
         samples = vmap.write_samples(writes, dt)
         self.io_samples = vmap.io_samples(per_initiator, writes)  # for initiator groups
+        self.io_span_s = dt  # the time they cover
         for w in samples:  # a writer whose connection closed within the interval
             initiators.setdefault(w.initiator, InitiatorView(w.initiator)).resources.add(w.resource)
         if self._save_names and self.names_path is not None:

@@ -122,6 +122,7 @@ class TargetSensor:
         # counters of the last discovery and of the one before, each device's users,
         # nvmet's host names
         self.io_samples: list[IoSample] = []
+        self.io_span_s: float | None = None  # the time io_samples cover
         self.io_resources: frozenset[str] = frozenset()
         self._acl_io: dict[AclKey, AclCount] = {}
         self._acl_io_prev: dict[AclKey, AclCount] | None = None
@@ -274,6 +275,7 @@ class TargetSensor:
             return []
         if snap_t - prev[0] >= MIN_INTERVAL_S and acl_io_prev is not None:
             self.io_samples = self._io_samples(prev[1], cur, snap_t - prev[0], acl_io_prev)
+            self.io_span_s = snap_t - prev[0]  # the time they cover
         out: list[WriteSample] = []
         if snap_t - prev[0] >= MIN_INTERVAL_S:  # device sources: between the two snapshots
             self._disappeared(prev[1], cur)

@@ -234,3 +234,21 @@ def test_a_daemon_without_groups_asks_the_target_sensor_for_no_samples(tmp_path)
     d.sensors = sensor
     run_for(d, vt, 3.0)
     assert sensor.io_resources == frozenset() and sensor.io_samples == []
+
+
+def test_io_samples_are_scaled_to_one_convergence():
+    """A sensor whose convergence covered 1.25 s hands counts of 1.25 s: scaled to the
+    1 s the controller reads them as; the latencies stay."""
+
+    class Slow:
+        def __init__(self) -> None:
+            self.io_samples = [IoSample("vg0", "10.0.0.3", 125.0, 125.0 * 4096, 25.0, 0.02, 0.03)]
+            self.io_span_s: float | None = 1.25
+
+    slow = Slow()
+    (got,) = grouping.io_samples(slow, 1.0)
+    assert (got.ios, got.bytes, got.reads) == pytest.approx((100.0, 100.0 * 4096, 20.0))
+    assert (got.read_latency_s, got.latency_s) == (0.02, 0.03)
+    slow.io_span_s = None  # a sensor that does not say: as they are
+    assert grouping.io_samples(slow, 1.0) == slow.io_samples
+    assert grouping.io_samples(object(), 1.0) == []
