@@ -14,6 +14,8 @@ Worked example
 from __future__ import annotations
 
 import ipaddress
+import json
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -372,3 +374,30 @@ def throughput() -> Kind:
         return bps, "B/s"
 
     return Kind('byte rate ("200MB/s") or IOs per second ("5000iops")', parse)
+
+
+# ------------------------------------------------------- values sent at run time
+# A value quoted in an error is cut to this many characters.
+MAX_QUOTE_CHARS = 60
+
+
+def quote(v: Any) -> str:
+    """A value as a client wrote it (true, null, 'text', 5), cut to MAX_QUOTE_CHARS."""
+    r = json.dumps(v) if v is None or isinstance(v, bool) else repr(v)
+    return r if len(r) <= MAX_QUOTE_CHARS else r[: MAX_QUOTE_CHARS - 3] + "..."
+
+
+def positive_number(v: Any, what: str) -> float:
+    """A finite number (not a bool) above 0, or KindError quoting v (what: "a number of
+    seconds", ...): a control request's value before its Kind checks it."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise KindError(f"{quote(v)} is not {what}")
+    try:
+        x = float(v)
+    except OverflowError:
+        x = math.inf
+    if not math.isfinite(x):
+        raise KindError(f"{quote(v)} is not a finite number")
+    if x <= 0:
+        raise KindError(f"{quote(v)} must be above 0")
+    return x

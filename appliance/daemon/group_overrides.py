@@ -31,13 +31,12 @@ Worked example
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
-from santhrottle.appliance.config.kinds import IOPS_SUFFIX, KindError
+from santhrottle.appliance.config.kinds import IOPS_SUFFIX, KindError, positive_number, quote
 from santhrottle.appliance.config.parse import GroupConfig
 from santhrottle.appliance.config.schema import key
 from santhrottle.appliance.units import MAX_BYTE_RATE_BYTES_S
@@ -63,27 +62,6 @@ class GroupOverride:
         return self == GroupOverride()
 
 
-def _quote(v: Any) -> str:
-    r = repr(v)
-    return r if len(r) <= 60 else r[:57] + "..."
-
-
-def _number(v: Any, what: str) -> float:
-    """A finite number (not a bool) > 0, or KindError quoting it (what: "a number of
-    seconds", ...)."""
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise KindError(f"{_quote(v)} is not {what}")
-    try:
-        x = float(v)
-    except OverflowError:
-        x = math.inf
-    if not math.isfinite(x):
-        raise KindError(f"{_quote(v)} is not a finite number")
-    if x <= 0:
-        raise KindError(f"{_quote(v)} must be above 0")
-    return x
-
-
 def _through(kind_parse: Any, text: str, v: Any, shown: str) -> Any:
     """text through the file's Kind; its error quotes what was sent, not text."""
     try:
@@ -94,33 +72,33 @@ def _through(kind_parse: Any, text: str, v: Any, shown: str) -> Any:
 
 def check_priority(v: Any) -> float:
     """A priority as the file takes it: a number within MIN_PRIORITY..MAX_PRIORITY."""
-    _number(v, "a number")
+    positive_number(v, "a number")
     return float(PRIORITY_KEY.kind.parse(v))
 
 
 def check_latency_target_s(v: Any) -> float:
     """Seconds, rounded to whole ns, within the file's bounds for latency_target."""
-    s = _number(v, "a number of seconds")
+    s = positive_number(v, "a number of seconds")
     ns = int((Decimal(repr(s)) * NS_PER_S).to_integral_value())
     if ns <= 0:
-        raise KindError(f"{_quote(v)} is below 1ns")
-    return float(_through(LATENCY_KEY.kind.parse, f"{ns}ns", v, f"{_quote(v)} s"))
+        raise KindError(f"{quote(v)} is below 1ns")
+    return float(_through(LATENCY_KEY.kind.parse, f"{ns}ns", v, f"{quote(v)} s"))
 
 
 def check_throughput_bps(v: Any) -> float:
     """Bytes per second, > 0, through the file's throughput Kind."""
-    x = _number(v, "a number of bytes per second")
+    x = positive_number(v, "a number of bytes per second")
     if x > MAX_BYTE_RATE_BYTES_S:
-        raise KindError(f"{_quote(v)} B/s is above {MAX_BYTE_RATE_BYTES_S} B/s")
+        raise KindError(f"{quote(v)} B/s is above {MAX_BYTE_RATE_BYTES_S} B/s")
     text = format(Decimal(repr(x)), "f") + BYTES_PER_S
-    value, _unit = _through(THROUGHPUT_KEY.kind.parse, text, v, f"{_quote(v)} B/s")
+    value, _unit = _through(THROUGHPUT_KEY.kind.parse, text, v, f"{quote(v)} B/s")
     return float(value)
 
 
 def check_throughput_iops(v: Any) -> float:
     """IOs per second, > 0, through the file's throughput Kind."""
-    x = _number(v, "a number of IOs per second")
-    value, _unit = _through(THROUGHPUT_KEY.kind.parse, f"{x!r}{IOPS_SUFFIX}", v, _quote(v))
+    x = positive_number(v, "a number of IOs per second")
+    value, _unit = _through(THROUGHPUT_KEY.kind.parse, f"{x!r}{IOPS_SUFFIX}", v, quote(v))
     return float(value)
 
 
@@ -175,7 +153,7 @@ def from_json(doc: Any) -> GroupOverride:
         raise KindError("must be an object of " + ", ".join(FIELDS))
     extra = sorted(str(k) for k in doc if k not in FIELDS)
     if extra:
-        raise KindError(f"unknown field {_quote(extra[0])} (expected: {', '.join(FIELDS)})")
+        raise KindError(f"unknown field {quote(extra[0])} (expected: {', '.join(FIELDS)})")
     checks = (check_priority, check_latency_target_s, check_throughput_bps, check_throughput_iops)
     got: dict[str, float] = {}
     for field, check in zip(FIELDS, checks, strict=True):

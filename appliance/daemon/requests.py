@@ -38,13 +38,19 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from santhrottle.appliance.config.kinds import AUTO, KindError, choice, name
+from santhrottle.appliance.config.kinds import (
+    AUTO,
+    KindError,
+    choice,
+    name,
+    positive_number,
+    quote,
+)
 from santhrottle.appliance.config.schema import MAX_CLASSES, PIN_MODES, key
 from santhrottle.appliance.daemon.group_overrides import (
     check_latency_target_s,
@@ -61,8 +67,7 @@ PROTOCOL_VERSION = 1
 # The configuration key whose rules a runtime threshold follows.
 THRESHOLD_KEY = key("resources.NAME.threshold")
 NS_PER_S = 10**9
-# A value quoted in an error is cut to this many characters, an error line to the other.
-MAX_QUOTE_CHARS = 60
+# An error line is cut to this many characters.
 MAX_ERROR_CHARS = 400
 
 
@@ -102,12 +107,6 @@ class Context:
 
 
 Spec = Callable[[Any, Context | None], Any]
-
-
-def quote(v: Any) -> str:
-    """A value as the client wrote it (true, null, 'text', 5), cut to MAX_QUOTE_CHARS."""
-    r = json.dumps(v) if v is None or isinstance(v, bool) else repr(v)
-    return r if len(r) <= MAX_QUOTE_CHARS else r[: MAX_QUOTE_CHARS - 3] + "..."
 
 
 def _initiator(v: Any, _ctx: Context | None) -> str:
@@ -159,16 +158,7 @@ def _threshold_s(v: Any, _ctx: Context | None) -> float | str:
     or "auto" (the threshold the daemon fits itself)."""
     if v == AUTO:
         return AUTO
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise KindError(f"{quote(v)} is not a number of seconds")
-    try:
-        s = float(v)
-    except OverflowError:
-        s = math.inf
-    if not math.isfinite(s):
-        raise KindError(f"{quote(v)} is not a finite number of seconds")
-    if s <= 0:
-        raise KindError(f"{quote(v)} must be above 0")
+    s = positive_number(v, "a number of seconds")
     ns = int((Decimal(repr(s)) * NS_PER_S).to_integral_value())
     if ns <= 0:
         raise KindError(f"{quote(v)} is below 1ns")

@@ -69,7 +69,7 @@ def test_group_requests_good_arguments_are_normalised():
     [
         ("priority", 0, "group_set: priority: 0 must be above 0"),
         ("priority", 5000, "group_set: priority: 5000 must be a number within [0.001, 1000]"),
-        ("priority", True, "group_set: priority: True is not a number"),
+        ("priority", True, "group_set: priority: true is not a number"),
         ("priority", "2", "group_set: priority: '2' is not a number"),
         ("priority", 10**400, "group_set: priority: 1000000"),  # quoted, cut
         ("latency_target_s", 90, "group_set: latency_target_s: 90 s is above 60s"),
