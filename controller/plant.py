@@ -14,6 +14,9 @@ Streams
     the protocol stacks, `overhead_ms` in a scenario)
     open loop at lambda IOPS (the small random reader):
         Q_j = lambda * L               throughput X_j = lambda
+    closed with a rate cap r (fio's --rate at an iodepth; closed_latency):
+        X = min(r, q / (L + d)); at its cap it loads the device as an open
+        stream of r IOPS
 
 Fixed point
     g(L) = L - C - m * (Lambda * L + sum_i q_i * L / (L + d_i)) = 0,
@@ -83,3 +86,50 @@ def solve_latency(
 
 def closed_throughput_iops(depth: float, latency_s: float, delay_s: float) -> float:
     return depth / (latency_s + delay_s)
+
+
+# Rounds of closed_latency: each caps at least one more stream, or ends.
+CAP_ROUNDS_MAX = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """A closed stream: depth IOs in flight, each delayed delay_s outside the device;
+    cap_iops > 0 caps its rate (fio's --rate at an iodepth)."""
+
+    depth: float
+    delay_s: float
+    cap_iops: float = 0.0
+
+
+def closed_latency(
+    dev: Device, open_iops: float, closed: Sequence[Closed]
+) -> tuple[float, list[float]]:
+    """The device latency L with the open load and the closed streams, and each closed
+    stream's IOs per second: depth / (L + d), or its cap when that is more. A capped
+    stream loads the device as an open one at its cap; capping one lowers L, so the
+    others are checked again until no more is over its cap.
+
+    E.g. C = 10 ms, m = 5 ms, a reader of depth 1 capped at 25/s and a writer of
+    depth 2: uncapped the reader would do 1 / L > 25/s, so L = solve_latency(dev, 25,
+    [(2, 0)]) and the rates are [25, 2 / L]."""
+    capped: set[int] = set()
+    lat = 0.0
+    for _ in range(CAP_ROUNDS_MAX):
+        by_delay: dict[float, float] = {}  # streams with one delay act as one
+        for i, c in enumerate(closed):
+            if i not in capped:
+                by_delay[c.delay_s] = by_delay.get(c.delay_s, 0.0) + c.depth
+        extra = sum(closed[i].cap_iops for i in capped)
+        lat = solve_latency(dev, open_iops + extra, [(q, d) for d, q in by_delay.items()])
+        over = {
+            i
+            for i, c in enumerate(closed)
+            if c.cap_iops and i not in capped and c.depth / (lat + c.delay_s) > c.cap_iops
+        }
+        if not over:
+            break
+        capped |= over
+    return lat, [
+        c.cap_iops if i in capped else c.depth / (lat + c.delay_s) for i, c in enumerate(closed)
+    ]

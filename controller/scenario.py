@@ -53,7 +53,7 @@ class Stream:
     initiator: str
     size_bytes: float
     depth: float = 0.0  # closed loop
-    rate_iops: float = 0.0  # open loop
+    rate_iops: float = 0.0  # open loop; closed loop: a cap (0: none)
     overhead_s: float = 0.0  # closed loop: time per IO outside the device and the delay
     schedule: Schedule = field(default_factory=Schedule)
 
@@ -387,8 +387,8 @@ def _parse_stream(t: _Table, resources: set[str], duration_s: float) -> list[Str
     if loop == "closed":
         depth = t.number("depth", lo=0.0, lo_open=True)
         overhead_s = t.number("overhead_ms", 0.0, lo=0.0) / 1000.0
-        if "rate_kib_per_s" in t.data:
-            raise ScenarioError(f'{t.path}.rate_kib_per_s: only for loop = "open"')
+        if "rate_kib_per_s" in t.data:  # a cap, as fio's --rate at an iodepth: 0 = none
+            rate_iops = t.number("rate_kib_per_s", lo=0.0, lo_open=True) * KIB / size_bytes
     else:
         rate_iops = t.number("rate_kib_per_s", lo=0.0, lo_open=True) * KIB / size_bytes
         if "depth" in t.data:

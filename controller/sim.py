@@ -41,7 +41,7 @@ from typing import Any
 
 from .domain import DeviceSample, ReadSample, Resource, Samples, WriteSample
 from .groupsim import GroupMeter, GroupSeries, group_summary
-from .plant import Device, solve_latency
+from .plant import Closed, Device, closed_latency
 from .restate import seed_class
 from .scenario import Scenario
 from .step import new_state, step
@@ -180,19 +180,17 @@ def run(
                 if s.loop == "closed" and on[id(s)]
             ]
             open_iops = sum(s.rate_iops for s in mine if s.loop == "open" and on[id(s)])
-            by_delay: dict[float, float] = {}  # streams with one delay act as one
-            for s, d in closed:
-                by_delay[d] = by_delay.get(d, 0.0) + s.depth
-            lat = solve_latency(devices[r.name], open_iops, [(q, d) for d, q in by_delay.items()])
+            lat, rates = closed_latency(
+                devices[r.name], open_iops, [Closed(s.depth, d, s.rate_iops) for s, d in closed]
+            )
             # the device as diskstats sees it: IOs, their latency, IOs in flight (Little)
-            dev_iops = open_iops + sum(q / (lat + d) for d, q in by_delay.items())
+            dev_iops = open_iops + sum(rates)
             dev_acc = dev_tick[r.name]
             dev_acc[0] += dev_iops * dt
             dev_acc[1] += dev_iops * dt * lat
             dev_acc[2] += dev_iops * lat * dt
             mu, sd = ln_params[r.name]
-            for s, d in closed:
-                iops = s.depth / (lat + d)
+            for (s, _d), iops in zip(closed, rates, strict=True):
                 if meter is not None:
                     meter.closed(r.name, s.initiator, s.kind == "read", iops, s.size_bytes, lat, dt)
                 if s.kind == "write":

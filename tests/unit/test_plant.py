@@ -2,7 +2,13 @@ import math
 
 import pytest
 
-from santhrottle.controller.plant import Device, SaturatedError, solve_latency
+from santhrottle.controller.plant import (
+    Closed,
+    Device,
+    SaturatedError,
+    closed_latency,
+    solve_latency,
+)
 
 DEV = Device(intercept_s=0.002, slope_s_per_io=0.003)
 
@@ -40,3 +46,19 @@ def test_more_delay_means_lower_latency():
 def test_saturated_open_load_is_an_error():
     with pytest.raises(SaturatedError, match="saturates"):
         solve_latency(DEV, 400.0, [])
+
+
+def test_a_closed_stream_at_its_rate_cap_loads_the_device_as_an_open_one():
+    """fio's --rate at QD1: depth / (L + d) IOs per second, at most the rate. Over its cap
+    the device sees its rate (and nothing more); under it, it is closed."""
+    dev = Device(intercept_s=0.010, slope_s_per_io=0.005)
+    lat, (reader, writer) = closed_latency(dev, 0.0, [Closed(1, 0.0, 25.0), Closed(2, 0.0)])
+    assert lat == pytest.approx(solve_latency(dev, 25.0, [(2, 0.0)]))  # 1 / L > 25/s
+    assert reader == 25.0 and writer == pytest.approx(2 / lat)
+    # delayed by 50 ms it cannot keep its rate: closed again, 1 / (L + d)
+    lat, (reader, _) = closed_latency(dev, 0.0, [Closed(1, 0.050, 25.0), Closed(2, 0.0)])
+    assert lat == pytest.approx(solve_latency(dev, 0.0, [(1, 0.050), (2, 0.0)]))
+    assert reader == pytest.approx(1 / (lat + 0.050))
+    # no cap: solve_latency's
+    lat, _ = closed_latency(dev, 10.0, [Closed(4, 0.010)])
+    assert lat == pytest.approx(solve_latency(dev, 10.0, [(4, 0.010)]))

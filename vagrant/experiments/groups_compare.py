@@ -6,8 +6,9 @@
 
 (docs/groups.md, "In the lab".)  From the lab run's arguments and plant it
 writes the simulator's scenario (the resource's line L = C + m * Q is the
-plant's; the readers are open-loop 4 KiB reads at the lab's rate; each writer
-host a closed stream of its block size and depth; the groups, targets and
+plant's; each reader, as fio's --rate_iops at QD1, a closed stream of depth 1
+capped at the lab's rate (a delay that holds it over 1 / rate slows it); each
+writer host a closed stream of its block size and depth; the groups, targets and
 priorities are the daemon's) and runs it for each of the lab's phases with
 groups (controlled, and overload with the bulk group's throughput target).
 The lab's emulated target adds a software path the plant does not have (its
@@ -18,8 +19,8 @@ delayed) over the plant's own mean IO latency (lqarray's counters). So that
 the simulator's controller aims where the lab's did, its latency targets are
 the lab's less that phase's path; its writers' overhead (`overhead_ms`, time
 per IO outside the device and the delay) is calibrated as report.py does for
-`make lab`: by bisection, so that its uncontrolled run has the plant's mean
-latency of the lab's uncontrolled phase. Every figure with groups is then a
+`make lab`: by bisection, so that its plant with nobody delayed has the
+plant's mean latency of the lab's uncontrolled phase. Every figure with groups is then a
 prediction. A reader's lab latency is compared at the plant: its wire
 latency less the phase's path (the array's, plus its delay).
 
@@ -45,8 +46,9 @@ sys.path.insert(0, str(CHECKOUT.parent))
 
 from santhrottle.appliance.config.kinds import throughput  # noqa: E402
 from santhrottle.controller.groupsim import group_summary  # noqa: E402
-from santhrottle.controller.scenario import parse_scenario  # noqa: E402
-from santhrottle.controller.sim import run, summarize  # noqa: E402
+from santhrottle.controller.plant import Closed, Device, closed_latency  # noqa: E402
+from santhrottle.controller.scenario import Scenario, parse_scenario  # noqa: E402
+from santhrottle.controller.sim import run  # noqa: E402
 
 TOLERANCE = 0.20  # the issue's "within 20 %"
 MIB = 1024.0 * 1024.0
@@ -82,7 +84,7 @@ def scenario(lab: dict, overhead_ms: float, bulk_target: str | None, path_ms: fl
     ]
     for g, ip in zip(READERS, ini[:2], strict=True):
         lines.append(
-            f'[[stream]]\nname = "{g}"\nkind = "read"\nloop = "open"\n'
+            f'[[stream]]\nname = "{g}"\nkind = "read"\nloop = "closed"\ndepth = 1\n'
             f"rate_kib_per_s = {a['reader_iops'] * 4}\nsize_kib = 4\n"
             f'resource = "array"\ninitiator = "{ip}"\n'
         )
@@ -124,6 +126,15 @@ CALIBRATION_MAX_OVERHEAD_MS = 1000.0
 CALIBRATION_STEPS = 18
 
 
+def uncontrolled_latency_s(sc: Scenario) -> float:
+    """The simulator's plant latency with nobody delayed, every stream on: its fixed
+    point (controller/sim.py's, without noise)."""
+    r = sc.resources[0]
+    closed = [Closed(s.depth, s.overhead_s, s.rate_iops) for s in sc.streams if s.loop == "closed"]
+    open_iops = sum(s.rate_iops for s in sc.streams if s.loop == "open")
+    return closed_latency(Device(r.intercept_s, r.slope_s_per_io), open_iops, closed)[0]
+
+
 def calibrate_overhead_ms(lab: dict) -> float:
     """The writers' overhead with which the simulator's uncontrolled run has the plant's
     mean latency in the lab's uncontrolled phase (more overhead, less queue); bisection."""
@@ -131,8 +142,7 @@ def calibrate_overhead_ms(lab: dict) -> float:
     lo, hi = 0.0, CALIBRATION_MAX_OVERHEAD_MS
     for _ in range(CALIBRATION_STEPS):
         mid = (lo + hi) / 2
-        sc = parse_scenario(scenario(lab, mid, None))
-        if summarize(sc, run(sc))["read_latency_p50_s"] > want_s:
+        if uncontrolled_latency_s(parse_scenario(scenario(lab, mid, None))) > want_s:
             lo = mid
         else:
             hi = mid
@@ -175,8 +185,14 @@ def main() -> int:
     a = ap.parse_args()
     lab = json.loads(a.input.read_text())
     overhead_ms = calibrate_overhead_ms(lab)
-    out: dict = {"input": str(a.input), "writer_overhead_ms": overhead_ms, "phases": {}}
-    print(f"the writers' overhead, calibrated on the uncontrolled phase: {overhead_ms:.2f} ms")
+    sim_unc_ms = uncontrolled_latency_s(parse_scenario(scenario(lab, overhead_ms, None))) * 1e3
+    lab_unc_ms = lab_phase(lab, "uncontrolled")["array"]["latency_s"] * 1e3
+    out: dict = {"input": str(a.input), "writer_overhead_ms": overhead_ms, "phases": {},
+                 "uncontrolled_ms": {"lab": lab_unc_ms, "sim": sim_unc_ms}}  # fmt: skip
+    print(
+        f"the writers' overhead, calibrated on the uncontrolled phase: {overhead_ms:.2f} ms "
+        f"(the plant uncontrolled: lab {lab_unc_ms:.2f} ms, sim {sim_unc_ms:.2f} ms)"
+    )
     for name in ("controlled", "overload"):
         if lab_phase(lab, name) is None:
             continue
