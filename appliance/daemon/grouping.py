@@ -119,20 +119,25 @@ def membership(daemon: Any) -> tuple[dict[str, str], dict[str, set[str]]]:
     return daemon.group_map.group_of_all(loads, initiator_names(daemon.sensors)), loads
 
 
-def grouped_of(daemon: Any, known: Iterable[str]) -> set[str]:
+Membership = tuple[dict[str, str], dict[str, set[str]]]
+
+
+def grouped_of(daemon: Any, known: Iterable[str], member: Membership | None = None) -> set[str]:
     """The daemon's grouped resources among `known` (a grouped resource needs no
-    threshold: the controller has it, its PID observing, math.inf, for its groups)."""
-    group_of, loads = membership(daemon)
+    threshold: the controller has it, its PID observing, math.inf, for its groups);
+    `member`: membership(daemon), when the caller has it already."""
+    group_of, loads = member if member is not None else membership(daemon)
     return grouped_resources(daemon.config, known, group_of, loads)
 
 
-def refresh(daemon: Any) -> None:
+def refresh(daemon: Any, member: Membership | None = None) -> None:
     """The daemon's groups (with their overrides), their members among the initiators
     its discovery knows, and the grouped resources, into its controller (under the
-    daemon's lock); the sensors are told which resources want IoSamples."""
+    daemon's lock); the sensors are told which resources want IoSamples. `member`:
+    membership(daemon), when the caller has it already (one pass per discovery)."""
     ctl, config = daemon.ctl, daemon.config
     if config.groups or ctl.grouped:
-        group_of, loads = membership(daemon)
+        group_of, loads = member if member is not None else membership(daemon)
         grouped = grouped_resources(config, ctl.resources, group_of, loads)
         overrides = daemon.state.group_overrides
         changed = configure_groups(ctl, specs(config, overrides), group_of, grouped)

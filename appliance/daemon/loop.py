@@ -168,11 +168,11 @@ class Daemon:
             names |= set(d.resources)
         return names
 
-    def _reconcile_resources(self) -> None:
+    def _reconcile_resources(self, member: grouping.Membership | None = None) -> None:
         """Controller resources = known resources that have a threshold or groups."""
         known = self.known_resources()
         want = {n: t for n in known if (t := self.threshold_of(n)) is not None}
-        for n in grouping.grouped_of(self, known):
+        for n in grouping.grouped_of(self, known, member):
             want.setdefault(n, math.inf)  # its groups decide; its PID only observes
         changed: dict[str, int] = {}
         for name in list(self.ctl.resources):
@@ -219,8 +219,9 @@ class Daemon:
             log.warning("tick: read samples failed: %s", e)
         with self.lock:
             if self._resources_dirty:  # once per discovery, not every 100 ms
-                self._reconcile_resources()
-                grouping.refresh(self)
+                member = grouping.membership(self)  # who is in which group, once
+                self._reconcile_resources(member)
+                grouping.refresh(self, member)
                 self._resources_dirty = False
             writes, self.state.pending_writes = self.state.pending_writes, []
             ios, self.state.pending_ios = self.state.pending_ios, []

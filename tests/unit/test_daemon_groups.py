@@ -18,16 +18,10 @@ from santhrottle.appliance.sensing.diskstats import parse_diskstats
 from santhrottle.appliance.sensing.lio import LioAcl, LioLun, LioTpg
 from santhrottle.appliance.sensing.target import TargetSensor
 from santhrottle.controller.domain import IoSample
+from tests.unit.test_config_groups import BRIDGE
 from tests.unit.test_daemon import CONF, make, run_for
 from tests.unit.test_sensing import FakeConns
 
-BRIDGE = """
-[daemon]
-mode = "bridge"
-[bridge]
-initiator_port = "eth1"
-array_port = "eth2"
-"""
 GROUPS = (
     BRIDGE
     + CONF
