@@ -41,7 +41,7 @@ from santhrottle.appliance.datapath.names import (
     DatapathError,
     check_ip,
     class_minor,
-    is_canonical_ipv4,
+    is_canonical_ip,
     minor_classid,
 )
 
@@ -90,7 +90,7 @@ def plan_changes(
     for ip_raw, k in classes.items():
         cur = members.get(ip_raw)
         # members' keys are canonical (read back from the kernel)
-        ip = ip_raw if cur is not None or is_canonical_ipv4(ip_raw) else check_ip(ip_raw)
+        ip = ip_raw if cur is not None or is_canonical_ip(ip_raw) else check_ip(ip_raw)
         if ip is not ip_raw:
             cur = members.get(ip)
         if type(k) is not int or not 0 <= k <= max_class:

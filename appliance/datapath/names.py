@@ -10,10 +10,13 @@ What it owns
              number in `tc` and `ipset` output.  Glide leaves are 5374:6000
              and up (GLIDE_MINOR_BASE), above every class.  Minor 0 is HTB's
              direct queue: unthrottled.
-    ipset    santhrottle-all, -ack, -read: one hash:ip set per mode (an
-             initiator is in at most one); santhrottle-members, a list:set
-             of the mode sets that have members (the gate).
-    iptables the chain SANTHROTTLE in table mangle.
+    ipset    santhrottle-all, -ack, -read: one hash:ip set per mode for
+             IPv4 initiators (an initiator is in at most one), and
+             santhrottle-all6, -ack6, -read6 for IPv6 ones (a hash:ip set
+             holds one family); santhrottle-members, a list:set of the
+             mode sets that have members (the gate: a list:set holds sets
+             of both families and matches a packet against its own).
+    iptables the chain SANTHROTTLE in table mangle, in iptables and ip6tables.
 
 HTB prio (the order HTB serves)
     HTB serves the lowest prio with a packet due and round-robins within a
@@ -26,7 +29,9 @@ Worked example
     classid(20) = "5374:20"; class_minor(20) = 0x20; minor_class(0x20) = 20;
     class_prio(1) = 0, class_prio(12) = class_prio(14) = 3, class_prio(16) = 4;
     delay_to_class(5000, 500, 100) = 10 (5 ms at 0.5 ms steps), and
-    delay_to_class(1200, 500, 100) fails naming 1ms and 1.5ms.
+    delay_to_class(1200, 500, 100) fails naming 1ms and 1.5ms;
+    check_ip("FD00:0::2") = "fd00::2", check_ip("::ffff:10.0.0.3") = "10.0.0.3",
+    set_name("all", "fd00::2") = "santhrottle-all6".
 """
 
 from __future__ import annotations
@@ -47,8 +52,13 @@ DIRECT_MINOR = 0
 CHAIN = "SANTHROTTLE"
 MODES = PIN_MODES  # all, ack, read
 SET_PREFIX = "santhrottle-"
-SET_NAMES = {m: f"{SET_PREFIX}{m}" for m in MODES}
-SET_MODE = {name: mode for mode, name in SET_NAMES.items()}
+SET_NAMES = {m: f"{SET_PREFIX}{m}" for m in MODES}  # IPv4 initiators
+SET_NAMES6 = {m: f"{SET_PREFIX}{m}6" for m in MODES}  # IPv6 initiators
+FAMILY_SETS = {4: SET_NAMES, 6: SET_NAMES6}
+FAMILIES = (4, 6)
+ALL_SET_NAMES = (*SET_NAMES.values(), *SET_NAMES6.values())
+SET_MODE = {name: mode for names in FAMILY_SETS.values() for mode, name in names.items()}
+SET_FAMILY = {name: fam for fam, names in FAMILY_SETS.items() for name in names.values()}
 # list:set of the mode sets with members: "is the destination a member of
 # any?" in one match (the gate: datapath/sets.py).
 MEMBERS_SET = f"{SET_PREFIX}members"
@@ -57,8 +67,8 @@ TMP_SUFFIX = "-tmp"
 # list:set first: it holds references to the others).
 OWNED_SETS = (
     MEMBERS_SET,
-    *SET_NAMES.values(),
-    *(s + TMP_SUFFIX for s in SET_NAMES.values()),
+    *ALL_SET_NAMES,
+    *(s + TMP_SUFFIX for s in ALL_SET_NAMES),
 )
 # Glide leaves: HTB minors 0x6000 + i, above every class minor (<= 0x5000)
 # and the root's 0x5374; the leaf qdisc takes the same number as its major.
@@ -147,18 +157,51 @@ def delay_to_class(delay_us: int, ladder: Ladder) -> int:
     return k
 
 
+def family(ip: str) -> int:
+    """4 or 6: the family of a canonical address (check_ip's output)."""
+    return 6 if ":" in ip else 4
+
+
+def set_name(mode: str, ip: str) -> str:
+    """The set of `mode` that holds `ip` (a canonical address): its family's."""
+    return (SET_NAMES6 if ":" in ip else SET_NAMES)[mode]
+
+
 def check_ip(ip: str) -> str:
-    """The canonical form of an IPv4 address, or a one-line error."""
+    """The canonical form of an IPv4 or IPv6 address as the kernel and ipset print
+    it, or a one-line error.  An IPv6 zone ("fe80::1%eth1") is dropped (a set
+    member is an address; the link is the device's); an IPv4-mapped IPv6
+    address is its IPv4 address (what a dual-stack socket reports)."""
+    text = ip.split("%", 1)[0] if isinstance(ip, str) else ip
     try:
-        return str(ipaddress.IPv4Address(ip))
+        addr = ipaddress.ip_address(text)
     except ValueError:
-        raise DatapathError(f"bad initiator address {ip!r}: expected an IPv4 address") from None
+        raise DatapathError(
+            f"bad initiator address {ip!r}: expected an IPv4 or IPv6 address"
+        ) from None
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr.ipv4_mapped is not None:
+            return str(addr.ipv4_mapped)
+        return socket.inet_ntop(socket.AF_INET6, addr.packed)
+    return str(addr)
 
 
-def is_canonical_ipv4(ip: str) -> bool:
+def is_canonical_ip(ip: str) -> bool:
     """Fast path of check_ip for the 10,000-member convergence (~0.3 us vs
-    ~2 us for ipaddress): dotted quad exactly as the kernel prints it."""
+    ~2 us for ipaddress): the address exactly as the kernel prints it."""
     try:
-        return socket.inet_ntop(socket.AF_INET, socket.inet_pton(socket.AF_INET, ip)) == ip
+        if ":" not in ip:
+            return socket.inet_ntop(socket.AF_INET, socket.inet_pton(socket.AF_INET, ip)) == ip
+        packed = socket.inet_pton(socket.AF_INET6, ip)
     except (OSError, TypeError):
         return False
+    return socket.inet_ntop(socket.AF_INET6, packed) == ip and not packed.startswith(_MAPPED)
+
+
+_MAPPED = bytes(10) + b"\xff\xff"  # ::ffff:0:0/96, IPv4-mapped
+
+
+def ip_key(ip: str) -> tuple[int, int]:
+    """Sort key of an address: IPv4 before IPv6, then numerically."""
+    addr = ipaddress.ip_address(ip.split("%", 1)[0])
+    return addr.version, int(addr)
