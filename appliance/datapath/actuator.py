@@ -23,7 +23,7 @@ The parts (each a module with its own header)
 
     Datapath composes them: a TcDevice per egress device (every device has
     the same tree, so the same skbprio means the same delay on each), one
-    MemberSets and one Mangle shared by all (on a bridge, spec.bridged:
+    MemberSets and one Mangles (IPv4 and IPv6) shared by all (on a bridge, spec.bridged:
     NftSets and NftRules), one GlidePlanner.
 
 Run time
@@ -55,12 +55,12 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from santhrottle.appliance.datapath.glide import GlidePlan, GlidePlanner, LeafDelay
 from santhrottle.appliance.datapath.host import Host, Tools
-from santhrottle.appliance.datapath.mangle import Mangle
+from santhrottle.appliance.datapath.mangle import Mangles
 from santhrottle.appliance.datapath.members import (
     BULK_THRESHOLD,
     MAXELEM,
@@ -77,6 +77,7 @@ from santhrottle.appliance.datapath.names import (
     DatapathError,
     check_ip,
     class_minor,
+    family,
 )
 from santhrottle.appliance.datapath.nftgate import NFT_BACKEND, NFT_TABLE, NftRules, NftSets
 from santhrottle.appliance.datapath.sets import MemberSets
@@ -140,12 +141,12 @@ class CleanupReport:
 
 def gate(
     host: Host, bridged: bool, maxelem: int = MAXELEM, bulk_threshold: int = BULK_THRESHOLD
-) -> tuple[MemberSets | NftSets, Mangle | NftRules]:
+) -> tuple[MemberSets | NftSets, Mangles | NftRules]:
     """The member sets and the rules in front of them: ipset + iptables on a target
     host, nftables' bridge family on a bridge (datapath/nftrules.py)."""
     if bridged:
         return NftSets(host), NftRules(host)
-    return MemberSets(host, maxelem, bulk_threshold), Mangle(host)
+    return MemberSets(host, maxelem, bulk_threshold), Mangles(host)
 
 
 class Datapath:
@@ -243,7 +244,7 @@ class Datapath:
         # the last run); a tool that is not installed has nothing of ours to remove
         t = self.host.tools
         if not self.spec.bridged or (shutil.which(t.iptables) and shutil.which(t.ipset)):
-            m = Mangle(self.host).cleanup()
+            m = Mangles(self.host).cleanup()
             rep.rules, rep.chain, rep.nft_table = m.jumps, m.chain, m.nft_table
             rep.sets = MemberSets(self.host).destroy()
         if self.spec.bridged or shutil.which(t.nft):
@@ -296,6 +297,7 @@ class Datapath:
         ops = self.plan_changes(classes, mode)
         if not ops:
             return 0
+        self._check_families(op[2] for op in ops if op[0] == "add")
         before = self._membership()
         now = self.clock()
         if ordered and self.spec.glide_leaves:
@@ -329,6 +331,7 @@ class Datapath:
         for ip, k in clean.items():
             if type(k) is not int or not 1 <= k <= self.spec.max_class:
                 raise DatapathError(f"bad class {k!r} for {ip}: must be 1-{self.spec.max_class}")
+        self._check_families(clean)
         with self._unknown_on_failure():
             if clean:
                 self._set_jumps(True)
@@ -336,6 +339,14 @@ class Datapath:
             self._set_jumps(bool(self.current()))
 
     # ------------------------------------------------------------ internal
+    def _check_families(self, ips: Iterable[str]) -> None:
+        """An IPv6 initiator cannot be delayed where the gate has no IPv6 rules."""
+        problem = getattr(self.mangle, "v6_problem", None)
+        if problem:
+            for ip in ips:
+                if family(ip) == 6:
+                    raise DatapathError(f"IPv6 initiator {ip}: {problem}")
+
     def _send(self, ops: Sequence[Op], before: Membership) -> None:
         if not ops:
             return

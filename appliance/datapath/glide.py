@@ -79,11 +79,12 @@ from santhrottle.appliance.datapath.names import (
     CLASS_PRIO,
     GLIDE_MINOR_BASE,
     MINOR_CLASS,
-    SET_NAMES,
+    SET_MODE,
     class_minor,
     glide_minor,
     is_glide_minor,
     minor_class,
+    set_name,
 )
 from santhrottle.controller.ladder import Ladder
 
@@ -215,7 +216,6 @@ class GlidePlanner:
         place.  A group that fills a leaf and goes up goes up in place; a
         rise from a shared class to one of the same HTB prio takes a free
         leaf at the new delay; any other rise takes the shared class."""
-        target = SET_NAMES[mode]
         klass = self.class_table()
         prio = CLASS_PRIO
         last: dict[str, Op] = {}  # each initiator's last op (an initiator has one or two)
@@ -239,7 +239,7 @@ class GlidePlanner:
             else:
                 c, in_leaf = 0, False
             same_prio = 0 < c < k and prio[c] == prio[k]
-            if lop[1] == target and (c > k or (c < k and (in_leaf or same_prio))):
+            if SET_MODE[lop[1]] == mode and (c > k or (c < k and (in_leaf or same_prio))):
                 groups.setdefault((c, k), []).append(ip)
             else:
                 keep.extend(ops_of(ip))
@@ -263,7 +263,9 @@ class GlidePlanner:
             self.glided += 0 if rise else len(ips)
             if not full:  # a descent enters at the old delay, a rise at the new one
                 before.append(self._delay(minor, k if rise else c, now))
-            keep.extend(("add", target, ip, minor) for ip in ips if members[ip][1] != minor)
+            keep.extend(
+                ("add", set_name(mode, ip), ip, minor) for ip in ips if members[ip][1] != minor
+            )
             after.append(LeafDelay(minor, k))
         return GlidePlan(before, keep, after)
 
@@ -338,7 +340,7 @@ class GlidePlanner:
             if not quiet:
                 continue
             for ip in sorted(leaf.members):
-                name = SET_NAMES[members[ip][0]]
+                name = set_name(members[ip][0], ip)
                 if leaf.klass:
                     ops.append(("add", name, ip, class_minor(leaf.klass)))
                 else:

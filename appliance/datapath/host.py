@@ -44,6 +44,8 @@ class Tools:
     ipset: str = "ipset"
     iptables: str = "iptables"
     iptables_restore: str = "iptables-restore"
+    ip6tables: str = "ip6tables"
+    ip6tables_restore: str = "ip6tables-restore"
     nft: str = "nft"
     nsenter: str = "nsenter"
     unshare: str = "unshare"

@@ -6,7 +6,10 @@ What it owns
     `iptables-restore --noflush` (one transaction; the nf_tables and the
     legacy backend alike; never touches a rule that is not ours), and on
     cleanup removes the jumps and the chain, and the empty `table ip
-    mangle` iptables-nft leaves behind.
+    mangle` iptables-nft leaves behind.  Mangle(host, 6) does the same with
+    ip6tables.  Mangles: both families as one, the target host's gate;
+    a host whose ip6tables cannot list its mangle table (IPv6 disabled, no
+    ip6tables) runs IPv4 only, and v6_problem says why.
 
 Worked example
     Mangle(host).converge(["eth1"], (3260, 4420), active=False) on a clean
@@ -44,28 +47,33 @@ class MangleCleanup:
 
 
 class Mangle:
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: Host, family: int = 4) -> None:
         self.host = host
+        self.family = family
+        t = host.tools
+        self.tool, self.restore_tool = (
+            (t.iptables, t.iptables_restore) if family == 4 else (t.ip6tables, t.ip6tables_restore)
+        )
+        self.what = "iptables" if family == 4 else "ip6tables"
 
     def backend(self) -> str:
         """The iptables backend in use: nf_tables, legacy (or unknown)."""
         try:
-            out = self.host.run([self.host.tools.iptables, "-V"], what="iptables -V")
+            out = self.host.run([self.tool, "-V"], what=f"{self.what} -V")
         except DatapathError:
             return "unknown"
         return parse_backend(out)
 
     def read(self) -> tuple[list[str], list[str] | None]:
         """(POSTROUTING jumps to our chain, our chain's rules or None)."""
-        out = self.host.run([self.host.tools.iptables, "-w", "5", "-t", "mangle", "-S"],
-                            what="iptables -S")  # fmt: skip
+        out = self.host.run([self.tool, "-w", "5", "-t", "mangle", "-S"], what=f"{self.what} -S")
         return parse_mangle_rules(out)
 
     def converge(self, devices: Sequence[str], ports: Sequence[int], active: bool) -> bool:
         """The chain with these ports; a jump on each device iff active (apply).
         True: changed."""
         jumps, chain = self.read()
-        text = render_rules_restore(devices, ports, active, jumps, chain)
+        text = render_rules_restore(devices, ports, active, jumps, chain, self.family)
         if text is not None:
             self._restore(text)
         if not active:
@@ -107,8 +115,8 @@ class Mangle:
         return parse_jump_device(jump)
 
     def _restore(self, text: str) -> None:
-        t = self.host.tools
-        self.host.run([t.iptables_restore, "-w", "5", "--noflush"], text, what="iptables-restore")
+        self.host.run([self.restore_tool, "-w", "5", "--noflush"], text,
+                      what=f"{self.what}-restore")  # fmt: skip
 
     def _drop_empty_nft(self, table: bool) -> bool:
         """iptables-nft creates `table ip mangle` with a POSTROUTING base chain
@@ -121,7 +129,7 @@ class Mangle:
             from pyroute2.nftables.main import NFTables
 
             with self.host.inside():
-                nft = NFTables(nfgen_family=socket.AF_INET)
+                nft = NFTables(nfgen_family=socket.AF_INET6 if self.family == 6 else socket.AF_INET)
         except Exception:
             return False
         try:
@@ -153,3 +161,58 @@ class Mangle:
         finally:
             with contextlib.suppress(Exception):
                 nft.close()
+
+
+class Mangles:
+    """The mangle rules of both families as one: Mangle's interface (module header)."""
+
+    def __init__(self, host: Host) -> None:
+        self.v4 = Mangle(host, 4)
+        self.v6 = Mangle(host, 6)
+        self._v6_problem: str | None = None
+        self._v6_probed = False
+
+    @property
+    def v6_problem(self) -> str | None:
+        """Why IPv6 initiators cannot be delayed on this host (None: they can)."""
+        if not self._v6_probed:
+            try:
+                self.v6.read()
+                self._v6_problem = None
+            except DatapathError as e:
+                self._v6_problem = f"ip6tables cannot list its mangle table: {e}"
+            self._v6_probed = True
+        return self._v6_problem
+
+    def families(self) -> list[Mangle]:
+        return [self.v4] if self.v6_problem else [self.v4, self.v6]
+
+    def backend(self) -> str:
+        return self.v4.backend()
+
+    def read(self) -> tuple[list[str], list[str] | None]:
+        """IPv4's (POSTROUTING jumps to our chain, our chain's rules or None)."""
+        return self.v4.read()
+
+    def read6(self) -> tuple[list[str], list[str] | None] | None:
+        """IPv6's, None when this host has no ip6tables mangle table."""
+        return None if self.v6_problem else self.v6.read()
+
+    def converge(self, devices: Sequence[str], ports: Sequence[int], active: bool) -> bool:
+        changed = [m.converge(devices, ports, active) for m in self.families()]
+        return any(changed)
+
+    def set_jumps(self, devices: Sequence[str], active: bool) -> bool:
+        changed = [m.set_jumps(devices, active) for m in self.families()]
+        return any(changed)
+
+    def cleanup(self) -> MangleCleanup:
+        parts = [m.cleanup() for m in self.families()]
+        return MangleCleanup(
+            sum(p.jumps for p in parts),
+            any(p.chain for p in parts),
+            any(p.nft_table for p in parts),
+        )
+
+    ports_of = staticmethod(Mangle.ports_of)
+    device_of = staticmethod(Mangle.device_of)

@@ -4,6 +4,8 @@ What it owns
     The membership as the data path knows it (ip -> (mode, HTB minor)),
     the diff from wanted classes to ipset operations, and the `ipset
     restore` inputs that carry large diffs.  datapath/sets.py sends them.
+    IPv4 and IPv6 initiators share the membership; an op names the set of
+    the member's family (names.set_name: santhrottle-all6 for an IPv6 one).
 
     An op is (verb, set, ip, minor): ("add", "santhrottle-all", "10.0.0.3",
     0x20) puts 10.0.0.3 in santhrottle-all with skbprio 5374:20; ("del",
@@ -23,7 +25,8 @@ Worked example
     membership {"10.0.0.2": ("all", 0x4)}; plan_changes(..., {"10.0.0.2": 6,
     "10.0.0.9": 0}, "all") -> [("add", "santhrottle-all", "10.0.0.2", 0x6)]
     (10.0.0.9 is in no set: class 0 needs nothing); render_ipset_changes of
-    it -> "add santhrottle-all 10.0.0.2 skbprio 5374:6\\n".
+    it -> "add santhrottle-all 10.0.0.2 skbprio 5374:6\\n"; {"FD00::9": 3}
+    -> [("add", "santhrottle-all6", "fd00::9", 0x3)].
 """
 
 from __future__ import annotations
@@ -35,14 +38,15 @@ from dataclasses import dataclass
 from santhrottle.appliance.datapath.names import (
     MODES,
     ROOT_MAJOR,
+    SET_FAMILY,
     SET_MODE,
-    SET_NAMES,
     TMP_SUFFIX,
     DatapathError,
     check_ip,
     class_minor,
     is_canonical_ip,
     minor_classid,
+    set_name,
 )
 
 Op = tuple[str, str, str, int]  # (add|del, set name, ip, HTB minor)
@@ -85,7 +89,6 @@ def plan_changes(
     place in `mode`'s set.  class_of: HTB minor -> the delay class it gives now."""
     check_mode(mode)
     ops: list[Op] = []
-    target = SET_NAMES[mode]
     minors = _minors(max_class)
     for ip_raw, k in classes.items():
         cur = members.get(ip_raw)
@@ -97,12 +100,12 @@ def plan_changes(
             raise DatapathError(f"bad class {k!r} for {ip}: must be 0-{max_class}")
         if k == 0:
             if cur is not None:
-                ops.append(("del", SET_NAMES[cur[0]], ip, 0))
+                ops.append(("del", set_name(cur[0], ip), ip, 0))
             continue
         if cur is not None and cur[0] != mode:
-            ops.append(("del", SET_NAMES[cur[0]], ip, 0))
+            ops.append(("del", set_name(cur[0], ip), ip, 0))
         if cur is None or cur[0] != mode or class_of.get(cur[1], 0) != k:
-            ops.append(("add", target, ip, minors[k]))
+            ops.append(("add", set_name(mode, ip), ip, minors[k]))
     return ops
 
 
@@ -129,7 +132,7 @@ def members_after(members: Mapping[str, tuple[str, int]], ops: Sequence[Op]) -> 
 
 def modes_in(members: Mapping[str, tuple[str, int]]) -> set[str]:
     """The set names that have members."""
-    return {SET_NAMES[m] for m in {mode for mode, _ in members.values()}}
+    return {set_name(mode, ip) for ip, (mode, _) in members.items()}
 
 
 def render_ipset_changes(ops: Sequence[Op]) -> str:
@@ -148,16 +151,17 @@ def render_ipset_changes(ops: Sequence[Op]) -> str:
     return "\n".join(out)
 
 
-def render_ipset_swap(mode: str, members: Mapping[str, int], maxelem: int = MAXELEM) -> str:
-    """`ipset restore` input that replaces a mode's set atomically: build a
-    temporary set, swap it in, destroy the old contents.  members: ip -> HTB minor."""
-    name = SET_NAMES[mode]
+def render_ipset_swap(name: str, members: Mapping[str, int], maxelem: int = MAXELEM) -> str:
+    """`ipset restore` input that replaces the set `name` atomically: build a
+    temporary set, swap it in, destroy the old contents.  members: ip -> HTB
+    minor, all of the set's family."""
     tmp = name + TMP_SUFFIX
+    fam = "inet6" if SET_FAMILY[name] == 6 else "inet"
     # sized up front: no rehashing while the members go in
     hashsize = max(1024, 1 << max(0, (len(members) // 4 - 1).bit_length()))
     ids: dict[int, str] = {}
     lines = [
-        f"create {tmp} hash:ip family inet hashsize {hashsize} maxelem {maxelem} counters skbinfo"
+        f"create {tmp} hash:ip family {fam} hashsize {hashsize} maxelem {maxelem} counters skbinfo"
     ]
     add = f"add {tmp} "
     for ip, minor in members.items():
@@ -191,15 +195,16 @@ def parse_ipset_save(text: str) -> dict[str, tuple[str, int, int, int]]:
 def bulk_plan(
     members_after_ops: Mapping[str, tuple[str, int]], ops: Sequence[Op]
 ) -> dict[str, dict[str, int]] | None:
-    """For a large change set: the sets to rebuild and swap in (mode -> ip ->
-    minor), or None when changing them in place rewrites less."""
-    affected = {SET_MODE[op[1]] for op in ops}
-    rebuilt = sum(1 for m, _ in members_after_ops.values() if m in affected)
-    if rebuilt > SWAP_LINES_PER_INPLACE_LINE * len(ops):
-        return None
-    out: dict[str, dict[str, int]] = {m: {} for m in sorted(affected)}
+    """For a large change set: the sets to rebuild and swap in (set name -> ip
+    -> minor), or None when changing them in place rewrites less."""
+    affected = {op[1] for op in ops}
+    out: dict[str, dict[str, int]] = {name: {} for name in sorted(affected)}
+    rebuilt = 0
     for ip, (m, minor) in members_after_ops.items():
-        part = out.get(m)
+        part = out.get(set_name(m, ip))
         if part is not None:
             part[ip] = minor
+            rebuilt += 1
+    if rebuilt > SWAP_LINES_PER_INPLACE_LINE * len(ops):
+        return None
     return out

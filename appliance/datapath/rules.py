@@ -4,7 +4,10 @@ What it owns
     The chain SANTHROTTLE, the jump into it (one per egress device), and
     the iptables-restore texts that converge or remove them.  Installed
     with `iptables-restore --noflush` (datapath/mangle.py), which works
-    with the nf_tables and the legacy backend alike.
+    with the nf_tables and the legacy backend alike.  The same chain and
+    jumps go into ip6tables (family 6) with the IPv6 sets
+    (santhrottle-all6, ...) and the pure-ACK test for an IPv6 header; the
+    jump matches the one list:set gate in both.
 
 Layout::
 
@@ -51,9 +54,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from santhrottle.appliance.datapath.names import CHAIN, MEMBERS_SET, SET_NAMES
+from santhrottle.appliance.datapath.names import CHAIN, FAMILY_SETS, MEMBERS_SET
 
-# Exact pure-ACK test (TCP payload == 0) as xt_bpf bytecode:
+# Exact pure-ACK test (TCP payload == 0) as xt_bpf bytecode, IPv4:
 #   ldb [9]; jne #6 -> 0; ldxb 4*([0]&0xf); ldh [2]; sub x; st M0;
 #   ldb [x+12]; and #0xf0; rsh #2; tax; ld M0; sub x; jeq #0 -> 1 else 0
 # i.e. ip.tot_len - ihl*4 - tcp.doff*4 == 0.  xt_bpf cannot be negated: the
@@ -62,6 +65,16 @@ PURE_ACK_BPF = (
     "15,48 0 0 9,21 0 12 6,177 0 0 0,40 0 0 2,28 0 0 0,2 0 0 0,80 0 0 12,84 0 0 240,"
     "116 0 0 2,7 0 0 0,96 0 0 0,28 0 0 0,21 0 1 0,6 0 0 1,6 0 0 0"
 )
+# The same for an IPv6 packet whose next header is TCP (no extension headers:
+# storage traffic carries none; a packet with one is not a pure ACK to us):
+#   ldb [6]; jne #6 -> 0; ldh [4]; st M0; ldb [52]; and #0xf0; rsh #2; tax;
+#   ld M0; sub x; jeq #0 -> 1 else 0
+# i.e. ip6.payload_len - tcp.doff*4 == 0.
+PURE_ACK_BPF6 = (
+    "13,48 0 0 6,21 0 10 6,40 0 0 4,2 0 0 0,48 0 0 52,84 0 0 240,116 0 0 2,7 0 0 0,"
+    "96 0 0 0,28 0 0 0,21 0 1 0,6 0 0 1,6 0 0 0"
+)
+PURE_ACK_BPFS = {4: PURE_ACK_BPF, 6: PURE_ACK_BPF6}
 # The flags iptables -S prints for "pure ACK": ACK set, FIN/SYN/RST clear.
 PURE_ACK_FLAGS = "--tcp-flags FIN,SYN,RST,ACK ACK"
 
@@ -72,14 +85,16 @@ def member_match(name: str) -> str:
     return f"-m set --match-set {name} dst ! --update-counters"
 
 
-def render_chain_rules(ports: Sequence[int]) -> list[str]:
-    """The chain's rules exactly as `iptables -t mangle -S SANTHROTTLE` prints them."""
-    bpf = f'-m bpf --bytecode "{PURE_ACK_BPF}"'
+def render_chain_rules(ports: Sequence[int], family: int = 4) -> list[str]:
+    """The chain's rules exactly as `iptables -t mangle -S SANTHROTTLE` (family 4)
+    or `ip6tables ...` (family 6) prints them."""
+    bpf = f'-m bpf --bytecode "{PURE_ACK_BPFS[family]}"'
+    names = FAMILY_SETS[family]
 
     def mapset(mode: str) -> str:
-        return f"-j SET --map-set {SET_NAMES[mode]} dst --map-prio"
+        return f"-j SET --map-set {names[mode]} dst --map-prio"
 
-    ack, read = member_match(SET_NAMES["ack"]), member_match(SET_NAMES["read"])
+    ack, read = member_match(names["ack"]), member_match(names["read"])
     sp = ",".join(str(p) for p in ports)
     return [
         f"-A {CHAIN} -p tcp -m multiport ! --sports {sp} -j RETURN",
@@ -126,13 +141,14 @@ def render_rules_restore(
     active: bool,
     jumps: Sequence[str],
     chain_rules: Sequence[str] | None,
+    family: int = 4,
 ) -> str | None:
     """iptables-restore --noflush input converging the mangle table, or None
     when it already is as wanted: the chain with these ports, and the jumps
     (render_jumps).  `jumps`: the POSTROUTING rules (as -S prints them) that
     jump to our chain; `chain_rules`: our chain's rules, None when it does
-    not exist."""
-    want_rules = render_chain_rules(ports)
+    not exist; family 6: ip6tables-restore's."""
+    want_rules = render_chain_rules(ports, family)
     chain_ok = chain_rules is not None and list(chain_rules) == want_rules
     body: list[str] = [] if chain_ok else [f":{CHAIN} - [0:0]"]  # creates it, or flushes it
     body += _jump_lines(devices, active, jumps)

@@ -1,10 +1,11 @@
 """The member sets in the kernel: who is delayed by how much, and the gate in front of them.
 
 What it owns
-    MemberSets: the three mode sets (santhrottle-all, -ack, -read:
-    `hash:ip family inet counters skbinfo`, a member is `IP skbprio
-    5374:K`), the gate (santhrottle-members, a list:set), and the
-    membership as last read back or written (ip -> (mode, HTB minor)),
+    MemberSets: the three mode sets per family (santhrottle-all, -ack,
+    -read: `hash:ip family inet counters skbinfo`, and santhrottle-all6,
+    -ack6, -read6: `family inet6`; a member is `IP skbprio 5374:K`), the
+    gate (santhrottle-members, a list:set, holding sets of both families),
+    and the membership as last read back or written (ip -> (mode, HTB minor)),
     shared by every egress device.  Ops (datapath/members.py) go as single
     netlink messages for small batches, as one `ipset restore` for large
     ones: into the live sets, or into temporary sets swapped in atomically.
@@ -47,12 +48,15 @@ from santhrottle.appliance.datapath.members import (
     render_ipset_swap,
 )
 from santhrottle.appliance.datapath.names import (
+    ALL_SET_NAMES,
+    FAMILY_SETS,
     MEMBERS_SET,
     OWNED_SETS,
     ROOT_MAJOR,
-    SET_NAMES,
+    SET_FAMILY,
     TMP_SUFFIX,
     DatapathError,
+    family,
 )
 
 # ipset netlink: list headers only (`ipset list -t`); create flags.
@@ -117,7 +121,7 @@ class MemberSets(KnownMembers):
         CPU."""
         raw: Readback = {}
         existing = self.headers()
-        for name in SET_NAMES.values():
+        for name in ALL_SET_NAMES:
             if name in existing:
                 out = self.host.run([self.host.tools.ipset, "save", name], what="ipset save")
                 raw.update(parse_ipset_save(out))
@@ -135,7 +139,7 @@ class MemberSets(KnownMembers):
         want_flags = IPSET_FLAG_WITH_COUNTERS | IPSET_FLAG_WITH_SKBINFO
         existing = self.headers()
         created = []
-        for name in SET_NAMES.values():
+        for name in ALL_SET_NAMES:
             if name in existing:
                 if existing[name] & want_flags != want_flags:
                     raise DatapathError(
@@ -147,7 +151,7 @@ class MemberSets(KnownMembers):
                 self.host.ipsets().create(
                     name,
                     stype="hash:ip",
-                    family=socket.AF_INET,
+                    family=socket.AF_INET6 if SET_FAMILY[name] == 6 else socket.AF_INET,
                     exclusive=False,
                     counters=True,
                     skbinfo=True,
@@ -167,7 +171,7 @@ class MemberSets(KnownMembers):
 
     def sync_gate(self, members: Mapping[str, tuple[str, int]]) -> None:
         """The gate lists the mode sets that have members and no other (an
-        older version listed all three)."""
+        older version listed all three of IPv4)."""
         self._gated = None
         want = modes_in(members)
         self._gate("add", want)
@@ -194,13 +198,15 @@ class MemberSets(KnownMembers):
         return after
 
     def replace(self, mode: str, members: Mapping[str, int]) -> None:
-        """Replace a whole set atomically (temporary set + swap); members: ip -> minor."""
-        if members:
-            self._gate("add", [SET_NAMES[mode]])
-        self._apply_swap({mode: members})
+        """Replace a mode's sets atomically (temporary set + swap, per family);
+        members: ip -> minor (canonical addresses of either family)."""
+        sets: dict[str, dict[str, int]] = {names[mode]: {} for names in FAMILY_SETS.values()}
+        for ip, minor in members.items():
+            sets[FAMILY_SETS[family(ip)][mode]][ip] = minor
+        self._gate("add", [name for name, part in sets.items() if part])
+        self._apply_swap(sets)
         self._members = None  # other sets may hold some of these: read back next time
-        if not members:
-            self._gate("del", [SET_NAMES[mode]])
+        self._gate("del", [name for name, part in sets.items() if not part])
 
     def destroy(self) -> list[str]:
         """Destroy every set of ours that exists (the list:set first)."""
@@ -222,7 +228,7 @@ class MemberSets(KnownMembers):
 
     def _gate_now(self) -> set[str]:
         if self._gated is None:
-            self._gated = self._list_set_members(MEMBERS_SET) & set(SET_NAMES.values())
+            self._gated = self._list_set_members(MEMBERS_SET) & set(ALL_SET_NAMES)
         return self._gated
 
     def _gate(self, op: str, names: Iterable[str]) -> None:
@@ -257,11 +263,12 @@ class MemberSets(KnownMembers):
 
         ips = self.host.ipsets()
         for op, name, ip, minor in ops:
+            fam = socket.AF_INET6 if SET_FAMILY[name] == 6 else socket.AF_INET
             try:
                 if op == "add":
-                    ips.add(name, ip, exclusive=False, skbprio=(ROOT_MAJOR, minor))
+                    ips.add(name, ip, family=fam, exclusive=False, skbprio=(ROOT_MAJOR, minor))
                 else:
-                    ips.delete(name, ip, exclusive=False)
+                    ips.delete(name, ip, family=fam, exclusive=False)
             except IPSetError as e:
                 self._members = None  # unknown now: read back next time
                 if "not added" in str(e) and op == "del":
@@ -280,11 +287,11 @@ class MemberSets(KnownMembers):
             raise
 
     def _apply_swap(self, sets: Mapping[str, Mapping[str, int]]) -> None:
-        """Rebuild whole sets: one `ipset restore` that fills a temporary set
-        per mode and swaps it in (atomic per set; members' counters restart).
+        """Rebuild whole sets (set name -> ip -> minor): one `ipset restore` that
+        fills a temporary set per set and swaps it in (atomic per set; members' counters restart).
         A temporary set a crash left behind makes the create fail: it is
         destroyed and the restore tried once more."""
-        text = "".join(render_ipset_swap(m, mem, self.maxelem) for m, mem in sets.items())
+        text = "".join(render_ipset_swap(n, mem, self.maxelem) for n, mem in sets.items())
         for attempt in (1, 2):
             try:
                 self.host.run([self.host.tools.ipset, "restore"], text, what="ipset restore")
@@ -296,12 +303,12 @@ class MemberSets(KnownMembers):
                     raise
 
     def _destroy_tmp(self, sets: Mapping[str, object]) -> bool:
-        """Destroy the temporary sets of these modes; True if one was there."""
+        """Destroy the temporary sets of these sets; True if one was there."""
         found = False
         with contextlib.suppress(Exception):
             heads = self.headers()
-            for mode in sets:
-                if SET_NAMES[mode] + TMP_SUFFIX in heads:
-                    self.host.ipsets().destroy(SET_NAMES[mode] + TMP_SUFFIX)
+            for name in sets:
+                if name + TMP_SUFFIX in heads:
+                    self.host.ipsets().destroy(name + TMP_SUFFIX)
                     found = True
         return found

@@ -19,16 +19,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import ipaddress
 from typing import Any
 
 from santhrottle.appliance.datapath.actuator import Datapath, gate
 from santhrottle.appliance.datapath.host import Host, Tools
 from santhrottle.appliance.datapath.names import (
-    SET_NAMES,
+    ALL_SET_NAMES,
     DatapathError,
     NotApplied,
+    ip_key,
     minor_classid,
+    set_name,
 )
 from santhrottle.appliance.datapath.spec import DatapathSpec
 from santhrottle.appliance.datapath.tc import TcDevice, installed_devices, is_bridge_port
@@ -68,6 +69,16 @@ def glide_status(dp: Datapath, device: str | None = None) -> list[dict[str, Any]
     return sorted(out, key=lambda x: x["leaf"])
 
 
+def _chain6(dp: Datapath) -> dict[str, Any] | None:
+    """The ip6tables side of the gate on a target host (None: a bridge, or no IPv6)."""
+    read6 = getattr(dp.mangle, "read6", None)
+    got = read6() if read6 is not None else None
+    if got is None:
+        return None
+    jumps, rules = got
+    return {"exists": rules is not None, "jumps": jumps, "rules": rules or []}
+
+
 def status(dp: Datapath) -> dict[str, Any]:
     """Everything `santhrottle datapath show` prints, as plain data."""
     jumps, chain_rules = dp.mangle.read()
@@ -90,17 +101,18 @@ def status(dp: Datapath) -> dict[str, Any]:
             "rules": chain_rules or [],
             "ports": list(dp.mangle.ports_of(chain_rules or []) or []),
         },
+        "chain6": _chain6(dp),
         "sets": {},
         "classes": None,
         "members": [],
     }
     heads = dp.sets.headers()
     members = dp.current() if heads else {}
-    for name in SET_NAMES.values():
+    for name in ALL_SET_NAMES:
         out["sets"][name] = (
             None
             if name not in heads
-            else sum(1 for m in members.values() if SET_NAMES[m.mode] == name)
+            else sum(1 for m in members.values() if set_name(m.mode, m.ip) == name)
         )
     if dev:
         with contextlib.suppress(DatapathError):
@@ -114,7 +126,7 @@ def status(dp: Datapath) -> dict[str, Any]:
                 }
                 out["classes"]["glides"] = glide_status(dp, dev)
     delays = (out["classes"] or {}).get("delays_us")
-    for ip in sorted(members, key=ipaddress.IPv4Address):
+    for ip in sorted(members, key=ip_key):
         m = members[ip]
         out["members"].append(
             {

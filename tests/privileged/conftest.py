@@ -30,6 +30,10 @@ from tests.privileged.bridge_ns import three_namespaces  # noqa: F401 (the bridg
 TARGET_IP = "192.0.2.1"
 MEMBER_IP = "192.0.2.2"
 OTHER_IP = "192.0.2.3"
+# netns_pair6's IPv6 side (a ULA prefix that exists only inside the namespaces)
+TARGET_IP6 = "fd00:5374::1"
+MEMBER_IP6 = "fd00:5374::2"
+OTHER_IP6 = "fd00:5374::3"
 TARGET_DEV = "st-tgt"
 INITIATOR_DEV = "st-ini"
 TARGET_MAC = "02:00:00:00:00:01"
@@ -61,7 +65,7 @@ def serve(c):
             c.sendall(chunk[:n])
             down -= n
 def listen(addr, port):
-    s = socket.socket()
+    s = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind((addr, port))
     s.listen(16)
@@ -81,7 +85,7 @@ CLIENT = r"""
 import socket, struct, sys
 src, dst = sys.argv[1], sys.argv[2]
 port, up, down = (int(x) for x in sys.argv[3:6])
-c = socket.socket()
+c = socket.socket(socket.AF_INET6 if ":" in dst else socket.AF_INET)
 c.bind((src, 0))
 c.connect((dst, port))
 c.sendall(struct.pack("!QQ", up, down))
@@ -124,6 +128,7 @@ class NetnsPair:
     target: str
     initiator: str
     procs: list[subprocess.Popen] = field(default_factory=list)
+    target_ips: tuple[str, ...] = (TARGET_IP,)  # a server listens on each
 
     def sh(self, ns: str, *cmd, **kw) -> subprocess.CompletedProcess:
         return _run("ip", "netns", "exec", ns, *cmd, **kw)
@@ -132,22 +137,25 @@ class NetnsPair:
         return self.sh(self.target, *cmd, **kw).stdout
 
     def start_server(self, ports=(3260, 4420, 5201)) -> None:
-        p = subprocess.Popen(
-            ["ip", "netns", "exec", self.target, sys.executable, "-c", SERVER, TARGET_IP]
-            + [str(x) for x in ports],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.procs.append(p)
-        line = p.stdout.readline()
-        if line.strip() != "ready":
-            raise AssertionError(f"test server did not start: {p.stderr.read()}")
+        for addr in self.target_ips:
+            p = subprocess.Popen(
+                ["ip", "netns", "exec", self.target, sys.executable, "-c", SERVER, addr]
+                + [str(x) for x in ports],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            self.procs.append(p)
+            line = p.stdout.readline()
+            if line.strip() != "ready":
+                raise AssertionError(f"test server did not start: {p.stderr.read()}")
 
     def transfer(self, src: str, port: int, up: int, down: int) -> None:
-        """One TCP connection from src (an initiator address) to the target."""
+        """One TCP connection from src (an initiator address) to the target
+        address of src's family."""
+        dst = next(a for a in self.target_ips if (":" in a) == (":" in src))
         self.sh(
-            self.initiator, sys.executable, "-c", CLIENT, src, TARGET_IP, port, up, down,
+            self.initiator, sys.executable, "-c", CLIENT, src, dst, port, up, down,
             timeout=120,
         )  # fmt: skip
 
@@ -158,6 +166,7 @@ class NetnsPair:
             "tc class": self.tsh("tc", "class", "show", "dev", TARGET_DEV),
             "ipset list": self.tsh("ipset", "list"),
             "iptables mangle": self.tsh("iptables", "-t", "mangle", "-S"),
+            "ip6tables mangle": self.tsh("ip6tables", "-t", "mangle", "-S"),
         }
 
     def stop(self) -> None:
@@ -221,6 +230,20 @@ def kernel_ok():
 
 @pytest.fixture
 def netns_pair(kernel_ok):
+    yield from _pair(ipv6=False)
+
+
+@pytest.fixture
+def netns_pair6(kernel_ok):
+    """netns_pair with IPv6 as well: TARGET_IP6, MEMBER_IP6 and OTHER_IP6 beside
+    the IPv4 addresses (no duplicate address detection, no link-local
+    addresses, no router solicitations, static neighbours).  The kernel may
+    still send an MLD report when an address goes up: ICMPv6, which no
+    delay class ever takes."""
+    yield from _pair(ipv6=True)
+
+
+def _pair(ipv6: bool):
     n = next(_counter)
     tgt, ini = f"stp-{os.getpid()}-{n}-t", f"stp-{os.getpid()}-{n}-i"
     pair = NetnsPair(tgt, ini)
@@ -231,7 +254,24 @@ def netns_pair(kernel_ok):
         # the test's own TCP (so "nothing else lands in a class" is exact).
         for ns in (tgt, ini):
             for k in ("all", "default"):
-                pair.sh(ns, "sysctl", "-qw", f"net.ipv6.conf.{k}.disable_ipv6=1")
+                if not ipv6:
+                    pair.sh(ns, "sysctl", "-qw", f"net.ipv6.conf.{k}.disable_ipv6=1")
+                    continue
+                for setting in ("accept_ra=0", "router_solicitations=0", "addr_gen_mode=1"):
+                    pair.sh(ns, "sysctl", "-qw", f"net.ipv6.conf.{k}.{setting}")
+        v6_tgt, v6_ini = [], []
+        if ipv6:
+            pair.target_ips = (TARGET_IP, TARGET_IP6)
+            v6_tgt = [
+                f"addr add {TARGET_IP6}/64 dev {TARGET_DEV} nodad",
+                f"neigh replace {MEMBER_IP6} lladdr {INITIATOR_MAC} dev {TARGET_DEV} nud permanent",
+                f"neigh replace {OTHER_IP6} lladdr {INITIATOR_MAC} dev {TARGET_DEV} nud permanent",
+            ]
+            v6_ini = [
+                f"addr add {MEMBER_IP6}/64 dev {INITIATOR_DEV} nodad",
+                f"addr add {OTHER_IP6}/64 dev {INITIATOR_DEV} nodad",
+                f"neigh replace {TARGET_IP6} lladdr {TARGET_MAC} dev {INITIATOR_DEV} nud permanent",
+            ]
         batch = "\n".join(
             [
                 f"link add {TARGET_DEV} address {TARGET_MAC} type veth peer name {INITIATOR_DEV}"
@@ -245,6 +285,7 @@ def netns_pair(kernel_ok):
                 # the ipset member then count the very same packets (GSO would
                 # make HTB count segments and ipset super-packets).
                 f"link set {TARGET_DEV} gso_max_segs 1",
+                *v6_tgt,
             ]
         )
         _run("ip", "-n", tgt, "-batch", "-", input=batch + "\n")
@@ -255,6 +296,7 @@ def netns_pair(kernel_ok):
                 "link set lo up",
                 f"link set {INITIATOR_DEV} up",
                 f"neigh replace {TARGET_IP} lladdr {TARGET_MAC} dev {INITIATOR_DEV} nud permanent",
+                *v6_ini,
             ]
         )
         _run("ip", "-n", ini, "-batch", "-", input=batch + "\n")

@@ -24,7 +24,12 @@ import pytest
 
 from santhrottle.appliance import datapath as dp
 from santhrottle.appliance.config import default
-from santhrottle.appliance.datapath.names import GLIDE_PRIO, MEMBERS_SET, SET_NAMES
+from santhrottle.appliance.datapath.names import (
+    ALL_SET_NAMES,
+    GLIDE_PRIO,
+    MEMBERS_SET,
+    SET_NAMES,
+)
 from santhrottle.appliance.datapath.tc import installed_devices
 from santhrottle.appliance.datapath.tctree import htb_params
 
@@ -301,7 +306,7 @@ def test_apply_is_idempotent_and_adopts_a_previous_run(netns_pair):
         rep = d.apply()
         assert rep.tc_fresh and rep.tc_lines == 1 + 2 * (20 + GLIDE_LEAVES)
         assert rep.rules_changed and _jumps(pair) == []
-        assert sorted(rep.sets_created) == sorted([*SET_NAMES.values(), MEMBERS_SET])
+        assert sorted(rep.sets_created) == sorted([*ALL_SET_NAMES, MEMBERS_SET])
         d.set_classes({MEMBER_IP: 4})
     snap = pair.snapshot()
     with _dp(pair) as d:  # a new process would see the same
@@ -353,7 +358,8 @@ def test_two_devices_share_the_sets_and_the_chain(netns_pair):
         assert _leaf(d, "5374:6000")["members"] == [MEMBER_IP]
         assert dp.glide_status(d, "st-x0")[0]["members"] == [MEMBER_IP]
         rep = d.cleanup()
-        assert rep.qdiscs == ["st-tgt", "st-x0"] and rep.rules == 2
+        # a jump per device in iptables and in ip6tables
+        assert rep.qdiscs == ["st-tgt", "st-x0"] and rep.rules == 2 * 2
     after = pair.snapshot()
     for what in before:
         assert after[what] == before[what], what
@@ -378,8 +384,8 @@ def test_cleanup_leaves_the_kernel_exactly_as_before(netns_pair):
         pair.transfer(MEMBER_IP, 3260, up=MB, down=MB)
         assert pair.snapshot() != before
         rep = d.cleanup()
-    assert rep.qdiscs == [TARGET_DEV] and rep.chain and rep.rules == 1
-    assert sorted(rep.sets) == sorted([*SET_NAMES.values(), MEMBERS_SET])
+    assert rep.qdiscs == [TARGET_DEV] and rep.chain and rep.rules == 2  # iptables, ip6tables
+    assert sorted(rep.sets) == sorted([*ALL_SET_NAMES, MEMBERS_SET])
     after = pair.snapshot()
     for what in before:
         assert after[what] == before[what], what

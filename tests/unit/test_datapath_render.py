@@ -32,9 +32,25 @@ def test_delay_to_class_exact_delays_of_the_ladder_only():
 
 def test_check_ip():
     assert nm.check_ip("10.0.0.3") == "10.0.0.3"
-    for bad in ("10.0.0.x", "010.0.0.3", "::1", "10.0.0.0/24"):
+    for bad in ("10.0.0.x", "010.0.0.3", "10.0.0.0/24", "fd00::/64", "fd00::g", ""):
         with pytest.raises(nm.DatapathError, match="bad initiator address"):
             nm.check_ip(bad)
+
+
+def test_check_ip_gives_ipv6_as_the_kernel_prints_it():
+    assert nm.check_ip("FD00:0:0::0:2") == "fd00::2"
+    assert nm.check_ip("fe80::1%eth1") == "fe80::1"  # a member is an address, not a link
+    assert nm.check_ip("::ffff:10.0.0.3") == "10.0.0.3"  # a dual-stack socket's IPv4 peer
+    assert nm.check_ip("2001:db8::ffff:1.2.3.4") == "2001:db8::ffff:102:304"
+    for ip in ("10.0.0.3", "fd00::2", "::1", "2001:db8:0:1:1:1:1:1"):
+        assert nm.is_canonical_ip(nm.check_ip(ip))
+    for raw in ("FD00::2", "fd00:0::2", "::ffff:10.0.0.3", "010.0.0.3", "fd00::2%eth1"):
+        assert not nm.is_canonical_ip(raw)
+    assert nm.set_name("ack", "fd00::2") == "santhrottle-ack6"
+    assert nm.set_name("ack", "10.0.0.2") == "santhrottle-ack"
+    assert sorted(["fd00::1", "10.0.0.10", "::2", "10.0.0.9"], key=nm.ip_key) == [
+        "10.0.0.9", "10.0.0.10", "::2", "fd00::1"]  # fmt: skip
+    assert len(max(nm.OWNED_SETS, key=len)) <= 31  # IPSET_MAXNAMELEN - 1
 
 
 # ----------------------------------------------------------------- naming
@@ -298,6 +314,14 @@ def test_rules_render_as_iptables_prints_them():
         "-m set --match-set santhrottle-ack dst ! --update-counters "
         '-m bpf --bytecode "15,48 0 0 9,'
     )
+    # ip6tables: the same chain on the IPv6 sets, the pure-ACK test on an IPv6 header
+    rules6 = rl.render_chain_rules((3260, 4420), family=6)
+    assert rules6[0] == rules[0]
+    assert rules6[1] == "-A SANTHROTTLE -j SET --map-set santhrottle-all6 dst --map-prio"
+    assert (
+        "--match-set santhrottle-ack6 dst" in rules6[2] and '--bytecode "13,48 0 0 6,' in rules6[2]
+    )
+    assert rules6[4] == "-A SANTHROTTLE -j SET --map-set santhrottle-read6 dst --map-prio"
     assert rules[2].endswith("-j SET --map-set santhrottle-ack dst --map-prio")
     assert rules[3].startswith(
         "-A SANTHROTTLE -m set --match-set santhrottle-read dst ! --update-counters -m bpf"
@@ -397,7 +421,7 @@ def test_ipset_texts():
         ]
     )
     assert text == "add santhrottle-all 10.0.0.2 skbprio 5374:20\ndel santhrottle-ack 10.0.0.3\n"
-    swap = mb.render_ipset_swap("read", {"10.0.0.2": 3}, 65536).splitlines()
+    swap = mb.render_ipset_swap("santhrottle-read", {"10.0.0.2": 3}, 65536).splitlines()
     assert swap == [
         "create santhrottle-read-tmp hash:ip family inet hashsize 1024 maxelem 65536 counters "
         "skbinfo",
@@ -405,11 +429,18 @@ def test_ipset_texts():
         "swap santhrottle-read-tmp santhrottle-read",
         "destroy santhrottle-read-tmp",
     ]
+    swap6 = mb.render_ipset_swap("santhrottle-read6", {"fd00::2": 3}, 65536).splitlines()
+    assert swap6[0].startswith("create santhrottle-read6-tmp hash:ip family inet6 hashsize")
+    assert swap6[1:] == [
+        "add santhrottle-read6-tmp fd00::2 skbprio 5374:3",
+        "swap santhrottle-read6-tmp santhrottle-read6",
+        "destroy santhrottle-read6-tmp",
+    ]
 
 
 def test_swap_set_is_sized_for_its_members():
     members = {f"10.0.{i >> 8}.{i & 255}": 1 for i in range(10_000)}
-    first = mb.render_ipset_swap("all", members, 65536).splitlines()[0]
+    first = mb.render_ipset_swap("santhrottle-all", members, 65536).splitlines()[0]
     assert " hashsize 4096 " in first
 
 
@@ -438,6 +469,30 @@ def test_plan_changes_diffs_against_membership():
         plan({"10.0.0.2": 1}, mode="write")
 
 
+def test_plan_changes_puts_ipv6_initiators_in_their_familys_sets():
+    have = {"10.0.0.2": ("all", 4), "fd00::3": ("ack", 2)}
+
+    def plan(classes, mode="all"):
+        return mb.plan_changes(have, classes, mode, 100, nm.MINOR_CLASS)
+
+    # one batch, both families: each op names its member's family's set
+    assert plan({"10.0.0.2": 6, "FD00::3": 6, "fd00::9": 1}) == [
+        ("add", "santhrottle-all", "10.0.0.2", 6),
+        ("del", "santhrottle-ack6", "fd00::3", 0),
+        ("add", "santhrottle-all6", "fd00::3", 6),
+        ("add", "santhrottle-all6", "fd00::9", 1),
+    ]
+    assert plan({"fd00::3": 0}) == [("del", "santhrottle-ack6", "fd00::3", 0)]
+    assert plan({"fd00::3": 2}, mode="ack") == []
+    after = mb.members_after(have, plan({"fd00::3": 5, "fd00::9": 1}))
+    assert after == {"10.0.0.2": ("all", 4), "fd00::3": ("all", 5), "fd00::9": ("all", 1)}
+    assert mb.modes_in(after) == {"santhrottle-all", "santhrottle-all6"}
+    text = mb.render_ipset_changes([("add", "santhrottle-all6", "fd00::9", 0x12)])
+    assert text == "add santhrottle-all6 fd00::9 skbprio 5374:12\n"
+    save = "add santhrottle-all6 fd00::9 packets 3 bytes 180 skbprio 5374:12\n"
+    assert mb.parse_ipset_save(save) == {"fd00::9": ("all", 0x12, 3, 180)}
+
+
 def test_members_after_and_the_bulk_choice():
     have = {f"10.0.0.{i}": ("all", 1) for i in range(1, 101)}
     ops = [("add", "santhrottle-all", f"10.0.0.{i}", 2) for i in range(1, 61)]
@@ -446,10 +501,17 @@ def test_members_after_and_the_bulk_choice():
     assert after["10.0.0.1"] == ("all", 2) and "10.0.0.100" not in after and len(after) == 99
     # 61 changes rewrite 99 members: swapping a rebuilt set in is cheaper than in place
     swap = mb.bulk_plan(after, ops)
-    assert swap is not None and len(swap["all"]) == 99
+    assert swap is not None and len(swap["santhrottle-all"]) == 99
     # 20 changes among 99: in place
     assert mb.bulk_plan(after, ops[:20]) is None
     assert mb.modes_in(after) == {"santhrottle-all"}
+    # a mixed batch rebuilds each family's set with its own members
+    have6 = {**have, **{f"fd00::{i:x}": ("all", 1) for i in range(1, 41)}}
+    ops6 = ops + [("add", "santhrottle-all6", f"fd00::{i:x}", 2) for i in range(1, 41)]
+    swap6 = mb.bulk_plan(mb.members_after(have6, ops6), ops6)
+    assert swap6 is not None and sorted(swap6) == ["santhrottle-all", "santhrottle-all6"]
+    assert len(swap6["santhrottle-all"]) == 99 and len(swap6["santhrottle-all6"]) == 40
+    assert all(":" in ip for ip in swap6["santhrottle-all6"])
 
 
 # ------------------------------------------------------- ordered descent
