@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from santhrottle.appliance import datapath as dp
+from santhrottle.appliance.datapath.host import Tools
 from santhrottle.appliance.datapath.names import MEMBERS_SET
 from tests.privileged.conftest import MEMBER_IP, MEMBER_IP6, OTHER_IP6
 from tests.privileged.test_datapath_netns import ETH_HLEN, MB, _counters, _delta, _dp, _only
@@ -136,3 +138,21 @@ def test_cleanup_removes_the_ipv6_rules_and_sets(netns_pair6):
         assert "-N SANTHROTTLE" in pair.tsh("ip6tables", "-t", "mangle", "-S")
         d.cleanup()
     assert pair.snapshot() == before
+
+
+def test_without_ip6tables_ipv4_runs_and_an_ipv6_member_is_one_clear_error(netns_pair6):
+    pair = netns_pair6
+    spec = _dp(pair).spec
+    tools = Tools(ip6tables="/nonexistent/ip6tables", ip6tables_restore="/nonexistent/r")
+    with dp.Datapath(spec, netns=pair.target, tools=tools) as d:
+        d.apply()
+        assert d.mangle.v6_problem and "ip6tables cannot list its mangle table" in (
+            d.mangle.v6_problem
+        )
+        with pytest.raises(dp.DatapathError, match=r"IPv6 initiator fd00:5374::2: ip6tables"):
+            d.set_classes({MEMBER_IP: 2, MEMBER_IP6: 2})
+        assert d.current() == {}, "nothing of the batch went in"
+        d.set_classes({MEMBER_IP: 2})
+        assert set(d.current()) == {MEMBER_IP}
+        d.cleanup()
+    assert "SANTHROTTLE" not in pair.tsh("iptables", "-t", "mangle", "-S")
