@@ -147,11 +147,23 @@ def initiator_rows(daemon: Daemon) -> list[dict[str, Any]]:
     for ip in set(st.applied) | set(st.pins) | set(st.adopted):
         seen.setdefault(ip, set())
     rows = []
-    for key, addrs in sorted(daemon.hosts.rows(seen).items(), key=lambda kv: address_order(kv[0])):
-        host = daemon.hosts.host_of(key)
-        res = sorted(set().union(*(seen.get(a, ()) for a in addrs)))
-        applied = [st.applied[a] for a in addrs if a in st.applied]
-        k, mode = max(applied) if applied else (0, daemon.config.write_mode)
+    write_mode, pins, adopted = daemon.config.write_mode, st.pins, st.adopted
+    hosts = daemon.hosts
+    by_key = hosts.rows(seen)
+    for key in sorted(by_key, key=address_order):
+        addrs = by_key[key]
+        host = hosts.host_of(key) if hosts else None
+        if host is None:  # one address: the common case, 10,000s of them
+            res = sorted(seen[key])
+            k, mode = st.applied.get(key, (0, write_mode))
+            wrote = {r: written.get((key, r), 0.0) for r in res}
+            pinned, adopt = key in pins, key in adopted
+        else:
+            res = sorted(set().union(*(seen.get(a, ()) for a in addrs)))
+            applied = [st.applied[a] for a in addrs if a in st.applied]
+            k, mode = max(applied) if applied else (0, write_mode)
+            wrote = {r: sum(written.get((a, r), 0.0) for a in addrs) for r in res}
+            pinned, adopt = any(a in pins for a in addrs), any(a in adopted for a in addrs)
         rows.append(
             {
                 "initiator": key,  # a host's: its first address, the controller's key
@@ -159,14 +171,14 @@ def initiator_rows(daemon: Daemon) -> list[dict[str, Any]]:
                 "addresses": addrs,
                 "resources": res,
                 "write_bytes_per_second": {r: rates.get((r, key)) for r in res},
-                "written_bytes": {r: sum(written.get((a, r), 0.0) for a in addrs) for r in res},
+                "written_bytes": wrote,
                 "write_heavy_on": sorted(member_of.get(key, ())),
                 "class": k,
                 "delay_s": ladder.delay_s(min(k, ladder.max_class)),
                 "mode": mode,
-                "pinned": any(a in st.pins for a in addrs),
+                "pinned": pinned,
                 # left by a previous run: held, then lowered (daemon/restore.py)
-                "adopted": any(a in st.adopted for a in addrs),
+                "adopted": adopt,
             }
         )
     return rows
