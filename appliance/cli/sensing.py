@@ -114,7 +114,10 @@ def _measure_once(args: argparse.Namespace, cfg: Config | None) -> dict[str, Any
                 "reads_per_s": (r.reads / args.interval) if r else 0.0,
                 "read_latency_s": (r.read_latency_s if r and r.reads else None),
                 "write_bytes_per_second": r.write_bps if r and r.write_bps is not None else 0.0,
-                "initiators": sorted(a for a, v in disc.initiators.items() if name in v.resources),
+                "initiators": sorted(
+                    (a for a, v in disc.initiators.items() if name in v.resources),
+                    key=address_order,
+                ),
             }
         )
     host_of = {a: h.name for h in (cfg.hosts if cfg else {}).values() for a in h.addresses}

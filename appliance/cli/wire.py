@@ -63,8 +63,14 @@ def _from_daemon(cfg: Config) -> dict[str, Any]:
             "reads_per_s": r["reads"] / tick_s,
             "read_latency_s": r["read_latency_s"],
             "write_bytes_per_second": r["write_bytes_per_second"] or 0.0,
-            "initiators": sorted(
-                i["initiator"] for i in st["initiators"] if r["resource"] in i["resources"]
+            "initiators": sorted(  # every address, a [hosts.NAME]'s too
+                (
+                    a
+                    for i in st["initiators"]
+                    if r["resource"] in i["resources"]
+                    for a in i.get("addresses") or [i["initiator"]]
+                ),
+                key=address_order,
             ),
         }
         for r in st["resources"]

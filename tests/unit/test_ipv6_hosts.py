@@ -399,3 +399,33 @@ def test_the_row_order_is_ip_keys():
         "fd00::1",
         "db1",
     ]
+
+
+def test_the_cli_pins_an_ipv6_initiator_through_a_running_daemon(tmp_path, capsys):
+    from santhrottle.appliance.cli.main import main
+    from santhrottle.appliance.daemon.control import ControlServer
+
+    d, vt, _s, act = make()
+    run_for(d, vt, 1.0)
+    path = str(tmp_path / "control.sock")
+    srv = ControlServer(path, d.handle, 0o600)
+    srv.start()
+    try:
+        sock = ["--socket", path]
+        assert main(["pin", "FD00:0::9", "--delay", "5ms", *sock]) == 0
+        assert "pinned fd00::9 through santhrottled" in capsys.readouterr().out
+        d.run_once()
+        assert act.kernel["fd00::9"] == (10, "all")
+        assert main(["status", *sock]) == 0
+        out = capsys.readouterr().out
+        assert any(ln.startswith("fd00::9 ") and "(pinned)" in ln for ln in out.splitlines())
+        assert main(["unpin", "fd00::9%eth1", *sock]) == 0
+        d.run_once()
+        assert "fd00::9" not in act.kernel
+        with pytest.raises(SystemExit) as e:  # argparse's usage error: exit 2
+            main(["pin", "fd00::/64", "--delay", "5ms", *sock])
+        assert e.value.code == 2
+        err = capsys.readouterr().err.splitlines()[-1]
+        assert err.endswith("bad initiator address 'fd00::/64': expected an IPv4 or IPv6 address")
+    finally:
+        srv.close()
