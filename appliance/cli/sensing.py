@@ -172,7 +172,7 @@ def _print_initiators(initiators: list[dict[str, Any]]) -> None:
     wide as its longest address; HOST (with [hosts.NAME] only) the host an address is
     one of."""
     rows = sorted(initiators, key=lambda i: address_order(i["initiator"]))
-    wa = column_width((i["initiator"] for i in rows), "INITIATOR", 15)
+    wa = column_width((i["initiator"] for i in rows), "INITIATOR", 18)
     wr = column_width((r for i in rows for r in i["resources"]), "RESOURCE", 16)
     hosts = any(i.get("host") for i in rows)
     wh = column_width((i.get("host") or "-" for i in rows), "HOST")

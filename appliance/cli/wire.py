@@ -193,7 +193,7 @@ def print_initiators(d: dict[str, Any]) -> None:
     print(f"from {_source(d)}")
     rows = sorted(d["initiators"], key=lambda i: address_order(i["initiator"]))
     names = [",".join(i.get("addresses") or [i["initiator"]]) for i in rows]
-    w = column_width(names, "INITIATOR", 15)
+    w = column_width(names, "INITIATOR", 18)
     print(f"{'INITIATOR':<{w}} {'RESOURCE':<16} {'WR_MB/s':>8}  VOLUMES")
     for i, name in zip(rows, names, strict=True):
         for res in i["resources"] or ["-"]:
