@@ -340,6 +340,13 @@ def config_man_page() -> str:
                         "(docs/groups.md)."
                     )
                 )
+            elif table == "hosts.NAME":
+                out.append(
+                    roff(
+                        "One table per initiator host that connects from several addresses "
+                        "(IPv4 and IPv6): one initiator to the controller, status and metrics."
+                    )
+                )
         default = "unset" if k.default is None else toml_value(k.default)
         out.append(".TP")
         out.append(f"\\fB{roff(k.name)}\\fR = \\fI{roff(default)}\\fR")
@@ -482,6 +489,16 @@ def example_config() -> str:
         '#   members = ["10.0.1.0/24", "10.0.2.7"]',
         '#   latency_target = "5ms"',
         "#   priority = 2",
+        "",
+        *comment(
+            "[hosts.NAME]: one table per initiator host that connects from several "
+            "addresses (IPv4 and IPv6), counted and delayed as one initiator. None by "
+            "default. Keys:"
+        ),
+        *named_keys("hosts.NAME"),
+        "# e.g.",
+        "#   [hosts.db1]",
+        '#   addresses = ["10.0.1.5", "fd00:1::5"]',
     ]
     return "\n".join(out) + "\n"
 

@@ -22,16 +22,17 @@ Worked example
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import math
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from santhrottle.appliance.daemon.control import PROTOCOL_VERSION
+from santhrottle.appliance.daemon.hosts import address_order as address_order
+from santhrottle.appliance.datapath.names import DatapathError, check_ip
 from santhrottle.appliance.units import UnitError
 
 EXIT_OK = 0
@@ -155,14 +156,22 @@ def parsed(name: str, parse: Callable[[str], Any], positive: bool = False) -> Ca
     return wrapped
 
 
-def ipv4(text: str) -> str:
-    """An argparse type: an IPv4 address in its canonical form."""
+def ip_address(text: str) -> str:
+    """An argparse type: an initiator's IPv4 or IPv6 address in the data path's
+    canonical form ("FD00:0::2" -> "fd00::2", a zone dropped, "::ffff:10.0.0.3" ->
+    "10.0.0.3": datapath/names.py check_ip)."""
     try:
-        return str(ipaddress.IPv4Address(text))
-    except ValueError:
+        return check_ip(text)
+    except DatapathError:
         raise argparse.ArgumentTypeError(
-            f"bad initiator address {_short(text)}: expected an IPv4 address"
+            f"bad initiator address {_short(text)}: expected an IPv4 or IPv6 address"
         ) from None
+
+
+def column_width(values: Iterable[str], head: str, least: int = 0) -> int:
+    """The width of a table's column: its longest value or its heading (an IPv6
+    address is up to 39 characters, an IPv4 one 15), at least `least`."""
+    return max([len(head), least, *(len(v) for v in values)])
 
 
 def _g(x: float | None) -> str:

@@ -27,6 +27,8 @@ from santhrottle.appliance.cli.common import (
     CliError,
     Failed,
     NoDaemon,
+    address_order,
+    column_width,
     emit,
     envelope,
     number,
@@ -126,6 +128,7 @@ def print_status(st: dict[str, Any]) -> None:
         print(f"restart needed for: {', '.join(st['restart_needed'])} (the file changed them)")
     if st.get("wire") is not None:
         print(describe_wire(st["wire"]))
+    names = {i["initiator"]: i["host"] for i in st["initiators"] if i.get("host")}
     print(
         f"{'RESOURCE':<16} {'MODE':<8} {'THRESHOLD':>13} {'SETPT':>5} {'LAT_EWMA':>9} {'LAST':>9} "
         f"{'CLASS':>5} {'DELAY':>8}  MEMBERS"
@@ -134,19 +137,13 @@ def print_status(st: dict[str, Any]) -> None:
         thr = fmt_threshold(r["threshold_s"], r.get("threshold_in_force_s"))
         thr += "*" if r.get("threshold_override") else ""
         sp = r.get("threshold_setpoint_fraction")
+        members = ",".join(names.get(m, m) for m in r["members"]) or "-"  # a host by its name
         print(
             f"{r['resource']:<16} {r['mode']:<8} {thr:>13} {'-' if sp is None else f'{sp:.2f}':>5} "
             f"{fmt_ms(r['read_latency_ewma_s']):>9} {fmt_ms(r['read_latency_s']):>9} "
-            f"{r['delay_class']:>5} {fmt_ms(r['delay_s']):>8}  {','.join(r['members']) or '-'}"
+            f"{r['delay_class']:>5} {fmt_ms(r['delay_s']):>8}  {members}"
         )
-    print(f"{'INITIATOR':<18} {'RESOURCES':<20} {'WR_MB/s':>8} {'CLASS':>5} {'DELAY':>8} MODE")
-    for i in st["initiators"]:
-        rate = sum(v for v in i["write_bytes_per_second"].values() if v is not None)
-        pinned = " (pinned)" if i["pinned"] else " (adopted)" if i.get("adopted") else ""
-        print(
-            f"{i['initiator']:<18} {','.join(i['resources']) or '-':<20} {fmt_mb(rate):>8} "
-            f"{i['class']:>5} {fmt_ms(i['delay_s']):>8} {i['mode']}{pinned}"
-        )
+    print_initiators(st["initiators"])
     if any(r.get("threshold_override") for r in st["resources"]):
         print("* a threshold set at run time (threshold reset returns to the file's)")
     for r in st["resources"]:
@@ -155,6 +152,29 @@ def print_status(st: dict[str, Any]) -> None:
             print(f"{r['resource']}: {fit}")
     if st.get("groups"):  # [groups.NAME]: per grouped resource and group (cli/groupview.py)
         print_status_groups(st["groups"])
+
+
+def print_initiators(initiators: list[dict[str, Any]]) -> None:
+    """The daemon's initiators, one row each (a [hosts.NAME] once: its addresses, and
+    its name under HOST, a column shown with [hosts] only), IPv4 then IPv6; the
+    address and resource columns as wide as their content (an IPv6 address is up to
+    39 characters)."""
+    rows = sorted(initiators, key=lambda i: address_order(i["initiator"]))
+    addrs = [",".join(i.get("addresses") or [i["initiator"]]) for i in rows]
+    res = [",".join(i["resources"]) or "-" for i in rows]
+    hosts = [i.get("host") or "-" for i in rows]
+    wa, wr = column_width(addrs, "INITIATOR", 18), column_width(res, "RESOURCES", 20)
+    wh = column_width(hosts, "HOST") if any(i.get("host") for i in rows) else None
+    head = f"{'INITIATOR':<{wa}} " + ("" if wh is None else f"{'HOST':<{wh}} ")
+    print(f"{head}{'RESOURCES':<{wr}} {'WR_MB/s':>8} {'CLASS':>5} {'DELAY':>8} MODE")
+    for i, a, r, h in zip(rows, addrs, res, hosts, strict=True):
+        rate = sum(v for v in i["write_bytes_per_second"].values() if v is not None)
+        pinned = " (pinned)" if i["pinned"] else " (adopted)" if i.get("adopted") else ""
+        lead = f"{a:<{wa}} " + ("" if wh is None else f"{h:<{wh}} ")
+        print(
+            f"{lead}{r:<{wr}} {fmt_mb(rate):>8} {i['class']:>5} "
+            f"{fmt_ms(i['delay_s']):>8} {i['mode']}{pinned}"
+        )
 
 
 def describe_wire(w: dict[str, Any]) -> str:

@@ -27,8 +27,10 @@ from santhrottle.appliance.cli.common import (
     JSON_HELP,
     CliError,
     Failed,
+    address_order,
+    column_width,
     envelope,
-    ipv4,
+    ip_address,
     name_arg,
     number,
     parsed,
@@ -66,7 +68,11 @@ examples:
   santhrottle pin 10.0.0.3 --delay 5ms                  # all its packets, 5 ms
   santhrottle pin 10.0.0.3 --delay 10ms --mode read     # its reads only
   santhrottle pin 10.0.0.3 --delay 2ms --device eth1    # apply on eth1 first if needed
+  santhrottle pin fd00::3 --delay 5ms                   # an IPv6 initiator
   santhrottle unpin 10.0.0.3
+
+The initiator is one IPv4 or IPv6 address (a zone such as %eth1 is dropped,
+::ffff:10.0.0.3 is 10.0.0.3); a host with both pins each address by itself.
 
 The delay must be a multiple of the data path's step (0.5 ms by default) and
 at most its maximum (50 ms by default).  Modes: all (every packet from the
@@ -189,14 +195,7 @@ def _print_status(st: dict[str, Any]) -> None:
     sets = ", ".join(f"{name} {'missing' if n is None else n}" for name, n in st["sets"].items())
     print(f"  sets: {sets}")
     if st["members"]:
-        head = ("initiator", "mode", "class", "delay", "packets", "bytes")
-        print("  {:<15} {:<4} {:>5} {:>7} {:>10} {:>12}".format(*head))
-        for m in st["members"]:
-            delay = fmt_us(m["delay_us"]) if m["delay_us"] is not None else "-"
-            print(
-                f"  {m['ip']:<15} {m['mode']:<4} {m['class']:>5} {delay:>7} "
-                f"{m['packets']:>10} {m['bytes']:>12}"
-            )
+        _print_members(st["members"])
     if c and c.get("counters"):
         busy_classes = {k: v for k, v in c["counters"].items() if v["packets"]}
         if busy_classes:
@@ -208,6 +207,21 @@ def _print_status(st: dict[str, Any]) -> None:
                 if k == "0":
                     delay, name = "none", "direct"
                 print(f"  {name:<10} {delay:>7} {v['packets']:>10} {v['bytes']:>12}")
+
+
+def _print_members(members: list[dict[str, Any]]) -> None:
+    """The member table, IPv4 then IPv6, numerically; the initiator column as wide
+    as its longest address (an IPv6 one is up to 39 characters)."""
+    rows = sorted(members, key=lambda m: address_order(m["ip"]))
+    w = column_width((m["ip"] for m in rows), "initiator")
+    head = ("initiator", "mode", "class", "delay", "packets", "bytes")
+    print(f"  {head[0]:<{w}} {head[1]:<4} {head[2]:>5} {head[3]:>7} {head[4]:>10} {head[5]:>12}")
+    for m in rows:
+        delay = fmt_us(m["delay_us"]) if m["delay_us"] is not None else "-"
+        print(
+            f"  {m['ip']:<{w}} {m['mode']:<4} {m['class']:>5} {delay:>7} "
+            f"{m['packets']:>10} {m['bytes']:>12}"
+        )
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -438,7 +452,9 @@ def add_commands(sub: Any) -> None:
         "Put an initiator into a delay class by hand: through santhrottled when it runs, "
         "on the kernel directly otherwise.",
     )
-    p.add_argument("initiator", metavar="INITIATOR", type=ipv4, help="initiator IPv4 address")
+    p.add_argument(
+        "initiator", metavar="INITIATOR", type=ip_address, help="initiator IPv4 or IPv6 address"
+    )
     p.add_argument(
         "--delay",
         required=True,
@@ -459,7 +475,9 @@ def add_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_pin)
 
     u = verb(sub, "unpin", "stop delaying an initiator", PIN_EPILOG)
-    u.add_argument("initiator", metavar="INITIATOR", type=ipv4, help="initiator IPv4 address")
+    u.add_argument(
+        "initiator", metavar="INITIATOR", type=ip_address, help="initiator IPv4 or IPv6 address"
+    )
     _netns(u)
     _socket(u)
     u.set_defaults(func=cmd_unpin)

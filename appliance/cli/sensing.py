@@ -27,6 +27,8 @@ from santhrottle.appliance.cli.common import (
     JSON_HELP,
     CliError,
     Failed,
+    address_order,
+    column_width,
     emit,
     number,
     path_arg,
@@ -112,14 +114,19 @@ def _measure_once(args: argparse.Namespace, cfg: Config | None) -> dict[str, Any
                 "reads_per_s": (r.reads / args.interval) if r else 0.0,
                 "read_latency_s": (r.read_latency_s if r and r.reads else None),
                 "write_bytes_per_second": r.write_bps if r and r.write_bps is not None else 0.0,
-                "initiators": sorted(a for a, v in disc.initiators.items() if name in v.resources),
+                "initiators": sorted(
+                    (a for a, v in disc.initiators.items() if name in v.resources),
+                    key=address_order,
+                ),
             }
         )
+    host_of = {a: h.name for h in (cfg.hosts if cfg else {}).values() for a in h.addresses}
     initiators = []
-    for addr, v in sorted(disc.initiators.items()):
+    for addr, v in sorted(disc.initiators.items(), key=lambda kv: address_order(kv[0])):
         initiators.append(
             {
                 "initiator": addr,
+                "host": host_of.get(addr),  # the [hosts.NAME] it is one address of
                 "names": sorted(v.names),
                 "resources": sorted(v.resources),
                 "exports": [
@@ -161,14 +168,24 @@ def _print_resources(resources: list[dict[str, Any]], ambiguous: list[str]) -> N
 
 
 def _print_initiators(initiators: list[dict[str, Any]]) -> None:
-    print(f"{'INITIATOR':<18} {'RESOURCE':<16} {'WR_MB/s':>8} {'SOURCE':<7} EXPORTS")
-    for i in initiators:
+    """One line per (initiator, resource), IPv4 then IPv6; the initiator column as
+    wide as its longest address; HOST (with [hosts.NAME] only) the host an address is
+    one of."""
+    rows = sorted(initiators, key=lambda i: address_order(i["initiator"]))
+    wa = column_width((i["initiator"] for i in rows), "INITIATOR", 18)
+    wr = column_width((r for i in rows for r in i["resources"]), "RESOURCE", 16)
+    hosts = any(i.get("host") for i in rows)
+    wh = column_width((i.get("host") or "-" for i in rows), "HOST")
+    host_head = f"{'HOST':<{wh}} " if hosts else ""
+    print(f"{'INITIATOR':<{wa}} {host_head}{'RESOURCE':<{wr}} {'WR_MB/s':>8} {'SOURCE':<7} EXPORTS")
+    for i in rows:
         exports = ",".join(f"{e['target']}/{e['lun']}" for e in i["exports"]) or "-"
+        host = f"{i.get('host') or '-':<{wh}} " if hosts else ""
         for res in i["resources"] or ["-"]:
             rate = i["write_bytes_per_second"].get(res)
             print(
-                f"{i['initiator']:<18} {res:<16} {fmt_mb(rate):>8} "
-                f"{i['write_sources'].get(res, '-'):<7} {exports}"
+                f"{i['initiator']:<{wa}} {host}{res:<{wr}} "
+                f"{fmt_mb(rate):>8} {i['write_sources'].get(res, '-'):<7} {exports}"
             )
     if not initiators:
         print("no initiators connected on the storage ports")

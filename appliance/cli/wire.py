@@ -30,7 +30,7 @@ import os
 import time
 from typing import Any
 
-from santhrottle.appliance.cli.common import Failed
+from santhrottle.appliance.cli.common import Failed, address_order, column_width
 from santhrottle.appliance.config import Config
 from santhrottle.appliance.daemon.client import request
 from santhrottle.appliance.daemon.requests import DaemonAbsent, DaemonUnavailable, RemoteError
@@ -63,8 +63,14 @@ def _from_daemon(cfg: Config) -> dict[str, Any]:
             "reads_per_s": r["reads"] / tick_s,
             "read_latency_s": r["read_latency_s"],
             "write_bytes_per_second": r["write_bytes_per_second"] or 0.0,
-            "initiators": sorted(
-                i["initiator"] for i in st["initiators"] if r["resource"] in i["resources"]
+            "initiators": sorted(  # every address, a [hosts.NAME]'s too
+                (
+                    a
+                    for i in st["initiators"]
+                    if r["resource"] in i["resources"]
+                    for a in i.get("addresses") or [i["initiator"]]
+                ),
+                key=address_order,
             ),
         }
         for r in st["resources"]
@@ -72,8 +78,13 @@ def _from_daemon(cfg: Config) -> dict[str, Any]:
     initiators = [
         {
             "initiator": i["initiator"],
+            "addresses": i.get("addresses") or [i["initiator"]],
             "resources": i["resources"],
-            "volumes": sorted(v["volume"] for v in volumes if i["initiator"] in v["initiators"]),
+            "volumes": sorted(  # a [hosts.NAME]'s row: the volumes of any of its addresses
+                v["volume"]
+                for v in volumes
+                if set(i.get("addresses") or [i["initiator"]]) & set(v["initiators"])
+            ),
             "write_bytes_per_second": i["write_bytes_per_second"],
         }
         for i in st["initiators"]
@@ -142,7 +153,7 @@ def _measured(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
             "volumes": sorted(x["volume"] for x in volumes if ip in x["initiators"]),
             "write_bytes_per_second": {res: rates.get((res, ip)) for res in sorted(v.resources)},
         }
-        for ip, v in sorted(disc.initiators.items())
+        for ip, v in sorted(disc.initiators.items(), key=lambda kv: address_order(kv[0]))
     ]
     return {
         "source": "measured",
@@ -180,11 +191,14 @@ def print_resources(d: dict[str, Any]) -> None:
 
 def print_initiators(d: dict[str, Any]) -> None:
     print(f"from {_source(d)}")
-    print(f"{'INITIATOR':<40} {'RESOURCE':<16} {'WR_MB/s':>8}  VOLUMES")
-    for i in d["initiators"]:
+    rows = sorted(d["initiators"], key=lambda i: address_order(i["initiator"]))
+    names = [",".join(i.get("addresses") or [i["initiator"]]) for i in rows]
+    w = column_width(names, "INITIATOR", 18)
+    print(f"{'INITIATOR':<{w}} {'RESOURCE':<16} {'WR_MB/s':>8}  VOLUMES")
+    for i, name in zip(rows, names, strict=True):
         for res in i["resources"] or ["-"]:
             rate = i["write_bytes_per_second"].get(res)
-            print(f"{i['initiator']:<40} {res:<16} {fmt_mb(rate):>8}  {','.join(i['volumes'])}")
+            print(f"{name:<{w}} {res:<16} {fmt_mb(rate):>8}  {','.join(i['volumes'])}")
     if not d["initiators"]:
         print("no initiators: no iSCSI or NVMe/TCP command crossed the bridge")
 

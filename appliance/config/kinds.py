@@ -343,6 +343,41 @@ def group_members() -> Kind:
     return Kind("list of addresses, networks, host names or initiator names", parse)
 
 
+# ------------------------------------------------------------------ hosts
+def host_address(v: Any) -> str:
+    """One address of a [hosts.NAME]: IPv4 or IPv6, without a zone or a prefix,
+    as ipaddress writes it ("FD00:1::5" -> "fd00:1::5"); an IPv4-mapped IPv6
+    address is refused (it is its IPv4 address: write that)."""
+    if not isinstance(v, str):
+        raise _fail(v, 'is not an address: write it as a string, e.g. "10.0.1.5"')
+    if "%" in v:
+        raise _fail(v, "has a zone: a host's address is written without one")
+    if "/" in v:
+        raise _fail(v, "is a network: a host's addresses are single addresses")
+    try:
+        addr = ipaddress.ip_address(v)
+    except ValueError:
+        raise _fail(v, "is not an IPv4 or IPv6 address") from None
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        raise _fail(v, f"is IPv4-mapped: write the IPv4 address {addr.ipv4_mapped}")
+    return str(addr)
+
+
+def host_addresses() -> Kind:
+    def parse(v: Any) -> tuple[str, ...]:
+        if not isinstance(v, list) or not v:
+            raise _fail(v, 'must be a non-empty list of addresses, e.g. ["10.0.1.5", "fd00::5"]')
+        out: list[str] = []
+        for x in v:
+            a = host_address(x)
+            if a in out:
+                raise KindError(f"{a} is given twice")
+            out.append(a)
+        return tuple(out)
+
+    return Kind("list of IPv4 and IPv6 addresses", parse)
+
+
 IOPS_SUFFIX = "iops"
 # No array does a billion IOs per second; a target that large is a typo.
 MAX_IOPS = 1e9

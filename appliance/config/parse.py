@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from santhrottle.appliance.config.hosts import HostConfig, hosts
 from santhrottle.appliance.config.kinds import AUTO, NAME_RE, KindError
 from santhrottle.appliance.config.schema import DEFAULT_PATH, KEYS, TABLES
 from santhrottle.controller.domain import ControllerConfig, LogGains, PidGains
@@ -100,6 +101,8 @@ class Config:
     initiator_port: str | None = None
     array_port: str | None = None
     bridge_sensor: str = "auto"
+    # [hosts.NAME]: addresses that are one initiator (config/hosts.py)
+    hosts: dict[str, HostConfig] = field(default_factory=dict)
 
     @property
     def bridge_mode(self) -> bool:
@@ -311,6 +314,7 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
         initiator_port=b["initiator_port"],
         array_port=b["array_port"],
         bridge_sensor=b["sensor"],
+        hosts=hosts(r, data),
     )
 
 

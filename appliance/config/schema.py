@@ -38,6 +38,7 @@ from santhrottle.appliance.config.kinds import (
     delay_us,
     duration_s,
     group_members,
+    host_addresses,
     integer,
     ip_address,
     name,
@@ -254,6 +255,11 @@ KEYS: tuple[Key, ...] = (
         'the throughput the group should get, "200MB/s" or "5000iops"; unset: none'),
     Key("groups.NAME", "resources", names("resource", '"vg0"'), [],
         "the resources the group is arbitrated on; empty: every resource its members load"),
+    # [hosts.NAME]
+    Key("hosts.NAME", "addresses", host_addresses(), None,
+        "the addresses one initiator host connects from (IPv4 and IPv6): judged write-heavy "
+        "on their summed writes, shown and counted as one initiator, delayed alike "
+        "(required)"),
     # [metrics]
     Key("metrics", "address", ip_address(), "127.0.0.1",
         "address of the Prometheus exporter", restart=True),
@@ -270,6 +276,7 @@ TABLES = (
     "resources",
     "static_map",
     "groups",
+    "hosts",
     "metrics",
 )
 

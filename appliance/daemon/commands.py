@@ -27,7 +27,9 @@ Worked example
     -> {"initiator": "10.0.0.3", "class": 10, "delay_s": 0.005, "mode": "all"};
     the next tick puts 10.0.0.3 into class 10.
     handle(d, "pin", {"initiator": "bogus", "class": 5, "mode": "all"})
-    -> CommandError "pin: initiator: 'bogus' is not an IPv4 address"
+    -> CommandError "pin: initiator: 'bogus' is not an IPv4 or IPv6 address";
+    handle(d, "pin", {"initiator": "FD00::2", "class": 10, "mode": "all"}) pins
+    "fd00::2" (the data path's form, daemon/requests.py).
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ The counters and raw I/O totals the metrics export are accumulated from
 those samples (daemon/counters.py): per tick under the lock, per
 convergence in the worker behind their own lock.
 
+A [hosts.NAME] is one initiator to the controller: its addresses' write
+samples are summed before step() and its class is every address's
+(daemon/hosts.py).
 Pins (`santhrottle pin`) override the controller for their initiator.
 Pause removes every delay but keeps measuring; resume re-applies.
 Commands only change the daemon's state; the kernel is changed by the tick
@@ -47,6 +50,7 @@ from santhrottle.appliance.daemon import commands, grouping, view
 from santhrottle.appliance.daemon.commands import CommandError
 from santhrottle.appliance.daemon.counters import Counters, WrittenBytes
 from santhrottle.appliance.daemon.group_overrides import GroupOverride, prune
+from santhrottle.appliance.daemon.hosts import HostMap
 from santhrottle.appliance.daemon.restore import age_adopted, snapshot
 from santhrottle.appliance.daemon.state import Saved, StateStore
 from santhrottle.controller.domain import (
@@ -149,6 +153,7 @@ class Daemon:
         self._changes = 0  # commands that changed the state (status' cache key)
         self._status: tuple[tuple[int, ...], dict[str, Any]] | None = None
         self.group_map = grouping.build(config)  # GroupMapError: a host does not resolve
+        self.hosts = HostMap.of(config.hosts)  # [hosts.NAME]: one initiator each (hosts.py)
 
     # ----------------------------------------------------------- resources
     def threshold_of(self, name: str) -> float | str | None:
@@ -200,7 +205,7 @@ class Daemon:
         ios = grouping.io_samples(self.sensors, self.config.controller.converge_s)
         with self.lock:
             self.state.discovery = disc
-            self.state.pending_writes.extend(writes)
+            self.state.pending_writes.extend(self.hosts.fold_writes(writes))  # a host once
             self.state.pending_ios.extend(ios)
             self.counters.converges += 1
             self._resources_dirty = True
@@ -239,7 +244,8 @@ class Daemon:
         """ip -> (class, mode) the kernel should have now."""
         if self.state.paused:
             return {}
-        out = {ip: (k, self.config.write_mode) for ip, k in self.ctl.effective.items()}
+        wmode = self.config.write_mode  # a host's addresses alike (daemon/hosts.py)
+        out = {ip: (k, wmode) for ip, k in self.hosts.spread(self.ctl.effective).items()}
         for ip, (k, mode) in self.state.adopted.items():
             if out.get(ip, (0, mode))[0] < k:
                 out[ip] = (k, mode)
@@ -347,6 +353,7 @@ class Daemon:
             raise CommandError(f"reload refused, keeping the running config: {e}") from None
         with self.lock:
             self.group_map = gmap
+            self.hosts = HostMap.of(new.hosts)
             old = self.config
             # restart keys keep their running values; the rest takes effect now
             self.restart_pending = new.restart_changes(old)

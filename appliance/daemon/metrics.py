@@ -26,6 +26,13 @@ Worked example
         santhrottle_initiator_delayed_packets_total{initiator="10.0.0.3",mode="all"} 1834.0
         santhrottle_initiator_delayed_bytes_total{initiator="10.0.0.3",mode="all"} 2650112.0
         santhrottle_scrape_errors_total{source="member_sets"} 0.0
+    Label values are address text as the data path prints it, IPv4 or IPv6
+    ("fd00::3"); nothing here parses them.  A [hosts.NAME] is one initiator:
+    its per-initiator series carry its first address, it counts once in
+    santhrottle_initiators and in a resource's write-heavy initiators, and
+    santhrottle_host_address_info{host="db1",initiator="10.0.1.5",
+    address="fd00:1::5"} 1.0 names each of its addresses (the member set
+    counters stay per address).
 """
 
 from __future__ import annotations
@@ -301,6 +308,25 @@ def initiator_families(initiators: list[dict[str, Any]]) -> Iterator[Metric]:
     )
     adopted.add_metric([], sum(1 for i in initiators if i.get("adopted")))
     yield adopted
+    count = GaugeMetricFamily(
+        "santhrottle_initiators",
+        "Initiators the daemon knows (discovered, delayed, pinned or adopted); a "
+        "[hosts.NAME] counts once",
+    )
+    count.add_metric([], len(initiators))
+    yield count
+    host = GaugeMetricFamily(
+        "santhrottle_host_address_info",
+        "An address of a [hosts.NAME] (always 1); `initiator` is the host's first "
+        "address, the one its per-initiator series are labelled with",
+        labels=["host", "initiator", "address"],
+    )
+    for i in initiators:
+        if i.get("host"):
+            for a in i["addresses"]:
+                host.add_metric([i["host"], i["initiator"], a], 1.0)
+    if host.samples:  # [hosts.NAME] configured and seen
+        yield host
     for i in initiators:
         ip = i["initiator"]
         for res, bps in i["write_bytes_per_second"].items():

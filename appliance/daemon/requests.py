@@ -16,15 +16,17 @@ Two passes
     checks again with a Context (this configuration's max_class, the known
     resources and its groups) under its lock.  So nothing unchecked ever reaches the state.
 
-Initiators are IPv4 addresses (the data path's sets are `hash:ip family
-inet`: an IPv6 member would make the kernel refuse every batch of its mode),
-normalised as str(IPv4Address(x)).
+Initiators are IPv4 or IPv6 addresses in the data path's canonical form
+(datapath/names.py check_ip: "FD00:0::2" is "fd00::2", a zone "%eth1" is
+dropped, "::ffff:10.0.0.3" is 10.0.0.3): the form the kernel's sets print and
+the sensors report, so a pin and the initiator it names are one key.
 
 Worked example
     check("pin", {"initiator": "10.0.0.3", "class": 10, "mode": "all"})
     -> {"initiator": "10.0.0.3", "class": 10, "mode": "all"}
     check("pin", {"initiator": "bogus", "class": 5, "mode": "all"})
-    -> RequestError "pin: initiator: 'bogus' is not an IPv4 address"
+    -> RequestError "pin: initiator: 'bogus' is not an IPv4 or IPv6 address"
+    check("unpin", {"initiator": "FD00:0::2"}) -> {"initiator": "fd00::2"}
     check("threshold_set", {"resource": "vg0", "threshold_s": 0.015},
           Context(max_class=100, resources=frozenset({"vg0"})))
     -> {"resource": "vg0", "threshold_s": 0.015}
@@ -35,7 +37,6 @@ Worked example
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -58,6 +59,7 @@ from santhrottle.appliance.daemon.group_overrides import (
     check_throughput_bps,
     check_throughput_iops,
 )
+from santhrottle.appliance.datapath.names import DatapathError, check_ip
 from santhrottle.controller.groups import DEFAULT_GROUP
 
 log = logging.getLogger("santhrottled.control")
@@ -109,13 +111,19 @@ class Context:
 Spec = Callable[[Any, Context | None], Any]
 
 
-def _initiator(v: Any, _ctx: Context | None) -> str:
+def initiator_address(v: Any) -> str:
+    """An initiator's address in the data path's canonical form, or KindError
+    "'x' is not an IPv4 or IPv6 address" (the state file's pins use it too)."""
     if not isinstance(v, str):
-        raise KindError(f"{quote(v)} is not an IPv4 address")
+        raise KindError(f"{quote(v)} is not an IPv4 or IPv6 address")
     try:
-        return str(ipaddress.IPv4Address(v))
-    except ValueError:
-        raise KindError(f"{quote(v)} is not an IPv4 address") from None
+        return check_ip(v)
+    except DatapathError:
+        raise KindError(f"{quote(v)} is not an IPv4 or IPv6 address") from None
+
+
+def _initiator(v: Any, _ctx: Context | None) -> str:
+    return initiator_address(v)
 
 
 def _class(v: Any, ctx: Context | None) -> int:

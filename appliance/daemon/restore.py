@@ -93,7 +93,7 @@ def age_adopted(daemon: Daemon, now: float) -> None:
         return
     dec = daemon.config.controller.class_decrease_max_per_tick
     for ip, (k, mode) in list(st.adopted.items()):
-        wanted = daemon.ctl.effective.get(ip, 0)
+        wanted = daemon.ctl.effective.get(daemon.hosts.key(ip), 0)  # a host's: its key's
         k2 = k - dec if dec else 0
         if ip in st.pins or wanted >= k2 or k2 <= 0:
             del st.adopted[ip]

@@ -23,7 +23,9 @@ Worked example
                      thresholds={"vg0": 0.01}, resource_classes={"vg0": 12}))
     store.load(max_class=100) -> the same Saved (saved_at set);
     a file with "pins": {"bogus": [5, "all"]} -> StateError
-    "state.json: pins: 'bogus' is not an IPv4 address"; one with
+    "state.json: pins: 'bogus' is not an IPv4 or IPv6 address"; a pin of
+    "FD00:0::2" loads as "fd00::2" (requests.py initiator_address, the data
+    path's canonical form); one with
     "group_overrides": {"db": {"priority": 0}} -> StateError "state.json:
     group_overrides: db: priority: 0 must be above 0".
 """
@@ -31,7 +33,6 @@ Worked example
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import math
 import os
@@ -45,6 +46,7 @@ from santhrottle.appliance.config.kinds import AUTO, MAX_THRESHOLD_S, NAME_RE, K
 from santhrottle.appliance.config.parse import read_text_file
 from santhrottle.appliance.config.schema import PIN_MODES
 from santhrottle.appliance.daemon.group_overrides import GroupOverride, from_json, to_json
+from santhrottle.appliance.daemon.requests import initiator_address
 
 STATE_FILE = "state.json"
 STATE_VERSION = 1
@@ -107,10 +109,10 @@ def decode(text: str, max_class: int, where: str = STATE_FILE) -> Saved:
         raise bad("paused", "must be true or false")
     out.paused = bool(doc.get("paused", False))
     for ip, pin in _table(doc, "pins", bad).items():
-        try:  # the data path's sets hold IPv4 addresses
-            norm = str(ipaddress.IPv4Address(ip))
-        except ValueError:
-            raise bad("pins", f"{ip!r} is not an IPv4 address") from None
+        try:  # IPv4 or IPv6, as the data path's sets print it
+            norm = initiator_address(ip)
+        except KindError as e:
+            raise bad("pins", str(e)) from None
         if not (isinstance(pin, list) and len(pin) == 2 and pin[1] in PIN_MODES):
             raise bad("pins", f"{ip}: expected [class, mode] with a mode of {PIN_MODES}")
         out.pins[norm] = (_class(pin[0], max_class, f"pins: {ip}", bad), pin[1])

@@ -1,9 +1,19 @@
 """The daemon's view for `santhrottle status`, the control socket and the metrics.
 
-Plain data (JSON-ready): per resource its threshold, latency, class and
-members; per initiator its resources, write rates, class and pin; the
-daemon's counters.  Built under the daemon's lock from its state; reads
-nothing from the kernel.
+What it owns
+    Plain data (JSON-ready): per resource its threshold, latency, class and
+    members; per initiator its resources, write rates, class and pin; the
+    daemon's counters.  Built under the daemon's lock from its state; reads
+    nothing from the kernel.  Initiators are IPv4 or IPv6 addresses, IPv4
+    first, each numerically; a [hosts.NAME] is one row (daemon/hosts.py).
+
+Worked example
+    [hosts.db1] addresses = ["10.0.1.5", "fd00:1::5"], both writing to vg0, and
+    fd00::7: status()["initiators"] is
+    [{"initiator": "10.0.1.5", "host": "db1", "addresses": ["10.0.1.5",
+      "fd00:1::5"], "resources": ["vg0"], ...},
+     {"initiator": "fd00::7", "host": null, "addresses": ["fd00::7"], ...}]
+    and vg0's "members" name db1 once, as "10.0.1.5", when it is write-heavy.
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from santhrottle.appliance.daemon.group_overrides import to_json
+from santhrottle.appliance.daemon.hosts import address_order
 
 if TYPE_CHECKING:
     from santhrottle.appliance.daemon.loop import Daemon
@@ -71,7 +82,7 @@ def status(daemon: Daemon) -> dict[str, Any]:
                 "write_bytes_per_second": last.write_bps if last else None,
                 "delay_class": rs.delay_class if rs else 0,
                 "delay_s": ladder.delay_s(rs.delay_class if rs else 0),
-                "members": sorted(daemon.ctl.members(name)),
+                "members": sorted(daemon.ctl.members(name), key=address_order),
                 "devices": list(d.resources.get(name, ())) if d is not None else [],
                 # raw totals since the daemon started (daemon/counters.py)
                 "reads_completed": tot.reads_completed if tot else 0,
@@ -79,32 +90,7 @@ def status(daemon: Daemon) -> dict[str, Any]:
                 "written_bytes": tot.written_bytes if tot else 0.0,
             }
         )
-    rates = daemon.ctl.write_sets.rates()
-    written = daemon.written.snapshot()
-    inis: dict[str, dict[str, Any]] = {}
-    if d is not None:
-        for ip, v in d.initiators.items():
-            inis[ip] = {"resources": sorted(v.resources)}
-    for ip in set(daemon.state.applied) | set(daemon.state.pins) | set(daemon.state.adopted):
-        inis.setdefault(ip, {"resources": []})
-    initiators = []
-    for ip in sorted(inis):
-        k, mode = daemon.state.applied.get(ip, (0, daemon.config.write_mode))
-        initiators.append(
-            {
-                "initiator": ip,
-                "resources": inis[ip]["resources"],
-                "write_bytes_per_second": {r: rates.get((r, ip)) for r in inis[ip]["resources"]},
-                "written_bytes": {r: written.get((ip, r), 0.0) for r in inis[ip]["resources"]},
-                "write_heavy_on": sorted(daemon.ctl.write_sets.member_of.get(ip, ())),
-                "class": k,
-                "delay_s": ladder.delay_s(min(k, ladder.max_class)),
-                "mode": mode,
-                "pinned": ip in daemon.state.pins,
-                # left by a previous run: held, then lowered (daemon/restore.py)
-                "adopted": ip in daemon.state.adopted,
-            }
-        )
+    initiators = initiator_rows(daemon)
     c = daemon.counters
     return {
         "mode": daemon.config.mode,
@@ -142,6 +128,60 @@ def status(daemon: Daemon) -> dict[str, Any]:
         "wire": wire_counters(daemon),
         "groups": groups(daemon),
     }
+
+
+def initiator_rows(daemon: Daemon) -> list[dict[str, Any]]:
+    """One row per initiator the daemon knows (discovered, in the kernel, pinned,
+    adopted), a [hosts.NAME] once with every address it has (daemon/hosts.py):
+    its write rates are its key's (the controller's, its addresses summed), its
+    written bytes its addresses' sum, its class the highest of its addresses'
+    (the same, but for a pin of one address).  IPv4 then IPv6, numerically."""
+    d, st, ladder = daemon.state.discovery, daemon.state, daemon.config.ladder
+    rates = daemon.ctl.write_sets.rates()
+    member_of = daemon.ctl.write_sets.member_of
+    written = daemon.written.snapshot()
+    seen: dict[str, set[str]] = {}  # address -> the resources discovery sees it load
+    if d is not None:
+        for ip, v in d.initiators.items():
+            seen[ip] = set(v.resources)
+    for ip in set(st.applied) | set(st.pins) | set(st.adopted):
+        seen.setdefault(ip, set())
+    rows = []
+    write_mode, pins, adopted = daemon.config.write_mode, st.pins, st.adopted
+    hosts = daemon.hosts
+    by_key = hosts.rows(seen)
+    for key in sorted(by_key, key=address_order):
+        addrs = by_key[key]
+        host = hosts.host_of(key) if hosts else None
+        if host is None:  # one address: the common case, 10,000s of them
+            res = sorted(seen[key])
+            k, mode = st.applied.get(key, (0, write_mode))
+            wrote = {r: written.get((key, r), 0.0) for r in res}
+            pinned, adopt = key in pins, key in adopted
+        else:
+            res = sorted(set().union(*(seen.get(a, ()) for a in addrs)))
+            applied = [st.applied[a] for a in addrs if a in st.applied]
+            k, mode = max(applied) if applied else (0, write_mode)
+            wrote = {r: sum(written.get((a, r), 0.0) for a in addrs) for r in res}
+            pinned, adopt = any(a in pins for a in addrs), any(a in adopted for a in addrs)
+        rows.append(
+            {
+                "initiator": key,  # a host's: its first address, the controller's key
+                "host": None if host is None else host.name,
+                "addresses": addrs,
+                "resources": res,
+                "write_bytes_per_second": {r: rates.get((r, key)) for r in res},
+                "written_bytes": wrote,
+                "write_heavy_on": sorted(member_of.get(key, ())),
+                "class": k,
+                "delay_s": ladder.delay_s(min(k, ladder.max_class)),
+                "mode": mode,
+                "pinned": pinned,
+                # left by a previous run: held, then lowered (daemon/restore.py)
+                "adopted": adopt,
+            }
+        )
+    return rows
 
 
 def groups(daemon: Daemon) -> list[dict[str, Any]]:

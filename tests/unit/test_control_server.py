@@ -90,7 +90,7 @@ def refused(path, obj_or_line, *words) -> str:
 def test_a_bogus_pin_is_refused_and_a_later_pin_still_reaches_the_kernel(live):
     d, vt, act, path, _srv = live
     pin = {"cmd": "pin", "args": {"initiator": "bogus", "class": 5, "mode": "all"}}
-    refused(path, pin, "pin: initiator:", "'bogus' is not an IPv4 address")
+    refused(path, pin, "pin: initiator:", "'bogus' is not an IPv4 or IPv6 address")
     for field, value, words in (
         ("class", True, ("pin: class: true is not a whole number",)),
         ("class", 5.0, ("pin: class:",)),
@@ -100,11 +100,13 @@ def test_a_bogus_pin_is_refused_and_a_later_pin_still_reaches_the_kernel(live):
         ("class", 10**4000, ("pin: class:", "...")),  # quoted, cut short
         ("class", "5", ("pin: class:",)),
         ("mode", "write", ("pin: mode:", "all, ack, read")),
-        ("initiator", "fe80::1", ("not an IPv4 address",)),  # the sets are family inet
-        ("initiator", "10.0.0.256", ("not an IPv4 address",)),
-        ("initiator", "010.0.0.1", ("not an IPv4 address",)),
-        ("initiator", 167772163, ("not an IPv4 address",)),  # an int is not an address
-        ("initiator", " 10.0.0.1", ("not an IPv4 address",)),
+        ("initiator", "fe80::g", ("not an IPv4 or IPv6 address",)),
+        ("initiator", "fd00::1::2", ("not an IPv4 or IPv6 address",)),
+        ("initiator", "fd00::/64", ("not an IPv4 or IPv6 address",)),  # a network
+        ("initiator", "10.0.0.256", ("not an IPv4 or IPv6 address",)),
+        ("initiator", "010.0.0.1", ("not an IPv4 or IPv6 address",)),
+        ("initiator", 167772163, ("not an IPv4 or IPv6 address",)),  # an int is not one
+        ("initiator", " 10.0.0.1", ("not an IPv4 or IPv6 address",)),
     ):
         args = {"initiator": "10.0.0.9", "class": 5, "mode": "all", field: value}
         refused(path, {"cmd": "pin", "args": args}, *words)

@@ -7,7 +7,6 @@ actuator's `kernel`) and state.json.
 
 from __future__ import annotations
 
-import ipaddress
 import itertools
 import json
 import os
@@ -21,6 +20,7 @@ from santhrottle.appliance.config.schema import PIN_MODES
 from santhrottle.appliance.daemon.loop import CommandError
 from santhrottle.appliance.daemon.restore import ADOPT_HOLD_CONVERGES, restore
 from santhrottle.appliance.daemon.state import Saved, StateError, StateStore, decode, encode
+from santhrottle.appliance.datapath.names import is_canonical_ip
 from santhrottle.controller.domain import (
     ControllerConfig,
     ReadSample,
@@ -65,7 +65,8 @@ def test_no_file_is_an_empty_state(tmp_path):
 @pytest.mark.parametrize(
     "doc, words",
     [
-        ({"version": 1, "pins": {"bogus": [5, "all"]}}, "'bogus' is not an IPv4 address"),
+        ({"version": 1, "pins": {"bogus": [5, "all"]}}, "'bogus' is not an IPv4 or IPv6 address"),
+        ({"version": 1, "pins": {"fd00::/64": [5, "all"]}}, "is not an IPv4 or IPv6 address"),
         ({"version": 1, "pins": {"10.0.0.3": [True, "all"]}}, "not a delay class"),
         ({"version": 1, "pins": {"10.0.0.3": [5, "sideways"]}}, "mode"),
         ({"version": 1, "thresholds": {"vg0": -1}}, "not a threshold"),
@@ -385,7 +386,7 @@ def test_fuzz_the_state_file(doc, versioned):
         assert "\n" not in str(e)
         return
     for ip, (k, mode) in s.pins.items():
-        assert str(ipaddress.IPv4Address(ip)) == ip and 0 <= k <= 100 and mode in PIN_MODES
+        assert is_canonical_ip(ip) and 0 <= k <= 100 and mode in PIN_MODES
     assert all(0 < t <= 60 for t in s.thresholds.values())
     assert all(0 <= k <= 100 for k in s.resource_classes.values())
     for o in s.group_overrides.values():

@@ -4,8 +4,8 @@ argument values, against a real Daemon whose actuator refuses what the kernel wo
 
 Each reply is one line of JSON with ok (true/false) and protocol; no exception reaches
 the server's loop (loop_errors, the escapes, is 0); the server still answers a ping
-afterwards; and nothing invalid reached the daemon's state: pins are canonical IPv4
-addresses with whole classes in 0..max_class and known modes, thresholds are finite
+afterwards; and nothing invalid reached the daemon's state: pins are canonical IPv4 or
+IPv6 addresses with whole classes in 0..max_class and known modes, thresholds are finite
 and positive on known resources, and status still encodes as strict JSON after ticks.
 CASES counts the requests sent; -s prints them with the escapes.
 """
@@ -13,7 +13,6 @@ CASES counts the requests sent; -s prints them with the escapes.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import math
 import socket
@@ -25,7 +24,7 @@ from hypothesis import strategies as st
 from santhrottle.appliance.config.schema import PIN_MODES
 from santhrottle.appliance.daemon.control import PROTOCOL_VERSION, ControlServer
 from santhrottle.appliance.daemon.requests import COMMANDS
-from santhrottle.appliance.datapath.names import check_ip
+from santhrottle.appliance.datapath.names import check_ip, is_canonical_ip
 
 from .test_daemon import FakeActuator, make, run_for
 
@@ -38,7 +37,7 @@ FUZZ = settings(
 
 
 class StrictActuator(FakeActuator):
-    """Refuses a batch the way the kernel's sets do: an address that is not IPv4,
+    """Refuses a batch the way the kernel's sets do: an address that is not canonical,
     a class that is not a whole number in range, an unknown mode."""
 
     max_class = 100
@@ -94,7 +93,7 @@ def check_after(d, vt, path, srv, caplog, name: str, at_least: int) -> None:
     print(f"\ncontrol protocol fuzz, {name}: {CASES[name]} requests, {escapes} escapes")
     assert escapes == 0 and CASES[name] >= at_least
     for ip, (k, mode) in d.state.pins.items():
-        assert str(ipaddress.IPv4Address(ip)) == ip
+        assert is_canonical_ip(ip), ip
         assert type(k) is int and 0 <= k <= d.config.max_class and mode in PIN_MODES
     for name, thr in d.state.thresholds.items():
         assert name in d.known_resources()

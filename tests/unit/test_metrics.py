@@ -54,6 +54,7 @@ SERIES = {
     "santhrottle_reload_failures": ("counter", set()),
     "santhrottle_state_save_errors": ("counter", set()),
     "santhrottle_initiators_adopted": ("gauge", set()),
+    "santhrottle_initiators": ("gauge", set()),
     "santhrottle_glided_descents": ("counter", set()),
     "santhrottle_unordered_descents": ("counter", set()),
     "santhrottle_tick_duration_seconds": ("histogram", set()),
