@@ -192,6 +192,11 @@ def _print_status(st: dict[str, Any]) -> None:
         )
     else:
         print(f"  {tool}: no {chain}")
+    ch6 = st.get("chain6")
+    if ch6 is not None:  # the target host's IPv6 side: the same chain in ip6tables
+        jumps6 = "; ".join(j.replace("-A ", "", 1) for j in ch6["jumps"]) or "no jump (idle)"
+        state6 = f"{len(ch6['rules'])} rules" if ch6["exists"] else "missing"
+        print(f"  ip6tables: chain SANTHROTTLE ({state6}), {jumps6}")
     sets = ", ".join(f"{name} {'missing' if n is None else n}" for name, n in st["sets"].items())
     print(f"  sets: {sets}")
     if st["members"]:

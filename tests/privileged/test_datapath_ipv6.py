@@ -8,12 +8,17 @@ one batch can move an IPv4 and an IPv6 member at once.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from santhrottle.appliance import datapath as dp
+from santhrottle.appliance.datapath import rules
 from santhrottle.appliance.datapath.host import Tools
 from santhrottle.appliance.datapath.names import MEMBERS_SET
-from tests.privileged.conftest import MEMBER_IP, MEMBER_IP6, OTHER_IP6
+from tests.privileged.conftest import MEMBER_IP, MEMBER_IP6, OTHER_IP6, TARGET_DEV
 from tests.privileged.test_datapath_netns import ETH_HLEN, MB, _counters, _delta, _dp, _only
 
 pytestmark = pytest.mark.privileged
@@ -156,3 +161,38 @@ def test_without_ip6tables_ipv4_runs_and_an_ipv6_member_is_one_clear_error(netns
         assert set(d.current()) == {MEMBER_IP}
         d.cleanup()
     assert "SANTHROTTLE" not in pair.tsh("iptables", "-t", "mangle", "-S")
+
+
+def test_pin_show_and_unpin_an_ipv6_initiator_from_the_cli(netns_pair6):
+    pair = netns_pair6
+    with _dp(pair) as d:
+        d.apply()
+
+    def cli(*argv):
+        return subprocess.run(
+            [sys.executable, "-m", "santhrottle.appliance.cli", *argv, "--netns", pair.target],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    p = cli("pin", "FD00:5374::2", "--delay", "5ms", "--mode", "read")
+    assert p.returncode == 0, p.stderr
+    assert f"pinned {MEMBER_IP6}: read" in p.stdout
+    assert _jumps6(pair) == [rules.jump_rule(TARGET_DEV)]
+    p = cli("pin", "fd00:5374::zz", "--delay", "5ms")
+    assert p.returncode == 2 and "expected an IPv4 or IPv6 address" in p.stderr
+    assert "Traceback" not in p.stderr
+    p = cli("datapath", "show")
+    assert p.returncode == 0, p.stderr
+    assert "ip6tables: chain SANTHROTTLE (5 rules), POSTROUTING -o st-tgt" in p.stdout
+    assert "santhrottle-read6 1" in p.stdout
+    row = next(ln for ln in p.stdout.splitlines() if MEMBER_IP6 in ln)
+    assert row.split()[:3] == [MEMBER_IP6, "read", "10"]
+    doc = json.loads(cli("datapath", "show", "--json").stdout)["data"]
+    assert [m["ip"] for m in doc["members"]] == [MEMBER_IP6]
+    assert doc["chain6"]["jumps"] and doc["chain6"]["exists"]
+    p = cli("unpin", MEMBER_IP6)
+    assert p.returncode == 0 and f"unpinned {MEMBER_IP6}" in p.stdout, p.stderr
+    assert _jumps6(pair) == []
+    assert cli("cleanup").returncode == 0
