@@ -43,6 +43,7 @@ from santhrottle.appliance.datapath.names import (
     class_minor,
     is_canonical_ip,
     minor_classid,
+    set_name,
 )
 
 Op = tuple[str, str, str, int]  # (add|del, set name, ip, HTB minor)
@@ -85,7 +86,6 @@ def plan_changes(
     place in `mode`'s set.  class_of: HTB minor -> the delay class it gives now."""
     check_mode(mode)
     ops: list[Op] = []
-    target = SET_NAMES[mode]
     minors = _minors(max_class)
     for ip_raw, k in classes.items():
         cur = members.get(ip_raw)
@@ -102,7 +102,7 @@ def plan_changes(
         if cur is not None and cur[0] != mode:
             ops.append(("del", SET_NAMES[cur[0]], ip, 0))
         if cur is None or cur[0] != mode or class_of.get(cur[1], 0) != k:
-            ops.append(("add", target, ip, minors[k]))
+            ops.append(("add", set_name(mode, ip), ip, minors[k]))
     return ops
 
 
