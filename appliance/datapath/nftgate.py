@@ -2,9 +2,9 @@
 
 What it owns
     NftSets and NftRules, the kernel side of datapath/nftrules.py: the
-    member maps of `table bridge santhrottle` (what datapath/sets.py's
-    MemberSets is on a target host) and its chains (what
-    datapath/mangle.py's Mangle is).  Datapath takes them when its spec is
+    member maps of `table bridge santhrottle`, IPv4 and IPv6 (what
+    datapath/sets.py's MemberSets is on a target host), and its chains
+    (what datapath/mangle.py's Mangle is).  Datapath takes them when its spec is
     bridged; each call is one `nft -f -` transaction (atomic: all or
     nothing) inside the namespace.  Nothing outside the table is touched.
 
@@ -15,11 +15,15 @@ Run time
     while somebody is delayed (nftrules.py, the layout).
 
 Worked example
-    NftSets(host).ensure() on a clean namespace creates the table, the three
-    mode maps, santhrottle-counted and the delay chain; send([("add",
-    "santhrottle-all", "10.0.0.3", 0x20)], {}) puts 10.0.0.3 : 5374:20 in
-    the map and returns {"10.0.0.3": ("all", 0x20)}; NftRules(host)
-    .set_jumps(["br-port"], True) adds the hook chain with its jump.
+    NftSets(host).ensure() on a clean namespace creates the table, the
+    mode maps of both families (santhrottle-all ... santhrottle-read6),
+    santhrottle-counted, santhrottle-counted6 and the delay chain (on a
+    table from before IPv6: the IPv6 maps and set only); send([("add",
+    "santhrottle-all", "10.0.0.3", 0x20), ("add", "santhrottle-all6",
+    "fd00::3", 0x20)], {}) puts 10.0.0.3 : 5374:20 and fd00::3 : 5374:20 in
+    their maps and returns {"10.0.0.3": ("all", 0x20), "fd00::3": ("all",
+    0x20)}; NftRules(host).set_jumps(["br-port"], True) adds the hook chain
+    with its jump.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from santhrottle.appliance.datapath.host import Host
 from santhrottle.appliance.datapath.mangle import MangleCleanup
 from santhrottle.appliance.datapath.members import Membership, Op, members_after
-from santhrottle.appliance.datapath.names import SET_NAMES, DatapathError
+from santhrottle.appliance.datapath.names import DatapathError, set_name
 from santhrottle.appliance.datapath.nftrules import (
     FAMILY,
     QUALIFIED,
@@ -78,7 +82,7 @@ class NftSets(_Nft, KnownMembers):
         self._members: Membership | None = None
 
     def headers(self) -> dict[str, int]:
-        """The mode maps that exist (by their set names) -> 0."""
+        """The mode maps that exist, both families (by their set names) -> 0."""
         return dict.fromkeys(sorted(self.state().maps), 0)
 
     def read(self) -> Readback:
@@ -94,7 +98,7 @@ class NftSets(_Nft, KnownMembers):
 
     def gate_now(self) -> set[str]:
         members = self._members or {}
-        return {SET_NAMES[m] for m, _ in members.values()}
+        return {set_name(m, ip) for ip, (m, _) in members.items()}
 
     def send(self, ops: Sequence[Op], before: Mapping[str, tuple[str, int]]) -> Membership:
         after = members_after(before, ops)
@@ -114,11 +118,11 @@ class NftSets(_Nft, KnownMembers):
             self._members = None
 
     def destroy(self) -> list[str]:
-        """Delete the table with its maps and counted set (its chains first: NftRules)."""
+        """Delete the table with its maps and counted sets (its chains first: NftRules)."""
         st = self.state()
         self.apply(render_destroy(st))
         self.invalidate()
-        return sorted(st.maps) + (["santhrottle-counted"] if st.counted else [])
+        return sorted(st.maps) + sorted(st.counted)
 
 
 class NftRules(_Nft):

@@ -11,16 +11,23 @@ What it owns
 
 Layout (as `nft list table bridge santhrottle` prints it)::
 
-    map santhrottle-all  { typeof ip daddr : meta priority }   # one per mode
+    map santhrottle-all  { typeof ip daddr : meta priority }   # per mode, IPv4
     map santhrottle-ack  { ... }
     map santhrottle-read { ... }
-    set santhrottle-counted { typeof ip daddr; counter }       # every member
+    set santhrottle-counted  { typeof ip daddr; counter }      # every IPv4 member
+    map santhrottle-all6 { typeof ip6 daddr : meta priority }  # per mode, IPv6
+    map santhrottle-ack6 { ... }
+    map santhrottle-read6 { ... }
+    set santhrottle-counted6 { typeof ip6 daddr; counter }     # every IPv6 member
     chain delay {
         tcp sport != { 3260, 4420 } return
         meta priority set ip daddr map @santhrottle-all ip daddr @santhrottle-counted
+        meta priority set ip6 daddr map @santhrottle-all6 ip6 daddr @santhrottle-counted6
         @ih,0,8 & 0x0 == 0x0 meta priority set ip daddr map @santhrottle-read ...
+        @ih,0,8 & 0x0 == 0x0 meta priority set ip6 daddr map @santhrottle-read6 ...
         @ih,0,8 & 0x0 == 0x0 return
         tcp flags ack / fin,syn,rst,ack meta priority set ip daddr map @santhrottle-ack ...
+        tcp flags ack / fin,syn,rst,ack meta priority set ip6 daddr map @santhrottle-ack6 ...
     }
     chain postrouting {           # only while somebody is delayed: idle costs nothing
         type filter hook postrouting priority 0; policy accept;
@@ -29,14 +36,22 @@ Layout (as `nft list table bridge santhrottle` prints it)::
 
     A member is a map element `IP : 5374:K`: the map lookup writes HTB's
     classid into skb->priority, as ipset's skbprio does on a target host,
-    and a miss ends the rule.  `@ih,0,8` loads the TCP payload's first
-    byte: the load fails on an empty payload, so the rule matches exactly
-    the packets that carry data (read mode) and the RETURN after it leaves
-    pure ACKs for ack mode.  A map element's counters would restart with
-    every class change (an element's value changes by delete + add), so
-    the counters sit on santhrottle-counted, whose element stays while
-    the initiator is a member in any mode; its lookup comes after the map's
-    and counts only the packets given a class.
+    and a miss ends the rule.  A map holds one family (names.py: an IPv6
+    initiator is in its mode's santhrottle-MODE6), and in a bridge-family
+    chain `ip daddr` matches only IPv4 frames and `ip6 daddr` only IPv6
+    ones (nft puts a `meta protocol` check it does not list in front), so
+    every mode has a rule per family, side by side.  `@ih,0,8` loads the
+    TCP payload's first byte: the load fails on an empty payload, so the
+    rule matches exactly the packets that carry data (read mode) and the
+    RETURN after it leaves pure ACKs for ack mode.  A map element's
+    counters would restart with every class change (an element's value
+    changes by delete + add), so the counters sit on santhrottle-counted
+    (-counted6 for IPv6), whose element stays while the initiator is a
+    member in any mode; its lookup comes after the map's and counts only
+    the packets given a class.  A table from before IPv6 (the IPv4 maps
+    only) gains the IPv6 maps and set from render_ensure and the IPv6
+    rules from render_converge (the chain differs: rebuilt in one
+    transaction, the members stay).
 
 Worked example
     render_ops([("add", "santhrottle-all", "10.0.0.3", 0x20)], {}) ->
@@ -44,6 +59,9 @@ Worked example
     and the same IP into santhrottle-counted; a second add to 0x6000 on
     that membership deletes the element and adds it with 5374:6000 in the
     same transaction, and leaves santhrottle-counted alone.
+    ("add", "santhrottle-all6", "fd00::3", 0x20) does the same in
+    santhrottle-all6 and santhrottle-counted6; ("add", "santhrottle-all",
+    "fd00::3", 0x20) is an error (the set name decides the family).
 """
 
 from __future__ import annotations
@@ -55,12 +73,16 @@ from dataclasses import dataclass, field
 
 from santhrottle.appliance.datapath.members import Membership, Op
 from santhrottle.appliance.datapath.names import (
+    FAMILIES,
+    FAMILY_SETS,
     ROOT_MAJOR,
+    SET_FAMILY,
     SET_MODE,
-    SET_NAMES,
     SET_PREFIX,
     DatapathError,
+    family,
     minor_classid,
+    set_name,
 )
 
 FAMILY = "bridge"
@@ -68,9 +90,14 @@ TABLE = "santhrottle"
 QUALIFIED = f"{FAMILY} {TABLE}"
 CHAIN = "delay"
 HOOK_CHAIN = "postrouting"
-COUNTED = f"{SET_PREFIX}counted"
-MAP_DECL = "typeof ip daddr : meta priority"
-COUNTED_DECL = "typeof ip daddr; counter;"
+# Per address family (4, 6): the destination the rules look up, the counted set, and
+# the declarations of a family's maps and counted set.
+DADDR = {4: "ip daddr", 6: "ip6 daddr"}
+COUNTED_SETS = {4: f"{SET_PREFIX}counted", 6: f"{SET_PREFIX}counted6"}
+COUNTED, COUNTED6 = COUNTED_SETS[4], COUNTED_SETS[6]
+_COUNTED_NAMES = frozenset(COUNTED_SETS.values())
+MAP_DECLS = {fam: f"typeof {DADDR[fam]} : meta priority" for fam in FAMILIES}
+COUNTED_DECLS = {fam: f"typeof {DADDR[fam]}; counter;" for fam in FAMILIES}
 HOOK_DECL = "type filter hook postrouting priority 0; policy accept;"
 PAYLOAD = "@ih,0,8 & 0x0 == 0x0"  # the TCP payload's first byte exists
 PURE_ACK_FLAGS = "tcp flags ack / fin,syn,rst,ack"
@@ -82,15 +109,17 @@ class NftState:
 
     table: bool = False
     maps: set[str] = field(default_factory=set)  # the mode maps that exist (set names)
-    counted: bool = False
+    counted: set[str] = field(default_factory=set)  # the counted sets that exist
     chains: set[str] = field(default_factory=set)
     # ip -> (mode, HTB minor, packets, bytes)
     members: dict[str, tuple[str, int, int, int]] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------ rules
-def _count(mapped: str) -> str:
-    return f"meta priority set ip daddr map @{mapped} ip daddr @{COUNTED}"
+def _count(mode: str, fam: int) -> str:
+    """Mode's lookup for one address family, counted after a hit."""
+    daddr, mapped = DADDR[fam], FAMILY_SETS[fam][mode]
+    return f"meta priority set {daddr} map @{mapped} {daddr} @{COUNTED_SETS[fam]}"
 
 
 def render_chain_rules(ports: Sequence[int]) -> list[str]:
@@ -101,10 +130,10 @@ def render_chain_rules(ports: Sequence[int]) -> list[str]:
     )  # fmt: skip
     return [
         port_rule,
-        _count(SET_NAMES["all"]),
-        f"{PAYLOAD} {_count(SET_NAMES['read'])}",
+        *(_count("all", fam) for fam in FAMILIES),
+        *(f"{PAYLOAD} {_count('read', fam)}" for fam in FAMILIES),
         f"{PAYLOAD} return",
-        f"{PURE_ACK_FLAGS} {_count(SET_NAMES['ack'])}",
+        *(f"{PURE_ACK_FLAGS} {_count('ack', fam)}" for fam in FAMILIES),
     ]
 
 
@@ -113,18 +142,21 @@ def jump_rule(device: str) -> str:
 
 
 def render_ensure(state: NftState) -> tuple[str, list[str]]:
-    """(nft input that adds what is missing of the table, its maps, the counted set
-    and the delay chain; the names it creates).  '' when nothing is missing."""
+    """(nft input that adds what is missing of the table, its maps and counted sets
+    (both families) and the delay chain; the names it creates).  '' when nothing is
+    missing.  A table from before IPv6 gains the IPv6 maps and counted set."""
     lines, created = [], []
     if not state.table:
         lines.append(f"add table {QUALIFIED}")
-    for name in SET_NAMES.values():
-        if name not in state.maps:
-            lines.append(f"add map {QUALIFIED} {name} {{ {MAP_DECL}; }}")
-            created.append(name)
-    if not state.counted:
-        lines.append(f"add set {QUALIFIED} {COUNTED} {{ {COUNTED_DECL} }}")
-        created.append(COUNTED)
+    for fam in FAMILIES:
+        for name in FAMILY_SETS[fam].values():
+            if name not in state.maps:
+                lines.append(f"add map {QUALIFIED} {name} {{ {MAP_DECLS[fam]}; }}")
+                created.append(name)
+        counted = COUNTED_SETS[fam]
+        if counted not in state.counted:
+            lines.append(f"add set {QUALIFIED} {counted} {{ {COUNTED_DECLS[fam]} }}")
+            created.append(counted)
     if CHAIN not in state.chains:
         lines.append(f"add chain {QUALIFIED} {CHAIN}")
     return _text(lines), created
@@ -185,11 +217,12 @@ def _element(ip: str, minor: int) -> str:
 def render_ops(ops: Sequence[Op], before: Mapping[str, tuple[str, int]]) -> str:
     """One transaction for ops against the membership `before`: a changed class is
     delete + add of the element (nft cannot change a map element's value in place);
-    santhrottle-counted gains the new members and loses the ones that left."""
+    the counted sets gain the new members and lose the ones that left.  An op's set
+    name decides its family: an address of the other family is an error."""
     cur = dict(before)
     lines = []
     for op, name, ip, minor in ops:
-        mode = SET_MODE[name]
+        mode = _check_op(op, name, ip)
         have = cur.get(ip)
         if have is not None and have[0] == mode:
             lines.append(f"delete element {QUALIFIED} {name} {{ {ip} }}")
@@ -201,35 +234,64 @@ def render_ops(ops: Sequence[Op], before: Mapping[str, tuple[str, int]]) -> str:
     return _text(lines)
 
 
+def _check_op(op: str, name: str, ip: str) -> str:
+    """The op's mode; one line for an op nft would refuse (or not mean)."""
+    mode = SET_MODE.get(name)
+    if op not in ("add", "del") or mode is None:
+        raise DatapathError(
+            f"bad member op {op!r} on {name!r}: expected add or del on one of "
+            f"{', '.join(sorted(SET_MODE))}"
+        )
+    fam = SET_FAMILY[name]
+    if family(ip) != fam:
+        raise DatapathError(
+            f"{ip} is not an IPv{fam} address: {name} holds IPv{fam} initiators "
+            f"(its IPv{family(ip)} set is {set_name(mode, ip)})"
+        )
+    return mode
+
+
 def render_replace(mode: str, members: Mapping[str, int], before: Membership) -> str:
-    """Mode's map holds exactly `members` (ip -> minor), in one transaction; the
-    other maps lose these IPs (an initiator is in one mode at most)."""
-    name = SET_NAMES[mode]
-    lines = [f"flush map {QUALIFIED} {name}"]
+    """Mode's maps (both families) hold exactly `members` (ip -> minor, either family),
+    in one transaction; the other maps lose these IPs (an initiator is in one mode at
+    most)."""
+    maps = {fam: FAMILY_SETS[fam][mode] for fam in FAMILIES}
+    lines = [f"flush map {QUALIFIED} {maps[fam]}" for fam in FAMILIES]
     for ip, (m, _) in sorted(before.items()):
         if m != mode and ip in members:
-            lines.append(f"delete element {QUALIFIED} {SET_NAMES[m]} {{ {ip} }}")
-    if members:
-        elems = ", ".join(_element(ip, minor) for ip, minor in sorted(members.items()))
-        lines.append(f"add element {QUALIFIED} {name} {{ {elems} }}")
+            lines.append(f"delete element {QUALIFIED} {set_name(m, ip)} {{ {ip} }}")
+    elems: dict[int, list[str]] = {fam: [] for fam in FAMILIES}
+    for ip, minor in sorted(members.items()):
+        elems[family(ip)].append(_element(ip, minor))
+    for fam in FAMILIES:
+        if elems[fam]:
+            lines.append(f"add element {QUALIFIED} {maps[fam]} {{ {', '.join(elems[fam])} }}")
     after = {ip: v for ip, v in before.items() if v[0] != mode and ip not in members}
     after.update({ip: (mode, minor) for ip, minor in members.items()})
     return _text(lines + _counted_lines(before, after))
 
 
 def _counted_lines(before: Mapping[str, object], after: Mapping[str, object]) -> list[str]:
-    gone = sorted(set(before) - set(after))
-    new = sorted(set(after) - set(before))
+    """The counted sets (each family's) lose the IPs that left and gain the new ones."""
+    gone: dict[int, list[str]] = {fam: [] for fam in FAMILIES}
+    new: dict[int, list[str]] = {fam: [] for fam in FAMILIES}
+    for ip in before:
+        if ip not in after:
+            gone[family(ip)].append(ip)
+    for ip in after:
+        if ip not in before:
+            new[family(ip)].append(ip)
     out = []
-    if gone:
-        out.append(f"delete element {QUALIFIED} {COUNTED} {{ {', '.join(gone)} }}")
-    if new:
-        out.append(f"add element {QUALIFIED} {COUNTED} {{ {', '.join(new)} }}")
+    for verb, ips in (("delete", gone), ("add", new)):
+        for fam in FAMILIES:
+            if ips[fam]:
+                joined = ", ".join(sorted(ips[fam]))
+                out.append(f"{verb} element {QUALIFIED} {COUNTED_SETS[fam]} {{ {joined} }}")
     return out
 
 
 def render_destroy(state: NftState) -> str:
-    """Delete the maps, the counted set and then the table (its chains go first:
+    """Delete the maps, the counted sets and then the table (its chains go first:
     render_chains_cleanup)."""
     if not state.table:
         return ""
@@ -266,8 +328,8 @@ def parse_json(text: str) -> NftState:
                 key, val = _elem_key(pair[0]), pair[1]
                 if key and isinstance(val, str) and val.startswith(root):
                     values[key] = (SET_MODE[name], int(val[len(root) :], 16))
-        elif "set" in item and item["set"].get("name") == COUNTED:
-            st.counted = True
+        elif "set" in item and item["set"].get("name") in _COUNTED_NAMES:
+            st.counted.add(item["set"]["name"])
             for e in item["set"].get("elem") or []:
                 key = _elem_key(e)
                 c = (e.get("elem") or {}).get("counter") if isinstance(e, dict) else None
