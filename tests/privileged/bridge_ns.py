@@ -1,15 +1,21 @@
 """Three network namespaces this test owns: an initiator, a bridge host between two veths,
-a target; removed when the test ends, whatever happened."""
+a target; removed when the test ends, whatever happened.  three_namespaces: IPv4 only,
+no bridge yet; dual_stack: IPv4 and IPv6, the bridge made."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 
 import pytest
 
+from santhrottle.appliance.netns import entered
+from santhrottle.bridge import netdev
+
 INI_IP, TGT_IP = "192.0.2.2", "192.0.2.1"
+INI6, TGT6 = "fd00:5374::2", "fd00:5374::1"  # dual_stack's IPv6 (ULA, inside the namespaces)
 
 
 def _run(*cmd: str) -> None:
@@ -41,6 +47,47 @@ def three_namespaces():
         for ns, dev, ip in ((ini, "st-i", INI_IP), (tgt, "st-t", TGT_IP)):
             _run("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
             _run("ip", "-n", ns, "link", "set", dev, "up")
+        yield ini, mid, tgt
+    finally:
+        for ns in made:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+
+
+@pytest.fixture
+def dual_stack() -> Iterator[tuple[str, str, str]]:
+    """initiator -- (st-bi) bridge st-br0 (st-ba) -- target, IPv4 and IPv6 (nodad: usable
+    at once) on both ends; the bridge host has no IPv6 of its own.  Removed whatever
+    happens."""
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.skip("needs root and iproute2")
+    if not shutil.which("nft"):
+        pytest.skip("no nft (nftables): bridge mode's gate")
+    tag = os.getpid()
+    ini, mid, tgt = f"st6-{tag}-i", f"st6-{tag}-m", f"st6-{tag}-t"
+    made = []
+    try:
+        for ns in (ini, mid, tgt):
+            _run("ip", "netns", "add", ns)
+            made.append(ns)
+            _run("ip", "-n", ns, "link", "set", "lo", "up")
+        for k in ("all", "default"):
+            _run("ip", "netns", "exec", mid, "sysctl", "-qw", f"net.ipv6.conf.{k}.disable_ipv6=1")
+            for ns in (ini, tgt):  # no DAD on the link-local addresses either
+                _run("ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv6.conf.{k}.accept_dad=0")
+        _run("ip", "-n", mid, "link", "add", "st-bi", "type", "veth", "peer", "name", "st-i",
+            "netns", ini)  # fmt: skip
+        _run("ip", "-n", mid, "link", "add", "st-ba", "type", "veth", "peer", "name", "st-t",
+            "netns", tgt)  # fmt: skip
+        for ns, dev, ip4, ip6 in ((ini, "st-i", INI_IP, INI6), (tgt, "st-t", TGT_IP, TGT6)):
+            _run("ip", "-n", ns, "addr", "add", f"{ip4}/24", "dev", dev)
+            _run("ip", "-n", ns, "-6", "addr", "add", f"{ip6}/64", "dev", dev, "nodad")
+            _run("ip", "-n", ns, "link", "set", dev, "up")
+        from pyroute2 import IPRoute
+
+        with entered(f"/run/netns/{mid}"):
+            ipr = IPRoute()
+        with ipr:
+            netdev.ensure(ipr, "st-br0", "st-bi", "st-ba")
         yield ini, mid, tgt
     finally:
         for ns in made:

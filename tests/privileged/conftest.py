@@ -25,7 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.privileged.bridge_ns import three_namespaces  # noqa: F401 (the bridge tests' fixture)
+from tests.privileged.bridge_ns import (  # noqa: F401 (the bridge tests' fixtures)
+    dual_stack,
+    three_namespaces,
+)
 
 TARGET_IP = "192.0.2.1"
 MEMBER_IP = "192.0.2.2"

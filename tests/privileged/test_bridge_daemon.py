@@ -56,12 +56,12 @@ def _recv_pdu(s: socket.socket) -> tuple[bytes, bytes]:
 class Target(threading.Thread):
     """Answers a login, then each READ with a Data-In (status) after READ_DELAY_S."""
 
-    def __init__(self, ns: str) -> None:
+    def __init__(self, ns: str, addr: str = TGT_IP) -> None:
         super().__init__(daemon=True)
         with entered(f"/run/netns/{ns}"):
-            self.lsock = socket.socket()
+            self.lsock = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET)
         self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.lsock.bind((TGT_IP, 3260))
+        self.lsock.bind((addr, 3260))
         self.lsock.listen(4)
 
     def run(self) -> None:
@@ -96,13 +96,16 @@ class Target(threading.Thread):
 class Reader(threading.Thread):
     """One initiator session: a login naming IQN, then READs of LUN 0 one at a time
     (write_bps: WRITEs of LUN 1 instead, WRITE_BYTES of immediate data each, at that pace;
-    src: the initiator's address, when its namespace has several)."""
+    src: the initiator's address, when its namespace has several; dst: the target's)."""
 
-    def __init__(self, ns: str, write_bps: float = 0.0, src: str | None = None) -> None:
+    def __init__(
+        self, ns: str, write_bps: float = 0.0, src: str | None = None, dst: str = TGT_IP
+    ) -> None:
         super().__init__(daemon=True)
         self.ns = ns
         self.write_bps = write_bps
         self.src = src
+        self.dst = dst
         self.stop = threading.Event()
         self.done = 0
         self.error: BaseException | None = None
@@ -110,12 +113,12 @@ class Reader(threading.Thread):
     def run(self) -> None:
         try:
             with entered(f"/run/netns/{self.ns}"):
-                s = socket.socket()
+                s = socket.socket(socket.AF_INET6 if ":" in self.dst else socket.AF_INET)
             with s:
                 s.settimeout(10)
                 if self.src:
                     s.bind((self.src, 0))
-                s.connect((TGT_IP, 3260))
+                s.connect((self.dst, 3260))
                 s.sendall(B.login_request(IQN))
                 _recv_pdu(s)
                 itt = 1

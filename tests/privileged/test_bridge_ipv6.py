@@ -17,21 +17,17 @@ The host kernel has no sch_netem: the classes get pfifo leaves (classified, not 
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
-from santhrottle.appliance.netns import entered
-from santhrottle.bridge import netdev
+from tests.privileged.bridge_ns import INI6, INI_IP, TGT6, TGT_IP
 
 pytestmark = pytest.mark.privileged
 
-INI4, TGT4 = "192.0.2.2", "192.0.2.1"
-INI6, TGT6 = "fd00:5374::2", "fd00:5374::1"  # ULA, inside the namespaces only
+INI4, TGT4 = INI_IP, TGT_IP
 MIB = 1 << 20
 
 # The target: one connection on port 3260 of its address, then `down` bytes to the
@@ -68,47 +64,6 @@ print("done")
 
 def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, check=check, timeout=60)
-
-
-@pytest.fixture
-def dual_stack() -> Iterator[tuple[str, str, str]]:
-    """initiator -- (st-bi) bridge st-br0 (st-ba) -- target, IPv4 and IPv6 (nodad: usable
-    at once) on both ends; the bridge host has no IPv6 of its own.  Removed whatever
-    happens."""
-    if os.geteuid() != 0 or not shutil.which("ip"):
-        pytest.skip("needs root and iproute2")
-    if not shutil.which("nft"):
-        pytest.skip("no nft (nftables): bridge mode's gate")
-    tag = os.getpid()
-    ini, mid, tgt = f"st6-{tag}-i", f"st6-{tag}-m", f"st6-{tag}-t"
-    made = []
-    try:
-        for ns in (ini, mid, tgt):
-            _sh("ip", "netns", "add", ns)
-            made.append(ns)
-            _sh("ip", "-n", ns, "link", "set", "lo", "up")
-        for k in ("all", "default"):
-            _sh("ip", "netns", "exec", mid, "sysctl", "-qw", f"net.ipv6.conf.{k}.disable_ipv6=1")
-            for ns in (ini, tgt):  # no DAD on the link-local addresses either
-                _sh("ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv6.conf.{k}.accept_dad=0")
-        _sh("ip", "-n", mid, "link", "add", "st-bi", "type", "veth", "peer", "name", "st-i",
-            "netns", ini)  # fmt: skip
-        _sh("ip", "-n", mid, "link", "add", "st-ba", "type", "veth", "peer", "name", "st-t",
-            "netns", tgt)  # fmt: skip
-        for ns, dev, ip4, ip6 in ((ini, "st-i", INI4, INI6), (tgt, "st-t", TGT4, TGT6)):
-            _sh("ip", "-n", ns, "addr", "add", f"{ip4}/24", "dev", dev)
-            _sh("ip", "-n", ns, "-6", "addr", "add", f"{ip6}/64", "dev", dev, "nodad")
-            _sh("ip", "-n", ns, "link", "set", dev, "up")
-        from pyroute2 import IPRoute
-
-        with entered(f"/run/netns/{mid}"):
-            ipr = IPRoute()
-        with ipr:
-            netdev.ensure(ipr, "st-br0", "st-bi", "st-ba")
-        yield ini, mid, tgt
-    finally:
-        for ns in made:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
 
 
 def _tcp(ini: str, tgt: str, src: str, dst: str, how: str, nbytes: int) -> None:
