@@ -50,11 +50,12 @@ def ns():
         subprocess.run(["ip", "netns", "del", name], check=False)
 
 
-def kernel_state(ns: str) -> tuple[str, str, str]:
+def kernel_state(ns: str) -> tuple[str, str, str, str]:
     return (
         sh("ip", "netns", "exec", ns, "tc", "qdisc", "show", "dev", "st-d0"),
         sh("ip", "netns", "exec", ns, "ipset", "list", "-n"),
         sh("ip", "netns", "exec", ns, "iptables", "-t", "mangle", "-S"),
+        sh("ip", "netns", "exec", ns, "ip6tables", "-t", "mangle", "-S"),
     )
 
 
@@ -73,12 +74,22 @@ def test_start_throttle_sigterm_leaves_nothing(ns, tmp_path):
     try:
         assert "santhrottle-all" in kernel_state(ns)[1]
         request(sock, "pin", initiator="192.0.2.7", **{"class": 5, "mode": "all"})
-        time.sleep(0.3)  # applied by the next tick
-        listing = sh("ip", "netns", "exec", ns, "ipset", "list", "santhrottle-all")
-        assert "192.0.2.7" in listing and "skbprio 5374:5" in listing, listing
+        request(sock, "pin", initiator="FD00::7", **{"class": 6, "mode": "read"})
+
+        def listing(name: str) -> str:
+            return sh("ip", "netns", "exec", ns, "ipset", "list", name)
+
+        deadline = time.monotonic() + 10  # applied by the next tick
+        while "fd00::7" not in listing("santhrottle-read6") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        got = listing("santhrottle-all")
+        assert "192.0.2.7" in got and "skbprio 5374:5" in got, got
+        got = listing("santhrottle-read6")
+        assert "fd00::7" in got and "skbprio 5374:6" in got, got
+        assert "-j SANTHROTTLE" in kernel_state(ns)[3]  # the jump in ip6tables too
         st = request(sock, "status")
-        (ini,) = [i for i in st["initiators"] if i["initiator"] == "192.0.2.7"]
-        assert ini["class"] == 5 and ini["pinned"]
+        pinned = {i["initiator"]: i for i in st["initiators"] if i["pinned"]}
+        assert pinned["192.0.2.7"]["class"] == 5 and pinned["fd00::7"]["class"] == 6
         proc.send_signal(signal.SIGTERM)  # our own child, by PID
         assert proc.wait(timeout=30) == 0, proc.stdout.read()
     finally:
