@@ -24,70 +24,54 @@ def _run(*cmd: str) -> None:
 
 @pytest.fixture
 def three_namespaces():
-    if os.geteuid() != 0 or not shutil.which("ip"):
-        pytest.skip("needs root and iproute2")
-    tag = f"{os.getpid()}"
-    ini, mid, tgt = f"stb-{tag}-i", f"stb-{tag}-m", f"stb-{tag}-t"
-    made = []
-    try:
-        for ns in (ini, mid, tgt):
-            _run("ip", "netns", "add", ns)
-            made.append(ns)
-            _run("ip", "-n", ns, "link", "set", "lo", "up")
-            for k in ("all", "default"):
-                _run(
-                    "ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv6.conf.{k}.disable_ipv6=1"
-                )
-        # initiator -- (st-bi) bridge (st-ba) -- target
-        _run("ip", "-n", mid, "link", "add", "st-bi", "type", "veth", "peer", "name", "st-i",
-             "netns", ini)  # fmt: skip
-        _run("ip", "-n", mid, "link", "add", "st-ba", "type", "veth", "peer", "name", "st-t",
-             "netns", tgt)  # fmt: skip
-        _run("ip", "-n", mid, "link", "add", "st-x", "type", "veth", "peer", "name", "st-y")
-        for ns, dev, ip in ((ini, "st-i", INI_IP), (tgt, "st-t", TGT_IP)):
-            _run("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
-            _run("ip", "-n", ns, "link", "set", dev, "up")
-        yield ini, mid, tgt
-    finally:
-        for ns in made:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+    """initiator -- (st-bi) (st-ba) -- target on IPv4 alone, the ports not yet bridged,
+    and a spare veth pair st-x/st-y in the middle."""
+    yield from _namespaces("stb", ipv6=False)
 
 
 @pytest.fixture
 def dual_stack() -> Iterator[tuple[str, str, str]]:
     """initiator -- (st-bi) bridge st-br0 (st-ba) -- target, IPv4 and IPv6 (nodad: usable
-    at once) on both ends; the bridge host has no IPv6 of its own.  Removed whatever
-    happens."""
-    if os.geteuid() != 0 or not shutil.which("ip"):
-        pytest.skip("needs root and iproute2")
+    at once) on both ends; the bridge host has no IPv6 of its own."""
     if not shutil.which("nft"):
         pytest.skip("no nft (nftables): bridge mode's gate")
+    yield from _namespaces("st6", ipv6=True)
+
+
+def _namespaces(prefix: str, ipv6: bool) -> Iterator[tuple[str, str, str]]:
+    """The three namespaces (initiator, middle, target), removed whatever happens."""
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.skip("needs root and iproute2")
     tag = os.getpid()
-    ini, mid, tgt = f"st6-{tag}-i", f"st6-{tag}-m", f"st6-{tag}-t"
+    ini, mid, tgt = f"{prefix}-{tag}-i", f"{prefix}-{tag}-m", f"{prefix}-{tag}-t"
     made = []
     try:
         for ns in (ini, mid, tgt):
             _run("ip", "netns", "add", ns)
             made.append(ns)
             _run("ip", "-n", ns, "link", "set", "lo", "up")
-        for k in ("all", "default"):
-            _run("ip", "netns", "exec", mid, "sysctl", "-qw", f"net.ipv6.conf.{k}.disable_ipv6=1")
-            for ns in (ini, tgt):  # no DAD on the link-local addresses either
-                _run("ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv6.conf.{k}.accept_dad=0")
+            for k in ("all", "default"):  # IPv6 at the ends only, without DAD
+                off = ns == mid or not ipv6
+                setting = "disable_ipv6=1" if off else "accept_dad=0"
+                _run("ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv6.conf.{k}.{setting}")
         _run("ip", "-n", mid, "link", "add", "st-bi", "type", "veth", "peer", "name", "st-i",
-            "netns", ini)  # fmt: skip
+             "netns", ini)  # fmt: skip
         _run("ip", "-n", mid, "link", "add", "st-ba", "type", "veth", "peer", "name", "st-t",
-            "netns", tgt)  # fmt: skip
+             "netns", tgt)  # fmt: skip
+        if not ipv6:
+            _run("ip", "-n", mid, "link", "add", "st-x", "type", "veth", "peer", "name", "st-y")
         for ns, dev, ip4, ip6 in ((ini, "st-i", INI_IP, INI6), (tgt, "st-t", TGT_IP, TGT6)):
             _run("ip", "-n", ns, "addr", "add", f"{ip4}/24", "dev", dev)
-            _run("ip", "-n", ns, "-6", "addr", "add", f"{ip6}/64", "dev", dev, "nodad")
+            if ipv6:
+                _run("ip", "-n", ns, "-6", "addr", "add", f"{ip6}/64", "dev", dev, "nodad")
             _run("ip", "-n", ns, "link", "set", dev, "up")
-        from pyroute2 import IPRoute
+        if ipv6:
+            from pyroute2 import IPRoute
 
-        with entered(f"/run/netns/{mid}"):
-            ipr = IPRoute()
-        with ipr:
-            netdev.ensure(ipr, "st-br0", "st-bi", "st-ba")
+            with entered(f"/run/netns/{mid}"):
+                ipr = IPRoute()
+            with ipr:
+                netdev.ensure(ipr, "st-br0", "st-bi", "st-ba")
         yield ini, mid, tgt
     finally:
         for ns in made:

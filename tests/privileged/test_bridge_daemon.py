@@ -136,21 +136,28 @@ class Reader(threading.Thread):
             self.error = e
 
 
+def bridge_config(tmp_path: Path, mid: str, sensor: str, volume: str, threshold: str) -> Path:
+    """The daemon's config: bridge st-br0 of st-bi and st-ba in `mid`, pfifo leaves, one
+    resource `arr` of `volume`."""
+    conf = tmp_path / "s.toml"
+    conf.write_text(
+        f'[daemon]\nmode = "bridge"\ncontrol_socket = "{tmp_path / "control.sock"}"\n'
+        f'netns = "{mid}"\nstate_dir = "{tmp_path / "state"}"\n'
+        '[bridge]\nname = "st-br0"\ninitiator_port = "st-bi"\narray_port = "st-ba"\n'
+        f'sensor = "{sensor}"\n'
+        '[datapath]\nleaf = "pfifo"\nlink_speed = "10gbit"\n[metrics]\nport = 0\n'
+        f'[resources.arr]\nthreshold = "{threshold}"\nvolumes = ["{volume}"]\n'
+    )
+    return conf
+
+
 @pytest.fixture(params=["kernel", "capture"])
 def bridged(three_namespaces, tmp_path, request):
     """The daemon's config; once with the wire walked in the kernel, once in Python."""
     ini, mid, tgt = three_namespaces
     if not shutil.which("nft"):
         pytest.skip("no nft (nftables): bridge mode's gate")
-    conf = tmp_path / "s.toml"
-    conf.write_text(
-        f'[daemon]\nmode = "bridge"\ncontrol_socket = "{tmp_path / "control.sock"}"\n'
-        f'netns = "{mid}"\nstate_dir = "{tmp_path / "state"}"\n'
-        '[bridge]\nname = "st-br0"\ninitiator_port = "st-bi"\narray_port = "st-ba"\n'
-        f'sensor = "{request.param}"\n'
-        '[datapath]\nleaf = "pfifo"\nlink_speed = "10gbit"\n[metrics]\nport = 0\n'
-        f'[resources.arr]\nthreshold = "1s"\nvolumes = ["iscsi://{TGT_IP}/*/*"]\n'
-    )
+    conf = bridge_config(tmp_path, mid, request.param, f"iscsi://{TGT_IP}/*/*", "1s")
     target = Target(tgt)
     target.start()
     try:
@@ -255,12 +262,22 @@ def test_a_writer_on_the_wire_becomes_write_heavy_and_is_delayed(bridged):
     target's packets to it go through that class on the initiator-side port."""
     ini, mid, conf = bridged
     conf.write_text(conf.read_text().replace('threshold = "1s"', 'threshold = "10ms"'))
-    sock = str(conf.parent / "control.sock")
     subprocess.run(["ip", "-n", mid, "link", "add", "st-br0", "type", "bridge"], check=True)
     for port in ("st-bi", "st-ba"):
         subprocess.run(["ip", "-n", mid, "link", "set", port, "master", "st-br0", "up"], check=True)
     subprocess.run(["ip", "-n", mid, "link", "set", "st-br0", "up"], check=True)
-    reader, writer = _reading(ini), Reader(ini, write_bps=4e6)
+    a_writer_gets_a_class(conf, ini, mid, INI_IP)
+    assert "santhrottle" not in sh("ip", "netns", "exec", mid, "nft", "list", "ruleset", "bridge")
+
+
+def a_writer_gets_a_class(conf: Path, ini: str, mid: str, ip: str, dst: str = TGT_IP) -> None:
+    """A reader and a 4 MB/s writer from `ip` in `ini`, then the daemon: `ip` joins the
+    resource's write-heavy set and gets a delay class of nftables' map of its family,
+    the reads' latency measured on the way; the daemon stopped, it leaves with 0."""
+    sock = str(conf.parent / "control.sock")
+    src = None if ip == INI_IP else ip
+    reader, writer = Reader(ini, src=src, dst=dst), Reader(ini, write_bps=4e6, src=src, dst=dst)
+    reader.start()
     writer.start()
     time.sleep(2)
     proc = _start(conf, sock)
@@ -270,22 +287,24 @@ def test_a_writer_on_the_wire_becomes_write_heavy_and_is_delayed(bridged):
             (r,) = request(sock, "status")["resources"]
             return r["members"]
 
-        assert _until(members, 30.0) == [INI_IP], request(sock, "status")
+        assert _until(members, 30.0) == [ip], request(sock, "status")
         assert writer.error is None and reader.error is None
 
         def delayed():
             return {i["initiator"]: i["class"] for i in request(sock, "status")["initiators"]}
 
-        got = _until(lambda: delayed().get(INI_IP), 30.0)
+        got = _until(lambda: delayed().get(ip), 30.0)
         assert got, request(sock, "status")
-        assert f"{INI_IP} : 5374:" in sh("ip", "netns", "exec", mid, "nft", "list", "ruleset")
+        (r,) = request(sock, "status")["resources"]
+        assert r["reads"] and r["read_latency_s"] > 0.01  # the target answers after 20 ms
+        assert f"{ip} : 5374:" in sh("ip", "netns", "exec", mid, "nft", "list", "ruleset")
     finally:
         reader.stop.set()
         writer.stop.set()
         _stop(proc)
         reader.join(timeout=15)
         writer.join(timeout=15)
-    assert "santhrottle" not in sh("ip", "netns", "exec", mid, "nft", "list", "ruleset", "bridge")
+    assert proc.returncode == 0
 
 
 def test_resources_without_a_daemon_measure_the_wire(bridged):
