@@ -161,9 +161,7 @@ def sh(cmd, env=None, input=None, check=True, timeout=120) -> str:
         timeout=timeout,
     )
     if check and p.returncode != 0:
-        raise TopologyError(
-            f"{' '.join(cmd)} exited {p.returncode}: {p.stdout.strip()}"
-        )
+        raise TopologyError(f"{' '.join(cmd)} exited {p.returncode}: {p.stdout.strip()}")
     return p.stdout
 
 
@@ -257,18 +255,12 @@ def setup_network(
     iscsi = (
         plan_["iscsi"]
         if plan_
-        else [
-            {"initiator_ip": initiator_ip(k), "portal": portal_ip(k)}
-            for k in range(n_iscsi)
-        ]
+        else [{"initiator_ip": initiator_ip(k), "portal": portal_ip(k)} for k in range(n_iscsi)]
     )
     nvme = (
         plan_["nvme"]
         if plan_
-        else [
-            {"host_traddr": nvme_host_ip(k), "traddr": nvme_port_ip(k)}
-            for k in range(n_nvme)
-        ]
+        else [{"host_traddr": nvme_host_ip(k), "traddr": nvme_port_ip(k)} for k in range(n_nvme)]
     )
     make = [f"netns add {NETNS}"]  # the namespaces and the initiators' veths, first
     if bridge:
@@ -317,9 +309,7 @@ def setup_network(
         ini.append(f"route add {x['portal']}/{bits} dev {a} src {x['initiator_ip']}")
     for x in nvme:
         bits = 128 if ":" in x["traddr"] else 32
-        ini.append(
-            f"route add {x['traddr']}/{bits} dev {VETH_INI} src {x['host_traddr']}"
-        )
+        ini.append(f"route add {x['traddr']}/{bits} dev {VETH_INI} src {x['host_traddr']}")
     sh(["ip", "-batch", "-"], input="\n".join(make) + "\n")
     if bridge:
         sh(["ip", "-n", BRIDGE_NETNS, "-batch", "-"], input="\n".join(mid) + "\n")
@@ -349,9 +339,7 @@ def setup_network(
             sh(["ip", "netns", "exec", BRIDGE_NETNS, "sh", "-c",
                 f"for d in {ports}; do echo {mask} > /sys/class/net/$d/queues/rx-0/rps_cpus; "
                 "done"])  # fmt: skip
-        Path("/proc/sys/net/core/netdev_max_backlog").write_text(
-            str(NETDEV_MAX_BACKLOG)
-        )
+        Path("/proc/sys/net/core/netdev_max_backlog").write_text(str(NETDEV_MAX_BACKLOG))
 
 
 def teardown_network() -> None:
@@ -396,9 +384,7 @@ def teardown_lvm() -> None:
     if sh(["vgs", *LVM_NULLB, VG], env=LVM_ENV, check=False).find(VG) < 0:
         return
     sh(["vgremove", "-qq", "-f", "-y", *LVM_NULLB, VG], env=LVM_ENV, check=False)
-    pvs = sh(
-        ["pvs", *LVM_NULLB, "--noheadings", "-o", "pv_name"], env=LVM_ENV, check=False
-    )
+    pvs = sh(["pvs", *LVM_NULLB, "--noheadings", "-o", "pv_name"], env=LVM_ENV, check=False)
     for pv in pvs.split():
         sh(["pvremove", "-qq", "-y", *LVM_NULLB, pv], env=LVM_ENV, check=False)
 
@@ -406,9 +392,7 @@ def teardown_lvm() -> None:
 def dm_name(lv_path: str) -> str:
     """dm-N of an LV: the name diskstats knows it by."""
     rdev = os.stat(lv_path).st_rdev
-    return os.path.basename(
-        os.path.realpath(f"/sys/dev/block/{os.major(rdev)}:{os.minor(rdev)}")
-    )
+    return os.path.basename(os.path.realpath(f"/sys/dev/block/{os.major(rdev)}:{os.minor(rdev)}"))
 
 
 # ------------------------------------------------------ target side (netns)
@@ -453,9 +437,7 @@ def _target_up(spec: dict) -> dict:
         ):
             tpg.set_attribute(attr, val)
         # rtslib-fb takes an IPv6 portal in brackets (its configfs name "[addr]:3260")
-        NetworkPortal(
-            tpg, f"[{t['portal']}]" if ":" in t["portal"] else t["portal"], ISCSI_PORT
-        )
+        NetworkPortal(tpg, f"[{t['portal']}]" if ":" in t["portal"] else t["portal"], ISCSI_PORT)
         LUN(tpg, 0, so)
         tpg.enable = True
     for k, n in enumerate(spec["nvme"]):
@@ -515,9 +497,7 @@ def start_iscsid() -> None:
     )
     deadline = time.monotonic() + 10
     while True:
-        p = subprocess.run(
-            ["iscsiadm", "-m", "session"], capture_output=True, text=True
-        )
+        p = subprocess.run(["iscsiadm", "-m", "session"], capture_output=True, text=True)
         # 0: sessions listed; 21: "No active sessions" -- either way iscsid answered
         if p.returncode in (0, 21):
             return
@@ -572,10 +552,7 @@ def iscsi_sessions() -> list[dict]:
     out = []
     for s in sorted(glob.glob("/sys/class/iscsi_session/session*")):
         sid = int(os.path.basename(s)[len("session") :])
-        devs = sorted(
-            os.path.basename(b)
-            for b in glob.glob(f"{s}/device/target*/*:*:*:*/block/*")
-        )
+        devs = sorted(os.path.basename(b) for b in glob.glob(f"{s}/device/target*/*:*:*:*/block/*"))
         out.append(
             {
                 "sid": sid,
@@ -599,9 +576,7 @@ def iscsi_login(luns: list[dict]) -> None:
             break
         if time.monotonic() > deadline:
             missing = sorted(set(want) - set(found))
-            raise TopologyError(
-                f"no block device after login for {missing}: {iscsi_sessions()}"
-            )
+            raise TopologyError(f"no block device after login for {missing}: {iscsi_sessions()}")
         time.sleep(0.1)
     for iqn, t in want.items():
         s = found[iqn]
@@ -699,28 +674,20 @@ def plan(
     if not 0 <= luns <= MAX_INITIATORS or not 0 <= nvme <= MAX_INITIATORS:
         raise TopologyError(f"luns and nvme must be within 0..{MAX_INITIATORS}")
     if not 1 <= links <= max(1, luns):
-        raise TopologyError(
-            f"links must be within 1..{max(1, luns)} (one per iSCSI LUN at most)"
-        )
+        raise TopologyError(f"links must be within 1..{max(1, luns)} (one per iSCSI LUN at most)")
     if bridge and links != 1:
         raise TopologyError("a bridge joins one link: --bridge takes --links 1")
     if (ipv6_iscsi or ipv6_nvme) and links != 1:
         raise TopologyError("IPv6 initiators take --links 1")
-    if not set(ipv6_iscsi) <= set(range(luns)) or not set(ipv6_nvme) <= set(
-        range(nvme)
-    ):
-        raise TopologyError(
-            f"IPv6 initiators {ipv6_iscsi} / hosts {ipv6_nvme}: not in the plan"
-        )
+    if not set(ipv6_iscsi) <= set(range(luns)) or not set(ipv6_nvme) <= set(range(nvme)):
+        raise TopologyError(f"IPv6 initiators {ipv6_iscsi} / hosts {ipv6_nvme}: not in the plan")
     out = {
         "netns": NETNS,
         "vg": VG,
         "disk_serial": f"lab-{disk}",
         "lv_size_mib": lv_size_mib,
         "veth": {"initiator": VETH_INI, "target": VETH_TGT},
-        "links": [
-            {"initiator": a, "target": b} for a, b in map(veth_pair, range(links))
-        ],
+        "links": [{"initiator": a, "target": b} for a, b in map(veth_pair, range(links))],
         "iscsi": [],
         "nvme": [],
         "bridge": dict(BRIDGE) if bridge else None,
@@ -743,9 +710,7 @@ def plan(
             }
         )
     for k in range(nvme):
-        hostid = str(
-            uuid.uuid5(uuid.NAMESPACE_DNS, f"nvme-host{k}.lab.santhrottle.org")
-        )
+        hostid = str(uuid.uuid5(uuid.NAMESPACE_DNS, f"nvme-host{k}.lab.santhrottle.org"))
         v6 = k in ipv6_nvme
         out["nvme"].append(
             {
@@ -807,9 +772,7 @@ def up(
         timings[step] = round(now - t0, 2)
         t0 = now
 
-    load_modules(
-        MODULES + (NVME_MODULES if nvme else []) + (BRIDGE_MODULES if bridge else [])
-    )
+    load_modules(MODULES + (NVME_MODULES if nvme else []) + (BRIDGE_MODULES if bridge else []))
     mark("modules")
     if disk == "nullb":
         size = (len(t["iscsi"]) + len(t["nvme"])) * lv_size_mib + 64
@@ -877,9 +840,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     u = sub.add_parser("up", help="bring the topology up")
-    u.add_argument(
-        "--luns", type=int, default=4, help="iSCSI LVs/targets/initiators (0-8)"
-    )
+    u.add_argument("--luns", type=int, default=4, help="iSCSI LVs/targets/initiators (0-8)")
     u.add_argument("--nvme", type=int, default=1, help="NVMe/TCP LVs/subsystems (0-8)")
     u.add_argument("--lv-size-mib", type=int, default=256)
     u.add_argument(
@@ -889,18 +850,10 @@ def main(argv=None) -> int:
         help="the QEMU-throttled disk (slow), the unthrottled one, a null_blk array, or "
         "the known plant (array: lab.py --array nbd; docs/lab.md)",
     )
-    u.add_argument(
-        "--nullb-mbps", type=int, default=20, help="null_blk bandwidth cap, MB/s"
-    )
-    u.add_argument(
-        "--nullb-queue-depth", type=int, default=4, help="null_blk hw queue depth"
-    )
-    u.add_argument(
-        "--no-login", action="store_true", help="create node records, do not log in"
-    )
-    u.add_argument(
-        "--no-rps", action="store_true", help="leave RPS off (shows the retransmits)"
-    )
+    u.add_argument("--nullb-mbps", type=int, default=20, help="null_blk bandwidth cap, MB/s")
+    u.add_argument("--nullb-queue-depth", type=int, default=4, help="null_blk hw queue depth")
+    u.add_argument("--no-login", action="store_true", help="create node records, do not log in")
+    u.add_argument("--no-rps", action="store_true", help="leave RPS off (shows the retransmits)")
     u.add_argument(
         "--bridge",
         action="store_true",
@@ -917,9 +870,7 @@ def main(argv=None) -> int:
         action="store_true",
         help=f"the last iSCSI initiator and NVMe/TCP host 0 over IPv6 ({ULA_PREFIX}/64)",
     )
-    u.add_argument(
-        "--ipv6-iscsi", help="which iSCSI initiators use IPv6 (indices: 0,3)"
-    )
+    u.add_argument("--ipv6-iscsi", help="which iSCSI initiators use IPv6 (indices: 0,3)")
     u.add_argument("--ipv6-nvme", help="which NVMe/TCP hosts use IPv6 (indices: 0)")
     sub.add_parser("down", help="tear it down")
     sub.add_parser("status", help="print the stored description (JSON)")
