@@ -604,6 +604,12 @@ def main() -> int:
         "(nvmet), on the same VG",
     )
     ap.add_argument("--paper", action="store_true", help="the paper's experiment (PAPER)")
+    ap.add_argument(
+        "--ipv6",
+        default="",
+        help="hosts over IPv6 (topology.py --ipv6-iscsi / --ipv6-nvme), by index: 0 is the "
+        "reader, 1.. the writer hosts; e.g. 0,3 (needs santhrottled's IPv6 data path)",
+    )
     ap.add_argument("--disk", choices=("nullb", "array"), default="nullb",
                     help="array: lab.py --array nbd's known plant")  # fmt: skip
     ap.add_argument("--lv-size-mib", type=int, default=256)
@@ -661,9 +667,11 @@ def main() -> int:
     if a.disk == "array":
         topology.load_modules(["virtio_blk"])
     n = a.writers + 1
+    v6 = tuple(int(x) for x in a.ipv6.split(",") if x)
     t = topology.up(
         luns=0 if nvme else n, nvme=n if nvme else 0, disk=a.disk, lv_size_mib=a.lv_size_mib,
         nullb_mbps=a.mbps, nullb_queue_depth=a.queue_depth, bridge=a.bridge,
+        ipv6_iscsi=() if nvme else v6, ipv6_nvme=v6 if nvme else (),
     )  # fmt: skip
     t["hosts"] = hosts(t, a.protocol)
     t["storage_port"] = topology.NVME_PORT if nvme else topology.ISCSI_PORT

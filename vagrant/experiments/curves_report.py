@@ -110,7 +110,7 @@ def plot(res: dict, png: str) -> None:
             ys = [p["s_per_gb"] for p in awl["points"]]
             ax.plot(xs, ys, "x--", label=f"writes, `ack` mode, tcp_rmem 64 KiB: R² {awl['r2']:.3f}")
         proto = {"iscsi": "iSCSI", "nvme": "NVMe/TCP"}[res.get("protocol", "iscsi")]
-        ax.set_title(f"one {proto} initiator, {pat} (Debian {res['kernel']}, QEMU/TCG)")
+        ax.set_title(f"one {proto} initiator, {pat} (Debian {res['kernel']}, QEMU/TCG)", fontsize=9)
         ax.set_xlabel("delay class (ms)")
         ax.set_ylabel("seconds per GB moved")
         ax.grid(alpha=0.3)
