@@ -49,3 +49,30 @@ def test_topology_plan_spreads_initiators_over_links(topology):
     assert [x["target_device"] for x in topology.plan(luns=2, nvme=0)["iscsi"]] == ["lab-tgt"] * 2
     with pytest.raises(topology.TopologyError, match=r"links must be within 1\.\.2"):
         topology.plan(luns=2, nvme=0, links=3)
+
+
+def test_topology_ipv6_plan_gives_one_iscsi_initiator_and_the_nvme_host_ula(topology):
+    t = topology.plan(luns=4, nvme=1, ipv6_iscsi=(3,), ipv6_nvme=(0,))
+    assert [(x["family"], x["initiator_ip"], x["portal"]) for x in t["iscsi"]][2:] == [
+        (4, "10.0.0.4", "10.0.0.13"),
+        (6, "fd00:5374::5", "fd00:5374::14"),
+    ]
+    (n,) = t["nvme"]
+    assert (n["family"], n["host_traddr"], n["traddr"]) == (6, "fd00:5374::31", "fd00:5374::21")
+    assert topology.hostport("fd00:5374::14", 3260) == "[fd00:5374::14]:3260"
+    assert topology.hostport("10.0.0.13", 3260) == "10.0.0.13:3260"
+    with pytest.raises(topology.TopologyError, match="not in the plan"):
+        topology.plan(luns=1, nvme=0, ipv6_nvme=(0,))
+
+
+def test_topology_ipv6_addresses_skip_dad_and_route_by_128(topology, monkeypatch):
+    batches = []
+    monkeypatch.setattr(topology, "sh", lambda cmd, input=None, **_: batches.append(input))
+    t = topology.plan(luns=2, nvme=1, ipv6_iscsi=(1,), ipv6_nvme=(0,))
+    topology.setup_network(2, 1, rps=False, plan_=t)
+    ini, tgt = batches[1].splitlines(), batches[2].splitlines()
+    assert "addr add 10.0.0.2/24 dev lab-ini" in ini
+    assert "addr add fd00:5374::3/64 dev lab-ini nodad" in ini
+    assert "route add fd00:5374::12/128 dev lab-ini src fd00:5374::3" in ini
+    assert "route add fd00:5374::21/128 dev lab-ini src fd00:5374::31" in ini
+    assert "addr add fd00:5374::21/64 dev lab-tgt nodad" in tgt

@@ -41,6 +41,11 @@ writers, the 256 kB/s 4 KiB random reader, writers 20 s on and 5 s off,
 thresholds 10, 15 and 20 ms, the static search, the bridge phases, and the
 daemon with the product's defaults (no setpoint_fraction, no max_delay in its file).
 
+--protocol nvme: the reader and the writer hosts are NVMe/TCP hosts instead (topology.py
+--nvme: one nvmet subsystem per LV, each on its own port address, each host its own
+source address and host NQN), on the same VG; the daemon maps them to it by their
+connections to port 4420 and the subsystem's namespace device (no bridge phases).
+
 Raw series go to DIR/raw.json: every 100 ms the reader's and the VG's
 diskstats counters, the writers' write bytes, the array's in-flight time
 (for the LQ fit); every 500 ms the daemon's status and each iSCSI
@@ -89,7 +94,7 @@ NSTAT_KEYS = (
 SS_FIELDS = re.compile(r"\b(minrtt|rtt|retrans|reord_seen|reordering):(\S+)")
 
 
-def tcp_conns(netns: str, port: int = 3260) -> list[dict[str, str]]:
+def tcp_conns(netns: str, port: int = topology.ISCSI_PORT) -> list[dict[str, str]]:
     text = subprocess.run(
         ["ip", "netns", "exec", netns, "ss", "-tinH", "state", "established",
          f"( sport = :{port} )"],
@@ -172,10 +177,11 @@ def writer_job(a: argparse.Namespace, dev: str, runtime: float) -> subprocess.Po
 
 
 class Sampler(threading.Thread):
-    def __init__(self, devices: list[str], daemon: bool, netns: str) -> None:
+    def __init__(self, devices: list[str], daemon: bool, netns: str, port: int) -> None:
         super().__init__(daemon=True)
         self.devices = devices
         self.netns = netns
+        self.port = port
         self.with_daemon = daemon
         self.rows: list[dict] = []
         self.events: list[tuple[float, str]] = []
@@ -198,7 +204,7 @@ class Sampler(threading.Thread):
             }
             slow = k % STATUS_EVERY == 0
             if slow:  # which connection retransmitted, and when
-                row["retrans"] = conn_retrans(tcp_conns(self.netns))
+                row["retrans"] = conn_retrans(tcp_conns(self.netns, self.port))
             if self.with_daemon and slow:
                 try:
                     st = request(SOCK, "status", timeout_s=2.0)
@@ -257,7 +263,7 @@ def start_daemon(
     thr = f'threshold = "{threshold}"\n' if threshold else ""
     if bridge:
         b = t["bridge"]
-        vols = [f"iscsi://{x['portal']}:{x['port']}/*/*" for x in t["iscsi"]]  # a portal each
+        vols = [f"iscsi://{topology.hostport(x['portal'], x['port'])}/*/*" for x in t["iscsi"]]
         head = (
             f'[daemon]\nmode = "bridge"\ncontrol_socket = "{SOCK}"\nnetns = "{b["netns"]}"\n'
             f'state_dir = "{conf_dir / f"state-{name}"}"\n'
@@ -358,7 +364,7 @@ def phase(
     the writers pinned at static_us by hand, judged against `threshold` (the daemon runs
     with it, as in the controlled phase: both pay its CPU; the pins override its classes).
     bridge: controlled by santhrottled in bridge mode on the topology's bridge."""
-    reader, writers = t["iscsi"][0], t["iscsi"][1:]
+    reader, writers = t["hosts"][0], t["hosts"][1:]
     devices = [reader["dm"], *[w["dm"] for w in writers], Path(t["disk"]).name]
     static = static_us is not None
     cycles = a.cycles if cycles is None else cycles
@@ -377,9 +383,9 @@ def phase(
             for w in writers:
                 pin(w["initiator_ip"], static_us)
         time.sleep(2.0)  # a first discovery (and the pins applied by a tick)
-        s = Sampler(devices, daemon is not None, t["netns"])
+        s = Sampler(devices, daemon is not None, t["netns"], t["storage_port"])
         net0 = nstat(t["netns"])
-        conns0 = tcp_conns(t["netns"])
+        conns0 = tcp_conns(t["netns"], t["storage_port"])
         s.start()
         duration = a.lead + cycles * (a.on + a.off)
         rd = reader_job(a, reader["device"], duration)
@@ -404,7 +410,7 @@ def phase(
         s.stop_ev.set()
         s.join()
         net1 = nstat(t["netns"])
-        conns = tcp_conns(t["netns"])
+        conns = tcp_conns(t["netns"], t["storage_port"])
     finally:
         if daemon is not None:
             stop_daemon(daemon, out, name)
@@ -515,7 +521,7 @@ def parse_ms(text: str) -> float:
 
 
 def interference(t: dict, a: argparse.Namespace) -> list[dict]:
-    reader, writers = t["iscsi"][0], t["iscsi"][1:]
+    reader, writers = t["hosts"][0], t["hosts"][1:]
     out = []
     for n in sorted({0, 1, len(writers)}):
         ws = [writer_job(a, w["device"], a.steady + 3) for w in writers[:n]]
@@ -579,10 +585,31 @@ PAPER = {
 }
 
 
+def hosts(t: dict, protocol: str) -> list[dict]:
+    """The initiator hosts, reader first: the iSCSI LUNs' initiators, or the NVMe/TCP
+    hosts (each its own address, host NQN and subsystem; initiator_ip its source)."""
+    if protocol == "iscsi":
+        return t["iscsi"]
+    return [dict(n, initiator_ip=n["host_traddr"]) for n in t["nvme"]]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument(
+        "--protocol",
+        choices=("iscsi", "nvme"),
+        default="iscsi",
+        help="the reader and the writer hosts: iSCSI initiators (LIO) or NVMe/TCP hosts "
+        "(nvmet), on the same VG",
+    )
     ap.add_argument("--paper", action="store_true", help="the paper's experiment (PAPER)")
+    ap.add_argument(
+        "--ipv6",
+        default="",
+        help="hosts over IPv6 (topology.py --ipv6-iscsi / --ipv6-nvme), by index: 0 is the "
+        "reader, 1.. the writer hosts; e.g. 0,3 (needs santhrottled's IPv6 data path)",
+    )
     ap.add_argument("--disk", choices=("nullb", "array"), default="nullb",
                     help="array: lab.py --array nbd's known plant")  # fmt: skip
     ap.add_argument("--lv-size-mib", type=int, default=256)
@@ -633,15 +660,29 @@ def main() -> int:
         a.max_delay = None
     a.setpoint = None if a.setpoint in (None, "default") else float(a.setpoint)
     a.out.mkdir(parents=True, exist_ok=True)
+    nvme = a.protocol == "nvme"
+    if nvme and a.bridge:  # the bridge phases name iSCSI portals (start_daemon)
+        print("--protocol nvme: no bridge phases", flush=True)
+        a.bridge = False
     if a.disk == "array":
         topology.load_modules(["virtio_blk"])
+    n = a.writers + 1
+    v6 = tuple(int(x) for x in a.ipv6.split(",") if x)
     t = topology.up(
-        luns=a.writers + 1, nvme=0, disk=a.disk, lv_size_mib=a.lv_size_mib,
+        luns=0 if nvme else n, nvme=n if nvme else 0, disk=a.disk, lv_size_mib=a.lv_size_mib,
         nullb_mbps=a.mbps, nullb_queue_depth=a.queue_depth, bridge=a.bridge,
+        ipv6_iscsi=() if nvme else v6, ipv6_nvme=v6 if nvme else (),
     )  # fmt: skip
+    t["hosts"] = hosts(t, a.protocol)
+    t["storage_port"] = topology.NVME_PORT if nvme else topology.ISCSI_PORT
     raw: dict = {
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
         "kernel": os.uname().release,
+        "protocol": a.protocol,
+        "hosts": [
+            {k: h.get(k) for k in ("initiator_ip", "device", "dm", "lv", "iqn", "nqn", "hostnqn")}
+            for h in t["hosts"]
+        ],
         "topology_timings_s": t.get("timings_s"),
         "array_config": json.loads(os.environ.get("SANTHROTTLE_LAB_ARRAY") or "null"),
     }

@@ -24,7 +24,8 @@ CURVE_ORDER = [
 
 
 def report(res: dict, png: str | None) -> str:
-    lines = []
+    proto = {"iscsi": "iSCSI", "nvme": "NVMe/TCP"}[res.get("protocol", "iscsi")]
+    lines = [f"protocol: {proto}"]
     delays = res["delays_ms"]
     for pat in PATTERNS:
         cs = [
@@ -108,7 +109,8 @@ def plot(res: dict, png: str) -> None:
             xs = [p["delay_ms"] for p in awl["points"]]
             ys = [p["s_per_gb"] for p in awl["points"]]
             ax.plot(xs, ys, "x--", label=f"writes, `ack` mode, tcp_rmem 64 KiB: R² {awl['r2']:.3f}")
-        ax.set_title(f"one initiator, {pat} (Debian {res['kernel']}, QEMU/TCG)")
+        proto = {"iscsi": "iSCSI", "nvme": "NVMe/TCP"}[res.get("protocol", "iscsi")]
+        ax.set_title(f"one {proto} initiator, {pat} (Debian {res['kernel']}, QEMU/TCG)", fontsize=9)
         ax.set_xlabel("delay class (ms)")
         ax.set_ylabel("seconds per GB moved")
         ax.grid(alpha=0.3)

@@ -13,10 +13,12 @@ and on the host:
     .venv/bin/python vagrant/experiments/datapath_lab.py report results/datapath-lab.json \\
         --png docs/img/datapath-throughput.png
 
-`sweep` brings up one initiator on the unthrottled ("fast") disk and measures
+`sweep` brings up one initiator on the unthrottled ("fast") disk (`--protocol
+iscsi`: a LIO LUN; `--protocol nvme`: an nvmet NVMe/TCP namespace) and measures
 seconds per GB against the delay for reads and writes in each mode (64k qd1
 and 256k qd4), target retransmissions per point, and the idle data path
-against none at all (alternating runs); it writes results/datapath-lab.json.
+against none at all (alternating runs); it writes results/datapath-lab.json
+(results/datapath-lab-nvme.json with --protocol nvme).
 `overhead` times each part of the idle data path in rotating sequential
 runs; `side-by-side` (best with `lab.py --smp 1`) runs two initiators on two
 links at once with a part installed on one of them, which cancels the
@@ -65,13 +67,15 @@ def sweep(args) -> dict:
     t_start = time.monotonic()
     if topo.status() is not None:
         topo.down()
-    t = topo.up(luns=1, nvme=0, disk="fast", lv_size_mib=args.lv_mib)
-    ini = t["iscsi"][0]
-    ip, device = ini["initiator_ip"], ini["device"]
+    nvme = args.protocol == "nvme"
+    t = topo.up(luns=0 if nvme else 1, nvme=1 if nvme else 0, disk="fast", lv_size_mib=args.lv_mib)
+    ini = t["nvme"][0] if nvme else t["iscsi"][0]
+    ip, device = ini["host_traddr" if nvme else "initiator_ip"], ini["device"]
     delays = QUICK_DELAYS_MS if args.quick else SWEEP_DELAYS_MS
     res: dict = {
         "kernel": os.uname().release,
         "cpus": os.cpu_count(),
+        "protocol": args.protocol,
         "disk": "fast (unthrottled virtio)",
         "initiator": ip,
         "device": device,
@@ -172,9 +176,14 @@ def sweep(args) -> dict:
             log("curve: 64k qd1 write, mode ack, target tcp_rmem capped at 64 KiB")
             with netns_sysctl("net.ipv4.tcp_rmem", "4096 65536 65536"):
                 # new window limits apply to new connections: log the session in again
-                sh(["iscsiadm", "-m", "node", "-U", "all"])
-                topo.iscsi_login(t["iscsi"])
-                device2 = t["iscsi"][0]["device"]
+                if nvme:
+                    topo.nvme_disconnect(t["nvme"])
+                    topo.nvme_connect(t["nvme"])
+                    device2 = t["nvme"][0]["device"]
+                else:
+                    sh(["iscsiadm", "-m", "node", "-U", "all"])
+                    topo.iscsi_login(t["iscsi"])
+                    device2 = t["iscsi"][0]["device"]
                 pts = curve(
                     d, ip, device2, "ack", "write", "64k", 1, 32 << 20, delays, log, args.repeat
                 )
@@ -441,8 +450,15 @@ def main(argv=None) -> int:
         default="read/read,all/write,ack/write,all/read",
         help="mode/rw pairs to measure (default all four)",
     )
+    s.add_argument(
+        "--protocol",
+        choices=("iscsi", "nvme"),
+        default="iscsi",
+        help="the initiator: an iSCSI LUN (LIO) or an NVMe/TCP namespace (nvmet), on the "
+        "same disk (default iscsi)",
+    )
     s.add_argument("--lv-mib", type=int, default=256)
-    s.add_argument("--out", default=str(RESULTS))
+    s.add_argument("--out", help=f"default {RESULTS}, or datapath-lab-nvme.json")
     o = sub.add_parser("overhead", help="(in the lab guest) cost of each part of the idle path")
     o.add_argument("--rounds", type=int, default=5)
     o.add_argument("--size-mib", type=int, default=64)
@@ -477,6 +493,9 @@ def main(argv=None) -> int:
             print(f"{a.cmd} runs in the lab guest: python3 vagrant/qemu/lab.py run "
                   f"vagrant/experiments/datapath_lab.py {a.cmd}", file=sys.stderr)  # fmt: skip
             return 2
+        if a.out is None:  # sweep: one file per protocol
+            a.out = str(RESULTS if a.protocol == "iscsi" else RESULTS.with_name(
+                "datapath-lab-nvme.json"))  # fmt: skip
         measure, show = GUEST_COMMANDS[a.cmd]
         res = measure(a)
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)

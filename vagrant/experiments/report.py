@@ -5,6 +5,7 @@
     python3 vagrant/experiments/report.py --short [--out DIR]  # CI: T = 20 ms, C 2, m 10 ms
     python3 vagrant/experiments/report.py [--out DIR]          # the null_blk experiment
     python3 vagrant/experiments/report.py --from DIR           # report an earlier run
+    python3 vagrant/experiments/report.py --paper --protocol nvme  # NVMe/TCP hosts
 
 Prints a table per threshold (reader latency p50/p95/p99 from the target's
 diskstats over 1 s windows, time above threshold, writer throughput, target
@@ -105,7 +106,7 @@ def conn_retrans(conns: list[dict[str, str]]) -> dict[str, int]:
     `retrans:out/total`; absent: 0).  closed_loop.py samples with it too."""
     out: dict[str, int] = {}
     for c in conns:
-        ip = c["peer"].rsplit(":", 1)[0]
+        ip = c["peer"].rsplit(":", 1)[0].strip("[]")  # ss: "[fd00:5374::5]:51234"
         out[ip] = out.get(ip, 0) + int(c.get("retrans", "0/0").split("/")[1])
     return out
 
@@ -509,8 +510,11 @@ def report(out: Path) -> int:
             "scenario": sim["scenario"],
         },
     }
+    summary["protocol"] = raw.get("protocol", "iscsi")
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     figs = plot(raw, out)
+    proto = PROTOCOL_NAMES[summary["protocol"]]
+    print(f"protocol: {proto} (the reader and the writer hosts)")
 
     print("interference (reader 4 KiB QD1 at 256 kB/s; latency at the target's diskstats / fio):")
     for i in raw.get("interference", []):
@@ -604,7 +608,7 @@ def report(out: Path) -> int:
     )
     print(
         "spur.: retransmissions the initiators' DSACKs showed they already had; "
-        f"iSCSI connections' min RTT {', '.join(f'{x:g}' for x in unc['min_rtt_ms'])} ms "
+        f"{proto} connections' min RTT {', '.join(f'{x:g}' for x in unc['min_rtt_ms'])} ms "
         "(RACK's reordering window is a quarter of it)"
     )
     print(
@@ -638,6 +642,9 @@ PAPER_ARRAY = "nbd:c_ms=2,m_ms=5"
 # >= 2 T uncontrolled even where the emulated guest, not the array, limits the
 # writers (docs/lab.md, "CI's short closed loop").
 CI_ARRAY = "nbd:c_ms=2,m_ms=10"
+
+
+PROTOCOL_NAMES = {"iscsi": "iSCSI", "nvme": "NVMe/TCP"}
 
 
 HEAD = (
@@ -702,6 +709,13 @@ def main() -> int:
         "closed_loop.py --paper)",
     )
     ap.add_argument("--array", default=None, help="lab.py --array (the known plant's spec)")
+    ap.add_argument(
+        "--protocol",
+        choices=tuple(PROTOCOL_NAMES),
+        default="iscsi",
+        help="the reader and writers (closed_loop.py --protocol) and the curves' initiator: "
+        "iSCSI or NVMe/TCP",
+    )
     ap.add_argument("--timeout", type=float, default=None)
     ap.add_argument(
         "--no-curves", action="store_true", help="skip the throttle curves (a second guest boot)"
@@ -732,7 +746,7 @@ def main() -> int:
             "--skip-interference",
         ]
         timeout = args.timeout or 1500
-    guest_args += extra
+    guest_args += ["--protocol", args.protocol, *extra]
     # one vCPU (SANTHROTTLE_LAB_SMP overrides), CI's short run too: its retransmissions
     # are then santhrottle's, not the second emulator thread's (docs/lab.md)
     smp = os.environ.get("SANTHROTTLE_LAB_SMP") or str(FULL_RUN_SMP)
@@ -750,6 +764,7 @@ def main() -> int:
             [
                 *lab, "run", "--timeout", "1200", str(CURVES_SCRIPT),
                 "sweep", "--quick", "--no-overhead", "--curves", "read/read,all/write",
+                "--protocol", args.protocol,
                 "--out", str(out / CURVES_JSON),
             ]
         )  # fmt: skip

@@ -5,7 +5,7 @@ LAB := vagrant/qemu/lab.py
 # The known plant of make lab, lab-ci, lab-plant and lab-auto-fit (report.py's PAPER_ARRAY).
 LAB_PLANT := c_ms=2,m_ms=5
 
-.PHONY: lab-deps lab-up lab lab-nullb lab-test lab-ci lab-faults lab-plant lab-auto-fit lab-bridge lab-groups lab-run lab-clean
+.PHONY: lab-deps lab-up lab lab-nvme lab-curves lab-curves-nvme lab-ipv6 lab-nullb lab-test lab-ci lab-faults lab-plant lab-auto-fit lab-bridge lab-groups lab-run lab-clean
 
 # apt-get install what the lab needs on the host (root; idempotent), with the
 # known plant's nbdkit (lab.py --array nbd; docs/lab.md).
@@ -23,6 +23,31 @@ lab-up:
 # --paper; docs/lab.md). The null_blk experiment of before: make lab-nullb.
 lab: setup
 	$(VPY) vagrant/experiments/report.py --paper $(ARGS)
+
+# make lab with NVMe/TCP hosts (issue 21; docs/lab.md, "NVMe/TCP"): the reader and the three
+# writer hosts are NVMe/TCP hosts of nvmet subsystems on the same VG and known plant;
+# no bridge phases (they name iSCSI portals), no curves (make lab-curves-nvme), ~30 min.
+lab-nvme: setup
+	$(VPY) vagrant/experiments/report.py --paper --protocol nvme --no-curves --timeout 3600 $(ARGS)
+
+# The data path's throttle curves (docs/datapath.md, "Throttle curves"): one initiator on
+# the unthrottled disk, 64k qd1 and 256k qd4, reads (`read` mode) and writes (`all`, `ack`),
+# 0-20 ms, target retransmissions per point; results/datapath-lab.json, -nvme.json.
+# ARGS='--quick' for 4 delays of 64k qd1; ARGS='--repeat 3' for the fastest of three runs.
+CURVES := read/read,all/write,ack/write
+lab-curves:
+	$(LAB_PY) $(LAB) run --timeout 3600 vagrant/experiments/datapath_lab.py sweep \
+		--no-overhead --curves $(CURVES) $(ARGS)
+
+lab-curves-nvme:
+	$(LAB_PY) $(LAB) run --timeout 3600 vagrant/experiments/datapath_lab.py sweep \
+		--protocol nvme --no-overhead --curves $(CURVES) $(ARGS)
+
+# The lab's IPv6 initiators (topology.py --ipv6): an iSCSI initiator and the NVMe/TCP host
+# in fd00:5374::/64 come up, and fio moves data over them; no santhrottled, ~3 min.
+lab-ipv6:
+	$(LAB_PY) $(LAB) run --timeout 900 vagrant/experiments/ipv6_lab.py \
+		--out $(CURDIR)/results/ipv6-lab.json $(ARGS)
 
 lab-nullb: setup
 	$(VPY) vagrant/experiments/report.py $(ARGS)

@@ -15,6 +15,12 @@ Mirrors a real deployment on one (virtual) machine::
                                                  lun0..lunN-1, nvme0..nvmeM-1
                                                lab-tgt
 
+With --ipv6 (up(ipv6=True)) the last iSCSI initiator and NVMe/TCP host 0, with
+their portal and port, use IPv6 instead: the same last numbers in fd00:5374::/64
+(ULA; initiator 0 fd00:5374::2, its portal ::11, NVMe port ::21, its host ::31),
+added with nodad, /128 routes to pick the source; the LIO portal is
+"[addr]:3260", the nvmet port's adrfam ipv6.
+
 The kernel iSCSI initiator only works in the initial namespace (NETLINK_ISCSI),
 so the initiators are told apart by source address, one per "host", each
 selected by a /32 route to the portal it uses.  RPS is set on both veth ends
@@ -100,6 +106,44 @@ def nvme_host_ip(k: int) -> str:
     return f"10.0.0.{31 + k}"
 
 
+# --ipv6: the same plan in a unique local /64 (RFC 4193), the same last numbers (as hex
+# digits: fd00:5374::2 is initiator 0, ::11 its portal, ::21 an NVMe port, ::31 its host)
+ULA_PREFIX = "fd00:5374::"
+ULA_PREFIXLEN = 64
+
+
+def initiator_ip6(k: int) -> str:
+    return f"{ULA_PREFIX}{2 + k}"
+
+
+def portal_ip6(k: int) -> str:
+    return f"{ULA_PREFIX}{11 + k}"
+
+
+def nvme_port_ip6(k: int) -> str:
+    return f"{ULA_PREFIX}{21 + k}"
+
+
+def nvme_host_ip6(k: int) -> str:
+    return f"{ULA_PREFIX}{31 + k}"
+
+
+def hostport(addr: str, port: int) -> str:
+    """'10.0.0.11:3260', '[fd00:5374::11]:3260': an address and port as iscsiadm, LIO's
+    configfs and URLs write them."""
+    return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
+
+
+def _prefix(addr: str, v4: int) -> str:
+    return f"{addr}/{ULA_PREFIXLEN if ':' in addr else v4}"
+
+
+def _nodad(addr: str) -> str:
+    """IPv6 addresses without duplicate address detection: usable at once (a tentative
+    address cannot be a route's source, and nothing else is on the link)."""
+    return " nodad" if ":" in addr else ""
+
+
 class TopologyError(RuntimeError):
     pass
 
@@ -148,7 +192,10 @@ def _running(comm: str) -> bool:
 # writers' queue as it would on a saturated array (QEMU's throttle serves reads
 # and writes from separate queues and shields the reader; docs/lab.md).
 NULLB = Path("/sys/kernel/config/nullb/nullb0")
-LVM_NULLB = ["--config", 'devices { types = [ "nullb", 16 ] }']  # LVM ignores nullb otherwise
+LVM_NULLB = [
+    "--config",
+    'devices { types = [ "nullb", 16 ] }',
+]  # LVM ignores nullb otherwise
 
 
 def setup_nullb(size_mib: int, mbps: int, queue_depth: int) -> str:
@@ -192,12 +239,29 @@ def veth_pair(j: int) -> tuple[str, str]:
 
 
 def setup_network(
-    n_iscsi: int, n_nvme: int, rps: bool = True, links: int = 1, bridge: bool = False
+    n_iscsi: int,
+    n_nvme: int,
+    rps: bool = True,
+    links: int = 1,
+    bridge: bool = False,
+    plan_: dict | None = None,
 ) -> None:
     """links > 1: iSCSI initiator k uses link k % links (/32 addresses and routes
     on the extra links), e.g. to measure two paths at the same time. bridge: the
     one link goes through BRIDGE's namespace (lab-ini -- lab-bi [lab-br] lab-ba --
-    lab-tgt), the bridge made with STP off and a forward delay of 0."""
+    lab-tgt), the bridge made with STP off and a forward delay of 0. plan_: the
+    addresses of plan() (IPv6 ones among them: /64, nodad, /128 routes); without
+    it, IPv4's."""
+    iscsi = (
+        plan_["iscsi"]
+        if plan_
+        else [{"initiator_ip": initiator_ip(k), "portal": portal_ip(k)} for k in range(n_iscsi)]
+    )
+    nvme = (
+        plan_["nvme"]
+        if plan_
+        else [{"host_traddr": nvme_host_ip(k), "traddr": nvme_port_ip(k)} for k in range(n_nvme)]
+    )
     make = [f"netns add {NETNS}"]  # the namespaces and the initiators' veths, first
     if bridge:
         b = BRIDGE
@@ -221,27 +285,31 @@ def setup_network(
     ini: list[str] = []
     tgt = ["link set lo up"]
     extra_routes = []
-    for k in range(n_iscsi):
+    for k, x in enumerate(iscsi):
         a, b = veth_pair(k % links)
+        ip, portal = x["initiator_ip"], x["portal"]
         if a == VETH_INI:
-            ini.append(f"addr add {initiator_ip(k)}/24 dev {VETH_INI}")
-            tgt.append(f"addr add {portal_ip(k)}/24 dev {VETH_TGT}")
+            ini.append(f"addr add {_prefix(ip, 24)} dev {VETH_INI}{_nodad(ip)}")
+            tgt.append(f"addr add {_prefix(portal, 24)} dev {VETH_TGT}{_nodad(portal)}")
         else:
-            ini.append(f"addr add {initiator_ip(k)}/32 dev {a}")
-            tgt.append(f"addr add {portal_ip(k)}/32 dev {b}")
-            extra_routes.append(f"route add {initiator_ip(k)}/32 dev {b} src {portal_ip(k)}")
-    for k in range(n_nvme):
-        ini.append(f"addr add {nvme_host_ip(k)}/24 dev {VETH_INI}")
-        tgt.append(f"addr add {nvme_port_ip(k)}/24 dev {VETH_TGT}")
+            ini.append(f"addr add {ip}/32 dev {a}")
+            tgt.append(f"addr add {portal}/32 dev {b}")
+            extra_routes.append(f"route add {ip}/32 dev {b} src {portal}")
+    for x in nvme:
+        host, port = x["host_traddr"], x["traddr"]
+        ini.append(f"addr add {_prefix(host, 24)} dev {VETH_INI}{_nodad(host)}")
+        tgt.append(f"addr add {_prefix(port, 24)} dev {VETH_TGT}{_nodad(port)}")
     for a, b in map(veth_pair, range(links)):
         ini.append(f"link set {a} up")
         tgt.append(f"link set {b} up")
     tgt += extra_routes
-    for k in range(n_iscsi):
+    for k, x in enumerate(iscsi):
         a, _ = veth_pair(k % links)
-        ini.append(f"route add {portal_ip(k)}/32 dev {a} src {initiator_ip(k)}")
-    for k in range(n_nvme):
-        ini.append(f"route add {nvme_port_ip(k)}/32 dev {VETH_INI} src {nvme_host_ip(k)}")
+        bits = 128 if ":" in x["portal"] else 32
+        ini.append(f"route add {x['portal']}/{bits} dev {a} src {x['initiator_ip']}")
+    for x in nvme:
+        bits = 128 if ":" in x["traddr"] else 32
+        ini.append(f"route add {x['traddr']}/{bits} dev {VETH_INI} src {x['host_traddr']}")
     sh(["ip", "-batch", "-"], input="\n".join(make) + "\n")
     if bridge:
         sh(["ip", "-n", BRIDGE_NETNS, "-batch", "-"], input="\n".join(mid) + "\n")
@@ -332,7 +400,13 @@ def _in_netns(args: list[str], payload: dict) -> dict:
     """Run this file's hidden subcommand inside netns tgt: sockets LIO and
     nvmet create when a portal/port is enabled live in the caller's netns."""
     out = sh(
-        ["nsenter", f"--net={NETNS_PATH}", sys.executable, os.path.abspath(__file__), *args],
+        [
+            "nsenter",
+            f"--net={NETNS_PATH}",
+            sys.executable,
+            os.path.abspath(__file__),
+            *args,
+        ],
         input=json.dumps(payload),
     )
     return json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
@@ -362,7 +436,8 @@ def _target_up(spec: dict) -> dict:
             ("cache_dynamic_acls", "1"),
         ):
             tpg.set_attribute(attr, val)
-        NetworkPortal(tpg, t["portal"], ISCSI_PORT)
+        # rtslib-fb takes an IPv6 portal in brackets (its configfs name "[addr]:3260")
+        NetworkPortal(tpg, f"[{t['portal']}]" if ":" in t["portal"] else t["portal"], ISCSI_PORT)
         LUN(tpg, 0, so)
         tpg.enable = True
     for k, n in enumerate(spec["nvme"]):
@@ -377,7 +452,7 @@ def _target_up(spec: dict) -> dict:
         port.mkdir()
         for attr, val in (
             ("addr_trtype", "tcp"),
-            ("addr_adrfam", "ipv4"),
+            ("addr_adrfam", "ipv6" if ":" in n["traddr"] else "ipv4"),
             ("addr_traddr", n["traddr"]),
             ("addr_trsvcid", str(NVME_PORT)),
         ):
@@ -465,7 +540,7 @@ def iscsi_add_nodes(luns: list[dict]) -> None:
                 "-T",
                 t["iqn"],
                 "-p",
-                f"{t['portal']}:{ISCSI_PORT}",
+                hostport(t["portal"], ISCSI_PORT),
                 "-I",
                 iface,
             ]
@@ -591,13 +666,21 @@ def plan(
     disk: str = "slow",
     links: int = 1,
     bridge: bool = False,
+    ipv6_iscsi: tuple[int, ...] = (),
+    ipv6_nvme: tuple[int, ...] = (),
 ) -> dict:
+    """ipv6_iscsi / ipv6_nvme: the iSCSI initiators (with their portals) and NVMe/TCP
+    hosts (with their ports) that use IPv6 (ULA_PREFIX) instead of IPv4."""
     if not 0 <= luns <= MAX_INITIATORS or not 0 <= nvme <= MAX_INITIATORS:
         raise TopologyError(f"luns and nvme must be within 0..{MAX_INITIATORS}")
     if not 1 <= links <= max(1, luns):
         raise TopologyError(f"links must be within 1..{max(1, luns)} (one per iSCSI LUN at most)")
     if bridge and links != 1:
         raise TopologyError("a bridge joins one link: --bridge takes --links 1")
+    if (ipv6_iscsi or ipv6_nvme) and links != 1:
+        raise TopologyError("IPv6 initiators take --links 1")
+    if not set(ipv6_iscsi) <= set(range(luns)) or not set(ipv6_nvme) <= set(range(nvme)):
+        raise TopologyError(f"IPv6 initiators {ipv6_iscsi} / hosts {ipv6_nvme}: not in the plan")
     out = {
         "netns": NETNS,
         "vg": VG,
@@ -610,15 +693,17 @@ def plan(
         "bridge": dict(BRIDGE) if bridge else None,
     }
     for k in range(luns):
+        v6 = k in ipv6_iscsi
         out["iscsi"].append(
             {
                 "index": k,
                 "lv": f"lun{k}",
                 "iqn": f"{IQN_BASE}:lun{k}",
-                "portal": portal_ip(k),
+                "family": 6 if v6 else 4,
+                "portal": portal_ip6(k) if v6 else portal_ip(k),
                 "port": ISCSI_PORT,
                 "iface": f"ini{k}",
-                "initiator_ip": initiator_ip(k),
+                "initiator_ip": initiator_ip6(k) if v6 else initiator_ip(k),
                 "initiator_iqn": f"{IQN_BASE}:ini{k}",
                 "target_device": veth_pair(k % links)[1],
                 "device": None,
@@ -626,14 +711,16 @@ def plan(
         )
     for k in range(nvme):
         hostid = str(uuid.uuid5(uuid.NAMESPACE_DNS, f"nvme-host{k}.lab.santhrottle.org"))
+        v6 = k in ipv6_nvme
         out["nvme"].append(
             {
                 "index": k,
                 "lv": f"nvme{k}",
                 "nqn": f"{NQN_BASE}:nvme{k}",
-                "traddr": nvme_port_ip(k),
+                "family": 6 if v6 else 4,
+                "traddr": nvme_port_ip6(k) if v6 else nvme_port_ip(k),
                 "port": NVME_PORT,
-                "host_traddr": nvme_host_ip(k),
+                "host_traddr": nvme_host_ip6(k) if v6 else nvme_host_ip(k),
                 "hostnqn": f"nqn.2014-08.org.nvmexpress:uuid:{hostid}",
                 "hostid": hostid,
                 "device": None,
@@ -653,11 +740,29 @@ def up(
     nullb_queue_depth: int = 4,
     links: int = 1,
     bridge: bool = False,
+    ipv6: bool = False,
+    ipv6_iscsi: tuple[int, ...] | None = None,
+    ipv6_nvme: tuple[int, ...] | None = None,
 ) -> dict:
-    """Bring the topology up; returns (and stores) its description."""
+    """Bring the topology up; returns (and stores) its description.  ipv6: one iSCSI
+    initiator (the last) and NVMe/TCP host 0 over IPv6 (ULA_PREFIX), unless
+    ipv6_iscsi / ipv6_nvme name which (indices)."""
     if STATE_FILE.exists():
         raise TopologyError(f"topology already up ({STATE_FILE}); run down first")
-    t = plan(luns, nvme, lv_size_mib, disk, links, bridge)
+    if ipv6_iscsi is None:
+        ipv6_iscsi = (luns - 1,) if ipv6 and luns else ()
+    if ipv6_nvme is None:
+        ipv6_nvme = (0,) if ipv6 and nvme else ()
+    t = plan(
+        luns,
+        nvme,
+        lv_size_mib,
+        disk,
+        links,
+        bridge,
+        tuple(ipv6_iscsi),
+        tuple(ipv6_nvme),
+    )
     timings = {}
     t0 = time.monotonic()
 
@@ -682,7 +787,7 @@ def up(
     mark("lvm")
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     STATE_FILE.write_text(json.dumps(t, indent=1))  # from here on, down() cleans up
-    setup_network(luns, nvme, rps=rps, links=links, bridge=bridge)
+    setup_network(luns, nvme, rps=rps, links=links, bridge=bridge, plan_=t)
     mark("network")
     _in_netns(["_target-up"], t)
     mark("target")
@@ -727,6 +832,10 @@ def down() -> None:
     STATE_FILE.unlink(missing_ok=True)
 
 
+def _indices(text: str | None) -> tuple[int, ...] | None:
+    return None if text is None else tuple(int(x) for x in text.split(",") if x)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -746,11 +855,23 @@ def main(argv=None) -> int:
     u.add_argument("--no-login", action="store_true", help="create node records, do not log in")
     u.add_argument("--no-rps", action="store_true", help="leave RPS off (shows the retransmits)")
     u.add_argument(
-        "--bridge", action="store_true", help="a transparent bridge between the two (netns labbr)"
+        "--bridge",
+        action="store_true",
+        help="a transparent bridge between the two (netns labbr)",
     )
     u.add_argument(
-        "--links", type=int, default=1, help="veth pairs; iSCSI initiator k uses link k %% links"
+        "--links",
+        type=int,
+        default=1,
+        help="veth pairs; iSCSI initiator k uses link k %% links",
     )
+    u.add_argument(
+        "--ipv6",
+        action="store_true",
+        help=f"the last iSCSI initiator and NVMe/TCP host 0 over IPv6 ({ULA_PREFIX}/64)",
+    )
+    u.add_argument("--ipv6-iscsi", help="which iSCSI initiators use IPv6 (indices: 0,3)")
+    u.add_argument("--ipv6-nvme", help="which NVMe/TCP hosts use IPv6 (indices: 0)")
     sub.add_parser("down", help="tear it down")
     sub.add_parser("status", help="print the stored description (JSON)")
     sub.add_parser("_target-up")
@@ -768,6 +889,9 @@ def main(argv=None) -> int:
             nullb_queue_depth=a.nullb_queue_depth,
             links=a.links,
             bridge=a.bridge,
+            ipv6=a.ipv6,
+            ipv6_iscsi=_indices(a.ipv6_iscsi),
+            ipv6_nvme=_indices(a.ipv6_nvme),
         )
         print(json.dumps(t, indent=1))
     elif a.cmd == "down":
