@@ -31,8 +31,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from santhrottle.appliance.daemon.control import PROTOCOL_VERSION
-from santhrottle.appliance.daemon.hosts import address_order as address_order
 from santhrottle.appliance.datapath.names import DatapathError, check_ip
+from santhrottle.appliance.datapath.names import ip_key as ip_key
 from santhrottle.appliance.units import UnitError
 
 EXIT_OK = 0

@@ -27,10 +27,10 @@ from santhrottle.appliance.cli.common import (
     CliError,
     Failed,
     NoDaemon,
-    address_order,
     column_width,
     emit,
     envelope,
+    ip_key,
     number,
     path_arg,
     verb,
@@ -159,7 +159,7 @@ def print_initiators(initiators: list[dict[str, Any]]) -> None:
     its name under HOST, a column shown with [hosts] only), IPv4 then IPv6; the
     address and resource columns as wide as their content (an IPv6 address is up to
     39 characters)."""
-    rows = sorted(initiators, key=lambda i: address_order(i["initiator"]))
+    rows = sorted(initiators, key=lambda i: ip_key(i["initiator"]))
     addrs = [",".join(i.get("addresses") or [i["initiator"]]) for i in rows]
     res = [",".join(i["resources"]) or "-" for i in rows]
     hosts = [i.get("host") or "-" for i in rows]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from santhrottle.appliance.cli.common import address_order, column_width
+from santhrottle.appliance.cli.common import column_width, ip_key
 from santhrottle.appliance.units import fmt_bit_rate, fmt_us
 
 
@@ -100,7 +100,7 @@ def print_status(st: dict[str, Any]) -> None:
 def _print_members(members: list[dict[str, Any]]) -> None:
     """The member table, IPv4 then IPv6, numerically; the initiator column as wide
     as its longest address (an IPv6 one is up to 39 characters)."""
-    rows = sorted(members, key=lambda m: address_order(m["ip"]))
+    rows = sorted(members, key=lambda m: ip_key(m["ip"]))
     w = column_width((m["ip"] for m in rows), "initiator")
     head = ("initiator", "mode", "class", "delay", "packets", "bytes")
     print(f"  {head[0]:<{w}} {head[1]:<4} {head[2]:>5} {head[3]:>7} {head[4]:>10} {head[5]:>12}")

@@ -27,9 +27,9 @@ from santhrottle.appliance.cli.common import (
     JSON_HELP,
     CliError,
     Failed,
-    address_order,
     column_width,
     emit,
+    ip_key,
     number,
     path_arg,
     verb,
@@ -116,13 +116,13 @@ def _measure_once(args: argparse.Namespace, cfg: Config | None) -> dict[str, Any
                 "write_bytes_per_second": r.write_bps if r and r.write_bps is not None else 0.0,
                 "initiators": sorted(
                     (a for a, v in disc.initiators.items() if name in v.resources),
-                    key=address_order,
+                    key=ip_key,
                 ),
             }
         )
     host_of = {a: h.name for h in (cfg.hosts if cfg else {}).values() for a in h.addresses}
     initiators = []
-    for addr, v in sorted(disc.initiators.items(), key=lambda kv: address_order(kv[0])):
+    for addr, v in sorted(disc.initiators.items(), key=lambda kv: ip_key(kv[0])):
         initiators.append(
             {
                 "initiator": addr,
@@ -171,7 +171,7 @@ def _print_initiators(initiators: list[dict[str, Any]]) -> None:
     """One line per (initiator, resource), IPv4 then IPv6; the initiator column as
     wide as its longest address; HOST (with [hosts.NAME] only) the host an address is
     one of."""
-    rows = sorted(initiators, key=lambda i: address_order(i["initiator"]))
+    rows = sorted(initiators, key=lambda i: ip_key(i["initiator"]))
     wa = column_width((i["initiator"] for i in rows), "INITIATOR", 18)
     wr = column_width((r for i in rows for r in i["resources"]), "RESOURCE", 16)
     hosts = any(i.get("host") for i in rows)

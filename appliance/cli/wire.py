@@ -30,7 +30,7 @@ import os
 import time
 from typing import Any
 
-from santhrottle.appliance.cli.common import Failed, address_order, column_width
+from santhrottle.appliance.cli.common import Failed, column_width, ip_key
 from santhrottle.appliance.config import Config
 from santhrottle.appliance.daemon.client import request
 from santhrottle.appliance.daemon.requests import DaemonAbsent, DaemonUnavailable, RemoteError
@@ -70,7 +70,7 @@ def _from_daemon(cfg: Config) -> dict[str, Any]:
                     if r["resource"] in i["resources"]
                     for a in i.get("addresses") or [i["initiator"]]
                 ),
-                key=address_order,
+                key=ip_key,
             ),
         }
         for r in st["resources"]
@@ -153,7 +153,7 @@ def _measured(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
             "volumes": sorted(x["volume"] for x in volumes if ip in x["initiators"]),
             "write_bytes_per_second": {res: rates.get((res, ip)) for res in sorted(v.resources)},
         }
-        for ip, v in sorted(disc.initiators.items(), key=lambda kv: address_order(kv[0]))
+        for ip, v in sorted(disc.initiators.items(), key=lambda kv: ip_key(kv[0]))
     ]
     return {
         "source": "measured",
@@ -191,7 +191,7 @@ def print_resources(d: dict[str, Any]) -> None:
 
 def print_initiators(d: dict[str, Any]) -> None:
     print(f"from {_source(d)}")
-    rows = sorted(d["initiators"], key=lambda i: address_order(i["initiator"]))
+    rows = sorted(d["initiators"], key=lambda i: ip_key(i["initiator"]))
     names = [",".join(i.get("addresses") or [i["initiator"]]) for i in rows]
     w = column_width(names, "INITIATOR", 18)
     print(f"{'INITIATOR':<{w}} {'RESOURCE':<16} {'WR_MB/s':>8}  VOLUMES")

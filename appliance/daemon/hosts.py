@@ -36,36 +36,12 @@ Worked example
 
 from __future__ import annotations
 
-import functools
-import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from santhrottle.appliance.config.hosts import HostConfig
 from santhrottle.appliance.datapath.names import check_ip, ip_key
 from santhrottle.controller.domain import WriteSample
-
-# Sort keys kept (address_order): the initiators of the largest installations twice over.
-ORDER_CACHE_ENTRIES = 32_768
-
-
-@functools.lru_cache(maxsize=ORDER_CACHE_ENTRIES)
-def address_order(ip: str) -> tuple[int, int, str]:
-    """A table's row order: IPv4 then IPv6, numerically, as datapath/names.py ip_key
-    orders them (through inet_pton, not ipaddress, and cached: a status of 10,000
-    initiators sorts them at every tick); anything that is not an address after
-    them, by its text."""
-    try:
-        if ":" in ip:
-            return 6, int.from_bytes(socket.inet_pton(socket.AF_INET6, ip)), ""
-        return 4, int.from_bytes(socket.inet_pton(socket.AF_INET, ip)), ""
-    except (OSError, TypeError):
-        pass
-    try:
-        version, number = ip_key(ip)  # a zone, or a spelling inet_pton refuses
-    except ValueError:
-        return 9, 0, ip
-    return version, number, ""
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from santhrottle.appliance.daemon.group_overrides import to_json
-from santhrottle.appliance.daemon.hosts import address_order
+from santhrottle.appliance.datapath.names import ip_key
 
 if TYPE_CHECKING:
     from santhrottle.appliance.daemon.loop import Daemon
@@ -82,7 +82,7 @@ def status(daemon: Daemon) -> dict[str, Any]:
                 "write_bytes_per_second": last.write_bps if last else None,
                 "delay_class": rs.delay_class if rs else 0,
                 "delay_s": ladder.delay_s(rs.delay_class if rs else 0),
-                "members": sorted(daemon.ctl.members(name), key=address_order),
+                "members": sorted(daemon.ctl.members(name), key=ip_key),
                 "devices": list(d.resources.get(name, ())) if d is not None else [],
                 # raw totals since the daemon started (daemon/counters.py)
                 "reads_completed": tot.reads_completed if tot else 0,
@@ -150,7 +150,7 @@ def initiator_rows(daemon: Daemon) -> list[dict[str, Any]]:
     write_mode, pins, adopted = daemon.config.write_mode, st.pins, st.adopted
     hosts = daemon.hosts
     by_key = hosts.rows(seen)
-    for key in sorted(by_key, key=address_order):
+    for key in sorted(by_key, key=ip_key):
         addrs = by_key[key]
         host = hosts.host_of(key) if hosts else None
         if host is None:  # one address: the common case, 10,000s of them

@@ -36,6 +36,7 @@ Worked example
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import socket
 
@@ -201,7 +202,18 @@ def is_canonical_ip(ip: str) -> bool:
 _MAPPED = bytes(10) + b"\xff\xff"  # ::ffff:0:0/96, IPv4-mapped
 
 
-def ip_key(ip: str) -> tuple[int, int]:
-    """Sort key of an address: IPv4 before IPv6, then numerically."""
-    addr = ipaddress.ip_address(ip.split("%", 1)[0])
-    return addr.version, int(addr)
+# Sort keys kept (ip_key): the initiators of the largest installations twice over.
+IP_KEY_CACHE_ENTRIES = 32_768
+
+
+@functools.lru_cache(maxsize=IP_KEY_CACHE_ENTRIES)
+def ip_key(ip: str) -> tuple[int, int, str]:
+    """Sort key of an address: IPv4 before IPv6, then numerically (a zone ignored);
+    anything that is not an address after them, by its text.  Through inet_pton and
+    cached: a status of 10,000 initiators sorts them at every tick."""
+    text = ip.split("%", 1)[0]
+    fam, version = (socket.AF_INET6, 6) if ":" in text else (socket.AF_INET, 4)
+    try:
+        return version, int.from_bytes(socket.inet_pton(fam, text)), ""
+    except OSError:
+        return 9, 0, ip
