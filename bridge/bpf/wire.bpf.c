@@ -444,6 +444,16 @@ static __always_inline __u32 emit_text(struct __sk_buff *skb, struct conn_key *c
 	return want > sent ? want - sent : 0;
 }
 
+/* The text a login's or connect's header left to this segment (fl->body_left bytes),
+ * from the segment's payload (sc->poff .. sc->seg_end).  A function of its own: inlined,
+ * its unrolled parts would grow wire_sensor's stack, and 6.1's verifier rounds each
+ * frame of the deepest call chain to 32 bytes and wants their sum within 512. */
+static __noinline void body_text(struct __sk_buff *skb, struct scratch *sc, struct flow *fl)
+{
+	fl->body_left = emit_text(skb, &sc->fk.conn, EV_BODY, sc->to_target, sc->poff,
+				  sc->seg_end, fl->body_left, 0, 0);
+}
+
 static __noinline void on_pdu(struct __sk_buff *skb, struct scratch *sc, __u32 at,
 			      __u32 seg_end)
 {
@@ -787,13 +797,12 @@ int wire_sensor(struct __sk_buff *skb)
 		fl->body_left = sc->body_left;
 		fl->next_seq = fl->carry_seq + sc->p.length;
 	}
-	if (fl->body_left) /* the text a login's or connect's header left to this one */
-		fl->body_left = emit_text(skb, &sc->fk.conn, EV_BODY, to_target, poff, seg_end,
-					  fl->body_left, 0, 0);
 	sc->seq = seq;
 	sc->poff = poff;
 	sc->seg_end = seg_end;
 	sc->proto = proto;
+	if (fl->body_left) /* the text a login's or connect's header left to this one */
+		body_text(skb, sc, fl);
 #pragma clang loop unroll(disable)
 	for (int i = 0; i < MAX_PDUS_PER_SEGMENT; i++) {
 		if (!walk_one(skb, fl))
