@@ -44,7 +44,8 @@ daemon with the product's defaults (no setpoint_fraction, no max_delay in its fi
 --protocol nvme: the reader and the writer hosts are NVMe/TCP hosts instead (topology.py
 --nvme: one nvmet subsystem per LV, each on its own port address, each host its own
 source address and host NQN), on the same VG; the daemon maps them to it by their
-connections to port 4420 and the subsystem's namespace device (no bridge phases).
+connections to port 4420 and the subsystem's namespace device; in the bridge phases the
+resource is every namespace of the hosts' nvmet ports (nvme://PORT/*/*).
 
 Raw series go to DIR/raw.json: every 100 ms the reader's and the VG's
 diskstats counters, the writers' write bytes, the array's in-flight time
@@ -257,13 +258,15 @@ def start_daemon(
     """santhrottled on the target's veth; threshold None: it only observes the VG (pins
     still apply).  max_delay / setpoint None: the product's defaults (nothing written).
     bridge: santhrottled in bridge mode on the topology's bridge instead, nothing of the
-    target's read: the resource is every volume of its portals (the lab has one per LUN),
-    as the wire shows them."""
+    target's read: the resource is every volume of its portals (the lab has one per LUN)
+    or of its nvmet ports (one subsystem each), as the wire shows them."""
     conf = conf_dir / f"santhrottle-{name}.toml"
     thr = f'threshold = "{threshold}"\n' if threshold else ""
     if bridge:
         b = t["bridge"]
         vols = [f"iscsi://{topology.hostport(x['portal'], x['port'])}/*/*" for x in t["iscsi"]]
+        vols += [f"nvme://{topology.hostport(x['traddr'], topology.NVME_PORT)}/*/*"
+                 for x in t["nvme"]]  # fmt: skip
         head = (
             f'[daemon]\nmode = "bridge"\ncontrol_socket = "{SOCK}"\nnetns = "{b["netns"]}"\n'
             f'state_dir = "{conf_dir / f"state-{name}"}"\n'
@@ -661,9 +664,6 @@ def main() -> int:
     a.setpoint = None if a.setpoint in (None, "default") else float(a.setpoint)
     a.out.mkdir(parents=True, exist_ok=True)
     nvme = a.protocol == "nvme"
-    if nvme and a.bridge:  # the bridge phases name iSCSI portals (start_daemon)
-        print("--protocol nvme: no bridge phases", flush=True)
-        a.bridge = False
     if a.disk == "array":
         topology.load_modules(["virtio_blk"])
     n = a.writers + 1

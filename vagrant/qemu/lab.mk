@@ -5,7 +5,7 @@ LAB := vagrant/qemu/lab.py
 # The known plant of make lab, lab-ci, lab-plant and lab-auto-fit (report.py's PAPER_ARRAY).
 LAB_PLANT := c_ms=2,m_ms=5
 
-.PHONY: lab-deps lab-up lab lab-nvme lab-curves lab-curves-nvme lab-ipv6 lab-nullb lab-test lab-ci lab-faults lab-plant lab-auto-fit lab-bridge lab-groups lab-run lab-clean
+.PHONY: lab-deps lab-up lab lab-nvme lab-curves lab-curves-nvme lab-ipv6 lab-tlp lab-nullb lab-test lab-ci lab-faults lab-plant lab-auto-fit lab-bridge lab-groups lab-run lab-clean
 
 # apt-get install what the lab needs on the host (root; idempotent), with the
 # known plant's nbdkit (lab.py --array nbd; docs/lab.md).
@@ -48,6 +48,13 @@ lab-curves-nvme:
 lab-ipv6:
 	$(LAB_PY) $(LAB) run --timeout 900 vagrant/experiments/ipv6_lab.py \
 		--out $(CURDIR)/results/ipv6-lab.json $(ARGS)
+
+# Where the target's tail-loss probes come from: the paper's reader over iSCSI and over
+# NVMe/TCP (with and without the host's quickack route), captured at the target, no
+# santhrottled (docs/lab.md, "Tail-loss probes with NVMe/TCP hosts").
+lab-tlp:
+	$(LAB_PY) $(LAB) run --timeout 900 vagrant/experiments/tlp_lab.py \
+		--out $(CURDIR)/results/tlp-lab.json $(ARGS)
 
 lab-nullb: setup
 	$(VPY) vagrant/experiments/report.py $(ARGS)

@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""Where the target's tail-loss probes come from: the paper's reader over iSCSI and
+over NVMe/TCP, captured at the target, with no santhrottled.  Runs INSIDE the guest.
+
+    python3 vagrant/qemu/lab.py run --timeout 900 vagrant/experiments/tlp_lab.py \\
+        --out results/tlp-lab.json                      # make lab-tlp
+
+One iSCSI initiator and one NVMe/TCP host on the unthrottled disk.  Per case, the
+reader of the paper's experiment (fio 4 KiB random reads, QD 1, 256 kB/s) for
+--seconds, with tcpdump on the target's veth (headers only, that initiator's
+storage connection) and the target's TCP counters around it:
+
+  iscsi         the iSCSI initiator
+  nvme          the NVMe/TCP host, as nvme-cli connects it
+  nvme-quickack the same, the host's route to its port with `quickack 1` (the host
+                ACKs every segment at once instead of delaying the ACK)
+
+From each capture: how the target answers a read (its segments per answer, their
+sizes: a data PDU and a separate completion capsule, or one PDU), how long the
+host takes to ACK the answer's last byte, and every retransmitted segment, with the
+time since the answer was sent and whether the host reported it as a duplicate
+(D-SACK).  Linux arms the probe timer at 2 x srtt + 2 jiffies when more than one
+segment is in flight and at 2 x srtt + 200 ms when one is (tcp_schedule_loss_probe),
+so a host that holds its ACK longer than that behind several small segments draws a
+probe that only repeats what it already has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from measure import DEVICE, NETNS, diff, load_topology, sh, tcp_counters
+
+# tcpdump -tt -nn -S -r: "<t> IP[6] <src>.<port> > <dst>.<port>: Flags [..], seq a:b, ack c, ..."
+LINE = re.compile(
+    r"^(?P<t>\d+\.\d+) IP6? (?P<src>\S+)\.(?P<sport>\d+) > (?P<dst>\S+)\.(?P<dport>\d+): "
+    r"Flags \[(?P<flags>[^\]]*)\](?:, seq (?P<seq>\d+)(?::(?P<end>\d+))?)?"
+    r"(?:, ack (?P<ack>\d+))?(?P<rest>.*)$"
+)
+SACK = re.compile(r"sack \d+ \{([^}]*)\}")
+BURST_GAP_S = 0.002  # target segments closer than this belong to one answer
+SNAPLEN = 128
+
+
+def parse(pcap: Path, target_port: int) -> list[dict]:
+    """The capture's TCP segments, each: t, out (target -> host), seq, end, ack, sacks."""
+    text = sh(["tcpdump", "-tt", "-nn", "-S", "-r", str(pcap)], check=False, timeout=120)
+    segs = []
+    for line in text.splitlines():
+        m = LINE.match(line)
+        if not m:
+            continue
+        seq = int(m["seq"]) if m["seq"] else None
+        sacks = []
+        s = SACK.search(m["rest"])
+        if s:
+            for block in s.group(1).split("}{"):
+                a, _, b = block.strip("{} ").partition(":")
+                if a and b:
+                    sacks.append((int(a), int(b)))
+        segs.append({
+            "t": float(m["t"]),
+            "out": int(m["sport"]) == target_port,
+            "seq": seq,
+            "end": int(m["end"]) if m["end"] else seq,
+            "ack": int(m["ack"]) if m["ack"] else None,
+            "sacks": sacks,
+        })  # fmt: skip
+    return segs
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def analyse(segs: list[dict]) -> dict:
+    """Answers (bursts of target data), the host's ACK delay after each, and the
+    retransmissions with their D-SACKs."""
+    data = [s for s in segs if s["out"] and s["end"] is not None and s["end"] > s["seq"]]
+    acks = [s for s in segs if not s["out"] and s["ack"] is not None]
+    highest, retrans, bursts = None, [], []
+    for s in data:
+        if highest is not None and s["end"] <= highest:
+            retrans.append(s)
+            continue
+        highest = s["end"] if highest is None else max(highest, s["end"])
+        if bursts and s["t"] - bursts[-1][-1]["t"] <= BURST_GAP_S:
+            bursts[-1].append(s)
+        else:
+            bursts.append([s])
+    delays, shapes, j = [], {}, 0
+    for b in bursts:
+        sizes = tuple(x["end"] - x["seq"] for x in b)
+        key = " + ".join(str(z) for z in sizes) if len(sizes) <= 4 else f"{len(sizes)} segments"
+        shapes[key] = shapes.get(key, 0) + 1
+        end, t_end = b[-1]["end"], b[-1]["t"]
+        while j < len(acks) and acks[j]["t"] < t_end:
+            j += 1
+        ack = next((a for a in itertools.islice(acks, j, None) if a["ack"] >= end), None)
+        if ack is not None:
+            delays.append(ack["t"] - t_end)
+    rows = []
+    for r in retrans:
+        sent = next((s for s in data if s["seq"] <= r["seq"] < s["end"] and s["t"] < r["t"]), None)
+        dsack = any(
+            a["t"] > r["t"] and any(lo <= r["seq"] and hi >= r["end"] and hi <= a["ack"]
+                                    for lo, hi in a["sacks"])
+            for a in acks
+            if 0 < a["t"] - r["t"] < 1.0
+        )  # fmt: skip
+        acked_before = any(a["t"] < r["t"] and a["ack"] >= r["end"] for a in acks)
+        rows.append({
+            "bytes": r["end"] - r["seq"],
+            "after_sent_ms": round((r["t"] - sent["t"]) * 1e3, 2) if sent else None,
+            "dsack": dsack,
+            "acked_before": acked_before,
+        })  # fmt: skip
+    top = sorted(shapes.items(), key=lambda kv: -kv[1])[:4]
+    after = [r["after_sent_ms"] for r in rows if r["after_sent_ms"] is not None]
+    return {
+        "answers": len(bursts),
+        "answer_shapes": dict(top),
+        "ack_delay_ms": {
+            "p50": round(pct(delays, 0.5) * 1e3, 2) if delays else None,
+            "p95": round(pct(delays, 0.95) * 1e3, 2) if delays else None,
+            "max": round(max(delays) * 1e3, 2) if delays else None,
+            "over_8ms": sum(d > 0.008 for d in delays),
+        },
+        "retransmitted": len(rows),
+        "retransmissions": rows[:20],
+        "retrans_median_after_sent_ms": statistics.median(after) if after else None,
+    }
+
+
+def capture(pcap: Path, host: str, port: int) -> subprocess.Popen:
+    p = subprocess.Popen(
+        ["ip", "netns", "exec", NETNS, "tcpdump", "-i", DEVICE, "-nn", "-s", str(SNAPLEN),
+         "-w", str(pcap), f"host {host} and tcp port {port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    line = p.stderr.readline()  # "listening on ..." once the filter is attached
+    if "listening" not in line:
+        p.kill()
+        raise RuntimeError(f"tcpdump: {line.strip()}")
+    return p
+
+
+def read(device: str, seconds: int) -> dict:
+    out = sh(["fio", "--output-format=json", "--name=reader", f"--filename={device}",
+              "--direct=1", "--ioengine=libaio", "--rw=randread", "--bs=4k", "--iodepth=1",
+              "--rate=256k", "--time_based", f"--runtime={seconds}"],
+             timeout=seconds + 120)  # fmt: skip
+    job = json.loads(out[out.index("{") :])["jobs"][0]
+    rd = job["read"]
+    lat_ms = rd["lat_ns"]["mean"] / 1e6
+    return {"ios": rd["total_ios"], "error": job["error"], "lat_mean_ms": lat_ms}
+
+
+def quickack(route: dict, on: bool) -> None:
+    """The host's route to its NVMe/TCP port, with quickack on or off."""
+    sh(["ip", "route", "replace", f"{route['traddr']}/32", "dev", route["dev"], "src",
+        route["host"], "quickack", "1" if on else "0"])  # fmt: skip
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--seconds", type=int, default=30)
+    a = ap.parse_args()
+    topo = load_topology()
+    if topo.status() is not None:
+        topo.down()
+    t0 = time.monotonic()
+    t = topo.up(luns=1, nvme=1, disk="fast", lv_size_mib=128)
+    isc, nv = t["iscsi"][0], t["nvme"][0]
+    route = {"traddr": nv["traddr"], "host": nv["host_traddr"], "dev": t["veth"]["initiator"]}
+    cases = [
+        ("iscsi", isc["device"], isc["initiator_ip"], 3260, False),
+        ("nvme", nv["device"], nv["host_traddr"], 4420, False),
+        ("nvme-quickack", nv["device"], nv["host_traddr"], 4420, True),
+    ]
+    res: dict = {"kernel": os.uname().release, "seconds": a.seconds, "cases": {}}
+    try:
+        for name, device, host, port, qa in cases:
+            quickack(route, qa)
+            pcap = Path(f"/tmp/tlp-{name}.pcap")
+            dump = capture(pcap, host, port)
+            c0 = tcp_counters()
+            fio = read(device, a.seconds)
+            c1 = tcp_counters()
+            time.sleep(0.5)
+            dump.send_signal(signal.SIGINT)
+            dump.wait(timeout=30)
+            r = {"fio": fio, "counters": {k: v for k, v in diff(c0, c1).items() if v}}
+            r.update(analyse(parse(pcap, port)))
+            res["cases"][name] = r
+            print(f"{name}: {fio['ios']} reads, answers {r['answers']} shaped "
+                  f"{r['answer_shapes']}, host ACK after {r['ack_delay_ms']}, target "
+                  f"counters {r['counters']}, retransmitted in the capture "
+                  f"{r['retransmitted']} (median {r['retrans_median_after_sent_ms']} ms after "
+                  f"the original; D-SACKed {sum(x['dsack'] for x in r['retransmissions'])} "
+                  f"of the first {len(r['retransmissions'])})", flush=True)  # fmt: skip
+    finally:
+        quickack(route, False)
+        topo.down()
+        res["wall_s"] = time.monotonic() - t0
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(res, indent=1))
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
