@@ -55,25 +55,35 @@ SNAPLEN = 128
 def parse(pcap: Path, target_port: int) -> list[dict]:
     """The capture's TCP segments, each: t, out (target -> host), seq, end, ack, sacks."""
     text = sh(["tcpdump", "-tt", "-nn", "-S", "-r", str(pcap)], check=False, timeout=120)
-    segs = []
+    segs: list[dict] = []
+    base: dict[bool, int] = {}  # per direction, its first sequence number: seqs wrap at 2**32
     for line in text.splitlines():
         m = LINE.match(line)
         if not m:
             continue
-        seq = int(m["seq"]) if m["seq"] else None
+        out = int(m["sport"]) == target_port
+        if m["seq"]:
+            base.setdefault(out, int(m["seq"]))
+        if m["ack"]:
+            base.setdefault(not out, int(m["ack"]))
+
+        def rel(x: str | None, side: bool) -> int | None:
+            return (int(x) - base[side]) % 2**32 if x and side in base else None
+
+        seq = rel(m["seq"], out)
         sacks = []
         s = SACK.search(m["rest"])
         if s:
             for block in s.group(1).split("}{"):
                 a, _, b = block.strip("{} ").partition(":")
                 if a and b:
-                    sacks.append((int(a), int(b)))
+                    sacks.append((rel(a, not out), rel(b, not out)))
         segs.append({
             "t": float(m["t"]),
-            "out": int(m["sport"]) == target_port,
+            "out": out,
             "seq": seq,
-            "end": int(m["end"]) if m["end"] else seq,
-            "ack": int(m["ack"]) if m["ack"] else None,
+            "end": rel(m["end"], out) if m["end"] else seq,
+            "ack": rel(m["ack"], not out),
             "sacks": sacks,
         })  # fmt: skip
     return segs
@@ -192,11 +202,12 @@ def main() -> int:
         ("nvme", nv["device"], nv["host_traddr"], 4420, False),
         ("nvme-quickack", nv["device"], nv["host_traddr"], 4420, True),
     ]
+    a.out.parent.mkdir(parents=True, exist_ok=True)
     res: dict = {"kernel": os.uname().release, "seconds": a.seconds, "cases": {}}
     try:
         for name, device, host, port, qa in cases:
             quickack(route, qa)
-            pcap = Path(f"/tmp/tlp-{name}.pcap")
+            pcap = a.out.with_name(f"{a.out.stem}-{name}.pcap")
             dump = capture(pcap, host, port)
             c0 = tcp_counters()
             fio = read(device, a.seconds)
