@@ -57,7 +57,6 @@ from __future__ import annotations
 import heapq
 import math
 import random
-import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -75,6 +74,7 @@ from .sim import (
     _mean_of_n,
     _on,
     best_constant_class,
+    percentile,
     summarize,
 )
 from .step import ControllerState, new_state, step
@@ -461,8 +461,7 @@ def fleet_compare(
             "split": list(c.split),
             "policy": c.policy,
             **{
-                f"{key}_median": statistics.median(r[key] for r in per_seed[c.label])
-                for key in keys
+                f"{key}_median": percentile([r[key] for r in per_seed[c.label]], 50) for key in keys
             },
             "runs": per_seed[c.label],
         }
