@@ -32,7 +32,10 @@ Cases (mode)
     fleet:       each appliance's samples of a tick (controller/fleet.py
                  Report) merged; the leader's step() decides; its Decision
                  reaches every appliance lag_ticks ticks later through a
-                 DecisionFence, and each applies it on its paths.
+                 DecisionFence, and each applies it on its paths. failover_at_s:
+                 the leader dies; none decides for ELECTION_S; the next (epoch 2)
+                 starts from the last published classes (handover) or from 0, and
+                 publishes after its first convergence (its write-heavy sets).
     independent: each appliance runs step() alone on its own paths' samples
                  and applies its own classes (the degraded mode).
 
@@ -65,6 +68,7 @@ from typing import Any
 from .domain import ReadSample, Resource, Samples, WriteSample
 from .fleet import Decision, DecisionFence, Report, fresh, leader_decision, merge
 from .plant import Closed, Device, closed_latency
+from .restate import seed_class
 from .scenario import Scenario
 from .sim import (
     LATENCY_WINDOW_S,
@@ -94,6 +98,9 @@ SPLITS: tuple[tuple[float, ...], ...] = (
     (0.85, 0.05, 0.05, 0.05),
 )
 SPLIT_SUM_TOLERANCE = 1e-6
+# A dead leader's lease runs out and another is elected after this long (an etcd
+# lease of 2 s and a campaign); the appliances keep the last classes meanwhile.
+ELECTION_S = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +110,8 @@ class FleetCase:
     mode: str = "single"
     rotate: bool = True
     lag_ticks: int = PUBLISH_LAG_TICKS
+    failover_at_s: float | None = None  # fleet: the leader dies; another after ELECTION_S
+    handover: bool = True  # the new leader starts at the last published classes
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES or self.mode not in MODES:
@@ -208,6 +217,7 @@ def run_fleet(
     delay_of = [cfg.ladder.delay_s(k) for k in range(cfg.ladder.max_class + 1)]
     by_resource = {r.name: [s for s in sc.streams if s.resource == r.name] for r in sc.resources}
     writing: set[str] = set()
+    epoch, elected_s, waiting, late = 1, -math.inf, False, list[Decision]()
 
     for k in range(round(sc.duration_s / dt)):
         t = k * dt
@@ -293,19 +303,29 @@ def run_fleet(
             else:  # fleet: the reports, fresh, merged
                 reports = [Report(f"a{p}", k, t_end, parts[p]) for p in paths]
                 samples = merge([rep.samples for rep in fresh(reports, t_end)])
-            states[0], _ = step(states[0], samples, t_end)
+                if epoch == 1 and case.failover_at_s is not None and t_end >= case.failover_at_s:
+                    epoch, elected_s, waiting = 2, t_end + ELECTION_S, True
+                    late, states[0] = list(outbox[-1]) if outbox else [], new_state(cfg, res)
+                    outbox.clear()
+                    if case.handover:  # the new leader starts where the old one published
+                        for name, per in fences[0].classes.items():
+                            seed_class(states[0], name, max(per.values(), default=0))
+                        states[0].effective.update(fences[0].initiator_classes())
+            if mode == "single" or t_end >= elected_s:
+                states[0], out = step(states[0], samples, t_end)
+                waiting = waiting and not out.converged  # a new leader: its sets, once
             if mode == "single":
                 applied = [states[0].effective for _ in paths]
-            else:
+            elif t_end >= elected_s:
                 lead = states[0]
-                outbox.append(
-                    [
-                        leader_decision(name, 1, k, lead.members(name), lead.effective)
-                        for name in lead.resources
-                    ]
-                )
+                if not waiting:
+                    outbox.append(
+                        [leader_decision(n_, epoch, k, lead.members(n_), lead.effective)
+                         for n_ in lead.resources]
+                    )  # fmt: skip
                 while len(outbox) > case.lag_ticks:
-                    batch = outbox.popleft()
+                    batch = outbox.popleft() + late  # the old leader's last, late: refused
+                    late = []
                     for p in paths:
                         for dec in batch:
                             fences[p].offer(dec)

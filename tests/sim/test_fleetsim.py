@@ -90,3 +90,37 @@ def test_independent_appliances_lose_the_threshold_where_the_fleet_holds_it(deep
     # the appliance on the reader's 85 % path sees every writer at 5 % only: none throttled
     assert all(v > 90.0 for v in si["unthrottled_pct"][0].values())
     assert all(v == 0.0 for u in sf["unthrottled_pct"] for v in u.values())
+
+
+def test_fleet_without_lag_is_one_appliance(paper, single):
+    """The merge loses nothing: without the publish lag the fleet decides as one appliance."""
+    fr = run_fleet(
+        paper, FleetCase((0.4, 0.3, 0.2, 0.1), "service-time", "fleet", lag_ticks=0), T_S
+    )
+    assert fr.result.series.delay_class == single.result.series.delay_class
+    assert fr.result.write_bytes_after_settle == pytest.approx(
+        single.result.write_bytes_after_settle
+    )
+
+
+def _peak_over_t(fr, start_s, end_s):
+    s = fr.result.series
+    return (
+        max(v for t, v in zip(s.t_s, s.read_latency_s, strict=True) if start_s <= t < end_s) / T_S
+    )
+
+
+def test_failover_with_handover_holds_and_fences_the_old_leader(paper):
+    """The leader dies at 62 s (mid-burst); none decides for ELECTION_S; the appliances keep
+    the last classes; the new leader (epoch 2) starts from them. The old leader's last
+    decision, delivered late, is refused. Without the handover the new leader starts at 0."""
+    case = FleetCase((0.7, 0.3), "round-robin", "fleet", failover_at_s=62.0)
+    fr = run_fleet(paper, case, T_S)
+    assert fr.refused >= 1
+    assert _peak_over_t(fr, 60.0, 75.0) <= 1.0
+    cold = run_fleet(
+        paper,
+        FleetCase((0.7, 0.3), "round-robin", "fleet", failover_at_s=62.0, handover=False),
+        T_S,
+    )
+    assert _peak_over_t(cold, 60.0, 75.0) > 1.5
