@@ -19,11 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from santhrottle.controller.fleetsim import fleet_compare
+from santhrottle.controller.fleetsim import FleetCase, fleet_compare, fleet_summary, run_fleet
 from santhrottle.controller.scenario import parse_scenario
+from santhrottle.controller.sim import percentile
 
 SCENARIOS = Path(__file__).parents[2] / "controller" / "scenarios"
 DEFAULT_SCENARIOS = ("paper.toml", "fleet-deep.toml")
@@ -60,6 +62,57 @@ def table(name: str, res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# The publish lag and a leader failover (at FAILOVER_S, mid-burst), on 70/30 round-robin.
+FAILOVER_S = 62.0
+LAG_CASES = (
+    ("lag 0 ticks", FleetCase((0.7, 0.3), "round-robin", "fleet", lag_ticks=0)),
+    ("lag 1 tick (default)", FleetCase((0.7, 0.3), "round-robin", "fleet", lag_ticks=1)),
+    ("lag 2 ticks", FleetCase((0.7, 0.3), "round-robin", "fleet", lag_ticks=2)),
+    ("lag 5 ticks", FleetCase((0.7, 0.3), "round-robin", "fleet", lag_ticks=5)),
+    ("failover, handover", FleetCase((0.7, 0.3), "round-robin", "fleet", failover_at_s=FAILOVER_S)),
+    (
+        "failover, new leader from 0",
+        FleetCase((0.7, 0.3), "round-robin", "fleet", failover_at_s=FAILOVER_S, handover=False),
+    ),
+)
+
+
+def lag_table(name: str, threshold_ms: float, seeds: tuple[int, ...]) -> str:
+    """The fleet's publish lag and failover, medians over the seeds."""
+    sc = parse_scenario((SCENARIOS / name).read_text())
+    thr = threshold_ms / 1000.0
+    lines = [
+        f"{name}, fleet 70/30 round-robin, T = {threshold_ms:g} ms, seeds {list(seeds)}, medians",
+        "",
+        "| case | p95/T | above T % | writes MB/s | class changes/min "
+        f"| peak {FAILOVER_S - 2:g}-{FAILOVER_S + 13:g} s / T | decisions refused |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, case in LAG_CASES:
+        rows = []
+        for seed in seeds:
+            sc_s = replace(sc, seed=seed)
+            fr = run_fleet(sc_s, case, thr)
+            f = fleet_summary(sc_s, fr, None)
+            s = fr.result.series
+            peak = max(
+                v
+                for t, v in zip(s.t_s, s.read_latency_s, strict=True)
+                if v is not None and FAILOVER_S - 2 <= t < FAILOVER_S + 13
+            )
+            rows.append((f, peak / thr))
+
+        def med(key: str, rows: list[tuple[dict[str, Any], float]] = rows) -> float:
+            return percentile([f[key] for f, _ in rows], 50)
+
+        lines.append(
+            f"| {label} | {med('p95_over_T'):.3f} | {med('above_T_pct'):.1f} "
+            f"| {med('write_throughput_bps') / 1e6:.3f} | {med('class_changes_per_min'):.0f} "
+            f"| {percentile([p for _, p in rows], 50):.2f} | {med('refused'):.0f} |"
+        )
+    return "\n".join(lines)
+
+
 def bench_fleet(
     seeds: tuple[int, ...] = DEFAULT_SEEDS,
     threshold_ms: float = DEFAULT_THRESHOLD_MS,
@@ -72,6 +125,7 @@ def bench_fleet(
         res = fleet_compare(sc, threshold_ms / 1000.0, seeds)
         results[name] = res
         texts.append(table(name, res))
+    texts.append(lag_table("paper.toml", threshold_ms, seeds))
     return {
         "name": "fleet simulator (issue 22), one appliance vs 2 and 4",
         "summary": "\n\n" + "\n\n".join(texts),
