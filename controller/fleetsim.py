@@ -49,10 +49,10 @@ Measured (per run, from the settle time on, as sim.summarize)
 
 Worked example (the plant law)
     C = 2 ms, m = 3 ms, q = 4, split 90/10, d = 10 ms on path 0, 0 on path 1:
-    round-robin: the fixed point of L with one stream of d = 9 ms;
-    service-time: streams (3.6, 10 ms) and (0.4, 0 ms): the undelayed path,
-    0.4 IOs outstanding at L each, carries 0.4 / L IOPS, 10 % of the IOs at
-    equal delays and far more here.
+    round-robin: one stream of d = 9 ms, L = 7.42 ms, X = 4 / 16.42 ms = 244 IOPS;
+    service-time: streams (3.6, 10 ms) and (0.4, 0 ms), L = 8.0 ms, X_0 = 200
+    and X_1 = 0.4 / L = 50 IOPS: the undelayed path carries 20 % of the IOs
+    (10 % at equal delays), and the writer more in all (250 IOPS).
 """
 
 from __future__ import annotations
