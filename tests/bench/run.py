@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_datapath import bench_datapath
+from bench_fleet import bench_fleet
 from bench_groups import bench_groups
 from bench_ladder import bench_ladder
 from bench_sensing import bench_sensing
@@ -118,6 +119,7 @@ BENCHES: dict[str, Callable[[], dict]] = {
     "ladder": bench_ladder,
     "wire": bench_wire,
     "groups": bench_groups,
+    "fleet": bench_fleet,
 }
 
 
