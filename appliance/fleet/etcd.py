@@ -93,7 +93,8 @@ def parse_endpoint(text: str) -> tuple[str, str, int]:
 
 
 def _short(cause: BaseException) -> str:
-    text = str(cause)
+    """The cause in a few words (etcd3gw keeps requests' long text in detail_text)."""
+    text = getattr(cause, "detail_text", None) or str(cause) or type(cause).__name__
     for known in (
         "Connection refused",
         "No route to host",
@@ -103,9 +104,7 @@ def _short(cause: BaseException) -> str:
     ):
         if known in text:
             return known.lower()
-    detail = getattr(cause, "detail_text", None)
-    text = (detail or text or type(cause).__name__).strip().replace("\n", " ")
-    return text[:120]
+    return text.strip().replace("\n", " ")[:120]
 
 
 class _Retry(Exception):
@@ -354,10 +353,11 @@ class EtcdCoordinator:
             client = self._clients[at]
             client.timeout = min(self.request_timeout_s, left)
             name = f"{client.host}:{client.port}"
+            t0 = time.monotonic()
             try:
                 got = self._attempt(client, fn)
             except _Retry as e:
-                causes.append(f"{name}: {e}")
+                causes.append(f"{name}: {e} ({time.monotonic() - t0:.2f} s)")
                 continue
             except LeaseLost:
                 self._current = at
