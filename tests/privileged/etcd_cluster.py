@@ -251,10 +251,14 @@ class Cluster:
 
 @contextlib.contextmanager
 def cluster(
-    tag: str, heartbeat_ms: int = HEARTBEAT_MS, election_ms: int = ELECTION_MS
+    tag: str,
+    heartbeat_ms: int = HEARTBEAT_MS,
+    election_ms: int = ELECTION_MS,
+    on_disk: bool = False,
 ) -> Iterator[Cluster]:
-    """The network and the three members, up and answering; gone afterwards."""
-    base = "/dev/shm" if Path("/dev/shm").is_dir() else None
+    """The network and the three members, up and answering; gone afterwards.  Data on
+    tmpfs (/dev/shm) if there is one, unless on_disk."""
+    base = "/dev/shm" if Path("/dev/shm").is_dir() and not on_disk else None
     data = Path(tempfile.mkdtemp(prefix="santhrottle-etcd-", dir=base))
     c = Cluster(tag, data, heartbeat_ms, election_ms)
     try:
