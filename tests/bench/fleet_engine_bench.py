@@ -69,7 +69,7 @@ def failovers(k: int) -> None:
     took = []
     with cluster(f"f{os.getpid()}") as c:
         for i in range(k):
-            array = f"fo{i}"
+            array = f"failover{i}"
             a, b, d = (
                 Agent(c, i % 3, array),
                 Agent(c, (i + 1) % 3, array),

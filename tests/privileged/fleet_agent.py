@@ -32,6 +32,16 @@ def plain(v: Any) -> Any:
     return v
 
 
+def etcd_leader(c: EtcdCoordinator) -> str:
+    """The endpoint whose member is etcd's raft leader (its status says so)."""
+    for client in c._clients:
+        client.timeout = 1.0
+        got = client.post(client.get_url("/maintenance/status"), json={})
+        if got["leader"] == got["header"]["member_id"]:
+            return f"{client.host}:{client.port}"
+    raise AssertionError("no member says it leads")
+
+
 def bench(c: EtcdCoordinator, what: str, n: int) -> list[float]:
     """n calls of one kind, their seconds each (joined, leading "vg0" for "txn")."""
     lead = c.campaign("vg0") if what == "txn" else None
@@ -81,6 +91,8 @@ def main() -> None:
                 got: Any = None
             elif op == "granted_ttl_s":
                 got = c.granted_ttl_s
+            elif op == "etcd_leader":
+                got = etcd_leader(c)
             elif op == "bench":
                 got = bench(c, *args)
             else:

@@ -182,3 +182,26 @@ def test_a_lost_quorum_fails_fast_and_recovers(fresh_etcd):
     _until(lambda: a.snapshot() is not None, 20.0, "the cluster back")
     a.join("a", {})
     assert a.campaign("vg0") is not None
+
+
+def test_an_etcd_leader_change_keeps_the_appliances_leases(fresh_etcd):
+    """etcd's new raft leader renews every lease on taking over: losing the etcd
+    leader stalls the appliances for an election, but nobody loses a lease."""
+    probe = Agent(fresh_etcd, 0, "raft")
+    lead = int(probe.call("etcd_leader").split(":")[0].rsplit(".", 1)[1]) - 1
+    probe.kill()
+    x, y = (Agent(fresh_etcd, i, "raft") for i in range(3) if i != lead)
+    x.join("x", {})
+    y.join("y", {})
+    first = x.campaign("vg0")
+    assert first is not None
+    time.sleep(0.6)
+    fresh_etcd.stop(lead)
+    t0 = time.monotonic()
+    _until(lambda: x.snapshot(), 10.0, "the majority answers again")
+    print(f"\netcd leader killed: the appliances wait {time.monotonic() - t0:.2f} s")
+    time.sleep(1.5)  # more than a TTL: a lease the new leader did not renew would end
+    x.refresh()
+    y.refresh()
+    assert x.leader("vg0") == first
+    assert {m.appliance for m in y.members()} == {"x", "y"}
