@@ -84,10 +84,17 @@ class Agent:
             raise AssertionError(f"agent {self.proc.pid} exited {self.proc.poll()}")
         return line
 
-    def call(self, op: str, *args: Any) -> Any:
+    def send(self, op: str, *args: Any) -> None:
+        """A request, its answer left for receive(): several agents at once."""
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps({"op": op, "args": list(args)}) + "\n")
         self.proc.stdin.flush()
+
+    def call(self, op: str, *args: Any) -> Any:
+        self.send(op, *args)
+        return self.receive()
+
+    def receive(self) -> Any:
         got = json.loads(self._line())
         self.last_s = got["s"]
         if "ok" in got:

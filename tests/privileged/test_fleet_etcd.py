@@ -78,6 +78,22 @@ def test_lease_ttl_of_one_second_is_granted(agents):
     assert granted == 1
 
 
+def test_concurrent_campaigns_elect_one_leader(agents):
+    """Three appliances in three namespaces campaign at the same moment, 20 times."""
+    array = f"race{next(_n)}"
+    cs = [agents(i, array) for i in range(3)]
+    for i, c in enumerate(cs):
+        c.join(f"a{i}", {})
+    winners = set()
+    for n in range(20):
+        for c in cs:
+            c.send("campaign", f"vg{n}")
+        won = [c.receive() for c in cs]
+        assert len([w for w in won if w]) == 1, won
+        winners |= {w["appliance"] for w in won if w}
+    print(f"\n20 races won by {sorted(winners)}")
+
+
 def _first_campaign(contenders: list[Agent], resource: str, within_s: float):
     """Campaign in turn until one wins: (winner, its leadership, seconds)."""
     t0 = time.monotonic()
