@@ -26,7 +26,10 @@ What it does
 Bounds
     Counts are ints >= 0 (reads, reads_in_flight, ios of devices) or numbers
     >= 0 (ios' fields are rates folded over an interval); every number is
-    finite; names are non-empty strings.  A list may be empty.
+    finite; names are non-empty strings.  A list may be empty.  Size: 10,000
+    write records with IPv4 initiators encode to 0.40 MB, 10,000 IO records to
+    0.70 MB; etcd refuses a request over --max-request-bytes (1.5 MiB by
+    default, docs/fleet.md).
 
 Worked example
     encode(SampleBatch("gw-a", 7, 12.3, Samples(reads=[ReadSample("vg0", 6, 0.004)])))
