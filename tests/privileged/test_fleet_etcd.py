@@ -221,3 +221,14 @@ def test_an_etcd_leader_change_keeps_the_appliances_leases(fresh_etcd):
     y.refresh()
     assert x.leader("vg0") == first
     assert {m.appliance for m in y.members()} == {"x", "y"}
+
+
+def test_a_payload_over_etcds_request_limit_is_engine_unavailable(agents):
+    a = agents(0, f"big{next(_n)}")
+    a.join("a", {})
+    writes = [["vg0", f"10.1.{n // 250}.{n % 250}", 1e6] for n in range(50_000)]
+    with pytest.raises(EngineUnavailable) as e:  # 1.7 MB of JSON
+        a.publish_samples({"writes": writes})
+    print(f"\n50,000 write records: {e.value}")
+    assert "too large" in str(e.value)
+    a.publish_samples({"seq": 1})  # the lease and the connection are fine
