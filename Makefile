@@ -7,9 +7,10 @@ VPY := $(VENV)/bin/python
 # rollout checks: ansible-core (the lab guest runs the host's), python3-apt, vagrant.
 # The wire sensor's bench replays pcaps with tcpreplay; its in-kernel version is a tc
 # program built with clang against libbpf's headers (make bpf), whose stack the unit tier
-# checks with llvm's objdump (tests/unit/test_bpf_stack.py). The lab (vagrant/qemu)
-# installs its own packages through `make lab-deps`.
-HOST_PKGS := iproute2 ipset iptables nftables kmod ansible-core python3-pip python3-apt vagrant vagrant-libvirt tcpreplay clang libbpf-dev llvm
+# checks with llvm's objdump (tests/unit/test_bpf_stack.py). The fleet's engine tests
+# run a 3-member etcd cluster in namespaces (etcd-server; etcdctl from etcd-client for a
+# look by hand). The lab (vagrant/qemu) installs its own packages through `make lab-deps`.
+HOST_PKGS := iproute2 ipset iptables nftables kmod ansible-core python3-pip python3-apt vagrant vagrant-libvirt tcpreplay clang libbpf-dev llvm etcd-server etcd-client
 APT_STAMP := $(VENV)/.apt-host
 VENV_STAMP := $(VENV)/.installed
 

@@ -4,6 +4,7 @@
     daemon/    santhrottled: loop, control socket, metrics, entry point
     datapath/  tc tree per device, member sets and their gate, rules, glide planner
     sensing/   diskstats, LVM, LIO (rtslib-fb), nvmet, sock_diag
+    fleet/     several appliances, one array: membership, leaders, decisions (etcd)
     config/    the one home of every key, default and bound
     units.py   the one parser of durations and rates
     netns.py   entering a network namespace, one thread at a time

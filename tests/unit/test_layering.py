@@ -1,5 +1,5 @@
 """controller/ stays pure; imports go appliance -> bridge -> controller, never back; inside
-appliance/, cli -> daemon -> datapath / sensing -> config -> units, and nothing imports the
+appliance/, cli -> daemon -> datapath / sensing / fleet -> config -> units, and nothing imports the
 daemon's entry module."""
 
 import ast
@@ -72,6 +72,7 @@ ROOMS = {
     "config": 1,
     "datapath": 2,
     "sensing": 2,
+    "fleet": 2,
     "daemon": 3,
     "cli": 4,
 }

@@ -1,0 +1,389 @@
+"""EtcdCoordinator: fleet/engine.py's Coordinator over etcd's v3 API (etcd3gw).
+
+Problem
+    The appliances of one array agree through etcd (docs/fleet.md: why etcd, and
+    what it costs): leases for membership, a create-if-absent transaction for
+    leadership, a transaction guarded by the leader key's create_revision for
+    the decisions.  The daemon calls this every 100 ms tick, so a call must
+    never hang: an engine that does not answer within its budget is an
+    EngineUnavailable, and the daemon controls locally until it answers again.
+
+What it does
+    One etcd3gw client (HTTP/JSON to etcd's gRPC gateway, /v3/) per endpoint.  A
+    call tries the endpoint that answered last, and on a transport failure, a
+    timeout or an etcd "no leader" the next one, until CALL_BUDGET_S is spent;
+    each attempt waits at most REQUEST_TIMEOUT_S for the connection and as long
+    for the answer.  Every failure becomes EngineUnavailable naming each
+    endpoint tried and its cause; "lease not found" becomes LeaseLost.  A value
+    in the engine that is not JSON of the expected shape is skipped and counted
+    (bad_values), never raised.
+
+    Operations that retry on another endpoint may have been applied by the
+    first one (its answer lost): each is idempotent.  campaign() returns my
+    leadership if the leader key already has my lease; a repeated put writes
+    the same value; join() may leave an orphan lease, which ends by itself.
+
+Bounds
+    A call lasts at most CALL_BUDGET_S + REQUEST_TIMEOUT_S (the last attempt's
+    connect and read each get at most the budget left).  Lease TTLs are whole
+    seconds, at least etcd's minimum (1.5 x election timeout, rounded up:
+    1 s with --heartbeat-interval 50 --election-timeout 500); granted_ttl_s is
+    what etcd granted.  Not thread-safe: one caller.
+
+Worked example
+    c = EtcdCoordinator("array1", ["10.77.0.1:2379", "10.77.0.2:2379"], ttl_s=1)
+    c.join("gw-a", {"addr": "10.0.0.5"})
+    lead = c.campaign("vg0")               # Leadership("vg0", "gw-a", 42) or None
+    if lead:
+        c.publish_decisions("vg0", lead.epoch, {"classes": {"10.1.1.9": 12}})
+    snap = c.snapshot()                    # one range request, every key of array1
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import requests
+from etcd3gw import exceptions as gw_errors
+from etcd3gw.client import Etcd3Client
+from etcd3gw.utils import _decode, _encode
+
+from santhrottle.appliance.fleet.engine import (
+    Decision,
+    EngineUnavailable,
+    Leadership,
+    LeaseLost,
+    Member,
+    Payload,
+    Snapshot,
+)
+
+# One attempt on one endpoint: connect within this, then the answer within this.
+REQUEST_TIMEOUT_S = 0.5
+# One call, over all the endpoints it tries.
+CALL_BUDGET_S = 1.0
+# The lease: whole seconds (etcd's unit); etcd raises a smaller one to its minimum.
+DEFAULT_TTL_S = 1
+ROOT = "/santhrottle"
+KINDS = ("members", "samples", "leader", "decisions")
+# etcd answers that say "this member cannot serve now, another may".
+_RETRY_ANSWERS = ("no leader", "timed out", "leader changed", "not capable", "too many requests")
+
+T = TypeVar("T")
+
+
+def check_name(what: str, name: str) -> str:
+    """A name that is one key segment: non-empty, no '/', printable."""
+    if not isinstance(name, str) or not name or "/" in name or not name.isprintable():
+        raise ValueError(f"{what} must be a non-empty printable name without '/', got {name!r}")
+    return name
+
+
+def parse_endpoint(text: str) -> tuple[str, str, int]:
+    """'host:port', '[v6]:port' or 'http://host:port' -> (protocol, host, port)."""
+    url = urlsplit(text if "//" in text else f"http://{text}")
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise ValueError(f"etcd endpoint must be [http[s]://]host:port, got {text!r}")
+    return url.scheme, url.hostname, url.port or 2379
+
+
+def _short(cause: BaseException) -> str:
+    """The cause in a few words (etcd3gw keeps requests' long text in detail_text)."""
+    text = getattr(cause, "detail_text", None) or str(cause) or type(cause).__name__
+    for known in (
+        "Connection refused",
+        "No route to host",
+        "Network is unreachable",
+        "Read timed out",
+        "timed out",
+    ):
+        if known in text:
+            return known.lower()
+    return text.strip().replace("\n", " ")[:120]
+
+
+class _Retry(Exception):
+    """This endpoint failed; another may answer."""
+
+
+class EtcdCoordinator:
+    def __init__(
+        self,
+        array: str,
+        endpoints: Sequence[str],
+        ttl_s: int = DEFAULT_TTL_S,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        call_budget_s: float = CALL_BUDGET_S,
+    ) -> None:
+        if not endpoints:
+            raise ValueError("at least one etcd endpoint")
+        if int(ttl_s) != ttl_s or ttl_s < 1:
+            raise ValueError(f"lease TTL must be a whole number of seconds >= 1, got {ttl_s}")
+        self._array = check_name("array", array)
+        self.prefix = f"{ROOT}/{array}/"
+        self.ttl_s = int(ttl_s)
+        self.request_timeout_s = request_timeout_s
+        self.call_budget_s = call_budget_s
+        self.endpoints = [parse_endpoint(e) for e in endpoints]
+        self._clients = [
+            Etcd3Client(host=h, port=p, protocol=s, timeout=request_timeout_s, api_path="/v3/")
+            for s, h, p in self.endpoints
+        ]
+        self._current = 0  # the endpoint that answered last
+        self._appliance: str | None = None
+        self._lease: int | None = None
+        self.granted_ttl_s: int | None = None
+        self.bad_values = 0
+
+    # -- the interface ----------------------------------------------------------
+
+    @property
+    def array(self) -> str:
+        return self._array
+
+    @property
+    def appliance(self) -> str | None:
+        return self._appliance
+
+    def join(self, appliance: str, info: Payload) -> None:
+        check_name("appliance", appliance)
+        value = json.dumps(dict(info)).encode()
+        if self._lease is not None:
+            self.leave()
+
+        def grant(c: Etcd3Client) -> tuple[int, int]:
+            got = c.post(c.get_url("/lease/grant"), json={"TTL": self.ttl_s})
+            if int(got.get("TTL", 0)) <= 0:
+                raise EngineUnavailable(f"etcd granted no lease: {got.get('error', got)}")
+            return int(got["ID"]), int(got["TTL"])
+
+        lease, ttl = self._call(grant)
+        self._appliance, self._lease, self.granted_ttl_s = appliance, lease, ttl
+        self._put(self._key("members", appliance), value)
+
+    def refresh(self) -> None:
+        lease = self._my_lease()
+
+        def keepalive(c: Etcd3Client) -> None:
+            got = c.post(c.get_url("/lease/keepalive"), json={"ID": lease})
+            if int(got.get("result", {}).get("TTL", 0)) <= 0:
+                raise LeaseLost(f"lease {lease:x} of {self._appliance} has ended")
+
+        self._call(keepalive)
+
+    def leave(self) -> None:
+        lease, self._lease = self._lease, None
+        if lease is None:
+            return
+        with contextlib.suppress(LeaseLost):  # already gone: what leave() wants
+            self._call(lambda c: c.post(c.get_url("/lease/revoke"), json={"ID": lease}))
+
+    def members(self) -> list[Member]:
+        return list(self._read("members").members.values())
+
+    def campaign(self, resource: str) -> Leadership | None:
+        key = self._enc(self._key("leader", check_name("resource", resource)))
+        lease, me = self._my_lease(), self._appliance or ""
+        txn = {
+            "compare": [{"key": key, "result": "EQUAL", "target": "CREATE", "create_revision": 0}],
+            "success": [
+                {"request_put": {"key": key, "value": _encode(me.encode()), "lease": lease}}
+            ],
+            "failure": [{"request_range": {"key": key}}],
+        }
+
+        def interpret(c: Etcd3Client) -> Leadership | None:
+            got = c.transaction(txn)
+            if got.get("succeeded"):
+                return Leadership(resource, me, int(got["header"]["revision"]))
+            kvs = got["responses"][0]["response_range"].get("kvs", [])
+            if kvs and int(kvs[0].get("lease", 0)) == lease:
+                return Leadership(resource, me, int(kvs[0]["create_revision"]))
+            return None
+
+        return self._call(interpret)
+
+    def resign(self, resource: str) -> bool:
+        key = self._enc(self._key("leader", check_name("resource", resource)))
+        txn = {
+            "compare": [self._leased_by_me(key)],
+            "success": [
+                {"request_delete_range": {"key": key}},
+                {"request_delete_range": {"key": self._enc(self._key("decisions", resource))}},
+            ],
+            "failure": [],
+        }
+        return self._txn_ok(txn)
+
+    def leader(self, resource: str) -> Leadership | None:
+        snap = self._read("leader", check_name("resource", resource))
+        return snap.leaders.get(resource)
+
+    def publish_samples(self, payload: Payload) -> None:
+        self._my_lease()
+        self._put(self._key("samples", self._appliance or ""), json.dumps(dict(payload)).encode())
+
+    def samples(self) -> dict[str, Payload]:
+        return dict(self._read("samples").samples)
+
+    def publish_decisions(self, resource: str, epoch: int, payload: Payload) -> bool:
+        key = self._enc(self._key("leader", check_name("resource", resource)))
+        value = {"epoch": int(epoch), "appliance": self._appliance, "payload": dict(payload)}
+        txn = {
+            "compare": [
+                {"key": key, "result": "EQUAL", "target": "CREATE", "create_revision": int(epoch)},
+                self._leased_by_me(key),
+            ],
+            "success": [
+                {
+                    "request_put": {
+                        "key": self._enc(self._key("decisions", resource)),
+                        "value": _encode(json.dumps(value).encode()),
+                        "lease": self._lease,
+                    }
+                }
+            ],
+            "failure": [],
+        }
+        return self._txn_ok(txn)
+
+    def decisions(self, resource: str) -> Decision | None:
+        snap = self._read("decisions", check_name("resource", resource))
+        return snap.decisions.get(resource)
+
+    def snapshot(self) -> Snapshot:
+        return self._parse(self._range(self.prefix))
+
+    def close(self) -> None:
+        for c in self._clients:
+            c.session.close()
+
+    # -- keys and values --------------------------------------------------------
+
+    def _key(self, kind: str, name: str) -> str:
+        return f"{self.prefix}{kind}/{name}"
+
+    @staticmethod
+    def _enc(key: str) -> str:
+        return _encode(key.encode())
+
+    def _my_lease(self) -> int:
+        if self._lease is None:
+            raise LeaseLost(f"{self._appliance or 'this appliance'} has no lease: join() first")
+        return self._lease
+
+    def _leased_by_me(self, key: str) -> dict[str, Any]:
+        return {"key": key, "result": "EQUAL", "target": "LEASE", "lease": self._my_lease()}
+
+    def _put(self, key: str, value: bytes) -> None:
+        body = {"key": self._enc(key), "value": _encode(value), "lease": self._my_lease()}
+        self._call(lambda c: c.post(c.get_url("/kv/put"), json=body))
+
+    def _txn_ok(self, txn: dict[str, Any]) -> bool:
+        return self._call(lambda c: bool(c.transaction(txn).get("succeeded")))
+
+    def _range(self, start: str, single: bool = False) -> tuple[int, list[dict[str, Any]]]:
+        body = {"key": self._enc(start)}
+        if not single:
+            end = bytearray(start.encode())
+            end[-1] += 1  # start ends with '/': '/' + 1 = '0'
+            body["range_end"] = _encode(bytes(end))
+
+        def read(c: Etcd3Client) -> tuple[int, list[dict[str, Any]]]:
+            got = c.post(c.get_url("/kv/range"), json=body)
+            return int(got["header"]["revision"]), list(got.get("kvs", []))
+
+        return self._call(read)
+
+    def _read(self, kind: str, name: str | None = None) -> Snapshot:
+        if name is None:
+            return self._parse(self._range(f"{self.prefix}{kind}/"))
+        return self._parse(self._range(self._key(kind, name), single=True))
+
+    def _parse(self, got: tuple[int, list[dict[str, Any]]]) -> Snapshot:
+        revision, kvs = got
+        found: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
+        for kv in kvs:
+            try:
+                kind, name, value = self._parse_one(kv)
+            except (ValueError, KeyError, TypeError, AttributeError):
+                self.bad_values += 1
+                continue
+            found[kind][name] = value
+        return Snapshot(
+            revision, found["members"], found["leader"], found["samples"], found["decisions"]
+        )
+
+    def _parse_one(self, kv: dict[str, Any]) -> tuple[str, str, Any]:
+        key = _decode(kv["key"]).decode()
+        kind, _, name = key.removeprefix(self.prefix).partition("/")
+        if kind not in KINDS or not name or "/" in name:
+            raise ValueError(key)
+        raw = _decode(kv.get("value", ""))
+        if kind == "leader":
+            return kind, name, Leadership(name, raw.decode(), int(kv["create_revision"]))
+        value = json.loads(raw)
+        if not isinstance(value, dict):
+            raise ValueError(key)
+        if kind == "members":
+            return kind, name, Member(name, value)
+        if kind == "samples":
+            return kind, name, value
+        payload = value["payload"]
+        if not isinstance(payload, dict):
+            raise ValueError(key)
+        return kind, name, Decision(name, int(value["epoch"]), str(value["appliance"]), payload)
+
+    # -- one call, over the endpoints -------------------------------------------
+
+    def _call(self, fn: Callable[[Etcd3Client], T]) -> T:
+        deadline = time.monotonic() + self.call_budget_s
+        causes: list[str] = []
+        n = len(self._clients)
+        for i in range(n * 2):  # at most twice round, while the budget lasts
+            left = deadline - time.monotonic()
+            if left <= 0.01:
+                break
+            at = (self._current + i) % n
+            client = self._clients[at]
+            client.timeout = min(self.request_timeout_s, left)
+            name = f"{client.host}:{client.port}"
+            t0 = time.monotonic()
+            try:
+                got = self._attempt(client, fn)
+            except _Retry as e:
+                causes.append(f"{name}: {e} ({time.monotonic() - t0:.2f} s)")
+                continue
+            except LeaseLost:
+                self._current = at
+                self._lease = None
+                raise
+            except EngineUnavailable as e:
+                raise EngineUnavailable(f"etcd {name}: {e}") from None
+            self._current = at
+            return got
+        spent = self.call_budget_s - (deadline - time.monotonic())
+        raise EngineUnavailable(f"etcd did not answer in {spent:.2f} s: " + "; ".join(causes))
+
+    @staticmethod
+    def _attempt(client: Etcd3Client, fn: Callable[[Etcd3Client], T]) -> T:
+        try:
+            return fn(client)
+        except (gw_errors.ConnectionFailedError, gw_errors.ConnectionTimeoutError) as e:
+            raise _Retry(_short(e)) from None
+        except gw_errors.Etcd3Exception as e:
+            detail = (e.detail_text or "").lower()
+            if "lease not found" in detail:
+                raise LeaseLost("the lease has ended (etcd: requested lease not found)") from None
+            if any(a in detail for a in _RETRY_ANSWERS):
+                raise _Retry(_short(e)) from None
+            raise EngineUnavailable(f"unexpected answer: {_short(e)}") from None
+        except requests.RequestException as e:
+            raise _Retry(_short(e)) from None
+        except (ValueError, KeyError, TypeError, AttributeError, OSError) as e:
+            raise EngineUnavailable(f"unreadable answer: {_short(e)}") from None

@@ -1,0 +1,183 @@
+"""EtcdCoordinator's logic without a server: names, endpoints, answers that are not
+what etcd sends, values in the engine that are not ours.  The engine itself is
+tested for real in tests/privileged/test_fleet_etcd.py."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import time
+
+import pytest
+from etcd3gw import exceptions as gw_errors
+from etcd3gw.client import Etcd3Client
+
+from santhrottle.appliance.fleet.engine import EngineUnavailable, LeaseLost
+from santhrottle.appliance.fleet.etcd import (
+    CALL_BUDGET_S,
+    REQUEST_TIMEOUT_S,
+    EtcdCoordinator,
+    check_name,
+    parse_endpoint,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def b64(s: str | bytes) -> str:
+    return base64.b64encode(s.encode() if isinstance(s, str) else s).decode()
+
+
+def test_endpoints_parse():
+    assert parse_endpoint("10.0.0.1:2379") == ("http", "10.0.0.1", 2379)
+    assert parse_endpoint("https://etcd1:2400") == ("https", "etcd1", 2400)
+    assert parse_endpoint("[fd00::1]:2379") == ("http", "fd00::1", 2379)
+    assert parse_endpoint("etcd1") == ("http", "etcd1", 2379)
+    for bad in ("ftp://x:1", "://", ""):
+        with pytest.raises(ValueError):
+            parse_endpoint(bad)
+
+
+@pytest.mark.parametrize("bad", ["", "a/b", "tab\there", None, 3])
+def test_names_are_one_key_segment(bad):
+    with pytest.raises(ValueError):
+        check_name("resource", bad)
+
+
+def test_construction_bounds():
+    with pytest.raises(ValueError):
+        EtcdCoordinator("arr", [])
+    for ttl in (0, 1.5):
+        with pytest.raises(ValueError):
+            EtcdCoordinator("arr", ["127.0.0.1:1"], ttl_s=ttl)
+    with pytest.raises(ValueError):
+        EtcdCoordinator("a/b", ["127.0.0.1:1"])
+
+
+def _closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nobody listens: connection refused, at once
+    return port
+
+
+def test_no_server_is_engine_unavailable_naming_each_endpoint():
+    ports = [_closed_port(), _closed_port()]
+    c = EtcdCoordinator("arr", [f"127.0.0.1:{p}" for p in ports])
+    t0 = time.monotonic()
+    with pytest.raises(EngineUnavailable) as e:
+        c.snapshot()
+    assert time.monotonic() - t0 < CALL_BUDGET_S + REQUEST_TIMEOUT_S
+    assert not isinstance(e.value, LeaseLost)
+    for p in ports:
+        assert f"127.0.0.1:{p}: connection refused" in str(e.value)
+    with pytest.raises(LeaseLost):  # no lease yet: said before any request
+        c.refresh()
+
+
+class Scripted:
+    """Stands in for etcd3gw's post: answers (or raises) what the test says."""
+
+    def __init__(self, *answers):
+        self.answers = list(answers)
+        self.urls: list[str] = []
+
+    def __call__(self, client, url, *args, **kwargs):
+        self.urls.append(url)
+        got = self.answers.pop(0)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    def make(*answers) -> tuple[EtcdCoordinator, Scripted]:
+        s = Scripted(*answers)
+        monkeypatch.setattr(Etcd3Client, "post", lambda client, url, *a, **k: s(client, url))
+        return EtcdCoordinator("arr", ["h1:2379", "h2:2379"]), s
+
+    return make
+
+
+def kv(key: str, value: bytes | str, create: int = 5, lease: int = 0) -> dict:
+    return {
+        "key": b64(key),
+        "value": b64(value),
+        "create_revision": str(create),
+        "lease": str(lease),
+    }
+
+
+def test_values_that_are_not_ours_are_skipped_and_counted(scripted):
+    p = "/santhrottle/arr/"
+    kvs = [
+        kv(p + "members/a", json.dumps({"addr": "x"})),
+        kv(p + "members/b", b"not json"),
+        kv(p + "members/c", json.dumps([1, 2])),
+        kv(p + "samples/a", json.dumps({"seq": 1})),
+        kv(p + "leader/vg0", "a", create=9),
+        kv(p + "decisions/vg0", json.dumps({"epoch": 9, "appliance": "a", "payload": {"c": 1}})),
+        kv(p + "decisions/vg1", json.dumps({"epoch": "x", "appliance": "a", "payload": {}})),
+        kv(p + "decisions/vg2", json.dumps({"epoch": 3, "appliance": "a", "payload": 7})),
+        kv(p + "other/x", "{}"),
+        kv(p + "members/d/e", "{}"),
+        {"key": "%%%not base64"},
+    ]
+    c, _ = scripted({"header": {"revision": "12"}, "kvs": kvs})
+    snap = c.snapshot()
+    assert snap.revision == 12
+    assert set(snap.members) == {"a"} and snap.samples == {"a": {"seq": 1}}
+    assert snap.leaders["vg0"].epoch == 9 and snap.current("vg0").payload == {"c": 1}
+    assert set(snap.decisions) == {"vg0"}
+    assert c.bad_values == 7
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [{}, {"header": {}}, {"header": {"revision": "x"}}, [], "text", None],
+    ids=str,
+)
+def test_an_answer_of_the_wrong_shape_is_engine_unavailable(scripted, answer):
+    c, _ = scripted(answer)
+    with pytest.raises(EngineUnavailable) as e:
+        c.snapshot()
+    assert "unreadable answer" in str(e.value) and "h1:2379" in str(e.value)
+
+
+def test_a_member_without_leader_sends_the_call_to_the_next(scripted):
+    no_leader = gw_errors.ConnectionFailedError('{"error":"etcdserver: no leader"}')
+    c, s = scripted(no_leader, {"header": {"revision": "3"}})
+    assert c.snapshot().revision == 3
+    assert [u.split("/")[2] for u in s.urls] == ["h1:2379", "h2:2379"]
+    s.answers.append({"header": {"revision": "4"}})  # sticks with the one that answered
+    c.snapshot()
+    assert s.urls[-1].split("/")[2] == "h2:2379"
+
+
+def test_lease_not_found_is_lease_lost(scripted):
+    gone = gw_errors.Etcd3Exception('{"error":"etcdserver: requested lease not found"}')
+    c, _ = scripted({"ID": "77", "TTL": "1"}, {"header": {"revision": "2"}}, gone)
+    c.join("a", {})
+    assert c.granted_ttl_s == 1
+    with pytest.raises(LeaseLost):
+        c.publish_samples({"seq": 1})
+    with pytest.raises(LeaseLost):  # the lease is forgotten: join() again
+        c.refresh()
+
+
+def test_an_ended_lease_on_refresh_is_lease_lost(scripted):
+    c, _ = scripted({"ID": "77", "TTL": "1"}, {"header": {"revision": "2"}}, {"result": {}})
+    c.join("a", {})
+    with pytest.raises(LeaseLost):
+        c.refresh()
+
+
+def test_a_refused_request_is_engine_unavailable_at_once(scripted):
+    bad = gw_errors.Etcd3Exception('{"error":"etcdserver: too many operations in txn"}')
+    c, s = scripted(bad)
+    with pytest.raises(EngineUnavailable) as e:
+        c.snapshot()
+    assert "unexpected answer" in str(e.value) and len(s.urls) == 1
