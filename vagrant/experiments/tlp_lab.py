@@ -56,19 +56,23 @@ def parse(pcap: Path, target_port: int) -> list[dict]:
     """The capture's TCP segments, each: t, out (target -> host), seq, end, ack, sacks."""
     text = sh(["tcpdump", "-tt", "-nn", "-S", "-r", str(pcap)], check=False, timeout=120)
     segs: list[dict] = []
-    base: dict[bool, int] = {}  # per direction, its first sequence number: seqs wrap at 2**32
+    # per connection (the host's port) and direction, its first sequence number: seqs
+    # wrap at 2**32, and an NVMe/TCP host has a connection per queue
+    base: dict[tuple[int, bool], int] = {}
     for line in text.splitlines():
         m = LINE.match(line)
         if not m:
             continue
         out = int(m["sport"]) == target_port
+        conn = int(m["dport"] if out else m["sport"])
         if m["seq"]:
-            base.setdefault(out, int(m["seq"]))
+            base.setdefault((conn, out), int(m["seq"]))
         if m["ack"]:
-            base.setdefault(not out, int(m["ack"]))
+            base.setdefault((conn, not out), int(m["ack"]))
 
-        def rel(x: str | None, side: bool) -> int | None:
-            return (int(x) - base[side]) % 2**32 if x and side in base else None
+        def rel(x: str | None, side: bool, conn: int = conn) -> int | None:
+            key = (conn, side)
+            return (int(x) - base[key]) % 2**32 if x and key in base else None
 
         seq = rel(m["seq"], out)
         sacks = []
@@ -81,6 +85,7 @@ def parse(pcap: Path, target_port: int) -> list[dict]:
         segs.append({
             "t": float(m["t"]),
             "out": out,
+            "conn": conn,
             "seq": seq,
             "end": rel(m["end"], out) if m["end"] else seq,
             "ack": rel(m["ack"], not out),
@@ -96,9 +101,9 @@ def pct(xs: list[float], q: float) -> float | None:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def analyse(segs: list[dict]) -> dict:
-    """Answers (bursts of target data), the host's ACK delay after each, and the
-    retransmissions with their D-SACKs."""
+def one_connection(segs: list[dict]) -> tuple[list[list[dict]], list[float], list[dict]]:
+    """One connection's answers (bursts of target data), the host's ACK delay after each,
+    and the retransmissions with their D-SACKs."""
     data = [s for s in segs if s["out"] and s["end"] is not None and s["end"] > s["seq"]]
     acks = [s for s in segs if not s["out"] and s["ack"] is not None]
     highest, retrans, bursts = None, [], []
@@ -111,11 +116,8 @@ def analyse(segs: list[dict]) -> dict:
             bursts[-1].append(s)
         else:
             bursts.append([s])
-    delays, shapes, j = [], {}, 0
+    delays, j = [], 0
     for b in bursts:
-        sizes = tuple(x["end"] - x["seq"] for x in b)
-        key = " + ".join(str(z) for z in sizes) if len(sizes) <= 4 else f"{len(sizes)} segments"
-        shapes[key] = shapes.get(key, 0) + 1
         end, t_end = b[-1]["end"], b[-1]["t"]
         while j < len(acks) and acks[j]["t"] < t_end:
             j += 1
@@ -138,9 +140,28 @@ def analyse(segs: list[dict]) -> dict:
             "dsack": dsack,
             "acked_before": acked_before,
         })  # fmt: skip
+    return bursts, delays, rows
+
+
+def analyse(segs: list[dict]) -> dict:
+    """The connections' answers, ACK delays and retransmissions, together."""
+    bursts: list[list[dict]] = []
+    delays: list[float] = []
+    rows: list[dict] = []
+    for conn in sorted({s["conn"] for s in segs}):
+        b, d, r = one_connection([s for s in segs if s["conn"] == conn])
+        bursts += b
+        delays += d
+        rows += r
+    shapes: dict[str, int] = {}
+    for b in bursts:
+        sizes = [x["end"] - x["seq"] for x in b]
+        key = " + ".join(map(str, sizes)) if len(sizes) <= 4 else f"{len(sizes)} segments"
+        shapes[key] = shapes.get(key, 0) + 1
     top = sorted(shapes.items(), key=lambda kv: -kv[1])[:4]
     after = [r["after_sent_ms"] for r in rows if r["after_sent_ms"] is not None]
     return {
+        "connections": len({s["conn"] for s in segs}),
         "answers": len(bursts),
         "answer_shapes": dict(top),
         "ack_delay_ms": {
@@ -150,6 +171,7 @@ def analyse(segs: list[dict]) -> dict:
             "over_8ms": sum(d > 0.008 for d in delays),
         },
         "retransmitted": len(rows),
+        "dsacked": sum(r["dsack"] for r in rows),
         "retransmissions": rows[:20],
         "retrans_median_after_sent_ms": statistics.median(after) if after else None,
     }
@@ -179,16 +201,26 @@ def read(device: str, seconds: int) -> dict:
     return {"ios": rd["total_ios"], "error": job["error"], "lat_mean_ms": lat_ms}
 
 
-def quickack(route: dict, on: bool) -> None:
-    """The host's route to its NVMe/TCP port, with quickack on or off."""
-    sh(["ip", "route", "replace", f"{route['traddr']}/32", "dev", route["dev"], "src",
-        route["host"], "quickack", "1" if on else "0"])  # fmt: skip
+def quickack(topo, nv: dict, dev: str, on: bool) -> None:
+    """The host's route to its NVMe/TCP port with quickack on or off, and the host
+    connected again: a connection takes the route's quickack when it is made."""
+    topo.nvme_disconnect([nv])
+    sh(["ip", "route", "replace", f"{nv['traddr']}/32", "dev", dev, "src", nv["host_traddr"],
+        "quickack", "1" if on else "0"])  # fmt: skip
+    topo.nvme_connect([nv])
+
+
+def hogs(n: int) -> list[subprocess.Popen]:
+    """n busy loops beside the reader, as the closed loop's writers and daemon load the
+    guest's CPU (the host's I/O worker, which reads the answers, then waits its turn)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--seconds", type=int, default=30)
+    ap.add_argument("--hogs", type=int, default=2, help="busy loops beside the reader")
     a = ap.parse_args()
     topo = load_topology()
     if topo.status() is not None:
@@ -196,36 +228,46 @@ def main() -> int:
     t0 = time.monotonic()
     t = topo.up(luns=1, nvme=1, disk="fast", lv_size_mib=128)
     isc, nv = t["iscsi"][0], t["nvme"][0]
-    route = {"traddr": nv["traddr"], "host": nv["host_traddr"], "dev": t["veth"]["initiator"]}
+    dev = t["veth"]["initiator"]
     cases = [
-        ("iscsi", isc["device"], isc["initiator_ip"], 3260, False),
-        ("nvme", nv["device"], nv["host_traddr"], 4420, False),
-        ("nvme-quickack", nv["device"], nv["host_traddr"], 4420, True),
+        ("iscsi", isc, isc["initiator_ip"], 3260, False),
+        ("nvme", nv, nv["host_traddr"], 4420, False),
+        ("nvme-quickack", nv, nv["host_traddr"], 4420, True),
     ]
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    res: dict = {"kernel": os.uname().release, "seconds": a.seconds, "cases": {}}
+    res: dict = {"kernel": os.uname().release, "seconds": a.seconds, "hogs": a.hogs, "cases": {}}
+    quick = False
     try:
-        for name, device, host, port, qa in cases:
-            quickack(route, qa)
+        for name, x, host, port, qa in cases:
+            if port == 4420 and qa != quick:
+                quickack(topo, nv, dev, qa)
+                quick = qa
             pcap = a.out.with_name(f"{a.out.stem}-{name}.pcap")
             dump = capture(pcap, host, port)
+            busy = hogs(a.hogs)
             c0 = tcp_counters()
-            fio = read(device, a.seconds)
-            c1 = tcp_counters()
+            try:
+                fio = read(x["device"], a.seconds)
+            finally:
+                c1 = tcp_counters()
+                for h in busy:
+                    h.kill()
+                    h.wait()
             time.sleep(0.5)
             dump.send_signal(signal.SIGINT)
             dump.wait(timeout=30)
             r = {"fio": fio, "counters": {k: v for k, v in diff(c0, c1).items() if v}}
             r.update(analyse(parse(pcap, port)))
             res["cases"][name] = r
-            print(f"{name}: {fio['ios']} reads, answers {r['answers']} shaped "
+            print(f"{name}: {fio['ios']} reads, {r['connections']} connection(s), answers "
+                  f"{r['answers']} shaped "
                   f"{r['answer_shapes']}, host ACK after {r['ack_delay_ms']}, target "
                   f"counters {r['counters']}, retransmitted in the capture "
                   f"{r['retransmitted']} (median {r['retrans_median_after_sent_ms']} ms after "
-                  f"the original; D-SACKed {sum(x['dsack'] for x in r['retransmissions'])} "
-                  f"of the first {len(r['retransmissions'])})", flush=True)  # fmt: skip
+                  f"the original; D-SACKed {r['dsacked']})", flush=True)  # fmt: skip
     finally:
-        quickack(route, False)
+        if quick:
+            quickack(topo, nv, dev, False)
         topo.down()
         res["wall_s"] = time.monotonic() - t0
         a.out.parent.mkdir(parents=True, exist_ok=True)
