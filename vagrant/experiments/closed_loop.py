@@ -613,6 +613,11 @@ def main() -> int:
         help="hosts over IPv6 (topology.py --ipv6-iscsi / --ipv6-nvme), by index: 0 is the "
         "reader, 1.. the writer hosts; e.g. 0,3 (needs santhrottled's IPv6 data path)",
     )
+    ap.add_argument(
+        "--nvme-quickack",
+        action="store_true",
+        help="the NVMe/TCP hosts' routes to their ports with quickack 1 (topology.up)",
+    )
     ap.add_argument("--disk", choices=("nullb", "array"), default="nullb",
                     help="array: lab.py --array nbd's known plant")  # fmt: skip
     ap.add_argument("--lv-size-mib", type=int, default=256)
@@ -672,6 +677,7 @@ def main() -> int:
         luns=0 if nvme else n, nvme=n if nvme else 0, disk=a.disk, lv_size_mib=a.lv_size_mib,
         nullb_mbps=a.mbps, nullb_queue_depth=a.queue_depth, bridge=a.bridge,
         ipv6_iscsi=() if nvme else v6, ipv6_nvme=v6 if nvme else (),
+        nvme_quickack=a.nvme_quickack,
     )  # fmt: skip
     t["hosts"] = hosts(t, a.protocol)
     t["storage_port"] = topology.NVME_PORT if nvme else topology.ISCSI_PORT

@@ -307,9 +307,10 @@ def setup_network(
         a, _ = veth_pair(k % links)
         bits = 128 if ":" in x["portal"] else 32
         ini.append(f"route add {x['portal']}/{bits} dev {a} src {x['initiator_ip']}")
+    quick = " quickack 1" if plan_ and plan_.get("nvme_quickack") else ""
     for x in nvme:
         bits = 128 if ":" in x["traddr"] else 32
-        ini.append(f"route add {x['traddr']}/{bits} dev {VETH_INI} src {x['host_traddr']}")
+        ini.append(f"route add {x['traddr']}/{bits} dev {VETH_INI} src {x['host_traddr']}{quick}")
     sh(["ip", "-batch", "-"], input="\n".join(make) + "\n")
     if bridge:
         sh(["ip", "-n", BRIDGE_NETNS, "-batch", "-"], input="\n".join(mid) + "\n")
@@ -743,10 +744,13 @@ def up(
     ipv6: bool = False,
     ipv6_iscsi: tuple[int, ...] | None = None,
     ipv6_nvme: tuple[int, ...] | None = None,
+    nvme_quickack: bool = False,
 ) -> dict:
     """Bring the topology up; returns (and stores) its description.  ipv6: one iSCSI
     initiator (the last) and NVMe/TCP host 0 over IPv6 (ULA_PREFIX), unless
-    ipv6_iscsi / ipv6_nvme name which (indices)."""
+    ipv6_iscsi / ipv6_nvme name which (indices).  nvme_quickack: the NVMe/TCP hosts'
+    routes to their ports with quickack 1 (each ACK at once, not when the host's I/O
+    worker reads: docs/lab.md, "Tail-loss probes with NVMe/TCP hosts")."""
     if STATE_FILE.exists():
         raise TopologyError(f"topology already up ({STATE_FILE}); run down first")
     if ipv6_iscsi is None:
@@ -763,6 +767,7 @@ def up(
         tuple(ipv6_iscsi),
         tuple(ipv6_nvme),
     )
+    t["nvme_quickack"] = nvme_quickack
     timings = {}
     t0 = time.monotonic()
 
