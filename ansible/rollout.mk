@@ -37,12 +37,13 @@ VAGRANT_VALIDATE_ENV := VAGRANT_DOTFILE_PATH=$(CURDIR)/build/vagrant-validate
 
 .PHONY: wheel man ansible-lint vagrant-validate rollout-check
 
-# A reproducible tar of the wheelhouse (sorted, fixed owner and date), with any
+# A reproducible tar of the wheelhouse (sorted, fixed owner and date; POSIX pax, as
+# wheel names pass ustar's 100 bytes: charset_normalizer's manylinux wheel), with any
 # tar: python's tarfile (GNU tar's --sort is not everywhere, e.g. macOS).
 define WHEELHOUSE_TAR
 import pathlib, sys, tarfile
 src, dest, epoch = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-with tarfile.open(dest, "w", format=tarfile.USTAR_FORMAT) as t:
+with tarfile.open(dest, "w", format=tarfile.PAX_FORMAT) as t:
     for f in sorted(src.glob("*.whl")):
         info = t.gettarinfo(str(f), arcname="./" + f.name)
         info.mtime, info.uid, info.gid, info.uname, info.gname, info.mode = epoch, 0, 0, "", "", 0o644
