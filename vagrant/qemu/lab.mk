@@ -24,11 +24,12 @@ lab-up:
 lab: setup
 	$(VPY) vagrant/experiments/report.py --paper $(ARGS)
 
-# make lab with NVMe/TCP hosts (issue 21; docs/lab.md, "NVMe/TCP"): the reader and the three
-# writer hosts are NVMe/TCP hosts of nvmet subsystems on the same VG and known plant;
-# no bridge phases (they name iSCSI portals), no curves (make lab-curves-nvme), ~30 min.
+# make lab with NVMe/TCP hosts (docs/lab.md, "NVMe/TCP hosts"): the reader and the three
+# writer hosts are NVMe/TCP hosts of nvmet subsystems on the same VG and known plant, the
+# bridge phases' resource their nvmet ports; no curves (make lab-curves-nvme).
+# ARGS=--nvme-quickack: the hosts ACK at once ("Tail-loss probes with NVMe/TCP hosts").
 lab-nvme: setup
-	$(VPY) vagrant/experiments/report.py --paper --protocol nvme --no-curves --timeout 3600 $(ARGS)
+	$(VPY) vagrant/experiments/report.py --paper --protocol nvme --no-curves --timeout 5400 $(ARGS)
 
 # The data path's throttle curves (docs/datapath.md, "Throttle curves"): one initiator on
 # the unthrottled disk, 64k qd1 and 256k qd4, reads (`read` mode) and writes (`all`, `ack`),
