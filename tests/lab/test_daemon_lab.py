@@ -167,7 +167,7 @@ def test_status_threshold_kill9_cleanup_and_cpu(topology, daemon, guest):
             "--direct=1",
             "--ioengine=libaio",
             "--time_based",
-            "--runtime=12",
+            "--runtime=40",  # killed once the checks are done (finally)
             "--size=64m",
         ],
         stdout=subprocess.PIPE,
@@ -176,7 +176,7 @@ def test_status_threshold_kill9_cleanup_and_cpu(topology, daemon, guest):
     try:
         # in the set, and status saying why: a class and r0; polled as one, since a
         # guest whose daemon skipped ticks can show the one a moment before the other
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 35
         while True:
             st = json.loads(_cli(topology, "status", "--json").stdout)["data"]
             ini = next((i for i in st["initiators"] if i["initiator"] == w["initiator_ip"]), {})
