@@ -20,6 +20,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from santhrottle.appliance.units import (
     UnitError,
@@ -224,6 +225,42 @@ def names(what: str, examples: str) -> Kind:
             raise KindError(f"must be a list of {what} names ({examples}): {e}") from None
 
     return Kind(f"list of {what} names", parse)
+
+
+ETCD_DEFAULT_PORT = 2379
+
+
+def parse_endpoint(text: str) -> tuple[str, str, int]:
+    """An etcd endpoint: 'host:port', '[v6]:port' or 'http[s]://host:port' ->
+    (protocol, host, port), the port 2379 when absent; ValueError otherwise."""
+    if not isinstance(text, str):
+        raise ValueError(f"etcd endpoint must be a string, got {text!r}")
+    url = urlsplit(text if "//" in text else f"http://{text}")
+    try:
+        port = url.port
+    except ValueError:
+        port = -1
+    if url.scheme not in ("http", "https") or not url.hostname or port == -1 or url.path:
+        raise ValueError(f"etcd endpoint must be [http[s]://]host:port, got {text!r}")
+    return url.scheme, url.hostname, port or ETCD_DEFAULT_PORT
+
+
+def endpoints() -> Kind:
+    """etcd endpoints: a list of [http[s]://]host:port (the port 2379 when absent)."""
+
+    def parse(v: Any) -> tuple[str, ...]:
+        if not isinstance(v, list):
+            raise _fail(v, 'must be a list of etcd endpoints ("10.77.0.1:2379")')
+        for x in v:
+            try:
+                parse_endpoint(x)
+            except ValueError as e:
+                raise KindError(str(e)) from None
+        if len(set(v)) != len(v):
+            raise _fail(v, "names an endpoint twice")
+        return tuple(v)
+
+    return Kind("list of [http[s]://]host:port", parse)
 
 
 def volume_names() -> Kind:

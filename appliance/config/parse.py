@@ -103,6 +103,14 @@ class Config:
     bridge_sensor: str = "auto"
     # [hosts.NAME]: addresses that are one initiator (config/hosts.py)
     hosts: dict[str, HostConfig] = field(default_factory=dict)
+    # [fleet]: empty endpoints, no fleet
+    fleet_endpoints: tuple[str, ...] = ()
+    fleet_array: str | None = None
+    fleet_appliance: str | None = None
+
+    @property
+    def fleet(self) -> bool:
+        return bool(self.fleet_endpoints)
 
     @property
     def bridge_mode(self) -> bool:
@@ -159,6 +167,9 @@ _FIELD = {
     "metrics.port": "metrics_port",
     "bridge.name": "bridge_name",
     "bridge.sensor": "bridge_sensor",
+    "fleet.endpoints": "fleet_endpoints",
+    "fleet.array": "fleet_array",
+    "fleet.appliance": "fleet_appliance",
 }
 RESTART_FIELDS = {k.dotted: _FIELD.get(k.dotted, k.name) for k in KEYS if k.restart}
 assert set(RESTART_FIELDS.values()) <= {f.name for f in fields(Config)}
@@ -274,6 +285,9 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
         write_heavy_share=c["write_heavy_share"],
     )
     m = r.table(data, "metrics", "metrics")
+    f = r.table(data, "fleet", "fleet")
+    if f["endpoints"] and not f["array"]:
+        raise r.fail("fleet.array", "is required with fleet.endpoints")
     b = r.table(data, "bridge", "bridge")
     resources = _resources(r, data)
     static_map = _static_map(r, data)
@@ -315,6 +329,9 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
         array_port=b["array_port"],
         bridge_sensor=b["sensor"],
         hosts=hosts(r, data),
+        fleet_endpoints=f["endpoints"],
+        fleet_array=f["array"],
+        fleet_appliance=f["appliance"],
     )
 
 

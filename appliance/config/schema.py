@@ -37,6 +37,7 @@ from santhrottle.appliance.config.kinds import (
     choice,
     delay_us,
     duration_s,
+    endpoints,
     group_members,
     host_addresses,
     integer,
@@ -260,6 +261,16 @@ KEYS: tuple[Key, ...] = (
         "the addresses one initiator host connects from (IPv4 and IPv6): judged write-heavy "
         "on their summed writes, shown and counted as one initiator, delayed alike "
         "(required)"),
+    # [fleet]
+    Key("fleet", "endpoints", endpoints(), [],
+        "etcd endpoints of the fleet's engine; empty: no fleet, this appliance controls "
+        "alone", restart=True),
+    Key("fleet", "array", name("array"), None,
+        "the array the fleet's appliances share (required with endpoints; the same on every "
+        "appliance of it)", restart=True),
+    Key("fleet", "appliance", name("appliance"), None,
+        "this appliance's name in the fleet, unique in it; unset: the host name",
+        restart=True),
     # [metrics]
     Key("metrics", "address", ip_address(), "127.0.0.1",
         "address of the Prometheus exporter", restart=True),
@@ -277,6 +288,7 @@ TABLES = (
     "static_map",
     "groups",
     "hosts",
+    "fleet",
     "metrics",
 )
 

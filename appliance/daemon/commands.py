@@ -49,7 +49,7 @@ MAX_PINS = 4096
 
 # Commands that only read: no state to save, the status cache stays.
 READ_ONLY = frozenset(
-    {"ping", "status", "resources", "initiators", "volumes", "threshold_show"}
+    {"ping", "status", "resources", "initiators", "volumes", "threshold_show", "fleet_status"}
     | group_commands.READ_ONLY
 )
 
@@ -85,6 +85,10 @@ def handle(daemon: Daemon, cmd: str, args: dict[str, Any]) -> Any:
             if rows is None:
                 raise CommandError("volumes: santhrottled runs in target mode (no wire sensor)")
             return rows
+        if cmd == "fleet_status":
+            if daemon.fleet is None:
+                raise CommandError("fleet status: santhrottled runs alone (no [fleet] endpoints)")
+            return daemon.fleet.status()
         if cmd == "threshold_show":
             return {n: _threshold(daemon, n) for n in sorted(daemon.known_resources())}
         if cmd == "threshold_set":

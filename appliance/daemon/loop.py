@@ -44,12 +44,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from santhrottle.appliance.config import Config, ConfigError
+from santhrottle.appliance.config import Config
 from santhrottle.appliance.config.kinds import AUTO
-from santhrottle.appliance.daemon import commands, grouping, view
-from santhrottle.appliance.daemon.commands import CommandError
+from santhrottle.appliance.daemon import commands, grouping, reloading, view
+
+# CommandError: what commands raise; importable from here as from commands
+from santhrottle.appliance.daemon.commands import CommandError as CommandError
 from santhrottle.appliance.daemon.counters import Counters, WrittenBytes
-from santhrottle.appliance.daemon.group_overrides import GroupOverride, prune
+from santhrottle.appliance.daemon.fleetmode import FleetMode
+from santhrottle.appliance.daemon.group_overrides import GroupOverride
 from santhrottle.appliance.daemon.hosts import HostMap
 from santhrottle.appliance.daemon.restore import age_adopted, snapshot
 from santhrottle.appliance.daemon.state import Saved, StateStore
@@ -61,7 +64,7 @@ from santhrottle.controller.domain import (
     Samples,
     WriteSample,
 )
-from santhrottle.controller.restate import reconfigure, seed_class
+from santhrottle.controller.restate import seed_class
 from santhrottle.controller.step import ControllerState, new_state, step
 
 log = logging.getLogger("santhrottled")
@@ -127,6 +130,7 @@ class Daemon:
         load_config: Callable[[str], Config] | None = None,
         notify: Callable[[str], None] | None = None,
         store: StateStore | None = None,
+        fleet: FleetMode | None = None,
     ) -> None:
         self.config = config
         self.sensors = sensors
@@ -154,6 +158,7 @@ class Daemon:
         self._status: tuple[tuple[int, ...], dict[str, Any]] | None = None
         self.group_map = grouping.build(config)  # GroupMapError: a host does not resolve
         self.hosts = HostMap.of(config.hosts)  # [hosts.NAME]: one initiator each (hosts.py)
+        self.fleet = fleet  # [fleet]: merged samples, the leaders' classes (fleetmode.py)
 
     # ----------------------------------------------------------- resources
     def threshold_of(self, name: str) -> float | str | None:
@@ -234,7 +239,12 @@ class Daemon:
                 self.state.last_reads[r.resource] = r
             self.counters.add_reads(reads if read_ok else None, self.config.controller.tick_s)
             self.ctl.groups.applied = not self.state.paused  # paused: no delay is seen
-            self.ctl, _ = step(self.ctl, Samples(reads, writes, devices, ios), now)
+            samples = Samples(reads, writes, devices, ios)
+            if self.fleet is not None:
+                samples = self.fleet.samples(self, samples, now)
+            self.ctl, _ = step(self.ctl, samples, now)
+            if self.fleet is not None:
+                self.fleet.after_step(self)
             age_adopted(self, now)
             self._actuate()
             self.counters.record_tick(self.clock() - t0)
@@ -245,7 +255,8 @@ class Daemon:
         if self.state.paused:
             return {}
         wmode = self.config.write_mode  # a host's addresses alike (daemon/hosts.py)
-        out = {ip: (k, wmode) for ip, k in self.hosts.spread(self.ctl.effective).items()}
+        eff = self.ctl.effective if self.fleet is None else self.fleet.effective(self.ctl.effective)
+        out = {ip: (k, wmode) for ip, k in self.hosts.spread(eff).items()}
         for ip, (k, mode) in self.state.adopted.items():
             if out.get(ip, (0, mode))[0] < k:
                 out[ip] = (k, mode)
@@ -281,6 +292,8 @@ class Daemon:
     def run(self) -> None:
         """Fixed-rate loop until stop(); the convergence runs in a worker thread."""
         worker = threading.Thread(target=self._converge_loop, name="converge", daemon=True)
+        if self.fleet is not None:
+            self.fleet.agent.start()  # the engine's thread: the tick never waits for it
         self.converge_once()  # a first discovery before the first tick
         # A first tick off the schedule: it opens the netlink sockets and loads what the
         # tick needs (seconds under an emulated CPU), so the fixed rate starts after it
@@ -329,6 +342,8 @@ class Daemon:
     # ------------------------------------------------------- shutdown
     def shutdown(self) -> None:
         """Remove every delay; the static state too unless configured to keep it."""
+        if self.fleet is not None:  # leave first: another appliance leads at once
+            self.fleet.agent.stop()
         with self.lock:
             self.state.paused = True
             self.state.pins.clear()
@@ -343,37 +358,8 @@ class Daemon:
 
     # ------------------------------------------------------- commands
     def reload(self) -> dict[str, Any]:
-        if self._load_config is None:
-            raise CommandError("this daemon was started without a config file")
-        try:
-            new = self._load_config(self.config.path)
-            gmap = grouping.build(new)  # a group's host that does not resolve: ConfigError
-        except ConfigError as e:
-            self.counters.reload_failures += 1
-            raise CommandError(f"reload refused, keeping the running config: {e}") from None
-        with self.lock:
-            self.group_map = gmap
-            self.hosts = HostMap.of(new.hosts)
-            old = self.config
-            # restart keys keep their running values; the rest takes effect now
-            self.restart_pending = new.restart_changes(old)
-            self.config = new.keeping_restart_keys_of(old)
-            prune(self.state.group_overrides, self.config.groups, "reload")  # logged
-            if self.config.controller != old.controller:
-                self.ctl = reconfigure(self.ctl, self.config.controller)
-            if self.config.bridge_mode and hasattr(self.sensors, "reconfigure"):
-                self.sensors.reconfigure(self.config.volumes())  # the resources' volumes
-            self._resources_dirty = True
-            self.counters.reloads += 1
-        if self.restart_pending:
-            log.warning(
-                "reloaded %s; %s changed and take effect at the next restart",
-                new.path,
-                ", ".join(self.restart_pending),
-            )
-        else:
-            log.info("reloaded %s", new.path)
-        return {"reloaded": new.path, "restart_needed": list(self.restart_pending)}
+        """Reload the config file (daemon/reloading.py); CommandError keeps the running one."""
+        return reloading.reload(self)
 
     def handle(self, cmd: str, args: dict[str, Any]) -> Any:
         """One control-socket request (daemon/control.py); raises CommandError.

@@ -225,6 +225,7 @@ def serve(cfg: Config) -> int:
             load_config=load_config,
             notify=notify,
             store=StateStore(cfg.state_dir),
+            fleet=build_fleet(cfg),
         )
         # what can be refused without touching the kernel, first
         server = ControlServer(cfg.control_socket, daemon.handle, cfg.socket_mode, cfg.socket_group)
@@ -273,6 +274,30 @@ def serve(cfg: Config) -> int:
         if metrics is not None:
             metrics.shutdown()
     return 0
+
+
+def build_fleet(cfg: Config) -> Any:
+    """[fleet]: the agent on the etcd cluster (None without endpoints).  Nothing
+    is asked of the engine here: a start never waits for it (the agent joins
+    in its thread; until it has, the appliance controls alone)."""
+    if not cfg.fleet:
+        return None
+    from santhrottle.appliance.daemon.fleetmode import FleetMode
+    from santhrottle.appliance.fleet.agent import FleetAgent
+    from santhrottle.appliance.fleet.etcd import DEFAULT_TTL_S, EtcdCoordinator
+
+    name = cfg.fleet_appliance or socket.gethostname().split(".")[0]
+    coord = EtcdCoordinator(str(cfg.fleet_array), cfg.fleet_endpoints, ttl_s=DEFAULT_TTL_S)
+    agent = FleetAgent(
+        coord,
+        name,
+        {"mode": cfg.mode},
+        ttl_s=DEFAULT_TTL_S,
+        tick_s=cfg.controller.tick_s,
+        max_class=cfg.max_class,
+    )
+    log.info("fleet: %s as %s on %s", cfg.fleet_array, name, ", ".join(cfg.fleet_endpoints))
+    return FleetMode(agent)
 
 
 def prepare(cfg: Config) -> str:

@@ -56,6 +56,7 @@ from prometheus_client.exposition import make_wsgi_app
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
+from santhrottle.appliance.daemon.fleet_metrics import fleet_families
 from santhrottle.appliance.daemon.group_metrics import group_families
 from santhrottle.appliance.version import version
 
@@ -144,6 +145,8 @@ class DaemonCollector(Collector):
             yield from wire_families(st["wire"])
         if st.get("groups"):  # [groups.NAME] configured and on a resource
             yield from group_families(st["groups"])
+        if st.get("fleet") is not None:  # [fleet] configured (daemon/fleet_metrics.py)
+            yield from fleet_families(st["fleet"])
         info = GaugeMetricFamily(
             "santhrottle_build_info",
             "santhrottle's version and the Python running it (always 1)",

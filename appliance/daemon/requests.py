@@ -218,6 +218,7 @@ COMMANDS: dict[str, dict[str, Spec]] = {
     "initiators": NO_ARGS,
     "volumes": NO_ARGS,
     "threshold_show": NO_ARGS,
+    "fleet_status": NO_ARGS,
     "threshold_set": {"resource": _resource, "threshold_s": _threshold_s},
     "threshold_reset": {"resource": _resource},
     "group_list": NO_ARGS,

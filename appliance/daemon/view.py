@@ -127,6 +127,8 @@ def status(daemon: Daemon) -> dict[str, Any]:
         # bridge mode: the wire sensor's counts since the start (appliance/sensing/bridge.py)
         "wire": wire_counters(daemon),
         "groups": groups(daemon),
+        # [fleet]: members, leaders, epochs, the engine's lag (daemon/fleetmode.py); None alone
+        "fleet": None if daemon.fleet is None else daemon.fleet.status(),
     }
 
 

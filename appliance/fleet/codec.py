@@ -181,3 +181,76 @@ def decode(raw: Any) -> SampleBatch:
     at_s = _number("at_s", raw["at_s"])
     lists = {kind: _records(kind, raw[kind]) for kind in _RECORDS}
     return SampleBatch(appliance, seq, at_s, Samples(**lists))
+
+
+# -- what an appliance publishes per tick, and what a leader publishes ---------------
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """An appliance's samples key: its last tick's reads and devices, and its
+    last convergence's writes and ios (each with its own seq)."""
+
+    tick: SampleBatch
+    conv: SampleBatch | None = None
+
+
+def encode_published(p: Published) -> dict[str, Any]:
+    return {"tick": encode(p.tick), "conv": None if p.conv is None else encode(p.conv)}
+
+
+def decode_published(raw: Any) -> Published:
+    if not isinstance(raw, dict) or "tick" not in raw or "conv" not in raw:
+        raise BadSamples("payload", "not an object with tick and conv")
+    tick = _nested("tick", raw["tick"])
+    conv = None if raw["conv"] is None else _nested("conv", raw["conv"])
+    return Published(tick, conv)
+
+
+def _nested(where: str, raw: Any) -> SampleBatch:
+    try:
+        return decode(raw)
+    except BadSamples as e:
+        raise BadSamples(f"{where}.{e.field}", str(e).split(": ", 1)[-1]) from None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderClasses:
+    """A resource leader's decision: its seq (per tick), the resource's class,
+    and the class of each member initiator (ramps included)."""
+
+    seq: int
+    delay_class: int
+    members: dict[str, int]
+
+
+def encode_classes(d: LeaderClasses) -> dict[str, Any]:
+    return {"v": FORMAT, "seq": d.seq, "class": d.delay_class, "members": dict(d.members)}
+
+
+def decode_classes(raw: Any, max_class: int) -> LeaderClasses:
+    """The decision in raw, or BadSamples; classes above max_class are refused
+    (another appliance's ladder: its classes mean other delays here)."""
+    if not isinstance(raw, dict):
+        raise BadSamples("decision", "not an object")
+    for key in ("v", "seq", "class", "members"):
+        if key not in raw:
+            raise BadSamples(key, "missing")
+    if raw["v"] != FORMAT:
+        raise BadSamples("v", f"format {raw['v']!r}, this decoder reads {FORMAT}")
+    seq = _count("seq", raw["seq"])
+    k = _class("class", raw["class"], max_class)
+    if not isinstance(raw["members"], dict):
+        raise BadSamples("members", "not an object")
+    members = {
+        _name("members", ini): _class(f"members.{ini}", v, max_class)
+        for ini, v in raw["members"].items()
+    }
+    return LeaderClasses(seq, k, members)
+
+
+def _class(field: str, v: Any, max_class: int) -> int:
+    k = _count(field, v)
+    if k > max_class:
+        raise BadSamples(field, f"class {k} above this ladder's last, {max_class}")
+    return k

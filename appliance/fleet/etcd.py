@@ -46,7 +46,6 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import requests
 from etcd3gw import exceptions as gw_errors
@@ -62,6 +61,7 @@ from santhrottle.appliance.fleet.engine import (
     Payload,
     Snapshot,
 )
+from santhrottle.appliance.fleet.names import check_name, parse_endpoint
 
 # One attempt on one endpoint: connect within this, then the answer within this.
 REQUEST_TIMEOUT_S = 0.5
@@ -75,21 +75,6 @@ KINDS = ("members", "samples", "leader", "decisions")
 _RETRY_ANSWERS = ("no leader", "timed out", "leader changed", "not capable", "too many requests")
 
 T = TypeVar("T")
-
-
-def check_name(what: str, name: str) -> str:
-    """A name that is one key segment: non-empty, no '/', printable."""
-    if not isinstance(name, str) or not name or "/" in name or not name.isprintable():
-        raise ValueError(f"{what} must be a non-empty printable name without '/', got {name!r}")
-    return name
-
-
-def parse_endpoint(text: str) -> tuple[str, str, int]:
-    """'host:port', '[v6]:port' or 'http://host:port' -> (protocol, host, port)."""
-    url = urlsplit(text if "//" in text else f"http://{text}")
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise ValueError(f"etcd endpoint must be [http[s]://]host:port, got {text!r}")
-    return url.scheme, url.hostname, url.port or 2379
 
 
 def _short(cause: BaseException) -> str:

@@ -29,7 +29,7 @@ from santhrottle.appliance.fleet.engine import (
     Payload,
     Snapshot,
 )
-from santhrottle.appliance.fleet.etcd import check_name
+from santhrottle.appliance.fleet.names import check_name
 
 
 @dataclass

@@ -12,11 +12,8 @@ from etcd3gw import exceptions as gw_errors
 from etcd3gw.client import Etcd3Client
 
 from santhrottle.appliance.fleet.engine import EngineUnavailable, LeaseLost
-from santhrottle.appliance.fleet.etcd import (
-    EtcdCoordinator,
-    check_name,
-    parse_endpoint,
-)
+from santhrottle.appliance.fleet.etcd import EtcdCoordinator
+from santhrottle.appliance.fleet.names import check_name, parse_endpoint
 
 pytestmark = pytest.mark.unit
 

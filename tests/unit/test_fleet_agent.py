@@ -1,0 +1,138 @@
+"""FleetAgent (fleet/agent.py) on the in-memory engine: joins, leaders, samples, faults.
+
+The engine is tests/unit/fleet_fake.py's, which keeps the real adapter's rules
+(tests/unit/fleet_contract.py holds both to them); the agent's clock is the
+engine's, so lease expiry and the degraded mode run in virtual time.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from santhrottle.appliance.fleet.agent import DEGRADED_AFTER_S, FleetAgent
+from santhrottle.appliance.fleet.codec import LeaderClasses, Published, SampleBatch
+from santhrottle.controller.domain import ReadSample, Samples, WriteSample
+from tests.unit.fleet_fake import FakeCoordinator, FakeEngine
+
+pytestmark = pytest.mark.unit
+TICK_S = 0.1
+
+
+def agent(engine: FakeEngine, name: str, **kw) -> FleetAgent:
+    return FleetAgent(
+        FakeCoordinator(engine, "arr"), name, {"mode": "bridge"}, clock=lambda: engine.now_s, **kw
+    )
+
+
+def cycles(engine: FakeEngine, agents: list[FleetAgent], n: int = 1) -> None:
+    for _ in range(n):
+        for a in agents:
+            a.cycle()
+        engine.advance(TICK_S)
+
+
+def batch(name: str, seq: int, reads: int = 6) -> Published:
+    tick = SampleBatch(name, seq, 1.0, Samples(reads=[ReadSample("vg0", reads, 0.012)]))
+    conv = SampleBatch(name, 1, 1.0, Samples(writes=[WriteSample("vg0", "10.0.0.3", 5e6)]))
+    return Published(tick, conv)
+
+
+def test_no_good_cycle_yet_is_degraded():
+    e = FakeEngine()
+    a = agent(e, "a")
+    v = a.view()
+    assert v.degraded and v.ok_age_s is None and v.reason == "not joined yet"
+
+
+def test_one_leader_per_resource_the_other_sees_its_samples_and_decision():
+    e = FakeEngine()
+    a, b = agent(e, "a"), agent(e, "b")
+    a.want({"vg0"})
+    b.want({"vg0"})
+    a.offer(batch("a", 1))
+    cycles(e, [a, b])
+    va, vb = a.view(), b.view()
+    assert not va.degraded and not vb.degraded
+    assert va.leading == {"vg0": va.leaders["vg0"][1]} and vb.leading == {}
+    assert vb.leaders["vg0"][0] == "a" and vb.members == ("a", "b")
+    part = vb.parts["a"]
+    assert part.tick.seq == 1 and part.tick.samples.reads[0].reads == 6
+    assert part.conv is not None and part.conv.samples.writes[0].write_bps == 5e6
+    seen = part.tick_seen_s
+    cycles(e, [a, b])  # the same seq again: first seen then, not now
+    assert b.view().parts["a"].tick_seen_s == seen
+    a.offer_decision("vg0", va.leading["vg0"], LeaderClasses(7, 12, {"10.0.0.3": 12}))
+    cycles(e, [a, b])
+    f = b.view().followed["vg0"]
+    assert (f.leader, f.epoch, f.classes.seq, f.classes.delay_class) == (
+        "a", va.leading["vg0"], 7, 12,
+    )  # fmt: skip
+    assert a.view().followed == {}  # a leads it: nothing to follow
+
+
+def test_a_decision_at_another_epoch_is_not_published():
+    e = FakeEngine()
+    a = agent(e, "a")
+    a.want({"vg0"})
+    cycles(e, [a])
+    epoch = a.view().leading["vg0"]
+    a.offer_decision("vg0", epoch - 1, LeaderClasses(1, 5, {}))
+    cycles(e, [a])
+    assert e.kv.get("/santhrottle/arr/decisions/vg0") is None
+
+
+def test_outage_degrades_after_the_bound_and_rejoins_with_a_new_lease():
+    e = FakeEngine()
+    a, b = agent(e, "a"), agent(e, "b")
+    a.want({"vg0"})
+    b.want({"vg0"})
+    cycles(e, [a, b], 3)
+    e.down = True
+    cycles(e, [a, b], 5)  # 0.5 s: one slow second is not an outage yet
+    assert not a.view().degraded
+    cycles(e, [a, b], round(DEGRADED_AFTER_S / TICK_S))
+    v = a.view()
+    assert v.degraded and "fake engine: down" in v.reason and v.leading == {}
+    assert a.counters.failures >= 10
+    e.down = False  # the leases ran out meanwhile: LeaseLost, then a new join
+    cycles(e, [a, b], 3)
+    assert a.counters.leases_lost == 1 and a.counters.joins == 2
+    va, vb = a.view(), b.view()
+    assert not va.degraded and not vb.degraded
+    assert len({va.leaders["vg0"], vb.leaders["vg0"]}) == 1  # one leader, both agree
+
+
+def test_stop_leaves_so_the_other_leads_at_the_next_cycle():
+    e = FakeEngine()
+    a, b = agent(e, "a"), agent(e, "b")
+    a.want({"vg0"})
+    b.want({"vg0"})
+    cycles(e, [a, b])
+    old = a.view().leading["vg0"]
+    a.stop()
+    cycles(e, [b])
+    vb = b.view()
+    assert vb.leading["vg0"] > old and b.counters.elections_won == 1
+
+
+def test_bad_payloads_of_another_appliance_are_skipped_and_counted():
+    e = FakeEngine()
+    a, b = agent(e, "a"), agent(e, "b")
+    a.want({"vg0"})
+    cycles(e, [a, b])
+    epoch = a.view().leading["vg0"]
+    b.coord.publish_samples({"tick": {"v": 1, "appliance": "b"}, "conv": None})
+    a.coord.publish_decisions("vg0", epoch, {"v": 1, "seq": 1, "class": 10**6, "members": {}})
+    cycles(e, [a, b])
+    assert a.counters.bad_payloads == 1 and "b" not in a.view().parts
+    assert b.counters.bad_payloads == 1 and b.view().followed == {}
+    assert not a.view().degraded and not b.view().degraded
+
+
+def test_resource_names_with_slashes_are_one_key_segment():
+    e = FakeEngine()
+    a, b = agent(e, "a"), agent(e, "b")
+    name = "nvme://10.0.0.5:4420/*/*"
+    a.want({name})
+    cycles(e, [a, b])
+    assert b.view().leaders[name][0] == "a" and name in a.view().leading
