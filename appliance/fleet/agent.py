@@ -187,6 +187,8 @@ class FleetAgent:
         age = None if ok is None else now - ok
         degraded = age is None or age > DEGRADED_AFTER_S
         if degraded:
+            if not reason:  # a round still waiting for the engine
+                reason = f"no answer from the engine for {age:.1f} s"
             return FleetView(v.array, v.appliance, True, reason, v.revision, age, v.members)
         return FleetView(
             v.array, v.appliance, False, reason, v.revision, age, v.members,

@@ -1,0 +1,209 @@
+"""Two santhrottled processes in fleet mode on a real 3-member etcd cluster.
+
+The cluster is tests/privileged/etcd_cluster.py's (each member in a network
+namespace this test makes); each daemon runs in a member's namespace (its
+engine traffic goes there) with its data path in a namespace of its own
+(pfifo leaves: the host kernel has no netem, so classification only; the
+delays and the closed loop through two bridges are the lab's).  What only
+real processes on a real engine show:
+  - both register, one leads the resource, the other follows (fleet status);
+  - kill -9 of the leader: the other leads within 2 s and the dead one's
+    member key ends with its lease (no orphan member);
+  - a partition of one daemon's member: that daemon reports "degraded" within
+    the agent's bound, the other keeps leading, and both are back in fleet
+    mode once the link returns;
+  - SIGTERM leaves the fleet at once (the other leads well before the lease's
+    TTL) and the kernel as it was.
+Skips, with the reason, without root, ip, tc, ipset or etcd.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from santhrottle.appliance.daemon.control import request
+from santhrottle.appliance.fleet.agent import DEGRADED_AFTER_S
+from santhrottle.appliance.fleet.etcd import CALL_BUDGET_S, REQUEST_TIMEOUT_S
+from tests.privileged.etcd_cluster import NET, cluster, missing
+
+pytestmark = pytest.mark.privileged
+BIN = Path(sys.executable).parent
+FAILOVER_BOUND_S = 2.0
+# The agent notices an outage after DEGRADED_AFTER_S of failing rounds; a round
+# that hangs takes at most the call budget and one attempt's connect and read.
+DEGRADE_BOUND_S = DEGRADED_AFTER_S + CALL_BUDGET_S + 2 * REQUEST_TIMEOUT_S + 0.5
+POLL_S = 0.05
+
+
+def sh(*cmd: str) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=30)
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    why = missing()
+    if why:
+        pytest.skip(why)
+    for tool in ("tc", "ipset", "iptables-restore"):
+        if not shutil.which(tool):
+            pytest.skip(f"{tool} is not installed")
+    tag = f"{os.getpid()}d"
+    dps = [f"stfd-{tag}-{x}" for x in "ab"]
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        for ns in dps:
+            sh("ip", "netns", "add", ns)
+            sh("ip", "-n", ns, "link", "add", "st-d0", "type", "veth", "peer", "st-d1")
+            sh("ip", "-n", ns, "link", "set", "st-d0", "up")
+        with cluster(tag) as c:
+            yield c, dps, procs, tmp_path
+            for p in procs.values():
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)  # our own children, by PID
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        p.wait(timeout=30)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+        for ns in dps:
+            sh("ip", "netns", "del", ns)
+
+
+def start(fleet, name: str, member: int) -> str:
+    """santhrottled `name` in etcd member `member`'s namespace; its control socket."""
+    c, dps, procs, tmp = fleet
+    d = tmp / name
+    d.mkdir()
+    sock = str(d / "control.sock")
+    disk = next(iter(sorted(p.name for p in Path("/sys/block").iterdir())), "vda")
+    order = [member, *(i for i in range(3) if i != member)]
+    endpoints = ", ".join(f'"{NET}.{i + 1}:2379"' for i in order)
+    conf = d / "s.toml"
+    conf.write_text(
+        f'[daemon]\ncontrol_socket = "{sock}"\nnetns = "{dps["ab".index(name)]}"\n'
+        f'state_dir = "{d / "state"}"\n'
+        f'[datapath]\ndevices = ["st-d0"]\nleaf = "pfifo"\nlink_speed = "10gbit"\n'
+        f"[metrics]\nport = 0\n"
+        f'[resources.r0]\nthreshold = "20ms"\ndevices = ["{disk}"]\n'
+        f'[fleet]\nendpoints = [{endpoints}]\narray = "arr"\nappliance = "{name}"\n'
+    )
+    p = subprocess.Popen(
+        ["ip", "netns", "exec", c.ns[member], str(BIN / "santhrottled"), "--config", str(conf)],
+        stdout=open(d / "log", "w"),  # noqa: SIM115 (the child keeps it)
+        stderr=subprocess.STDOUT,
+    )
+    procs[name] = p
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            request(sock, "ping")
+            return sock
+        except Exception:
+            assert p.poll() is None and time.monotonic() < deadline, (d / "log").read_text()
+            time.sleep(POLL_S)
+
+
+def until(fn, within_s: float, what: str):
+    """fn()'s first true value and the seconds it took."""
+    t0 = time.monotonic()
+    while True:
+        got = fn()
+        if got:
+            return got, time.monotonic() - t0
+        if time.monotonic() - t0 > within_s:
+            raise AssertionError(f"{what}: not within {within_s} s (last: {got!r})")
+        time.sleep(POLL_S)
+
+
+def fs(sock: str) -> dict:
+    return request(sock, "fleet_status")
+
+
+def leader_of(sock: str) -> str | None:
+    got = fs(sock)["leaders"].get("r0")
+    return None if got is None else got["appliance"]
+
+
+def both_in_fleet(a: str, b: str):
+    sa, sb = fs(a), fs(b)
+    ok = (
+        sa["mode"] == sb["mode"] == "fleet"
+        and sa["members"] == sb["members"] == ["a", "b"]
+        and leader_of(a) is not None
+        and leader_of(a) == leader_of(b)
+    )
+    return (sa, sb) if ok else None
+
+
+def test_kill_9_of_the_leader_hands_over_within_2_s_without_an_orphan(fleet):
+    socks = {"a": start(fleet, "a", 0), "b": start(fleet, "b", 1)}
+    (sa, sb), took = until(lambda: both_in_fleet(socks["a"], socks["b"]), 20.0, "both in fleet")
+    lead = sa["leaders"]["r0"]["appliance"]
+    other = "b" if lead == "a" else "a"
+    follower = fs(socks[other])
+    assert follower["leading"] == [] and fs(socks[lead])["leading"] == ["r0"]
+    assert follower["parts"][lead]["tick_seq"] > 0  # the leader's samples arrive
+    epoch = sa["leaders"]["r0"]["epoch"]
+    fleet[2][lead].kill()  # SIGKILL, our own child: its lease ends by itself
+    fleet[2][lead].wait(timeout=10)
+    t0 = time.monotonic()
+    until(lambda: fs(socks[other])["leading"] == ["r0"], 10.0, "the survivor leads")
+    took = time.monotonic() - t0
+    st = fs(socks[other])
+    print(f"\nleader {lead} killed -> {other} leads after {took:.2f} s")
+    assert st["leaders"]["r0"]["epoch"] > epoch and st["mode"] == "fleet"
+    assert took < FAILOVER_BOUND_S
+    until(lambda: fs(socks[other])["members"] == [other], 5.0, "the dead member's key gone")
+
+
+def test_a_partitioned_daemon_degrades_and_rejoins(fleet):
+    c = fleet[0]
+    socks = {"a": start(fleet, "a", 0), "b": start(fleet, "b", 1)}
+    until(lambda: both_in_fleet(socks["a"], socks["b"]), 20.0, "both in fleet")
+    c.link(1, up=False)  # b's member namespace off the network: b sees no engine
+    t0 = time.monotonic()
+    st, _ = until(
+        lambda: (s := fs(socks["b"]))["mode"] == "degraded" and s, DEGRADE_BOUND_S + 2, "b degrades"
+    )
+    took = time.monotonic() - t0
+    print(f"\npartitioned: b degraded after {took:.2f} s: {st['reason']}")
+    assert took < DEGRADE_BOUND_S and st["reason"]
+    assert st["leaders"] == {} and st["following"] == {}  # alone: nobody else's classes
+    # a, in the majority, leads r0 once b's lease is gone
+    until(lambda: fs(socks["a"])["leading"] == ["r0"], 10.0, "a leads")
+    until(lambda: fs(socks["a"])["members"] == ["a"], 5.0, "b's member key gone")
+    assert fs(socks["a"])["mode"] == "fleet"
+    c.link(1, up=True)
+    _, back = until(lambda: both_in_fleet(socks["a"], socks["b"]), 20.0, "both in fleet again")
+    print(f"link back: both in fleet mode after {back:.2f} s")
+    assert fs(socks["b"])["counters"]["leases_lost"] >= 1  # it joined again
+
+
+def test_sigterm_leaves_the_fleet_at_once_and_the_kernel_clean(fleet):
+    _c, dps, procs, _tmp = fleet
+    before = sh("ip", "netns", "exec", dps[0], "tc", "qdisc", "show", "dev", "st-d0").stdout
+    socks = {"a": start(fleet, "a", 0), "b": start(fleet, "b", 1)}
+    (sa, _sb), _ = until(lambda: both_in_fleet(socks["a"], socks["b"]), 20.0, "both in fleet")
+    lead = sa["leaders"]["r0"]["appliance"]
+    other = "b" if lead == "a" else "a"
+    procs[lead].send_signal(signal.SIGTERM)  # our own child, by PID
+    t0 = time.monotonic()
+    assert procs[lead].wait(timeout=30) == 0
+    until(lambda: fs(socks[other])["leading"] == ["r0"], 5.0, "the other leads")
+    took = time.monotonic() - t0
+    print(f"\nleader {lead} stopped -> {other} leads after {took:.2f} s")
+    assert fs(socks[other])["members"] == [other]
+    if lead == "a":
+        after = sh("ip", "netns", "exec", dps[0], "tc", "qdisc", "show", "dev", "st-d0").stdout
+        assert after == before
