@@ -148,7 +148,7 @@ def both_in_fleet(a: str, b: str):
 
 def test_kill_9_of_the_leader_hands_over_within_2_s_without_an_orphan(fleet):
     socks = {"a": start(fleet, "a", 0), "b": start(fleet, "b", 1)}
-    (sa, sb), took = until(lambda: both_in_fleet(socks["a"], socks["b"]), 20.0, "both in fleet")
+    (sa, _sb), _ = until(lambda: both_in_fleet(socks["a"], socks["b"]), 20.0, "both in fleet")
     lead = sa["leaders"]["r0"]["appliance"]
     other = "b" if lead == "a" else "a"
     follower = fs(socks[other])
