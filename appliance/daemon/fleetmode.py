@@ -77,6 +77,7 @@ class FleetMode:
         self.conv: SampleBatch | None = None  # this appliance's last convergence
         self.extra: dict[str, int] = {}  # followed members that are not members here
         self.merged_parts = 0  # other appliances' ticks merged (metrics)
+        self.converges = 0  # the daemon's convergences seen
 
     # -------------------------------------------------------------- samples
     def samples(self, d: Daemon, own: Samples, now: float) -> Samples:
@@ -86,7 +87,9 @@ class FleetMode:
         self.tick_seq += 1
         name = self.agent.name
         tick = SampleBatch(name, self.tick_seq, now, Samples(own.reads, [], own.devices, []))
-        converged = bool(own.writes or own.ios)
+        # a convergence since the last tick (its writes may be none: that is news too)
+        converged = bool(own.writes or own.ios) or d.counters.converges != self.converges
+        self.converges = d.counters.converges
         if converged:
             seq = 1 if self.conv is None else self.conv.seq + 1
             self.conv = SampleBatch(name, seq, now, Samples([], own.writes, [], own.ios))

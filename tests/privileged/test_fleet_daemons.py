@@ -154,6 +154,12 @@ def test_kill_9_of_the_leader_hands_over_within_2_s_without_an_orphan(fleet):
     follower = fs(socks[other])
     assert follower["leading"] == [] and fs(socks[lead])["leading"] == ["r0"]
     assert follower["parts"][lead]["tick_seq"] > 0  # the leader's samples arrive
+    cli = subprocess.run(
+        [str(BIN / "santhrottle"), "fleet", "status", "--socket", socks[other]],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    print(f"\n$ santhrottle fleet status\n{cli.stdout}", end="")
+    assert cli.returncode == 0 and f"r0  leader {lead}" in cli.stdout, cli.stderr
     epoch = sa["leaders"]["r0"]["epoch"]
     fleet[2][lead].kill()  # SIGKILL, our own child: its lease ends by itself
     fleet[2][lead].wait(timeout=10)
