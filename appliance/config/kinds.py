@@ -245,36 +245,43 @@ def parse_endpoint(text: str) -> tuple[str, str, int]:
     return url.scheme, url.hostname, port or ETCD_DEFAULT_PORT
 
 
-def endpoints() -> Kind:
-    """etcd endpoints: a list of [http[s]://]host:port (the port 2379 when absent)."""
+def _checked_list(
+    describe: str,
+    hint: str,
+    check: Callable[[str], object],
+    errors: type[Exception] | tuple,
+    unique: bool = False,
+) -> Kind:
+    """A list of strings, each passing check() (its errors' text is the message)."""
 
     def parse(v: Any) -> tuple[str, ...]:
-        if not isinstance(v, list):
-            raise _fail(v, 'must be a list of etcd endpoints ("10.77.0.1:2379")')
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise _fail(v, f"must be a list of {hint}")
         for x in v:
             try:
-                parse_endpoint(x)
-            except ValueError as e:
+                check(x)
+            except errors as e:
                 raise KindError(str(e)) from None
-        if len(set(v)) != len(v):
-            raise _fail(v, "names an endpoint twice")
+        if unique and len(set(v)) != len(v):
+            raise _fail(v, "names one twice")
         return tuple(v)
 
-    return Kind("list of [http[s]://]host:port", parse)
+    return Kind(describe, parse)
+
+
+def endpoints() -> Kind:
+    """etcd endpoints: a list of [http[s]://]host:port (the port 2379 when absent)."""
+    return _checked_list("list of [http[s]://]host:port", 'etcd endpoints ("10.77.0.1:2379")',
+                         parse_endpoint, ValueError, unique=True)  # fmt: skip
 
 
 def volume_names() -> Kind:
-    def parse(v: Any) -> tuple[str, ...]:
-        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-            raise _fail(v, 'must be a list of volume names ("iscsi://10.0.0.5/iqn.x:a/0")')
-        for x in v:
-            try:
-                parse_volume(x)
-            except VolumeNameError as e:
-                raise KindError(str(e)) from None
-        return tuple(v)
-
-    return Kind("list of iscsi://PORTAL/IQN/LUN or nvme://PORTAL/NQN/NSID", parse)
+    return _checked_list(
+        "list of iscsi://PORTAL/IQN/LUN or nvme://PORTAL/NQN/NSID",
+        'volume names ("iscsi://10.0.0.5/iqn.x:a/0")',
+        parse_volume,
+        VolumeNameError,
+    )
 
 
 def ports() -> Kind:

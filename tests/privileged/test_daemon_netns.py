@@ -117,10 +117,15 @@ def _run(prog: str, *argv: str) -> subprocess.CompletedProcess:
     )
 
 
-def _start(conf: Path, sock: str) -> subprocess.Popen:
+def _start(
+    conf: Path, sock: str, prefix: tuple[str, ...] = (), log: Path | None = None
+) -> subprocess.Popen:
+    """santhrottled on conf (after prefix: `ip netns exec NS`), once it answers on
+    sock; its output to log (a file: it may log much) or to a pipe."""
+    out = subprocess.PIPE if log is None else open(log, "w")  # noqa: SIM115 (the child's)
     proc = subprocess.Popen(
-        [str(BIN / "santhrottled"), "--config", str(conf)],
-        stdout=subprocess.PIPE,
+        [*prefix, str(BIN / "santhrottled"), "--config", str(conf)],
+        stdout=out,
         stderr=subprocess.STDOUT,
         text=True,
     )
@@ -130,7 +135,12 @@ def _start(conf: Path, sock: str) -> subprocess.Popen:
             request(sock, "ping")
             return proc
         except Exception:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            if proc.poll() is not None or time.monotonic() > deadline:
+                if proc.poll() is None:  # hung: end it (our own child), then its output
+                    proc.kill()
+                    proc.wait()
+                why = proc.stdout.read() if log is None else log.read_text()
+                raise AssertionError(f"santhrottled did not start: {why}") from None
             time.sleep(0.05)
 
 

@@ -34,6 +34,7 @@ from santhrottle.appliance.daemon.control import request
 from santhrottle.appliance.fleet.agent import DEGRADED_AFTER_S
 from santhrottle.appliance.fleet.etcd import CALL_BUDGET_S, REQUEST_TIMEOUT_S
 from tests.privileged.etcd_cluster import NET, cluster, missing
+from tests.privileged.test_daemon_netns import _start
 
 pytestmark = pytest.mark.privileged
 BIN = Path(sys.executable).parent
@@ -98,20 +99,8 @@ def start(fleet, name: str, member: int) -> str:
         f'[resources.r0]\nthreshold = "20ms"\ndevices = ["{disk}"]\n'
         f'[fleet]\nendpoints = [{endpoints}]\narray = "arr"\nappliance = "{name}"\n'
     )
-    p = subprocess.Popen(
-        ["ip", "netns", "exec", c.ns[member], str(BIN / "santhrottled"), "--config", str(conf)],
-        stdout=open(d / "log", "w"),  # noqa: SIM115 (the child keeps it)
-        stderr=subprocess.STDOUT,
-    )
-    procs[name] = p
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            request(sock, "ping")
-            return sock
-        except Exception:
-            assert p.poll() is None and time.monotonic() < deadline, (d / "log").read_text()
-            time.sleep(POLL_S)
+    procs[name] = _start(conf, sock, ("ip", "netns", "exec", c.ns[member]), d / "log")
+    return sock
 
 
 def until(fn, within_s: float, what: str):

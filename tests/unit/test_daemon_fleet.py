@@ -22,21 +22,11 @@ from santhrottle.appliance.daemon.metrics import registry_for
 from santhrottle.appliance.fleet.agent import FleetAgent
 from santhrottle.controller.domain import ReadSample, WriteSample
 from tests.unit.fleet_fake import FakeCoordinator, FakeEngine
-from tests.unit.test_daemon import FakeActuator, FakeDiscovery, View
+from tests.unit.test_daemon import CONF, FakeActuator, FakeDiscovery, View
 
 pytestmark = pytest.mark.unit
 MIB = 1024 * 1024
 TICK_S = 0.1
-CONF = """
-[datapath]
-devices = ["eth1"]
-[controller]
-class_hysteresis = 0
-[resources.vg0]
-threshold = "10ms"
-[metrics]
-port = 0
-"""
 WRITER = "10.0.0.3"
 WRITE_BPS = 10 * MIB  # the writer's undelayed rate, over all paths
 
