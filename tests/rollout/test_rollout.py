@@ -439,6 +439,31 @@ def test_the_etcd_role_renders_the_groups_initial_cluster(playbook_bin, tmp_path
         }, host
 
 
+def test_the_vagrant_fleet_labs_etcd_members(playbook_bin, tmp_path):
+    """ansible/vagrant/etcd.yml over fleet-hosts.yml, as the Vagrantfile's fleet mode
+    runs it on the target and both bridges: one cluster on the management network,
+    each member's first start queued rather than waited for."""
+    import yaml
+
+    (play,) = yaml.safe_load((ANSIBLE / "vagrant" / "etcd.yml").read_text())
+    play = _checked_and_rendered(play, {"santhrottle_etcd": ["etcd.default"]},
+                                 str(tmp_path / "{{ inventory_hostname }}.json"))  # fmt: skip
+    assert play["vars"]["santhrottle_etcd_wait_for_quorum"] is False
+    inventory = str(ANSIBLE / "vagrant" / "fleet-hosts.yml")
+    p = _playbook(
+        playbook_bin, tmp_path, [play], inventory, *CHECKS, "-e", "lab_mgmt_subnet=10.9.8"
+    )
+    assert p.returncode == 0, p.stdout[-4000:]
+    members = {"target": "10.9.8.10", "bridge1": "10.9.8.11", "bridge2": "10.9.8.12"}
+    cluster = ",".join(f"{n}=http://{a}:2380" for n, a in members.items())
+    for name, address in members.items():
+        env = _etcd_environment(
+            _unpack(tmp_path / f"{name}.json", tmp_path / name) / "etcd.default"
+        )
+        assert (env["ETCD_NAME"], env["ETCD_INITIAL_CLUSTER"]) == (name, cluster)
+        assert env["ETCD_ADVERTISE_CLIENT_URLS"] == f"http://{address}:2379"
+
+
 @pytest.mark.parametrize(
     ("hosts", "role_vars", "message"),
     [
@@ -704,7 +729,8 @@ VALIDATIONS = {
     ("provider", "initiators", "mode"),
     [("core", "1", "target"), ("core", "3", "target"), ("libvirt", "3", "target"),
      ("virtualbox", "3", "target"), ("core", "2", "bridge"), ("libvirt", "2", "bridge"),
-     ("virtualbox", "2", "bridge")],
+     ("virtualbox", "2", "bridge"), ("core", "2", "fleet"), ("libvirt", "2", "fleet"),
+     ("virtualbox", "2", "fleet"), ("core", "3", "fleet")],
 )  # fmt: skip
 def test_vagrant_validate(provider, initiators, mode, tmp_path):
     vagrant = _need(shutil.which("vagrant"), "vagrant (apt-get install --no-install-recommends)")
@@ -730,9 +756,9 @@ def test_vagrant_validate(provider, initiators, mode, tmp_path):
         env["PATH"] = f"{stub.parent}:{env['PATH']}"
     p = _run([vagrant, "validate", *args], cwd=ROOT / "vagrant", env=env, timeout=120)
     assert p.returncode == 0 and "validated successfully" in p.stdout, p.stdout
-    if provider == "core":  # one line per machine: the target, N initiators, the bridge
+    if provider == "core":  # one line per machine: the target, N initiators, the bridge(s)
         machines = {"target"} | {f"ini{k}" for k in range(1, int(initiators) + 1)}
-        machines |= {"bridge"} if mode == "bridge" else set()
+        machines |= {"bridge": {"bridge"}, "fleet": {"bridge1", "bridge2"}}.get(mode, set())
         seen = set(re.findall(r"==> (\S+): Ignoring provider config", p.stdout))
         assert seen == machines, p.stdout
 
