@@ -77,6 +77,8 @@ UNSET_EXAMPLES = {
     "controller.default_threshold": '"20ms"',
     "bridge.initiator_port": '"eth1"',
     "bridge.array_port": '"eth2"',
+    "fleet.array": '"array1"',
+    "fleet.appliance": '"gw-a"',
     "resources.NAME.threshold": '"15ms"',
 }
 

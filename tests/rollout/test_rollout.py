@@ -7,6 +7,10 @@
 - santhrottle-service (the role's non-systemd service manager) against a fake daemon.
 - Every public variable is documented in the role's README, every private one
   is prefixed `__santhrottle_`.
+- A fleet: the [fleet] table read back with the daemon's parser, the assert that
+  refuses endpoints without an array, and the example (ansible/fleet.yml over
+  inventory/example) rendered for its appliances and its etcd members
+  (role santhrottle_etcd: /etc/default/etcd with the group's initial cluster).
 - ansible-lint (production profile), `vagrant validate` (core config, libvirt,
   VirtualBox), `python -m build` (sdist + wheel: modules, entry points, dependency
   floors, and the data files under share/: man pages, completions, example config,
@@ -39,6 +43,8 @@ from santhrottle.appliance.config import parse_config
 ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE = ROOT / "ansible"
 ROLE = ANSIBLE / "roles" / "santhrottle"
+ETCD_ROLE = ANSIBLE / "roles" / "santhrottle_etcd"
+EXAMPLE_INVENTORY = ANSIBLE / "inventory" / "example" / "hosts.yml"
 VENV_BIN = Path(sys.executable).parent
 UNIT = ROOT / "systemd" / "santhrottled.service"
 # the python of whichever ansible-playbook runs (implicit localhost uses it too)
@@ -96,6 +102,19 @@ SCENARIOS = {
             "array1": {"threshold": "10ms", "volumes": ["iscsi://10.0.0.5/iqn.x:a/*"]},
         },
     },
+    "fleet": {
+        "santhrottle_enabled": True,
+        "santhrottle_mode": "control",
+        "santhrottle_daemon_mode": "bridge",
+        "santhrottle_bridge_initiator_port": "eth1",
+        "santhrottle_bridge_array_port": "eth2",
+        "santhrottle_resources": {
+            "array1": {"threshold": "10ms", "volumes": ["iscsi://10.0.0.5/*/*"]},
+        },
+        "santhrottle_fleet_endpoints": ["10.77.0.1:2379", "10.77.0.2", "http://[fd00:77::3]:2379"],
+        "santhrottle_fleet_array": "array1",
+        "santhrottle_fleet_appliance": "gw-a",
+    },
     "paths": {
         "santhrottle_venv": "/srv/st/venv",
         "santhrottle_config_path": "/srv/st/etc/st.toml",
@@ -135,69 +154,118 @@ def _ansible_env(tmp: Path) -> dict[str, str]:
     return env
 
 
+def _render_play(name: str, vars_files: list[Path], dest: str) -> dict:
+    """A play that renders the role's templates on localhost into dest (a JSON of
+    file name -> text), one module run: every template through the template
+    lookup (the module's engine, ansible_managed included)."""
+    return {
+        "name": f"render {name}",
+        "hosts": "localhost",
+        "connection": "local",
+        "gather_facts": False,
+        "vars_files": [str(f) for f in vars_files],
+        "tasks": [
+            {
+                "name": "render",
+                "ansible.builtin.copy": {
+                    "content": "{{ " + _lookups() + " | to_json }}",
+                    "dest": dest,
+                    "mode": "0644",
+                },
+            }
+        ],
+    }
+
+
+def _role_vars() -> list[Path]:
+    """The role's defaults and vars (Debian's too), as vars_files."""
+    return [
+        ROLE / "defaults" / "main.yml",
+        ROLE / "vars" / "main.yml",
+        ROLE / "vars" / "Debian.yml",
+    ]
+
+
+def _playbook(playbook_bin: str, tmp: Path, plays: list[dict], inventory="localhost,", *args):
+    pb = tmp / "render.yml"
+    pb.write_text(json.dumps(plays))
+    return _run(
+        [playbook_bin, "-i", inventory, "-e", f"ansible_python_interpreter={CONTROLLER_PY}",
+         *args, pb],
+        env=_ansible_env(tmp),
+        cwd=tmp,
+    )  # fmt: skip
+
+
+def _checked_and_rendered(play: dict, templates: dict[str, list[str]], dest: str, **role_vars):
+    """A play (ours, or one of ansible/fleet.yml's) on the controller: its roles for
+    real but, run with --tags CHECKS, only their checks (tasks/assert.yml), then
+    each role's templates rendered into dest (a JSON of file name -> text; dest
+    names {{ inventory_hostname }}) with the role's variables as the role sees
+    them: its defaults under the inventory's variables, hostvars without them.
+    role_vars: more parameters for every role."""
+    roles, play_vars = [], dict(play.get("vars", {}))
+    for entry in play["roles"]:
+        entry = {"role": entry} if isinstance(entry, str) else dict(entry)
+        # the role's parameters as play variables: the post_tasks see them too
+        # (ansible-core >= 2.15 keeps them to the role), above the inventory's alike
+        play_vars |= entry.pop("vars", {}) | role_vars
+        roles.append(entry | {"role": str(ANSIBLE / "roles" / entry["role"])})
+    lookups = ", ".join(
+        _lookups(ANSIBLE / "roles" / role, names)[1:-1] for role, names in templates.items()
+    )
+    render = {"content": "{{ {" + lookups + "} | to_json }}", "dest": dest, "mode": "0644"}
+    play = {k: v for k, v in play.items() if k not in ("serial", "become", "roles")}
+    return play | {
+        "connection": "local",
+        "gather_facts": False,
+        "vars": play_vars,
+        "roles": roles,
+        "post_tasks": [{"name": "render", "ansible.builtin.copy": render, "tags": ["always"]}],
+    }
+
+
+CHECKS = ("--tags", "santhrottle_assert,santhrottle_etcd_assert")
+
+
+def _unpack(rendered_json: Path, into: Path) -> Path:
+    into.mkdir(parents=True, exist_ok=True)
+    for fname, text in json.loads(rendered_json.read_text()).items():
+        (into / fname).write_text(text)
+    return into
+
+
 def _render(playbook_bin: str, tmp: Path, scenarios: dict[str, dict]) -> dict[str, Path]:
     """Render every template for every scenario with one ansible-playbook run,
     each scenario a play over the role's defaults + vars (Debian)."""
     plays = []
-    out = {}
     for name, extra in scenarios.items():
         vf = tmp / f"{name}.vars.json"
         vf.write_text(json.dumps(extra))
-        out[name] = tmp / name
-        out[name].mkdir()
-        plays.append(
-            {
-                "name": f"render {name}",
-                "hosts": "localhost",
-                "connection": "local",
-                "gather_facts": False,
-                "vars_files": [
-                    str(ROLE / "defaults" / "main.yml"),
-                    str(ROLE / "vars" / "main.yml"),
-                    str(ROLE / "vars" / "Debian.yml"),
-                    str(vf),
-                ],
-                # one module run per scenario: every template through the
-                # template lookup (the module's engine, ansible_managed included)
-                "tasks": [
-                    {
-                        "name": "render",
-                        "ansible.builtin.copy": {
-                            "content": "{{ " + _lookups() + " | to_json }}",
-                            "dest": str(out[name] / "rendered.json"),
-                            "mode": "0644",
-                        },
-                    }
-                ],
-            }
-        )
-    pb = tmp / "render.yml"
-    pb.write_text(json.dumps(plays))
-    p = _run(
-        [playbook_bin, "-i", "localhost,", "-e", f"ansible_python_interpreter={CONTROLLER_PY}", pb],
-        env=_ansible_env(tmp),
-        cwd=tmp,
-    )
+        dest = str(tmp / f"{name}.rendered.json")
+        plays.append(_render_play(name, [*_role_vars(), vf], dest))
+    p = _playbook(playbook_bin, tmp, plays)
     assert p.returncode == 0, p.stdout[-4000:]
-    for d in out.values():
-        for fname, text in json.loads((d / "rendered.json").read_text()).items():
-            (d / fname).write_text(text)
-    return out
+    return {name: _unpack(tmp / f"{name}.rendered.json", tmp / name) for name in scenarios}
 
 
-def _lookups() -> str:
+def _lookups(role: Path = ROLE, templates: list[str] = TEMPLATES) -> str:
     """A Jinja dict expression: file name -> the template rendered by lookup."""
     items = ", ".join(
-        f"'{t}': lookup('ansible.builtin.template', '{ROLE / 'templates' / t}.j2')"
-        for t in TEMPLATES
+        f"'{t}': lookup('ansible.builtin.template', '{role / 'templates' / t}.j2')"
+        for t in templates
     )
     return "{" + items + "}"
 
 
 @pytest.fixture(scope="module", params=sorted(PLAYBOOKS))
-def rendered(request, tmp_path_factory):
-    binary = _need(PLAYBOOKS[request.param], f"ansible-playbook ({request.param})")
-    return _render(binary, tmp_path_factory.mktemp(request.param), SCENARIOS)
+def playbook_bin(request) -> str:
+    return _need(PLAYBOOKS[request.param], f"ansible-playbook ({request.param})")
+
+
+@pytest.fixture(scope="module")
+def rendered(playbook_bin, tmp_path_factory):
+    return _render(playbook_bin, tmp_path_factory.mktemp("rendered"), SCENARIOS)
 
 
 # --------------------------------------------------------------- templates
@@ -257,6 +325,205 @@ def test_bridge_mode_renders_the_ports_and_volumes_and_loads_nf_tables(rendered)
     plain = (rendered["defaults"] / "modules-load.conf").read_text().splitlines()
     assert "bridge" not in plain and "nf_tables" not in plain
     assert parse_config((rendered["defaults"] / "santhrottle.toml").read_text()).mode == "target"
+
+
+def test_fleet_renders_the_fleet_table_only_with_endpoints(rendered):
+    text = (rendered["fleet"] / "santhrottle.toml").read_text()
+    cfg = parse_config(text, "fleet.toml")
+    assert cfg.fleet and cfg.bridge_mode
+    assert cfg.fleet_endpoints == ("10.77.0.1:2379", "10.77.0.2", "http://[fd00:77::3]:2379")
+    assert (cfg.fleet_array, cfg.fleet_appliance) == ("array1", "gw-a")
+    for name in ("defaults", "bridge", "control"):
+        text = (rendered[name] / "santhrottle.toml").read_text()
+        assert "[fleet]" not in text, name
+        assert not parse_config(text, f"{name}.toml").fleet
+
+
+def _etcd_environment(path: Path) -> dict[str, str]:
+    """/etc/default/etcd as Debian's unit reads it: KEY="value" lines (values JSON-quoted)."""
+    env = {}
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            assert re.fullmatch(r"ETCD_[A-Z_]+", key), line
+            env[key] = json.loads(value)
+    return env
+
+
+def test_the_example_fleet_renders_its_appliances_and_its_etcd_members(playbook_bin, tmp_path):
+    """ansible/fleet.yml's two plays over inventory/example (group fleet): each
+    bridge's santhrottle.toml names the etcd members' client URLs, the array and
+    itself; each member's /etc/default/etcd names the group's initial cluster."""
+    import yaml
+
+    etcd_play, fleet_play = yaml.safe_load((ANSIBLE / "fleet.yml").read_text())
+    assert (etcd_play["hosts"], fleet_play["hosts"]) == ("etcd", "fleet_appliances")
+    wheel = tmp_path / "santhrottle-0-py3-none-any.whl"
+    wheel.write_bytes(b"")
+    plays = [
+        _checked_and_rendered(etcd_play, {"santhrottle_etcd": ["etcd.default"]},
+                              str(tmp_path / "etcd-{{ inventory_hostname }}.json")),
+        _checked_and_rendered(fleet_play, {"santhrottle": ["santhrottle.toml"]},
+                              str(tmp_path / "app-{{ inventory_hostname }}.json"),
+                              santhrottle_wheel=str(wheel), santhrottle_wheelhouse=""),
+    ]  # fmt: skip
+    p = _playbook(playbook_bin, tmp_path, plays, str(EXAMPLE_INVENTORY), *CHECKS)
+    assert p.returncode == 0, p.stdout[-4000:]
+    members = {"br-a": "10.77.0.1", "br-b": "10.77.0.2", "mgmt-c": "10.77.0.3"}
+    cluster = ",".join(f"{n}=http://{a}:2380" for n, a in members.items())
+    clients = []
+    for name, address in members.items():
+        env = _etcd_environment(
+            _unpack(tmp_path / f"etcd-{name}.example.net.json", tmp_path / name) / "etcd.default"
+        )
+        assert env["ETCD_NAME"] == name
+        assert env["ETCD_INITIAL_CLUSTER"] == cluster
+        assert env["ETCD_INITIAL_ADVERTISE_PEER_URLS"] == f"http://{address}:2380"
+        assert (env["ETCD_HEARTBEAT_INTERVAL"], env["ETCD_ELECTION_TIMEOUT"]) == ("50", "500")
+        clients.append(env["ETCD_ADVERTISE_CLIENT_URLS"].removeprefix("http://"))
+    for name in ("br-a", "br-b"):
+        d = _unpack(tmp_path / f"app-{name}.example.net.json", tmp_path / f"app-{name}")
+        cfg = parse_config((d / "santhrottle.toml").read_text(), f"{name}.toml")
+        assert cfg.fleet_endpoints == tuple(clients)
+        assert (cfg.fleet_array, cfg.fleet_appliance) == ("array1", name)
+        assert cfg.bridge_mode and (cfg.initiator_port, cfg.array_port) == ("ens1f0", "ens1f1")
+        assert cfg.threshold_of("array1") == 0.015
+
+
+ETCD_INVENTORY = {
+    "etcd": {
+        "hosts": {
+            "e1.example.net": {"santhrottle_etcd_address": "10.77.0.1"},
+            "e2.example.net": {"ansible_host": "10.77.0.2"},
+            "e3": {"santhrottle_etcd_name": "m3", "santhrottle_etcd_address": "fd00:77::3"},
+        },
+        "vars": {"santhrottle_etcd_peer_port": 12380, "santhrottle_etcd_client_port": 12379},
+    },
+    "other": {"hosts": {"o1": {}}},
+}
+ETCD_PLAY = {"name": "etcd", "hosts": "etcd", "roles": ["santhrottle_etcd"]}
+
+
+def test_the_etcd_role_renders_the_groups_initial_cluster(playbook_bin, tmp_path):
+    """Every member's /etc/default/etcd: its own name and URLs and the same initial
+    cluster, each member named and addressed as the inventory says (host variables,
+    else the short name and ansible_host); the role's checks pass on each."""
+    inventory = tmp_path / "hosts.json"
+    inventory.write_text(json.dumps(ETCD_INVENTORY))
+    play = _checked_and_rendered(ETCD_PLAY, {"santhrottle_etcd": ["etcd.default"]},
+                                 str(tmp_path / "{{ inventory_hostname }}.json"))  # fmt: skip
+    p = _playbook(playbook_bin, tmp_path, [play], str(inventory), *CHECKS)
+    assert p.returncode == 0, p.stdout[-4000:]
+    want = {
+        "e1.example.net": ("e1", "http://10.77.0.1:12380", "http://10.77.0.1:12379"),
+        "e2.example.net": ("e2", "http://10.77.0.2:12380", "http://10.77.0.2:12379"),
+        "e3": ("m3", "http://[fd00:77::3]:12380", "http://[fd00:77::3]:12379"),
+    }
+    cluster = ",".join(f"{name}={peer}" for name, peer, _ in want.values())
+    for host, (name, peer, client) in want.items():
+        env = _etcd_environment(
+            _unpack(tmp_path / f"{host}.json", tmp_path / host) / "etcd.default"
+        )
+        assert env == {
+            "ETCD_NAME": name,
+            "ETCD_DATA_DIR": "/var/lib/etcd/santhrottle",
+            "ETCD_LISTEN_PEER_URLS": peer,
+            "ETCD_INITIAL_ADVERTISE_PEER_URLS": peer,
+            "ETCD_LISTEN_CLIENT_URLS": f"{client},http://127.0.0.1:12379",
+            "ETCD_ADVERTISE_CLIENT_URLS": client,
+            "ETCD_INITIAL_CLUSTER": cluster,
+            "ETCD_INITIAL_CLUSTER_STATE": "new",
+            "ETCD_INITIAL_CLUSTER_TOKEN": "santhrottle",
+            "ETCD_HEARTBEAT_INTERVAL": "50",
+            "ETCD_ELECTION_TIMEOUT": "500",
+        }, host
+
+
+def test_the_vagrant_fleet_labs_etcd_members(playbook_bin, tmp_path):
+    """ansible/vagrant/etcd.yml over fleet-hosts.yml, as the Vagrantfile's fleet mode
+    runs it on the target and both bridges: one cluster on the management network,
+    each member's first start queued rather than waited for."""
+    import yaml
+
+    (play,) = yaml.safe_load((ANSIBLE / "vagrant" / "etcd.yml").read_text())
+    play = _checked_and_rendered(play, {"santhrottle_etcd": ["etcd.default"]},
+                                 str(tmp_path / "{{ inventory_hostname }}.json"))  # fmt: skip
+    assert play["vars"]["santhrottle_etcd_wait_for_quorum"] is False
+    inventory = str(ANSIBLE / "vagrant" / "fleet-hosts.yml")
+    p = _playbook(
+        playbook_bin, tmp_path, [play], inventory, *CHECKS, "-e", "lab_mgmt_subnet=10.9.8"
+    )
+    assert p.returncode == 0, p.stdout[-4000:]
+    members = {"target": "10.9.8.10", "bridge1": "10.9.8.11", "bridge2": "10.9.8.12"}
+    cluster = ",".join(f"{n}=http://{a}:2380" for n, a in members.items())
+    for name, address in members.items():
+        env = _etcd_environment(
+            _unpack(tmp_path / f"{name}.json", tmp_path / name) / "etcd.default"
+        )
+        assert (env["ETCD_NAME"], env["ETCD_INITIAL_CLUSTER"]) == (name, cluster)
+        assert env["ETCD_ADVERTISE_CLIENT_URLS"] == f"http://{address}:2379"
+
+
+@pytest.mark.parametrize(
+    ("hosts", "role_vars", "message"),
+    [
+        ("e1.example.net", {"santhrottle_etcd_name": "renamed"},
+         "this member is renamed=http://10.77.0.1:12380, the initial cluster e1="),
+        ("o1", {}, "o1 is not in the inventory group santhrottle_etcd_group (etcd)"),
+        ("e2.example.net", {"santhrottle_etcd_election_timeout": 200},
+         "at least 5 times santhrottle_etcd_heartbeat_interval"),
+    ],
+)  # fmt: skip
+def test_the_etcd_role_refuses_what_the_cluster_cannot_agree_on(
+    playbook_bin, tmp_path, hosts, role_vars, message
+):
+    """A member named by a role parameter (which the other members do not see), a
+    host outside the group, etcd's own timing rule: each fails the role's checks."""
+    inventory = tmp_path / "hosts.json"
+    inventory.write_text(json.dumps(ETCD_INVENTORY))
+    play = _checked_and_rendered(ETCD_PLAY | {"hosts": hosts}, {"santhrottle_etcd": []},
+                                 str(tmp_path / "x.json"), **role_vars)  # fmt: skip
+    p = _playbook(playbook_bin, tmp_path, [play], str(inventory), *CHECKS)
+    assert p.returncode != 0, p.stdout[-4000:]
+    assert message in " ".join(p.stdout.split()), p.stdout[-4000:]
+
+
+@pytest.mark.parametrize(
+    ("fleet", "message"),
+    [
+        ({"santhrottle_fleet_endpoints": ["10.77.0.1:2379"]},
+         "santhrottle_fleet_endpoints is set, santhrottle_fleet_array is not"),
+        ({"santhrottle_fleet_endpoints": "10.77.0.1:2379", "santhrottle_fleet_array": "a1"},
+         "santhrottle_fleet_endpoints is a list of etcd client endpoints"),
+        ({"santhrottle_fleet_endpoints": ["10.77.0.1:2379"], "santhrottle_fleet_array": "a1"},
+         None),
+        ({}, None),
+    ],
+)  # fmt: skip
+def test_the_role_refuses_fleet_endpoints_without_an_array(playbook_bin, tmp_path, fleet, message):
+    """The role's checks (tasks/assert.yml) on the fleet's variables: one message
+    for endpoints without an array, another for endpoints that are not a list."""
+    wheel = tmp_path / "santhrottle-0-py3-none-any.whl"
+    wheel.write_bytes(b"")
+    vf = tmp_path / "vars.json"
+    vf.write_text(
+        json.dumps({"santhrottle_wheel": str(wheel), "santhrottle_wheelhouse": "", **fleet})
+    )
+    play = {
+        "name": "checks",
+        "hosts": "localhost",
+        "connection": "local",
+        "gather_facts": False,
+        "vars_files": [str(f) for f in [*_role_vars(), vf]],
+        "tasks": [{"ansible.builtin.import_tasks": str(ROLE / "tasks" / "assert.yml")}],
+    }
+    p = _playbook(playbook_bin, tmp_path, [play])
+    if message is None:
+        assert p.returncode == 0, p.stdout[-4000:]
+    else:
+        assert p.returncode != 0 and "Check that a fleet names its array" in p.stdout, p.stdout
+        failed = p.stdout[p.stdout.index("Check that a fleet names its array") :]
+        assert message in " ".join(failed.split()), p.stdout[-4000:]
 
 
 def test_unit_is_the_projects_unit_with_the_venvs_paths(rendered):
@@ -402,8 +669,7 @@ def test_every_public_variable_is_documented_and_private_ones_are_prefixed():
     assert defaults and all(k.startswith("santhrottle_") for k in defaults), defaults
     readme = (ROLE / "README.md").read_text()
     documented = re.findall(r"^\| `(santhrottle_\w+)` \|", readme, flags=re.M)
-    assert sorted(documented) == sorted(defaults)
-    assert len(documented) == len(set(documented))
+    assert documented == defaults  # each once, in the same order
     for f in (ROLE / "vars").glob("*.yml"):
         keys = _keys(f)
         assert keys and all(k.startswith("__santhrottle_") for k in keys), (f.name, keys)
@@ -421,6 +687,25 @@ def test_every_public_variable_is_documented_and_private_ones_are_prefixed():
     tags |= {"santhrottle_install", "santhrottle_config", "santhrottle_service"}
     assert used - tags <= set(defaults), sorted(used - tags - set(defaults))
     assert registered and all(r.startswith("__santhrottle_") for r in registered), registered
+
+
+def test_the_etcd_roles_variables_are_documented_and_private_ones_are_prefixed():
+    defaults = _keys(ETCD_ROLE / "defaults" / "main.yml")
+    assert defaults and all(k.startswith("santhrottle_etcd_") for k in defaults), defaults
+    readme = (ETCD_ROLE / "README.md").read_text()
+    documented = re.findall(r"^\| `(santhrottle_etcd_\w+)` \|", readme, flags=re.M)
+    assert documented == defaults  # each once, in the same order
+    keys = _keys(ETCD_ROLE / "vars" / "main.yml")
+    assert keys and all(k.startswith("__santhrottle_etcd_") for k in keys), keys
+    used, registered = set(), set()
+    for f in ETCD_ROLE.rglob("*"):
+        if f.suffix in (".yml", ".j2") and f.is_file():
+            text = f.read_text()
+            used |= set(re.findall(r"(?<![\w_])santhrottle_etcd_\w+", text))
+            registered |= set(re.findall(r"^\s*register: (\S+)", text, flags=re.M))
+    tags = {"santhrottle_etcd_assert", "santhrottle_etcd_packages", "santhrottle_etcd_member"}
+    assert used - tags <= set(defaults), sorted(used - tags - set(defaults))
+    assert registered and all(r.startswith("__santhrottle_etcd_") for r in registered)
 
 
 # -------------------------------------------------------------- the tools
@@ -444,7 +729,8 @@ VALIDATIONS = {
     ("provider", "initiators", "mode"),
     [("core", "1", "target"), ("core", "3", "target"), ("libvirt", "3", "target"),
      ("virtualbox", "3", "target"), ("core", "2", "bridge"), ("libvirt", "2", "bridge"),
-     ("virtualbox", "2", "bridge")],
+     ("virtualbox", "2", "bridge"), ("core", "2", "fleet"), ("libvirt", "2", "fleet"),
+     ("virtualbox", "2", "fleet"), ("core", "3", "fleet")],
 )  # fmt: skip
 def test_vagrant_validate(provider, initiators, mode, tmp_path):
     vagrant = _need(shutil.which("vagrant"), "vagrant (apt-get install --no-install-recommends)")
@@ -470,9 +756,9 @@ def test_vagrant_validate(provider, initiators, mode, tmp_path):
         env["PATH"] = f"{stub.parent}:{env['PATH']}"
     p = _run([vagrant, "validate", *args], cwd=ROOT / "vagrant", env=env, timeout=120)
     assert p.returncode == 0 and "validated successfully" in p.stdout, p.stdout
-    if provider == "core":  # one line per machine: the target, N initiators, the bridge
+    if provider == "core":  # one line per machine: the target, N initiators, the bridge(s)
         machines = {"target"} | {f"ini{k}" for k in range(1, int(initiators) + 1)}
-        machines |= {"bridge"} if mode == "bridge" else set()
+        machines |= {"bridge": {"bridge"}, "fleet": {"bridge1", "bridge2"}}.get(mode, set())
         seen = set(re.findall(r"==> (\S+): Ignoring provider config", p.stdout))
         assert seen == machines, p.stdout
 
@@ -613,7 +899,8 @@ def test_the_roles_restart_keys_are_the_schemas():
                  "mode": "daemon.mode", "bridge_name": "bridge.name",
                  "bridge_initiator_port": "bridge.initiator_port",
                  "bridge_array_port": "bridge.array_port",
-                 "bridge_sensor": "bridge.sensor"}  # fmt: skip
+                 "bridge_sensor": "bridge.sensor", "fleet_endpoints": "fleet.endpoints",
+                 "fleet_array": "fleet.array", "fleet_appliance": "fleet.appliance"}  # fmt: skip
     covered = {as_schema.get(k, f"datapath.{k}") for k in role}
     unwritten = {"daemon.socket_mode", "daemon.socket_group", "daemon.state_dir"}
     restart = {k.dotted for k in KEYS if k.restart} - unwritten
