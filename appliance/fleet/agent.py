@@ -203,7 +203,12 @@ class FleetAgent:
     def _run(self) -> None:
         nxt = self.clock()
         while not self._stop.is_set():
-            self.cycle()
+            try:
+                self.cycle()
+            except Exception as e:  # a bug: counted and logged, the rounds go on
+                self.counters.failures += 1
+                self._fail(f"{type(e).__name__}: {e}")
+                log.exception("fleet: round")
             nxt += self.tick_s
             now = self.clock()
             if nxt < now:  # a slow cycle: the next at once, no backlog

@@ -7,6 +7,8 @@ engine's, so lease expiry and the degraded mode run in virtual time.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from santhrottle.appliance.fleet.agent import DEGRADED_AFTER_S, FleetAgent
@@ -136,3 +138,24 @@ def test_resource_names_with_slashes_are_one_key_segment():
     a.want({name})
     cycles(e, [a, b])
     assert b.view().leaders[name][0] == "a" and name in a.view().leading
+
+
+def test_an_unexpected_error_in_a_round_is_counted_and_the_thread_goes_on():
+    e = FakeEngine()
+    a = agent(e, "a", tick_s=0.01)
+    calls = []
+
+    def broken():
+        calls.append(1)
+        raise RuntimeError("a bug")
+
+    a.coord.snapshot = broken
+    a.start()  # its own thread, on the wall clock: waits for rounds, never for a time
+    try:
+        t0 = time.monotonic()
+        while len(calls) < 3 and time.monotonic() - t0 < 30:
+            time.sleep(0.01)
+    finally:
+        a.stop()
+    assert len(calls) >= 3 and a.counters.failures >= 3
+    assert "RuntimeError: a bug" in a.view().reason
