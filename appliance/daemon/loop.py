@@ -20,6 +20,10 @@ convergence in the worker behind their own lock.
 A [hosts.NAME] is one initiator to the controller: its addresses' write
 samples are summed before step() and its class is every address's
 (daemon/hosts.py).
+With [fleet] (daemon/fleetmode.py), step() runs on this appliance's samples merged
+with the other appliances' of the same array, and a resource another appliance
+leads follows its published classes; the engine is talked to by the agent's own
+thread (fleet/agent.py), never by the tick.
 Pins (`santhrottle pin`) override the controller for their initiator.
 Pause removes every delay but keeps measuring; resume re-applies.
 Commands only change the daemon's state; the kernel is changed by the tick
