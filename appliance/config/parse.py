@@ -107,6 +107,7 @@ class Config:
     fleet_endpoints: tuple[str, ...] = ()
     fleet_array: str | None = None
     fleet_appliance: str | None = None
+    fleet_lease_ttl_s: int = 1
 
     @property
     def fleet(self) -> bool:
@@ -170,6 +171,7 @@ _FIELD = {
     "fleet.endpoints": "fleet_endpoints",
     "fleet.array": "fleet_array",
     "fleet.appliance": "fleet_appliance",
+    "fleet.lease_ttl": "fleet_lease_ttl_s",
 }
 RESTART_FIELDS = {k.dotted: _FIELD.get(k.dotted, k.name) for k in KEYS if k.restart}
 assert set(RESTART_FIELDS.values()) <= {f.name for f in fields(Config)}
@@ -288,6 +290,8 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
     f = r.table(data, "fleet", "fleet")
     if f["endpoints"] and not f["array"]:
         raise r.fail("fleet.array", "is required with fleet.endpoints")
+    if f["lease_ttl"] != int(f["lease_ttl"]):
+        raise r.fail("fleet.lease_ttl", 'must be whole seconds (etcd\'s unit), e.g. "2s"')
     b = r.table(data, "bridge", "bridge")
     resources = _resources(r, data)
     static_map = _static_map(r, data)
@@ -332,6 +336,7 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
         fleet_endpoints=f["endpoints"],
         fleet_array=f["array"],
         fleet_appliance=f["appliance"],
+        fleet_lease_ttl_s=int(f["lease_ttl"]),
     )
 
 

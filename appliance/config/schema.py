@@ -271,6 +271,10 @@ KEYS: tuple[Key, ...] = (
     Key("fleet", "appliance", name("appliance"), None,
         "this appliance's name in the fleet, unique in it; unset: the host name",
         restart=True),
+    Key("fleet", "lease_ttl", duration_s(1.0, 60.0), "1s",
+        "whole seconds: a dead appliance's leaderships end this long after its last "
+        "refresh, and an appliance without an answer from etcd for this long controls "
+        "alone; longer rides out longer stalls, at a slower failover", restart=True),
     # [metrics]
     Key("metrics", "address", ip_address(), "127.0.0.1",
         "address of the Prometheus exporter", restart=True),

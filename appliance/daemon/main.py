@@ -284,15 +284,17 @@ def build_fleet(cfg: Config) -> Any:
         return None
     from santhrottle.appliance.daemon.fleetmode import FleetMode
     from santhrottle.appliance.fleet.agent import FleetAgent
-    from santhrottle.appliance.fleet.etcd import DEFAULT_TTL_S, EtcdCoordinator
+    from santhrottle.appliance.fleet.etcd import EtcdCoordinator
 
     name = cfg.fleet_appliance or socket.gethostname().split(".")[0]
-    coord = EtcdCoordinator(str(cfg.fleet_array), cfg.fleet_endpoints, ttl_s=DEFAULT_TTL_S)
+    ttl = cfg.fleet_lease_ttl_s
+    coord = EtcdCoordinator(str(cfg.fleet_array), cfg.fleet_endpoints, ttl_s=ttl)
     agent = FleetAgent(
         coord,
         name,
         {"mode": cfg.mode},
-        ttl_s=DEFAULT_TTL_S,
+        ttl_s=ttl,
+        degraded_after_s=float(ttl),  # past it, the engine has ended the lease anyway
         tick_s=cfg.controller.tick_s,
         max_class=cfg.max_class,
     )

@@ -10,7 +10,7 @@ Problem
 
 One cycle (every tick_s, in the agent's thread)
     1. join under a new lease when it has none (at the start, after LeaseLost);
-       else refresh the lease every ttl_s / 3;
+       else refresh the lease every ttl_s / 4;
     2. publish the appliance's latest samples (codec.Published) when new;
     3. read the array's snapshot (one range request);
     4. campaign for every resource the daemon controls that has no leader;
@@ -26,8 +26,9 @@ One cycle (every tick_s, in the agent's thread)
     skipped and counted (bad_payloads), never raised.
 
 Degraded
-    view().degraded once no cycle has succeeded for DEGRADED_AFTER_S (or none
-    ever did): the daemon then controls alone on its own samples
+    view().degraded once no cycle has succeeded for degraded_after_s
+    (DEGRADED_AFTER_S, 1 s; the daemon gives the lease's TTL) or none ever
+    did: the daemon then controls alone on its own samples
     (daemon/fleetmode.py).  One slow call does not flip it; a partition
     longer than the lease does, and by then the engine has ended this
     appliance's lease and leaderships anyway.
@@ -75,8 +76,8 @@ log = logging.getLogger("santhrottled.fleet")
 # No successful cycle for this long: degraded, control alone.  The lease's
 # TTL (1 s): past it the engine has ended this appliance's lease anyway.
 DEGRADED_AFTER_S = 1.0
-# The lease is refreshed at this fraction of its TTL.
-REFRESH_FRACTION = 1.0 / 3.0
+# The lease is refreshed at this fraction of its TTL (a stall of 3/4 of it is survived).
+REFRESH_FRACTION = 1.0 / 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +135,7 @@ class FleetAgent:
         info: Payload,
         *,
         ttl_s: float = 1.0,
+        degraded_after_s: float = DEGRADED_AFTER_S,
         tick_s: float = 0.1,
         max_class: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
@@ -142,6 +144,7 @@ class FleetAgent:
         self.name = appliance
         self.info = dict(info)
         self.ttl_s = ttl_s
+        self.degraded_after_s = degraded_after_s
         self.tick_s = tick_s
         self.max_class = max_class
         self.clock = clock
@@ -178,14 +181,14 @@ class FleetAgent:
             self._outgoing[resource] = (epoch, classes)
 
     def view(self) -> FleetView:
-        """The last good cycle's view, degraded when it is older than DEGRADED_AFTER_S."""
+        """The last good cycle's view, degraded when it is older than degraded_after_s."""
         with self._lock:
             v = self._view
             ok = self._ok_s
             reason = self._reason
         now = self.clock()
         age = None if ok is None else now - ok
-        degraded = age is None or age > DEGRADED_AFTER_S
+        degraded = age is None or age > self.degraded_after_s
         if degraded:
             if not reason:  # a round still waiting for the engine
                 reason = f"no answer from the engine for {age:.1f} s"

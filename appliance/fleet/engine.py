@@ -125,8 +125,8 @@ class Coordinator(Protocol):
         ...
 
     def refresh(self) -> None:
-        """Keep the lease alive; call it at least every ttl_s / 3.  LeaseLost
-        if it has ended."""
+        """Keep the lease alive; call it at least every ttl_s / 3 (the agent
+        does every ttl_s / 4).  LeaseLost if it has ended."""
         ...
 
     def leave(self) -> None:

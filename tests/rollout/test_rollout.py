@@ -900,7 +900,8 @@ def test_the_roles_restart_keys_are_the_schemas():
                  "bridge_initiator_port": "bridge.initiator_port",
                  "bridge_array_port": "bridge.array_port",
                  "bridge_sensor": "bridge.sensor", "fleet_endpoints": "fleet.endpoints",
-                 "fleet_array": "fleet.array", "fleet_appliance": "fleet.appliance"}  # fmt: skip
+                 "fleet_array": "fleet.array", "fleet_appliance": "fleet.appliance",
+                 "fleet_lease_ttl": "fleet.lease_ttl"}  # fmt: skip
     covered = {as_schema.get(k, f"datapath.{k}") for k in role}
     unwritten = {"daemon.socket_mode", "daemon.socket_group", "daemon.state_dir"}
     restart = {k.dotted for k in KEYS if k.restart} - unwritten
