@@ -1,0 +1,509 @@
+#!/usr/bin/env python3
+"""A fleet of two bridge appliances on two fabrics, under the closed loop. In the guest.
+
+    python3 vagrant/qemu/lab.py --smp 2 --array nbd:c_ms=2,m_ms=5 run --timeout 2400 \\
+        vagrant/experiments/fleet_lab.py [--out DIR] [--on 20 --cycles 3 ...]
+    make lab-fleet                                    # the same
+
+The topology (topology.py --bridge plus vagrant/qemu/guest/fabrics.py): the
+paper's reader (LUN 0) and three writer hosts (LUNs 1-3, 4 sequential 128 KiB
+QD1 writers each) on the known plant's VG, each iSCSI initiator logged in over
+fabric A (bridge lab-br, netns labbr, 10.0.0.0/24) and fabric B (lab-br2,
+labbr2, 10.0.1.0/24), fio on a dm-multipath device (service-time) over its
+two sessions; a 3-member etcd cluster on a management network (members in
+labbr, labbr2 and labetcd3).  santhrottled in bridge mode, one per bridge, each
+started under `ip netns exec` of its bridge's namespace, [hosts.iniK] joining
+an initiator's two addresses, the resource "labvg" every volume of both portals.
+
+Phases, T = --threshold (15 ms):
+  uncontrolled  no daemon;
+  single        daemon A alone (no [fleet]), fabric B's paths failed in every
+                multipath device (dmsetup message fail_path): one appliance on
+                one path, the comparison;
+  fleet         both daemons in fleet mode (array "lab", appliances br-a, br-b);
+  kill          the writers on throughout, the fleet settled; kill -9 of the
+                daemon `fleet status` names leader of labvg: the time until the
+                survivor leads, until the reader's 1 s windows are back under T,
+                the members etcd lists after the lease's TTL, fio's errors and
+                the kernel's multipath messages; the dead daemon's delays stay on
+                its bridge (what it left is recorded);
+  partition     the killed daemon cleaned up and started again; both in the
+                fleet, the writers on, the leader's namespace's management link
+                down for --partition-s: when it reports "degraded", the reader's
+                windows meanwhile, then up: when both are back in "fleet", the
+                resource's class on each before, during and after.
+Per phase: the reader's read latency over 1 s windows (the LV's diskstats at the
+target, as closed_loop.py; and the initiator's multipath device), p50/p95/p99,
+the time above T, the writers' MB/s, the target's retransmissions.
+
+Results: OUT/fleet-lab.json (default /shared/work/fleet: the run dir's work/fleet)
+and a table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import closed_loop  # noqa: E402
+import topology  # noqa: E402  (closed_loop put vagrant/qemu/guest on the path)
+from report import percentile, summarize, windows  # noqa: E402
+
+import fabrics  # noqa: E402  (vagrant/qemu/guest, on the path too)
+
+BIN = closed_loop.BIN
+RESOURCE = "labvg"
+ARRAY = "lab"
+PREFIX = f"/santhrottle/{ARRAY}/"
+POLL_S = 0.1
+LEASE_WAIT_S = 3.0  # a lease asked for 1 s is granted 2 s (docs/fleet.md): past its TTL
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def request(sock: str, what: str, timeout_s: float = 2.0) -> dict:
+    from santhrottle.appliance.daemon.control import request as req
+
+    return req(sock, what, timeout_s=timeout_s)
+
+
+# ------------------------------------------------------------------ daemons
+class Daemon:
+    """santhrottled in bridge mode on one fabric's bridge, in its namespace."""
+
+    def __init__(self, name: str, bridge: dict, member: int | None, out: Path) -> None:
+        self.name, self.bridge, self.member, self.out = name, bridge, member, out
+        self.dir = out / name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.sock = f"/run/santhrottle-fleetlab/{name}.sock"
+        self.conf = self.dir / "santhrottle.toml"
+        self.proc: subprocess.Popen | None = None
+
+    def write_config(self, t: dict, threshold: str) -> None:
+        b = self.bridge
+        vols = [f"iscsi://{topology.hostport(p, topology.ISCSI_PORT)}/*/*"
+                for x in t["iscsi"] for p in (x["portal"], x["portal_b"])]  # fmt: skip
+        hosts = "".join(
+            f'[hosts.{x["iface"]}]\naddresses = ["{x["initiator_ip"]}", "{x["initiator_ip_b"]}"]\n'
+            for x in t["iscsi"]
+        )
+        fleet = ""
+        if self.member is not None:
+            fleet = (f"[fleet]\nendpoints = {json.dumps(fabrics.endpoints(self.member))}\n"
+                     f'array = "{ARRAY}"\nappliance = "{self.name}"\n')  # fmt: skip
+        self.conf.write_text(
+            f'[daemon]\nmode = "bridge"\ncontrol_socket = "{self.sock}"\n'
+            f'netns = "{b["netns"]}"\nstate_dir = "{self.dir / "state"}"\n'
+            f'[bridge]\nname = "{b["name"]}"\ninitiator_port = "{b["initiator_port"]}"\n'
+            f'array_port = "{b["array_port"]}"\n'
+            f'[datapath]\nlink_speed = "10gbit"\n[metrics]\nport = 0\n'
+            f'[resources.{RESOURCE}]\nvolumes = {json.dumps(vols)}\nthreshold = "{threshold}"\n'
+            + hosts + fleet
+        )
+
+    def start(self) -> None:
+        Path(self.sock).parent.mkdir(parents=True, exist_ok=True)
+        Path(self.sock).unlink(missing_ok=True)
+        nice = closed_loop.unit_nice()
+        logf = open(self.dir / "santhrottled.log", "a")  # noqa: SIM115 - the child keeps it
+        self.proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.bridge["netns"], str(BIN / "santhrottled"),
+             "--config", str(self.conf)],
+            stdout=logf, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(nice),
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while not os.path.exists(self.sock):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not start: {self.dir}/santhrottled.log")
+            time.sleep(0.2)
+        closed_loop.first_status(self.sock)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()  # `ip netns exec` execs santhrottled: this PID is the daemon
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGTERM)  # our own child, by PID
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.cleanup()
+
+    def cleanup(self) -> None:
+        subprocess.run(["ip", "netns", "exec", self.bridge["netns"], str(BIN / "santhrottle"),
+                        "cleanup", "--config", str(self.conf)], capture_output=True)  # fmt: skip
+
+    def left(self) -> dict:
+        """What is on its bridge now: nft maps with elements, the initiator port's qdiscs."""
+        ns = self.bridge["netns"]
+        qd = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "show", "dev",
+                             self.bridge["initiator_port"]], capture_output=True, text=True)  # fmt: skip
+        netem = [ln for ln in qd.stdout.splitlines() if "netem" in ln]
+        return {"maps_with_elements": closed_loop.left_members(ns, True),
+                "netem_qdiscs": len(netem), "netem_sample": netem[:3]}  # fmt: skip
+
+    def fleet(self) -> dict | None:
+        try:
+            return request(self.sock, "fleet_status")
+        except Exception:
+            return None
+
+    def leader(self) -> str | None:
+        fs = self.fleet()
+        got = (fs or {}).get("leaders", {}).get(RESOURCE)
+        return None if got is None else got["appliance"]
+
+
+class Poller(threading.Thread):
+    """Every POLL_S: each running daemon's resource class, initiators' classes, fleet view."""
+
+    def __init__(self, daemons: list[Daemon], t0: float) -> None:
+        super().__init__(daemon=True)
+        self.daemons, self.t0 = daemons, t0
+        self.rows: list[dict] = []
+        self.stop_ev = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop_ev.is_set():
+            for d in self.daemons:
+                if not d.alive():
+                    continue
+                row: dict = {"t": round(time.monotonic() - self.t0, 3), "d": d.name}
+                try:
+                    st = request(d.sock, "status")
+                    r = next((x for x in st["resources"] if x["resource"] == RESOURCE), {})
+                    row["class"] = r.get("delay_class")
+                    row["latency_s"] = r.get("read_latency_ewma_s")
+                    row["initiators"] = {i["initiator"]: i["class"] for i in st["initiators"]
+                                         if i["class"]}  # fmt: skip
+                    if d.member is not None:
+                        fs = request(d.sock, "fleet_status")
+                        row["mode"] = fs["mode"]
+                        row["members"] = fs["members"]
+                        row["leader"] = (fs["leaders"].get(RESOURCE) or {}).get("appliance")
+                        row["leading"] = fs["leading"]
+                except Exception as e:  # keep polling; record why
+                    row["error"] = str(e)[:200]
+                self.rows.append(row)
+            self.stop_ev.wait(POLL_S * 5 if len(self.rows) > 4 else POLL_S)
+
+
+# ------------------------------------------------------------------ segments
+class Segment:
+    """The reader and the writers on the multipath devices, sampled as closed_loop's phase."""
+
+    def __init__(self, t: dict, a: argparse.Namespace, kind: str, daemons: list[Daemon]) -> None:
+        self.t, self.a, self.kind, self.daemons = t, a, kind, daemons
+        reader, writers = t["iscsi"][0], t["iscsi"][1:]
+        self.devices = [reader["dm"], reader["mpath_dm"], *[w["dm"] for w in writers],
+                        Path(t["disk"]).name]  # fmt: skip
+        self.s = closed_loop.Sampler(self.devices, False, t["netns"], topology.ISCSI_PORT)
+        self.poll = Poller(daemons, self.s.t0)
+        self.fio: list[tuple[str, subprocess.Popen]] = []
+        self.dmesg0 = len(fabrics.multipath_log_lines())
+
+    def now(self) -> float:
+        return time.monotonic() - self.s.t0
+
+    def begin(self, duration: float) -> None:
+        self.net0 = closed_loop.nstat(self.t["netns"])
+        self.conns0 = closed_loop.tcp_conns(self.t["netns"])
+        self.s.start()
+        self.poll.start()
+        self.fio.append(("reader", closed_loop.reader_job(self.a, self.t["iscsi"][0]["device"],
+                                                          duration)))  # fmt: skip
+        self.s.mark("reader on")
+
+    def writers(self, runtime: float) -> list[subprocess.Popen]:
+        ws = [closed_loop.writer_job(self.a, w["device"], runtime) for w in self.t["iscsi"][1:]]
+        self.fio += [(f"writer{i + 1}", p) for i, p in enumerate(ws)]
+        self.s.mark("writers on")
+        return ws
+
+    def cycles(self, n: int) -> None:
+        self.begin(self.a.lead + n * (self.a.on + self.a.off))
+        time.sleep(self.a.lead)
+        for _ in range(n):
+            for w in self.writers(self.a.on):
+                w.wait()
+            self.s.mark("writers off")
+            time.sleep(self.a.off)
+
+    def end(self) -> dict:
+        results = []
+        for name, p in self.fio:
+            try:
+                out, _ = p.communicate(timeout=60)
+                job = json.loads(out)["jobs"][0]
+                results.append({"job": name, "rc": p.returncode, "error": job.get("error", 0),
+                                "total_err": job.get("total_err", 0)})  # fmt: skip
+            except Exception as e:  # noqa: BLE001 - recorded
+                results.append({"job": name, "rc": p.returncode, "parse_error": str(e)[:200]})
+        self.s.stop_ev.set()
+        self.poll.stop_ev.set()
+        self.s.join()
+        self.poll.join()
+        r, ws = self.t["iscsi"][0], self.t["iscsi"][1:]
+        mp = fabrics.multipath_log_lines()[self.dmesg0:]
+        return {
+            "kind": self.kind,
+            "rows": self.s.rows,
+            "events": self.s.events,
+            "polls": self.poll.rows,
+            "nstat": {k: v - self.net0.get(k, 0)
+                      for k, v in closed_loop.nstat(self.t["netns"]).items()},  # fmt: skip
+            "tcp_conns_start": self.conns0,
+            "tcp_conns": closed_loop.tcp_conns(self.t["netns"]),
+            "sets_left_after_stop": [],
+            "reader_dm": r["dm"],
+            "reader_mpath_dm": r["mpath_dm"],
+            "writer_dms": [w["dm"] for w in ws],
+            "writer_ips": [ip for w in ws for ip in (w["initiator_ip"], w["initiator_ip_b"])],
+            "array": Path(self.t["disk"]).name,
+            "fio": results,
+            "io_errors": sum(int(x.get("error", 0) or 0) + int(x.get("total_err", 0) or 0)
+                             for x in results),  # fmt: skip
+            "multipath_kernel_messages": mp,
+            "path_failures": sum(1 for ln in mp if "Failing path" in ln),
+        }
+
+
+def attach_status(ph: dict) -> None:
+    """The initiators' classes (the highest any daemon gives) into the sampler's rows, for
+    report.summarize's max_delay_class."""
+    polls = [p for p in ph["polls"] if "initiators" in p]
+    j, last = 0, {}
+    for r in ph["rows"]:
+        while j < len(polls) and polls[j]["t"] <= r["t"]:
+            last[polls[j]["d"]] = polls[j]["initiators"]
+            j += 1
+        if last:
+            merged: dict[str, int] = {}
+            for ini in last.values():
+                for k, c in ini.items():
+                    merged[k] = max(merged.get(k, 0), c)
+            r["status"] = {"initiators": merged}
+
+
+def summary(ph: dict, thr_s: float) -> dict:
+    attach_status(ph)
+    s = summarize(ph, thr_s, None)
+    mp = summarize(dict(ph, reader_dm=ph["reader_mpath_dm"]), thr_s, None)
+    keep = ("windows", "read_latency_p50_s", "read_latency_p95_s", "read_latency_p99_s",
+            "time_above_threshold_pct", "write_bytes_per_s", "target_retrans_segs",
+            "target_retrans_writers", "target_retrans_others", "max_delay_class")  # fmt: skip
+    out = {k: s.get(k) for k in keep}
+    out["mpath_read_latency_p50_s"] = mp["read_latency_p50_s"]
+    out["mpath_read_latency_p95_s"] = mp["read_latency_p95_s"]
+    out["io_errors"], out["path_failures"] = ph["io_errors"], ph["path_failures"]
+    return out
+
+
+def lat_windows(ph: dict, since: float, until: float = float("inf")) -> list[tuple[float, float]]:
+    return [(t, v) for t, v, _, _ in windows(ph) if since <= t < until and v is not None]
+
+
+def back_under(ph: dict, t_ev: float, thr_s: float) -> dict:
+    """After t_ev: the windows above T, the worst, and when they are under T for good."""
+    w = lat_windows(ph, t_ev)
+    over = [t for t, v in w if v > thr_s]
+    return {
+        "windows": len(w),
+        "windows_over_T": len(over),
+        "worst_ms": round(max((v for _, v in w), default=0) * 1e3, 2),
+        "back_under_T_after_s": round(max(over) - t_ev + 0.1, 2) if over else 0.0,
+        "p50_ms": round(percentile([v for _, v in w], 50) * 1e3, 2) if w else None,
+        "p95_ms": round(percentile([v for _, v in w], 95) * 1e3, 2) if w else None,
+    }
+
+
+def until(fn, within_s: float, step: float = 0.05):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < within_s:
+        got = fn()
+        if got:
+            return got, time.monotonic() - t0
+        time.sleep(step)
+    return None, None
+
+
+def both_in_fleet(ds: list[Daemon]):
+    fss = [d.fleet() for d in ds]
+    if any(f is None for f in fss):
+        return None
+    names = sorted(d.name for d in ds)
+    leaders = {(f["leaders"].get(RESOURCE) or {}).get("appliance") for f in fss}
+    ok = all(f["mode"] == "fleet" and sorted(f["members"]) == names for f in fss)
+    return fss if ok and len(leaders) == 1 and None not in leaders else None
+
+
+def classes_of(ph: dict, name: str, since: float, until_: float) -> list[int]:
+    return [p["class"] for p in ph["polls"]
+            if p["d"] == name and since <= p["t"] < until_ and p.get("class") is not None]  # fmt: skip
+
+
+
+# ---------------------------------------------------------------------- main
+def ms(x) -> str:
+    return "-" if x is None else f"{x * 1e3:.2f}"
+
+
+def table(res: dict) -> str:
+    lines = [f"{'phase':<13} {'win':>4} {'p50':>7} {'p95':>7} {'p99':>7} {'>T %':>6} "
+             f"{'mp p50':>7} {'mp p95':>7} {'MB/s':>6} {'retr':>5} {'cls':>4} {'ioerr':>5}"]  # fmt: skip
+    for name, s in res["phases"].items():
+        lines.append(
+            f"{name:<13} {s['windows']:>4} {ms(s['read_latency_p50_s']):>7} "
+            f"{ms(s['read_latency_p95_s']):>7} {ms(s['read_latency_p99_s']):>7} "
+            f"{(s.get('time_above_threshold_pct') or 0):>6.1f} "
+            f"{ms(s['mpath_read_latency_p50_s']):>7} {ms(s['mpath_read_latency_p95_s']):>7} "
+            f"{s['write_bytes_per_s'] / 1e6:>6.1f} {s['target_retrans_segs']:>5} "
+            f"{s.get('max_delay_class') or 0:>4} {s['io_errors']:>5}"
+        )
+    for k in ("kill", "partition"):
+        if k in res:
+            lines.append(f"{k}: " + json.dumps(res[k], default=str))
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("/shared/work/fleet"))
+    ap.add_argument("--threshold", default="15ms")
+    ap.add_argument("--lv-size-mib", type=int, default=1536)
+    ap.add_argument("--writers", type=int, default=3, help="writer hosts")
+    ap.add_argument("--writer-jobs", type=int, default=4)
+    ap.add_argument("--writer-bs", default="128k")
+    ap.add_argument("--writer-qd", type=int, default=1)
+    ap.add_argument("--reader-rate", default="256k")
+    ap.add_argument("--lead", type=float, default=4.0)
+    ap.add_argument("--on", type=float, default=20.0)
+    ap.add_argument("--off", type=float, default=5.0)
+    ap.add_argument("--cycles", type=int, default=3, help="on/off cycles of single and fleet")
+    ap.add_argument("--unc-cycles", type=int, default=2)
+    ap.add_argument("--fault-settle", type=float, default=15.0)
+    ap.add_argument("--fault-after", type=float, default=20.0)
+    ap.add_argument("--partition-s", type=float, default=20.0)
+    ap.add_argument("--only", default="uncontrolled,single,fleet,kill,partition")
+    a = ap.parse_args()
+    only = set(a.only.split(","))
+    a.out.mkdir(parents=True, exist_ok=True)
+    thr_s = closed_loop.parse_ms(a.threshold)
+    topology.load_modules(["virtio_blk"])
+    res: dict = {"args": {k: str(v) for k, v in vars(a).items()}, "kernel": os.uname().release,
+                 "cpus": os.cpu_count(), "phases": {}, "timings_s": {}}  # fmt: skip
+    raw: dict = {}
+    t: dict | None = None
+    etcd = None
+    ds: list[Daemon] = []
+    t_all = time.monotonic()
+
+    def mark(what: str) -> None:
+        res["timings_s"][what] = round(time.monotonic() - t_all, 1)
+        log(what)
+
+    try:
+        t = topology.up(luns=a.writers + 1, nvme=0, disk="array", lv_size_mib=a.lv_size_mib,
+                        bridge=True)  # fmt: skip
+        fabrics.setup_fabric_b(t)
+        fabrics.login_b(t)
+        fabrics.setup_multipath(t)
+        res["multipath"] = {x["mpath"]: fabrics.path_status(x) for x in t["iscsi"]}
+        mark("topology up (two fabrics, multipath)")
+        fabrics.setup_mgmt()
+        etcd = fabrics.Etcd(a.out)
+        etcd.start()
+        res["etcd"] = {"ready_s": round(etcd.wait_ready(), 1), "data_fs": etcd.fs}
+        mark("etcd up")
+        ds = [Daemon("br-a", t["bridge"], 0, a.out), Daemon("br-b", t["bridge_b"], 1, a.out)]
+
+        def run(kind: str, daemons: list[Daemon], n: int) -> None:
+            seg = Segment(t, a, kind, daemons)
+            seg.cycles(n)
+            raw[kind] = seg.end()
+            res["phases"][kind] = s = summary(raw[kind], thr_s)
+            mark(f"phase {kind}: p50 {ms(s['read_latency_p50_s'])} p95 "
+                 f"{ms(s['read_latency_p95_s'])} ms, {s['write_bytes_per_s'] / 1e6:.1f} MB/s")
+
+        if "uncontrolled" in only:
+            run("uncontrolled", [], a.unc_cycles)
+        if "single" in only:
+            for x in t["iscsi"]:
+                fabrics.fail_path(x, x["device_b"])
+            res["single_paths"] = {x["mpath"]: fabrics.path_status(x) for x in t["iscsi"]}
+            single = Daemon("single-a", t["bridge"], None, a.out)
+            single.write_config(t, a.threshold)
+            single.start()
+            try:
+                run("single", [single], a.cycles)
+            finally:
+                single.stop()
+                for x in t["iscsi"]:
+                    fabrics.reinstate_path(x, x["device_b"])
+        if only & {"fleet", "kill", "partition"}:
+            for d in ds:
+                d.write_config(t, a.threshold)
+                d.start()
+            fss, took = until(lambda: both_in_fleet(ds), 60.0, step=0.2)
+            res["fleet_formed_s"] = None if took is None else round(took, 1)
+            res["fleet_at_start"] = fss
+            mark("both daemons in the fleet")
+        if "fleet" in only:
+            run("fleet", ds, a.cycles)
+        import fleet_faults  # noqa: PLC0415 - it imports this module
+
+        if "kill" in only:
+            raw["kill"], res["kill"], victim = fleet_faults.fault_kill(t, a, ds, etcd, thr_s)
+            res["phases"]["kill"] = summary(raw["kill"], thr_s)
+            mark(f"kill: {res['kill']}")
+            victim.cleanup()
+            victim.start()
+            fss, took = until(lambda: both_in_fleet(ds), 60.0, step=0.2)
+            res["rejoin_after_restart_s"] = None if took is None else round(took, 1)
+        if "partition" in only:
+            raw["partition"], res["partition"] = fleet_faults.fault_partition(t, a, ds, thr_s)
+            res["phases"]["partition"] = summary(raw["partition"], thr_s)
+            mark(f"partition: {res['partition']}")
+    finally:
+        for d in ds:
+            d.stop()
+        if etcd is not None:
+            etcd.stop()
+        res["guest_wall_s"] = round(time.monotonic() - t_all, 1)
+        (a.out / "fleet-lab.json").write_text(json.dumps(res, indent=1, default=str))
+        (a.out / "raw.json").write_text(json.dumps(raw, default=str))
+        fabrics.teardown(t)
+        topology.down()
+        res["left_after_teardown"] = {
+            "netns": sorted(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else [],
+            "dm": subprocess.run(["dmsetup", "ls"], capture_output=True, text=True,
+                                 env=dict(os.environ, **fabrics.ENV)).stdout.strip(),  # fmt: skip
+            "iscsi_sessions": len(topology.iscsi_sessions()),
+        }
+        (a.out / "fleet-lab.json").write_text(json.dumps(res, indent=1, default=str))
+    print(table(res), flush=True)
+    print(f"results: {a.out / 'fleet-lab.json'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
