@@ -17,6 +17,7 @@ from fleet_lab import (
     both_in_fleet,
     classes_of,
     lat_windows,
+    log,
     percentile,
     request,
     until,
@@ -32,17 +33,26 @@ def fault_kill(t: dict, a: argparse.Namespace, ds: list[Daemon], etcd,
     seg.begin(total + 2)
     seg.writers(total)
     time.sleep(a.fault_settle)
-    lead = ds[0].leader() or ds[1].leader()
+    lead, _ = until(lambda: ds[0].leader() or ds[1].leader(), 20.0, step=0.2)
+    log(f"kill: leader of {RESOURCE}: {lead}")
+    if lead is None:
+        ph = seg.end()
+        return ph, {"error": "no leader of the resource within 20 s"}, None
     victim = next(d for d in ds if d.name == lead)
     survivor = next(d for d in ds if d is not victim)
     before = victim.fleet() or {}
     epoch0 = (before.get("leaders", {}).get(RESOURCE) or {}).get("epoch")
-    cls0 = (request(victim.sock, "status")["resources"] or [{}])[0].get("delay_class")
+    try:
+        cls0 = (request(victim.sock, "status")["resources"] or [{}])[0].get("delay_class")
+    except Exception as e:  # recorded
+        cls0 = f"? ({e})"
     victim.kill9()
     t_kill = seg.now()
+    log(f"kill: {victim.name} killed (kill -9)")
     seg.s.mark("leader killed")
-    got, took = until(lambda: RESOURCE in ((survivor.fleet() or {}).get("leading") or []), 15.0)
+    _, took = until(lambda: RESOURCE in ((survivor.fleet() or {}).get("leading") or []), 15.0)
     seg.s.mark("survivor leads")
+    log(f"kill: {survivor.name} leads after {took} s")
     time.sleep(LEASE_WAIT_S)
     fs = survivor.fleet() or {}
     etcd_members = [k.removeprefix(PREFIX + "members/") for k in etcd.keys(PREFIX + "members/")]
@@ -81,13 +91,18 @@ def fault_partition(t: dict, a: argparse.Namespace, ds: list[Daemon], thr_s: flo
     seg.begin(total + 2)
     seg.writers(total)
     time.sleep(a.fault_settle)
-    lead = ds[0].leader() or ds[1].leader()
+    lead, _ = until(lambda: ds[0].leader() or ds[1].leader(), 20.0, step=0.2)
+    log(f"partition: leader of {RESOURCE}: {lead}")
+    if lead is None:
+        ph = seg.end()
+        return ph, {"error": "no leader of the resource within 20 s"}
     cut = next(d for d in ds if d.name == lead)
     other = next(d for d in ds if d is not cut)
     fabrics.mgmt_link(cut.bridge["netns"], up=False)
     t_down = seg.now()
     seg.s.mark("link down")
-    got, degraded_s = until(lambda: (cut.fleet() or {}).get("mode") == "degraded", 10.0)
+    _, degraded_s = until(lambda: (cut.fleet() or {}).get("mode") == "degraded", 10.0)
+    log(f"partition: {cut.name} link down; degraded after {degraded_s} s")
     _, other_leads_s = until(lambda: RESOURCE in ((other.fleet() or {}).get("leading") or []),
                              10.0)  # fmt: skip
     time.sleep(max(0.0, a.partition_s - (seg.now() - t_down)))
@@ -95,6 +110,7 @@ def fault_partition(t: dict, a: argparse.Namespace, ds: list[Daemon], thr_s: flo
     fabrics.mgmt_link(cut.bridge["netns"], up=True)
     t_up = seg.now()
     seg.s.mark("link up")
+    log(f"partition: {cut.name} link up")
     fss, back_s = until(lambda: both_in_fleet(ds), 30.0, step=0.1)
     time.sleep(max(0.0, total - seg.now()))
     ph = seg.end()

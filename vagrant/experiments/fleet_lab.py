@@ -43,6 +43,7 @@ and a table on stdout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -50,21 +51,21 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import closed_loop  # noqa: E402
+import fabrics  # noqa: E402  (vagrant/qemu/guest, on the path too)
 import topology  # noqa: E402  (closed_loop put vagrant/qemu/guest on the path)
 from report import percentile, summarize, windows  # noqa: E402
-
-import fabrics  # noqa: E402  (vagrant/qemu/guest, on the path too)
 
 BIN = closed_loop.BIN
 RESOURCE = "labvg"
 ARRAY = "lab"
 PREFIX = f"/santhrottle/{ARRAY}/"
-POLL_S = 0.1
+POLL_S = 0.5  # the daemons' status and fleet status (each request costs them CPU)
 LEASE_WAIT_S = 3.0  # a lease asked for 1 s is granted 2 s (docs/fleet.md): past its TTL
 
 
@@ -92,16 +93,21 @@ class Daemon:
 
     def write_config(self, t: dict, threshold: str) -> None:
         b = self.bridge
-        vols = [f"iscsi://{topology.hostport(p, topology.ISCSI_PORT)}/*/*"
-                for x in t["iscsi"] for p in (x["portal"], x["portal_b"])]  # fmt: skip
+        vols = [
+            f"iscsi://{topology.hostport(p, topology.ISCSI_PORT)}/*/*"
+            for x in t["iscsi"]
+            for p in (x["portal"], x["portal_b"])
+        ]
         hosts = "".join(
             f'[hosts.{x["iface"]}]\naddresses = ["{x["initiator_ip"]}", "{x["initiator_ip_b"]}"]\n'
             for x in t["iscsi"]
         )
         fleet = ""
         if self.member is not None:
-            fleet = (f"[fleet]\nendpoints = {json.dumps(fabrics.endpoints(self.member))}\n"
-                     f'array = "{ARRAY}"\nappliance = "{self.name}"\n')  # fmt: skip
+            fleet = (
+                f"[fleet]\nendpoints = {json.dumps(fabrics.endpoints(self.member))}\n"
+                f'array = "{ARRAY}"\nappliance = "{self.name}"\n'
+            )
         self.conf.write_text(
             f'[daemon]\nmode = "bridge"\ncontrol_socket = "{self.sock}"\n'
             f'netns = "{b["netns"]}"\nstate_dir = "{self.dir / "state"}"\n'
@@ -109,19 +115,36 @@ class Daemon:
             f'array_port = "{b["array_port"]}"\n'
             f'[datapath]\nlink_speed = "10gbit"\n[metrics]\nport = 0\n'
             f'[resources.{RESOURCE}]\nvolumes = {json.dumps(vols)}\nthreshold = "{threshold}"\n'
-            + hosts + fleet
+            + hosts
+            + fleet
         )
 
     def start(self) -> None:
+        self.launch()
+        self.wait_up()
+
+    def launch(self) -> None:
         Path(self.sock).parent.mkdir(parents=True, exist_ok=True)
         Path(self.sock).unlink(missing_ok=True)
         nice = closed_loop.unit_nice()
         logf = open(self.dir / "santhrottled.log", "a")  # noqa: SIM115 - the child keeps it
         self.proc = subprocess.Popen(
-            ["ip", "netns", "exec", self.bridge["netns"], str(BIN / "santhrottled"),
-             "--config", str(self.conf)],
-            stdout=logf, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(nice),
-        )  # fmt: skip
+            [
+                "ip",
+                "netns",
+                "exec",
+                self.bridge["netns"],
+                str(BIN / "santhrottled"),
+                "--config",
+                str(self.conf),
+            ],
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            preexec_fn=lambda: os.nice(nice),
+        )
+
+    def wait_up(self) -> None:
+        assert self.proc is not None
         deadline = time.monotonic() + 120
         while not os.path.exists(self.sock):
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -141,25 +164,60 @@ class Daemon:
         if self.alive():
             assert self.proc is not None
             self.proc.send_signal(signal.SIGTERM)  # our own child, by PID
+            t0 = time.monotonic()
             try:
-                self.proc.wait(timeout=60)
+                self.proc.wait(timeout=40)
             except subprocess.TimeoutExpired:
+                log(f"{self.name}: no exit 40 s after SIGTERM: kill -9")
                 self.proc.kill()
-                self.proc.wait(timeout=10)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=10)
+            log(f"{self.name} stopped ({time.monotonic() - t0:.1f} s)")
         self.cleanup()
 
     def cleanup(self) -> None:
-        subprocess.run(["ip", "netns", "exec", self.bridge["netns"], str(BIN / "santhrottle"),
-                        "cleanup", "--config", str(self.conf)], capture_output=True)  # fmt: skip
+        try:
+            subprocess.run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    self.bridge["netns"],
+                    str(BIN / "santhrottle"),
+                    "cleanup",
+                    "--config",
+                    str(self.conf),
+                ],
+                capture_output=True,
+                timeout=60,
+            )
+        except subprocess.TimeoutExpired:
+            log(f"{self.name}: santhrottle cleanup took over 60 s")
 
     def left(self) -> dict:
         """What is on its bridge now: nft maps with elements, the initiator port's qdiscs."""
         ns = self.bridge["netns"]
-        qd = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "show", "dev",
-                             self.bridge["initiator_port"]], capture_output=True, text=True)  # fmt: skip
+        qd = subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                "tc",
+                "qdisc",
+                "show",
+                "dev",
+                self.bridge["initiator_port"],
+            ],
+            capture_output=True,
+            text=True,
+        )
         netem = [ln for ln in qd.stdout.splitlines() if "netem" in ln]
-        return {"maps_with_elements": closed_loop.left_members(ns, True),
-                "netem_qdiscs": len(netem), "netem_sample": netem[:3]}  # fmt: skip
+        return {
+            "maps_with_elements": closed_loop.left_members(ns, True),
+            "netem_qdiscs": len(netem),
+            "netem_sample": netem[:3],
+        }
 
     def fleet(self) -> dict | None:
         try:
@@ -193,8 +251,9 @@ class Poller(threading.Thread):
                     r = next((x for x in st["resources"] if x["resource"] == RESOURCE), {})
                     row["class"] = r.get("delay_class")
                     row["latency_s"] = r.get("read_latency_ewma_s")
-                    row["initiators"] = {i["initiator"]: i["class"] for i in st["initiators"]
-                                         if i["class"]}  # fmt: skip
+                    row["initiators"] = {
+                        i["initiator"]: i["class"] for i in st["initiators"] if i["class"]
+                    }
                     if d.member is not None:
                         fs = request(d.sock, "fleet_status")
                         row["mode"] = fs["mode"]
@@ -204,7 +263,7 @@ class Poller(threading.Thread):
                 except Exception as e:  # keep polling; record why
                     row["error"] = str(e)[:200]
                 self.rows.append(row)
-            self.stop_ev.wait(POLL_S * 5 if len(self.rows) > 4 else POLL_S)
+            self.stop_ev.wait(POLL_S)
 
 
 # ------------------------------------------------------------------ segments
@@ -214,8 +273,12 @@ class Segment:
     def __init__(self, t: dict, a: argparse.Namespace, kind: str, daemons: list[Daemon]) -> None:
         self.t, self.a, self.kind, self.daemons = t, a, kind, daemons
         reader, writers = t["iscsi"][0], t["iscsi"][1:]
-        self.devices = [reader["dm"], reader["mpath_dm"], *[w["dm"] for w in writers],
-                        Path(t["disk"]).name]  # fmt: skip
+        self.devices = [
+            reader["dm"],
+            reader["mpath_dm"],
+            *[w["dm"] for w in writers],
+            Path(t["disk"]).name,
+        ]
         self.s = closed_loop.Sampler(self.devices, False, t["netns"], topology.ISCSI_PORT)
         self.poll = Poller(daemons, self.s.t0)
         self.fio: list[tuple[str, subprocess.Popen]] = []
@@ -229,8 +292,9 @@ class Segment:
         self.conns0 = closed_loop.tcp_conns(self.t["netns"])
         self.s.start()
         self.poll.start()
-        self.fio.append(("reader", closed_loop.reader_job(self.a, self.t["iscsi"][0]["device"],
-                                                          duration)))  # fmt: skip
+        self.fio.append(
+            ("reader", closed_loop.reader_job(self.a, self.t["iscsi"][0]["device"], duration))
+        )
         self.s.mark("reader on")
 
     def writers(self, runtime: float) -> list[subprocess.Popen]:
@@ -239,8 +303,11 @@ class Segment:
         self.s.mark("writers on")
         return ws
 
-    def cycles(self, n: int) -> None:
+    def cycles(self, n: int, settle: bool = False) -> None:
+        """n on/off cycles; settle: every on-period counts (nothing to learn)."""
         self.begin(self.a.lead + n * (self.a.on + self.a.off))
+        if settle:
+            self.s.mark("settle")
         time.sleep(self.a.lead)
         for _ in range(n):
             for w in self.writers(self.a.on):
@@ -254,23 +321,30 @@ class Segment:
             try:
                 out, _ = p.communicate(timeout=60)
                 job = json.loads(out)["jobs"][0]
-                results.append({"job": name, "rc": p.returncode, "error": job.get("error", 0),
-                                "total_err": job.get("total_err", 0)})  # fmt: skip
-            except Exception as e:  # noqa: BLE001 - recorded
+                results.append(
+                    {
+                        "job": name,
+                        "rc": p.returncode,
+                        "error": job.get("error", 0),
+                        "total_err": job.get("total_err", 0),
+                    }
+                )
+            except Exception as e:  # recorded
                 results.append({"job": name, "rc": p.returncode, "parse_error": str(e)[:200]})
         self.s.stop_ev.set()
         self.poll.stop_ev.set()
         self.s.join()
         self.poll.join()
         r, ws = self.t["iscsi"][0], self.t["iscsi"][1:]
-        mp = fabrics.multipath_log_lines()[self.dmesg0:]
+        mp = fabrics.multipath_log_lines()[self.dmesg0 :]
         return {
             "kind": self.kind,
             "rows": self.s.rows,
             "events": self.s.events,
             "polls": self.poll.rows,
-            "nstat": {k: v - self.net0.get(k, 0)
-                      for k, v in closed_loop.nstat(self.t["netns"]).items()},  # fmt: skip
+            "nstat": {
+                k: v - self.net0.get(k, 0) for k, v in closed_loop.nstat(self.t["netns"]).items()
+            },
             "tcp_conns_start": self.conns0,
             "tcp_conns": closed_loop.tcp_conns(self.t["netns"]),
             "sets_left_after_stop": [],
@@ -280,8 +354,9 @@ class Segment:
             "writer_ips": [ip for w in ws for ip in (w["initiator_ip"], w["initiator_ip_b"])],
             "array": Path(self.t["disk"]).name,
             "fio": results,
-            "io_errors": sum(int(x.get("error", 0) or 0) + int(x.get("total_err", 0) or 0)
-                             for x in results),  # fmt: skip
+            "io_errors": sum(
+                int(x.get("error", 0) or 0) + int(x.get("total_err", 0) or 0) for x in results
+            ),
             "multipath_kernel_messages": mp,
             "path_failures": sum(1 for ln in mp if "Failing path" in ln),
         }
@@ -308,9 +383,18 @@ def summary(ph: dict, thr_s: float) -> dict:
     attach_status(ph)
     s = summarize(ph, thr_s, None)
     mp = summarize(dict(ph, reader_dm=ph["reader_mpath_dm"]), thr_s, None)
-    keep = ("windows", "read_latency_p50_s", "read_latency_p95_s", "read_latency_p99_s",
-            "time_above_threshold_pct", "write_bytes_per_s", "target_retrans_segs",
-            "target_retrans_writers", "target_retrans_others", "max_delay_class")  # fmt: skip
+    keep = (
+        "windows",
+        "read_latency_p50_s",
+        "read_latency_p95_s",
+        "read_latency_p99_s",
+        "time_above_threshold_pct",
+        "write_bytes_per_s",
+        "target_retrans_segs",
+        "target_retrans_writers",
+        "target_retrans_others",
+        "max_delay_class",
+    )
     out = {k: s.get(k) for k in keep}
     out["mpath_read_latency_p50_s"] = mp["read_latency_p50_s"]
     out["mpath_read_latency_p95_s"] = mp["read_latency_p95_s"]
@@ -357,9 +441,11 @@ def both_in_fleet(ds: list[Daemon]):
 
 
 def classes_of(ph: dict, name: str, since: float, until_: float) -> list[int]:
-    return [p["class"] for p in ph["polls"]
-            if p["d"] == name and since <= p["t"] < until_ and p.get("class") is not None]  # fmt: skip
-
+    return [
+        p["class"]
+        for p in ph["polls"]
+        if p["d"] == name and since <= p["t"] < until_ and p.get("class") is not None
+    ]
 
 
 # ---------------------------------------------------------------------- main
@@ -368,8 +454,10 @@ def ms(x) -> str:
 
 
 def table(res: dict) -> str:
-    lines = [f"{'phase':<13} {'win':>4} {'p50':>7} {'p95':>7} {'p99':>7} {'>T %':>6} "
-             f"{'mp p50':>7} {'mp p95':>7} {'MB/s':>6} {'retr':>5} {'cls':>4} {'ioerr':>5}"]  # fmt: skip
+    lines = [
+        f"{'phase':<13} {'win':>4} {'p50':>7} {'p95':>7} {'p99':>7} {'>T %':>6} "
+        f"{'mp p50':>7} {'mp p95':>7} {'MB/s':>6} {'retr':>5} {'cls':>4} {'ioerr':>5}"
+    ]
     for name, s in res["phases"].items():
         lines.append(
             f"{name:<13} {s['windows']:>4} {ms(s['read_latency_p50_s']):>7} "
@@ -403,14 +491,22 @@ def main() -> int:
     ap.add_argument("--fault-settle", type=float, default=15.0)
     ap.add_argument("--fault-after", type=float, default=20.0)
     ap.add_argument("--partition-s", type=float, default=20.0)
+    # the guest's vCPUs are short: etcd as the daemon's unit runs (Nice=-10), or its answers
+    # (and the 1 s leases' keep-alives) wait behind fio and the iSCSI stack
+    ap.add_argument("--etcd-nice", type=int, default=closed_loop.unit_nice())
     ap.add_argument("--only", default="uncontrolled,single,fleet,kill,partition")
     a = ap.parse_args()
     only = set(a.only.split(","))
     a.out.mkdir(parents=True, exist_ok=True)
     thr_s = closed_loop.parse_ms(a.threshold)
     topology.load_modules(["virtio_blk"])
-    res: dict = {"args": {k: str(v) for k, v in vars(a).items()}, "kernel": os.uname().release,
-                 "cpus": os.cpu_count(), "phases": {}, "timings_s": {}}  # fmt: skip
+    res: dict = {
+        "args": {k: str(v) for k, v in vars(a).items()},
+        "kernel": os.uname().release,
+        "cpus": os.cpu_count(),
+        "phases": {},
+        "timings_s": {},
+    }
     raw: dict = {}
     t: dict | None = None
     etcd = None
@@ -420,17 +516,19 @@ def main() -> int:
     def mark(what: str) -> None:
         res["timings_s"][what] = round(time.monotonic() - t_all, 1)
         log(what)
+        (a.out / "fleet-lab.json").write_text(json.dumps(res, indent=1, default=str))
 
     try:
-        t = topology.up(luns=a.writers + 1, nvme=0, disk="array", lv_size_mib=a.lv_size_mib,
-                        bridge=True)  # fmt: skip
+        t = topology.up(
+            luns=a.writers + 1, nvme=0, disk="array", lv_size_mib=a.lv_size_mib, bridge=True
+        )
         fabrics.setup_fabric_b(t)
         fabrics.login_b(t)
         fabrics.setup_multipath(t)
         res["multipath"] = {x["mpath"]: fabrics.path_status(x) for x in t["iscsi"]}
         mark("topology up (two fabrics, multipath)")
         fabrics.setup_mgmt()
-        etcd = fabrics.Etcd(a.out)
+        etcd = fabrics.Etcd(a.out, nice=a.etcd_nice)
         etcd.start()
         res["etcd"] = {"ready_s": round(etcd.wait_ready(), 1), "data_fs": etcd.fs}
         mark("etcd up")
@@ -438,11 +536,13 @@ def main() -> int:
 
         def run(kind: str, daemons: list[Daemon], n: int) -> None:
             seg = Segment(t, a, kind, daemons)
-            seg.cycles(n)
+            seg.cycles(n, settle=not daemons)
             raw[kind] = seg.end()
             res["phases"][kind] = s = summary(raw[kind], thr_s)
-            mark(f"phase {kind}: p50 {ms(s['read_latency_p50_s'])} p95 "
-                 f"{ms(s['read_latency_p95_s'])} ms, {s['write_bytes_per_s'] / 1e6:.1f} MB/s")
+            mark(
+                f"phase {kind}: p50 {ms(s['read_latency_p50_s'])} p95 "
+                f"{ms(s['read_latency_p95_s'])} ms, {s['write_bytes_per_s'] / 1e6:.1f} MB/s"
+            )
 
         if "uncontrolled" in only:
             run("uncontrolled", [], a.unc_cycles)
@@ -462,28 +562,38 @@ def main() -> int:
         if only & {"fleet", "kill", "partition"}:
             for d in ds:
                 d.write_config(t, a.threshold)
-                d.start()
+                d.launch()
+            for d in ds:
+                d.wait_up()
+            mark("both daemons up")
             fss, took = until(lambda: both_in_fleet(ds), 60.0, step=0.2)
             res["fleet_formed_s"] = None if took is None else round(took, 1)
             res["fleet_at_start"] = fss
             mark("both daemons in the fleet")
         if "fleet" in only:
             run("fleet", ds, a.cycles)
-        import fleet_faults  # noqa: PLC0415 - it imports this module
+        import fleet_faults  # it imports this module
 
         if "kill" in only:
             raw["kill"], res["kill"], victim = fleet_faults.fault_kill(t, a, ds, etcd, thr_s)
             res["phases"]["kill"] = summary(raw["kill"], thr_s)
             mark(f"kill: {res['kill']}")
+            if victim is None:
+                raise RuntimeError("kill: no leader of the resource")
             victim.cleanup()
             victim.start()
             fss, took = until(lambda: both_in_fleet(ds), 60.0, step=0.2)
             res["rejoin_after_restart_s"] = None if took is None else round(took, 1)
+            mark(f"{victim.name} restarted: both in the fleet after {took} s")
         if "partition" in only:
             raw["partition"], res["partition"] = fleet_faults.fault_partition(t, a, ds, thr_s)
             res["phases"]["partition"] = summary(raw["partition"], thr_s)
             mark(f"partition: {res['partition']}")
+    except Exception:
+        log(f"failed: {traceback.format_exc()}")
+        raise
     finally:
+        log("stopping")
         for d in ds:
             d.stop()
         if etcd is not None:
@@ -495,8 +605,12 @@ def main() -> int:
         topology.down()
         res["left_after_teardown"] = {
             "netns": sorted(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else [],
-            "dm": subprocess.run(["dmsetup", "ls"], capture_output=True, text=True,
-                                 env=dict(os.environ, **fabrics.ENV)).stdout.strip(),  # fmt: skip
+            "dm": subprocess.run(
+                ["dmsetup", "ls"],
+                capture_output=True,
+                text=True,
+                env=dict(os.environ, **fabrics.ENV),
+            ).stdout.strip(),
             "iscsi_sessions": len(topology.iscsi_sessions()),
         }
         (a.out / "fleet-lab.json").write_text(json.dumps(res, indent=1, default=str))

@@ -24,6 +24,7 @@ topology.down()).  Standard library and Debian's python3-rtslib-fb only.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -35,8 +36,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import topology  # noqa: E402
-from topology import TopologyError, sh  # noqa: E402
+import topology
+from topology import TopologyError, sh
 
 BRIDGE_B = {"netns": "labbr2", "name": "lab-br2", "initiator_port": "lab-bi2",
             "array_port": "lab-ba2"}  # fmt: skip
@@ -222,10 +223,10 @@ def mgmt_link(ns: str, up: bool) -> None:
 class Etcd:
     """The 3-member cluster (tests/privileged/etcd_cluster.py's, in the lab's namespaces)."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, nice: int = 0) -> None:
         base = "/dev/shm" if Path("/dev/shm").is_dir() else None
         self.data = Path(tempfile.mkdtemp(prefix="santhrottle-etcd-", dir=base))
-        self.log_dir = log_dir
+        self.log_dir, self.nice = log_dir, nice
         self.procs: list[subprocess.Popen] = []
         self.fs = sh(["stat", "-f", "-c", "%T", str(self.data)], check=False).strip()
 
@@ -247,11 +248,11 @@ class Etcd:
                 "--heartbeat-interval", str(HEARTBEAT_MS),
                 "--election-timeout", str(ELECTION_MS),
                 "--logger", "zap", "--log-level", "warn",
-            ], stdout=log, stderr=log))  # fmt: skip
+            ], stdout=log, stderr=log, preexec_fn=lambda: os.nice(self.nice)))  # fmt: skip
             log.close()
 
-    def ctl(self, *args: str, ns: str = HUB, timeout: float = 10.0) -> str:
-        """etcdctl from `ns` (the hub reaches every member)."""
+    def ctl(self, *args: str, ns: str = MEMBER_NS[2], timeout: float = 10.0) -> str:
+        """etcdctl from `ns` (the third member's namespace reaches every member)."""
         eps = ",".join(f"http://{member_ip(i)}:2379" for i in range(3))
         return sh(["ip", "netns", "exec", ns, "etcdctl", f"--endpoints={eps}",
                    "--command-timeout=3s", *args], check=False, timeout=timeout)  # fmt: skip
@@ -259,8 +260,7 @@ class Etcd:
     def wait_ready(self, within_s: float = 60.0) -> float:
         t0 = time.monotonic()
         while time.monotonic() - t0 < within_s:
-            if "is healthy" in self.ctl("endpoint", "health") and self.ctl(
-                "endpoint", "health").count("is healthy") == 3:  # fmt: skip
+            if self.ctl("endpoint", "health").count("is healthy") == 3:
                 return time.monotonic() - t0
             time.sleep(0.5)
         raise TopologyError(f"etcd not healthy in {within_s} s: {self.ctl('endpoint', 'health')}")
@@ -273,10 +273,8 @@ class Etcd:
         for p in self.procs:  # ours, by PID (`ip netns exec` execs etcd)
             if p.poll() is None:
                 p.kill()
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
         self.procs.clear()
         shutil.rmtree(self.data, ignore_errors=True)
 
