@@ -7,7 +7,7 @@ import argparse
 import time
 
 import fabrics  # vagrant/qemu/guest: on the path (fleet_lab.py)
-from fleet_lab import (
+from fleet_segments import (
     LEASE_WAIT_S,
     PREFIX,
     RESOURCE,
@@ -55,7 +55,8 @@ def fault_kill(t: dict, a: argparse.Namespace, ds: list[Daemon], etcd,
     log(f"kill: {survivor.name} leads after {took} s")
     time.sleep(LEASE_WAIT_S)
     fs = survivor.fleet() or {}
-    etcd_members = [k.removeprefix(PREFIX + "members/") for k in etcd.keys(PREFIX + "members/")]
+    keys = etcd.keys(PREFIX + "members/")
+    etcd_members = None if keys is None else [k.removeprefix(PREFIX + "members/") for k in keys]
     left = victim.left()
     time.sleep(max(0.0, total - seg.now()))
     ph = seg.end()
@@ -68,7 +69,10 @@ def fault_kill(t: dict, a: argparse.Namespace, ds: list[Daemon], etcd,
         "survivor_leads_after_s": None if took is None else round(took, 2),
         "members_in_fleet_status": fs.get("members"),
         "members_in_etcd": etcd_members,
-        "orphans": sorted(set(etcd_members) - {survivor.name}),
+        "orphans": sorted(
+            set(etcd_members if etcd_members is not None else fs.get("members") or [])
+            - {survivor.name}
+        ),
         "killed_left_on_its_bridge": left,
         "reader_after_kill": back_under(ph, t_kill, thr_s),
         "survivor_classes_after": classes_of(ph, survivor.name, t_kill, 1e9)[-5:],

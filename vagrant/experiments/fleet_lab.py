@@ -43,13 +43,10 @@ and a table on stdout.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -57,398 +54,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import closed_loop  # noqa: E402
-import fabrics  # noqa: E402  (vagrant/qemu/guest, on the path too)
-import topology  # noqa: E402  (closed_loop put vagrant/qemu/guest on the path)
-from report import percentile, summarize, windows  # noqa: E402
-
-BIN = closed_loop.BIN
-RESOURCE = "labvg"
-ARRAY = "lab"
-PREFIX = f"/santhrottle/{ARRAY}/"
-POLL_S = 0.5  # the daemons' status and fleet status (each request costs them CPU)
-LEASE_WAIT_S = 3.0  # a lease asked for 1 s is granted 2 s (docs/fleet.md): past its TTL
+import fabrics  # noqa: E402  (vagrant/qemu/guest: closed_loop put it on the path)
+import fleet_faults  # noqa: E402
+import topology  # noqa: E402
+from fleet_segments import Daemon, Segment, both_in_fleet, log, summary, until  # noqa: E402
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def request(sock: str, what: str, timeout_s: float = 2.0) -> dict:
-    from santhrottle.appliance.daemon.control import request as req
-
-    return req(sock, what, timeout_s=timeout_s)
-
-
-# ------------------------------------------------------------------ daemons
-class Daemon:
-    """santhrottled in bridge mode on one fabric's bridge, in its namespace."""
-
-    def __init__(self, name: str, bridge: dict, member: int | None, out: Path) -> None:
-        self.name, self.bridge, self.member, self.out = name, bridge, member, out
-        self.dir = out / name
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.sock = f"/run/santhrottle-fleetlab/{name}.sock"
-        self.conf = self.dir / "santhrottle.toml"
-        self.proc: subprocess.Popen | None = None
-
-    def write_config(self, t: dict, threshold: str) -> None:
-        b = self.bridge
-        vols = [
-            f"iscsi://{topology.hostport(p, topology.ISCSI_PORT)}/*/*"
-            for x in t["iscsi"]
-            for p in (x["portal"], x["portal_b"])
-        ]
-        hosts = "".join(
-            f'[hosts.{x["iface"]}]\naddresses = ["{x["initiator_ip"]}", "{x["initiator_ip_b"]}"]\n'
-            for x in t["iscsi"]
-        )
-        fleet = ""
-        if self.member is not None:
-            fleet = (
-                f"[fleet]\nendpoints = {json.dumps(fabrics.endpoints(self.member))}\n"
-                f'array = "{ARRAY}"\nappliance = "{self.name}"\n'
-            )
-        self.conf.write_text(
-            f'[daemon]\nmode = "bridge"\ncontrol_socket = "{self.sock}"\n'
-            f'netns = "{b["netns"]}"\nstate_dir = "{self.dir / "state"}"\n'
-            f'[bridge]\nname = "{b["name"]}"\ninitiator_port = "{b["initiator_port"]}"\n'
-            f'array_port = "{b["array_port"]}"\n'
-            f'[datapath]\nlink_speed = "10gbit"\n[metrics]\nport = 0\n'
-            f'[resources.{RESOURCE}]\nvolumes = {json.dumps(vols)}\nthreshold = "{threshold}"\n'
-            + hosts
-            + fleet
-        )
-
-    def start(self) -> None:
-        self.launch()
-        self.wait_up()
-
-    def launch(self) -> None:
-        Path(self.sock).parent.mkdir(parents=True, exist_ok=True)
-        Path(self.sock).unlink(missing_ok=True)
-        nice = closed_loop.unit_nice()
-        logf = open(self.dir / "santhrottled.log", "a")  # noqa: SIM115 - the child keeps it
-        self.proc = subprocess.Popen(
-            [
-                "ip",
-                "netns",
-                "exec",
-                self.bridge["netns"],
-                str(BIN / "santhrottled"),
-                "--config",
-                str(self.conf),
-            ],
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            preexec_fn=lambda: os.nice(nice),
-        )
-
-    def wait_up(self) -> None:
-        assert self.proc is not None
-        deadline = time.monotonic() + 120
-        while not os.path.exists(self.sock):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name} did not start: {self.dir}/santhrottled.log")
-            time.sleep(0.2)
-        closed_loop.first_status(self.sock)
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()  # `ip netns exec` execs santhrottled: this PID is the daemon
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.alive():
-            assert self.proc is not None
-            self.proc.send_signal(signal.SIGTERM)  # our own child, by PID
-            t0 = time.monotonic()
-            try:
-                self.proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                log(f"{self.name}: no exit 40 s after SIGTERM: kill -9")
-                self.proc.kill()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.proc.wait(timeout=10)
-            log(f"{self.name} stopped ({time.monotonic() - t0:.1f} s)")
-        self.cleanup()
-
-    def cleanup(self) -> None:
-        try:
-            subprocess.run(
-                [
-                    "ip",
-                    "netns",
-                    "exec",
-                    self.bridge["netns"],
-                    str(BIN / "santhrottle"),
-                    "cleanup",
-                    "--config",
-                    str(self.conf),
-                ],
-                capture_output=True,
-                timeout=60,
-            )
-        except subprocess.TimeoutExpired:
-            log(f"{self.name}: santhrottle cleanup took over 60 s")
-
-    def left(self) -> dict:
-        """What is on its bridge now: nft maps with elements, the initiator port's qdiscs."""
-        ns = self.bridge["netns"]
-        qd = subprocess.run(
-            [
-                "ip",
-                "netns",
-                "exec",
-                ns,
-                "tc",
-                "qdisc",
-                "show",
-                "dev",
-                self.bridge["initiator_port"],
-            ],
-            capture_output=True,
-            text=True,
-        )
-        netem = [ln for ln in qd.stdout.splitlines() if "netem" in ln]
-        return {
-            "maps_with_elements": closed_loop.left_members(ns, True),
-            "netem_qdiscs": len(netem),
-            "netem_sample": netem[:3],
-        }
-
-    def fleet(self) -> dict | None:
-        try:
-            return request(self.sock, "fleet_status")
-        except Exception:
-            return None
-
-    def leader(self) -> str | None:
-        fs = self.fleet()
-        got = (fs or {}).get("leaders", {}).get(RESOURCE)
-        return None if got is None else got["appliance"]
-
-
-class Poller(threading.Thread):
-    """Every POLL_S: each running daemon's resource class, initiators' classes, fleet view."""
-
-    def __init__(self, daemons: list[Daemon], t0: float) -> None:
-        super().__init__(daemon=True)
-        self.daemons, self.t0 = daemons, t0
-        self.rows: list[dict] = []
-        self.stop_ev = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop_ev.is_set():
-            for d in self.daemons:
-                if not d.alive():
-                    continue
-                row: dict = {"t": round(time.monotonic() - self.t0, 3), "d": d.name}
-                try:
-                    st = request(d.sock, "status")
-                    r = next((x for x in st["resources"] if x["resource"] == RESOURCE), {})
-                    row["class"] = r.get("delay_class")
-                    row["latency_s"] = r.get("read_latency_ewma_s")
-                    row["initiators"] = {
-                        i["initiator"]: i["class"] for i in st["initiators"] if i["class"]
-                    }
-                    if d.member is not None:
-                        fs = request(d.sock, "fleet_status")
-                        row["mode"] = fs["mode"]
-                        row["members"] = fs["members"]
-                        row["leader"] = (fs["leaders"].get(RESOURCE) or {}).get("appliance")
-                        row["leading"] = fs["leading"]
-                except Exception as e:  # keep polling; record why
-                    row["error"] = str(e)[:200]
-                self.rows.append(row)
-            self.stop_ev.wait(POLL_S)
-
-
-# ------------------------------------------------------------------ segments
-class Segment:
-    """The reader and the writers on the multipath devices, sampled as closed_loop's phase."""
-
-    def __init__(self, t: dict, a: argparse.Namespace, kind: str, daemons: list[Daemon]) -> None:
-        self.t, self.a, self.kind, self.daemons = t, a, kind, daemons
-        reader, writers = t["iscsi"][0], t["iscsi"][1:]
-        self.devices = [
-            reader["dm"],
-            reader["mpath_dm"],
-            *[w["dm"] for w in writers],
-            Path(t["disk"]).name,
-        ]
-        self.s = closed_loop.Sampler(self.devices, False, t["netns"], topology.ISCSI_PORT)
-        self.poll = Poller(daemons, self.s.t0)
-        self.fio: list[tuple[str, subprocess.Popen]] = []
-        self.dmesg0 = len(fabrics.multipath_log_lines())
-
-    def now(self) -> float:
-        return time.monotonic() - self.s.t0
-
-    def begin(self, duration: float) -> None:
-        self.net0 = closed_loop.nstat(self.t["netns"])
-        self.conns0 = closed_loop.tcp_conns(self.t["netns"])
-        self.s.start()
-        self.poll.start()
-        self.fio.append(
-            ("reader", closed_loop.reader_job(self.a, self.t["iscsi"][0]["device"], duration))
-        )
-        self.s.mark("reader on")
-
-    def writers(self, runtime: float) -> list[subprocess.Popen]:
-        ws = [closed_loop.writer_job(self.a, w["device"], runtime) for w in self.t["iscsi"][1:]]
-        self.fio += [(f"writer{i + 1}", p) for i, p in enumerate(ws)]
-        self.s.mark("writers on")
-        return ws
-
-    def cycles(self, n: int, settle: bool = False) -> None:
-        """n on/off cycles; settle: every on-period counts (nothing to learn)."""
-        self.begin(self.a.lead + n * (self.a.on + self.a.off))
-        if settle:
-            self.s.mark("settle")
-        time.sleep(self.a.lead)
-        for _ in range(n):
-            for w in self.writers(self.a.on):
-                w.wait()
-            self.s.mark("writers off")
-            time.sleep(self.a.off)
-
-    def end(self) -> dict:
-        results = []
-        for name, p in self.fio:
-            try:
-                out, _ = p.communicate(timeout=60)
-                job = json.loads(out)["jobs"][0]
-                results.append(
-                    {
-                        "job": name,
-                        "rc": p.returncode,
-                        "error": job.get("error", 0),
-                        "total_err": job.get("total_err", 0),
-                    }
-                )
-            except Exception as e:  # recorded
-                results.append({"job": name, "rc": p.returncode, "parse_error": str(e)[:200]})
-        self.s.stop_ev.set()
-        self.poll.stop_ev.set()
-        self.s.join()
-        self.poll.join()
-        r, ws = self.t["iscsi"][0], self.t["iscsi"][1:]
-        mp = fabrics.multipath_log_lines()[self.dmesg0 :]
-        return {
-            "kind": self.kind,
-            "rows": self.s.rows,
-            "events": self.s.events,
-            "polls": self.poll.rows,
-            "nstat": {
-                k: v - self.net0.get(k, 0) for k, v in closed_loop.nstat(self.t["netns"]).items()
-            },
-            "tcp_conns_start": self.conns0,
-            "tcp_conns": closed_loop.tcp_conns(self.t["netns"]),
-            "sets_left_after_stop": [],
-            "reader_dm": r["dm"],
-            "reader_mpath_dm": r["mpath_dm"],
-            "writer_dms": [w["dm"] for w in ws],
-            "writer_ips": [ip for w in ws for ip in (w["initiator_ip"], w["initiator_ip_b"])],
-            "array": Path(self.t["disk"]).name,
-            "fio": results,
-            "io_errors": sum(
-                int(x.get("error", 0) or 0) + int(x.get("total_err", 0) or 0) for x in results
-            ),
-            "multipath_kernel_messages": mp,
-            "path_failures": sum(1 for ln in mp if "Failing path" in ln),
-        }
-
-
-def attach_status(ph: dict) -> None:
-    """The initiators' classes (the highest any daemon gives) into the sampler's rows, for
-    report.summarize's max_delay_class."""
-    polls = [p for p in ph["polls"] if "initiators" in p]
-    j, last = 0, {}
-    for r in ph["rows"]:
-        while j < len(polls) and polls[j]["t"] <= r["t"]:
-            last[polls[j]["d"]] = polls[j]["initiators"]
-            j += 1
-        if last:
-            merged: dict[str, int] = {}
-            for ini in last.values():
-                for k, c in ini.items():
-                    merged[k] = max(merged.get(k, 0), c)
-            r["status"] = {"initiators": merged}
-
-
-def summary(ph: dict, thr_s: float) -> dict:
-    attach_status(ph)
-    s = summarize(ph, thr_s, None)
-    mp = summarize(dict(ph, reader_dm=ph["reader_mpath_dm"]), thr_s, None)
-    keep = (
-        "windows",
-        "read_latency_p50_s",
-        "read_latency_p95_s",
-        "read_latency_p99_s",
-        "time_above_threshold_pct",
-        "write_bytes_per_s",
-        "target_retrans_segs",
-        "target_retrans_writers",
-        "target_retrans_others",
-        "max_delay_class",
-    )
-    out = {k: s.get(k) for k in keep}
-    out["mpath_read_latency_p50_s"] = mp["read_latency_p50_s"]
-    out["mpath_read_latency_p95_s"] = mp["read_latency_p95_s"]
-    out["io_errors"], out["path_failures"] = ph["io_errors"], ph["path_failures"]
-    return out
-
-
-def lat_windows(ph: dict, since: float, until: float = float("inf")) -> list[tuple[float, float]]:
-    return [(t, v) for t, v, _, _ in windows(ph) if since <= t < until and v is not None]
-
-
-def back_under(ph: dict, t_ev: float, thr_s: float) -> dict:
-    """After t_ev: the windows above T, the worst, and when they are under T for good."""
-    w = lat_windows(ph, t_ev)
-    over = [t for t, v in w if v > thr_s]
-    return {
-        "windows": len(w),
-        "windows_over_T": len(over),
-        "worst_ms": round(max((v for _, v in w), default=0) * 1e3, 2),
-        "back_under_T_after_s": round(max(over) - t_ev + 0.1, 2) if over else 0.0,
-        "p50_ms": round(percentile([v for _, v in w], 50) * 1e3, 2) if w else None,
-        "p95_ms": round(percentile([v for _, v in w], 95) * 1e3, 2) if w else None,
-    }
-
-
-def until(fn, within_s: float, step: float = 0.05):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < within_s:
-        got = fn()
-        if got:
-            return got, time.monotonic() - t0
-        time.sleep(step)
-    return None, None
-
-
-def both_in_fleet(ds: list[Daemon]):
-    fss = [d.fleet() for d in ds]
-    if any(f is None for f in fss):
-        return None
-    names = sorted(d.name for d in ds)
-    leaders = {(f["leaders"].get(RESOURCE) or {}).get("appliance") for f in fss}
-    ok = all(f["mode"] == "fleet" and sorted(f["members"]) == names for f in fss)
-    return fss if ok and len(leaders) == 1 and None not in leaders else None
-
-
-def classes_of(ph: dict, name: str, since: float, until_: float) -> list[int]:
-    return [
-        p["class"]
-        for p in ph["polls"]
-        if p["d"] == name and since <= p["t"] < until_ and p.get("class") is not None
-    ]
-
-
-# ---------------------------------------------------------------------- main
 def ms(x) -> str:
     return "-" if x is None else f"{x * 1e3:.2f}"
 
@@ -491,9 +102,12 @@ def main() -> int:
     ap.add_argument("--fault-settle", type=float, default=15.0)
     ap.add_argument("--fault-after", type=float, default=20.0)
     ap.add_argument("--partition-s", type=float, default=20.0)
-    # the guest's vCPUs are short: etcd as the daemon's unit runs (Nice=-10), or its answers
-    # (and the 1 s leases' keep-alives) wait behind fio and the iSCSI stack
-    ap.add_argument("--etcd-nice", type=int, default=closed_loop.unit_nice())
+    # nice of etcd and of the daemons: 0 here, not the unit's -10.  On the guest's two
+    # emulated vCPUs two daemons and three etcd members at -10 starve fio, iscsid's and the
+    # network's kernel threads (nice 0): a run at -10 moved 0.6 MB/s in the fleet phase,
+    # its phase of 79 s took 6 min and the reader's multipath device saw p50 126 ms.
+    ap.add_argument("--etcd-nice", type=int, default=0)
+    ap.add_argument("--daemon-nice", type=int, default=0, help="the unit's: -10")
     ap.add_argument("--only", default="uncontrolled,single,fleet,kill,partition")
     a = ap.parse_args()
     only = set(a.only.split(","))
@@ -532,7 +146,10 @@ def main() -> int:
         etcd.start()
         res["etcd"] = {"ready_s": round(etcd.wait_ready(), 1), "data_fs": etcd.fs}
         mark("etcd up")
-        ds = [Daemon("br-a", t["bridge"], 0, a.out), Daemon("br-b", t["bridge_b"], 1, a.out)]
+        ds = [
+            Daemon("br-a", t["bridge"], 0, a.out, a.daemon_nice),
+            Daemon("br-b", t["bridge_b"], 1, a.out, a.daemon_nice),
+        ]
 
         def run(kind: str, daemons: list[Daemon], n: int) -> None:
             seg = Segment(t, a, kind, daemons)
@@ -550,7 +167,7 @@ def main() -> int:
             for x in t["iscsi"]:
                 fabrics.fail_path(x, x["device_b"])
             res["single_paths"] = {x["mpath"]: fabrics.path_status(x) for x in t["iscsi"]}
-            single = Daemon("single-a", t["bridge"], None, a.out)
+            single = Daemon("single-a", t["bridge"], None, a.out, a.daemon_nice)
             single.write_config(t, a.threshold)
             single.start()
             try:
@@ -572,8 +189,6 @@ def main() -> int:
             mark("both daemons in the fleet")
         if "fleet" in only:
             run("fleet", ds, a.cycles)
-        import fleet_faults  # it imports this module
-
         if "kill" in only:
             raw["kill"], res["kill"], victim = fleet_faults.fault_kill(t, a, ds, etcd, thr_s)
             res["phases"]["kill"] = summary(raw["kill"], thr_s)

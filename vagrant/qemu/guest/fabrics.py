@@ -251,11 +251,16 @@ class Etcd:
             ], stdout=log, stderr=log, preexec_fn=lambda: os.nice(self.nice)))  # fmt: skip
             log.close()
 
-    def ctl(self, *args: str, ns: str = MEMBER_NS[2], timeout: float = 10.0) -> str:
-        """etcdctl from `ns` (the third member's namespace reaches every member)."""
+    def ctl(self, *args: str, ns: str = MEMBER_NS[2], timeout: float = 30.0) -> str:
+        """etcdctl from `ns` (the third member's namespace reaches every member), at the
+        etcd members' nice; its output, or "" when it did not finish within `timeout`."""
         eps = ",".join(f"http://{member_ip(i)}:2379" for i in range(3))
-        return sh(["ip", "netns", "exec", ns, "etcdctl", f"--endpoints={eps}",
-                   "--command-timeout=3s", *args], check=False, timeout=timeout)  # fmt: skip
+        try:
+            return sh(["ip", "netns", "exec", ns, "nice", "-n", str(self.nice), "etcdctl",
+                       f"--endpoints={eps}", "--command-timeout=5s", *args],
+                      check=False, timeout=timeout)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return ""
 
     def wait_ready(self, within_s: float = 60.0) -> float:
         t0 = time.monotonic()
@@ -265,9 +270,12 @@ class Etcd:
             time.sleep(0.5)
         raise TopologyError(f"etcd not healthy in {within_s} s: {self.ctl('endpoint', 'health')}")
 
-    def keys(self, prefix: str) -> list[str]:
+    def keys(self, prefix: str) -> list[str] | None:
+        """The keys under prefix; None when etcdctl did not answer."""
         out = self.ctl("get", "--prefix", "--keys-only", prefix)
-        return [k for k in out.split() if k]
+        if not out.strip() or "Error" in out:
+            return None if "Error" in out or not out else []
+        return [k for k in out.split() if k.startswith(prefix)]
 
     def stop(self) -> None:
         for p in self.procs:  # ours, by PID (`ip netns exec` execs etcd)
