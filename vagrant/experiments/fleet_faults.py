@@ -16,6 +16,7 @@ from fleet_segments import (
     back_under,
     both_in_fleet,
     classes_of,
+    current_leader,
     lat_windows,
     log,
     percentile,
@@ -33,11 +34,11 @@ def fault_kill(t: dict, a: argparse.Namespace, ds: list[Daemon], etcd,
     seg.begin(total + 2)
     seg.writers(total)
     time.sleep(a.fault_settle)
-    lead, _ = until(lambda: ds[0].leader() or ds[1].leader(), 20.0, step=0.2)
+    lead, _ = until(lambda: current_leader(seg, ds), 60.0, step=0.5)
     log(f"kill: leader of {RESOURCE}: {lead}")
     if lead is None:
         ph = seg.end()
-        return ph, {"error": "no leader of the resource within 20 s"}, None
+        return ph, {"error": "no leader of the resource within 60 s"}, None
     victim = next(d for d in ds if d.name == lead)
     survivor = next(d for d in ds if d is not victim)
     before = victim.fleet() or {}
@@ -95,11 +96,11 @@ def fault_partition(t: dict, a: argparse.Namespace, ds: list[Daemon], thr_s: flo
     seg.begin(total + 2)
     seg.writers(total)
     time.sleep(a.fault_settle)
-    lead, _ = until(lambda: ds[0].leader() or ds[1].leader(), 20.0, step=0.2)
+    lead, _ = until(lambda: current_leader(seg, ds), 60.0, step=0.5)
     log(f"partition: leader of {RESOURCE}: {lead}")
     if lead is None:
         ph = seg.end()
-        return ph, {"error": "no leader of the resource within 20 s"}
+        return ph, {"error": "no leader of the resource within 60 s"}
     cut = next(d for d in ds if d.name == lead)
     other = next(d for d in ds if d is not cut)
     fabrics.mgmt_link(cut.bridge["netns"], up=False)

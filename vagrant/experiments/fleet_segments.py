@@ -192,7 +192,7 @@ class Daemon:
 
     def fleet(self) -> dict | None:
         try:
-            return request(self.sock, "fleet_status")
+            return request(self.sock, "fleet_status", timeout_s=5.0)
         except Exception:
             return None
 
@@ -354,6 +354,16 @@ class Segment:
             "multipath_kernel_messages": mp,
             "path_failures": sum(1 for ln in mp if "Failing path" in ln),
         }
+
+
+def current_leader(seg: Segment, ds: list[Daemon]) -> str | None:
+    """The resource's leader as a daemon's fleet status names it now, else as the poller
+    last saw it (within 3 s; on a starved guest a status request can time out)."""
+    for d in ds:
+        if d.alive() and (got := d.leader()):
+            return got
+    recent = [p for p in seg.poll.rows if p.get("leader") and p["t"] > seg.now() - 3.0]
+    return recent[-1]["leader"] if recent else None
 
 
 def leader_changes(polls: list[dict]) -> int:

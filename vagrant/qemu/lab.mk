@@ -110,8 +110,9 @@ lab-groups: setup
 # the closed loop (T = 15 ms) uncontrolled, one appliance alone on fabric A's paths, the
 # fleet; then kill -9 of the leader and a partition of its management link under load
 # (vagrant/experiments/fleet_lab.py; results in the run dir's work/fleet/fleet-lab.json).
+LAB_FLEET_TIMEOUT ?= 2400
 lab-fleet: setup
-	$(LAB_PY) $(LAB) --smp 2 --array nbd:$(or $(PLANT),$(LAB_PLANT)) run --timeout 2400 \
+	$(LAB_PY) $(LAB) --smp 2 --array nbd:$(or $(PLANT),$(LAB_PLANT)) run --timeout $(LAB_FLEET_TIMEOUT) \
 		vagrant/experiments/fleet_lab.py $(ARGS)
 
 # Boot and run one script of the checkout inside: make lab-run SCRIPT=path ARGS='...'
