@@ -57,7 +57,17 @@ import closed_loop  # noqa: E402
 import fabrics  # noqa: E402  (vagrant/qemu/guest: closed_loop put it on the path)
 import fleet_faults  # noqa: E402
 import topology  # noqa: E402
-from fleet_segments import Daemon, Segment, both_in_fleet, log, summary, until  # noqa: E402
+from fleet_segments import (  # noqa: E402
+    Daemon,
+    Segment,
+    back_under,
+    both_in_fleet,
+    lat_windows,
+    log,
+    percentile,
+    summary,
+    until,
+)
 
 
 def ms(x) -> str:
@@ -65,23 +75,57 @@ def ms(x) -> str:
 
 
 def table(res: dict) -> str:
-    lines = [
-        f"{'phase':<13} {'win':>4} {'p50':>7} {'p95':>7} {'p99':>7} {'>T %':>6} "
-        f"{'mp p50':>7} {'mp p95':>7} {'MB/s':>6} {'retr':>5} {'cls':>4} {'ioerr':>5}"
-    ]
+    """Per phase: the reader's 1 s windows (by time) at the LV and at the initiator's
+    multipath device, the writers' MB/s, the target's retransmissions, the highest class,
+    fio's errors, the fleet's lost leases; then the faults' figures."""
+    head = (f"{'phase':<13} {'win':>4} {'LV p50':>7} {'p95':>6} {'p99':>6} {'>T%':>5} "
+            f"{'mp p50':>7} {'p95':>6} {'MB/s':>5} {'retr':>4} {'cls':>3} {'err':>3} "
+            f"{'leases lost':>11}")  # fmt: skip
+    lines = [head]
     for name, s in res["phases"].items():
+        lv, mp = s.get("lv_1s") or {}, s.get("mpath_1s") or {}
+        lost = "/".join(str(c.get("leases_lost")) for c in (s.get("fleet_counters") or {}).values())
         lines.append(
-            f"{name:<13} {s['windows']:>4} {ms(s['read_latency_p50_s']):>7} "
-            f"{ms(s['read_latency_p95_s']):>7} {ms(s['read_latency_p99_s']):>7} "
-            f"{(s.get('time_above_threshold_pct') or 0):>6.1f} "
-            f"{ms(s['mpath_read_latency_p50_s']):>7} {ms(s['mpath_read_latency_p95_s']):>7} "
-            f"{s['write_bytes_per_s'] / 1e6:>6.1f} {s['target_retrans_segs']:>5} "
-            f"{s.get('max_delay_class') or 0:>4} {s['io_errors']:>5}"
+            f"{name:<13} {lv.get('windows', 0):>4} {lv.get('p50_ms')!s:>7} {lv.get('p95_ms')!s:>6} "
+            f"{lv.get('p99_ms')!s:>6} {lv.get('above_T_pct')!s:>5} {mp.get('p50_ms')!s:>7} "
+            f"{mp.get('p95_ms')!s:>6} {s['write_bytes_per_s'] / 1e6:>5.1f} "
+            f"{s['target_retrans_segs']:>4} {s.get('max_delay_class') or 0:>3} "
+            f"{s['io_errors']:>3} {lost or '-':>11}"
         )
     for k in ("kill", "partition"):
         if k in res:
             lines.append(f"{k}: " + json.dumps(res[k], default=str))
     return "\n".join(lines)
+
+
+def refigure(out: Path) -> dict:
+    """On the host: an earlier run's results summarized again from its raw.json (the
+    phases' windows by time; the faults' reader figures around their recorded times)."""
+    res = json.loads((out / "fleet-lab.json").read_text())
+    raw = json.loads((out / "raw.json").read_text())
+    thr_s = closed_loop.parse_ms(res["args"]["threshold"])
+    settle = float(res["args"]["fault_settle"])
+    for kind, ph in raw.items():
+        res["phases"][kind] = summary(ph, thr_s)
+    k = res.get("kill") or {}
+    if "t_kill" in k:
+        k["reader_after_kill"] = back_under(raw["kill"], k["t_kill"], thr_s)
+        w = [v for _, v in lat_windows(raw["kill"], settle / 2, k["t_kill"])]
+        k["reader_before_kill"] = {
+            "p50_ms": round(percentile(w, 50) * 1e3, 2) if w else None,
+            "p95_ms": round(percentile(w, 95) * 1e3, 2) if w else None,
+        }
+    p = res.get("partition") or {}
+    if "t_down" in p:
+        ph = raw["partition"]
+        for key, (x, y) in {"reader_before": (settle / 2, p["t_down"]),
+                            "reader_during": (p["t_down"], p["t_up"])}.items():  # fmt: skip
+            w = [v for _, v in lat_windows(ph, x, y)]
+            p[key] = {"windows": len(w), "over_T": sum(1 for v in w if v > thr_s),
+                      "p50_ms": round(percentile(w, 50) * 1e3, 2) if w else None,
+                      "p95_ms": round(percentile(w, 95) * 1e3, 2) if w else None}  # fmt: skip
+        p["reader_after"] = back_under(ph, p["t_up"], thr_s)
+    return res
 
 
 def main() -> int:
@@ -109,7 +153,18 @@ def main() -> int:
     ap.add_argument("--etcd-nice", type=int, default=0)
     ap.add_argument("--daemon-nice", type=int, default=0, help="the unit's: -10")
     ap.add_argument("--only", default="uncontrolled,single,fleet,kill,partition")
+    ap.add_argument(
+        "--from",
+        dest="from_",
+        type=Path,
+        help="on the host: summarize an earlier run's DIR (fleet-lab.json, raw.json)",
+    )
     a = ap.parse_args()
+    if a.from_:
+        res = refigure(a.from_)
+        (a.from_ / "fleet-lab-refigured.json").write_text(json.dumps(res, indent=1, default=str))
+        print(table(res))
+        return 0
     only = set(a.only.split(","))
     a.out.mkdir(parents=True, exist_ok=True)
     thr_s = closed_loop.parse_ms(a.threshold)

@@ -9,6 +9,7 @@ daemon's status and fleet status.
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import itertools
 import json
@@ -25,7 +26,7 @@ sys.path.insert(0, str(HERE))
 import closed_loop  # noqa: E402
 import fabrics  # noqa: E402  (vagrant/qemu/guest, on the path too)
 import topology  # noqa: E402  (closed_loop put vagrant/qemu/guest on the path)
-from report import percentile, summarize, windows  # noqa: E402
+from report import percentile, summarize  # noqa: E402
 
 BIN = closed_loop.BIN
 RESOURCE = "labvg"
@@ -414,11 +415,53 @@ def summary(ph: dict, thr_s: float) -> dict:
     rows = ph["rows"]
     gaps = sorted(b["t"] - a["t"] for a, b in itertools.pairwise(rows))
     out["sample_gap_median_s"] = round(gaps[len(gaps) // 2], 3) if gaps else None
+    out["lv_1s"] = window_stats(ph, thr_s)
+    out["mpath_1s"] = window_stats(ph, thr_s, ph["reader_mpath_dm"])
     return out
 
 
-def lat_windows(ph: dict, since: float, until: float = float("inf")) -> list[tuple[float, float]]:
-    return [(t, v) for t, v, _, _ in windows(ph) if since <= t < until and v is not None]
+def time_windows(ph: dict, dm: str | None = None, span: float = 1.0) -> list[tuple[float, float]]:
+    """The reader's mean read latency over windows of `span` seconds by the rows' times, one
+    per 100 ms step: (end, latency).  report.windows takes 10 rows for a second; on a starved
+    guest the sampler falls behind (a row with `ss` takes long, the next ones catch up), so
+    its rows come in bunches and 10 rows are not a second.  A window longer than 1.5 span
+    (a gap in the rows) is left out."""
+    dm = dm or ph["reader_dm"]
+    rows = [r for r in ph["rows"] if dm in r["ds"]]
+    ts = [r["t"] for r in rows]
+    out: list[tuple[float, float]] = []
+    last_step = -1
+    for j, b in enumerate(rows):
+        step = int(b["t"] / 0.1)
+        if step == last_step:
+            continue
+        i = bisect.bisect_right(ts, b["t"] - span) - 1
+        if i < 0 or b["t"] - rows[i]["t"] > 1.5 * span or i >= j:
+            continue
+        a = rows[i]
+        n = b["ds"][dm][0] - a["ds"][dm][0]
+        if n > 0:
+            out.append((b["t"], (b["ds"][dm][3] - a["ds"][dm][3]) / 1000 / n))
+            last_step = step
+    return out
+
+
+def lat_windows(
+    ph: dict, since: float, until: float = float("inf"), dm: str | None = None
+) -> list[tuple[float, float]]:
+    return [(t, v) for t, v in time_windows(ph, dm) if since <= t < until]
+
+
+def window_stats(ph: dict, thr_s: float, dm: str | None = None) -> dict:
+    """p50/p95/p99 and the time above T of the 1 s windows from the phase's settle on (the
+    end of the first on-period of a controlled phase; a segment's "settle" mark)."""
+    off = [t for t, e in ph["events"] if e == "writers off"]
+    settle = next((t for t, e in ph["events"] if e == "settle"), off[0] if off else 0.0)
+    w = [v for _, v in lat_windows(ph, settle, dm=dm)]
+    pct = {q: round(percentile(w, q) * 1e3, 2) if w else None for q in (50, 95, 99)}
+    above = round(100 * sum(v > thr_s for v in w) / len(w), 1) if w else None
+    return {"windows": len(w), "p50_ms": pct[50], "p95_ms": pct[95], "p99_ms": pct[99],
+            "above_T_pct": above}  # fmt: skip
 
 
 def back_under(ph: dict, t_ev: float, thr_s: float) -> dict:
