@@ -5,7 +5,7 @@ LAB := vagrant/qemu/lab.py
 # The known plant of make lab, lab-ci, lab-plant and lab-auto-fit (report.py's PAPER_ARRAY).
 LAB_PLANT := c_ms=2,m_ms=5
 
-.PHONY: lab-deps lab-up lab lab-nvme lab-curves lab-curves-nvme lab-ipv6 lab-tlp lab-nullb lab-test lab-ci lab-faults lab-plant lab-auto-fit lab-bridge lab-groups lab-run lab-clean
+.PHONY: lab-deps lab-up lab lab-nvme lab-curves lab-curves-nvme lab-ipv6 lab-tlp lab-nullb lab-test lab-ci lab-faults lab-plant lab-auto-fit lab-bridge lab-groups lab-fleet lab-run lab-clean
 
 # apt-get install what the lab needs on the host (root; idempotent), with the
 # known plant's nbdkit (lab.py --array nbd; docs/lab.md).
@@ -104,6 +104,16 @@ lab-groups: setup
 	$(LAB_PY) $(LAB) --array nbd:$(or $(PLANT),$(GROUPS_PLANT)) run --timeout 2400 \
 		vagrant/experiments/groups_lab.py $(ARGS)
 	$(VPY) vagrant/experiments/groups_compare.py
+
+# A fleet in the lab (docs/fleet.md): two bridge appliances on two fabrics, each iSCSI
+# initiator on a dm-multipath device over both, a 3-member etcd cluster in namespaces;
+# the closed loop (T = 15 ms) uncontrolled, one appliance alone on fabric A's paths, the
+# fleet; then kill -9 of the leader and a partition of its management link under load
+# (vagrant/experiments/fleet_lab.py; results in the run dir's work/fleet/fleet-lab.json).
+LAB_FLEET_TIMEOUT ?= 2400
+lab-fleet: setup
+	$(LAB_PY) $(LAB) --smp 2 --array nbd:$(or $(PLANT),$(LAB_PLANT)) run --timeout $(LAB_FLEET_TIMEOUT) \
+		vagrant/experiments/fleet_lab.py $(ARGS)
 
 # Boot and run one script of the checkout inside: make lab-run SCRIPT=path ARGS='...'
 lab-run:

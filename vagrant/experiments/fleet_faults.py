@@ -1,0 +1,149 @@
+"""fleet_lab.py's faults under load: kill -9 of the leader, a partition of the leader's
+management link. In the guest (imported by fleet_lab.py)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import fabrics  # vagrant/qemu/guest: on the path (fleet_lab.py)
+from fleet_segments import (
+    LEASE_WAIT_S,
+    PREFIX,
+    RESOURCE,
+    Daemon,
+    Segment,
+    back_under,
+    both_in_fleet,
+    classes_of,
+    current_leader,
+    lat_windows,
+    log,
+    percentile,
+    request,
+    until,
+)
+
+
+def fault_kill(t: dict, a: argparse.Namespace, ds: list[Daemon], etcd,
+               thr_s: float) -> tuple[dict, dict, Daemon]:  # fmt: skip
+    """kill -9 of the resource's leader under load; returns the segment, the figures and
+    the killed daemon."""
+    seg = Segment(t, a, "kill", ds)
+    total = a.fault_settle + a.fault_after
+    seg.begin(total + 2)
+    seg.writers(total)
+    time.sleep(a.fault_settle)
+    lead, _ = until(lambda: current_leader(seg, ds), 60.0, step=0.5)
+    log(f"kill: leader of {RESOURCE}: {lead}")
+    if lead is None:
+        ph = seg.end()
+        return ph, {"error": "no leader of the resource within 60 s"}, None
+    victim = next(d for d in ds if d.name == lead)
+    survivor = next(d for d in ds if d is not victim)
+    before = victim.fleet() or {}
+    epoch0 = (before.get("leaders", {}).get(RESOURCE) or {}).get("epoch")
+    try:
+        cls0 = (request(victim.sock, "status")["resources"] or [{}])[0].get("delay_class")
+    except Exception as e:  # recorded
+        cls0 = f"? ({e})"
+    victim.kill9()
+    t_kill = seg.now()
+    log(f"kill: {victim.name} killed (kill -9)")
+    seg.s.mark("leader killed")
+    _, took = until(lambda: RESOURCE in ((survivor.fleet() or {}).get("leading") or []), 15.0)
+    seg.s.mark("survivor leads")
+    log(f"kill: {survivor.name} leads after {took} s")
+    time.sleep(LEASE_WAIT_S)
+    fs = survivor.fleet() or {}
+    keys = etcd.keys(PREFIX + "members/")
+    etcd_members = None if keys is None else [k.removeprefix(PREFIX + "members/") for k in keys]
+    left = victim.left()
+    time.sleep(max(0.0, total - seg.now()))
+    ph = seg.end()
+    res = {
+        "leader_killed": victim.name,
+        "survivor": survivor.name,
+        "epoch_before": epoch0,
+        "epoch_after": (fs.get("leaders", {}).get(RESOURCE) or {}).get("epoch"),
+        "class_at_kill": cls0,
+        "survivor_leads_after_s": None if took is None else round(took, 2),
+        "members_in_fleet_status": fs.get("members"),
+        "members_in_etcd": etcd_members,
+        "orphans": sorted(
+            set(etcd_members if etcd_members is not None else fs.get("members") or [])
+            - {survivor.name}
+        ),
+        "killed_left_on_its_bridge": left,
+        "reader_after_kill": back_under(ph, t_kill, thr_s),
+        "survivor_classes_after": classes_of(ph, survivor.name, t_kill, 1e9)[-5:],
+        "io_errors": ph["io_errors"],
+        "path_failures": ph["path_failures"],
+        "t_kill": t_kill,
+    }
+    w = lat_windows(ph, a.fault_settle / 2, t_kill)
+    res["reader_before_kill"] = {
+        "p50_ms": round(percentile([v for _, v in w], 50) * 1e3, 2) if w else None,
+        "p95_ms": round(percentile([v for _, v in w], 95) * 1e3, 2) if w else None,
+    }
+    return ph, res, victim
+
+
+def fault_partition(t: dict, a: argparse.Namespace, ds: list[Daemon], thr_s: float) -> tuple:
+    """The leader's management link down for a.partition_s under load, then up."""
+    seg = Segment(t, a, "partition", ds)
+    total = a.fault_settle + a.partition_s + a.fault_after
+    seg.begin(total + 2)
+    seg.writers(total)
+    time.sleep(a.fault_settle)
+    lead, _ = until(lambda: current_leader(seg, ds), 60.0, step=0.5)
+    log(f"partition: leader of {RESOURCE}: {lead}")
+    if lead is None:
+        ph = seg.end()
+        return ph, {"error": "no leader of the resource within 60 s"}
+    cut = next(d for d in ds if d.name == lead)
+    other = next(d for d in ds if d is not cut)
+    fabrics.mgmt_link(cut.bridge["netns"], up=False)
+    t_down = seg.now()
+    seg.s.mark("link down")
+    _, degraded_s = until(lambda: (cut.fleet() or {}).get("mode") == "degraded", 10.0)
+    log(f"partition: {cut.name} link down; degraded after {degraded_s} s")
+    _, other_leads_s = until(lambda: RESOURCE in ((other.fleet() or {}).get("leading") or []),
+                             10.0)  # fmt: skip
+    time.sleep(max(0.0, a.partition_s - (seg.now() - t_down)))
+    during_cut = cut.fleet() or {}
+    fabrics.mgmt_link(cut.bridge["netns"], up=True)
+    t_up = seg.now()
+    seg.s.mark("link up")
+    log(f"partition: {cut.name} link up")
+    fss, back_s = until(lambda: both_in_fleet(ds), 30.0, step=0.1)
+    time.sleep(max(0.0, total - seg.now()))
+    ph = seg.end()
+    res = {
+        "partitioned": cut.name,
+        "was_leader": True,
+        "degraded_after_s": None if degraded_s is None else round(degraded_s, 2),
+        "degraded_reason": during_cut.get("reason"),
+        "mode_during": during_cut.get("mode"),
+        "other_leads_after_s": None if other_leads_s is None else round(other_leads_s, 2),
+        "both_in_fleet_after_link_up_s": None if back_s is None else round(back_s, 2),
+        "leader_after": None if not fss else (fss[0]["leaders"].get(RESOURCE) or {}),
+        "reader_after": back_under(ph, t_up, thr_s),
+        "io_errors": ph["io_errors"],
+        "path_failures": ph["path_failures"],
+        "t_down": t_down,
+        "t_up": t_up,
+    }
+    for key, (x, y) in {"reader_before": (a.fault_settle / 2, t_down),
+                        "reader_during": (t_down, t_up)}.items():  # fmt: skip
+        w = [v for _, v in lat_windows(ph, x, y)]
+        res[key] = {"windows": len(w), "over_T": sum(1 for v in w if v > thr_s),
+                    "p50_ms": round(percentile(w, 50) * 1e3, 2) if w else None,
+                    "p95_ms": round(percentile(w, 95) * 1e3, 2) if w else None}  # fmt: skip
+    for d in ds:  # the resource's class on each: before, during, around the rejoin
+        res[f"class_{d.name}"] = {
+            "before": classes_of(ph, d.name, t_down - 3, t_down)[-3:],
+            "during": classes_of(ph, d.name, t_down, t_up),
+            "after": classes_of(ph, d.name, t_up, t_up + 6),
+        }
+    return ph, res
