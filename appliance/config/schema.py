@@ -274,7 +274,8 @@ KEYS: tuple[Key, ...] = (
     Key("fleet", "lease_ttl", duration_s(1.0, 60.0), "1s",
         "whole seconds: a dead appliance's leaderships end this long after its last "
         "refresh, and an appliance without an answer from etcd for this long controls "
-        "alone; longer rides out longer stalls, at a slower failover", restart=True),
+        "alone; longer rides out longer stalls and a slower etcd (the engine's "
+        "timeouts grow with it), at a slower failover", restart=True),
     # [metrics]
     Key("metrics", "address", ip_address(), "127.0.0.1",
         "address of the Prometheus exporter", restart=True),

@@ -83,7 +83,6 @@ class FleetMode:
     def samples(self, d: Daemon, own: Samples, now: float) -> Samples:
         """What step() runs on this tick (see the module's doc)."""
         self.view = v = self.agent.view()
-        self.agent.want(d.ctl.resources)
         self.tick_seq += 1
         name = self.agent.name
         tick = SampleBatch(name, self.tick_seq, now, Samples(own.reads, [], own.devices, []))

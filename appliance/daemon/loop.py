@@ -198,6 +198,8 @@ class Daemon:
                 seed_class(self.ctl, name, self.seed_classes.pop(name))
         if changed:
             log.info("resources removed; %d initiator class(es) changed", len(changed))
+        if self.fleet is not None:  # lead these when nobody does
+            self.fleet.agent.want(self.ctl.resources)
 
     # ----------------------------------------------------------- the tick
     def converge_once(self) -> None:

@@ -56,7 +56,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from santhrottle.appliance.fleet.codec import (
     BadSamples,
@@ -68,7 +67,13 @@ from santhrottle.appliance.fleet.codec import (
     encode_classes,
     encode_published,
 )
-from santhrottle.appliance.fleet.engine import Coordinator, EngineUnavailable, LeaseLost, Payload
+from santhrottle.appliance.fleet.engine import (
+    Coordinator,
+    EngineUnavailable,
+    LeaseLost,
+    Payload,
+    Snapshot,
+)
 from santhrottle.appliance.fleet.names import resource_key, resource_of
 
 log = logging.getLogger("santhrottled.fleet")
@@ -289,10 +294,10 @@ class FleetAgent:
             else:
                 self.counters.refused += 1
                 leading.pop(r, None)
-        self._make_view(snap.revision, snap, leaders, leading)
+        self._make_view(snap, leaders, leading)
 
     def _make_view(
-        self, revision: int, snap: Any, leaders: dict[str, tuple[str, int]], leading: dict[str, int]
+        self, snap: Snapshot, leaders: dict[str, tuple[str, int]], leading: dict[str, int]
     ) -> None:
         now = self.clock()
         with self._lock:
@@ -329,7 +334,7 @@ class FleetAgent:
                 continue
             followed[r] = Followed(r, lead[0], dec.epoch, classes)
         view = FleetView(
-            self.coord.array, self.name, False, "", revision, 0.0,
+            self.coord.array, self.name, False, "", snap.revision, 0.0,
             tuple(sorted(snap.members)), leaders, leading, parts, followed,
         )  # fmt: skip
         with self._lock:

@@ -56,11 +56,12 @@ FORMAT = 1
 
 
 class BadSamples(ValueError):
-    """A published samples payload that does not decode; .field names the place."""
+    """A published samples payload that does not decode; .field names the place,
+    .why what is wrong there."""
 
     def __init__(self, field: str, why: str) -> None:
         super().__init__(f"{field}: {why}")
-        self.field = field
+        self.field, self.why = field, why
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +212,7 @@ def _nested(where: str, raw: Any) -> SampleBatch:
     try:
         return decode(raw)
     except BadSamples as e:
-        raise BadSamples(f"{where}.{e.field}", str(e).split(": ", 1)[-1]) from None
+        raise BadSamples(f"{where}.{e.field}", e.why) from None
 
 
 @dataclass(frozen=True, slots=True)

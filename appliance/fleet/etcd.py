@@ -13,7 +13,9 @@ What it does
     call tries the endpoint that answered last, and on a transport failure, a
     timeout or an etcd "no leader" the next one, until CALL_BUDGET_S is spent;
     each attempt waits at most REQUEST_TIMEOUT_S for the connection and as long
-    for the answer.  Every failure becomes EngineUnavailable naming each
+    for the answer.  Both are for the default 1 s lease and scale with the
+    lease's TTL (a 3 s lease: 1.5 s and 3 s), so a longer lease also gives a
+    slow engine longer to answer.  Every failure becomes EngineUnavailable naming each
     endpoint tried and its cause; "lease not found" becomes LeaseLost.  A value
     in the engine that is not JSON of the expected shape is skipped and counted
     (bad_values), never raised.
@@ -63,9 +65,10 @@ from santhrottle.appliance.fleet.engine import (
 )
 from santhrottle.appliance.fleet.names import check_name, parse_endpoint
 
-# One attempt on one endpoint: connect within this, then the answer within this.
+# One attempt on one endpoint: connect within this, then the answer within this
+# (for DEFAULT_TTL_S; x ttl_s / DEFAULT_TTL_S for a longer lease).
 REQUEST_TIMEOUT_S = 0.5
-# One call, over all the endpoints it tries.
+# One call, over all the endpoints it tries (scaled the same way).
 CALL_BUDGET_S = 1.0
 # The lease: whole seconds (etcd's unit); etcd raises a smaller one to its minimum.
 DEFAULT_TTL_S = 1
@@ -102,8 +105,8 @@ class EtcdCoordinator:
         array: str,
         endpoints: Sequence[str],
         ttl_s: int = DEFAULT_TTL_S,
-        request_timeout_s: float = REQUEST_TIMEOUT_S,
-        call_budget_s: float = CALL_BUDGET_S,
+        request_timeout_s: float | None = None,
+        call_budget_s: float | None = None,
     ) -> None:
         if not endpoints:
             raise ValueError("at least one etcd endpoint")
@@ -112,11 +115,14 @@ class EtcdCoordinator:
         self._array = check_name("array", array)
         self.prefix = f"{ROOT}/{array}/"
         self.ttl_s = int(ttl_s)
-        self.request_timeout_s = request_timeout_s
-        self.call_budget_s = call_budget_s
+        scale = self.ttl_s / DEFAULT_TTL_S
+        self.request_timeout_s = (
+            REQUEST_TIMEOUT_S * scale if request_timeout_s is None else request_timeout_s
+        )
+        self.call_budget_s = CALL_BUDGET_S * scale if call_budget_s is None else call_budget_s
         self.endpoints = [parse_endpoint(e) for e in endpoints]
         self._clients = [
-            Etcd3Client(host=h, port=p, protocol=s, timeout=request_timeout_s, api_path="/v3/")
+            Etcd3Client(host=h, port=p, protocol=s, timeout=self.request_timeout_s, api_path="/v3/")
             for s, h, p in self.endpoints
         ]
         self._current = 0  # the endpoint that answered last

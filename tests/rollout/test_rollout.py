@@ -88,29 +88,23 @@ FLEET = {
     "santhrottle_keep_static_state": True,
     "santhrottle_metrics_port": 0,
 }
+BRIDGE = {
+    "santhrottle_enabled": True,
+    "santhrottle_mode": "control",
+    "santhrottle_daemon_mode": "bridge",
+    "santhrottle_bridge_initiator_port": "eth1",
+    "santhrottle_bridge_array_port": "eth2",
+    "santhrottle_resources": {
+        "array1": {"threshold": "10ms", "volumes": ["iscsi://10.0.0.5/iqn.x:a/*"]},
+    },
+}
 SCENARIOS = {
     "defaults": {},
     "control": {**FLEET, "santhrottle_mode": "control"},
     "observe": {**FLEET, "santhrottle_mode": "observe"},
-    "bridge": {
-        "santhrottle_enabled": True,
-        "santhrottle_mode": "control",
-        "santhrottle_daemon_mode": "bridge",
-        "santhrottle_bridge_initiator_port": "eth1",
-        "santhrottle_bridge_array_port": "eth2",
-        "santhrottle_resources": {
-            "array1": {"threshold": "10ms", "volumes": ["iscsi://10.0.0.5/iqn.x:a/*"]},
-        },
-    },
+    "bridge": BRIDGE,
     "fleet": {
-        "santhrottle_enabled": True,
-        "santhrottle_mode": "control",
-        "santhrottle_daemon_mode": "bridge",
-        "santhrottle_bridge_initiator_port": "eth1",
-        "santhrottle_bridge_array_port": "eth2",
-        "santhrottle_resources": {
-            "array1": {"threshold": "10ms", "volumes": ["iscsi://10.0.0.5/*/*"]},
-        },
+        **BRIDGE,
         "santhrottle_fleet_endpoints": ["10.77.0.1:2379", "10.77.0.2", "http://[fd00:77::3]:2379"],
         "santhrottle_fleet_array": "array1",
         "santhrottle_fleet_appliance": "gw-a",

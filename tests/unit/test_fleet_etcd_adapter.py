@@ -12,7 +12,7 @@ from etcd3gw import exceptions as gw_errors
 from etcd3gw.client import Etcd3Client
 
 from santhrottle.appliance.fleet.engine import EngineUnavailable, LeaseLost
-from santhrottle.appliance.fleet.etcd import EtcdCoordinator
+from santhrottle.appliance.fleet.etcd import CALL_BUDGET_S, REQUEST_TIMEOUT_S, EtcdCoordinator
 from santhrottle.appliance.fleet.names import check_name, parse_endpoint
 
 pytestmark = pytest.mark.unit
@@ -46,6 +46,17 @@ def test_construction_bounds():
             EtcdCoordinator("arr", ["127.0.0.1:1"], ttl_s=ttl)
     with pytest.raises(ValueError):
         EtcdCoordinator("a/b", ["127.0.0.1:1"])
+
+
+def test_timeouts_scale_with_the_lease():
+    one = EtcdCoordinator("arr", ["127.0.0.1:1"])
+    assert (one.request_timeout_s, one.call_budget_s) == (REQUEST_TIMEOUT_S, CALL_BUDGET_S)
+    three = EtcdCoordinator("arr", ["127.0.0.1:1"], ttl_s=3)
+    assert three.request_timeout_s == pytest.approx(3 * REQUEST_TIMEOUT_S)
+    assert three.call_budget_s == pytest.approx(3 * CALL_BUDGET_S)
+    assert all(c.timeout == three.request_timeout_s for c in three._clients)
+    given = EtcdCoordinator("arr", ["127.0.0.1:1"], ttl_s=3, request_timeout_s=0.2)
+    assert (given.request_timeout_s, given.call_budget_s) == (0.2, 3 * CALL_BUDGET_S)
 
 
 class Scripted:

@@ -24,22 +24,37 @@ from fleet_segments import (
     until,
 )
 
+NO_LEADER = "no leader of the resource within 60 s"
+
+
+def _leader_under_load(
+    t: dict, a: argparse.Namespace, ds: list[Daemon], kind: str, total: float
+) -> tuple[Segment, Daemon | None]:
+    """A segment of `kind` with the writers on for `total` s, a.fault_settle s into it:
+    the segment and the resource's leader (None: no leader within 60 s)."""
+    seg = Segment(t, a, kind, ds)
+    seg.begin(total + 2)
+    seg.writers(total)
+    time.sleep(a.fault_settle)
+    lead, _ = until(lambda: current_leader(seg, ds), 60.0, step=0.5)
+    log(f"{kind}: leader of {RESOURCE}: {lead}")
+    return seg, next((d for d in ds if d.name == lead), None)
+
+
+def _lease_bound_s(a: argparse.Namespace, base_s: float) -> float:
+    """A wait of base_s at the 1 s lease, longer by the TTL's extra seconds
+    (the lease, its expiry and the engine's call budget all grow with it)."""
+    return base_s + 3.0 * (a.lease_ttl - 1)
+
 
 def fault_kill(t: dict, a: argparse.Namespace, ds: list[Daemon], etcd,
                thr_s: float) -> tuple[dict, dict, Daemon]:  # fmt: skip
     """kill -9 of the resource's leader under load; returns the segment, the figures and
     the killed daemon."""
-    seg = Segment(t, a, "kill", ds)
     total = a.fault_settle + a.fault_after
-    seg.begin(total + 2)
-    seg.writers(total)
-    time.sleep(a.fault_settle)
-    lead, _ = until(lambda: current_leader(seg, ds), 60.0, step=0.5)
-    log(f"kill: leader of {RESOURCE}: {lead}")
-    if lead is None:
-        ph = seg.end()
-        return ph, {"error": "no leader of the resource within 60 s"}, None
-    victim = next(d for d in ds if d.name == lead)
+    seg, victim = _leader_under_load(t, a, ds, "kill", total)
+    if victim is None:
+        return seg.end(), {"error": NO_LEADER}, None
     survivor = next(d for d in ds if d is not victim)
     before = victim.fleet() or {}
     epoch0 = (before.get("leaders", {}).get(RESOURCE) or {}).get("epoch")
@@ -51,10 +66,13 @@ def fault_kill(t: dict, a: argparse.Namespace, ds: list[Daemon], etcd,
     t_kill = seg.now()
     log(f"kill: {victim.name} killed (kill -9)")
     seg.s.mark("leader killed")
-    _, took = until(lambda: RESOURCE in ((survivor.fleet() or {}).get("leading") or []), 15.0)
+    _, took = until(
+        lambda: RESOURCE in ((survivor.fleet() or {}).get("leading") or []),
+        _lease_bound_s(a, 15.0),
+    )
     seg.s.mark("survivor leads")
     log(f"kill: {survivor.name} leads after {took} s")
-    time.sleep(LEASE_WAIT_S)
+    time.sleep(LEASE_WAIT_S + (a.lease_ttl - 1))
     fs = survivor.fleet() or {}
     keys = etcd.keys(PREFIX + "members/")
     etcd_members = None if keys is None else [k.removeprefix(PREFIX + "members/") for k in keys]
@@ -91,32 +109,28 @@ def fault_kill(t: dict, a: argparse.Namespace, ds: list[Daemon], etcd,
 
 def fault_partition(t: dict, a: argparse.Namespace, ds: list[Daemon], thr_s: float) -> tuple:
     """The leader's management link down for a.partition_s under load, then up."""
-    seg = Segment(t, a, "partition", ds)
     total = a.fault_settle + a.partition_s + a.fault_after
-    seg.begin(total + 2)
-    seg.writers(total)
-    time.sleep(a.fault_settle)
-    lead, _ = until(lambda: current_leader(seg, ds), 60.0, step=0.5)
-    log(f"partition: leader of {RESOURCE}: {lead}")
-    if lead is None:
-        ph = seg.end()
-        return ph, {"error": "no leader of the resource within 60 s"}
-    cut = next(d for d in ds if d.name == lead)
+    seg, cut = _leader_under_load(t, a, ds, "partition", total)
+    if cut is None:
+        return seg.end(), {"error": NO_LEADER}
     other = next(d for d in ds if d is not cut)
     fabrics.mgmt_link(cut.bridge["netns"], up=False)
     t_down = seg.now()
     seg.s.mark("link down")
-    _, degraded_s = until(lambda: (cut.fleet() or {}).get("mode") == "degraded", 10.0)
+    _, degraded_s = until(
+        lambda: (cut.fleet() or {}).get("mode") == "degraded", _lease_bound_s(a, 10.0)
+    )
     log(f"partition: {cut.name} link down; degraded after {degraded_s} s")
-    _, other_leads_s = until(lambda: RESOURCE in ((other.fleet() or {}).get("leading") or []),
-                             10.0)  # fmt: skip
+    _, other_leads_s = until(
+        lambda: RESOURCE in ((other.fleet() or {}).get("leading") or []), _lease_bound_s(a, 10.0)
+    )
     time.sleep(max(0.0, a.partition_s - (seg.now() - t_down)))
     during_cut = cut.fleet() or {}
     fabrics.mgmt_link(cut.bridge["netns"], up=True)
     t_up = seg.now()
     seg.s.mark("link up")
     log(f"partition: {cut.name} link up")
-    fss, back_s = until(lambda: both_in_fleet(ds), 30.0, step=0.1)
+    fss, back_s = until(lambda: both_in_fleet(ds), _lease_bound_s(a, 30.0), step=0.1)
     time.sleep(max(0.0, total - seg.now()))
     ph = seg.end()
     res = {

@@ -152,6 +152,9 @@ def main() -> int:
     # its phase of 79 s took 6 min and the reader's multipath device saw p50 126 ms.
     ap.add_argument("--etcd-nice", type=int, default=0)
     ap.add_argument("--daemon-nice", type=int, default=0, help="the unit's: -10")
+    # [fleet] lease_ttl: 3 s, not the default 1 s.  The guest's daemons stall for seconds
+    # (ticks late by up to 17 s); with 1 s every agent round failed and no leader held.
+    ap.add_argument("--lease-ttl", type=int, default=3, help="[fleet] lease_ttl, seconds")
     ap.add_argument("--only", default="uncontrolled,single,fleet,kill,partition")
     ap.add_argument(
         "--from",
@@ -233,7 +236,7 @@ def main() -> int:
                     fabrics.reinstate_path(x, x["device_b"])
         if only & {"fleet", "kill", "partition"}:
             for d in ds:
-                d.write_config(t, a.threshold)
+                d.write_config(t, a.threshold, a.lease_ttl)
                 d.launch()
             for d in ds:
                 d.wait_up()

@@ -62,7 +62,7 @@ class Daemon:
         self.conf = self.dir / "santhrottle.toml"
         self.proc: subprocess.Popen | None = None
 
-    def write_config(self, t: dict, threshold: str) -> None:
+    def write_config(self, t: dict, threshold: str, lease_ttl_s: int = 1) -> None:
         b = self.bridge
         vols = [
             f"iscsi://{topology.hostport(p, topology.ISCSI_PORT)}/*/*"
@@ -77,7 +77,7 @@ class Daemon:
         if self.member is not None:
             fleet = (
                 f"[fleet]\nendpoints = {json.dumps(fabrics.endpoints(self.member))}\n"
-                f'array = "{ARRAY}"\nappliance = "{self.name}"\n'
+                f'array = "{ARRAY}"\nappliance = "{self.name}"\nlease_ttl = "{lease_ttl_s}s"\n'
             )
         self.conf.write_text(
             f'[daemon]\nmode = "bridge"\ncontrol_socket = "{self.sock}"\n'

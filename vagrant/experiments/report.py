@@ -144,6 +144,7 @@ def summarize(ph: dict, threshold_s: float | None, uncontrolled_wr: float | None
     # from the end of the learning burst (the first on-period); a static phase marks
     # its own start ("settle"): nothing to learn
     settle = (events(ph, "settle") or off[:1] or [0.0])[0]
+    off += [math.inf] * (len(on) - len(off))  # writers never stopped: on to the end
     reader_off = (events(ph, "reader off") or [math.inf])[0]
     lat = [v for t, v, _, _ in w if settle <= t < reader_off and v is not None]
     writing = [

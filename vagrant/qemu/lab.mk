@@ -107,9 +107,10 @@ lab-groups: setup
 
 # A fleet in the lab (docs/fleet.md): two bridge appliances on two fabrics, each iSCSI
 # initiator on a dm-multipath device over both, a 3-member etcd cluster in namespaces;
-# the closed loop (T = 15 ms) uncontrolled, one appliance alone on fabric A's paths, the
-# fleet; then kill -9 of the leader and a partition of its management link under load
-# (vagrant/experiments/fleet_lab.py; results in the run dir's work/fleet/fleet-lab.json).
+# the closed loop (T = 15 ms, lease_ttl 3 s) uncontrolled, one appliance alone on
+# fabric A's paths, the fleet; then kill -9 of the leader and a partition of its
+# management link under load (vagrant/experiments/fleet_lab.py; results in the run
+# dir's work/fleet/fleet-lab.json), ~12 min.
 LAB_FLEET_TIMEOUT ?= 2400
 lab-fleet: setup
 	$(LAB_PY) $(LAB) --smp 2 --array nbd:$(or $(PLANT),$(LAB_PLANT)) run --timeout $(LAB_FLEET_TIMEOUT) \
