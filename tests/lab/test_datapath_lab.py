@@ -12,8 +12,8 @@ curves and the idle cost are vagrant/experiments/datapath_lab.py's.
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -144,7 +144,40 @@ def test_time_grows_linearly_with_delay(topology, datapath):
         )
 
 
-DESCENTS = 4  # one descent reorders often, not always (the reads can fall into step)
+DESCENTS = 4  # the glide leaf's descents
+# The control run descends until the target has seen reordering or retransmitted, up
+# to this many times: one descent reorders often, not always (the reads can fall into step).
+MAX_CONTROL_DESCENTS = 16
+READER_START_S = 30.0  # fio on the two-vCPU guest can take seconds to issue its first read
+READER_RUNTIME_S = 600  # longer than any run of descents (a glide one: ~35 s); stopped after them
+
+
+def _reads_done(device: str) -> int:
+    """Reads completed on the initiator's block device (its /sys/block stat)."""
+    name = Path(device).resolve().name
+    return int(Path(f"/sys/block/{name}/stat").read_text().split()[0])
+
+
+def _start_reader(device: str) -> subprocess.Popen:
+    """A 64k qd4 random read on device, once it is reading."""
+    fio = ["fio", "--name=descent", f"--filename={device}", "--direct=1", "--ioengine=libaio",
+           "--rw=randread", "--bs=64k", "--iodepth=4", "--time_based",
+           f"--runtime={READER_RUNTIME_S}", "--output-format=terse"]  # fmt: skip
+    before = _reads_done(device)
+    reader = subprocess.Popen(fio, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + READER_START_S
+    while _reads_done(device) == before:
+        if reader.poll() is not None or time.monotonic() > deadline:
+            _stop(reader)
+            pytest.fail(f"fio on {device} did not read within {READER_START_S:.0f} s")
+        time.sleep(0.05)
+    return reader
+
+
+def _stop(reader: subprocess.Popen) -> None:
+    if reader.poll() is None:
+        reader.terminate()  # fio ends its jobs on SIGTERM
+    reader.wait(timeout=60)
 
 
 def _climb(d, ip, to_class: int, ordered: bool) -> None:
@@ -163,20 +196,19 @@ def _climb(d, ip, to_class: int, ordered: bool) -> None:
         time.sleep(cfg.tick_s)
 
 
-def _descend(d, ip, device, ordered: bool, start_class: int, step_classes: int) -> dict:
+def _descend(
+    d, ip, device, ordered: bool, start_class: int, step_classes: int, descents: int | None
+) -> dict:
+    """A 64k qd4 read runs while the member's delay goes down from start_class to 0
+    in steps, `descents` times, or (None) until a descent made the target see
+    reordering or retransmit, at most MAX_CONTROL_DESCENTS (back up by the
+    controller's ramp between them); returns the target's TCP counters over it."""
     from santhrottle.appliance.datapath import glide_status
 
-    """A 64k qd4 read runs while the member's delay goes down from
-    start_class to 0 in steps, DESCENTS times (back up by the controller's
-    ramp); returns the target's TCP counters over it."""
     d.set_classes({ip: start_class}, mode="read", ordered=ordered)
     fio_once(device, "read", "64k", 4, m.WARMUP_SIZE, offset=CI_SIZE)  # RTT settles
     c0 = tcp_counters()
-    fio = ["fio", "--name=descent", f"--filename={device}", "--direct=1", "--ioengine=libaio",
-           "--rw=randread", "--bs=64k", "--iodepth=4", "--time_based", "--runtime=10",
-           "--output-format=terse"]  # fmt: skip
-    reader = threading.Thread(target=sh, args=(fio,))
-    reader.start()
+    reader = _start_reader(device)
     delays = []
     # where the target saw reordering / retransmitted: (after what, how many)
     seen: list[tuple[str, int, int]] = []
@@ -191,13 +223,14 @@ def _descend(d, ip, device, ordered: bool, start_class: int, step_classes: int) 
             seen.append((what, reorder, retrans))
         last = now
 
+    n = 0
     try:
         time.sleep(1.0)
-        for i in range(DESCENTS):
-            if i:
+        while n < (descents or MAX_CONTROL_DESCENTS):
+            if n:
                 _climb(d, ip, start_class, ordered)
                 time.sleep(0.3)
-                look(f"climb {i}")
+                look(f"climb {n}")
             for k in range(start_class - step_classes, -1, -step_classes):
                 d.set_classes({ip: k}, mode="read", ordered=ordered)
                 if ordered:
@@ -208,9 +241,13 @@ def _descend(d, ip, device, ordered: bool, start_class: int, step_classes: int) 
                     delays.append([g["delay_us"] for g in glide_status(d) if g["members"]])
                 time.sleep(0.3)
                 d.settle()
-                look(f"descent {i} to class {k}")
+                look(f"descent {n} to class {k}")
+            n += 1
+            if descents is None and any(w.startswith("descent") for w, _, _ in seen):
+                break
+        assert reader.poll() is None, "the reader ended before the descents did"
     finally:
-        reader.join()
+        _stop(reader)
     # settle() hands the leaf's member out of the set once a look saw no traffic
     # since the one before: the reader has stopped
     for _ in range(3):
@@ -218,6 +255,7 @@ def _descend(d, ip, device, ordered: bool, start_class: int, step_classes: int) 
         d.settle()
     look("after the reader")
     out = m.diff(c0, tcp_counters())
+    out["descents"] = n
     out["glide_delays_us"] = delays
     out["seen_after"] = seen
     return out
@@ -232,12 +270,12 @@ def test_a_lowered_delay_keeps_each_initiators_packets_in_order(topology, datapa
     ini = topology["iscsi"][0]
     datapath.apply()
     ip, device = ini["initiator_ip"], ini["device"]
-    plain = _descend(datapath, ip, device, ordered=False, start_class=40, step_classes=20)
-    glide = _descend(datapath, ip, device, ordered=True, start_class=40, step_classes=20)
+    plain = _descend(datapath, ip, device, False, start_class=40, step_classes=20, descents=None)
+    glide = _descend(datapath, ip, device, True, start_class=40, step_classes=20, descents=DESCENTS)
     assert ip not in datapath.current(), "settled out of the set at delay 0"
     for name, c in (("shared classes", plain), ("glide leaf", glide)):
         print(
-            f"{DESCENTS} x (20 ms -> 10 ms -> 0) under a 64k qd4 read, {name}: target retrans "
+            f"{c['descents']} x (20 ms -> 10 ms -> 0) under a 64k qd4 read, {name}: target retrans "
             f"{c['TcpRetransSegs']}, SACK reordering seen {c['TcpExtTCPSACKReorder']}, "
             f"DSACKs {c['TcpExtTCPDSACKRecv']}, TLPs {c['TcpExtTCPLossProbes']}"
         )
