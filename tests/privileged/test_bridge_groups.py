@@ -12,6 +12,7 @@ delayed); the delay itself is the lab's to prove (docs/groups.md, "In the lab").
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -78,7 +79,11 @@ def test_two_groups_on_the_wire_put_the_best_effort_writer_in_a_class(bridged): 
             return inis.get(WRITER_IP)
 
         k = _until(bulk_class, 30.0)
-        assert k, request(sock, "status")
+        if not k:  # the whole status, not pytest's shortened repr: which group, which y
+            st = request(sock, "status")
+            pytest.fail(
+                json.dumps({key: st.get(key) for key in ("groups", "initiators", "resources")})
+            )
         db = rows()["db"]
         assert db["y"] < 1.0 and db["pwfte"] > 0.0, db  # short of its target, weighted
         delayed = {i["initiator"] for i in request(sock, "status")["initiators"] if i["class"]}
