@@ -153,9 +153,8 @@ READER_RUNTIME_S = 600  # longer than any run of descents (a glide one: ~35 s); 
 
 
 def _reads_done(device: str) -> int:
-    """Reads completed on the initiator's block device (its /sys/block stat)."""
-    name = Path(device).resolve().name
-    return int(Path(f"/sys/block/{name}/stat").read_text().split()[0])
+    """Reads completed on the initiator's block device."""
+    return m.diskstats()[Path(device).resolve().name][0]
 
 
 def _start_reader(device: str) -> subprocess.Popen:

@@ -71,6 +71,7 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(CHECKOUT / "vagrant" / "qemu" / "guest"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import topology  # noqa: E402
+from measure import diskstats  # noqa: E402
 from report import conn_retrans, summarize  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -108,15 +109,6 @@ def tcp_conns(netns: str, port: int = topology.ISCSI_PORT) -> list[dict[str, str
         elif conns:
             conns[-1].update(SS_FIELDS.findall(line))
     return conns
-
-
-def diskstats() -> dict[str, list[int]]:
-    out = {}
-    with open("/proc/diskstats") as f:
-        for line in f:
-            p = line.split()
-            out[p[2]] = [int(x) for x in p[3:14]]
-    return out
 
 
 def nstat(netns: str) -> dict[str, int]:

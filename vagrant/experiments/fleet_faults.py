@@ -41,10 +41,10 @@ def _leader_under_load(
     return seg, next((d for d in ds if d.name == lead), None)
 
 
-def _lease_bound_s(a: argparse.Namespace, base_s: float) -> float:
-    """A wait of base_s at the 1 s lease, longer by the TTL's extra seconds
+def _lease_bound_s(a: argparse.Namespace, base_s: float, per_ttl_s: float = 3.0) -> float:
+    """A wait of base_s at the 1 s lease, longer by per_ttl_s per extra second of TTL
     (the lease, its expiry and the engine's call budget all grow with it)."""
-    return base_s + 3.0 * (a.lease_ttl - 1)
+    return base_s + per_ttl_s * (a.lease_ttl - 1)
 
 
 def fault_kill(t: dict, a: argparse.Namespace, ds: list[Daemon], etcd,
@@ -72,7 +72,7 @@ def fault_kill(t: dict, a: argparse.Namespace, ds: list[Daemon], etcd,
     )
     seg.s.mark("survivor leads")
     log(f"kill: {survivor.name} leads after {took} s")
-    time.sleep(LEASE_WAIT_S + (a.lease_ttl - 1))
+    time.sleep(_lease_bound_s(a, LEASE_WAIT_S, per_ttl_s=1.0))  # the victim's lease expired
     fs = survivor.fleet() or {}
     keys = etcd.keys(PREFIX + "members/")
     etcd_members = None if keys is None else [k.removeprefix(PREFIX + "members/") for k in keys]

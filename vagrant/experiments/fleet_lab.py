@@ -226,7 +226,7 @@ def main() -> int:
                 fabrics.fail_path(x, x["device_b"])
             res["single_paths"] = {x["mpath"]: fabrics.path_status(x) for x in t["iscsi"]}
             single = Daemon("single-a", t["bridge"], None, a.out, a.daemon_nice)
-            single.write_config(t, a.threshold)
+            single.write_config(t, a.threshold, a.lease_ttl)
             single.start()
             try:
                 run("single", [single], a.cycles)

@@ -62,7 +62,7 @@ class Daemon:
         self.conf = self.dir / "santhrottle.toml"
         self.proc: subprocess.Popen | None = None
 
-    def write_config(self, t: dict, threshold: str, lease_ttl_s: int = 1) -> None:
+    def write_config(self, t: dict, threshold: str, lease_ttl_s: int) -> None:
         b = self.bridge
         vols = [
             f"iscsi://{topology.hostport(p, topology.ISCSI_PORT)}/*/*"

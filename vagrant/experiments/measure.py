@@ -36,6 +36,15 @@ def load_topology():
     return mod
 
 
+def diskstats() -> dict[str, list[int]]:
+    """/proc/diskstats: each block device's counters (reads completed first)."""
+    out = {}
+    for line in Path("/proc/diskstats").read_text().splitlines():
+        f = line.split()
+        out[f[2]] = [int(x) for x in f[3:]]
+    return out
+
+
 def sh(cmd, check=True, timeout=300, input=None) -> str:
     """topology.sh (stdout and stderr together; an error names the command),
     with this file's longer default timeout for fio runs."""

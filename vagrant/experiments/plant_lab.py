@@ -44,20 +44,13 @@ from pathlib import Path
 CHECKOUT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(CHECKOUT / "vagrant" / "qemu" / "guest"))
 import topology  # noqa: E402
+from measure import diskstats  # noqa: E402
 
 STATS = Path("/shared/work/array-stats.json")
 REGION_MIB = 300  # each writer's region (4 per host: 1200 MiB of a 1536 MiB LV)
 
 
 # ------------------------------------------------------------------ counters
-def diskstats() -> dict[str, list[int]]:
-    out = {}
-    for line in Path("/proc/diskstats").read_text().splitlines():
-        f = line.split()
-        out[f[2]] = [int(x) for x in f[3:]]
-    return out
-
-
 def ds_delta(d0: list[int], d1: list[int], dt: float) -> dict:
     """reads, writes, ios (all kinds), weighted ms -> Q, L of all IOs."""
     dd = [b - a for a, b in zip(d0, d1, strict=False)]
