@@ -137,7 +137,9 @@ def split_samples(draw):
             total = sum(fr) or 1.0
             whole_writes.append(WriteSample(r, ini, bps))
             for p in range(n):
-                parts[p][1].append(WriteSample(r, ini, bps * fr[p] / total if sum(fr) else bps / n))
+                parts[p][1].append(
+                    WriteSample(r, ini, bps * (fr[p] / total) if sum(fr) else bps / n)
+                )
     return Samples(whole_reads, whole_writes), [Samples(rs, ws) for rs, ws in parts]
 
 
