@@ -3,15 +3,15 @@
 A lab-tier test that boots its own guest through vagrant/experiments/report.py
 --short: the paper's workload on a known plant (lab.py --array
 nbd:c_ms=2,m_ms=10: nbdkit on the host, installed by lab.py's deps; 12
-sequential 128 KiB QD1 writers from 3 hosts, the 256 kB/s reader), T = 20 ms,
-the daemon with the product's defaults, then the same controlled phase with
-santhrottled in bridge mode on a bridge between the initiators and the target (the
-wire its sensor).  Without santhrottle the reader waits
-C + m x Q at the target, Q the writers' IOs at the array: about 100 ms when the
-guest keeps ~10 of them there, and still ~70 ms on a host whose emulation adds
-~50 ms to each of the writers' IOs (the slope of 10 ms, twice make lab's, keeps
-the precondition uncontrolled p95 >= 2 T a matter of the plant, not of the
-host's speed: docs/lab.md); the test fails when the controller does not hold T.
+sequential 128 KiB QD1 writers from 3 hosts, the 256 kB/s reader), the daemon
+with the product's defaults at T = half the uncontrolled p95 within 10-20 ms, then
+the same controlled phase with santhrottled in bridge mode on a bridge between the
+initiators and the target (the wire its sensor).  Without santhrottle the reader
+waits C + m x Q at the target, Q the writers' IOs at the array: about 100 ms when
+the guest keeps ~10 of them there, but only 26-28 ms where a busy host slows the
+emulated writers to over half a second of their own per IO.  T follows: 20 ms on a
+quiet host, lower on a busy one, so the precondition, uncontrolled p95 >= 2 T, holds
+whatever the host (docs/lab.md); the test fails when the controller does not hold T.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ pytestmark = pytest.mark.lab
 CHECKOUT = Path(__file__).resolve().parents[2]
 REPORT = CHECKOUT / "vagrant" / "experiments" / "report.py"
 LAB_UNAVAILABLE = 3  # vagrant/qemu/lab.py: QEMU or the kernel package is missing
-THRESHOLD_S = 0.020  # report.py --short: closed_loop.py --paper --thresholds 20ms
+# report.py --short: closed_loop.py --paper --thresholds auto:10ms-20ms
+THRESHOLD_MIN_S, THRESHOLD_MAX_S = 0.010, 0.020
 # the test's own budget (report.py's guest timeout, 1,500 s, is under it): 4-5 min
 # on a fast host, up to three times that where the emulation is slow (docs/lab.md,
 # "CI's short closed loop")
@@ -64,8 +65,9 @@ def test_short_closed_loop_holds_the_threshold():
         f"(uncontrolled {s['uncontrolled']['target_retrans_segs']}), wall {wall:.0f} s "
         f"(budget {BUDGET_S} s)"
     )
-    assert thr == pytest.approx(THRESHOLD_S)
-    # the plant's construction, not the controller: a broken lab, said as such
+    assert THRESHOLD_MIN_S <= thr <= THRESHOLD_MAX_S
+    # the plant's construction and the host's load, not the controller: a broken lab (or
+    # one too busy to test anything: under 2 x the lowest T), said as such
     assert unc >= 2 * thr, f"the known plant gave only {unc * 1e3:.1f} ms uncontrolled"
     assert c["read_latency_p95_s"] <= thr, c
     assert c["sets_left_after_stop"] == []
@@ -92,7 +94,7 @@ def test_short_closed_loop_holds_the_threshold():
         f"writes {b['write_bytes_per_s'] / 1e6:.2f} MB/s, target retrans "
         f"{b['target_retrans_segs']}"
     )
-    assert b["threshold_s"] == pytest.approx(THRESHOLD_S)
+    assert b["threshold_s"] == pytest.approx(thr)
     assert b["read_latency_p95_s"] <= thr, b
     assert b["sets_left_after_stop"] == []
     assert wall <= BUDGET_S, f"the closed loop took {wall:.0f} s, over its {BUDGET_S} s budget"

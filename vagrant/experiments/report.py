@@ -2,7 +2,7 @@
 """`make lab`: run the closed-loop experiments in the lab guest, then report.
 
     python3 vagrant/experiments/report.py --paper [--out DIR]  # make lab: known plant
-    python3 vagrant/experiments/report.py --short [--out DIR]  # CI: T = 20 ms, C 2, m 10 ms
+    python3 vagrant/experiments/report.py --short [--out DIR]  # CI: T 10-20 ms, C 2, m 10 ms
     python3 vagrant/experiments/report.py [--out DIR]          # the null_blk experiment
     python3 vagrant/experiments/report.py --from DIR           # report an earlier run
     python3 vagrant/experiments/report.py --paper --protocol nvme  # NVMe/TCP hosts
@@ -643,6 +643,11 @@ PAPER_ARRAY = "nbd:c_ms=2,m_ms=5"
 # >= 2 T uncontrolled even where the emulated guest, not the array, limits the
 # writers (docs/lab.md, "CI's short closed loop").
 CI_ARRAY = "nbd:c_ms=2,m_ms=10"
+# ... and its threshold: half the uncontrolled p95, within 10-20 ms (closed_loop.py's
+# auto_threshold): 20 ms on a quiet host; where a busy host slows the emulated writers
+# so much that even this slope leaves the reader under 40 ms, a lower T keeps the
+# precondition, uncontrolled p95 >= 2 T
+CI_THRESHOLDS = "auto:10ms-20ms"
 
 
 PROTOCOL_NAMES = {"iscsi": "iSCSI", "nvme": "NVMe/TCP"}
@@ -735,12 +740,12 @@ def main() -> int:
         array = array or PAPER_ARRAY
         guest_args.append("--paper")
         timeout = args.timeout or 2700
-    if args.short:  # CI: the paper's workload on a known plant, T = 20 ms, three bursts
+    if args.short:  # CI: the paper's workload on a known plant, T 10-20 ms, three bursts
         array = array or CI_ARRAY
         guest_args += [
             "--paper",
             "--thresholds",
-            "20ms",
+            CI_THRESHOLDS,
             "--cycles",
             "3",
             "--no-static",
