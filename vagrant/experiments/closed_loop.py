@@ -76,6 +76,9 @@ from report import conn_retrans, summarize  # noqa: E402
 
 BIN = Path(sys.executable).parent
 SOCK = "/run/santhrottle-exp/control.sock"
+# --profile-daemon: each phase's daemon under cProfile (daemon_profile.py), its
+# pstats in this directory as profile-NAME.prof.
+PROFILE_DIR: Path | None = None
 # The unit the daemon ships with: the experiment runs it at the unit's Nice=.
 UNIT = CHECKOUT / "systemd" / "santhrottled.service"
 SAMPLE_S = 0.1
@@ -288,8 +291,12 @@ def launch_daemon(conf: Path, log_path: Path, timeout_s: float = 90.0) -> subpro
     returns once its control socket (SOCK) exists."""
     log = open(log_path, "a")  # noqa: SIM115 - lives with the process
     nice = unit_nice()
+    cmd = [str(BIN / "santhrottled")]
+    if PROFILE_DIR is not None:  # --profile-daemon: the same daemon under cProfile
+        prof = PROFILE_DIR / f"profile-{conf.stem.removeprefix('santhrottle-')}.prof"
+        cmd = [sys.executable, str(Path(__file__).with_name("daemon_profile.py")), str(prof)]
     p = subprocess.Popen(
-        [str(BIN / "santhrottled"), "--config", str(conf)],
+        [*cmd, "--config", str(conf)],
         stdout=log,
         stderr=subprocess.STDOUT,
         preexec_fn=lambda: os.nice(nice),  # as systemd runs it
@@ -322,6 +329,30 @@ def first_status(sock: str) -> dict:
                     f"santhrottled gave no status in {FIRST_STATUS_S:g} s: {e}"
                 ) from None
             time.sleep(1.0)
+
+
+def cpu_ticks(pid: int | str, task: int | str | None = None) -> int:
+    """utime + stime of a process (or one of its threads), in clock ticks."""
+    path = f"/proc/{pid}/task/{task}/stat" if task is not None else f"/proc/{pid}/stat"
+    fields = Path(path).read_text().rpartition(")")[2].split()
+    return int(fields[11]) + int(fields[12])  # stat(5)'s 14th and 15th
+
+
+def guest_cpu() -> dict[str, int]:
+    """The guest's CPU time by kind, in clock ticks (/proc/stat's cpu line)."""
+    kinds = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+    first = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    return dict(zip(kinds, map(int, first), strict=False))
+
+
+def daemon_cpu(p: subprocess.Popen) -> dict:
+    """The daemon's CPU so far, in seconds: the whole process and its main thread
+    (the tick loop; the others serve the control socket and the metrics)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    try:
+        return {"cpu_s": cpu_ticks(p.pid) / hz, "main_thread_cpu_s": cpu_ticks(p.pid, p.pid) / hz}
+    except (OSError, IndexError, ValueError) as e:  # gone already: say so, keep the phase
+        return {"error": str(e)}
 
 
 def stop_daemon(p: subprocess.Popen, conf_dir: Path, name: str) -> None:
@@ -381,6 +412,8 @@ def phase(
         s = Sampler(devices, daemon is not None, t["netns"], t["storage_port"])
         net0 = nstat(t["netns"])
         conns0 = tcp_conns(t["netns"], t["storage_port"])
+        cpu0, wall0 = guest_cpu(), time.monotonic()
+        dcpu0 = daemon_cpu(daemon) if daemon is not None else {}
         s.start()
         duration = a.lead + cycles * (a.on + a.off)
         rd = reader_job(a, reader["device"], duration)
@@ -406,6 +439,11 @@ def phase(
         s.join()
         net1 = nstat(t["netns"])
         conns = tcp_conns(t["netns"], t["storage_port"])
+        cpu = {"wall_s": time.monotonic() - wall0,
+               "guest_ticks": {k: v - cpu0[k] for k, v in guest_cpu().items()}}  # fmt: skip
+        if daemon is not None:  # from the sampler's start to its stop, as the figures
+            dcpu1 = daemon_cpu(daemon)
+            cpu["daemon"] = {k: v - dcpu0.get(k, 0.0) for k, v in dcpu1.items() if k != "error"}
     finally:
         if daemon is not None:
             stop_daemon(daemon, out, name)
@@ -419,6 +457,7 @@ def phase(
         "rows": s.rows,
         "events": s.events,
         "nstat": {k: net1.get(k, 0) - net0.get(k, 0) for k in NSTAT_KEYS},
+        "cpu": cpu,
         "tcp_conns": conns,
         "tcp_conns_start": conns0,
         "sets_left_after_stop": [m for m in members if m.startswith("santhrottle")],
@@ -657,6 +696,12 @@ def main() -> int:
         "host's phases, one controlled by santhrottled in bridge mode on it",
     )
     ap.add_argument("--no-bridge", dest="bridge", action="store_false")
+    ap.add_argument(
+        "--profile-daemon",
+        action="store_true",
+        help="each phase's daemon under cProfile on its main thread's CPU clock "
+        "(daemon_profile.py): OUT/profile-NAME.prof",
+    )
     pre, _ = ap.parse_known_args()
     if pre.paper:
         ap.set_defaults(**PAPER)
@@ -665,6 +710,9 @@ def main() -> int:
         a.max_delay = None
     a.setpoint = None if a.setpoint in (None, "default") else float(a.setpoint)
     a.out.mkdir(parents=True, exist_ok=True)
+    if a.profile_daemon:
+        global PROFILE_DIR
+        PROFILE_DIR = a.out
     nvme = a.protocol == "nvme"
     if a.disk == "array":
         topology.load_modules(["virtio_blk"])

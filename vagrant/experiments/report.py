@@ -203,6 +203,33 @@ def summarize(ph: dict, threshold_s: float | None, uncontrolled_wr: float | None
                     None,
                 )
                 out["release_throughput_back_after_s"] = None if back is None else back - reader_off
+    out.update(cpu_shares(ph.get("cpu")))
+    return out
+
+
+def cpu_rows(unc: dict, rows: list[dict]) -> list[tuple[str, dict]]:
+    """The phases that kept their CPU, named for cpu_shares' line in the report."""
+    out = [("uncontrolled", unc)]
+    for s in rows:
+        out.append((f"{ms(s['threshold_s'])}ms", s))
+        out += [(f"pinned {pr['delay_s'] * 1e3:g}ms", pr)
+                for pr in (s.get("static") or {}).get("probes", [])]  # fmt: skip
+    return [(name, x) for name, x in out if "guest_idle_share" in x]
+
+
+def cpu_shares(cpu: dict | None) -> dict:
+    """Of the guest's CPU over the phase (closed_loop.py's "cpu"): the daemon's share and
+    its tick loop's, and the guest's idle share ({} for runs from before it was kept)."""
+    if not cpu:
+        return {}
+    ticks = cpu["guest_ticks"]
+    total = sum(ticks.values()) or 1
+    hz = os.sysconf("SC_CLK_TCK")
+    out = {"guest_idle_share": (ticks.get("idle", 0) + ticks.get("iowait", 0)) / total}
+    d = cpu.get("daemon")
+    if d:
+        out["daemon_cpu_share"] = d["cpu_s"] * hz / total
+        out["daemon_tick_cpu_share"] = d["main_thread_cpu_s"] * hz / total
     return out
 
 
@@ -596,6 +623,10 @@ def report(out: Path) -> int:
                 + ("" if not sb else f"; simulator's best constant {sb['delay_s'] * 1e3:g} ms, "
                    f"controller {sb['controlled_vs_constant']:.1%} of it")
             )  # fmt: skip
+    if "guest_idle_share" in unc:
+        print("the guest's CPU per phase (daemon / its tick loop / idle): " + "; ".join(
+            f"{name} {pct(x.get('daemon_cpu_share'))} / {pct(x.get('daemon_tick_cpu_share'))} "
+            f"/ {pct(x['guest_idle_share'])}" for name, x in cpu_rows(unc, rows)))  # fmt: skip
     for s in rows:
         for e in s.get("writer_retrans_events", []):
             print(
