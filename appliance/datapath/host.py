@@ -5,7 +5,7 @@ What it owns
     parameters, so tests and odd hosts can point elsewhere).  Host: runs a
     tool inside the namespace (nsenter --net), opens pyroute2's IPRoute and
     IPSet sockets inside it (IPSet takes no netns argument: opened between
-    pushns and popns), and looks devices up.  module_available() and
+    pushns and popns), and looks devices up (once each, until forget()).  module_available() and
     check_netem() answer whether the kernel can give us a netem qdisc.
 
     Every failure becomes one DatapathError line for the admin.  The sync
@@ -79,6 +79,7 @@ class Host:
         self.tools = tools or Tools()
         self._ipr: Any = None
         self._ipset: Any = None
+        self._ifindex: dict[str, int] = {}  # device -> index (ifindex)
 
     def close(self) -> None:
         for s in (self._ipr, self._ipset):
@@ -86,6 +87,7 @@ class Host:
                 with contextlib.suppress(Exception):
                     s.close()
         self._ipr = self._ipset = None
+        self._ifindex.clear()
 
     def netns_path(self) -> str | None:
         if self.netns is None:
@@ -161,11 +163,22 @@ class Host:
         return self._ipset
 
     def ifindex(self, device: str) -> int:
-        idx = self.iproute().link_lookup(ifname=device)
-        if not idx:
+        """The device's index, looked up once (a link dump's reply is a large message:
+        decoding it is most of what a tick's glide-leaf change costs under emulation).
+        A message that fails on it calls forget(): the next call looks again."""
+        idx = self._ifindex.get(device)
+        if idx is not None:
+            return idx
+        found = self.iproute().link_lookup(ifname=device)
+        if not found:
             where = f" in network namespace {self.netns}" if self.netns else ""
             raise DatapathError(f"no network device {device}{where}")
-        return int(idx[0])
+        self._ifindex[device] = idx = int(found[0])
+        return idx
+
+    def forget(self, device: str) -> None:
+        """Look the device's index up again next time (it may have been recreated)."""
+        self._ifindex.pop(device, None)
 
     def check_netem(self) -> None:
         """Raise NetemMissing when the kernel cannot give us a netem qdisc: the

@@ -21,7 +21,7 @@ Worked example
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from santhrottle.appliance.datapath.host import NETEM_MISSING_MSG, Host
@@ -90,10 +90,21 @@ class TcDevice:
     def records(self) -> tuple[list[Record], list[Record]]:
         ipr = self.host.iproute()
         idx = self.host.ifindex(self.device)
-        return (
-            [tc_record(m) for m in ipr.get_qdiscs(index=idx)],
-            [tc_record(m) for m in ipr.get_classes(index=idx)],
-        )
+        with self._forget_on_failure():
+            return (
+                [tc_record(m) for m in ipr.get_qdiscs(index=idx)],
+                [tc_record(m) for m in ipr.get_classes(index=idx)],
+            )
+
+    @contextlib.contextmanager
+    def _forget_on_failure(self) -> Iterator[None]:
+        """A message that failed may have named a device since recreated: the next
+        one looks its index up again (Host.ifindex keeps it)."""
+        try:
+            yield
+        except Exception:
+            self.host.forget(self.device)
+            raise
 
     def observe(self) -> TcTree:
         return observe_tree(*self.records())
@@ -101,6 +112,7 @@ class TcDevice:
     def apply(self, want: TcTree) -> tuple[int, bool]:
         """Reconcile the device's tree with `want`: (tc lines sent, fresh build)."""
         dev = self.device
+        self.host.forget(dev)  # a build or a repair: the device may be a new one
         have = self.observe()
         if not have.ours and not have.kernel_default:
             raise ForeignQdisc(
@@ -154,7 +166,8 @@ class TcDevice:
         try:
             # the batch call: pyroute2 0.9's sync nlm_request looks for a
             # status key only its async core has
-            self.host.iproute().nlm_request_batch([msg])
+            with self._forget_on_failure():
+                self.host.iproute().nlm_request_batch([msg])
         except Exception as e:
             raise DatapathError(
                 f"cannot change the delay of glide leaf {minor_classid(minor)} on "
@@ -178,7 +191,8 @@ class TcDevice:
             msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK | NLM_F_ECHO
             msgs.append(msg)
         try:
-            replies = self.host.iproute().nlm_request_batch(msgs)
+            with self._forget_on_failure():
+                replies = self.host.iproute().nlm_request_batch(msgs)
         except Exception as e:
             raise DatapathError(f"cannot read the glide leaves' queues: {e}") from None
         out: dict[int, tuple[int, int]] = {}
