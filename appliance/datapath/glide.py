@@ -88,6 +88,11 @@ from santhrottle.appliance.datapath.names import (
 )
 from santhrottle.controller.ladder import Ladder
 
+# The gap between two pairs of looks at a HANDOFF leaf whose traffic goes on
+# (GlidePlanner.handoffs): doubling from the first to the last.
+LOOK_GAP_MIN_S = 0.2
+LOOK_GAP_MAX_S = 0.8
+
 
 class LeafState(enum.Enum):
     FREE = "free"
@@ -119,6 +124,11 @@ class GlideLeaf:
     lower_to: int | None = None
     # packets it had sent at the last look while due to hand its members on
     sent_seen: int | None = None
+    # looks at a HANDOFF leaf whose traffic goes on come in pairs, a tick apart,
+    # with a growing gap between pairs (LOOK_GAP_MIN_S .. LOOK_GAP_MAX_S)
+    next_look_s: float = 0.0
+    look_gap_s: float = 0.0
+    pair_open: bool = False  # the last look saw traffic; the next one follows at once
     known: bool = False  # its delay is known (set by this planner, or adopted)
 
     def state(self, now: float) -> LeafState:
@@ -319,8 +329,13 @@ class GlidePlanner:
         return out
 
     def looks(self, now: float) -> list[int]:
-        """The leaves in HANDOFF: their queue and sent packets must be read."""
-        return [m for m, leaf in self.leaves.items() if leaf.state(now) is LeafState.HANDOFF]
+        """The leaves in HANDOFF whose look is due: their queue and sent packets must
+        be read (a leaf whose traffic goes on is looked at in pairs: see handoffs())."""
+        return [
+            m
+            for m, leaf in self.leaves.items()
+            if leaf.state(now) is LeafState.HANDOFF and now + 1e-9 >= leaf.next_look_s
+        ]
 
     def handoffs(
         self,
@@ -330,7 +345,15 @@ class GlidePlanner:
     ) -> list[Op]:
         """The ops that hand the members of every quiet HANDOFF leaf to the
         shared class of its delay (out of the set at 0).  readings: minor ->
-        (packets queued, packets sent), summed over the devices."""
+        (packets queued, packets sent), summed over the devices.
+
+        A look that sees traffic is followed by one at the next call (a tick
+        later: the pair sees a tick of silence, as every look did before); a
+        pair that sees traffic both times waits LOOK_GAP_MIN_S, then twice as
+        long each time, up to LOOK_GAP_MAX_S, before the next pair, whose
+        first look hands the members on if nothing passed in the whole gap.
+        A member that never pauses costs two readings a gap, not ten a
+        second (each is a netlink round trip the emulated lab pays ~15 ms for)."""
         ops: list[Op] = []
         for minor in self.looks(now):
             leaf = self.leaves[minor]
@@ -338,6 +361,10 @@ class GlidePlanner:
             quiet = not queued and (sent is None or sent == leaf.sent_seen)
             leaf.sent_seen = sent
             if not quiet:
+                if leaf.pair_open:  # both looks of a pair saw traffic: wait longer
+                    leaf.look_gap_s = min(LOOK_GAP_MAX_S, max(LOOK_GAP_MIN_S, 2 * leaf.look_gap_s))
+                    leaf.next_look_s = now + leaf.look_gap_s
+                leaf.pair_open = not leaf.pair_open
                 continue
             for ip in sorted(leaf.members):
                 name = set_name(members[ip][0], ip)
@@ -370,4 +397,5 @@ class GlidePlanner:
             leaf.busy_until_s = max(leaf.busy_until_s, now + self._delay_s[leaf.klass])
         leaf.klass = k
         leaf.known = True
+        leaf.next_look_s, leaf.look_gap_s, leaf.pair_open = 0.0, 0.0, False  # a new episode
         return LeafDelay(minor, k)

@@ -24,6 +24,7 @@ import pytest
 
 from santhrottle.appliance import datapath as dp
 from santhrottle.appliance.config import default
+from santhrottle.appliance.datapath.glide import LOOK_GAP_MIN_S
 from santhrottle.appliance.datapath.names import (
     ALL_SET_NAMES,
     GLIDE_PRIO,
@@ -631,6 +632,8 @@ def test_settle_keeps_a_member_while_its_packets_are_queued_in_the_leaf(netns_pa
             t.join()
         assert dp.glide_status(d)[0]["queued"] == 0
         assert d.settle() == 0  # the queue drained through the leaf since the last look
+        assert d.settle() == 0  # two looks in a row saw traffic: the next pair waits
+        now[0] += LOOK_GAP_MIN_S
         assert d.settle() == 1 and d.current()[MEMBER_IP].klass == 2
         d.cleanup()
 

@@ -3,10 +3,18 @@ in virtual time, with the kernel's queue readings as inputs (no root, no kernel)
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from santhrottle.appliance.datapath import members as mb
-from santhrottle.appliance.datapath.glide import GlidePlanner, LeafDelay, LeafState
+from santhrottle.appliance.datapath.glide import (
+    LOOK_GAP_MAX_S,
+    LOOK_GAP_MIN_S,
+    GlidePlanner,
+    LeafDelay,
+    LeafState,
+)
 from santhrottle.appliance.datapath.names import class_minor, class_prio, glide_minor
 from santhrottle.controller.ladder import Ladder
 
@@ -112,9 +120,31 @@ def test_a_handoff_waits_for_a_look_that_saw_no_traffic():
     # enter the leaf while it is handed on, and the shared class would overtake it
     assert k.settle(101.0, {A: (0, 10)}) == 0
     assert k.settle(101.1, {A: (0, 12)}) == 0
-    assert k.settle(101.2, {A: (0, 12)}) == 1
+    # both looks of the pair saw traffic: the next waits LOOK_GAP_MIN_S
+    assert k.p.looks(101.2) == [] and k.settle(101.2, {A: (0, 12)}) == 0
+    assert k.settle(101.1 + LOOK_GAP_MIN_S, {A: (0, 12)}) == 1  # none passed in the gap
     assert k.ops[-1] == ("add", ALL, "10.0.0.4", class_minor(14))
-    assert k.p.views(101.2)[0].members == []
+    assert k.p.views(101.4)[0].members == []
+
+
+def test_a_member_that_never_pauses_is_looked_at_in_pairs_with_a_growing_gap():
+    k = _kernel()
+    k.move({"10.0.0.4": 14}, 100.0)
+    looked = []
+    for sent in range(1, 41):  # a settle every 100 ms; the member sends between any two
+        t = 101.0 + sent / 10
+        if k.p.looks(t):
+            looked.append(t)
+        assert k.settle(t, {A: (0, sent)}) == 0
+    gaps = [round(b - a, 1) for a, b in itertools.pairwise(looked)]
+    assert gaps[:8] == [0.1, LOOK_GAP_MIN_S, 0.1, 2 * LOOK_GAP_MIN_S, 0.1, LOOK_GAP_MAX_S,
+                        0.1, LOOK_GAP_MAX_S]  # fmt: skip
+    assert len(looked) <= 12  # 40 ticks: not a look each
+    # it goes down again in place: a new episode, looked at a tick apart first
+    k.move({"10.0.0.4": 13}, t)
+    t += 1.0
+    assert k.settle(t, {A: (0, sent + 5)}) == 0  # traffic since the last look
+    assert k.settle(t + 0.1, {A: (0, sent + 5)}) == 1  # a tick later, not a gap: quiet
 
 
 def test_a_release_hands_the_member_out_of_the_set():
