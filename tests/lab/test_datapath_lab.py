@@ -203,6 +203,7 @@ def _descend(
     reordering or retransmit, at most MAX_CONTROL_DESCENTS (back up by the
     controller's ramp between them); returns the target's TCP counters over it."""
     from santhrottle.appliance.datapath import glide_status
+    from santhrottle.appliance.datapath.glide import LOOK_GAP_MAX_S
 
     d.set_classes({ip: start_class}, mode="read", ordered=ordered)
     fio_once(device, "read", "64k", 4, m.WARMUP_SIZE, offset=CI_SIZE)  # RTT settles
@@ -248,10 +249,14 @@ def _descend(
     finally:
         _stop(reader)
     # settle() hands the leaf's member out of the set once a look saw no traffic
-    # since the one before: the reader has stopped
-    for _ in range(3):
+    # since the one before: the reader has stopped (a pair of looks that saw it
+    # still reading waits up to LOOK_GAP_MAX_S for the next)
+    deadline = time.monotonic() + 2 * LOOK_GAP_MAX_S + 1.0
+    while True:
         time.sleep(start_class * d.spec.step_s)
         d.settle()
+        if ip not in d.current() or time.monotonic() > deadline:
+            break
     look("after the reader")
     out = m.diff(c0, tcp_counters())
     out["descents"] = n
