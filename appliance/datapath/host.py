@@ -5,8 +5,9 @@ What it owns
     parameters, so tests and odd hosts can point elsewhere).  Host: runs a
     tool inside the namespace (nsenter --net), opens pyroute2's IPRoute and
     IPSet sockets inside it (IPSet takes no netns argument: opened between
-    pushns and popns), and looks devices up (once each, until forget()).  module_available() and
-    check_netem() answer whether the kernel can give us a netem qdisc.
+    pushns and popns), and looks devices up (once each, until forget()).
+    module_available() and check_netem() answer whether the kernel can give
+    us a netem qdisc.
 
     Every failure becomes one DatapathError line for the admin.  The sync
     pyroute2 API cannot run inside a running asyncio loop: call the data

@@ -347,7 +347,8 @@ def guest_cpu() -> dict[str, int]:
 
 def daemon_cpu(p: subprocess.Popen) -> dict:
     """The daemon's CPU so far, in seconds: the whole process and its main thread
-    (the tick loop; the others serve the control socket and the metrics)."""
+    (the tick loop; the others run the convergence's discovery, the control
+    socket and the metrics)."""
     hz = os.sysconf("SC_CLK_TCK")
     try:
         return {"cpu_s": cpu_ticks(p.pid) / hz, "main_thread_cpu_s": cpu_ticks(p.pid, p.pid) / hz}

@@ -5,8 +5,9 @@
 
 closed_loop.py --profile-daemon starts each phase's daemon this way: where the tick
 loop (the main thread) spends its CPU, which the one-vCPU guest's emulated
-initiators share. The clock is time.thread_time, so the control socket's and the
-metrics' threads, and the time the guest stalls, count for nothing; OUT.prof
+initiators share. The clock is time.thread_time, so the other threads (the
+convergence's discovery, the control socket, the metrics) and the time the guest
+stalls count for nothing; OUT.prof
 (pstats) is written when the daemon returns (SIGTERM)."""
 
 from __future__ import annotations
