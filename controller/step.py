@@ -32,8 +32,12 @@ Law, per call step(state, samples, now_s)
                         WRITE_DROP_HOLD_CONVERGES convergences after the
                         resource's write rate fell under half its EWMA
                         WRITE_DROP_TICKS ticks in a row (a writer stopped;
-                        the sets tell which later): a class gained during
-                        the hold may come back down to it
+                        the sets tell which later), or for RESUME_HOLD_S
+                        after RESUME_AFTER_TICKS ticks or more of "no
+                        writers" (a burst begins: its first ticks show the
+                        reader before the writers' IOs have queued): a
+                        class gained during the hold may come back down
+                        to it
          reads, but the resource writes less than no_writers_bps (a
          quarter of write_heavy_leave_bps with the relative rules, else all
          of it), or, with members, less than their pause floor:
@@ -97,8 +101,9 @@ Idle behaviour
     Writers pause (paper: 5 s pauses between bursts): the resource's own
     write rate drops under write_heavy_leave_bps and the class is held, so
     the next burst meets the delay that held the threshold last time
-    instead of a class the pause wound down to 0; if that delay is more
-    than needed, the negative error unwinds it within a few ticks.
+    instead of a class the pause wound down to 0, and keeps it for
+    RESUME_HOLD_S while their IOs queue at the array; if that delay is more
+    than needed, the negative error then unwinds it.
     No reads: hold; after read_idle_release_s release to 0.
     No members in the set: the class may rise (nothing is throttled),
     bounded by the clamp and the ramp; members that join ramp up to it.
@@ -152,6 +157,16 @@ WRITE_RATE_TAU_S = 1.0
 WRITE_DROP_FRACTION = 0.5
 WRITE_DROP_TICKS = 3
 WRITE_DROP_HOLD_CONVERGES = 2
+# Writers that come back after RESUME_AFTER_TICKS ticks or more in a row without
+# writes ("no writers") hold the class for RESUME_HOLD_S: the first ticks of a burst
+# show the reader before the writers' IOs have queued at the array (each writer's
+# next IO waits for its delay), and their low latency is no sign that the delay that
+# held the threshold at the end of the last burst is too long. One second is four
+# IOs in a row of a QD1 writer even at 250 ms; two cost throughput on the robustness
+# sweep (docs/controller.md, "Holding"). Ten ticks: a member at a long delay writes
+# a few IOs a second, and a tick or two without one is not a pause.
+RESUME_AFTER_TICKS = 10
+RESUME_HOLD_S = 1.0
 
 
 @dataclass(slots=True)
@@ -167,6 +182,7 @@ class ResourceState:
     drop_hold_until_s: float = -math.inf  # its writes dropped: no decrease until then
     drop_ticks: int = 0  # ticks in a row with the write rate under WRITE_DROP_FRACTION
     hold_base: int | None = None  # the class when the hold in force began (None: no hold)
+    quiet_ticks: int = 0  # ticks in a row with reads but no writers
 
     def setpoint(self, c: ControllerConfig) -> float:
         """The setpoint in force, a fraction of the threshold in force."""
@@ -348,7 +364,11 @@ def step(
                     and (write_bps < pause_bps or not members.get(name))
                 ):  # no writers: the class acts on nothing, do not integrate
                     rs.ewma.update(sample.read_latency_s, now_s)
+                    rs.quiet_ticks += 1
                     continue
+                if rs.quiet_ticks >= RESUME_AFTER_TICKS and rs.delay_class:  # a burst begins
+                    rs.drop_hold_until_s = max(rs.drop_hold_until_s, now_s + RESUME_HOLD_S)
+                rs.quiet_ticks = 0
                 # tick
                 rs.noise.observe(sample.reads, sample.read_latency_s, now_s)
                 ewma = rs.ewma.update(sample.read_latency_s, now_s)

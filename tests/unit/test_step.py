@@ -13,7 +13,7 @@ from santhrottle.controller.domain import (
 )
 from santhrottle.controller.ladder import Ladder
 from santhrottle.controller.ramp import rise
-from santhrottle.controller.step import new_state, step
+from santhrottle.controller.step import RESUME_AFTER_TICKS, RESUME_HOLD_S, new_state, step
 
 MIB = 1024.0 * 1024.0
 CFG = ControllerConfig(
@@ -93,10 +93,33 @@ def test_no_writers_holds_class():
         st, d = step(st, Samples([ReadSample("vg", 6, 0.002, write_bps=0.0)]), k / 10)
         assert "vg" not in d.resource_classes
     assert st.resources["vg"].delay_class == held
-    # writes resume and latency is low: the negative error unwinds it (once the
-    # convergence has seen A write again: a member that paused holds the class)
+    # writes resume and latency is low: the class holds while the writers' IOs
+    # queue (RESUME_HOLD_S), then the negative error unwinds it
     resumed = [ReadSample("vg", 6, 0.002, write_bps=20 * MIB)]
     st, d = step(st, Samples(resumed, writes("vg", "A")), 3.0)
+    t = 3.1
+    while t < 3.0 + RESUME_HOLD_S - 1e-9:
+        st, d = step(st, Samples(resumed, writes("vg", "A")), t)
+        assert "vg" not in d.resource_classes, t
+        t = round(t + 0.1, 1)
+    while "vg" not in d.resource_classes and t < 3.0 + RESUME_HOLD_S + 1.0:
+        st, d = step(st, Samples(resumed, writes("vg", "A")), t)
+        t = round(t + 0.1, 1)
+    assert d.resource_classes["vg"] < held
+
+
+def test_a_pause_of_a_tick_or_two_holds_nothing_when_writes_resume():
+    """A member at a long delay writes a few IOs a second: ticks without one are
+    not a pause, and the class still comes down at once when the latency is low."""
+    st = new_state(CFG, [Resource("vg", 0.010)])
+    st, _ = step(st, Samples(writes=writes("vg", "A")), 0.0)
+    st, _ = step(st, Samples([ReadSample("vg", 6, 0.030, write_bps=20 * MIB)]), 0.1)
+    held = st.resources["vg"].delay_class
+    quiet = [ReadSample("vg", 6, 0.002, write_bps=0.0)]
+    for k in range(30 - (RESUME_AFTER_TICKS - 1), 30):  # up to 2.9; A's pause ends at 3.0
+        st, _ = step(st, Samples(quiet), k / 10)
+    resumed = [ReadSample("vg", 6, 0.002, write_bps=20 * MIB)]
+    st, _ = step(st, Samples(resumed, writes("vg", "A")), 3.0)
     st, d = step(st, Samples(resumed), 3.1)
     assert d.resource_classes["vg"] < held
 

@@ -214,6 +214,7 @@ class Sampler(threading.Thread):
                                     "delay_class",
                                     "members",
                                     "mode",
+                                    "threshold_setpoint_fraction",
                                 )
                             }
                             for r in st["resources"]
