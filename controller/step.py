@@ -161,8 +161,8 @@ WRITE_DROP_HOLD_CONVERGES = 2
 # writes ("no writers") hold the class for RESUME_HOLD_S: the first ticks of a burst
 # show the reader before the writers' IOs have queued at the array (each writer's
 # next IO waits for its delay), and their low latency is no sign that the delay that
-# held the threshold at the end of the last burst is too long. One second is four
-# IOs in a row of a QD1 writer even at 250 ms; two cost throughput on the robustness
+# held the threshold at the end of the last burst is too long. One second is up to
+# four IOs in a row of a QD1 writer even at 250 ms; two cost throughput on the robustness
 # sweep (docs/controller.md, "Holding"). Ten ticks: a member at a long delay writes
 # a few IOs a second, and a tick or two without one is not a pause.
 RESUME_AFTER_TICKS = 10
@@ -179,7 +179,7 @@ class ResourceState:
     lq: LqEstimator | None = None  # threshold "auto": the LQ fit
     noise: NoiseGauge = field(default_factory=NoiseGauge)  # the setpoint's (setpoint.py)
     write_rate: Ewma = field(default_factory=lambda: Ewma(WRITE_RATE_TAU_S))
-    drop_hold_until_s: float = -math.inf  # its writes dropped: no decrease until then
+    drop_hold_until_s: float = -math.inf  # writes dropped, or came back: no decrease until then
     drop_ticks: int = 0  # ticks in a row with the write rate under WRITE_DROP_FRACTION
     hold_base: int | None = None  # the class when the hold in force began (None: no hold)
     quiet_ticks: int = 0  # ticks in a row with reads but no writers
