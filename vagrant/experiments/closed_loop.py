@@ -16,9 +16,10 @@ reads and writes), one iSCSI initiator per LV. Experiments:
 2. controlled (paper 3.6): the writers switched on together for `on` s and
    off for `off` s, `cycles` times, once without the daemon and once per
    threshold with santhrottled discovering the VG and the writers by itself.
-   In the last on-period of each controlled phase the reader stops: the
-   writers no longer hurt anyone, and the release time of their throttle is
-   measured.
+   In the last on-period of each controlled phase the reader stops halfway
+   through the writes: the writers no longer hurt anyone, and the release
+   time of their throttle is measured. Otherwise the reader runs until the
+   schedule ends, however long the writers' fio takes to start.
 3. static (with --static): per threshold, after its controlled phase, the
    writers pinned by hand (`santhrottle pin`) at delays of the ladder, the
    daemon running with the threshold as in the controlled phase (the same
@@ -152,6 +153,34 @@ def reader_job(a: argparse.Namespace, dev: str, runtime: float) -> subprocess.Po
     return fio(
         dev, "--rw=randread", "--bs=4k", "--iodepth=1", f"--rate={a.reader_rate}", runtime=runtime
     )
+
+
+# The reader's fio runtime, in multiples of the schedule's nominal length (it is
+# stopped when the schedule ends; this only bounds it).
+READER_RUNTIME_FACTOR = 3
+# diskstats: sectors written (the fields after the device's name, from 0)
+WRITE_SECTORS = 6
+
+
+def stop_reader(rd: subprocess.Popen) -> None:
+    """SIGINT: fio stops and prints its results."""
+    if rd.poll() is None:
+        rd.send_signal(signal.SIGINT)
+    try:
+        rd.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        rd.kill()
+        rd.wait()
+
+
+def wait_for_writes(before: dict[str, list[int]], dms: list[str], timeout_s: float) -> None:
+    """Until one of the writers' devices has written since `before` (or timeout_s)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        now = diskstats()
+        if any(now[d][WRITE_SECTORS] > before[d][WRITE_SECTORS] for d in dms):
+            return
+        time.sleep(0.1)
 
 
 # --writer-jobs > 1: each job writes its own region of the host's LV (4 x 300 MiB
@@ -418,25 +447,31 @@ def phase(
         dcpu0 = daemon_cpu(daemon) if daemon is not None else {}
         s.start()
         duration = a.lead + cycles * (a.on + a.off)
-        rd = reader_job(a, reader["device"], duration)
+        # fio's runtime counts from its first IO, and under TCG a writer host's fio
+        # takes 10-16 s to begin: the schedule outlasts `duration`, so the reader runs
+        # longer and is stopped when the schedule ends (a reader that ran out would
+        # leave the last on-periods unmeasured)
+        rd = reader_job(a, reader["device"], READER_RUNTIME_FACTOR * duration)
         s.mark("reader on")
         if static:  # nothing to learn: every on-period counts
             s.mark("settle")
         time.sleep(a.lead)
         for c in range(cycles):
             last = c == cycles - 1
+            before = diskstats()
             ws = [writer_job(a, w["device"], a.on) for w in writers]
             s.mark("writers on")
             if last and daemon is not None and not static:
+                # halfway through the writes, not through the writers' start
+                wait_for_writes(before, [w["dm"] for w in writers], a.on)
                 time.sleep(a.on / 2)
-                rd.send_signal(signal.SIGINT)  # the reader leaves: nobody to protect
+                stop_reader(rd)  # the reader leaves: nobody to protect
                 s.mark("reader off")
             for w in ws:
                 w.communicate()
             s.mark("writers off")
             time.sleep(a.off)
-        if rd.poll() is None:
-            rd.wait(timeout=30)
+        stop_reader(rd)  # the schedule is over
         s.stop_ev.set()
         s.join()
         net1 = nstat(t["netns"])
