@@ -293,7 +293,10 @@ class Segment:
 
     def cycles(self, n: int, settle: bool = False) -> None:
         """n on/off cycles; settle: every on-period counts (nothing to learn)."""
-        self.begin(self.a.lead + n * (self.a.on + self.a.off))
+        # the writers' fio takes seconds to start under TCG, so the schedule outlasts
+        # its nominal length: the reader gets more and is stopped when it ends
+        nominal = self.a.lead + n * (self.a.on + self.a.off)
+        self.begin(closed_loop.READER_RUNTIME_FACTOR * nominal)
         if settle:
             self.s.mark("settle")
         time.sleep(self.a.lead)
@@ -302,6 +305,9 @@ class Segment:
                 w.wait()
             self.s.mark("writers off")
             time.sleep(self.a.off)
+        for name, p in self.fio:
+            if name == "reader":
+                closed_loop.stop_reader(p)
 
     def end(self) -> dict:
         results = []
