@@ -448,7 +448,7 @@ def phase(
         s.start()
         duration = a.lead + cycles * (a.on + a.off)
         # fio's runtime counts from its first IO, and under TCG a writer host's fio
-        # takes 10-16 s to begin: the schedule outlasts `duration`, so the reader runs
+        # takes 9-22 s to begin: the schedule outlasts `duration`, so the reader runs
         # longer and is stopped when the schedule ends (a reader that ran out would
         # leave the last on-periods unmeasured)
         rd = reader_job(a, reader["device"], READER_RUNTIME_FACTOR * duration)

@@ -148,7 +148,7 @@ def summarize(ph: dict, threshold_s: float | None, uncontrolled_wr: float | None
     reader_off = (events(ph, "reader off") or [math.inf])[0]
     lat = [v for t, v, _, _ in w if settle <= t < reader_off and v is not None]
     # the writers' throughput over each on-period from its first write: under TCG a
-    # writer host's fio takes 10-22 s after the mark to start, longest where the daemon
+    # writer host's fio takes 9-22 s after the mark to start, longest where the daemon
     # takes most of the guest's vCPU, and that start is the emulated hosts', not the
     # delay's (the initiators do not share a CPU with the daemon outside the lab)
     starts = [
