@@ -64,3 +64,22 @@ def test_an_on_period_without_writes_counts_nothing(report):
     never = report.summarize(_phase(report, 30.0, 4e6), 0.015, None)
     assert never["write_bytes_per_s"] == 0.0
     assert never["writers_start_s"] == [20.0, 20.0]  # to the writers' end
+
+
+def test_a_window_spans_at_least_a_second_whatever_the_samples_spacing(report):
+    """Samples bunch after a stall of the guest's sampler (it catches up): a window of ten
+    samples would span 0.1 s here and 5 s there; a window reaches back >= 1 s."""
+    ts = [0.0, 0.01, 0.02, 0.03, 5.0, 5.01, 5.02, 5.03, 5.04, 5.5, 6.0, 6.5]
+    rows = []
+    for t in ts:
+        # 100 reads a second, 4 ms each until 5 s, then 8 ms (read time in ms, cumulative)
+        ms = 400 * t if t <= 5.0 else 2000 + 800 * (t - 5.0)
+        row = [0] * 11
+        row[report.READS], row[report.READ_TICKS] = round(100 * t), round(ms)
+        rows.append({"t": t, "ds": {"dm-0": row, "dm-1": [0] * 11, "vdc": [0] * 11}})
+    ph = {"rows": rows, "reader_dm": "dm-0", "writer_dms": ["dm-1"], "array": "vdc"}
+    w = {t: lat for t, lat, _, _ in report.windows(ph)}
+    assert sorted(w) == [5.0, 5.01, 5.02, 5.03, 5.04, 5.5, 6.0, 6.5]
+    assert w[5.0] == pytest.approx(0.004)  # back to 0.03: the stall's 5 s at 4 ms
+    assert w[6.0] == pytest.approx(0.008)  # back to 5.0: 1 s at 8 ms
+    assert w[6.5] == pytest.approx(0.008)  # back to 5.5

@@ -21,6 +21,7 @@ The last line names the results folder.
 from __future__ import annotations
 
 import argparse
+import bisect
 import itertools
 import json
 import math
@@ -39,7 +40,11 @@ GUEST = CHECKOUT / "vagrant" / "experiments" / "closed_loop.py"
 CURVES_SCRIPT = CHECKOUT / "vagrant" / "experiments" / "datapath_lab.py"
 CURVES_REPORT = CHECKOUT / "vagrant" / "experiments" / "curves_report.py"
 CURVES_JSON = "throttle-curves.json"
-WINDOW = 10  # samples of 100 ms: the 1 s read latency
+# The reader's latency and the writes over windows of 1 s: each sample's window
+# reaches back to the last sample at least this long before it (the guest's sampler
+# runs every 100 ms, but stalls for seconds where the emulated CPU is saturated: a
+# window across a stall is as long as the stall)
+WINDOW_S = 1.0
 # read ticks, reads, write sectors, weighted ms: positions in a diskstats row (after the name)
 READS, READ_TICKS, WRITE_SECTORS, WEIGHTED_MS = 0, 3, 6, 10
 RELEASE_FRACTION = 0.9
@@ -70,12 +75,17 @@ def events(ph: dict, name: str) -> list[float]:
 
 
 def windows(ph: dict) -> list[tuple[float, float | None, float, float]]:
-    """Per 100 ms sample: (t, 1 s reader latency or None, 1 s writer bytes/s, array mean Q)."""
+    """Per sample: (t, reader latency, writer bytes/s, array mean Q) over its window of
+    at least WINDOW_S (None where the window has no reads)."""
     rows = ph["rows"]
     rd, arr, wdms = ph["reader_dm"], ph["array"], ph["writer_dms"]
+    ts = [r["t"] for r in rows]
     out = []
-    for i in range(WINDOW, len(rows)):
-        a, b = rows[i - WINDOW], rows[i]
+    for b in rows:
+        j = bisect.bisect_right(ts, b["t"] - WINDOW_S) - 1
+        if j < 0:
+            continue
+        a = rows[j]
         dt = b["t"] - a["t"]
         if dt <= 0 or rd not in a["ds"] or rd not in b["ds"]:
             continue
