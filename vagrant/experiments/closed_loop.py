@@ -259,7 +259,10 @@ class Sampler(threading.Thread):
                     row["status_error"] = str(e)
             self.rows.append(row)
             k += 1
-            nxt += SAMPLE_S
+            # after a stall of the guest, the next sample in SAMPLE_S, not a burst of the
+            # samples missed: each would repeat the window across the stall (report.py
+            # counts every sample's window) and take the CPU the stall lacked
+            nxt = max(nxt + SAMPLE_S, time.monotonic())
             self.stop_ev.wait(max(0.0, nxt - time.monotonic()))
 
 
