@@ -73,7 +73,7 @@ sys.path.insert(0, str(CHECKOUT / "vagrant" / "qemu" / "guest"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import topology  # noqa: E402
 from measure import diskstats  # noqa: E402
-from report import conn_retrans, summarize  # noqa: E402
+from report import WRITE_SECTORS, conn_retrans, summarize  # noqa: E402
 
 BIN = Path(sys.executable).parent
 SOCK = "/run/santhrottle-exp/control.sock"
@@ -158,8 +158,6 @@ def reader_job(a: argparse.Namespace, dev: str, runtime: float) -> subprocess.Po
 # The reader's fio runtime, in multiples of the schedule's nominal length (it is
 # stopped when the schedule ends; this only bounds it).
 READER_RUNTIME_FACTOR = 3
-# diskstats: sectors written (the fields after the device's name, from 0)
-WRITE_SECTORS = 6
 
 
 def stop_reader(rd: subprocess.Popen) -> None:
