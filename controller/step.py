@@ -69,7 +69,9 @@ Law, per call step(state, samples, now_s)
        re-evaluated with their hysteresis (controller/writeheavy.py).
     4. The effective class of an initiator = max over the resources it is a
        member of ("max-over-resources"), recomputed only for initiators
-       touched by a class or membership change; changes are returned. It
+       touched by a class or membership change (a member of one resource
+       alone, without groups, takes that resource's class without the max:
+       follow_resources); changes are returned. It
        rises by the same ramp: a writer that joins a set whose class is 60
        climbs 0, 2, 4, ... one tick at a time (`rising` holds those not yet
        there; every tick recomputes them).
@@ -130,6 +132,7 @@ Worked example
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .domain import ControllerConfig, Decisions, IoSample, Resource, Samples
@@ -450,10 +453,51 @@ def step(
         affected: set[str] = set(state.rising) if out.ticked else set()
         affected.update(group_changed)
         for name in touched:
-            affected.update(sets.members.get(name, ()))
             affected.update(out.left.get(name, ()))
-        out.initiator_classes = recompute_effective(state, affected)
+        if state.groups.resources:  # a group's class may apply to any member
+            for name in touched:
+                affected.update(sets.members.get(name, ()))
+            out.initiator_classes = recompute_effective(state, affected)
+        else:  # members of one resource follow it; the others are recomputed
+            out.initiator_classes = follow_resources(state, touched, affected)
+            out.initiator_classes.update(recompute_effective(state, affected))
     return state, out
+
+
+def follow_resources(
+    state: ControllerState, resources: Iterable[str], affected: set[str]
+) -> dict[str, int]:
+    """The members of the given resources that are members of no other resource,
+    neither rising nor in `affected`, take their resource's class through the ramp
+    (recompute_effective's result for them, without its max over resources: a tick
+    of 1,000 resources moves thousands); the other members are added to `affected`.
+    Returns those that changed. Without groups only (a group's class may apply)."""
+    sets = state.write_sets
+    multi, eff, rising, rise_to = sets.multi, state.effective, state.rising, state.rise_to
+    changed: dict[str, int] = {}
+    for name in resources:
+        members = sets.members.get(name)
+        if not members:
+            continue
+        rs = state.resources.get(name)
+        cls = 0 if rs is None else rs.delay_class
+        for ini in members:
+            if ini in multi or ini in affected or ini in rising:
+                affected.add(ini)
+                continue
+            old = eff.get(ini, 0)
+            if old == cls:
+                continue
+            k = cls
+            if k > old and k > (top := rise_to[old]):  # ramp
+                k = top
+                rising.add(ini)
+            changed[ini] = k
+            if k:
+                eff[ini] = k
+            else:
+                del eff[ini]
+    return changed
 
 
 def recompute_effective(state: ControllerState, initiators: set[str]) -> dict[str, int]:

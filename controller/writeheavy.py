@@ -157,6 +157,7 @@ class WriteHeavySets:
         self._converges = 0  # convergences so far
         self.members: dict[str, set[str]] = {}  # resource -> initiators
         self.member_of: dict[str, set[str]] = {}  # initiator -> resources
+        self.multi: set[str] = set()  # initiators that are members of two resources or more
         self._alpha_cache: dict[float, float] = {}
 
     def clear_alpha_cache(self) -> None:
@@ -274,7 +275,10 @@ class WriteHeavySets:
             elif r > of.enter_bps:  # enter
                 p.member = True
                 self.members.setdefault(of.name, set()).add(p.initiator)
-                self.member_of.setdefault(p.initiator, set()).add(of.name)
+                of_initiator = self.member_of.setdefault(p.initiator, set())
+                of_initiator.add(of.name)
+                if len(of_initiator) == 2:
+                    self.multi.add(p.initiator)
                 out.joined.setdefault(of.name, set()).add(p.initiator)
                 continue
             if r <= forget_bps:  # forget
@@ -311,7 +315,9 @@ class WriteHeavySets:
         self.members[resource].discard(initiator)
         of = self.member_of[initiator]
         of.discard(resource)
-        if not of:
+        if len(of) == 1:
+            self.multi.discard(initiator)
+        elif not of:
             del self.member_of[initiator]
 
     def forget_resource(self, resource: str) -> set[str]:

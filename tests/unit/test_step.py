@@ -1,5 +1,6 @@
 import dataclasses
 import itertools
+import random
 
 import pytest
 
@@ -56,6 +57,38 @@ def test_max_over_resources():
     assert st.resources["vg1"].delay_class == 0
     assert st.effective_class("B") == 0 and d.initiator_classes["B"] == 0
     assert st.effective_class("A") == st.resources["vg2"].delay_class
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_every_initiator_has_the_max_of_its_resources_classes_or_ramps_to_it(seed):
+    """Writers join and leave random sets of resources while the classes move: an
+    initiator not rising has the max of its resources' classes, a rising one less."""
+    rng = random.Random(seed)
+    cfg = dataclasses.replace(CFG, class_increase_max_ratio_per_tick=1.25)
+    names = [f"vg{i}" for i in range(6)]
+    inis = [f"h{i}" for i in range(30)]
+    st = new_state(cfg, [Resource(n, 0.010) for n in names])
+    loads = {i: set(rng.sample(names, rng.choice((1, 1, 2, 3)))) for i in inis}
+    for k in range(200):
+        t = round(k * cfg.tick_s, 6)
+        if k % 25 == 0:  # some writers move
+            for i in rng.sample(inis, 5):
+                loads[i] = set(rng.sample(names, rng.choice((0, 1, 1, 2))))
+        ws = [WriteSample(r, i, 10 * MIB) for i, rs in loads.items() for r in sorted(rs)]
+        reads = [ReadSample(n, 6, rng.uniform(0.002, 0.030)) for n in names]
+        st, _ = step(st, Samples(reads, ws if k % 10 == 0 else ()), t)
+        for i in inis:
+            want = max(
+                (st.resources[r].delay_class for r in st.write_sets.member_of.get(i, ())),
+                default=0,
+            )
+            if i in st.rising:
+                assert 0 <= st.effective_class(i) < want, (k, i)
+            else:
+                assert st.effective_class(i) == want, (k, i)
+        assert st.write_sets.multi == {
+            i for i, rs in st.write_sets.member_of.items() if len(rs) > 1
+        }
 
 
 def test_two_cadences_fixed_rate():

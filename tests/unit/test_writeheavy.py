@@ -64,6 +64,23 @@ def test_member_of_indexes_both_directions_and_forget_resource():
     assert s.rate("vg1", "a") is None
 
 
+def test_multi_holds_the_members_of_two_resources_or_more():
+    s = sets()
+    for r in ("vg1", "vg2", "vg3"):
+        s.observe(r, "a", 5 * MIB, 0.0)
+    s.observe("vg1", "b", 5 * MIB, 0.0)
+    s.converge(0.0)
+    assert s.multi == {"a"}
+    s.forget_resource("vg1")
+    assert s.multi == {"a"} and s.member_of["a"] == {"vg2", "vg3"}
+    s.forget_resource("vg2")  # a in one set: no longer multi
+    assert s.multi == set() and s.member_of == {"a": {"vg3"}}
+    for t in range(1, 40):  # a stops writing to vg3 and leaves it
+        s.observe("vg3", "a", 0.0, float(t))
+        s.converge(float(t))
+    assert s.member_of == {} and s.multi == set()
+
+
 def test_bad_thresholds():
     with pytest.raises(ValueError, match="leave < enter"):
         WriteHeavySets(1.0, 1.0, 2.0)
