@@ -3,6 +3,9 @@
 #
 #   make wheel             dist/: sdist + wheel (python -m build), wheelhouse/ (its dependencies)
 #                          and santhrottle-wheelhouse.tar (the same, one file for the role)
+#   make wheel MYPYC=1 DIST=dist-compiled
+#                          the same with the controller's tick compiled by mypyc
+#                          (buildsys/compiled.py): a cp311 wheel for the targets' python3.11
 #   make man               what the build generates (buildsys/santhrottle_build.py) into
 #                          buildsys/generated/: man pages (man -l to read), completions,
 #                          the example config
@@ -27,7 +30,9 @@ ROLLOUT_PY := $(ROLLOUT_VENV)/bin/python
 WHEELHOUSE_PYTHON ?= 3.11
 # The last commit's time (no git: a fixed date): the build's timestamps.
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 1700000000)
-WHEEL_SOURCES := pyproject.toml README.md buildsys/santhrottle_build.py \
+# 1: the wheel compiles the controller's tick with mypyc (buildsys/compiled.py)
+MYPYC ?=
+WHEEL_SOURCES := pyproject.toml setup.py README.md buildsys/santhrottle_build.py buildsys/compiled.py \
   systemd/santhrottled.service docs/grafana/santhrottle.json \
   $(shell git ls-files controller appliance bridge 2>/dev/null || find controller appliance bridge -type f)
 VAGRANT_PKGS := vagrant vagrant-libvirt
@@ -64,7 +69,7 @@ $(ROLLOUT_PY):
 # The wheelhouse is also one tar: the role copies one file, not one per wheel.
 $(DIST)/.built: $(WHEEL_SOURCES) ansible/rollout.mk | $(ROLLOUT_PY)
 	rm -rf $(DIST)
-	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(ROLLOUT_PY) -m build --outdir $(DIST) .
+	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) SANTHROTTLE_MYPYC=$(MYPYC) $(ROLLOUT_PY) -m build --outdir $(DIST) .
 	$(ROLLOUT_PY) -m pip download --quiet --disable-pip-version-check \
 	  --only-binary=:all: --python-version $(WHEELHOUSE_PYTHON) \
 	  --dest $(DIST)/wheelhouse $(DIST)/santhrottle-*.whl

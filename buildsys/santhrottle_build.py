@@ -33,6 +33,10 @@ build requirements (no pyroute2, no prometheus_client).
 Reproducible: the man pages' date is SOURCE_DATE_EPOCH's (as argparse-manpage's), and
 argparse's usage lines do not depend on the terminal's width (COLUMNS is set).
 
+With SANTHROTTLE_MYPYC=1 the wheel also compiles the controller's tick with mypyc
+(buildsys/compiled.py; setup.py adds the extensions, get_requires_for_build_wheel asks
+for mypy).
+
 `python buildsys/santhrottle_build.py [OUTDIR]` runs generate() alone (`make man`);
 `... --bpf` compiles the in-kernel wire sensor alone (compile_bpf(), `make bpf`), which
 the wheel's and the editable install's builds do too.
@@ -59,7 +63,7 @@ from setuptools.command.sdist import sdist as _sdist
 ROOT = Path(__file__).resolve().parent.parent
 GENERATED = ROOT / "buildsys" / "generated"
 # The source files the sdist needs beyond setuptools' defaults: this backend.
-SDIST_EXTRA = ("buildsys/santhrottle_build.py",)
+SDIST_EXTRA = ("buildsys/santhrottle_build.py", "buildsys/compiled.py")
 PROGS = {
     "santhrottle": "santhrottle.appliance.cli.main",
     "santhrottled": "santhrottle.appliance.daemon.main",
@@ -575,10 +579,18 @@ class Sdist(_sdist):  # type: ignore[misc]  # setuptools has no types here
 
 # ------------------------------------------------- the PEP 517 / 660 hooks
 get_requires_for_build_sdist = _setuptools.get_requires_for_build_sdist
-get_requires_for_build_wheel = _setuptools.get_requires_for_build_wheel
 get_requires_for_build_editable = _setuptools.get_requires_for_build_editable
 prepare_metadata_for_build_wheel = _setuptools.prepare_metadata_for_build_wheel
 prepare_metadata_for_build_editable = _setuptools.prepare_metadata_for_build_editable
+
+
+def get_requires_for_build_wheel(config_settings: dict[str, Any] | None = None) -> list[str]:
+    """setuptools', and mypy (mypyc) where the wheel compiles the controller
+    (SANTHROTTLE_MYPYC=1, buildsys/compiled.py)."""
+    import compiled
+
+    extra = ["mypy>=1.10"] if compiled.wanted() else []
+    return [*_setuptools.get_requires_for_build_wheel(config_settings), *extra]
 
 
 def build_sdist(sdist_directory: str, config_settings: dict[str, Any] | None = None) -> str:

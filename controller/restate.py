@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from .domain import ControllerConfig
+from .effective import recompute_effective
 from .groups import Group, regroup
-from .step import PAUSE_HOLD_S, ControllerState, recompute_effective
+from .step import PAUSE_HOLD_S, ControllerState
 from .writeheavy import WriteHeavySets
 
 

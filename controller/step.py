@@ -132,10 +132,10 @@ Worked example
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .domain import ControllerConfig, Decisions, IoSample, Resource, Samples
+from .effective import follow_resources, recompute_effective
 from .ewma import Ewma
 from .groups import GroupsState, advance, run_intervals
 from .lqfit import LqEstimator, LqFit
@@ -462,72 +462,3 @@ def step(
             out.initiator_classes = follow_resources(state, touched, affected)
             out.initiator_classes.update(recompute_effective(state, affected))
     return state, out
-
-
-def follow_resources(
-    state: ControllerState, resources: Iterable[str], affected: set[str]
-) -> dict[str, int]:
-    """The members of the given resources that are members of no other resource,
-    neither rising nor in `affected`, take their resource's class through the ramp
-    (recompute_effective's result for them, without its max over resources: a tick
-    of 1,000 resources moves thousands); the other members are added to `affected`.
-    Returns those that changed. Without groups only (a group's class may apply)."""
-    sets = state.write_sets
-    multi, eff, rising, rise_to = sets.multi, state.effective, state.rising, state.rise_to
-    changed: dict[str, int] = {}
-    for name in resources:
-        members = sets.members.get(name)
-        if not members:
-            continue
-        rs = state.resources.get(name)
-        cls = 0 if rs is None else rs.delay_class
-        for ini in members:
-            if ini in multi or ini in affected or ini in rising:
-                affected.add(ini)
-                continue
-            old = eff.get(ini, 0)
-            if old == cls:
-                continue
-            k = cls
-            if k > old and k > (top := rise_to[old]):  # ramp
-                k = top
-                rising.add(ini)
-            changed[ini] = k
-            if k:
-                eff[ini] = k
-            else:
-                del eff[ini]
-    return changed
-
-
-def recompute_effective(state: ControllerState, initiators: set[str]) -> dict[str, int]:
-    """Effective class of each given initiator; returns those that changed."""
-    member_of = state.write_sets.member_of
-    eff = state.effective
-    rising = state.rising
-    rise_to = state.rise_to
-    # each resource's class once (a tick recomputes thousands of members)
-    class_of = {name: rs.delay_class for name, rs in state.resources.items()}
-    # groups' classes (controller/groups.py); None without: a tick without groups pays
-    # one `is None` per initiator, not a lookup
-    group_class = state.groups.class_by_initiator() if state.groups.resources else None
-    changed: dict[str, int] = {}
-    for ini in initiators:
-        cls = 0 if group_class is None else group_class.get(ini, 0)
-        for name in member_of.get(ini, ()):  # max-over-resources
-            k = class_of.get(name, 0)
-            if k > cls:
-                cls = k
-        old = eff.get(ini, 0)
-        if cls > old and cls > (top := rise_to[old]):  # ramp
-            cls = top
-            rising.add(ini)
-        elif rising:
-            rising.discard(ini)
-        if old != cls:
-            changed[ini] = cls
-            if cls:
-                eff[ini] = cls
-            else:
-                del eff[ini]
-    return changed

@@ -55,7 +55,7 @@ def _extract(rev: str, into: Path) -> Path:
     return src
 
 
-def _run(run_py: Path, name: str, env: dict[str, str] | None) -> dict:
+def run_bench(run_py: Path, name: str, env: dict[str, str] | None) -> dict:
     p = subprocess.run(
         [sys.executable, str(run_py), name, "--json"],
         capture_output=True,
@@ -86,9 +86,9 @@ def main() -> int:
         runs: dict[str, dict[str, list[dict]]] = {n: {"this": [], "rev": []} for n in args.names}
         for r in range(args.rounds):
             for name in args.names:
-                runs[name]["this"].append(_run(ROOT / "tests/bench/run.py", name, None))
+                runs[name]["this"].append(run_bench(ROOT / "tests/bench/run.py", name, None))
                 bench = ROOT if args.same_bench else src
-                runs[name]["rev"].append(_run(bench / "tests/bench/run.py", name, env))
+                runs[name]["rev"].append(run_bench(bench / "tests/bench/run.py", name, env))
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
         shutil.rmtree(Path(tmp) / "shim", ignore_errors=True)
     out = []

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from bench_compiled import bench_compiled
 from bench_datapath import bench_datapath
 from bench_fleet import bench_fleet
 from bench_groups import bench_groups
@@ -114,6 +115,7 @@ def bench_controller_step(
 BENCHES: dict[str, Callable[[], dict]] = {
     "controller": bench_controller_step,
     "controller-closed": lambda: bench_controller_step(plant="closed"),
+    "controller-compiled": bench_compiled,
     "sensing": bench_sensing,
     "datapath": bench_datapath,
     "ladder": bench_ladder,

@@ -1,0 +1,119 @@
+"""The controller's tick compiled with mypyc beside the same tick in pure Python, one run.
+
+Method (run by `make bench` through tests/bench/run.py, or alone:
+`.venv/bin/python tests/bench/bench_compiled.py [--json]`):
+
+  * This checkout's controller is compiled into a temporary directory the
+    way the compiled wheel compiles it (buildsys/compiled.py: the same
+    modules, staged as santhrottle/controller).
+  * The controller benches of run.py (open and closed loop) run in
+    subprocesses, alternately pure and with that directory first on
+    PYTHONPATH, ROUNDS times each: a machine's speed moves from minute to
+    minute, a ratio measured side by side does not.
+  * Reported: the median over the rounds of each run's median tick and
+    convergence tick, their spread (min..max), and the ratio compiled / pure.
+    The goal (<= 5 ms) is judged on the compiled figures: the compiled wheel
+    (`make wheel MYPYC=1`) is how a host with 1,000 resources runs.
+
+Needs mypy's mypyc, a C compiler and Python's headers (dev dependencies on
+this project's machines); without them it reports why and measures nothing.
+The directory is removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "buildsys"))
+sys.path.insert(0, str(Path(__file__).parent))
+import compiled  # noqa: E402  (buildsys/compiled.py)
+from compare import run_bench  # noqa: E402  (one bench of run.py in a subprocess)
+
+RUN_PY = ROOT / "tests" / "bench" / "run.py"
+ROUNDS = 3
+GOAL_MS = 5.0
+FIGURES = ("tick_ms_median", "converge_tick_ms_median")
+PLANTS = ("controller", "controller-closed")
+
+
+def _env(pythonpath: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    return env
+
+
+def _loaded_from(pythonpath: str) -> str:
+    """Where santhrottle.controller.step comes from with pythonpath first."""
+    code = "import santhrottle.controller.step as s; print(s.__file__)"
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=_env(pythonpath)
+    )
+    return p.stdout.strip() or p.stderr.strip()[-500:]
+
+
+def bench_compiled(rounds: int = ROUNDS) -> dict[str, Any]:
+    name = "controller step compiled (mypyc) vs pure Python, 1,000 resources x 10,000 initiators"
+    with tempfile.TemporaryDirectory(prefix="santhrottle-mypyc-") as tmp:
+        try:
+            compiled.compile_into(Path(tmp))
+        except (SystemExit, OSError) as e:
+            return {"name": name, "summary": f"not measured: {e}", "goal_ms": None}
+        where = _loaded_from(tmp)
+        if not where.endswith(".so"):
+            return {"name": name, "summary": f"not measured: step loads from {where}"}
+        runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+            p: {"pure": [], "compiled": []} for p in PLANTS
+        }
+        for _ in range(rounds):
+            for plant in PLANTS:
+                runs[plant]["pure"].append(run_bench(RUN_PY, plant, _env(None)))
+                runs[plant]["compiled"].append(run_bench(RUN_PY, plant, _env(tmp)))
+    figures: dict[str, dict[str, Any]] = {}
+    parts, met = [], True
+    for plant in PLANTS:
+        loop = "open" if plant == "controller" else "closed"
+        for fig in FIGURES:
+            pure = [r[fig] for r in runs[plant]["pure"]]
+            comp = [r[fig] for r in runs[plant]["compiled"]]
+            key = f"{loop}_{fig}"
+            figures[key] = {"pure": pure, "compiled": comp}
+            mc, mp = statistics.median(comp), statistics.median(pure)
+            met = met and mc <= GOAL_MS
+            what = "tick" if fig == "tick_ms_median" else "convergence tick"
+            parts.append(
+                f"{loop} loop {what} {mc:.2f} ms [{min(comp):.2f}..{max(comp):.2f}] "
+                f"vs {mp:.2f} [{min(pure):.2f}..{max(pure):.2f}] (x{mc / mp:.2f})"
+            )
+    return {
+        "name": name,
+        "met": met,
+        "summary": f"compiled vs pure, medians of {rounds} alternated runs: " + "; ".join(parts),
+        "figures": figures,
+        "rounds": rounds,
+        "goal_ms": GOAL_MS,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=ROUNDS)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    r = bench_compiled(args.rounds)
+    print(json.dumps(r, indent=1) if args.json else f"{r['name']}: {r['summary']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""The controller compiled with mypyc (buildsys/compiled.py; `make wheel MYPYC=1`)
+makes the pure controller's decisions, bit for bit.
+
+Compiles this checkout's controller into a temporary directory as the wheel's
+build does, then runs tests/sim/compiled_decisions.py once pure and once with
+that directory first on PYTHONPATH, and compares everything it prints.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "buildsys"))
+import compiled  # noqa: E402  (buildsys/compiled.py)
+
+pytestmark = pytest.mark.sim
+DRIVER = Path(__file__).with_name("compiled_decisions.py")
+
+
+@pytest.fixture(scope="module")
+def compiled_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if importlib.util.find_spec("mypyc") is None:
+        pytest.skip("mypyc (mypy) is not installed")
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc) to compile the controller with")
+    d = tmp_path_factory.mktemp("mypyc")
+    try:
+        compiled.compile_into(d)
+    except SystemExit as e:
+        pytest.fail(str(e))
+    return d
+
+
+def _decisions(pythonpath: Path | None) -> dict[str, object]:
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    p = subprocess.run(
+        [sys.executable, str(DRIVER)], capture_output=True, text=True, env=env, check=False
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    out: dict[str, object] = json.loads(p.stdout)
+    return out
+
+
+def test_the_compiled_controller_decides_as_the_pure_one(compiled_dir: Path) -> None:
+    pure = _decisions(None)
+    comp = _decisions(compiled_dir)
+    assert str(pure["step_from"]).endswith("step.py")
+    assert str(comp["step_from"]).endswith(".so"), comp["step_from"]
+    assert str(comp["step_from"]).startswith(str(compiled_dir))
+    keys = sorted(set(pure) - {"step_from"})
+    assert keys == sorted(set(comp) - {"step_from"})
+    for key in keys:
+        assert comp[key] == pure[key], f"{key}: the compiled controller decided otherwise"
