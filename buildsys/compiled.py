@@ -4,8 +4,8 @@ Why
     One tick of 1,000 resources and 10,000 initiators takes 4-9 ms of pure
     Python on a 2-core host (`make bench`); the controller modules below,
     compiled by mypyc (mypy's compiler: the same typed source, checked by
-    `mypy --strict`, turned into C extension modules), run it 1.5-2.5 times
-    faster. Nothing else changes: the compiled modules make the same
+    `mypy --strict`, turned into C extension modules), run it about twice
+    as fast. Nothing else changes: the compiled modules make the same
     decisions (tests/sim/test_compiled.py runs both on the same scenarios).
 
 How
@@ -25,8 +25,8 @@ How
     the controller into a santhrottle/controller/ layout first.
 
     compile_into(dir) builds the same modules in place into dir (no wheel):
-    `make bench` puts dir first on PYTHONPATH to measure the compiled tick
-    beside the pure one in one run, and the test does the same.
+    `make bench` runs with env_for(dir), dir first on PYTHONPATH, to measure
+    the compiled tick beside the pure one in one run, and the test does the same.
 """
 
 from __future__ import annotations
@@ -82,6 +82,16 @@ def extensions(root: Path = ROOT) -> list[Any]:
     paths = stage(root, root / STAGE)
     exts: list[Any] = mypycify([str(p.relative_to(root)) for p in paths], opt_level="3")
     return exts
+
+
+def env_for(into: Path | str | None) -> dict[str, str]:
+    """This process's environment with compile_into()'s directory first on
+    PYTHONPATH (the compiled controller), or with no PYTHONPATH (None: the pure one)."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    if into is not None:
+        env["PYTHONPATH"] = str(into)
+    return env
 
 
 def compile_into(into: Path, src: Path = ROOT) -> None:

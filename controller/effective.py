@@ -57,7 +57,8 @@ def follow_resources(
             old = eff.get(ini, 0)
             if old == cls:
                 continue
-            k = cls
+            k = cls  # the ramp and the write-back inline, as in recompute_effective:
+            # a call per member would cost what skipping the max saves
             if k > old and k > (top := rise_to[old]):  # ramp
                 k = top
                 rising.add(ini)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -45,20 +44,11 @@ FIGURES = ("tick_ms_median", "converge_tick_ms_median")
 PLANTS = ("controller", "controller-closed")
 
 
-def _env(pythonpath: str | None) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
-    return env
-
-
 def _loaded_from(pythonpath: str) -> str:
     """Where santhrottle.controller.step comes from with pythonpath first."""
     code = "import santhrottle.controller.step as s; print(s.__file__)"
-    p = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=_env(pythonpath)
-    )
+    env = compiled.env_for(pythonpath)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     return p.stdout.strip() or p.stderr.strip()[-500:]
 
 
@@ -68,7 +58,7 @@ def bench_compiled(rounds: int = ROUNDS) -> dict[str, Any]:
         try:
             compiled.compile_into(Path(tmp))
         except (SystemExit, OSError) as e:
-            return {"name": name, "summary": f"not measured: {e}", "goal_ms": None}
+            return {"name": name, "summary": f"not measured: {e}"}
         where = _loaded_from(tmp)
         if not where.endswith(".so"):
             return {"name": name, "summary": f"not measured: step loads from {where}"}
@@ -77,8 +67,8 @@ def bench_compiled(rounds: int = ROUNDS) -> dict[str, Any]:
         }
         for _ in range(rounds):
             for plant in PLANTS:
-                runs[plant]["pure"].append(run_bench(RUN_PY, plant, _env(None)))
-                runs[plant]["compiled"].append(run_bench(RUN_PY, plant, _env(tmp)))
+                runs[plant]["pure"].append(run_bench(RUN_PY, plant, compiled.env_for(None)))
+                runs[plant]["compiled"].append(run_bench(RUN_PY, plant, compiled.env_for(tmp)))
     figures: dict[str, dict[str, Any]] = {}
     parts, met = [], True
     for plant in PLANTS:

@@ -12,7 +12,6 @@ controller's.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import sysconfig
@@ -50,8 +49,7 @@ def test_the_compiled_wheel_carries_the_extensions_and_decides_as_the_pure_contr
         import build  # noqa: F401
     except ImportError:
         pytest.skip("python -m build: the `build` package is not installed in this venv")
-    env = dict(os.environ, SANTHROTTLE_MYPYC="1")
-    env.pop("PYTHONPATH", None)
+    env = dict(compiled.env_for(None), SANTHROTTLE_MYPYC="1")
     dist = tmp_path / "dist"
     p = _run([sys.executable, "-m", "build", "--outdir", dist, ROOT], env=env)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
@@ -74,7 +72,7 @@ def test_the_compiled_wheel_carries_the_extensions_and_decides_as_the_pure_contr
     assert _run([python, "-m", "venv", venv]).returncode == 0
     p = _run([venv / "bin" / "pip", "install", "-q", "--no-deps", whl])
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
-    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    clean = compiled.env_for(None)
     comp = _decisions(venv / "bin" / "python", clean)
     assert str(comp["step_from"]).startswith(str(venv)), comp["step_from"]
     assert str(comp["step_from"]).endswith(".so"), comp["step_from"]

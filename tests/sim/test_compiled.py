@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -41,12 +40,12 @@ def compiled_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _decisions(pythonpath: Path | None) -> dict[str, object]:
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    if pythonpath is not None:
-        env["PYTHONPATH"] = str(pythonpath)
     p = subprocess.run(
-        [sys.executable, str(DRIVER)], capture_output=True, text=True, env=env, check=False
+        [sys.executable, str(DRIVER)],
+        capture_output=True,
+        text=True,
+        env=compiled.env_for(pythonpath),
+        check=False,
     )
     assert p.returncode == 0, p.stderr[-3000:]
     out: dict[str, object] = json.loads(p.stdout)
