@@ -9,8 +9,10 @@ VPY := $(VENV)/bin/python
 # program built with clang against libbpf's headers (make bpf), whose stack the unit tier
 # checks with llvm's objdump (tests/unit/test_bpf_stack.py). The fleet's engine tests
 # run a 3-member etcd cluster in namespaces (etcd-server; etcdctl from etcd-client for a
-# look by hand). The lab (vagrant/qemu) installs its own packages through `make lab-deps`.
-HOST_PKGS := iproute2 ipset iptables nftables kmod ansible-core python3-pip python3-apt vagrant vagrant-libvirt tcpreplay clang libbpf-dev llvm etcd-server etcd-client
+# look by hand). threshold = "auto" is checked on this kernel against the lab's plant as a
+# loop device (vagrant/qemu/hostarray.py: nbdkit and its python plugin, nbdfuse, fuse3; fio
+# loads it). The lab (vagrant/qemu) installs its own packages through `make lab-deps`.
+HOST_PKGS := iproute2 ipset iptables nftables kmod ansible-core python3-pip python3-apt vagrant vagrant-libvirt tcpreplay clang libbpf-dev llvm etcd-server etcd-client nbdkit nbdkit-plugin-python nbdfuse fuse3 fio
 APT_STAMP := $(VENV)/.apt-host
 VENV_STAMP := $(VENV)/.installed
 

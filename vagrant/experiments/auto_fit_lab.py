@@ -51,9 +51,11 @@ ALPHA = 0.9  # controller.auto_alpha's default
 class Watch(threading.Thread):
     """Every second: the daemon's status for the VG, the array's diskstats, the plant's counters."""
 
-    def __init__(self, vg: str, array: str, writer_ips: list[str]) -> None:
+    def __init__(self, vg: str, array: str, writer_ips: list[str], sock: str = closed_loop.SOCK,
+                 server_stats=plant_lab.server_stats) -> None:  # fmt: skip
         super().__init__(daemon=True)
         self.vg, self.array, self.writer_ips = vg, array, writer_ips
+        self.sock, self.server_stats = sock, server_stats
         self.rows: list[dict] = []
         self.stop_ev = threading.Event()
         self.t0 = time.monotonic()
@@ -66,10 +68,10 @@ class Watch(threading.Thread):
             row: dict = {
                 "t": round(time.monotonic() - self.t0, 3),
                 "ds": plant_lab.diskstats().get(self.array),
-                "server": plant_lab.server_stats(),
+                "server": self.server_stats(),
             }
             try:
-                st = request(closed_loop.SOCK, "status", timeout_s=2.0)
+                st = request(self.sock, "status", timeout_s=2.0)
                 r = next((x for x in st["resources"] if x["resource"] == self.vg), None)
                 if r is not None:
                     row["fit"] = r.get("threshold_fit")
@@ -102,32 +104,48 @@ def window_fit(rows: list[dict]) -> dict | None:
 def one_rep(a, t: dict, out: Path, rep: int, cfg: dict) -> dict:
     reader, hosts = t["iscsi"][0], t["iscsi"][1:]
     array = Path(t["disk"]).name
-    levels = [int(x) for x in a.levels.split(",")]
     name = f"auto-{rep}"
     daemon = closed_loop.start_daemon(t, name, "auto", out, None, None)
     w = Watch(t["vg"], array, [h["initiator_ip"] for h in hosts])
-    schedule: list[tuple[float, int]] = []
+
+    def start_writers(n: int) -> list:
+        per = [n // len(hosts) + (k < n % len(hosts)) for k in range(len(hosts))]
+        return [plant_lab.writers(a, h["device"], j, 0, a.step)
+                for h, j in zip(hosts, per, strict=True) if j]  # fmt: skip
+
     try:
         time.sleep(2.0)  # a first discovery
-        w.start()
-        total = a.rounds * len(levels) * a.step + 2
-        rd = plant_lab.reader(a, reader["device"], total)
-        for _ in range(a.rounds):
-            for n in levels:
-                schedule.append((round(time.monotonic() - w.t0, 3), n))
-                per = [n // len(hosts) + (k < n % len(hosts)) for k in range(len(hosts))]
-                ws = [plant_lab.writers(a, h["device"], j, 0, a.step)
-                      for h, j in zip(hosts, per, strict=True) if j]  # fmt: skip
-                if ws:
-                    for p in ws:
-                        p.communicate()
-                else:
-                    time.sleep(a.step)
-        rd.communicate()
-        w.stop_ev.set()
-        w.join()
+        schedule = run_levels(a, w, reader["device"], start_writers)
     finally:
         closed_loop.stop_daemon(daemon, out, name)
+    return result(rep, w, schedule, cfg)
+
+
+def run_levels(a, w: Watch, reader_dev: str, start_writers) -> list[tuple[float, int]]:
+    """The reader throughout; the writers through a.levels, a.step s each, a.rounds times
+    (start_writers(n): the fio processes of n writers, [] for none). Returns the schedule
+    (the Watch's time, writers) and stops the Watch."""
+    levels = [int(x) for x in a.levels.split(",")]
+    schedule: list[tuple[float, int]] = []
+    w.start()
+    rd = plant_lab.reader(a, reader_dev, a.rounds * len(levels) * a.step + 2)
+    for _ in range(a.rounds):
+        for n in levels:
+            schedule.append((round(time.monotonic() - w.t0, 3), n))
+            ws = start_writers(n)
+            for p in ws:
+                p.communicate()
+            if not ws:
+                time.sleep(a.step)
+    rd.communicate()
+    w.stop_ev.set()
+    w.join()
+    return schedule
+
+
+def result(rep: int, w: Watch, schedule: list[tuple[float, int]], cfg: dict) -> dict:
+    """One repetition: the daemon's last fit and threshold against the configured plant, and
+    the plain fit of the array's 1 s windows (shown, and stored in auto-fit.json)."""
     fits = [r for r in w.rows if r.get("fit")]
     last = fits[-1] if fits else {}
     fit = last.get("fit") or {}
@@ -173,16 +191,20 @@ def show(r: dict) -> None:
     )
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("/shared/work/auto-fit"))
+def add_load_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--levels", default="0,1,2,3,6,9,12", help="writer counts, in order")
     ap.add_argument("--step", type=float, default=8.0, help="s per level")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--hosts", type=int, default=3)
     ap.add_argument("--reader-rate", default="256k")
     ap.add_argument("--writer-bs", default="128k")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("/shared/work/auto-fit"))
+    add_load_args(ap)
+    ap.add_argument("--hosts", type=int, default=3)
     a = ap.parse_args()
     cfg = plant_lab.array_config()
     if cfg is None:
@@ -200,7 +222,14 @@ def main() -> int:
         raw["guest_wall_s"] = time.monotonic() - t_all
         (a.out / "auto-fit.json").write_text(json.dumps(raw))
         topology.down()
-    got = [r for r in raw["reps"] if r["daemon_fit"].get("intercept_s") is not None]
+    summary(raw["reps"], cfg)
+    print(f"guest wall {raw['guest_wall_s']:.0f} s; results {a.out / 'auto-fit.json'}")
+    return 0
+
+
+def summary(reps: list[dict], cfg: dict) -> None:
+    """The daemon's fit over the repetitions: median (range)."""
+    got = [r for r in reps if r["daemon_fit"].get("intercept_s") is not None]
     if got:
 
         def med(key, scale=1e3):
@@ -215,8 +244,6 @@ def main() -> int:
               f"({min(forces, default=float('nan')):.2f}-{max(forces, default=float('nan')):.2f});"
               f" configured C {cfg['c_ms']} ms, m {cfg['m_ms']} ms/IO, C/(1-{ALPHA}) "
               f"{cfg['c_ms'] / (1 - ALPHA):.1f} ms")  # fmt: skip
-    print(f"guest wall {raw['guest_wall_s']:.0f} s; results {a.out / 'auto-fit.json'}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ LAB := vagrant/qemu/lab.py
 # The known plant of make lab, lab-ci, lab-plant and lab-auto-fit (report.py's PAPER_ARRAY).
 LAB_PLANT := c_ms=2,m_ms=5
 
-.PHONY: lab-deps lab-up lab lab-nvme lab-curves lab-curves-nvme lab-ipv6 lab-tlp lab-nullb lab-test lab-ci lab-faults lab-plant lab-auto-fit lab-bridge lab-groups lab-fleet lab-run lab-clean
+.PHONY: lab-deps lab-up lab lab-nvme lab-curves lab-curves-nvme lab-ipv6 lab-tlp lab-nullb lab-test lab-ci lab-faults lab-plant lab-auto-fit lab-auto-fit-host lab-bridge lab-groups lab-fleet lab-run lab-clean
 
 # apt-get install what the lab needs on the host (root; idempotent), with the
 # known plant's nbdkit (lab.py --array nbd; docs/lab.md).
@@ -87,6 +87,11 @@ lab-plant:
 lab-auto-fit:
 	$(LAB_PY) $(LAB) --smp 1 --array nbd:$(or $(PLANT),$(LAB_PLANT)) run --timeout 1800 \
 		vagrant/experiments/auto_fit_lab.py $(ARGS)
+
+# The same fit on this host's own kernel (docs/lab.md): the plant as a loop device (nbdkit ->
+# nbdfuse -> losetup), santhrottled in a namespace of its own, no QEMU; root, ~6 min.
+lab-auto-fit-host: setup
+	$(VPY) vagrant/experiments/auto_fit_host.py --array nbd:$(or $(PLANT),$(LAB_PLANT)) $(ARGS)
 
 # Bridge mode in the lab (docs/bridge.md): the wire sensor's read latency against the
 # target's diskstats and fio (iSCSI and NVMe/TCP, idle and under writers), then the

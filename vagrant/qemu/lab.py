@@ -64,6 +64,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from hostarray import nbdkit_argv  # noqa: E402  (the plant's nbdkit, shared with the host's)
+
 CHECKOUT = HERE.parent.parent
 INIT_SCRIPT = HERE / "initramfs" / "init"
 STAGE2 = HERE / "guest" / "stage2.sh"
@@ -111,7 +114,6 @@ INITRAMFS_MODULES = [
 # docs/lab.md "The array as a known plant"), attached as a third virtio disk
 # (serial lab-array) over QEMU's NBD client on a unix socket.
 ARRAY_PACKAGES = ["nbdkit", "nbdkit-plugin-python"]
-ARRAY_PLUGIN = HERE / "lqarray.py"
 ARRAY_GIB = 8
 ARRAY_DEFAULTS = {
     "model": "lq",
@@ -122,7 +124,6 @@ ARRAY_DEFAULTS = {
     "bw_mbps": 0.0,
 }
 ARRAY_MODELS = ("lq", "lqnow", "fifo")  # lqarray.py
-ARRAY_THREADS = 64  # more than QEMU's NBD client keeps in flight (16)
 
 
 def parse_array(spec: str | None) -> dict | None:
@@ -808,14 +809,7 @@ class Lab:
             sock = Path(tempfile.mkdtemp(prefix="lab-array-")) / "array.sock"
         img = rundir / "array.img"
         a = self.array
-        argv = [
-            nbdkit, "-f", "--exit-with-parent", "--unix", str(sock),
-            "--threads", str(ARRAY_THREADS),
-            "python", str(ARRAY_PLUGIN),
-            f"file={img}", f"size={ARRAY_GIB}G", f"model={a['model']}",
-            *(f"{k}={v:g}" for k, v in a.items() if k != "model"),
-            f"stats={work / 'array-stats.json'}",
-        ]  # fmt: skip
+        argv = nbdkit_argv(nbdkit, a, sock, img, ARRAY_GIB, work / "array-stats.json")
         (rundir / "nbdkit.cmd").write_text(shlex.join(argv) + "\n")
         log = open(rundir / "nbdkit.log", "w")  # noqa: SIM115
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""threshold = "auto" on this host's own kernel: the daemon's LQ fit of the known plant
+seen through a loop device instead of QEMU. Runs ON THE HOST, as root.
+
+    .venv/bin/python vagrant/experiments/auto_fit_host.py --array nbd:c_ms=2,m_ms=5 \\
+        [--reps 3] [--step 8] [--rounds 2] [--out results/auto-fit-host]
+    make lab-auto-fit-host PLANT=c_ms=2,m_ms=5            # the same
+
+(docs/lab.md, "The daemon's fit on this host's kernel".)  The plant is lab.py's
+(vagrant/qemu/lqarray.py in nbdkit, the same parameters), attached as /dev/loopN
+through nbdfuse (vagrant/qemu/hostarray.py), so that the IOs the daemon's sensor
+counts in /proc/diskstats cross only this kernel's block layer, FUSE and a unix
+socket on their way to the plant, not QEMU's NBD client and an emulated guest.
+santhrottled runs with the product's defaults in a network namespace of its own
+(a veth, `leaf = "pfifo"`: this kernel has no netem; nothing is delayed), with one
+declared resource, `devices = ["loopN"]`, `threshold = "auto"` and no fallback.
+The load is auto_fit_lab.py's: the reader (4 KiB random reads, QD1, 256 kB/s) runs
+throughout, 0, 1, 2, 3, 6, 9 and 12 sequential 128 KiB QD1 writers `--step` s
+each, `--rounds` times, a fresh daemon per repetition; every second the daemon's
+status, the loop device's diskstats and the plant's own counters. The report is
+auto_fit_lab.py's: the daemon's C, m, R^2 and threshold against the configured
+plant, and a plain least-squares fit of the loop device's 1 s windows. Results:
+OUT/auto-fit.json and a table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CHECKOUT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(CHECKOUT / "vagrant" / "qemu"))
+import auto_fit_lab  # noqa: E402
+import plant_lab  # noqa: E402
+from hostarray import HostArray, HostArrayError, missing  # noqa: E402
+from lab import LabError, parse_array  # noqa: E402
+
+BIN = Path(sys.executable).parent
+RESOURCE = "array"
+START_TIMEOUT_S = 30.0
+
+
+class NetNs:
+    """A network namespace with one veth, the daemon's datapath device; deleted on exit."""
+
+    def __init__(self) -> None:
+        self.name, self.dev = f"st-af-{os.getpid()}", "st-af0"
+
+    def __enter__(self) -> NetNs:
+        subprocess.run(["ip", "netns", "add", self.name], check=True)
+        try:
+            subprocess.run(["ip", "-n", self.name, "link", "add", self.dev, "type", "veth",
+                            "peer", "st-af1"], check=True)  # fmt: skip
+            subprocess.run(["ip", "-n", self.name, "link", "set", self.dev, "up"], check=True)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        subprocess.run(["ip", "netns", "del", self.name], check=False)
+
+
+def start_daemon(ns: NetNs, device: str, out: Path, name: str) -> tuple[subprocess.Popen, str]:
+    from santhrottle.appliance.daemon.control import request
+
+    sock = str(out / f"{name}.sock")
+    conf = out / f"santhrottle-{name}.toml"
+    conf.write_text(
+        f'[daemon]\ncontrol_socket = "{sock}"\nnetns = "{ns.name}"\n'
+        f'state_dir = "{out / f"state-{name}"}"\n'
+        f'[datapath]\ndevices = ["{ns.dev}"]\nleaf = "pfifo"\nlink_speed = "10gbit"\n'
+        f'[metrics]\nport = 0\n[resources.{RESOURCE}]\nthreshold = "auto"\n'
+        f'devices = ["{device}"]\n'
+    )
+    log = open(out / f"santhrottled-{name}.log", "w")  # noqa: SIM115 (the child's)
+    proc = subprocess.Popen([str(BIN / "santhrottled"), "--config", str(conf)],
+                            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    log.close()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        try:
+            request(sock, "ping")
+            return proc, sock
+        except Exception:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                stop_daemon(proc)
+                raise RuntimeError(f"santhrottled did not start: see {log.name}") from None
+            time.sleep(0.05)
+
+
+def stop_daemon(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)  # our own child, by PID
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def one_rep(a, ns: NetNs, arr: HostArray, rep: int, cfg: dict) -> dict:
+    dev = f"/dev/{arr.device}"
+    name = f"auto-{rep}"
+    daemon, sock = start_daemon(ns, arr.device, a.out, name)
+    w = auto_fit_lab.Watch(RESOURCE, arr.device, [], sock=sock, server_stats=arr.server_stats)
+    try:
+        time.sleep(2.0)  # a first tick
+        # the reader in region 0, the writers from region 1 on, each in its own
+        schedule = auto_fit_lab.run_levels(
+            a, w, dev, lambda n: [plant_lab.writers(a, dev, n, 1, a.step)] if n else []
+        )
+    finally:
+        stop_daemon(daemon)
+    return auto_fit_lab.result(rep, w, schedule, cfg)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--array", default="nbd:c_ms=2,m_ms=5",
+                    help="the plant, as lab.py --array takes it")  # fmt: skip
+    ap.add_argument("--out", type=Path, default=CHECKOUT / "results" / "auto-fit-host")
+    auto_fit_lab.add_load_args(ap)
+    a = ap.parse_args()
+    try:
+        cfg = parse_array(a.array)
+    except LabError as e:
+        print(f"auto_fit_host: --array: {e}", file=sys.stderr)
+        return 2
+    why = missing()
+    if cfg is None or why:
+        print(f"auto_fit_host: {why or 'no plant (--array nbd:...)'}", file=sys.stderr)
+        return 2
+    a.out.mkdir(parents=True, exist_ok=True)
+    raw: dict = {"args": {k: str(v) for k, v in vars(a).items()}, "config": cfg,
+                 "kernel": os.uname().release, "reps": []}  # fmt: skip
+    t_all = time.monotonic()
+    try:
+        with (
+            tempfile.TemporaryDirectory(prefix="st-af-") as tmp,
+            HostArray(cfg, Path(tmp), size_gib=8) as arr,
+            NetNs() as ns,
+        ):
+            print(f"plant {cfg} on /dev/{arr.device}", flush=True)
+            for rep in range(a.reps):
+                raw["reps"].append(one_rep(a, ns, arr, rep, cfg))
+    except (HostArrayError, RuntimeError, subprocess.CalledProcessError) as e:
+        print(f"auto_fit_host: {e}", file=sys.stderr)
+        return 1
+    finally:
+        raw["wall_s"] = time.monotonic() - t_all
+        (a.out / "auto-fit.json").write_text(json.dumps(raw))
+    auto_fit_lab.summary(raw["reps"], cfg)
+    print(f"wall {raw['wall_s']:.0f} s; results {a.out / 'auto-fit.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
