@@ -131,6 +131,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=CHECKOUT / "results" / "auto-fit-host")
     auto_fit_lab.add_load_args(ap)
     a = ap.parse_args()
+    a.out = a.out.resolve()  # the daemon's paths are absolute
     try:
         cfg = parse_array(a.array)
     except LabError as e:
