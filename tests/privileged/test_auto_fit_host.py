@@ -1,0 +1,55 @@
+"""threshold = "auto" for real on this kernel: santhrottled's LQ fit of a known plant.
+
+vagrant/experiments/auto_fit_host.py, short: the lab's plant (nbdkit, lqarray.py) as a
+loop device through nbdfuse, the daemon in a namespace of its own with the resource
+declared on that device, a reader throughout and 0-12 writers for 5 s each. The
+daemon's fitted C and m must be the configured plant's within 20 % (docs/lab.md,
+"The daemon's fit on this host's kernel", has the full run), and nothing it made may
+be left: no loop device on its file, no mount, no namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(CHECKOUT / "vagrant" / "qemu"))
+from hostarray import missing  # noqa: E402
+
+pytestmark = pytest.mark.privileged
+SCRIPT = CHECKOUT / "vagrant" / "experiments" / "auto_fit_host.py"
+C_MS, M_MS = 5.0, 5.0
+BOUND = 0.20
+
+
+def test_the_daemon_fits_the_plants_line(tmp_path):
+    why = missing()
+    if why:
+        pytest.skip(why)
+    out = tmp_path / "out"
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "--array", f"nbd:c_ms={C_MS:g},m_ms={M_MS:g}",
+         "--reps", "1", "--rounds", "1", "--step", "5", "--levels", "0,1,3,6,12",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    rep = json.loads((out / "auto-fit.json").read_text())["reps"][0]
+    fit = rep["daemon_fit"]
+    assert fit.get("fitted"), (fit, run.stdout)
+    c_ms, m_ms = fit["intercept_s"] * 1e3, fit["slope_s_per_io"] * 1e3
+    assert abs(c_ms / C_MS - 1) <= BOUND, (c_ms, m_ms, run.stdout)
+    assert abs(m_ms / M_MS - 1) <= BOUND, (c_ms, m_ms, run.stdout)
+    # the threshold in force is C / (1 - alpha) of that fit
+    assert rep["in_force_s"] == pytest.approx(fit["intercept_s"] / (1 - 0.9), rel=1e-6)
+    # nothing left behind
+    assert "st-af-" not in subprocess.run(["losetup", "-a"], capture_output=True,
+                                          text=True, check=False).stdout  # fmt: skip
+    assert "st-af-" not in Path("/proc/mounts").read_text()
+    assert "st-af-" not in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                          text=True, check=False).stdout  # fmt: skip
