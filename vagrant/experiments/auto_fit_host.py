@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -41,7 +40,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(CHECKOUT / "vagrant" / "qemu"))
 import auto_fit_lab  # noqa: E402
 import plant_lab  # noqa: E402
-from hostarray import HostArray, HostArrayError, missing  # noqa: E402
+from hostarray import HostArray, HostArrayError, end, missing  # noqa: E402
 from lab import LabError, parse_array  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -93,19 +92,9 @@ def start_daemon(ns: NetNs, device: str, out: Path, name: str) -> tuple[subproce
             return proc, sock
         except Exception:
             if proc.poll() is not None or time.monotonic() > deadline:
-                stop_daemon(proc)
+                end(proc, timeout_s=30.0)
                 raise RuntimeError(f"santhrottled did not start: see {log.name}") from None
             time.sleep(0.05)
-
-
-def stop_daemon(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)  # our own child, by PID
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def one_rep(a, ns: NetNs, arr: HostArray, rep: int, cfg: dict) -> dict:
@@ -120,7 +109,7 @@ def one_rep(a, ns: NetNs, arr: HostArray, rep: int, cfg: dict) -> dict:
             a, w, dev, lambda n: [plant_lab.writers(a, dev, n, 1, a.step)] if n else []
         )
     finally:
-        stop_daemon(daemon)
+        end(daemon, timeout_s=30.0)
     return auto_fit_lab.result(rep, w, schedule, cfg)
 
 

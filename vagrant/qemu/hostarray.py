@@ -70,6 +70,18 @@ def missing() -> str | None:
     return None
 
 
+def end(proc: subprocess.Popen | None, timeout_s: float = 10.0) -> None:
+    """Our own child, by PID: SIGTERM, then SIGKILL after timeout_s."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 class HostArrayError(RuntimeError):
     pass
 
@@ -157,14 +169,8 @@ class HostArray:
                     break
                 time.sleep(0.1)
             self.mounted = False
-        for proc in (self.fuse, self.nbdkit):  # our own children, by PID
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+        end(self.fuse)
+        end(self.nbdkit)
         self.fuse = self.nbdkit = None
         for p in (self.sock, self.img):
             p.unlink(missing_ok=True)

@@ -65,7 +65,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from hostarray import nbdkit_argv  # noqa: E402  (the plant's nbdkit, shared with the host's)
+from hostarray import end, nbdkit_argv  # noqa: E402  (the plant's nbdkit, shared with the host's)
 
 CHECKOUT = HERE.parent.parent
 INIT_SCRIPT = HERE / "initramfs" / "init"
@@ -842,13 +842,7 @@ class Lab:
                 self.log(f"array: host CPU {cpu}")
             except (OSError, ValueError, IndexError):
                 pass
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        end(proc)
         sock = Path(array["sock"])
         sock.unlink(missing_ok=True)
         if sock.parent.name.startswith("lab-array-"):
