@@ -32,7 +32,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ARRAY_PLUGIN = HERE / "lqarray.py"
-# More than any client keeps in flight: QEMU's NBD client 16, nbdfuse ~10 per connection.
+# More than any client keeps in flight: QEMU's NBD client 16, nbdfuse about 10 (its FUSE threads).
 ARRAY_THREADS = 64
 HOST_ARRAY_GIB = 2
 NBDFUSE_CONNECTIONS = 16
