@@ -3,7 +3,7 @@
 Problem
     A volume on a bridge is named by its target (tracker.py's Volume), and
     an initiator group may name its members by the name they log in with
-    (appliance/daemon/groupmap.py). Both names are on the wire once per
+    (appliance/daemon/core/groupmap.py). Both names are on the wire once per
     connection, at its start: the iSCSI login's text and the NVMe/TCP
     fabrics connect's data. A sensor sees them in pieces -- the Python
     walker (flow.py) a whole PDU or its first 4 KiB, the kernel program

@@ -39,8 +39,12 @@ from santhrottle.appliance.cli.groupview import print_status_groups
 from santhrottle.appliance.config import DEFAULT_PATH, ConfigError, defaults, load_config
 from santhrottle.appliance.config.kinds import KindError
 from santhrottle.appliance.config.schema import key
-from santhrottle.appliance.daemon.client import CLIENT_TIMEOUT_S, request
-from santhrottle.appliance.daemon.requests import DaemonAbsent, DaemonUnavailable, RemoteError
+from santhrottle.appliance.daemon.control.client import CLIENT_TIMEOUT_S, request
+from santhrottle.appliance.daemon.control.requests import (
+    DaemonAbsent,
+    DaemonUnavailable,
+    RemoteError,
+)
 from santhrottle.appliance.units import fmt_duration, fmt_mb, fmt_ms
 
 EPILOG = """\

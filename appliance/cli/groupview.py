@@ -1,8 +1,8 @@
 """The human output of the initiator groups: `group list`, `group show`, status' section.
 
 What it owns
-    Turning the daemon's group answers (daemon/group_commands.py) and
-    status' "groups" rows (daemon/view.py) into tables and lines.  Plain
+    Turning the daemon's group answers (daemon/control/group_commands.py) and
+    status' "groups" rows (daemon/status/build.py) into tables and lines.  Plain
     formatting: nothing here talks to the daemon (cli/groups.py does), so
     cli/daemon.py's status can use it too.
 

@@ -26,7 +26,7 @@ from santhrottle.appliance.cli.common import (
     EXIT_NO_DAEMON,
     CliError,
 )
-from santhrottle.appliance.daemon.requests import DaemonUnavailable, RemoteError
+from santhrottle.appliance.daemon.control.requests import DaemonUnavailable, RemoteError
 from santhrottle.appliance.version import version_line
 
 EPILOG = (

@@ -32,8 +32,12 @@ from typing import Any
 
 from santhrottle.appliance.cli.common import Failed, column_width, ip_key
 from santhrottle.appliance.config import Config
-from santhrottle.appliance.daemon.client import request
-from santhrottle.appliance.daemon.requests import DaemonAbsent, DaemonUnavailable, RemoteError
+from santhrottle.appliance.daemon.control.client import request
+from santhrottle.appliance.daemon.control.requests import (
+    DaemonAbsent,
+    DaemonUnavailable,
+    RemoteError,
+)
 from santhrottle.appliance.units import fmt_mb, fmt_ms
 
 

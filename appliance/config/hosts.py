@@ -9,7 +9,7 @@ What it owns
     IPv4 address), each given once and in at most one host.  A problem is
     one ConfigError naming the file, the line and the key.  What the daemon
     does with a host (its addresses judged on their summed writes, one row,
-    one delay class) is daemon/hosts.py's.
+    one delay class) is daemon/core/hosts.py's.
 
 Worked example
     [hosts.db1]

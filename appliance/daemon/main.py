@@ -3,7 +3,7 @@
 Builds the real adapters from the config (TargetSensor, the Datapath on
 every egress device), takes the control socket and the metrics port,
 installs or adopts the data path, restores the runtime state of the last
-run (daemon/restore.py), runs the loop until SIGTERM/SIGINT, then removes
+run (daemon/core/restore.py), runs the loop until SIGTERM/SIGINT, then removes
 every delay (and the static state unless daemon.keep_static_state).
 SIGHUP reloads.
 
@@ -103,7 +103,7 @@ def check(cfg: Config) -> int:
 
 
 def preflight(cfg: Config) -> list[str]:
-    from santhrottle.appliance.daemon.control import socket_in_use
+    from santhrottle.appliance.daemon.control.client import socket_in_use
     from santhrottle.appliance.datapath import DatapathError, DatapathSpec, Host
     from santhrottle.appliance.datapath.bridged import nft_bridge_problem
     from santhrottle.appliance.datapath.probe import probe
@@ -206,11 +206,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve(cfg: Config) -> int:
-    from santhrottle.appliance.daemon.control import ControlServer
-    from santhrottle.appliance.daemon.loop import Daemon
-    from santhrottle.appliance.daemon.requests import one_line
-    from santhrottle.appliance.daemon.restore import restore
-    from santhrottle.appliance.daemon.state import StateStore
+    from santhrottle.appliance.daemon.control.requests import one_line
+    from santhrottle.appliance.daemon.control.server import ControlServer
+    from santhrottle.appliance.daemon.core.loop import Daemon
+    from santhrottle.appliance.daemon.core.restore import restore
+    from santhrottle.appliance.daemon.core.state import StateStore
     from santhrottle.appliance.datapath import DatapathError
 
     server = metrics = datapath = sensors = None
@@ -282,7 +282,7 @@ def build_fleet(cfg: Config) -> Any:
     in its thread; until it has, the appliance controls alone)."""
     if not cfg.fleet:
         return None
-    from santhrottle.appliance.daemon.fleetmode import FleetMode
+    from santhrottle.appliance.daemon.core.fleetmode import FleetMode
     from santhrottle.appliance.fleet.agent import FleetAgent
     from santhrottle.appliance.fleet.etcd import EtcdCoordinator
 
@@ -327,8 +327,8 @@ def start_metrics(cfg: Config, daemon: Any) -> Any:
     port is taken."""
     if not cfg.metrics_port:
         return None
-    from santhrottle.appliance.daemon.member_counters import MemberCounterReader
-    from santhrottle.appliance.daemon.metrics import MetricsServer, registry_for
+    from santhrottle.appliance.daemon.status.member_counters import MemberCounterReader
+    from santhrottle.appliance.daemon.status.metrics import MetricsServer, registry_for
 
     # the member counters through their own read-only netlink socket, per scrape
     registry = registry_for(daemon, MemberCounterReader(cfg.netns, bridged=cfg.bridge_mode))

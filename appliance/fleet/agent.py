@@ -29,7 +29,7 @@ Degraded
     view().degraded once no cycle has succeeded for degraded_after_s
     (DEGRADED_AFTER_S, 1 s; the daemon gives the lease's TTL) or none ever
     did: the daemon then controls alone on its own samples
-    (daemon/fleetmode.py).  One slow call does not flip it; a partition
+    (daemon/core/fleetmode.py).  One slow call does not flip it; a partition
     longer than the lease does, and by then the engine has ended this
     appliance's lease and leaderships anyway.
 

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from santhrottle.appliance.daemon.loop import GcFreezer
+from santhrottle.appliance.daemon.core.loop import GcFreezer
 from santhrottle.appliance.sensing.conns import ConnectionSensor, parse_diag_dump
 from santhrottle.appliance.sensing.lio import LioLun, LioTpg
 from santhrottle.appliance.sensing.target import TargetSensor

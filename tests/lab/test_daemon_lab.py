@@ -48,7 +48,7 @@ def _cli(topology, *args, check=True):
 
 
 def _ticked() -> bool:
-    from santhrottle.appliance.daemon.client import request
+    from santhrottle.appliance.daemon.control.client import request
 
     try:
         c = request(SOCK, "status", timeout_s=5.0)["counters"]

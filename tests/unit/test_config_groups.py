@@ -1,5 +1,5 @@
 """[groups.NAME] in the configuration (appliance/config) and who is in which group
-(appliance/daemon/groupmap.py)."""
+(appliance/daemon/core/groupmap.py)."""
 
 from dataclasses import replace
 
@@ -7,7 +7,7 @@ import pytest
 
 from santhrottle.appliance.config.kinds import member_kind
 from santhrottle.appliance.config.parse import ConfigError, parse_config
-from santhrottle.appliance.daemon.groupmap import GroupMap, GroupMapError
+from santhrottle.appliance.daemon.core.groupmap import GroupMap, GroupMapError
 
 BRIDGE = """
 [daemon]
@@ -162,6 +162,6 @@ def test_a_host_that_does_not_resolve_is_one_error():
 
 def test_resolve_host_reads_the_system_resolver():
     """localhost comes from /etc/hosts: no query leaves the machine."""
-    from santhrottle.appliance.daemon.groupmap import resolve_host
+    from santhrottle.appliance.daemon.core.groupmap import resolve_host
 
     assert {"127.0.0.1", "::1"} & set(resolve_host("localhost"))

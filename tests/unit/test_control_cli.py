@@ -13,8 +13,9 @@ import pytest
 from prometheus_client import generate_latest
 
 from santhrottle.appliance.cli.main import main
-from santhrottle.appliance.daemon.control import PROTOCOL_VERSION, ControlServer, request
-from santhrottle.appliance.daemon.metrics import registry_for
+from santhrottle.appliance.daemon.control import PROTOCOL_VERSION, request
+from santhrottle.appliance.daemon.control.server import ControlServer
+from santhrottle.appliance.daemon.status.metrics import registry_for
 from santhrottle.controller.ladder import Ladder
 
 from .test_daemon import make, run_for

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from santhrottle.appliance.config import ConfigError, parse_config
-from santhrottle.appliance.daemon.loop import CommandError, Daemon
+from santhrottle.appliance.daemon.core.loop import CommandError, Daemon
 from santhrottle.controller.domain import DeviceSample, ReadSample, WriteSample
 
 MIB = 1024 * 1024
@@ -311,7 +311,7 @@ def test_gc_freezer_freezes_once_per_rebuilt_discovery():
     import gc
     import types
 
-    from santhrottle.appliance.daemon.loop import GcFreezer
+    from santhrottle.appliance.daemon.core.loop import GcFreezer
 
     sensors = types.SimpleNamespace(discoveries=1)
     f = GcFreezer()

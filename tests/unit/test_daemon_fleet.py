@@ -16,9 +16,9 @@ import pytest
 from prometheus_client import generate_latest
 
 from santhrottle.appliance.config import parse_config
-from santhrottle.appliance.daemon.fleetmode import FleetMode
-from santhrottle.appliance.daemon.loop import CommandError, Daemon
-from santhrottle.appliance.daemon.metrics import registry_for
+from santhrottle.appliance.daemon.core.fleetmode import FleetMode
+from santhrottle.appliance.daemon.core.loop import CommandError, Daemon
+from santhrottle.appliance.daemon.status.metrics import registry_for
 from santhrottle.appliance.fleet.agent import FleetAgent
 from santhrottle.controller.domain import ReadSample, WriteSample
 from tests.unit.fleet_fake import FakeCoordinator, FakeEngine

@@ -1,4 +1,4 @@
-"""The daemon with [groups.NAME] (appliance/daemon/grouping.py), in virtual time with the
+"""The daemon with [groups.NAME] (appliance/daemon/core/grouping.py), in virtual time with the
 fakes of test_daemon.py: the sensors' IoSamples reach the groups, whose classes the
 actuator gets; a reload with a host that does not resolve keeps the running groups; on
 a target host, the real TargetSensor's samples and initiator names."""
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from santhrottle.appliance.config import parse_config
-from santhrottle.appliance.daemon import grouping
-from santhrottle.appliance.daemon.groupmap import GroupMapError
-from santhrottle.appliance.daemon.loop import CommandError
+from santhrottle.appliance.daemon.core import grouping
+from santhrottle.appliance.daemon.core.groupmap import GroupMapError
+from santhrottle.appliance.daemon.core.loop import CommandError
 from santhrottle.appliance.sensing.conns import TcpConn
 from santhrottle.appliance.sensing.diskstats import parse_diskstats
 from santhrottle.appliance.sensing.lio import LioAcl, LioLun, LioTpg

@@ -1,4 +1,4 @@
-"""A restart picks up where the last run stopped (daemon/state.py, daemon/restore.py).
+"""A restart picks up where the last run stopped (daemon/core/state.py, daemon/core/restore.py).
 
 Virtual time and the fakes of test_daemon.py; the store writes real files
 in tmp_path.  What a kill -9 leaves is the kernel's members (the fake
@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from santhrottle.appliance.config.schema import PIN_MODES
-from santhrottle.appliance.daemon.loop import CommandError
-from santhrottle.appliance.daemon.restore import ADOPT_HOLD_CONVERGES, restore
-from santhrottle.appliance.daemon.state import Saved, StateError, StateStore, decode, encode
+from santhrottle.appliance.daemon.core.loop import CommandError
+from santhrottle.appliance.daemon.core.restore import ADOPT_HOLD_CONVERGES, restore
+from santhrottle.appliance.daemon.core.state import Saved, StateError, StateStore, decode, encode
 from santhrottle.appliance.datapath.names import is_canonical_ip
 from santhrottle.controller.domain import (
     ControllerConfig,

@@ -22,8 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from santhrottle.appliance.config.schema import PIN_MODES
-from santhrottle.appliance.daemon.control import PROTOCOL_VERSION, ControlServer
-from santhrottle.appliance.daemon.requests import COMMANDS
+from santhrottle.appliance.daemon.control import PROTOCOL_VERSION
+from santhrottle.appliance.daemon.control.requests import COMMANDS
+from santhrottle.appliance.daemon.control.server import ControlServer
 from santhrottle.appliance.datapath.names import check_ip, is_canonical_ip
 
 from .test_daemon import FakeActuator, make, run_for

@@ -13,7 +13,8 @@ import pytest
 from santhrottle.appliance.cli import groupview
 from santhrottle.appliance.cli.common import EXIT_FAILED, EXIT_NO_DAEMON, EXIT_OK, EXIT_USAGE
 from santhrottle.appliance.cli.main import main
-from santhrottle.appliance.daemon.control import PROTOCOL_VERSION, ControlServer
+from santhrottle.appliance.daemon.control import PROTOCOL_VERSION
+from santhrottle.appliance.daemon.control.server import ControlServer
 
 from .test_daemon import make, run_for
 from .test_daemon_groups import GROUPS, GroupSensors

@@ -1,7 +1,7 @@
 """Operating the initiator groups (issue 20, item 4): the control socket's group commands
-(daemon/requests.py, daemon/group_commands.py), their runtime overrides
-(daemon/group_overrides.py) in the controller, in the state file across a restart and
-across a reload, and the groups' metrics (daemon/group_metrics.py); in virtual time
+(daemon/control/requests.py, daemon/control/group_commands.py), their runtime overrides
+(daemon/core/group_overrides.py) in the controller, in the state file across a restart and
+across a reload, and the groups' metrics (daemon/status/group_metrics.py); in virtual time
 with the fakes of test_daemon.py and test_daemon_groups.py."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import pytest
 from prometheus_client import generate_latest
 
 from santhrottle.appliance.config import parse_config
-from santhrottle.appliance.daemon import group_overrides as go
-from santhrottle.appliance.daemon.loop import CommandError
-from santhrottle.appliance.daemon.metrics import registry_for
-from santhrottle.appliance.daemon.requests import Context, RequestError, check
-from santhrottle.appliance.daemon.restore import restore
-from santhrottle.appliance.daemon.state import Saved, StateError, StateStore, decode, encode
+from santhrottle.appliance.daemon.control.requests import Context, RequestError, check
+from santhrottle.appliance.daemon.core import group_overrides as go
+from santhrottle.appliance.daemon.core.loop import CommandError
+from santhrottle.appliance.daemon.core.restore import restore
+from santhrottle.appliance.daemon.core.state import Saved, StateError, StateStore, decode, encode
+from santhrottle.appliance.daemon.status.metrics import registry_for
 
 from .test_daemon import make, run_for
 from .test_daemon_groups import GROUPS, GroupSensors

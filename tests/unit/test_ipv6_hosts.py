@@ -22,10 +22,10 @@ from santhrottle.appliance.cli.datapathview import _print_members
 from santhrottle.appliance.cli.sensing import _print_initiators
 from santhrottle.appliance.cli.wire import print_initiators as print_wire_initiators
 from santhrottle.appliance.config import ConfigError, parse_config
-from santhrottle.appliance.daemon.hosts import HostMap
-from santhrottle.appliance.daemon.metrics import registry_for
-from santhrottle.appliance.daemon.requests import RequestError, check
-from santhrottle.appliance.daemon.state import Saved, StateError, StateStore, decode
+from santhrottle.appliance.daemon.control.requests import RequestError, check
+from santhrottle.appliance.daemon.core.hosts import HostMap
+from santhrottle.appliance.daemon.core.state import Saved, StateError, StateStore, decode
+from santhrottle.appliance.daemon.status.metrics import registry_for
 from santhrottle.appliance.sensing.conns import TcpConn
 from santhrottle.appliance.sensing.discovery import build_discovery
 from santhrottle.appliance.sensing.lio import LioLun, LioTpg
@@ -404,7 +404,7 @@ def test_the_row_order_is_ip_keys():
 
 def test_the_cli_pins_an_ipv6_initiator_through_a_running_daemon(tmp_path, capsys):
     from santhrottle.appliance.cli.main import main
-    from santhrottle.appliance.daemon.control import ControlServer
+    from santhrottle.appliance.daemon.control.server import ControlServer
 
     d, vt, _s, act = make()
     run_for(d, vt, 1.0)

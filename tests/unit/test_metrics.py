@@ -11,9 +11,9 @@ import threading
 import pytest
 from prometheus_client import generate_latest
 
-from santhrottle.appliance.daemon import member_counters
-from santhrottle.appliance.daemon.counters import TICK_DURATION_BUCKETS_S, Counters
-from santhrottle.appliance.daemon.metrics import registry_for
+from santhrottle.appliance.daemon.core.counters import TICK_DURATION_BUCKETS_S, Counters
+from santhrottle.appliance.daemon.status import member_counters
+from santhrottle.appliance.daemon.status.metrics import registry_for
 from santhrottle.appliance.version import version
 from santhrottle.controller.domain import ReadSample
 
@@ -331,7 +331,7 @@ def test_an_auto_threshold_exports_its_lq_fit_and_the_threshold_in_force():
 
 
 def test_bridge_mode_exports_the_wire_sensors_counters():
-    from santhrottle.appliance.daemon.metrics import WIRE_COUNTERS, wire_families
+    from santhrottle.appliance.daemon.status.metrics import WIRE_COUNTERS, wire_families
 
     wire = {"capturing": True, "commands": 10, "completions": 9, "capture_kernel_drops": 2}
     got = {m.name: m.samples[0].value for m in wire_families(wire)}

@@ -341,7 +341,7 @@ def test_initiator_names_from_the_logins_outlive_a_restart_in_their_own_file(tmp
     sensor started in mid-session (by either walker); a broken file is a warning."""
     from types import SimpleNamespace
 
-    from santhrottle.appliance.daemon import view
+    from santhrottle.appliance.daemon.status import build as view
     from santhrottle.appliance.sensing.bridge import INITIATORS_FILE
     from santhrottle.bridge.kernel import VolumeSums
     from tests.unit.test_bridge_ksums import FakeWire

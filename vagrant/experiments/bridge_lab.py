@@ -397,7 +397,7 @@ def pin_class(ip: str, minor: int) -> None:
 
 def unpin(ip: str) -> None:
     from santhrottle.appliance.daemon.control import request
-    from santhrottle.appliance.daemon.requests import RemoteError
+    from santhrottle.appliance.daemon.control.requests import RemoteError
 
     with contextlib.suppress(RemoteError):  # not pinned
         request(SOCK, "unpin", initiator=ip)

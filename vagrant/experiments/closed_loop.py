@@ -348,7 +348,7 @@ FIRST_STATUS_S = 90.0
 def first_status(sock: str) -> dict:
     """The daemon's first status, asked again until FIRST_STATUS_S has passed."""
     from santhrottle.appliance.daemon.control import request
-    from santhrottle.appliance.daemon.requests import DaemonUnavailable, RemoteError
+    from santhrottle.appliance.daemon.control.requests import DaemonUnavailable, RemoteError
 
     deadline = time.monotonic() + FIRST_STATUS_S
     while True:

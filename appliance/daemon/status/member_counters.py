@@ -10,7 +10,7 @@ What it owns
     MemberSets.read() and closes it again; a lock makes concurrent scrapes
     take turns.  In bridge mode it reads NftSets instead (the counters of
     santhrottle-counted, datapath/nftrules.py).  It never writes to the kernel.  The collector
-    (daemon/metrics.py) takes any callable of this shape, so unit tests pass
+    (daemon/status/metrics.py) takes any callable of this shape, so unit tests pass
     a fake; daemon/main.py wires this one.
 
     pyroute2 keeps its namespace stack process-wide: the socket is opened

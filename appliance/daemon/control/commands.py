@@ -2,7 +2,7 @@
 
 A command changes only the daemon's state (pins, pause, thresholds, the groups'
 overrides, the configuration); the kernel follows at the next tick, from the tick's thread.
-Every request's arguments are checked first (daemon/requests.py: the one
+Every request's arguments are checked first (daemon/control/requests.py: the one
 table of commands and arguments, the config's rules) against this daemon's
 configuration, under the daemon's lock; nothing unchecked reaches the state.
 A request that cannot be done raises CommandError with one line for the admin.
@@ -20,7 +20,7 @@ Answers of the threshold commands (seconds; None: no threshold, observed)
                      override it dropped, null when there was none)
 
 The group commands (group_list, group_show, group_set, group_reset) and their
-answers are daemon/group_commands.py's.
+answers are daemon/control/group_commands.py's.
 
 Worked example
     handle(d, "pin", {"initiator": "10.0.0.3", "class": 10, "mode": "all"})
@@ -29,18 +29,19 @@ Worked example
     handle(d, "pin", {"initiator": "bogus", "class": 5, "mode": "all"})
     -> CommandError "pin: initiator: 'bogus' is not an IPv4 or IPv6 address";
     handle(d, "pin", {"initiator": "FD00::2", "class": 10, "mode": "all"}) pins
-    "fd00::2" (the data path's form, daemon/requests.py).
+    "fd00::2" (the data path's form, daemon/control/requests.py).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from santhrottle.appliance.daemon import group_commands, view
-from santhrottle.appliance.daemon.requests import CommandError, Context, RequestError, check
+from santhrottle.appliance.daemon.control import group_commands
+from santhrottle.appliance.daemon.control.requests import CommandError, Context, RequestError, check
+from santhrottle.appliance.daemon.status import build as view
 
 if TYPE_CHECKING:
-    from santhrottle.appliance.daemon.loop import Daemon
+    from santhrottle.appliance.daemon.core.loop import Daemon
 
 # Pins share the mode sets with the controller's members (datapath MAXELEM
 # 65,536 per set): a bound far below it, so pins can never fill a set.
@@ -120,7 +121,7 @@ def handle(daemon: Daemon, cmd: str, args: dict[str, Any]) -> Any:
                 raise CommandError(f"{ip!r} is not pinned")
             del daemon.state.pins[ip]
             return {"initiator": ip, "unpinned": True}
-        if cmd in group_commands.COMMANDS:  # daemon/group_commands.py
+        if cmd in group_commands.COMMANDS:  # daemon/control/group_commands.py
             return group_commands.handle(daemon, cmd, a)
         if cmd in ("pause", "resume"):
             daemon.state.paused = cmd == "pause"

@@ -1,7 +1,7 @@
 """Prometheus metrics of the initiator groups, per (resource, group).
 
 What it owns
-    group_families(): Daemon.status()'s "groups" rows (daemon/view.py: one
+    group_families(): Daemon.status()'s "groups" rows (daemon/status/build.py: one
     per grouped resource and group) as gauge families, in metrics.py's
     style (base units, node_exporter's vocabulary).  The labels are the
     resource and the group: both come from the configuration ([groups.NAME]

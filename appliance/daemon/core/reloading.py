@@ -13,14 +13,14 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from santhrottle.appliance.config import ConfigError
-from santhrottle.appliance.daemon import grouping
-from santhrottle.appliance.daemon.commands import CommandError
-from santhrottle.appliance.daemon.group_overrides import prune
-from santhrottle.appliance.daemon.hosts import HostMap
+from santhrottle.appliance.daemon.control.commands import CommandError
+from santhrottle.appliance.daemon.core import grouping
+from santhrottle.appliance.daemon.core.group_overrides import prune
+from santhrottle.appliance.daemon.core.hosts import HostMap
 from santhrottle.controller.restate import reconfigure
 
 if TYPE_CHECKING:
-    from santhrottle.appliance.daemon.loop import Daemon
+    from santhrottle.appliance.daemon.core.loop import Daemon
 
 log = logging.getLogger("santhrottled")
 

@@ -2,10 +2,10 @@
 
 What it owns
     ControlServer, the daemon's side: one thread, one event loop (selectors)
-    over every connection (the CLI's side, request(), is daemon/client.py's,
+    over every connection (the CLI's side, request(), is daemon/control/client.py's,
     importable from here too). The messages (the
     commands and their arguments, replies, PROTOCOL_VERSION) are
-    daemon/requests.py's: nothing reaches the daemon unchecked.
+    daemon/control/requests.py's: nothing reaches the daemon unchecked.
 
     Request:  {"cmd": "threshold_set", "args": {"resource": "vg0", "threshold_s": 0.015}}
     Reply:    {"protocol": 1, "ok": true, "data": ...}
@@ -48,13 +48,8 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
-# request(): the client, daemon/client.py's; importable from here as from there
-from santhrottle.appliance.daemon.client import CLIENT_TIMEOUT_S as CLIENT_TIMEOUT_S
-from santhrottle.appliance.daemon.client import request as request
-
-# PROTOCOL_VERSION: the CLI's --json takes it from here
-from santhrottle.appliance.daemon.requests import PROTOCOL_VERSION as PROTOCOL_VERSION
-from santhrottle.appliance.daemon.requests import (
+from santhrottle.appliance.daemon.control.client import socket_in_use
+from santhrottle.appliance.daemon.control.requests import (
     Handler,
     answer,
     encode,
@@ -406,13 +401,3 @@ def proc_groups(pid: int) -> set[int]:
     except OSError:
         pass
     return set()
-
-
-def socket_in_use(path: str) -> bool:
-    """A daemon answers on this Unix socket."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        try:
-            s.connect(path)
-        except OSError:
-            return False
-    return True

@@ -5,7 +5,7 @@ What it owns
     members; per initiator its resources, write rates, class and pin; the
     daemon's counters.  Built under the daemon's lock from its state; reads
     nothing from the kernel.  Initiators are IPv4 or IPv6 addresses, IPv4
-    first, each numerically; a [hosts.NAME] is one row (daemon/hosts.py).
+    first, each numerically; a [hosts.NAME] is one row (daemon/core/hosts.py).
 
 Worked example
     [hosts.db1] addresses = ["10.0.1.5", "fd00:1::5"], both writing to vg0, and
@@ -21,11 +21,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from santhrottle.appliance.daemon.group_overrides import to_json
+from santhrottle.appliance.daemon.core.group_overrides import to_json
 from santhrottle.appliance.datapath.names import ip_key
 
 if TYPE_CHECKING:
-    from santhrottle.appliance.daemon.loop import Daemon
+    from santhrottle.appliance.daemon.core.loop import Daemon
 
 
 def threshold_view(daemon: Daemon, name: str) -> dict[str, Any]:
@@ -84,7 +84,7 @@ def status(daemon: Daemon) -> dict[str, Any]:
                 "delay_s": ladder.delay_s(rs.delay_class if rs else 0),
                 "members": sorted(daemon.ctl.members(name), key=ip_key),
                 "devices": list(d.resources.get(name, ())) if d is not None else [],
-                # raw totals since the daemon started (daemon/counters.py)
+                # raw totals since the daemon started (daemon/core/counters.py)
                 "reads_completed": tot.reads_completed if tot else 0,
                 "read_time_s": tot.read_time_s if tot else 0.0,
                 "written_bytes": tot.written_bytes if tot else 0.0,
@@ -127,14 +127,14 @@ def status(daemon: Daemon) -> dict[str, Any]:
         # bridge mode: the wire sensor's counts since the start (appliance/sensing/bridge.py)
         "wire": wire_counters(daemon),
         "groups": groups(daemon),
-        # [fleet]: members, leaders, epochs, the engine's lag (daemon/fleetmode.py); None alone
+        # [fleet]: members, leaders, epochs, the engine's lag (daemon/core/fleetmode.py); None alone
         "fleet": None if daemon.fleet is None else daemon.fleet.status(),
     }
 
 
 def initiator_rows(daemon: Daemon) -> list[dict[str, Any]]:
     """One row per initiator the daemon knows (discovered, in the kernel, pinned,
-    adopted), a [hosts.NAME] once with every address it has (daemon/hosts.py):
+    adopted), a [hosts.NAME] once with every address it has (daemon/core/hosts.py):
     its write rates are its key's (the controller's, its addresses summed), its
     written bytes its addresses' sum, its class the highest of its addresses'
     (the same, but for a pin of one address).  IPv4 then IPv6, numerically."""
@@ -179,7 +179,7 @@ def initiator_rows(daemon: Daemon) -> list[dict[str, Any]]:
                 "delay_s": ladder.delay_s(min(k, ladder.max_class)),
                 "mode": mode,
                 "pinned": pinned,
-                # left by a previous run: held, then lowered (daemon/restore.py)
+                # left by a previous run: held, then lowered (daemon/core/restore.py)
                 "adopted": adopt,
             }
         )

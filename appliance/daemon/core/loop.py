@@ -14,13 +14,13 @@ sock_diag, LVM) and write rates. The worker may be slow (a large configfs
 tree); the tick never waits for it and uses the last discovery it finished.
 A failing sensor read is counted and logged; the controller holds.
 The counters and raw I/O totals the metrics export are accumulated from
-those samples (daemon/counters.py): per tick under the lock, per
+those samples (daemon/core/counters.py): per tick under the lock, per
 convergence in the worker behind their own lock.
 
 A [hosts.NAME] is one initiator to the controller: its addresses' write
 samples are summed before step() and its class is every address's
-(daemon/hosts.py).
-With [fleet] (daemon/fleetmode.py), step() runs on this appliance's samples merged
+(daemon/core/hosts.py).
+With [fleet] (daemon/core/fleetmode.py), step() runs on this appliance's samples merged
 with the other appliances' of the same array, and a resource another appliance
 leads follows its published classes; the engine is talked to by the agent's own
 thread (fleet/agent.py), never by the tick.
@@ -50,16 +50,18 @@ from typing import Any, Protocol
 
 from santhrottle.appliance.config import Config
 from santhrottle.appliance.config.kinds import AUTO
-from santhrottle.appliance.daemon import commands, grouping, reloading, view
+from santhrottle.appliance.daemon.control import commands
 
 # CommandError: what commands raise; importable from here as from commands
-from santhrottle.appliance.daemon.commands import CommandError as CommandError
-from santhrottle.appliance.daemon.counters import Counters, WrittenBytes
-from santhrottle.appliance.daemon.fleetmode import FleetMode
-from santhrottle.appliance.daemon.group_overrides import GroupOverride
-from santhrottle.appliance.daemon.hosts import HostMap
-from santhrottle.appliance.daemon.restore import age_adopted, snapshot
-from santhrottle.appliance.daemon.state import Saved, StateStore
+from santhrottle.appliance.daemon.control.commands import CommandError as CommandError
+from santhrottle.appliance.daemon.core import grouping, reloading
+from santhrottle.appliance.daemon.core.counters import Counters, WrittenBytes
+from santhrottle.appliance.daemon.core.fleetmode import FleetMode
+from santhrottle.appliance.daemon.core.group_overrides import GroupOverride
+from santhrottle.appliance.daemon.core.hosts import HostMap
+from santhrottle.appliance.daemon.core.restore import age_adopted, snapshot
+from santhrottle.appliance.daemon.core.state import Saved, StateStore
+from santhrottle.appliance.daemon.status import build as view
 from santhrottle.controller.domain import (
     DeviceSample,
     IoSample,
@@ -260,7 +262,7 @@ class Daemon:
         """ip -> (class, mode) the kernel should have now."""
         if self.state.paused:
             return {}
-        wmode = self.config.write_mode  # a host's addresses alike (daemon/hosts.py)
+        wmode = self.config.write_mode  # a host's addresses alike (daemon/core/hosts.py)
         eff = self.ctl.effective if self.fleet is None else self.fleet.effective(self.ctl.effective)
         out = {ip: (k, wmode) for ip, k in self.hosts.spread(eff).items()}
         for ip, (k, mode) in self.state.adopted.items():
@@ -364,11 +366,11 @@ class Daemon:
 
     # ------------------------------------------------------- commands
     def reload(self) -> dict[str, Any]:
-        """Reload the config file (daemon/reloading.py); CommandError keeps the running one."""
+        """Reload the config file (daemon/core/reloading.py); CommandError keeps the running one."""
         return reloading.reload(self)
 
     def handle(self, cmd: str, args: dict[str, Any]) -> Any:
-        """One control-socket request (daemon/control.py); raises CommandError.
+        """One control-socket request (daemon/control/server.py); raises CommandError.
         What it changed is on disk before the answer (save_state)."""
         out = commands.handle(self, cmd, args)
         if cmd not in commands.READ_ONLY:
@@ -398,7 +400,7 @@ class Daemon:
             self._saved = snap
 
     def status(self) -> dict[str, Any]:
-        """The daemon's whole view: resources, initiators, counters (daemon/view.py).
+        """The daemon's whole view: resources, initiators, counters (daemon/status/build.py).
         Built once per tick, convergence or change (callers hold the lock and only
         read it): a burst of `santhrottle status` calls holds the tick up once, not
         once per call."""

@@ -2,7 +2,7 @@
 
 What it owns
     request(path, cmd, **args): the CLI's (and the lab scripts') side of the
-    protocol of daemon/control.py.  One deadline for the whole exchange;
+    protocol of daemon/control/server.py.  One deadline for the whole exchange;
     a listen backlog that is full (a burst of calls) is retried until it.
     Nobody there is DaemonAbsent; a daemon that does not answer, closes, or
     sends what is not a reply is DaemonUnavailable; a refusal, a socket we
@@ -20,7 +20,7 @@ import socket
 import time
 from typing import Any
 
-from santhrottle.appliance.daemon.requests import (
+from santhrottle.appliance.daemon.control.requests import (
     DaemonAbsent,
     DaemonUnavailable,
     RemoteError,
@@ -111,3 +111,13 @@ def _read_line(
             raise DaemonUnavailable(f"santhrottled closed {path} without an answer{why}")
         buf += chunk
     return bytes(buf[: buf.index(b"\n")])
+
+
+def socket_in_use(path: str) -> bool:
+    """A daemon answers on this Unix socket."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(path)
+        except OSError:
+            return False
+    return True

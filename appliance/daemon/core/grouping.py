@@ -7,7 +7,7 @@ What it owns
     (GroupMap, over the initiators discovery knows, by the names they logged
     in with, else by address), the groups' targets and priorities (the
     file's, under the runtime overrides of `santhrottle group set`,
-    daemon/group_overrides.py), and the sensors' IoSamples of each
+    daemon/core/group_overrides.py), and the sensors' IoSamples of each
     convergence, passed to step() at the next tick. Nothing here changes a
     class: the controller does, at its convergence.
 
@@ -47,8 +47,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from santhrottle.appliance.config.parse import Config
-from santhrottle.appliance.daemon.group_overrides import GroupOverride, overlay
-from santhrottle.appliance.daemon.groupmap import GroupMap, resolve_host
+from santhrottle.appliance.daemon.core.group_overrides import GroupOverride, overlay
+from santhrottle.appliance.daemon.core.groupmap import GroupMap, resolve_host
 from santhrottle.controller.domain import IoSample
 from santhrottle.controller.groups import Group
 from santhrottle.controller.restate import configure_groups
@@ -63,7 +63,7 @@ def build(config: Config, resolve: Any = None) -> GroupMap:
 
 def specs(config: Config, overrides: Mapping[str, GroupOverride] | None = None) -> list[Group]:
     """The configured groups as the controller takes them, each with its runtime
-    override (`santhrottle group set`, daemon/group_overrides.py) over the file's values."""
+    override (`santhrottle group set`, daemon/core/group_overrides.py) over the file's values."""
     out = []
     for g in config.groups.values():
         g = overlay(g, (overrides or {}).get(g.name))

@@ -49,7 +49,7 @@ from santhrottle.controller.fleet import STALE_SAMPLES_S, Decision, DecisionFenc
 from santhrottle.controller.restate import seed_class
 
 if TYPE_CHECKING:
-    from santhrottle.appliance.daemon.loop import Daemon
+    from santhrottle.appliance.daemon.core.loop import Daemon
 
 # Another appliance's last convergence counts for this many of its
 # convergences: one late convergence does not drop its writers from the sum.

@@ -2,7 +2,7 @@
 
 What it owns
     restore(): at start, after the data path is applied, the saved state
-    (daemon/state.py) and the kernel's members come together.  Pause, pins
+    (daemon/core/state.py) and the kernel's members come together.  Pause, pins
     and threshold overrides come back as they were, and the groups'
     overrides of the groups the file still has.  Each resource's saved
     class seeds its controller (when the save is recent), so a writer the
@@ -32,11 +32,11 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from santhrottle.appliance.daemon.group_overrides import prune
-from santhrottle.appliance.daemon.state import Saved, StateError, StateStore
+from santhrottle.appliance.daemon.core.group_overrides import prune
+from santhrottle.appliance.daemon.core.state import Saved, StateError, StateStore
 
 if TYPE_CHECKING:
-    from santhrottle.appliance.daemon.loop import Daemon
+    from santhrottle.appliance.daemon.core.loop import Daemon
 
 log = logging.getLogger("santhrottled")
 

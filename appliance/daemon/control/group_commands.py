@@ -2,12 +2,12 @@
 
 What it owns
     group_list, group_show, group_set and group_reset (their arguments are
-    checked by daemon/requests.py, with the configuration's Kinds, before
+    checked by daemon/control/requests.py, with the configuration's Kinds, before
     handle() is called under the daemon's lock), and group_view(), the
     answer's shape: a group's targets and priority in force, the file's, the
     override, its members (the file's entries and the initiators in it
     now) and, per grouped resource it is on, what the controller measured
-    and decided (daemon/view.py's groups rows).  A set or reset changes the
+    and decided (daemon/status/build.py's groups rows).  A set or reset changes the
     daemon's state (persisted by the caller: Daemon.handle saves it) and
     hands the groups to the controller at once (grouping.refresh): the
     next convergence's arbitration uses the new targets, the next tick's
@@ -45,19 +45,20 @@ from typing import TYPE_CHECKING, Any
 
 from santhrottle.appliance.config.kinds import IOPS_SUFFIX
 from santhrottle.appliance.config.parse import GroupConfig
-from santhrottle.appliance.daemon import grouping, view
-from santhrottle.appliance.daemon.group_overrides import (
+from santhrottle.appliance.daemon.control.requests import CommandError
+from santhrottle.appliance.daemon.core import grouping
+from santhrottle.appliance.daemon.core.group_overrides import (
     BYTES_PER_S,
     GroupOverride,
     merge,
     overlay,
     to_json,
 )
-from santhrottle.appliance.daemon.requests import CommandError
+from santhrottle.appliance.daemon.status import build as view
 from santhrottle.controller.groups import DEFAULT_GROUP
 
 if TYPE_CHECKING:
-    from santhrottle.appliance.daemon.loop import Daemon
+    from santhrottle.appliance.daemon.core.loop import Daemon
 
 COMMANDS = frozenset({"group_list", "group_show", "group_set", "group_reset"})
 READ_ONLY = frozenset({"group_list", "group_show"})

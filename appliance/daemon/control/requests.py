@@ -10,7 +10,7 @@ What it owns
     RequestError with one line naming the command, the field and the problem.
 
 Two passes
-    The control server (daemon/control.py) checks every request without the
+    The control server (daemon/control/server.py) checks every request without the
     daemon (types, finite numbers, addresses, modes, class <= MAX_CLASSES)
     before it calls the daemon; the daemon's command handler (commands.py)
     checks again with a Context (this configuration's max_class, the known
@@ -53,7 +53,7 @@ from santhrottle.appliance.config.kinds import (
     quote,
 )
 from santhrottle.appliance.config.schema import MAX_CLASSES, PIN_MODES, key
-from santhrottle.appliance.daemon.group_overrides import (
+from santhrottle.appliance.daemon.core.group_overrides import (
     check_latency_target_s,
     check_priority,
     check_throughput_bps,
@@ -96,7 +96,7 @@ class RequestError(Exception):
 
 class CommandError(RequestError):
     """A control-socket request that cannot be done; the message goes to the admin
-    (daemon/commands.py)."""
+    (daemon/control/commands.py)."""
 
 
 @dataclass(frozen=True)
@@ -223,7 +223,7 @@ COMMANDS: dict[str, dict[str, Spec]] = {
     "threshold_reset": {"resource": _resource},
     "group_list": NO_ARGS,
     "group_show": {"group": _group_shown},
-    # null: unchanged (the earlier override's, else the file's); daemon/group_overrides.py
+    # null: unchanged (the earlier override's, else the file's); daemon/core/group_overrides.py
     "group_set": {
         "group": _group,
         "priority": _unset_or(check_priority),

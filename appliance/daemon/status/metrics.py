@@ -4,7 +4,7 @@ What it owns
     DaemonCollector: a custom collector on an injected CollectorRegistry (no
     global registry, no values cached between scrapes) that turns one
     Daemon.status() and one read of the member sets' counters into metric
-    families (the initiator groups': daemon/group_metrics.py).  Names are in
+    families (the initiator groups': daemon/status/group_metrics.py).  Names are in
     base units with node_exporter's vocabulary (`_seconds`, `_bytes`,
     `_total`; read time and written bytes as node_disk_read_time_seconds_total
     / node_disk_written_bytes_total).  The exporter listens on 127.0.0.1 by
@@ -12,7 +12,7 @@ What it owns
 
     The daemon's state is read under its lock; the kernel's counters after
     the lock is released, through read_members (a callable: the real one is
-    daemon/member_counters.py, tests pass a fake), so a slow netlink dump
+    daemon/status/member_counters.py, tests pass a fake), so a slow netlink dump
     never holds up a tick.  A failing read does not fail the scrape: its
     series are left out, santhrottle_scrape_errors_total{source} counts it
     and the first failure after a success is logged.
@@ -56,8 +56,8 @@ from prometheus_client.exposition import make_wsgi_app
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from santhrottle.appliance.daemon.fleet_metrics import fleet_families
-from santhrottle.appliance.daemon.group_metrics import group_families
+from santhrottle.appliance.daemon.status.fleet_metrics import fleet_families
+from santhrottle.appliance.daemon.status.group_metrics import group_families
 from santhrottle.appliance.version import version
 
 log = logging.getLogger("santhrottled")
@@ -145,7 +145,7 @@ class DaemonCollector(Collector):
             yield from wire_families(st["wire"])
         if st.get("groups"):  # [groups.NAME] configured and on a resource
             yield from group_families(st["groups"])
-        if st.get("fleet") is not None:  # [fleet] configured (daemon/fleet_metrics.py)
+        if st.get("fleet") is not None:  # [fleet] configured (daemon/status/fleet_metrics.py)
             yield from fleet_families(st["fleet"])
         info = GaugeMetricFamily(
             "santhrottle_build_info",
@@ -380,7 +380,7 @@ def registry_for(
     daemon: StatusSource, read_members: Callable[[], MemberCounters] | None = None
 ) -> CollectorRegistry:
     """A registry with the daemon's collector; read_members: the member sets'
-    counters (daemon/member_counters.py), None to leave those series out."""
+    counters (daemon/status/member_counters.py), None to leave those series out."""
     reg = CollectorRegistry(auto_describe=False)
     reg.register(DaemonCollector(daemon, read_members))
     return reg

@@ -7,8 +7,8 @@ What it owns
     the config's throughput() Kind gives it: setting one unit drops the
     other).  The checks of each value (check_*), with the configuration
     file's own Kinds and bounds (config/schema.py's groups.NAME keys), for
-    the control socket's requests (daemon/requests.py) and the state file
-    (daemon/state.py); merge() of a new set over an earlier one; overlay()
+    the control socket's requests (daemon/control/requests.py) and the state file
+    (daemon/core/state.py); merge() of a new set over an earlier one; overlay()
     of the override on the file's group, the values the controller gets
     (grouping.specs); to_json() / from_json() for the state file and the
     answers; prune() of the overrides of groups the configuration no longer

@@ -3,11 +3,11 @@
 What it owns
     state.json in daemon.state_dir (/var/lib/santhrottle): pause, pins,
     threshold overrides and the groups' overrides (`santhrottle group set`,
-    daemon/group_overrides.py): the admin's words, kept however old; and each
+    daemon/core/group_overrides.py): the admin's words, kept however old; and each
     resource's delay class with the wall-clock time it was saved (the
     controller's last decision, a starting point only while it is recent).
     The kernel's members are not kept here: the kernel is their record,
-    and a start reads them back (daemon/restore.py).
+    and a start reads them back (daemon/core/restore.py).
 
 Writes are atomic: a temporary file in the same directory, fsync, rename
 over state.json, fsync of the directory.  A kill -9 at any moment leaves
@@ -45,8 +45,8 @@ from typing import Any
 from santhrottle.appliance.config.kinds import AUTO, MAX_THRESHOLD_S, NAME_RE, KindError
 from santhrottle.appliance.config.parse import read_text_file
 from santhrottle.appliance.config.schema import PIN_MODES
-from santhrottle.appliance.daemon.group_overrides import GroupOverride, from_json, to_json
-from santhrottle.appliance.daemon.requests import initiator_address
+from santhrottle.appliance.daemon.control.requests import initiator_address
+from santhrottle.appliance.daemon.core.group_overrides import GroupOverride, from_json, to_json
 
 STATE_FILE = "state.json"
 STATE_VERSION = 1
