@@ -20,6 +20,7 @@ Skips, with the reason, without root, ip, tc, ipset or etcd.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -202,3 +203,56 @@ def test_sigterm_leaves_the_fleet_at_once_and_the_kernel_clean(fleet):
     if lead == "a":
         after = sh("ip", "netns", "exec", dps[0], "tc", "qdisc", "show", "dev", "st-d0").stdout
         assert after == before
+
+
+FORGED_SEQ = 999_999_999_999
+STRANGER = "10.9.9.9"  # an initiator that nobody's controller delays
+
+
+def etcdctl(c, *args: str) -> str:
+    """etcdctl in the third member's namespace (no appliance there): anyone with
+    write access to etcd."""
+    got = sh("ip", "netns", "exec", c.ns[2], "etcdctl", f"--endpoints={NET}.3:2379", *args)
+    assert got.returncode == 0, got.stderr
+    return got.stdout
+
+
+def stranger_delayed(dp: str) -> bool:
+    """STRANGER is in the data path's member set (of the follower's namespace)."""
+    got = sh("ip", "netns", "exec", dp, "ipset", "list", "santhrottle-all")
+    return f"{STRANGER} " in got.stdout
+
+
+@pytest.mark.parametrize("under", ["no lease", "the leader's lease"])
+def test_a_forged_decision_with_a_huge_seq_never_wedges_the_follower(fleet, under):
+    """A well-formed decision put into etcd by hand (etcdctl): the leader's epoch, seq
+    999999999999, the top class for an initiator nobody delays.  The follower never
+    keeps it: not at all when it is not under the leader's lease, for a round at most
+    when it is (the leader's next decision replaces it)."""
+    c, dps, _procs, _tmp = fleet
+    socks = {"a": start(fleet, "a", 0), "b": start(fleet, "b", 1)}
+    (sa, _sb), _ = until(lambda: both_in_fleet(socks["a"], socks["b"]), 20.0, "both in fleet")
+    lead = sa["leaders"]["r0"]["appliance"]
+    other = "b" if lead == "a" else "a"
+    until(lambda: "r0" in fs(socks[other])["following"], 10.0, "the follower follows")
+    epoch = sa["leaders"]["r0"]["epoch"]
+    lease = json.loads(etcdctl(c, "get", "/santhrottle/arr/leader/r0", "-w", "json"))
+    lease_hex = f"{int(lease['kvs'][0]['lease']):x}"
+    payload = {"v": 1, "seq": FORGED_SEQ, "class": 88, "members": {STRANGER: 88}}
+    value = json.dumps({"epoch": epoch, "appliance": lead, "payload": payload})
+    cmd = ["put", "/santhrottle/arr/decisions/r0", value]
+    if under != "no lease":
+        cmd.insert(1, f"--lease={lease_hex}")
+    before = fs(socks[other])["counters"]
+    etcdctl(c, *cmd)
+    t0 = time.monotonic()
+    seen: list[tuple[float, bool]] = []
+    while time.monotonic() - t0 < 5.0:
+        seen.append((time.monotonic() - t0, stranger_delayed(dps["ab".index(other)])))
+        time.sleep(POLL_S)
+    after = fs(socks[other])
+    print(f"\nforged decision ({under}): counters {before} -> {after['counters']}; "
+          f"following {after['following']}; "
+          f"STRANGER delayed in {sum(d for _, d in seen)} of {len(seen)} polls over 5 s")  # fmt: skip
+    assert not any(d for t, d in seen if t > 2.0), "the follower keeps the forged decision"
+    assert after["following"]["r0"]["seq"] < FORGED_SEQ

@@ -69,8 +69,9 @@ class FakeEngine:
         if gone:
             self.revision += 1
 
-    def put(self, key: str, value: Any, lease: int) -> int:
-        if lease not in self.leases:
+    def put(self, key: str, value: Any, lease: int = 0) -> int:
+        """A plain put, as etcd's: lease 0 is none (the key stays until deleted)."""
+        if lease and lease not in self.leases:
             raise LeaseLost("fake engine: requested lease not found")
         self.revision += 1
         old = self.kv.get(key)

@@ -208,3 +208,36 @@ def test_fleet_status_command_and_metrics():
         solo.daemons["a"].handle("fleet_status", {})
     assert solo.daemons["a"].status()["fleet"] is None
     assert "santhrottle_fleet_" not in generate_latest(registry_for(solo.daemons["a"])).decode()
+
+
+# -- a decision in the engine that the leader did not write (issue: a forged seq) -------
+FORGED_SEQ = 999_999_999_999
+STRANGER = "10.9.9.9"  # an initiator nobody's controller delays
+
+
+def _forge(f: Fleet, under_leaders_lease: bool) -> None:
+    """A well-formed decision for vg0 put straight into the engine, as anyone with
+    write access could: the leader's epoch, a huge seq, the top class for STRANGER."""
+    leader = f.engine.kv["/santhrottle/arr/leader/vg0"]
+    top = f.daemons["b"].config.max_class
+    payload = {"v": 1, "seq": FORGED_SEQ, "class": top, "members": {STRANGER: top, WRITER: 0}}
+    value = {"epoch": leader.create_revision, "appliance": "a", "payload": payload}
+    f.engine.put("/santhrottle/arr/decisions/vg0", value, leader.lease if under_leaders_lease else 0)
+
+
+@pytest.mark.parametrize("under", ["no lease", "the leader's lease"])
+def test_a_forged_decision_with_a_huge_seq_never_wedges_the_follower(under):
+    f = Fleet()
+    f.run(8.0)
+    a, b = f.daemons["a"], f.daemons["b"]
+    assert a.fleet.view.leading and f.kernel("b") > 0
+    _forge(f, under_leaders_lease=under != "no lease")
+    b.fleet.agent.cycle()  # the follower reads the engine before the leader writes again
+    b.tick(f.engine.now_s)
+    delayed: list[int] = []
+    f.run(3.0, each=lambda fl: delayed.append(fl.acts["b"].kernel.get(STRANGER, (0, ""))[0]))
+    assert delayed[-20:] == [0] * 20, delayed  # nobody wants STRANGER delayed
+    assert sum(1 for k in delayed if k) <= 2, delayed  # a tick or two at most, never stuck
+    followed = b.fleet.view.followed["vg0"]
+    assert followed.leader == "a" and followed.classes.seq < FORGED_SEQ
+    assert f.kernel("b") == followed.classes.members[WRITER] > 0  # the leader's class again
