@@ -7,14 +7,15 @@ What it shows (from the daemon's control socket; exit 3 without a daemon,
     this appliance controls alone on its own samples) and why; the engine's
     revision and how long ago it last answered; the members; per resource its
     leader and epoch, and for the ones another appliance leads, the decision
-    applied here (its seq and class); per other appliance the seq of the
+    applied here (its seq, the etcd revision that wrote it, its class); per
+    other appliance the seq of the
     samples it published last; the agent's counters.
 
 Worked example
     $ santhrottle fleet status
     array1: gw-a in fleet mode, engine revision 4211 (answered 0.05 s ago)
     members: gw-a, gw-b
-    vg0      leader gw-b  epoch 4017  following: seq 812, class 15
+    vg0      leader gw-b  epoch 4017  following: seq 812 (revision 4203), class 15
     samples: gw-b tick 9021, convergence 903
     cycles 9034, failures 2, joins 1, leases lost 0, elections won 0, refused 0
 """
@@ -55,7 +56,7 @@ def print_status(s: dict[str, Any]) -> None:
         if r in s["leading"]:
             line += "  (this appliance)"
         elif f is not None:
-            line += f"  following: seq {f['seq']}, class {f['class']}"
+            line += f"  following: seq {f['seq']} (revision {f['revision']}), class {f['class']}"
         print(line)
     parts = [
         f"{who} tick {p['tick_seq']}"

@@ -13,13 +13,20 @@ One cycle (every tick_s, in the agent's thread)
        else refresh the lease every ttl_s / 4;
     2. publish the appliance's latest samples (codec.Published) when new;
     3. read the array's snapshot (one range request);
-    4. campaign for every resource the daemon controls that has no leader;
+    4. campaign for every resource the daemon controls that has no leader
+       (not with lead=False: an appliance whose etcd user may not write
+       leaders and decisions only follows);
     5. publish the decision the tick left for each resource it leads at the
        epoch it leads with (the engine refuses a deposed leader's: counted);
     6. make the new view: the members, the leaders and their epochs, the other
        appliances' samples (each with the local time its seq was first seen:
        another machine's clock says nothing here), the current decisions of
-       the resources others lead.
+       the resources others lead.  A decision counts only when the engine's
+       records bind it to the current leader (engine.Snapshot.current: the
+       leader key's lease, written during the leadership); any other is
+       skipped and counted once per version (unbound), whatever its value
+       says.  This appliance leads a resource when the leader key is under its
+       own lease, not when the key merely names it.
     A failing call ends the cycle: EngineUnavailable is counted and kept as
     the view's reason; LeaseLost also drops every leadership and joins again
     next cycle.  A payload another appliance wrote that does not decode is
@@ -98,12 +105,14 @@ class Part:
 
 @dataclass(frozen=True, slots=True)
 class Followed:
-    """A resource another appliance leads, and its current decision."""
+    """A resource another appliance leads, and its current decision: revision
+    is the engine's (the decision key's mod_revision), unlike classes.seq."""
 
     resource: str
     leader: str
     epoch: int
     classes: LeaderClasses
+    revision: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +139,7 @@ class AgentCounters:
     elections_won: int = 0
     refused: int = 0  # decisions the engine refused (deposed leader)
     bad_payloads: int = 0  # others' samples or decisions that did not decode
+    unbound: int = 0  # decisions not written under the current leadership (versions)
 
 
 class FleetAgent:
@@ -143,9 +153,11 @@ class FleetAgent:
         degraded_after_s: float = DEGRADED_AFTER_S,
         tick_s: float = 0.1,
         max_class: int = 10_000,
+        lead: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.coord = coordinator
+        self.lead = lead
         self.name = appliance
         self.info = dict(info)
         self.ttl_s = ttl_s
@@ -166,6 +178,7 @@ class FleetAgent:
         self._refreshed_s = -1e18
         self._sent_seq: tuple[int, int] | None = None  # (tick seq, conv seq) published
         self._published: dict[str, tuple[int, int]] = {}  # resource -> (epoch, seq) sent
+        self._unbound_seen: dict[str, int] = {}  # resource -> revision of an unbound decision
         self._ok_s: float | None = None
         self._reason = "not joined yet"
         self._view = FleetView(coordinator.array, appliance, True, self._reason)
@@ -278,14 +291,20 @@ class FleetAgent:
                 self._sent_seq = seqs
         snap = self.coord.snapshot()
         leaders = {resource_of(k): (lead.appliance, lead.epoch) for k, lead in snap.leaders.items()}
-        for r in sorted(wanted - set(leaders)):
+        mine = self.coord.lease
+        leading = {
+            resource_of(k): lead.epoch
+            for k, lead in snap.leaders.items()
+            if mine is not None and lead.lease == mine
+        }
+        for r in sorted(wanted - set(leaders)) if self.lead else ():
             got = self.coord.campaign(resource_key(r))
             if got is not None:
                 leaders[r] = (got.appliance, got.epoch)
-                if got.appliance == self.name:
+                if got.lease == mine:
+                    leading[r] = got.epoch
                     self.counters.elections_won += 1
                     log.info("fleet %s: leading %s (epoch %d)", self.coord.array, r, got.epoch)
-        leading = {r: e for r, (who, e) in leaders.items() if who == self.name}
         for r, (epoch, lc) in outgoing.items():
             if leading.get(r) != epoch or self._published.get(r) == (epoch, lc.seq):
                 continue
@@ -295,6 +314,21 @@ class FleetAgent:
                 self.counters.refused += 1
                 leading.pop(r, None)
         self._make_view(snap, leaders, leading)
+
+    def _unbound(self, r: str, revision: int, lead: tuple[str, int]) -> None:
+        """A decision of r the current leader did not write: counted once per
+        version, logged when r's decision turns unbound."""
+        before = self._unbound_seen.get(r)
+        if before == revision:
+            return
+        self._unbound_seen[r] = revision
+        self.counters.unbound += 1
+        if before is None:
+            log.warning(
+                "fleet %s: the decision for %s (revision %d) is not written under its "
+                "leader's lease and epoch (%s, epoch %d): skipped",
+                self.coord.array, r, revision, lead[0], lead[1],
+            )  # fmt: skip
 
     def _make_view(
         self, snap: Snapshot, leaders: dict[str, tuple[str, int]], leading: dict[str, int]
@@ -324,15 +358,19 @@ class FleetAgent:
         for key, dec in snap.decisions.items():
             r = resource_of(key)
             lead = leaders.get(r)
-            if lead is None or lead[0] == self.name or lead[1] != dec.epoch:
+            if lead is None or r in leading:
                 continue
+            if not snap.bound(key, dec):  # not the current leader's: etcd says so
+                self._unbound(r, dec.revision, lead)
+                continue
+            self._unbound_seen.pop(r, None)
             try:
                 classes = decode_classes(dec.payload, self.max_class)
             except BadSamples as e:
                 self.counters.bad_payloads += 1
                 log.debug("fleet: decision for %s: %s", r, e)
                 continue
-            followed[r] = Followed(r, lead[0], dec.epoch, classes)
+            followed[r] = Followed(r, lead[0], lead[1], classes, dec.revision)
         view = FleetView(
             self.coord.array, self.name, False, "", snap.revision, 0.0,
             tuple(sorted(snap.members)), leaders, leading, parts, followed,

@@ -23,8 +23,21 @@ Epochs (fencing)
     global revision when the key was made, so a later leader always has a
     higher epoch.  publish_decisions(resource, epoch, ...) writes only if the
     leader key still has that create_revision and the caller's lease (one
-    compare-and-put in the engine): a leader deposed while it computed gets
-    False, and its decisions never land.
+    compare-and-put in the engine), and puts the decision under that lease: a
+    leader deposed while it computed gets False, and its decisions never land.
+
+A decision bound to its leader (what a follower applies)
+    Snapshot.current(resource) is the decision only when the engine's own
+    records say the current leader wrote it: the decision key is under the
+    leader key's lease and was last written after the leader key was made
+    (its mod_revision above the epoch), both read at one revision.  Nothing
+    inside the value counts (its epoch and seq are what the writer says): a
+    value put by hand, without the leader's lease or before its leadership,
+    is never current, and one put under the leader's lease lasts until the
+    leader's next write.  A follower applies a current decision whose
+    (epoch, revision) differs from the last it applied: the engine's
+    revisions, not a payload's number, so nobody can make it wait for a seq
+    that never comes.
 
 Failures
     Every method that talks to the engine raises EngineUnavailable (and nothing
@@ -69,21 +82,26 @@ class Member:
 
 @dataclass(frozen=True, slots=True)
 class Leadership:
-    """resource is led by appliance since the engine's revision epoch."""
+    """resource is led by appliance since the engine's revision epoch, under
+    the engine's lease id lease (0: none, the key was not made by campaign())."""
 
     resource: str
     appliance: str
     epoch: int
+    lease: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """What the leader of resource at epoch published."""
+    """A decisions key: epoch and appliance as its value states them (informative),
+    payload; lease and revision are the engine's: the key's lease and mod_revision."""
 
     resource: str
     epoch: int
     appliance: str
     payload: Payload = field(default_factory=dict)
+    lease: int = 0
+    revision: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,14 +115,19 @@ class Snapshot:
     decisions: Mapping[str, Decision] = field(default_factory=dict)
 
     def current(self, resource: str) -> Decision | None:
-        """The decision of resource's current leader; None if it has none or
-        the decision is of another epoch (it cannot be, while decisions live
-        under the leader's lease, but a reader need not rely on that)."""
-        lead = self.leaders.get(resource)
+        """The decision the current leader of resource wrote during its
+        leadership: under the leader key's lease and written after it was made
+        (mod_revision > epoch).  None otherwise (no leader, no decision, or a
+        decision the engine says the leader did not write: see bound())."""
         got = self.decisions.get(resource)
-        if lead is None or got is None or got.epoch != lead.epoch:
-            return None
-        return got
+        return got if got is not None and self.bound(resource, got) else None
+
+    def bound(self, resource: str, d: Decision) -> bool:
+        """d is written under resource's current leadership (engine's records only)."""
+        lead = self.leaders.get(resource)
+        if lead is None or lead.lease == 0:
+            return False
+        return d.lease == lead.lease and d.revision > lead.epoch
 
 
 class Coordinator(Protocol):
@@ -117,6 +140,11 @@ class Coordinator(Protocol):
     @property
     def appliance(self) -> str | None:
         """The name given to join(); None before."""
+        ...
+
+    @property
+    def lease(self) -> int | None:
+        """The engine's id of this appliance's lease; None without one."""
         ...
 
     def join(self, appliance: str, info: Payload) -> None:

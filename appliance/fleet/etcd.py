@@ -9,16 +9,16 @@ Problem
     EngineUnavailable, and the daemon controls locally until it answers again.
 
 What it does
-    One etcd3gw client (HTTP/JSON to etcd's gRPC gateway, /v3/) per endpoint.  A
-    call tries the endpoint that answered last, and on a transport failure, a
-    timeout or an etcd "no leader" the next one, until CALL_BUDGET_S is spent;
-    each attempt waits at most REQUEST_TIMEOUT_S for the connection and as long
-    for the answer.  Both are for the default 1 s lease and scale with the
-    lease's TTL (a 3 s lease: 1.5 s and 3 s), so a longer lease also gives a
-    slow engine longer to answer.  Every failure becomes EngineUnavailable naming each
-    endpoint tried and its cause; "lease not found" becomes LeaseLost.  A value
-    in the engine that is not JSON of the expected shape is skipped and counted
-    (bad_values), never raised.
+    The Coordinator's calls as etcd requests (docs/fleet.md, "Keys"), each
+    sent by fleet/gateway.py's Gateway: over the endpoints in turn within a
+    call budget, with TLS and the appliance's etcd user when [fleet] names
+    them.  The budget and each attempt's timeout are for the default 1 s
+    lease and scale with the lease's TTL (a 3 s lease: 1.5 s and 3 s), so a
+    longer lease also gives a slow engine longer to answer.  A value in the
+    engine that is not JSON of the expected shape is skipped and counted
+    (bad_values), never raised.  A decision is read with the engine's own
+    records of it (its key's lease and mod_revision), which is what binds it
+    to its leader (engine.Snapshot.current).
 
     Operations that retry on another endpoint may have been applied by the
     first one (its answer lost): each is idempotent.  campaign() returns my
@@ -45,14 +45,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-import requests
-from etcd3gw import exceptions as gw_errors
 from etcd3gw.client import Etcd3Client
-from etcd3gw.utils import _decode, _encode
 
 from santhrottle.appliance.fleet.engine import (
     Decision,
@@ -63,7 +59,8 @@ from santhrottle.appliance.fleet.engine import (
     Payload,
     Snapshot,
 )
-from santhrottle.appliance.fleet.names import check_name, parse_endpoint
+from santhrottle.appliance.fleet.gateway import Gateway, Security, b64, unb64
+from santhrottle.appliance.fleet.names import check_name
 
 # One attempt on one endpoint: connect within this, then the answer within this
 # (for DEFAULT_TTL_S; x ttl_s / DEFAULT_TTL_S for a longer lease).
@@ -74,29 +71,8 @@ CALL_BUDGET_S = 1.0
 DEFAULT_TTL_S = 1
 ROOT = "/santhrottle"
 KINDS = ("members", "samples", "leader", "decisions")
-# etcd answers that say "this member cannot serve now, another may".
-_RETRY_ANSWERS = ("no leader", "timed out", "leader changed", "not capable", "too many requests")
 
 T = TypeVar("T")
-
-
-def _short(cause: BaseException) -> str:
-    """The cause in a few words (etcd3gw keeps requests' long text in detail_text)."""
-    text = getattr(cause, "detail_text", None) or str(cause) or type(cause).__name__
-    for known in (
-        "Connection refused",
-        "No route to host",
-        "Network is unreachable",
-        "Read timed out",
-        "timed out",
-    ):
-        if known in text:
-            return known.lower()
-    return text.strip().replace("\n", " ")[:120]
-
-
-class _Retry(Exception):
-    """This endpoint failed; another may answer."""
 
 
 class EtcdCoordinator:
@@ -107,9 +83,8 @@ class EtcdCoordinator:
         ttl_s: int = DEFAULT_TTL_S,
         request_timeout_s: float | None = None,
         call_budget_s: float | None = None,
+        security: Security | None = None,
     ) -> None:
-        if not endpoints:
-            raise ValueError("at least one etcd endpoint")
         if int(ttl_s) != ttl_s or ttl_s < 1:
             raise ValueError(f"lease TTL must be a whole number of seconds >= 1, got {ttl_s}")
         self._array = check_name("array", array)
@@ -120,12 +95,7 @@ class EtcdCoordinator:
             REQUEST_TIMEOUT_S * scale if request_timeout_s is None else request_timeout_s
         )
         self.call_budget_s = CALL_BUDGET_S * scale if call_budget_s is None else call_budget_s
-        self.endpoints = [parse_endpoint(e) for e in endpoints]
-        self._clients = [
-            Etcd3Client(host=h, port=p, protocol=s, timeout=self.request_timeout_s, api_path="/v3/")
-            for s, h, p in self.endpoints
-        ]
-        self._current = 0  # the endpoint that answered last
+        self.gateway = Gateway(endpoints, self.request_timeout_s, self.call_budget_s, security)
         self._appliance: str | None = None
         self._lease: int | None = None
         self.granted_ttl_s: int | None = None
@@ -140,6 +110,10 @@ class EtcdCoordinator:
     @property
     def appliance(self) -> str | None:
         return self._appliance
+
+    @property
+    def lease(self) -> int | None:
+        return self._lease
 
     def join(self, appliance: str, info: Payload) -> None:
         check_name("appliance", appliance)
@@ -182,19 +156,17 @@ class EtcdCoordinator:
         lease, me = self._my_lease(), self._appliance or ""
         txn = {
             "compare": [{"key": key, "result": "EQUAL", "target": "CREATE", "create_revision": 0}],
-            "success": [
-                {"request_put": {"key": key, "value": _encode(me.encode()), "lease": lease}}
-            ],
+            "success": [{"request_put": {"key": key, "value": b64(me.encode()), "lease": lease}}],
             "failure": [{"request_range": {"key": key}}],
         }
 
         def interpret(c: Etcd3Client) -> Leadership | None:
             got = c.transaction(txn)
             if got.get("succeeded"):
-                return Leadership(resource, me, int(got["header"]["revision"]))
+                return Leadership(resource, me, int(got["header"]["revision"]), lease)
             kvs = got["responses"][0]["response_range"].get("kvs", [])
             if kvs and int(kvs[0].get("lease", 0)) == lease:
-                return Leadership(resource, me, int(kvs[0]["create_revision"]))
+                return Leadership(resource, me, int(kvs[0]["create_revision"]), lease)
             return None
 
         return self._call(interpret)
@@ -234,7 +206,7 @@ class EtcdCoordinator:
                 {
                     "request_put": {
                         "key": self._enc(self._key("decisions", resource)),
-                        "value": _encode(json.dumps(value).encode()),
+                        "value": b64(json.dumps(value).encode()),
                         "lease": self._lease,
                     }
                 }
@@ -251,8 +223,7 @@ class EtcdCoordinator:
         return self._parse(self._range(self.prefix))
 
     def close(self) -> None:
-        for c in self._clients:
-            c.session.close()
+        self.gateway.close()
 
     # -- keys and values --------------------------------------------------------
 
@@ -261,7 +232,7 @@ class EtcdCoordinator:
 
     @staticmethod
     def _enc(key: str) -> str:
-        return _encode(key.encode())
+        return b64(key.encode())
 
     def _my_lease(self) -> int:
         if self._lease is None:
@@ -272,7 +243,7 @@ class EtcdCoordinator:
         return {"key": key, "result": "EQUAL", "target": "LEASE", "lease": self._my_lease()}
 
     def _put(self, key: str, value: bytes) -> None:
-        body = {"key": self._enc(key), "value": _encode(value), "lease": self._my_lease()}
+        body = {"key": self._enc(key), "value": b64(value), "lease": self._my_lease()}
         self._call(lambda c: c.post(c.get_url("/kv/put"), json=body))
 
     def _txn_ok(self, txn: dict[str, Any]) -> bool:
@@ -283,7 +254,7 @@ class EtcdCoordinator:
         if not single:
             end = bytearray(start.encode())
             end[-1] += 1  # start ends with '/': '/' + 1 = '0'
-            body["range_end"] = _encode(bytes(end))
+            body["range_end"] = b64(bytes(end))
 
         def read(c: Etcd3Client) -> tuple[int, list[dict[str, Any]]]:
             got = c.post(c.get_url("/kv/range"), json=body)
@@ -311,13 +282,14 @@ class EtcdCoordinator:
         )
 
     def _parse_one(self, kv: dict[str, Any]) -> tuple[str, str, Any]:
-        key = _decode(kv["key"]).decode()
+        key = unb64(kv["key"]).decode()
         kind, _, name = key.removeprefix(self.prefix).partition("/")
         if kind not in KINDS or not name or "/" in name:
             raise ValueError(key)
-        raw = _decode(kv.get("value", ""))
+        raw = unb64(kv.get("value", ""))
+        lease = int(kv.get("lease", 0))
         if kind == "leader":
-            return kind, name, Leadership(name, raw.decode(), int(kv["create_revision"]))
+            return kind, name, Leadership(name, raw.decode(), int(kv["create_revision"]), lease)
         value = json.loads(raw)
         if not isinstance(value, dict):
             raise ValueError(key)
@@ -328,53 +300,12 @@ class EtcdCoordinator:
         payload = value["payload"]
         if not isinstance(payload, dict):
             raise ValueError(key)
-        return kind, name, Decision(name, int(value["epoch"]), str(value["appliance"]), payload)
-
-    # -- one call, over the endpoints -------------------------------------------
+        epoch, who, revision = int(value["epoch"]), str(value["appliance"]), int(kv["mod_revision"])
+        return kind, name, Decision(name, epoch, who, payload, lease, revision)
 
     def _call(self, fn: Callable[[Etcd3Client], T]) -> T:
-        deadline = time.monotonic() + self.call_budget_s
-        causes: list[str] = []
-        n = len(self._clients)
-        for i in range(n * 2):  # at most twice round, while the budget lasts
-            left = deadline - time.monotonic()
-            if left <= 0.01:
-                break
-            at = (self._current + i) % n
-            client = self._clients[at]
-            client.timeout = min(self.request_timeout_s, left)
-            name = f"{client.host}:{client.port}"
-            t0 = time.monotonic()
-            try:
-                got = self._attempt(client, fn)
-            except _Retry as e:
-                causes.append(f"{name}: {e} ({time.monotonic() - t0:.2f} s)")
-                continue
-            except LeaseLost:
-                self._current = at
-                self._lease = None
-                raise
-            except EngineUnavailable as e:
-                raise EngineUnavailable(f"etcd {name}: {e}") from None
-            self._current = at
-            return got
-        spent = self.call_budget_s - (deadline - time.monotonic())
-        raise EngineUnavailable(f"etcd did not answer in {spent:.2f} s: " + "; ".join(causes))
-
-    @staticmethod
-    def _attempt(client: Etcd3Client, fn: Callable[[Etcd3Client], T]) -> T:
         try:
-            return fn(client)
-        except (gw_errors.ConnectionFailedError, gw_errors.ConnectionTimeoutError) as e:
-            raise _Retry(_short(e)) from None
-        except gw_errors.Etcd3Exception as e:
-            detail = (e.detail_text or "").lower()
-            if "lease not found" in detail:
-                raise LeaseLost("the lease has ended (etcd: requested lease not found)") from None
-            if any(a in detail for a in _RETRY_ANSWERS):
-                raise _Retry(_short(e)) from None
-            raise EngineUnavailable(f"unexpected answer: {_short(e)}") from None
-        except requests.RequestException as e:
-            raise _Retry(_short(e)) from None
-        except (ValueError, KeyError, TypeError, AttributeError, OSError) as e:
-            raise EngineUnavailable(f"unreadable answer: {_short(e)}") from None
+            return self.gateway.call(fn)
+        except LeaseLost:
+            self._lease = None
+            raise

@@ -116,6 +116,11 @@ class Agent:
     def appliance(self) -> str | None:
         return self._appliance
 
+    @property
+    def lease(self) -> int | None:
+        got = self.call("lease")
+        return None if got is None else int(got)
+
     def join(self, appliance: str, info: Payload) -> None:
         self.call("join", appliance, dict(info))
         self._appliance = appliance
@@ -227,6 +232,16 @@ class Cluster:
             p.wait(timeout=10)
         self.etcd[member] = None
 
+    def etcdctl(self, member: int, *args: str) -> str:
+        """etcdctl in a member's namespace, on that member: an admin, or anyone
+        with write access to etcd."""
+        cmd = ["ip", "netns", "exec", self.ns[member], "etcdctl",
+               f"--endpoints={NET}.{member + 1}:2379", *args]  # fmt: skip
+        got = _run(*cmd, check=False)
+        if got.returncode != 0:
+            raise AssertionError(f"etcdctl {' '.join(args)}: {got.stderr.strip()}")
+        return got.stdout
+
     def wait_ready(self, agent: Agent, within_s: float = 30.0) -> None:
         deadline = time.monotonic() + within_s
         while True:
@@ -254,6 +269,21 @@ class Cluster:
         for ns in (*self.ns, self.hub):
             if Path(f"/run/netns/{ns}").exists():
                 _run("ip", "netns", "del", ns, check=False)
+
+
+class Forger:
+    """Writes straight into etcd under an array's prefix (tests/unit/fleet_contract.py's
+    Forger), with etcdctl from the third member's namespace."""
+
+    def __init__(self, cluster: Cluster, array: str) -> None:
+        self.cluster, self.prefix = cluster, f"/santhrottle/{array}/"
+
+    def put(self, key: str, value: dict[str, Any], lease: int = 0) -> None:
+        lease_arg = [f"--lease={lease:x}"] if lease else []
+        self.cluster.etcdctl(2, "put", *lease_arg, self.prefix + key, json.dumps(value))
+
+    def delete(self, key: str) -> None:
+        self.cluster.etcdctl(2, "del", self.prefix + key)
 
 
 @contextlib.contextmanager

@@ -34,7 +34,7 @@ def plain(v: Any) -> Any:
 
 def etcd_leader(c: EtcdCoordinator) -> str:
     """The endpoint whose member is etcd's raft leader (its status says so)."""
-    for client in c._clients:
+    for client in c.gateway.clients:
         client.timeout = 1.0
         got = client.post(client.get_url("/maintenance/status"), json={})
         if got["leader"] == got["header"]["member_id"]:
@@ -91,6 +91,8 @@ def main() -> None:
                 got: Any = None
             elif op == "granted_ttl_s":
                 got = c.granted_ttl_s
+            elif op == "lease":
+                got = c.lease
             elif op == "etcd_leader":
                 got = etcd_leader(c)
             elif op == "bench":

@@ -20,8 +20,15 @@ import pytest
 
 from santhrottle.appliance.fleet.engine import EngineUnavailable, LeaseLost
 from santhrottle.appliance.fleet.etcd import CALL_BUDGET_S, REQUEST_TIMEOUT_S
-from tests.privileged.etcd_cluster import ELECTION_MS, HEARTBEAT_MS, Agent, cluster, missing
-from tests.unit.fleet_contract import CHECKS
+from tests.privileged.etcd_cluster import (
+    ELECTION_MS,
+    HEARTBEAT_MS,
+    Agent,
+    Forger,
+    cluster,
+    missing,
+)
+from tests.unit.fleet_contract import CHECKS, FORGERY_CHECKS
 
 pytestmark = pytest.mark.privileged
 _n = itertools.count()
@@ -67,6 +74,12 @@ def agents(etcd):
 def test_etcd_meets_the_contract(agents, check):
     array, members = f"contract{next(_n)}", itertools.cycle(range(3))
     check(lambda: agents(next(members), array))
+
+
+@pytest.mark.parametrize("check", FORGERY_CHECKS, ids=lambda f: f.__name__)
+def test_etcd_binds_decisions_as_the_contract_says(etcd, agents, check):
+    array, members = f"forged{next(_n)}", itertools.cycle(range(3))
+    check(lambda: agents(next(members), array), Forger(etcd, array))
 
 
 def test_lease_ttl_of_one_second_is_granted(agents):

@@ -2,21 +2,33 @@
 
 Each check takes `new`, a factory of fresh, not yet joined coordinators on one
 array of their own (every call of `new` in one check: the same array), and
-states what the interface promises.  tests/unit/test_fleet_fake.py runs them on
-FakeCoordinator, tests/privileged/test_fleet_etcd.py on EtcdCoordinator against a
-3-member etcd cluster: the fake is equivalent where it matters.  No check
-waits for a lease to expire (the fake's clock is not the engine's).
+states what the interface promises.  FORGERY_CHECKS also take a Forger: it
+writes straight into the engine under the array's prefix, as anyone with write
+access to it could (the fake's engine; etcdctl on the real cluster).
+tests/unit/test_fleet_fake.py runs them on FakeCoordinator,
+tests/privileged/test_fleet_etcd.py on EtcdCoordinator against a 3-member etcd
+cluster: the fake is equivalent where it matters.  No check waits for a lease
+to expire (the fake's clock is not the engine's).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, Protocol
 
 import pytest
 
 from santhrottle.appliance.fleet.engine import Coordinator, LeaseLost
 
 New = Callable[[], Coordinator]
+
+
+class Forger(Protocol):
+    def put(self, key: str, value: dict[str, Any], lease: int = 0) -> None:
+        """Put value (as JSON) at the array's prefix + key, under lease (0: none)."""
+        ...
+
+    def delete(self, key: str) -> None: ...
 
 
 def joined(new: New, *names: str) -> list[Coordinator]:
@@ -157,3 +169,44 @@ CHECKS = [
     check_without_a_lease,
     check_bad_names,
 ]
+
+
+def check_a_decision_is_current_only_when_its_leader_wrote_it(new: New, forge: Forger) -> None:
+    """The engine's records bind a decision to its leader, never the value's numbers."""
+    a, b = joined(new, "a", "b")
+    lead = a.campaign("vg0")
+    assert lead is not None and lead.lease == a.lease and a.lease is not None
+    assert a.publish_decisions("vg0", lead.epoch, {"seq": 1})
+    snap = b.snapshot()
+    got = snap.current("vg0")
+    assert got is not None and got.lease == snap.leaders["vg0"].lease == lead.lease
+    assert got.revision > lead.epoch
+    # put by hand, with the leader's epoch and a huge seq, without its lease
+    huge = {"epoch": lead.epoch, "appliance": "a", "payload": {"seq": 10**12}}
+    forge.put("decisions/vg0", huge)
+    snap = b.snapshot()
+    assert snap.decisions["vg0"].lease == 0 and snap.current("vg0") is None
+    assert a.publish_decisions("vg0", lead.epoch, {"seq": 2})  # the leader's next write
+    got = b.snapshot().current("vg0")
+    assert got is not None and dict(got.payload) == {"seq": 2}
+    # the leader key deleted by hand: campaigning again (the same lease) is a new
+    # epoch, and the decision of the old one is not current under it
+    forge.delete("leader/vg0")
+    again = a.campaign("vg0")
+    assert again is not None and again.epoch > lead.epoch and again.lease == lead.lease
+    snap = b.snapshot()
+    assert snap.decisions["vg0"].lease == lead.lease and snap.current("vg0") is None
+    assert a.publish_decisions("vg0", again.epoch, {"seq": 3})
+    got = b.snapshot().current("vg0")
+    assert got is not None and dict(got.payload) == {"seq": 3}
+    # what an etcd without access control cannot tell apart: a put under the
+    # leader's own lease is current, until the leader writes again
+    forge.put("decisions/vg0", huge, lease=lead.lease)
+    got = b.snapshot().current("vg0")
+    assert got is not None and dict(got.payload) == {"seq": 10**12}
+    assert a.publish_decisions("vg0", again.epoch, {"seq": 4})
+    got = b.snapshot().current("vg0")
+    assert got is not None and dict(got.payload) == {"seq": 4}
+
+
+FORGERY_CHECKS = [check_a_decision_is_current_only_when_its_leader_wrote_it]

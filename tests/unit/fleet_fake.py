@@ -37,6 +37,7 @@ class _Kv:
     value: Any
     create_revision: int
     lease: int
+    mod_revision: int = 0
 
 
 @dataclass
@@ -76,8 +77,13 @@ class FakeEngine:
         self.revision += 1
         old = self.kv.get(key)
         created = old.create_revision if old else self.revision
-        self.kv[key] = _Kv(copy.deepcopy(value), created, lease)
+        self.kv[key] = _Kv(copy.deepcopy(value), created, lease, self.revision)
         return self.revision
+
+    def delete(self, key: str) -> None:
+        """A plain delete, as etcd's (anyone with write access to the key)."""
+        if self.kv.pop(key, None) is not None:
+            self.revision += 1
 
 
 class FakeCoordinator:
@@ -96,6 +102,10 @@ class FakeCoordinator:
     @property
     def appliance(self) -> str | None:
         return self._appliance
+
+    @property
+    def lease(self) -> int | None:
+        return self._lease
 
     def _key(self, kind: str, name: str) -> str:
         return f"{self.prefix}{kind}/{name}"
@@ -136,9 +146,9 @@ class FakeCoordinator:
         held = self.engine.kv.get(key)
         if held is None:
             epoch = self.engine.put(key, self._appliance, lease)
-            return Leadership(resource, self._appliance or "", epoch)
+            return Leadership(resource, self._appliance or "", epoch, lease)
         if held.lease == lease:
-            return Leadership(resource, self._appliance or "", held.create_revision)
+            return Leadership(resource, self._appliance or "", held.create_revision, lease)
         return None
 
     def resign(self, resource: str) -> bool:
@@ -188,9 +198,10 @@ class FakeCoordinator:
             elif kind == "samples":
                 samples[name] = value
             elif kind == "leader":
-                leaders[name] = Leadership(name, value, kv.create_revision)
+                leaders[name] = Leadership(name, value, kv.create_revision, kv.lease)
             else:
                 decisions[name] = Decision(
-                    name, value["epoch"], value["appliance"], value["payload"]
-                )
+                    name, value["epoch"], value["appliance"], value["payload"], kv.lease,
+                    kv.mod_revision,
+                )  # fmt: skip
         return Snapshot(self.engine.revision, members, leaders, samples, decisions)

@@ -222,7 +222,8 @@ def _forge(f: Fleet, under_leaders_lease: bool) -> None:
     top = f.daemons["b"].config.max_class
     payload = {"v": 1, "seq": FORGED_SEQ, "class": top, "members": {STRANGER: top, WRITER: 0}}
     value = {"epoch": leader.create_revision, "appliance": "a", "payload": payload}
-    f.engine.put("/santhrottle/arr/decisions/vg0", value, leader.lease if under_leaders_lease else 0)
+    lease = leader.lease if under_leaders_lease else 0
+    f.engine.put("/santhrottle/arr/decisions/vg0", value, lease)
 
 
 @pytest.mark.parametrize("under", ["no lease", "the leader's lease"])

@@ -159,3 +159,45 @@ def test_an_unexpected_error_in_a_round_is_counted_and_the_thread_goes_on():
         a.stop()
     assert len(calls) >= 3 and a.counters.failures >= 3
     assert "RuntimeError: a bug" in a.view().reason
+
+
+def test_a_decision_not_under_the_leaders_lease_is_skipped_and_counted_once(caplog):
+    e = FakeEngine()
+    a, b = agent(e, "a"), agent(e, "b")
+    a.want({"vg0"})
+    cycles(e, [a, b])
+    epoch = a.view().leading["vg0"]
+    payload = {"v": 1, "seq": 10**12, "class": 9, "members": {"10.9.9.9": 9}}
+    forged = {"epoch": epoch, "appliance": "a", "payload": payload}
+    e.put("/santhrottle/arr/decisions/vg0", forged)  # by hand: no lease
+    cycles(e, [b], 3)  # the leader writes nothing meanwhile: the same version, counted once
+    assert b.view().followed == {} and b.counters.unbound == 1
+    assert sum("not written under its leader's lease" in r.message for r in caplog.records) == 1
+    a.offer_decision("vg0", epoch, LeaderClasses(8, 3, {"10.0.0.3": 3}))
+    cycles(e, [a, b])
+    f = b.view().followed["vg0"]
+    assert (f.classes.seq, f.epoch) == (8, epoch) and f.revision > epoch
+    assert b.counters.unbound == 1
+
+
+def test_a_leader_key_naming_me_under_another_lease_is_not_my_leadership():
+    e = FakeEngine()
+    a, b = agent(e, "a"), agent(e, "b")
+    a.want({"vg0"})
+    cycles(e, [a, b])
+    key = "/santhrottle/arr/leader/vg0"
+    e.put(key, "a", b.coord.lease)  # b's lease on a key that names a: etcd keeps the epoch
+    cycles(e, [a, b])
+    assert a.view().leading == {} and b.view().leading == {"vg0": e.kv[key].create_revision}
+
+
+def test_an_appliance_that_may_not_lead_never_campaigns():
+    e = FakeEngine()
+    a = agent(e, "a", lead=False)
+    a.want({"vg0"})
+    cycles(e, [a], 3)
+    assert a.view().leaders == {} and a.counters.elections_won == 0
+    b = agent(e, "b")
+    b.want({"vg0"})
+    cycles(e, [a, b], 2)
+    assert a.view().leaders["vg0"][0] == "b" and a.view().leading == {}

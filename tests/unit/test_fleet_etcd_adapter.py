@@ -54,7 +54,7 @@ def test_timeouts_scale_with_the_lease():
     three = EtcdCoordinator("arr", ["127.0.0.1:1"], ttl_s=3)
     assert three.request_timeout_s == pytest.approx(3 * REQUEST_TIMEOUT_S)
     assert three.call_budget_s == pytest.approx(3 * CALL_BUDGET_S)
-    assert all(c.timeout == three.request_timeout_s for c in three._clients)
+    assert all(c.session.timeout_s == three.request_timeout_s for c in three.gateway.clients)
     given = EtcdCoordinator("arr", ["127.0.0.1:1"], ttl_s=3, request_timeout_s=0.2)
     assert (given.request_timeout_s, given.call_budget_s) == (0.2, 3 * CALL_BUDGET_S)
 
@@ -84,11 +84,12 @@ def scripted(monkeypatch):
     return make
 
 
-def kv(key: str, value: bytes | str, create: int = 5, lease: int = 0) -> dict:
+def kv(key: str, value: bytes | str, create: int = 5, lease: int = 0, mod: int = 0) -> dict:
     return {
         "key": b64(key),
         "value": b64(value),
         "create_revision": str(create),
+        "mod_revision": str(mod or create),
         "lease": str(lease),
     }
 
@@ -100,8 +101,13 @@ def test_values_that_are_not_ours_are_skipped_and_counted(scripted):
         kv(p + "members/b", b"not json"),
         kv(p + "members/c", json.dumps([1, 2])),
         kv(p + "samples/a", json.dumps({"seq": 1})),
-        kv(p + "leader/vg0", "a", create=9),
-        kv(p + "decisions/vg0", json.dumps({"epoch": 9, "appliance": "a", "payload": {"c": 1}})),
+        kv(p + "leader/vg0", "a", create=9, lease=77),
+        kv(
+            p + "decisions/vg0",
+            json.dumps({"epoch": 9, "appliance": "a", "payload": {"c": 1}}),
+            create=10,
+            lease=77,
+        ),
         kv(p + "decisions/vg1", json.dumps({"epoch": "x", "appliance": "a", "payload": {}})),
         kv(p + "decisions/vg2", json.dumps({"epoch": 3, "appliance": "a", "payload": 7})),
         kv(p + "other/x", "{}"),
@@ -115,6 +121,27 @@ def test_values_that_are_not_ours_are_skipped_and_counted(scripted):
     assert snap.leaders["vg0"].epoch == 9 and snap.current("vg0").payload == {"c": 1}
     assert set(snap.decisions) == {"vg0"}
     assert c.bad_values == 7
+
+
+def test_a_decision_is_current_only_under_the_leaders_lease_after_its_epoch(scripted):
+    """What etcd says binds a decision to its leader, whatever the value says."""
+    p = "/santhrottle/arr/"
+    value = json.dumps({"epoch": 9, "appliance": "a", "payload": {"v": 1, "seq": 10**12}})
+    cases = {  # the decision key's (lease, mod_revision) -> current?
+        (77, 12): True,
+        (0, 12): False,  # put by hand, without a lease
+        (78, 12): False,  # another appliance's lease
+        (77, 8): False,  # the same lease, before this leadership began (epoch 9)
+        (77, 9): False,
+    }
+    for (lease, mod), current in cases.items():
+        kvs = [kv(p + "leader/vg0", "a", create=9, lease=77),
+               kv(p + "decisions/vg0", value, create=3, lease=lease, mod=mod)]  # fmt: skip
+        c, _ = scripted({"header": {"revision": "20"}, "kvs": kvs})
+        snap = c.snapshot()
+        got = snap.decisions["vg0"]
+        assert (got.lease, got.revision) == (lease, mod)
+        assert (snap.current("vg0") is not None) == current, (lease, mod)
 
 
 @pytest.mark.parametrize(

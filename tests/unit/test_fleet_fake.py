@@ -6,7 +6,7 @@ import itertools
 import pytest
 
 from santhrottle.appliance.fleet.engine import EngineUnavailable, LeaseLost
-from tests.unit.fleet_contract import CHECKS
+from tests.unit.fleet_contract import CHECKS, FORGERY_CHECKS
 from tests.unit.fleet_fake import FakeCoordinator, FakeEngine
 
 pytestmark = pytest.mark.unit
@@ -17,6 +17,23 @@ _arrays = itertools.count()
 def test_fake_meets_the_contract(check):
     engine, array = FakeEngine(), f"arr{next(_arrays)}"
     check(lambda: FakeCoordinator(engine, array))
+
+
+class FakeForger:
+    def __init__(self, engine: FakeEngine, array: str) -> None:
+        self.engine, self.prefix = engine, f"/santhrottle/{array}/"
+
+    def put(self, key, value, lease=0):
+        self.engine.put(self.prefix + key, value, lease)
+
+    def delete(self, key):
+        self.engine.delete(self.prefix + key)
+
+
+@pytest.mark.parametrize("check", FORGERY_CHECKS, ids=lambda f: f.__name__)
+def test_fake_binds_decisions_as_the_contract_says(check):
+    engine, array = FakeEngine(), f"arr{next(_arrays)}"
+    check(lambda: FakeCoordinator(engine, array), FakeForger(engine, array))
 
 
 def test_fake_leases_expire_without_refresh():

@@ -18,8 +18,11 @@ Per tick (main thread, the daemon's lock held), with the agent's last view
     after_step():
         led here: the resource's class and its members' classes go to the
             agent, which publishes them at the leadership's epoch;
-        led elsewhere, with a decision newer than the last accepted
-        (controller/fleet.py DecisionFence, per (epoch, seq)): this
+        led elsewhere, with a current decision (the engine binds it to the
+        leader: fleet/engine.py Snapshot.current) whose (epoch, revision) is
+        not the one applied last -- the engine's numbers, never the payload's
+        seq, and "not the last" rather than "newer", so no value anyone puts
+        into the engine can make the follower wait for a later one: this
             appliance's controller moves to the leader's class -- at once
             when they agree within one tick's move, else as step() would
             move (down at most class_decrease_max_per_tick, up through the
@@ -45,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 from santhrottle.appliance.fleet.agent import FleetAgent, FleetView, Followed
 from santhrottle.appliance.fleet.codec import LeaderClasses, Published, SampleBatch
 from santhrottle.controller.domain import Samples
-from santhrottle.controller.fleet import STALE_SAMPLES_S, Decision, DecisionFence, merge
+from santhrottle.controller.fleet import STALE_SAMPLES_S, merge
 from santhrottle.controller.restate import seed_class
 
 if TYPE_CHECKING:
@@ -61,6 +64,7 @@ def _followed(f: Followed) -> dict[str, Any]:
         "leader": f.leader,
         "epoch": f.epoch,
         "seq": f.classes.seq,
+        "revision": f.revision,
         "class": f.classes.delay_class,
     }
 
@@ -71,7 +75,9 @@ class FleetMode:
     def __init__(self, agent: FleetAgent) -> None:
         self.agent = agent
         self.view: FleetView = agent.view()
-        self.fence = DecisionFence()
+        # per followed resource: the (epoch, revision) applied last, and its members' classes
+        self.applied: dict[str, tuple[int, int]] = {}
+        self.classes: dict[str, dict[str, int]] = {}
         self.used: dict[str, int] = {}  # appliance -> its tick seq merged last
         self.tick_seq = 0
         self.conv: SampleBatch | None = None  # this appliance's last convergence
@@ -110,7 +116,7 @@ class FleetMode:
     def after_step(self, d: Daemon) -> None:
         ctl, v = d.ctl, self.view
         if v.degraded:
-            self._unfollow(set(self.fence.classes))
+            self._unfollow(set(self.classes))
             return
         for r, epoch in v.leading.items():
             rs = ctl.resources.get(r)
@@ -120,17 +126,16 @@ class FleetMode:
             self.agent.offer_decision(
                 r, epoch, LeaderClasses(self.tick_seq, rs.delay_class, members)
             )
-        self._unfollow({r for r in self.fence.classes if r not in v.followed})
+        self._unfollow({r for r in self.classes if r not in v.followed})
         for r, f in v.followed.items():
             rs = ctl.resources.get(r)
-            if rs is None:
-                continue
-            if self.fence.last.get(r) == (f.epoch, f.classes.seq):
-                continue  # the decision already applied (the leader's next is a tick away)
-            if self.fence.offer(Decision(r, f.epoch, f.classes.seq, f.classes.members)):
-                self._toward(d, r, f.classes.delay_class)
+            if rs is None or self.applied.get(r) == (f.epoch, f.revision):
+                continue  # applied already (the leader's next is a tick away)
+            self.applied[r] = (f.epoch, f.revision)
+            self.classes[r] = {i: k for i, k in f.classes.members.items() if k > 0}
+            self._toward(d, r, f.classes.delay_class)
         self.extra = {}
-        for r, per in self.fence.classes.items():
+        for r, per in self.classes.items():
             local = ctl.members(r)
             for ini, k in per.items():
                 if ini not in local and k > self.extra.get(ini, 0):
@@ -149,7 +154,8 @@ class FleetMode:
 
     def _unfollow(self, resources: set[str]) -> None:
         for r in resources:
-            self.fence.classes.pop(r, None)  # its (epoch, seq) stays: epochs only grow
+            self.classes.pop(r, None)
+            self.applied.pop(r, None)  # followed again: the decision then current applies
         if resources:
             self.extra = {}
 
@@ -196,7 +202,7 @@ class FleetMode:
                 "elections_won": c.elections_won,
                 "refused": c.refused,
                 "bad_payloads": c.bad_payloads,
-                "stale_decisions": self.fence.refused,
+                "unbound_decisions": c.unbound,
                 "merged_parts": self.merged_parts,
             },
         }

@@ -38,8 +38,8 @@ FLEET_COUNTERS = (
      "Decisions the engine refused: this appliance no longer led at their epoch"),
     ("santhrottle_fleet_bad_payloads", "bad_payloads",
      "Other appliances' samples or decisions that did not decode (skipped)"),
-    ("santhrottle_fleet_stale_decisions", "stale_decisions",
-     "Decisions older than one applied already (a deposed leader's, a reordered one)"),
+    ("santhrottle_fleet_unbound_decisions", "unbound_decisions",
+     "Decisions in etcd not written under the current leader's lease and epoch (skipped)"),
 )  # fmt: skip
 
 
