@@ -51,6 +51,7 @@ MODULES = (
     "pid",
     "ramp",
     "setpoint",
+    "state",
     "step",
     "writeheavy",
 )

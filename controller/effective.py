@@ -27,10 +27,8 @@ Worked example
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .step import ControllerState
+from .state import ControllerState
 
 
 def follow_resources(

@@ -48,6 +48,12 @@ Law
     The accepted classes stay in force until the next accepted decision;
     an initiator's class on this appliance is the max over the resources'
     accepted classes (step()'s max-over-resources, across leaders).
+    follow(state, resource, leader_class): a follower's own controller
+    moves its resource's class toward the leader's as step() moves a class
+    (ramp.move_toward: up by the ramp, down by at most
+    class_decrease_max_per_tick a tick), its PID continuing from there
+    (restate.set_class): the class it applies is the leader's, and when
+    the leader dies it goes on from there (bumpless).
 
 Bounds
     Read latency of a merge lies between the parts' smallest and largest
@@ -69,6 +75,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .domain import DeviceSample, IoSample, ReadSample, Samples, WriteSample
+from .ramp import move_toward
+from .restate import set_class
+from .state import ControllerState
 
 # A report older than this (its at_s against now_s) is a dead or partitioned
 # appliance's: five ticks of 100 ms. The merge without it under-counts the
@@ -228,3 +237,13 @@ def leader_decision(
     effective: the leader's ControllerState.effective (initiator -> class,
     ramp included); members: the resource's write-heavy set."""
     return Decision(resource, epoch, seq, {i: effective.get(i, 0) for i in sorted(members)})
+
+
+def follow(state: ControllerState, resource: str, leader_class: int) -> dict[str, int]:
+    """Move `resource`'s class one tick toward the leader's (the Law above); returns
+    the initiators whose effective class changed."""
+    c = state.config
+    want = max(0, min(leader_class, c.max_class))
+    cur = state.resources[resource].delay_class
+    moved = move_toward(cur, want, state.rise_to, c.class_decrease_max_per_tick)
+    return set_class(state, resource, moved) if moved != cur else {}

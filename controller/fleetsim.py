@@ -81,7 +81,8 @@ from .sim import (
     percentile,
     summarize,
 )
-from .step import ControllerState, new_state, step
+from .state import ControllerState, new_state
+from .step import step
 
 POLICIES = ("round-robin", "service-time")
 MODES = ("single", "fleet", "independent")

@@ -62,8 +62,8 @@ Each interval, per grouped resource
        (DEMAND_DECAY_PER_INTERVAL): an interval in which writers start or
        pause shows part of their demand, and a demand that looks halved
        would halve their delay.
-Every tick the class in force moves to the target class: up by the ramp
-(step.py's rise), down by class_decrease_max_per_tick, as a resource's
+Every tick the class in force moves to the target class: up by the ramp,
+down by class_decrease_max_per_tick (ramp.py's move_toward), as a resource's
 class does (a delay that falls too fast reorders and retransmits).
 
 Paused (GroupsState.applied False: the daemon's `santhrottle pause`)
@@ -112,6 +112,7 @@ from .maestro import (
     normalised,
     pwfte,
 )
+from .ramp import move_toward
 
 # The implicit group of a grouped resource's initiators in no group.
 DEFAULT_GROUP = "default"
@@ -456,11 +457,8 @@ def advance(
             gs = gr.groups[g]
             gs.delay_sum_s += ladder.delay_s(gs.delay_class) if st.applied else 0.0
             gs.delay_ticks += 1
-            k, want = gs.delay_class, gs.target_class
-            if want > k:
-                want = min(want, rise_to[k])
-            elif want < k and decrease_max:
-                want = max(want, k - decrease_max)
+            k = gs.delay_class
+            want = move_toward(k, gs.target_class, rise_to, decrease_max)
             if want != k:
                 gs.delay_class = want
                 changed.setdefault(name, set()).update(gs.members)

@@ -24,7 +24,7 @@ from .domain import IoSample
 from .groups import Group
 from .restate import configure_groups
 from .scenario import Scenario
-from .step import ControllerState
+from .state import ControllerState
 
 
 @dataclass

@@ -1,12 +1,26 @@
 """Live changes to a running controller's state: new parameters, a restart, groups.
 
+Each is a change between two calls of step() (controller/step.py), made by
+the daemon (a reload, a restart, a resource that goes, a group set) or the
+simulator; step() itself never calls them.
+
 reconfigure(state, config)
     New gains, EWMA time constants, write-heavy thresholds or cadences keep
     every resource's class (the PID continues from it: bumpless), its
     latency EWMA and the write-heavy sets, so a reload moves no initiator.
 seed_class(state, name, k)
     Starts a resource at class k (a restarted daemon continues its last
-    decision).
+    decision); for restarts only.
+set_class(state, name, k)
+    A class decided outside the resource's PID: the PID continues from k
+    and the members' effective classes follow it through the ramp
+    (effective.py). seed_class is one (a restart's last class); the others
+    are a fleet follower's move toward its leader's class (fleet.follow,
+    one tick's move at most: ramp.move_toward) and the simulator's oracle
+    (the class it knows holds the threshold, every tick).
+remove_resource(state, name)
+    Forgets a resource and its groups' classes; its members' classes fall
+    to what their other resources want.
 configure_groups(state, groups, group_of, grouped)
     Groups, membership and the grouped resources (controller/groups.py);
     a resource that joins the groups hands its initiators from its PID to
@@ -20,28 +34,38 @@ from collections.abc import Iterable, Mapping, Sequence
 from .domain import ControllerConfig
 from .effective import recompute_effective
 from .groups import Group, regroup
-from .step import PAUSE_HOLD_S, ControllerState
-from .writeheavy import WriteHeavySets
+from .state import ControllerState, write_heavy_sets
+
+
+def set_class(state: ControllerState, name: str, delay_class: int) -> dict[str, int]:
+    """Resource `name` at delay_class (in [0, max_class]), its PID continuing from it;
+    returns the initiators whose effective class changed (through the ramp)."""
+    rs = state.resources[name]
+    rs.delay_class = delay_class
+    rs.pid.follow(delay_class)
+    return recompute_effective(state, set(state.members(name)))
 
 
 def seed_class(state: ControllerState, name: str, delay_class: int) -> None:
-    """Start resource `name` at delay_class (the PID continues from it)."""
-    rs = state.resources[name]
-    rs.delay_class = max(0, min(delay_class, state.config.max_class))
-    rs.pid.follow(rs.delay_class)
-    recompute_effective(state, set(state.members(name)))
+    """Start resource `name` at delay_class, clamped to the ladder (a restart)."""
+    set_class(state, name, max(0, min(delay_class, state.config.max_class)))
+
+
+def remove_resource(state: ControllerState, name: str) -> dict[str, int]:
+    """Forget a resource (and its groups' classes); returns the initiators whose
+    class changed."""
+    state.resources.pop(name, None)
+    gr = state.groups.resources.pop(name, None)
+    affected = state.write_sets.forget_resource(name)
+    if gr is not None:
+        affected = set(affected).union(*(gs.members for gs in gr.groups.values()))
+    return recompute_effective(state, affected)
 
 
 def reconfigure(state: ControllerState, config: ControllerConfig) -> ControllerState:
     """The same resources, classes, EWMAs and write-heavy sets under new parameters."""
     sets = state.write_sets
-    fresh = WriteHeavySets(
-        config.write_ewma_tau_s,
-        config.write_heavy_enter_bps,
-        config.write_heavy_leave_bps,
-        config.write_heavy_share,
-        PAUSE_HOLD_S if config.write_heavy_share else 0.0,
-    )  # validates the thresholds
+    fresh = write_heavy_sets(config)  # validates the thresholds
     sets.tau_s, sets.enter_bps, sets.leave_bps = fresh.tau_s, fresh.enter_bps, fresh.leave_bps
     sets.share, sets.pause_hold_s = fresh.share, fresh.pause_hold_s
     sets.clear_alpha_cache()

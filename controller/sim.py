@@ -42,9 +42,10 @@ from typing import Any
 from .domain import DeviceSample, ReadSample, Resource, Samples, WriteSample
 from .groupsim import GroupMeter, GroupSeries, group_summary
 from .plant import Closed, Device, closed_latency
-from .restate import seed_class
+from .restate import set_class
 from .scenario import Scenario
-from .step import new_state, step
+from .state import new_state
+from .step import step
 
 # After a switch-on the p99 and the "back under threshold" clock exclude or
 # measure this long a transient (issue acceptance: 2 s).
@@ -113,6 +114,8 @@ def run(
     if oracle_class is not None and threshold_s is None:
         raise ValueError("oracle_class needs threshold_s (a controlled run)")
     cfg = sc.controller
+    if oracle_class is not None and not 0 <= oracle_class <= cfg.max_class:
+        raise ValueError(f"oracle_class {oracle_class}: not a class of the ladder")
     state = (
         new_state(cfg, [Resource(r.name, threshold_s, auto) for r in sc.resources])
         if threshold_s is not None
@@ -269,9 +272,9 @@ def run(
             state, _ = step(state, Samples(reads, writes, devs, ios), t_end)
             if meter is not None:
                 meter.after_step(state, t_end, converging)
-            if oracle_class is not None:
+            if oracle_class is not None:  # the class that holds T, every tick
                 for name in state.resources:
-                    seed_class(state, name, oracle_class)
+                    set_class(state, name, oracle_class)
             effective = state.effective
             rs = state.resources[first]
             ewma = rs.ewma.value

@@ -132,31 +132,22 @@ Worked example
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
-from .domain import ControllerConfig, Decisions, IoSample, Resource, Samples
+from .domain import Decisions, Samples
 from .effective import follow_resources, recompute_effective
-from .ewma import Ewma
-from .groups import GroupsState, advance, run_intervals
-from .lqfit import LqEstimator, LqFit
-from .pid import Pid, new_pid
-from .ramp import rise_table
-from .setpoint import NoiseGauge
-from .writeheavy import CONTENDED_FLOOR_FRACTION, WriteHeavySets
+from .groups import advance, run_intervals
+from .ramp import move_toward
+from .state import ControllerState
 
-# A member that stopped writing while others go on holds its resource's class
-# (no decrease) for at most this long: writers pause and come back (the
-# method paper's pause 5 s), and the delay the others need alone is too
-# little for them all; one that stays away longer has gone.
-PAUSE_HOLD_S = 10.0
-# The same from the first tick on: a throttled resource whose write rate (its
-# tick's, against its EWMA over WRITE_RATE_TAU_S) falls under WRITE_DROP_FRACTION
+# A member that stopped writing holds its resource's class for PAUSE_HOLD_S
+# (controller/state.py), from the convergence that names it. The same from the
+# first tick on: a throttled resource whose write rate (its
+# tick's, against its EWMA over state.py's WRITE_RATE_TAU_S) falls under WRITE_DROP_FRACTION
 # has a writer that stopped, and the write-heavy sets tell which only at a later
 # convergence; its class does not go down for WRITE_DROP_HOLD_CONVERGES periods.
 # A drop counts after WRITE_DROP_TICKS ticks in a row: a tick's rate is a few IOs
 # where the delay is long, and a single tick of one IO where three are the mean
 # (Poisson: 1 in 5 ticks) must not renew the hold; three in a row are 1 in 125.
-WRITE_RATE_TAU_S = 1.0
 WRITE_DROP_FRACTION = 0.5
 WRITE_DROP_TICKS = 3
 WRITE_DROP_HOLD_CONVERGES = 2
@@ -170,125 +161,6 @@ WRITE_DROP_HOLD_CONVERGES = 2
 # a few IOs a second, and a tick or two without one is not a pause.
 RESUME_AFTER_TICKS = 10
 RESUME_HOLD_S = 1.0
-
-
-@dataclass(slots=True)
-class ResourceState:
-    resource: Resource
-    ewma: Ewma
-    pid: Pid
-    delay_class: int = 0
-    last_read_s: float | None = None
-    lq: LqEstimator | None = None  # threshold "auto": the LQ fit
-    noise: NoiseGauge = field(default_factory=NoiseGauge)  # the setpoint's (setpoint.py)
-    write_rate: Ewma = field(default_factory=lambda: Ewma(WRITE_RATE_TAU_S))
-    drop_hold_until_s: float = -math.inf  # writes dropped, or came back: no decrease until then
-    drop_ticks: int = 0  # ticks in a row with the write rate under WRITE_DROP_FRACTION
-    hold_base: int | None = None  # the class when the hold in force began (None: no hold)
-    quiet_ticks: int = 0  # ticks in a row with reads but no writers
-
-    def setpoint(self, c: ControllerConfig) -> float:
-        """The setpoint in force, a fraction of the threshold in force."""
-        return self.noise.setpoint(
-            c.setpoint_fraction, c.setpoint_quiet_fraction, c.setpoint_noise_z
-        )
-
-    def threshold_s(self, alpha: float) -> float:
-        """The threshold in force: the fitted one (auto, once confident), else the set one."""
-        if self.lq is not None:
-            fit = self.lq.last_confident
-            if fit is not None:
-                return fit.threshold_s(alpha) or self.resource.threshold_s
-        return self.resource.threshold_s
-
-    @property
-    def fit(self) -> LqFit | None:
-        return None if self.lq is None else self.lq.fit
-
-
-@dataclass
-class ControllerState:
-    config: ControllerConfig
-    resources: dict[str, ResourceState] = field(default_factory=dict)
-    sets: WriteHeavySets | None = None
-    effective: dict[str, int] = field(default_factory=dict)  # initiator -> class (> 0 only)
-    rising: set[str] = field(default_factory=set)  # initiators the ramp holds below their class
-    next_tick_s: float | None = None
-    next_converge_s: float | None = None
-    late_ticks_total: int = 0
-    rise_to: tuple[int, ...] = ()  # rise() of every class (the ramp), from the config
-    no_writers_bps: float = 0.0  # a resource writing less holds its class
-    paused: set[str] = field(default_factory=set)  # resources with a paused member
-    groups: GroupsState = field(default_factory=GroupsState)  # grouped resources (groups.py)
-    grouped: frozenset[str] = frozenset()  # resources whose classes come from their groups
-    ios: list[IoSample] = field(default_factory=list)  # since the last convergence (groups)
-
-    def __post_init__(self) -> None:
-        c = self.config
-        self.rise_to = rise_table(c)
-        # with the relative write-heavy rules a writer of 64 KiB/s is throttled, so
-        # it is a writer here too; without them, write_heavy_leave as before
-        self.no_writers_bps = (
-            c.write_heavy_leave_bps * CONTENDED_FLOOR_FRACTION
-            if c.write_heavy_share
-            else c.write_heavy_leave_bps
-        )
-        if self.sets is None:
-            self.sets = WriteHeavySets(
-                c.write_ewma_tau_s,
-                c.write_heavy_enter_bps,
-                c.write_heavy_leave_bps,
-                c.write_heavy_share,
-                PAUSE_HOLD_S if c.write_heavy_share else 0.0,
-            )
-
-    @property
-    def write_sets(self) -> WriteHeavySets:
-        assert self.sets is not None
-        return self.sets
-
-    def set_resource(self, resource: Resource) -> None:
-        """Add a resource, or change its threshold keeping its PID state."""
-        if resource.threshold_s <= 0.0:
-            raise ValueError(f"threshold of {resource.name} must be > 0 s")
-        rs = self.resources.get(resource.name)
-        if rs is not None:
-            rs.resource = resource
-            if resource.auto and rs.lq is None:
-                rs.lq = LqEstimator()
-            elif not resource.auto:
-                rs.lq = None
-            return
-        c = self.config
-        self.resources[resource.name] = ResourceState(
-            resource,
-            Ewma(c.read_ewma_tau_s),
-            new_pid(c),
-            lq=LqEstimator() if resource.auto else None,
-        )
-
-    def remove_resource(self, name: str) -> dict[str, int]:
-        """Forget a resource (and its groups' classes); returns the initiators whose
-        class changed."""
-        self.resources.pop(name, None)
-        gr = self.groups.resources.pop(name, None)
-        affected = self.write_sets.forget_resource(name)
-        if gr is not None:
-            affected = set(affected).union(*(gs.members for gs in gr.groups.values()))
-        return recompute_effective(self, affected)
-
-    def effective_class(self, initiator: str) -> int:
-        return self.effective.get(initiator, 0)
-
-    def members(self, resource: str) -> set[str]:
-        return self.write_sets.members.get(resource, set())
-
-
-def new_state(config: ControllerConfig, resources: list[Resource]) -> ControllerState:
-    state = ControllerState(config)
-    for r in resources:
-        state.set_resource(r)
-    return state
 
 
 def _schedule(next_s: float | None, period_s: float, now_s: float) -> tuple[bool, float, int]:
@@ -408,18 +280,17 @@ def step(
                         new_class = max(new_class, rs.hold_base)
                         if new_class == rs.delay_class:
                             pid.track_up(rs.delay_class - hyst_classes)
-            if new_class == rs.delay_class:
+            cur = rs.delay_class
+            if new_class == cur:
                 continue
-            if new_class < rs.delay_class:
-                if decrease_max and new_class < rs.delay_class - decrease_max:  # gradually
-                    new_class = rs.delay_class - decrease_max
-                    if sample is not None:  # tracking, down
-                        rs.pid.track_up(new_class - hyst_classes)
-            else:  # ramp
-                new_class = min(new_class, rise_to[rs.delay_class])
-                rs.pid.track(new_class)
-            rs.delay_class = new_class
-            resource_classes[name] = new_class
+            # the ramp up, gradually down (ramp.py)
+            moved = move_toward(cur, new_class, rise_to, decrease_max)
+            if moved > cur:  # the PID tracks what the ramp allowed
+                rs.pid.track(moved)
+            elif moved != new_class and sample is not None:  # tracking, down
+                rs.pid.track_up(moved - hyst_classes)
+            rs.delay_class = moved
+            resource_classes[name] = moved
             touched.add(name)
 
     due, state.next_converge_s, _ = _schedule(state.next_converge_s, c.converge_s, now_s)

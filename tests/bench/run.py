@@ -32,7 +32,8 @@ from santhrottle.controller.domain import (
     Samples,
     WriteSample,
 )
-from santhrottle.controller.step import new_state, step
+from santhrottle.controller.state import new_state
+from santhrottle.controller.step import step
 
 MIB = 1024.0 * 1024.0
 

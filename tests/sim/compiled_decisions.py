@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from santhrottle.controller import plantgen, sim, sweep
+from santhrottle.controller import state as state_module
 from santhrottle.controller import step as step_module
 from santhrottle.controller.domain import (
     ControllerConfig,
@@ -36,7 +37,7 @@ def wide_step(n_resources: int = 200, n_initiators: int = 2000, ticks: int = 100
     rng = random.Random(5)
     cfg = ControllerConfig(class_hysteresis=0.0)
     names = [f"vg{i}" for i in range(n_resources)]
-    st = step_module.new_state(cfg, [Resource(n, 0.010) for n in names])
+    st = state_module.new_state(cfg, [Resource(n, 0.010) for n in names])
     pairs = [(names[i % n_resources], f"10.0.{i >> 8}.{i & 255}") for i in range(n_initiators)]
     pairs += [(names[rng.randrange(n_resources)], ini) for _, ini in pairs[::10]]
     h = hashlib.sha256()

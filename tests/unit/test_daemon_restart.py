@@ -29,7 +29,8 @@ from santhrottle.controller.domain import (
     WriteSample,
 )
 from santhrottle.controller.restate import reconfigure, seed_class
-from santhrottle.controller.step import new_state, step
+from santhrottle.controller.state import new_state
+from santhrottle.controller.step import step
 
 from .test_daemon import CONF, make, run_for
 

@@ -203,3 +203,46 @@ def test_fresh_drops_old_reports_and_keeps_the_newest_per_appliance():
     assert [(r.appliance, r.seq) for r in got] == [("a", 6), ("b", 8)]
     assert [r.appliance for r in fresh(reports, 10.05, stale_s=10.0)] == ["a", "b", "c"]
     assert fresh(reports, 100.0) == []
+
+
+def test_a_follower_moves_toward_the_leaders_class_as_step_moves_a_class():
+    """follow(): up by the ramp, down one class a tick (the decrease limit), the PID
+    continuing from the class it got, the members' effective classes along."""
+    from santhrottle.controller.domain import ControllerConfig, Resource
+    from santhrottle.controller.fleet import follow
+    from santhrottle.controller.ramp import move_toward
+    from santhrottle.controller.state import new_state
+    from santhrottle.controller.step import step
+
+    c = ControllerConfig()
+    s = new_state(c, [Resource("vg", 0.010)])
+    s, _ = step(s, Samples(writes=[WriteSample("vg", "h1", 8e6)]), 0.0)
+    s, _ = step(s, Samples(writes=[WriteSample("vg", "h1", 8e6)]), 1.0)  # h1 joins
+    assert s.members("vg") == {"h1"}
+    seen = []
+    for _ in range(30):
+        before = s.resources["vg"].delay_class
+        changed = follow(s, "vg", 40)
+        k = s.resources["vg"].delay_class
+        assert k == move_toward(before, 40, s.rise_to, c.class_decrease_max_per_tick)
+        assert s.resources["vg"].pid.delay_class == k  # the PID continues from it
+        if k != before:
+            assert changed  # h1 follows, through its own ramp
+        seen.append(k)
+    assert seen[0] == s.rise_to[0] and seen[-1] == 40 and seen == sorted(seen)
+    assert follow(s, "vg", 37) and s.resources["vg"].delay_class == 39  # down one a tick
+    assert follow(s, "vg", 10**6) is not None and s.resources["vg"].delay_class <= c.max_class
+    assert follow(s, "vg", s.resources["vg"].delay_class) == {}  # no move, no change
+
+
+def test_move_toward_is_the_ramp_up_and_the_decrease_limit_down():
+    from santhrottle.controller.domain import ControllerConfig
+    from santhrottle.controller.ramp import move_toward, rise_table
+
+    rise_to = rise_table(ControllerConfig())
+    assert move_toward(20, 60, rise_to, 1) == rise_to[20] == 25  # 10 ms x 1.25: 12.5 ms
+    assert move_toward(20, 21, rise_to, 1) == 21
+    assert move_toward(20, 5, rise_to, 1) == 19
+    assert move_toward(20, 5, rise_to, 0) == 5  # no limit
+    assert move_toward(20, 5, rise_to, 3) == 17
+    assert move_toward(20, 20, rise_to, 1) == 20

@@ -22,8 +22,9 @@ from santhrottle.controller.groups import (
     share_delay_s,
 )
 from santhrottle.controller.ladder import Ladder
-from santhrottle.controller.restate import configure_groups
-from santhrottle.controller.step import new_state, step
+from santhrottle.controller.restate import configure_groups, remove_resource
+from santhrottle.controller.state import new_state
+from santhrottle.controller.step import step
 
 LADDER = Ladder.linear(500, 100)
 DB = Group("db", priority=2.0, latency_target_s=0.010)
@@ -216,5 +217,5 @@ def test_a_removed_resource_takes_its_group_classes_with_it():
     st.groups.resources["vg"].groups["backup"].target_class = 7
     st, _ = step(st, Samples(), 0.1)
     assert st.effective_class("bk1") == 7
-    assert st.remove_resource("vg") == {"bk1": 0}
+    assert remove_resource(st, "vg") == {"bk1": 0}
     assert "vg" not in st.groups.resources

@@ -14,7 +14,8 @@ from santhrottle.controller.domain import (
 )
 from santhrottle.controller.ladder import Ladder
 from santhrottle.controller.pid import LogPid, SingleSidedPid, new_pid
-from santhrottle.controller.step import new_state, step
+from santhrottle.controller.state import new_state
+from santhrottle.controller.step import step
 from santhrottle.controller.writeheavy import WriteHeavySets
 
 pytestmark = pytest.mark.unit
@@ -191,7 +192,7 @@ def test_a_member_that_pauses_while_others_write_holds_the_class_for_a_while():
     """B pauses while A goes on: the latency falls (A alone needs less), but B comes
     back; once a convergence has seen B write nothing the class holds, until
     PAUSE_HOLD_S after that; then it unwinds."""
-    from santhrottle.controller.step import PAUSE_HOLD_S
+    from santhrottle.controller.state import PAUSE_HOLD_S
 
     w = _TwoWriters().throttled()
     t0 = w.t
@@ -208,7 +209,7 @@ def test_a_hold_keeps_the_class_it_began_with_not_what_it_gained_since():
     """B pauses, the class holds; a burst of slow reads during the pause lifts it,
     and once they pass it comes back down to the held class, not below, while the
     hold lasts (a few noisy ticks must not ratchet a held class up)."""
-    from santhrottle.controller.step import PAUSE_HOLD_S
+    from santhrottle.controller.state import PAUSE_HOLD_S
 
     w = _TwoWriters().throttled()
     t0 = w.t

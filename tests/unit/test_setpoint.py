@@ -7,7 +7,7 @@ import pytest
 
 from santhrottle.controller.domain import ControllerConfig, Resource
 from santhrottle.controller.setpoint import PRIOR_SPREAD, SPREAD_CLIP, NoiseGauge
-from santhrottle.controller.step import new_state
+from santhrottle.controller.state import new_state
 
 pytestmark = pytest.mark.unit
 

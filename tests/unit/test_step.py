@@ -14,7 +14,9 @@ from santhrottle.controller.domain import (
 )
 from santhrottle.controller.ladder import Ladder
 from santhrottle.controller.ramp import rise
-from santhrottle.controller.step import RESUME_AFTER_TICKS, RESUME_HOLD_S, new_state, step
+from santhrottle.controller.restate import remove_resource
+from santhrottle.controller.state import new_state
+from santhrottle.controller.step import RESUME_AFTER_TICKS, RESUME_HOLD_S, step
 
 MIB = 1024.0 * 1024.0
 CFG = ControllerConfig(
@@ -211,7 +213,7 @@ def test_threshold_change_keeps_pid_and_remove_resource_releases_members():
     u = st.resources["vg"].pid.u
     st.set_resource(Resource("vg", 0.050))
     assert st.resources["vg"].pid.u == u
-    assert st.remove_resource("vg") == {"A": 0}
+    assert remove_resource(st, "vg") == {"A": 0}
     assert st.effective == {}
     with pytest.raises(ValueError, match="threshold"):
         st.set_resource(Resource("x", 0.0))

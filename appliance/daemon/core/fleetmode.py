@@ -48,8 +48,7 @@ from typing import TYPE_CHECKING, Any
 from santhrottle.appliance.fleet.agent import FleetAgent, FleetView, Followed
 from santhrottle.appliance.fleet.codec import LeaderClasses, Published, SampleBatch
 from santhrottle.controller.domain import Samples
-from santhrottle.controller.fleet import STALE_SAMPLES_S, merge
-from santhrottle.controller.restate import seed_class
+from santhrottle.controller.fleet import STALE_SAMPLES_S, follow, merge
 
 if TYPE_CHECKING:
     from santhrottle.appliance.daemon.core.loop import Daemon
@@ -133,7 +132,7 @@ class FleetMode:
                 continue  # applied already (the leader's next is a tick away)
             self.applied[r] = (f.epoch, f.revision)
             self.classes[r] = {i: k for i, k in f.classes.members.items() if k > 0}
-            self._toward(d, r, f.classes.delay_class)
+            follow(ctl, r, f.classes.delay_class)
         self.extra = {}
         for r, per in self.classes.items():
             local = ctl.members(r)
@@ -158,19 +157,6 @@ class FleetMode:
             self.applied.pop(r, None)  # followed again: the decision then current applies
         if resources:
             self.extra = {}
-
-    @staticmethod
-    def _toward(d: Daemon, name: str, target: int) -> None:
-        ctl = d.ctl
-        rs = ctl.resources[name]
-        cur = rs.delay_class
-        down_max = ctl.config.class_decrease_max_per_tick
-        if target < cur and down_max:
-            target = max(target, cur - down_max)
-        elif target > cur:
-            target = min(target, ctl.rise_to[cur])
-        if target != cur:
-            seed_class(ctl, name, target)
 
     # -------------------------------------------------------------- status
     def status(self) -> dict[str, Any]:

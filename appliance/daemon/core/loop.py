@@ -70,8 +70,9 @@ from santhrottle.controller.domain import (
     Samples,
     WriteSample,
 )
-from santhrottle.controller.restate import seed_class
-from santhrottle.controller.step import ControllerState, new_state, step
+from santhrottle.controller.restate import remove_resource, seed_class
+from santhrottle.controller.state import ControllerState, new_state
+from santhrottle.controller.step import step
 
 log = logging.getLogger("santhrottled")
 
@@ -193,7 +194,7 @@ class Daemon:
         changed: dict[str, int] = {}
         for name in list(self.ctl.resources):
             if name not in want:
-                changed.update(self.ctl.remove_resource(name))
+                changed.update(remove_resource(self.ctl, name))
         for name, thr in want.items():
             self.ctl.set_resource(self._controller_resource(name, thr))
             if name in self.seed_classes:  # the last run's class: continue from it
