@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 TIERS = ("unit", "sim", "rollout", "privileged", "lab")
-LAB_FIXTURES = Path(__file__).parent / "fixtures" / "lab"
+TESTS = Path(__file__).resolve().parent
+LAB_FIXTURES = TESTS / "fixtures" / "lab"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -25,7 +26,10 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by these markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        parts = Path(str(item.fspath)).parts
+        # the folders under tests/ only: the checkout's own path may hold a tier's name
+        # (a worktree named sim/ would mark every test sim)
+        path = Path(str(item.fspath)).resolve()
+        parts = path.relative_to(TESTS).parts if TESTS in path.parents else ()
         for tier in TIERS:
             if tier in parts and item.get_closest_marker(tier) is None:
                 item.add_marker(getattr(pytest.mark, tier))
