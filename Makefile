@@ -62,7 +62,11 @@ test-privileged: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy --strict controller
+	@# mypy sees controller/ and sim/ as santhrottle.controller and .sim (their package-dir)
+	@mkdir -p build/typecheck/santhrottle && touch build/typecheck/santhrottle/__init__.py
+	@ln -sfn ../../../controller build/typecheck/santhrottle/controller
+	@ln -sfn ../../../sim build/typecheck/santhrottle/sim
+	MYPYPATH=build/typecheck $(VENV)/bin/mypy --strict -p santhrottle.controller -p santhrottle.sim
 	$(VENV)/bin/codespell
 
 bench: setup
@@ -74,10 +78,10 @@ bench-compare: setup
 	$(VPY) tests/bench/compare.py --against $(REV) $(ARGS)
 
 simulate: setup
-	$(VENV)/bin/santhrottle simulate controller/scenarios/paper.toml --plot results/simulate-paper.png
+	$(VENV)/bin/santhrottle simulate sim/scenarios/paper.toml --plot results/simulate-paper.png
 
 # The robustness sweep: 200 generated plants, the share meeting the spine's bounds
-# per controller variant and the worst cases (controller/sweep.py); a few minutes.
+# per controller variant and the worst cases (sim/sweep.py); a few minutes.
 .PHONY: sweep
 sweep: setup
 	$(VENV)/bin/santhrottle simulate --sweep 200 --seed 1 --workers 2

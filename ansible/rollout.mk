@@ -34,7 +34,7 @@ SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 1700000
 MYPYC ?=
 WHEEL_SOURCES := pyproject.toml setup.py README.md buildsys/santhrottle_build.py buildsys/compiled.py \
   systemd/santhrottled.service docs/grafana/santhrottle.json \
-  $(shell git ls-files controller appliance bridge 2>/dev/null || find controller appliance bridge -type f)
+  $(shell git ls-files controller sim appliance bridge 2>/dev/null || find controller sim appliance bridge -type f)
 VAGRANT_PKGS := vagrant vagrant-libvirt
 VAGRANT_DIR := vagrant
 # Validation writes machine state: keep it out of the checkout.

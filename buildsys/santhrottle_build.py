@@ -25,8 +25,8 @@ and the Grafana dashboard, under the install prefix (the wheel's .data/data/):
 
 The parsers and the schema come from this source tree, never from an installed
 santhrottle: `santhrottle` is made a package whose path is the tree's root, whose
-controller/, appliance/ and bridge/ are santhrottle.controller, .appliance and
-.bridge (pyproject.toml's package-dir).  They import only the standard library and
+controller/, sim/, appliance/ and bridge/ are santhrottle.controller, .sim, .appliance
+and .bridge (pyproject.toml's package-dir).  They import only the standard library and
 the project's own modules at import time: the build environment holds only the
 build requirements (no pyroute2, no prometheus_client).
 

@@ -29,7 +29,7 @@ class PidGains:
 
     # The error is relative: measured / threshold - setpoint_fraction, so the
     # same gains serve a 1 ms and a 20 ms threshold (step.py, "Law"). Tuned on
-    # controller/scenarios/paper.toml with the linear ladder: 15 classes per
+    # sim/scenarios/paper.toml with the linear ladder: 15 classes per
     # unit of relative error = 7.5 ms of delay for a latency 100 % too high.
     kp_class_per_rel_error: float = 15.0
     ti_s: float = 0.25

@@ -81,7 +81,7 @@ How to watch it
     GroupState per (resource, group): measured latency and throughput, y,
     PWFTE, share, demand share, the model (beta, default or fitted), delay
     and classes; `santhrottle simulate` prints them per group and plots
-    them over time (controller/groupsim.py, docs/groups.md).
+    them over time (sim/groups.py, docs/groups.md).
 
 Worked example (the ladder's 0.5 ms steps)
     Two groups on one resource, L = 20 ms: "db" (q = 1, latency target

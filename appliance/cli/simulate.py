@@ -8,7 +8,7 @@ What it owns
     plot that cannot be drawn (no matplotlib) is exit 1.
 
 Worked example
-    `santhrottle simulate controller/scenarios/paper.toml --no-baseline` prints
+    `santhrottle simulate sim/scenarios/paper.toml --no-baseline` prints
     the uncontrolled p50/p95/p99, then one line per threshold (10, 15, 20 ms).
     `santhrottle simulate --sweep 200 --seed 1 --workers 2` prints, per
     variant, the share of the feasible plants meeting all three bounds, then
@@ -39,11 +39,11 @@ from santhrottle.appliance.cli.common import (
 )
 from santhrottle.appliance.config.parse import read_text_file
 from santhrottle.appliance.units import fmt_ms
-from santhrottle.controller.plant import SaturatedError
-from santhrottle.controller.plantgen import generate
-from santhrottle.controller.scenario import ScenarioError, parse_scenario
-from santhrottle.controller.sim import simulate
-from santhrottle.controller.sweep import (
+from santhrottle.sim.engine import simulate
+from santhrottle.sim.plant import SaturatedError
+from santhrottle.sim.plantgen import generate
+from santhrottle.sim.scenario import ScenarioError, parse_scenario
+from santhrottle.sim.sweep import (
     ORACLE,
     VARIANTS,
     MapFn,
@@ -54,7 +54,7 @@ from santhrottle.controller.sweep import (
 
 SIMULATE_EPILOG = """\
 examples:
-  santhrottle simulate controller/scenarios/paper.toml
+  santhrottle simulate sim/scenarios/paper.toml
   santhrottle simulate paper.toml --plot /tmp/paper.png
   santhrottle simulate paper.toml --json | jq '.data.controlled[].read_latency_p95_s'
   santhrottle simulate --sweep 200 --seed 1 --workers 2 --save-worst /tmp/worst
@@ -381,7 +381,7 @@ def add_commands(sub: Any) -> None:
         "--sweep",
         metavar="N",
         type=number("--sweep", lo=1, hi=MAX_SWEEP_PLANTS, integer=True),
-        help="robustness sweep: N generated plants (controller/plantgen.py), each judged "
+        help="robustness sweep: N generated plants (sim/plantgen.py), each judged "
         "for every controller variant against the spine's bounds",
     )
     s.add_argument(

@@ -1,6 +1,6 @@
 """Issue 22's fleet simulator as a bench: N appliances on the paths of one array.
 
-For each scenario (controller/scenarios/paper.toml, fleet-deep.toml) and seed,
+For each scenario (sim/scenarios/paper.toml, fleet-deep.toml) and seed,
 controller/fleetsim.fleet_compare runs one appliance seeing all traffic, then
 for 2 and 4 appliances with even and uneven path splits, both multipath
 policies (round-robin, service-time), the fleet (merged samples, one leader,
@@ -23,11 +23,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from santhrottle.controller.fleetsim import FleetCase, fleet_compare, fleet_summary, run_fleet
-from santhrottle.controller.scenario import parse_scenario
-from santhrottle.controller.sim import percentile
+from santhrottle.sim.engine import percentile
+from santhrottle.sim.fleet import FleetCase, fleet_compare, fleet_summary, run_fleet
+from santhrottle.sim.scenario import parse_scenario
 
-SCENARIOS = Path(__file__).parents[2] / "controller" / "scenarios"
+SCENARIOS = Path(__file__).parents[2] / "sim" / "scenarios"
 DEFAULT_SCENARIOS = ("paper.toml", "fleet-deep.toml")
 DEFAULT_SEEDS = (1, 2, 3)
 DEFAULT_THRESHOLD_MS = 15.0
@@ -137,7 +137,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
     p.add_argument("--threshold-ms", type=float, default=DEFAULT_THRESHOLD_MS)
-    p.add_argument("--scenario", action="append", help="a file of controller/scenarios/")
+    p.add_argument("--scenario", action="append", help="a file of sim/scenarios/")
     p.add_argument("--json", action="store_true", help="the whole result, per seed")
     a = p.parse_args()
     r = bench_fleet(tuple(a.seeds), a.threshold_ms, tuple(a.scenario or DEFAULT_SCENARIOS))

@@ -8,7 +8,7 @@ the median and spread (min..max) of both and the ratio of the medians
 (this / REV: below 1 is faster).
 
 REV's code is extracted with `git archive` into a temporary directory and
-imported through a shim package (santhrottle.controller / .appliance /
+imported through a shim package (santhrottle.controller / .sim / .appliance /
 .bridge pointing into it) on PYTHONPATH, ahead of this checkout's editable
 install; REV's own tests/bench/run.py measures it, or with --same-bench
 this checkout's (the same workload for both, where the bench changed
@@ -50,8 +50,9 @@ def _extract(rev: str, into: Path) -> Path:
     shim = into / "shim" / "santhrottle"
     shim.mkdir(parents=True)
     (shim / "__init__.py").write_text("")
-    for part in ("controller", "appliance", "bridge"):
-        os.symlink(src / part, shim / part)
+    for part in ("controller", "sim", "appliance", "bridge"):
+        if (src / part).is_dir():  # sim/ since the simulator left controller/
+            os.symlink(src / part, shim / part)
     return src
 
 

@@ -49,6 +49,7 @@ ANSIBLE_PLAYBOOK = "/usr/bin/ansible-playbook"
 # The wheel's packages and where their sources live in the checkout.
 PACKAGE_DIRS = {
     "santhrottle/controller/": "controller/",
+    "santhrottle/sim/": "sim/",
     "santhrottle/appliance/": "appliance/",
     "santhrottle/bridge/": "bridge/",
 }

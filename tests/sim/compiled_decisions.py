@@ -17,7 +17,6 @@ import random
 import sys
 from pathlib import Path
 
-from santhrottle.controller import plantgen, sim, sweep
 from santhrottle.controller import state as state_module
 from santhrottle.controller import step as step_module
 from santhrottle.controller.domain import (
@@ -27,9 +26,11 @@ from santhrottle.controller.domain import (
     Samples,
     WriteSample,
 )
-from santhrottle.controller.scenario import parse_scenario
+from santhrottle.sim import engine as sim
+from santhrottle.sim import plantgen, sweep
+from santhrottle.sim.scenario import parse_scenario
 
-SCENARIOS = Path(__file__).resolve().parents[2] / "controller" / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[2] / "sim" / "scenarios"
 
 
 def wide_step(n_resources: int = 200, n_initiators: int = 2000, ticks: int = 100) -> str:

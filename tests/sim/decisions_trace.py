@@ -41,35 +41,61 @@ CONTROLLER_CALLS = (
     ("santhrottle.controller.decide", "decide"),
     ("santhrottle.controller.step", "step"),
 )
-# the simulator's modules in either layout: (new, old)
+# the simulator's modules, newest layout first (the simulator in sim/, or in controller/)
 LAYOUT = {
     "engine": ("santhrottle.sim.engine", "santhrottle.controller.sim"),
-    "measure": ("santhrottle.sim.measure", "santhrottle.controller.sim"),
-    "baseline": ("santhrottle.sim.baseline", "santhrottle.controller.sim"),
+    "measure": ("santhrottle.sim.measure", "santhrottle.sim.engine", "santhrottle.controller.sim"),
+    "baseline": (
+        "santhrottle.sim.experiment",
+        "santhrottle.sim.engine",
+        "santhrottle.controller.sim",
+    ),
     "scenario": ("santhrottle.sim.scenario", "santhrottle.controller.scenario"),
     "plantgen": ("santhrottle.sim.plantgen", "santhrottle.controller.plantgen"),
     "sweep": ("santhrottle.sim.sweep", "santhrottle.controller.sweep"),
-    "fleetsim": ("santhrottle.sim.fleetsim", "santhrottle.controller.fleetsim"),
+    "fleetsim": ("santhrottle.sim.fleet", "santhrottle.controller.fleetsim"),
     "state": ("santhrottle.controller.state", "santhrottle.controller.step"),
-    "domain": ("santhrottle.controller.domain", "santhrottle.controller.domain"),
+    "domain": ("santhrottle.controller.domain",),
 }
 
 
+def _old_layout() -> bool:
+    """The simulator still in controller/ (its sim.py beside the law). Decided from
+    the controller that imports: a tree without sim/ must not pick up another
+    tree's (an editable install's finder would serve it)."""
+    import santhrottle.controller as ctl
+
+    return (Path(ctl.__file__).parent / "sim.py").exists()
+
+
+def _candidates(role: str) -> tuple[str, ...]:
+    names = LAYOUT[role]
+    if _old_layout():
+        return tuple(n for n in names if not n.startswith("santhrottle.sim."))
+    return tuple(n for n in names if not n.startswith("santhrottle.controller.sim"))
+
+
 def _mod(role: str) -> Any:
-    new, old = LAYOUT[role]
-    try:
-        return importlib.import_module(new)
-    except ModuleNotFoundError:
-        return importlib.import_module(old)
+    for name in _candidates(role):
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError:
+            continue
+    raise ModuleNotFoundError(f"none of {_candidates(role)}")
 
 
 def _attr(role: str, *names: str) -> Any:
-    """The first of names in role's module (a name may differ between the layouts)."""
-    m = _mod(role)
-    for n in names:
-        if hasattr(m, n):
-            return getattr(m, n)
-    raise AttributeError(f"{m.__name__} has none of {names}")
+    """The first of names in role's first module that has one (names and modules may
+    differ between the layouts)."""
+    for mod in _candidates(role):
+        try:
+            m = importlib.import_module(mod)
+        except ModuleNotFoundError:
+            continue
+        for n in names:
+            if hasattr(m, n):
+                return getattr(m, n)
+    raise AttributeError(f"none of {LAYOUT[role]} has any of {names}")
 
 
 class Recorder:

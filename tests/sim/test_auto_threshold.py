@@ -10,8 +10,9 @@ import statistics
 
 import pytest
 
-from santhrottle.controller import plantgen, sim
-from santhrottle.controller.scenario import parse_scenario
+from santhrottle.sim import engine as sim
+from santhrottle.sim import plantgen
+from santhrottle.sim.scenario import parse_scenario
 
 pytestmark = pytest.mark.sim
 PLANTS = 50

@@ -5,7 +5,7 @@ import pytest
 
 from santhrottle.appliance.cli.main import main
 
-PAPER = Path(__file__).parents[2] / "controller" / "scenarios" / "paper.toml"
+PAPER = Path(__file__).parents[2] / "sim" / "scenarios" / "paper.toml"
 
 
 def test_json_is_real_json_with_summary_and_series(capsys):

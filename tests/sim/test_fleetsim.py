@@ -4,12 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from santhrottle.controller.fleetsim import FleetCase, _flows, fleet_summary, run_fleet
-from santhrottle.controller.plant import Device, closed_latency
-from santhrottle.controller.scenario import parse_scenario
-from santhrottle.controller.sim import run, summarize
+from santhrottle.sim.engine import run, summarize
+from santhrottle.sim.fleet import FleetCase, _flows, fleet_summary, run_fleet
+from santhrottle.sim.plant import Device, closed_latency
+from santhrottle.sim.scenario import parse_scenario
 
-SCENARIOS = Path(__file__).parents[2] / "controller" / "scenarios"
+SCENARIOS = Path(__file__).parents[2] / "sim" / "scenarios"
 T_S = 0.015
 
 

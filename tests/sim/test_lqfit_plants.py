@@ -8,7 +8,7 @@ at 2-30 % of the peak (>= 20 IOPS), 1-4 closed writers whose depths add up
 to a load that would raise the latency by 0.5-20 x C (1..256 IOs), each with
 0-1 ms of its own delay per IO (network, stacks) and switched on and off
 every 2-12 s, and a relative noise of 0-0.5 on each IO's latency. Each
-100 ms tick: the device latency from controller/plant.py's solve_latency,
+100 ms tick: the device latency from sim/plant.py's solve_latency,
 then what a diskstats sensor would report: IOs completed ~ Poisson(X dt),
 their mean latency ~ Gamma (the mean of n IOs of relative spread sigma:
 sigma / sqrt(n)), in_flight = the sum of the streams' Q.
@@ -34,7 +34,7 @@ import pytest
 
 from santhrottle.controller.domain import DeviceSample
 from santhrottle.controller.lqfit import DEFAULT_ALPHA, LqEstimator, LqFit
-from santhrottle.controller.plant import Device, solve_latency
+from santhrottle.sim.plant import Device, solve_latency
 
 pytestmark = pytest.mark.sim
 

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from santhrottle.controller.groupsim import group_summary
-from santhrottle.controller.scenario import parse_scenario
-from santhrottle.controller.sim import run
+from santhrottle.sim.engine import run
+from santhrottle.sim.groups import group_summary
+from santhrottle.sim.scenario import parse_scenario
 
-SCENARIOS = Path(__file__).parents[2] / "controller" / "scenarios"
+SCENARIOS = Path(__file__).parents[2] / "sim" / "scenarios"
 TENANTS = (SCENARIOS / "groups.toml").read_text()
 PAPER = (SCENARIOS / "paper-groups.toml").read_text()
 SWAP_S = 70.0  # groups.toml: the priorities swap

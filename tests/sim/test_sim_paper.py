@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from santhrottle.controller.scenario import parse_scenario
-from santhrottle.controller.sim import TRANSIENT_S, simulate
+from santhrottle.sim.engine import TRANSIENT_S, simulate
+from santhrottle.sim.scenario import parse_scenario
 
-PAPER = Path(__file__).parents[2] / "controller" / "scenarios" / "paper.toml"
+PAPER = Path(__file__).parents[2] / "sim" / "scenarios" / "paper.toml"
 
 
 @pytest.fixture(scope="module")

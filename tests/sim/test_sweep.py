@@ -1,13 +1,13 @@
-"""controller/sweep.py and `santhrottle simulate --sweep`: a small sweep, its summary, the CLI."""
+"""sim/sweep.py and `santhrottle simulate --sweep`: a small sweep, its summary, the CLI."""
 
 import json
 
 import pytest
 
 from santhrottle.appliance.cli.main import main
-from santhrottle.controller import plantgen
-from santhrottle.controller.scenario import ScenarioError, parse_scenario
-from santhrottle.controller.sweep import (
+from santhrottle.sim import plantgen
+from santhrottle.sim.scenario import ScenarioError, parse_scenario
+from santhrottle.sim.sweep import (
     ORACLE,
     P95_BOUND,
     THROUGHPUT_BOUND,
@@ -64,7 +64,7 @@ def test_summary_is_consistent_with_the_plants(result):
 def test_the_oracle_holds_every_resource_at_its_class():
     """sim.run's oracle_class: the class never leaves it, members reach it through
     the ramp, and a write-heavy plant's oracle holds T (plant 1/0 needs a delay)."""
-    from santhrottle.controller.sim import best_constant_class, run, summarize
+    from santhrottle.sim.engine import best_constant_class, run, summarize
 
     sc = parse_scenario(plantgen.generate(1, 0))
     thr = sc.thresholds_s[0]

@@ -36,7 +36,7 @@ from santhrottle.appliance.cli.common import number
 from santhrottle.appliance.cli.main import build_parser, main
 
 LAB = Path(__file__).parents[1] / "fixtures" / "lab"
-PAPER = Path(__file__).parents[2] / "controller" / "scenarios" / "paper.toml"
+PAPER = Path(__file__).parents[2] / "sim" / "scenarios" / "paper.toml"
 ARGPARSE_ERROR = re.compile(r"^santhrottle( [\w-]+)*: error: .+")
 
 

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from santhrottle.controller.plant import (
+from santhrottle.sim.plant import (
     Closed,
     Device,
     SaturatedError,

@@ -1,12 +1,12 @@
-"""controller/plantgen.py: reproducible plants within the issue's ranges, each a valid scenario."""
+"""sim/plantgen.py: reproducible plants within the issue's ranges, each a valid scenario."""
 
 import math
 
 import pytest
 
-from santhrottle.controller import plantgen
-from santhrottle.controller.plant import Device, solve_latency
-from santhrottle.controller.scenario import parse_scenario
+from santhrottle.sim import plantgen
+from santhrottle.sim.plant import Device, solve_latency
+from santhrottle.sim.scenario import parse_scenario
 
 pytestmark = pytest.mark.unit
 

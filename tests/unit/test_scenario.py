@@ -4,9 +4,9 @@ from pathlib import Path
 import pytest
 
 from santhrottle.controller.ladder import Ladder
-from santhrottle.controller.scenario import ScenarioError, parse_scenario
+from santhrottle.sim.scenario import ScenarioError, parse_scenario
 
-PAPER = Path(__file__).parents[2] / "controller" / "scenarios" / "paper.toml"
+PAPER = Path(__file__).parents[2] / "sim" / "scenarios" / "paper.toml"
 
 MINIMAL = """
 [run]

@@ -59,7 +59,7 @@ FULL_RUN_SMP = 1
 
 
 def percentile(xs: list[float], q: float) -> float:
-    from santhrottle.controller.sim import percentile as pct
+    from santhrottle.sim.engine import percentile as pct
 
     return pct(xs, q)
 
@@ -313,8 +313,8 @@ def calibrate_overhead(raw: dict, c: float, m: float, noise: float, p50_s: float
     session-6 runs.  Calibrated on the uncontrolled median, the simulator
     reproduces that run; its uncontrolled p95 and every controlled figure
     are then predictions."""
-    from santhrottle.controller.scenario import parse_scenario
-    from santhrottle.controller.sim import run, summarize
+    from santhrottle.sim.engine import run, summarize
+    from santhrottle.sim.scenario import parse_scenario
 
     lo, hi = 0.0, CALIBRATION_MAX_OVERHEAD_S
     for _ in range(CALIBRATION_STEPS):
@@ -330,8 +330,8 @@ def calibrate_overhead(raw: dict, c: float, m: float, noise: float, p50_s: float
 def simulate_lab(raw: dict, c: float, m: float, noise: float, overhead_s: float = 0.0) -> dict:
     """The same experiment in the simulator, with the lab's fitted device (and, when the
     lab searched for the best static delay, the simulator's best constant class)."""
-    from santhrottle.controller.scenario import parse_scenario
-    from santhrottle.controller.sim import simulate
+    from santhrottle.sim.engine import simulate
+    from santhrottle.sim.scenario import parse_scenario
 
     text = lab_scenario(raw, c, m, noise, overhead_s)
     baseline = any(ph.get("kind") == "static" for ph in raw["phases"])

@@ -20,11 +20,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .domain import IoSample
-from .groups import Group
-from .restate import configure_groups
+from santhrottle.controller.domain import IoSample
+from santhrottle.controller.groups import Group
+from santhrottle.controller.restate import configure_groups
+from santhrottle.controller.state import ControllerState
+
 from .scenario import Scenario
-from .state import ControllerState
 
 
 @dataclass

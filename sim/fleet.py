@@ -8,7 +8,7 @@ Problem
     split initiator's total? What goes wrong if each appliance controls
     alone on what it sees?
 
-Model (the plant of controller/sim.py and controller/plant.py, per path)
+Model (the plant of sim/engine.py and sim/plant.py, per path)
     An initiator's fraction on path p is f_p (the case's split, rotated by
     the initiator's index unless rotate is off: initiator j's f_p is
     split[(p + j) mod N], so each appliance sees some hosts mostly and
@@ -65,12 +65,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .domain import ReadSample, Resource, Samples, WriteSample
-from .fleet import Decision, DecisionFence, Report, fresh, leader_decision, merge
-from .plant import Closed, Device, closed_latency
-from .restate import seed_class
-from .scenario import Scenario
-from .sim import (
+from santhrottle.controller.domain import ReadSample, Resource, Samples, WriteSample
+from santhrottle.controller.fleet import (
+    Decision,
+    DecisionFence,
+    Report,
+    fresh,
+    leader_decision,
+    merge,
+)
+from santhrottle.controller.restate import seed_class
+from santhrottle.controller.state import ControllerState, new_state
+from santhrottle.controller.step import step
+
+from .engine import (
     LATENCY_WINDOW_S,
     RunResult,
     Series,
@@ -81,8 +89,8 @@ from .sim import (
     percentile,
     summarize,
 )
-from .state import ControllerState, new_state
-from .step import step
+from .plant import Closed, Device, closed_latency
+from .scenario import Scenario
 
 POLICIES = ("round-robin", "service-time")
 MODES = ("single", "fleet", "independent")

@@ -9,7 +9,7 @@ What one run does (every sim_step_s, 10 ms by default)
     2. Each closed stream's per-IO delay d = effective class of its
        initiator's delay on the ladder (0 when uncontrolled; fixed for a constant run).
     3. Per resource, the device latency L is the fixed point of
-       controller/plant.py; closed streams move q/(L+d) IOs per second.
+       sim/plant.py; closed streams move q/(L+d) IOs per second.
     4. Open-loop reads arrive as a Poisson process (their own seeded RNG,
        identical in every run of a scenario: common random numbers); each
        read's latency is L times a mean-1 lognormal with the resource's
@@ -39,13 +39,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from .domain import DeviceSample, ReadSample, Resource, Samples, WriteSample
-from .groupsim import GroupMeter, GroupSeries, group_summary
+from santhrottle.controller.domain import DeviceSample, ReadSample, Resource, Samples, WriteSample
+from santhrottle.controller.restate import set_class
+from santhrottle.controller.state import new_state
+from santhrottle.controller.step import step
+
+from .groups import GroupMeter, GroupSeries, group_summary
 from .plant import Closed, Device, closed_latency
-from .restate import set_class
 from .scenario import Scenario
-from .state import new_state
-from .step import step
 
 # After a switch-on the p99 and the "back under threshold" clock exclude or
 # measure this long a transient (issue acceptance: 2 s).
@@ -110,7 +111,7 @@ def run(
     oracle_class (with threshold_s): every resource's class is held at it after
     each step, so a writer gets it once the write-heavy sets have it and
     through the ramp: the best a controller limited by the sets' cadence and
-    the ramp could do, knowing the class in advance (controller/sweep.py)."""
+    the ramp could do, knowing the class in advance (sim/sweep.py)."""
     if oracle_class is not None and threshold_s is None:
         raise ValueError("oracle_class needs threshold_s (a controlled run)")
     cfg = sc.controller

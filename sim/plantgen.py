@@ -1,10 +1,10 @@
 """Plant generator: seeded random simulator scenarios for the robustness sweep.
 
 Problem
-    One shipped scenario (controller/scenarios/paper.toml) says little about
+    One shipped scenario (sim/scenarios/paper.toml) says little about
     the arrays and initiators the appliance meets: intercepts from NVMe to
     disk, one heavy host or forty light ones, joins all at once or one by
-    one. `santhrottle simulate --sweep` (controller/sweep.py) judges the
+    one. `santhrottle simulate --sweep` (sim/sweep.py) judges the
     controller on hundreds of plants drawn here; each is plain scenario TOML,
     so any one replays with `santhrottle simulate FILE`.
 
@@ -67,7 +67,8 @@ import math
 import random
 from dataclasses import dataclass
 
-from .ladder import Ladder
+from santhrottle.controller.ladder import Ladder
+
 from .plant import Device, solve_latency
 
 KIB = 1024.0
@@ -211,7 +212,7 @@ class Plant:
 
     def toml(self) -> str:
         lines = [
-            f"# plantgen seed {self.seed} index {self.index} (controller/plantgen.py)",
+            f"# plantgen seed {self.seed} index {self.index} (sim/plantgen.py)",
             f"# {self.describe()}",
             "",
             "[run]",

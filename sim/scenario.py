@@ -3,7 +3,7 @@
 Every field is checked here, and a bad one raises ScenarioError naming it
 (`stream[2].depth: must be > 0`), so the CLI can print one line and exit 2.
 The format is documented in docs/simulator.md; the paper's experiment is
-controller/scenarios/paper.toml.
+sim/scenarios/paper.toml.
 """
 
 from __future__ import annotations
@@ -13,9 +13,16 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from .domain import LAWS, OFFSET_X_THRESHOLD_MAX, TICK_S, ControllerConfig, LogGains, PidGains
-from .groups import Group
-from .ladder import Ladder, LadderError
+from santhrottle.controller.domain import (
+    LAWS,
+    OFFSET_X_THRESHOLD_MAX,
+    TICK_S,
+    ControllerConfig,
+    LogGains,
+    PidGains,
+)
+from santhrottle.controller.groups import Group
+from santhrottle.controller.ladder import Ladder, LadderError
 
 KIB = 1024.0
 

@@ -5,7 +5,7 @@ Problem
     tuned on, and which plants it fails, for the default settings and for
     other named settings (variants) side by side.
 
-Law (per plant, controller/plantgen.py draws it from (seed, index))
+Law (per plant, sim/plantgen.py draws it from (seed, index))
     1. feasible: sim.best_constant_class finds the smallest constant class
        of the ladder whose p95 holds T (with the scenario's own [controller]
        table, i.e. the default ladder); its writer throughput is the
@@ -49,8 +49,8 @@ from functools import partial
 from typing import Any
 
 from . import plantgen
+from .engine import RunResult, best_constant_class, run, summarize
 from .scenario import Scenario, ScenarioError, parse_scenario
-from .sim import RunResult, best_constant_class, run, summarize
 
 # ---------------------------------------------------------------------------
 # VARIANTS: named overrides of a scenario's [controller] table (its TOML keys,

@@ -1,0 +1,1 @@
+"""The plant simulator: the controller (santhrottle.controller) against a modelled array."""
