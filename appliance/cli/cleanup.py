@@ -32,7 +32,8 @@ from typing import Any
 
 from santhrottle.appliance.cli.common import Failed
 from santhrottle.appliance.config import ConfigError, load_config
-from santhrottle.appliance.config.parse import MAX_CONFIG_BYTES, read_text_file
+from santhrottle.appliance.config.parse import MAX_CONFIG_BYTES
+from santhrottle.appliance.textfile import read_text_file
 
 # `netns = "tgt"` as written in a file that may not parse as a whole.
 _NETNS_LINE = re.compile(r'^\s*netns\s*=\s*"([A-Za-z0-9][A-Za-z0-9_.+-]*)"\s*(?:#.*)?$', re.M)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from typing import Any
 
@@ -44,6 +45,16 @@ from santhrottle.appliance.daemon.control.requests import (
     DaemonAbsent,
     DaemonUnavailable,
     RemoteError,
+)
+from santhrottle.appliance.daemon.status.views import (
+    FitView,
+    InitiatorView,
+    StatusView,
+    ThresholdView,
+    ViewError,
+    WireView,
+    from_json,
+    to_json,
 )
 from santhrottle.appliance.units import fmt_duration, fmt_mb, fmt_ms
 
@@ -76,17 +87,25 @@ A threshold set here is an override: `threshold show` says so and names the
 file's value, and `threshold reset` returns to it.  Put it in the
 configuration ([resources.NAME] threshold) to make it the file's.  --json
 prints {"protocol": N, "data": ...}: N is the control protocol's version; show's
-data is per resource {"threshold_s", "configured_s", "override"}.
+data is per resource {"threshold_s", "configured_s", "override", "in_force_s",
+"setpoint_fraction", "fit"}, the object status --json shows as a resource's
+"threshold".
 """
 
 
 def _socket(args: argparse.Namespace) -> str:
+    """--socket, else the configuration's daemon.control_socket; the default socket
+    only when the default configuration file does not exist.  A file that is there
+    but does not load is a CliError (exit 2): a socket guessed behind the admin's back
+    could be another daemon's."""
     if args.socket:
         return str(args.socket)
+    if args.config == DEFAULT_PATH and not os.path.lexists(DEFAULT_PATH):
+        return defaults().control_socket
     try:
         return load_config(args.config).control_socket
-    except ConfigError:
-        return defaults().control_socket  # the default path; the daemon will say the rest
+    except ConfigError as e:
+        raise CliError(f"{e} (or give --socket)") from None
 
 
 def call(
@@ -120,80 +139,89 @@ def call(
         raise Failed(f"santhrottled sent a reply that is not JSON on {path}: {e}") from None
 
 
-def print_status(st: dict[str, Any]) -> None:
-    c = st["counters"]
+def read_status(data: Any) -> StatusView:
+    """The daemon's status answer as its typed view; Failed when it is not one."""
+    try:
+        return from_json(StatusView, data, "status")
+    except ViewError as e:
+        raise Failed(f"santhrottled's status answer does not read: {e}") from None
+
+
+def print_status(data: Any) -> None:
+    st = read_status(data)
+    c = st.counters
     print(
-        f"{'PAUSED' if st['paused'] else 'running'}; tick {fmt_duration(st['tick_s'])}, "
-        f"step {fmt_duration(st['step_s'])}, write mode {st['write_mode']}; "
-        f"ticks {c['ticks']}, late {c['tick_overruns']}, sensor errors {c['sensor_errors']}, "
-        f"actuator errors {c['actuator_errors']}"
+        f"{'PAUSED' if st.paused else 'running'}; tick {fmt_duration(st.tick_s)}, "
+        f"step {fmt_duration(st.step_s)}, write mode {st.write_mode}; "
+        f"ticks {c.ticks}, late {c.tick_overruns}, sensor errors {c.sensor_errors}, "
+        f"actuator errors {c.actuator_errors}"
     )
-    if st.get("restart_needed"):
-        print(f"restart needed for: {', '.join(st['restart_needed'])} (the file changed them)")
-    if st.get("wire") is not None:
-        print(describe_wire(st["wire"]))
-    names = {i["initiator"]: i["host"] for i in st["initiators"] if i.get("host")}
+    if st.restart_needed:
+        print(f"restart needed for: {', '.join(st.restart_needed)} (the file changed them)")
+    if st.wire is not None:
+        print(describe_wire(st.wire))
+    names = {i.initiator: i.host for i in st.initiators if i.host}
     print(
         f"{'RESOURCE':<16} {'MODE':<8} {'THRESHOLD':>13} {'SETPT':>5} {'LAT_EWMA':>9} {'LAST':>9} "
         f"{'CLASS':>5} {'DELAY':>8}  MEMBERS"
     )
-    for r in st["resources"]:
-        thr = fmt_threshold(r["threshold_s"], r.get("threshold_in_force_s"))
-        thr += "*" if r.get("threshold_override") else ""
-        sp = r.get("threshold_setpoint_fraction")
-        members = ",".join(names.get(m, m) for m in r["members"]) or "-"  # a host by its name
+    for r in st.resources:
+        th = r.threshold
+        thr = fmt_threshold(th.threshold_s, th.in_force_s) + ("*" if th.override else "")
+        sp = th.setpoint_fraction
+        members = ",".join(names.get(m, m) for m in r.members) or "-"  # a host by its name
         print(
-            f"{r['resource']:<16} {r['mode']:<8} {thr:>13} {'-' if sp is None else f'{sp:.2f}':>5} "
-            f"{fmt_ms(r['read_latency_ewma_s']):>9} {fmt_ms(r['read_latency_s']):>9} "
-            f"{r['delay_class']:>5} {fmt_ms(r['delay_s']):>8}  {members}"
+            f"{r.resource:<16} {r.mode:<8} {thr:>13} {'-' if sp is None else f'{sp:.2f}':>5} "
+            f"{fmt_ms(r.read_latency_ewma_s):>9} {fmt_ms(r.read_latency_s):>9} "
+            f"{r.delay_class:>5} {fmt_ms(r.delay_s):>8}  {members}"
         )
-    print_initiators(st["initiators"])
-    if any(r.get("threshold_override") for r in st["resources"]):
+    print_initiators(st.initiators)
+    if any(r.threshold.override for r in st.resources):
         print("* a threshold set at run time (threshold reset returns to the file's)")
-    for r in st["resources"]:
-        if r["threshold_s"] == "auto":
-            fit = describe_fit(r.get("threshold_fit"), r.get("threshold_in_force_s"))
-            print(f"{r['resource']}: {fit}")
-    if st.get("groups"):  # [groups.NAME]: per grouped resource and group (cli/groupview.py)
-        print_status_groups(st["groups"])
+    for r in st.resources:
+        if r.threshold.threshold_s == "auto":
+            print(f"{r.resource}: {describe_fit(r.threshold.fit, r.threshold.in_force_s)}")
+    if st.groups:  # [groups.NAME]: per grouped resource and group (cli/groupview.py)
+        print_status_groups([to_json(g) for g in st.groups])
 
 
-def print_initiators(initiators: list[dict[str, Any]]) -> None:
+def print_initiators(initiators: list[InitiatorView]) -> None:
     """The daemon's initiators, one row each (a [hosts.NAME] once: its addresses, and
     its name under HOST, a column shown with [hosts] only), IPv4 then IPv6; the
     address and resource columns as wide as their content (an IPv6 address is up to
     39 characters)."""
-    rows = sorted(initiators, key=lambda i: ip_key(i["initiator"]))
-    addrs = [",".join(i.get("addresses") or [i["initiator"]]) for i in rows]
-    res = [",".join(i["resources"]) or "-" for i in rows]
-    hosts = [i.get("host") or "-" for i in rows]
+    rows = sorted(initiators, key=lambda i: ip_key(i.initiator))
+    addrs = [",".join(i.addresses or [i.initiator]) for i in rows]
+    res = [",".join(i.resources) or "-" for i in rows]
+    hosts = [i.host or "-" for i in rows]
     wa, wr = column_width(addrs, "INITIATOR", 18), column_width(res, "RESOURCES", 20)
-    wh = column_width(hosts, "HOST") if any(i.get("host") for i in rows) else None
+    wh = column_width(hosts, "HOST") if any(i.host for i in rows) else None
     head = f"{'INITIATOR':<{wa}} " + ("" if wh is None else f"{'HOST':<{wh}} ")
     print(f"{head}{'RESOURCES':<{wr}} {'WR_MB/s':>8} {'CLASS':>5} {'DELAY':>8} MODE")
     for i, a, r, h in zip(rows, addrs, res, hosts, strict=True):
-        rate = sum(v for v in i["write_bytes_per_second"].values() if v is not None)
-        pinned = " (pinned)" if i["pinned"] else " (adopted)" if i.get("adopted") else ""
+        rate = sum(v for v in i.write_bytes_per_second.values() if v is not None)
+        pinned = " (pinned)" if i.pinned else " (adopted)" if i.adopted else ""
         lead = f"{a:<{wa}} " + ("" if wh is None else f"{h:<{wh}} ")
         print(
-            f"{lead}{r:<{wr}} {fmt_mb(rate):>8} {i['class']:>5} "
-            f"{fmt_ms(i['delay_s']):>8} {i['mode']}{pinned}"
+            f"{lead}{r:<{wr}} {fmt_mb(rate):>8} {i.klass:>5} "
+            f"{fmt_ms(i.delay_s):>8} {i.mode}{pinned}"
         )
 
 
-def describe_wire(w: dict[str, Any]) -> str:
+def describe_wire(w: WireView) -> str:
     """Bridge mode: the wire sensor in one line (counts since the daemon's start)."""
-    state = "capturing" if w["capturing"] else "NOT capturing (see the log)"
-    where = " in the kernel" if w.get("sensor") == "kernel" else ""
+    state = "capturing" if w.capturing else "NOT capturing (see the log)"
+    where = " in the kernel" if w.sensor == "kernel" else ""
+    n = w.counters
     lost = (
-        f"{w.get('kernel_desyncs', 0)} desyncs, {w.get('kernel_gaps', 0)} gaps"
+        f"{n.get('kernel_desyncs', 0)} desyncs, {n.get('kernel_gaps', 0)} gaps"
         if where
-        else f"{w.get('capture_kernel_drops', 0)} dropped by a full ring"
+        else f"{n.get('capture_kernel_drops', 0)} dropped by a full ring"
     )
     return (
-        f"bridge mode, wire {state}{where}: {w.get('commands', 0)} commands, "
-        f"{w.get('completions', 0)} completed, {w.get('unmatched', 0)} unmatched, "
-        f"{w.get('aged', 0)} aged out; {w.get('capture_frames', 0)} frames, {lost}"
+        f"bridge mode, wire {state}{where}: {n.get('commands', 0)} commands, "
+        f"{n.get('completions', 0)} completed, {n.get('unmatched', 0)} unmatched, "
+        f"{n.get('aged', 0)} aged out; {n.get('capture_frames', 0)} frames, {lost}"
     )
 
 
@@ -204,17 +232,17 @@ def fmt_threshold(thr: Any, in_force: float | None) -> str:
     return fmt_ms(thr)
 
 
-def describe_fit(fit: dict[str, Any] | None, in_force: float | None) -> str:
+def describe_fit(fit: FitView | None, in_force: float | None) -> str:
     """threshold "auto": the LQ fit (C, m, R^2, windows, Q seen) and what is in force."""
     force = f"in force {fmt_ms(in_force)}" if in_force is not None else "observed (no fallback)"
-    if not fit or not fit.get("windows"):
+    if fit is None or not fit.windows:
         return f"LQ fit: no samples yet; {force} (the fallback)"
     line = (
-        f"LQ fit L = {fmt_ms(fit['intercept_s'])} + {fmt_ms(fit['slope_s_per_io'])} x Q, "
-        f"R^2 {_num(fit['r_squared'])}, {fit['windows']:.0f} windows, "
-        f"Q {_num(fit['q_lo'])}..{_num(fit['q_hi'])} IOs"
+        f"LQ fit L = {fmt_ms(fit.intercept_s)} + {fmt_ms(fit.slope_s_per_io)} x Q, "
+        f"R^2 {_num(fit.r_squared)}, {fit.windows:.0f} windows, "
+        f"Q {_num(fit.q_lo)}..{_num(fit.q_hi)} IOs"
     )
-    if fit.get("fitted"):
+    if fit.fitted:
         return f"{line}; threshold C/(1-alpha) {force}"
     return f"{line}; not confident yet: {force} (the fallback)"
 
@@ -254,20 +282,32 @@ def _split_operands(args: argparse.Namespace) -> list[str]:
     return rest
 
 
-def _print_thresholds(data: dict[str, Any]) -> None:
-    """Per resource: its effective threshold, marked when it is an override.  A
-    daemon of before the overrides answers a bare number (or null) per resource."""
+def read_threshold(data: Any, where: str = "threshold") -> ThresholdView:
+    """One resource's threshold in an answer (status/views.py ThresholdView)."""
+    try:
+        return from_json(ThresholdView, data, where)
+    except ViewError as e:
+        raise Failed(f"santhrottled's answer does not read: {e}") from None
+
+
+def describe_threshold(th: ThresholdView) -> str:
+    """The threshold in force, "auto" with its fit, an override with the file's."""
+    thr = th.threshold_s
+    text = fmt_threshold(thr, th.in_force_s) if thr is not None else "none (observe only)"
+    if thr == "auto":
+        text += f"; {describe_fit(th.fit, th.in_force_s)}"
+    if th.override:
+        conf = th.configured_s
+        text += f" (override; file: {fmt_ms(conf) if conf is not None else 'none'})"
+    return text
+
+
+def _print_thresholds(data: Any) -> None:
+    """Per resource: its threshold, marked when it is an override."""
+    if not isinstance(data, dict):
+        raise Failed("santhrottled's threshold_show answer is not an object")
     for name, v in data.items():
-        if not isinstance(v, dict):
-            v = {"threshold_s": v, "configured_s": v, "override": False}
-        thr = v.get("threshold_s")
-        text = fmt_threshold(thr, v.get("in_force_s")) if thr is not None else "none (observe only)"
-        if thr == "auto":
-            text += f"; {describe_fit(v.get('fit'), v.get('in_force_s'))}"
-        if v.get("override"):
-            conf = v.get("configured_s")
-            text += f" (override; file: {fmt_ms(conf) if conf is not None else 'none'})"
-        print(f"{name:<16} {text}")
+        print(f"{name:<16} {describe_threshold(read_threshold(v, name))}")
 
 
 def cmd_threshold_show(args: argparse.Namespace) -> int:
@@ -295,19 +335,21 @@ def cmd_threshold_set(args: argparse.Namespace) -> int:
     return emit(
         args,
         data,
-        lambda d: print(
-            f"{d['resource']}: threshold {fmt_threshold(d['threshold_s'], d.get('in_force_s'))}"
-        ),
+        lambda d: print(f"{d['resource']}: threshold {_in_force(d)}"),
     )
 
 
+def _in_force(d: dict[str, Any]) -> str:
+    """A threshold_set / threshold_reset answer's threshold (its ThresholdView fields)."""
+    th = read_threshold({k: v for k, v in d.items() if k not in ("resource", "removed_s")})
+    return fmt_threshold(th.threshold_s, th.in_force_s)
+
+
 def _print_reset(d: dict[str, Any]) -> None:
-    thr = d.get("threshold_s")
-    if thr is None:
+    if d.get("threshold_s") is None:
         print(f"{d['resource']}: no threshold (observe only), as in the configuration")
     else:
-        text = fmt_threshold(thr, d.get("in_force_s"))
-        print(f"{d['resource']}: threshold {text} (the configuration's)")
+        print(f"{d['resource']}: threshold {_in_force(d)} (the configuration's)")
 
 
 def cmd_threshold_reset(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ exit 1 (cli/common.py, EXIT_CODES).
 
 Worked example
     `santhrottle resources --interval 0.5 --json` measures for 0.5 s and prints
-    {"protocol": 1, "data": [{"resource": "vg0", "devices": ["dm-0"], ...}]}.
+    {"protocol": 2, "data": [{"resource": "vg0", "devices": ["dm-0"], ...}]}.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from santhrottle.appliance.cli.common import (
     path_arg,
     verb,
 )
-from santhrottle.appliance.config.parse import read_text_file
+from santhrottle.appliance.textfile import read_text_file
 from santhrottle.appliance.units import fmt_ms
 from santhrottle.sim.engine import simulate
 from santhrottle.sim.plant import SaturatedError

@@ -17,7 +17,7 @@ Where the figures come from
 
 Worked example
     `santhrottle resources --json` on a bridge with santhrottled running:
-    {"protocol": 1, "data": {"source": "santhrottled", "resources": [{"resource":
+    {"protocol": 2, "data": {"source": "santhrottled", "resources": [{"resource":
     "array1", ...}], "volumes": [{"volume": "iscsi://10.0.0.5:3260/iqn...:sn1/0",
     "resources": ["array1"], "initiators": ["10.0.0.21"], "reads_per_s": 812.0,
     "read_latency_s": 0.0041}]}}.

@@ -17,9 +17,7 @@ Worked example
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
-import stat
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -28,6 +26,7 @@ from typing import Any
 from santhrottle.appliance.config.hosts import HostConfig, hosts
 from santhrottle.appliance.config.kinds import AUTO, NAME_RE, KindError
 from santhrottle.appliance.config.schema import DEFAULT_PATH, KEYS, TABLES
+from santhrottle.appliance.textfile import read_text_file
 from santhrottle.controller.domain import ControllerConfig, LogGains, PidGains
 from santhrottle.controller.ladder import Ladder, LadderError
 
@@ -456,39 +455,6 @@ def load_config(path: str | Path = DEFAULT_PATH) -> Config:
     p = Path(path)
     hint = " (see docs/configure.md for an example)"
     return parse_config(read_text_file(p, MAX_CONFIG_BYTES, ConfigError, missing_hint=hint), str(p))
-
-
-def read_text_file(
-    p: Path, max_bytes: int, error: type[Exception], what: str = "", missing_hint: str = ""
-) -> str:
-    """A regular file's UTF-8 text, at most max_bytes; `error` with one line
-    ("WHAT FILE: PROBLEM") otherwise.  Opened non-blocking and checked before
-    reading: a FIFO, a device (/dev/zero) or a directory never blocks or
-    fills the memory."""
-    name = f"{what}{p}"
-    try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise error(f"{name}: no such file{missing_hint}") from None
-    except OSError as e:
-        raise error(f"{name}: cannot read: {e.strerror or e}") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise error(f"{name}: not a regular file")
-    with os.fdopen(fd, "rb") as f:
-        if st.st_size > max_bytes:
-            raise error(f"{name}: larger than {max_bytes // 1024} KiB")
-        try:
-            raw = f.read(max_bytes + 1)
-        except OSError as e:
-            raise error(f"{name}: cannot read: {e.strerror or e}") from None
-    if len(raw) > max_bytes:
-        raise error(f"{name}: larger than {max_bytes // 1024} KiB")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise error(f"{name}: not UTF-8 text") from None
 
 
 def _one_line(e: Exception) -> str:

@@ -30,11 +30,18 @@ import socket
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from santhrottle.appliance.config import DEFAULT_PATH, Config, ConfigError, load_config
 from santhrottle.appliance.daemon.sdnotify import notify
 from santhrottle.appliance.version import version_line
+
+if TYPE_CHECKING:
+    from santhrottle.appliance.daemon.core.fleetmode import FleetMode
+    from santhrottle.appliance.daemon.core.sensors import BridgeSensors, Sensors
+    from santhrottle.appliance.daemon.status.build import StatusCache
+    from santhrottle.appliance.daemon.status.metrics import MetricsServer
+    from santhrottle.appliance.datapath import Datapath
 
 log = logging.getLogger("santhrottled")
 EXIT_FAILED = 1
@@ -61,24 +68,26 @@ The configuration keys are in santhrottle.toml(5) and docs/configure.md.
 """
 
 
-def build_datapath(cfg: Config) -> Any:
+def build_datapath(cfg: Config) -> Datapath:
     from santhrottle.appliance.datapath import Datapath, DatapathSpec
 
     return Datapath(DatapathSpec.from_config(cfg), netns=cfg.netns)
 
 
-def build_sensors(cfg: Config) -> Any:
+def build_sensors(cfg: Config) -> tuple[Sensors, BridgeSensors | None]:
+    """The sensors, and in bridge mode the same object as the wire's extension."""
     if cfg.bridge_mode:  # the wire on the array-side port (started by serve())
         from santhrottle.appliance.sensing.bridge import NAMES_FILE, BridgeSensor
 
         assert cfg.array_port is not None  # the parser's rule in bridge mode
-        return BridgeSensor(
+        wire = BridgeSensor(
             port=cfg.array_port,
             resources=cfg.volumes(),
             netns=cfg.netns,
             names_path=os.path.join(cfg.state_dir, NAMES_FILE),
             sensor=cfg.bridge_sensor,
         )
+        return wire, wire
     from santhrottle.appliance.sensing.target import TargetSensor
 
     return TargetSensor(
@@ -87,7 +96,7 @@ def build_sensors(cfg: Config) -> Any:
         declared={n: r.devices for n, r in cfg.resources.items() if r.devices},
         static_map=cfg.static_map,
         snapshot_reuse_s=cfg.controller.tick_s,
-    )
+    ), None
 
 
 def check(cfg: Config) -> int:
@@ -115,8 +124,6 @@ def preflight(cfg: Config) -> list[str]:
     for tool in REQUIRED_TOOLS[cfg.mode]:
         if not shutil.which(tool):
             problems.append(f"{tool} not found in PATH")
-    if not cfg.devices:
-        problems.append(f"{cfg.path}: datapath.devices is empty: name the egress device(s)")
     if cfg.netns and not os.path.exists(f"/run/netns/{cfg.netns}"):
         problems.append(f"daemon.netns: no network namespace {cfg.netns!r} (/run/netns)")
     elif root:
@@ -189,54 +196,67 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def load_daemon_config(path: str) -> Config:
+    """The file as the daemon takes it, at start, at --check and at every reload
+    alike: the configuration's own checks, and the devices it must have (an empty
+    or truncated file has none).  ConfigError (one line) otherwise."""
+    cfg = load_config(path)
+    if not cfg.devices:
+        raise ConfigError(f"{cfg.path}: datapath.devices is empty: name the egress device(s)")
+    return cfg
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
     try:
-        cfg = load_config(args.config)
+        cfg = load_daemon_config(args.config)
     except ConfigError as e:
         print(f"santhrottled: {e}", file=sys.stderr)
         return EXIT_USAGE
     if args.check:
         return check(cfg)
-    if not cfg.devices:
-        print(f"santhrottled: {cfg.path}: datapath.devices is empty", file=sys.stderr)
-        return EXIT_USAGE
     return serve(cfg)
 
 
 def serve(cfg: Config) -> int:
+    from santhrottle.appliance.daemon.control.commands import Commands
     from santhrottle.appliance.daemon.control.requests import one_line
     from santhrottle.appliance.daemon.control.server import ControlServer
     from santhrottle.appliance.daemon.core.loop import Daemon
-    from santhrottle.appliance.daemon.core.restore import restore
     from santhrottle.appliance.daemon.core.state import StateStore
+    from santhrottle.appliance.daemon.status.build import StatusCache
     from santhrottle.appliance.datapath import DatapathError
 
     server = metrics = datapath = sensors = None
     applied = False
     try:
         datapath = build_datapath(cfg)
-        sensors = build_sensors(cfg)
+        sensors, bridge = build_sensors(cfg)
         daemon = Daemon(
             cfg,
             sensors,
             datapath,
-            load_config=load_config,
+            bridge=bridge,
+            load_config=load_daemon_config,
             notify=notify,
             store=StateStore(cfg.state_dir),
             fleet=build_fleet(cfg),
         )
+        views = StatusCache(daemon)  # one view per revision: the socket's and the metrics'
         # what can be refused without touching the kernel, first
-        server = ControlServer(cfg.control_socket, daemon.handle, cfg.socket_mode, cfg.socket_group)
-        metrics = start_metrics(cfg, daemon)
-        if cfg.bridge_mode:  # the ports must be the bridge's before the jumps match them
+        commands = Commands(daemon, views)
+        server = ControlServer(
+            cfg.control_socket, commands.handle, cfg.socket_mode, cfg.socket_group
+        )
+        metrics = start_metrics(cfg, views)
+        if bridge is not None:  # the ports must be the bridge's before the jumps match them
             log.info("bridge: %s", prepare(cfg))
         applied = True
         log.info("datapath: %s", datapath.apply().summary())
-        if cfg.bridge_mode:
-            sensors.start()
-        restore(daemon, daemon.store, datapath.current(), time.monotonic())
+        if bridge is not None:
+            bridge.start()
+        daemon.restore(time.monotonic())  # the members apply() read back
         server.start()
     except (DatapathError, OSError, ValueError) as e:
         print(f"santhrottled: {one_line(str(e)) or type(e).__name__}", file=sys.stderr)
@@ -246,7 +266,8 @@ def serve(cfg: Config) -> int:
             metrics.shutdown()
         if server is not None:
             server.close()
-        _close(sensors)
+        if sensors is not None:
+            sensors.close()
         return EXIT_FAILED
 
     def on_term(signum: int, _frame: Any) -> None:
@@ -268,7 +289,7 @@ def serve(cfg: Config) -> int:
     try:
         daemon.run()
     finally:
-        _close(sensors)
+        sensors.close()
         daemon.shutdown()
         server.close()
         if metrics is not None:
@@ -276,7 +297,7 @@ def serve(cfg: Config) -> int:
     return 0
 
 
-def build_fleet(cfg: Config) -> Any:
+def build_fleet(cfg: Config) -> FleetMode | None:
     """[fleet]: the agent on the etcd cluster (None without endpoints).  Nothing
     is asked of the engine here: a start never waits for it (the agent joins
     in its thread; until it has, the appliance controls alone)."""
@@ -316,13 +337,7 @@ def prepare(cfg: Config) -> str:
     return f"{st.name} {how}, ports {', '.join(st.ports)}, STP off, forward delay 0"
 
 
-def _close(sensors: Any) -> None:
-    close = getattr(sensors, "close", None)
-    if close is not None:
-        close()
-
-
-def start_metrics(cfg: Config, daemon: Any) -> Any:
+def start_metrics(cfg: Config, views: StatusCache) -> MetricsServer | None:
     """The Prometheus exporter (None when metrics.port is 0); OSError when the
     port is taken."""
     if not cfg.metrics_port:
@@ -331,11 +346,11 @@ def start_metrics(cfg: Config, daemon: Any) -> Any:
     from santhrottle.appliance.daemon.status.metrics import MetricsServer, registry_for
 
     # the member counters through their own read-only netlink socket, per scrape
-    registry = registry_for(daemon, MemberCounterReader(cfg.netns, bridged=cfg.bridge_mode))
+    registry = registry_for(views, MemberCounterReader(cfg.netns, bridged=cfg.bridge_mode))
     return MetricsServer(cfg.metrics_address, cfg.metrics_port, registry)
 
 
-def undo(datapath: Any, cfg: Config) -> None:
+def undo(datapath: Datapath, cfg: Config) -> None:
     """A start that failed after apply(): nobody delayed, and unless the static
     state is kept, nothing of santhrottle's left in the kernel."""
     try:

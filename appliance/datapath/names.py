@@ -96,6 +96,16 @@ class NotApplied(DatapathError):
     """The data path is not installed (nothing to pin into)."""
 
 
+class ObjectError(DatapathError):
+    """The kernel refused an object every member of a set needs (kind: "jumps", the
+    rules in front of the sets; "gate", the list:set of the sets with members), not
+    one member: datapath/converge.py waits for it instead of blaming members."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 def class_minor(k: int) -> int:
     """Delay class k -> HTB minor: k's decimal digits read as hex (20 -> 0x20)."""
     if not 1 <= k <= MAX_CLASSES:

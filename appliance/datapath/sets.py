@@ -56,6 +56,7 @@ from santhrottle.appliance.datapath.names import (
     SET_FAMILY,
     TMP_SUFFIX,
     DatapathError,
+    ObjectError,
     family,
 )
 
@@ -245,7 +246,7 @@ class MemberSets(KnownMembers):
                     have.discard(name)
             except (IPSetError, OSError) as e:
                 self._gated = None  # unknown now: read back next time
-                raise DatapathError(f"ipset {op} {MEMBERS_SET} {name}: {e}") from None
+                raise ObjectError("gate", f"ipset {op} {MEMBERS_SET} {name}: {e}") from None
 
     def _list_set_members(self, name: str) -> set[str]:
         out = set()

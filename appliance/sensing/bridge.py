@@ -256,7 +256,13 @@ class BridgeSensor:
         if wire is not None:
             wire.close()
 
-    # -- the daemon's sensor interface -------------------------------------
+    # -- the daemon's sensor interface (daemon/core/sensors.py) ------------
+    # no long-lived discovery to freeze for the garbage collector (GcFreezer)
+    discoveries = 0
+
+    def want_io_samples(self, resources: Iterable[str]) -> None:
+        """Every resource's IoSamples are made from the wire anyway: nothing to narrow."""
+
     def reconfigure(self, resources: Mapping[str, Iterable[str]]) -> None:
         """New resource definitions (a reload); the tracker keeps its state."""
         vmap = VolumeMap(resources)

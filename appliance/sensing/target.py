@@ -310,6 +310,9 @@ class TargetSensor:
         10,000 initiators' samples cost about a third of a convergence (make bench)."""
         self.io_resources = frozenset(resources)
 
+    def close(self) -> None:
+        """Nothing to stop: every read opens and closes what it reads."""
+
     def _io_samples(
         self, prev: Snapshot, cur: Snapshot, dt: float, acl_prev: dict[AclKey, AclCount]
     ) -> list[IoSample]:

@@ -254,7 +254,7 @@ def _measure(root: Path, proc: Path, tpgs: list[LioTpg], records: list, netns: s
         t1 = time.perf_counter()
         _, writes = s.converge()
         t2 = time.perf_counter()
-        gcf.after_convergence(s)  # what santhrottled does after each convergence
+        gcf.after_convergence(s.discoveries)  # what santhrottled does after each convergence
         if k >= 2:
             tick_ms.append((t1 - t0) * 1000)
             conv_ms.append((t2 - t1) * 1000)

@@ -157,11 +157,23 @@ def test_bad_input_never_reaches_the_socket(serve, capsys):
     assert seen == []
 
 
+def th(threshold_s: Any, configured_s: Any, override: bool) -> dict[str, Any]:
+    """A ThresholdView's JSON (status/views.py), as the daemon answers it."""
+    return {
+        "threshold_s": threshold_s,
+        "configured_s": configured_s,
+        "override": override,
+        "in_force_s": threshold_s,
+        "setpoint_fraction": None if threshold_s is None else 0.9,
+        "fit": None,
+    }
+
+
 SHOW_NEW = {
-    "vg0": {"threshold_s": 0.015, "configured_s": 0.03, "override": True},
-    "vg1": {"threshold_s": 0.03, "configured_s": 0.03, "override": False},
-    "vg2": {"threshold_s": None, "configured_s": None, "override": False},
-    "vg3": {"threshold_s": 0.005, "configured_s": None, "override": True},
+    "vg0": th(0.015, 0.03, True),
+    "vg1": th(0.03, 0.03, False),
+    "vg2": th(None, None, False),
+    "vg3": th(0.005, None, True),
 }
 
 
@@ -177,18 +189,17 @@ def test_threshold_show_marks_overrides(serve, capsys):
     }
 
 
-def test_threshold_show_of_a_daemon_of_before_the_overrides(serve, capsys):
+def test_a_threshold_answer_that_is_not_a_threshold_view_is_one_line(serve, capsys):
     sock = serve(lambda req: ok({"vg0": 0.0125, "vg1": None}))
-    assert main(["threshold", "show", *sock]) == 0
-    out = capsys.readouterr().out
-    assert "vg0              12.50ms\n" in out and "vg1              none (observe only)" in out
-    assert "override" not in out
+    assert main(["threshold", "show", *sock]) == 1
+    assert "vg0: an object is needed" in one_line(capsys.readouterr().err)
 
 
 def test_threshold_reset_sends_the_command_and_shows_the_files_value(serve, capsys):
     def reply(req: dict[str, Any]) -> bytes:
         name = req["args"]["resource"]
-        return ok({"resource": name, "threshold_s": 0.03 if name == "vg0" else None})
+        thr = 0.03 if name == "vg0" else None
+        return ok({"resource": name, **th(thr, thr, False), "removed_s": None})
 
     srv = serve(reply)
     assert main(["threshold", "reset", "vg0", *srv]) == 0
@@ -198,13 +209,16 @@ def test_threshold_reset_sends_the_command_and_shows_the_files_value(serve, caps
     assert main(["threshold", "reset", "vg0", "--json", *srv]) == 0
     assert json.loads(capsys.readouterr().out) == {
         "protocol": PROTOCOL_VERSION,
-        "data": {"resource": "vg0", "threshold_s": 0.03},
+        "data": {"resource": "vg0", **th(0.03, 0.03, False), "removed_s": None},
     }
 
 
 def test_threshold_reset_sends_threshold_reset(tmp_path):
     seen: list[dict[str, Any]] = []
-    srv = Server(tmp_path / "r.sock", lambda req: seen.append(req) or ok({"resource": "vg0"}))
+    srv = Server(
+        tmp_path / "r.sock",
+        lambda req: seen.append(req) or ok({"resource": "vg0", **th(None, None, False)}),
+    )
     try:
         assert main(["threshold", "reset", "vg0", "--socket", str(tmp_path / "r.sock")]) == 0
     finally:

@@ -14,9 +14,12 @@ from prometheus_client import generate_latest
 
 from santhrottle.appliance.cli.main import main
 from santhrottle.appliance.daemon.control import PROTOCOL_VERSION, request
+from santhrottle.appliance.daemon.control.commands import Commands
 from santhrottle.appliance.daemon.control.server import ControlServer
+from santhrottle.appliance.daemon.status.build import StatusCache
 from santhrottle.appliance.daemon.status.metrics import registry_for
 from santhrottle.controller.ladder import Ladder
+from tests.unit.test_daemon import handle
 
 from .test_daemon import make, run_for
 
@@ -26,7 +29,7 @@ def live(tmp_path):
     d, vt, _sensors, act = make()
     run_for(d, vt, 3.0)
     path = str(tmp_path / "run" / "control.sock")
-    srv = ControlServer(path, d.handle, 0o600)
+    srv = ControlServer(path, Commands(d).handle, 0o600)
     srv.start()
     try:
         yield d, act, ["--socket", path]
@@ -81,10 +84,10 @@ def test_threshold_set_show_and_errors(live, capsys):
 
 def test_pause_resume_reload_top(live, capsys):
     d, act, sock = live
-    assert main(["pause", *sock]) == 0 and d.state.paused
+    assert main(["pause", *sock]) == 0 and d.runtime.paused
     d.run_once()
     assert act.kernel == {}
-    assert main(["resume", *sock]) == 0 and not d.state.paused
+    assert main(["resume", *sock]) == 0 and not d.runtime.paused
     d.run_once()
     assert act.kernel
     assert main(["reload", *sock]) == 1  # refused: started without a config file
@@ -102,7 +105,7 @@ def test_no_daemon_is_one_line(tmp_path, capsys):
 
 def test_metrics_from_a_fresh_registry(live):
     d, _act, _sock = live
-    text = generate_latest(registry_for(d)).decode()
+    text = generate_latest(registry_for(StatusCache(d))).decode()
     for name in (
         'santhrottle_resource_read_latency_seconds{resource="vg0"}',
         'santhrottle_resource_threshold_seconds{resource="vg0"} 0.01',
@@ -120,10 +123,10 @@ def test_metrics_from_a_fresh_registry(live):
     ):
         assert name in text, name
     # read at scrape time: a change shows in the next scrape
-    d.handle("threshold_set", {"resource": "vg0", "threshold_s": 0.02})
+    handle(d, "threshold_set", {"resource": "vg0", "threshold_s": 0.02})
     assert (
         'santhrottle_resource_threshold_seconds{resource="vg0"} 0.02'
-        in generate_latest(registry_for(d)).decode()
+        in generate_latest(registry_for(StatusCache(d))).decode()
     )
 
 
@@ -147,7 +150,7 @@ def test_grafana_dashboard_uses_exported_metrics(live):
     exported = set(
         re.findall(
             r"^(santhrottle_\w+?)(?:\{| )",
-            generate_latest(registry_for(d, lambda: kernel)).decode(),
+            generate_latest(registry_for(StatusCache(d), lambda: kernel)).decode(),
             re.M,
         )
     )
@@ -192,7 +195,7 @@ def test_pin_and_unpin_go_through_a_running_daemon(live, capsys):
     d, act, sock = live
     assert main(["pin", "10.0.0.9", "--delay", "5ms", "--mode", "read", *sock]) == 0
     assert "through santhrottled" in capsys.readouterr().out
-    assert d.state.pins["10.0.0.9"] == (10, "read")  # 5 ms / 0.5 ms steps
+    assert d.runtime.pins["10.0.0.9"] == (10, "read")  # 5 ms / 0.5 ms steps
     d.run_once()
     assert act.kernel["10.0.0.9"] == (10, "read")
     assert main(["unpin", "10.0.0.9", *sock]) == 0

@@ -20,13 +20,14 @@ import pytest
 
 from santhrottle.appliance.daemon.control import PROTOCOL_VERSION
 from santhrottle.appliance.daemon.control.client import request
-from santhrottle.appliance.daemon.control.commands import CommandError
+from santhrottle.appliance.daemon.control.commands import CommandError, Commands
 from santhrottle.appliance.daemon.control.requests import DaemonUnavailable, RemoteError
 from santhrottle.appliance.daemon.control.server import (
     MAX_REQUEST_BYTES,
     ControlServer,
     proc_groups,
 )
+from tests.unit.test_daemon import handle
 
 from .test_daemon import make, run_for
 
@@ -48,7 +49,7 @@ def live(tmp_path):
     d, vt, _sensors, act = make()
     run_for(d, vt, 3.0)
     path = str(tmp_path / "run" / "control.sock")
-    with serving(path, d.handle) as srv:
+    with serving(path, Commands(d).handle) as srv:
         yield d, vt, act, path, srv
 
 
@@ -111,9 +112,9 @@ def test_a_bogus_pin_is_refused_and_a_later_pin_still_reaches_the_kernel(live):
     ):
         args = {"initiator": "10.0.0.9", "class": 5, "mode": "all", field: value}
         refused(path, {"cmd": "pin", "args": args}, *words)
-    assert d.state.pins == {}
+    assert d.runtime.pins == {}
     with pytest.raises(CommandError, match="pin: initiator"):  # the daemon checks too
-        d.handle("pin", {"initiator": "bogus", "class": 5, "mode": "all"})
+        handle(d, "pin", {"initiator": "bogus", "class": 5, "mode": "all"})
     assert request(path, "pin", initiator="10.0.0.9", mode="all", **{"class": 5})["class"] == 5
     run_for(d, vt, 0.3)
     assert act.kernel["10.0.0.9"] == (5, "all") and d.counters.actuator_errors == 0
@@ -161,8 +162,8 @@ def test_infinite_or_nan_thresholds_are_refused_and_status_still_works(live):
     refused(path, {"cmd": "threshold_set", "args": {"resource": "../x", "threshold_s": 0.01}},
             "not a resource name")  # fmt: skip
     with pytest.raises(CommandError, match="not a finite number"):
-        d.handle("threshold_set", {"resource": "vg0", "threshold_s": math.inf})
-    assert d.state.thresholds == {}
+        handle(d, "threshold_set", {"resource": "vg0", "threshold_s": math.inf})
+    assert d.runtime.thresholds == {}
     st = request(path, "status")  # encodable: nothing infinite got in
     assert {r["resource"] for r in st["resources"]} == {"vg0", "vg1"}
     # a float of whole nanoseconds is kept exactly
@@ -211,7 +212,7 @@ def test_threshold_show_marks_overrides_and_reset_returns_to_the_file(live):
         "override": False,
         "removed_s": 0.012,
     }
-    assert d.state.thresholds == {} and d.ctl.resources["vg0"].resource.threshold_s == 0.01
+    assert d.runtime.thresholds == {} and d.ctl.resources["vg0"].resource.threshold_s == 0.01
     # no override: nothing removed, not an error
     assert request(path, "threshold_reset", resource="vg0")["removed_s"] is None
     # an override on a resource without a threshold in the file: back to observed
@@ -229,7 +230,7 @@ def test_every_reply_carries_the_protocol_version(live):
     for line in (b'{"cmd":"ping"}', b'{"cmd":"status"}', b'{"cmd":"nope"}', b"garbage"):
         assert json.loads(raw(path, line + b"\n"))["protocol"] == PROTOCOL_VERSION
     big = raw(path, b"x" * (MAX_REQUEST_BYTES + 10))
-    assert json.loads(big) == {"protocol": 1, "ok": False, "error": "request too large"}
+    assert json.loads(big) == {"protocol": 2, "ok": False, "error": "request too large"}
 
 
 def test_a_failing_or_unencodable_dispatch_is_a_one_line_refusal(tmp_path):
@@ -316,7 +317,7 @@ def test_1000_idle_connections_add_no_thread_and_a_ping_still_answers(live):
 def test_a_connection_without_a_complete_request_is_closed_after_the_idle_timeout(tmp_path):
     d, _vt, _sensors, _act = make()
     path = str(tmp_path / "c.sock")
-    with serving(path, d.handle, idle_timeout_s=0.2) as srv:
+    with serving(path, Commands(d).handle, idle_timeout_s=0.2) as srv:
         assert raw(path, b"") == b""  # nothing sent: closed, no answer
         assert raw(path, b'{"cmd": "pi') == b""  # half a request: the same
         assert srv.connections == 0
@@ -347,11 +348,11 @@ def test_a_client_that_never_reads_stalls_neither_the_server_nor_the_daemon(live
 def test_a_peer_outside_the_allowed_uids_is_refused_in_one_line(tmp_path):
     d, _vt, _sensors, _act = make()
     path = str(tmp_path / "c.sock")
-    with serving(path, d.handle, allow_uids=frozenset()) as srv:
+    with serving(path, Commands(d).handle, allow_uids=frozenset()) as srv:
         with pytest.raises(RemoteError) as e:
             request(path, "pause")
         assert str(e.value) == f"permission denied for uid {os.geteuid()}: root only"
-        assert srv.refused == 1 and not d.state.paused
+        assert srv.refused == 1 and not d.runtime.paused
         r = json.loads(raw(path, b'{"cmd":"ping"}\n'))
         assert r["ok"] is False and r["protocol"] == PROTOCOL_VERSION
 
@@ -360,13 +361,13 @@ def test_the_configured_group_is_let_in_and_the_socket_is_0660_root_group(tmp_pa
     d, _vt, _sensors, _act = make()
     own = grp.getgrgid(os.getegid())
     path = str(tmp_path / "c.sock")
-    with serving(path, d.handle, 0o660, own.gr_name, allow_uids=frozenset()):
+    with serving(path, Commands(d).handle, 0o660, own.gr_name, allow_uids=frozenset()):
         st = os.stat(path)
         assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == own.gr_gid
         assert request(path, "ping") == {"pong": True}  # in by its primary group
     other = next(g for g in grp.getgrall() if g.gr_gid not in {os.getegid(), *os.getgroups()})
     with (
-        serving(path, d.handle, 0o660, other.gr_name, allow_uids=frozenset()),
+        serving(path, Commands(d).handle, 0o660, other.gr_name, allow_uids=frozenset()),
         pytest.raises(RemoteError, match=f"root or group {other.gr_name} only"),
     ):
         request(path, "ping")
@@ -394,7 +395,7 @@ def test_a_peer_in_the_group_by_a_supplementary_group_is_let_in(tmp_path):
             timeout=60,
         )
 
-    with serving(path, d.handle, 0o660, g.gr_name, allow_uids=frozenset()) as srv:
+    with serving(path, Commands(d).handle, 0o660, g.gr_name, allow_uids=frozenset()) as srv:
         run = peer([g.gr_gid])
         assert run.returncode == 0 and "'pong': True" in run.stdout, run.stderr
         run = peer([])
@@ -465,14 +466,14 @@ def fake_daemon(path: str, answer: bytes | None):
         (None, DaemonUnavailable, "does not answer on .* \\(no answer within 0.3s\\)"),
         (b"", DaemonUnavailable, "closed .* without an answer"),
         (b"<html>\n", DaemonUnavailable, "reply on .* is not JSON"),
-        (b'{"ok": true, "protocol": 1, "data": NaN}\n', DaemonUnavailable, "is not JSON"),
+        (b'{"ok": true, "protocol": 2, "data": NaN}\n', DaemonUnavailable, "is not JSON"),
         (b"[1, 2]\n", DaemonUnavailable, "is not an answer object"),
-        (b'{"ok": true, "protocol": 2, "data": 1}\n', RemoteError,
-         "speaks protocol 2, this santhrottle speaks protocol 1"),
+        (b'{"ok": true, "protocol": 1, "data": 1}\n', RemoteError,
+         "speaks protocol 1, this santhrottle speaks protocol 2"),
         (b'{"ok": true, "data": 1}\n', RemoteError,
-         "speaks no protocol version, this santhrottle speaks protocol 1"),
-        (b'{"ok": false, "protocol": 1, "error": "no\\nway"}\n', RemoteError, "^no way$"),
-        (b'{"ok": false, "protocol": 1}\n', RemoteError, "^refused$"),
+         "speaks no protocol version, this santhrottle speaks protocol 2"),
+        (b'{"ok": false, "protocol": 2, "error": "no\\nway"}\n', RemoteError, "^no way$"),
+        (b'{"ok": false, "protocol": 2}\n', RemoteError, "^refused$"),
     ],
 )  # fmt: skip
 def test_the_client_turns_every_failure_into_one_line(tmp_path, answer, error, msg):
@@ -503,7 +504,7 @@ def test_threshold_auto_is_fitted_and_observed_until_confident(live):
     assert got["threshold_s"] == "auto" and got["override"] and got["in_force_s"] is None
     assert got["fit"]["windows"] == 0 and not got["fit"]["fitted"]
     assert d.ctl.resources["vg0"].resource.auto
-    assert d.state.thresholds == {"vg0": "auto"}
+    assert d.runtime.thresholds == {"vg0": "auto"}
     with pytest.raises(RemoteError, match="threshold_s"):
         request(path, "threshold_set", resource="vg0", threshold_s="automatic")
     request(path, "threshold_reset", resource="vg0")

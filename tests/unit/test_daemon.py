@@ -7,13 +7,19 @@ and lab tiers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
 from santhrottle.appliance.config import ConfigError, parse_config
+from santhrottle.appliance.daemon.control.commands import Commands
 from santhrottle.appliance.daemon.core.loop import CommandError, Daemon
-from santhrottle.controller.domain import DeviceSample, ReadSample, WriteSample
+from santhrottle.appliance.daemon.status.build import status
+from santhrottle.appliance.daemon.status.views import to_json
+from santhrottle.appliance.datapath.converge import Convergence
+from santhrottle.appliance.datapath.names import DatapathError
+from santhrottle.controller.domain import DeviceSample, IoSample, ReadSample, WriteSample
 
 MIB = 1024 * 1024
 CONF = """
@@ -37,7 +43,36 @@ class FakeDiscovery:
     initiators: dict[str, View]
 
 
-class FakeSensors:
+def handle(d: Daemon, cmd: str, args: dict[str, Any]) -> Any:
+    """One control-socket command, as the server dispatches it (control/commands.py)."""
+    return Commands(d).handle(cmd, args)
+
+
+def status_of(d: Daemon) -> Any:
+    """`santhrottle status --json`'s data: the status view as the socket sends it."""
+    with d.lock:
+        return to_json(status(d))
+
+
+class NoGroupSensing:
+    """The part of the Sensors protocol (daemon/core/sensors.py) a fake without
+    initiator groups or login names has: nothing."""
+
+    io_samples: list[IoSample] = []  # noqa: RUF012 (never changed in place)
+    io_span_s: float | None = None
+    discoveries = 0
+
+    def initiator_names(self) -> dict[str, tuple[str, ...]]:
+        return {}
+
+    def want_io_samples(self, resources) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class FakeSensors(NoGroupSensing):
     def __init__(self) -> None:
         self.latency_s = 0.030
         self.write_bps = 20 * MIB
@@ -62,31 +97,66 @@ class FakeSensors:
         return d, [WriteSample(r, ip, self.write_bps) for ip, r in self.writers.items()]
 
 
-@dataclass
 class FakeActuator:
-    kernel: dict[str, tuple[int, str]] = field(default_factory=dict)
-    calls: int = 0
-    settles: int = 0
-    unordered: int = 0  # calls with ordered=False
-    fail: bool = False
-    cleaned: bool = False
-    glided: int = 0
-    unordered_moves: int = 0
+    """The Actuator protocol over a dict for the kernel: the real Convergence
+    (datapath/converge.py: the record, the diff, the quarantine) sends to it."""
+
+    def __init__(self, clock=lambda: 0.0) -> None:
+        self._kernel: dict[str, tuple[int, str]] = {}
+        self.calls = 0
+        self.settles = 0
+        self.unordered = 0  # calls with ordered=False
+        self.fail = False  # every change refused
+        self.refuse: set[str] = set()  # these initiators refused
+        self.cleaned = False
+        self.glided = 0
+        self.unordered_moves = 0
+        self.convergence = Convergence(self._send, lambda: self.clock())
+        self.clock = clock
+
+    @property
+    def kernel(self) -> dict[str, tuple[int, str]]:
+        return self._kernel
+
+    @kernel.setter
+    def kernel(self, members: dict[str, tuple[int, str]]) -> None:
+        """What a previous run left: the kernel, read back as a start does."""
+        self._kernel = members
+        self.convergence.adopt(members)
 
     def apply(self):
         return None
 
     def set_classes(self, classes, mode=None, *, ordered=True):
+        return self._send(classes, mode, ordered)
+
+    def _send(self, classes, mode, ordered):
         if self.fail:
             raise OSError("netlink: busy")
+        bad = self.refuse & set(classes)
+        if bad:
+            raise DatapathError(f"ipset add {min(bad)}: refused")
         self.calls += 1
         self.unordered += not ordered
         for ip, k in classes.items():
             if k:
-                self.kernel[ip] = (k, mode)
+                self._kernel[ip] = (k, mode)
             else:
-                self.kernel.pop(ip, None)
+                self._kernel.pop(ip, None)
         return len(classes)
+
+    def converge(self, want, *, ordered=True):
+        return self.convergence.converge(want, ordered)
+
+    def members(self):
+        return self.convergence.members()
+
+    def quarantined(self):
+        return self.convergence.quarantine
+
+    @property
+    def errors(self) -> int:
+        return self.convergence.errors
 
     def settle(self):
         self.settles += 1
@@ -94,7 +164,7 @@ class FakeActuator:
 
     def cleanup(self):
         self.cleaned = True
-        self.kernel.clear()
+        self._kernel.clear()
 
 
 class VirtualTime:
@@ -112,7 +182,7 @@ class VirtualTime:
 
 def make(conf: str = CONF, **kw):
     vt = VirtualTime()
-    sensors, act = FakeSensors(), FakeActuator()
+    sensors, act = FakeSensors(), FakeActuator(lambda: vt.now)
     d = Daemon(parse_config(conf, "t.toml"), sensors, act, clock=vt.clock, sleep=vt.sleep, **kw)
     return d, vt, sensors, act
 
@@ -135,7 +205,7 @@ def test_fixed_rate_ticks_without_drift():
         vt.now += 0.013  # the work of a tick takes 13 ms
     # 50 ticks at 100 ms from the first deadline; sleeps absorb the work time
     assert d.counters.ticks == 50
-    assert d._next_tick == pytest.approx(start + 5.0)
+    assert d.cadence.next_tick == pytest.approx(start + 5.0)
     assert d.counters.tick_overruns == 0
 
 
@@ -159,7 +229,7 @@ def test_throttles_writer_then_releases_when_latency_is_low():
     d, vt, s, act = make()
     run_for(d, vt, 3.0)
     assert act.kernel["10.0.0.3"][0] > 0 and act.kernel["10.0.0.3"][1] == "all"
-    st = d.status()
+    st = status_of(d)
     (vg0,) = [r for r in st["resources"] if r["resource"] == "vg0"]
     assert vg0["mode"] == "control" and vg0["members"] == ["10.0.0.3"]
     (vg1,) = [r for r in st["resources"] if r["resource"] == "vg1"]
@@ -188,34 +258,37 @@ def test_actuator_failure_is_retried():
     act.fail = True
     run_for(d, vt, 1.0)
     assert d.counters.actuator_errors > 0 and not act.kernel
+    errors = d.counters.actuator_errors
     act.fail = False
-    d.run_once()
-    assert act.kernel
+    run_for(d, vt, 0.5)  # quarantined: retried with backoff (datapath/converge.py), not every tick
+    assert d.counters.actuator_errors <= errors + 1
+    run_for(d, vt, 4.0)
+    assert act.kernel and act.quarantined() == {}
 
 
 def test_pause_resume_pin_unpin():
     d, vt, _s, act = make()
     run_for(d, vt, 2.0)
     assert act.kernel
-    assert d.handle("pause", {}) == {"paused": True}
+    assert handle(d, "pause", {}) == {"paused": True}
     d.run_once()  # the kernel is changed by the next tick
     assert act.kernel == {}
     run_for(d, vt, 1.0)
     assert act.kernel == {}  # measured, not throttled
     assert d.counters.ticks > 20
-    d.handle("resume", {})
+    handle(d, "resume", {})
     d.run_once()
     assert act.kernel
-    d.handle("pin", {"initiator": "10.0.0.9", "class": 10, "mode": "read"})
+    handle(d, "pin", {"initiator": "10.0.0.9", "class": 10, "mode": "read"})
     d.run_once()
     assert act.kernel["10.0.0.9"] == (10, "read")
-    d.handle("unpin", {"initiator": "10.0.0.9"})
+    handle(d, "unpin", {"initiator": "10.0.0.9"})
     d.run_once()
     assert "10.0.0.9" not in act.kernel
     with pytest.raises(CommandError, match="not pinned"):
-        d.handle("unpin", {"initiator": "10.0.0.9"})
+        handle(d, "unpin", {"initiator": "10.0.0.9"})
     with pytest.raises(CommandError, match="class"):
-        d.handle("pin", {"initiator": "10.0.0.9", "class": 10_000, "mode": "all"})
+        handle(d, "pin", {"initiator": "10.0.0.9", "class": 10_000, "mode": "all"})
 
 
 def test_threshold_set_takes_effect_next_tick_and_rejects_unknown():
@@ -223,14 +296,14 @@ def test_threshold_set_takes_effect_next_tick_and_rejects_unknown():
     s.latency_s = 0.015
     run_for(d, vt, 1.0)
     assert act.kernel  # 15 ms > 10 ms threshold
-    d.handle("threshold_set", {"resource": "vg0", "threshold_s": 0.050})
+    handle(d, "threshold_set", {"resource": "vg0", "threshold_s": 0.050})
     assert d.ctl.resources["vg0"].resource.threshold_s == 0.050
     with pytest.raises(CommandError, match="unknown resource 'nope'"):
-        d.handle("threshold_set", {"resource": "nope", "threshold_s": 0.01})
+        handle(d, "threshold_set", {"resource": "nope", "threshold_s": 0.01})
     with pytest.raises(CommandError, match="threshold"):
-        d.handle("threshold_set", {"resource": "vg0", "threshold_s": -1})
+        handle(d, "threshold_set", {"resource": "vg0", "threshold_s": -1})
     # vg1 was observe-only: a threshold puts it under control at once
-    d.handle("threshold_set", {"resource": "vg1", "threshold_s": 0.02})
+    handle(d, "threshold_set", {"resource": "vg1", "threshold_s": 0.02})
     assert "vg1" in d.ctl.resources
 
 
@@ -243,25 +316,25 @@ def test_reload_keeps_last_good_config(tmp_path):
     d.config = load_config(f)
     f.write_text(CONF.replace('"10ms"', '"10"'))
     with pytest.raises(CommandError, match=r"s.toml:7: resources.vg0.threshold"):
-        d.handle("reload", {})
+        handle(d, "reload", {})
     assert d.config.threshold_of("vg0") == 0.010 and d.counters.reload_failures == 1
     f.write_text(CONF.replace('"10ms"', '"25ms"'))
-    d.handle("reload", {})
+    handle(d, "reload", {})
     assert d.config.threshold_of("vg0") == 0.025
     # a key that needs a restart: the rest takes effect, that one is named and kept
     f.write_text(CONF.replace('"eth1"', '"eth2"').replace('"10ms"', '"30ms"'))
-    out = d.handle("reload", {})
+    out = handle(d, "reload", {})
     assert out["restart_needed"] == ["datapath.devices"]
     assert d.config.devices == ("eth1",) and d.config.threshold_of("vg0") == 0.030
-    assert d.status()["restart_needed"] == ["datapath.devices"]
+    assert status_of(d)["restart_needed"] == ["datapath.devices"]
     f.write_text(CONF.replace('"10ms"', '"30ms"'))  # back as it runs: nothing pending
-    assert d.handle("reload", {})["restart_needed"] == []
+    assert handle(d, "reload", {})["restart_needed"] == []
 
 
 def test_shutdown_removes_every_delay_and_the_static_state():
     d, vt, _s, act = make()
     run_for(d, vt, 2.0)
-    d.handle("pin", {"initiator": "10.0.0.9", "class": 3, "mode": "all"})
+    handle(d, "pin", {"initiator": "10.0.0.9", "class": 3, "mode": "all"})
     d.shutdown()
     assert act.kernel == {} and act.cleaned
     d2, vt2, _s2, act2 = make(CONF + "[daemon]\nkeep_static_state = true\n")
@@ -276,7 +349,7 @@ def test_shutdown_removes_every_delay_and_the_static_state():
 def test_unknown_command():
     d, _vt, _s, _a = make()
     with pytest.raises(CommandError, match="unknown command"):
-        d.handle("frobnicate", {})
+        handle(d, "frobnicate", {})
 
 
 @pytest.mark.parametrize(
@@ -309,23 +382,34 @@ def test_config_errors_name_key_and_line(edit, message):
 
 def test_gc_freezer_freezes_once_per_rebuilt_discovery():
     import gc
-    import types
 
     from santhrottle.appliance.daemon.core.loop import GcFreezer
 
-    sensors = types.SimpleNamespace(discoveries=1)
     f = GcFreezer()
     try:
-        f.after_convergence(sensors)
+        f.after_convergence(1)
         frozen = gc.get_freeze_count()
         assert frozen > 0
         keep = [[i] for i in range(1000)]  # new tracked objects
-        f.after_convergence(sensors)  # the same discovery: no freeze
+        f.after_convergence(1)  # the same discovery: no freeze
         assert gc.get_freeze_count() == frozen
-        sensors.discoveries = 2
-        f.after_convergence(sensors)
+        f.after_convergence(2)
         assert gc.get_freeze_count() >= frozen + len(keep)
-        f.after_convergence(types.SimpleNamespace())  # a sensor without the counter
         assert f.frozen_at == 2
     finally:
         gc.unfreeze()
+
+
+def test_run_tells_systemd_ready_after_a_first_convergence_and_tick_then_stops():
+    told: list[str] = []
+    d, _vt, _s, act = make()
+
+    def notify(msg: str) -> None:
+        told.append(msg)
+        if d.counters.ticks >= 5:
+            d.stop()
+
+    d.notify = notify
+    d.run()  # the worker thread waits on a real event: stop() ends it at once
+    assert told[1] == "READY=1" and told[0] == "WATCHDOG=1"
+    assert d.counters.converges >= 1 and d.counters.ticks >= 5 and act.kernel

@@ -18,11 +18,20 @@ from prometheus_client import generate_latest
 from santhrottle.appliance.config import parse_config
 from santhrottle.appliance.daemon.core.fleetmode import FleetMode
 from santhrottle.appliance.daemon.core.loop import CommandError, Daemon
+from santhrottle.appliance.daemon.status.build import StatusCache
 from santhrottle.appliance.daemon.status.metrics import registry_for
 from santhrottle.appliance.fleet.agent import FleetAgent
 from santhrottle.controller.domain import ReadSample, WriteSample
 from tests.unit.fleet_fake import FakeCoordinator, FakeEngine
-from tests.unit.test_daemon import CONF, FakeActuator, FakeDiscovery, View
+from tests.unit.test_daemon import (
+    CONF,
+    FakeActuator,
+    FakeDiscovery,
+    NoGroupSensing,
+    View,
+    handle,
+    status_of,
+)
 
 pytestmark = pytest.mark.unit
 MIB = 1024 * 1024
@@ -32,7 +41,7 @@ WRITE_BPS = 10 * MIB  # the writer's undelayed rate, over all paths
 
 
 @dataclass
-class PathSensors:
+class PathSensors(NoGroupSensing):
     """What one appliance sees of vg0: its paths' reads and its share of the writes.
 
     The array is shared: its read latency grows with the writer's total rate,
@@ -77,7 +86,7 @@ class Fleet:
             if fleet:
                 coord = FakeCoordinator(self.engine, "arr")
                 fm = FleetMode(FleetAgent(coord, n, {}, clock=self.clock))
-            self.sensors[n], self.acts[n] = PathSensors(self, n), FakeActuator()
+            self.sensors[n], self.acts[n] = PathSensors(self, n), FakeActuator(self.clock)
             self.daemons[n] = Daemon(
                 parse_config(conf, "t.toml"), self.sensors[n], self.acts[n],
                 clock=self.clock, fleet=fm,
@@ -129,7 +138,7 @@ def test_the_follower_applies_the_leaders_classes_and_the_threshold_holds(split)
     assert followed.leader == "a" and followed.classes.delay_class > 0
     # what b applies is what a published (one cycle behind a's own class)
     assert f.kernel("b") == followed.classes.members[WRITER] > 0
-    assert b.status()["fleet"]["following"]["vg0"]["class"] == followed.classes.delay_class
+    assert status_of(b)["fleet"]["following"]["vg0"]["class"] == followed.classes.delay_class
 
 
 def test_a_writer_split_over_two_paths_is_judged_on_its_total():
@@ -163,14 +172,14 @@ def test_an_engine_outage_degrades_to_local_control_and_rejoins_without_a_jump()
     f.engine.down = True
     f.run(2.0, each=lambda fl: seen.append({n: fl.kernel(n) for n in fl.daemons}))
     for d in f.daemons.values():
-        st = d.status()["fleet"]
+        st = status_of(d)["fleet"]
         assert st["mode"] == "degraded" and "down" in st["reason"]
         assert d.fleet.view.followed == {}
     assert all(min(s.values()) > 0 for s in seen)  # each controls alone: no stranded zero
     f.engine.down = False
     after: list[dict[str, int]] = []
     f.run(2.0, each=lambda fl: after.append({n: fl.kernel(n) for n in fl.daemons}))
-    modes = {d.status()["fleet"]["mode"] for d in f.daemons.values()}
+    modes = {status_of(d)["fleet"]["mode"] for d in f.daemons.values()}
     assert modes == {"fleet"}
     series = [before, *seen, *after]
     for n in f.daemons:  # no class jump: the ramp's and the descent's bounds per tick
@@ -195,19 +204,22 @@ def test_fleet_status_command_and_metrics():
     f = Fleet()
     f.run(2.0)
     a = f.daemons["a"]
-    st = a.handle("fleet_status", {})
+    st = handle(a, "fleet_status", {})
     assert st["array"] == "arr" and st["appliance"] == "a" and st["mode"] == "fleet"
     assert st["members"] == ["a", "b"] and st["leaders"]["vg0"]["appliance"] == "a"
     assert set(st["parts"]) == {"b"} and st["counters"]["merged_parts"] > 0
-    text = generate_latest(registry_for(a)).decode()
+    text = generate_latest(registry_for(StatusCache(a))).decode()
     assert 'santhrottle_fleet_degraded{array="arr"} 0.0' in text
     assert 'santhrottle_fleet_leading{resource="vg0"} 1.0' in text
     assert 'santhrottle_fleet_members{array="arr"} 2.0' in text
     solo = Fleet(fleet=False)
     with pytest.raises(CommandError, match="no \\[fleet\\] endpoints"):
-        solo.daemons["a"].handle("fleet_status", {})
-    assert solo.daemons["a"].status()["fleet"] is None
-    assert "santhrottle_fleet_" not in generate_latest(registry_for(solo.daemons["a"])).decode()
+        handle(solo.daemons["a"], "fleet_status", {})
+    assert status_of(solo.daemons["a"])["fleet"] is None
+    assert (
+        "santhrottle_fleet_"
+        not in generate_latest(registry_for(StatusCache(solo.daemons["a"]))).decode()
+    )
 
 
 # -- a decision in the engine that the leader did not write (issue: a forged seq) -------

@@ -19,7 +19,7 @@ from santhrottle.appliance.sensing.lio import LioAcl, LioLun, LioTpg
 from santhrottle.appliance.sensing.target import TargetSensor
 from santhrottle.controller.domain import IoSample
 from tests.unit.test_config_groups import BRIDGE
-from tests.unit.test_daemon import CONF, make, run_for
+from tests.unit.test_daemon import CONF, NoGroupSensing, make, run_for, status_of
 from tests.unit.test_sensing import FakeConns
 
 GROUPS = (
@@ -38,7 +38,7 @@ priority = 1
 )
 
 
-class GroupSensors:
+class GroupSensors(NoGroupSensing):
     """The fake sensors plus the wire's IoSamples: a reader 10.0.0.2 that sees 20 ms and a
     writer 10.0.0.3 with nine times its IOs outstanding."""
 
@@ -74,7 +74,7 @@ def test_groups_reach_the_controller_and_the_actuator():
     assert groups["backup"].delay_class > 0 and groups["db"].delay_class == 0
     assert act.kernel["10.0.0.3"][0] == groups["backup"].delay_class  # the group's class
     assert "10.0.0.2" not in act.kernel  # db is never delayed
-    rows = {r["group"]: r for r in d.status()["groups"]}
+    rows = {r["group"]: r for r in status_of(d)["groups"]}
     assert rows["db"]["latency_target_s"] == 0.010 and rows["db"]["members"] == ["10.0.0.2"]
     assert rows["backup"]["delay_class"] == groups["backup"].delay_class
     assert rows["backup"]["pwfte"] == pytest.approx(groups["backup"].pwfte)
@@ -234,15 +234,9 @@ def test_io_samples_are_scaled_to_one_convergence():
     """A sensor whose convergence covered 1.25 s hands counts of 1.25 s: scaled to the
     1 s the controller reads them as; the latencies stay."""
 
-    class Slow:
-        def __init__(self) -> None:
-            self.io_samples = [IoSample("vg0", "10.0.0.3", 125.0, 125.0 * 4096, 25.0, 0.02, 0.03)]
-            self.io_span_s: float | None = 1.25
-
-    slow = Slow()
-    (got,) = grouping.io_samples(slow, 1.0)
-    assert (got.ios, got.bytes, got.reads) == pytest.approx((100.0, 100.0 * 4096, 20.0))
-    assert (got.read_latency_s, got.latency_s) == (0.02, 0.03)
-    slow.io_span_s = None  # a sensor that does not say: as they are
-    assert grouping.io_samples(slow, 1.0) == slow.io_samples
-    assert grouping.io_samples(object(), 1.0) == []
+    got = [IoSample("vg0", "10.0.0.3", 125.0, 125.0 * 4096, 25.0, 0.02, 0.03)]
+    (one,) = grouping.io_samples(got, 1.25, 1.0)
+    assert (one.ios, one.bytes, one.reads) == pytest.approx((100.0, 100.0 * 4096, 20.0))
+    assert (one.read_latency_s, one.latency_s) == (0.02, 0.03)
+    # a sensor that does not say what they cover: as they are
+    assert grouping.io_samples(got, None, 1.0) == got

@@ -1,4 +1,4 @@
-"""A restart picks up where the last run stopped (daemon/core/state.py, daemon/core/restore.py).
+"""A restart picks up where the last run stopped (daemon/core/state.py, daemon/core/runtime.py).
 
 Virtual time and the fakes of test_daemon.py; the store writes real files
 in tmp_path.  What a kill -9 leaves is the kernel's members (the fake
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from santhrottle.appliance.config.schema import PIN_MODES
 from santhrottle.appliance.daemon.core.loop import CommandError
-from santhrottle.appliance.daemon.core.restore import ADOPT_HOLD_CONVERGES, restore
+from santhrottle.appliance.daemon.core.runtime import ADOPT_HOLD_CONVERGES
 from santhrottle.appliance.daemon.core.state import Saved, StateError, StateStore, decode, encode
 from santhrottle.appliance.datapath.names import is_canonical_ip
 from santhrottle.controller.domain import (
@@ -31,19 +31,16 @@ from santhrottle.controller.domain import (
 from santhrottle.controller.restate import reconfigure, seed_class
 from santhrottle.controller.state import new_state
 from santhrottle.controller.step import step
+from tests.unit.test_daemon import handle, status_of
 
 from .test_daemon import CONF, make, run_for
-
-
-def _members(kernel):
-    return {ip: SimpleNamespace(klass=k, mode=m) for ip, (k, m) in kernel.items()}
 
 
 def _restart(tmp_path, kernel, conf=CONF):
     """A new daemon on the same store and what the kernel still holds."""
     d, vt, s, act = make(conf, store=StateStore(tmp_path))
     act.kernel = dict(kernel)
-    restore(d, d.store, _members(kernel), vt.now)
+    d.restore(vt.now)
     return d, vt, s, act
 
 
@@ -97,21 +94,21 @@ def test_a_class_above_max_class_is_clamped():
 def test_an_invalid_file_is_set_aside_and_the_daemon_starts_empty(tmp_path):
     (tmp_path / "state.json").write_text('{"version": 1, "pins": {"bogus": [5, "all"]}}')
     d, _vt, _s, _act = _restart(tmp_path, {})
-    assert d.state.pins == {} and (tmp_path / "state.json.invalid").exists()
+    assert d.runtime.pins == {} and (tmp_path / "state.json.invalid").exists()
 
 
 # ------------------------------------------------------------ the restart
 def test_pause_pins_and_overrides_survive_a_restart(tmp_path):
     d, _vt, _s, _act = make(store=StateStore(tmp_path))
-    d.handle("pin", {"initiator": "10.0.0.9", "class": 10, "mode": "read"})
-    d.handle("threshold_set", {"resource": "vg0", "threshold_s": 0.02})
-    d.handle("pause", {})
+    handle(d, "pin", {"initiator": "10.0.0.9", "class": 10, "mode": "read"})
+    handle(d, "threshold_set", {"resource": "vg0", "threshold_s": 0.02})
+    handle(d, "pause", {})
     d2, vt2, _s2, act2 = _restart(tmp_path, {})
-    assert d2.state.paused and d2.state.pins == {"10.0.0.9": (10, "read")}
+    assert d2.runtime.paused and d2.runtime.pins == {"10.0.0.9": (10, "read")}
     assert d2.threshold_of("vg0") == 0.02
     run_for(d2, vt2, 1.0)
     assert act2.kernel == {}  # paused stays paused
-    d2.handle("resume", {})
+    handle(d2, "resume", {})
     run_for(d2, vt2, 0.5)
     assert act2.kernel["10.0.0.9"] == (10, "read")
 
@@ -121,7 +118,7 @@ def test_a_member_left_by_kill_9_shows_is_held_then_lowered_to_zero(tmp_path):
     controller looks, then lowered a class per tick until it is out."""
     d, vt, s, act = _restart(tmp_path, {"10.0.0.7": (100, "all")})
     s.latency_s = 0.001  # readers fine: nobody needs a delay
-    ini = {i["initiator"]: i for i in d.status()["initiators"]}
+    ini = {i["initiator"]: i for i in status_of(d)["initiators"]}
     assert ini["10.0.0.7"]["class"] == 100 and ini["10.0.0.7"]["adopted"]
     hold_s = ADOPT_HOLD_CONVERGES * d.config.controller.converge_s
     run_for(d, vt, hold_s - 0.2)
@@ -130,19 +127,19 @@ def test_a_member_left_by_kill_9_shows_is_held_then_lowered_to_zero(tmp_path):
     for _ in range(130):
         run_for(d, vt, 0.1)
         seen.append(act.kernel.get("10.0.0.7", (0, "all"))[0])
-    assert seen[-1] == 0 and "10.0.0.7" not in d.state.adopted
+    assert seen[-1] == 0 and "10.0.0.7" not in d.runtime.adopted
     assert all(b <= a for a, b in itertools.pairwise(seen))  # only down
     assert max(a - b for a, b in itertools.pairwise(seen)) <= 1  # one class a tick
-    assert "10.0.0.7" not in {i["initiator"] for i in d.status()["initiators"] if i["class"]}
+    assert "10.0.0.7" not in {i["initiator"] for i in status_of(d)["initiators"] if i["class"]}
 
 
 def test_a_pinned_member_left_in_the_kernel_is_the_pin_and_unpin_works(tmp_path):
     d, vt, _s, _act = make(store=StateStore(tmp_path))
-    d.handle("pin", {"initiator": "10.0.0.9", "class": 88, "mode": "all"})
+    handle(d, "pin", {"initiator": "10.0.0.9", "class": 88, "mode": "all"})
     run_for(d, vt, 0.3)
     d2, vt2, _s2, act2 = _restart(tmp_path, {"10.0.0.9": (88, "all")})
-    assert "10.0.0.9" not in d2.state.adopted
-    d2.handle("unpin", {"initiator": "10.0.0.9"})
+    assert "10.0.0.9" not in d2.runtime.adopted
+    handle(d2, "unpin", {"initiator": "10.0.0.9"})
     run_for(d2, vt2, 0.5)
     assert "10.0.0.9" not in act2.kernel
 
@@ -169,8 +166,8 @@ def test_save_failure_is_counted_not_raised(tmp_path):
     ro.mkdir()
     (ro / "state.json").mkdir()  # rename over a directory fails
     d, _vt, _s, _act = make(store=StateStore(ro))
-    d.handle("pause", {})
-    assert d.state.paused and d.counters.state_save_errors == 1
+    handle(d, "pause", {})
+    assert d.runtime.paused and d.counters.state_save_errors == 1
 
 
 # ------------------------------------------------------------ reload
@@ -187,7 +184,7 @@ def test_a_controller_change_on_reload_keeps_every_class(tmp_path):
     f.write_text(
         CONF.replace("class_hysteresis = 0", "class_hysteresis = 0\nkp_class_per_rel_error = 3.5")
     )
-    d.handle("reload", {})
+    handle(d, "reload", {})
     assert d.config.controller.gains.kp_class_per_rel_error == 3.5
     assert {ip: k for ip, (k, _m) in before.items()} == dict(d.ctl.effective)
     d.tick(vt.now)
@@ -203,13 +200,13 @@ def test_threshold_override_survives_reload_and_reset_returns_to_the_file(tmp_pa
 
     d, _vt, _s, _a = make(load_config=load_config)
     d.config = load_config(f)
-    d.handle("threshold_set", {"resource": "vg0", "threshold_s": 0.01})
+    handle(d, "threshold_set", {"resource": "vg0", "threshold_s": 0.01})
     f.write_text(CONF.replace('"10ms"', '"30ms"'))
-    d.handle("reload", {})
-    vg0 = next(r for r in d.status()["resources"] if r["resource"] == "vg0")
-    assert (vg0["threshold_s"], vg0["configured_threshold_s"], vg0["threshold_override"]) == (
-        0.01, 0.03, True)  # fmt: skip
-    d.handle("threshold_reset", {"resource": "vg0"})
+    handle(d, "reload", {})
+    vg0 = next(r for r in status_of(d)["resources"] if r["resource"] == "vg0")
+    th = vg0["threshold"]  # the ThresholdView threshold show answers too
+    assert (th["threshold_s"], th["configured_s"], th["override"]) == (0.01, 0.03, True)
+    handle(d, "threshold_reset", {"resource": "vg0"})
     assert d.threshold_of("vg0") == 0.03
 
 
@@ -243,7 +240,7 @@ def test_a_reload_of_max_delay_waits_for_the_restart_in_the_controller_too(tmp_p
     d, _vt, _s, _a = make(load_config=load_config)
     d.config = load_config(f)
     f.write_text(CONF.replace('devices = ["eth1"]', 'devices = ["eth1"]\nmax_delay = "100ms"'))
-    out = d.handle("reload", {})
+    out = handle(d, "reload", {})
     assert out["restart_needed"] == ["datapath.max_delay"]
     assert d.config.max_class == 88 and d.config.controller.max_class == 88
 
@@ -258,11 +255,11 @@ def test_reload_names_metrics_and_socket_keys_and_counts_a_nested_file(tmp_path)
     d, _vt, _s, _a = make(load_config=load_config)
     d.config = load_config(f)
     f.write_text(CONF + '[metrics]\nport = 9999\naddress = "::1"\n')
-    assert d.handle("reload", {})["restart_needed"] == ["metrics.address", "metrics.port"]
+    assert handle(d, "reload", {})["restart_needed"] == ["metrics.address", "metrics.port"]
     assert (d.config.metrics_address, d.config.metrics_port) == ("127.0.0.1", 9753)
     f.write_text("a = " + "[" * 600 + "]" * 600 + "\n")
     with pytest.raises(CommandError, match="nested too deep"):
-        d.handle("reload", {})
+        handle(d, "reload", {})
     assert d.counters.reload_failures == 1
 
 
@@ -351,15 +348,20 @@ def test_cleanup_removes_delays_in_order_then_the_rest(drain_s, unordered):
 def test_status_is_built_once_per_tick_or_change():
     """A burst of status calls between two ticks builds the view once (the lock the
     tick needs is held once), and a command or a tick builds it again."""
+    from santhrottle.appliance.daemon.control.commands import Commands
+    from santhrottle.appliance.daemon.status.build import StatusCache
+
     d, vt, _s, _act = make()
     run_for(d, vt, 1.0)
-    a = d.handle("status", {})
-    assert d.handle("status", {}) is a
-    d.handle("pin", {"initiator": "10.0.0.9", "class": 3, "mode": "all"})
-    b = d.handle("status", {})
-    assert b is not a and any(i["initiator"] == "10.0.0.9" for i in b["initiators"])
+    views = StatusCache(d)
+    commands = Commands(d, views)
+    a = views.status()
+    assert views.status() is a
+    commands.handle("pin", {"initiator": "10.0.0.9", "class": 3, "mode": "all"})
+    b = views.status()
+    assert b is not a and any(i.initiator == "10.0.0.9" for i in b.initiators)
     d.tick(vt.now)
-    assert d.handle("status", {}) is not b
+    assert views.status() is not b
 
 
 _JSON = st.recursive(

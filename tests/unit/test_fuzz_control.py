@@ -23,9 +23,11 @@ from hypothesis import strategies as st
 
 from santhrottle.appliance.config.schema import PIN_MODES
 from santhrottle.appliance.daemon.control import PROTOCOL_VERSION
+from santhrottle.appliance.daemon.control.commands import Commands
 from santhrottle.appliance.daemon.control.requests import COMMANDS
 from santhrottle.appliance.daemon.control.server import ControlServer
 from santhrottle.appliance.datapath.names import check_ip, is_canonical_ip
+from tests.unit.test_daemon import handle, status_of
 
 from .test_daemon import FakeActuator, make, run_for
 
@@ -57,7 +59,7 @@ def fuzzed_daemon(tmp_path):
     d.actuator = StrictActuator()
     run_for(d, vt, 2.0)
     path = str(tmp_path / "c.sock")
-    srv = ControlServer(path, d.handle)
+    srv = ControlServer(path, Commands(d).handle)
     srv.start()
     try:
         yield d, vt, path, srv
@@ -93,17 +95,17 @@ def check_after(d, vt, path, srv, caplog, name: str, at_least: int) -> None:
     escapes = srv.loop_errors + sum(r.levelname == "ERROR" for r in caplog.records)
     print(f"\ncontrol protocol fuzz, {name}: {CASES[name]} requests, {escapes} escapes")
     assert escapes == 0 and CASES[name] >= at_least
-    for ip, (k, mode) in d.state.pins.items():
+    for ip, (k, mode) in d.runtime.pins.items():
         assert is_canonical_ip(ip), ip
         assert type(k) is int and 0 <= k <= d.config.max_class and mode in PIN_MODES
-    for name, thr in d.state.thresholds.items():
+    for name, thr in d.runtime.thresholds.items():
         assert name in d.known_resources()
         assert type(thr) is float and math.isfinite(thr) and thr > 0
-    assert set(d.state.group_overrides) <= set(d.config.groups)
-    d.handle("resume", {})
+    assert set(d.runtime.group_overrides) <= set(d.config.groups)
+    handle(d, "resume", {})
     run_for(d, vt, 0.5)
     assert d.counters.actuator_errors == 0  # no batch refused by the strict actuator
-    json.dumps(d.status(), allow_nan=False)
+    json.dumps(status_of(d), allow_nan=False)
 
 
 def count(name: str) -> None:

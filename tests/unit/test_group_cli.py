@@ -14,7 +14,9 @@ from santhrottle.appliance.cli import groupview
 from santhrottle.appliance.cli.common import EXIT_FAILED, EXIT_NO_DAEMON, EXIT_OK, EXIT_USAGE
 from santhrottle.appliance.cli.main import main
 from santhrottle.appliance.daemon.control import PROTOCOL_VERSION
+from santhrottle.appliance.daemon.control.commands import Commands
 from santhrottle.appliance.daemon.control.server import ControlServer
+from tests.unit.test_daemon import handle
 
 from .test_daemon import make, run_for
 from .test_daemon_groups import GROUPS, GroupSensors
@@ -32,7 +34,7 @@ def live(tmp_path):
     d.sensors = GroupSensors(s)
     run_for(d, vt, 6.0)
     path = str(tmp_path / "control.sock")
-    srv = ControlServer(path, d.handle, 0o600)
+    srv = ControlServer(path, Commands(d).handle, 0o600)
     srv.start()
     try:
         yield d, ["--socket", path]
@@ -88,7 +90,7 @@ def test_group_set_marks_the_override_and_reset_returns(live, capsys):
     assert rc == EXIT_OK and out == (
         "db: the file's values again: priority 2, latency target 10.00ms, throughput target none\n"
     )
-    assert d.state.group_overrides == {} and d.ctl.groups.groups["db"].priority == 2.0
+    assert d.runtime.group_overrides == {} and d.ctl.groups.groups["db"].priority == 2.0
     _, out, _ = out_of(capsys, ["group", "reset", "db", *sock])
     assert out.startswith("db: nothing set at run time; priority 2")
 
@@ -141,7 +143,7 @@ def test_status_shows_the_groups_section(live, capsys):
     assert re.match(r"backup +1 +- +vg0 ", lines[head + 1])
     assert re.match(r"db +3\* +10\.00ms +vg0 +20\.00ms +0\.20 +50 +0\.50 ", lines[head + 2])
     assert lines[head + 3] == groupview.OVERRIDE_NOTE
-    d.handle("group_reset", {"group": "db"})
+    handle(d, "group_reset", {"group": "db"})
     _, out, _ = out_of(capsys, ["status", *sock])
     assert groupview.OVERRIDE_NOTE not in out
 
@@ -150,7 +152,7 @@ def test_status_without_groups_has_no_groups_section(tmp_path, capsys):
     d, vt, _s, _act = make()
     run_for(d, vt, 2.0)
     path = str(tmp_path / "c.sock")
-    srv = ControlServer(path, d.handle, 0o600)
+    srv = ControlServer(path, Commands(d).handle, 0o600)
     srv.start()
     try:
         rc, out, _ = out_of(capsys, ["status", "--socket", path])
@@ -179,7 +181,7 @@ def test_refusals_are_one_line(live, capsys, argv, code, message):
     d, sock = live
     rc, _, err = out_of(capsys, [*argv, *sock])
     assert rc == code and err.count("\n") == 1 and message in err
-    assert d.state.group_overrides == {}
+    assert d.runtime.group_overrides == {}
 
 
 @pytest.mark.parametrize(

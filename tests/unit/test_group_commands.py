@@ -16,9 +16,10 @@ from santhrottle.appliance.config import parse_config
 from santhrottle.appliance.daemon.control.requests import Context, RequestError, check
 from santhrottle.appliance.daemon.core import group_overrides as go
 from santhrottle.appliance.daemon.core.loop import CommandError
-from santhrottle.appliance.daemon.core.restore import restore
 from santhrottle.appliance.daemon.core.state import Saved, StateError, StateStore, decode, encode
+from santhrottle.appliance.daemon.status.build import StatusCache
 from santhrottle.appliance.daemon.status.metrics import registry_for
+from tests.unit.test_daemon import handle, status_of
 
 from .test_daemon import make, run_for
 from .test_daemon_groups import GROUPS, GroupSensors
@@ -41,7 +42,7 @@ def grouped(conf: str = GROUPS, seconds: float = 6.0, **kw):
 
 
 def group_set(d, group: str = "db", **fields):
-    return d.handle("group_set", {"group": group, **UNSET, **fields})
+    return handle(d, "group_set", {"group": group, **UNSET, **fields})
 
 
 # ------------------------------------------------------------ request checking
@@ -134,7 +135,7 @@ def test_group_set_reaches_the_controller_at_once_and_the_next_convergence_uses_
     db = d.ctl.groups.resources["vg0"].groups["db"]
     assert db.y == pytest.approx(0.01) and db.pwfte == pytest.approx(4 * 0.99)
     assert db.pwfte > pwfte_before
-    rows = {r["group"]: r for r in d.status()["groups"]}
+    rows = {r["group"]: r for r in status_of(d)["groups"]}
     assert rows["db"]["override"] == {"priority": 4.0, "throughput_target_iops": 5000.0}
     assert rows["backup"]["override"] == {}
 
@@ -142,11 +143,11 @@ def test_group_set_reaches_the_controller_at_once_and_the_next_convergence_uses_
 def test_group_reset_returns_to_the_files_values():
     d, vt, _s, _act = grouped()
     group_set(d, latency_target_s=0.005)
-    got = d.handle("group_reset", {"group": "db"})
+    got = handle(d, "group_reset", {"group": "db"})
     assert got["removed"] == {"latency_target_s": 0.005} and got["override"] == {}
     assert got["latency_target_s"] == 0.010 and d.ctl.groups.groups["db"].latency_target_s == 0.01
-    assert d.state.group_overrides == {}
-    assert d.handle("group_reset", {"group": "db"})["removed"] is None
+    assert d.runtime.group_overrides == {}
+    assert handle(d, "group_reset", {"group": "db"})["removed"] is None
     run_for(d, vt, 2.0)
     assert d.ctl.groups.resources["vg0"].groups["db"].y == pytest.approx(0.5)
 
@@ -155,7 +156,7 @@ def test_sets_merge_and_one_throughput_unit_replaces_the_other():
     d, _vt, _s, _act = grouped(seconds=1.0)
     group_set(d, throughput_target_bps=200e6)
     group_set(d, latency_target_s=0.005)
-    assert d.state.group_overrides["db"] == go.GroupOverride(None, 0.005, (200e6, "B/s"))
+    assert d.runtime.group_overrides["db"] == go.GroupOverride(None, 0.005, (200e6, "B/s"))
     got = group_set(d, throughput_target_iops=5000.0)
     assert got["override"] == {"latency_target_s": 0.005, "throughput_target_iops": 5000.0}
     assert got["throughput_target_bps"] is None  # the file's has none; the B/s one went
@@ -174,24 +175,24 @@ def test_group_set_refusals_change_nothing():
         ({"group": "db", **UNSET, "priority": float("nan")}, "nan is not a finite number"),
     ):  # fmt: skip
         with pytest.raises(CommandError, match=message.replace("(", r"\(")):
-            d.handle("group_set", args)
-    assert d.state.group_overrides == {} and d.ctl.groups.groups["db"].priority == 2.0
+            handle(d, "group_set", args)
+    assert d.runtime.group_overrides == {} and d.ctl.groups.groups["db"].priority == 2.0
 
 
 def test_group_list_and_show_answer_every_group_and_default():
     conf = GROUPS.replace('members = ["10.0.0.0/24"]', 'members = ["10.0.0.7"]')
     d, _vt, _s, _act = grouped(conf)  # 10.0.0.3 is now in no group: "default"
-    listed = d.handle("group_list", {})
+    listed = handle(d, "group_list", {})
     assert [g["group"] for g in listed] == ["db", "backup", "default"]
     by = {g["group"]: g for g in listed}
     assert by["backup"]["initiators"] == [] and by["backup"]["resources"] == []
     assert by["default"]["configured"] is None and by["default"]["initiators"] == ["10.0.0.3"]
     assert by["default"]["resources"][0]["delay_class"] > 0  # the writer gives way
-    shown = d.handle("group_show", {"group": "db"})
+    shown = handle(d, "group_show", {"group": "db"})
     assert shown == by["db"]
     json.dumps(listed, allow_nan=False)  # the wire's strict JSON
     with pytest.raises(CommandError, match="unknown group 'nope'"):
-        d.handle("group_show", {"group": "nope"})
+        handle(d, "group_show", {"group": "nope"})
     assert d._changes == 0  # read-only: no save, the status cache stays
 
 
@@ -203,8 +204,8 @@ def test_overrides_survive_a_restart(tmp_path):
     assert saved["group_overrides"] == {"db": {"priority": 4.0, "throughput_target_bps": 150e6}}
     d2, vt2, s2, _act2 = make(GROUPS, store=StateStore(tmp_path))
     d2.sensors = GroupSensors(s2)
-    restore(d2, d2.store, {}, vt2.now)
-    assert d2.state.group_overrides == {"db": go.GroupOverride(4.0, None, (150e6, "B/s"))}
+    d2.restore(vt2.now)
+    assert d2.runtime.group_overrides == {"db": go.GroupOverride(4.0, None, (150e6, "B/s"))}
     run_for(d2, vt2, 1.0)
     spec = d2.ctl.groups.groups["db"]
     assert (spec.priority, spec.throughput_target_bps, spec.latency_target_s) == (
@@ -218,8 +219,8 @@ def test_a_restart_without_the_group_drops_its_override(tmp_path, caplog):
     conf = GROUPS.replace("[groups.backup]", "[groups.bulk]")
     d2, vt2, _s2, _act2 = make(conf, store=StateStore(tmp_path))
     with caplog.at_level(logging.WARNING, logger="santhrottled"):
-        restore(d2, d2.store, {}, vt2.now)
-    assert set(d2.state.group_overrides) == {"db"}
+        d2.restore(vt2.now)
+    assert set(d2.runtime.group_overrides) == {"db"}
     assert "start: group 'backup' is no longer configured" in caplog.text
 
 
@@ -233,10 +234,10 @@ def test_a_reload_keeps_the_overrides_of_groups_still_there_and_drops_the_others
     # backup gone, db's file value changed: db's override stays over the new file
     path.write_text(GROUPS.replace("[groups.backup]", "[groups.bulk]").replace('"10ms"', '"20ms"'))
     with caplog.at_level(logging.WARNING, logger="santhrottled"):
-        d.handle("reload", {})
-    assert set(d.state.group_overrides) == {"db"}
+        handle(d, "reload", {})
+    assert set(d.runtime.group_overrides) == {"db"}
     assert "reload: group 'backup' is no longer configured; its runtime override" in caplog.text
-    shown = d.handle("group_show", {"group": "db"})
+    shown = handle(d, "group_show", {"group": "db"})
     assert shown["latency_target_s"] == 0.005 and shown["configured"]["latency_target_s"] == 0.02
     d.tick(1e9)  # the reload marks the groups for the next tick's refresh
     assert d.ctl.groups.groups["db"].latency_target_s == 0.005
@@ -272,7 +273,7 @@ def _value(reg, name, **labels):
 
 def test_group_metrics_per_resource_and_group_read_at_scrape_time():
     d, _vt, _s, _act = grouped()
-    reg = registry_for(d)
+    reg = registry_for(StatusCache(d))
     db, backup = {"resource": "vg0", "group": "db"}, {"resource": "vg0", "group": "backup"}
     g = d.ctl.groups.resources["vg0"].groups
     assert _value(reg, "santhrottle_group_latency_target_seconds", **db) == 0.010
@@ -303,4 +304,6 @@ def test_group_metrics_per_resource_and_group_read_at_scrape_time():
 def test_without_groups_there_are_no_group_families():
     d, vt, _s, _act = make()
     run_for(d, vt, 2.0)
-    assert not [m for m in registry_for(d).collect() if m.name.startswith("santhrottle_group")]
+    assert not [
+        m for m in registry_for(StatusCache(d)).collect() if m.name.startswith("santhrottle_group")
+    ]

@@ -66,6 +66,8 @@ ROOMS = {
     "units": 0,
     "version": 0,
     "netns": 0,
+    "addresses": 0,
+    "textfile": 0,
     "config": 1,
     "datapath": 2,
     "sensing": 2,

@@ -13,9 +13,11 @@ from prometheus_client import generate_latest
 
 from santhrottle.appliance.daemon.core.counters import TICK_DURATION_BUCKETS_S, Counters
 from santhrottle.appliance.daemon.status import member_counters
+from santhrottle.appliance.daemon.status.build import StatusCache
 from santhrottle.appliance.daemon.status.metrics import registry_for
 from santhrottle.appliance.version import version
 from santhrottle.controller.domain import ReadSample
+from tests.unit.test_daemon import handle, status_of
 
 from .test_daemon import MIB, make, run_for
 
@@ -83,7 +85,7 @@ def daemon():
 
 def test_every_series_has_its_type_and_labels(daemon):
     d, _vt, _s = daemon
-    fams = families(registry_for(d, lambda: KERNEL))
+    fams = families(registry_for(StatusCache(d), lambda: KERNEL))
     assert set(fams) == set(SERIES)
     for name, (kind, labels) in SERIES.items():
         m = fams[name]
@@ -95,7 +97,7 @@ def test_every_series_has_its_type_and_labels(daemon):
         if kind == "counter":
             assert {s.name for s in m.samples} <= {name + "_total", name + "_created"}
         assert m.documentation, name
-    text = generate_latest(registry_for(d, lambda: KERNEL)).decode()
+    text = generate_latest(registry_for(StatusCache(d), lambda: KERNEL)).decode()
     for line in (
         'santhrottle_initiator_delayed_packets_total{initiator="10.0.0.3",mode="all"} 1834.0',
         'santhrottle_initiator_delayed_bytes_total{initiator="10.0.0.7",mode="ack"} 792.0',
@@ -108,8 +110,8 @@ def test_every_series_has_its_type_and_labels(daemon):
 
 def test_delay_seconds_beside_each_class(daemon):
     d, _vt, _s = daemon
-    reg = registry_for(d)
-    st = d.status()
+    reg = registry_for(StatusCache(d))
+    st = status_of(d)
     (vg0,) = [r for r in st["resources"] if r["resource"] == "vg0"]
     (ini,) = [i for i in st["initiators"] if i["initiator"] == "10.0.0.3"]
     assert vg0["delay_class"] > 0 and ini["class"] > 0
@@ -127,14 +129,14 @@ def test_delay_seconds_beside_each_class(daemon):
 
 def test_counters_restart_note_in_the_help_text(daemon):
     d, _vt, _s = daemon
-    fams = families(registry_for(d, lambda: KERNEL))
+    fams = families(registry_for(StatusCache(d), lambda: KERNEL))
     for name in ("santhrottle_initiator_delayed_packets", "santhrottle_initiator_delayed_bytes"):
         assert "bulk swap" in fams[name].documentation
 
 
 def test_without_a_reader_the_member_series_are_left_out(daemon):
     d, _vt, _s = daemon
-    fams = families(registry_for(d))
+    fams = families(registry_for(StatusCache(d)))
     assert "santhrottle_initiator_delayed_packets" not in fams
     assert "santhrottle_scrape_errors" not in fams
     assert "santhrottle_initiator_delay_class" in fams
@@ -150,7 +152,7 @@ def test_a_failing_reader_leaves_its_series_out_and_is_counted(daemon):
             raise OSError("netlink: Operation not permitted")
         return KERNEL
 
-    reg = registry_for(d, reader)
+    reg = registry_for(StatusCache(d), reader)
     for n in (1, 2):
         text = generate_latest(reg).decode()  # the scrape itself does not fail
         assert "santhrottle_initiator_delayed_packets_total" not in text
@@ -177,7 +179,7 @@ def test_the_kernel_is_read_outside_the_daemon_lock(daemon):
             d.lock.release()
         return KERNEL
 
-    generate_latest(registry_for(d, reader))
+    generate_latest(registry_for(StatusCache(d), reader))
     assert got == [True]
 
 
@@ -225,14 +227,14 @@ def test_tick_duration_histogram_counts_ticks():
     sensors.read_samples = slow_read
     for _ in durations:
         d.tick(vt.now)
-    c = d.status()["counters"]
+    c = status_of(d)["counters"]
     assert c["ticks"] == 5 and c["tick_seconds_sum"] == pytest.approx(sum(durations))
     buckets = c["tick_duration_buckets"]
     assert list(buckets)[-1] == "+Inf" and len(buckets) == len(TICK_DURATION_BUCKETS_S) + 1
     assert buckets["0.001"] == 1 and buckets["0.003"] == 1
     assert buckets["0.005"] == 3 and buckets["0.05"] == 3
     assert buckets["0.075"] == 4 and buckets["1.0"] == 4 and buckets["+Inf"] == 5
-    reg = registry_for(d)
+    reg = registry_for(StatusCache(d))
     name = "santhrottle_tick_duration_seconds"
     assert value(reg, name + "_bucket", le="0.005") == 3
     assert value(reg, name + "_bucket", le="+Inf") == 5
@@ -247,7 +249,7 @@ def test_raw_resource_counters_accumulate_from_the_samples():
     d.converge_once()  # discovers vg1 too (no threshold: observed)
     for _ in range(10):
         d.run_once()
-    (vg0,) = [r for r in d.status()["resources"] if r["resource"] == "vg0"]
+    (vg0,) = [r for r in status_of(d)["resources"] if r["resource"] == "vg0"]
     assert vg0["reads_completed"] == 10 * sample.reads
     assert vg0["read_time_s"] == pytest.approx(10 * sample.reads * sample.read_latency_s)
     assert vg0["written_bytes"] == pytest.approx(10 * sample.write_bps * tick_s)
@@ -266,7 +268,7 @@ def test_raw_resource_counters_accumulate_from_the_samples():
     totals = d.counters.resources["vg0"]
     assert totals.written_bytes == pytest.approx(15 * sample.write_bps * tick_s)
     assert totals.reads_completed == 12 * sample.reads  # reads are counts: no scaling
-    reg = registry_for(d)
+    reg = registry_for(StatusCache(d))
     assert value(reg, "santhrottle_resource_reads_completed_total", resource="vg0") == 72
     assert value(reg, "santhrottle_resource_read_time_seconds_total", resource="vg0") == (
         pytest.approx(72 * 0.030)
@@ -283,9 +285,9 @@ def test_written_bytes_per_initiator_from_the_convergences():
     converge_s = d.config.controller.converge_s
     for _ in range(4):
         d.converge_once()
-    (ini,) = [i for i in d.status()["initiators"] if i["initiator"] == "10.0.0.3"]
+    (ini,) = [i for i in status_of(d)["initiators"] if i["initiator"] == "10.0.0.3"]
     assert ini["written_bytes"] == {"vg0": pytest.approx(4 * 20 * MIB * converge_s)}
-    reg = registry_for(d)
+    reg = registry_for(StatusCache(d))
     labels = {"initiator": "10.0.0.3", "resource": "vg0"}
     assert value(reg, "santhrottle_initiator_written_bytes_total", **labels) == (
         pytest.approx(4 * 20 * MIB * converge_s)
@@ -294,7 +296,10 @@ def test_written_bytes_per_initiator_from_the_convergences():
     sensors.writers = {"10.0.0.4": "vg0"}
     d.converge_once()
     assert ("10.0.0.3", "vg0") not in d.written.snapshot()
-    assert value(registry_for(d), "santhrottle_initiator_written_bytes_total", **labels) is None
+    assert (
+        value(registry_for(StatusCache(d)), "santhrottle_initiator_written_bytes_total", **labels)
+        is None
+    )
 
 
 def test_counters_never_read_a_clock():
@@ -314,11 +319,11 @@ def test_an_auto_threshold_exports_its_lq_fit_and_the_threshold_in_force():
     """The fake devices follow L = 2 ms + 3 ms x Q: once the load has varied, the fit
     is confident and the threshold in force is C / (1 - 0.9) = 20 ms."""
     d, vt, sensors, _act = make()
-    d.handle("threshold_set", {"resource": "vg0", "threshold_s": "auto"})
+    handle(d, "threshold_set", {"resource": "vg0", "threshold_s": "auto"})
     for lat in (0.005, 0.011, 0.020, 0.035, 0.050) * 3:
         sensors.latency_s = lat
         run_for(d, vt, 3.0)
-    fams = families(registry_for(d, lambda: KERNEL))
+    fams = families(registry_for(StatusCache(d), lambda: KERNEL))
 
     def one(name):
         (s,) = [s for s in fams[name].samples if s.labels == {"resource": "vg0"}]
@@ -332,8 +337,10 @@ def test_an_auto_threshold_exports_its_lq_fit_and_the_threshold_in_force():
 
 def test_bridge_mode_exports_the_wire_sensors_counters():
     from santhrottle.appliance.daemon.status.metrics import WIRE_COUNTERS, wire_families
+    from santhrottle.appliance.daemon.status.views import WireView
 
-    wire = {"capturing": True, "commands": 10, "completions": 9, "capture_kernel_drops": 2}
+    counts = {"commands": 10, "completions": 9, "capture_kernel_drops": 2}
+    wire = WireView(capturing=True, sensor="capture", counters=counts)
     got = {m.name: m.samples[0].value for m in wire_families(wire)}
     assert got["santhrottle_wire_capturing"] == 1.0
     assert got["santhrottle_wire_commands"] == 10 and got["santhrottle_wire_completions"] == 9

@@ -371,7 +371,7 @@ def test_initiator_names_from_the_logins_outlive_a_restart_in_their_own_file(tmp
         disc, _ = first.converge()
         assert disc.initiators[INI].names == {host}
         cfg = SimpleNamespace(bridge_mode=True, controller=SimpleNamespace(tick_s=0.1))
-        (row,) = view.volumes(SimpleNamespace(sensors=first, config=cfg))  # type: ignore[arg-type]
+        (row,) = view.volumes(SimpleNamespace(bridge=first, config=cfg))  # type: ignore[arg-type]
         assert row["initiator_names"] == {INI: [host]}
     finally:
         first.close()

@@ -16,8 +16,8 @@ round-robin over the 3 hosts, each in its own region) step through
 the array's Q spans 0.2 to 11 IOs.  Each repetition starts a fresh daemon (a
 fresh fit).
 
-Recorded every second: the daemon's status (`threshold_fit`: C, m, R^2,
-windows, Q range, confident; `threshold_in_force_s`; the writers' classes),
+Recorded every second: the daemon's status (a resource's `threshold`: its `fit`,
+C, m, R^2, windows, Q range, confident, and `in_force_s`; the writers' classes),
 the array's diskstats and the plant's own counters (/shared/work/array-stats.json).
 At each repetition's end: the daemon's fit and threshold against the
 configured C, m and C / (1 - 0.9), and, for comparison, a plain least-squares
@@ -74,8 +74,8 @@ class Watch(threading.Thread):
                 st = request(self.sock, "status", timeout_s=2.0)
                 r = next((x for x in st["resources"] if x["resource"] == self.vg), None)
                 if r is not None:
-                    row["fit"] = r.get("threshold_fit")
-                    row["in_force_s"] = r.get("threshold_in_force_s")
+                    row["fit"] = r["threshold"]["fit"]  # status' ThresholdView
+                    row["in_force_s"] = r["threshold"]["in_force_s"]
                     row["devices"] = r.get("devices")
                     row["mode"] = r.get("mode")
                 row["classes"] = [

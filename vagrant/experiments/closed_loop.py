@@ -234,15 +234,18 @@ class Sampler(threading.Thread):
                     row["status"] = {
                         "resources": [
                             {
-                                x: r.get(x)
-                                for x in (
-                                    "resource",
-                                    "read_latency_ewma_s",
-                                    "delay_class",
-                                    "members",
-                                    "mode",
-                                    "threshold_setpoint_fraction",
-                                )
+                                **{
+                                    x: r.get(x)
+                                    for x in (
+                                        "resource",
+                                        "read_latency_ewma_s",
+                                        "delay_class",
+                                        "members",
+                                        "mode",
+                                    )
+                                },
+                                # the recorded name; the daemon's ThresholdView calls it so
+                                "threshold_setpoint_fraction": r["threshold"]["setpoint_fraction"],
                             }
                             for r in st["resources"]
                         ],

@@ -2,16 +2,16 @@
 
 What it owns
     group_list, group_show, group_set and group_reset (their arguments are
-    checked by daemon/control/requests.py, with the configuration's Kinds, before
-    handle() is called under the daemon's lock), and group_view(), the
+    checked by control/requests.py, with the configuration's Kinds, before
+    handle() is called), and group_view(), the
     answer's shape: a group's targets and priority in force, the file's, the
     override, its members (the file's entries and the initiators in it
     now) and, per grouped resource it is on, what the controller measured
     and decided (daemon/status/build.py's groups rows).  A set or reset changes the
-    daemon's state (persisted by the caller: Daemon.handle saves it) and
-    hands the groups to the controller at once (grouping.refresh): the
-    next convergence's arbitration uses the new targets, the next tick's
-    classes follow.
+    daemon's state through its public methods (set_group, reset_group: they
+    save it, and hand the groups to the controller at once): the next
+    convergence's arbitration uses the new targets, the next tick's classes
+    follow.
 
 Answers (seconds, bytes/s, IOs/s; null: none)
     group_show  {"group": "db", "priority": 4.0, "latency_target_s": 0.01,
@@ -45,16 +45,14 @@ from typing import TYPE_CHECKING, Any
 
 from santhrottle.appliance.config.kinds import IOPS_SUFFIX
 from santhrottle.appliance.config.parse import GroupConfig
-from santhrottle.appliance.daemon.control.requests import CommandError
-from santhrottle.appliance.daemon.core import grouping
+from santhrottle.appliance.daemon.core.errors import CommandError
 from santhrottle.appliance.daemon.core.group_overrides import (
     BYTES_PER_S,
     GroupOverride,
-    merge,
     overlay,
     to_json,
 )
-from santhrottle.appliance.daemon.status import build as view
+from santhrottle.appliance.daemon.status import build, views
 from santhrottle.controller.groups import DEFAULT_GROUP
 
 if TYPE_CHECKING:
@@ -64,9 +62,15 @@ COMMANDS = frozenset({"group_list", "group_show", "group_set", "group_reset"})
 READ_ONLY = frozenset({"group_list", "group_show"})
 # The keys of a status groups row that are the group's, not its resource's.
 GROUP_KEYS = frozenset(
-    {"group", "priority", "latency_target_s", "throughput_target_bps",
-     "throughput_target_iops", "override"}
-)  # fmt: skip
+    {
+        "group",
+        "priority",
+        "latency_target_s",
+        "throughput_target_bps",
+        "throughput_target_iops",
+        "override",
+    }
+)
 
 
 def _targets(
@@ -87,17 +91,17 @@ def _file_targets(g: GroupConfig) -> dict[str, Any]:
 
 
 def _rows(daemon: Daemon) -> dict[str, list[dict[str, Any]]]:
-    """view.groups' rows (per resource x group) by group."""
+    """status' group rows (per resource x group, status/build.py groups) by group."""
     out: dict[str, list[dict[str, Any]]] = {}
-    for r in view.groups(daemon):
-        out.setdefault(r["group"], []).append(r)
+    for r in build.groups(daemon):
+        out.setdefault(r.group, []).append(views.to_json(r))
     return out
 
 
 def group_view(daemon: Daemon, name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """One group's answer (the module's header): rows are its view.groups rows."""
     cfg = daemon.config.groups.get(name)
-    ov = daemon.state.group_overrides.get(name)
+    ov = daemon.runtime.group_overrides.get(name)
     per_resource = [{k: v for k, v in r.items() if k not in GROUP_KEYS} for r in rows]
     if cfg is None:  # "default": no file entry, the controller's default priority
         spec = daemon.ctl.groups.spec(name)
@@ -147,24 +151,22 @@ def _asked(a: dict[str, Any]) -> GroupOverride:
 
 
 def handle(daemon: Daemon, cmd: str, a: dict[str, Any]) -> Any:
-    """One group command, its arguments checked (under the daemon's lock)."""
-    rows = _rows(daemon)
-    if cmd == "group_list":
-        names = list(daemon.config.groups)
-        if DEFAULT_GROUP in rows:
-            names.append(DEFAULT_GROUP)
-        return [group_view(daemon, n, rows.get(n, [])) for n in names]
-    name = a["group"]
-    if cmd == "group_show":
-        return group_view(daemon, name, rows.get(name, []))
-    overrides = daemon.state.group_overrides
+    """One group command, its arguments checked: a change through the daemon's public
+    methods, then the answer under its lock."""
     if cmd == "group_set":
-        overrides[name] = merge(overrides.get(name), _asked(a))
-        grouping.refresh(daemon)  # the controller's specs now; its classes at the next tick
-        return group_view(daemon, name, _rows(daemon).get(name, []))
+        daemon.set_group(a["group"], _asked(a))  # the controller's specs before it returns
+    removed = daemon.reset_group(a["group"]) if cmd == "group_reset" else None
+    with daemon.lock:
+        rows = _rows(daemon)
+        if cmd == "group_list":
+            names = list(daemon.config.groups)
+            if DEFAULT_GROUP in rows:
+                names.append(DEFAULT_GROUP)
+            return [group_view(daemon, n, rows.get(n, [])) for n in names]
+        name = a["group"]
+        out = group_view(daemon, name, rows.get(name, []))
     if cmd == "group_reset":
-        removed = overrides.pop(name, None)
-        grouping.refresh(daemon)
-        view_ = group_view(daemon, name, _rows(daemon).get(name, []))
-        return {**view_, "removed": to_json(removed) if removed is not None else None}
+        return {**out, "removed": to_json(removed) if removed is not None else None}
+    if cmd in COMMANDS:
+        return out
     raise CommandError(f"unknown command {cmd!r}")  # in COMMANDS, not here: a bug

@@ -16,10 +16,12 @@ Two passes
     checks again with a Context (this configuration's max_class, the known
     resources and its groups) under its lock.  So nothing unchecked ever reaches the state.
 
-Initiators are IPv4 or IPv6 addresses in the data path's canonical form
-(datapath/names.py check_ip: "FD00:0::2" is "fd00::2", a zone "%eth1" is
-dropped, "::ffff:10.0.0.3" is 10.0.0.3): the form the kernel's sets print and
-the sensors report, so a pin and the initiator it names are one key.
+Initiators are checked by appliance/addresses.py, the check every entry uses:
+IPv4 or IPv6 unicast addresses an initiator can have (not 0.0.0.0, ::,
+loopback, multicast, broadcast, link-local), in the data path's canonical form
+("FD00:0::2" is "fd00::2", "::ffff:10.0.0.3" is 10.0.0.3): the form the
+kernel's sets print and the sensors report, so a pin and the initiator it
+names are one key.
 
 Worked example
     check("pin", {"initiator": "10.0.0.3", "class": 10, "mode": "all"})
@@ -27,6 +29,8 @@ Worked example
     check("pin", {"initiator": "bogus", "class": 5, "mode": "all"})
     -> RequestError "pin: initiator: 'bogus' is not an IPv4 or IPv6 address"
     check("unpin", {"initiator": "FD00:0::2"}) -> {"initiator": "fd00::2"}
+    check("pin", {"initiator": "0.0.0.0", "class": 5, "mode": "all"})
+    -> RequestError "pin: initiator: '0.0.0.0' is unspecified: not an initiator's address"
     check("threshold_set", {"resource": "vg0", "threshold_s": 0.015},
           Context(max_class=100, resources=frozenset({"vg0"})))
     -> {"resource": "vg0", "threshold_s": 0.015}
@@ -44,6 +48,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from santhrottle.appliance.addresses import AddressError, initiator_address
 from santhrottle.appliance.config.kinds import (
     AUTO,
     KindError,
@@ -53,19 +58,19 @@ from santhrottle.appliance.config.kinds import (
     quote,
 )
 from santhrottle.appliance.config.schema import MAX_CLASSES, PIN_MODES, key
+from santhrottle.appliance.daemon.core.errors import CommandError
 from santhrottle.appliance.daemon.core.group_overrides import (
     check_latency_target_s,
     check_priority,
     check_throughput_bps,
     check_throughput_iops,
 )
-from santhrottle.appliance.datapath.names import DatapathError, check_ip
 from santhrottle.controller.groups import DEFAULT_GROUP
 
 log = logging.getLogger("santhrottled.control")
 
 # The control protocol's version: in every reply ("protocol") and in the CLI's --json.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 # The configuration key whose rules a runtime threshold follows.
 THRESHOLD_KEY = key("resources.NAME.threshold")
 NS_PER_S = 10**9
@@ -90,13 +95,11 @@ Handler = Callable[[str, dict[str, Any]], Any]
 
 
 class RequestError(Exception):
-    """A request refused: one line naming the command and field (commands.CommandError
-    is one too)."""
+    """A request refused: one line naming the command and field."""
 
 
-class CommandError(RequestError):
-    """A control-socket request that cannot be done; the message goes to the admin
-    (daemon/control/commands.py)."""
+# What a refusal is: the request's (checked here) or the daemon's (core/errors.py).
+REFUSALS = (RequestError, CommandError)
 
 
 @dataclass(frozen=True)
@@ -111,19 +114,11 @@ class Context:
 Spec = Callable[[Any, Context | None], Any]
 
 
-def initiator_address(v: Any) -> str:
-    """An initiator's address in the data path's canonical form, or KindError
-    "'x' is not an IPv4 or IPv6 address" (the state file's pins use it too)."""
-    if not isinstance(v, str):
-        raise KindError(f"{quote(v)} is not an IPv4 or IPv6 address")
-    try:
-        return check_ip(v)
-    except DatapathError:
-        raise KindError(f"{quote(v)} is not an IPv4 or IPv6 address") from None
-
-
 def _initiator(v: Any, _ctx: Context | None) -> str:
-    return initiator_address(v)
+    try:
+        return initiator_address(v)
+    except AddressError as e:
+        raise KindError(str(e)) from None
 
 
 def _class(v: Any, ctx: Context | None) -> int:
@@ -304,7 +299,7 @@ def answer(line: bytes, dispatch: Handler) -> dict[str, Any]:
         cmd, args = parse_line(line)
         return {"ok": True, "data": dispatch(cmd, args)}
     except Exception as e:  # a one-line refusal, or a bug: never a crash
-        if not isinstance(e, RequestError):
+        if not isinstance(e, REFUSALS):
             log.exception("control: request failed")
         return {"ok": False, "error": one_line(str(e) or type(e).__name__)}
 

@@ -8,8 +8,8 @@ What it owns
     daemon/control/requests.py's: nothing reaches the daemon unchecked.
 
     Request:  {"cmd": "threshold_set", "args": {"resource": "vg0", "threshold_s": 0.015}}
-    Reply:    {"protocol": 1, "ok": true, "data": ...}
-          or  {"protocol": 1, "ok": false, "error": "one line for the admin"}
+    Reply:    {"protocol": 2, "ok": true, "data": ...}
+          or  {"protocol": 2, "ok": false, "error": "one line for the admin"}
 
 What a client cannot do
     Stall the daemon: the loop never holds the daemon's lock during socket

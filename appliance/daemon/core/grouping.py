@@ -17,20 +17,18 @@ When
     names they logged in with; the sensors' IoSamples), and at every
     `group set` / `group reset`.
 
-Sensors
-    A sensor with an `io_samples` attribute feeds the groups (bridge mode:
-    the wire's IOs per initiator; a target host: each LUN's device, LIO's
-    ACL counters, appliance/sensing/initiator_io.py); without one the
-    grouped resources get no samples and their groups hold; its `io_span_s`,
-    the time its last samples cover, scales them to one convergence. A sensor
-    with initiator_names() (address -> the IQNs / NQNs it logged in with: the
-    wire's logins on a bridge, LIO's ACLs and nvmet's debugfs on a target
-    host) lets a group name its members by those; without it, or for an
-    initiator it names nothing for, members match by address. A failing
-    initiator_names() is a warning: that refresh matches by address. A
-    sensor with want_io_samples() is told the grouped resources at every
-    refresh, and makes IoSamples for those only (none without groups: a
-    target host's 10,000 initiators cost nothing then).
+Sensors (core/sensors.py)
+    The sensors' `io_samples` feed the groups (bridge mode: the wire's IOs
+    per initiator; a target host: each LUN's device, LIO's ACL counters,
+    appliance/sensing/initiator_io.py); their `io_span_s`, the time the last
+    samples cover, scales them to one convergence.  initiator_names()
+    (address -> the IQNs / NQNs it logged in with: the wire's logins on a
+    bridge, LIO's ACLs and nvmet's debugfs on a target host) lets a group
+    name its members by those; for an initiator it names nothing for,
+    members match by address, and a failing initiator_names() is a warning:
+    that refresh matches by address.  want_io_samples() is told the grouped
+    resources at every refresh: the sensors make IoSamples for those only
+    (none without groups: a target host's 10,000 initiators cost nothing then).
 
 Worked example
     [groups.db] members = ["iqn.2024-01.com.example:db1"]; the target's LIO
@@ -43,20 +41,21 @@ Worked example
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
 
 from santhrottle.appliance.config.parse import Config
 from santhrottle.appliance.daemon.core.group_overrides import GroupOverride, overlay
 from santhrottle.appliance.daemon.core.groupmap import GroupMap, resolve_host
+from santhrottle.appliance.daemon.core.sensors import Discovery, Sensors
 from santhrottle.controller.domain import IoSample
 from santhrottle.controller.groups import Group
 from santhrottle.controller.restate import configure_groups
+from santhrottle.controller.state import ControllerState
 
 log = logging.getLogger("santhrottled")
 
 
-def build(config: Config, resolve: Any = None) -> GroupMap:
+def build(config: Config, resolve: Callable[[str], list[str]] | None = None) -> GroupMap:
     """The configured groups' map (GroupMapError: a host that does not resolve)."""
     return GroupMap(config.groups, resolve or resolve_host)
 
@@ -97,67 +96,54 @@ def grouped_resources(
     return set(known) & (named | loaded)
 
 
-def initiator_names(sensors: Any) -> dict[str, Iterable[str]]:
-    """address -> the names it logged in with, from the sensors (none without)."""
-    names_of = getattr(sensors, "initiator_names", None)
-    if not callable(names_of):
-        return {}
+def initiator_names(sensors: Sensors) -> dict[str, Iterable[str]]:
+    """address -> the names it logged in with, from the sensors (a failure: none)."""
     try:
-        return dict(names_of())
+        return dict(sensors.initiator_names())
     except Exception as e:  # a sensor failure must not stop the tick
         log.warning("groups: initiator names: %s; matching by address", e)
         return {}
 
 
-def membership(daemon: Any) -> tuple[dict[str, str], dict[str, set[str]]]:
-    """(initiator -> group, initiator -> the resources it loads) over the initiators
-    the daemon's discovery knows."""
-    d = daemon.state.discovery
-    if d is None or not daemon.config.groups:
-        return {}, {}
-    loads = {ip: set(v.resources) for ip, v in d.initiators.items()}
-    return daemon.group_map.group_of_all(loads, initiator_names(daemon.sensors)), loads
-
-
 Membership = tuple[dict[str, str], dict[str, set[str]]]
 
 
-def grouped_of(daemon: Any, known: Iterable[str], member: Membership | None = None) -> set[str]:
-    """The daemon's grouped resources among `known` (a grouped resource needs no
-    threshold: the controller has it, its PID observing, math.inf, for its groups);
-    `member`: membership(daemon), when the caller has it already."""
-    group_of, loads = member if member is not None else membership(daemon)
-    return grouped_resources(daemon.config, known, group_of, loads)
+def membership(
+    config: Config, discovery: Discovery | None, group_map: GroupMap, sensors: Sensors
+) -> Membership:
+    """(initiator -> group, initiator -> the resources it loads) over the initiators
+    the discovery knows."""
+    if discovery is None or not config.groups:
+        return {}, {}
+    loads = {ip: set(v.resources) for ip, v in discovery.initiators.items()}
+    return group_map.group_of_all(loads, initiator_names(sensors)), loads
 
 
-def refresh(daemon: Any, member: Membership | None = None) -> None:
-    """The daemon's groups (with their overrides), their members among the initiators
-    its discovery knows, and the grouped resources, into its controller (under the
-    daemon's lock); the sensors are told which resources want IoSamples. `member`:
-    membership(daemon), when the caller has it already (one pass per discovery)."""
-    ctl, config = daemon.ctl, daemon.config
+def refresh(
+    ctl: ControllerState,
+    config: Config,
+    overrides: Mapping[str, GroupOverride],
+    member: Membership,
+    sensors: Sensors,
+) -> None:
+    """The groups (with their overrides), their members (`member`: membership()) and
+    the grouped resources, into the controller (under the daemon's lock); the
+    sensors are told which resources want IoSamples."""
     if config.groups or ctl.grouped:
-        group_of, loads = member if member is not None else membership(daemon)
+        group_of, loads = member
         grouped = grouped_resources(config, ctl.resources, group_of, loads)
-        overrides = daemon.state.group_overrides
         changed = configure_groups(ctl, specs(config, overrides), group_of, grouped)
         if changed:
             log.info("groups: %d initiator class(es) changed", len(changed))
-    want = getattr(daemon.sensors, "want_io_samples", None)
-    if callable(want):  # only the grouped resources' (none: nothing computed)
-        want(ctl.grouped)
+    sensors.want_io_samples(ctl.grouped)  # only the grouped resources' (none: nothing computed)
 
 
-def io_samples(sensors: Any, converge_s: float) -> list[IoSample]:
-    """The sensors' IoSamples of the convergence just made (none without), their counts
-    scaled to one convergence of converge_s: the controller reads them as one interval's,
-    and on a loaded host a sensor's convergence can span more (`io_span_s`, the time its
-    counts cover: 1.2 s counted as 1 s would overstate every group's throughput by 20 %)."""
-    got = getattr(sensors, "io_samples", None)
-    if not isinstance(got, list):
-        return []
-    span = getattr(sensors, "io_span_s", None)
-    if not isinstance(span, int | float) or span <= 0.0 or span == converge_s:
+def io_samples(got: list[IoSample], span_s: float | None, converge_s: float) -> list[IoSample]:
+    """A convergence's IoSamples (got, covering span_s; None: one convergence), their
+    counts scaled to one convergence of converge_s: the controller reads them as one
+    interval's, and on a loaded host a sensor's convergence can span more (1.2 s
+    counted as 1 s would overstate every group's throughput by 20 %)."""
+    if span_s is None or span_s <= 0.0 or span_s == converge_s:
         return list(got)
-    k = converge_s / span
+    k = converge_s / span_s
     return [s._replace(ios=s.ios * k, bytes=s.bytes * k, reads=s.reads * k) for s in got]

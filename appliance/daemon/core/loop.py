@@ -1,4 +1,4 @@
-"""santhrottled: the loop that wires sensors, the controller and the actuator.
+"""santhrottled: the loop that wires sensors, the controller and the actuator, and its public face.
 
 Cadences (paper 2.3): a fixed-rate controller tick (100 ms) and a 1 s
 convergence. The tick is scheduled from the previous deadline, never from
@@ -14,23 +14,37 @@ sock_diag, LVM) and write rates. The worker may be slow (a large configfs
 tree); the tick never waits for it and uses the last discovery it finished.
 A failing sensor read is counted and logged; the controller holds.
 The counters and raw I/O totals the metrics export are accumulated from
-those samples (daemon/core/counters.py): per tick under the lock, per
+those samples (core/counters.py): per tick under the lock, per
 convergence in the worker behind their own lock.
 
 A [hosts.NAME] is one initiator to the controller: its addresses' write
 samples are summed before step() and its class is every address's
-(daemon/core/hosts.py).
-With [fleet] (daemon/core/fleetmode.py), step() runs on this appliance's samples merged
+(core/hosts.py).
+With [fleet] (core/fleetmode.py), step() runs on this appliance's samples merged
 with the other appliances' of the same array, and a resource another appliance
 leads follows its published classes; the engine is talked to by the agent's own
 thread (fleet/agent.py), never by the tick.
+
+The public face
+    What a command does is a method here, and nothing else changes the
+    daemon's state: set_threshold / reset_threshold, pin / unpin, pause /
+    resume, set_group / reset_group, reload, restore (at start).  Each takes
+    the daemon's lock for its change, then saves the runtime state
+    (core/state.py) before it returns, outside the lock (the tick never waits
+    for an fsync): the control socket's commands (control/commands.py) and
+    the fleet call them alike.  A refusal is CommandError, one line.
+    The runtime state (pins, pause, overrides, adoption) is core/runtime.py's
+    Runtime; what the kernel holds is the actuator's own record.  Readers
+    (status/build.py) take the lock and read the public attributes: config,
+    runtime, ctl, counters, discovery, last_reads, hosts, written, fleet,
+    restart_pending, `revision` (what changed since a view was built).
 Pins (`santhrottle pin`) override the controller for their initiator.
 Pause removes every delay but keeps measuring; resume re-applies.
 Commands only change the daemon's state; the kernel is changed by the tick
 (main thread) alone, within one tick: a single writer, and the netlink
 sockets of a data path in another netns belong to the thread that made them.
-Reload (SIGHUP, `santhrottle reload`) validates the new file first and
-keeps the last good config when it is invalid.
+Reload (SIGHUP, `santhrottle reload`) validates the new file the way the start
+does (the same loader) and keeps the last good config when it is invalid.
 
 Time and sleep are injected (clock, sleep), so the loop is tested in virtual
 time with fake sensors and a fake actuator (tests/unit/test_daemon.py); the
@@ -41,88 +55,34 @@ from __future__ import annotations
 
 import gc
 import logging
-import math
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable
 
-from santhrottle.appliance.config import Config
-from santhrottle.appliance.config.kinds import AUTO
-from santhrottle.appliance.daemon.control import commands
-
-# CommandError: what commands raise; importable from here as from commands
-from santhrottle.appliance.daemon.control.commands import CommandError as CommandError
-from santhrottle.appliance.daemon.core import grouping, reloading
+from santhrottle.appliance.config import Config, ConfigError
+from santhrottle.appliance.daemon.core import grouping, reloading, resources
+from santhrottle.appliance.daemon.core.cadence import Cadence
 from santhrottle.appliance.daemon.core.counters import Counters, WrittenBytes
+from santhrottle.appliance.daemon.core.errors import CommandError
 from santhrottle.appliance.daemon.core.fleetmode import FleetMode
-from santhrottle.appliance.daemon.core.group_overrides import GroupOverride
+from santhrottle.appliance.daemon.core.group_overrides import GroupOverride, prune
 from santhrottle.appliance.daemon.core.hosts import HostMap
-from santhrottle.appliance.daemon.core.restore import age_adopted, snapshot
-from santhrottle.appliance.daemon.core.state import Saved, StateStore
-from santhrottle.appliance.daemon.status import build as view
-from santhrottle.controller.domain import (
-    DeviceSample,
-    IoSample,
-    ReadSample,
-    Resource,
-    Samples,
-    WriteSample,
+from santhrottle.appliance.daemon.core.runtime import (
+    ADOPT_HOLD_CONVERGES,
+    Pin,
+    Runtime,
+    recent_classes,
 )
-from santhrottle.controller.restate import remove_resource, seed_class
+from santhrottle.appliance.daemon.core.sensors import Actuator, BridgeSensors, Discovery, Sensors
+from santhrottle.appliance.daemon.core.state import Saved, StateKeeper, StateStore
+from santhrottle.controller.domain import IoSample, ReadSample, Samples, WriteSample
+from santhrottle.controller.restate import reconfigure
 from santhrottle.controller.state import ControllerState, new_state
 from santhrottle.controller.step import step
 
 log = logging.getLogger("santhrottled")
 
-
-class Sensors(Protocol):
-    def read_samples(self) -> list[ReadSample]: ...
-
-    def device_samples(self) -> list[DeviceSample]: ...
-
-    def converge(self) -> tuple[Any, list[WriteSample]]: ...
-
-
-class Actuator(Protocol):
-    def apply(self) -> Any: ...
-
-    def set_classes(
-        self, classes: Mapping[str, int], mode: str | None = None, *, ordered: bool = True
-    ) -> int: ...
-
-    def settle(self) -> int: ...
-
-    def cleanup(self) -> Any: ...
-
-    # descents through a glide leaf (in order) and without one (every leaf busy)
-    @property
-    def glided(self) -> int: ...
-
-    @property
-    def unordered_moves(self) -> int: ...
-
-
-@dataclass
-class ResourceView:
-    last: ReadSample | None = None
-
-
-@dataclass
-class DaemonState:
-    paused: bool = False
-    pins: dict[str, tuple[int, str]] = field(default_factory=dict)  # ip -> (class, mode)
-    thresholds: dict[str, float | str] = field(default_factory=dict)  # runtime overrides
-    group_overrides: dict[str, GroupOverride] = field(default_factory=dict)  # `group set`
-    applied: dict[str, tuple[int, str]] = field(default_factory=dict)  # ip -> (class, mode)
-    # members a previous run left that no pin explains: held, then lowered (restore.py)
-    adopted: dict[str, tuple[int, str]] = field(default_factory=dict)
-    adopt_until: float | None = None
-    discovery: Any = None
-    pending_writes: list[WriteSample] = field(default_factory=list)
-    pending_ios: list[IoSample] = field(default_factory=list)  # initiator groups (grouping.py)
-    last_reads: dict[str, ReadSample] = field(default_factory=dict)
+__all__ = ["CommandError", "Daemon"]
 
 
 class Daemon:
@@ -132,6 +92,7 @@ class Daemon:
         sensors: Sensors,
         actuator: Actuator,
         *,
+        bridge: BridgeSensors | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         load_config: Callable[[str], Config] | None = None,
@@ -141,28 +102,28 @@ class Daemon:
     ) -> None:
         self.config = config
         self.sensors = sensors
+        self.bridge = bridge  # bridge mode: the wire sensor's extension (the same object)
         self.actuator = actuator
         self.clock = clock
-        self.sleep = sleep
         self._load_config = load_config
         self.notify = notify or (lambda _msg: None)
         self.lock = threading.RLock()
-        self.state = DaemonState()
+        self.runtime = Runtime()
+        self._actuator_faults = 0  # exceptions out of the actuator (its refusals: its own)
+        self.discovery: Discovery | None = None  # the last convergence's
+        self.last_reads: dict[str, ReadSample] = {}  # resource -> the last tick's sample
+        self._pending_writes: list[WriteSample] = []
+        self._pending_ios: list[IoSample] = []  # initiator groups (core/grouping.py)
         self.counters = Counters()
         self.written = WrittenBytes()  # per (initiator, resource); the worker's, own lock
         self.ctl: ControllerState = new_state(config.controller, [])
-        self._stop = threading.Event()
-        self._next_tick: float | None = None
-        self._next_converge: float | None = None
+        self.cadence = Cadence(clock, sleep, lambda: self.config.controller)  # reloadable
         self._resources_dirty = True  # a new discovery or config: reconcile at the next tick
         self._gc = GcFreezer()
-        self.store = store  # None: nothing survives a restart (tests)
+        self.keeper = StateKeeper(store)  # no store: nothing survives a restart (tests)
         self.seed_classes: dict[str, int] = {}  # resource -> class, from the last run
-        self._saved: Saved | None = None  # what the store holds
-        self._save_lock = threading.Lock()
         self.restart_pending: list[str] = []  # keys a reload could not change
-        self._changes = 0  # commands that changed the state (status' cache key)
-        self._status: tuple[tuple[int, ...], dict[str, Any]] | None = None
+        self._changes = 0  # changes made through the public methods (revision)
         self.group_map = grouping.build(config)  # GroupMapError: a host does not resolve
         self.hosts = HostMap.of(config.hosts)  # [hosts.NAME]: one initiator each (hosts.py)
         self.fleet = fleet  # [fleet]: merged samples, the leaders' classes (fleetmode.py)
@@ -170,39 +131,34 @@ class Daemon:
     # ----------------------------------------------------------- resources
     def threshold_of(self, name: str) -> float | str | None:
         """The threshold asked for: seconds, "auto" (fitted), None (observed)."""
-        return self.state.thresholds.get(name, self.config.threshold_of(name))
-
-    def _controller_resource(self, name: str, thr: float | str) -> Resource:
-        if thr == AUTO:  # the fallback until the fit is confident; inf observes
-            fallback = self.config.fallback_of(name)
-            return Resource(name, math.inf if fallback is None else fallback, auto=True)
-        return Resource(name, float(thr))
+        return resources.threshold_of(self.config, self.runtime, name)
 
     def known_resources(self) -> set[str]:
-        d = self.state.discovery
-        names = set(self.config.resources)
-        if d is not None:
-            names |= set(d.resources)
-        return names
+        return resources.known(self.config, self.discovery)
+
+    @property
+    def revision(self) -> tuple[int, ...]:
+        """Changes since a view of the daemon was built: ticks, convergences, reloads,
+        actuator errors and the public methods' changes."""
+        c = self.counters
+        return (c.ticks, c.converges, c.reloads, c.actuator_errors, self._changes)
+
+    def _membership(self) -> grouping.Membership:
+        return grouping.membership(self.config, self.discovery, self.group_map, self.sensors)
 
     def _reconcile_resources(self, member: grouping.Membership | None = None) -> None:
         """Controller resources = known resources that have a threshold or groups."""
         known = self.known_resources()
-        want = {n: t for n in known if (t := self.threshold_of(n)) is not None}
-        for n in grouping.grouped_of(self, known, member):
-            want.setdefault(n, math.inf)  # its groups decide; its PID only observes
-        changed: dict[str, int] = {}
-        for name in list(self.ctl.resources):
-            if name not in want:
-                changed.update(remove_resource(self.ctl, name))
-        for name, thr in want.items():
-            self.ctl.set_resource(self._controller_resource(name, thr))
-            if name in self.seed_classes:  # the last run's class: continue from it
-                seed_class(self.ctl, name, self.seed_classes.pop(name))
-        if changed:
-            log.info("resources removed; %d initiator class(es) changed", len(changed))
+        group_of, loads = member if member is not None else self._membership()
+        grouped = grouping.grouped_resources(self.config, known, group_of, loads)
+        resources.reconcile(self.ctl, self.config, self.runtime, known, grouped, self.seed_classes)
         if self.fleet is not None:  # lead these when nobody does
             self.fleet.agent.want(self.ctl.resources)
+
+    def _refresh_groups(self, member: grouping.Membership | None = None) -> None:
+        member = member if member is not None else self._membership()
+        overrides = self.runtime.group_overrides
+        grouping.refresh(self.ctl, self.config, overrides, member, self.sensors)
 
     # ----------------------------------------------------------- the tick
     def converge_once(self) -> None:
@@ -215,16 +171,18 @@ class Daemon:
             log.warning("convergence: sensor error: %s", e)
             return
         live = {ip: v.resources for ip, v in disc.initiators.items()} if disc is not None else None
-        self.written.add(writes, self.config.controller.converge_s, live)
-        ios = grouping.io_samples(self.sensors, self.config.controller.converge_s)
+        converge_s = self.config.controller.converge_s
+        self.written.add(writes, converge_s, live)
+        s = self.sensors
+        ios = grouping.io_samples(s.io_samples, s.io_span_s, converge_s)
         with self.lock:
-            self.state.discovery = disc
-            self.state.pending_writes.extend(self.hosts.fold_writes(writes))  # a host once
-            self.state.pending_ios.extend(ios)
+            self.discovery = disc
+            self._pending_writes.extend(self.hosts.fold_writes(writes))  # a host once
+            self._pending_ios.extend(ios)
             self.counters.converges += 1
             self._resources_dirty = True
         self.save_state()  # the resource classes, once per convergence when they changed
-        self._gc.after_convergence(self.sensors)
+        self._gc.after_convergence(s.discoveries)
 
     def tick(self, now: float) -> None:
         t0 = self.clock()
@@ -238,124 +196,89 @@ class Daemon:
             log.warning("tick: read samples failed: %s", e)
         with self.lock:
             if self._resources_dirty:  # once per discovery, not every 100 ms
-                member = grouping.membership(self)  # who is in which group, once
+                member = self._membership()  # who is in which group, once
                 self._reconcile_resources(member)
-                grouping.refresh(self, member)
+                self._refresh_groups(member)
                 self._resources_dirty = False
-            writes, self.state.pending_writes = self.state.pending_writes, []
-            ios, self.state.pending_ios = self.state.pending_ios, []
+            writes, self._pending_writes = self._pending_writes, []
+            ios, self._pending_ios = self._pending_ios, []
             for r in reads:
-                self.state.last_reads[r.resource] = r
+                self.last_reads[r.resource] = r
             self.counters.add_reads(reads if read_ok else None, self.config.controller.tick_s)
-            self.ctl.groups.applied = not self.state.paused  # paused: no delay is seen
+            self.ctl.groups.applied = not self.runtime.paused  # paused: no delay is seen
             samples = Samples(reads, writes, devices, ios)
             if self.fleet is not None:
                 samples = self.fleet.samples(self, samples, now)
             self.ctl, _ = step(self.ctl, samples, now)
             if self.fleet is not None:
                 self.fleet.after_step(self)
-            age_adopted(self, now)
+            self.runtime.age_adopted(
+                now,
+                self.config.controller.class_decrease_max_per_tick,
+                lambda ip: self.ctl.effective.get(self.hosts.key(ip), 0),  # a host's: its key's
+            )
             self._actuate()
             self.counters.record_tick(self.clock() - t0)
         self.notify("WATCHDOG=1")
 
-    def desired(self) -> dict[str, tuple[int, str]]:
-        """ip -> (class, mode) the kernel should have now."""
-        if self.state.paused:
-            return {}
-        wmode = self.config.write_mode  # a host's addresses alike (daemon/core/hosts.py)
+    def desired(self) -> dict[str, Pin]:
+        """ip -> (class, mode) the kernel should have now: the controller's classes per
+        address (a host's alike, core/hosts.py) under the runtime's (core/runtime.py)."""
         eff = self.ctl.effective if self.fleet is None else self.fleet.effective(self.ctl.effective)
-        out = {ip: (k, wmode) for ip, k in self.hosts.spread(eff).items()}
-        for ip, (k, mode) in self.state.adopted.items():
-            if out.get(ip, (0, mode))[0] < k:
-                out[ip] = (k, mode)
-        out.update({ip: pin for ip, pin in self.state.pins.items() if pin[0] > 0})
-        return out
+        return self.runtime.desired(self.hosts.spread(eff), self.config.write_mode)
 
     def _actuate(self, ordered: bool = True) -> None:
-        want = self.desired()
-        have = self.state.applied
-        by_mode: dict[str, dict[str, int]] = {}
-        for ip, (k, mode) in want.items():
-            if have.get(ip) != (k, mode):
-                by_mode.setdefault(mode, {})[ip] = k
-        for ip, (_k, mode) in have.items():
-            if ip not in want:
-                by_mode.setdefault(mode, {})[ip] = 0
+        """The kernel to desired(): the data path diffs it against its own record and
+        quarantines what the kernel refuses (datapath/converge.py); glide leaves whose
+        older packets have left hand their members to the shared classes."""
         try:
-            for mode, classes in by_mode.items():
-                self.actuator.set_classes(classes, mode, ordered=ordered)
-                for ip, k in classes.items():
-                    if k:
-                        have[ip] = (k, mode)
-                    elif have.get(ip, (0, mode))[1] == mode:
-                        have.pop(ip, None)
-            # glide leaves whose older packets have left hand their members
-            # to the shared classes (a no-op unless one is due)
+            self.actuator.converge(self.desired(), ordered=ordered)
             self.actuator.settle()
-        except Exception as e:  # keep `applied` as far as it got; retried next tick
-            self.counters.actuator_errors += 1
+        except Exception as e:  # a bug below: counted and logged, the next tick tries again
+            self._actuator_faults += 1
             log.error("actuator: %s", e)
+        self.counters.actuator_errors = self._actuator_faults + self.actuator.errors
 
     # ----------------------------------------------------------- the loop
     def run(self) -> None:
-        """Fixed-rate loop until stop(); the convergence runs in a worker thread."""
-        worker = threading.Thread(target=self._converge_loop, name="converge", daemon=True)
+        """Ticks at a fixed rate until stop(); the convergence in its worker (cadence.py)."""
         if self.fleet is not None:
             self.fleet.agent.start()  # the engine's thread: the tick never waits for it
-        self.converge_once()  # a first discovery before the first tick
-        # A first tick off the schedule: it opens the netlink sockets and loads what the
-        # tick needs (seconds under an emulated CPU), so the fixed rate starts after it
-        # instead of counting it as the first late tick.
-        self.tick(self.clock())
-        self._next_tick = self.clock() + self.config.controller.tick_s
-        worker.start()
-        self.notify("READY=1")
-        while not self._stop.is_set():
-            self.run_once()
-        worker.join(timeout=5.0)
+        self.cadence.run(self.tick, self.converge_once, self._overrun, self._ready)
 
     def run_once(self) -> None:
-        """Sleep until the next deadline, then tick once (fixed rate, no bunching)."""
-        tick = self.config.controller.tick_s
-        now = self.clock()
-        if self._next_tick is None:
-            self._next_tick = now
-        if now < self._next_tick:
-            self.sleep(self._next_tick - now)
-            now = self.clock()
-            if now < self._next_tick:
-                return
-        missed = math.floor((now - self._next_tick) / tick + 1e-9)
-        if missed:
-            self.counters.tick_overruns += missed
-            log.warning(
-                "tick late by %.0f ms: %d tick(s) skipped", (now - self._next_tick) * 1e3, missed
-            )
-        self._next_tick += (missed + 1) * tick
-        self.tick(now)
+        """Sleep until the next deadline, then tick once."""
+        self.cadence.run_once(self.tick, self._overrun)
 
-    def _converge_loop(self) -> None:
-        nxt = self.clock() + self.config.controller.converge_s
-        while not self._stop.wait(max(0.0, nxt - self.clock())):
-            self.converge_once()
-            period = self.config.controller.converge_s  # a reload may change it
-            nxt += period
-            now = self.clock()
-            if nxt < now:  # slower than its period: start again from now
-                nxt = now + period
+    def _overrun(self, missed: int) -> None:
+        self.counters.tick_overruns += missed
+
+    def _ready(self) -> None:
+        self.notify("READY=1")
 
     def stop(self) -> None:
-        self._stop.set()
+        self.cadence.stop()
 
-    # ------------------------------------------------------- shutdown
+    # ------------------------------------------------------- start and stop
+    def restore(self, now: float, wall: float | None = None) -> Saved:
+        """At start, after the data path is applied: the saved runtime state and the
+        kernel's members (the actuator's record; core/runtime.py).  Returns what was
+        loaded."""
+        members = dict(self.actuator.members())
+        saved = self.keeper.load(self.config.max_class)
+        hold_s = ADOPT_HOLD_CONVERGES * self.config.controller.converge_s
+        with self.lock:
+            self.runtime.restore(saved, members, self.config.groups, now, hold_s)
+            self.seed_classes = recent_classes(saved, time.time() if wall is None else wall)
+        return saved
+
     def shutdown(self) -> None:
         """Remove every delay; the static state too unless configured to keep it."""
         if self.fleet is not None:  # leave first: another appliance leads at once
             self.fleet.agent.stop()
         with self.lock:
-            self.state.paused = True
-            self.state.pins.clear()
+            self.runtime.paused = True
+            self.runtime.pins.clear()
             # unordered: nobody would settle glide leaves after the stop
             self._actuate(ordered=False)
             if not self.config.keep_static_state:
@@ -365,67 +288,120 @@ class Daemon:
                     log.error("cleanup: %s", e)
         self.notify("STOPPING=1")
 
-    # ------------------------------------------------------- commands
-    def reload(self) -> dict[str, Any]:
-        """Reload the config file (daemon/core/reloading.py); CommandError keeps the running one."""
-        return reloading.reload(self)
+    # ------------------------------------------------------- the public face
+    def set_threshold(self, resource: str, threshold_s: float | str) -> None:
+        """A runtime threshold (seconds or "auto") over the file's; `resource` is known."""
+        with self.lock:
+            self.runtime.thresholds[resource] = threshold_s
+            self._reconcile_resources()
+        self._changed()
 
-    def handle(self, cmd: str, args: dict[str, Any]) -> Any:
-        """One control-socket request (daemon/control/server.py); raises CommandError.
-        What it changed is on disk before the answer (save_state)."""
-        out = commands.handle(self, cmd, args)
-        if cmd not in commands.READ_ONLY:
+    def reset_threshold(self, resource: str) -> float | str | None:
+        """The file's threshold again; returns the override removed (None: none)."""
+        with self.lock:
+            removed = self.runtime.thresholds.pop(resource, None)
+            self._reconcile_resources()
+        self._changed()
+        return removed
+
+    def pin(self, initiator: str, klass: int, mode: str) -> None:
+        """Hold a checked address at klass in mode (0: never delayed), whatever the
+        controller says; the next tick applies it.  CommandError past MAX_PINS."""
+        with self.lock:
+            self.runtime.pin(initiator, klass, mode)
+        self._changed()
+
+    def unpin(self, initiator: str) -> None:
+        """The controller decides again; CommandError when it is not pinned."""
+        with self.lock:
+            self.runtime.unpin(initiator)
+        self._changed()
+
+    def set_paused(self, paused: bool) -> None:
+        """Pause: every delay off at the next tick, measuring goes on; or resume."""
+        with self.lock:
+            self.runtime.paused = paused
+        self._changed()
+
+    def set_group(self, group: str, override: GroupOverride) -> None:
+        """A runtime override of a configured group's targets or priority, merged over
+        an earlier one; the controller has it before this returns."""
+        with self.lock:
+            self.runtime.set_group(group, override)
+            self._refresh_groups()
+        self._changed()
+
+    def reset_group(self, group: str) -> GroupOverride | None:
+        """The file's values again; returns the override removed (None: none)."""
+        with self.lock:
+            removed = self.runtime.group_overrides.pop(group, None)
+            self._refresh_groups()
+        self._changed()
+        return removed
+
+    def reload(self) -> list[str]:
+        """Read and check the config file the way the start does (outside the lock);
+        a bad one is CommandError and the running config stays.  A good one takes
+        effect at once but for the restart keys (config/schema.py, Key.restart),
+        which keep their running values: returns those (status' restart_needed)."""
+        if self._load_config is None:
+            raise CommandError("this daemon was started without a config file")
+        try:
+            got = reloading.read(self._load_config, self.config.path)
+        except ConfigError as e:
             with self.lock:
-                self._changes += 1
-            self.save_state()
-        return out
+                self.counters.reload_failures += 1
+            raise CommandError(f"reload refused, keeping the running config: {e}") from None
+        with self.lock:
+            self.group_map, self.hosts, old = got.group_map, got.hosts, self.config
+            self.restart_pending = got.config.restart_changes(old)
+            self.config = got.config.keeping_restart_keys_of(old)
+            prune(self.runtime.group_overrides, self.config.groups, "reload")  # logged
+            if self.config.controller != old.controller:
+                self.ctl = reconfigure(self.ctl, self.config.controller)
+            if self.bridge is not None:
+                self.bridge.reconfigure(self.config.volumes())  # the resources' volumes
+            self._resources_dirty = True
+            self.counters.reloads += 1
+            pending = list(self.restart_pending)
+        reloading.log_reloaded(got.config.path, pending)
+        self._changed()
+        return pending
+
+    def _changed(self) -> None:
+        """After a public method's change (the lock released): a new revision, and the
+        runtime state on disk before the caller answers."""
+        with self.lock:
+            self._changes += 1
+        self.save_state()
 
     def save_state(self) -> None:
-        """Write pause, pins, overrides and classes when they changed since the
-        last write.  A failure is logged and counted, never raised: the daemon
-        keeps controlling, and the next change tries again."""
-        if self.store is None:
-            return
-        with self._save_lock:  # the file's own lock: the tick never waits for an fsync
+        """Write pause, pins, overrides and classes when they changed since the last
+        write (core/state.py StateKeeper).  A failure is logged and counted, never
+        raised: the daemon keeps controlling, and the next change tries again.  Never
+        called with the daemon's lock held."""
+        if not self.keeper.save(self._snapshot):
             with self.lock:
-                snap = snapshot(self)
-            if snap == self._saved:
-                return
-            try:
-                self.store.save(snap)
-            except OSError as e:
-                with self.lock:
-                    self.counters.state_save_errors += 1
-                log.error("cannot save the runtime state to %s: %s", self.store.path, e)
-                return
-            self._saved = snap
+                self.counters.state_save_errors += 1
 
-    def status(self) -> dict[str, Any]:
-        """The daemon's whole view: resources, initiators, counters (daemon/status/build.py).
-        Built once per tick, convergence or change (callers hold the lock and only
-        read it): a burst of `santhrottle status` calls holds the tick up once, not
-        once per call."""
-        c = self.counters
-        key = (c.ticks, c.converges, c.reloads, c.actuator_errors, self._changes)
-        if self._status is None or self._status[0] != key:
-            self._status = (key, view.status(self))
-        return self._status[1]
+    def _snapshot(self) -> Saved:
+        with self.lock:
+            return self.runtime.snapshot({n: r.delay_class for n, r in self.ctl.resources.items()})
 
 
 class GcFreezer:
-    """gc.freeze() after the sensors rebuilt their discovery (TargetSensor.discoveries).
+    """gc.freeze() after the sensors rebuilt their discovery (Sensors.discoveries).
 
     A discovery of 10,000 initiators is 10,000s of long-lived objects; every full
     cyclic collection walked them all, 20-30 ms with the GIL held (the sensing
     pass's max went from ~22 to 37-52 ms, make bench). Frozen, they are left to
     reference counting (nothing in a discovery is cyclic) and full collections
-    only walk what is newer. Sensors without that counter: nothing to do."""
+    only walk what is newer. A sensor that builds none leaves its count at 0."""
 
     def __init__(self) -> None:
-        self.frozen_at: int | None = None
+        self.frozen_at = 0
 
-    def after_convergence(self, sensors: Any) -> None:
-        n = getattr(sensors, "discoveries", None)
-        if isinstance(n, int) and n != self.frozen_at:
+    def after_convergence(self, discoveries: int) -> None:
+        if discoveries != self.frozen_at:
             gc.freeze()
-            self.frozen_at = n
+            self.frozen_at = discoveries

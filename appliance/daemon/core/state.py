@@ -23,9 +23,13 @@ Worked example
                      thresholds={"vg0": 0.01}, resource_classes={"vg0": 12}))
     store.load(max_class=100) -> the same Saved (saved_at set);
     a file with "pins": {"bogus": [5, "all"]} -> StateError
-    "state.json: pins: 'bogus' is not an IPv4 or IPv6 address"; a pin of
-    "FD00:0::2" loads as "fd00::2" (requests.py initiator_address, the data
-    path's canonical form); one with
+    "state.json: pins: 'bogus' is not an IPv4 or IPv6 address", one with a pin of
+    "0.0.0.0" -> "state.json: pins: '0.0.0.0' is unspecified: not an initiator's
+    address" (appliance/addresses.py, the check every entry uses); a pin of
+    "FD00:0::2" loads as "fd00::2" (the data path's canonical form); more
+    than MAX_PINS pins, or a class above any ladder's, is refused; a class
+    above this daemon's maximum (a smaller max_delay since) is clamped to it
+    with a warning; one with
     "group_overrides": {"db": {"priority": 0}} -> StateError "state.json:
     group_overrides: db: priority: 0 must be above 0".
 """
@@ -34,22 +38,30 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from santhrottle.appliance.config.kinds import AUTO, MAX_THRESHOLD_S, NAME_RE, KindError
-from santhrottle.appliance.config.parse import read_text_file
-from santhrottle.appliance.config.schema import PIN_MODES
-from santhrottle.appliance.daemon.control.requests import initiator_address
+from santhrottle.appliance.addresses import AddressError, initiator_address
+from santhrottle.appliance.config.kinds import AUTO, MAX_THRESHOLD_S, NAME_RE, KindError, quote
+from santhrottle.appliance.config.schema import MAX_CLASSES, PIN_MODES
 from santhrottle.appliance.daemon.core.group_overrides import GroupOverride, from_json, to_json
+from santhrottle.appliance.textfile import read_text_file
+
+log = logging.getLogger("santhrottled")
 
 STATE_FILE = "state.json"
 STATE_VERSION = 1
+# Pins share the mode sets with the controller's members (datapath MAXELEM
+# 65,536 per set): a bound far below it, so pins can never fill a set.
+MAX_PINS = 4096
 # 10,000 pins are ~400 KiB of JSON.
 MAX_STATE_BYTES = 8 * 1024 * 1024
 
@@ -108,17 +120,20 @@ def decode(text: str, max_class: int, where: str = STATE_FILE) -> Saved:
     if not isinstance(doc.get("paused", False), bool):
         raise bad("paused", "must be true or false")
     out.paused = bool(doc.get("paused", False))
-    for ip, pin in _table(doc, "pins", bad).items():
-        try:  # IPv4 or IPv6, as the data path's sets print it
+    pins = _table(doc, "pins", bad)
+    if len(pins) > MAX_PINS:
+        raise bad("pins", f"{len(pins)} pins, at most {MAX_PINS}")
+    for ip, pin in pins.items():
+        try:  # an initiator's address, as the data path's sets print it
             norm = initiator_address(ip)
-        except KindError as e:
+        except AddressError as e:
             raise bad("pins", str(e)) from None
         if not (isinstance(pin, list) and len(pin) == 2 and pin[1] in PIN_MODES):
-            raise bad("pins", f"{ip}: expected [class, mode] with a mode of {PIN_MODES}")
-        out.pins[norm] = (_class(pin[0], max_class, f"pins: {ip}", bad), pin[1])
+            raise bad("pins", f"{norm}: expected [class, mode] with a mode of {PIN_MODES}")
+        out.pins[norm] = (_class(pin[0], max_class, f"pins: {norm}", bad), pin[1])
     for name, thr in _table(doc, "thresholds", bad).items():
         if not NAME_RE.match(name):
-            raise bad("thresholds", f"{name!r} is not a resource name")
+            raise bad("thresholds", f"{quote(name)} is not a resource name")
         if thr == AUTO:
             out.thresholds[name] = AUTO
             continue
@@ -127,14 +142,14 @@ def decode(text: str, max_class: int, where: str = STATE_FILE) -> Saved:
         out.thresholds[name] = float(thr)
     for name, ov in _table(doc, "group_overrides", bad).items():
         if not NAME_RE.match(name):
-            raise bad("group_overrides", f"{name!r} is not a group name")
+            raise bad("group_overrides", f"{quote(name)} is not a group name")
         try:
             out.group_overrides[name] = from_json(ov)
         except KindError as e:
             raise bad("group_overrides", f"{name}: {e}") from None
     for name, k in _table(doc, "resource_classes", bad).items():
         if not NAME_RE.match(name):
-            raise bad("resource_classes", f"{name!r} is not a resource name")
+            raise bad("resource_classes", f"{quote(name)} is not a resource name")
         out.resource_classes[name] = _class(k, max_class, f"resource_classes: {name}", bad)
     return out
 
@@ -151,9 +166,16 @@ def _table(doc: dict[str, Any], key: str, bad: Any) -> dict[str, Any]:
 
 
 def _class(k: Any, max_class: int, key: str, bad: Any) -> int:
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise bad(key, f"{k!r} is not a delay class")
-    return min(k, max_class)  # a smaller max_delay since: the largest class there is
+    """A class of the file: 0..MAX_CLASSES (no ladder has more); above this
+    daemon's max_class (a smaller max_delay since) it is clamped, with a warning."""
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_CLASSES:
+        raise bad(key, f"{quote(k)} is not a delay class (0..{MAX_CLASSES})")
+    if k > max_class:
+        log.warning(
+            "state file: %s: class %d is above the maximum class now, %d", key, k, max_class
+        )
+        return max_class
+    return k
 
 
 class StateStore:
@@ -197,3 +219,47 @@ class StateStore:
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+class StateKeeper:
+    """A running daemon's side of the store: load() at start (an invalid file set
+    aside with one log line: the daemon starts without it), save() after every
+    change and convergence, written only when it differs from what the store
+    holds.  save() takes the snapshot under the file's own lock, so two saves
+    never write out of order, and the caller's lock is taken inside it (never the
+    other way round: the tick never waits for an fsync).  Without a store (tests)
+    nothing is kept."""
+
+    def __init__(self, store: StateStore | None) -> None:
+        self.store = store
+        self._saved: Saved | None = None  # what the store holds
+        self._lock = threading.Lock()
+
+    def load(self, max_class: int) -> Saved:
+        if self.store is None:
+            return Saved()
+        try:
+            return self.store.load(max_class)
+        except StateError as e:
+            try:
+                where = self.store.set_aside()
+                log.error("%s; set aside as %s, starting without it", e, where)
+            except OSError as e2:
+                log.error("%s; cannot set it aside (%s), starting without it", e, e2)
+        return Saved()
+
+    def save(self, snapshot: Callable[[], Saved]) -> bool:
+        """Write snapshot() when it changed; False when the write failed (logged)."""
+        if self.store is None:
+            return True
+        with self._lock:
+            snap = snapshot()
+            if snap == self._saved:
+                return True
+            try:
+                self.store.save(snap)
+            except OSError as e:
+                log.error("cannot save the runtime state to %s: %s", self.store.path, e)
+                return False
+            self._saved = snap
+            return True

@@ -1,19 +1,25 @@
-"""The daemon's view for `santhrottle status`, the control socket and the metrics.
+"""The daemon's view for `santhrottle status`, the control socket and the metrics, built.
 
 What it owns
-    Plain data (JSON-ready): per resource its threshold, latency, class and
-    members; per initiator its resources, write rates, class and pin; the
-    daemon's counters.  Built under the daemon's lock from its state; reads
-    nothing from the kernel.  Initiators are IPv4 or IPv6 addresses, IPv4
-    first, each numerically; a [hosts.NAME] is one row (daemon/core/hosts.py).
+    status(): a StatusView (status/views.py) of the daemon: per resource its
+    threshold (a ThresholdView, the same as `threshold show` answers), latency,
+    class and members; per initiator its resources, write rates, class and
+    pin; the groups; the counters; the wire; the fleet.  Built under the
+    daemon's lock from its public attributes (core/loop.py); reads nothing
+    from the kernel.  Initiators are IPv4 or IPv6 addresses, IPv4 first, each
+    numerically; a [hosts.NAME] is one row (core/hosts.py).
+    StatusCache: one view per revision of the daemon (a tick, a convergence, a
+    change), shared by the control socket and the metrics: a burst of
+    `santhrottle status` calls holds the tick up once, not once per call.
+    volumes(): bridge mode's `santhrottle resources` rows.
 
 Worked example
     [hosts.db1] addresses = ["10.0.1.5", "fd00:1::5"], both writing to vg0, and
-    fd00::7: status()["initiators"] is
-    [{"initiator": "10.0.1.5", "host": "db1", "addresses": ["10.0.1.5",
-      "fd00:1::5"], "resources": ["vg0"], ...},
-     {"initiator": "fd00::7", "host": null, "addresses": ["fd00::7"], ...}]
-    and vg0's "members" name db1 once, as "10.0.1.5", when it is write-heavy.
+    fd00::7: status(d).initiators is
+    [InitiatorView(initiator="10.0.1.5", host="db1", addresses=["10.0.1.5",
+      "fd00:1::5"], resources=["vg0"], ...),
+     InitiatorView(initiator="fd00::7", host=None, addresses=["fd00::7"], ...)]
+    and vg0's members name db1 once, as "10.0.1.5", when it is write-heavy.
 """
 
 from __future__ import annotations
@@ -22,123 +28,138 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from santhrottle.appliance.daemon.core.group_overrides import to_json
+from santhrottle.appliance.daemon.status.views import (
+    CountersView,
+    FitView,
+    GroupView,
+    InitiatorView,
+    LadderView,
+    QuarantineView,
+    ResourceView,
+    StatusView,
+    ThresholdView,
+    WireView,
+)
 from santhrottle.appliance.datapath.names import ip_key
 
 if TYPE_CHECKING:
     from santhrottle.appliance.daemon.core.loop import Daemon
 
 
-def threshold_view(daemon: Daemon, name: str) -> dict[str, Any]:
-    """The threshold in force (None: observed), the setpoint's fraction of it and, for
-    "auto", the LQ fit behind it."""
+def threshold_view(daemon: Daemon, name: str) -> ThresholdView:
+    """The threshold asked for, the file's, whether overridden, the one in force (None:
+    observed), the setpoint's fraction of it and, for "auto", the LQ fit behind it."""
     rs = daemon.ctl.resources.get(name)
+    asked = daemon.threshold_of(name)
+    configured = daemon.config.threshold_of(name)
+    override = name in daemon.runtime.thresholds
     if rs is None:
-        return {"in_force_s": None, "setpoint_fraction": None, "fit": None}
+        return ThresholdView(asked, configured, override, None, None, None)
     thr = rs.threshold_s(daemon.config.controller.auto_alpha)
     fit = rs.fit
-    return {
-        "in_force_s": thr if math.isfinite(thr) else None,
+    return ThresholdView(
+        threshold_s=asked,
+        configured_s=configured,
+        override=override,
+        in_force_s=thr if math.isfinite(thr) else None,
         # the fraction of it the PID regulates to (controller/setpoint.py)
-        "setpoint_fraction": rs.setpoint(daemon.config.controller),
-        "fit": None
+        setpoint_fraction=rs.setpoint(daemon.config.controller),
+        fit=None
         if fit is None
-        else {
-            "intercept_s": _finite(fit.intercept_s),
-            "slope_s_per_io": _finite(fit.slope_s_per_io),
-            "r_squared": _finite(fit.r_squared),
-            "windows": fit.windows,
-            "q_lo": _finite(fit.q_lo),
-            "q_hi": _finite(fit.q_hi),
-            "confident": fit.confident,
-            "fitted": rs.lq is not None and rs.lq.last_confident is not None,
-        },
-    }
+        else FitView(
+            intercept_s=_finite(fit.intercept_s),
+            slope_s_per_io=_finite(fit.slope_s_per_io),
+            r_squared=_finite(fit.r_squared),
+            windows=fit.windows,
+            q_lo=_finite(fit.q_lo),
+            q_hi=_finite(fit.q_hi),
+            confident=fit.confident,
+            fitted=rs.lq is not None and rs.lq.last_confident is not None,
+        ),
+    )
 
 
 def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def status(daemon: Daemon) -> dict[str, Any]:
-    d = daemon.state.discovery
+def status(daemon: Daemon) -> StatusView:
+    """The whole view (the caller holds the daemon's lock)."""
     ladder = daemon.config.ladder
-    resources = []
-    totals = daemon.counters.resources
-    for name in sorted(daemon.known_resources()):
-        rs = daemon.ctl.resources.get(name)
-        last = daemon.state.last_reads.get(name)
-        tot = totals.get(name)
-        resources.append(
-            {
-                "resource": name,
-                "threshold_s": daemon.threshold_of(name),
-                "configured_threshold_s": daemon.config.threshold_of(name),
-                "threshold_override": name in daemon.state.thresholds,
-                **{f"threshold_{k}": v for k, v in threshold_view(daemon, name).items()},
-                "mode": "control" if rs is not None else "observe",
-                "read_latency_ewma_s": rs.ewma.value if rs else None,
-                "read_latency_s": last.read_latency_s if last and last.reads else None,
-                "reads": last.reads if last else 0,
-                "write_bytes_per_second": last.write_bps if last else None,
-                "delay_class": rs.delay_class if rs else 0,
-                "delay_s": ladder.delay_s(rs.delay_class if rs else 0),
-                "members": sorted(daemon.ctl.members(name), key=ip_key),
-                "devices": list(d.resources.get(name, ())) if d is not None else [],
-                # raw totals since the daemon started (daemon/core/counters.py)
-                "reads_completed": tot.reads_completed if tot else 0,
-                "read_time_s": tot.read_time_s if tot else 0.0,
-                "written_bytes": tot.written_bytes if tot else 0.0,
-            }
-        )
-    initiators = initiator_rows(daemon)
     c = daemon.counters
-    return {
-        "mode": daemon.config.mode,
-        "paused": daemon.state.paused,
-        # keys the configuration file changed that take effect at the next restart
-        "restart_needed": list(daemon.restart_pending),
-        "tick_s": daemon.config.controller.tick_s,
-        "step_s": ladder.step_s,
-        "max_class": ladder.max_class,
-        "ladder": {
-            "step_us": ladder.step_us,
-            "max_delay_us": ladder.max_delay_us,
-            "ratio": ladder.ratio,
-        },
-        "write_mode": daemon.config.write_mode,
-        "counters": {
-            "ticks": c.ticks,
-            "tick_overruns": c.tick_overruns,
-            "converges": c.converges,
-            "sensor_errors": c.sensor_errors,
-            "actuator_errors": c.actuator_errors,
-            "reloads": c.reloads,
-            "reload_failures": c.reload_failures,
-            "state_save_errors": c.state_save_errors,
-            "tick_seconds_sum": c.tick_seconds_sum,
-            "tick_duration_buckets": {  # cumulative, by upper bound (Prometheus' le)
+    return StatusView(
+        mode=daemon.config.mode,
+        paused=daemon.runtime.paused,
+        restart_needed=list(daemon.restart_pending),
+        tick_s=daemon.config.controller.tick_s,
+        step_s=ladder.step_s,
+        max_class=ladder.max_class,
+        ladder=LadderView(ladder.step_us, ladder.max_delay_us, ladder.ratio),
+        write_mode=daemon.config.write_mode,
+        counters=CountersView(
+            ticks=c.ticks,
+            tick_overruns=c.tick_overruns,
+            converges=c.converges,
+            sensor_errors=c.sensor_errors,
+            actuator_errors=c.actuator_errors,
+            reloads=c.reloads,
+            reload_failures=c.reload_failures,
+            state_save_errors=c.state_save_errors,
+            tick_seconds_sum=c.tick_seconds_sum,
+            tick_duration_buckets={
                 "+Inf" if math.isinf(le) else repr(le): n for le, n in c.tick_duration_buckets()
             },
-            "glided_descents": daemon.actuator.glided,
-            "unordered_descents": daemon.actuator.unordered_moves,
-        },
-        "resources": resources,
-        "initiators": initiators,
-        # bridge mode: the wire sensor's counts since the start (appliance/sensing/bridge.py)
-        "wire": wire_counters(daemon),
-        "groups": groups(daemon),
-        # [fleet]: members, leaders, epochs, the engine's lag (daemon/core/fleetmode.py); None alone
-        "fleet": None if daemon.fleet is None else daemon.fleet.status(),
-    }
+            glided_descents=daemon.actuator.glided,
+            unordered_descents=daemon.actuator.unordered_moves,
+        ),
+        resources=resource_rows(daemon),
+        initiators=initiator_rows(daemon),
+        wire=wire(daemon),
+        groups=groups(daemon),
+        quarantine=quarantine(daemon),
+        fleet=None if daemon.fleet is None else daemon.fleet.status(),
+    )
 
 
-def initiator_rows(daemon: Daemon) -> list[dict[str, Any]]:
+def resource_rows(daemon: Daemon) -> list[ResourceView]:
+    d = daemon.discovery
+    ladder = daemon.config.ladder
+    totals = daemon.counters.resources
+    rows = []
+    for name in sorted(daemon.known_resources()):
+        rs = daemon.ctl.resources.get(name)
+        last = daemon.last_reads.get(name)
+        tot = totals.get(name)
+        k = rs.delay_class if rs else 0
+        rows.append(
+            ResourceView(
+                resource=name,
+                threshold=threshold_view(daemon, name),
+                mode="control" if rs is not None else "observe",
+                read_latency_ewma_s=rs.ewma.value if rs else None,
+                read_latency_s=last.read_latency_s if last and last.reads else None,
+                reads=last.reads if last else 0,
+                write_bytes_per_second=last.write_bps if last else None,
+                delay_class=k,
+                delay_s=ladder.delay_s(k),
+                members=sorted(daemon.ctl.members(name), key=ip_key),
+                devices=list(d.resources.get(name, ())) if d is not None else [],
+                reads_completed=tot.reads_completed if tot else 0,
+                read_time_s=tot.read_time_s if tot else 0.0,
+                written_bytes=tot.written_bytes if tot else 0.0,
+            )
+        )
+    return rows
+
+
+def initiator_rows(daemon: Daemon) -> list[InitiatorView]:
     """One row per initiator the daemon knows (discovered, in the kernel, pinned,
-    adopted), a [hosts.NAME] once with every address it has (daemon/core/hosts.py):
+    adopted), a [hosts.NAME] once with every address it has (core/hosts.py):
     its write rates are its key's (the controller's, its addresses summed), its
     written bytes its addresses' sum, its class the highest of its addresses'
     (the same, but for a pin of one address).  IPv4 then IPv6, numerically."""
-    d, st, ladder = daemon.state.discovery, daemon.state, daemon.config.ladder
+    d, rt, ladder = daemon.discovery, daemon.runtime, daemon.config.ladder
+    applied = daemon.actuator.members()
     rates = daemon.ctl.write_sets.rates()
     member_of = daemon.ctl.write_sets.member_of
     written = daemon.written.snapshot()
@@ -146,10 +167,11 @@ def initiator_rows(daemon: Daemon) -> list[dict[str, Any]]:
     if d is not None:
         for ip, v in d.initiators.items():
             seen[ip] = set(v.resources)
-    for ip in set(st.applied) | set(st.pins) | set(st.adopted):
+    quarantined = {ip for ip, q in daemon.actuator.quarantined().items() if q.kind == "member"}
+    for ip in set(applied) | set(rt.pins) | set(rt.adopted) | quarantined:
         seen.setdefault(ip, set())
     rows = []
-    write_mode, pins, adopted = daemon.config.write_mode, st.pins, st.adopted
+    write_mode, pins, adopted = daemon.config.write_mode, rt.pins, rt.adopted
     hosts = daemon.hosts
     by_key = hosts.rows(seen)
     for key in sorted(by_key, key=ip_key):
@@ -157,36 +179,35 @@ def initiator_rows(daemon: Daemon) -> list[dict[str, Any]]:
         host = hosts.host_of(key) if hosts else None
         if host is None:  # one address: the common case, 10,000s of them
             res = sorted(seen[key])
-            k, mode = st.applied.get(key, (0, write_mode))
+            k, mode = applied.get(key, (0, write_mode))
             wrote = {r: written.get((key, r), 0.0) for r in res}
             pinned, adopt = key in pins, key in adopted
         else:
             res = sorted(set().union(*(seen.get(a, ()) for a in addrs)))
-            applied = [st.applied[a] for a in addrs if a in st.applied]
-            k, mode = max(applied) if applied else (0, write_mode)
+            kms = [applied[a] for a in addrs if a in applied]
+            k, mode = max(kms) if kms else (0, write_mode)
             wrote = {r: sum(written.get((a, r), 0.0) for a in addrs) for r in res}
             pinned, adopt = any(a in pins for a in addrs), any(a in adopted for a in addrs)
         rows.append(
-            {
-                "initiator": key,  # a host's: its first address, the controller's key
-                "host": None if host is None else host.name,
-                "addresses": addrs,
-                "resources": res,
-                "write_bytes_per_second": {r: rates.get((r, key)) for r in res},
-                "written_bytes": wrote,
-                "write_heavy_on": sorted(member_of.get(key, ())),
-                "class": k,
-                "delay_s": ladder.delay_s(min(k, ladder.max_class)),
-                "mode": mode,
-                "pinned": pinned,
-                # left by a previous run: held, then lowered (daemon/core/restore.py)
-                "adopted": adopt,
-            }
+            InitiatorView(
+                initiator=key,
+                host=None if host is None else host.name,
+                addresses=addrs,
+                resources=res,
+                write_bytes_per_second={r: rates.get((r, key)) for r in res},
+                written_bytes=wrote,
+                write_heavy_on=sorted(member_of.get(key, ())),
+                klass=k,
+                delay_s=ladder.delay_s(min(k, ladder.max_class)),
+                mode=mode,
+                pinned=pinned,
+                adopted=adopt,
+            )
         )
     return rows
 
 
-def groups(daemon: Daemon) -> list[dict[str, Any]]:
+def groups(daemon: Daemon) -> list[GroupView]:
     """Per (grouped resource, group): its target, what it gets, its PWFTE, share and
     class (controller/groups.py); empty without [groups]."""
     ladder = daemon.config.ladder
@@ -197,52 +218,66 @@ def groups(daemon: Daemon) -> list[dict[str, Any]]:
         for name in sorted(gr.groups):
             g, spec = gr.groups[name], gst.spec(name)
             out.append(
-                {
-                    "resource": res,
-                    "group": name,
-                    "priority": spec.priority,
-                    "latency_target_s": spec.latency_target_s,
-                    "throughput_target_bps": spec.throughput_target_bps,
-                    "throughput_target_iops": spec.throughput_target_iops,
-                    # what `santhrottle group set` changed ({}: the file's values)
-                    "override": to_json(daemon.state.group_overrides.get(name)),
-                    "latency_s": g.latency_s,  # its reads' mean, the delay included
-                    "io_latency_s": g.io_latency_s,  # its IOs' mean at the array
-                    "throughput_bps": g.throughput_bps,
-                    "iops": g.iops,
-                    "y": g.y,
-                    "pwfte": g.pwfte,
-                    "share": g.share,
-                    "demand": g.demand,
-                    "delay_class": g.delay_class,
-                    "delay_s": ladder.delay_s(min(g.delay_class, ladder.max_class)),
-                    "target_class": g.target_class,
-                    "members": sorted(g.members),
-                    "overloaded": gr.overloaded,
-                    "resource_latency_s": gr.latency_s,
-                }
+                GroupView(
+                    resource=res,
+                    group=name,
+                    priority=spec.priority,
+                    latency_target_s=spec.latency_target_s,
+                    throughput_target_bps=spec.throughput_target_bps,
+                    throughput_target_iops=spec.throughput_target_iops,
+                    override=to_json(daemon.runtime.group_overrides.get(name)),
+                    latency_s=g.latency_s,
+                    io_latency_s=g.io_latency_s,
+                    throughput_bps=g.throughput_bps,
+                    iops=g.iops,
+                    y=g.y,
+                    pwfte=g.pwfte,
+                    share=g.share,
+                    demand=g.demand,
+                    delay_class=g.delay_class,
+                    delay_s=ladder.delay_s(min(g.delay_class, ladder.max_class)),
+                    target_class=g.target_class,
+                    members=sorted(g.members),
+                    overloaded=gr.overloaded,
+                    resource_latency_s=gr.latency_s,
+                )
             )
     return out
 
 
-def wire_counters(daemon: Daemon) -> dict[str, Any] | None:
+def quarantine(daemon: Daemon) -> list[QuarantineView]:
+    """What the kernel refused, initiators in address order, then the shared objects."""
+    now = daemon.clock()
+    rows = [
+        QuarantineView(
+            object=key,
+            kind=q.kind,
+            error=q.error,
+            for_s=max(0.0, now - q.since),
+            retries=q.retries,
+            retry_in_s=None if math.isinf(q.retry_at) else max(0.0, q.retry_at - now),
+        )
+        for key, q in daemon.actuator.quarantined().items()
+    ]
+    return sorted(rows, key=lambda r: (r.kind != "member", ip_key(r.object)))
+
+
+def wire(daemon: Daemon) -> WireView | None:
     """The wire sensor's counters and whether it captures (None: target mode)."""
-    counters = getattr(daemon.sensors, "counters", None)
-    if not daemon.config.bridge_mode or not callable(counters):
+    b = daemon.bridge
+    if b is None:
         return None
-    kind = getattr(daemon.sensors, "kind", "capture")
-    return {"capturing": bool(daemon.sensors.running), "sensor": kind, **counters()}
+    return WireView(capturing=bool(b.running), sensor=b.kind, counters=b.counters())
 
 
 def volumes(daemon: Daemon) -> list[dict[str, Any]] | None:
     """Bridge mode: every volume the wire has shown (`santhrottle resources`);
     None in target mode."""
-    rows = getattr(daemon.sensors, "volume_rows", None)
-    if not daemon.config.bridge_mode or rows is None:
+    b = daemon.bridge
+    if b is None:
         return None
     tick_s = daemon.config.controller.tick_s
-    names = getattr(daemon.sensors, "initiator_names", None)
-    logged_in = names() if callable(names) else {}
+    logged_in = b.initiator_names()
     return [
         {
             "volume": r.name,
@@ -253,5 +288,24 @@ def volumes(daemon: Daemon) -> list[dict[str, Any]] | None:
             "reads_per_s": r.reads / tick_s,
             "read_latency_s": r.read_latency_s,
         }
-        for r in rows()
+        for r in b.volume_rows()
     ]
+
+
+class StatusCache:
+    """The daemon's view, built once per revision (callers hold the daemon's lock
+    and only read it): shared by the control socket's commands and the metrics."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self._view: tuple[tuple[int, ...], StatusView] | None = None
+
+    @property
+    def lock(self) -> Any:
+        return self.daemon.lock
+
+    def status(self) -> StatusView:
+        rev = self.daemon.revision
+        if self._view is None or self._view[0] != rev:
+            self._view = (rev, status(self.daemon))
+        return self._view[1]

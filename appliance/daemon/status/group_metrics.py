@@ -1,7 +1,7 @@
 """Prometheus metrics of the initiator groups, per (resource, group).
 
 What it owns
-    group_families(): Daemon.status()'s "groups" rows (daemon/status/build.py: one
+    group_families(): the status' group rows (status/views.py GroupView: one
     per grouped resource and group) as gauge families, in metrics.py's
     style (base units, node_exporter's vocabulary).  The labels are the
     resource and the group: both come from the configuration ([groups.NAME]
@@ -29,50 +29,93 @@ Worked example
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from santhrottle.appliance.daemon.status.views import GroupView
+
 LABELS = ["resource", "group"]
-# (metric name, key in a status groups row, help); a row whose value is None has no sample
-GROUP_GAUGES = (
-    ("santhrottle_group_priority", "priority",
-     "The group's priority in force (the file's, or one set with santhrottle group set)"),
-    ("santhrottle_group_latency_target_seconds", "latency_target_s",
-     "The group's latency target in force: the mean read latency its initiators should see, "
-     "the delay included"),
-    ("santhrottle_group_throughput_target_bytes_per_second", "throughput_target_bps",
-     "The group's throughput target in force, in bytes per second"),
-    ("santhrottle_group_throughput_target_iops", "throughput_target_iops",
-     "The group's throughput target in force, in IOs per second"),
-    ("santhrottle_group_latency_seconds", "latency_s",
-     "Mean read latency the group's initiators saw over the last convergence, the delay "
-     "santhrottle added included"),
-    ("santhrottle_group_array_latency_seconds", "io_latency_s",
-     "Mean latency of the group's IOs at the array over the last convergence"),
-    ("santhrottle_group_throughput_bytes_per_second", "throughput_bps",
-     "Bytes per second the group moved on the resource over the last convergence"),
-    ("santhrottle_group_iops", "iops",
-     "IOs per second the group did on the resource over the last convergence"),
-    ("santhrottle_group_performance_ratio", "y",
-     "y: the group's performance over its target (1 = met; the worse of its targets)"),
-    ("santhrottle_group_pwfte", "pwfte",
-     "The group's priority-weighted fractional tracking error, priority x (1 - y): above 0 "
-     "it is short of its target"),
-    ("santhrottle_group_share_ratio", "share",
-     "The group's allocation: its share of the resource's concurrency (the shares sum to 1)"),
-    ("santhrottle_group_demand_ratio", "demand",
-     "The group's demand share: the IOs it keeps outstanding over the resource's"),
-    ("santhrottle_group_delay_class", "delay_class",
-     "Delay class in force for the group's initiators on the resource (0: not delayed)"),
-    ("santhrottle_group_delay_seconds", "delay_s",
-     "Packet delay of that class (the ladder's delay)"),
-)  # fmt: skip
+# (metric name, its value in a status group row, help); a value of None has no sample
+GROUP_GAUGES: tuple[tuple[str, Callable[[GroupView], float | None], str], ...] = (
+    (
+        "santhrottle_group_priority",
+        lambda g: g.priority,
+        "The group's priority in force (the file's, or one set with santhrottle group set)",
+    ),
+    (
+        "santhrottle_group_latency_target_seconds",
+        lambda g: g.latency_target_s,
+        "The group's latency target in force: the mean read latency its initiators should see, "
+        "the delay included",
+    ),
+    (
+        "santhrottle_group_throughput_target_bytes_per_second",
+        lambda g: g.throughput_target_bps,
+        "The group's throughput target in force, in bytes per second",
+    ),
+    (
+        "santhrottle_group_throughput_target_iops",
+        lambda g: g.throughput_target_iops,
+        "The group's throughput target in force, in IOs per second",
+    ),
+    (
+        "santhrottle_group_latency_seconds",
+        lambda g: g.latency_s,
+        "Mean read latency the group's initiators saw over the last convergence, the delay "
+        "santhrottle added included",
+    ),
+    (
+        "santhrottle_group_array_latency_seconds",
+        lambda g: g.io_latency_s,
+        "Mean latency of the group's IOs at the array over the last convergence",
+    ),
+    (
+        "santhrottle_group_throughput_bytes_per_second",
+        lambda g: g.throughput_bps,
+        "Bytes per second the group moved on the resource over the last convergence",
+    ),
+    (
+        "santhrottle_group_iops",
+        lambda g: g.iops,
+        "IOs per second the group did on the resource over the last convergence",
+    ),
+    (
+        "santhrottle_group_performance_ratio",
+        lambda g: g.y,
+        "y: the group's performance over its target (1 = met; the worse of its targets)",
+    ),
+    (
+        "santhrottle_group_pwfte",
+        lambda g: g.pwfte,
+        "The group's priority-weighted fractional tracking error, priority x (1 - y): above 0 "
+        "it is short of its target",
+    ),
+    (
+        "santhrottle_group_share_ratio",
+        lambda g: g.share,
+        "The group's allocation: its share of the resource's concurrency (the shares sum to 1)",
+    ),
+    (
+        "santhrottle_group_demand_ratio",
+        lambda g: g.demand,
+        "The group's demand share: the IOs it keeps outstanding over the resource's",
+    ),
+    (
+        "santhrottle_group_delay_class",
+        lambda g: g.delay_class,
+        "Delay class in force for the group's initiators on the resource (0: not delayed)",
+    ),
+    (
+        "santhrottle_group_delay_seconds",
+        lambda g: g.delay_s,
+        "Packet delay of that class (the ladder's delay)",
+    ),
+)
 
 
-def group_families(rows: list[dict[str, Any]]) -> Iterator[Metric]:
-    fams = [(GaugeMetricFamily(name, doc, labels=LABELS), k) for name, k, doc in GROUP_GAUGES]
+def group_families(rows: list[GroupView]) -> Iterator[Metric]:
+    fams = [(GaugeMetricFamily(name, doc, labels=LABELS), v) for name, v, doc in GROUP_GAUGES]
     initiators = GaugeMetricFamily(
         "santhrottle_group_initiators",
         "Initiators of the group with IOs on the resource over the last convergence",
@@ -92,14 +135,15 @@ def group_families(rows: list[dict[str, Any]]) -> Iterator[Metric]:
     )
     seen: set[str] = set()
     for r in rows:
-        labels = [r["resource"], r["group"]]
-        for fam, k in fams:
-            if r.get(k) is not None:
-                fam.add_metric(labels, r[k])
-        initiators.add_metric(labels, len(r["members"]))
-        override.add_metric(labels, 1.0 if r.get("override") else 0.0)
-        if r["resource"] not in seen:
-            seen.add(r["resource"])
-            overloaded.add_metric([r["resource"]], 1.0 if r["overloaded"] else 0.0)
-    yield from (fam for fam, _k in fams)
+        labels = [r.resource, r.group]
+        for fam, value in fams:
+            v = value(r)
+            if v is not None:
+                fam.add_metric(labels, v)
+        initiators.add_metric(labels, len(r.members))
+        override.add_metric(labels, 1.0 if r.override else 0.0)
+        if r.resource not in seen:
+            seen.add(r.resource)
+            overloaded.add_metric([r.resource], 1.0 if r.overloaded else 0.0)
+    yield from (fam for fam, _v in fams)
     yield from (initiators, override, overloaded)

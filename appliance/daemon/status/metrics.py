@@ -58,6 +58,14 @@ from prometheus_client.utils import floatToGoString
 
 from santhrottle.appliance.daemon.status.fleet_metrics import fleet_families
 from santhrottle.appliance.daemon.status.group_metrics import group_families
+from santhrottle.appliance.daemon.status.views import (
+    CountersView,
+    FitView,
+    InitiatorView,
+    ResourceView,
+    StatusView,
+    WireView,
+)
 from santhrottle.appliance.version import version
 
 log = logging.getLogger("santhrottled")
@@ -69,64 +77,79 @@ COUNTER_RESTART_NOTE = (
     "restarts from 0 when the initiator rejoins its set or the set is rebuilt by a bulk swap"
 )
 
-# (metric name without _total, key in status()["counters"], help)
-EVENT_COUNTERS = (
-    ("santhrottle_ticks", "ticks", "Controller ticks run"),
-    ("santhrottle_tick_overruns", "tick_overruns", "Tick deadlines missed (late ticks)"),
-    ("santhrottle_convergences", "converges", "Set convergences (discovery) finished"),
-    ("santhrottle_sensor_errors", "sensor_errors", "Failed sensor reads"),
-    ("santhrottle_actuator_errors", "actuator_errors", "Failed kernel updates"),
-    ("santhrottle_reloads", "reloads", "Configuration reloads"),
-    ("santhrottle_reload_failures", "reload_failures", "Refused reloads"),
+# (metric name without _total, its value in the status' counters, help)
+EVENT_COUNTERS: tuple[tuple[str, Callable[[CountersView], int], str], ...] = (
+    ("santhrottle_ticks", lambda c: c.ticks, "Controller ticks run"),
+    ("santhrottle_tick_overruns", lambda c: c.tick_overruns, "Tick deadlines missed (late ticks)"),
+    ("santhrottle_convergences", lambda c: c.converges, "Set convergences (discovery) finished"),
+    ("santhrottle_sensor_errors", lambda c: c.sensor_errors, "Failed sensor reads"),
+    ("santhrottle_actuator_errors", lambda c: c.actuator_errors, "Failed kernel updates"),
+    ("santhrottle_reloads", lambda c: c.reloads, "Configuration reloads"),
+    ("santhrottle_reload_failures", lambda c: c.reload_failures, "Refused reloads"),
     (
         "santhrottle_state_save_errors",
-        "state_save_errors",
+        lambda c: c.state_save_errors,
         "Failed writes of the runtime state file (pins, pause, overrides, classes)",
     ),
     (
         "santhrottle_glided_descents",
-        "glided_descents",
+        lambda c: c.glided_descents,
         "Initiators whose delay went down through a glide leaf (kept in order)",
     ),
     (
         "santhrottle_unordered_descents",
-        "unordered_descents",
+        lambda c: c.unordered_descents,
         "Initiators whose delay went down without a free glide leaf (may reorder)",
     ),
 )
 
 
-# Bridge mode: (metric name without _total, key in status()["wire"], help)
+# Bridge mode: (metric name without _total, the wire sensor's counter, help)
 WIRE_COUNTERS = (
     ("santhrottle_wire_commands", "commands", "Storage commands seen on the wire"),
     ("santhrottle_wire_completions", "completions", "Commands matched to their completion"),
-    ("santhrottle_wire_unmatched_completions", "unmatched",
-     "Completions of commands not seen (sent before the capture started, or lost)"),
-    ("santhrottle_wire_replaced_commands", "replaced",
-     "Commands whose tag was reused before their completion was seen"),
+    (
+        "santhrottle_wire_unmatched_completions",
+        "unmatched",
+        "Completions of commands not seen (sent before the capture started, or lost)",
+    ),
+    (
+        "santhrottle_wire_replaced_commands",
+        "replaced",
+        "Commands whose tag was reused before their completion was seen",
+    ),
     ("santhrottle_wire_aged_commands", "aged", "Commands never completed, aged out after 60 s"),
     ("santhrottle_wire_connections", "connections", "Storage connections seen"),
     ("santhrottle_wire_frames", "capture_frames", "Frames read from the array-side port"),
-    ("santhrottle_wire_truncated_frames", "capture_truncated",
-     "Frames longer than the capture's snap length (the stream resynchronises)"),
-    ("santhrottle_wire_dropped_frames", "capture_kernel_drops",
-     "Frames the kernel dropped because the capture ring was full"),
-)  # fmt: skip
+    (
+        "santhrottle_wire_truncated_frames",
+        "capture_truncated",
+        "Frames longer than the capture's snap length (the stream resynchronises)",
+    ),
+    (
+        "santhrottle_wire_dropped_frames",
+        "capture_kernel_drops",
+        "Frames the kernel dropped because the capture ring was full",
+    ),
+)
 
 
 class StatusSource(Protocol):
-    lock: Any
+    """Where the view comes from: status/build.py's StatusCache (its lock is the daemon's)."""
 
-    def status(self) -> dict[str, Any]: ...
+    @property
+    def lock(self) -> Any: ...
+
+    def status(self) -> StatusView: ...
 
 
 class DaemonCollector(Collector):
     def __init__(
         self,
-        daemon: StatusSource,
+        source: StatusSource,
         read_members: Callable[[], MemberCounters] | None = None,
     ) -> None:
-        self.daemon = daemon
+        self.source = source
         self.read_members = read_members
         self._errors_lock = threading.Lock()
         self._scrape_errors = 0
@@ -134,19 +157,19 @@ class DaemonCollector(Collector):
         self._build = (version(), platform.python_version())
 
     def collect(self) -> Iterator[Metric]:
-        with self.daemon.lock:
-            st = self.daemon.status()
-        yield from resource_families(st["resources"])
-        yield from initiator_families(st["initiators"])
+        with self.source.lock:
+            st = self.source.status()
+        yield from resource_families(st.resources)
+        yield from initiator_families(st.initiators)
         if self.read_members is not None:
             yield from self._member_families()
         yield from daemon_families(st)
-        if st.get("wire") is not None:
-            yield from wire_families(st["wire"])
-        if st.get("groups"):  # [groups.NAME] configured and on a resource
-            yield from group_families(st["groups"])
-        if st.get("fleet") is not None:  # [fleet] configured (daemon/status/fleet_metrics.py)
-            yield from fleet_families(st["fleet"])
+        if st.wire is not None:
+            yield from wire_families(st.wire)
+        if st.groups:  # [groups.NAME] configured and on a resource
+            yield from group_families(st.groups)
+        if st.fleet is not None:  # [fleet] configured (status/fleet_metrics.py)
+            yield from fleet_families(st.fleet)
         info = GaugeMetricFamily(
             "santhrottle_build_info",
             "santhrottle's version and the Python running it (always 1)",
@@ -199,7 +222,7 @@ class DaemonCollector(Collector):
         yield nbytes
 
 
-def resource_families(resources: list[dict[str, Any]]) -> Iterator[Metric]:
+def resource_families(resources: list[ResourceView]) -> Iterator[Metric]:
     lat = GaugeMetricFamily(
         "santhrottle_resource_read_latency_seconds",
         "Read latency of the resource (EWMA the controller uses; the last interval's mean "
@@ -250,40 +273,51 @@ def resource_families(resources: list[dict[str, Any]]) -> Iterator[Metric]:
         "the latency scatters little)",
         labels=["resource"],
     )
-    lq = {
-        key: GaugeMetricFamily(f"santhrottle_resource_lq_{metric}", doc, labels=["resource"])
-        for key, metric, doc in (
-            ("intercept_s", "intercept_seconds", 'threshold "auto": the fitted LQ line\'s C'),
-            ("slope_s_per_io", "slope_seconds", 'threshold "auto": its slope m per IO in flight'),
-            ("r_squared", "r_squared", 'threshold "auto": R^2 of the fit'),
-            ("windows", "windows", 'threshold "auto": the 1 s windows the fit holds'),
-        )
-    }
+    lq: tuple[tuple[GaugeMetricFamily, Callable[[FitView], float | int | None]], ...] = (
+        (
+            _lq_gauge("intercept_seconds", 'threshold "auto": the fitted LQ line\'s C'),
+            lambda f: f.intercept_s,
+        ),
+        (
+            _lq_gauge("slope_seconds", 'threshold "auto": its slope m per IO in flight'),
+            lambda f: f.slope_s_per_io,
+        ),
+        (_lq_gauge("r_squared", 'threshold "auto": R^2 of the fit'), lambda f: f.r_squared),
+        (
+            _lq_gauge("windows", 'threshold "auto": the 1 s windows the fit holds'),
+            lambda f: f.windows,
+        ),
+    )
     for r in resources:
-        name = [r["resource"]]
-        for key, fam in lq.items():
-            fit = r.get("threshold_fit") or {}
-            if fit.get(key) is not None:
-                fam.add_metric(name, fit[key])
-        v = r["read_latency_ewma_s"]
-        if v is None:
-            v = r["read_latency_s"]
-        if v is not None:
-            lat.add_metric(name, v)
-        if r["threshold_in_force_s"] is not None:  # "auto": the fitted one
-            thr.add_metric(name, r["threshold_in_force_s"])
-        if r.get("threshold_setpoint_fraction") is not None:
-            setpoint.add_metric(name, r["threshold_setpoint_fraction"])
-        cls.add_metric(name, r["delay_class"])
-        delay.add_metric(name, r["delay_s"])
-        members.add_metric(name, len(r["members"]))
-        reads.add_metric(name, r["reads_completed"])
-        read_time.add_metric(name, r["read_time_s"])
-        written.add_metric(name, r["written_bytes"])
-    yield from (lat, thr, setpoint, cls, delay, members, reads, read_time, written, *lq.values())
+        name = [r.resource]
+        th = r.threshold
+        if th.fit is not None:
+            for fam, value in lq:
+                v = value(th.fit)
+                if v is not None:
+                    fam.add_metric(name, v)
+        latency = r.read_latency_ewma_s if r.read_latency_ewma_s is not None else r.read_latency_s
+        if latency is not None:
+            lat.add_metric(name, latency)
+        if th.in_force_s is not None:  # "auto": the fitted one
+            thr.add_metric(name, th.in_force_s)
+        if th.setpoint_fraction is not None:
+            setpoint.add_metric(name, th.setpoint_fraction)
+        cls.add_metric(name, r.delay_class)
+        delay.add_metric(name, r.delay_s)
+        members.add_metric(name, len(r.members))
+        reads.add_metric(name, r.reads_completed)
+        read_time.add_metric(name, r.read_time_s)
+        written.add_metric(name, r.written_bytes)
+    lq_fams = [fam for fam, _ in lq]
+    yield from (lat, thr, setpoint, cls, delay, members, reads, read_time, written, *lq_fams)
 
 
-def initiator_families(initiators: list[dict[str, Any]]) -> Iterator[Metric]:
+def _lq_gauge(metric: str, doc: str) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"santhrottle_resource_lq_{metric}", doc, labels=["resource"])
+
+
+def initiator_families(initiators: list[InitiatorView]) -> Iterator[Metric]:
     rate = GaugeMetricFamily(
         "santhrottle_initiator_write_bytes_per_second",
         "Smoothed write rate of the initiator on the resource",
@@ -309,7 +343,7 @@ def initiator_families(initiators: list[dict[str, Any]]) -> Iterator[Metric]:
         "santhrottle_initiators_adopted",
         "Members a previous run left that no pin explains, held and then lowered",
     )
-    adopted.add_metric([], sum(1 for i in initiators if i.get("adopted")))
+    adopted.add_metric([], sum(1 for i in initiators if i.adopted))
     yield adopted
     count = GaugeMetricFamily(
         "santhrottle_initiators",
@@ -325,64 +359,60 @@ def initiator_families(initiators: list[dict[str, Any]]) -> Iterator[Metric]:
         labels=["host", "initiator", "address"],
     )
     for i in initiators:
-        if i.get("host"):
-            for a in i["addresses"]:
-                host.add_metric([i["host"], i["initiator"], a], 1.0)
+        if i.host:
+            for a in i.addresses:
+                host.add_metric([i.host, i.initiator, a], 1.0)
     if host.samples:  # [hosts.NAME] configured and seen
         yield host
     for i in initiators:
-        ip = i["initiator"]
-        for res, bps in i["write_bytes_per_second"].items():
+        ip = i.initiator
+        for res, bps in i.write_bytes_per_second.items():
             if bps is not None:
                 rate.add_metric([ip, res], bps)
-        for res, n in i["written_bytes"].items():
+        for res, n in i.written_bytes.items():
             written.add_metric([ip, res], n)
-        delay.add_metric([ip, i["mode"]], i["delay_s"])
-        cls.add_metric([ip, i["mode"]], i["class"])
+        delay.add_metric([ip, i.mode], i.delay_s)
+        cls.add_metric([ip, i.mode], i.klass)
     yield from (rate, written, delay, cls)
 
 
-def daemon_families(st: dict[str, Any]) -> Iterator[Metric]:
+def daemon_families(st: StatusView) -> Iterator[Metric]:
     paused = GaugeMetricFamily("santhrottle_paused", "1 while throttling is paused")
-    paused.add_metric([], 1.0 if st["paused"] else 0.0)
+    paused.add_metric([], 1.0 if st.paused else 0.0)
     yield paused
-    c = st["counters"]
-    yield from counter_families(EVENT_COUNTERS, c)
+    c = st.counters
+    for name, value, doc in EVENT_COUNTERS:
+        m = CounterMetricFamily(name, doc)
+        m.add_metric([], value(c))
+        yield m
     yield HistogramMetricFamily(
         "santhrottle_tick_duration_seconds",
         "Time each controller tick took (read the samples, step, update the kernel)",
-        buckets=[(floatToGoString(float(le)), n) for le, n in c["tick_duration_buckets"].items()],
-        sum_value=c["tick_seconds_sum"],
+        buckets=[(floatToGoString(float(le)), n) for le, n in c.tick_duration_buckets.items()],
+        sum_value=c.tick_seconds_sum,
     )
 
 
-def wire_families(wire: dict[str, Any]) -> Iterator[Metric]:
+def wire_families(wire: WireView) -> Iterator[Metric]:
     up = GaugeMetricFamily(
         "santhrottle_wire_capturing", "1 while the wire sensor reads the array-side port"
     )
-    up.add_metric([], 1.0 if wire["capturing"] else 0.0)
+    up.add_metric([], 1.0 if wire.capturing else 0.0)
     yield up
-    yield from counter_families(WIRE_COUNTERS, wire)
-
-
-def counter_families(
-    table: tuple[tuple[str, str, str], ...], values: dict[str, Any]
-) -> Iterator[Metric]:
-    """One unlabelled counter per (name, key, help) of table, valued values[key] (0 when
-    absent)."""
-    for name, key, doc in table:
+    for name, key, doc in WIRE_COUNTERS:
         m = CounterMetricFamily(name, doc)
-        m.add_metric([], values.get(key, 0))
+        m.add_metric([], wire.counters.get(key, 0))  # 0 for a count this sensor has not
         yield m
 
 
 def registry_for(
-    daemon: StatusSource, read_members: Callable[[], MemberCounters] | None = None
+    source: StatusSource, read_members: Callable[[], MemberCounters] | None = None
 ) -> CollectorRegistry:
-    """A registry with the daemon's collector; read_members: the member sets'
-    counters (daemon/status/member_counters.py), None to leave those series out."""
+    """A registry with the daemon's collector (source: status/build.py's StatusCache);
+    read_members: the member sets' counters (status/member_counters.py), None to
+    leave those series out."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(DaemonCollector(daemon, read_members))
+    reg.register(DaemonCollector(source, read_members))
     return reg
 
 

@@ -1,0 +1,51 @@
+"""Reading a small text file an admin or a previous run wrote, without surprises.
+
+read_text_file() is the one reader of the configuration, the state file and a
+scenario: a regular file's UTF-8 text up to a size, or the caller's error type
+with one line ("FILE: PROBLEM").  It is opened non-blocking and checked before
+it is read, so a FIFO, a device (/dev/zero) or a directory never blocks the
+reader or fills its memory.
+
+Worked example
+    read_text_file(Path("/dev/zero"), 1 << 20, ConfigError) -> ConfigError
+    "/dev/zero: not a regular file".
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+
+def read_text_file(
+    p: Path, max_bytes: int, error: type[Exception], what: str = "", missing_hint: str = ""
+) -> str:
+    """A regular file's UTF-8 text, at most max_bytes; `error` with one line
+    ("WHAT FILE: PROBLEM") otherwise.  Opened non-blocking and checked before
+    reading: a FIFO, a device (/dev/zero) or a directory never blocks or
+    fills the memory."""
+    name = f"{what}{p}"
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise error(f"{name}: no such file{missing_hint}") from None
+    except OSError as e:
+        raise error(f"{name}: cannot read: {e.strerror or e}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise error(f"{name}: not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        if st.st_size > max_bytes:
+            raise error(f"{name}: larger than {max_bytes // 1024} KiB")
+        try:
+            raw = f.read(max_bytes + 1)
+        except OSError as e:
+            raise error(f"{name}: cannot read: {e.strerror or e}") from None
+    if len(raw) > max_bytes:
+        raise error(f"{name}: larger than {max_bytes // 1024} KiB")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{name}: not UTF-8 text") from None
