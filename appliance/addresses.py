@@ -21,7 +21,7 @@ What is refused, with one line
     reserved     240.0.0.0/4 (besides the broadcast address)
     link-local   169.254.0.0/16, fe80::/10 (the data path's sets match an
                  address on every link alike: a zone, "%eth1", cannot be kept)
-    A zone on any other address is refused too ("fd00::2%eth1": write "fd00::2").
+    A zone on any other address is dropped ("fd00::2%eth1" is "fd00::2").
     Every other IPv4 or IPv6 unicast address is accepted, in the data path's
     canonical form: IPv6 as the kernel prints it ("FD00:0::2" is "fd00::2"),
     an IPv4-mapped IPv6 address as its IPv4 address (what a dual-stack socket
@@ -93,15 +93,13 @@ def quoted(v: Any) -> str:
 def _parse(v: Any) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     if not isinstance(v, str) or len(v) > MAX_ADDRESS_CHARS:
         raise AddressError(f"{quoted(v)} is not an IPv4 or IPv6 address")
-    text, zone, _ = v.partition("%")
+    text = v.partition("%")[0]  # a zone is dropped: a set member is an address
     try:
         addr = ipaddress.ip_address(text)
     except ValueError:
         raise AddressError(f"{quoted(v)} is not an IPv4 or IPv6 address") from None
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         addr = addr.ipv4_mapped
-    if zone and refusal(addr) is None:
-        raise AddressError(f"{quoted(v)} has a zone: write the address without one")
     return addr
 
 
@@ -138,11 +136,13 @@ def initiator_network(v: Any) -> str:
     ipaddress' form, or AddressError when it holds no initiator's address."""
     if not isinstance(v, str) or len(v) > MAX_ADDRESS_CHARS:
         raise AddressError(f"{quoted(v)} is not a network")
+    if "/" not in v:  # one address: said as one
+        return str(ipaddress.ip_network(initiator_address(v)))
     try:
         net = ipaddress.ip_network(v, strict=False)
     except ValueError:
         raise AddressError(f"{quoted(v)} is not a network (e.g. 10.0.1.0/24)") from None
     for bad, what, _why in REFUSED:
         if net.version == bad.version and net.subnet_of(bad):  # type: ignore[arg-type]
-            raise AddressError(f"{quoted(v)} holds only {what} addresses, no initiator's")
+            raise RefusedAddress(f"{quoted(v)} holds only {what} addresses, no initiator's")
     return str(net)

@@ -30,8 +30,8 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from santhrottle.appliance.addresses import AddressError, initiator_address
 from santhrottle.appliance.daemon.control import PROTOCOL_VERSION
-from santhrottle.appliance.datapath.names import DatapathError, check_ip
 from santhrottle.appliance.datapath.names import ip_key as ip_key
 from santhrottle.appliance.units import UnitError
 
@@ -157,15 +157,14 @@ def parsed(name: str, parse: Callable[[str], Any], positive: bool = False) -> Ca
 
 
 def ip_address(text: str) -> str:
-    """An argparse type: an initiator's IPv4 or IPv6 address in the data path's
-    canonical form ("FD00:0::2" -> "fd00::2", a zone dropped, "::ffff:10.0.0.3" ->
-    "10.0.0.3": datapath/names.py check_ip)."""
+    """An argparse type: an initiator's address in the data path's canonical form
+    ("FD00:0::2" -> "fd00::2", "::ffff:10.0.0.3" -> "10.0.0.3"), checked as every
+    entry checks it (appliance/addresses.py: no 0.0.0.0, ::, loopback, multicast,
+    broadcast or link-local address)."""
     try:
-        return check_ip(text)
-    except DatapathError:
-        raise argparse.ArgumentTypeError(
-            f"bad initiator address {_short(text)}: expected an IPv4 or IPv6 address"
-        ) from None
+        return initiator_address(text)
+    except AddressError as e:
+        raise argparse.ArgumentTypeError(f"bad initiator address {e}") from None
 
 
 def column_width(values: Iterable[str], head: str, least: int = 0) -> int:

@@ -49,6 +49,7 @@ from santhrottle.appliance.daemon.control.requests import (
 from santhrottle.appliance.daemon.status.views import (
     FitView,
     InitiatorView,
+    QuarantineView,
     StatusView,
     ThresholdView,
     ViewError,
@@ -176,6 +177,8 @@ def print_status(data: Any) -> None:
             f"{r.delay_class:>5} {fmt_ms(r.delay_s):>8}  {members}"
         )
     print_initiators(st.initiators)
+    for q in st.quarantine:  # what the kernel refused (docs/troubleshoot.md)
+        print(describe_quarantine(q))
     if any(r.threshold.override for r in st.resources):
         print("* a threshold set at run time (threshold reset returns to the file's)")
     for r in st.resources:
@@ -206,6 +209,16 @@ def print_initiators(initiators: list[InitiatorView]) -> None:
             f"{lead}{r:<{wr}} {fmt_mb(rate):>8} {i.klass:>5} "
             f"{fmt_ms(i.delay_s):>8} {i.mode}{pinned}"
         )
+
+
+def describe_quarantine(q: QuarantineView) -> str:
+    """One line per initiator or shared object the kernel refused."""
+    what = q.object if q.kind == "member" else f"{q.object} ({q.kind})"
+    if q.retry_in_s is None:
+        when = "never sent"
+    else:
+        when = f"next try in {q.retry_in_s:.0f} s, {q.retries} tries so far"
+    return f"QUARANTINED {what}: {q.error} ({when})"
 
 
 def describe_wire(w: WireView) -> str:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from santhrottle.appliance.addresses import AddressError, initiator_address, initiator_network
 from santhrottle.appliance.units import (
     UnitError,
     fmt_duration,
@@ -377,11 +378,20 @@ def group_members() -> Kind:
         if not isinstance(v, list) or not v:
             raise _fail(v, "must be a non-empty list of members")
         for x in v:
-            if not isinstance(x, str) or member_kind(x) is None:
+            kind = member_kind(x) if isinstance(x, str) else None
+            if kind is None:
                 raise _fail(
-                    x, "is not a member: give an address, a network (10.0.1.0/24), an iSCSI "
+                    x,
+                    "is not a member: give an address, a network (10.0.1.0/24), an iSCSI "
                     "name (iqn.*), an NVMe name (nqn.*) or a host name",
-                )  # fmt: skip
+                )
+            try:  # the one check of initiators' addresses (appliance/addresses.py)
+                if kind == "address":
+                    initiator_address(x)
+                elif kind == "network":
+                    initiator_network(x)
+            except AddressError as e:
+                raise KindError(str(e)) from None
         return tuple(v)
 
     return Kind("list of addresses, networks, host names or initiator names", parse)
@@ -404,6 +414,10 @@ def host_address(v: Any) -> str:
         raise _fail(v, "is not an IPv4 or IPv6 address") from None
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         raise _fail(v, f"is IPv4-mapped: write the IPv4 address {addr.ipv4_mapped}")
+    try:  # the one check of initiators' addresses (appliance/addresses.py)
+        initiator_address(v)
+    except AddressError as e:
+        raise KindError(str(e)) from None
     return str(addr)
 
 

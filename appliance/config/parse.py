@@ -16,15 +16,15 @@ Worked example
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from santhrottle.appliance.addresses import AddressError, initiator_network
 from santhrottle.appliance.config.hosts import HostConfig, hosts
-from santhrottle.appliance.config.kinds import AUTO, NAME_RE, KindError
+from santhrottle.appliance.config.kinds import AUTO, NAME_RE, KindError, quote
 from santhrottle.appliance.config.schema import DEFAULT_PATH, KEYS, TABLES
 from santhrottle.appliance.textfile import read_text_file
 from santhrottle.controller.domain import ControllerConfig, LogGains, PidGains
@@ -440,11 +440,13 @@ def _static_map(r: _Reader, data: dict[str, Any]) -> dict[str, tuple[str, ...]]:
         raise r.fail("static_map", 'must be a table: "10.0.0.0/24" = ["vg0"]')
     out: dict[str, tuple[str, ...]] = {}
     for spec, names in sm.items():
-        key = f'static_map."{spec}"'
-        try:
-            ipaddress.ip_network(spec, strict=False)
-        except ValueError:
-            raise r.fail(key, f"{spec!r} is not an address or subnet") from None
+        key = f"static_map.{quote(spec)}"
+        try:  # the one check of initiators' addresses (appliance/addresses.py)
+            initiator_network(spec)
+        except AddressError as e:
+            raise r.fail(
+                key, str(e).replace("is not a network", "is not an address or subnet")
+            ) from None
         if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
             raise r.fail(key, "must be a list of resource names")
         out[spec] = tuple(names)

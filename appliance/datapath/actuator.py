@@ -192,6 +192,11 @@ class Datapath:
         """Refusals of the kernel since the start (a batch, a member, an object)."""
         return self.convergence.errors
 
+    @property
+    def quarantines(self) -> Mapping[str, int]:
+        """Per kind (member, jumps, gate, leaf): the quarantines since the start."""
+        return self.convergence.quarantined_total
+
     def __enter__(self) -> Datapath:
         return self
 

@@ -67,6 +67,21 @@ IPSET_FLAG_WITH_SKBINFO = 1 << 6
 
 # ip -> (mode, HTB minor, packets, bytes) as read from the kernel
 Readback = dict[str, tuple[str, int, int, int]]
+# ipset's own error codes (linux/netfilter/ipset/ip_set_hash.h) that pyroute2 prints
+# as "Unknown error NNNN": said in words.
+IPSET_ERRORS = {
+    4352: "the set is full (its maxelem)",
+    4353: "a hash set takes no null element (0.0.0.0, ::)",
+}
+
+
+def ipset_error(e: Exception) -> str:
+    """A netlink error of ipset in words where the code is ipset's own."""
+    from pyroute2.ipset import IPSetError
+
+    code = e.code if isinstance(e, IPSetError) else None
+    why = IPSET_ERRORS.get(code) if isinstance(code, int) else None
+    return f"{why} (ipset error {code})" if why else str(e)
 
 
 class KnownMembers:
@@ -274,7 +289,7 @@ class MemberSets(KnownMembers):
                 self._members = None  # unknown now: read back next time
                 if "not added" in str(e) and op == "del":
                     continue
-                raise DatapathError(f"ipset {op} {name} {ip}: {e}") from None
+                raise DatapathError(f"ipset {op} {name} {ip}: {ipset_error(e)}") from None
             except OSError as e:
                 self._members = None
                 raise DatapathError(f"ipset {op} {name} {ip}: {e}") from None

@@ -181,7 +181,7 @@ def test_pin_show_and_unpin_an_ipv6_initiator_from_the_cli(netns_pair6):
     assert f"pinned {MEMBER_IP6}: read" in p.stdout
     assert _jumps6(pair) == [rules.jump_rule(TARGET_DEV)]
     p = cli("pin", "fd00:5374::zz", "--delay", "5ms")
-    assert p.returncode == 2 and "expected an IPv4 or IPv6 address" in p.stderr
+    assert p.returncode == 2 and "is not an IPv4 or IPv6 address" in p.stderr
     assert "Traceback" not in p.stderr
     p = cli("datapath", "show")
     assert p.returncode == 0, p.stderr

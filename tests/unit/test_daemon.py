@@ -158,6 +158,10 @@ class FakeActuator:
     def errors(self) -> int:
         return self.convergence.errors
 
+    @property
+    def quarantines(self):
+        return self.convergence.quarantined_total
+
     def settle(self):
         self.settles += 1
         return 0

@@ -102,7 +102,7 @@ def test_a_state_file_round_trip_keeps_both_families(tmp_path):
 def test_the_cli_argument_type_takes_both_families():
     assert ip_address("FD00::3") == "fd00::3"
     assert ip_address("10.0.0.3") == "10.0.0.3"
-    with pytest.raises(argparse.ArgumentTypeError, match="expected an IPv4 or IPv6 address"):
+    with pytest.raises(argparse.ArgumentTypeError, match="is not an IPv4 or IPv6 address"):
         ip_address("fd00::g")
 
 
@@ -171,7 +171,7 @@ def _status(initiators, members=()):
         read_time_s=0.0,
         written_bytes=0.0,
     )
-    counters = CountersView(1, 0, 0, 0, 0, 0, 0, 0, 0.0, {}, 0, 0)
+    counters = CountersView(1, 0, 0, 0, 0, 0, 0, 0, 0.0, {}, 0, 0, {})
     st = StatusView(
         mode="target",
         paused=False,
@@ -454,6 +454,6 @@ def test_the_cli_pins_an_ipv6_initiator_through_a_running_daemon(tmp_path, capsy
             main(["pin", "fd00::/64", "--delay", "5ms", *sock])
         assert e.value.code == 2
         err = capsys.readouterr().err.splitlines()[-1]
-        assert err.endswith("bad initiator address 'fd00::/64': expected an IPv4 or IPv6 address")
+        assert err.endswith("bad initiator address 'fd00::/64' is not an IPv4 or IPv6 address")
     finally:
         srv.close()

@@ -47,6 +47,8 @@ SERIES = {
     "santhrottle_initiator_delayed_bytes": ("counter", {"initiator", "mode"}),
     "santhrottle_scrape_errors": ("counter", {"source"}),
     "santhrottle_paused": ("gauge", set()),
+    "santhrottle_quarantined": ("gauge", {"kind"}),
+    "santhrottle_quarantines": ("counter", {"kind"}),
     "santhrottle_ticks": ("counter", set()),
     "santhrottle_tick_overruns": ("counter", set()),
     "santhrottle_convergences": ("counter", set()),

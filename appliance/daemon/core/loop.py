@@ -228,9 +228,8 @@ class Daemon:
         return self.runtime.desired(self.hosts.spread(eff), self.config.write_mode)
 
     def _actuate(self, ordered: bool = True) -> None:
-        """The kernel to desired(): the data path diffs it against its own record and
-        quarantines what the kernel refuses (datapath/converge.py); glide leaves whose
-        older packets have left hand their members to the shared classes."""
+        """The kernel to desired() (the data path diffs it against its record, quarantines
+        what the kernel refuses: datapath/converge.py); glide leaves settled."""
         try:
             self.actuator.converge(self.desired(), ordered=ordered)
             self.actuator.settle()
@@ -254,7 +253,7 @@ class Daemon:
         self.counters.tick_overruns += missed
 
     def _ready(self) -> None:
-        self.notify("READY=1")
+        self.notify("READY=1")  # systemd: started
 
     def stop(self) -> None:
         self.cadence.stop()
@@ -262,12 +261,11 @@ class Daemon:
     # ------------------------------------------------------- start and stop
     def restore(self, now: float, wall: float | None = None) -> Saved:
         """At start, after the data path is applied: the saved runtime state and the
-        kernel's members (the actuator's record; core/runtime.py).  Returns what was
-        loaded."""
-        members = dict(self.actuator.members())
+        kernel's members (the actuator's record; core/runtime.py).  Returns what loaded."""
         saved = self.keeper.load(self.config.max_class)
         hold_s = ADOPT_HOLD_CONVERGES * self.config.controller.converge_s
         with self.lock:
+            members = dict(self.actuator.members())
             self.runtime.restore(saved, members, self.config.groups, now, hold_s)
             self.seed_classes = recent_classes(saved, time.time() if wall is None else wall)
         return saved

@@ -138,3 +138,6 @@ class Actuator(Protocol):
 
     @property
     def errors(self) -> int: ...  # the kernel's refusals since the start
+
+    @property
+    def quarantines(self) -> Mapping[str, int]: ...  # per kind: entries made since the start

@@ -23,9 +23,9 @@ Worked example
                      thresholds={"vg0": 0.01}, resource_classes={"vg0": 12}))
     store.load(max_class=100) -> the same Saved (saved_at set);
     a file with "pins": {"bogus": [5, "all"]} -> StateError
-    "state.json: pins: 'bogus' is not an IPv4 or IPv6 address", one with a pin of
-    "0.0.0.0" -> "state.json: pins: '0.0.0.0' is unspecified: not an initiator's
-    address" (appliance/addresses.py, the check every entry uses); a pin of
+    "state.json: pins: 'bogus' is not an IPv4 or IPv6 address"; a pin of an
+    address no initiator has ("0.0.0.0", appliance/addresses.py, the check every
+    entry uses) is dropped with a warning, the rest of the file kept; a pin of
     "FD00:0::2" loads as "fd00::2" (the data path's canonical form); more
     than MAX_PINS pins, or a class above any ladder's, is refused; a class
     above this daemon's maximum (a smaller max_delay since) is clamped to it
@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from santhrottle.appliance.addresses import AddressError, initiator_address
+from santhrottle.appliance.addresses import AddressError, RefusedAddress, initiator_address
 from santhrottle.appliance.config.kinds import AUTO, MAX_THRESHOLD_S, NAME_RE, KindError, quote
 from santhrottle.appliance.config.schema import MAX_CLASSES, PIN_MODES
 from santhrottle.appliance.daemon.core.group_overrides import GroupOverride, from_json, to_json
@@ -126,6 +126,9 @@ def decode(text: str, max_class: int, where: str = STATE_FILE) -> Saved:
     for ip, pin in pins.items():
         try:  # an initiator's address, as the data path's sets print it
             norm = initiator_address(ip)
+        except RefusedAddress as e:  # an address, but none an initiator has: this pin only
+            log.warning("state file: pins: %s; the pin is dropped", e)
+            continue
         except AddressError as e:
             raise bad("pins", str(e)) from None
         if not (isinstance(pin, list) and len(pin) == 2 and pin[1] in PIN_MODES):

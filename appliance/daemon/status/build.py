@@ -111,6 +111,7 @@ def status(daemon: Daemon) -> StatusView:
             },
             glided_descents=daemon.actuator.glided,
             unordered_descents=daemon.actuator.unordered_moves,
+            quarantines=dict(daemon.actuator.quarantines),
         ),
         resources=resource_rows(daemon),
         initiators=initiator_rows(daemon),

@@ -73,6 +73,8 @@ log = logging.getLogger("santhrottled")
 # ip -> (mode, HTB minor, packets, bytes), as MemberSets.read() returns it
 MemberCounters = Mapping[str, tuple[str, int, int, int]]
 MEMBER_SETS_SOURCE = "member_sets"
+# Kinds of quarantine (datapath/converge.py), a series each even at 0.
+QUARANTINE_KINDS = ("member", "jumps", "gate", "leaf")
 COUNTER_RESTART_NOTE = (
     "restarts from 0 when the initiator rejoins its set or the set is rebuilt by a bulk swap"
 )
@@ -380,6 +382,7 @@ def daemon_families(st: StatusView) -> Iterator[Metric]:
     paused = GaugeMetricFamily("santhrottle_paused", "1 while throttling is paused")
     paused.add_metric([], 1.0 if st.paused else 0.0)
     yield paused
+    yield from quarantine_families(st)
     c = st.counters
     for name, value, doc in EVENT_COUNTERS:
         m = CounterMetricFamily(name, doc)
@@ -391,6 +394,28 @@ def daemon_families(st: StatusView) -> Iterator[Metric]:
         buckets=[(floatToGoString(float(le)), n) for le, n in c.tick_duration_buckets.items()],
         sum_value=c.tick_seconds_sum,
     )
+
+
+def quarantine_families(st: StatusView) -> Iterator[Metric]:
+    """What the kernel refused (datapath/converge.py), per kind: member, or an object
+    the members share (jumps, gate, leaf)."""
+    now = GaugeMetricFamily(
+        "santhrottle_quarantined",
+        "Initiators (kind member) or shared objects the kernel refused, left out and "
+        "retried with backoff",
+        labels=["kind"],
+    )
+    total = CounterMetricFamily(
+        "santhrottle_quarantines",
+        "Initiators or shared objects put into quarantine since the start",
+        labels=["kind"],
+    )
+    kinds = {*QUARANTINE_KINDS, *st.counters.quarantines, *(q.kind for q in st.quarantine)}
+    for kind in sorted(kinds):
+        now.add_metric([kind], sum(1 for q in st.quarantine if q.kind == kind))
+        total.add_metric([kind], st.counters.quarantines.get(kind, 0))
+    yield now
+    yield total
 
 
 def wire_families(wire: WireView) -> Iterator[Metric]:

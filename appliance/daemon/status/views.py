@@ -123,6 +123,7 @@ class CountersView:
     tick_duration_buckets: dict[str, int]  # cumulative, by upper bound (Prometheus' le)
     glided_descents: int
     unordered_descents: int
+    quarantines: dict[str, int]  # per kind, what the kernel refused since the start
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,92 @@
+"""Issue 46's probes as regression tests, on the host kernel in namespaces of their own.
+
+Each test is one failure a hostile pass found, tried the way it was found (a
+state file, the control socket, the CLI, the kernel changed under the daemon,
+the metrics port) against a real santhrottled or a real data path.  The host
+kernel has no sch_netem: classes get pfifo leaves (classified, not delayed).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from santhrottle.appliance import datapath as dp
+from santhrottle.appliance.daemon.control import request
+from tests.privileged.conftest import MEMBER_IP, OTHER_IP, TARGET_DEV
+from tests.privileged.test_daemon_netns import _conf, _members, _start, _stop, ns  # noqa: F401
+
+pytestmark = pytest.mark.privileged
+
+SIX = [f"192.0.2.{i}" for i in range(11, 17)]
+
+
+def _wait(cond, timeout_s: float = 10.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:g} s: {what}")
+        time.sleep(0.05)
+
+
+# --------------------------------------------------- item 1: 0.0.0.0 stopped everyone
+def test_a_saved_pin_of_0_0_0_0_stops_nobody_else(ns, tmp_path):  # noqa: F811
+    """state.json with a pin of 0.0.0.0 first and six real pins: before, the kernel
+    refused 0.0.0.0 and the six never reached it (the batch retried every tick)."""
+    state = tmp_path / "state"
+    state.mkdir()
+    pins = {"0.0.0.0": [5, "all"], **{ip: [5, "all"] for ip in SIX}}
+    (state / "state.json").write_text(json.dumps({"version": 1, "pins": pins}))
+    sock = str(tmp_path / "control.sock")
+    log = tmp_path / "log"
+    proc = _start(_conf(tmp_path, ns), sock, log=log)
+    try:
+        _wait(lambda: all(ip in _members(ns) for ip in SIX), what="the six pins in the set")
+        st = request(sock, "status")
+        assert st["counters"]["actuator_errors"] == 0
+        assert "0.0.0.0" not in {i["initiator"] for i in st["initiators"]}
+        assert "'0.0.0.0' is unspecified" in log.read_text()  # said once, at start
+    finally:
+        _stop(proc)
+
+
+def test_the_socket_refuses_a_pin_of_an_address_no_initiator_has(ns, tmp_path):  # noqa: F811
+    sock = str(tmp_path / "control.sock")
+    proc = _start(_conf(tmp_path, ns), sock)
+    try:
+        for bad in ("0.0.0.0", "::", "224.0.0.1", "255.255.255.255", "fe80::1"):
+            with pytest.raises(Exception, match="pin: initiator: "):
+                request(sock, "pin", initiator=bad, **{"class": 5, "mode": "all"})
+        assert request(sock, "status")["initiators"] == []
+    finally:
+        _stop(proc)
+
+
+# --------------------------------------------------- item 2: one refusal, others applied
+def test_the_kernel_refusing_a_member_leaves_the_others_applied(netns_pair):
+    """A set of 4 elements (maxelem 4) and six members: the kernel refuses the fifth
+    and sixth ("Hash is full"); the four others are in, the two quarantined and
+    retried alone, and in once there is room."""
+    clock = {"t": 1000.0}
+    spec = dp.DatapathSpec((TARGET_DEV,), leaf="pfifo", ladder_ratio=1.0, max_delay_us=10_000)
+    with dp.Datapath(spec, netns=netns_pair.target, maxelem=4, clock=lambda: clock["t"]) as d:
+        d.apply()
+        want = {ip: (5, "all") for ip in [MEMBER_IP, OTHER_IP, *SIX[:4]]}
+        d.converge(want)
+        held = set(d.current())
+        q = d.quarantined()
+        assert len(held) == 4 and len(q) == 2, (held, dict(q))
+        assert all(e.kind == "member" and "the set is full" in e.error for e in q.values()), q
+        assert set(d.members()) == held
+        # room again (out at once, not through a glide leaf): the quarantined ones go
+        # in at their retry, not before
+        gone = sorted(held)[:2]
+        want = {ip: km for ip, km in want.items() if ip not in gone}
+        d.converge(want, ordered=False)
+        assert set(d.current()) == held - set(gone)
+        clock["t"] += 1.5
+        d.converge(want, ordered=False)
+        assert set(d.current()) == set(want) and d.quarantined() == {}
+        d.cleanup()
