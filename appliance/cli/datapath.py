@@ -397,8 +397,12 @@ def add_commands(sub: Any) -> None:
     _socket(u)
     u.set_defaults(func=cmd_unpin)
 
-    c = verb(sub, "cleanup", "remove what santhrottle put in the kernel (works without the daemon)",
-             CLEANUP_EPILOG)  # fmt: skip
+    c = verb(
+        sub,
+        "cleanup",
+        "remove what santhrottle put in the kernel (works without the daemon)",
+        CLEANUP_EPILOG,
+    )
     c.add_argument(
         "--delays-only", action="store_true", help="only take every initiator out of the sets"
     )

@@ -65,8 +65,11 @@ def print_status(st: dict[str, Any]) -> None:
         print("  tc: no santhrottle qdisc tree")
     ch = st["chain"]
     nft = st.get("gate") == "nft"
-    tool, chain = ("nft", "table bridge santhrottle, chain delay") if nft else (
-        "iptables", "chain SANTHROTTLE")  # fmt: skip
+    tool, chain = (
+        ("nft", "table bridge santhrottle, chain delay")
+        if nft
+        else ("iptables", "chain SANTHROTTLE")
+    )
     if ch["exists"]:
         jumps = "; ".join(j.replace("-A ", "", 1) for j in ch["jumps"]) or "no jump (idle)"
         print(

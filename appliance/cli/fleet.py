@@ -44,8 +44,10 @@ controls alone on what it sees, and rejoins by itself (docs/fleet.md).
 def print_status(s: dict[str, Any]) -> None:
     age = s["engine_age_s"]
     seen = "never answered" if age is None else f"answered {age:.2f} s ago"
-    print(f"{s['array']}: {s['appliance']} in {s['mode']} mode, engine revision "
-          f"{s['revision']} ({seen})")  # fmt: skip
+    print(
+        f"{s['array']}: {s['appliance']} in {s['mode']} mode, engine revision "
+        f"{s['revision']} ({seen})"
+    )
     if s["reason"]:
         print(f"  last failure: {s['reason']}")
     print(f"members: {', '.join(s['members']) or '(none seen)'}")

@@ -127,12 +127,14 @@ def _common(p: argparse.ArgumentParser, group: bool = True) -> argparse.Argument
 def add_commands(sub: Any) -> None:
     g = verb(sub, "group", "show the initiator groups; set their targets live", EPILOG)
     gsub = g.add_subparsers(dest="group_command", metavar="ACTION", required=True)
-    _common(verb(gsub, "list", "every group: targets, priority, what it gets per resource",
-                 EPILOG), group=False).set_defaults(func=cmd_list)  # fmt: skip
-    _common(verb(gsub, "show", "the whole of one group: members, targets, measures, share",
-                 EPILOG)).set_defaults(func=cmd_show)  # fmt: skip
-    s = _common(verb(gsub, "set", "override a group's targets or priority until reset",
-                     EPILOG))  # fmt: skip
+    _common(
+        verb(gsub, "list", "every group: targets, priority, what it gets per resource", EPILOG),
+        group=False,
+    ).set_defaults(func=cmd_list)
+    _common(
+        verb(gsub, "show", "the whole of one group: members, targets, measures, share", EPILOG)
+    ).set_defaults(func=cmd_show)
+    s = _common(verb(gsub, "set", "override a group's targets or priority until reset", EPILOG))
     s.add_argument(
         "--priority",
         type=_priority,
@@ -152,5 +154,6 @@ def add_commands(sub: Any) -> None:
         help='what it should move: a byte rate ("200MB/s") or IOs per second ("5000iops")',
     )
     s.set_defaults(func=cmd_set)
-    _common(verb(gsub, "reset", "drop a group's overrides: the file's values again",
-                 EPILOG)).set_defaults(func=cmd_reset)  # fmt: skip
+    _common(
+        verb(gsub, "reset", "drop a group's overrides: the file's values again", EPILOG)
+    ).set_defaults(func=cmd_reset)

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from santhrottle.appliance.addresses import AddressError, initiator_address, initiator_network
 from santhrottle.appliance.units import (
     UnitError,
     fmt_duration,
@@ -61,7 +60,8 @@ class Kind:
 T = TypeVar("T")
 
 
-def _fail(value: Any, what: str) -> KindError:
+def kind_error(value: Any, what: str) -> KindError:
+    """KindError quoting the value as written: "5 is not a duration: ..."."""
     return KindError(f"{value!r} {what}")
 
 
@@ -69,7 +69,7 @@ def _with_unit(v: Any, parse: Callable[[str], T], hint: str) -> T:
     """A string with its unit through parse; hint names what it must be (e.g.
     'a duration: write e.g. "500us"'). The unit parser's message as it is."""
     if not isinstance(v, str):
-        raise _fail(v, f"is not {hint}")
+        raise kind_error(v, f"is not {hint}")
     try:
         return parse(v)
     except UnitError as e:
@@ -80,7 +80,7 @@ def delay_us(lo_us: int, hi_us: int) -> Kind:
     def parse(v: Any) -> int:
         us = _with_unit(v, parse_duration_us, 'a duration: write e.g. "500us"')
         if not lo_us <= us <= hi_us:
-            raise _fail(v, f"is outside {fmt_us(lo_us)}..{fmt_us(hi_us)}")
+            raise kind_error(v, f"is outside {fmt_us(lo_us)}..{fmt_us(hi_us)}")
         return us
 
     return Kind(f"duration, {fmt_us(lo_us)}..{fmt_us(hi_us)}, whole us", parse)
@@ -90,11 +90,11 @@ def duration_s(lo_s: float = 0.0, hi_s: float | None = None, positive: bool = Fa
     def parse(v: Any) -> float:
         s = _with_unit(v, parse_duration_s, 'a duration: write e.g. "15ms"')
         if positive and s <= 0:
-            raise _fail(v, "must be above 0")
+            raise kind_error(v, "must be above 0")
         if positive and not lo_s and hi_s is not None and s > hi_s:
-            raise _fail(v, f"is above {fmt_duration(hi_s)}")
+            raise kind_error(v, f"is above {fmt_duration(hi_s)}")
         if s < lo_s or (hi_s is not None and s > hi_s):
-            raise _fail(v, f"is outside {fmt_duration(lo_s)}..{fmt_duration(hi_s or 0)}")
+            raise kind_error(v, f"is outside {fmt_duration(lo_s)}..{fmt_duration(hi_s or 0)}")
         return s
 
     if hi_s is not None and positive and not lo_s:
@@ -139,7 +139,7 @@ def bit_rate() -> Kind:
         except UnitError as e:
             raise KindError(str(e)) from None
         if bits > MAX_LINK_BITS_S:
-            raise _fail(v, "is above 10tbit")
+            raise kind_error(v, "is above 10tbit")
         return bits
 
     return Kind("link speed, 1mbit..10tbit (e.g. 10gbit)", parse)
@@ -148,7 +148,7 @@ def bit_rate() -> Kind:
 def integer(lo: int, hi: int) -> Kind:
     def parse(v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            raise _fail(v, f"must be a whole number within [{lo}, {hi}]")
+            raise kind_error(v, f"must be a whole number within [{lo}, {hi}]")
         return v
 
     return Kind(f"whole number, {lo}..{hi}", parse)
@@ -157,7 +157,7 @@ def integer(lo: int, hi: int) -> Kind:
 def number(lo: float, hi: float) -> Kind:
     def parse(v: Any) -> float:
         if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
-            raise _fail(v, f"must be a number within [{lo:g}, {hi:g}]")
+            raise kind_error(v, f"must be a number within [{lo:g}, {hi:g}]")
         return float(v)
 
     return Kind(f"number, {lo:g}..{hi:g}", parse)
@@ -166,7 +166,7 @@ def number(lo: float, hi: float) -> Kind:
 def boolean() -> Kind:
     def parse(v: Any) -> bool:
         if not isinstance(v, bool):
-            raise _fail(v, "must be true or false")
+            raise kind_error(v, "must be true or false")
         return v
 
     return Kind("true or false", parse)
@@ -175,7 +175,7 @@ def boolean() -> Kind:
 def choice(options: Sequence[str]) -> Kind:
     def parse(v: Any) -> str:
         if v not in options:
-            raise _fail(v, f"must be one of {', '.join(options)}")
+            raise kind_error(v, f"must be one of {', '.join(options)}")
         return str(v)
 
     return Kind(" or ".join(f'"{o}"' for o in options), parse)
@@ -184,19 +184,20 @@ def choice(options: Sequence[str]) -> Kind:
 def abs_path(max_bytes: int = 4095) -> Kind:
     def parse(v: Any) -> str:
         if not isinstance(v, str) or not v.startswith("/") or "\0" in v:
-            raise _fail(v, "must be an absolute path")
+            raise kind_error(v, "must be an absolute path")
         if len(v.encode("utf-8", "surrogateescape")) > max_bytes:
-            raise _fail(v, f"is longer than {max_bytes} bytes")
+            raise kind_error(v, f"is longer than {max_bytes} bytes")
         return v
 
-    return Kind("absolute path" if max_bytes == 4095 else f"absolute path, <= {max_bytes} bytes",
-                parse)  # fmt: skip
+    return Kind(
+        "absolute path" if max_bytes == 4095 else f"absolute path, <= {max_bytes} bytes", parse
+    )
 
 
 def socket_mode() -> Kind:
     def parse(v: Any) -> int:
         if v not in SOCKET_MODES:
-            raise _fail(
+            raise kind_error(
                 v, f"must be {' or '.join(map(repr, SOCKET_MODES))} (0660 with socket_group)"
             )
         return int(v, 8)
@@ -208,7 +209,7 @@ def name(what: str) -> Kind:
     def parse(v: Any) -> str:
         if not isinstance(v, str) or not NAME_RE.match(v):
             article = "an" if what[:1] in "aeiou" else "a"
-            raise _fail(v, f"is not {article} {what} name (letters, digits and _ . + -)")
+            raise kind_error(v, f"is not {article} {what} name (letters, digits and _ . + -)")
         return v
 
     return Kind(f"{what} name", parse)
@@ -219,7 +220,7 @@ def names(what: str, examples: str) -> Kind:
 
     def parse(v: Any) -> tuple[str, ...]:
         if not isinstance(v, list):
-            raise _fail(v, f"must be a list of {what} names ({examples})")
+            raise kind_error(v, f"must be a list of {what} names ({examples})")
         try:
             return tuple(one(x) for x in v)
         except KindError as e:
@@ -257,14 +258,14 @@ def _checked_list(
 
     def parse(v: Any) -> tuple[str, ...]:
         if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-            raise _fail(v, f"must be a list of {hint}")
+            raise kind_error(v, f"must be a list of {hint}")
         for x in v:
             try:
                 check(x)
             except errors as e:
                 raise KindError(str(e)) from None
         if unique and len(set(v)) != len(v):
-            raise _fail(v, "names one twice")
+            raise kind_error(v, "names one twice")
         return tuple(v)
 
     return Kind(describe, parse)
@@ -272,8 +273,13 @@ def _checked_list(
 
 def endpoints() -> Kind:
     """etcd endpoints: a list of [http[s]://]host:port (the port 2379 when absent)."""
-    return _checked_list("list of [http[s]://]host:port", 'etcd endpoints ("10.77.0.1:2379")',
-                         parse_endpoint, ValueError, unique=True)  # fmt: skip
+    return _checked_list(
+        "list of [http[s]://]host:port",
+        'etcd endpoints ("10.77.0.1:2379")',
+        parse_endpoint,
+        ValueError,
+        unique=True,
+    )
 
 
 def volume_names() -> Kind:
@@ -288,7 +294,7 @@ def volume_names() -> Kind:
 def ports() -> Kind:
     def parse(v: Any) -> tuple[int, ...]:
         if not isinstance(v, list):
-            raise _fail(v, "must be a list of TCP ports (1-65535)")
+            raise kind_error(v, "must be a list of TCP ports (1-65535)")
         return check_ports(v)
 
     return Kind(f"list of 1..{MAX_PORTS} TCP ports", parse)
@@ -324,11 +330,11 @@ def parse_ports_text(text: str) -> tuple[int, ...]:
 def ip_address() -> Kind:
     def parse(v: Any) -> str:
         if not isinstance(v, str):
-            raise _fail(v, 'is not an IP address: write it as a string, e.g. "127.0.0.1"')
+            raise kind_error(v, 'is not an IP address: write it as a string, e.g. "127.0.0.1"')
         try:
             return str(ipaddress.ip_address(v))
         except (ValueError, TypeError):
-            raise _fail(v, "is not an IP address") from None
+            raise kind_error(v, "is not an IP address") from None
 
     return Kind("IP address", parse)
 
@@ -336,104 +342,10 @@ def ip_address() -> Kind:
 def tcp_port_or_0() -> Kind:
     def parse(v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 65536:
-            raise _fail(v, "must be a TCP port (0 disables the exporter)")
+            raise kind_error(v, "must be a TCP port (0 disables the exporter)")
         return v
 
     return Kind("TCP port, 0 = off", parse)
-
-
-# ----------------------------------------------------------------- groups
-# An initiator group's member: an address, a network, an iSCSI or NVMe name, a host.
-_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_HOST_RE = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
-_ISCSI_NAME_RE = re.compile(
-    r"^(iqn\.\d{4}-\d{2}\.[^\s]+|eui\.[0-9A-Fa-f]{16}|naa\.[0-9A-Fa-f]{16,32})$"
-)
-_NQN_RE = re.compile(r"^nqn\.[^\s]{1,219}$")
-MEMBER_KINDS = ("address", "network", "iscsi", "nvme", "host")
-
-
-def member_kind(text: str) -> str | None:
-    """What a group member names (MEMBER_KINDS), or None for nothing valid."""
-    if _ISCSI_NAME_RE.match(text):
-        return "iscsi"
-    if _NQN_RE.match(text):
-        return "nvme"
-    try:
-        ipaddress.ip_address(text)
-        return "address"
-    except ValueError:
-        pass
-    if "/" in text:
-        try:
-            ipaddress.ip_network(text, strict=False)
-            return "network"
-        except ValueError:
-            return None
-    return "host" if _HOST_RE.match(text) and not text.replace(".", "").isdigit() else None
-
-
-def group_members() -> Kind:
-    def parse(v: Any) -> tuple[str, ...]:
-        if not isinstance(v, list) or not v:
-            raise _fail(v, "must be a non-empty list of members")
-        for x in v:
-            kind = member_kind(x) if isinstance(x, str) else None
-            if kind is None:
-                raise _fail(
-                    x,
-                    "is not a member: give an address, a network (10.0.1.0/24), an iSCSI "
-                    "name (iqn.*), an NVMe name (nqn.*) or a host name",
-                )
-            try:  # the one check of initiators' addresses (appliance/addresses.py)
-                if kind == "address":
-                    initiator_address(x)
-                elif kind == "network":
-                    initiator_network(x)
-            except AddressError as e:
-                raise KindError(str(e)) from None
-        return tuple(v)
-
-    return Kind("list of addresses, networks, host names or initiator names", parse)
-
-
-# ------------------------------------------------------------------ hosts
-def host_address(v: Any) -> str:
-    """One address of a [hosts.NAME]: IPv4 or IPv6, without a zone or a prefix,
-    as ipaddress writes it ("FD00:1::5" -> "fd00:1::5"); an IPv4-mapped IPv6
-    address is refused (it is its IPv4 address: write that)."""
-    if not isinstance(v, str):
-        raise _fail(v, 'is not an address: write it as a string, e.g. "10.0.1.5"')
-    if "%" in v:
-        raise _fail(v, "has a zone: a host's address is written without one")
-    if "/" in v:
-        raise _fail(v, "is a network: a host's addresses are single addresses")
-    try:
-        addr = ipaddress.ip_address(v)
-    except ValueError:
-        raise _fail(v, "is not an IPv4 or IPv6 address") from None
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        raise _fail(v, f"is IPv4-mapped: write the IPv4 address {addr.ipv4_mapped}")
-    try:  # the one check of initiators' addresses (appliance/addresses.py)
-        initiator_address(v)
-    except AddressError as e:
-        raise KindError(str(e)) from None
-    return str(addr)
-
-
-def host_addresses() -> Kind:
-    def parse(v: Any) -> tuple[str, ...]:
-        if not isinstance(v, list) or not v:
-            raise _fail(v, 'must be a non-empty list of addresses, e.g. ["10.0.1.5", "fd00::5"]')
-        out: list[str] = []
-        for x in v:
-            a = host_address(x)
-            if a in out:
-                raise KindError(f"{a} is given twice")
-            out.append(a)
-        return tuple(out)
-
-    return Kind("list of IPv4 and IPv6 addresses", parse)
 
 
 IOPS_SUFFIX = "iops"
@@ -452,18 +364,18 @@ def throughput() -> Kind:
             try:
                 iops = float(num)
             except ValueError:
-                raise _fail(v, 'is not a throughput: e.g. "200MB/s" or "5000iops"') from None
+                raise kind_error(v, 'is not a throughput: e.g. "200MB/s" or "5000iops"') from None
             if not iops > 0.0:
-                raise _fail(v, "must be more than 0 iops")
+                raise kind_error(v, "must be more than 0 iops")
             if not iops < MAX_IOPS:
-                raise _fail(v, f"must be below {MAX_IOPS:g} iops")
+                raise kind_error(v, f"must be below {MAX_IOPS:g} iops")
             return iops, IOPS_SUFFIX
         try:
             bps = float(rate.parse(v))
         except KindError:
-            raise _fail(v, 'is not a throughput: e.g. "200MB/s" or "5000iops"') from None
+            raise kind_error(v, 'is not a throughput: e.g. "200MB/s" or "5000iops"') from None
         if bps <= 0.0:
-            raise _fail(v, "must be more than 0 B/s")
+            raise kind_error(v, "must be more than 0 B/s")
         return bps, "B/s"
 
     return Kind('byte rate ("200MB/s") or IOs per second ("5000iops")', parse)

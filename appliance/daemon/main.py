@@ -163,8 +163,10 @@ def preflight(cfg: Config) -> list[str]:
 def _devices_to_check(cfg: Config) -> list[tuple[str, str]]:
     """(key, device) of every device the start needs."""
     if cfg.bridge_mode:
-        return [("bridge.initiator_port", str(cfg.initiator_port)),
-                ("bridge.array_port", str(cfg.array_port))]  # fmt: skip
+        return [
+            ("bridge.initiator_port", str(cfg.initiator_port)),
+            ("bridge.array_port", str(cfg.array_port)),
+        ]
     return [("datapath.devices", d) for d in cfg.devices]
 
 

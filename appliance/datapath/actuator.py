@@ -124,8 +124,14 @@ class CleanupReport:
     bridge_jumps: int = 0
 
     def summary(self) -> str:
-        if not (self.qdiscs or self.sets or self.rules or self.chain or self.nft_table
-                or self.bridge_table):  # fmt: skip
+        if not (
+            self.qdiscs
+            or self.sets
+            or self.rules
+            or self.chain
+            or self.nft_table
+            or self.bridge_table
+        ):
             return "nothing of santhrottle's was installed"
         parts = []
         if self.qdiscs:
@@ -250,8 +256,13 @@ class Datapath:
             {ip: (min(m.klass, s.max_class), m.mode) for ip, m in members.items()}
         )
         t5 = time.monotonic()
-        report.timings_s = {"checks": t1 - t0, "tc": t2 - t1, "sets": t3 - t2, "rules": t4 - t3,
-                            "members": t5 - t4}  # fmt: skip
+        report.timings_s = {
+            "checks": t1 - t0,
+            "tc": t2 - t1,
+            "sets": t3 - t2,
+            "rules": t4 - t3,
+            "members": t5 - t4,
+        }
         return report
 
     def cleanup(self) -> CleanupReport:

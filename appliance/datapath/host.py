@@ -189,8 +189,19 @@ class Host:
         have = module_available("sch_netem", t.sys_module_dir, t.modules_dir)
         if have:
             return
-        probe = [t.unshare, "--net", t.tc, "qdisc", "add", "dev", "lo", "root", "netem",
-                 "delay", "1ms"]  # fmt: skip
+        probe = [
+            t.unshare,
+            "--net",
+            t.tc,
+            "qdisc",
+            "add",
+            "dev",
+            "lo",
+            "root",
+            "netem",
+            "delay",
+            "1ms",
+        ]
         try:
             p = subprocess.run(probe, capture_output=True, text=True, timeout=10, check=False)
         except (OSError, subprocess.TimeoutExpired):

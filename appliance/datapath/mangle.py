@@ -115,8 +115,9 @@ class Mangle:
         return parse_jump_device(jump)
 
     def _restore(self, text: str) -> None:
-        self.host.run([self.restore_tool, "-w", "5", "--noflush"], text,
-                      what=f"{self.what}-restore")  # fmt: skip
+        self.host.run(
+            [self.restore_tool, "-w", "5", "--noflush"], text, what=f"{self.what}-restore"
+        )
 
     def _drop_empty_nft(self, table: bool) -> bool:
         """iptables-nft creates `table ip mangle` with a POSTROUTING base chain

@@ -125,9 +125,11 @@ def _count(mode: str, fam: int) -> str:
 def render_chain_rules(ports: Sequence[int]) -> list[str]:
     """The delay chain's rules exactly as `nft list` prints them."""
     sports = ", ".join(str(p) for p in ports)
-    port_rule = f"tcp sport != {{ {sports} }} return" if len(ports) > 1 else (
-        f"tcp sport != {ports[0]} return"
-    )  # fmt: skip
+    port_rule = (
+        f"tcp sport != {{ {sports} }} return"
+        if len(ports) > 1
+        else f"tcp sport != {ports[0]} return"
+    )
     return [
         port_rule,
         *(_count("all", fam) for fam in FAMILIES),
@@ -163,9 +165,12 @@ def render_ensure(state: NftState) -> tuple[str, list[str]]:
 
 
 def render_converge(
-    ports: Sequence[int], rules: Sequence[str] | None, jumps: Sequence[str] | None,
-    devices: Sequence[str], active: bool,
-) -> str | None:  # fmt: skip
+    ports: Sequence[int],
+    rules: Sequence[str] | None,
+    jumps: Sequence[str] | None,
+    devices: Sequence[str],
+    active: bool,
+) -> str | None:
     """The delay chain with these ports, and the jumps iff active (jumps None: the hook
     chain does not exist); None: nothing to do."""
     want = render_chain_rules(ports)
@@ -190,8 +195,9 @@ def render_jumps(devices: Sequence[str], active: bool, jumps: Sequence[str] | No
     if not active or not want:
         if jumps is None:
             return ""
-        return _text([f"flush chain {QUALIFIED} {HOOK_CHAIN}",
-                      f"delete chain {QUALIFIED} {HOOK_CHAIN}"])  # fmt: skip
+        return _text(
+            [f"flush chain {QUALIFIED} {HOOK_CHAIN}", f"delete chain {QUALIFIED} {HOOK_CHAIN}"]
+        )
     if jumps is not None and list(jumps) == want:
         return ""
     lines = [f"add chain {QUALIFIED} {HOOK_CHAIN} {{ {HOOK_DECL} }}"]

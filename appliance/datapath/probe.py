@@ -41,8 +41,14 @@ PROBE_MEMBER = "192.0.2.1"
 # The kernel modules the data path's objects need (the Ansible role loads them at boot;
 # sch_netem only for the netem leaf).
 KERNEL_MODULES = (
-    "sch_htb", "sch_netem", "ip_set", "ip_set_hash_ip", "xt_set", "xt_bpf", "xt_multiport"
-)  # fmt: skip
+    "sch_htb",
+    "sch_netem",
+    "ip_set",
+    "ip_set_hash_ip",
+    "xt_set",
+    "xt_bpf",
+    "xt_multiport",
+)
 # What is built: every kind of object a start builds, a few of each.
 PROBE_CLASSES = 2
 PROBE_GLIDE_LEAVES = 1

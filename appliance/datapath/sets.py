@@ -180,8 +180,11 @@ class MemberSets(KnownMembers):
         # at the kernel's newest revision (list:set 3 on 6.18), which an older
         # ipset (7.17) then cannot list at all.
         if MEMBERS_SET not in existing:
-            self.host.run([self.host.tools.ipset, "-exist", "restore"],
-                          f"create {MEMBERS_SET} list:set\n", what="ipset restore")  # fmt: skip
+            self.host.run(
+                [self.host.tools.ipset, "-exist", "restore"],
+                f"create {MEMBERS_SET} list:set\n",
+                what="ipset restore",
+            )
             created.append(MEMBERS_SET)
         return created
 
@@ -296,8 +299,11 @@ class MemberSets(KnownMembers):
 
     def _apply_restore(self, ops: Sequence[Op]) -> None:
         try:
-            self.host.run([self.host.tools.ipset, "-exist", "restore"],
-                          render_ipset_changes(ops), what="ipset restore")  # fmt: skip
+            self.host.run(
+                [self.host.tools.ipset, "-exist", "restore"],
+                render_ipset_changes(ops),
+                what="ipset restore",
+            )
         except DatapathError:
             self._members = None
             raise

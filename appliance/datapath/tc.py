@@ -126,8 +126,9 @@ class TcDevice:
             self.host.check_netem()
         if lines:
             try:
-                self.host.run([self.host.tools.tc, "-batch", "-"], "\n".join(lines) + "\n",
-                              what="tc -batch")  # fmt: skip
+                self.host.run(
+                    [self.host.tools.tc, "-batch", "-"], "\n".join(lines) + "\n", what="tc -batch"
+                )
             except DatapathError as e:
                 if not have.ours:  # do not leave half a tree behind
                     with contextlib.suppress(DatapathError):
@@ -138,8 +139,9 @@ class TcDevice:
         return len(lines), not have.ours
 
     def remove(self) -> None:
-        self.host.run([self.host.tools.tc, "qdisc", "del", "dev", self.device, "root"],
-                      what="tc qdisc del")  # fmt: skip
+        self.host.run(
+            [self.host.tools.tc, "qdisc", "del", "dev", self.device, "root"], what="tc qdisc del"
+        )
 
     def set_leaf_delay(self, want: Leaf, delay_us: int) -> None:
         """A glide leaf's new delay, in place (one RTM_NEWQDISC: the queue stays)."""
@@ -154,13 +156,29 @@ class TcDevice:
         msg["parent"] = (ROOT_MAJOR << 16) | minor
         msg["attrs"] = [
             ["TCA_KIND", "netem"],
-            ["TCA_OPTIONS", {
-                "delay": round(delay_us * 1000 / PSCHED_TICK_NS),
-                "limit": want.limit, "loss": 0, "gap": 0, "duplicate": 0, "jitter": 0,
-                "attrs": [["TCA_NETEM_RATE", {"rate": want.rate_bytes_s, "packet_overhead": 0,
-                                              "cell_size": 0, "cell_overhead": 0}]],
-            }],
-        ]  # fmt: skip
+            [
+                "TCA_OPTIONS",
+                {
+                    "delay": round(delay_us * 1000 / PSCHED_TICK_NS),
+                    "limit": want.limit,
+                    "loss": 0,
+                    "gap": 0,
+                    "duplicate": 0,
+                    "jitter": 0,
+                    "attrs": [
+                        [
+                            "TCA_NETEM_RATE",
+                            {
+                                "rate": want.rate_bytes_s,
+                                "packet_overhead": 0,
+                                "cell_size": 0,
+                                "cell_overhead": 0,
+                            },
+                        ]
+                    ],
+                },
+            ],
+        ]
         msg["header"]["type"] = RTM_NEWQDISC
         msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK
         try:

@@ -179,8 +179,15 @@ def io_samples(
     # latency, timed IOs, timed IOs x IO latency]
     acc: dict[tuple[str, str], list[float]] = {}
 
-    def add(res: str, ini: str, ios: float, nbytes: float, reads: float,
-            read_lat: float | None, io_lat: float | None) -> None:  # fmt: skip
+    def add(
+        res: str,
+        ini: str,
+        ios: float,
+        nbytes: float,
+        reads: float,
+        read_lat: float | None,
+        io_lat: float | None,
+    ) -> None:
         if read_lat is None or reads <= 0:
             read_lat = None
         if io_lat is None or ios <= 0:

@@ -149,7 +149,7 @@ def test_a_batch_of_n_changes_with_no_refusal_is_one_send(n):
 
 
 def test_status_prints_the_quarantine(capsys):
-    from santhrottle.appliance.cli.daemon import print_status
+    from santhrottle.appliance.cli.statusview import print_status
 
     d, _vt, _s, act = make()
     act.refuse = {"10.0.0.4"}

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from santhrottle.appliance.config.kinds import member_kind
+from santhrottle.appliance.config.initiators import member_kind
 from santhrottle.appliance.config.parse import ConfigError, parse_config
 from santhrottle.appliance.daemon.core.groupmap import GroupMap, GroupMapError
 

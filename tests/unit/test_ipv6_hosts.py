@@ -17,9 +17,9 @@ import pytest
 from prometheus_client.exposition import generate_latest
 
 from santhrottle.appliance.cli.common import ip_address
-from santhrottle.appliance.cli.daemon import print_status
 from santhrottle.appliance.cli.datapathview import _print_members
 from santhrottle.appliance.cli.sensing import _print_initiators
+from santhrottle.appliance.cli.statusview import print_status
 from santhrottle.appliance.cli.wire import print_initiators as print_wire_initiators
 from santhrottle.appliance.config import ConfigError, parse_config
 from santhrottle.appliance.daemon.control.commands import Commands

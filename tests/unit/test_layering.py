@@ -129,6 +129,11 @@ def test_every_code_package_is_in_the_distribution():
 # Small rooms: a module over ~500 lines or a class over ~300 has more than one job.
 MODULE_MAX_LINES = 500
 CLASS_MAX_LINES = 300
+# A room with one job whatever its length, and why (never split only to get under a number).
+ONE_JOB = {
+    "appliance/config/schema.py": "one table: every configuration key, its Kind, default "
+    "and documentation, each written out as the formatter writes it",
+}
 
 
 @pytest.mark.parametrize(
@@ -138,7 +143,8 @@ CLASS_MAX_LINES = 300
 )
 def test_small_rooms(path):
     text = path.read_text()
-    assert text.count("\n") <= MODULE_MAX_LINES, f"{path.name}: {text.count(chr(10))} lines"
+    if str(path.relative_to(ROOT)) not in ONE_JOB:
+        assert text.count("\n") <= MODULE_MAX_LINES, f"{path.name}: {text.count(chr(10))} lines"
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.ClassDef):
             n = (node.end_lineno or node.lineno) - node.lineno + 1

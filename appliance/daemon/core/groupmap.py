@@ -26,7 +26,7 @@ import ipaddress
 import socket
 from collections.abc import Callable, Iterable, Mapping
 
-from santhrottle.appliance.config.kinds import member_kind
+from santhrottle.appliance.config.initiators import member_kind
 from santhrottle.appliance.config.parse import ConfigError, GroupConfig
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network

@@ -28,19 +28,37 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 # (metric name without _total, counter key in status, help)
 FLEET_COUNTERS = (
     ("santhrottle_fleet_engine_cycles", "cycles", "Rounds of this appliance with the engine"),
-    ("santhrottle_fleet_engine_failures", "failures",
-     "Rounds the engine did not answer in time (or answered that the lease is gone)"),
-    ("santhrottle_fleet_leases_lost", "leases_lost",
-     "Times this appliance's lease had ended when it refreshed it (it joins again)"),
-    ("santhrottle_fleet_elections_won", "elections_won",
-     "Resources this appliance became the leader of"),
-    ("santhrottle_fleet_decisions_refused", "refused",
-     "Decisions the engine refused: this appliance no longer led at their epoch"),
-    ("santhrottle_fleet_bad_payloads", "bad_payloads",
-     "Other appliances' samples or decisions that did not decode (skipped)"),
-    ("santhrottle_fleet_unbound_decisions", "unbound_decisions",
-     "Decisions in etcd not written under the current leader's lease and epoch (skipped)"),
-)  # fmt: skip
+    (
+        "santhrottle_fleet_engine_failures",
+        "failures",
+        "Rounds the engine did not answer in time (or answered that the lease is gone)",
+    ),
+    (
+        "santhrottle_fleet_leases_lost",
+        "leases_lost",
+        "Times this appliance's lease had ended when it refreshed it (it joins again)",
+    ),
+    (
+        "santhrottle_fleet_elections_won",
+        "elections_won",
+        "Resources this appliance became the leader of",
+    ),
+    (
+        "santhrottle_fleet_decisions_refused",
+        "refused",
+        "Decisions the engine refused: this appliance no longer led at their epoch",
+    ),
+    (
+        "santhrottle_fleet_bad_payloads",
+        "bad_payloads",
+        "Other appliances' samples or decisions that did not decode (skipped)",
+    ),
+    (
+        "santhrottle_fleet_unbound_decisions",
+        "unbound_decisions",
+        "Decisions in etcd not written under the current leader's lease and epoch (skipped)",
+    ),
+)
 
 
 def fleet_families(s: dict[str, Any]) -> Iterator[Metric]:
