@@ -107,6 +107,12 @@ class Config:
     fleet_array: str | None = None
     fleet_appliance: str | None = None
     fleet_lease_ttl_s: int = 1
+    fleet_lead: bool = True
+    fleet_ca: str | None = None  # TLS and the etcd user (fleet/gateway.py Security)
+    fleet_cert: str | None = None
+    fleet_key: str | None = None
+    fleet_user: str | None = None
+    fleet_password_file: str | None = None
 
     @property
     def fleet(self) -> bool:
@@ -171,6 +177,12 @@ _FIELD = {
     "fleet.array": "fleet_array",
     "fleet.appliance": "fleet_appliance",
     "fleet.lease_ttl": "fleet_lease_ttl_s",
+    "fleet.lead": "fleet_lead",
+    "fleet.ca": "fleet_ca",
+    "fleet.cert": "fleet_cert",
+    "fleet.key": "fleet_key",
+    "fleet.user": "fleet_user",
+    "fleet.password_file": "fleet_password_file",
 }
 RESTART_FIELDS = {k.dotted: _FIELD.get(k.dotted, k.name) for k in KEYS if k.restart}
 assert set(RESTART_FIELDS.values()) <= {f.name for f in fields(Config)}
@@ -291,6 +303,7 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
         raise r.fail("fleet.array", "is required with fleet.endpoints")
     if f["lease_ttl"] != int(f["lease_ttl"]):
         raise r.fail("fleet.lease_ttl", 'must be whole seconds (etcd\'s unit), e.g. "2s"')
+    _fleet_security(r, f)
     b = r.table(data, "bridge", "bridge")
     resources = _resources(r, data)
     static_map = _static_map(r, data)
@@ -336,7 +349,26 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
         fleet_array=f["array"],
         fleet_appliance=f["appliance"],
         fleet_lease_ttl_s=int(f["lease_ttl"]),
+        fleet_lead=f["lead"],
+        fleet_ca=f["ca"],
+        fleet_cert=f["cert"],
+        fleet_key=f["key"],
+        fleet_user=f["user"],
+        fleet_password_file=f["password_file"],
     )
+
+
+def _fleet_security(r: _Reader, f: dict[str, Any]) -> None:
+    """[fleet]'s TLS and user keys go in pairs; TLS asks for https:// endpoints."""
+    for a, b in (("cert", "key"), ("key", "cert"), ("user", "password_file"),
+                 ("password_file", "user")):  # fmt: skip
+        if f[a] is not None and f[b] is None:
+            raise r.fail(f"fleet.{b}", f"is required with fleet.{a}")
+    if f["ca"] is not None or f["cert"] is not None:
+        plain = [e for e in f["endpoints"] if not e.startswith("https://")]
+        if plain:
+            raise r.fail("fleet.endpoints", f"must be https://host:port with fleet.ca or "
+                         f"fleet.cert, got {plain[0]!r}")  # fmt: skip
 
 
 def _bridge_checks(

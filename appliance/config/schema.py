@@ -544,6 +544,58 @@ KEYS: tuple[Key, ...] = (
         "timeouts grow with it), at a slower failover",
         restart=True,
     ),
+    Key(
+        "fleet",
+        "lead",
+        boolean(),
+        True,
+        "whether this appliance may lead a resource; false: it only follows (its etcd "
+        "user then needs no write right on leaders and decisions)",
+        restart=True,
+    ),
+    Key(
+        "fleet",
+        "ca",
+        abs_path(),
+        None,
+        "PEM file of the CA that signed the etcd members' certificates (with https:// "
+        "endpoints); unset: the system's CAs",
+        restart=True,
+    ),
+    Key(
+        "fleet",
+        "cert",
+        abs_path(),
+        None,
+        "this appliance's client certificate (PEM), for members run with "
+        "--client-cert-auth; with fleet.key",
+        restart=True,
+    ),
+    Key(
+        "fleet",
+        "key",
+        abs_path(),
+        None,
+        "the private key of fleet.cert (PEM, readable by root only)",
+        restart=True,
+    ),
+    Key(
+        "fleet",
+        "user",
+        name("etcd user"),
+        None,
+        "this appliance's etcd user, for a cluster with authentication on; with "
+        "fleet.password_file",
+        restart=True,
+    ),
+    Key(
+        "fleet",
+        "password_file",
+        abs_path(),
+        None,
+        "file holding fleet.user's password (its first line; readable by root only)",
+        restart=True,
+    ),
     # [metrics]
     Key(
         "metrics",

@@ -154,6 +154,10 @@ def preflight(cfg: Config) -> list[str]:
         err = _port_taken(cfg.metrics_address, cfg.metrics_port)
         if err:
             problems.append(f"metrics {cfg.metrics_address}:{cfg.metrics_port}: {err}")
+    if cfg.fleet:
+        from santhrottle.appliance.fleet.start import problems as fleet_problems
+
+        problems += fleet_problems(cfg)
     if root:
         spec = DatapathSpec.from_config(cfg)
         problems += probe(spec)
@@ -302,27 +306,15 @@ def serve(cfg: Config) -> int:
 def build_fleet(cfg: Config) -> FleetMode | None:
     """[fleet]: the agent on the etcd cluster (None without endpoints).  Nothing
     is asked of the engine here: a start never waits for it (the agent joins
-    in its thread; until it has, the appliance controls alone)."""
+    in its thread; until it has, the appliance controls alone).  Without the
+    optional etcd client, or with a TLS or password file it cannot read:
+    fleet/start.py's FleetSetupError (a ValueError), one line."""
     if not cfg.fleet:
         return None
     from santhrottle.appliance.daemon.core.fleetmode import FleetMode
-    from santhrottle.appliance.fleet.agent import FleetAgent
-    from santhrottle.appliance.fleet.etcd import EtcdCoordinator
+    from santhrottle.appliance.fleet.start import agent_for
 
-    name = cfg.fleet_appliance or socket.gethostname().split(".")[0]
-    ttl = cfg.fleet_lease_ttl_s
-    coord = EtcdCoordinator(str(cfg.fleet_array), cfg.fleet_endpoints, ttl_s=ttl)
-    agent = FleetAgent(
-        coord,
-        name,
-        {"mode": cfg.mode},
-        ttl_s=ttl,
-        degraded_after_s=float(ttl),  # past it, the engine has ended the lease anyway
-        tick_s=cfg.controller.tick_s,
-        max_class=cfg.max_class,
-    )
-    log.info("fleet: %s as %s on %s", cfg.fleet_array, name, ", ".join(cfg.fleet_endpoints))
-    return FleetMode(agent)
+    return FleetMode(agent_for(cfg))
 
 
 def prepare(cfg: Config) -> str:

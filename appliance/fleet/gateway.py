@@ -65,16 +65,26 @@ _RETRY_ANSWERS = ("no leader", "timed out", "leader changed", "not capable", "to
 # etcd answers that say "this token is not (or no longer) one I gave": ask again.
 _TOKEN_ANSWERS = ("invalid auth token", "auth token is expired")
 # transport failures as a few words (requests' own text is a paragraph)
+_NO_CLIENT_CERT = (
+    "the member refused the TLS handshake: no client certificate, or one its CA did not "
+    "sign (fleet.cert, fleet.key)"
+)
 _KNOWN_CAUSES = (
     ("Connection refused", "connection refused"),
     ("No route to host", "no route to host"),
     ("Network is unreachable", "network is unreachable"),
     ("CERTIFICATE_VERIFY_FAILED", "the member's certificate is not signed by fleet.ca"),
     ("doesn't match", "the member's certificate does not name this endpoint"),
-    ("certificate required", "the member asks for a client certificate (fleet.cert, fleet.key)"),
-    ("unknown ca", "the member does not trust this client certificate"),
-    ("bad certificate", "the member does not trust this client certificate"),
+    ("certificate required", _NO_CLIENT_CERT),
+    ("unknown ca", _NO_CLIENT_CERT),
+    ("bad certificate", _NO_CLIENT_CERT),
+    ("EOF occurred in violation of protocol", _NO_CLIENT_CERT),
     ("WRONG_VERSION_NUMBER", "the member does not speak TLS here (http:// endpoint?)"),
+    (
+        "CommonName of client sending a request against gateway",
+        "the client certificate has a Common Name, which etcd's gateway refuses once "
+        "authentication is on: issue fleet.cert without one",
+    ),
     ("Read timed out", "read timed out"),
     ("timed out", "timed out"),
 )
@@ -119,9 +129,15 @@ def unb64(text: Any) -> bytes:
 
 
 class _Session(requests.Session):
-    """A session whose requests without a timeout get timeout_s (connect and read)."""
+    """A session whose requests without a timeout get timeout_s (connect and read),
+    and that takes nothing from the environment: no proxy, no CA bundle
+    (REQUESTS_CA_BUNDLE would override fleet.ca), no .netrc."""
 
     timeout_s: float = 1.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trust_env = False
 
     def request(self, method: Any, url: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         if kwargs.get("timeout") is None:
@@ -136,7 +152,7 @@ def short(cause: BaseException) -> str:
     with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
         text = str(json.loads(text)["error"]) or text
     for known, said in _KNOWN_CAUSES:
-        if known in text:
+        if known.lower() in text.lower():
             return said
     return text.strip().replace("\n", " ")[:120]
 
@@ -164,6 +180,7 @@ class Gateway:
         self.clients = [self._client(proto, host, port) for proto, host, port in self.endpoints]
         self.current = 0  # the endpoint that answered last
         self._token: str | None = None  # etcd's token for security.user
+        self.authentications = 0  # tokens asked for
 
     def _client(self, protocol: str, host: str, port: int) -> Etcd3Client:
         client = Etcd3Client(host=host, port=port, protocol=protocol, api_path="/v3/")
@@ -259,6 +276,7 @@ class Gateway:
             got = client.post(
                 client.get_url("/auth/authenticate"),
                 json={"name": sec.user, "password": sec.password},
+                headers={"Authorization": None},  # not the old token: etcd would refuse it
             )
         except (gw_errors.ConnectionFailedError, gw_errors.ConnectionTimeoutError):
             raise
@@ -270,5 +288,6 @@ class Gateway:
         if not isinstance(token, str) or not token:
             raise EngineUnavailable(f"etcd gave user {sec.user!r} no token")
         self._token = token
+        self.authentications += 1
         for c in self.clients:
             c.session.headers["Authorization"] = token

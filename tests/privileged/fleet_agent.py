@@ -1,7 +1,8 @@
 """One appliance's EtcdCoordinator in a process of its own, driven over stdin/stdout.
 
 Run inside a network namespace (`ip netns exec NS python fleet_agent.py ARRAY TTL
-ENDPOINT...`): reads one JSON request a line, {"op": "campaign", "args": ["vg0"]},
+ENDPOINT... [--ca F --cert F --key F --user U --password-file F]`): reads one
+JSON request a line, {"op": "campaign", "args": ["vg0"]},
 answers one JSON line, {"ok": result, "s": seconds} or {"err": "EngineUnavailable",
 "msg": "...", "s": seconds}.  While joined and idle it refreshes its lease every
 ttl/4 (as the daemon would every few ticks), so killing the process is an
@@ -10,6 +11,7 @@ appliance that dies: its lease then ends by itself.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import json
@@ -20,6 +22,7 @@ from typing import Any
 
 from santhrottle.appliance.fleet.engine import EngineUnavailable
 from santhrottle.appliance.fleet.etcd import EtcdCoordinator
+from santhrottle.appliance.fleet.gateway import Security
 
 
 def plain(v: Any) -> Any:
@@ -64,8 +67,20 @@ def bench(c: EtcdCoordinator, what: str, n: int) -> list[float]:
 
 
 def main() -> None:
-    array, ttl, endpoints = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-    c = EtcdCoordinator(array, endpoints, ttl_s=ttl)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("array")
+    ap.add_argument("ttl", type=int)
+    ap.add_argument("endpoints", nargs="+")
+    for opt in ("--ca", "--cert", "--key", "--user", "--password-file"):
+        ap.add_argument(opt)
+    a = ap.parse_args()
+    password = None
+    if a.password_file:
+        with open(a.password_file) as f:
+            password = f.readline().rstrip("\n")
+    sec = Security(a.ca, a.cert, a.key, a.user, password)
+    array, ttl = a.array, a.ttl
+    c = EtcdCoordinator(array, a.endpoints, ttl_s=ttl, security=sec)
     every_s = ttl / 4
     next_refresh = time.monotonic() + every_s
     refreshing = True
@@ -93,6 +108,8 @@ def main() -> None:
                 got = c.granted_ttl_s
             elif op == "lease":
                 got = c.lease
+            elif op == "authentications":
+                got = c.gateway.authentications
             elif op == "etcd_leader":
                 got = etcd_leader(c)
             elif op == "bench":

@@ -34,7 +34,7 @@ import pytest
 from santhrottle.appliance.daemon.control import request
 from santhrottle.appliance.fleet.agent import DEGRADED_AFTER_S
 from santhrottle.appliance.fleet.etcd import CALL_BUDGET_S, REQUEST_TIMEOUT_S
-from tests.privileged.etcd_cluster import NET, cluster, missing
+from tests.privileged.etcd_cluster import Credentials, appliance_grants, cluster, missing
 from tests.privileged.test_daemon_netns import _start
 
 pytestmark = pytest.mark.privileged
@@ -50,15 +50,15 @@ def sh(*cmd: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=30)
 
 
-@pytest.fixture
-def fleet(tmp_path):
-    why = missing()
+@contextlib.contextmanager
+def _fleet(tmp_path, secure: bool):
+    why = missing(secure)
     if why:
         pytest.skip(why)
     for tool in ("tc", "ipset", "iptables-restore"):
         if not shutil.which(tool):
             pytest.skip(f"{tool} is not installed")
-    tag = f"{os.getpid()}d"
+    tag = f"{os.getpid()}{'s' if secure else 'd'}"
     dps = [f"stfd-{tag}-{x}" for x in "ab"]
     procs: dict[str, subprocess.Popen] = {}
     try:
@@ -66,7 +66,7 @@ def fleet(tmp_path):
             sh("ip", "netns", "add", ns)
             sh("ip", "-n", ns, "link", "add", "st-d0", "type", "veth", "peer", "st-d1")
             sh("ip", "-n", ns, "link", "set", "st-d0", "up")
-        with cluster(tag) as c:
+        with cluster(tag, secure=secure) as c:
             yield c, dps, procs, tmp_path
             for p in procs.values():
                 if p.poll() is None:
@@ -82,15 +82,34 @@ def fleet(tmp_path):
             sh("ip", "netns", "del", ns)
 
 
-def start(fleet, name: str, member: int) -> str:
-    """santhrottled `name` in etcd member `member`'s namespace; its control socket."""
+@pytest.fixture
+def fleet(tmp_path):
+    with _fleet(tmp_path, secure=False) as f:
+        yield f
+
+
+@pytest.fixture
+def secure_fleet(tmp_path):
+    """TLS, client certificates and etcd's authentication on (etcd_cluster.Pki)."""
+    with _fleet(tmp_path, secure=True) as f:
+        f[0].enable_auth()
+        yield f
+
+
+def start(fleet, name: str, member: int, creds: Credentials | None = None, lead: bool = True):
+    """santhrottled `name` in etcd member `member`'s namespace; its control socket.
+    creds: its [fleet] ca, cert, key, user and password_file."""
     c, dps, procs, tmp = fleet
     d = tmp / name
     d.mkdir()
     sock = str(d / "control.sock")
     disk = next(iter(sorted(p.name for p in Path("/sys/block").iterdir())), "vda")
     order = [member, *(i for i in range(3) if i != member)]
-    endpoints = ", ".join(f'"{NET}.{i + 1}:2379"' for i in order)
+    endpoints = ", ".join(f'"{c.endpoint(i)}"' for i in order)
+    security = "" if lead else "lead = false\n"
+    for key in ("ca", "cert", "key", "user", "password_file"):
+        value = None if creds is None else getattr(creds, key)
+        security += "" if value is None else f'{key} = "{value}"\n'
     conf = d / "s.toml"
     conf.write_text(
         f'[daemon]\ncontrol_socket = "{sock}"\nnetns = "{dps["ab".index(name)]}"\n'
@@ -98,7 +117,7 @@ def start(fleet, name: str, member: int) -> str:
         f'[datapath]\ndevices = ["st-d0"]\nleaf = "pfifo"\nlink_speed = "10gbit"\n'
         f"[metrics]\nport = 0\n"
         f'[resources.r0]\nthreshold = "20ms"\ndevices = ["{disk}"]\n'
-        f'[fleet]\nendpoints = [{endpoints}]\narray = "arr"\nappliance = "{name}"\n'
+        f'[fleet]\nendpoints = [{endpoints}]\narray = "arr"\nappliance = "{name}"\n{security}'
     )
     procs[name] = _start(conf, sock, ("ip", "netns", "exec", c.ns[member]), d / "log")
     return sock
@@ -251,3 +270,28 @@ def test_a_forged_decision_with_a_huge_seq_never_wedges_the_follower(fleet, unde
     assert after["following"]["r0"]["seq"] < FORGED_SEQ
     if under == "no lease":  # never bound to the leader: never applied
         assert not any(d for _, d in seen)
+
+
+def test_over_tls_with_least_rights_users_a_follower_only_appliance_never_leads(secure_fleet):
+    """Both daemons on the secure cluster, each with its own etcd user and client
+    certificate; b's user may not write leaders or decisions (fleet.lead = false).
+    a leads, b follows; a killed, b controls on in fleet mode and never leads."""
+    c, _dps, procs, _tmp = secure_fleet
+    creds = {
+        "a": c.add_user("a", appliance_grants("arr", "a", lead=True)),
+        "b": c.add_user("b", appliance_grants("arr", "b", lead=False)),
+    }
+    socks = {"b": start(secure_fleet, "b", 1, creds["b"], lead=False)}
+    time.sleep(1.0)  # b first: it could campaign, and does not
+    socks["a"] = start(secure_fleet, "a", 0, creds["a"])
+    (_sa, sb), took = until(lambda: both_in_fleet(socks["a"], socks["b"]), 20.0, "both in fleet")
+    assert leader_of(socks["a"]) == "a" and sb["leading"] == []
+    until(lambda: "r0" in fs(socks["b"])["following"], 10.0, "b follows a")
+    print(f"\nTLS and users: both in fleet after {took:.2f} s; b follows a")
+    procs["a"].kill()  # SIGKILL, our own child: its lease ends by itself
+    procs["a"].wait(timeout=10)
+    until(lambda: fs(socks["b"])["members"] == ["b"], 10.0, "a's lease gone")
+    time.sleep(1.0)  # rounds in which b could campaign
+    st = fs(socks["b"])
+    assert st["mode"] == "fleet" and st["leaders"] == {} and st["leading"] == []
+    assert st["counters"]["elections_won"] == 0 and st["counters"]["failures"] == 0, st

@@ -13,6 +13,7 @@ from etcd3gw.client import Etcd3Client
 
 from santhrottle.appliance.fleet.engine import EngineUnavailable, LeaseLost
 from santhrottle.appliance.fleet.etcd import CALL_BUDGET_S, REQUEST_TIMEOUT_S, EtcdCoordinator
+from santhrottle.appliance.fleet.gateway import Security
 from santhrottle.appliance.fleet.names import check_name, parse_endpoint
 
 pytestmark = pytest.mark.unit
@@ -206,3 +207,70 @@ def test_a_refused_request_is_engine_unavailable_at_once(scripted):
     with pytest.raises(EngineUnavailable) as e:
         c.snapshot()
     assert "unexpected answer" in str(e.value) and len(s.urls) == 1
+
+
+@pytest.fixture
+def with_user(monkeypatch):
+    def make(*answers) -> tuple[EtcdCoordinator, Scripted]:
+        s = Scripted(*answers)
+        monkeypatch.setattr(Etcd3Client, "post", lambda client, url, *a, **k: s(client, url))
+        sec = Security(user="gw-a", password="pw")
+        return EtcdCoordinator("arr", ["h1:2379", "h2:2379"], security=sec), s
+
+    return make
+
+
+def err(text: str) -> gw_errors.Etcd3Exception:
+    return gw_errors.Etcd3Exception(json.dumps({"error": f"etcdserver: {text}", "code": 7}))
+
+
+def test_a_user_gets_a_token_that_every_endpoint_sends(with_user):
+    c, s = with_user({"token": "tok.1"}, {"header": {"revision": "3"}})
+    assert c.snapshot().revision == 3
+    assert [u.split("/", 3)[3] for u in s.urls] == ["v3/auth/authenticate", "v3/kv/range"]
+    assert all(cl.session.headers["Authorization"] == "tok.1" for cl in c.gateway.clients)
+
+
+def test_a_token_etcd_no_longer_knows_is_asked_for_again_once(with_user):
+    c, s = with_user(
+        {"token": "tok.1"}, {"header": {"revision": "3"}},
+        err("invalid auth token"), {"token": "tok.2"}, {"header": {"revision": "4"}},
+    )  # fmt: skip
+    c.snapshot()
+    assert c.snapshot().revision == 4
+    assert [u.rsplit("/", 1)[1] for u in s.urls] == [
+        "authenticate", "range", "range", "authenticate", "range",
+    ]  # fmt: skip
+    assert c.gateway.clients[1].session.headers["Authorization"] == "tok.2"
+
+
+@pytest.mark.parametrize(
+    ("answers", "message"),
+    [
+        ([err("authentication failed, invalid user ID or password")],
+         "etcd h1:2379: etcd refused user 'gw-a': etcdserver: authentication failed, invalid "
+         "user ID or password"),
+        ([{"token": "t"}, err("permission denied")], "etcd h1:2379: permission denied (user gw-a)"),
+        ([{"token": "t"}, err("invalid auth token"), {"token": "t2"}, err("invalid auth token")],
+         "etcd h1:2379: unexpected answer: etcdserver: invalid auth token"),
+    ],
+    ids=["bad password", "permission denied", "a token refused twice"],
+)  # fmt: skip
+def test_refused_credentials_are_engine_unavailable_naming_the_user(with_user, answers, message):
+    c, s = with_user(*answers)
+    with pytest.raises(EngineUnavailable) as e:
+        c.snapshot()
+    assert str(e.value) == message and not s.answers
+
+
+def test_no_user_on_a_cluster_that_asks_for_one(scripted):
+    c, _ = scripted(err("user name is empty"))
+    with pytest.raises(EngineUnavailable, match=r"set fleet\.user and fleet\.password_file"):
+        c.snapshot()
+
+
+def test_tls_needs_https_endpoints():
+    with pytest.raises(ValueError, match="every endpoint is https://"):
+        EtcdCoordinator("arr", ["https://h1:2379", "h2:2379"], security=Security(ca="/ca.pem"))
+    c = EtcdCoordinator("arr", ["https://h1:2379"], security=Security(ca="/ca.pem"))
+    assert c.gateway.clients[0].get_url("/kv/range") == "https://h1:2379/v3/kv/range"
