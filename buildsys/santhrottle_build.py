@@ -83,6 +83,11 @@ UNSET_EXAMPLES = {
     "bridge.array_port": '"eth2"',
     "fleet.array": '"array1"',
     "fleet.appliance": '"gw-a"',
+    "fleet.ca": '"/etc/santhrottle/etcd/ca.pem"',
+    "fleet.cert": '"/etc/santhrottle/etcd/client.pem"',
+    "fleet.key": '"/etc/santhrottle/etcd/client-key.pem"',
+    "fleet.user": '"santhrottle-array1-gw-a"',
+    "fleet.password_file": '"/etc/santhrottle/etcd/password"',
     "resources.NAME.threshold": '"15ms"',
 }
 

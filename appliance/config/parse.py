@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from santhrottle.appliance.addresses import AddressError, initiator_network
+from santhrottle.appliance.config.fleet import FIELDS as FLEET_FIELDS
+from santhrottle.appliance.config.fleet import fleet_fields
 from santhrottle.appliance.config.hosts import HostConfig, hosts
 from santhrottle.appliance.config.kinds import AUTO, NAME_RE, KindError, quote
 from santhrottle.appliance.config.schema import DEFAULT_PATH, KEYS, TABLES
@@ -173,16 +175,8 @@ _FIELD = {
     "metrics.port": "metrics_port",
     "bridge.name": "bridge_name",
     "bridge.sensor": "bridge_sensor",
-    "fleet.endpoints": "fleet_endpoints",
-    "fleet.array": "fleet_array",
-    "fleet.appliance": "fleet_appliance",
+    **{f"fleet.{k}": f"fleet_{k}" for k in FLEET_FIELDS},
     "fleet.lease_ttl": "fleet_lease_ttl_s",
-    "fleet.lead": "fleet_lead",
-    "fleet.ca": "fleet_ca",
-    "fleet.cert": "fleet_cert",
-    "fleet.key": "fleet_key",
-    "fleet.user": "fleet_user",
-    "fleet.password_file": "fleet_password_file",
 }
 RESTART_FIELDS = {k.dotted: _FIELD.get(k.dotted, k.name) for k in KEYS if k.restart}
 assert set(RESTART_FIELDS.values()) <= {f.name for f in fields(Config)}
@@ -298,12 +292,6 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
         write_heavy_share=c["write_heavy_share"],
     )
     m = r.table(data, "metrics", "metrics")
-    f = r.table(data, "fleet", "fleet")
-    if f["endpoints"] and not f["array"]:
-        raise r.fail("fleet.array", "is required with fleet.endpoints")
-    if f["lease_ttl"] != int(f["lease_ttl"]):
-        raise r.fail("fleet.lease_ttl", 'must be whole seconds (etcd\'s unit), e.g. "2s"')
-    _fleet_security(r, f)
     b = r.table(data, "bridge", "bridge")
     resources = _resources(r, data)
     static_map = _static_map(r, data)
@@ -345,30 +333,8 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
         array_port=b["array_port"],
         bridge_sensor=b["sensor"],
         hosts=hosts(r, data),
-        fleet_endpoints=f["endpoints"],
-        fleet_array=f["array"],
-        fleet_appliance=f["appliance"],
-        fleet_lease_ttl_s=int(f["lease_ttl"]),
-        fleet_lead=f["lead"],
-        fleet_ca=f["ca"],
-        fleet_cert=f["cert"],
-        fleet_key=f["key"],
-        fleet_user=f["user"],
-        fleet_password_file=f["password_file"],
+        **fleet_fields(r, data),
     )
-
-
-def _fleet_security(r: _Reader, f: dict[str, Any]) -> None:
-    """[fleet]'s TLS and user keys go in pairs; TLS asks for https:// endpoints."""
-    for a, b in (("cert", "key"), ("key", "cert"), ("user", "password_file"),
-                 ("password_file", "user")):  # fmt: skip
-        if f[a] is not None and f[b] is None:
-            raise r.fail(f"fleet.{b}", f"is required with fleet.{a}")
-    if f["ca"] is not None or f["cert"] is not None:
-        plain = [e for e in f["endpoints"] if not e.startswith("https://")]
-        if plain:
-            raise r.fail("fleet.endpoints", f"must be https://host:port with fleet.ca or "
-                         f"fleet.cert, got {plain[0]!r}")  # fmt: skip
 
 
 def _bridge_checks(

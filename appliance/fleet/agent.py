@@ -290,7 +290,11 @@ class FleetAgent:
                 self.coord.publish_samples(encode_published(mine))
                 self._sent_seq = seqs
         snap = self.coord.snapshot()
-        leaders = {resource_of(k): (lead.appliance, lead.epoch) for k, lead in snap.leaders.items()}
+        leaders = {  # a leader key without a lease is nobody's: campaign() replaces it
+            resource_of(k): (lead.appliance, lead.epoch)
+            for k, lead in snap.leaders.items()
+            if lead.lease != 0
+        }
         mine = self.coord.lease
         leading = {
             resource_of(k): lead.epoch

@@ -165,8 +165,9 @@ class Coordinator(Protocol):
     def members(self) -> list[Member]: ...
 
     def campaign(self, resource: str) -> Leadership | None:
-        """Become resource's leader if nobody is; my Leadership if I lead
-        (now or already), None if another appliance does."""
+        """Become resource's leader if nobody is (a leader key without a lease,
+        put by hand, is nobody's); my Leadership if I lead (now or already),
+        None if another appliance does."""
         ...
 
     def resign(self, resource: str) -> bool:

@@ -20,6 +20,10 @@ What it does
     records of it (its key's lease and mod_revision), which is what binds it
     to its leader (engine.Snapshot.current).
 
+    A leader key without a lease (put by hand: campaign() never makes one) is
+    nobody's leadership and would never end: campaign() deletes that version of
+    it (a transaction on its mod_revision) and campaigns again.
+
     Operations that retry on another endpoint may have been applied by the
     first one (its answer lost): each is idempotent.  campaign() returns my
     leadership if the leader key already has my lease; a repeated put writes
@@ -160,16 +164,23 @@ class EtcdCoordinator:
             "failure": [{"request_range": {"key": key}}],
         }
 
-        def interpret(c: Etcd3Client) -> Leadership | None:
+        def interpret(c: Etcd3Client) -> Leadership | int | None:
             got = c.transaction(txn)
             if got.get("succeeded"):
                 return Leadership(resource, me, int(got["header"]["revision"]), lease)
             kvs = got["responses"][0]["response_range"].get("kvs", [])
-            if kvs and int(kvs[0].get("lease", 0)) == lease:
+            held = int(kvs[0].get("lease", 0)) if kvs else -1
+            if held == lease:
                 return Leadership(resource, me, int(kvs[0]["create_revision"]), lease)
-            return None
+            return int(kvs[0]["mod_revision"]) if held == 0 else None
 
-        return self._call(interpret)
+        got = self._call(interpret)
+        if isinstance(got, int):  # a leader key without a lease: nobody's leadership
+            orphan = {"key": key, "result": "EQUAL", "target": "MOD", "mod_revision": got}
+            self._txn_ok({"compare": [orphan], "success": [{"request_delete_range": {"key": key}}],
+                          "failure": []})  # fmt: skip
+            got = self._call(interpret)
+        return got if isinstance(got, Leadership) else None
 
     def resign(self, resource: str) -> bool:
         key = self._enc(self._key("leader", check_name("resource", resource)))

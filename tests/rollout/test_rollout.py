@@ -109,6 +109,18 @@ SCENARIOS = {
         "santhrottle_fleet_array": "array1",
         "santhrottle_fleet_appliance": "gw-a",
     },
+    "fleet_tls": {
+        **BRIDGE,
+        "santhrottle_fleet_endpoints": ["https://10.77.0.1:2379", "https://10.77.0.2:2379"],
+        "santhrottle_fleet_array": "array1",
+        "santhrottle_fleet_appliance": "gw-b",
+        "santhrottle_fleet_lead": False,
+        "santhrottle_fleet_ca_src": "/ctl/pki/ca.pem",
+        "santhrottle_fleet_cert_src": "/ctl/pki/gw-b.pem",
+        "santhrottle_fleet_key_src": "/ctl/pki/gw-b-key.pem",
+        "santhrottle_fleet_user": "santhrottle-array1-gw-b",
+        "santhrottle_fleet_password": "not-rendered",
+    },
     "paths": {
         "santhrottle_venv": "/srv/st/venv",
         "santhrottle_config_path": "/srv/st/etc/st.toml",
@@ -342,6 +354,19 @@ def _etcd_environment(path: Path) -> dict[str, str]:
             assert re.fullmatch(r"ETCD_[A-Z_]+", key), line
             env[key] = json.loads(value)
     return env
+
+
+def test_fleet_tls_renders_the_files_the_role_installs_and_the_user(rendered):
+    text = (rendered["fleet_tls"] / "santhrottle.toml").read_text()
+    cfg = parse_config(text, "fleet_tls.toml")
+    d = "/etc/santhrottle/etcd"
+    assert (cfg.fleet_ca, cfg.fleet_cert, cfg.fleet_key, cfg.fleet_password_file) == (
+        f"{d}/ca.pem", f"{d}/client.pem", f"{d}/client-key.pem", f"{d}/password",
+    )  # fmt: skip
+    assert cfg.fleet_user == "santhrottle-array1-gw-b" and cfg.fleet_lead is False
+    assert "not-rendered" not in text  # the password goes to its file, never the config
+    plain = parse_config((rendered["fleet"] / "santhrottle.toml").read_text(), "fleet.toml")
+    assert plain.fleet_lead and plain.fleet_user is None and plain.fleet_ca is None
 
 
 def test_the_example_fleet_renders_its_appliances_and_its_etcd_members(playbook_bin, tmp_path):
@@ -896,7 +921,10 @@ def test_the_roles_restart_keys_are_the_schemas():
                  "bridge_array_port": "bridge.array_port",
                  "bridge_sensor": "bridge.sensor", "fleet_endpoints": "fleet.endpoints",
                  "fleet_array": "fleet.array", "fleet_appliance": "fleet.appliance",
-                 "fleet_lease_ttl": "fleet.lease_ttl"}  # fmt: skip
+                 "fleet_lease_ttl": "fleet.lease_ttl", "fleet_lead": "fleet.lead",
+                 "fleet_ca": "fleet.ca", "fleet_cert": "fleet.cert", "fleet_key": "fleet.key",
+                 "fleet_user": "fleet.user",
+                 "fleet_password_file": "fleet.password_file"}  # fmt: skip
     covered = {as_schema.get(k, f"datapath.{k}") for k in role}
     unwritten = {"daemon.socket_mode", "daemon.socket_group", "daemon.state_dir"}
     restart = {k.dotted for k in KEYS if k.restart} - unwritten

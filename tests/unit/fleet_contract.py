@@ -209,4 +209,20 @@ def check_a_decision_is_current_only_when_its_leader_wrote_it(new: New, forge: F
     assert got is not None and dict(got.payload) == {"seq": 4}
 
 
-FORGERY_CHECKS = [check_a_decision_is_current_only_when_its_leader_wrote_it]
+def check_a_leader_key_put_by_hand_is_nobodys_leadership(new: New, forge: Forger) -> None:
+    """Without a lease it would never end: a campaign replaces it, at a new epoch."""
+    a, b = joined(new, "a", "b")
+    first = a.campaign("vg0")
+    assert first is not None
+    forge.put("leader/vg0", {"not": "a name"})  # overwrites a's key: no lease any more
+    held = b.snapshot().leaders.get("vg0")
+    assert held is None or held.lease == 0  # (a value that is no name is skipped)
+    got = b.campaign("vg0")
+    assert got is not None and got.appliance == "b" and got.epoch > first.epoch
+    assert b.leader("vg0") == got and a.campaign("vg0") is None
+
+
+FORGERY_CHECKS = [
+    check_a_decision_is_current_only_when_its_leader_wrote_it,
+    check_a_leader_key_put_by_hand_is_nobodys_leadership,
+]

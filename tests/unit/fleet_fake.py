@@ -144,6 +144,9 @@ class FakeCoordinator:
         key = self._key("leader", check_name("resource", resource))
         lease = self._my_lease()
         held = self.engine.kv.get(key)
+        if held is not None and held.lease == 0:  # put by hand: nobody's leadership
+            self.engine.delete(key)
+            held = None
         if held is None:
             epoch = self.engine.put(key, self._appliance, lease)
             return Leadership(resource, self._appliance or "", epoch, lease)
