@@ -138,7 +138,7 @@ class AgentCounters:
     leases_lost: int = 0
     elections_won: int = 0
     refused: int = 0  # decisions the engine refused (deposed leader)
-    bad_payloads: int = 0  # others' samples or decisions that did not decode
+    bad_payloads: int = 0  # others' samples or decisions that did not decode; refused members
     unbound: int = 0  # decisions not written under the current leadership (versions)
 
 
@@ -179,6 +179,7 @@ class FleetAgent:
         self._sent_seq: tuple[int, int] | None = None  # (tick seq, conv seq) published
         self._published: dict[str, tuple[int, int]] = {}  # resource -> (epoch, seq) sent
         self._unbound_seen: dict[str, int] = {}  # resource -> revision of an unbound decision
+        self._refused_seen: dict[str, int] = {}  # resource -> revision whose refusals were said
         self._ok_s: float | None = None
         self._reason = "not joined yet"
         self._view = FleetView(coordinator.array, appliance, True, self._reason)
@@ -374,6 +375,11 @@ class FleetAgent:
                 self.counters.bad_payloads += 1
                 log.debug("fleet: decision for %s: %s", r, e)
                 continue
+            if classes.refused and self._refused_seen.get(r) != dec.revision:
+                self._refused_seen[r] = dec.revision
+                self.counters.bad_payloads += len(classes.refused)
+                said = "; ".join(classes.refused)
+                log.warning("fleet %s: decision for %s, dropped: %s", self.coord.array, r, said)
             followed[r] = Followed(r, lead[0], lead[1], classes, dec.revision)
         view = FleetView(
             self.coord.array, self.name, False, "", snap.revision, 0.0,

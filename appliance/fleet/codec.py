@@ -44,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from santhrottle.appliance.addresses import AddressError, initiator_address
 from santhrottle.controller.domain import (
     DeviceSample,
     IoSample,
@@ -218,11 +219,14 @@ def _nested(where: str, raw: Any) -> SampleBatch:
 @dataclass(frozen=True, slots=True)
 class LeaderClasses:
     """A resource leader's decision: its seq (per tick), the resource's class,
-    and the class of each member initiator (ramps included)."""
+    and the class of each member initiator (ramps included).  refused: what a
+    decoded decision named that no initiator has (appliance/addresses.py),
+    with why; dropped from members, never encoded."""
 
     seq: int
     delay_class: int
     members: dict[str, int]
+    refused: tuple[str, ...] = ()
 
 
 def encode_classes(d: LeaderClasses) -> dict[str, Any]:
@@ -231,7 +235,10 @@ def encode_classes(d: LeaderClasses) -> dict[str, Any]:
 
 def decode_classes(raw: Any, max_class: int) -> LeaderClasses:
     """The decision in raw, or BadSamples; classes above max_class are refused
-    (another appliance's ladder: its classes mean other delays here)."""
+    (another appliance's ladder: its classes mean other delays here).  Each
+    member goes through the one check of initiator addresses
+    (appliance/addresses.py): in its canonical form, or dropped and said in
+    .refused (0.0.0.0, a multicast address...: the rest of the decision holds)."""
     if not isinstance(raw, dict):
         raise BadSamples("decision", "not an object")
     for key in ("v", "seq", "class", "members"):
@@ -243,11 +250,17 @@ def decode_classes(raw: Any, max_class: int) -> LeaderClasses:
     k = _class("class", raw["class"], max_class)
     if not isinstance(raw["members"], dict):
         raise BadSamples("members", "not an object")
-    members = {
-        _name("members", ini): _class(f"members.{ini}", v, max_class)
-        for ini, v in raw["members"].items()
-    }
-    return LeaderClasses(seq, k, members)
+    members: dict[str, int] = {}
+    refused: list[str] = []
+    for ini, v in raw["members"].items():
+        cls = _class(f"members.{_name('members', ini)}", v, max_class)
+        try:
+            addr = initiator_address(ini)
+        except AddressError as e:
+            refused.append(str(e))
+            continue
+        members[addr] = max(cls, members.get(addr, 0))
+    return LeaderClasses(seq, k, members, tuple(refused))
 
 
 def _class(field: str, v: Any, max_class: int) -> int:

@@ -201,3 +201,15 @@ def test_an_appliance_that_may_not_lead_never_campaigns():
     b.want({"vg0"})
     cycles(e, [a, b], 2)
     assert a.view().leaders["vg0"][0] == "b" and a.view().leading == {}
+
+
+def test_a_decision_member_no_initiator_has_is_dropped_and_counted_once():
+    e = FakeEngine()
+    a, b = agent(e, "a"), agent(e, "b")
+    a.want({"vg0"})
+    cycles(e, [a, b])
+    epoch = a.view().leading["vg0"]
+    a.offer_decision("vg0", epoch, LeaderClasses(5, 4, {"0.0.0.0": 4, "10.0.0.3": 4}))
+    cycles(e, [a, b], 3)  # the same decision read three times: said once
+    f = b.view().followed["vg0"]
+    assert f.classes.members == {"10.0.0.3": 4} and b.counters.bad_payloads == 1

@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from santhrottle.appliance.fleet.codec import FORMAT, BadSamples, SampleBatch, decode, encode
+from santhrottle.appliance.fleet.codec import (
+    FORMAT,
+    BadSamples,
+    SampleBatch,
+    decode,
+    decode_classes,
+    encode,
+    encode_classes,
+)
 from santhrottle.controller.domain import DeviceSample, IoSample, ReadSample, Samples, WriteSample
 
 pytestmark = pytest.mark.unit
@@ -146,3 +154,18 @@ def test_not_an_object(raw):
 
 def test_format_is_the_encoders():
     assert encode(BATCH)["v"] == FORMAT
+
+
+def test_decision_members_go_through_the_one_address_check():
+    """appliance/addresses.py: canonical forms kept, what no initiator has dropped
+    with why, the rest of the decision holds."""
+    raw = {"v": 1, "seq": 3, "class": 7, "members": {
+        "FD00:0::2": 5, "::ffff:10.0.0.3": 6, "10.0.0.3": 4, "0.0.0.0": 7, "224.0.0.1": 7,
+        "fe80::1%eth1": 7, "10.0.0.9": 2,
+    }}  # fmt: skip
+    got = decode_classes(raw, 88)
+    assert got.members == {"fd00::2": 5, "10.0.0.3": 6, "10.0.0.9": 2}
+    assert len(got.refused) == 3
+    assert "'0.0.0.0' is unspecified" in got.refused[0]
+    assert "multicast" in got.refused[1] and "link-local" in got.refused[2]
+    assert encode_classes(got) == {"v": 1, "seq": 3, "class": 7, "members": got.members}

@@ -121,15 +121,16 @@ WITHOUT_CLIENT = BLOCKED + textwrap.dedent("""
         if m.name not in skipped and not m.name.endswith("__main__"):
             importlib.import_module(m.name)
     from prometheus_client import generate_latest
+    from santhrottle.appliance.daemon.status.build import StatusCache
     from santhrottle.appliance.daemon.status.metrics import registry_for
     from santhrottle.appliance.daemon.main import build_fleet
     from santhrottle.appliance.config import parse_config
-    from tests.unit.test_daemon import make, run_for
+    from tests.unit.test_daemon import make, run_for, status_of
     d, vt, _s, act = make()
     run_for(d, vt, 5.0)
     assert act.kernel, "the writer is delayed"
-    assert d.status()["fleet"] is None
-    assert b"santhrottle_ticks_total" in generate_latest(registry_for(d))
+    assert status_of(d)["fleet"] is None
+    assert b"santhrottle_ticks_total" in generate_latest(registry_for(StatusCache(d)))
     try:
         build_fleet(parse_config(sys.argv[1], "t.toml"))
     except ValueError as e:

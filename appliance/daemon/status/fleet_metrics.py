@@ -51,7 +51,8 @@ FLEET_COUNTERS = (
     (
         "santhrottle_fleet_bad_payloads",
         "bad_payloads",
-        "Other appliances' samples or decisions that did not decode (skipped)",
+        "Other appliances' samples or decisions that did not decode (skipped), and decision "
+        "members whose address no initiator has (dropped)",
     ),
     (
         "santhrottle_fleet_unbound_decisions",
