@@ -43,6 +43,8 @@ def fleet_fields(r: Reader, data: dict[str, Any]) -> dict[str, Any]:
     if f["ca"] is not None or f["cert"] is not None:
         plain = [e for e in f["endpoints"] if not e.startswith("https://")]
         if plain:
-            raise r.fail("fleet.endpoints", "must be https://host:port with fleet.ca or "
-                         f"fleet.cert, got {plain[0]!r}")  # fmt: skip
+            raise r.fail(
+                "fleet.endpoints",
+                f"must be https://host:port with fleet.ca or fleet.cert, got {plain[0]!r}",
+            )
     return {f"fleet_{k}": f[k] for k in FIELDS} | {"fleet_lease_ttl_s": int(f["lease_ttl"])}

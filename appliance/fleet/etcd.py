@@ -177,8 +177,13 @@ class EtcdCoordinator:
         got = self._call(interpret)
         if isinstance(got, int):  # a leader key without a lease: nobody's leadership
             orphan = {"key": key, "result": "EQUAL", "target": "MOD", "mod_revision": got}
-            self._txn_ok({"compare": [orphan], "success": [{"request_delete_range": {"key": key}}],
-                          "failure": []})  # fmt: skip
+            self._txn_ok(
+                {
+                    "compare": [orphan],
+                    "success": [{"request_delete_range": {"key": key}}],
+                    "failure": [],
+                }
+            )
             got = self._call(interpret)
         return got if isinstance(got, Leadership) else None
 

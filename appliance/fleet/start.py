@@ -58,8 +58,12 @@ def _client_missing() -> str | None:
 
 
 def _files(cfg: Config) -> list[tuple[str, str]]:
-    keys = (("ca", cfg.fleet_ca), ("cert", cfg.fleet_cert), ("key", cfg.fleet_key),
-            ("password_file", cfg.fleet_password_file))  # fmt: skip
+    keys = (
+        ("ca", cfg.fleet_ca),
+        ("cert", cfg.fleet_cert),
+        ("key", cfg.fleet_key),
+        ("password_file", cfg.fleet_password_file),
+    )
     return [(f"fleet.{k}", p) for k, p in keys if p is not None]
 
 
@@ -112,9 +116,11 @@ def coordinator_for(cfg: Config) -> EtcdCoordinator:
         )
         security = Security(cfg.fleet_ca, cfg.fleet_cert, cfg.fleet_key, cfg.fleet_user, password)
         return EtcdCoordinator(
-            str(cfg.fleet_array), cfg.fleet_endpoints, ttl_s=cfg.fleet_lease_ttl_s,
+            str(cfg.fleet_array),
+            cfg.fleet_endpoints,
+            ttl_s=cfg.fleet_lease_ttl_s,
             security=security,
-        )  # fmt: skip
+        )
     except UnicodeDecodeError as e:
         raise FleetSetupError(f"fleet.password_file: not UTF-8 text ({e.reason})") from None
     except ValueError as e:
@@ -142,9 +148,12 @@ def agent_for(cfg: Config) -> FleetAgent:
     how += ["TLS"] if coord.gateway.security.tls else []
     how += [] if cfg.fleet_lead else ["follower only"]
     log.info(
-        "fleet: %s as %s on %s%s", cfg.fleet_array, name, ", ".join(cfg.fleet_endpoints),
+        "fleet: %s as %s on %s%s",
+        cfg.fleet_array,
+        name,
+        ", ".join(cfg.fleet_endpoints),
         f" ({', '.join(how)})" if how else "",
-    )  # fmt: skip
+    )
     for p in problems(cfg):  # secrets others may read: started, but said
         log.warning("fleet: %s", p)
     return agent
