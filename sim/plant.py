@@ -18,6 +18,12 @@ Streams
         X = min(r, q / (L + d)); at its cap it loads the device as an open
         stream of r IOPS
 
+Noise (lognormal_params, mean_of_n)
+    A read's latency is L times a lognormal factor of mean 1 and relative
+    standard deviation s (the resource's `noise`); the mean of n reads
+    scatters by s / sqrt(n) (a fluid of closed-loop reads, a tick's device
+    sample).
+
 Fixed point
     g(L) = L - C - m * (Lambda * L + sum_i q_i * L / (L + d_i)) = 0,
     Lambda = sum of open-loop rates. L/(L+d) is concave, so g is convex,
@@ -38,6 +44,7 @@ Worked example (hand-solved in the unit tests)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -113,10 +120,16 @@ def closed_latency(
     E.g. C = 10 ms, m = 5 ms, a reader of depth 1 capped at 25/s and a writer of
     depth 2: uncapped the reader would do 1 / L > 25/s, so L = solve_latency(dev, 25,
     [(2, 0)]) and the rates are [25, 2 / L]."""
+    if not any(c.cap_iops for c in closed):  # no caps: one round (the loop's first)
+        by_delay: dict[float, float] = {}  # streams with one delay act as one
+        for c in closed:
+            by_delay[c.delay_s] = by_delay.get(c.delay_s, 0.0) + c.depth
+        lat = solve_latency(dev, open_iops, [(q, d) for d, q in by_delay.items()])
+        return lat, [c.depth / (lat + c.delay_s) for c in closed]
     capped: set[int] = set()
     lat = 0.0
     for _ in range(CAP_ROUNDS_MAX):
-        by_delay: dict[float, float] = {}  # streams with one delay act as one
+        by_delay = {}
         for i, c in enumerate(closed):
             if i not in capped:
                 by_delay[c.delay_s] = by_delay.get(c.delay_s, 0.0) + c.depth
@@ -133,3 +146,15 @@ def closed_latency(
     return lat, [
         c.cap_iops if i in capped else c.depth / (lat + c.delay_s) for i, c in enumerate(closed)
     ]
+
+
+def lognormal_params(rel_sd: float) -> tuple[float, float]:
+    s2 = math.log1p(rel_sd * rel_sd)
+    return -s2 / 2.0, math.sqrt(s2)
+
+
+def mean_of_n(rel_sd: float, n: float, g: float) -> float:
+    """A mean-1 lognormal factor for the mean of n IOs of relative spread rel_sd
+    (its spread rel_sd / sqrt(n)), from the standard normal draw g."""
+    mu, sd = lognormal_params(rel_sd / math.sqrt(max(n, 1.0)))
+    return math.exp(mu + sd * g)

@@ -49,7 +49,9 @@ from functools import partial
 from typing import Any
 
 from . import plantgen
-from .engine import RunResult, best_constant_class, run, summarize
+from .experiment import best_constant_class
+from .loop import run
+from .measure import RunResult, summarize
 from .scenario import Scenario, ScenarioError, parse_scenario
 
 # ---------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from santhrottle.appliance.cli.common import (
 )
 from santhrottle.appliance.textfile import read_text_file
 from santhrottle.appliance.units import fmt_ms
-from santhrottle.sim.engine import simulate
+from santhrottle.sim.experiment import simulate
 from santhrottle.sim.plant import SaturatedError
 from santhrottle.sim.plantgen import generate
 from santhrottle.sim.scenario import ScenarioError, parse_scenario

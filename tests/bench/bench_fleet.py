@@ -23,8 +23,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from santhrottle.sim.engine import percentile
 from santhrottle.sim.fleet import FleetCase, fleet_compare, fleet_summary, run_fleet
+from santhrottle.sim.measure import percentile
 from santhrottle.sim.scenario import parse_scenario
 
 SCENARIOS = Path(__file__).parents[2] / "sim" / "scenarios"

@@ -12,7 +12,9 @@ imported through a shim package (santhrottle.controller / .sim / .appliance /
 .bridge pointing into it) on PYTHONPATH, ahead of this checkout's editable
 install; REV's own tests/bench/run.py measures it, or with --same-bench
 this checkout's (the same workload for both, where the bench changed
-since REV; REV's code must then have the API the bench calls).  The
+since REV; REV's code must then have the API the bench calls); a bench
+REV's run.py does not have is always this checkout's (bench_sim.py finds
+either layout of the simulator).  The
 directory is removed at the end.
 
     .venv/bin/python tests/bench/compare.py --against b858db4 datapath sensing
@@ -37,7 +39,10 @@ FIGURES = {
     "sensing": ("full_pass_ms_median", "tick_ms_median", "converge_ms_median"),
     "controller": ("tick_ms_median", "converge_tick_ms_median"),
     "controller-closed": ("tick_ms_median", "converge_tick_ms_median"),
+    "simulator": ("paper_s_median",),
 }
+# figures in seconds rather than milliseconds
+SECONDS = {"paper_s_median"}
 
 
 def _extract(rev: str, into: Path) -> Path:
@@ -88,7 +93,9 @@ def main() -> int:
         for r in range(args.rounds):
             for name in args.names:
                 runs[name]["this"].append(run_bench(ROOT / "tests/bench/run.py", name, None))
-                bench = ROOT if args.same_bench else src
+                # REV's own bench, unless asked for this one's or REV has none of that name
+                own = f'"{name}":' in (src / "tests/bench/run.py").read_text()
+                bench = ROOT if args.same_bench or not own else src
                 runs[name]["rev"].append(run_bench(bench / "tests/bench/run.py", name, env))
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
         shutil.rmtree(Path(tmp) / "shim", ignore_errors=True)
@@ -114,10 +121,11 @@ def main() -> int:
           f"{args.against[:12] + ': median [min..max]':>32} {'ratio':>6}")  # fmt: skip
     for f in out:
         t, v = f["this"], f["rev"]
+        unit = "s " if f["figure"] in SECONDS else "ms"
         print(
             f"{f['bench']:<10} {f['figure']:<24} "
-            f"{statistics.median(t):>10.2f} [{min(t):.2f}..{max(t):.2f}] ms  "
-            f"{statistics.median(v):>10.2f} [{min(v):.2f}..{max(v):.2f}] ms {f['ratio']:>6.2f}"
+            f"{statistics.median(t):>10.2f} [{min(t):.2f}..{max(t):.2f}] {unit}  "
+            f"{statistics.median(v):>10.2f} [{min(v):.2f}..{max(v):.2f}] {unit} {f['ratio']:>6.2f}"
         )
     return 0
 

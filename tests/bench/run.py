@@ -23,6 +23,7 @@ from bench_fleet import bench_fleet
 from bench_groups import bench_groups
 from bench_ladder import bench_ladder
 from bench_sensing import bench_sensing
+from bench_sim import bench_sim
 from bench_wire import bench_wire
 
 from santhrottle.controller.domain import (
@@ -123,6 +124,7 @@ BENCHES: dict[str, Callable[[], dict]] = {
     "wire": bench_wire,
     "groups": bench_groups,
     "fleet": bench_fleet,
+    "simulator": bench_sim,
 }
 
 

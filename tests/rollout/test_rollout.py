@@ -811,7 +811,7 @@ def test_sdist_and_wheel_build(tmp_path):
         "santhrottle/appliance/config/schema.py",
         "santhrottle/appliance/sensing/lio.py",
         "santhrottle/controller/step.py",
-        "santhrottle/sim/engine.py",
+        "santhrottle/sim/loop.py",
         "santhrottle/sim/scenarios/paper.toml",
         "santhrottle/bridge/__init__.py",
     ):

@@ -26,8 +26,7 @@ from santhrottle.controller.domain import (
     Samples,
     WriteSample,
 )
-from santhrottle.sim import engine as sim
-from santhrottle.sim import plantgen, sweep
+from santhrottle.sim import experiment, loop, measure, plantgen, sweep
 from santhrottle.sim.scenario import parse_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "sim" / "scenarios"
@@ -56,11 +55,13 @@ def wide_step(n_resources: int = 200, n_initiators: int = 2000, ticks: int = 100
 def main() -> int:
     out: dict[str, object] = {"step_from": step_module.__file__}
     paper = parse_scenario((SCENARIOS / "paper.toml").read_text())
-    out["paper"] = sim.simulate(paper, baseline=False)
-    out["groups"] = sim.simulate(parse_scenario((SCENARIOS / "groups.toml").read_text()), False)
+    out["paper"] = experiment.simulate(paper, baseline=False)
+    out["groups"] = experiment.simulate(
+        parse_scenario((SCENARIOS / "groups.toml").read_text()), False
+    )
     out["plants"] = [sweep.judge(i, 1, sweep.VARIANTS) for i in range(2)]
     auto = parse_scenario(plantgen.generate(2, 0))
-    out["auto"] = sim.summarize(auto, sim.run(auto, threshold_s=math.inf, auto=True))
+    out["auto"] = measure.summarize(auto, loop.run(auto, threshold_s=math.inf, auto=True))
     out["wide_step"] = wide_step()
     json.dump(out, sys.stdout, default=repr, sort_keys=True)
     return 0

@@ -43,13 +43,9 @@ CONTROLLER_CALLS = (
 )
 # the simulator's modules, newest layout first (the simulator in sim/, or in controller/)
 LAYOUT = {
-    "engine": ("santhrottle.sim.engine", "santhrottle.controller.sim"),
-    "measure": ("santhrottle.sim.measure", "santhrottle.sim.engine", "santhrottle.controller.sim"),
-    "baseline": (
-        "santhrottle.sim.experiment",
-        "santhrottle.sim.engine",
-        "santhrottle.controller.sim",
-    ),
+    "engine": ("santhrottle.sim.loop", "santhrottle.controller.sim"),
+    "measure": ("santhrottle.sim.measure", "santhrottle.controller.sim"),
+    "baseline": ("santhrottle.sim.experiment", "santhrottle.controller.sim"),
     "scenario": ("santhrottle.sim.scenario", "santhrottle.controller.scenario"),
     "plantgen": ("santhrottle.sim.plantgen", "santhrottle.controller.plantgen"),
     "sweep": ("santhrottle.sim.sweep", "santhrottle.controller.sweep"),

@@ -10,8 +10,7 @@ import statistics
 
 import pytest
 
-from santhrottle.sim import engine as sim
-from santhrottle.sim import plantgen
+from santhrottle.sim import loop, plantgen
 from santhrottle.sim.scenario import parse_scenario
 
 pytestmark = pytest.mark.sim
@@ -24,7 +23,7 @@ def test_the_auto_threshold_is_within_15_percent_of_the_plants_after_60_s():
     for i in range(PLANTS):
         sc = parse_scenario(plantgen.generate(2, i))
         assert sc.duration_s >= AT_S
-        r = sim.run(sc, threshold_s=math.inf, auto=True)
+        r = loop.run(sc, threshold_s=math.inf, auto=True)
         res = sc.resources[0]
         true_s = res.intercept_s / (1.0 - sc.controller.auto_alpha)
         s = r.series

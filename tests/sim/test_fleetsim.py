@@ -4,8 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from santhrottle.sim.engine import run, summarize
-from santhrottle.sim.fleet import FleetCase, _flows, fleet_summary, run_fleet
+from santhrottle.sim.fleet import FleetCase, fleet_summary, run_fleet
+from santhrottle.sim.loop import run
+from santhrottle.sim.measure import summarize
+from santhrottle.sim.paths import flows
 from santhrottle.sim.plant import Device, closed_latency
 from santhrottle.sim.scenario import parse_scenario
 
@@ -61,8 +63,8 @@ def test_service_time_sends_the_ios_to_the_undelayed_path():
     f = (0.9, 0.1)
     closed = [(_Stream(), f, [0.010, 0.0])]
     dev = Device(0.002, 0.003)
-    rr, _ = _flows(closed, "round-robin")
-    st, owner = _flows(closed, "service-time")
+    rr, _ = flows(closed, "round-robin")
+    st, owner = flows(closed, "service-time")
     assert [c.delay_s for c in rr] == [pytest.approx(0.009)]
     _lat, rates = closed_latency(dev, 0.0, st)
     assert owner == [(0, 0), (0, 1)]

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from santhrottle.sim.engine import run
 from santhrottle.sim.groups import group_summary
+from santhrottle.sim.loop import run
 from santhrottle.sim.scenario import parse_scenario
 
 SCENARIOS = Path(__file__).parents[2] / "sim" / "scenarios"

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from santhrottle.sim.engine import TRANSIENT_S, simulate
+from santhrottle.sim.experiment import simulate
+from santhrottle.sim.measure import TRANSIENT_S
 from santhrottle.sim.scenario import parse_scenario
 
 PAPER = Path(__file__).parents[2] / "sim" / "scenarios" / "paper.toml"

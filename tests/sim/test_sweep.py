@@ -64,7 +64,9 @@ def test_summary_is_consistent_with_the_plants(result):
 def test_the_oracle_holds_every_resource_at_its_class():
     """sim.run's oracle_class: the class never leaves it, members reach it through
     the ramp, and a write-heavy plant's oracle holds T (plant 1/0 needs a delay)."""
-    from santhrottle.sim.engine import best_constant_class, run, summarize
+    from santhrottle.sim.experiment import best_constant_class
+    from santhrottle.sim.loop import run
+    from santhrottle.sim.measure import summarize
 
     sc = parse_scenario(plantgen.generate(1, 0))
     thr = sc.thresholds_s[0]

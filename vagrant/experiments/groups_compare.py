@@ -45,8 +45,8 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(CHECKOUT.parent))
 
 from santhrottle.appliance.config.kinds import throughput  # noqa: E402
-from santhrottle.sim.engine import run  # noqa: E402
 from santhrottle.sim.groups import group_summary  # noqa: E402
+from santhrottle.sim.loop import run  # noqa: E402
 from santhrottle.sim.plant import Closed, Device, closed_latency  # noqa: E402
 from santhrottle.sim.scenario import Scenario, parse_scenario  # noqa: E402
 
@@ -128,7 +128,7 @@ CALIBRATION_STEPS = 18
 
 def uncontrolled_latency_s(sc: Scenario) -> float:
     """The simulator's plant latency with nobody delayed, every stream on: its fixed
-    point (sim/engine.py's, without noise)."""
+    point (sim/loop.py's, without noise)."""
     r = sc.resources[0]
     closed = [Closed(s.depth, s.overhead_s, s.rate_iops) for s in sc.streams if s.loop == "closed"]
     open_iops = sum(s.rate_iops for s in sc.streams if s.loop == "open")

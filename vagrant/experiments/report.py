@@ -59,7 +59,7 @@ FULL_RUN_SMP = 1
 
 
 def percentile(xs: list[float], q: float) -> float:
-    from santhrottle.sim.engine import percentile as pct
+    from santhrottle.sim.measure import percentile as pct
 
     return pct(xs, q)
 
@@ -313,7 +313,8 @@ def calibrate_overhead(raw: dict, c: float, m: float, noise: float, p50_s: float
     session-6 runs.  Calibrated on the uncontrolled median, the simulator
     reproduces that run; its uncontrolled p95 and every controlled figure
     are then predictions."""
-    from santhrottle.sim.engine import run, summarize
+    from santhrottle.sim.loop import run
+    from santhrottle.sim.measure import summarize
     from santhrottle.sim.scenario import parse_scenario
 
     lo, hi = 0.0, CALIBRATION_MAX_OVERHEAD_S
@@ -330,7 +331,7 @@ def calibrate_overhead(raw: dict, c: float, m: float, noise: float, p50_s: float
 def simulate_lab(raw: dict, c: float, m: float, noise: float, overhead_s: float = 0.0) -> dict:
     """The same experiment in the simulator, with the lab's fitted device (and, when the
     lab searched for the best static delay, the simulator's best constant class)."""
-    from santhrottle.sim.engine import simulate
+    from santhrottle.sim.experiment import simulate
     from santhrottle.sim.scenario import parse_scenario
 
     text = lab_scenario(raw, c, m, noise, overhead_s)

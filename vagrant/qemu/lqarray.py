@@ -7,7 +7,7 @@
 # Data lives in a sparse file; only the timing is modelled.  Models:
 #
 #   lq      Pesto's LQ line on the mean queue, the simulator's plant
-#           (sim/plant.py, sim/engine.py): every IO, read or write
+#           (sim/plant.py, sim/loop.py): every IO, read or write
 #           of any size, takes L = C + m * Qbar, Qbar the number of IOs in
 #           flight at this server averaged (exponentially, time constant
 #           tau_ms) up to the IO's arrival.  In steady state the mean of

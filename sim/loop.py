@@ -1,0 +1,420 @@
+"""The simulation loop: the controller against the plant, one loop for one path or N.
+
+Problem
+    Tune and judge the controller without a kernel: the same step() the
+    daemon runs (controller/step.py), against a plant from Pesto's model
+    (sim/plant.py). One appliance sees every IO of the array; a fleet of N
+    appliances (sim/fleet.py) each sees the IOs of its path. Both are this
+    one loop: a run has N paths (sim/paths.py; one for one appliance) and a
+    control that turns what each path's sensor saw (sim/sensors.py) into
+    the classes each path applies.
+
+What one run does (every dt, the scenario's sim_step_s, 10 ms by default)
+    1. Streams switch on/off by their schedules.
+    2. Per resource, the device latency L is the fixed point of
+       sim/plant.py with the closed streams' flows (each stream's delay on
+       each path: the class that path applies to its initiator, or the
+       constant class); closed streams move their IOs per second, split
+       over the paths.
+    3. Open-loop reads arrive as a Poisson process (their own seeded RNG,
+       identical in every run of a scenario: common random numbers), each
+       on a path drawn by its initiator's fractions (another RNG, drawn
+       only with more than one path); each read's latency is L times a
+       mean-1 lognormal with the resource's relative noise; it completes at
+       arrival + latency. Closed-loop reads are a fluid, their mean noise
+       drawn per dt (the resource's RNG).
+    4. Every tick (100 ms) the sensors (per path, and the array's devices)
+       and the control: OneAppliance here (the daemon: one controller on
+       every path), sim/fleet.py's FleetControl for a fleet; none:
+       uncontrolled or a constant class.
+    5. The measurement of the first resource (sim/measure.py) every tick,
+       and with stats the figures per path (PathStats).
+
+Bounds
+    A run is deterministic: the same scenario, paths and control give the
+    same series. One path is the single appliance: each stream is one flow
+    and no path is drawn.
+
+Worked example
+    The paper scenario (sim/scenarios/paper.toml) at T = 10 ms: 13,000 dt
+    of 10 ms, 1,300 ticks; `run(sc, 0.010)` gives the series whose 1 s
+    latency has a p95 of 9.31 ms after the settle time of 30 s
+    (docs/simulator.md).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from santhrottle.controller.domain import (
+    DeviceSample,
+    Resource,
+)
+from santhrottle.controller.restate import set_class
+from santhrottle.controller.state import ControllerState, new_state
+from santhrottle.controller.step import step
+
+from .groups import GroupMeter
+from .measure import LatencyWindow, RunResult, Series
+from .paths import ONE, ONE_PATH, ClosedOnPaths, Paths, flows
+from .plant import Closed, Device, closed_latency, lognormal_params, mean_of_n
+from .scenario import Scenario
+from .sensors import Sensed
+
+
+class Control(Protocol):
+    """The appliances of a run: what each path applies, from what the sensors saw."""
+
+    def decide(self, sensed: Sensed, now_s: float, seq: int) -> Sequence[Mapping[str, int]]:
+        """The classes (initiator -> class) each path applies from now on; seq is the
+        run's step number (a tick's, for reports)."""
+        ...
+
+    def own(self, path: int) -> ControllerState:
+        """The controller whose classes path applies (its resource class is counted)."""
+        ...
+
+
+class OneAppliance:
+    """One controller on every path (the daemon): step() on everything sensed.
+
+    oracle_class: every resource's class is set to it after each step (the
+    controller's PID runs, the class it decided is replaced): a writer gets
+    it once the write-heavy sets name it and through the ramp, the best a
+    controller limited by the sets' cadence and the ramp could do knowing
+    the class in advance (sim/sweep.py). meter: a grouped scenario's
+    (sim/groups.py), told after each step (the groups' live changes).
+    """
+
+    def __init__(
+        self,
+        state: ControllerState,
+        n_paths: int = 1,
+        meter: GroupMeter | None = None,
+        oracle_class: int | None = None,
+    ) -> None:
+        self.state = state
+        self.n_paths = n_paths
+        self.meter = meter
+        self.oracle_class = oracle_class
+
+    def decide(self, sensed: Sensed, now_s: float, seq: int) -> Sequence[Mapping[str, int]]:
+        self.state, _ = step(self.state, sensed.whole(), now_s)
+        if self.meter is not None:
+            self.meter.after_step(self.state, now_s, sensed.converging)
+        if self.oracle_class is not None:  # the class that holds T, every tick
+            for name in self.state.resources:
+                set_class(self.state, name, self.oracle_class)
+        return [self.state.effective] * self.n_paths
+
+    def own(self, path: int) -> ControllerState:
+        return self.state
+
+
+@dataclass
+class PathStats:
+    """Per path (appliance), after the settle time: its resource-0 class changes, per
+    writer the ticks it wrote at class 0 there and the ticks it was a member of the
+    path's controller's set; the bytes written through each path and by each writer."""
+
+    class_changes: list[int]
+    unthrottled_ticks: list[dict[str, int]]
+    member_ticks: list[dict[str, int]]
+    writer_ticks: dict[str, int]  # writer -> ticks writing after the settle time
+    path_write_bytes: list[float]
+    writer_bytes: dict[str, float]
+
+
+def run_paths(
+    sc: Scenario,
+    paths: Paths = ONE_PATH,
+    control: Control | None = None,
+    constant_class: int | None = None,
+    meter: GroupMeter | None = None,
+    label: str = "",
+    threshold_s: float | None = None,
+    stats: bool = False,
+) -> tuple[RunResult, PathStats]:
+    """One run (the module's doc): with a control, or at a constant class on every
+    path (which wins over the control's classes), or uncontrolled. stats: gather
+    PathStats (a fleet's figures)."""
+    cfg = sc.controller
+    n = len(paths.split)
+    idx = range(n)
+    names = [r.name for r in sc.resources]
+    first = names[0]
+    streams = sc.streams
+    devices = {r.name: Device(r.intercept_s, r.slope_s_per_io) for r in sc.resources}
+    ln_params = {r.name: lognormal_params(r.noise) for r in sc.resources}
+    noise_of = {r.name: r.noise for r in sc.resources}
+    settle_s = sc.default_settle_s()
+    inis = list(dict.fromkeys(s.initiator for s in streams))
+    frac = {ini: paths.fractions(j) for j, ini in enumerate(inis)}
+    writers = sorted({s.initiator for s in streams if s.kind == "write"})
+    # per stream, by its index: its on-windows and the one it has reached
+    wins = [s.schedule.windows(sc.duration_s) for s in streams]
+    reached = [0] * len(streams)
+    on = [False] * len(streams)
+    writes_of = [i for i, s in enumerate(streams) if s.kind == "write"]
+    closed_of = {
+        name: [i for i, s in enumerate(streams) if s.resource == name and s.loop == "closed"]
+        for name in names
+    }
+    open_of = {
+        name: [i for i, s in enumerate(streams) if s.resource == name and s.loop == "open"]
+        for name in names
+    }
+
+    # open-loop streams: pre-seeded arrival/noise generators, one per stream
+    open_rng = [random.Random(f"{sc.seed}:open:{i}") for i in range(len(streams))]
+    path_rng = [random.Random(f"{sc.seed}:path:{i}") for i in range(len(streams))]
+    next_arrival = [
+        open_rng[i].expovariate(s.rate_iops) if s.loop == "open" else math.inf
+        for i, s in enumerate(streams)
+    ]
+    closed_rng = {r.name: random.Random(f"{sc.seed}:closed:{r.name}") for r in sc.resources}
+    dev_rng = random.Random(f"{sc.seed}:device")
+    dev_tick = {name: [0.0, 0.0, 0.0] for name in names}  # IOs, sum of L, sum of Q dt
+
+    # (completion time, resource, latency, path, initiator, bytes)
+    pending: list[tuple[float, str, float, int, str, float]] = []
+    sensed = Sensed(names, n, cfg.tick_s)
+    window = LatencyWindow()
+    tick_write_bytes = bytes_after_settle = writer_on_after_settle = 0.0
+    st = PathStats(
+        [0] * n,
+        [dict.fromkeys(writers, 0) for _ in idx],
+        [dict.fromkeys(writers, 0) for _ in idx],
+        dict.fromkeys(writers, 0),
+        [0.0] * n,
+        dict.fromkeys(writers, 0.0),
+    )
+    prev = [0] * n
+    series = Series()
+    applied: Sequence[Mapping[str, int]] = [{} for _ in idx]
+
+    dt = sc.sim_step_s
+    tick_every = max(1, round(cfg.tick_s / dt))
+    converge_every = max(1, round(cfg.converge_s / dt))
+    delay_of = [cfg.ladder.delay_s(k) for k in range(cfg.ladder.max_class + 1)]
+
+    for k in range(round(sc.duration_s / dt)):
+        t = k * dt
+        for i, win in enumerate(wins):  # on: in the last window that started by t
+            j = reached[i]
+            while j < len(win) and win[j][0] <= t:
+                j += 1
+            reached[i] = j
+            on[i] = j > 0 and t < win[j - 1][1]
+        if t >= settle_s and any(on[i] for i in writes_of):
+            writer_on_after_settle += dt
+        for r in sc.resources:
+            name = r.name
+            # mode "all": every packet to a throttled initiator is delayed
+            closed: list[ClosedOnPaths] = []
+            owner: list[tuple[int, int | None]]
+            if n == 1:  # one path: a flow per stream, as flows() makes it
+                fl = []
+                app0 = applied[0]
+                for i in closed_of[name]:
+                    if not on[i]:
+                        continue
+                    s = streams[i]
+                    cls = app0.get(s.initiator, 0) if constant_class is None else constant_class
+                    d = delay_of[cls] + s.overhead_s
+                    closed.append((s, ONE, [d]))
+                    fl.append(Closed(s.depth, d, s.rate_iops))
+                owner = [(j, 0) for j in range(len(closed))]
+            else:
+                for i in closed_of[name]:
+                    if not on[i]:
+                        continue
+                    s = streams[i]
+                    ini = s.initiator
+                    ds = [
+                        delay_of[
+                            applied[p].get(ini, 0) if constant_class is None else constant_class
+                        ]
+                        + s.overhead_s
+                        for p in idx
+                    ]
+                    closed.append((s, frac[ini], ds))
+                fl, owner = flows(closed, paths.policy)
+            open_iops = sum(streams[i].rate_iops for i in open_of[name] if on[i])
+            lat, rates = closed_latency(devices[name], open_iops, fl)
+            # the device as diskstats sees it: IOs, their latency, IOs in flight (Little)
+            dev_iops = open_iops + sum(rates)
+            dev_acc = dev_tick[name]
+            dev_acc[0] += dev_iops * dt
+            dev_acc[1] += dev_iops * dt * lat
+            dev_acc[2] += dev_iops * lat * dt
+            mu, sd = ln_params[name]
+            for (j, path), iops in zip(owner, rates, strict=True):
+                s, f, _ds = closed[j]
+                read = s.kind != "write"
+                if meter is not None:
+                    meter.closed(name, s.initiator, read, iops, s.size_bytes, lat, dt)
+                per_path = (
+                    ((path, iops),)
+                    if path is not None
+                    else tuple((p, iops * fp) for p, fp in enumerate(f))
+                )
+                for p, x in per_path:
+                    if not read:
+                        b = x * s.size_bytes * dt
+                        key = (s.resource, s.initiator)
+                        pairs = sensed.write_pair[p]
+                        pairs[key] = pairs.get(key, 0.0) + b
+                        sensed.write_res[p][name] += b
+                        tick_write_bytes += b
+                        if t >= settle_s:
+                            bytes_after_settle += b
+                            if stats:
+                                st.path_write_bytes[p] += b
+                                st.writer_bytes[s.initiator] += b
+                    elif x > 0.0:  # closed-loop reads: counted as a fluid in the sensor
+                        m = x * dt
+                        noise = mean_of_n(r.noise, m, closed_rng[name].gauss())
+                        sensed.read_sum[p][name] += m * lat * noise
+                        sensed.read_n[p][name] += m
+            t_next = t + dt
+            for i in open_of[name]:
+                # the arrival clock and noise draws run while off, too: every
+                # run of a scenario sees the same reads (common random numbers)
+                if next_arrival[i] >= t_next:
+                    continue
+                s = streams[i]
+                rng = open_rng[i]
+                reading = on[i] and s.kind == "read"
+                while next_arrival[i] < t_next:
+                    noise = math.exp(mu + sd * rng.gauss())
+                    p = 0 if n == 1 else path_rng[i].choices(idx, weights=frac[s.initiator])[0]
+                    if reading:
+                        lat_i = lat * noise
+                        done = next_arrival[i] + lat_i
+                        heapq.heappush(pending, (done, name, lat_i, p, s.initiator, s.size_bytes))
+                    next_arrival[i] += rng.expovariate(s.rate_iops)
+
+        t_end = t + dt
+        while pending and pending[0][0] <= t_end:
+            done_t, name, lat_i, p, ini, size = heapq.heappop(pending)
+            if meter is not None:
+                meter.read_done(name, ini, size, lat_i)
+            sensed.read_sum[p][name] += lat_i
+            sensed.read_n[p][name] += 1.0
+            if name == first:
+                window.add(done_t, lat_i)
+
+        if (k + 1) % tick_every:
+            continue
+        # --- tick: the sensors, then the appliances ---
+        for name, acc in dev_tick.items():
+            n_io, lat_sum, q_sum = acc
+            if n_io > 0.0:
+                g = mean_of_n(noise_of[name], n_io, dev_rng.gauss())
+                sensed.devices.append(
+                    DeviceSample(name, math.ceil(n_io), lat_sum / n_io * g, q_sum / cfg.tick_s)
+                )
+            dev_tick[name] = [0.0, 0.0, 0.0]
+        if (k + 1) % converge_every == 0:
+            sensed.span_s = converge_every * dt
+            if meter is not None:
+                sensed.ios = meter.take()
+        if control is not None:
+            applied = control.decide(sensed, t_end, k)
+        sensed.clear()
+        # --- measure ---
+        own0 = control.own(0) if control is not None else None
+        rs0 = own0.resources[first] if own0 is not None else None
+        for p in idx:
+            if constant_class is not None:
+                cls_p = constant_class
+            elif control is not None:
+                cls_p = control.own(p).resources[first].delay_class
+            else:
+                cls_p = 0
+            if cls_p != prev[p] and t_end >= settle_s:
+                st.class_changes[p] += 1
+            prev[p] = cls_p
+        if stats and t_end >= settle_s:
+            writing = {streams[i].initiator for i in writes_of if on[i]}
+            for w in writing:
+                st.writer_ticks[w] += 1
+            for p in idx:
+                members = control.own(p).members(first) if control is not None else set()
+                for w in writing:
+                    if applied[p].get(w, 0) == 0 and constant_class is None:
+                        st.unthrottled_ticks[p][w] += 1
+                    if w in members:
+                        st.member_ticks[p][w] += 1
+        series.t_s.append(round(t_end, 6))
+        series.read_latency_s.append(window.mean(t_end))
+        series.ewma_s.append(rs0.ewma.value if rs0 is not None else None)
+        series.threshold_s.append(
+            rs0.threshold_s(cfg.auto_alpha) if rs0 is not None else threshold_s
+        )
+        series.delay_class.append(prev[0])
+        series.write_bps.append(tick_write_bytes / cfg.tick_s)
+        tick_write_bytes = 0.0
+
+    result = RunResult(
+        label,
+        threshold_s,
+        constant_class,
+        series,
+        bytes_after_settle,
+        writer_on_after_settle,
+        round(sum(st.class_changes) / n),
+        meter.series if meter is not None else {},
+    )
+    return result, st
+
+
+def run(
+    sc: Scenario,
+    threshold_s: float | None = None,
+    constant_class: int | None = None,
+    label: str | None = None,
+    auto: bool = False,
+    oracle_class: int | None = None,
+) -> RunResult:
+    """One appliance: controlled at threshold_s, or a constant class, or neither
+    (uncontrolled).
+
+    auto: threshold "auto" (Pesto's, from the LQ fit of the device samples),
+    threshold_s the fallback until the fit is confident. oracle_class (with
+    threshold_s): every resource's class is held at it (OneAppliance)."""
+    if oracle_class is not None and threshold_s is None:
+        raise ValueError("oracle_class needs threshold_s (a controlled run)")
+    cfg = sc.controller
+    if oracle_class is not None and not 0 <= oracle_class <= cfg.max_class:
+        raise ValueError(f"oracle_class {oracle_class}: not a class of the ladder")
+    control: OneAppliance | None = None
+    meter: GroupMeter | None = None
+    if threshold_s is not None:
+        state = new_state(cfg, [Resource(r.name, threshold_s, auto) for r in sc.resources])
+        if sc.groups:
+            meter = GroupMeter(sc)
+            meter.configure(state)
+        control = OneAppliance(state, 1, meter, oracle_class)
+    if label is None:
+        if threshold_s is not None:
+            label = f"T={threshold_s * 1000:g}ms"
+        elif constant_class is not None:
+            label = f"class {constant_class}"
+        else:
+            label = "uncontrolled"
+    result, _ = run_paths(
+        sc,
+        control=control,
+        constant_class=constant_class,
+        meter=meter,
+        label=label,
+        threshold_s=threshold_s,
+    )
+    return result
