@@ -14,7 +14,7 @@ What simulate() runs (what `santhrottle simulate` prints)
 Worked example
     The paper scenario at T = 10 ms (docs/simulator.md): the uncontrolled
     p95 49.5 ms; the controlled run's p95 9.31 ms and 25.3 MB/s of writes;
-    the best constant delay 52.0 ms (class 62) with 25.7 MB/s: the
+    the best constant delay 52.0 ms (class 55) with 25.7 MB/s: the
     controller moves 98.4 % of what it lets through.
 """
 
