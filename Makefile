@@ -62,10 +62,12 @@ test-privileged: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	@# mypy sees controller/ and sim/ as santhrottle.controller and .sim (their package-dir)
+	@# mypy sees controller/ and sim/ as santhrottle.controller and .sim (their package-dir);
+	@# appliance/ for the scenarios' config parser, followed silently (pyproject's [tool.mypy])
 	@mkdir -p build/typecheck/santhrottle && touch build/typecheck/santhrottle/__init__.py
 	@ln -sfn ../../../controller build/typecheck/santhrottle/controller
 	@ln -sfn ../../../sim build/typecheck/santhrottle/sim
+	@ln -sfn ../../../appliance build/typecheck/santhrottle/appliance
 	MYPYPATH=build/typecheck $(VENV)/bin/mypy --strict -p santhrottle.controller -p santhrottle.sim
 	$(VENV)/bin/codespell
 

@@ -26,10 +26,10 @@ Cases (mode)
     independent: each appliance runs step() alone on its own paths' samples
                  and applies its own classes (the degraded mode).
 
-Measured (per run, from the settle time on, as sim.summarize)
+Measured (per run, from the settle time on, as measure.summarize)
     reader p95 of the 1 s read latency / T (all reads: the array's truth),
     share of ticks above T, writers' throughput / the best constant class's
-    (sim.best_constant_class: the same class on every path is one
+    (experiment.best_constant_class: the same class on every path is one
     appliance's plant), resource class changes per minute (per appliance,
     averaged), per appliance the share of writer-ticks with a writer left
     unthrottled there, and each path's share of the written bytes.
@@ -227,7 +227,7 @@ def run_fleet(
 
 
 def fleet_summary(sc: Scenario, fr: FleetRun, best_bps: float | None) -> dict[str, Any]:
-    """A run's figures: sim.summarize's, relative to T and the best constant class."""
+    """A run's figures: measure.summarize's, relative to T and the best constant class."""
     s = summarize(sc, fr.result)
     thr = fr.result.threshold_s or math.nan
     minutes = max((sc.duration_s - sc.default_settle_s()) / 60.0, 1e-9)

@@ -9,7 +9,7 @@ Problem
     control that turns what each path's sensor saw (sim/sensors.py) into
     the classes each path applies.
 
-What one run does (every dt, the scenario's sim_step_s, 10 ms by default)
+What one run does (every dt, the scenario's run.dt_s, 10 ms by default)
     1. Streams switch on/off by their schedules.
     2. Per resource, the device latency L is the fixed point of
        sim/plant.py with the closed streams' flows (each stream's delay on
@@ -198,7 +198,7 @@ def run_paths(
     series = Series()
     applied: Sequence[Mapping[str, int]] = [{} for _ in idx]
 
-    dt = sc.sim_step_s
+    dt = sc.dt_s
     tick_every = max(1, round(cfg.tick_s / dt))
     converge_every = max(1, round(cfg.converge_s / dt))
     delay_of = [cfg.ladder.delay_s(k) for k in range(cfg.ladder.max_class + 1)]

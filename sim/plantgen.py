@@ -219,6 +219,7 @@ class Plant:
             f"duration_s = {self.duration_s!r}",
             f"settle_s = {self.settle_s!r}",
             f"seed = {self.seed * 100_003 + self.index}",
+            f"thresholds_ms = [{self.threshold_ms!r}]",
         ]
         for r in self.resources:
             lines += [
@@ -241,7 +242,7 @@ class Plant:
             if h.depth_r1:
                 lines += _stream(f"w{i}r1", "write", "closed", "r1", h.initiator, h.size_kib)
                 lines += [f"depth = {h.depth_r1}", sched]
-        lines += ["", "[controller]", f"thresholds_ms = [{self.threshold_ms!r}]", ""]
+        lines.append("")
         return "\n".join(lines)
 
     def _schedule(self, h: Host) -> str:

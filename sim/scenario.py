@@ -1,30 +1,47 @@
 """Simulation scenarios: TOML text -> validated Scenario (pure: the caller reads the file).
 
-Every field is checked here, and a bad one raises ScenarioError naming it
+The plant's tables ([run], [[resource]], [[stream]], [[group]]) are the
+simulator's own, checked here; a bad field raises ScenarioError naming it
 (`stream[2].depth: must be > 0`), so the CLI can print one line and exit 2.
-The format is documented in docs/simulator.md; the paper's experiment is
-sim/scenarios/paper.toml.
+The controller's tables are the daemon's: [controller] and [datapath]'s
+step, max_delay and ladder_ratio are read by the configuration's own parser
+(appliance/config: parse_controller), with the same keys, units, bounds and
+cross-field checks as santhrottle.toml, and a [[group]]'s priority and
+targets by the schema's kinds of [groups.NAME]. The format is documented in
+docs/simulator.md; the paper's experiment is sim/scenarios/paper.toml.
+
+Overrides (parse_scenario's `overrides`): keys of [controller] or of the
+scenario's [datapath] keys, by their bare names, with values as the file
+would give them (`ti_log = "1s"`, `ladder_ratio = 1.0`): the sweep's
+variants (sim/sweep.py).
+
+Worked example
+    [run] duration_s = 130, thresholds_ms = [10, 15, 20]; [controller]
+    ti_log = "1s" -> Scenario.thresholds_s (0.010, 0.015, 0.020) and
+    controller.log_gains.ti_s 1.0; [controller] ti_log = 1 -> "controller.ti_log:
+    1 is not a duration: give a number and a unit, ... (line 12)".
 """
 
 from __future__ import annotations
 
 import math
+import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from santhrottle.controller.domain import (
-    LAWS,
-    OFFSET_X_THRESHOLD_MAX,
-    TICK_S,
-    ControllerConfig,
-    LogGains,
-    PidGains,
-)
+from santhrottle.appliance.config.kinds import KindError
+from santhrottle.appliance.config.parse import ConfigError, parse_controller
+from santhrottle.appliance.config.schema import BY_NAME
+from santhrottle.controller.domain import ControllerConfig
 from santhrottle.controller.groups import Group
-from santhrottle.controller.ladder import Ladder, LadderError
 
 KIB = 1024.0
+# [datapath] in a scenario: the ladder's keys (the rest is the kernel's)
+DATAPATH_KEYS = ("step", "max_delay", "ladder_ratio")
+# [controller] keys a scenario does not take: its thresholds are [run]'s
+NOT_IN_SCENARIOS = ("default_threshold",)
 
 
 class ScenarioError(ValueError):
@@ -85,7 +102,7 @@ class GroupModel:
 @dataclass(frozen=True, slots=True)
 class Scenario:
     duration_s: float
-    sim_step_s: float
+    dt_s: float  # the plant's time resolution (the loop's dt)
     seed: int
     settle_s: float | None
     resources: tuple[ResourceModel, ...]
@@ -186,7 +203,9 @@ class _Table:
             raise ScenarioError(f"{self._where(extra[0])}: unknown field")
 
 
-def parse_scenario(text: str) -> Scenario:
+def parse_scenario(text: str, overrides: Mapping[str, Any] | None = None) -> Scenario:
+    """A scenario from its TOML text; overrides: [controller] or [datapath] keys by their
+    bare names (the module's doc). ScenarioError naming the field."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -195,10 +214,17 @@ def parse_scenario(text: str) -> Scenario:
 
     run = top.table("run")
     duration_s = run.number("duration_s", lo=0.0, lo_open=True)
-    sim_step_s = run.number("sim_step_s", 0.01, lo=0.0, lo_open=True, hi=0.1)
+    dt_s = run.number("dt_s", 0.01, lo=0.0, lo_open=True, hi=0.1)
     seed = run.integer("seed", 1)
     settle_raw = run.get("settle_s")
     settle_s = None if settle_raw is None else run.number("settle_s", lo=0.0, hi=duration_s)
+    thr = run.get("thresholds_ms", required=True)
+    if (
+        not isinstance(thr, list)
+        or not thr
+        or not all(isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in thr)
+    ):
+        raise ScenarioError("run.thresholds_ms: must be a list of numbers > 0")
     run.done()
 
     resources: list[ResourceModel] = []
@@ -220,90 +246,9 @@ def parse_scenario(text: str) -> Scenario:
         streams.extend(_parse_stream(t, names, duration_s))
 
     groups = _parse_groups(top, {s.initiator for s in streams}, duration_s)
-
-    ctl = top.table("controller")
-    thr = ctl.get("thresholds_ms", required=True)
-    if (
-        not isinstance(thr, list)
-        or not thr
-        or not all(isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in thr)
-    ):
-        raise ScenarioError("controller.thresholds_ms: must be a list of numbers > 0")
-    tick_s = ctl.number("tick_ms", TICK_S * 1000.0, lo=0.0, lo_open=True) / 1000.0
-    if tick_s < sim_step_s:
-        raise ScenarioError("controller.tick_ms: must be >= run.sim_step_s")
-    d = ControllerConfig()
-    g, lg, lad = d.gains, d.log_gains, d.ladder
-    try:
-        ladder = Ladder(
-            round(ctl.number("step_ms", lad.step_us / 1000.0, lo=0.0, lo_open=True) * 1000.0),
-            round(ctl.number("max_delay_ms", lad.max_delay_us / 1000.0, lo=0.0) * 1000.0),
-            ctl.number("ladder_ratio", lad.ratio, lo=1.0, hi=2.0),
-        )
-    except LadderError as e:
-        raise ScenarioError(f"controller: {e}") from None
-    config = ControllerConfig(
-        tick_s=tick_s,
-        converge_s=ctl.number("converge_s", d.converge_s, lo=tick_s),
-        ladder=ladder,
-        law=ctl.string("law", d.law, LAWS),
-        log_gains=LogGains(
-            kp_log_per_rel_error=ctl.number(
-                "kp_log_per_rel_error", lg.kp_log_per_rel_error, lo=0.0
-            ),
-            ti_s=ctl.number("ti_log_s", lg.ti_s, lo=0.0, lo_open=True),
-            td_s=ctl.number("td_log_s", lg.td_s, lo=0.0),
-            offset_x_threshold=ctl.number(
-                "offset_log_x_threshold", lg.offset_x_threshold, lo=0.0, hi=OFFSET_X_THRESHOLD_MAX
-            ),
-        ),
-        gains=PidGains(
-            kp_class_per_rel_error=ctl.number(
-                "kp_class_per_rel_error", g.kp_class_per_rel_error, lo=0.0
-            ),
-            ti_s=ctl.number("ti_s", g.ti_s, lo=0.0, lo_open=True),
-            td_s=ctl.number("td_s", g.td_s, lo=0.0),
-        ),
-        setpoint_fraction=ctl.number(
-            "setpoint_fraction", d.setpoint_fraction, lo=0.0, lo_open=True, hi=1.0
-        ),
-        setpoint_quiet_fraction=ctl.number(
-            "setpoint_quiet_fraction", d.setpoint_quiet_fraction, lo=0.0, hi=1.0
-        ),
-        setpoint_noise_z=ctl.number("setpoint_noise_z", d.setpoint_noise_z, lo=0.0, hi=10.0),
-        class_hysteresis=ctl.number("class_hysteresis", d.class_hysteresis, lo=0.0),
-        class_decrease_max_per_tick=ctl.integer(
-            "class_decrease_max_per_tick", d.class_decrease_max_per_tick, lo=0
-        ),
-        class_increase_max_ratio_per_tick=ctl.number(
-            "class_increase_max_ratio_per_tick", d.class_increase_max_ratio_per_tick, lo=0.0
-        ),
-        delay_increase_min_s_per_tick=ctl.number(
-            "delay_increase_min_ms_per_tick", d.delay_increase_min_s_per_tick * 1000.0, lo=0.0
-        )
-        / 1000.0,
-        read_ewma_tau_s=ctl.number("read_ewma_tau_s", d.read_ewma_tau_s, lo=0.0),
-        write_ewma_tau_s=ctl.number("write_ewma_tau_s", d.write_ewma_tau_s, lo=0.0, lo_open=True),
-        write_heavy_enter_bps=ctl.number(
-            "write_heavy_enter_kib_per_s", d.write_heavy_enter_bps / KIB, lo=0.0, lo_open=True
-        )
-        * KIB,
-        write_heavy_leave_bps=ctl.number(
-            "write_heavy_leave_kib_per_s", d.write_heavy_leave_bps / KIB, lo=0.0
-        )
-        * KIB,
-        read_idle_release_s=ctl.number("read_idle_release_s", d.read_idle_release_s, lo=0.0),
-        write_heavy_share=ctl.number("write_heavy_share", d.write_heavy_share, lo=0.0, hi=1.0),
-    )
-    if 0.0 < config.class_increase_max_ratio_per_tick < 1.0:
-        raise ScenarioError(
-            "controller.class_increase_max_ratio_per_tick: must be 0 (no limit) or >= 1"
-        )
-    if config.write_heavy_leave_bps >= config.write_heavy_enter_bps:
-        raise ScenarioError(
-            "controller.write_heavy_leave_kib_per_s: must be below write_heavy_enter_kib_per_s"
-        )
-    ctl.done()
+    config = _controller(top, text, overrides or {})
+    if config.tick_s < dt_s:
+        raise ScenarioError("controller.tick: must be at least run.dt_s")
     top.done()
 
     for r in resources:
@@ -315,7 +260,7 @@ def parse_scenario(text: str) -> Scenario:
             )
     return Scenario(
         duration_s=duration_s,
-        sim_step_s=sim_step_s,
+        dt_s=dt_s,
         seed=seed,
         settle_s=settle_s,
         resources=tuple(resources),
@@ -326,22 +271,70 @@ def parse_scenario(text: str) -> Scenario:
     )
 
 
+def _controller(top: _Table, text: str, overrides: Mapping[str, Any]) -> ControllerConfig:
+    """[controller] and [datapath] (its ladder keys) with the overrides, as the daemon's
+    configuration reads them."""
+    tables: dict[str, dict[str, Any]] = {}
+    for name, allowed in (("controller", None), ("datapath", DATAPATH_KEYS)):
+        t = top.table(name)
+        tables[name] = dict(t.data)
+        for key in t.data:
+            if key in NOT_IN_SCENARIOS:
+                raise ScenarioError(f"{name}.{key}: not in a scenario (run.thresholds_ms)")
+            if allowed is not None and key not in allowed:
+                raise ScenarioError(
+                    f"{name}.{key}: not in a scenario (it takes {', '.join(allowed)})"
+                )
+    for key, value in overrides.items():
+        if f"controller.{key}" in BY_NAME and key not in NOT_IN_SCENARIOS:
+            tables["controller"][key] = value
+        elif key in DATAPATH_KEYS:
+            tables["datapath"][key] = value
+        else:
+            raise ScenarioError(
+                f"controller.{key}: unknown key (nor one of a scenario's [datapath]: "
+                f"{', '.join(DATAPATH_KEYS)})"
+            )
+    try:
+        return parse_controller(tables, text, "")
+    except ConfigError as e:
+        raise ScenarioError(_without_path(str(e))) from None
+
+
+def _without_path(message: str) -> str:
+    """The config parser's ":LINE: key: problem" as "key: problem (line LINE)"."""
+    m = re.match(r"^:(\d+): (.*)$", message)
+    if m:
+        return f"{m.group(2)} (line {m.group(1)})"
+    return message.removeprefix(": ")
+
+
 def _group_spec(t: _Table, name: str, base: Group | None = None) -> Group:
-    """A group's targets and priority from t; what t does not name stays as in base."""
+    """A group's priority and targets from t, as [groups.NAME] takes them (the schema's
+    kinds: priority = 2, latency_target = "10ms", throughput_target = "25MiB/s" or
+    "5000iops"); what t does not name stays as in base."""
     b = base or Group(name)
+    missing = object()
 
-    def opt(key: str, scale: float, old: float | None) -> float | None:
+    def value(key: str) -> Any:
+        t.used.add(key)
         if key not in t.data:
-            t.used.add(key)
-            return old
-        return t.number(key, lo=0.0, lo_open=True) * scale
+            return missing
+        try:
+            return BY_NAME[f"groups.NAME.{key}"].kind.parse(t.data[key])
+        except KindError as e:
+            raise ScenarioError(f"{t._where(key)}: {e}") from None
 
+    priority, latency, tp = value("priority"), value("latency_target"), value("throughput_target")
+    bps, iops = b.throughput_target_bps, b.throughput_target_iops
+    if tp is not missing:  # one throughput target: a byte rate or IOs per second
+        bps, iops = (tp[0], None) if tp[1] == "B/s" else (None, tp[0])
     return Group(
         name,
-        priority=t.number("priority", b.priority, lo=0.0, lo_open=True),
-        latency_target_s=opt("latency_target_ms", 1e-3, b.latency_target_s),
-        throughput_target_bps=opt("throughput_target_mib_s", KIB * KIB, b.throughput_target_bps),
-        throughput_target_iops=opt("throughput_target_iops", 1.0, b.throughput_target_iops),
+        priority=b.priority if priority is missing else priority,
+        latency_target_s=b.latency_target_s if latency is missing else latency,
+        throughput_target_bps=bps,
+        throughput_target_iops=iops,
     )
 
 

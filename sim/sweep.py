@@ -6,16 +6,16 @@ Problem
     other named settings (variants) side by side.
 
 Law (per plant, sim/plantgen.py draws it from (seed, index))
-    1. feasible: sim.best_constant_class finds the smallest constant class
+    1. feasible: experiment.best_constant_class finds the smallest constant class
        of the ladder whose p95 holds T (with the scenario's own [controller]
        table, i.e. the default ladder); its writer throughput is the
        reference of bound 3. A plant no constant delay holds does not count.
     2. per variant (a named set of overrides of the scenario's [controller]
-       table, appended to the TOML and parsed like any scenario): one
-       controlled run at T, summarized by sim.summarize.
+       and [datapath] keys, the daemon's, parse_scenario's overrides): one
+       controlled run at T, summarized by sim/measure.py's summarize.
     2b. per variant, its oracle (ORACLE): one more run with the variant's
        settings and each resource's class held at the best constant one
-       (sim.run's oracle_class): the sets' cadence and the ramp alone, no
+       (sim/loop.py run's oracle_class): the sets' cadence and the ramp alone, no
        control law. A plant the oracle misses needs a writer throttled
        before the sets name it, or faster than the ramp lets it.
     3. bounds, each against T:
@@ -55,8 +55,8 @@ from .measure import RunResult, summarize
 from .scenario import Scenario, ScenarioError, parse_scenario
 
 # ---------------------------------------------------------------------------
-# VARIANTS: named overrides of a scenario's [controller] table (its TOML keys,
-# docs/simulator.md). "default" is the controller's defaults as they are;
+# VARIANTS: named overrides of a scenario's [controller] and [datapath] keys (the
+# daemon's keys and values, docs/configure.md). "default" is the controller's defaults as they are;
 # "paper" stands for the defaults before the log law and the long ladder (the
 # method paper's PID on the class index, linear 0.5 ms ladder to 50 ms = 100
 # classes), a fixed setpoint. Owner of the control law: keep "paper" equal to
@@ -67,14 +67,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "paper": {
         "law": "paper",
         "ladder_ratio": 1.0,
-        "max_delay_ms": 50.0,
+        "max_delay": "50ms",
         "write_heavy_share": 0.0,
         "setpoint_quiet_fraction": 0.0,
     },
 }
 
 # Beside each variant, every feasible plant is run once more with the variant's
-# settings but each resource's class held at the best constant one (sim.run's
+# settings but each resource's class held at the best constant one (loop.run's
 # oracle_class): a writer gets it only once the write-heavy sets have it, and
 # through the ramp. A plant the oracle misses is lost to the sets' cadence and
 # the ramp, not to the control law.
@@ -89,30 +89,6 @@ BY = ("family", "schedule", "resources")  # the plant parameters the shares are 
 
 Variants = Mapping[str, Mapping[str, Any]]
 MapFn = Callable[[Callable[[int], dict[str, Any]], Iterable[int]], Iterable[dict[str, Any]]]
-
-
-def toml_value(v: Any) -> str:
-    """A TOML literal for an override: bool, int, float, string, or a list of them."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        if not math.isfinite(v):
-            raise ScenarioError(f"override value {v!r}: must be finite")
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, list | tuple):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    raise ScenarioError(f"override value {v!r}: not a TOML number, string, bool or list")
-
-
-def with_overrides(text: str, overrides: Mapping[str, Any]) -> str:
-    """plantgen's TOML with keys added to its [controller] table (its last table)."""
-    head, sep, tail = text.rpartition("\n[controller]\n")
-    if not sep or "\n[" in tail:
-        raise ScenarioError("scenario: [controller] must be the last table to take overrides")
-    lines = [f"{k} = {toml_value(v)}" for k, v in overrides.items()]
-    return head + sep + tail.rstrip("\n") + "\n" + "".join(x + "\n" for x in lines)
 
 
 # A variant's name on the command line: a short identifier (it heads a column).
@@ -166,7 +142,7 @@ def check_variants(variants: Variants) -> None:
     text = plantgen.generate(0, 0)
     for name, overrides in variants.items():
         try:
-            parse_scenario(with_overrides(text, overrides))
+            parse_scenario(text, overrides)
         except ScenarioError as e:
             raise ScenarioError(f"variant {name!r}: {e}") from None
 
@@ -203,7 +179,7 @@ def judge(index: int, seed: int, variants: Variants) -> dict[str, Any]:
     )
     out[ORACLE] = {}
     for name, overrides in variants.items():
-        scv = parse_scenario(with_overrides(text, overrides))
+        scv = parse_scenario(text, overrides)
         out["variants"][name] = _figures(scv, run(scv, threshold_s=thr), thr, best_bps)
         # the best constant delay on the variant's ladder (the top class if it is short)
         k = scv.controller.ladder.class_at_least(sc.controller.ladder.delay_s(cls))

@@ -23,14 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from santhrottle.appliance.addresses import AddressError, initiator_network
+from santhrottle.appliance.config.controller import controller_config
 from santhrottle.appliance.config.fleet import FIELDS as FLEET_FIELDS
 from santhrottle.appliance.config.fleet import fleet_fields
 from santhrottle.appliance.config.hosts import HostConfig, hosts
 from santhrottle.appliance.config.kinds import AUTO, NAME_RE, KindError, quote
 from santhrottle.appliance.config.schema import DEFAULT_PATH, KEYS, TABLES
 from santhrottle.appliance.textfile import read_text_file
-from santhrottle.controller.domain import ControllerConfig, LogGains, PidGains
-from santhrottle.controller.ladder import Ladder, LadderError
+from santhrottle.controller.domain import ControllerConfig
+from santhrottle.controller.ladder import Ladder
 
 # No configuration is near this; a bigger file is a mistake (or /dev/zero).
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -249,48 +250,7 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
     if d["socket_group"] and d["socket_mode"] != 0o660:
         raise r.fail("daemon.socket_group", 'needs socket_mode = "0660"')
     p = r.table(data, "datapath", "datapath")
-    if p["max_delay"] < p["step"]:
-        raise r.fail("datapath.max_delay", "must be at least datapath.step")
-    try:
-        ladder = Ladder(p["step"], p["max_delay"], p["ladder_ratio"])
-    except LadderError as e:
-        raise r.fail("datapath.max_delay", str(e)) from None
-    c = r.table(data, "controller", "controller")
-    if c["converge"] < c["tick"]:
-        raise r.fail("controller.converge", "must be at least controller.tick")
-    if not c["write_heavy_leave"] < c["write_heavy_enter"]:
-        raise r.fail("controller.write_heavy_leave", "must be below write_heavy_enter")
-    if 0.0 < c["class_increase_max_ratio_per_tick"] < 1.0:
-        raise r.fail("controller.class_increase_max_ratio_per_tick", "must be 0 (no limit) or >= 1")
-    controller = ControllerConfig(
-        tick_s=c["tick"],
-        converge_s=c["converge"],
-        ladder=ladder,
-        law=c["law"],
-        log_gains=LogGains(
-            kp_log_per_rel_error=c["kp_log_per_rel_error"],
-            ti_s=c["ti_log"],
-            td_s=c["td_log"],
-            offset_x_threshold=c["offset_log_x_threshold"],
-        ),
-        gains=PidGains(
-            kp_class_per_rel_error=c["kp_class_per_rel_error"], ti_s=c["ti"], td_s=c["td"]
-        ),
-        setpoint_fraction=c["setpoint_fraction"],
-        setpoint_quiet_fraction=c["setpoint_quiet_fraction"],
-        setpoint_noise_z=c["setpoint_noise_z"],
-        class_hysteresis=c["class_hysteresis"],
-        class_decrease_max_per_tick=c["class_decrease_max_per_tick"],
-        class_increase_max_ratio_per_tick=c["class_increase_max_ratio_per_tick"],
-        delay_increase_min_s_per_tick=c["delay_increase_min"],
-        read_ewma_tau_s=c["read_ewma_tau"],
-        write_ewma_tau_s=c["write_ewma_tau"],
-        write_heavy_enter_bps=c["write_heavy_enter"],
-        write_heavy_leave_bps=c["write_heavy_leave"],
-        read_idle_release_s=c["read_idle_release"],
-        auto_alpha=c["auto_alpha"],
-        write_heavy_share=c["write_heavy_share"],
-    )
+    controller, c = controller_config(r, p, data)
     m = r.table(data, "metrics", "metrics")
     b = r.table(data, "bridge", "bridge")
     resources = _resources(r, data)
@@ -449,6 +409,13 @@ def _static_map(r: _Reader, data: dict[str, Any]) -> dict[str, tuple[str, ...]]:
             raise r.fail(key, "must be a list of resource names")
         out[spec] = tuple(names)
     return out
+
+
+def parse_controller(data: dict[str, Any], text: str, path: str) -> ControllerConfig:
+    """[datapath]'s ladder and [controller] of parsed TOML (data; text for the lines of
+    the errors), checked as parse_config checks them: the simulator's scenarios."""
+    r = _Reader(text, path)
+    return controller_config(r, r.table(data, "datapath", "datapath"), data)[0]
 
 
 def load_config(path: str | Path = DEFAULT_PATH) -> Config:

@@ -56,7 +56,11 @@ def test_groups_table_json_and_plot(tmp_path, capsys):
     ("content", "message"),
     [
         ("[run\n", "not valid TOML"),
-        ("[run]\nduration_s = 5\n", "resource: needs at least one"),
+        ("[run]\nduration_s = 5\nthresholds_ms = [5]\n", "resource: needs at least one"),
+        (
+            PAPER.read_text() + '[controller]\nti_log = "0s"\n',
+            "controller.ti_log: '0s' must be above 0 (line 67)",
+        ),
         (PAPER.read_text().replace("size_kib = 128", "size_kib = -5", 1), "stream[1].size_kib"),
         (b"\xff\xfe", "not UTF-8"),
     ],

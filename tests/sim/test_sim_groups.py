@@ -57,7 +57,7 @@ def test_priority_change_followed_within_10_s(tenants):
 
 
 def test_underload_meets_every_target():
-    text = TENANTS.replace("throughput_target_mib_s = 25", "throughput_target_mib_s = 15")
+    text = TENANTS.replace('throughput_target = "25MiB/s"', 'throughput_target = "15MiB/s"')
     specs, series = _run(text)
     for name, rec in series.items():
         s = group_summary(rec, specs[name], 30.0, 120.0)
@@ -78,8 +78,8 @@ def test_latency_target_held_while_the_lower_priority_group_gives_way(seed):
 
 def test_latency_targets_in_overload_fall_short_in_inverse_proportion_to_priority():
     """db (priority 2) asks 6 ms, backup (1) 40 ms: not both can be had."""
-    text = PAPER.replace("latency_target_ms = 80", "latency_target_ms = 40")
-    _, series = _run(text.replace("latency_target_ms = 10\n", "latency_target_ms = 6\n"))
+    text = PAPER.replace('latency_target = "80ms"', 'latency_target = "40ms"')
+    _, series = _run(text.replace('latency_target = "10ms"\n', 'latency_target = "6ms"\n'))
     db, backup = series["db"], series["backup"]
     both = [i for i, t in enumerate(db.t_s) if t >= 30.0 and db.share[i] < 0.999]  # writers on
     short_db = 1.0 - sum(db.y[i] for i in both) / len(both)

@@ -16,7 +16,6 @@ from santhrottle.sim.sweep import (
     check_variants,
     parse_variant,
     sweep,
-    with_overrides,
 )
 
 pytestmark = pytest.mark.sim
@@ -82,10 +81,13 @@ def test_the_oracle_holds_every_resource_at_its_class():
         check_variants({ORACLE: {}})
 
 
-def test_overrides_reach_the_controller_table():
+def test_overrides_reach_the_controller_and_the_ladder():
     text = plantgen.generate(1, 0)
-    sc = parse_scenario(with_overrides(text, {"setpoint_fraction": 0.8, "law": "paper"}))
+    sc = parse_scenario(text, {"setpoint_fraction": 0.8, "law": "paper", "ti": "1s"})
     assert sc.controller.setpoint_fraction == 0.8 and sc.controller.law == "paper"
+    assert sc.controller.gains.ti_s == 1.0
+    sc = parse_scenario(text, VARIANTS["paper"])  # the ladder's keys are [datapath]'s
+    assert sc.controller.ladder.max_class == 100 and sc.controller.ladder.ratio == 1.0
     with pytest.raises(ScenarioError, match=r"variant 'bad': controller\.no_such_key"):
         check_variants({"bad": {"no_such_key": 1}})
 
@@ -176,7 +178,7 @@ def test_parse_variant_errors_name_the_problem(text, message):
     ("argv", "message"),
     [
         (["--variant", "a:no_such_key=1"], "--variant: variant 'a': controller.no_such_key"),
-        (["--variant", "default:ti_s=1.0"], "variant 'default' is already defined"),
+        (["--variant", 'default:ti="1s"'], "variant 'default' is already defined"),
         (["--variant", "a:setpoint_fraction=7"], "--variant: variant 'a'"),
     ],
 )
@@ -196,5 +198,5 @@ def test_cli_variant_is_judged_beside_the_defaults(result, capsys):
         want = result["plants"][0]["variants"]["default"]["p95_x_threshold"]
         assert plant["variants"]["default"]["p95_x_threshold"] == want
         assert plant["variants"]["sp80"]["p95_x_threshold"] < want
-    assert main(["simulate", "x.toml", "--variant", "a:ti_s=1.0"]) == 2
+    assert main(["simulate", "x.toml", "--variant", 'a:ti="1s"']) == 2
     assert "--variant goes with --sweep" in capsys.readouterr().err
