@@ -62,13 +62,13 @@ test-privileged: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	@# mypy sees controller/ and sim/ as santhrottle.controller and .sim (their package-dir);
-	@# appliance/ for the scenarios' config parser, followed silently (pyproject's [tool.mypy])
+	@# mypy and lint-imports see the folders as installed: santhrottle.controller, .sim,
+	@# .appliance, .bridge (package-dir); mypy checks controller/ and sim/ strictly and
+	@# follows appliance/ silently (pyproject's [tool.mypy])
 	@mkdir -p build/typecheck/santhrottle && touch build/typecheck/santhrottle/__init__.py
-	@ln -sfn ../../../controller build/typecheck/santhrottle/controller
-	@ln -sfn ../../../sim build/typecheck/santhrottle/sim
-	@ln -sfn ../../../appliance build/typecheck/santhrottle/appliance
+	@for d in controller sim appliance bridge; do ln -sfn ../../../$$d build/typecheck/santhrottle/$$d; done
 	MYPYPATH=build/typecheck $(VENV)/bin/mypy --strict -p santhrottle.controller -p santhrottle.sim
+	PYTHONPATH=build/typecheck $(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/codespell
 
 bench: setup
