@@ -17,9 +17,7 @@ FOLDERS = ("controller", "sim", "appliance", "bridge")
 
 
 def _contracts() -> list[dict]:
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"][
-        "contracts"
-    ]
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
 
 
 @pytest.fixture(scope="module")
