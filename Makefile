@@ -16,7 +16,7 @@ HOST_PKGS := iproute2 ipset iptables nftables kmod ansible-core python3-pip pyth
 APT_STAMP := $(VENV)/.apt-host
 VENV_STAMP := $(VENV)/.installed
 
-.PHONY: setup bpf test test-unit test-sim test-rollout test-privileged lint bench bench-compare simulate lab-up lab clean
+.PHONY: setup bpf test test-unit test-fuzz test-sim test-rollout test-privileged lint bench bench-compare simulate lab-up lab clean
 
 setup: $(APT_STAMP) $(VENV_STAMP) bpf
 
@@ -44,11 +44,16 @@ $(VENV_STAMP): pyproject.toml
 test: setup
 	$(VPY) -m pytest
 
-# The tiers one by one (`make test` runs them all): pure logic; whole simulated
-# scenarios; the rollout tools; the host kernel in network namespaces (root); the
-# real kernel under QEMU (lab-test).
+# The tiers one by one (`make test` runs them all): pure logic, the fast loop (the unit
+# tests live in tests/unit: collecting that folder alone is quicker); the fuzzers and
+# corpus runs of the pure parts (randomized, with fixed seeds and case counts); whole
+# simulated scenarios; the rollout tools; the host kernel in network namespaces (root);
+# the real kernel under QEMU (lab-test).
 test-unit: setup
-	$(VPY) -m pytest -m unit
+	$(VPY) -m pytest -m unit tests/unit
+
+test-fuzz: setup
+	$(VPY) -m pytest -m fuzz
 
 test-sim: setup
 	$(VPY) -m pytest -m sim

@@ -18,8 +18,12 @@ from __future__ import annotations
 import random
 import struct
 
+import pytest
+
 from santhrottle.bridge import tracker as T
 from tests.unit import storage_pdus as B
+
+pytestmark = pytest.mark.fuzz  # corpus runs
 
 TGT = "10.0.0.9"
 SEGMENTS = 100_000

@@ -223,6 +223,7 @@ def invocations(path, parser, tmp):
             yield argv_for(path, parser, tmp, a, None)  # the option without its value
 
 
+@pytest.mark.fuzz
 @pytest.mark.parametrize(("path", "parser"), VERBS, ids=[" ".join(p) for p, _ in VERBS])
 def test_every_verb_survives_the_corpus(path, parser, no_host):
     cases = list(invocations(path, parser, no_host))

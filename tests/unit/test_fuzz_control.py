@@ -18,6 +18,7 @@ import math
 import socket
 import string
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,6 +38,8 @@ FUZZ = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+
+pytestmark = pytest.mark.fuzz  # every test here runs a fuzzer (its @given is inside)
 
 
 class StrictActuator(FakeActuator):

@@ -272,6 +272,7 @@ def _check_tpg(t: LioTpg) -> None:
 LIO_CASES = 300
 
 
+@pytest.mark.fuzz
 def test_corpus_mutated_lio_trees(lab_copy, baseline):
     """300 mutated configfs trees, 1-3 mutations each: 0 escapes, 0 LioUnavailable, and a
     target none of whose files was touched is read exactly as in the captured tree."""
@@ -336,6 +337,7 @@ def test_a_static_map_over_an_address_that_does_not_parse():
 NVMET_LVM_CASES = 300
 
 
+@pytest.mark.fuzz
 def test_corpus_mutated_nvmet_and_sysfs_trees(lab_copy):
     """300 mutated copies of the nvmet configfs tree and sys/block, 1-3 mutations each:
     0 escapes from NvmetSensor and scan_lvm, and what they give is well-formed."""
@@ -380,6 +382,7 @@ def _whole_hot(rel: str) -> bool:
 DISCOVERY_CASES = 60
 
 
+@pytest.mark.fuzz
 def test_corpus_whole_discovery_over_mutated_trees(lab_copy):
     """60 mutated lab trees (configfs with LIO and nvmet, sys/block, the diskstats
     contents), 1-4 mutations each, through TargetSensor: two convergences and a tick

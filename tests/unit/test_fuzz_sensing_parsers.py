@@ -190,6 +190,7 @@ def test_fuzz_sock_diag_whole_dump_ends(datagrams):
 SOCK_DIAG_CASES = 5000
 
 
+@pytest.mark.fuzz
 def test_corpus_sock_diag_datagrams():
     """5,000 datagrams: valid dumps (uniform, mixed, ending in DONE or an error) with
     bytes flipped, cut, repeated or lengths rewritten; 0 escapes."""
@@ -317,6 +318,7 @@ def test_fuzz_diskstats_parse_and_interval(a, b, dt):
 DISKSTATS_CASES = 500
 
 
+@pytest.mark.fuzz
 def test_corpus_mutated_diskstats():
     """500 mutated copies of the captured pair: lines cut, fields replaced, counters sent
     backwards or to 2**64 - 1; 0 escapes, every rate finite and non-negative."""

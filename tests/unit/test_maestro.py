@@ -95,6 +95,7 @@ def _random_claims(rng: random.Random, n: int) -> list[Claim]:
     ]
 
 
+@pytest.mark.fuzz  # a corpus: 60 random claim sets against the LP
 @pytest.mark.parametrize("seed", range(60))
 def test_water_filling_attains_the_lp_optimum(seed: int) -> None:
     rng = random.Random(seed)
