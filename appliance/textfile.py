@@ -1,4 +1,4 @@
-"""Reading a small text file an admin or a previous run wrote, without surprises.
+"""A small text file an admin or a previous run wrote: read, and its words shown, without surprises.
 
 read_text_file() is the one reader of the configuration, the state file and a
 scenario: a regular file's UTF-8 text up to a size, or the caller's error type
@@ -6,9 +6,14 @@ with one line ("FILE: PROBLEM").  It is opened non-blocking and checked before
 it is read, so a FIFO, a device (/dev/zero) or a directory never blocks the
 reader or fills its memory.
 
+printable() is what such text (a key, a value, a path) becomes in an error
+line or a log line: every character that is not printable escaped as Python
+writes it ("\\n", "\\x00"), so a key with a newline cannot forge a second
+log line.
+
 Worked example
     read_text_file(Path("/dev/zero"), 1 << 20, ConfigError) -> ConfigError
-    "/dev/zero: not a regular file".
+    "/dev/zero: not a regular file"; printable('a\\nINFO forged') -> 'a\\\\nINFO forged'.
 """
 
 from __future__ import annotations
@@ -49,3 +54,10 @@ def read_text_file(
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         raise error(f"{name}: not UTF-8 text") from None
+
+
+def printable(text: str) -> str:
+    """text on one line: each non-printable character escaped (a newline as \\n)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

@@ -51,6 +51,8 @@ EXIT_HELP = "exit status:\n" + "".join(f"  {k:<3}  {v}\n" for k, v in EXIT_CODES
 JSON_HELP = f'print JSON: {{"protocol": {PROTOCOL_VERSION}, "data": ...}}'
 # The longest path a Unix socket address holds (sun_path is 108 bytes with its NUL).
 MAX_SOCKET_PATH_BYTES = 107
+# A name (a network namespace: a file under /run/netns) is at most this long.
+MAX_NAME_CHARS = 255
 # Digits a number argument may have: enough for any value we accept, never a bignum.
 MAX_NUMBER_CHARS = 32
 
@@ -125,13 +127,18 @@ def path_arg(name: str, socket: bool = False) -> Callable[[str], str]:
     return parse
 
 
-def name_arg(name: str) -> Callable[[str], str]:
-    """An argparse type for a name (a device, a namespace): printable, not empty."""
+def name_arg(name: str, max_chars: int = MAX_NAME_CHARS) -> Callable[[str], str]:
+    """An argparse type for a name (a device: at most IFNAME_MAX_CHARS; a namespace):
+    printable, not empty, not longer than max_chars."""
 
     def parse(text: str) -> str:
         if not text.strip() or not text.isprintable():
             raise argparse.ArgumentTypeError(
                 f"{name} {_short(text)} must be a non-empty printable name"
+            )
+        if len(text) > max_chars:
+            raise argparse.ArgumentTypeError(
+                f"{name} {_short(text)} is {len(text)} characters long: at most {max_chars}"
             )
         return text
 

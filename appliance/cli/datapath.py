@@ -38,7 +38,7 @@ from santhrottle.appliance.cli.common import (
 from santhrottle.appliance.cli.datapathview import print_status
 from santhrottle.appliance.config import DEFAULT_PATH, ConfigError, default, load_config
 from santhrottle.appliance.config import defaults as config_defaults
-from santhrottle.appliance.config.kinds import parse_ports_text
+from santhrottle.appliance.config.kinds import IFNAME_MAX_CHARS, parse_ports_text
 from santhrottle.appliance.config.schema import MAX_GLIDE_LEAVES, PIN_MODES, WRITE_MODES
 from santhrottle.appliance.units import (
     fmt_bit_rate,
@@ -297,7 +297,7 @@ def add_commands(sub: Any) -> None:
         "--device",
         required=True,
         metavar="IF",
-        type=name_arg("--device"),
+        type=name_arg("--device", IFNAME_MAX_CHARS),
         help="egress device facing the initiators",
     )
     a.add_argument(
@@ -352,7 +352,7 @@ def add_commands(sub: Any) -> None:
     s.add_argument(
         "--device",
         metavar="IF",
-        type=name_arg("--device"),
+        type=name_arg("--device", IFNAME_MAX_CHARS),
         help="device (default: the one installed)",
     )
     s.add_argument("--json", action="store_true", help=JSON_HELP)
@@ -382,7 +382,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument(
         "--device",
         metavar="IF",
-        type=name_arg("--device"),
+        type=name_arg("--device", IFNAME_MAX_CHARS),
         help="apply the data path on IF first if it is not applied",
     )
     _netns(p)

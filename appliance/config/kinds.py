@@ -37,6 +37,8 @@ from santhrottle.bridge.volumes import VolumeNameError, parse_volume
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 # iptables multiport takes at most 15 ports.
 MAX_PORTS = 15
+# An interface name is at most 15 characters (the kernel's IFNAMSIZ, 16, with its NUL).
+IFNAME_MAX_CHARS = 15
 # A read-latency threshold above a minute is no threshold an array is held to.
 MAX_THRESHOLD_S = 60.0
 # The fastest link HTB's and netem's sizing is checked for (tc takes 64-bit rates).
@@ -205,18 +207,23 @@ def socket_mode() -> Kind:
     return Kind(" or ".join(f'"{m}"' for m in SOCKET_MODES), parse)
 
 
-def name(what: str) -> Kind:
+def name(what: str, max_chars: int | None = None) -> Kind:
+    """A name of letters, digits and _ . + - (at most max_chars: an interface's is
+    IFNAME_MAX_CHARS, the kernel's own bound)."""
+
     def parse(v: Any) -> str:
         if not isinstance(v, str) or not NAME_RE.match(v):
             article = "an" if what[:1] in "aeiou" else "a"
             raise kind_error(v, f"is not {article} {what} name (letters, digits and _ . + -)")
+        if max_chars is not None and len(v) > max_chars:
+            raise kind_error(v, f"is longer than {max_chars} characters, the longest {what} name")
         return v
 
     return Kind(f"{what} name", parse)
 
 
-def names(what: str, examples: str) -> Kind:
-    one = name(what).parse
+def names(what: str, examples: str, max_chars: int | None = None) -> Kind:
+    one = name(what, max_chars).parse
 
     def parse(v: Any) -> tuple[str, ...]:
         if not isinstance(v, list):

@@ -29,7 +29,7 @@ from santhrottle.appliance.config.fleet import fleet_fields
 from santhrottle.appliance.config.hosts import HostConfig, hosts
 from santhrottle.appliance.config.kinds import AUTO, NAME_RE, KindError, quote
 from santhrottle.appliance.config.schema import DEFAULT_PATH, KEYS, TABLES
-from santhrottle.appliance.textfile import read_text_file
+from santhrottle.appliance.textfile import printable, read_text_file
 from santhrottle.controller.domain import ControllerConfig
 from santhrottle.controller.ladder import Ladder
 
@@ -38,7 +38,11 @@ MAX_CONFIG_BYTES = 1024 * 1024
 
 
 class ConfigError(ValueError):
-    """One line: file, line, key, problem."""
+    """One line: file, line, key, problem (what the file wrote made printable: a key
+    with a newline or a NUL cannot forge a second line of the log)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(printable(message))
 
 
 @dataclass(frozen=True)

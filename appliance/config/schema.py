@@ -29,6 +29,7 @@ from typing import Any
 
 from santhrottle.appliance.config.initiators import group_members, host_addresses
 from santhrottle.appliance.config.kinds import (
+    IFNAME_MAX_CHARS,
     MAX_THRESHOLD_S,
     Kind,
     abs_path,
@@ -186,7 +187,7 @@ KEYS: tuple[Key, ...] = (
     Key(
         "bridge",
         "initiator_port",
-        name("interface"),
+        name("interface", IFNAME_MAX_CHARS),
         None,
         "bridge mode: the port facing the initiators, where the delays sit (required)",
         restart=True,
@@ -194,7 +195,7 @@ KEYS: tuple[Key, ...] = (
     Key(
         "bridge",
         "array_port",
-        name("interface"),
+        name("interface", IFNAME_MAX_CHARS),
         None,
         "bridge mode: the port facing the array, where the wire is read (required)",
         restart=True,
@@ -213,7 +214,7 @@ KEYS: tuple[Key, ...] = (
     Key(
         "datapath",
         "devices",
-        names("interface", '"eth1"'),
+        names("interface", '"eth1"', IFNAME_MAX_CHARS),
         [],
         "egress devices facing the initiators (required in target mode; in bridge mode "
         "bridge.initiator_port)",

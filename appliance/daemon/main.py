@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from santhrottle.appliance.config import DEFAULT_PATH, Config, ConfigError, load_config
 from santhrottle.appliance.daemon.sdnotify import notify
+from santhrottle.appliance.textfile import printable
 from santhrottle.appliance.version import version_line
 
 if TYPE_CHECKING:
@@ -202,6 +203,22 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+class OneLineFormatter(logging.Formatter):
+    """Every log record's message on one line: what a client, a file or the kernel
+    put into it (a key with a newline, a NUL) is escaped (appliance/textfile.py
+    printable), so nobody can forge a line of the daemon's log."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = printable(record.message)
+        return super().formatMessage(record)
+
+
+def setup_logging(level: str) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(OneLineFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
+
+
 def load_daemon_config(path: str) -> Config:
     """The file as the daemon takes it, at start, at --check and at every reload
     alike: the configuration's own checks, and the devices it must have (an empty
@@ -214,7 +231,7 @@ def load_daemon_config(path: str) -> Config:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
+    setup_logging(args.log_level)
     try:
         cfg = load_daemon_config(args.config)
     except ConfigError as e:

@@ -30,6 +30,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from santhrottle.appliance.config.kinds import IFNAME_MAX_CHARS
 from santhrottle.appliance.datapath.names import DatapathError, NetemMissing
 from santhrottle.appliance.netns import entered
 
@@ -170,6 +171,8 @@ class Host:
         idx = self._ifindex.get(device)
         if idx is not None:
             return idx
+        if not device or len(device.encode()) > IFNAME_MAX_CHARS:  # no netlink message holds it
+            raise DatapathError(f"no network device {device[:20]!r}: not an interface name")
         found = self.iproute().link_lookup(ifname=device)
         if not found:
             where = f" in network namespace {self.netns}" if self.netns else ""

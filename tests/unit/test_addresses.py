@@ -92,8 +92,9 @@ def test_the_control_socket_refuses_the_pin(addr, why):
     assert d.runtime.pins == {}
 
 
-@pytest.mark.parametrize("addr, why", [("0.0.0.0", "unspecified"), ("::", "unspecified"),
-                                       ("224.0.0.1", "multicast")])  # fmt: skip
+@pytest.mark.parametrize(
+    "addr, why", [("0.0.0.0", "unspecified"), ("::", "unspecified"), ("224.0.0.1", "multicast")]
+)
 def test_the_cli_refuses_the_pin_before_any_socket(addr, why, tmp_path, capsys):
     sock = str(tmp_path / "none.sock")
     with pytest.raises(SystemExit) as e:  # argparse's own one-line error
@@ -104,8 +105,15 @@ def test_the_cli_refuses_the_pin_before_any_socket(addr, why, tmp_path, capsys):
 
 
 def test_a_state_file_pin_no_initiator_has_is_dropped_and_the_others_kept(tmp_path, caplog):
-    doc = {"version": 1, "pins": {"0.0.0.0": [5, "all"], "::": [5, "all"],
-                                  "10.0.0.3": [7, "all"], "fd00::3": [8, "read"]}}  # fmt: skip
+    doc = {
+        "version": 1,
+        "pins": {
+            "0.0.0.0": [5, "all"],
+            "::": [5, "all"],
+            "10.0.0.3": [7, "all"],
+            "fd00::3": [8, "read"],
+        },
+    }
     with caplog.at_level(logging.WARNING):
         saved = decode(json.dumps(doc), 88)
     assert saved.pins == {"10.0.0.3": (7, "all"), "fd00::3": (8, "read")}
