@@ -12,6 +12,16 @@ What it owns
     An invalid file is reported (one line on stderr), never a reason to
     leave a delay: the exit status is 0 once the delays are gone.
 
+    A daemon that answers on its control socket owns the kernel state: a
+    cleanup under it would leave it reporting pins nobody applies (it repairs
+    what it finds missing, core/drift.py, so the cleanup would not even last).
+    The cleanup refuses then (exit 1, one line), unless --force: the daemon is
+    stopped first (SIGTERM to the process the socket's peer credentials name,
+    what `systemctl stop` sends; it removes its delays on the way out), then
+    the cleanup runs.  The socket is --socket, else the file's
+    daemon.control_socket, else the default one.  After a crash nobody
+    listens on the socket any more: the unit's ExecStopPost runs as before.
+
 Worked example
     The daemon was killed and the file since edited into an invalid one
     (`ports = [3260, 3260]`) with `netns = "tgt"`: `santhrottle cleanup
@@ -23,16 +33,21 @@ Worked example
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
+import signal
+import socket
+import struct
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from santhrottle.appliance.cli.common import Failed
-from santhrottle.appliance.config import ConfigError, load_config
+from santhrottle.appliance.config import ConfigError, defaults, load_config
 from santhrottle.appliance.config.parse import MAX_CONFIG_BYTES
+from santhrottle.appliance.daemon.control import socket_in_use
 from santhrottle.appliance.textfile import read_text_file
 
 # `netns = "tgt"` as written in a file that may not parse as a whole.
@@ -43,6 +58,11 @@ NETNS_DIR = "/run/netns"
 SETTLE_EVERY_S = 0.02
 SETTLE_MARGIN_S = 0.2
 EVERY = object()  # no namespace is named: clean them all
+# --force: how long a daemon has to stop (its unit gives it 20 s), how often it is asked.
+STOP_WAIT_S = 30.0
+STOP_POLL_S = 0.1
+CONNECT_TIMEOUT_S = 2.0
+UCRED = struct.Struct("3i")  # pid, uid, gid (SO_PEERCRED)
 
 
 def cleanup_namespaces(args: argparse.Namespace) -> tuple[list[str | None], str | None]:
@@ -110,9 +130,60 @@ def _installed(dp: Any, netns: str | None) -> Any:
         return dp.Datapath(dp.DatapathSpec(), netns=netns)
 
 
+def control_sockets(args: argparse.Namespace) -> list[str]:
+    """Where a daemon may answer: --socket, else the file's and the default one."""
+    if args.socket:
+        return [str(args.socket)]
+    out = [defaults().control_socket]
+    with contextlib.suppress(ConfigError):  # reported by cleanup_namespaces; the default stays
+        out.insert(0, load_config(args.config).control_socket)
+    return list(dict.fromkeys(out))
+
+
+def stop_daemon(path: str, wait_s: float = STOP_WAIT_S) -> None:
+    """SIGTERM to the daemon that answers on path (its pid from SO_PEERCRED), then
+    wait until nobody answers there; Failed when it cannot be stopped."""
+    pid = peer_pid(path)
+    if pid is None:
+        raise Failed(f"santhrottled answers on {path}, but its pid cannot be read: stop it first")
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except OSError as e:
+        raise Failed(f"cannot stop santhrottled (pid {pid}): {e.strerror or e}") from None
+    deadline = time.monotonic() + wait_s
+    while socket_in_use(path):
+        if time.monotonic() > deadline:
+            raise Failed(f"santhrottled (pid {pid}) did not stop within {wait_s:g} s")
+        time.sleep(STOP_POLL_S)
+    print(f"stopped santhrottled (pid {pid}) on {path}", file=sys.stderr)
+
+
+def peer_pid(path: str) -> int | None:
+    """The pid of the process listening on a Unix socket (its peer credentials)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(CONNECT_TIMEOUT_S)
+        try:
+            s.connect(path)
+            pid, _uid, _gid = UCRED.unpack(
+                s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size)
+            )
+        except OSError:
+            return None
+    return pid if pid > 0 else None
+
+
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from santhrottle.appliance import datapath as dp
 
+    for path in control_sockets(args):
+        if not socket_in_use(path):
+            continue
+        if not args.force:
+            raise Failed(
+                f"santhrottled answers on {path} and owns the data path: stop it first "
+                "(systemctl stop santhrottled; it removes its delays), or --force"
+            )
+        stop_daemon(path)
     namespaces, warning = cleanup_namespaces(args)
     if warning:
         print(f"santhrottle: {warning}", file=sys.stderr)

@@ -410,7 +410,17 @@ def add_commands(sub: Any) -> None:
         "--config",
         default=DEFAULT_PATH,
         type=path_arg("--config"),
-        help="where daemon.netns is read from",
+        help="where daemon.netns and daemon.control_socket are read from",
     )
     _netns(c)
+    c.add_argument(
+        "--socket",
+        type=path_arg("--socket", socket=True),
+        help="santhrottled's control socket (default: the configuration's, and the default)",
+    )
+    c.add_argument(
+        "--force",
+        action="store_true",
+        help="while santhrottled answers: stop it (SIGTERM, as systemctl stop does) first",
+    )
     c.set_defaults(func=cmd_cleanup)

@@ -250,16 +250,18 @@ def serve(cfg: Config) -> int:
     from santhrottle.appliance.daemon.core.state import StateStore
     from santhrottle.appliance.daemon.status.build import StatusCache
     from santhrottle.appliance.datapath import DatapathError
+    from santhrottle.appliance.datapath.actuation import Actuation
 
     server = metrics = datapath = sensors = None
     applied = False
     try:
         datapath = build_datapath(cfg)
         sensors, bridge = build_sensors(cfg)
+        actuation = Actuation(datapath)  # the record, the quarantine, the drift check
         daemon = Daemon(
             cfg,
             sensors,
-            datapath,
+            actuation,
             bridge=bridge,
             load_config=load_daemon_config,
             notify=notify,
@@ -276,7 +278,7 @@ def serve(cfg: Config) -> int:
         if bridge is not None:  # the ports must be the bridge's before the jumps match them
             log.info("bridge: %s", prepare(cfg))
         applied = True
-        log.info("datapath: %s", datapath.apply().summary())
+        log.info("datapath: %s", actuation.apply().summary())
         if bridge is not None:
             bridge.start()
         daemon.restore(time.monotonic())  # the members apply() read back

@@ -58,7 +58,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from santhrottle.appliance.datapath.converge import Convergence, Quarantined, Target
+from santhrottle.appliance.datapath.drift import Expected
 from santhrottle.appliance.datapath.glide import GlidePlan, GlidePlanner, LeafDelay
 from santhrottle.appliance.datapath.host import Host, Tools
 from santhrottle.appliance.datapath.mangle import Mangles
@@ -177,8 +177,6 @@ class Datapath:
         self.glides = GlidePlanner(spec.glide_leaves, spec.ladder)
         self.clock = clock
         self._jumps: bool | None = None  # the jumps are installed (None: unknown)
-        # what the daemon's members are in the kernel, and what it refused (converge.py)
-        self.convergence = Convergence(self._send_classes, clock)
 
     # ------------------------------------------------------------ plumbing
     @property
@@ -192,16 +190,6 @@ class Datapath:
     @property
     def unordered_moves(self) -> int:
         return self.glides.unordered
-
-    @property
-    def errors(self) -> int:
-        """Refusals of the kernel since the start (a batch, a member, an object)."""
-        return self.convergence.errors
-
-    @property
-    def quarantines(self) -> Mapping[str, int]:
-        """Per kind (member, jumps, gate, leaf): the quarantines since the start."""
-        return self.convergence.quarantined_total
 
     def __enter__(self) -> Datapath:
         return self
@@ -252,9 +240,6 @@ class Datapath:
             if part:
                 self.set_classes(part, mode=mode, ordered=False)
         report.clamped = {ip: s.max_class for ip in over}
-        self.convergence.adopt(
-            {ip: (min(m.klass, s.max_class), m.mode) for ip, m in members.items()}
-        )
         t5 = time.monotonic()
         report.timings_s = {
             "checks": t1 - t0,
@@ -307,6 +292,10 @@ class Datapath:
         assert m is not None
         return m
 
+    def expected(self) -> Expected:
+        """What this data path left in the kernel (datapath/drift.py)."""
+        return Expected(self.sets.cached(), self._jumps)
+
     def plan_changes(self, classes: Mapping[str, int], mode: str | None = None) -> list[Op]:
         """The ipset ops (op, set, ip, HTB minor) that move `classes` into place."""
         mode = check_mode(mode or self.spec.write_mode)
@@ -338,29 +327,9 @@ class Datapath:
             self._set_leaf_delays(self.glides.entered(plan, self.clock()))
         return len(plan.ops)
 
-    # ------------------------------------------------------------ the daemon's
-    def converge(self, want: Mapping[str, Target], *, ordered: bool = True) -> int:
-        """Every initiator to its (class, mode) in `want`, the others out of every set;
-        what the kernel refuses is quarantined, the rest goes in (converge.py)."""
-        return self.convergence.converge(want, ordered)
-
-    def members(self) -> Mapping[str, Target]:
-        """ip -> (class, mode) of every member as applied: the record of the kernel."""
-        return self.convergence.members()
-
-    def quarantined(self) -> Mapping[str, Quarantined]:
-        return self.convergence.quarantine
-
-    def _send_classes(self, classes: Mapping[str, int], mode: str, ordered: bool) -> int:
-        return self.set_classes(classes, mode, ordered=ordered)
-
     def settle(self) -> int:
         """Carry out the glide planner's due lowerings and handoffs.  Cheap when
-        nothing is due: the daemon calls it every tick.  Returns the ops sent; a
-        failure waits for its retry (converge.py), the members' moves go on."""
-        return self.convergence.guard("glide leaves", "leaf", self._settle)
-
-    def _settle(self) -> int:
+        nothing is due: the daemon calls it every tick.  Returns the ops sent."""
         now = self.clock()
         with self._unknown_on_failure():
             self._set_leaf_delays(self.glides.lowerings(now))

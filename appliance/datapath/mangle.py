@@ -80,6 +80,11 @@ class Mangle:
             self._tidy()
         return text is not None
 
+    def pending(self, devices: Sequence[str], ports: Sequence[int], active: bool) -> bool:
+        """converge() would change something (read only: the drift check)."""
+        jumps, chain = self.read()
+        return render_rules_restore(devices, ports, active, jumps, chain, self.family) is not None
+
     def set_jumps(self, devices: Sequence[str], active: bool) -> bool:
         """Jumps on each device (the first member went in), or none at all (the
         last left); the chain is not touched.  True: changed."""
@@ -206,6 +211,9 @@ class Mangles:
     def set_jumps(self, devices: Sequence[str], active: bool) -> bool:
         changed = [m.set_jumps(devices, active) for m in self.families()]
         return any(changed)
+
+    def pending(self, devices: Sequence[str], ports: Sequence[int], active: bool) -> bool:
+        return any(m.pending(devices, ports, active) for m in self.families())
 
     def cleanup(self) -> MangleCleanup:
         parts = [m.cleanup() for m in self.families()]

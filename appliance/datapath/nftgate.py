@@ -146,6 +146,11 @@ class NftRules(_Nft):
         self.apply(text or "")
         return text is not None
 
+    def pending(self, devices: Sequence[str], ports: Sequence[int], active: bool) -> bool:
+        """converge() would change something (read only: the drift check)."""
+        jumps, rules = self._chains()
+        return render_converge(ports, rules, jumps, devices, active) is not None
+
     def set_jumps(self, devices: Sequence[str], active: bool) -> bool:
         jumps, _ = self._chains()
         text = render_jumps(devices, active, jumps)

@@ -130,6 +130,25 @@ class MemberSets(KnownMembers):
             out[name] = int(flags or 0)
         return out
 
+    def counts(self) -> dict[str, int]:
+        """Our sets that exist -> their number of members (one header-only dump: the
+        drift check compares them with the membership it left)."""
+        out: dict[str, int] = {}
+        try:
+            msgs = list(self.host.ipsets().list(flags=IPSET_FLAG_LIST_HEADER))
+        except Exception as e:
+            raise DatapathError(f"cannot list ipsets: {e}") from None
+        for m in msgs:
+            name = m.get_attr("IPSET_ATTR_SETNAME")
+            data = m.get_attr("IPSET_ATTR_DATA")
+            if name in OWNED_SETS and data is not None:
+                out[name] = int(data.get_attr("IPSET_ATTR_ELEMENTS") or 0)
+        return out
+
+    def gate_listed(self) -> set[str]:
+        """The mode sets the gate lists now, read from the kernel (no cache)."""
+        return self._list_set_members(MEMBERS_SET) & set(ALL_SET_NAMES)
+
     def read(self) -> Readback:
         """Every member with its mode, minor and counters; the cache follows.
         Read with `ipset save` (one process per mode set that exists): for

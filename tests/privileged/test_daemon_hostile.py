@@ -9,14 +9,24 @@ kernel has no sch_netem: classes get pfifo leaves (classified, not delayed).
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 import pytest
 
 from santhrottle.appliance import datapath as dp
 from santhrottle.appliance.daemon.control import request
+from santhrottle.appliance.datapath.actuation import Actuation
 from tests.privileged.conftest import MEMBER_IP, OTHER_IP, TARGET_DEV
-from tests.privileged.test_daemon_netns import _conf, _members, _start, _stop, ns  # noqa: F401
+from tests.privileged.test_daemon_netns import (  # noqa: F401 (ns: the fixture)
+    _conf,
+    _members,
+    _run,
+    _start,
+    _stop,
+    kernel_state,
+    ns,
+)
 
 pytestmark = pytest.mark.privileged
 
@@ -71,11 +81,12 @@ def test_the_kernel_refusing_a_member_leaves_the_others_applied(netns_pair):
     retried alone, and in once there is room."""
     clock = {"t": 1000.0}
     spec = dp.DatapathSpec((TARGET_DEV,), leaf="pfifo", ladder_ratio=1.0, max_delay_us=10_000)
-    with dp.Datapath(spec, netns=netns_pair.target, maxelem=4, clock=lambda: clock["t"]) as d:
+    with dp.Datapath(spec, netns=netns_pair.target, maxelem=4, clock=lambda: clock["t"]) as path:
+        d = Actuation(path)
         d.apply()
         want = {ip: (5, "all") for ip in [MEMBER_IP, OTHER_IP, *SIX[:4]]}
         d.converge(want)
-        held = set(d.current())
+        held = set(path.current())
         q = d.quarantined()
         assert len(held) == 4 and len(q) == 2, (held, dict(q))
         assert all(e.kind == "member" and "the set is full" in e.error for e in q.values()), q
@@ -85,8 +96,101 @@ def test_the_kernel_refusing_a_member_leaves_the_others_applied(netns_pair):
         gone = sorted(held)[:2]
         want = {ip: km for ip, km in want.items() if ip not in gone}
         d.converge(want, ordered=False)
-        assert set(d.current()) == held - set(gone)
+        assert set(path.current()) == held - set(gone)
         clock["t"] += 1.5
         d.converge(want, ordered=False)
-        assert set(d.current()) == set(want) and d.quarantined() == {}
+        assert set(path.current()) == set(want) and d.quarantined() == {}
         d.cleanup()
+
+
+# --------------------------------------------------- item 6: drift and a safe cleanup
+def _objects(ns: str) -> list[list[str]]:  # noqa: F811 (ns: a name here)
+    """The kernel's objects of the data path, each listing's lines in order (a rebuilt
+    object may be listed in another place)."""
+    return [sorted(part.splitlines()) for part in kernel_state(ns)]
+
+
+def _sh_ns(ns: str, *cmd: str) -> None:  # noqa: F811 (ns: a name here)
+    subprocess.run(["ip", "netns", "exec", ns, *cmd], check=True, capture_output=True)
+
+
+@pytest.mark.parametrize(
+    "damage, what",
+    [
+        (("ipset", "flush", "santhrottle-all"), "ipset: santhrottle-all holds 0 members"),
+        (("ipset", "del", "santhrottle-members", "santhrottle-all"), "santhrottle-members lists"),
+        (("tc", "qdisc", "del", "dev", "st-d0", "root"), "tc: st-d0: the root qdisc is not"),
+        (("tc", "class", "del", "dev", "st-d0", "classid", "5374:5"), "missing or changed"),
+        (("iptables", "-t", "mangle", "-F", "SANTHROTTLE"), "iptables: the chain SANTHROTTLE"),
+        (("ip6tables", "-t", "mangle", "-F", "POSTROUTING"), "iptables: the chain SANTHROTTLE"),
+    ],
+    ids=["flush", "gate", "root", "class", "chain", "jump6"],
+)
+def test_the_daemon_repairs_what_was_removed_under_it(ns, tmp_path, damage, what):  # noqa: F811
+    sock = str(tmp_path / "control.sock")
+    log = tmp_path / "log"
+    proc = _start(_conf(tmp_path, ns), sock, log=log)
+    try:
+        request(sock, "pin", initiator=SIX[0], **{"class": 5, "mode": "all"})
+        _wait(lambda: SIX[0] in _members(ns), what="the pin applied")
+        before = _objects(ns)
+        _sh_ns(ns, *damage)
+        _wait(lambda: what in log.read_text(), what=f"the drift logged: {what}")
+        _wait(lambda: _objects(ns) == before, what="the data path as it was")
+        st = request(sock, "status")
+        assert st["counters"]["repairs"] >= 1 and st["counters"]["actuator_errors"] == 0
+    finally:
+        _stop(proc)
+
+
+def test_cleanup_refuses_while_a_daemon_answers_and_force_stops_it_first(ns, tmp_path):  # noqa: F811
+    sock = str(tmp_path / "control.sock")
+    conf = _conf(tmp_path, ns)
+    proc = _start(conf, sock)
+    try:
+        request(sock, "pin", initiator=SIX[0], **{"class": 5, "mode": "all"})
+        _wait(lambda: SIX[0] in _members(ns), what="the pin applied")
+        p = _run("santhrottle", "cleanup", "--config", str(conf))
+        assert p.returncode == 1 and len(p.stderr.splitlines()) == 1, p.stderr
+        assert f"santhrottled answers on {sock}" in p.stderr and "--force" in p.stderr
+        assert SIX[0] in _members(ns) and proc.poll() is None  # nothing touched
+        p = _run("santhrottle", "cleanup", "--delays-only", "--config", str(conf))
+        assert p.returncode == 1 and SIX[0] in _members(ns)
+        p = _run("santhrottle", "cleanup", "--force", "--config", str(conf))
+        assert p.returncode == 0, p.stderr
+        assert proc.wait(timeout=30) == 0 and f"stopped santhrottled (pid {proc.pid})" in p.stderr
+        assert kernel_state(ns)[1].strip() == ""  # no set left
+    finally:
+        _stop(proc)
+
+
+def test_a_bridge_daemon_repairs_its_nft_table(three_namespaces, tmp_path):
+    import shutil
+
+    from tests.privileged.test_bridge_daemon import bridge_config
+
+    if not shutil.which("nft"):
+        pytest.skip("no nft (nftables): bridge mode's gate")
+    _ini, mid, _tgt = three_namespaces
+    conf = bridge_config(tmp_path, mid, "capture", "iscsi://192.0.2.9/*/*", "1s")
+    sock, log = str(tmp_path / "control.sock"), tmp_path / "log"
+
+    def table() -> list[str]:
+        out = subprocess.run(
+            ["ip", "netns", "exec", mid, "nft", "list", "table", "bridge", "santhrottle"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return sorted(out.stdout.splitlines())
+
+    proc = _start(conf, sock, log=log)
+    try:
+        request(sock, "pin", initiator=SIX[0], **{"class": 5, "mode": "all"})
+        _wait(lambda: any(SIX[0] in ln for ln in table()), what="the pin in the map")
+        before = table()
+        _sh_ns(mid, "nft", "flush", "table", "bridge", "santhrottle")
+        _wait(lambda: "drift: nft: table bridge santhrottle" in log.read_text(), what="drift")
+        _wait(lambda: table() == before, what="the table as it was")
+    finally:
+        _stop(proc)

@@ -109,6 +109,7 @@ class FakeActuator:
         self.fail = False  # every change refused
         self.refuse: set[str] = set()  # these initiators refused
         self.cleaned = False
+        self.repairs = 0
         self.glided = 0
         self.unordered_moves = 0
         self.convergence = Convergence(self._send, lambda: self.clock())
@@ -165,6 +166,22 @@ class FakeActuator:
     def settle(self):
         self.settles += 1
         return 0
+
+    # drift: the fake kernel (a dict someone may change) against the record
+    def expected(self):
+        return dict(self.convergence.targets)
+
+    def drift(self, expected):
+        return [
+            f"member {ip}: {self._kernel.get(ip)} in the kernel, {km} left"
+            for ip, km in sorted(expected.items())
+            if self._kernel.get(ip) != km
+        ]
+
+    def repair(self):
+        self.repairs += 1
+        self.convergence.adopt(self._kernel)  # what apply() does: read the members back
+        return 1
 
     def cleanup(self):
         self.cleaned = True

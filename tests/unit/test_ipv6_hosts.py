@@ -171,7 +171,7 @@ def _status(initiators, members=()):
         read_time_s=0.0,
         written_bytes=0.0,
     )
-    counters = CountersView(1, 0, 0, 0, 0, 0, 0, 0, 0.0, {}, 0, 0, {})
+    counters = CountersView(1, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, {}, 0, 0, {})
     st = StatusView(
         mode="target",
         paused=False,

@@ -48,6 +48,7 @@ SERIES = {
     "santhrottle_scrape_errors": ("counter", {"source"}),
     "santhrottle_paused": ("gauge", set()),
     "santhrottle_quarantined": ("gauge", {"kind"}),
+    "santhrottle_repairs": ("counter", set()),
     "santhrottle_quarantines": ("counter", {"kind"}),
     "santhrottle_ticks": ("counter", set()),
     "santhrottle_tick_overruns": ("counter", set()),

@@ -79,6 +79,7 @@ class Counters:
     reloads: int = 0
     reload_failures: int = 0
     state_save_errors: int = 0
+    repairs: int = 0  # kernel objects found missing or changed and rebuilt (core/drift.py)
     tick_seconds_sum: float = 0.0
     # ticks per bucket of TICK_DURATION_BUCKETS_S (not cumulative), +Inf last
     tick_duration_counts: list[int] = field(

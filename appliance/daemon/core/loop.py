@@ -63,6 +63,7 @@ from santhrottle.appliance.config import Config, ConfigError
 from santhrottle.appliance.daemon.core import grouping, reloading, resources
 from santhrottle.appliance.daemon.core.cadence import Cadence
 from santhrottle.appliance.daemon.core.counters import Counters, WrittenBytes
+from santhrottle.appliance.daemon.core.drift import DriftWatch
 from santhrottle.appliance.daemon.core.errors import CommandError
 from santhrottle.appliance.daemon.core.fleetmode import FleetMode
 from santhrottle.appliance.daemon.core.group_overrides import GroupOverride, prune
@@ -100,11 +101,8 @@ class Daemon:
         store: StateStore | None = None,
         fleet: FleetMode | None = None,
     ) -> None:
-        self.config = config
-        self.sensors = sensors
+        self.config, self.sensors, self.actuator, self.clock = config, sensors, actuator, clock
         self.bridge = bridge  # bridge mode: the wire sensor's extension (the same object)
-        self.actuator = actuator
-        self.clock = clock
         self._load_config = load_config
         self.notify = notify or (lambda _msg: None)
         self.lock = threading.RLock()
@@ -120,6 +118,7 @@ class Daemon:
         self.cadence = Cadence(clock, sleep, lambda: self.config.controller)  # reloadable
         self._resources_dirty = True  # a new discovery or config: reconcile at the next tick
         self._gc = GcFreezer()
+        self.drift = DriftWatch()
         self.keeper = StateKeeper(store)  # no store: nothing survives a restart (tests)
         self.seed_classes: dict[str, int] = {}  # resource -> class, from the last run
         self.restart_pending: list[str] = []  # keys a reload could not change
@@ -138,8 +137,7 @@ class Daemon:
 
     @property
     def revision(self) -> tuple[int, ...]:
-        """Changes since a view of the daemon was built: ticks, convergences, reloads,
-        actuator errors and the public methods' changes."""
+        """What a view of the daemon is built from changed (status/build.py StatusCache)."""
         c = self.counters
         return (c.ticks, c.converges, c.reloads, c.actuator_errors, self._changes)
 
@@ -183,6 +181,7 @@ class Daemon:
             self._resources_dirty = True
         self.save_state()  # the resource classes, once per convergence when they changed
         self._gc.after_convergence(s.discoveries)
+        self.drift.check(self.actuator, self.lock)  # the kernel as the data path left it
 
     def tick(self, now: float) -> None:
         t0 = self.clock()
@@ -217,6 +216,7 @@ class Daemon:
                 self.config.controller.class_decrease_max_per_tick,
                 lambda ip: self.ctl.effective.get(self.hosts.key(ip), 0),  # a host's: its key's
             )
+            self.drift.repair(self.actuator, self.counters)  # what the last check found
             self._actuate()
             self.counters.record_tick(self.clock() - t0)
         self.notify("WATCHDOG=1")
@@ -252,8 +252,8 @@ class Daemon:
     def _overrun(self, missed: int) -> None:
         self.counters.tick_overruns += missed
 
-    def _ready(self) -> None:
-        self.notify("READY=1")  # systemd: started
+    def _ready(self) -> None:  # systemd: started
+        self.notify("READY=1")
 
     def stop(self) -> None:
         self.cadence.stop()

@@ -105,6 +105,7 @@ def status(daemon: Daemon) -> StatusView:
             reloads=c.reloads,
             reload_failures=c.reload_failures,
             state_save_errors=c.state_save_errors,
+            repairs=c.repairs,
             tick_seconds_sum=c.tick_seconds_sum,
             tick_duration_buckets={
                 "+Inf" if math.isinf(le) else repr(le): n for le, n in c.tick_duration_buckets()

@@ -94,6 +94,11 @@ EVENT_COUNTERS: tuple[tuple[str, Callable[[CountersView], int], str], ...] = (
         "Failed writes of the runtime state file (pins, pause, overrides, classes)",
     ),
     (
+        "santhrottle_repairs",
+        lambda c: c.repairs,
+        "Kernel objects of the data path found missing or changed under the daemon, and rebuilt",
+    ),
+    (
         "santhrottle_glided_descents",
         lambda c: c.glided_descents,
         "Initiators whose delay went down through a glide leaf (kept in order)",

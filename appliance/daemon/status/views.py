@@ -119,6 +119,7 @@ class CountersView:
     reloads: int
     reload_failures: int
     state_save_errors: int
+    repairs: int  # kernel objects found missing or changed under the daemon, and rebuilt
     tick_seconds_sum: float
     tick_duration_buckets: dict[str, int]  # cumulative, by upper bound (Prometheus' le)
     glided_descents: int

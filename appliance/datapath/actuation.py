@@ -1,0 +1,111 @@
+"""The data path as the daemon drives it: converge to what is wanted, isolate refusals, mend drift.
+
+What it owns
+    Actuation composes a Datapath (actuator.py: the kernel objects), the
+    Convergence (converge.py: the record of what the kernel holds, the diff,
+    the quarantine) and the drift check (drift.py) into what the daemon calls
+    its actuator (daemon/core/sensors.py, Actuator):
+      apply()       the start: Datapath.apply(), then the members read back
+                    become the record (a restart adopts what the last run left)
+      converge()    every tick: the kernel to the classes wanted
+      settle()      every tick: the glide leaves' due lowerings and handoffs,
+                    quarantined like any refusal when the kernel refuses them
+      members(), quarantined(), errors, quarantines   for status and metrics
+      expected(), drift(), repair()   the drift check and its repair
+      cleanup()     the stop
+    The command line's `pin`, `datapath apply` and `cleanup` use the Datapath
+    alone: no record outlives a command.
+
+Worked example
+    a = Actuation(Datapath(DatapathSpec(("eth1",))))
+    a.apply(); a.converge({"10.0.0.3": (20, "all")}); a.members() ->
+    {"10.0.0.3": (20, "all")}; after an `ipset flush santhrottle-all` by hand,
+    a.drift(a.expected()) -> ["ipset: santhrottle-all holds 0 members, santhrottle
+    left 1 there"]; a.repair(); a.converge(the same) puts 10.0.0.3 back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from santhrottle.appliance.datapath.actuator import ApplyReport, CleanupReport, Datapath
+from santhrottle.appliance.datapath.converge import Convergence, Quarantined, Target
+from santhrottle.appliance.datapath.drift import Expected, find_drift
+
+
+class Actuation:
+    def __init__(self, datapath: Datapath) -> None:
+        self.datapath = datapath
+        self.convergence = Convergence(self._send, datapath.clock)
+
+    def _send(self, classes: Mapping[str, int], mode: str, ordered: bool) -> int:
+        return self.datapath.set_classes(classes, mode, ordered=ordered)
+
+    # ------------------------------------------------------------ lifecycle
+    def apply(self) -> ApplyReport:
+        report = self.datapath.apply()
+        self._read_back()
+        return report
+
+    def _read_back(self) -> None:
+        self.convergence.adopt({ip: (m.klass, m.mode) for ip, m in self.datapath.current().items()})
+
+    def cleanup(self) -> CleanupReport:
+        return self.datapath.cleanup()
+
+    # ------------------------------------------------------------ every tick
+    def converge(self, want: Mapping[str, Target], *, ordered: bool = True) -> int:
+        """Every initiator to its (class, mode) in `want`, the others out of every set;
+        what the kernel refuses is quarantined, the rest goes in (converge.py)."""
+        return self.convergence.converge(want, ordered)
+
+    def settle(self) -> int:
+        return self.convergence.guard("glide leaves", "leaf", self.datapath.settle)
+
+    # ------------------------------------------------------------ what it shows
+    def members(self) -> Mapping[str, Target]:
+        """ip -> (class, mode) of every member as applied: the record of the kernel."""
+        return self.convergence.members()
+
+    def quarantined(self) -> Mapping[str, Quarantined]:
+        return self.convergence.quarantine
+
+    @property
+    def errors(self) -> int:
+        """Refusals of the kernel since the start (a batch, a member, an object)."""
+        return self.convergence.errors
+
+    @property
+    def quarantines(self) -> Mapping[str, int]:
+        """Per kind (member, jumps, gate, leaf, repair): the quarantines since the start."""
+        return self.convergence.quarantined_total
+
+    @property
+    def glided(self) -> int:
+        return self.datapath.glided
+
+    @property
+    def unordered_moves(self) -> int:
+        return self.datapath.unordered_moves
+
+    # ------------------------------------------------------------ drift
+    def expected(self) -> Expected:
+        """What the data path left in the kernel (the tick's thread; drift.py)."""
+        return self.datapath.expected()
+
+    def drift(self, expected: Expected) -> list[str]:
+        """What is missing or changed against `expected`, one line per object; read only,
+        through netlink sockets of its own (any thread: the convergence worker's)."""
+        dp = self.datapath
+        return find_drift(dp.spec, expected, dp.netns, dp.host.tools)
+
+    def repair(self) -> int:
+        """Rebuild what drifted (Datapath.apply(): the tree, the sets, the gate, the
+        rules) and read the members back, so the next converge() puts back what is
+        missing; a failure waits for its retry like any refusal (converge.py)."""
+        return self.convergence.guard("data path repair", "repair", self._repair)
+
+    def _repair(self) -> int:
+        lines = self.datapath.apply().tc_lines
+        self._read_back()
+        return lines + 1

@@ -1,0 +1,54 @@
+"""The daemon notices what changed in the kernel under it and repairs it (core/drift.py;
+issue 46 item 6).  Before, `santhrottle cleanup` under a running daemon removed the
+data path and the daemon went on reporting `running`, its pins and 0 actuator errors
+while nothing was delayed.  The real kernel: tests/privileged/test_daemon_hostile.py."""
+
+from __future__ import annotations
+
+import logging
+
+from .test_daemon import handle, make, run_for, status_of
+
+
+def test_members_flushed_under_the_daemon_are_back_within_a_convergence(caplog):
+    d, vt, _s, act = make()
+    for ip in ("10.0.0.7", "10.0.0.8"):
+        handle(d, "pin", {"initiator": ip, "class": 4, "mode": "all"})
+    run_for(d, vt, 1.5)
+    assert {"10.0.0.7", "10.0.0.8"} <= set(act.kernel)
+    act._kernel.clear()  # `ipset flush` by hand: the record still has them
+    with caplog.at_level(logging.WARNING):
+        run_for(d, vt, 1.2)
+    assert {"10.0.0.7", "10.0.0.8"} <= set(act.kernel)
+    assert "drift: member 10.0.0.7: None in the kernel" in caplog.text
+    assert status_of(d)["counters"]["repairs"] >= 2 and act.repairs >= 1
+
+
+def test_a_check_that_races_a_tick_is_no_drift():
+    """The data path changed between what the check took and what it read: nothing is
+    repaired (the next convergence looks again)."""
+    d, vt, _s, act = make()
+    run_for(d, vt, 1.5)
+    real = act.drift
+
+    def racing(expected):
+        handle(d, "pin", {"initiator": "10.0.0.9", "class": 3, "mode": "all"})
+        d.tick(vt.now)  # the tick moves a member while the kernel is read
+        return real(expected) or ["member 10.0.0.9: changed"]
+
+    act.drift = racing
+    d.converge_once()
+    assert d.drift.found == [] and act.repairs == 0
+
+
+def test_a_check_that_cannot_read_is_said_once(caplog):
+    d, vt, _s, act = make()
+
+    def broken(_expected):
+        raise OSError("ipset: cannot open the netlink socket")
+
+    act.drift = broken
+    with caplog.at_level(logging.WARNING):
+        run_for(d, vt, 5.0)
+    assert caplog.text.count("drift: cannot check the data path") == 1
+    assert act.repairs == 0
