@@ -40,9 +40,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = "SANTHROTTLE_MYPYC"
-# The tick's path (controller/step.py and what it calls every tick or convergence);
+# The tick's path (controller/decide.py and what it calls every tick or convergence);
 # the simulators, the sweep and the fleet's logic stay Python.
 MODULES = (
+    "decide",
     "domain",
     "effective",
     "ewma",
@@ -52,7 +53,6 @@ MODULES = (
     "ramp",
     "setpoint",
     "state",
-    "step",
     "writeheavy",
 )
 STAGE = Path("build") / "mypyc-stage"  # under the tree being built

@@ -163,7 +163,7 @@ class WriteSample(NamedTuple):
     """Write rate of one initiator on one resource over the sensor interval.
 
     A tuple: a convergence carries one per (resource, initiator) pair, 10,000s
-    of them (make bench); step() folds them in as they are.
+    of them (make bench); decide() folds them in as they are.
     """
 
     resource: str
@@ -203,7 +203,7 @@ class IoSample(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Samples:
-    """What the sensors produced since the previous step()."""
+    """What the sensors produced since the previous decide()."""
 
     reads: Sequence[ReadSample] = ()
     writes: Sequence[WriteSample] = ()
@@ -213,12 +213,12 @@ class Samples:
 
 @dataclass(slots=True)
 class Decisions:
-    """What one step() decided; only changes, the full view is in the state."""
+    """What one decide() decided; only changes, the full view is in the state."""
 
     now_s: float
     ticked: bool = False
     converged: bool = False
-    late_ticks: int = 0  # ticks skipped because step() was called late
+    late_ticks: int = 0  # ticks skipped because decide() was called late
     resource_classes: dict[str, int] = field(default_factory=dict)  # changed only
     initiator_classes: dict[str, int] = field(default_factory=dict)  # changed; 0 = none
     joined: Mapping[str, set[str]] = field(default_factory=dict)

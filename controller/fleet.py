@@ -4,7 +4,7 @@ Problem
     An array behind two (or four) fabrics has one appliance per fabric and
     multipath initiators: each appliance sees only its paths' share of an
     initiator's writes and of a resource's reads. Per resource, one elected
-    leader runs the unchanged controller.step.step() on the samples of ALL
+    leader runs the unchanged controller.decide.decide() on the samples of ALL
     appliances merged, and publishes the classes with an epoch; every
     appliance applies the published classes on its own ports. This module
     is the pure part of that: the merge, the freshness of the parts, and
@@ -27,11 +27,11 @@ Law
         reads_r         = sum reads_p
         read_latency_r  = sum reads_p x lat_p / reads_r      (reads_r > 0)
                         = 0.0, reads 0                        (no reads anywhere:
-                          step() holds on reads 0 and never reads the latency;
+                          decide() holds on reads 0 and never reads the latency;
                           a plain mean of the parts' placeholder values would
                           pretend to be a measurement)
         write_bps_r     = sum of the write_bps_p that are known; None only
-                          when no part knows it (step() then never holds)
+                          when no part knows it (decide() then never holds)
         reads_in_flight = sum of the known ones; None when none is known
         write_bps_(r,i) = sum write_bps_p                     (WriteSample)
         device: ios summed, latency_s weighted by ios (0.0 without ios),
@@ -47,9 +47,9 @@ Law
     a deposed leader's, an older seq of the same epoch a reordered message.
     The accepted classes stay in force until the next accepted decision;
     an initiator's class on this appliance is the max over the resources'
-    accepted classes (step()'s max-over-resources, across leaders).
+    accepted classes (decide()'s max-over-resources, across leaders).
     follow(state, resource, leader_class): a follower's own controller
-    moves its resource's class toward the leader's as step() moves a class
+    moves its resource's class toward the leader's as decide() moves a class
     (ramp.move_toward: up by the ramp, down by at most
     class_decrease_max_per_tick a tick), its PID continuing from there
     (restate.set_class): the class it applies is the leader's, and when
@@ -232,7 +232,7 @@ class DecisionFence:
 def leader_decision(
     resource: str, epoch: int, seq: int, members: Iterable[str], effective: Mapping[str, int]
 ) -> Decision:
-    """What a resource's leader publishes after step(): its members' effective classes.
+    """What a resource's leader publishes after decide(): its members' effective classes.
 
     effective: the leader's ControllerState.effective (initiator -> class,
     ramp included); members: the resource's write-heavy set."""

@@ -10,7 +10,7 @@ Problem
 Measured signal
     The EWMA of the resource's mean read latency (controller/ewma.py), one
     value per controller tick T (100 ms), divided by the threshold:
-    step() passes relative latencies, so e is a relative error.
+    decide() passes relative latencies, so e is a relative error.
 
 Law "paper" (appendix, eq. 2: the discrete PID in velocity form) on the
 class index, SingleSidedPid
@@ -66,7 +66,7 @@ Rounding
 
 Idle behaviour
     Not here: a resource without reads in an interval has no measurement;
-    the caller (controller/step.py) holds the class, and releases it after
+    the caller (controller/decide.py) holds the class, and releases it after
     a configured idle time.
 
 Watching it
@@ -74,7 +74,7 @@ Watching it
     the daemon exports santhrottle_resource_delay_class and _delay_seconds.
 
 Worked example, law "paper"
-    Kp = 400 classes per second of error (absolute units here; step() passes
+    Kp = 400 classes per second of error (absolute units here; decide() passes
     relative ones), Ti = 0.5 s, Td = 0, T = 0.1 s, max_class = 100,
     threshold 10 ms, measurements 14, 12, 9, 5 ms:
         k=0  e=+0.004  u = 0    + 400*(0.004 - 0     + 0.2*0.004)  = 1.92 -> class 2
@@ -242,7 +242,7 @@ class LogPid:
         return self.ladder.max_class
 
     def update(self, measured_s: float, threshold_s: float, scale_s: float = 0.0) -> int:
-        """measured_s, threshold_s: relative (step() divides by the threshold);
+        """measured_s, threshold_s: relative (decide() divides by the threshold);
         scale_s: the threshold in force in seconds, the offset's unit."""
         e = measured_s - threshold_s
         e1 = self._e1

@@ -12,7 +12,7 @@ A class goes down by at most class_decrease_max_per_tick per tick (0: no
 limit): a lower delay lets an initiator's new packets overtake those still
 queued at the old one, and the target's TCP fast-retransmits (step.py,
 "gradually"). move_toward() is both rules in one: a resource's class in
-step(), a group's (groups.py) and a follower's toward its leader's
+decide(), a group's (groups.py) and a follower's toward its leader's
 (fleet.py) move by it. E.g. from class 20 toward 60 on the default ladder:
 rise(20) = 25 (10 ms x 1.25 = 12.5 ms); from 20 toward 5 with a
 limit of 1: 19.

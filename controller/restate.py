@@ -1,8 +1,8 @@
 """Live changes to a running controller's state: new parameters, a restart, groups.
 
-Each is a change between two calls of step() (controller/step.py), made by
+Each is a change between two calls of decide() (controller/decide.py), made by
 the daemon (a reload, a restart, a resource that goes, a group set) or the
-simulator; step() itself never calls them.
+simulator; decide() itself never calls them.
 
 reconfigure(state, config)
     New gains, EWMA time constants, write-heavy thresholds or cadences keep
@@ -67,7 +67,7 @@ def reconfigure(state: ControllerState, config: ControllerConfig) -> ControllerS
     sets = state.write_sets
     fresh = write_heavy_sets(config)  # validates the thresholds
     sets.tau_s, sets.enter_bps, sets.leave_bps = fresh.tau_s, fresh.enter_bps, fresh.leave_bps
-    sets.share, sets.pause_hold_s = fresh.share, fresh.pause_hold_s
+    sets.share, sets.away_hold_s = fresh.share, fresh.away_hold_s
     sets.clear_alpha_cache()
     out = ControllerState(
         config,

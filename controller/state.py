@@ -14,7 +14,7 @@ What it holds
     "auto", controller/lqfit.py).
 
 Who changes it
-    step() every call (controller/step.py), in place; restate.py between
+    decide() every call (controller/decide.py), in place; restate.py between
     calls (new parameters, a restart's last classes, groups, a resource
     that goes); fleet.follow() on an appliance that follows a leader.
     effective.py recomputes the initiators' classes from it. The types
@@ -50,7 +50,7 @@ from .writeheavy import CONTENDED_FLOOR_FRACTION, WriteHeavySets
 # (no decrease) for at most this long: writers pause and come back (the
 # method paper's pause 5 s), and the delay the others need alone is too
 # little for them all; one that stays away longer has gone (step.py, "Law").
-PAUSE_HOLD_S = 10.0
+AWAY_HOLD_S = 10.0
 # A resource's own write rate is smoothed over this long to see it drop (the
 # write-drop hold, step.py): a writer that stopped.
 WRITE_RATE_TAU_S = 1.0
@@ -63,7 +63,7 @@ def write_heavy_sets(c: ControllerConfig) -> WriteHeavySets:
         c.write_heavy_enter_bps,
         c.write_heavy_leave_bps,
         c.write_heavy_share,
-        PAUSE_HOLD_S if c.write_heavy_share else 0.0,
+        AWAY_HOLD_S if c.write_heavy_share else 0.0,
     )
 
 
@@ -113,7 +113,7 @@ class ControllerState:
     late_ticks_total: int = 0
     rise_to: tuple[int, ...] = ()  # rise() of every class (the ramp), from the config
     no_writers_bps: float = 0.0  # a resource writing less holds its class
-    paused: set[str] = field(default_factory=set)  # resources with a paused member
+    away: set[str] = field(default_factory=set)  # resources with a member away
     groups: GroupsState = field(default_factory=GroupsState)  # grouped resources (groups.py)
     grouped: frozenset[str] = frozenset()  # resources whose classes come from their groups
     ios: list[IoSample] = field(default_factory=list)  # since the last convergence (groups)

@@ -59,8 +59,8 @@ Idle behaviour
     member writing 1 MiB/s, it stays a member through a 5 s pause as long as
     leave < 0.53 MiB/s, so the next burst is throttled from its first tick
     instead of after a new convergence. A member whose sample is under
-    PAUSE_FRACTION x leave (2.56 KiB/s by default) has paused (the
-    controller holds its resource's class for a while, controller/step.py);
+    AWAY_FRACTION x leave (2.56 KiB/s by default) is away (the
+    controller holds its resource's class for a while, controller/decide.py);
     one that writes little because it is throttled has not: a 4 KiB QD1
     writer at 250 ms writes 16 KiB/s.
 
@@ -87,8 +87,8 @@ FORGET_FRACTION = 0.01
 # default): small-IO writers saturate a slow array at well under 1 MiB/s,
 # while a reader's own log writes stay under it.
 CONTENDED_FLOOR_FRACTION = 0.25
-# A member writing under this fraction of leave_bps has paused ("Idle behaviour").
-PAUSE_FRACTION = 0.01
+# A member writing under this fraction of leave_bps is away ("Idle behaviour").
+AWAY_FRACTION = 0.01
 
 
 @dataclass(slots=True, eq=False)
@@ -99,7 +99,7 @@ class _Pair:
     initiator: str
     member: bool = False
     seen: bool = True  # got a sample since the last convergence
-    paused_s: float | None = None  # since when its samples are under the pause floor
+    away_since_s: float | None = None  # since when its samples are under the away floor
 
 
 @dataclass(slots=True, eq=False)
@@ -115,14 +115,14 @@ class _Resource:
 
 
 @dataclass
-class Membership:
+class SetChanges:
     """Changes of one convergence, per resource."""
 
     joined: dict[str, set[str]] = field(default_factory=dict)
     left: dict[str, set[str]] = field(default_factory=dict)
-    # resources with a member that stopped writing (its samples under pause_bps)
-    # less than pause_hold_s ago, while the resource is contended
-    paused: set[str] = field(default_factory=set)
+    # resources with a member that stopped writing (its samples under away_bps)
+    # less than away_hold_s ago, while the resource is contended
+    away: set[str] = field(default_factory=set)
 
 
 class WriteHeavySets:
@@ -134,7 +134,7 @@ class WriteHeavySets:
         enter_bytes_per_s: float,
         leave_bytes_per_s: float,
         share: float = 0.0,
-        pause_hold_s: float = 0.0,
+        away_hold_s: float = 0.0,
     ) -> None:
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"write-heavy share must be within 0-1, got {share}")
@@ -149,9 +149,9 @@ class WriteHeavySets:
         self.enter_bps = enter_bytes_per_s
         self.leave_bps = leave_bytes_per_s
         self.share = share
-        self.pause_hold_s = pause_hold_s
-        # a member writing under this has paused (PAUSE_FRACTION x leave)
-        self.pause_bps = PAUSE_FRACTION * leave_bytes_per_s
+        self.away_hold_s = away_hold_s
+        # a member writing under this is away (AWAY_FRACTION x leave)
+        self.away_bps = AWAY_FRACTION * leave_bytes_per_s
         self._pairs: dict[tuple[str, str], _Pair] = {}  # the table, in order of arrival
         self._resources: dict[str, _Resource] = {}  # the same pairs by resource, initiator
         self._converges = 0  # convergences so far
@@ -193,7 +193,7 @@ class WriteHeavySets:
     def observe_many(self, samples: Iterable[tuple[str, str, float]], now_s: float) -> None:
         """observe() for a whole sensor pass; the hot path of a convergence."""
         pairs = self._pairs
-        pause_bps = self.pause_bps
+        away_bps = self.away_bps
         last_s = math.nan  # the previous pair's last_s, and its alpha: one per sensor pass
         a = 0.0
         for resource, initiator, rate in samples:
@@ -208,11 +208,11 @@ class WriteHeavySets:
             p.rate_bps += a * (rate - p.rate_bps)
             p.last_s = now_s
             p.seen = True
-            if rate < pause_bps:
-                if p.paused_s is None:
-                    p.paused_s = now_s
+            if rate < away_bps:
+                if p.away_since_s is None:
+                    p.away_since_s = now_s
             else:
-                p.paused_s = None
+                p.away_since_s = None
 
     def rate(self, resource: str, initiator: str) -> float | None:
         p = self._pairs.get((resource, initiator))
@@ -221,13 +221,13 @@ class WriteHeavySets:
     def rates(self) -> dict[tuple[str, str], float]:
         return {k: p.rate_bps for k, p in self._pairs.items()}
 
-    def converge(self, now_s: float, contended: Collection[str] = ()) -> Membership:
+    def converge(self, now_s: float, contended: Collection[str] = ()) -> SetChanges:
         """Re-evaluate every set. contended: resources whose latency is over their
         setpoint (the controller's view): the relative rule applies to them from
         CONTENDED_FLOOR_FRACTION x leave on, to the others from enter_bps."""
-        out = Membership()
-        paused = out.paused
-        hold_s = self.pause_hold_s
+        out = SetChanges()
+        away = out.away
+        hold_s = self.away_hold_s
         leave_bps = self.leave_bps
         # 1. Every pair: fold in the silent ones; set aside, in table order, all but
         #    the members at or over leave_bps (they hold whatever the relative
@@ -244,16 +244,16 @@ class WriteHeavySets:
                     a = self._alpha(now_s - last_s)
                 p.rate_bps -= a * p.rate_bps
                 p.last_s = now_s
-                if p.paused_s is None:
-                    p.paused_s = now_s
+                if p.away_since_s is None:
+                    p.away_since_s = now_s
             if p.member:
-                if p.paused_s is not None and now_s - p.paused_s < hold_s:
-                    paused.add(p.of.name)
+                if p.away_since_s is not None and now_s - p.away_since_s < hold_s:
+                    away.add(p.of.name)
                 if p.rate_bps >= leave_bps:
                     continue  # hold
             todo.append(p)
         cont = frozenset(contended)
-        out.paused &= cont
+        out.away &= cont
         # 2. Those set aside, in the same order (the sets change as in one pass over
         #    the table), against their resource's thresholds (computed once, when
         #    first needed: the other resources' are not).

@@ -15,15 +15,15 @@ Model
     This module is the appliances' side of it: FleetControl, per mode.
 
 Cases (mode)
-    single:      one appliance on every path, step() on all samples (today).
+    single:      one appliance on every path, decide() on all samples (today).
     fleet:       each appliance's samples of a tick (controller/fleet.py
-                 Report) merged; the leader's step() decides; its Decision
+                 Report) merged; the leader's decide() decides; its Decision
                  reaches every appliance lag_ticks ticks later through a
                  DecisionFence, and each applies it on its paths. failover_at_s:
                  the leader dies; none decides for ELECTION_S; the next (epoch 2)
                  starts from the last published classes (handover) or from 0, and
                  publishes after its first convergence (its write-heavy sets).
-    independent: each appliance runs step() alone on its own paths' samples
+    independent: each appliance runs decide() alone on its own paths' samples
                  and applies its own classes (the degraded mode).
 
 Measured (per run, from the settle time on, as measure.summarize)
@@ -50,6 +50,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from santhrottle.controller.decide import decide
 from santhrottle.controller.domain import Resource
 from santhrottle.controller.fleet import (
     Decision,
@@ -61,7 +62,6 @@ from santhrottle.controller.fleet import (
 )
 from santhrottle.controller.restate import seed_class
 from santhrottle.controller.state import ControllerState, new_state
-from santhrottle.controller.step import step
 
 from .experiment import best_constant_class
 from .loop import run_paths
@@ -154,7 +154,7 @@ class FleetControl:
         case, states, paths = self.case, self.states, range(self.n)
         if case.mode == "independent":  # each appliance alone on its own paths
             for p in paths:
-                states[p], _ = step(states[p], sensed.part(p), now_s)
+                states[p], _ = decide(states[p], sensed.part(p), now_s)
                 self.applied[p] = states[p].effective
             return self.applied
         if case.mode == "single":  # one appliance: the sums of the paths
@@ -165,7 +165,7 @@ class FleetControl:
             if self.epoch == 1 and case.failover_at_s is not None and now_s >= case.failover_at_s:
                 self._failover(now_s)
         if case.mode == "single" or now_s >= self.elected_s:
-            states[0], out = step(states[0], samples, now_s)
+            states[0], out = decide(states[0], samples, now_s)
             self.waiting = self.waiting and not out.converged  # a new leader: its sets, once
         if case.mode == "single":
             self.applied = [states[0].effective for _ in paths]

@@ -2,7 +2,7 @@
 
 What it measures
     Per (resource, initiator), over each convergence: IOs, bytes, reads and
-    the reads' latency at the device, fed to step() as IoSamples: closed
+    the reads' latency at the device, fed to decide() as IoSamples: closed
     streams as a fluid (q / (L + d) IOs per second), open-loop reads as
     they complete.
 What it records (GroupSeries, per group, at every convergence)
@@ -60,9 +60,15 @@ class GroupMeter:
         configure_groups(state, self.specs, group_of, [r.name for r in self.sc.resources])
 
     def closed(
-        self, resource: str, initiator: str, read: bool, iops: float, size: float, lat: float,
+        self,
+        resource: str,
+        initiator: str,
+        read: bool,
+        iops: float,
+        size: float,
+        lat: float,
         dt: float,
-    ) -> None:  # fmt: skip
+    ) -> None:
         a = self.acc.setdefault((resource, initiator), [0.0] * 5)
         n = iops * dt
         a[0] += n

@@ -1,8 +1,8 @@
 """The simulation loop: the controller against the plant, one loop for one path or N.
 
 Problem
-    Tune and judge the controller without a kernel: the same step() the
-    daemon runs (controller/step.py), against a plant from Pesto's model
+    Tune and judge the controller without a kernel: the same decide() the
+    daemon runs (controller/decide.py), against a plant from Pesto's model
     (sim/plant.py). One appliance sees every IO of the array; a fleet of N
     appliances (sim/fleet.py) each sees the IOs of its path. Both are this
     one loop: a run has N paths (sim/paths.py; one for one appliance) and a
@@ -51,13 +51,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from santhrottle.controller.decide import decide
 from santhrottle.controller.domain import (
     DeviceSample,
     Resource,
 )
 from santhrottle.controller.restate import set_class
 from santhrottle.controller.state import ControllerState, new_state
-from santhrottle.controller.step import step
 
 from .groups import GroupMeter
 from .measure import LatencyWindow, RunResult, Series
@@ -81,7 +81,7 @@ class Control(Protocol):
 
 
 class OneAppliance:
-    """One controller on every path (the daemon): step() on everything sensed.
+    """One controller on every path (the daemon): decide() on everything sensed.
 
     oracle_class: every resource's class is set to it after each step (the
     controller's PID runs, the class it decided is replaced): a writer gets
@@ -104,7 +104,7 @@ class OneAppliance:
         self.oracle_class = oracle_class
 
     def decide(self, sensed: Sensed, now_s: float, seq: int) -> Sequence[Mapping[str, int]]:
-        self.state, _ = step(self.state, sensed.whole(), now_s)
+        self.state, _ = decide(self.state, sensed.whole(), now_s)
         if self.meter is not None:
             self.meter.after_step(self.state, now_s, sensed.converging)
         if self.oracle_class is not None:  # the class that holds T, every tick

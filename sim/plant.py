@@ -7,7 +7,9 @@ Model (Pesto, section 4: latency is linear in outstanding IOs)
     outstanding at the device.
 
 Streams
-    closed loop, depth q, packets delayed by d per IO round trip:
+    closed loop, depth q, each IO d outside the device per round trip (its
+    packets' delay, the class of its initiator, plus the stream's own
+    overhead: the time outside, `outside_s`):
         each IO's life is L + d, of which L in the device, so by Little's law
         Q_i = q * L / (L + d)          throughput X_i = q / (L + d) IOPS
     (d also carries a stream's own time outside the device: the network and
@@ -67,7 +69,7 @@ def solve_latency(
     open_iops: float,
     closed: Sequence[tuple[float, float]],
 ) -> float:
-    """Device latency L* for open-loop load (IOPS) and closed streams [(depth, delay_s)]."""
+    """Device latency L* for open-loop load (IOPS) and closed streams [(depth, outside_s)]."""
     c, m = dev.intercept_s, dev.slope_s_per_io
     mlam = m * open_iops
     if mlam >= 1.0:
@@ -91,8 +93,8 @@ def solve_latency(
     return lat
 
 
-def closed_throughput_iops(depth: float, latency_s: float, delay_s: float) -> float:
-    return depth / (latency_s + delay_s)
+def closed_throughput_iops(depth: float, latency_s: float, outside_s: float) -> float:
+    return depth / (latency_s + outside_s)
 
 
 # Rounds of closed_latency: each caps at least one more stream, or ends.
@@ -101,11 +103,11 @@ CAP_ROUNDS_MAX = 8
 
 @dataclass(frozen=True, slots=True)
 class Closed:
-    """A closed stream: depth IOs in flight, each delayed delay_s outside the device;
-    cap_iops > 0 caps its rate (fio's --rate at an iodepth)."""
+    """A closed stream: depth IOs in flight, each outside_s outside the device (its delay
+    and the stream's overhead); cap_iops > 0 caps its rate (fio's --rate at an iodepth)."""
 
     depth: float
-    delay_s: float
+    outside_s: float
     cap_iops: float = 0.0
 
 
@@ -121,30 +123,30 @@ def closed_latency(
     depth 2: uncapped the reader would do 1 / L > 25/s, so L = solve_latency(dev, 25,
     [(2, 0)]) and the rates are [25, 2 / L]."""
     if not any(c.cap_iops for c in closed):  # no caps: one round (the loop's first)
-        by_delay: dict[float, float] = {}  # streams with one delay act as one
+        by_outside: dict[float, float] = {}  # streams with one time outside act as one
         for c in closed:
-            by_delay[c.delay_s] = by_delay.get(c.delay_s, 0.0) + c.depth
-        lat = solve_latency(dev, open_iops, [(q, d) for d, q in by_delay.items()])
-        return lat, [c.depth / (lat + c.delay_s) for c in closed]
+            by_outside[c.outside_s] = by_outside.get(c.outside_s, 0.0) + c.depth
+        lat = solve_latency(dev, open_iops, [(q, d) for d, q in by_outside.items()])
+        return lat, [c.depth / (lat + c.outside_s) for c in closed]
     capped: set[int] = set()
     lat = 0.0
     for _ in range(CAP_ROUNDS_MAX):
-        by_delay = {}
+        by_outside = {}
         for i, c in enumerate(closed):
             if i not in capped:
-                by_delay[c.delay_s] = by_delay.get(c.delay_s, 0.0) + c.depth
+                by_outside[c.outside_s] = by_outside.get(c.outside_s, 0.0) + c.depth
         extra = sum(closed[i].cap_iops for i in capped)
-        lat = solve_latency(dev, open_iops + extra, [(q, d) for d, q in by_delay.items()])
+        lat = solve_latency(dev, open_iops + extra, [(q, d) for d, q in by_outside.items()])
         over = {
             i
             for i, c in enumerate(closed)
-            if c.cap_iops and i not in capped and c.depth / (lat + c.delay_s) > c.cap_iops
+            if c.cap_iops and i not in capped and c.depth / (lat + c.outside_s) > c.cap_iops
         }
         if not over:
             break
         capped |= over
     return lat, [
-        c.cap_iops if i in capped else c.depth / (lat + c.delay_s) for i, c in enumerate(closed)
+        c.cap_iops if i in capped else c.depth / (lat + c.outside_s) for i, c in enumerate(closed)
     ]
 
 

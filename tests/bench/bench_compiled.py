@@ -46,7 +46,7 @@ PLANTS = ("controller", "controller-closed")
 
 def _loaded_from(pythonpath: str) -> str:
     """Where santhrottle.controller.step comes from with pythonpath first."""
-    code = "import santhrottle.controller.step as s; print(s.__file__)"
+    code = "import santhrottle.controller.decide as s; print(s.__file__)"
     env = compiled.env_for(pythonpath)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     return p.stdout.strip() or p.stderr.strip()[-500:]

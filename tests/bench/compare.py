@@ -106,19 +106,23 @@ def main() -> int:
             rev = [x[fig] for x in runs[name]["rev"] if fig in x]
             if not this or not rev:
                 continue
-            out.append({
-                "bench": name,
-                "figure": fig,
-                "this": this,
-                "rev": rev,
-                "ratio": statistics.median(this) / statistics.median(rev),
-            })  # fmt: skip
+            out.append(
+                {
+                    "bench": name,
+                    "figure": fig,
+                    "this": this,
+                    "rev": rev,
+                    "ratio": statistics.median(this) / statistics.median(rev),
+                }
+            )
     if args.json:
         json.dump({"against": args.against, "rounds": args.rounds, "figures": out}, sys.stdout)
         print()
         return 0
-    print(f"{'bench':<10} {'figure':<24} {'this: median [min..max]':>28} "
-          f"{args.against[:12] + ': median [min..max]':>32} {'ratio':>6}")  # fmt: skip
+    print(
+        f"{'bench':<10} {'figure':<24} {'this: median [min..max]':>28} "
+        f"{args.against[:12] + ': median [min..max]':>32} {'ratio':>6}"
+    )
     for f in out:
         t, v = f["this"], f["rev"]
         unit = "s " if f["figure"] in SECONDS else "ms"

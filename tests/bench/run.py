@@ -26,20 +26,21 @@ from santhrottle.controller.domain import (
     Samples,
     WriteSample,
 )
-from santhrottle.controller.step import step
 
-try:  # the state types' module (a revision before it: in step.py; bench-compare)
+try:  # a revision before decide() and state.py (bench-compare runs this file on it)
+    from santhrottle.controller.decide import decide
     from santhrottle.controller.state import new_state
 except ImportError:  # pragma: no cover
-    from santhrottle.controller.step import new_state  # type: ignore[attr-defined,no-redef]
+    from santhrottle.controller.step import new_state  # type: ignore[no-redef]
+    from santhrottle.controller.step import step as decide  # type: ignore[no-redef]
 
 MIB = 1024.0 * 1024.0
 
 
-def bench_controller_step(
+def bench_controller_decide(
     n_resources: int = 1000, n_initiators: int = 10000, plant: str = "open"
 ) -> dict:
-    """One step() with 1,000 resources and 10,000 initiators (goal <= 5 ms on one core).
+    """One decide() with 1,000 resources and 10,000 initiators (goal <= 5 ms on one core).
 
     Every initiator writes heavily to one resource, one in ten to a second
     one, so all are members; every resource has reads every tick. Measured
@@ -77,7 +78,7 @@ def bench_controller_step(
         return (c + s / (1.0 + d / d0)) * (0.65 + 0.7 * rng.random())
 
     t = 0.0
-    st, _ = step(st, Samples(writes=writes), t)
+    st, _ = decide(st, Samples(writes=writes), t)
     tick_ms: list[float] = []
     conv_ms: list[float] = []
     changed: list[int] = []
@@ -87,7 +88,7 @@ def bench_controller_step(
         conv = k % 10 == 0
         samples = Samples(reads, writes if conv else ())
         t0 = time.perf_counter()
-        st, d = step(st, samples, t)
+        st, d = decide(st, samples, t)
         dt_ms = (time.perf_counter() - t0) * 1000.0
         (conv_ms if conv else tick_ms).append(dt_ms)
         changed.append(len(d.initiator_classes))
@@ -95,7 +96,7 @@ def bench_controller_step(
     tick = statistics.median(tick_ms)
     conv = statistics.median(conv_ms)
     return {
-        "name": f"controller step, 1,000 resources x 10,000 initiators, {plant} loop",
+        "name": f"controller decide(), 1,000 resources x 10,000 initiators, {plant} loop",
         "met": tick <= 5.0 and conv <= 5.0,
         "summary": f"tick {tick:.2f} ms median ({sorted(tick_ms)[int(0.99 * len(tick_ms))]:.2f} "
         f"p99), tick with the 1 s convergence {conv:.2f} ms median ({max(conv_ms):.2f} max); "
@@ -122,8 +123,8 @@ def _lazy(module: str, function: str) -> Callable[[], dict]:
 
 
 BENCHES: dict[str, Callable[[], dict]] = {
-    "controller": bench_controller_step,
-    "controller-closed": lambda: bench_controller_step(plant="closed"),
+    "controller": bench_controller_decide,
+    "controller-closed": lambda: bench_controller_decide(plant="closed"),
     "controller-compiled": _lazy("bench_compiled", "bench_compiled"),
     "sensing": _lazy("bench_sensing", "bench_sensing"),
     "datapath": _lazy("bench_datapath", "bench_datapath"),

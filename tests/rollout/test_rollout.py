@@ -810,7 +810,7 @@ def test_sdist_and_wheel_build(tmp_path):
         "santhrottle/appliance/datapath/glide.py",
         "santhrottle/appliance/config/schema.py",
         "santhrottle/appliance/sensing/lio.py",
-        "santhrottle/controller/step.py",
+        "santhrottle/controller/decide.py",
         "santhrottle/sim/loop.py",
         "santhrottle/sim/scenarios/paper.toml",
         "santhrottle/bridge/__init__.py",
@@ -848,7 +848,7 @@ def test_sdist_and_wheel_build(tmp_path):
         assert path in data, path
     with tarfile.open(sdist) as t:
         snames = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
-    assert {"pyproject.toml", "appliance/daemon/main.py", "controller/step.py"} <= snames
+    assert {"pyproject.toml", "appliance/daemon/main.py", "controller/decide.py"} <= snames
     # the wheel is built from the sdist: it carries the build backend and the data sources
     assert {"buildsys/santhrottle_build.py", "systemd/santhrottled.service"} <= snames
     assert "docs/grafana/santhrottle.json" in snames

@@ -4,7 +4,7 @@ imports (pure, or compiled with PYTHONPATH; tests/sim/test_compiled.py runs both
 Covers the tick's whole path: the paper scenario (three thresholds, the
 best constant delays), a grouped one (Maestro's arbiter beside the PID),
 generated plants through the sweep's judge (both laws), threshold "auto"
-(the LQ fit), and a wide step() of 200 resources x 2,000 initiators whose
+(the LQ fit), and a wide decide() of 200 resources x 2,000 initiators whose
 classes move every tick (the bench's open loop, smaller).
 """
 
@@ -17,8 +17,8 @@ import random
 import sys
 from pathlib import Path
 
+from santhrottle.controller import decide as decide_module
 from santhrottle.controller import state as state_module
-from santhrottle.controller import step as step_module
 from santhrottle.controller.domain import (
     ControllerConfig,
     ReadSample,
@@ -45,15 +45,22 @@ def wide_step(n_resources: int = 200, n_initiators: int = 2000, ticks: int = 100
         t = round(k * cfg.tick_s, 6)
         writes = [WriteSample(r, i, rng.uniform(0.0, 4.0) * 2**20) for r, i in pairs]
         reads = [ReadSample(n, 6, 0.004 + 0.010 * rng.random(), 2.0 * 2**20) for n in names]
-        st, d = step_module.step(st, Samples(reads, writes if k % 10 == 0 else ()), t)
-        h.update(repr((sorted(d.resource_classes.items()), sorted(d.initiator_classes.items()),
-                       sorted((r, sorted(s)) for r, s in d.joined.items()),
-                       sorted((r, sorted(s)) for r, s in d.left.items()))).encode())  # fmt: skip
+        st, d = decide_module.decide(st, Samples(reads, writes if k % 10 == 0 else ()), t)
+        h.update(
+            repr(
+                (
+                    sorted(d.resource_classes.items()),
+                    sorted(d.initiator_classes.items()),
+                    sorted((r, sorted(s)) for r, s in d.joined.items()),
+                    sorted((r, sorted(s)) for r, s in d.left.items()),
+                )
+            ).encode()
+        )
     return h.hexdigest()
 
 
 def main() -> int:
-    out: dict[str, object] = {"step_from": step_module.__file__}
+    out: dict[str, object] = {"decide_from": decide_module.__file__}
     paper = parse_scenario((SCENARIOS / "paper.toml").read_text())
     out["paper"] = experiment.simulate(paper, baseline=False)
     out["groups"] = experiment.simulate(

@@ -123,12 +123,18 @@ class Recorder:
 
         def recorded(state: Any, samples: Any, now_s: float) -> Any:
             state, d = original(state, samples, now_s)  # type: ignore[misc]
-            line = repr((
-                round(now_s, 9), d.ticked, d.converged, d.late_ticks,
-                sorted(d.resource_classes.items()), sorted(d.initiator_classes.items()),
-                sorted((r, sorted(s)) for r, s in d.joined.items() if s),
-                sorted((r, sorted(s)) for r, s in d.left.items() if s),
-            ))  # fmt: skip
+            line = repr(
+                (
+                    round(now_s, 9),
+                    d.ticked,
+                    d.converged,
+                    d.late_ticks,
+                    sorted(d.resource_classes.items()),
+                    sorted(d.initiator_classes.items()),
+                    sorted((r, sorted(s)) for r, s in d.joined.items() if s),
+                    sorted((r, sorted(s)) for r, s in d.left.items() if s),
+                )
+            )
             self.h.update(line.encode())
             self.calls += 1
             if self.lines is not None:
@@ -181,8 +187,9 @@ def wide_call(rec: Recorder) -> None:
         reads = [dom.ReadSample(n, 6, 0.004 + 0.010 * rng.random(), 2.0 * 2**20) for n in names]
         samples = dom.Samples(reads, writes if k % 10 == 0 else ())
         st, d = call(st, samples, t)
-        rec.h.update(repr((sorted(d.resource_classes.items()),
-                           sorted(d.initiator_classes.items()))).encode())  # fmt: skip
+        rec.h.update(
+            repr((sorted(d.resource_classes.items()), sorted(d.initiator_classes.items()))).encode()
+        )
         rec.calls += 1
 
 

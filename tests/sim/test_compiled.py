@@ -55,10 +55,10 @@ def _decisions(pythonpath: Path | None) -> dict[str, object]:
 def test_the_compiled_controller_decides_as_the_pure_one(compiled_dir: Path) -> None:
     pure = _decisions(None)
     comp = _decisions(compiled_dir)
-    assert str(pure["step_from"]).endswith("step.py")
-    assert str(comp["step_from"]).endswith(".so"), comp["step_from"]
-    assert str(comp["step_from"]).startswith(str(compiled_dir))
-    keys = sorted(set(pure) - {"step_from"})
-    assert keys == sorted(set(comp) - {"step_from"})
+    assert str(pure["decide_from"]).endswith("decide.py")
+    assert str(comp["decide_from"]).endswith(".so"), comp["decide_from"]
+    assert str(comp["decide_from"]).startswith(str(compiled_dir))
+    keys = sorted(set(pure) - {"decide_from"})
+    assert keys == sorted(set(comp) - {"decide_from"})
     for key in keys:
         assert comp[key] == pure[key], f"{key}: the compiled controller decided otherwise"

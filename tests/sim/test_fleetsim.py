@@ -65,7 +65,7 @@ def test_service_time_sends_the_ios_to_the_undelayed_path():
     dev = Device(0.002, 0.003)
     rr, _ = flows(closed, "round-robin")
     st, owner = flows(closed, "service-time")
-    assert [c.delay_s for c in rr] == [pytest.approx(0.009)]
+    assert [c.outside_s for c in rr] == [pytest.approx(0.009)]
     _lat, rates = closed_latency(dev, 0.0, st)
     assert owner == [(0, 0), (0, 1)]
     assert rates[1] / sum(rates) > 0.18  # 10 % of the outstanding IOs, 20 % of the IOs

@@ -21,6 +21,7 @@ from santhrottle.appliance.daemon.core.loop import CommandError
 from santhrottle.appliance.daemon.core.runtime import ADOPT_HOLD_CONVERGES
 from santhrottle.appliance.daemon.core.state import Saved, StateError, StateStore, decode, encode
 from santhrottle.appliance.datapath.names import is_canonical_ip
+from santhrottle.controller.decide import decide
 from santhrottle.controller.domain import (
     ControllerConfig,
     ReadSample,
@@ -30,7 +31,6 @@ from santhrottle.controller.domain import (
 )
 from santhrottle.controller.restate import reconfigure, seed_class
 from santhrottle.controller.state import new_state
-from santhrottle.controller.step import step
 from tests.unit.test_daemon import handle, status_of
 
 from .test_daemon import CONF, make, run_for
@@ -216,7 +216,7 @@ def test_reconfigure_and_seed_are_bumpless():
     st = new_state(c, [Resource("vg0", 0.01)])
     st.write_sets.observe("vg0", "A", 50e6, 0.0)
     for t in range(1, 40):
-        st, _ = step(
+        st, _ = decide(
             st,
             Samples([ReadSample("vg0", 5, 0.03, 50e6)], [WriteSample("vg0", "A", 50e6)]),
             t * 0.1,

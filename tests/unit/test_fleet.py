@@ -208,16 +208,16 @@ def test_fresh_drops_old_reports_and_keeps_the_newest_per_appliance():
 def test_a_follower_moves_toward_the_leaders_class_as_step_moves_a_class():
     """follow(): up by the ramp, down one class a tick (the decrease limit), the PID
     continuing from the class it got, the members' effective classes along."""
+    from santhrottle.controller.decide import decide
     from santhrottle.controller.domain import ControllerConfig, Resource
     from santhrottle.controller.fleet import follow
     from santhrottle.controller.ramp import move_toward
     from santhrottle.controller.state import new_state
-    from santhrottle.controller.step import step
 
     c = ControllerConfig()
     s = new_state(c, [Resource("vg", 0.010)])
-    s, _ = step(s, Samples(writes=[WriteSample("vg", "h1", 8e6)]), 0.0)
-    s, _ = step(s, Samples(writes=[WriteSample("vg", "h1", 8e6)]), 1.0)  # h1 joins
+    s, _ = decide(s, Samples(writes=[WriteSample("vg", "h1", 8e6)]), 0.0)
+    s, _ = decide(s, Samples(writes=[WriteSample("vg", "h1", 8e6)]), 1.0)  # h1 joins
     assert s.members("vg") == {"h1"}
     seen = []
     for _ in range(30):

@@ -1,8 +1,9 @@
 """Groups on a resource: shares to delays, membership, idling, the tick's moves
-(controller/groups.py), and their place in step() (controller/step.py, restate.py)."""
+(controller/groups.py), and their place in decide() (controller/decide.py, restate.py)."""
 
 import pytest
 
+from santhrottle.controller.decide import decide
 from santhrottle.controller.domain import (
     ControllerConfig,
     IoSample,
@@ -24,7 +25,6 @@ from santhrottle.controller.groups import (
 from santhrottle.controller.ladder import Ladder
 from santhrottle.controller.restate import configure_groups, remove_resource
 from santhrottle.controller.state import new_state
-from santhrottle.controller.step import step
 
 LADDER = Ladder.linear(500, 100)
 DB = Group("db", priority=2.0, latency_target_s=0.010)
@@ -168,7 +168,7 @@ def test_step_on_a_grouped_resource_delays_the_group_not_the_sets():
     for k in range(1, 41):
         t = k * 0.1
         ios = _samples() if k % 10 == 0 else []
-        st, d = step(
+        st, d = decide(
             st,
             Samples(
                 [ReadSample("vg", 20, 0.020)],
@@ -185,14 +185,14 @@ def test_step_on_a_grouped_resource_delays_the_group_not_the_sets():
 
 def test_configure_groups_hands_a_resource_over_and_back():
     st = new_state(CFG, [Resource("vg", 0.010)])
-    st, _ = step(st, Samples(writes=[WriteSample("vg", "bk1", 50e6)]), 0.0)
-    st, _ = step(st, Samples([ReadSample("vg", 20, 0.030)]), 0.1)
+    st, _ = decide(st, Samples(writes=[WriteSample("vg", "bk1", 50e6)]), 0.0)
+    st, _ = decide(st, Samples([ReadSample("vg", 20, 0.030)]), 0.1)
     assert st.effective_class("bk1") > 0  # the PID throttles it
     changed = configure_groups(st, [BACKUP], {"bk1": "backup"}, ["vg"])
     assert changed == {"bk1": 0} and st.resources["vg"].delay_class == 0
     interval(st.groups, "vg", _samples(), 1.0, LADDER, None)
     st.groups.resources["vg"].groups["backup"].target_class = 7
-    st, d = step(st, Samples(), 0.2)  # a tick: the group's class comes into force
+    st, d = decide(st, Samples(), 0.2)  # a tick: the group's class comes into force
     assert d.initiator_classes == {"bk1": 7}
     assert configure_groups(st, [], {}, []) == {"bk1": 0}  # back to the PID, at 0
     assert "vg" not in st.groups.resources and st.grouped == frozenset()
@@ -204,8 +204,8 @@ def test_ios_without_groups_change_nothing():
     for k in range(30):
         t = k * 0.1
         s = Samples([ReadSample("vg", 20, 0.020 + 0.001 * k)], [WriteSample("vg", "w", 9e6)])
-        a, da = step(a, s, t)
-        b, db = step(b, Samples(s.reads, s.writes, ios=_samples()), t)
+        a, da = decide(a, s, t)
+        b, db = decide(b, Samples(s.reads, s.writes, ios=_samples()), t)
         assert da == db
     assert not b.ios
 
@@ -215,7 +215,7 @@ def test_a_removed_resource_takes_its_group_classes_with_it():
     configure_groups(st, [BACKUP], {"bk1": "backup"}, ["vg"])
     interval(st.groups, "vg", _samples(), 1.0, LADDER, None)
     st.groups.resources["vg"].groups["backup"].target_class = 7
-    st, _ = step(st, Samples(), 0.1)
+    st, _ = decide(st, Samples(), 0.1)
     assert st.effective_class("bk1") == 7
     assert remove_resource(st, "vg") == {"bk1": 0}
     assert "vg" not in st.groups.resources

@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from santhrottle.controller.decide import decide
 from santhrottle.controller.domain import (
     ControllerConfig,
     ReadSample,
@@ -15,7 +16,6 @@ from santhrottle.controller.domain import (
 from santhrottle.controller.ladder import Ladder
 from santhrottle.controller.pid import LogPid, SingleSidedPid, new_pid
 from santhrottle.controller.state import new_state
-from santhrottle.controller.step import step
 from santhrottle.controller.writeheavy import WriteHeavySets
 
 pytestmark = pytest.mark.unit
@@ -93,10 +93,10 @@ def test_new_pid_follows_the_law():
 def test_the_ramp_bounds_a_rise_by_the_delay_not_the_class_number():
     cfg = ControllerConfig(read_ewma_tau_s=0.0)
     st = new_state(cfg, [Resource("vg", 0.010)])
-    st, _ = step(st, Samples(writes=[WriteSample("vg", "A", 20 * MIB)]), 0.0)
+    st, _ = decide(st, Samples(writes=[WriteSample("vg", "A", 20 * MIB)]), 0.0)
     delays = []
     for k in range(1, 30):  # 5 x the threshold: the ramp alone sets the pace
-        st, _ = step(st, Samples([ReadSample("vg", 6, 0.050)]), k / 10)
+        st, _ = decide(st, Samples([ReadSample("vg", 6, 0.050)]), k / 10)
         delays.append(cfg.ladder.delay_s(st.resources["vg"].delay_class))
     for a, b in itertools.pairwise(delays):
         assert b <= max(a * 1.25, a + 0.001) + 1e-9
@@ -111,7 +111,7 @@ def test_the_class_rises_only_while_the_latency_is_over_the_setpoint():
 
     def at(k, lat):  # A writes on; its samples come once per convergence
         ws = [WriteSample("vg", "A", 20 * MIB)] if k % 10 == 0 else []
-        return step(st, Samples([ReadSample("vg", 6, lat, 20 * MIB)], ws), k / 10)[0]
+        return decide(st, Samples([ReadSample("vg", 6, lat, 20 * MIB)], ws), k / 10)[0]
 
     st = at(0, 0.002)
     k = 1
@@ -177,7 +177,7 @@ class _TwoWriters:
     def tick(self, lat, writers):
         t = self.t
         ws = [WriteSample("vg", w, 20 * MIB) for w in writers] if self.k % 10 == 0 else []
-        self.st = step(self.st, Samples([ReadSample("vg", 6, lat, 20 * MIB)], ws), t)[0]
+        self.st = decide(self.st, Samples([ReadSample("vg", 6, lat, 20 * MIB)], ws), t)[0]
         self.k += 1
         return self.delay_class
 
@@ -191,17 +191,17 @@ class _TwoWriters:
 def test_a_member_that_pauses_while_others_write_holds_the_class_for_a_while():
     """B pauses while A goes on: the latency falls (A alone needs less), but B comes
     back; once a convergence has seen B write nothing the class holds, until
-    PAUSE_HOLD_S after that; then it unwinds."""
-    from santhrottle.controller.state import PAUSE_HOLD_S
+    AWAY_HOLD_S after that; then it unwinds."""
+    from santhrottle.controller.state import AWAY_HOLD_S
 
     w = _TwoWriters().throttled()
     t0 = w.t
     classes = []
-    while w.t < t0 + PAUSE_HOLD_S + 4.0:  # B paused; A alone is fast
+    while w.t < t0 + AWAY_HOLD_S + 4.0:  # B away; A alone is fast
         t = round(w.t - t0, 1)
         classes.append((t, w.tick(0.002, "A")))
-    held = dict(classes)[1.1]  # seen paused at the convergence 1 s after its last write
-    assert all(c == held for t, c in classes if 1.1 <= t < PAUSE_HOLD_S)
+    held = dict(classes)[1.1]  # seen away at the convergence 1 s after its last write
+    assert all(c == held for t, c in classes if 1.1 <= t < AWAY_HOLD_S)
     assert classes[-1][1] < held  # B stayed away: it has gone, the class unwinds
 
 
@@ -209,11 +209,11 @@ def test_a_hold_keeps_the_class_it_began_with_not_what_it_gained_since():
     """B pauses, the class holds; a burst of slow reads during the pause lifts it,
     and once they pass it comes back down to the held class, not below, while the
     hold lasts (a few noisy ticks must not ratchet a held class up)."""
-    from santhrottle.controller.state import PAUSE_HOLD_S
+    from santhrottle.controller.state import AWAY_HOLD_S
 
     w = _TwoWriters().throttled()
     t0 = w.t
-    while w.t < t0 + 1.5:  # B paused: held from the convergence that sees it
+    while w.t < t0 + 1.5:  # B away: held from the convergence that sees it
         w.tick(0.002, "A")
     held = w.delay_class
     assert w.st.resources["vg"].hold_base == held
@@ -221,6 +221,6 @@ def test_a_hold_keeps_the_class_it_began_with_not_what_it_gained_since():
         w.tick(0.030, "A")
     assert w.delay_class > held
     classes = []
-    while w.t < t0 + PAUSE_HOLD_S - 0.5:  # fast again, still within the hold
+    while w.t < t0 + AWAY_HOLD_S - 0.5:  # fast again, still within the hold
         classes.append(w.tick(0.002, "A"))
     assert classes[-1] == held and min(classes) == held

@@ -13,7 +13,7 @@ Per tick (main thread, the daemon's lock held), with the agent's last view
         STALE_SAMPLES_S; at this appliance's convergence (its writes and IO
         samples are new) also with every other appliance's last convergence,
         if it arrived within CONV_STALE_CONVERGES convergences.  So every
-        appliance runs step() on (nearly) what one appliance on every path
+        appliance runs decide() on (nearly) what one appliance on every path
         would see.  The tick's own samples are handed to the agent to publish.
     after_step():
         led here: the resource's class and its members' classes go to the
@@ -24,7 +24,7 @@ Per tick (main thread, the daemon's lock held), with the agent's last view
         seq, and "not the last" rather than "newer", so no value anyone puts
         into the engine can make the follower wait for a later one: this
             appliance's controller moves to the leader's class -- at once
-            when they agree within one tick's move, else as step() would
+            when they agree within one tick's move, else as decide() would
             move (down at most class_decrease_max_per_tick, up through the
             ramp) -- so the class it applies is the leader's, and when the
             leader dies or the engine goes away it continues from there
@@ -36,7 +36,7 @@ Per tick (main thread, the daemon's lock held), with the agent's last view
 
 Worked example
     a leads vg0 at epoch 17; b follows.  b's tick: b's reads (10 at 8 ms)
-    and a's newest (30 at 12 ms) merge to 40 at 11 ms; b's step() computes
+    and a's newest (30 at 12 ms) merge to 40 at 11 ms; b's decide() computes
     class 14, a published class 15 (seq 812) -> b's vg0 class becomes 15,
     and b's netem delay for vg0's members is class 15's.
 """
@@ -86,7 +86,7 @@ class FleetMode:
 
     # -------------------------------------------------------------- samples
     def samples(self, d: Daemon, own: Samples, now: float) -> Samples:
-        """What step() runs on this tick (see the module's doc)."""
+        """What decide() runs on this tick (see the module's doc)."""
         self.view = v = self.agent.view()
         self.tick_seq += 1
         name = self.agent.name

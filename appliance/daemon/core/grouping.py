@@ -8,7 +8,7 @@ What it owns
     in with, else by address), the groups' targets and priorities (the
     file's, under the runtime overrides of `santhrottle group set`,
     daemon/core/group_overrides.py), and the sensors' IoSamples of each
-    convergence, passed to step() at the next tick. Nothing here changes a
+    convergence, passed to decide() at the next tick. Nothing here changes a
     class: the controller does, at its convergence.
 
 When

@@ -6,7 +6,7 @@ the end of the work: a late tick runs once, the missed deadlines are logged
 and counted (santhrottle_tick_overruns_total), never run back to back.
 
 Per tick (main thread): read the per-resource samples (one /proc/diskstats
-read), step() the controller with them and with the write samples the
+read), decide() the controller with them and with the write samples the
 convergence worker left, and send the changes of the initiators' classes to
 the kernel (one netlink message each; a bulk restore past a threshold).
 Per convergence (worker thread): discovery (LIO through rtslib-fb, nvmet,
@@ -18,9 +18,9 @@ those samples (core/counters.py): per tick under the lock, per
 convergence in the worker behind their own lock.
 
 A [hosts.NAME] is one initiator to the controller: its addresses' write
-samples are summed before step() and its class is every address's
+samples are summed before decide() and its class is every address's
 (core/hosts.py).
-With [fleet] (core/fleetmode.py), step() runs on this appliance's samples merged
+With [fleet] (core/fleetmode.py), decide() runs on this appliance's samples merged
 with the other appliances' of the same array, and a resource another appliance
 leads follows its published classes; the engine is talked to by the agent's own
 thread (fleet/agent.py), never by the tick.
@@ -76,10 +76,10 @@ from santhrottle.appliance.daemon.core.runtime import (
 )
 from santhrottle.appliance.daemon.core.sensors import Actuator, BridgeSensors, Discovery, Sensors
 from santhrottle.appliance.daemon.core.state import Saved, StateKeeper, StateStore
+from santhrottle.controller.decide import decide
 from santhrottle.controller.domain import IoSample, ReadSample, Samples, WriteSample
 from santhrottle.controller.restate import reconfigure
 from santhrottle.controller.state import ControllerState, new_state
-from santhrottle.controller.step import step
 
 log = logging.getLogger("santhrottled")
 
@@ -208,7 +208,7 @@ class Daemon:
             samples = Samples(reads, writes, devices, ios)
             if self.fleet is not None:
                 samples = self.fleet.samples(self, samples, now)
-            self.ctl, _ = step(self.ctl, samples, now)
+            self.ctl, _ = decide(self.ctl, samples, now)
             if self.fleet is not None:
                 self.fleet.after_step(self)
             self.runtime.age_adopted(

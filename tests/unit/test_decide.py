@@ -4,6 +4,7 @@ import random
 
 import pytest
 
+from santhrottle.controller.decide import RESUME_AFTER_TICKS, RESUME_HOLD_S, decide
 from santhrottle.controller.domain import (
     ControllerConfig,
     PidGains,
@@ -16,7 +17,6 @@ from santhrottle.controller.ladder import Ladder
 from santhrottle.controller.ramp import rise
 from santhrottle.controller.restate import remove_resource
 from santhrottle.controller.state import new_state
-from santhrottle.controller.step import RESUME_AFTER_TICKS, RESUME_HOLD_S, step
 
 MIB = 1024.0 * 1024.0
 CFG = ControllerConfig(
@@ -37,9 +37,9 @@ def writes(resource, *initiators, rate=10 * MIB):
 
 def test_pid_tick_and_effective_class_of_a_member():
     st = new_state(CFG, [Resource("vg", 0.010)])
-    st, d = step(st, Samples(writes=writes("vg", "A")), 0.0)  # converge: A joins
+    st, d = decide(st, Samples(writes=writes("vg", "A")), 0.0)  # converge: A joins
     assert d.converged and d.joined == {"vg": {"A"}}
-    st, d = step(st, Samples([ReadSample("vg", 6, 0.014)]), 0.1)
+    st, d = decide(st, Samples([ReadSample("vg", 6, 0.014)]), 0.1)
     # pid.py's worked example, first update: u = 1.92 -> class 2
     assert d.ticked and d.resource_classes == {"vg": 2}
     assert d.initiator_classes == {"A": 2}
@@ -48,14 +48,14 @@ def test_pid_tick_and_effective_class_of_a_member():
 
 def test_max_over_resources():
     st = new_state(CFG, [Resource("vg1", 0.010), Resource("vg2", 0.010)])
-    st, _ = step(st, Samples(writes=writes("vg1", "A", "B") + writes("vg2", "A")), 0.0)
+    st, _ = decide(st, Samples(writes=writes("vg1", "A", "B") + writes("vg2", "A")), 0.0)
     # vg1 slightly over (class 2), vg2 far over (larger class)
-    st, d = step(st, Samples([ReadSample("vg1", 6, 0.014), ReadSample("vg2", 6, 0.030)]), 0.1)
+    st, d = decide(st, Samples([ReadSample("vg1", 6, 0.014), ReadSample("vg2", 6, 0.030)]), 0.1)
     c1, c2 = d.resource_classes["vg1"], d.resource_classes["vg2"]
     assert c1 == 2 and c2 > c1
     assert d.initiator_classes == {"A": c2, "B": c1}
     # B leaves vg1's hot spot when vg1 is fine; A keeps vg2's class
-    st, d = step(st, Samples([ReadSample("vg1", 6, 0.001), ReadSample("vg2", 6, 0.030)]), 0.2)
+    st, d = decide(st, Samples([ReadSample("vg1", 6, 0.001), ReadSample("vg2", 6, 0.030)]), 0.2)
     assert st.resources["vg1"].delay_class == 0
     assert st.effective_class("B") == 0 and d.initiator_classes["B"] == 0
     assert st.effective_class("A") == st.resources["vg2"].delay_class
@@ -78,7 +78,7 @@ def test_every_initiator_has_the_max_of_its_resources_classes_or_ramps_to_it(see
                 loads[i] = set(rng.sample(names, rng.choice((0, 1, 1, 2))))
         ws = [WriteSample(r, i, 10 * MIB) for i, rs in loads.items() for r in sorted(rs)]
         reads = [ReadSample(n, 6, rng.uniform(0.002, 0.030)) for n in names]
-        st, _ = step(st, Samples(reads, ws if k % 10 == 0 else ()), t)
+        st, _ = decide(st, Samples(reads, ws if k % 10 == 0 else ()), t)
         for i in inis:
             want = max(
                 (st.resources[r].delay_class for r in st.write_sets.member_of.get(i, ())),
@@ -98,7 +98,7 @@ def test_two_cadences_fixed_rate():
     ticks = converges = 0
     t = 0.0
     for _ in range(100):  # called every 50 ms for 5 s
-        st, d = step(st, Samples(), t)
+        st, d = decide(st, Samples(), t)
         ticks += d.ticked
         converges += d.converged
         t = round(t + 0.05, 6)
@@ -107,55 +107,55 @@ def test_two_cadences_fixed_rate():
 
 def test_late_call_counts_missed_ticks_and_does_not_bunch():
     st = new_state(CFG, [Resource("vg", 0.010)])
-    st, _ = step(st, Samples(), 0.0)
-    st, d = step(st, Samples(), 0.35)  # due at 0.1, 0.2, 0.3: one run, two missed
+    st, _ = decide(st, Samples(), 0.0)
+    st, d = decide(st, Samples(), 0.35)  # due at 0.1, 0.2, 0.3: one run, two missed
     assert d.ticked and d.late_ticks == 2
-    st, d = step(st, Samples(), 0.36)  # next deadline stays on the grid: 0.4
+    st, d = decide(st, Samples(), 0.36)  # next deadline stays on the grid: 0.4
     assert not d.ticked
-    st, d = step(st, Samples(), 0.4)
+    st, d = decide(st, Samples(), 0.4)
     assert d.ticked and d.late_ticks == 0
     assert st.late_ticks_total == 2
 
 
 def test_no_writers_holds_class():
     st = new_state(CFG, [Resource("vg", 0.010)])
-    st, _ = step(st, Samples(writes=writes("vg", "A")), 0.0)
-    st, _ = step(st, Samples([ReadSample("vg", 6, 0.030, write_bps=20 * MIB)]), 0.1)
+    st, _ = decide(st, Samples(writes=writes("vg", "A")), 0.0)
+    st, _ = decide(st, Samples([ReadSample("vg", 6, 0.030, write_bps=20 * MIB)]), 0.1)
     held = st.resources["vg"].delay_class
     assert held > 0
     # writers pause: latency is low, but nothing writes: class held, not wound down
     for k in range(2, 30):
-        st, d = step(st, Samples([ReadSample("vg", 6, 0.002, write_bps=0.0)]), k / 10)
+        st, d = decide(st, Samples([ReadSample("vg", 6, 0.002, write_bps=0.0)]), k / 10)
         assert "vg" not in d.resource_classes
     assert st.resources["vg"].delay_class == held
     # writes resume and latency is low: the class holds while the writers' IOs
     # queue (RESUME_HOLD_S), then the negative error unwinds it
     resumed = [ReadSample("vg", 6, 0.002, write_bps=20 * MIB)]
-    st, d = step(st, Samples(resumed, writes("vg", "A")), 3.0)
+    st, d = decide(st, Samples(resumed, writes("vg", "A")), 3.0)
     t = 3.1
     while t < 3.0 + RESUME_HOLD_S - 1e-9:
-        st, d = step(st, Samples(resumed, writes("vg", "A")), t)
+        st, d = decide(st, Samples(resumed, writes("vg", "A")), t)
         assert "vg" not in d.resource_classes, t
         t = round(t + 0.1, 1)
     while "vg" not in d.resource_classes and t < 3.0 + RESUME_HOLD_S + 1.0:
-        st, d = step(st, Samples(resumed, writes("vg", "A")), t)
+        st, d = decide(st, Samples(resumed, writes("vg", "A")), t)
         t = round(t + 0.1, 1)
     assert d.resource_classes["vg"] < held
 
 
-def test_a_pause_of_a_tick_or_two_holds_nothing_when_writes_resume():
+def test_an_off_period_of_a_tick_or_two_holds_nothing_when_writes_resume():
     """A member at a long delay writes a few IOs a second: ticks without one are
     not a pause, and the class still comes down at once when the latency is low."""
     st = new_state(CFG, [Resource("vg", 0.010)])
-    st, _ = step(st, Samples(writes=writes("vg", "A")), 0.0)
-    st, _ = step(st, Samples([ReadSample("vg", 6, 0.030, write_bps=20 * MIB)]), 0.1)
+    st, _ = decide(st, Samples(writes=writes("vg", "A")), 0.0)
+    st, _ = decide(st, Samples([ReadSample("vg", 6, 0.030, write_bps=20 * MIB)]), 0.1)
     held = st.resources["vg"].delay_class
     quiet = [ReadSample("vg", 6, 0.002, write_bps=0.0)]
     for k in range(30 - (RESUME_AFTER_TICKS - 1), 30):  # up to 2.9; A's pause ends at 3.0
-        st, _ = step(st, Samples(quiet), k / 10)
+        st, _ = decide(st, Samples(quiet), k / 10)
     resumed = [ReadSample("vg", 6, 0.002, write_bps=20 * MIB)]
-    st, _ = step(st, Samples(resumed, writes("vg", "A")), 3.0)
-    st, d = step(st, Samples(resumed), 3.1)
+    st, _ = decide(st, Samples(resumed, writes("vg", "A")), 3.0)
+    st, d = decide(st, Samples(resumed), 3.1)
     assert d.resource_classes["vg"] < held
 
 
@@ -163,14 +163,14 @@ def test_throttled_members_that_write_little_are_writers():
     """A member its long delay holds under the no-writers floor (but over the pause
     floor) is still a writer: a latency far under the setpoint winds its class down."""
     st = new_state(CFG, [Resource("vg", 0.010)])
-    st, _ = step(st, Samples(writes=writes("vg", "A")), 0.0)
-    st, _ = step(st, Samples([ReadSample("vg", 6, 0.030, write_bps=20 * MIB)]), 0.1)
+    st, _ = decide(st, Samples(writes=writes("vg", "A")), 0.0)
+    st, _ = decide(st, Samples([ReadSample("vg", 6, 0.030, write_bps=20 * MIB)]), 0.1)
     held = st.resources["vg"].delay_class
-    trickle = 4 * st.write_sets.pause_bps
+    trickle = 4 * st.write_sets.away_bps
     assert trickle < st.no_writers_bps
     for k in range(2, 150):  # past the write-drop hold (the rate fell 1,000-fold)
         a = writes("vg", "A", rate=trickle) if k % 10 == 0 else []
-        st, _ = step(st, Samples([ReadSample("vg", 6, 0.002, write_bps=trickle)], a), k / 10)
+        st, _ = decide(st, Samples([ReadSample("vg", 6, 0.002, write_bps=trickle)], a), k / 10)
     assert "A" in st.members("vg")
     assert st.resources["vg"].delay_class < held
 
@@ -178,12 +178,12 @@ def test_throttled_members_that_write_little_are_writers():
 def test_read_idle_releases_after_configured_time():
     cfg = dataclasses.replace(CFG, read_idle_release_s=1.0)
     st = new_state(cfg, [Resource("vg", 0.010)])
-    st, _ = step(st, Samples(writes=writes("vg", "A")), 0.0)
-    st, _ = step(st, Samples([ReadSample("vg", 6, 0.030)]), 0.1)
+    st, _ = decide(st, Samples(writes=writes("vg", "A")), 0.0)
+    st, _ = decide(st, Samples([ReadSample("vg", 6, 0.030)]), 0.1)
     assert st.effective_class("A") > 0
     released_at = None
     for k in range(2, 20):
-        st, d = step(st, Samples(), k / 10)  # no reads
+        st, d = decide(st, Samples(), k / 10)  # no reads
         if d.resource_classes:
             released_at = k / 10
             break
@@ -197,19 +197,19 @@ def test_class_hysteresis_down_only():
     st.resources["vg"].pid.u = 10.0
     st.resources["vg"].delay_class = 10
     st.resources["vg"].ewma.update(0.010, 0.0)
-    st, _ = step(st, Samples(), 0.0)
+    st, _ = decide(st, Samples(), 0.0)
     # a small negative error: u 10 -> ~9.5; ceil(9.5 + 2) > 10: hold 10
-    st, d = step(st, Samples([ReadSample("vg", 6, 0.00900)]), 0.1)
+    st, d = decide(st, Samples([ReadSample("vg", 6, 0.00900)]), 0.1)
     assert 9.0 < st.resources["vg"].pid.u < 10.0 and st.resources["vg"].delay_class == 10
     # a small positive error: up at once
-    st, d = step(st, Samples([ReadSample("vg", 6, 0.0130)]), 0.2)
+    st, d = decide(st, Samples([ReadSample("vg", 6, 0.0130)]), 0.2)
     assert d.resource_classes["vg"] == st.resources["vg"].pid.delay_class > 10
 
 
 def test_threshold_change_keeps_pid_and_remove_resource_releases_members():
     st = new_state(CFG, [Resource("vg", 0.010)])
-    st, _ = step(st, Samples(writes=writes("vg", "A")), 0.0)
-    st, _ = step(st, Samples([ReadSample("vg", 6, 0.030)]), 0.1)
+    st, _ = decide(st, Samples(writes=writes("vg", "A")), 0.0)
+    st, _ = decide(st, Samples([ReadSample("vg", 6, 0.030)]), 0.1)
     u = st.resources["vg"].pid.u
     st.set_resource(Resource("vg", 0.050))
     assert st.resources["vg"].pid.u == u
@@ -222,11 +222,11 @@ def test_threshold_change_keeps_pid_and_remove_resource_releases_members():
 def test_stalled_reader_is_not_idle():
     cfg = dataclasses.replace(CFG, read_idle_release_s=1.0)
     st = new_state(cfg, [Resource("vg", 0.010)])
-    st, _ = step(st, Samples(writes=writes("vg", "A")), 0.0)
-    st, _ = step(st, Samples([ReadSample("vg", 6, 0.030)]), 0.1)
+    st, _ = decide(st, Samples(writes=writes("vg", "A")), 0.0)
+    st, _ = decide(st, Samples([ReadSample("vg", 6, 0.030)]), 0.1)
     held = st.effective_class("A")
     for k in range(2, 40):  # 4 s without a completed read, but reads in flight
-        st, d = step(st, Samples([ReadSample("vg", 0, 0.0, reads_in_flight=1)]), k / 10)
+        st, d = decide(st, Samples([ReadSample("vg", 0, 0.0, reads_in_flight=1)]), k / 10)
         assert not d.resource_classes
     assert st.effective_class("A") == held
 
@@ -234,15 +234,15 @@ def test_stalled_reader_is_not_idle():
 def test_decreases_are_gradual_release_included():
     cfg = dataclasses.replace(CFG, class_decrease_max_per_tick=2, read_idle_release_s=1.0)
     st = new_state(cfg, [Resource("vg", 0.010)])
-    st, _ = step(st, Samples(writes=writes("vg", "A")), 0.0)
-    st, _ = step(st, Samples([ReadSample("vg", 6, 0.030)]), 0.1)
+    st, _ = decide(st, Samples(writes=writes("vg", "A")), 0.0)
+    st, _ = decide(st, Samples([ReadSample("vg", 6, 0.030)]), 0.1)
     top = st.effective_class("A")
     assert top >= 6
-    st, d = step(st, Samples([ReadSample("vg", 6, 0.0001)]), 0.2)  # PID wants far less
+    st, d = decide(st, Samples([ReadSample("vg", 6, 0.0001)]), 0.2)  # PID wants far less
     assert st.resources["vg"].pid.u < top - 2 and d.initiator_classes == {"A": top - 2}
     classes = []
     for k in range(3, 60):  # no more reads: held, then released, 2 classes per tick
-        st, d = step(st, Samples(), k / 10)
+        st, d = decide(st, Samples(), k / 10)
         if d.resource_classes:
             classes.append(d.resource_classes["vg"])
     assert classes == list(range(top - 4, -1, -2)) or classes == [*range(top - 4, 0, -2), 0]
@@ -263,10 +263,10 @@ def test_rise_is_the_larger_of_the_minimum_and_the_ratio():
 
 def test_a_resource_class_ramps_and_its_pid_tracks_what_it_got():
     st = new_state(RAMP, [Resource("vg", 0.010)])
-    st, _ = step(st, Samples(writes=writes("vg", "A")), 0.0)
+    st, _ = decide(st, Samples(writes=writes("vg", "A")), 0.0)
     classes = []
     for k in range(1, 12):  # 5x the threshold every tick: the PID alone would jump far
-        st, d = step(st, Samples([ReadSample("vg", 6, 0.050)]), k / 10)
+        st, d = decide(st, Samples([ReadSample("vg", 6, 0.050)]), k / 10)
         classes.append(st.resources["vg"].delay_class)
         assert st.resources["vg"].pid.u <= classes[-1]  # tracked: no windup
         assert d.initiator_classes.get("A", classes[-1]) == classes[-1]
@@ -280,20 +280,20 @@ def test_a_writer_that_joins_a_throttled_set_climbs_to_its_class_one_tick_at_a_t
     st = new_state(
         dataclasses.replace(RAMP, class_decrease_max_per_tick=1), [Resource("vg", 0.010)]
     )
-    st, _ = step(st, Samples(writes=writes("vg", "A")), 0.0)
+    st, _ = decide(st, Samples(writes=writes("vg", "A")), 0.0)
     k = 1
     while st.resources["vg"].delay_class < 40:  # A alone drives the class up
-        st, _ = step(st, Samples([ReadSample("vg", 6, 0.050)]), k / 10)
+        st, _ = decide(st, Samples([ReadSample("vg", 6, 0.050)]), k / 10)
         k += 1
     at_setpoint = Samples([ReadSample("vg", 6, 0.010)], writes("vg", "A"))
     for _ in range(30):  # the latency reaches the setpoint: the class settles
-        st, _ = step(st, at_setpoint, k / 10)
+        st, _ = decide(st, at_setpoint, k / 10)
         k += 1
     top = st.resources["vg"].delay_class
     assert top >= 20
     seen = []
     for _ in range(30):  # B starts writing; the latency stays at the setpoint
-        st, d = step(st, Samples([ReadSample("vg", 6, 0.010)], writes("vg", "B")), k / 10)
+        st, d = decide(st, Samples([ReadSample("vg", 6, 0.010)], writes("vg", "B")), k / 10)
         k += 1
         if "B" in d.initiator_classes:
             seen.append(d.initiator_classes["B"])
@@ -310,7 +310,7 @@ def test_a_write_drop_holds_the_class_until_the_sets_can_tell():
     WRITE_DROP_TICKS ticks in a row (a writer stopped; the sets learn which at a later
     convergence) does not go down for 2 convergences from then; a smaller dip does not
     hold it, nor do single low ticks among normal ones (a tick's few IOs)."""
-    from santhrottle.controller.step import (
+    from santhrottle.controller.decide import (
         WRITE_DROP_FRACTION,
         WRITE_DROP_HOLD_CONVERGES,
         WRITE_DROP_TICKS,
@@ -322,13 +322,13 @@ def test_a_write_drop_holds_the_class_until_the_sets_can_tell():
     def classes(rate_of_tick):
         """The class after tick k (at k/10 s): 1 busy, then the rate rate_of_tick(k)."""
         st = new_state(cfg, [Resource("vg", 0.010)])
-        st, _ = step(st, Samples(writes=writes("vg", "A", "B")), 0.0)
-        st, _ = step(st, Samples([ReadSample("vg", 6, 0.030, write_bps=20 * MIB)]), 0.1)
+        st, _ = decide(st, Samples(writes=writes("vg", "A", "B")), 0.0)
+        st, _ = decide(st, Samples([ReadSample("vg", 6, 0.030, write_bps=20 * MIB)]), 0.1)
         out = {1: st.resources["vg"].delay_class}
         for k in range(2, 60):
-            both = writes("vg", "A", "B") if k % 10 == 0 else []  # no member paused
+            both = writes("vg", "A", "B") if k % 10 == 0 else []  # no member away
             low = ReadSample("vg", 6, 0.002, write_bps=20 * MIB * rate_of_tick(k))
-            st, _ = step(st, Samples([low], both), k / 10)
+            st, _ = decide(st, Samples([low], both), k / 10)
             out[k] = st.resources["vg"].delay_class
         return out
 

@@ -1,4 +1,4 @@
-"""The controller state machine: one step() for the 100 ms tick and the 1 s convergence.
+"""The controller state machine: one decide() for the 100 ms tick and the 1 s convergence.
 
 Problem
     Per resource, keep the read latency under its threshold by choosing a
@@ -10,7 +10,7 @@ Measured signals (passed in as Samples; this module reads nothing)
     interval and the number of reads behind it (diskstats, or the wire).
     WriteSample: an initiator's write rate on a resource.
 
-Law, per call step(state, samples, now_s)
+Law, per call decide(state, samples, now_s)
     1. Fold every WriteSample into the write-heavy EWMAs (any time).
     2. If now_s >= next_tick_s ("tick"), per resource:
          with reads:    ewma <- EWMA(read latency)
@@ -28,7 +28,7 @@ Law, per call step(state, samples, now_s)
                         setpoint, and with the holds below that ratchets),
                         else min(class, ceil(u + class_hysteresis)) ("down"),
                         but not under the class the resource had when a
-                        hold began, while a member has paused, or for
+                        hold began, while a member is away, or for
                         WRITE_DROP_HOLD_CONVERGES convergences after the
                         resource's write rate fell under half its EWMA
                         WRITE_DROP_TICKS ticks in a row (a writer stopped;
@@ -40,7 +40,7 @@ Law, per call step(state, samples, now_s)
                         to it
          reads, but the resource writes less than no_writers_bps (a
          quarter of write_heavy_leave_bps with the relative rules, else all
-         of it), or, with members, less than their pause floor:
+         of it), or, with members, less than their away floor:
                         ewma updated, class held ("no writers": conditional
                         integration; the delay has nothing to act on, so the
                         error must not wind the class down or up; members that
@@ -79,7 +79,7 @@ Law, per call step(state, samples, now_s)
        groups (controller/groups.py): its PID does not act (its EWMA is
        kept), every convergence runs Maestro's interval on the IoSamples
        gathered since the last one, every tick moves the groups' classes,
-       and those enter step 4's max beside the resources' classes.
+       and those enter rule 4's max beside the resources' classes.
 
 Bounds
     Classes are in [0, max_class] (PID clamp). A resource whose threshold
@@ -113,16 +113,16 @@ Idle behaviour
 Performance
     O(resources) per tick, O(write pairs) per convergence, O(members of
     changed resources) for the effective classes. `make bench` measures a
-    step with 1,000 resources and 10,000 initiators.
+    call with 1,000 resources and 10,000 initiators.
 
 State ownership
-    step() updates `state` in place and returns it with the Decisions
+    decide() updates `state` in place and returns it with the Decisions
     (the tables are too large to copy every 100 ms); the caller keeps no
     other reference to it.
 
 Worked example
     One resource, threshold 10 ms, tick 100 ms, law "paper" with pid.py's
-    example gains, the default ladder, initiator A already a member: step
+    example gains, the default ladder, initiator A already a member: decide()
     at t=0.1 with a 14 ms read sample (seeding the EWMA) -> resource class
     2 (1 ms), Decisions.initiator_classes {A: 2}; a second resource with A
     as member at class 5 (2.5 ms) -> A: 4 (the ramp from 1 ms: max(1 x
@@ -139,7 +139,7 @@ from .groups import advance, run_intervals
 from .ramp import move_toward
 from .state import ControllerState
 
-# A member that stopped writing holds its resource's class for PAUSE_HOLD_S
+# A member that stopped writing holds its resource's class for AWAY_HOLD_S
 # (controller/state.py), from the convergence that names it. The same from the
 # first tick on: a throttled resource whose write rate (its
 # tick's, against its EWMA over state.py's WRITE_RATE_TAU_S) falls under WRITE_DROP_FRACTION
@@ -158,7 +158,7 @@ WRITE_DROP_HOLD_CONVERGES = 2
 # held the threshold at the end of the last burst is too long. One second is up to
 # four IOs in a row of a QD1 writer even at 250 ms; two cost throughput on the robustness
 # sweep (docs/controller.md, "Holding"). Ten ticks: a member at a long delay writes
-# a few IOs a second, and a tick or two without one is not a pause.
+# a few IOs a second, and a tick or two without one is not an off-period.
 RESUME_AFTER_TICKS = 10
 RESUME_HOLD_S = 1.0
 
@@ -173,7 +173,7 @@ def _schedule(next_s: float | None, period_s: float, now_s: float) -> tuple[bool
     return True, next_s + (missed + 1) * period_s, missed
 
 
-def step(
+def decide(
     state: ControllerState, samples: Samples, now_s: float
 ) -> tuple[ControllerState, Decisions]:
     c = state.config
@@ -207,8 +207,8 @@ def step(
             c.setpoint_quiet_fraction,
             c.setpoint_noise_z,
         )
-        no_writers_bps, pause_bps = state.no_writers_bps, sets.pause_bps
-        members, paused, rise_to = sets.members, state.paused, state.rise_to
+        no_writers_bps, away_bps = state.no_writers_bps, sets.away_bps
+        members, away, rise_to = sets.members, state.away, state.rise_to
         grouped = state.grouped
         resource_classes = out.resource_classes
         for name, rs in state.resources.items():
@@ -236,7 +236,7 @@ def step(
                 if (
                     write_bps is not None
                     and write_bps < no_writers_bps
-                    and (write_bps < pause_bps or not members.get(name))
+                    and (write_bps < away_bps or not members.get(name))
                 ):  # no writers: the class acts on nothing, do not integrate
                     rs.ewma.update(sample.read_latency_s, now_s)
                     rs.quiet_ticks += 1
@@ -262,7 +262,7 @@ def step(
                             rs.drop_hold_until_s = now_s + hold_s
                     else:
                         rs.drop_ticks = 0
-                if name in paused or now_s < rs.drop_hold_until_s:  # held
+                if name in away or now_s < rs.drop_hold_until_s:  # held
                     if rs.hold_base is None:
                         rs.hold_base = rs.delay_class
                 else:
@@ -274,7 +274,7 @@ def step(
                     new_class = want
                 else:  # down: past the hysteresis band only
                     new_class = min(rs.delay_class, pid.class_with_margin(hyst))
-                    if rs.hold_base is not None:  # but a member paused: not under the class
+                    if rs.hold_base is not None:  # but a member is away: not under the class
                         # the hold began with (the others alone need less; it comes back);
                         # what it gained since, on their latency alone, may come back down
                         new_class = max(new_class, rs.hold_base)
@@ -303,7 +303,7 @@ def step(
             or (rs.ewma.value or 0.0) > rs.setpoint(c) * rs.threshold_s(c.auto_alpha)
         }
         change = sets.converge(now_s, contended)
-        state.paused = change.paused
+        state.away = change.away
         out.joined, out.left = change.joined, change.left
         touched.update(change.joined)
         touched.update(change.left)
