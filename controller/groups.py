@@ -44,15 +44,15 @@ Each interval, per grouped resource
        others scaled down to make room; one that went quiet leaves, its
        share spread over the rest in proportion.
     2. model.observe(share in force, y); claims -> maestro.arbitrate, each
-       with its change limit l_i = step_i x (sum over groups of
+       with its change limit l_i = f_i x (sum over groups of
        min(u, w)): a share point is C/100 IOs, and what that does to the
        latency depends on how many IOs the array holds in all (a backup
        group throttled to a tenth of its demand moves its IOs at the array
-       by half with a step of 0.05 of C). step_i starts at
-       STEP_MAX_FRACTION, grows x STEP_GROW while the group's share moves
-       one way and shrinks x STEP_SHRINK (not under STEP_MIN_FRACTION) when
+       by half with a change of 0.05 of C). f_i starts at
+       LIMIT_MAX_FRACTION, grows x LIMIT_GROW while the group's share moves
+       one way and shrinks x LIMIT_SHRINK (not under LIMIT_MIN_FRACTION) when
        it turns: its delay follows its share a tick or more late, and full
-       steps each way would oscillate.
+       changes each way would oscillate.
     3. Shares -> delays -> classes: the group's target class. L and d are
        means over the interval (its IOs' latency at the array; the delay of
        the class in force at each tick); the L of d = L(w/u - 1) is smoothed
@@ -104,7 +104,7 @@ from dataclasses import dataclass, field
 from .domain import IoSample
 from .ladder import Ladder
 from .maestro import (
-    STEP_MAX_FRACTION,
+    LIMIT_MAX_FRACTION,
     U_MIN_FRACTION,
     Claim,
     Model,
@@ -124,14 +124,14 @@ GROUP_IDLE_INTERVALS = 30
 # one's times this: writers that start or pause within an interval show part of
 # their demand in it, and a demand that looks halved halves the delay (d = L(w/u - 1)).
 DEMAND_DECAY_PER_INTERVAL = 0.8
-# A group's change limit adapts (_adapt_step): x STEP_GROW per interval its share
-# keeps moving one way, x STEP_SHRINK when it turns, never under STEP_MIN_FRACTION.
+# A group's change limit adapts (_adapt_limit): x LIMIT_GROW per interval its share
+# keeps moving one way, x LIMIT_SHRINK when it turns, never under LIMIT_MIN_FRACTION.
 # The knob's L (d = L(w/u - 1)) is an EWMA over intervals with this weight of the
 # newest: a time constant of about 3 intervals.
 KNOB_LATENCY_ALPHA = 0.3
-STEP_GROW = 1.5
-STEP_SHRINK = 0.7
-STEP_MIN_FRACTION = 0.05
+LIMIT_GROW = 1.5
+LIMIT_SHRINK = 0.7
+LIMIT_MIN_FRACTION = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +163,7 @@ class GroupState:
     target_class: int = 0
     delay_class: int = 0  # in force (moves to target_class tick by tick)
     idle_intervals: int = 0
-    step: float = STEP_MAX_FRACTION  # its change limit, a fraction of the in-use share
+    limit: float = LIMIT_MAX_FRACTION  # its change limit, a fraction of the in-use share
     last_way: int = 0  # the sign of its last share change
     knob_latency_s: float = 0.0  # io_latency_s smoothed (KNOB_LATENCY_ALPHA)
     delay_sum_s: float = 0.0  # the delay in force, summed over the interval's ticks
@@ -186,7 +186,7 @@ class GroupsState:
     group_of: dict[str, str] = field(default_factory=dict)  # initiator -> group name
     resources: dict[str, GroupedResource] = field(default_factory=dict)
     default_priority: float = 1.0
-    step_max_fraction: float = STEP_MAX_FRACTION
+    limit_max_fraction: float = LIMIT_MAX_FRACTION
     # False while the data path applies no class (the daemon paused): a group's
     # latency is then its IOs' alone, not its class's delay added to them
     applied: bool = True
@@ -218,7 +218,7 @@ def regroup(
     """New specs (targets, priorities) and membership: live, from the next interval.
 
     Shares, models and classes stay (a priority change moves the shares by at
-    most step_max_fraction per interval); a group that no longer exists goes at
+    most limit_max_fraction per interval); a group that no longer exists goes at
     the next interval, its initiators into "default". The resources in
     `ungrouped` leave the groups; returns their initiators (their classes go)."""
     st.groups = {g.name: g for g in groups}
@@ -328,14 +328,14 @@ def interval(
             gs.pwfte = spec.priority * (1.0 - y_eff)
             continue
         beta = gs.model.observe(gs.share, y_eff)
-        cl = Claim(spec.priority, y_eff, gs.share, beta, gs.step * in_use)
+        cl = Claim(spec.priority, y_eff, gs.share, beta, gs.limit * in_use)
         gs.pwfte = pwfte(cl)
         claims.append(cl)
     if not st.applied:
         return
-    shares, gr.overloaded = arbitrate(claims, st.step_max_fraction * in_use)
+    shares, gr.overloaded = arbitrate(claims, st.limit_max_fraction * in_use)
     for g, u in zip(active, shares, strict=True):
-        _adapt_step(gr.groups[g], u, st.step_max_fraction)
+        _adapt_limit(gr.groups[g], u, st.limit_max_fraction)
     # 3. shares -> delays -> target classes
     for g, u in zip(active, shares, strict=True):
         gs = gr.groups[g]
@@ -422,18 +422,18 @@ def _make_room(gr: GroupedResource, active: Sequence[str]) -> None:
         gr.groups[g].share /= norm
 
 
-def _adapt_step(gs: GroupState, u: float, step_max: float) -> None:
+def _adapt_limit(gs: GroupState, u: float, limit_max: float) -> None:
     """A group's change limit: it grows while its share moves one way and halves
     when the share turns back (the delay lags the share by a tick or more, and a
-    full step each way would oscillate)."""
+    full change each way would oscillate)."""
     move = u - gs.share
     if abs(move) < 1e-9:
         return
     way = 1 if move > 0 else -1
     if way == -gs.last_way:
-        gs.step = max(gs.step * STEP_SHRINK, STEP_MIN_FRACTION)
+        gs.limit = max(gs.limit * LIMIT_SHRINK, LIMIT_MIN_FRACTION)
     elif way == gs.last_way:
-        gs.step = min(gs.step * STEP_GROW, step_max)
+        gs.limit = min(gs.limit * LIMIT_GROW, limit_max)
     gs.last_way = way
 
 

@@ -32,7 +32,7 @@ Model estimator (per group, every interval)
 
 Requirement estimator
     r = c + (1 - y) / beta, the share that would bring y to 1 by the model,
-    clamped to [c - l, c + l] (l = step_max_fraction: the model holds near
+    clamped to [c - l, c + l] (l = limit_max_fraction: the model holds near
     the operating point only) and to [U_MIN_FRACTION, 1].
 
 Arbiter (box_i = [max(c_i - l, U_MIN_FRACTION), min(c_i + l, 1)])
@@ -72,7 +72,7 @@ Bounds
     beta in [BETA_MIN, BETA_MAX]; u in [U_MIN_FRACTION, 1]; a change of at
     most l per interval (a priority change moves an allocation by at most l
     per interval: from 1/3 to 2/3 in 7 intervals at l = 0.05). l is the
-    caller's, per claim or for all (Claim.step_max, arbitrate's step_max).
+    caller's, per claim or for all (Claim.limit, arbitrate's limit_max).
 
 How to watch it
     Per group: y, the PWFTE p * (1 - y), the share u, and beta with
@@ -117,7 +117,7 @@ DEFAULT_BETA = 1.0
 U_MIN_FRACTION = 0.005
 # The limit on a share's change per interval. Maestro's is 5 % of C; groups.py
 # scales this one by the share in use at the array and adapts it per group.
-STEP_MAX_FRACTION = 0.1
+LIMIT_MAX_FRACTION = 0.1
 
 
 @dataclass(slots=True)
@@ -172,17 +172,17 @@ class Claim:
     y: float  # normalised performance measured under `share`
     share: float  # c, the share in force (sum over the claims = 1)
     beta: float  # the model's slope (> 0)
-    step_max: float | None = None  # this group's change limit l (None: the arbiter's)
+    limit: float | None = None  # this group's change limit l (None: the arbiter's)
 
 
-def box(c: float, step_max: float) -> tuple[float, float]:
+def box(c: float, limit_max: float) -> tuple[float, float]:
     """The shares a group may get next interval, from its share c."""
-    return max(c - step_max, U_MIN_FRACTION), min(c + step_max, 1.0)
+    return max(c - limit_max, U_MIN_FRACTION), min(c + limit_max, 1.0)
 
 
-def requirement(cl: Claim, step_max: float = STEP_MAX_FRACTION) -> float:
+def requirement(cl: Claim, limit_max: float = LIMIT_MAX_FRACTION) -> float:
     """The share that would bring y to 1 by the model, within the change limit."""
-    lo, hi = box(cl.share, step_max if cl.step_max is None else cl.step_max)
+    lo, hi = box(cl.share, limit_max if cl.limit is None else cl.limit)
     want = cl.share + (1.0 - cl.y) / cl.beta
     return min(max(want, lo), hi)
 
@@ -195,13 +195,13 @@ def pwfte(cl: Claim, u: float | None = None) -> float:
 
 
 def arbitrate(
-    claims: Sequence[Claim], step_max: float = STEP_MAX_FRACTION
+    claims: Sequence[Claim], limit_max: float = LIMIT_MAX_FRACTION
 ) -> tuple[list[float], bool]:
     """(next shares, overloaded): Maestro's arbiter over the groups' claims."""
     if not claims:
         return [], False
-    boxes = [box(cl.share, step_max if cl.step_max is None else cl.step_max) for cl in claims]
-    req = [requirement(cl, step_max) for cl in claims]
+    boxes = [box(cl.share, limit_max if cl.limit is None else cl.limit) for cl in claims]
+    req = [requirement(cl, limit_max) for cl in claims]
     if sum(req) <= 1.0:  # underload: grant, spread the excess by priority
         a = [r / cl.priority for r, cl in zip(req, claims, strict=True)]
         b = [1.0 / cl.priority for cl in claims]

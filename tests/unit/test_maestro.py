@@ -31,7 +31,7 @@ def test_worked_example_of_the_header() -> None:
     assert [pwfte(c, u) for c, u in zip(claims, shares, strict=True)] == pytest.approx([0.25, 0.3])
     assert spread(claims, shares) == pytest.approx(0.05)
     # a wider limit: equal PWFTEs, the predicted shortfalls 2 : 1
-    shares, _ = arbitrate([Claim(1.0, 0.8, 0.5, 1.0), Claim(2.0, 0.8, 0.5, 1.0)], step_max=0.2)
+    shares, _ = arbitrate([Claim(1.0, 0.8, 0.5, 1.0), Claim(2.0, 0.8, 0.5, 1.0)], limit_max=0.2)
     assert shares == pytest.approx([0.4333333, 0.5666667])
     assert spread(claims, shares) == pytest.approx(0.0, abs=1e-9)
     short = [1 - (0.8 + (u - 0.5)) for u in shares]
@@ -41,7 +41,7 @@ def test_worked_example_of_the_header() -> None:
 def test_underload_grants_requests_and_spreads_the_excess_by_priority() -> None:
     # both over target: requests fall by the limit; the excess 0.1 goes 1 : 3
     claims = [Claim(1.0, 1.5, 0.5, 1.0), Claim(3.0, 1.5, 0.5, 1.0)]
-    shares, over = arbitrate(claims, step_max=0.05)
+    shares, over = arbitrate(claims, limit_max=0.05)
     assert not over
     assert shares == pytest.approx([0.45 + 0.025, 0.45 + 0.075])
     assert sum(shares) == pytest.approx(1.0)
@@ -50,12 +50,12 @@ def test_underload_grants_requests_and_spreads_the_excess_by_priority() -> None:
 def test_underload_excess_respects_the_change_limit() -> None:
     # requests 0.45 each; the excess 0.1 goes 1 : 100, but the second may reach 0.55 only
     claims = [Claim(1.0, 2.0, 0.5, 1.0), Claim(100.0, 2.0, 0.5, 1.0)]
-    shares, _ = arbitrate(claims, step_max=0.05)
+    shares, _ = arbitrate(claims, limit_max=0.05)
     assert shares == pytest.approx([0.45 + 0.1 / 101, 0.45 + 0.1 * 100 / 101])
     assert sum(shares) == pytest.approx(1.0)
 
 
-def _lp(claims: list[Claim], step_max: float) -> float:
+def _lp(claims: list[Claim], limit_max: float) -> float:
     """Maestro's LP solved by HiGHS: the optimal eps."""
     linprog = pytest.importorskip("scipy.optimize").linprog
     n = len(claims)
@@ -77,7 +77,7 @@ def _lp(claims: list[Claim], step_max: float) -> float:
             )
             a_ub.append(row)
             b_ub.append(-const)
-    bounds = [box(c.share, step_max) for c in claims] + [(None, None)]
+    bounds = [box(c.share, limit_max) for c in claims] + [(None, None)]
     res = linprog(
         cost, A_ub=a_ub, b_ub=b_ub, A_eq=[[1.0] * n + [0.0]], b_eq=[1.0], bounds=bounds,
         method="highs",
@@ -100,16 +100,16 @@ def _random_claims(rng: random.Random, n: int) -> list[Claim]:
 def test_water_filling_attains_the_lp_optimum(seed: int) -> None:
     rng = random.Random(seed)
     n = rng.randint(2, 12)
-    step_max = rng.choice([0.01, 0.05, 0.2, 1.0])
+    limit_max = rng.choice([0.01, 0.05, 0.2, 1.0])
     claims = _random_claims(rng, n)
-    boxes = [box(c.share, step_max) for c in claims]
+    boxes = [box(c.share, limit_max) for c in claims]
     a = [c.priority * (1.0 - c.y + c.beta * c.share) for c in claims]
     b = [c.priority * c.beta for c in claims]
     u = water_fill(a, b, boxes)
     assert sum(u) == pytest.approx(1.0, abs=1e-9)
     for ui, (lo, hi) in zip(u, boxes, strict=True):
         assert lo - 1e-12 <= ui <= hi + 1e-12
-    assert spread(claims, u) == pytest.approx(_lp(claims, step_max), abs=1e-7)
+    assert spread(claims, u) == pytest.approx(_lp(claims, limit_max), abs=1e-7)
 
 
 def test_water_fill_with_boxes_that_cannot_sum_to_one() -> None:
