@@ -45,7 +45,7 @@ PLANTS = ("controller", "controller-closed")
 
 
 def _loaded_from(pythonpath: str) -> str:
-    """Where santhrottle.controller.step comes from with pythonpath first."""
+    """Where santhrottle.controller.decide comes from with pythonpath first."""
     code = "import santhrottle.controller.decide as s; print(s.__file__)"
     env = compiled.env_for(pythonpath)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
@@ -53,7 +53,7 @@ def _loaded_from(pythonpath: str) -> str:
 
 
 def bench_compiled(rounds: int = ROUNDS) -> dict[str, Any]:
-    name = "controller step compiled (mypyc) vs pure Python, 1,000 resources x 10,000 initiators"
+    name = "controller decide() compiled (mypyc) vs pure Python, 1,000 resources x 10,000 initiators"
     with tempfile.TemporaryDirectory(prefix="santhrottle-mypyc-") as tmp:
         try:
             compiled.compile_into(Path(tmp))
