@@ -53,7 +53,9 @@ def _loaded_from(pythonpath: str) -> str:
 
 
 def bench_compiled(rounds: int = ROUNDS) -> dict[str, Any]:
-    name = "controller decide() compiled (mypyc) vs pure Python, 1,000 resources x 10,000 initiators"
+    name = (
+        "controller decide() compiled (mypyc) vs pure Python, 1,000 resources x 10,000 initiators"
+    )
     with tempfile.TemporaryDirectory(prefix="santhrottle-mypyc-") as tmp:
         try:
             compiled.compile_into(Path(tmp))
