@@ -48,20 +48,8 @@ from .capture import CaptureCounters
 from .kernel import EV_BODY, EV_CONNECT, EV_LOGIN, Conn, Event, KernelWire, VolumeSums
 from .logins import Login, Said, by_address, put_bounded
 from .pdu import ISCSI_PORT, NVME_TCP_PORT, READ
-from .tracker import (
-    CONN_IDLE_S,
-    INFLIGHT_MAX_S,
-    ISCSI,
-    MAX_CONNS,
-    NO_NAMESPACE,
-    NVME,
-    ConnKey,
-    Counters,
-    Volume,
-    VolumeReads,
-    lun_number,
-    portal_name,
-)
+from .sums import ISCSI, NO_NAMESPACE, NVME, Sums, Volume, VolumeReads, lun_number, portal_name
+from .tracker import CONN_IDLE_S, INFLIGHT_MAX_S, MAX_CONNS, ConnKey, Counters
 
 SWEEP_S = 1.0
 
@@ -95,10 +83,7 @@ class KernelSums:
         self._totals: dict[tuple[Conn, int], VolumeSums] = {}
         self._active: dict[Conn, float] = {}  # a connection's last growth
         self._units: dict[Conn, set[int]] = {}
-        self.reads: dict[Volume, VolumeReads] = {}
-        self.volume_writes: dict[Volume, int] = {}
-        self.writes: dict[tuple[Volume, str], int] = {}
-        self.initiator_ios: dict[tuple[Volume, str], VolumeReads] = {}
+        self.sums = Sums()
         self._next_sweep = -math.inf
         self.kernel: dict[str, int] = {}  # the program's own counts, as last read
         # each connection's login or connect, read as its events come up
@@ -136,20 +121,11 @@ class KernelSums:
                 continue
             self._units.setdefault(c, set()).add(raw)
             if dr:
-                r = self.reads.get(v)
-                if r is None:
-                    r = self.reads[v] = VolumeReads()
-                r.reads += dr
-                r.latency_sum_s += dns / 1e9
-                ri = self._initiator_io(v, c.initiator)
-                ri.reads += dr
-                ri.latency_sum_s += dns / 1e9
+                self.sums.read(v, c.initiator, dns / 1e9, dr)
             if dn:
-                self._initiator_io(v, c.initiator).writes += dn
+                self.sums.write_done(v, c.initiator, dn)
             if dw:
-                self.volume_writes[v] = self.volume_writes.get(v, 0) + dw
-                k = (v, c.initiator)
-                self.writes[k] = self.writes.get(k, 0) + dw
+                self.sums.wrote(v, c.initiator, dw)
         k = self.wire.counters()
         self.counters.commands = k.get("commands", 0)
         self.counters.completions = k.get("completions", 0)
@@ -209,25 +185,15 @@ class KernelSums:
     # ------------------------------------------------------------ Tracker's
     def take_tick(self) -> tuple[dict[Volume, VolumeReads], dict[Volume, int]]:
         self.refresh()
-        reads, self.reads = self.reads, {}
-        writes, self.volume_writes = self.volume_writes, {}
-        return reads, writes
+        return self.sums.take_tick()
 
     def take_writes(self) -> dict[tuple[Volume, str], int]:
         self.refresh()
-        out, self.writes = self.writes, {}
-        return out
-
-    def _initiator_io(self, v: Volume, initiator: str) -> VolumeReads:
-        r = self.initiator_ios.get((v, initiator))
-        if r is None:
-            r = self.initiator_ios[v, initiator] = VolumeReads()
-        return r
+        return self.sums.take_writes()
 
     def take_initiator_ios(self) -> dict[tuple[Volume, str], VolumeReads]:
         self.refresh()
-        out, self.initiator_ios = self.initiator_ios, {}
-        return out
+        return self.sums.take_initiator_ios()
 
     def targets(self) -> dict[ConnKey, str]:
         live = {conn_key(c) for c in self._active}

@@ -18,7 +18,8 @@ Layouts
     direction, and a pair may be cut at the PDU's end. InitiatorName (13.6)
     is in the first Login Request of every connection, TargetName in that
     of a normal session; the target's answers carry the negotiated
-    HeaderDigest and DataDigest.
+    HeaderDigest and DataDigest; each side declares the longest data
+    segment it takes (MaxRecvDataSegmentLength, 13.12).
     NVMe over Fabrics Connect command data (1,024 bytes): HOSTID at 0 (16
     bytes), CNTLID at 16, SUBNQN at 256 and HOSTNQN at 512 (256 bytes each,
     NUL-ended). Every queue (each its own TCP connection) connects.
@@ -69,7 +70,9 @@ MAX_NAMES_PER_INITIATOR = 16  # per address (an address may host several initiat
 
 TARGET_NAME, INITIATOR_NAME = b"TargetName", b"InitiatorName"
 HEADER_DIGEST, DATA_DIGEST = b"HeaderDigest", b"DataDigest"
-_LOGIN_KEYS = frozenset({TARGET_NAME, INITIATOR_NAME, HEADER_DIGEST, DATA_DIGEST})
+MAX_RECV = b"MaxRecvDataSegmentLength"
+_LOGIN_KEYS = frozenset({TARGET_NAME, INITIATOR_NAME, HEADER_DIGEST, DATA_DIGEST, MAX_RECV})
+SEGMENT_LIMIT_MAX = (1 << 24) - 1  # RFC 7143 13.12: 512 to 2^24 - 1
 _CRC32C = b"CRC32C"
 
 
@@ -170,6 +173,9 @@ class Said:
     initiator: str | None = None
     digests: tuple[bool, bool] | None = None  # iSCSI (header, data): CRC32C or not
     bad_names: int = 0
+    # iSCSI MaxRecvDataSegmentLength its sender declared: the longest data segment it
+    # takes once the login is through
+    segment_limit: int | None = None
 
 
 class Login:
@@ -203,6 +209,9 @@ class Login:
         out = Said()
         if not values:
             return out
+        limit = values.get(MAX_RECV, b"")
+        if limit.isdigit() and len(limit) <= 9 and int(limit) <= SEGMENT_LIMIT_MAX:
+            out.segment_limit = int(limit)
         if to_target:
             for key in (TARGET_NAME, b"SUBNQN"):
                 if key in values:

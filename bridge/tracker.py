@@ -55,21 +55,39 @@ Bounds
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
-from .flow import Emitted, Iscsi, NvmeTcp, Stream
+from .flow import STATE_NAMES, SYNCED, Hooks, Stream
+from .flow import Counters as StreamCounters
 from .logins import Login, Said, by_address
 from .pdu import (
     CMD,
     CONNECT,
     DATA_OUT,
     DONE,
+    FULL_FEATURE,
+    IC,
     ISCSI_PORT,
     LOGIN,
     NVME_TCP_PORT,
     READ,
     WRITE,
     Pdu,
+)
+from .protocols import ISCSI as ISCSI_WALK
+from .protocols import NVME as NVME_WALK
+from .protocols import Digests
+from .sums import (  # noqa: F401  (the names the bridge's other modules take from here)
+    ISCSI,
+    NO_NAMESPACE,
+    NVME,
+    Sums,
+    Volume,
+    VolumeReads,
+    lun_number,
+    portal_name,
 )
 
 # A command this long in flight has been aborted or its completion was not
@@ -78,44 +96,21 @@ from .pdu import (
 INFLIGHT_MAX_S = 60.0
 AGE_SWEEP_S = 1.0
 CONN_IDLE_S = 600.0
-# NSIDs that name no namespace: 0 (the fabrics connect, keep-alive, admin commands)
-# and the broadcast NSID (a flush of every namespace).
-NO_NAMESPACE = (0, 0xFFFFFFFF)
 # Bounds on what the wire can make the tracker hold (docs/bridge.md, "Bounds"): the
 # connections (the oldest made goes first), the commands in flight over all of them
 # (the oldest of the connection goes first), the volumes one connection names.
 MAX_CONNS = 8192
 MAX_INFLIGHT = 1 << 20
 MAX_VOLUMES_PER_CONN = 4096
-
-ISCSI = "iscsi"
-NVME = "nvme"
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class Volume:
-    """What the wire can name: a LUN of an iSCSI target or a namespace of an NVMe
-    subsystem, at a portal; target "" until the login or connect was seen."""
-
-    proto: str
-    portal: str  # target address:port
-    target: str  # IQN or NQN
-    unit: int  # LUN or NSID
-
-    def __str__(self) -> str:
-        kind = "lun" if self.proto == ISCSI else "nsid"
-        return f"{self.proto} {self.portal} {self.target or '?'} {kind} {self.unit}"
-
-
-@dataclass(slots=True)
-class VolumeReads:
-    reads: int = 0
-    latency_sum_s: float = 0.0
-    writes: int = 0  # write commands completed (per initiator: take_initiator_ios)
-
-    @property
-    def mean_s(self) -> float:
-        return self.latency_sum_s / self.reads if self.reads else math.nan
+# Completions in a row that match no command in flight, while the commands' direction
+# is in sync, that make the completions' walk a desync: more than a session keeps in
+# flight (open-iscsi's cmds_max and Linux NVMe's queue are 128), so a sensor that
+# starts in mid-session, whose first completions are of commands it never saw, does
+# not take them for one.
+UNMATCHED_RUN = 256
+# The smallest MaxRecvDataSegmentLength (RFC 7143 13.12) and MAXH2CDATA (NVMe/TCP 3.6.2.3)
+# a login or ICResp may declare: a smaller one is not believed.
+MIN_SEGMENT_LIMIT = 512
 
 
 @dataclass(slots=True)
@@ -128,21 +123,7 @@ class Counters:
     connections: int = 0
     evicted: int = 0  # commands and connections dropped at the bounds (MAX_*)
     bad_names: int = 0  # initiator names in logins and connects that are garbage
-
-
-def portal_name(addr: str, port: int) -> str:
-    """A target's address and port as a volume name writes them ([v6]:port for IPv6)."""
-    return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
-
-
-def lun_number(raw: int) -> int:
-    """The LUN of the 8-byte LUN field (SAM: peripheral and flat addressing)."""
-    method = raw >> 62
-    if method == 0:
-        return (raw >> 48) & 0xFF
-    if method == 1:
-        return (raw >> 48) & 0x3FFF
-    return raw
+    unmeasurable: int = 0  # connections found not measurable (TLS, not iSCSI or NVMe/TCP)
 
 
 @dataclass(slots=True)
@@ -150,6 +131,10 @@ class _Command:
     start_s: float
     op: int
     volume: Volume | None  # None: an NVMe command of no namespace (connect, keep-alive)
+    held_bytes: int = 0  # a provisional write's bytes, counted when it is confirmed
+
+
+ConnKey = tuple[str, int, str, int]  # initiator address, port, target address, port
 
 
 @dataclass(slots=True)
@@ -165,9 +150,63 @@ class Connection:
     last_s: float = 0.0
     inflight: dict[int, _Command] = field(default_factory=dict)
     volumes: set[Volume] = field(default_factory=set)  # every volume it sent a command to
+    key: ConnKey = ("", 0, "", 0)
+    unmeasurable: str = ""  # why its streams cannot be read (flow.py: TLS, UNPARSED)
+    unmatched_run: int = 0  # completions of nothing in a row (UNMATCHED_RUN)
+    # the login's digests and segment limits, in force once it reaches full feature
+    pending_digests: Digests | None = None
+    pending_limits: dict[bool, int] = field(default_factory=dict)  # to_target -> bytes
 
 
-ConnKey = tuple[str, int, str, int]  # initiator address, port, target address, port
+class _Side(Hooks):
+    """One direction's hooks (flow.Hooks): what its provisional header did, undone or
+    kept when the walk decides."""
+
+    __slots__ = ("conn", "held", "to_target", "tracker")
+
+    def __init__(self, tracker: Tracker, conn: Connection, to_target: bool) -> None:
+        self.tracker, self.conn, self.to_target = tracker, conn, to_target
+        self.held: tuple[int, object] | None = None
+
+    def provisional(self, pdu: Pdu, body: bytes) -> None:
+        self.held = self.tracker._provisional(self.conn, self.to_target, pdu, body)
+
+    def confirm(self) -> None:
+        held, self.held = self.held, None
+        if held is not None:
+            self.tracker._confirm(self.conn, held)
+
+    def retract(self) -> None:
+        held, self.held = self.held, None
+        if held is not None:
+            self.tracker._retract(self.conn, held)
+
+    def unmeasurable(self, reason: str) -> None:
+        self.tracker._unmeasurable(self.conn, reason)
+
+    def digests(self, digests: Digests) -> None:
+        # iSCSI digests are the connection's: what one direction found holds for both
+        other = self.conn.to_initiator if self.to_target else self.conn.to_target
+        other.set_digests(digests)
+
+
+_HELD_CMD, _HELD_DATA, _HELD_UNMATCHED = 1, 2, 3
+
+
+@dataclass(frozen=True, slots=True)
+class SyncRow:
+    """One direction of one connection: is the walk in sync, and how long it was not."""
+
+    initiator: str
+    initiator_port: int
+    portal: str
+    target: str
+    direction: str  # "to_target" or "to_initiator"
+    state: str  # flow.STATE_NAMES
+    out_of_sync_bytes: int
+    out_of_sync_s: float
+    desyncs: int
+    reason: str = ""  # why not measurable
 
 
 class Tracker:
@@ -183,14 +222,18 @@ class Tracker:
         self.known_targets = dict(known_targets or {})
         self.known_initiators = dict(known_initiators or {})
         self.conns: dict[ConnKey, Connection] = {}
-        self.reads: dict[Volume, VolumeReads] = {}
-        self.writes: dict[tuple[Volume, str], int] = {}
-        self.volume_writes: dict[Volume, int] = {}  # per tick, for the resource's write rate
-        # per (volume, initiator) per convergence, for initiator groups: reads and writes
-        self.initiator_ios: dict[tuple[Volume, str], VolumeReads] = {}
+        self.sums = Sums()
+        self.take_tick = self.sums.take_tick
+        self.take_writes = self.sums.take_writes
+        self.take_initiator_ios = self.sums.take_initiator_ios
         self.counters = Counters()
+        self.walk = StreamCounters()  # the walks of the connections forgotten
         self.inflight_total = 0  # commands in flight over every connection
         self._next_sweep_s = -math.inf
+        self._now = 0.0
+        # each read matched: (connection, tag, its command's time, its completion's);
+        # for tests against a reference (tests/wire), None in production
+        self.on_read: Callable[[ConnKey, int, float, float], None] | None = None
 
     def segment(
         self,
@@ -219,12 +262,12 @@ class Tracker:
                 self._forget(key)
             conn = self._connect(key, fresh=syn)
         conn.last_s = now_s
+        self._now = now_s
         stream = conn.to_target if to_target else conn.to_initiator
         if syn:
             stream.start(seq)
         elif payload:
-            for pdu in stream.feed(seq, payload):
-                self._pdu(conn, pdu, to_target, now_s)
+            stream.feed(seq, payload, now_s)
         if fin_or_rst:
             self._forget(key)  # its commands in flight go with it
         if now_s >= self._next_sweep_s:
@@ -234,6 +277,17 @@ class Tracker:
         conn = self.conns.pop(key, None)
         if conn is not None:
             self.inflight_total -= len(conn.inflight)
+            w = self.walk
+            for st in (conn.to_target, conn.to_initiator):
+                c = st.counters
+                w.pdus += c.pdus
+                w.retransmitted_bytes += c.retransmitted_bytes
+                w.gaps += c.gaps
+                w.desyncs += c.desyncs
+                w.resyncs += c.resyncs
+                w.retracted += c.retracted
+                w.out_of_sync_bytes += c.out_of_sync_bytes
+                w.out_of_sync_s += st.out_of_sync_s(self._now)
 
     def _connect(self, key: ConnKey, fresh: bool = False) -> Connection:
         if len(self.conns) >= MAX_CONNS:  # the oldest made goes
@@ -242,12 +296,14 @@ class Tracker:
         ini, _, tgt, tport = key
         portal = portal_name(tgt, tport)
         if tport == ISCSI_PORT:
-            conn = Connection(ISCSI, ini, portal, Stream(Iscsi(True)), Stream(Iscsi(False)))
-            # iSCSI digests are the connection's: what one direction found holds for both
-            conn.to_target.on_digests = conn.to_initiator.set_digests
-            conn.to_initiator.on_digests = conn.to_target.set_digests
+            conn = Connection(ISCSI, ini, portal, Stream(ISCSI_WALK[True]),
+                              Stream(ISCSI_WALK[False]))  # fmt: skip
         else:
-            conn = Connection(NVME, ini, portal, Stream(NvmeTcp(True)), Stream(NvmeTcp(False)))
+            conn = Connection(NVME, ini, portal, Stream(NVME_WALK[True]), Stream(NVME_WALK[False]))
+        conn.key = key
+        for stream, to_target in ((conn.to_target, True), (conn.to_initiator, False)):
+            stream.sink = partial(self._pdu, conn, to_target)
+            stream.hooks = _Side(self, conn, to_target)
         if not fresh:
             conn.target = self.known_targets.get(key, "")
             conn.initiator_name = self.known_initiators.get(key, "")
@@ -255,60 +311,139 @@ class Tracker:
         self.counters.connections += 1
         return conn
 
-    def _pdu(self, conn: Connection, emitted: Emitted, to_target: bool, now_s: float) -> None:
-        pdu, body = emitted
+    def _pdu(self, conn: Connection, to_target: bool, pdu: Pdu, body: bytes) -> bool:
+        """One PDU of a walk in sync; False: it shows the walk is off (UNMATCHED_RUN)."""
         kind = pdu.kind
-        if kind == CONNECT and to_target:  # names the subsystem and host; a command too
-            self._login(conn, pdu, body, True, True)
-            kind = CMD
-        if kind == CMD and to_target:
-            unit = lun_number(pdu.volume) if conn.proto == ISCSI else pdu.volume
-            vol: Volume | None = None
-            if conn.proto == ISCSI or unit not in NO_NAMESPACE:
-                vol = Volume(conn.proto, conn.portal, conn.target, unit)
-                if len(conn.volumes) < MAX_VOLUMES_PER_CONN or vol in conn.volumes:
-                    conn.volumes.add(vol)
-            if pdu.tag in conn.inflight:
-                self.counters.replaced += 1
-            else:
-                if self.inflight_total >= MAX_INFLIGHT:
-                    self.counters.evicted += 1
-                    if not conn.inflight:
-                        return  # nothing of its own to give up: not tracked
-                    del conn.inflight[next(iter(conn.inflight))]
-                    self.inflight_total -= 1
-                self.inflight_total += 1
-            self.counters.commands += 1
-            conn.inflight[pdu.tag] = _Command(now_s, pdu.op, vol)
-            if pdu.op == WRITE and vol is not None:
-                nbytes = pdu.data_bytes  # iSCSI: the whole write; NVMe: in-capsule data
-                if nbytes:
-                    self._wrote(vol, conn.initiator, nbytes)
-        elif kind == DONE and not to_target:
+        if kind == DONE and not to_target:
             cmd = conn.inflight.pop(pdu.tag, None)
             if cmd is None:
                 self.counters.unmatched += 1
-                return
-            self.inflight_total -= 1
-            self.counters.completions += 1
-            if cmd.op == READ and cmd.volume is not None:
-                r = self.reads.get(cmd.volume)
-                if r is None:
-                    r = self.reads[cmd.volume] = VolumeReads()
-                lat = now_s - cmd.start_s
-                r.reads += 1
-                r.latency_sum_s += lat
-                self._initiator_io(cmd.volume, conn.initiator).reads += 1
-                self._initiator_io(cmd.volume, conn.initiator).latency_sum_s += lat
-            elif cmd.op == WRITE and cmd.volume is not None:
-                self._initiator_io(cmd.volume, conn.initiator).writes += 1
+                conn.unmatched_run += 1
+                if conn.unmatched_run >= UNMATCHED_RUN and conn.to_target.state == SYNCED:
+                    conn.unmatched_run = 0
+                    return False
+                return True
+            conn.unmatched_run = 0
+            self._completed(conn, cmd, pdu.tag)
+        elif kind == CMD and to_target:
+            self._command(conn, pdu, False)
         elif kind == DATA_OUT and to_target:
-            cmd = conn.inflight.get(pdu.tag)
+            # NVMe H2CData (an iSCSI write's bytes are its command's, _command)
+            cmd = conn.inflight.get(pdu.tag) if conn.proto == NVME else None
             if cmd is not None and cmd.op == WRITE and cmd.volume is not None:
-                self._wrote(cmd.volume, conn.initiator, pdu.data_bytes)
+                self.sums.wrote(cmd.volume, conn.initiator, pdu.data_bytes)
         elif kind == LOGIN:
             self._login(conn, pdu, body, False, to_target)
+        elif kind == CONNECT and to_target:  # names the subsystem and host; a command too
+            self._login(conn, pdu, body, True, True)
+            self._command(conn, pdu, False)
+        elif kind == IC and not to_target and pdu.data_bytes >= MIN_SEGMENT_LIMIT:
+            conn.to_target.limit = pdu.data_bytes  # the controller's MAXH2CDATA
+        return True
 
+    def _command(self, conn: Connection, pdu: Pdu, provisional: bool) -> _Command | None:
+        unit = lun_number(pdu.volume) if conn.proto == ISCSI else pdu.volume
+        vol: Volume | None = None
+        if conn.proto == ISCSI or unit not in NO_NAMESPACE:
+            vol = Volume(conn.proto, conn.portal, conn.target, unit)
+            if len(conn.volumes) < MAX_VOLUMES_PER_CONN or vol in conn.volumes:
+                conn.volumes.add(vol)
+        if pdu.tag in conn.inflight:
+            self.counters.replaced += 1
+        else:
+            if self.inflight_total >= MAX_INFLIGHT:
+                self.counters.evicted += 1
+                if not conn.inflight:
+                    return None  # nothing of its own to give up: not tracked
+                del conn.inflight[next(iter(conn.inflight))]
+                self.inflight_total -= 1
+            self.inflight_total += 1
+        self.counters.commands += 1
+        cmd = conn.inflight[pdu.tag] = _Command(self._now, pdu.op, vol)
+        if pdu.op == WRITE and vol is not None:
+            nbytes = pdu.data_bytes  # iSCSI: the whole write; NVMe: in-capsule data
+            if provisional:
+                cmd.held_bytes = nbytes
+            elif nbytes:
+                self.sums.wrote(vol, conn.initiator, nbytes)
+        return cmd
+
+    def _completed(self, conn: Connection, cmd: _Command, tag: int) -> None:
+        self.inflight_total -= 1
+        self.counters.completions += 1
+        vol = cmd.volume
+        if vol is None:
+            return
+        if cmd.held_bytes:  # a provisional write its completion proves
+            self.sums.wrote(vol, conn.initiator, cmd.held_bytes)
+            cmd.held_bytes = 0
+        if cmd.op == READ:
+            self.sums.read(vol, conn.initiator, self._now - cmd.start_s)
+            if self.on_read is not None:
+                self.on_read(conn.key, tag, cmd.start_s, self._now)
+        elif cmd.op == WRITE:
+            self.sums.write_done(vol, conn.initiator)
+
+    # ------------------------------------------------------------ provisional headers
+    def _provisional(
+        self, conn: Connection, to_target: bool, pdu: Pdu, body: bytes
+    ) -> tuple[int, object] | None:
+        """A header a resync took before its successor was there (flow.py): a command
+        goes in flight (its write bytes held), a completion of a command in flight
+        completes it (the match proves both), one of nothing waits to be counted; a
+        login's or connect's names are taken at once."""
+        if conn.unmeasurable:
+            return None
+        kind = pdu.kind
+        if kind == CMD and to_target:
+            cmd = self._command(conn, pdu, True)
+            return None if cmd is None else (_HELD_CMD, (pdu.tag, cmd))
+        if kind == DONE and not to_target:
+            cmd = conn.inflight.pop(pdu.tag, None)
+            if cmd is None:
+                return (_HELD_UNMATCHED, None)
+            self._completed(conn, cmd, pdu.tag)
+            return None
+        if kind == DATA_OUT and to_target and conn.proto == NVME:
+            return (_HELD_DATA, (pdu.tag, pdu.data_bytes))
+        self._pdu(conn, to_target, pdu, body)
+        return None
+
+    def _confirm(self, conn: Connection, held: tuple[int, object]) -> None:
+        what, arg = held
+        if what == _HELD_CMD:
+            _, cmd = arg  # type: ignore[misc]
+            if cmd.held_bytes and cmd.volume is not None:
+                self.sums.wrote(cmd.volume, conn.initiator, cmd.held_bytes)
+                cmd.held_bytes = 0
+        elif what == _HELD_DATA:
+            tag, nbytes = arg  # type: ignore[misc]
+            self._pdu(conn, True, Pdu(DATA_OUT, tag, 0, 0, 0, nbytes), b"")
+        else:
+            self.counters.unmatched += 1
+
+    def _retract(self, conn: Connection, held: tuple[int, object]) -> None:
+        what, arg = held
+        if what == _HELD_CMD:
+            tag, cmd = arg  # type: ignore[misc]
+            if conn.inflight.get(tag) is cmd:  # not completed: it was never a command
+                del conn.inflight[tag]
+                self.inflight_total -= 1
+                self.counters.commands -= 1
+
+    def _unmeasurable(self, conn: Connection, reason: str) -> None:
+        """Its streams are not iSCSI or NVMe/TCP to read: nothing of it is counted."""
+        if conn.unmeasurable:
+            return
+        conn.unmeasurable = reason
+        self.counters.unmeasurable += 1
+        for st in (conn.to_target, conn.to_initiator):
+            st.set_unmeasurable(self._now)
+        self.inflight_total -= len(conn.inflight)
+        conn.inflight.clear()
+        conn.volumes.clear()
+
+    # ------------------------------------------------------------ logins
     def _login(
         self, conn: Connection, pdu: Pdu, body: bytes, connect: bool, to_target: bool
     ) -> None:
@@ -317,22 +452,27 @@ class Tracker:
         if conn.login is None:
             conn.login = Login()
         flags = 0 if connect else pdu.op  # an iSCSI login's flags (pdu.py)
-        self._said(conn, conn.login.start(connect, to_target, flags, pdu.data_bytes, text))
+        self._said(conn, conn.login.start(connect, to_target, flags, pdu.data_bytes, text),
+                   to_target)  # fmt: skip
+        # the target's answer that moves to full feature: what was negotiated applies
+        if not connect and not to_target and flags & 0x80 and flags & 3 == FULL_FEATURE:
+            digests = conn.pending_digests or (False, False)
+            conn.to_target.set_digests(digests)
+            conn.to_initiator.set_digests(digests)
+            for side, limit in conn.pending_limits.items():
+                (conn.to_target if side else conn.to_initiator).limit = limit
 
-    def _said(self, conn: Connection, said: Said) -> None:
+    def _said(self, conn: Connection, said: Said, to_target: bool) -> None:
         if said.target:
             conn.target = said.target
         if said.initiator:
             conn.initiator_name = said.initiator
         if said.digests is not None:  # the target's answer: what was negotiated
-            conn.to_target.set_digests(said.digests)
-            conn.to_initiator.set_digests(said.digests)
+            conn.pending_digests = said.digests
+        if said.segment_limit is not None and said.segment_limit >= MIN_SEGMENT_LIMIT:
+            # declared by the sender of this text: the most it takes, the other way
+            conn.pending_limits[not to_target] = said.segment_limit
         self.counters.bad_names += said.bad_names
-
-    def _wrote(self, vol: Volume, initiator: str, nbytes: int) -> None:
-        k = (vol, initiator)
-        self.writes[k] = self.writes.get(k, 0) + nbytes
-        self.volume_writes[vol] = self.volume_writes.get(vol, 0) + nbytes
 
     def _sweep(self, now_s: float) -> None:
         self._next_sweep_s = now_s + AGE_SWEEP_S
@@ -346,30 +486,6 @@ class Tracker:
                 del conn.inflight[tag]
             self.counters.aged += len(stale)
             self.inflight_total -= len(stale)
-
-    def take_tick(self) -> tuple[dict[Volume, VolumeReads], dict[Volume, int]]:
-        """Reads completed and write bytes per volume since the last call (a tick)."""
-        reads, self.reads = self.reads, {}
-        writes, self.volume_writes = self.volume_writes, {}
-        return reads, writes
-
-    def take_writes(self) -> dict[tuple[Volume, str], int]:
-        """Write bytes per (volume, initiator address) since the last call (a convergence)."""
-        out, self.writes = self.writes, {}
-        return out
-
-    def _initiator_io(self, vol: Volume, initiator: str) -> VolumeReads:
-        k = (vol, initiator)
-        r = self.initiator_ios.get(k)
-        if r is None:
-            r = self.initiator_ios[k] = VolumeReads()
-        return r
-
-    def take_initiator_ios(self) -> dict[tuple[Volume, str], VolumeReads]:
-        """Reads (their latency) and writes completed per (volume, initiator address)
-        since the last call (a convergence)."""
-        out, self.initiator_ios = self.initiator_ios, {}
-        return out
 
     def targets(self) -> dict[ConnKey, str]:
         """The target name of every live connection whose login or connect was seen
@@ -403,3 +519,50 @@ class Tracker:
                 if c.op == READ and c.volume is not None:
                     out[c.volume] = out.get(c.volume, 0) + 1
         return out
+
+    # ------------------------------------------------------------ the walks' state
+    def walk_totals(self) -> StreamCounters:
+        """The walks' counts over both directions of every connection, forgotten ones
+        included (flow.py's Counters)."""
+        t = StreamCounters(**{k: getattr(self.walk, k) for k in StreamCounters.__slots__})
+        for conn in self.conns.values():
+            for st in (conn.to_target, conn.to_initiator):
+                c = st.counters
+                t.pdus += c.pdus
+                t.retransmitted_bytes += c.retransmitted_bytes
+                t.gaps += c.gaps
+                t.desyncs += c.desyncs
+                t.resyncs += c.resyncs
+                t.retracted += c.retracted
+                t.out_of_sync_bytes += c.out_of_sync_bytes
+                t.out_of_sync_s += st.out_of_sync_s(self._now)
+        return t
+
+    def sync_rows(self, now_s: float) -> list[SyncRow]:
+        """Each live connection's two directions: in sync or not, and how long not."""
+        out = []
+        for (ini, port, _, _), conn in self.conns.items():
+            for st, direction in ((conn.to_target, "to_target"),
+                                  (conn.to_initiator, "to_initiator")):  # fmt: skip
+                out.append(SyncRow(ini, port, conn.portal, conn.target, direction,
+                                   STATE_NAMES[st.state], st.counters.out_of_sync_bytes,
+                                   round(st.out_of_sync_s(now_s), 6), st.counters.desyncs,
+                                   conn.unmeasurable))  # fmt: skip
+        return out
+
+    def out_of_sync(self) -> dict[tuple[str, str, str], tuple[int, int]]:
+        """(protocol, portal, target) -> (its live connections, those with a direction
+        not in sync), measurable connections only: for a resource's hold."""
+        out: dict[tuple[str, str, str], list[int]] = {}
+        for conn in self.conns.values():
+            if conn.unmeasurable:
+                continue
+            a = out.setdefault((conn.proto, conn.portal, conn.target), [0, 0])
+            a[0] += 1
+            if conn.to_target.state != SYNCED or conn.to_initiator.state != SYNCED:
+                a[1] += 1
+        return {k: (n, m) for k, (n, m) in out.items()}
+
+    def unmeasurable(self) -> list[tuple[ConnKey, str]]:
+        """The live connections not measurable, and why."""
+        return [(k, c.unmeasurable) for k, c in self.conns.items() if c.unmeasurable]

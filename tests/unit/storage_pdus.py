@@ -15,6 +15,21 @@ def _pad4(data: bytes) -> bytes:
     return data + b"\0" * (-len(data) % 4)
 
 
+def crc32c(data: bytes) -> int:
+    """CRC32C bit by bit (RFC 3720 appendix B.4's polynomial, reflected)."""
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def digest(data: bytes) -> bytes:
+    """An iSCSI digest as the wire carries it (the CRC's low byte first)."""
+    return crc32c(data).to_bytes(4, "little")
+
+
 def iscsi(
     opcode: int,
     flags: int = 0x80,
@@ -26,18 +41,24 @@ def iscsi(
     status: int = 0,
     header_digest: bool = False,
     data_digest: bool = False,
+    sn: tuple[int, int, int] = (0, 0, 0),
 ) -> bytes:
-    """One iSCSI PDU: the BHS, a digest placeholder, the data padded to 4, a digest."""
+    """One iSCSI PDU: the BHS, its header digest, the data padded to 4, its data digest.
+    sn: the words at 24, 28 and 32 (to the target CmdSN, ExpStatSN; to the initiator
+    StatSN, ExpCmdSN, MaxCmdSN) where the opcode has them (not over a CDB)."""
     bhs = bytearray(48)
     bhs[0] = opcode
     bhs[1] = flags
     bhs[3] = status
     bhs[5:8] = len(data).to_bytes(3, "big")
     struct.pack_into(">QII", bhs, 8, lun << 48, itt, edtl)
+    struct.pack_into(">II", bhs, 24, sn[0], sn[1])
+    if opcode & 0x20:  # to the initiator: MaxCmdSN
+        struct.pack_into(">I", bhs, 32, sn[2])
     bhs[32 : 32 + len(cdb)] = cdb
-    out = bytes(bhs) + (b"\xaa\xbb\xcc\xdd" if header_digest else b"")
+    out = bytes(bhs) + (digest(bytes(bhs)) if header_digest else b"")
     if data:
-        out += _pad4(data) + (b"\x11\x22\x33\x44" if data_digest else b"")
+        out += _pad4(data) + (digest(_pad4(data)) if data_digest else b"")
     return out
 
 
