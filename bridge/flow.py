@@ -30,9 +30,9 @@ Law, per segment (seq, payload, now)
     in the gap is retracted).
     SYNCED: while the next header starts inside the bytes at hand, decode
     it (the walk's belief, pdu.py) and check its sequence number against
-    the last header's (SN_STEP_MAX); hand it to the sink, which may say the
-    walk is off (the tracker's run of completions of nothing); move by its
-    length. A header that fails, or that the sink refuses, is a desync:
+    the last header's (SN_STEP_MAX); hand it to the sink when its last byte
+    is there (held until then), and the sink may say the walk is off (the
+    tracker's run of completions of nothing); move by its length. A header that fails, or that the sink refuses, is a desync:
     counted, and the bytes after the last good header are searched again.
     LOST: resynchronise (below). PROVISIONAL: where the successor falls,
     it must be a header the resync would believe (decode, plausible,
@@ -74,11 +74,13 @@ Bounds
 
 Worked example (iSCSI, no digests)
     SYN with ISN 999: pdu_seq = 1000. Segment (1000, 60 bytes) holds a
-    48-byte SCSI Command and the first 12 bytes of the next BHS: one PDU
-    to the sink, carry = those 12 bytes at 1048. Segment (1060, 100 bytes):
-    carry + payload decode the second header at 1048 (a Data-Out with 4096
-    bytes of data): pdu_seq = 1048 + 48 + 4096 = 5192; nothing else in this
-    segment. Segment (5192, ...) starts with a header again.
+    48-byte SCSI Command and the first 12 bytes of the next BHS: the
+    command goes to the sink, carry = those 12 bytes at 1048. Segment
+    (1060, 100 bytes): carry + payload decode the second header at 1048 (a
+    Data-Out with 4096 bytes of data): pdu_seq = 1048 + 48 + 4096 = 5192, the
+    Data-Out held. Segment (5160, 32 bytes) holds its last byte: it goes to
+    the sink with that segment's time (a PDU is timed where it is whole, as
+    Wireshark times it). Segment (5192, ...) starts with a header again.
 """
 
 from __future__ import annotations
@@ -163,7 +165,7 @@ class Stream:
     """One direction's walk: feed() hands each header to sink (module header)."""
 
     __slots__ = ("alt_seq", "carry", "carry_seq", "counters", "dd_known", "digests",
-                 "expect_seq", "hd_known", "hooks", "limit", "lost_since", "pdu_seq",
+                 "expect_seq", "hd_known", "held", "hooks", "limit", "lost_since", "pdu_seq",
                  "proto", "proven", "sink", "sn", "state", "tls_seen", "unparsed")  # fmt: skip
 
     def __init__(self, proto: Protocol, sink: Sink = _accept, hooks: Hooks = NO_HOOKS) -> None:
@@ -181,6 +183,9 @@ class Stream:
         self.expect_seq: int | None = None
         self.carry = b""
         self.carry_seq = 0
+        # the PDU whose header was walked and whose last byte is still to come (pdu_seq
+        # is its end): handed on with the time of the segment that holds that byte
+        self.held: tuple[Pdu, bytes, bool] | None = None  # (pdu, body, provisional)
         self.sn = 0  # the last header's sequence number (pdu.py: Pdu.sn)
         self.counters = Counters()
         self.lost_since: float | None = None  # when it last stopped being SYNCED
@@ -195,6 +200,7 @@ class Stream:
         connection's logins carry no digests."""
         self.pdu_seq = self.expect_seq = (isn + 1) & MASK
         self.carry = b""
+        self.held = None
         self.digests = (False, False)
         self.dd_known = self.hd_known = True
         self.alt_seq = None
@@ -213,6 +219,7 @@ class Stream:
             self.lost_since = now
         self.state = UNMEASURABLE
         self.carry = b""
+        self.held = None
 
     @property
     def in_sync(self) -> bool:
@@ -234,8 +241,11 @@ class Stream:
             # in order, synchronised: most segments are data with no header in them
             self.expect_seq = (seq + n) & MASK
             at = (self.pdu_seq - seq) & MASK
-            if at < n:
-                self._walk(payload, seq, at, 0, now)
+            if at <= n:
+                if self.held is not None and not self._release(payload, seq, at, now):
+                    return
+                if at < n:
+                    self._walk(payload, seq, at, 0, now)
             return
         self._feed(seq, payload, now)
 
@@ -266,12 +276,34 @@ class Stream:
             self.carry = b""
         else:
             buf, base = payload, seq
-        if self.state == SYNCED:
-            self._walk(buf, base, seq_diff(self.pdu_seq, base), 0, now)
-        elif self.state == PROVISIONAL:
-            self._provisional(buf, base, now)
-        else:
+        if self.state == LOST:
             self._lost(buf, base, now)
+            return
+        off = seq_diff(self.pdu_seq, base)
+        if self.held is not None and 0 < off <= len(buf) and not self._release(buf, base, off, now):
+            return
+        if self.state == SYNCED:
+            self._walk(buf, base, off, 0, now)
+        else:
+            self._provisional(buf, base, off, now)
+
+    def _release(self, buf: Buffer, base: int, end: int, now: float) -> bool:
+        """The held PDU's last byte is in buf (before end): it goes to the sink (or the
+        hooks, provisional) with this segment's time. False: the sink says the walk is
+        off; the rest of buf was searched (the walk is LOST or SYNCED anew)."""
+        pdu, body, provisional = self.held  # type: ignore[misc]
+        self.held = None
+        if provisional:
+            self.hooks.provisional(pdu, body)
+            return True
+        if self.sink(pdu, body):
+            return True
+        self.counters.desyncs += 1
+        self._lose(now)
+        found = self._resync(buf, base, end, True, now)
+        if found is not None:
+            self._walk(buf, base, found, found, now)
+        return False
 
     def _gap(self, seq: int, lost: int, now: float) -> None:
         """Bytes before seq were lost: the walk holds when its next header is still
@@ -294,9 +326,8 @@ class Stream:
         if off is not None:
             self._walk(buf, base, off, off, now)
 
-    def _provisional(self, buf: Buffer, base: int, now: float) -> None:
-        """A provisional header's successor is in buf, or beyond it."""
-        off = seq_diff(self.pdu_seq, base)
+    def _provisional(self, buf: Buffer, base: int, off: int, now: float) -> None:
+        """A provisional header's successor (at off) is in buf, or beyond it."""
         n = len(buf)
         if off >= n:  # still beyond: a header found here takes over (module header)
             found = self._resync(buf, base, 0, True, now)
@@ -311,13 +342,17 @@ class Stream:
         """Walk buf (whose first byte is at sequence number base) from off, where a
         header is; scan_from: where a search starts when the walk proves off."""
         proto = self.proto
+        decode, direction, fixed = proto.decode_fn, proto.direction, proto.fixed_need
+        sink = self.sink
         n = len(buf)
         while off < n:
-            need = proto.need(buf, off)
-            if n - off < need:  # a header cut by the segment's end
+            if n - off < (fixed or proto.need(buf, off)):  # a header cut by the segment's end
                 self._keep(buf[off:], base + off)
                 return
-            pdu = proto.decode(buf, off, self.digests, self.limit)
+            if not self.hd_known:  # after a login the sensor did not read whole
+                self._header_digest(buf, off)
+            d = self.digests
+            pdu = decode(buf, off, direction, d[0], d[1], self.limit)
             if self.state != SYNCED or self.alt_seq is not None:
                 # the successor of a provisional header, or data digests unproven
                 was = self.state
@@ -343,17 +378,21 @@ class Stream:
                 if not self.proven and self._unparsed(buf, now):
                     return
                 found = self._resync(buf, base, scan_from, True, now)
+                self.counters.out_of_sync_bytes += (n if found is None else found) - off
                 if found is None:
                     return
                 off = scan_from = found
                 continue
-            if pdu.kind in WANTED and n - off < pdu.length <= MAX_CARRY_BYTES:
+            end = off + pdu.length
+            if pdu.kind in WANTED and end > n and pdu.length <= MAX_CARRY_BYTES:
                 self._keep(buf[off:], base + off)  # its body comes in the next segments
                 return
             self.counters.pdus += 1
             self.proven = True
-            body = bytes(buf[off : off + pdu.length]) if pdu.kind in WANTED else b""
-            if not self.sink(pdu, body):  # the sink says the walk is off here
+            body = bytes(buf[off:end]) if pdu.kind in WANTED else b""
+            if end > n:  # its last byte comes later: so does its time
+                self.held = (pdu, body, False)
+            elif not sink(pdu, body):  # the sink says the walk is off here
                 self.counters.desyncs += 1
                 self._lose(now)
                 found = self._resync(buf, base, off + 1, True, now)
@@ -366,7 +405,7 @@ class Stream:
             if not self.dd_known and pdu.segment:
                 self.alt_seq = (base + off + self._other_length(pdu)) & MASK
             scan_from = off + 1
-            off += pdu.length
+            off = end
         self.pdu_seq = (base + off) & MASK
 
     def _prove(
@@ -405,6 +444,14 @@ class Stream:
             self._lose(now)
         return None, off
 
+    def _header_digest(self, buf: Buffer, off: int) -> None:
+        """Whether the header at off has a header digest, by its CRC32C (none when the
+        4 bytes after it are not there: the walk keeps its setting)."""
+        crc = Iscsi.header_digest_at(buf, off)
+        if crc is not None:
+            self.hd_known = True
+            self._adopt((crc, self.digests[1]))
+
     def _other_length(self, pdu: Pdu) -> int:
         """pdu's length with the other data digest setting."""
         return pdu.length + (-DIGEST_BYTES if self.digests[1] else DIGEST_BYTES)
@@ -419,6 +466,7 @@ class Stream:
             self.lost_since = now
         self.state = LOST
         self.carry = b""
+        self.held = None
         self.alt_seq = None
 
     def _synced(self, now: float | None) -> None:
@@ -429,7 +477,10 @@ class Stream:
 
     def _retract(self) -> None:
         self.counters.retracted += 1
-        self.hooks.retract()
+        if self.held is not None and self.held[2]:  # never handed on: nothing to undo
+            self.held = None
+        else:
+            self.hooks.retract()
 
     def _unparsed(self, buf: Buffer, now: float) -> bool:
         """A stream that never showed a proven header: TLS at its start, or too many
@@ -462,7 +513,7 @@ class Stream:
         for m in proto.candidates.finditer(buf, start):
             off = m.start()
             if n - off < proto.need(buf, off):
-                break
+                continue  # cut by the bytes' end: nothing to judge
             for digests in self._choices(buf, off):
                 pdu = proto.decode(buf, off, digests, self.limit)
                 if pdu is None or pdu.length > RESYNC_MAX_PDU_BYTES:
@@ -521,10 +572,13 @@ class Stream:
         self.counters.resyncs += 1
         self.counters.pdus += 1
         self.state = PROVISIONAL
-        body = bytes(buf[off : off + pdu.length]) if pdu.kind in WANTED else b""
-        self.hooks.provisional(pdu, body)
-        self.sn = pdu.sn if pdu.kind != LOGIN else 0
         nxt = off + pdu.length
+        body = bytes(buf[off:nxt]) if pdu.kind in WANTED else b""
+        if nxt <= len(buf):
+            self.hooks.provisional(pdu, body)
+        else:  # its last byte comes later
+            self.held = (pdu, body, True)
+        self.sn = pdu.sn if pdu.kind != LOGIN else 0
         if not self.dd_known and pdu.segment:
             self.alt_seq = (base + off + self._other_length(pdu)) & MASK
         if nxt < len(buf):

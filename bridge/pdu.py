@@ -359,11 +359,17 @@ def nvme_digests(buf: bytes | memoryview, off: int) -> tuple[bool, bool]:
 
 
 def decode_nvme(
-    buf: bytes | memoryview, off: int, to_controller: bool, limit: int = MAX_DATA_BYTES
+    buf: bytes | memoryview,
+    off: int,
+    to_controller: bool,
+    header_digest: bool = False,
+    data_digest: bool = False,
+    limit: int = MAX_DATA_BYTES,
 ) -> Pdu | None:
     """The NVMe/TCP PDU whose header starts at buf[off] (its hlen needed), or None
     (module header: the walk's belief: hlen, pdo and plen as the type has them, DATAL
-    within limit on an H2CData -- the controller's MAXH2CDATA)."""
+    within limit on an H2CData -- the controller's MAXH2CDATA). The digests are in each
+    PDU's flags: the arguments are decode_iscsi()'s, and ignored."""
     if len(buf) - off < NVME_CH_BYTES:
         return None
     ptype, flags, hlen, pdo, plen = _NVME_CH.unpack_from(buf, off)

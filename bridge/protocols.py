@@ -61,6 +61,11 @@ class Protocol:
 
     candidates: re.Pattern[bytes]
     digest_aware = False  # iSCSI: digests are the connection's, in no header
+    # for the walk's loop, one call a header: decode_fn(buf, off, direction, header
+    # digest, data digest, limit) (pdu.py), and the bytes a header needs when fixed
+    decode_fn = staticmethod(decode_iscsi)
+    direction = True  # to the target (controller)
+    fixed_need = 0
 
     def need(self, buf: Buffer, off: int) -> int:
         """Bytes from off needed to decode the header there."""
@@ -112,8 +117,10 @@ _ISCSI_FIXED = {
 class Iscsi(Protocol):
     digest_aware = True
 
+    fixed_need = ISCSI_BHS_BYTES
+
     def __init__(self, to_target: bool) -> None:
-        self.to_target = to_target
+        self.to_target = self.direction = to_target
         alts = b"|".join(b"".join(_class(v) for v in row) for row in _ISCSI_FIXED[to_target])
         self.candidates = re.compile(b"(?=(?:" + alts + b"))", re.S)
 
@@ -136,8 +143,10 @@ class Iscsi(Protocol):
 
 
 class NvmeTcp(Protocol):
+    decode_fn = staticmethod(decode_nvme)
+
     def __init__(self, to_controller: bool) -> None:
-        self.to_controller = to_controller
+        self.to_controller = self.direction = to_controller
         types = (0x00, 0x02, 0x04, 0x06) if to_controller else (0x01, 0x03, 0x05, 0x07, 0x09)
         # type, its flags, its hlen
         alts = b"|".join(
@@ -152,7 +161,7 @@ class NvmeTcp(Protocol):
         return NVME_HLEN.get(buf[off], NVME_CH_BYTES)
 
     def decode(self, buf: Buffer, off: int, digests: Digests, limit: int) -> Pdu | None:
-        return decode_nvme(buf, off, self.to_controller, limit)
+        return decode_nvme(buf, off, self.to_controller, False, False, limit)
 
     def plausible(self, buf: Buffer, off: int, digests: Digests) -> bool:
         return plausible_nvme(buf, off)

@@ -231,9 +231,9 @@ class Tracker:
         self.inflight_total = 0  # commands in flight over every connection
         self._next_sweep_s = -math.inf
         self._now = 0.0
-        # each read matched: (connection, tag, its command's time, its completion's);
-        # for tests against a reference (tests/wire), None in production
-        self.on_read: Callable[[ConnKey, int, float, float], None] | None = None
+        # each read and write completed: (connection, tag, READ or WRITE, its command's
+        # time, its completion's); for tests against a reference (tests/wire)
+        self.on_io: Callable[[ConnKey, int, int, float, float], None] | None = None
 
     def segment(
         self,
@@ -379,10 +379,10 @@ class Tracker:
             cmd.held_bytes = 0
         if cmd.op == READ:
             self.sums.read(vol, conn.initiator, self._now - cmd.start_s)
-            if self.on_read is not None:
-                self.on_read(conn.key, tag, cmd.start_s, self._now)
         elif cmd.op == WRITE:
             self.sums.write_done(vol, conn.initiator)
+        if self.on_io is not None and cmd.op:
+            self.on_io(conn.key, tag, cmd.op, cmd.start_s, self._now)
 
     # ------------------------------------------------------------ provisional headers
     def _provisional(

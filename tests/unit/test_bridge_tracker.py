@@ -216,3 +216,115 @@ def test_reads_per_initiator_for_the_groups():
     assert per[lun2, "10.0.0.3"].mean_s == pytest.approx(0.012)
     assert per[lun2, "10.0.0.3"].writes == 1  # a write completed
     assert tr.take_initiator_ios() == {}  # taken
+
+
+class MidSession(Conn):
+    """A connection first seen without its SYN: its streams start anywhere."""
+
+    def __init__(self, tr: T.Tracker, port: int, sport: int = 40000, ini: str = INI) -> None:
+        self.tr, self.port, self.sport, self.ini = tr, port, sport, ini
+        self.seq = {True: 77000, False: 99000}
+
+
+def _stream(tr: T.Tracker, key: T.ConnKey, to_target: bool):  # type: ignore[no-untyped-def]
+    c = tr.conns[key]
+    return c.to_target if to_target else c.to_initiator
+
+
+def test_a_login_without_its_syn_names_the_target_and_the_initiator():
+    tr = T.Tracker()
+    c = MidSession(tr, 3260)
+    c.send(0.0, B.login_request("iqn.2026-11.lab:array", initiator="iqn.2026-11.lab:db1"), True)
+    c.send(0.001, B.iscsi(B.LOGIN_RESP, 0x87, 0, data=b"HeaderDigest=None\0"), False)
+    c.send(1.0, B.scsi_read(1, lun=2), True)
+    c.send(1.005, B.data_in(1, b"r" * 512), False)
+    key = (INI, 40000, TGT, 3260)
+    assert tr.targets() == {key: "iqn.2026-11.lab:array"}
+    assert tr.initiator_logins() == {key: "iqn.2026-11.lab:db1"}
+    (vr,) = tr.take_tick()[0].values()
+    assert vr.reads == 1
+
+
+def test_digests_apply_when_the_login_reaches_full_feature():
+    """The digests are said in a response that does not end the login: the login's
+    last PDUs carry none, the full feature phase's all."""
+    tr = T.Tracker()
+    c = Conn(tr, 3260)
+    c.send(0.0, B.iscsi(B.LOGIN_REQ | 0x40, 0x81, 0, data=b"InitiatorName=iqn.x:i\0"), True)
+    c.send(0.001, B.iscsi(B.LOGIN_RESP, 0x81, 0, data=b"HeaderDigest=CRC32C\0"
+                          b"DataDigest=CRC32C\0"), False)  # fmt: skip
+    c.send(0.002, B.iscsi(B.LOGIN_REQ | 0x40, 0x87, 0, data=b"TargetName=iqn.x:t\0"), True)
+    c.send(0.003, B.iscsi(B.LOGIN_RESP, 0x87, 0, data=b"MaxRecvDataSegmentLength=8192\0"),
+           False)  # fmt: skip
+    kw = {"header_digest": True, "data_digest": True}
+    c.send(1.0, B.scsi_read(1, **kw) + B.scsi_read(2, **kw), True)
+    c.send(1.002, B.data_in(1, b"d" * 100, **kw) + B.data_in(2, b"d" * 100, **kw), False)
+    assert tr.counters.completions == 2 and tr.counters.unmatched == 0
+    assert tr.walk_totals().desyncs == 0
+
+
+def test_a_data_segment_past_the_declared_limit_is_a_desync():
+    tr = T.Tracker()
+    c = Conn(tr, 3260)
+    c.send(0.0, B.iscsi(B.LOGIN_REQ | 0x40, 0x87, 0,
+                        data=b"TargetName=iqn.x:t\0MaxRecvDataSegmentLength=4096\0"), True)  # fmt: skip
+    c.send(0.001, B.iscsi(B.LOGIN_RESP, 0x87, 0, data=b"HeaderDigest=None\0"), False)
+    c.send(1.0, B.scsi_read(1) + B.scsi_read(2) + B.scsi_read(3), True)
+    c.send(1.002, B.data_in(1, b"d" * 4096) + B.data_in(2, b"d" * 8192)
+           + B.data_in(3, b"d" * 4096), False)  # fmt: skip
+    assert _stream(tr, (INI, 40000, TGT, 3260), False).counters.desyncs == 1
+    assert tr.counters.completions == 2  # 1 and 3: the resync found 3 past the bad one
+
+
+def test_a_run_of_completions_of_nothing_is_a_desync():
+    tr = T.Tracker()
+    c = Conn(tr, 3260)
+    c.send(1.0, B.scsi_read(1), True)
+    run = b"".join(B.scsi_response(0x1000 + k) for k in range(T.UNMATCHED_RUN))
+    c.send(1.1, run + B.scsi_response(1), False)
+    st = _stream(tr, (INI, 40000, TGT, 3260), False)
+    assert st.counters.desyncs == 1 and st.counters.resyncs == 1
+    assert tr.counters.completions == 1, "the walk found its place again at once"
+
+
+def test_a_retracted_command_is_not_counted_and_a_confirmed_write_is():
+    tr = T.Tracker()
+    c = MidSession(tr, 3260)
+    c.send(1.0, B.scsi_write(1, nbytes=8192), True)  # alone: provisional
+    assert tr.counters.commands == 1 and tr.take_writes() == {}
+    c.send(1.1, B.scsi_write(2, nbytes=4096), True)  # its successor: 1 holds, 2 walked
+    vol = T.Volume("iscsi", f"{TGT}:3260", "", 1)
+    assert tr.take_writes() == {(vol, INI): 8192 + 4096}
+    d = MidSession(tr, 3260, sport=40001)
+    d.send(1.0, B.scsi_write(5, nbytes=8192), True)
+    d.send(1.1, b"\x7f" * 48, True)  # where its successor should be: not a header
+    assert tr.conns[(INI, 40001, TGT, 3260)].inflight == {}
+    assert tr.counters.commands == 2  # 1 and 2, not 5
+    assert tr.take_writes() == {}
+    assert _stream(tr, (INI, 40001, TGT, 3260), True).counters.retracted == 1
+
+
+def test_tls_on_the_nvme_port_is_not_measurable():
+    tr = T.Tracker()
+    c = Conn(tr, 4420)
+    c.send(0.0, bytes([22, 3, 1, 0, 100]) + bytes(100), True)
+    c.send(0.1, bytes([22, 3, 3, 0, 90]) + bytes(90), False)
+    key = (INI, 40000, TGT, 4420)
+    assert tr.unmeasurable() == [(key, "tls")]
+    rows = {r.direction: r for r in tr.sync_rows(1.0)}
+    assert rows["to_target"].state == "not measurable" and rows["to_target"].reason == "tls"
+    assert tr.walk_totals().desyncs == 0 and tr.out_of_sync() == {}
+
+
+def test_sync_rows_per_direction():
+    tr = T.Tracker()
+    c = Conn(tr, 3260)
+    c.send(1.0, B.scsi_read(1), True)
+    c.send(1.5, B.scsi_response(1), False)
+    c.send(2.0, b"\xff" * 200, False)  # not a header where one must be
+    rows = {r.direction: r for r in tr.sync_rows(5.0)}
+    assert rows["to_target"].state == "in sync" and rows["to_target"].out_of_sync_s == 0
+    ti = rows["to_initiator"]
+    assert ti.state == "out of sync" and ti.out_of_sync_s == pytest.approx(3.0)
+    assert ti.desyncs == 1 and ti.out_of_sync_bytes == 200
+    assert tr.out_of_sync() == {("iscsi", f"{TGT}:3260", ""): (1, 1)}

@@ -1,0 +1,339 @@
+"""The wire sensor against Wireshark: the corpus's captures, cut and damaged, both walked.
+
+Wireshark (tshark, Debian's package) is the reference: its iSCSI and NVMe/TCP
+dissectors match each command to its completion (iscsi.request_frame with
+iscsi.time on the PDU that completes it, the SCSI CDB's opcode after it;
+nvme.cmd_pkt on the CQE, the command's nvme.cmd.opc in its own frame).
+Those are Wireshark's timed reads and writes: (connection, tag, the
+command's frame time, the completion's). The tracker (bridge/tracker.py)
+walks the same frames and reports its own through Tracker.on_io; a read
+matches when the connection and tag are the same and both times agree
+within TOLERANCE_S.
+
+What the tracker could know
+    From a cut (start_at): an IO whose command is in a frame after the one
+    the cut falls in (the walk cannot know a command it never saw).
+    After damage: an IO whose command and completion frames were neither
+    dropped nor flipped (Wireshark on the damaged capture is compared as
+    well: tshark_ios of the damaged pcap).
+
+Damage (damage(), seeded): a fraction of the payloads with one byte flipped,
+of the frames dropped, of the adjacent pairs of frames swapped.
+
+Only the standard library and tshark; the frames' Ethernet, IP and TCP are
+read here (not by the sensor's decoder), so that both sides see the capture
+as it is.
+"""
+
+from __future__ import annotations
+
+import gzip
+import random
+import shutil
+import struct
+import subprocess
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from santhrottle.bridge.pdu import ISCSI_PORT, NVME_TCP_PORT, READ, WRITE
+from santhrottle.bridge.tracker import ConnKey, Tracker
+
+TOLERANCE_S = 10e-6
+STORAGE_PORTS = (ISCSI_PORT, NVME_TCP_PORT)
+SCSI_READS = {0x08, 0x28, 0x88, 0xA8}
+SCSI_WRITES = {0x0A, 0x2A, 0x8A, 0xAA}
+NVME_OPS = {0x02: READ, 0x01: WRITE}
+
+_PCAP_HEAD = struct.Struct("<IHHiIII")
+_REC = struct.Struct("<IIII")
+
+
+@dataclass
+class Frame:
+    ts: float
+    data: bytes
+    index: int  # its place in the original capture (0-based)
+
+
+@dataclass(frozen=True)
+class Io:
+    conn: ConnKey
+    tag: int
+    op: int
+    start: float
+    end: float
+    frames: tuple[int, int] = field(default=(-1, -1), compare=False)  # Wireshark's: the
+    # command's and the completion's frames (original indices)
+
+
+@dataclass
+class Flow:
+    src: str
+    sport: int
+    dst: str
+    dport: int
+    seq: int
+    flags: int
+    payload_at: int  # the payload's offset in the frame
+    payload_end: int
+
+
+def read_pcap(path: Path) -> tuple[int, list[Frame]]:
+    """(link type, frames) of a classic pcap, gzipped or not."""
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    magic = struct.unpack_from("<I", raw)[0]
+    if magic not in (0xA1B2C3D4, 0xA1B23C4D):
+        raise ValueError(f"{path}: not a little-endian classic pcap")
+    scale = 1e-6 if magic == 0xA1B2C3D4 else 1e-9
+    linktype = _PCAP_HEAD.unpack_from(raw)[6]
+    frames, pos = [], _PCAP_HEAD.size
+    while pos + _REC.size <= len(raw):
+        sec, frac, incl, _ = _REC.unpack_from(raw, pos)
+        pos += _REC.size
+        frames.append(Frame(sec + frac * scale, raw[pos : pos + incl], len(frames)))
+        pos += incl
+    return linktype, frames
+
+
+def write_pcap(path: Path, frames: list[Frame], linktype: int = 1) -> None:
+    out = [_PCAP_HEAD.pack(0xA1B23C4D, 2, 4, 0, 0, 262144, linktype)]
+    for f in frames:
+        ns = round(f.ts * 1e9)
+        out.append(_REC.pack(ns // 10**9, ns % 10**9, len(f.data), len(f.data)))
+        out.append(f.data)
+    path.write_bytes(b"".join(out))
+
+
+def flow_of(data: bytes) -> Flow | None:
+    """Ethernet (802.1Q tags skipped), IPv4 or IPv6, TCP: the segment's flow, or None."""
+    if len(data) < 14:
+        return None
+    et, p = struct.unpack_from("!H", data, 12)[0], 14
+    while et in (0x8100, 0x88A8) and len(data) >= p + 4:
+        et, p = struct.unpack_from("!H", data, p + 2)[0], p + 4
+    if et == 0x0800 and len(data) >= p + 20:
+        ihl = (data[p] & 15) * 4
+        if data[p + 9] != 6 or struct.unpack_from("!H", data, p + 6)[0] & 0x3FFF:
+            return None
+        end = min(len(data), p + struct.unpack_from("!H", data, p + 2)[0])
+        src = ".".join(map(str, data[p + 12 : p + 16]))
+        dst = ".".join(map(str, data[p + 16 : p + 20]))
+        t = p + ihl
+    elif et == 0x86DD and len(data) >= p + 40:
+        import ipaddress
+
+        if data[p + 6] != 6:
+            return None
+        end = min(len(data), p + 40 + struct.unpack_from("!H", data, p + 4)[0])
+        src = str(ipaddress.IPv6Address(data[p + 8 : p + 24]))
+        dst = str(ipaddress.IPv6Address(data[p + 24 : p + 40]))
+        t = p + 40
+    else:
+        return None
+    if len(data) < t + 20:
+        return None
+    sport, dport, seq = struct.unpack_from("!HHI", data, t)
+    off = t + (data[t + 12] >> 4) * 4
+    return Flow(src, sport, dst, dport, seq, data[t + 13], off, max(off, end))
+
+
+def conn_key(f: Flow) -> tuple[ConnKey, bool] | None:
+    """The connection (initiator first) and whether the segment goes to the target."""
+    if f.dport in STORAGE_PORTS:
+        return (f.src, f.sport, f.dst, f.dport), True
+    if f.sport in STORAGE_PORTS:
+        return (f.dst, f.dport, f.src, f.sport), False
+    return None
+
+
+# ---------------------------------------------------------------- Wireshark
+def tshark_ios(pcap: Path, frames: list[Frame]) -> list[Io]:
+    """Wireshark's timed reads and writes in pcap (frames: the same capture, read here,
+    for the connections and the frames' times)."""
+    if shutil.which("tshark") is None:
+        raise FileNotFoundError("tshark (Debian: tshark) is not installed")
+    cmd = ["tshark", "-n", "-r", str(pcap), "-T", "pdml", "-J", "iscsi scsi nvme-tcp nvme"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    ios: list[Io] = []
+    nvme_cmds: dict[tuple[int, int], int] = {}  # (frame, cid) -> opcode
+    nvme_done: list[tuple[int, int, int]] = []  # (frame, cid, command frame)
+    for packet in _packets(proc.stdout):
+        num = int(packet.find("proto[@name='geninfo']/field[@name='num']").get("show"))  # type: ignore[union-attr]
+        pending: tuple[int, int] | None = None  # an iSCSI completion: (tag, request frame)
+        nvme_cid: int | None = None
+        for proto in packet.findall("proto"):
+            name = proto.get("name")
+            f = {x.get("name"): x.get("show") for x in proto.iter("field")}
+            if name == "iscsi":
+                pending = None
+                if "iscsi.time" in f and "iscsi.request_frame" in f:
+                    pending = (int(f["iscsi.initiatortasktag"], 16), int(f["iscsi.request_frame"]))
+            elif name == "scsi" and pending is not None and "scsi_sbc.opcode" in f:
+                op = int(f["scsi_sbc.opcode"], 16)
+                kind = READ if op in SCSI_READS else WRITE if op in SCSI_WRITES else 0
+                if kind:
+                    ios.append(_io(frames, pending[1] - 1, num - 1, pending[0], kind))
+                pending = None
+            elif name == "nvme-tcp":
+                nvme_cid = None
+            elif name == "nvme":
+                if "nvme.cmd.opc" in f and "nvme.cmd.cid" in f:
+                    nvme_cmds[num, int(f["nvme.cmd.cid"], 16)] = int(f["nvme.cmd.opc"], 16)
+                if "nvme.cqe.cid" in f and "nvme.cmd_pkt" in f:
+                    nvme_cid = int(f["nvme.cqe.cid"], 16)
+                    nvme_done.append((num, nvme_cid, int(f["nvme.cmd_pkt"])))
+        packet.clear()
+    proc.wait()
+    for num, cid, cmd_frame in nvme_done:
+        kind = NVME_OPS.get(nvme_cmds.get((cmd_frame, cid), -1), 0)
+        if kind:
+            ios.append(_io(frames, cmd_frame - 1, num - 1, cid, kind))
+    return ios
+
+
+def _packets(stream) -> Iterator[ET.Element]:  # type: ignore[no-untyped-def]
+    for event, elem in ET.iterparse(stream, events=("end",)):
+        if event == "end" and elem.tag == "packet":
+            yield elem
+
+
+def _io(frames: list[Frame], cmd_i: int, done_i: int, tag: int, op: int) -> Io:
+    f = flow_of(frames[done_i].data)
+    assert f is not None
+    key = conn_key(f)
+    assert key is not None
+    cmd, done = frames[cmd_i], frames[done_i]
+    return Io(key[0], tag, op, cmd.ts, done.ts, (cmd.index, done.index))
+
+
+# ---------------------------------------------------------------- the tracker
+@dataclass
+class Run:
+    """A tracker's walk over frames: its IOs, and per frame (by its original index)
+    the state of the walk of the segment's direction after it."""
+
+    ios: list[Io] = field(default_factory=list)
+    state_after: dict[int, int] = field(default_factory=dict)
+    tracker: Tracker = field(default_factory=Tracker)
+
+
+def walk(frames: list[Frame], cut: tuple[int, int] | None = None) -> Run:
+    """The tracker over frames; cut: (frame, payload bytes) -- that frame's first bytes
+    are not seen (the sensor starts there)."""
+    run = Run()
+    tr = run.tracker
+    tr.on_io = lambda k, tag, op, s, e: run.ios.append(Io(k, tag, op, s, e))
+    for i, fr in enumerate(frames):
+        f = flow_of(fr.data)
+        if f is None:
+            continue
+        seq, start = f.seq, f.payload_at
+        if cut is not None and i == cut[0]:
+            start = min(f.payload_end, start + cut[1])
+            seq = (seq + start - f.payload_at) & 0xFFFFFFFF
+        payload = memoryview(fr.data)[start : f.payload_end]
+        syn = bool(f.flags & 0x02) and (cut is None or i != cut[0])
+        tr.segment(fr.ts, f.src, f.sport, f.dst, f.dport, seq, payload, syn,
+                   bool(f.flags & 0x05))  # fmt: skip
+        key = conn_key(f)
+        if key is not None and key[0] in tr.conns:
+            c = tr.conns[key[0]]
+            run.state_after[fr.index] = (c.to_target if key[1] else c.to_initiator).state
+    return run
+
+
+def cut_at(frames: list[Frame], offset: int) -> tuple[list[Frame], tuple[int, int]]:
+    """The capture from its offset-th payload byte on (storage segments' payloads in
+    capture order): the frames from the one holding that byte, and the cut."""
+    pos = 0
+    for i, fr in enumerate(frames):
+        f = flow_of(fr.data)
+        n = f.payload_end - f.payload_at if f is not None else 0
+        if n and pos + n > offset:
+            return frames[i:], (0, offset - pos)
+        pos += n
+    return [], (0, 0)
+
+
+def payload_bytes(frames: list[Frame]) -> int:
+    total = 0
+    for fr in frames:
+        f = flow_of(fr.data)
+        if f is not None:
+            total += f.payload_end - f.payload_at
+    return total
+
+
+def damage(
+    frames: list[Frame], seed: int, flip: float = 0.0, drop: float = 0.0, swap: float = 0.0
+) -> tuple[list[Frame], set[int]]:
+    """The frames with damage (module header); the original indices of the frames
+    damaged (flipped, dropped, or swapped)."""
+    rnd = random.Random(seed)
+    hit: set[int] = set()
+    out = []
+    for fr in frames:
+        if drop and rnd.random() < drop:
+            hit.add(fr.index)
+            continue
+        f = flow_of(fr.data)
+        if flip and f is not None and f.payload_end > f.payload_at and rnd.random() < flip:
+            at = rnd.randrange(f.payload_at, f.payload_end)
+            data = bytearray(fr.data)
+            data[at] ^= rnd.randrange(1, 256)
+            fr = Frame(fr.ts, bytes(data), fr.index)
+            hit.add(fr.index)
+        out.append(fr)
+    if swap:
+        i = 0
+        while i + 1 < len(out):
+            if rnd.random() < swap:
+                out[i], out[i + 1] = out[i + 1], out[i]
+                hit.update((out[i].index, out[i + 1].index))
+                i += 2
+            else:
+                i += 1
+    return out, hit
+
+
+# ---------------------------------------------------------------- comparing
+@dataclass
+class Score:
+    expected: int  # Wireshark's IOs the tracker could know
+    matched: int  # of those, the tracker's (same connection and tag, times within TOLERANCE_S)
+    extra: int  # the tracker's IOs Wireshark does not have
+
+    @property
+    def share(self) -> float:
+        return self.matched / self.expected if self.expected else 1.0
+
+    def __str__(self) -> str:
+        return f"{self.matched}/{self.expected} ({self.share:.2%}), {self.extra} extra"
+
+
+def score(reference: list[Io], got: list[Io], op: int, knowable=lambda io: True) -> Score:  # type: ignore[no-untyped-def]
+    """How many of reference's IOs of op (those knowable) got has."""
+    mine: dict[tuple[ConnKey, int], list[Io]] = {}
+    for io in got:
+        if io.op == op:
+            mine.setdefault((io.conn, io.tag), []).append(io)
+    want = [io for io in reference if io.op == op and knowable(io)]
+    matched = 0
+    used: set[int] = set()
+    for io in want:
+        for cand in mine.get((io.conn, io.tag), ()):
+            if id(cand) in used:
+                continue
+            if abs(cand.start - io.start) <= TOLERANCE_S and abs(cand.end - io.end) <= TOLERANCE_S:
+                matched += 1
+                used.add(id(cand))
+                break
+    ref = {(io.conn, io.tag, round(io.start, 5), round(io.end, 5)) for io in reference}
+    extra = sum(1 for io in got if io.op == op
+                and (io.conn, io.tag, round(io.start, 5), round(io.end, 5)) not in ref)  # fmt: skip
+    return Score(len(want), matched, extra)
