@@ -32,8 +32,9 @@ Law, per segment (seq, payload, now)
     it (the walk's belief, pdu.py) and check its sequence number against
     the last header's (SN_STEP_MAX); hand it to the sink when its last byte
     is there (held until then), and the sink may say the walk is off (the
-    tracker's run of completions of nothing); move by its length. A header that fails, or that the sink refuses, is a desync:
-    counted, and the bytes after the last good header are searched again.
+    tracker's run of completions of nothing); move by its length. A header
+    that fails, or that the sink refuses, is a desync: counted, and the
+    bytes after the last good header are searched again.
     LOST: resynchronise (below). PROVISIONAL: where the successor falls,
     it must be a header the resync would believe (decode, plausible,
     coherent with the provisional one): then both are confirmed and the

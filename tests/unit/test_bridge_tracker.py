@@ -266,8 +266,8 @@ def test_digests_apply_when_the_login_reaches_full_feature():
 def test_a_data_segment_past_the_declared_limit_is_a_desync():
     tr = T.Tracker()
     c = Conn(tr, 3260)
-    c.send(0.0, B.iscsi(B.LOGIN_REQ | 0x40, 0x87, 0,
-                        data=b"TargetName=iqn.x:t\0MaxRecvDataSegmentLength=4096\0"), True)  # fmt: skip
+    text = b"TargetName=iqn.x:t\0MaxRecvDataSegmentLength=4096\0"
+    c.send(0.0, B.iscsi(B.LOGIN_REQ | 0x40, 0x87, 0, data=text), True)
     c.send(0.001, B.iscsi(B.LOGIN_RESP, 0x87, 0, data=b"HeaderDigest=None\0"), False)
     c.send(1.0, B.scsi_read(1) + B.scsi_read(2) + B.scsi_read(3), True)
     c.send(1.002, B.data_in(1, b"d" * 4096) + B.data_in(2, b"d" * 8192)
