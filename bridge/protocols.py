@@ -35,6 +35,7 @@ from .pdu import (
     ISCSI_BHS_BYTES,
     NVME_CH_BYTES,
     NVME_HLEN,
+    SN_STEP_MAX,
     Pdu,
     crc32c,
     decode_iscsi,
@@ -45,6 +46,49 @@ from .pdu import (
 
 Buffer = bytes | memoryview
 Digests = tuple[bool, bool]
+SEQ_MOD = 1 << 32
+MASK = SEQ_MOD - 1
+# A direction that shows this many bytes without ever one proven header is not
+# storage traffic the sensor can read (another protocol on the port, or encrypted).
+UNPARSED_BYTES = 256 * 1024
+TLS, UNPARSED = "tls", "not iSCSI or NVMe/TCP"
+
+
+def seq_diff(a: int, b: int) -> int:
+    """a - b in sequence space: negative when a is before b."""
+    return (a - b + (1 << 31)) % SEQ_MOD - (1 << 31)
+
+
+def sn_coherent(a: int, b: int) -> bool:
+    """Two sequence numbers of one direction within SN_STEP_MAX of each other (0: none)."""
+    return not a or not b or (b - a + SN_STEP_MAX) & MASK <= 2 * SN_STEP_MAX
+
+
+# A resync takes no header of a PDU longer than this (a data segment of 1 MiB,
+# beyond what targets negotiate): a false one would skip that much of the stream.
+RESYNC_MAX_PDU_BYTES = (1 << 20) + 256
+
+
+class Sniffer:
+    """What a stream that never showed a proven header is: TLS (a handshake record at
+    its start), or after UNPARSED_BYTES another protocol (TLS if records were seen)."""
+
+    __slots__ = ("seen", "tls")
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.tls = False
+
+    def verdict(self, buf: Buffer, at_start: bool) -> str | None:
+        """buf, the stream's next bytes: TLS, UNPARSED, or None (nothing said yet)."""
+        if tls_record(buf, 0):
+            self.tls = True
+            if buf[0] == 22 and at_start:  # its handshake
+                return TLS
+        self.seen += len(buf)
+        if self.seen < UNPARSED_BYTES:
+            return None
+        return TLS if self.tls else UNPARSED
 
 
 def tls_record(buf: Buffer, off: int) -> bool:
@@ -170,3 +214,87 @@ class NvmeTcp(Protocol):
 # One per protocol and direction (they hold no state): True is to the target.
 ISCSI = {True: Iscsi(True), False: Iscsi(False)}
 NVME = {True: NvmeTcp(True), False: NvmeTcp(False)}
+
+
+# (offset, header, the digests it was read with, whether its successor confirmed it)
+Found = tuple[int, Pdu, Digests, bool]
+
+
+def search(
+    proto: Protocol, buf: Buffer, start: int, limit: int, hd: bool | None, dd: bool | None
+) -> Found | None:
+    """The first header at or after start that its successor, inside buf, confirms
+    (both plausible, their sequence numbers coherent: SN_STEP_MAX); failing that the
+    first plausible one whose successor is beyond buf (not confirmed). hd, dd: the
+    connection's digests where known (None: iSCSI's header digest by its CRC32C, the
+    data digest both ways). Headers cut by buf's end and PDUs over RESYNC_MAX_PDU_BYTES
+    are not taken."""
+    n = len(buf)
+    first: Found | None = None
+    for m in proto.candidates.finditer(buf, start):
+        off = m.start()
+        if n - off < proto.need(buf, off):
+            continue  # cut by the bytes' end: nothing to judge
+        for digests in _choices(proto, buf, off, hd, dd):
+            pdu = proto.decode(buf, off, digests, limit)
+            if pdu is None or pdu.length > RESYNC_MAX_PDU_BYTES:
+                continue
+            if not proto.plausible(buf, off, (False, False)):  # the CRC: _choices()
+                break
+            nxt = off + pdu.length
+            if nxt + NVME_CH_BYTES <= n and nxt + proto.need(buf, nxt) <= n:
+                q = proto.decode(buf, nxt, digests, limit)
+                if q is None or not proto.plausible(buf, nxt, digests):
+                    continue
+                if not (
+                    not pdu.sn
+                    or not q.sn
+                    or (q.sn - pdu.sn + SN_STEP_MAX) & 0xFFFFFFFF <= 2 * SN_STEP_MAX
+                ):
+                    continue  # fmt: skip
+                return off, pdu, digests, True
+            if first is None:
+                first = (off, pdu, digests, False)
+    return first
+
+
+def prove(
+    proto: Protocol,
+    buf: Buffer,
+    off: int,
+    pdu: Pdu | None,
+    digests: Digests,
+    limit: int,
+    sn: int,
+    alt: int | None,
+) -> tuple[Pdu, int, Digests] | None:
+    """The header at off (pdu: decoded with digests) if it proves itself -- plausible,
+    its sequence number coherent with sn -- else the one at alt (where the other data
+    digest setting puts it) if that one does; else None."""
+    if pdu is not None and proto.plausible(buf, off, digests) and sn_coherent(sn, pdu.sn):
+        return pdu, off, digests
+    if alt is not None and alt >= 0 and alt + proto.need(buf, alt) <= len(buf):
+        other = (digests[0], not digests[1])
+        q = proto.decode(buf, alt, other, limit)
+        if q is not None and proto.plausible(buf, alt, other) and sn_coherent(sn, q.sn):
+            return q, alt, other
+    return None
+
+
+def _choices(
+    proto: Protocol, buf: Buffer, off: int, hd: bool | None, dd: bool | None
+) -> tuple[Digests, ...]:
+    """The digest settings a header at off may be read with: iSCSI's header digest by
+    its CRC32C (one that disagrees with a known setting: none), the data digest as
+    known (both while unknown)."""
+    if not proto.digest_aware:
+        return ((False, False),)
+    crc = Iscsi.header_digest_at(buf, off)
+    if hd is not None:
+        if crc is not None and crc != hd:
+            return ()
+    else:
+        hd = bool(crc)
+    if dd is not None:
+        return ((hd, dd),)
+    return ((hd, False), (hd, True))

@@ -56,10 +56,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
-from .flow import STATE_NAMES, SYNCED, Hooks, Stream
+from .conns import Command, Connection, ConnKey, SyncRow, fold, sync_rows
+from .flow import SYNCED, Hooks, Stream
 from .flow import Counters as StreamCounters
 from .logins import Login, Said, by_address
 from .pdu import (
@@ -126,38 +127,6 @@ class Counters:
     unmeasurable: int = 0  # connections found not measurable (TLS, not iSCSI or NVMe/TCP)
 
 
-@dataclass(slots=True)
-class _Command:
-    start_s: float
-    op: int
-    volume: Volume | None  # None: an NVMe command of no namespace (connect, keep-alive)
-    held_bytes: int = 0  # a provisional write's bytes, counted when it is confirmed
-
-
-ConnKey = tuple[str, int, str, int]  # initiator address, port, target address, port
-
-
-@dataclass(slots=True)
-class Connection:
-    proto: str
-    initiator: str  # the initiator's address
-    portal: str
-    to_target: Stream
-    to_initiator: Stream
-    target: str = ""
-    initiator_name: str = ""  # the IQN or host NQN it logged in with
-    login: Login | None = None  # its login's or connect's text, as far as read
-    last_s: float = 0.0
-    inflight: dict[int, _Command] = field(default_factory=dict)
-    volumes: set[Volume] = field(default_factory=set)  # every volume it sent a command to
-    key: ConnKey = ("", 0, "", 0)
-    unmeasurable: str = ""  # why its streams cannot be read (flow.py: TLS, UNPARSED)
-    unmatched_run: int = 0  # completions of nothing in a row (UNMATCHED_RUN)
-    # the login's digests and segment limits, in force once it reaches full feature
-    pending_digests: Digests | None = None
-    pending_limits: dict[bool, int] = field(default_factory=dict)  # to_target -> bytes
-
-
 class _Side(Hooks):
     """One direction's hooks (flow.Hooks): what its provisional header did, undone or
     kept when the walk decides."""
@@ -191,22 +160,6 @@ class _Side(Hooks):
 
 
 _HELD_CMD, _HELD_DATA, _HELD_UNMATCHED = 1, 2, 3
-
-
-@dataclass(frozen=True, slots=True)
-class SyncRow:
-    """One direction of one connection: is the walk in sync, and how long it was not."""
-
-    initiator: str
-    initiator_port: int
-    portal: str
-    target: str
-    direction: str  # "to_target" or "to_initiator"
-    state: str  # flow.STATE_NAMES
-    out_of_sync_bytes: int
-    out_of_sync_s: float
-    desyncs: int
-    reason: str = ""  # why not measurable
 
 
 class Tracker:
@@ -277,17 +230,7 @@ class Tracker:
         conn = self.conns.pop(key, None)
         if conn is not None:
             self.inflight_total -= len(conn.inflight)
-            w = self.walk
-            for st in (conn.to_target, conn.to_initiator):
-                c = st.counters
-                w.pdus += c.pdus
-                w.retransmitted_bytes += c.retransmitted_bytes
-                w.gaps += c.gaps
-                w.desyncs += c.desyncs
-                w.resyncs += c.resyncs
-                w.retracted += c.retracted
-                w.out_of_sync_bytes += c.out_of_sync_bytes
-                w.out_of_sync_s += st.out_of_sync_s(self._now)
+            fold(self.walk, conn, self._now)
 
     def _connect(self, key: ConnKey, fresh: bool = False) -> Connection:
         if len(self.conns) >= MAX_CONNS:  # the oldest made goes
@@ -341,7 +284,7 @@ class Tracker:
             conn.to_target.limit = pdu.data_bytes  # the controller's MAXH2CDATA
         return True
 
-    def _command(self, conn: Connection, pdu: Pdu, provisional: bool) -> _Command | None:
+    def _command(self, conn: Connection, pdu: Pdu, provisional: bool) -> Command | None:
         unit = lun_number(pdu.volume) if conn.proto == ISCSI else pdu.volume
         vol: Volume | None = None
         if conn.proto == ISCSI or unit not in NO_NAMESPACE:
@@ -359,7 +302,7 @@ class Tracker:
                 self.inflight_total -= 1
             self.inflight_total += 1
         self.counters.commands += 1
-        cmd = conn.inflight[pdu.tag] = _Command(self._now, pdu.op, vol)
+        cmd = conn.inflight[pdu.tag] = Command(self._now, pdu.op, vol)
         if pdu.op == WRITE and vol is not None:
             nbytes = pdu.data_bytes  # iSCSI: the whole write; NVMe: in-capsule data
             if provisional:
@@ -368,7 +311,7 @@ class Tracker:
                 self.sums.wrote(vol, conn.initiator, nbytes)
         return cmd
 
-    def _completed(self, conn: Connection, cmd: _Command, tag: int) -> None:
+    def _completed(self, conn: Connection, cmd: Command, tag: int) -> None:
         self.inflight_total -= 1
         self.counters.completions += 1
         vol = cmd.volume
@@ -526,29 +469,12 @@ class Tracker:
         included (flow.py's Counters)."""
         t = StreamCounters(**{k: getattr(self.walk, k) for k in StreamCounters.__slots__})
         for conn in self.conns.values():
-            for st in (conn.to_target, conn.to_initiator):
-                c = st.counters
-                t.pdus += c.pdus
-                t.retransmitted_bytes += c.retransmitted_bytes
-                t.gaps += c.gaps
-                t.desyncs += c.desyncs
-                t.resyncs += c.resyncs
-                t.retracted += c.retracted
-                t.out_of_sync_bytes += c.out_of_sync_bytes
-                t.out_of_sync_s += st.out_of_sync_s(self._now)
+            fold(t, conn, self._now)
         return t
 
     def sync_rows(self, now_s: float) -> list[SyncRow]:
         """Each live connection's two directions: in sync or not, and how long not."""
-        out = []
-        for (ini, port, _, _), conn in self.conns.items():
-            for st, direction in ((conn.to_target, "to_target"),
-                                  (conn.to_initiator, "to_initiator")):  # fmt: skip
-                out.append(SyncRow(ini, port, conn.portal, conn.target, direction,
-                                   STATE_NAMES[st.state], st.counters.out_of_sync_bytes,
-                                   round(st.out_of_sync_s(now_s), 6), st.counters.desyncs,
-                                   conn.unmeasurable))  # fmt: skip
-        return out
+        return [row for conn in self.conns.values() for row in sync_rows(conn, now_s)]
 
     def out_of_sync(self) -> dict[tuple[str, str, str], tuple[int, int]]:
         """(protocol, portal, target) -> (its live connections, those with a direction

@@ -76,11 +76,11 @@ def _segments(stream: bytes, sizes: list[int], start: int) -> list[tuple[int, by
     for s in sizes:
         if pos >= len(stream):
             break
-        out.append((seq % F.SEQ_MOD, stream[pos : pos + s]))
+        out.append((seq % W.SEQ_MOD, stream[pos : pos + s]))
         seq += len(stream[pos : pos + s])
         pos += s
     if pos < len(stream):
-        out.append((seq % F.SEQ_MOD, stream[pos:]))
+        out.append((seq % W.SEQ_MOD, stream[pos:]))
     return out
 
 
@@ -139,7 +139,7 @@ def test_a_gap_inside_a_pdus_data_keeps_the_walk():
     w.s.start(ISN)
     w.feed(segs[:2] + segs[4:])  # two segments of the first read's data lost
     assert w.tags == tags
-    assert w.s.counters.gaps == 1 and w.s.counters.resyncs == 0 and w.s.in_sync
+    assert w.s.counters.gaps == 1 and w.s.counters.resyncs == 0 and w.s.state == F.SYNCED
 
 
 def test_a_gap_over_a_header_resynchronises_at_the_next_header_that_chains():
@@ -199,7 +199,7 @@ def test_a_non_header_where_one_must_be_counts_and_resyncs():
     garbage = b"\xff" * 100
     w = Walk(W.Iscsi(to_target=False))
     w.s.start(ISN)
-    w.feed([((ISN + 1) % F.SEQ_MOD, a + garbage + b + B.scsi_response(3))])
+    w.feed([((ISN + 1) % W.SEQ_MOD, a + garbage + b + B.scsi_response(3))])
     assert w.tags == [1, 2, 3]
     assert w.s.counters.desyncs == 1 and w.s.counters.resyncs == 1
 
@@ -255,7 +255,7 @@ def test_a_provisional_header_is_confirmed_by_its_successor():
     w = Walk(W.Iscsi(to_target=True))
     w.feed([(1000 + 48 * i, r) for i, r in enumerate(reads)])  # one command per segment
     assert [p.tag for p in w.confirmed] == [0]
-    assert w.tags == [0, 1, 2, 3, 4] and w.s.in_sync
+    assert w.tags == [0, 1, 2, 3, 4] and w.s.state == F.SYNCED
 
 
 def test_a_read_with_a_data_segment_is_a_desync():
@@ -276,7 +276,7 @@ def test_a_sequence_number_out_of_step_is_a_desync():
     a[7] = B.scsi_response(7, sn=(7, 0x5A5A5A5A, 0x5A5A5A5A + 64))
     w = Walk(W.Iscsi(to_target=False))
     w.s.start(ISN)
-    w.feed([((ISN + 1) % F.SEQ_MOD, b"".join(a))])
+    w.feed([((ISN + 1) % W.SEQ_MOD, b"".join(a))])
     assert w.s.counters.desyncs == 1 and 7 not in w.tags and len(w.tags) == 19
 
 
@@ -284,7 +284,7 @@ def test_the_sink_saying_the_walk_is_off_is_a_desync():
     rs = b"".join(B.scsi_response(i) for i in range(10))
     w = Walk(W.Iscsi(to_target=False), refuse={4})
     w.s.start(ISN)
-    w.feed([((ISN + 1) % F.SEQ_MOD, rs)])
+    w.feed([((ISN + 1) % W.SEQ_MOD, rs)])
     assert w.s.counters.desyncs == 1
     assert w.tags == [0, 1, 2, 3, 5, 6, 7, 8, 9]
 
@@ -293,8 +293,8 @@ def test_tls_at_a_streams_start_is_not_measurable_and_no_desync():
     hello = bytes([22, 3, 1, 0, 200]) + os.urandom(200)
     w = Walk(W.NvmeTcp(to_controller=True))
     w.s.start(ISN)
-    w.feed([((ISN + 1) % F.SEQ_MOD, hello)] + [(i * 1000, os.urandom(1000)) for i in range(5)])
-    assert w.reasons == [F.TLS] and w.s.state == F.UNMEASURABLE
+    w.feed([((ISN + 1) % W.SEQ_MOD, hello)] + [(i * 1000, os.urandom(1000)) for i in range(5)])
+    assert w.reasons == [W.TLS] and w.s.state == F.UNMEASURABLE
     assert w.s.counters.desyncs == 0 and not w.pdus
 
 
@@ -302,12 +302,12 @@ def test_another_protocol_on_the_port_is_not_measurable():
     rnd = random.Random(7)
     w = Walk(W.Iscsi(to_target=True))
     w.s.start(ISN)
-    seq = (ISN + 1) % F.SEQ_MOD
+    seq = (ISN + 1) % W.SEQ_MOD
     for _ in range(400):
         data = b"GET /x HTTP/1.1\r\n" + rnd.randbytes(1400)
         w.s.feed(seq, data, 0.0)
-        seq = (seq + len(data)) % F.SEQ_MOD
-    assert w.reasons == [F.UNPARSED]
+        seq = (seq + len(data)) % W.SEQ_MOD
+    assert w.reasons == [W.UNPARSED]
     assert w.s.counters.desyncs == 0 and not w.pdus
 
 
@@ -328,4 +328,4 @@ def test_out_of_sync_time_and_bytes():
         w.s.feed(seq, data, float(k))
     c = w.s.counters
     assert c.out_of_sync_bytes >= 4 * 1448  # the gap
-    assert w.s.in_sync and 0 < w.s.out_of_sync_s(100.0) < 3
+    assert w.s.state == F.SYNCED and 0 < w.s.out_of_sync_s(100.0) < 3

@@ -1,0 +1,101 @@
+"""A storage connection as the wire sensor holds it: its two walks, its commands in flight.
+
+Connection
+    Per TCP connection (initiator address and port, target address and
+    port): its protocol, a flow.Stream per direction, the names its login
+    or connect gave (target, initiator), the commands in flight by tag
+    (ITT; NVMe's whole 16-bit CID: Linux hosts put a generation counter in
+    its top bits), every volume it sent a command to, and what the walks
+    found out about it (not measurable, a run of completions of nothing,
+    the login's digests and segment limits waiting for its full feature
+    phase). tracker.py's Tracker holds them and applies the law.
+
+Sync
+    sync_rows(): a row per direction -- in sync or not, the bytes and
+    seconds it was not, its desyncs, why it is not measurable; fold(): a
+    connection's walk counts added to a total (what the forgotten ones
+    leave behind).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .flow import STATE_NAMES, Stream
+from .flow import Counters as StreamCounters
+from .logins import Login
+from .protocols import Digests
+from .sums import Volume
+
+
+@dataclass(slots=True)
+class Command:
+    start_s: float
+    op: int
+    volume: Volume | None  # None: an NVMe command of no namespace (connect, keep-alive)
+    held_bytes: int = 0  # a provisional write's bytes, counted when it is confirmed
+
+
+ConnKey = tuple[str, int, str, int]  # initiator address, port, target address, port
+
+
+@dataclass(slots=True)
+class Connection:
+    proto: str
+    initiator: str  # the initiator's address
+    portal: str
+    to_target: Stream
+    to_initiator: Stream
+    target: str = ""
+    initiator_name: str = ""  # the IQN or host NQN it logged in with
+    login: Login | None = None  # its login's or connect's text, as far as read
+    last_s: float = 0.0
+    inflight: dict[int, Command] = field(default_factory=dict)
+    volumes: set[Volume] = field(default_factory=set)  # every volume it sent a command to
+    key: ConnKey = ("", 0, "", 0)
+    unmeasurable: str = ""  # why its streams cannot be read (flow.py: TLS, UNPARSED)
+    unmatched_run: int = 0  # completions of nothing in a row (UNMATCHED_RUN)
+    # the login's digests and segment limits, in force once it reaches full feature
+    pending_digests: Digests | None = None
+    pending_limits: dict[bool, int] = field(default_factory=dict)  # to_target -> bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SyncRow:
+    """One direction of one connection: is the walk in sync, and how long it was not."""
+
+    initiator: str
+    initiator_port: int
+    portal: str
+    target: str
+    direction: str  # "to_target" or "to_initiator"
+    state: str  # flow.STATE_NAMES
+    out_of_sync_bytes: int
+    out_of_sync_s: float
+    desyncs: int
+    reason: str = ""  # why not measurable
+
+
+def sync_rows(conn: Connection, now_s: float) -> list[SyncRow]:
+    """Its two directions: in sync or not, and how long not."""
+    ini, port = conn.key[0], conn.key[1]
+    return [
+        SyncRow(ini, port, conn.portal, conn.target, direction, STATE_NAMES[st.state],
+                st.counters.out_of_sync_bytes, round(st.out_of_sync_s(now_s), 6),
+                st.counters.desyncs, conn.unmeasurable)
+        for st, direction in ((conn.to_target, "to_target"), (conn.to_initiator, "to_initiator"))
+    ]  # fmt: skip
+
+
+def fold(total: StreamCounters, conn: Connection, now_s: float) -> None:
+    """Add both its walks' counts to total."""
+    for st in (conn.to_target, conn.to_initiator):
+        c = st.counters
+        total.pdus += c.pdus
+        total.retransmitted_bytes += c.retransmitted_bytes
+        total.gaps += c.gaps
+        total.desyncs += c.desyncs
+        total.resyncs += c.resyncs
+        total.retracted += c.retracted
+        total.out_of_sync_bytes += c.out_of_sync_bytes
+        total.out_of_sync_s += st.out_of_sync_s(now_s)
