@@ -63,72 +63,34 @@ Worked example (iSCSI, no digests)
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 from . import protocols as headers
-from .pdu import CONNECT, DIGEST_BYTES, LOGIN, MAX_DATA_BYTES, Pdu
-from .protocols import MASK, Buffer, Digests, Iscsi, Protocol, Sniffer, seq_diff
-
-# The most bytes kept across segments: a cut header, or a login's or connect's
-# start (iSCSI login text is a few hundred bytes; the NVMe connect data is 1 KiB
-# after a 72-byte header).
-MAX_CARRY_BYTES = 4096
-# Wanted bodies: PDUs whose data the tracker reads (they name the target and the initiator).
-WANTED = frozenset({LOGIN, CONNECT})
-
-SYNCED, PROVISIONAL, LOST, UNMEASURABLE = 0, 1, 2, 3
-STATE_NAMES = ("in sync", "provisional", "out of sync", "not measurable")
-
-
-@dataclass(slots=True)
-class Counters:  # per direction
-    pdus: int = 0
-    retransmitted_bytes: int = 0
-    gaps: int = 0
-    desyncs: int = 0  # the walk was off: a non-header where a header had to be
-    resyncs: int = 0
-    retracted: int = 0  # provisional headers whose successor was not there
-    out_of_sync_bytes: int = 0
-    out_of_sync_s: float = 0.0
+from .belief import (  # noqa: F401  (the names the tracker takes from here)
+    LOST,
+    MAX_CARRY_BYTES,
+    NO_HOOKS,
+    PROVISIONAL,
+    STATE_NAMES,
+    SYNCED,
+    UNMEASURABLE,
+    WANTED,
+    Belief,
+    Counters,
+    Hooks,
+    Sink,
+)
+from .pdu import LOGIN, Pdu
+from .protocols import MASK, Buffer, Protocol, seq_diff
 
 
-class Hooks:
-    """What a stream tells its owner besides a proven walk's PDUs (tracker.py):
-    provisional(), a header a resync took before its successor was there; confirm(),
-    its successor is there; retract(), it is not (undo what it did); unmeasurable(),
-    nothing here is iSCSI or NVMe/TCP (TLS, UNPARSED); digests(), the connection's
-    iSCSI digests, found by the walk. These defaults do nothing."""
-
-    def provisional(self, pdu: Pdu, body: bytes) -> None: ...
-    def confirm(self) -> None: ...
-    def retract(self) -> None: ...
-    def unmeasurable(self, reason: str) -> None: ...
-    def digests(self, digests: Digests) -> None: ...
-
-
-Sink = Callable[[Pdu, bytes], bool]  # False: the walk is off at this PDU
-NO_HOOKS = Hooks()
-
-
-class Stream:
+class Stream(Belief):
     """One direction's walk: feed() hands each header to sink (module header)."""
 
-    # fmt: off
-    __slots__ = ("alt_seq", "carried", "carry", "carry_seq", "collect", "counters", "dd_known",
-                 "digests", "expect_seq", "hd_known", "held", "hooks", "limit", "lost_since",
-                 "pdu_seq", "proto", "proven", "sink", "sn", "sniffer", "state")
-    # fmt: on
+    __slots__ = ("carried", "carry", "carry_seq", "collect", "counters", "expect_seq", "held",
+                 "lost_since", "pdu_seq", "sink", "state")  # fmt: skip
 
     def __init__(self, proto: Protocol, sink: Sink | None = None, hooks: Hooks = NO_HOOKS) -> None:
-        self.proto, self.hooks = proto, hooks
+        super().__init__(proto, hooks)
         self.sink: Sink = sink or (lambda pdu, body: True)
-        self.digests: Digests = (False, False)
-        # the digests proven (iSCSI's: module header); alt_seq, where the next header
-        # would be with the other data digest setting while that is not
-        self.hd_known = self.dd_known = not proto.digest_aware
-        self.alt_seq: int | None = None
-        self.limit = MAX_DATA_BYTES  # the receiver's MaxRecvDataSegmentLength / MAXH2CDATA
         self.state, self.pdu_seq, self.expect_seq = LOST, 0, None
         self.carry, self.carry_seq = b"", 0
         self.carried = 0  # the carry's bytes at the start of the buffer being walked
@@ -136,11 +98,8 @@ class Stream:
         # login's or connect's body is being gathered for it
         self.held: tuple[Pdu, bytes, bool] | None = None  # (pdu, body, provisional)
         self.collect = False
-        self.sn = 0  # the last header's sequence number (pdu.py: Pdu.sn)
         self.counters = Counters()
         self.lost_since: float | None = None  # when it last stopped being SYNCED
-        self.proven = False  # a header of it was believed
-        self.sniffer = Sniffer()  # what it is, while nothing of it was proven
 
     # ------------------------------------------------------------ settings
     def start(self, isn: int) -> None:
@@ -154,12 +113,6 @@ class Stream:
         self.sn = 0
         if self.state != UNMEASURABLE:
             self._synced(None)
-
-    def set_digests(self, digests: Digests) -> None:
-        """The digests a login negotiated (they apply once it completes)."""
-        self.digests = digests
-        self.dd_known = self.hd_known = True
-        self.alt_seq = None
 
     def set_unmeasurable(self, now: float | None = None) -> None:
         """Nothing here is to be read (the connection's other direction found it)."""
@@ -361,43 +314,6 @@ class Stream:
         self.counters.out_of_sync_bytes += (len(buf) if found is None else found) - off
         return found
 
-    def _prove(
-        self, buf: Buffer, base: int, off: int, pdu: Pdu | None, now: float
-    ) -> tuple[Pdu | None, int]:
-        """The header at off must prove itself (protocols.prove): it follows a
-        provisional header, or one whose data digest is unproven (alt_seq). The header
-        and where it is, or (None, off), a provisional header retracted."""
-        alt = None if self.alt_seq is None else seq_diff(self.alt_seq, base)
-        got = headers.prove(self.proto, buf, off, pdu, self.digests, self.limit, self.sn, alt)
-        if got is not None and alt is not None:
-            self.dd_known = True  # a header where a data digest setting said
-        self.alt_seq = None
-        if got is None:
-            if self.state == PROVISIONAL:
-                self._retract()
-                self._lose(now)
-            return None, off
-        pdu, off, digests = got
-        self._adopt(digests)
-        if self.state == PROVISIONAL:
-            self._synced(now)
-            self.hooks.confirm()
-        return pdu, off
-
-    def _header_digest(self, buf: Buffer, off: int) -> None:
-        """The header digest by the CRC32C of the header at off, when its 4 bytes follow."""
-        crc = Iscsi.header_digest_at(buf, off)
-        if crc is not None:
-            self.hd_known = True
-            self._adopt((crc, self.digests[1]))
-
-    def _note_alt(self, base: int, off: int, pdu: Pdu) -> None:
-        """While the data digest is unproven: where the header after pdu would be with
-        the other setting."""
-        if not self.dd_known and pdu.segment:
-            other = -DIGEST_BYTES if self.digests[1] else DIGEST_BYTES
-            self.alt_seq = (base + off + pdu.length + other) & MASK
-
     def _hold(self, pdu: Pdu, body: bytes, provisional: bool) -> None:
         self.held = (pdu, body, provisional)
         self.collect = bool(body) and len(body) < min(pdu.length, MAX_CARRY_BYTES)
@@ -429,72 +345,3 @@ class Stream:
             self.collect = False
         else:
             self.hooks.retract()
-
-    def _unparsed(self, buf: Buffer, now: float) -> bool:
-        """A stream that never showed a proven header may not be storage traffic at all
-        (protocols.Sniffer): then it is UNMEASURABLE (True)."""
-        sniffer = self.sniffer
-        reason = sniffer.verdict(buf, not self.counters.out_of_sync_bytes)
-        if reason is None:
-            return False
-        self.counters.out_of_sync_bytes += sniffer.seen
-        self.set_unmeasurable(now)
-        self.hooks.unmeasurable(reason)
-        return True
-
-    def _resync(
-        self, buf: Buffer, base: int, start: int, provisional: bool, now: float
-    ) -> int | None:
-        """The first offset >= start where a header is confirmed (protocols.search);
-        with `provisional`, failing that the first provisional one, handed to the hooks.
-        The confirmed offset, to walk from (the walk is SYNCED there), or None."""
-        hd = self.digests[0] if self.hd_known else None
-        dd = self.digests[1] if self.dd_known else None
-        hit = headers.search(self.proto, buf, max(start, self.carried), self.limit, hd, dd)
-        if hit is None:
-            return None
-        off, pdu, digests, confirmed = hit
-        if not confirmed:
-            if provisional:
-                self._take(buf, base, off, pdu, digests)
-            return None
-        self._adopt(digests)
-        self.hd_known = True
-        if pdu.segment:
-            self.dd_known = True
-        self.sn = 0
-        self.proven = True
-        self.counters.resyncs += 1
-        if self.state == PROVISIONAL:
-            self._retract()
-        self._synced(now)
-        return off
-
-    def _take(self, buf: Buffer, base: int, off: int, pdu: Pdu, digests: Digests) -> None:
-        """A provisional header at off: handed to the hooks; the walk waits for its
-        successor (its first bytes kept when they are here)."""
-        if self.state == PROVISIONAL:  # the newer header takes over
-            self._retract()
-        self._adopt(digests)
-        if digests[0]:
-            self.hd_known = True  # its CRC32C matched
-        self.counters.resyncs += 1
-        self.counters.pdus += 1
-        self.state = PROVISIONAL
-        nxt = off + pdu.length
-        body = bytes(buf[off : min(nxt, off + MAX_CARRY_BYTES)]) if pdu.kind in WANTED else b""
-        if nxt <= len(buf):
-            self.hooks.provisional(pdu, body)
-        else:  # its last byte comes later
-            self._hold(pdu, body, True)
-        self.sn = pdu.sn if pdu.kind != LOGIN else 0
-        self._note_alt(base, off, pdu)
-        if nxt < len(buf):
-            self._keep(buf[nxt:], base + nxt)
-        else:
-            self.pdu_seq = (base + nxt) & MASK
-
-    def _adopt(self, digests: Digests) -> None:
-        if digests != self.digests:
-            self.digests = digests
-            self.hooks.digests(digests)

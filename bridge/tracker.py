@@ -128,27 +128,60 @@ class Counters:
 
 
 class _Side(Hooks):
-    """One direction's hooks (flow.Hooks): what its provisional header did, undone or
-    kept when the walk decides."""
+    """One direction's hooks (flow.Hooks): what its provisional header did, kept or
+    undone when the walk decides. A command goes in flight at once (its write bytes
+    held until it holds); a completion of a command in flight completes it (the
+    match proves both), one of nothing is counted only if it holds; NVMe write data
+    waits; a login's or connect's names are taken at once."""
 
     __slots__ = ("conn", "held", "to_target", "tracker")
 
     def __init__(self, tracker: Tracker, conn: Connection, to_target: bool) -> None:
         self.tracker, self.conn, self.to_target = tracker, conn, to_target
-        self.held: tuple[int, object] | None = None
+        # (the command it put in flight, its tag) | (NVMe write data: tag, bytes) |
+        # "unmatched" | None
+        self.held: tuple[int, Command] | tuple[int, int] | str | None = None
 
     def provisional(self, pdu: Pdu, body: bytes) -> None:
-        self.held = self.tracker._provisional(self.conn, self.to_target, pdu, body)
+        tr, conn, kind = self.tracker, self.conn, pdu.kind
+        self.held = None
+        if conn.unmeasurable:
+            return
+        if kind == CMD and self.to_target:
+            cmd = tr._command(conn, pdu, True)
+            if cmd is not None:
+                self.held = (pdu.tag, cmd)
+        elif kind == DONE and not self.to_target:
+            cmd = conn.inflight.pop(pdu.tag, None)
+            if cmd is None:
+                self.held = "unmatched"
+            else:
+                tr._completed(conn, cmd, pdu.tag)
+        elif kind == DATA_OUT and self.to_target and conn.proto == NVME:
+            self.held = (pdu.tag, pdu.data_bytes)
+        else:
+            tr._pdu(conn, self.to_target, pdu, body)
 
     def confirm(self) -> None:
-        held, self.held = self.held, None
-        if held is not None:
-            self.tracker._confirm(self.conn, held)
+        held, self.held, tr = self.held, None, self.tracker
+        if held == "unmatched":
+            tr.counters.unmatched += 1
+        elif isinstance(held, tuple) and isinstance(held[1], Command):
+            cmd = held[1]
+            if cmd.held_bytes and cmd.volume is not None:
+                tr.sums.wrote(cmd.volume, self.conn.initiator, cmd.held_bytes)
+                cmd.held_bytes = 0
+        elif isinstance(held, tuple):
+            tr._pdu(self.conn, True, Pdu(DATA_OUT, held[0], 0, 0, 0, held[1]), b"")
 
     def retract(self) -> None:
-        held, self.held = self.held, None
-        if held is not None:
-            self.tracker._retract(self.conn, held)
+        held, self.held, tr = self.held, None, self.tracker
+        if isinstance(held, tuple) and isinstance(held[1], Command):
+            tag, cmd = held
+            if self.conn.inflight.get(tag) is cmd:  # not completed: never a command
+                del self.conn.inflight[tag]
+                tr.inflight_total -= 1
+                tr.counters.commands -= 1
 
     def unmeasurable(self, reason: str) -> None:
         self.tracker._unmeasurable(self.conn, reason)
@@ -157,9 +190,6 @@ class _Side(Hooks):
         # iSCSI digests are the connection's: what one direction found holds for both
         other = self.conn.to_initiator if self.to_target else self.conn.to_target
         other.set_digests(digests)
-
-
-_HELD_CMD, _HELD_DATA, _HELD_UNMATCHED = 1, 2, 3
 
 
 class Tracker:
@@ -326,53 +356,6 @@ class Tracker:
             self.sums.write_done(vol, conn.initiator)
         if self.on_io is not None and cmd.op:
             self.on_io(conn.key, tag, cmd.op, cmd.start_s, self._now)
-
-    # ------------------------------------------------------------ provisional headers
-    def _provisional(
-        self, conn: Connection, to_target: bool, pdu: Pdu, body: bytes
-    ) -> tuple[int, object] | None:
-        """A header a resync took before its successor was there (flow.py): a command
-        goes in flight (its write bytes held), a completion of a command in flight
-        completes it (the match proves both), one of nothing waits to be counted; a
-        login's or connect's names are taken at once."""
-        if conn.unmeasurable:
-            return None
-        kind = pdu.kind
-        if kind == CMD and to_target:
-            cmd = self._command(conn, pdu, True)
-            return None if cmd is None else (_HELD_CMD, (pdu.tag, cmd))
-        if kind == DONE and not to_target:
-            cmd = conn.inflight.pop(pdu.tag, None)
-            if cmd is None:
-                return (_HELD_UNMATCHED, None)
-            self._completed(conn, cmd, pdu.tag)
-            return None
-        if kind == DATA_OUT and to_target and conn.proto == NVME:
-            return (_HELD_DATA, (pdu.tag, pdu.data_bytes))
-        self._pdu(conn, to_target, pdu, body)
-        return None
-
-    def _confirm(self, conn: Connection, held: tuple[int, object]) -> None:
-        what, arg = held
-        if what == _HELD_CMD:
-            _, cmd = arg  # type: ignore[misc]
-            if cmd.held_bytes and cmd.volume is not None:
-                self.sums.wrote(cmd.volume, conn.initiator, cmd.held_bytes)
-                cmd.held_bytes = 0
-        elif what == _HELD_DATA:
-            tag, nbytes = arg  # type: ignore[misc]
-            self._pdu(conn, True, Pdu(DATA_OUT, tag, 0, 0, 0, nbytes), b"")
-        else:
-            self.counters.unmatched += 1
-
-    def _retract(self, conn: Connection, held: tuple[int, object]) -> None:
-        what, arg = held
-        if what == _HELD_CMD:
-            tag, cmd = arg  # type: ignore[misc]
-            if conn.inflight.get(tag) is cmd:  # not completed: it was never a command
-                del conn.inflight[tag]
-                self.inflight_total -= 1
-                self.counters.commands -= 1
 
     def _unmeasurable(self, conn: Connection, reason: str) -> None:
         """Its streams are not iSCSI or NVMe/TCP to read: nothing of it is counted."""
