@@ -29,6 +29,9 @@ from .protocols import MASK, Buffer, Digests, Iscsi, Protocol, Sniffer, seq_diff
 # start (iSCSI login text is a few hundred bytes; the NVMe connect data is 1 KiB
 # after a 72-byte header).
 MAX_CARRY_BYTES = 4096
+# The most headers walked in one segment (64 KiB of 24-byte NVMe completions is 2,731):
+# the in-kernel walker's loop bound, and this one's.
+MAX_WALK = 8192
 # Wanted bodies: PDUs whose data the tracker reads (they name the target and the initiator).
 WANTED = frozenset({LOGIN, CONNECT})
 
@@ -46,20 +49,19 @@ class Counters:  # per direction
     retracted: int = 0  # provisional headers whose successor was not there
     out_of_sync_bytes: int = 0
     out_of_sync_s: float = 0.0
+    truncated: int = 0  # segments of more than MAX_WALK headers: the walk stopped there
 
 
 class Hooks:
     """What a stream tells its owner besides a proven walk's PDUs (tracker.py):
     provisional(), a header a resync took before its successor was there; confirm(),
     its successor is there; retract(), it is not (undo what it did); unmeasurable(),
-    nothing here is iSCSI or NVMe/TCP (TLS, UNPARSED); digests(), the connection's
-    iSCSI digests, found by the walk. These defaults do nothing."""
+    nothing here is iSCSI or NVMe/TCP (TLS, UNPARSED). These defaults do nothing."""
 
     def provisional(self, pdu: Pdu, body: bytes) -> None: ...
     def confirm(self) -> None: ...
     def retract(self) -> None: ...
     def unmeasurable(self, reason: str) -> None: ...
-    def digests(self, digests: Digests) -> None: ...
 
 
 Sink = Callable[[Pdu, bytes], bool]  # False: the walk is off at this PDU
@@ -195,6 +197,4 @@ class Belief:
             self.pdu_seq = (base + nxt) & MASK
 
     def _adopt(self, digests: Digests) -> None:
-        if digests != self.digests:
-            self.digests = digests
-            self.hooks.digests(digests)
+        self.digests = digests  # each direction finds its own (a login says both)

@@ -99,3 +99,4 @@ def fold(total: StreamCounters, conn: Connection, now_s: float) -> None:
         total.retracted += c.retracted
         total.out_of_sync_bytes += c.out_of_sync_bytes
         total.out_of_sync_s += st.out_of_sync_s(now_s)
+        total.truncated += c.truncated

@@ -67,6 +67,7 @@ from . import protocols as headers
 from .belief import (  # noqa: F401  (the names the tracker takes from here)
     LOST,
     MAX_CARRY_BYTES,
+    MAX_WALK,
     NO_HOOKS,
     PROVISIONAL,
     STATE_NAMES,
@@ -255,7 +256,13 @@ class Stream(Belief):
         decode, direction, fixed = proto.decode_fn, proto.direction, proto.fixed_need
         sink = self.sink
         n = len(buf)
+        steps = 0
         while off < n:
+            steps += 1
+            if steps > MAX_WALK:  # the kernel's bound, for its walk and this one alike
+                self.counters.truncated += 1
+                self._lose(now)
+                return
             if n - off < (fixed or proto.need(buf, off)):  # a header cut by the segment's end
                 self._keep(buf[off:], base + off)
                 return
@@ -311,7 +318,7 @@ class Stream(Belief):
         if not self.proven and self._unparsed(buf, now):
             return None
         found = self._resync(buf, base, start, True, now)
-        self.counters.out_of_sync_bytes += (len(buf) if found is None else found) - off
+        self.counters.out_of_sync_bytes += max(0, (len(buf) if found is None else found) - off)
         return found
 
     def _hold(self, pdu: Pdu, body: bytes, provisional: bool) -> None:

@@ -52,6 +52,12 @@ MASK = SEQ_MOD - 1
 # storage traffic the sensor can read (another protocol on the port, or encrypted).
 UNPARSED_BYTES = 256 * 1024
 TLS, UNPARSED = "tls", "not iSCSI or NVMe/TCP"
+# A header digest is judged on headers of at most this many AHS words (a SCSI Command
+# the search takes has at most 16, every other header none or 2).
+CRC_AHS_WORDS = 16
+# The search looks at candidates within this many bytes of where it starts (the
+# in-kernel walker searches so much of a segment, bridge/bpf/wire.bpf.c).
+SEARCH_MAX_BYTES = 128 * 1024
 
 
 def seq_diff(a: int, b: int) -> int:
@@ -179,9 +185,11 @@ class Iscsi(Protocol):
 
     @staticmethod
     def header_digest_at(buf: Buffer, off: int) -> bool | None:
-        """Whether the 4 bytes after the header at off are its CRC32C (None: not here)."""
-        end = off + ISCSI_BHS_BYTES + 4 * buf[off + 4]
-        if len(buf) < end + DIGEST_BYTES:
+        """Whether the 4 bytes after the header at off are its CRC32C (None: they are not
+        here, or the header has more AHS than CRC_AHS_WORDS: not judged)."""
+        ahs = buf[off + 4]
+        end = off + ISCSI_BHS_BYTES + 4 * ahs
+        if ahs > CRC_AHS_WORDS or len(buf) < end + DIGEST_BYTES:
             return None
         return int.from_bytes(buf[end : end + DIGEST_BYTES], "little") == crc32c(buf[off:end])
 
@@ -231,8 +239,11 @@ def search(
     are not taken."""
     n = len(buf)
     first: Found | None = None
-    for m in proto.candidates.finditer(buf, start):
+    stop = start + SEARCH_MAX_BYTES
+    for m in proto.candidates.finditer(buf, start, min(n, stop + 5)):
         off = m.start()
+        if off >= stop:
+            break
         if n - off < proto.need(buf, off):
             continue  # cut by the bytes' end: nothing to judge
         for digests in _choices(proto, buf, off, hd, dd):

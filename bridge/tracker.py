@@ -79,7 +79,6 @@ from .pdu import (
 )
 from .protocols import ISCSI as ISCSI_WALK
 from .protocols import NVME as NVME_WALK
-from .protocols import Digests
 from .sums import (  # noqa: F401  (the names the bridge's other modules take from here)
     ISCSI,
     NO_NAMESPACE,
@@ -186,10 +185,6 @@ class _Side(Hooks):
     def unmeasurable(self, reason: str) -> None:
         self.tracker._unmeasurable(self.conn, reason)
 
-    def digests(self, digests: Digests) -> None:
-        # iSCSI digests are the connection's: what one direction found holds for both
-        other = self.conn.to_initiator if self.to_target else self.conn.to_target
-        other.set_digests(digests)
 
 
 class Tracker:

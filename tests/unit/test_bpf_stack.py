@@ -5,7 +5,9 @@ program whose deepest chain sums over 512 ("combined stack size of 3 calls is 54
 large"); newer kernels round less and load the same object, so the host kernel's tests
 cannot see it.  Here the built object (bridge/bpf/wire.bpf.o) is read with llvm-objdump:
 each function's stack is the deepest r10 offset it uses, the calls are its BPF-to-BPF
-calls (src_reg 1), and every program's deepest chain must fit 6.1's accounting.
+calls (src_reg 1) and the callbacks it hands bpf_loop() (an ld_imm64 of a code address:
+the callback runs on top of the caller's frame), and every program's deepest chain must
+fit 6.1's accounting.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ SECTION = re.compile(r"^Disassembly of section (\S+):")
 SYMBOL = re.compile(r"^([0-9a-f]+) <([A-Za-z_]\w*)>:")
 INSN = re.compile(r"^\s*(\d+):\s+((?:[0-9a-f]{2}\s){8})\s*(.*)$")
 RELOC = re.compile(r"R_BPF_64_32\s+(\S+)")
+CODE_RELOC = re.compile(r"R_BPF_64_64\s+(\.text)\b")
 STACK_SLOT = re.compile(r"r10 - (\d+)")
 
 
@@ -43,7 +46,7 @@ class Function:
 
 def functions(dump: str) -> dict[str, Function]:
     out: dict[str, Function] = {}
-    section, cur, pending = "", None, None
+    section, cur, pending, callback = "", None, None, None
     for line in dump.splitlines():
         if m := SECTION.match(line):
             section = m.group(1)
@@ -54,6 +57,10 @@ def functions(dump: str) -> dict[str, Function]:
             # to a section: its instruction imm + 1; to a function: that function
             cur.calls[-1] = (target, imm + 1) if target.startswith(".") else (target, 0)
             pending = None
+        elif (m := CODE_RELOC.search(line)) and callback is not None and cur is not None:
+            # a bpf_loop() callback: it runs on top of this frame, as a call does
+            cur.calls.append((m.group(1), callback[1] // 8))
+            callback = None
         elif (m := INSN.match(line)) and cur is not None:
             pc, raw, text = int(m.group(1)), m.group(2).split(), m.group(3)
             pending = None
@@ -63,6 +70,9 @@ def functions(dump: str) -> dict[str, Function]:
                 imm = int.from_bytes(bytes.fromhex("".join(raw[4:8])), "little", signed=True)
                 cur.calls.append((section, pc + imm + 1))  # pc-relative unless relocated
                 pending = (pc, imm)
+            elif raw[0] == "18":  # ld_imm64: a callback's address when relocated to code
+                imm = int.from_bytes(bytes.fromhex("".join(raw[4:8])), "little", signed=True)
+                callback = (pc, imm)
     return out
 
 
@@ -109,11 +119,11 @@ def test_every_program_fits_61s_stack_accounting() -> None:
 
 
 def test_the_reader_sees_the_calls() -> None:
-    """The sensor calls walk_one and on_pdu: a reader that found no call would pass
-    the test above on any object."""
+    """The sensor calls on_pdu and hands walk_cb to bpf_loop(): a reader that found no
+    call would pass the test above on any object."""
     fns = functions(dump())
     names = {resolve(fns, c).name for f in fns.values() for c in f.calls}
-    assert {"walk_one", "on_pdu"} <= names
+    assert {"walk_cb", "search_cb", "on_pdu"} <= names
     assert all(f.stack > 0 for f in fns.values() if f.name in names)
 
 
