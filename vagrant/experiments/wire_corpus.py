@@ -19,7 +19,8 @@ MaxRecvDataSegmentLength on both sides (many Data-In and Data-Out PDUs per
 command); several sessions, one target with two LUNs, a SendTargets discovery
 (Text PDUs), NOP-Out pings every second, a session that logs out and in again;
 nvme-cli NVMe/TCP with two I/O queues (three TCP connections), with and without
-header and data digests, a host that disconnects and connects again;
+header and data digests, a host that disconnects and connects again, one with SQ flow
+control off (the target completes reads with a C2HData's SUCCESS flag);
 read-heavy and write-heavy fio mixes; and "unmeasurable": a TLS connection on
 port 4420 (openssl), an HTTP transfer on port 3260, and an iSCSI session inside
 IPsec ESP (ip xfrm, transport mode), beside a plain iSCSI reader.
@@ -51,10 +52,10 @@ from measure import DEVICE, NETNS, load_topology, sh  # noqa: E402
 topo = load_topology()
 
 FILTER = "tcp port 3260 or tcp port 4420 or esp"
-SECONDS = 4.0
-# Random bytes in one tenth of each buffer (fio --buffer_compress_percentage=90): data
+SECONDS = 3.0
+# Random bytes in a twentieth of each buffer (fio --buffer_compress_percentage=95): data
 # with byte patterns in it, and captures that gzip to a few hundred KB each.
-COMPRESSIBLE = ("--buffer_compress_percentage=90", "--buffer_compress_chunk=512",
+COMPRESSIBLE = ("--buffer_compress_percentage=95", "--buffer_compress_chunk=512",
                 "--refill_buffers")  # fmt: skip
 EXTRA_ADDR = "10.0.0.51"  # in the target's namespace: the unmeasurable servers
 EXTRA_INI = "10.0.0.50"  # in the initiators': their clients
@@ -84,8 +85,8 @@ CASES: dict[str, dict] = {
         "iscsi": [0, 1], "lun1": True, "discovery": True,
         "node": {"node.conn[0].timeo.noop_out_interval": "1"},
         "jobs": [("iscsi", 0, ["--rw=randread", "--bs=4k", "--iodepth=4", "--rate_iops=150"]),
-                 ("iscsi", 1, ["--rw=randread", "--bs=8k", "--iodepth=1", "--rate_iops=60"]),
-                 ("iscsi", 2, ["--rw=randwrite", "--bs=16k", "--iodepth=2", "--rate_iops=30"])],
+                 ("iscsi", 1, ["--rw=randread", "--bs=8k", "--iodepth=1", "--rate_iops=40"]),
+                 ("iscsi", 2, ["--rw=randwrite", "--bs=8k", "--iodepth=2", "--rate_iops=30"])],
         "relogin": True,
     },
     "iscsi-digests": {
@@ -107,26 +108,26 @@ CASES: dict[str, dict] = {
         "iscsi": [0, 1],
         "node": {"node.session.iscsi.ImmediateData": "No"},
         "jobs": [("iscsi", 0, ["--rw=randread", "--bs=4k", "--iodepth=1", "--rate_iops=150"]),
-                 ("iscsi", 1, ["--rw=randwrite", "--bs=32k", "--iodepth=4", "--rate_iops=80"])],
+                 ("iscsi", 1, ["--rw=randwrite", "--bs=16k", "--iodepth=4", "--rate_iops=60"])],
     },
     "iscsi-immediate": {  # ImmediateData=Yes, InitialR2T=No: immediate and unsolicited data
         "iscsi": [0, 1],
         "lio": {"InitialR2T": "No"},
         "jobs": [("iscsi", 0, ["--rw=randread", "--bs=4k", "--iodepth=2", "--rate_iops=150"]),
-                 ("iscsi", 1, ["--rw=randwrite", "--bs=64k", "--iodepth=2", "--rate_iops=40"])],
+                 ("iscsi", 1, ["--rw=randwrite", "--bs=16k", "--iodepth=2", "--rate_iops=50"])],
     },
     "iscsi-unsolicited": {  # ImmediateData=No, InitialR2T=No: unsolicited Data-Out only
         "iscsi": [0, 1],
         "lio": {"InitialR2T": "No"},
         "node": {"node.session.iscsi.ImmediateData": "No"},
         "jobs": [("iscsi", 0, ["--rw=randread", "--bs=4k", "--iodepth=2", "--rate_iops=150"]),
-                 ("iscsi", 1, ["--rw=randwrite", "--bs=32k", "--iodepth=2", "--rate_iops=50"])],
+                 ("iscsi", 1, ["--rw=randwrite", "--bs=16k", "--iodepth=2", "--rate_iops=50"])],
     },
     "iscsi-small-segments": {  # MaxRecvDataSegmentLength 4096 both ways
         "iscsi": [0, 1],
         "lio": {"MaxRecvDataSegmentLength": "4096", "MaxXmitDataSegmentLength": "4096"},
         "node": {"node.conn[0].iscsi.MaxRecvDataSegmentLength": "4096"},
-        "jobs": [("iscsi", 0, ["--rw=randread", "--bs=32k", "--iodepth=2", "--rate_iops=60"]),
+        "jobs": [("iscsi", 0, ["--rw=randread", "--bs=16k", "--iodepth=2", "--rate_iops=60"]),
                  ("iscsi", 1, ["--rw=randrw", "--rwmixread=30", "--bs=16k", "--iodepth=2",
                                "--rate_iops=60"])],
     },
@@ -137,10 +138,15 @@ CASES: dict[str, dict] = {
         "relogin": True,
     },
     "nvme-digests": {
-        "nvme": [0, 1], "queues": 2, "connect": ["--hdr_digest", "--data_digest"],
+        "nvme": [0, 1], "queues": 2, "connect": ["--hdr-digest", "--data-digest"],
         "jobs": [("nvme", 0, ["--rw=randrw", "--rwmixread=60", "--bs=8k", "--iodepth=4",
                               "--rate_iops=150"]),
-                 ("nvme", 1, ["--rw=randwrite", "--bs=32k", "--iodepth=2", "--rate_iops=40"])],
+                 ("nvme", 1, ["--rw=randwrite", "--bs=16k", "--iodepth=2", "--rate_iops=40"])],
+    },
+    "nvme-sqflow-off": {  # SQ flow control off: reads complete at a C2HData with SUCCESS
+        "nvme": [0], "queues": 1, "connect": ["--disable-sqflow"],
+        "jobs": [("nvme", 0, ["--rw=randrw", "--rwmixread=70", "--bs=4k", "--iodepth=4",
+                              "--rate_iops=200"])],
     },
     "unmeasurable": {
         "iscsi": [0], "tls": True, "http": True, "ipsec": 1,
