@@ -232,8 +232,11 @@ class Stream(Belief):
         if self.state == LOST:
             self.counters.out_of_sync_bytes += lost
             return
-        if not self.carry and seq_diff(self.pdu_seq, seq) >= 0:
-            return  # the lost bytes were a PDU's data
+        if not self.carry and seq_diff(self.pdu_seq, seq) >= 0:  # the lost bytes were data
+            if self.pdu_seq == seq:  # the held PDU's last byte too: no time to give it
+                self.held = None
+            self.collect = False  # a text with a hole is not read on
+            return
         if self.state == PROVISIONAL:
             self._retract()
         self.counters.out_of_sync_bytes += lost

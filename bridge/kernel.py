@@ -40,6 +40,7 @@ import ctypes
 import ipaddress
 import os
 import struct
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,7 @@ INGRESS, EGRESS = "ffff:fff2", "ffff:fff3"
 COUNTER_NAMES = (
     "frames", "segments", "pdus", "commands", "completions", "unmatched", "replaced",
     "retransmitted", "gaps", "desyncs", "resyncs", "carried", "events_lost", "truncated_walks",
+    "retracted", "unmeasurable",
 )  # fmt: skip
 EV_LOGIN, EV_CONNECT, EV_BODY = 1, 2, 3  # EV_BODY: more of the last one's text
 NAME_BYTES = 1024
@@ -60,15 +62,19 @@ _CONN = struct.Struct("=16s16sHH")  # conn_key: initiator, target, their ports
 _VOL_KEY = struct.Struct("=16s16sHH4xQ")  # vol_key (the u64 aligned to 8)
 _VOL_STATS = struct.Struct("=QQQQ")
 _TAG_KEY = struct.Struct("=16s16sHHI")
-_INFLIGHT = struct.Struct("=QQB7x")
+_INFLIGHT = struct.Struct("=QQIBB2x")  # start, volume, held bytes, op, provisional
 _EVENT_HEAD = struct.Struct("=16s16sHHIIIII")  # conn, kind, to_target, len, flags, total
 _U64 = struct.Struct("=Q")
 _MAPPED = b"\0" * 10 + b"\xff\xff"
 # struct bpf_prog_info (linux/bpf.h, append-only): run_time_ns and run_cnt at 192
 PROG_INFO_BYTES, PROG_INFO_RUN_TIME = 232, 192
-# struct flow: next_seq, expect_seq, carry_seq (u32), synced, header_digest, data_digest,
-# carry_len (u8), carry[128], body_left (u32)
-FLOW_BYTES, FLOW_HEADER_DIGEST, FLOW_DATA_DIGEST = 152, 13, 14
+# struct flow (wire.bpf.c): what userspace reads of it -- desyncs, resyncs, retracted at
+# 36; lost since (ns), out of sync (ns), out of sync bytes at 48; state at 120, reason 129
+FLOW_BYTES = 264
+_FLOW_COUNTS = struct.Struct("=IIIQQQ")
+FLOW_COUNTS_AT, FLOW_STATE, FLOW_REASON = 36, 120, 129
+_FLOW_KEY = struct.Struct("=16s16sHHI")
+_SETTING = struct.Struct("=BBBxI")  # header digest, data digest, digests said, limit
 BPF_EXIST = 2
 BPF_STATS_RUN_TIME = 0
 VERIFIER_LOG_BYTES = 16 << 20  # libbpf's largest log buffer
@@ -91,6 +97,21 @@ class VolumeSums:
     read_ns: int
     write_bytes: int
     writes: int = 0  # write commands completed
+
+
+class FlowState(NamedTuple):
+    """One connection direction as the program walks it (flow.py's states: 0 in sync,
+    1 provisional, 2 out of sync, 3 not measurable; reason 1 TLS, 2 another protocol)."""
+
+    conn: Conn
+    to_target: bool
+    state: int
+    reason: int
+    desyncs: int
+    resyncs: int
+    retracted: int
+    out_of_sync_s: float
+    out_of_sync_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +198,7 @@ class KernelWire:
             self.prog_fd = self._lib.bpf_program__fd(prog)
             self.maps = {
                 name: self._lib.bpf_object__find_map_fd_by_name(self._obj, name.encode())
-                for name in ("counters", "stats", "inflight", "events", "flows")
+                for name in ("counters", "stats", "inflight", "events", "flows", "settings")
             }
             self.ncpus = self._lib.libbpf_num_possible_cpus()
             self._sample = _SAMPLE_FN(self._on_event)
@@ -294,21 +315,45 @@ class KernelWire:
         for raw in list(self._keys(fd, _TAG_KEY.size)):
             if self._lib.bpf_map_lookup_elem(fd, raw, val) == 0:
                 ini, tgt, ip, tp, tag = _TAG_KEY.unpack(raw)
-                start, volume, op = _INFLIGHT.unpack(val.raw)
+                start, volume, _held, op, _prov = _INFLIGHT.unpack(val.raw)
                 out[conn_of(ini, tgt, ip, tp), tag] = (start, op, volume)
         return out
 
-    def set_digests(self, conn: Conn, header: bool, data: bool) -> None:
-        """iSCSI digests negotiated at login, in both directions' walks."""
+    def set_login(
+        self, conn: Conn, digests: tuple[bool, bool] | None, limits: dict[bool, int]
+    ) -> None:
+        """What a login that reached full feature negotiated: its digests (None: not
+        said) and each receiver's MaxRecvDataSegmentLength (to_target -> bytes), for
+        the program's walks of that connection (it takes them at their next segment)."""
+        fd = self.maps["settings"]
+        for to_target in (False, True):
+            hd, dd = digests or (False, False)
+            val = _SETTING.pack(int(hd), int(dd), digests is not None, limits.get(to_target, 0))
+            key = _conn_raw(conn) + struct.pack("=I", int(to_target))  # flow_key
+            self._lib.bpf_map_update_elem(fd, key, val, 0)
+
+    def flows(self) -> list[FlowState]:
+        """Every connection direction the program walks: its state and how long it was
+        not in sync (wire.bpf.c's struct flow)."""
         fd = self.maps["flows"]
+        out = []
         val = ctypes.create_string_buffer(FLOW_BYTES)
-        for to_target in (0, 1):
-            key = _conn_raw(conn) + struct.pack("=I", to_target)  # flow_key
-            if self._lib.bpf_map_lookup_elem(fd, key, val):
-                continue  # that direction not seen yet: its start has no digests to walk
-            raw = bytearray(val.raw)
-            raw[FLOW_HEADER_DIGEST], raw[FLOW_DATA_DIGEST] = int(header), int(data)
-            self._lib.bpf_map_update_elem(fd, key, bytes(raw), BPF_EXIST)
+        now = time.monotonic_ns()
+        for raw in list(self._keys(fd, _FLOW_KEY.size)):
+            if self._lib.bpf_map_lookup_elem(fd, raw, val):
+                continue
+            ini, tgt, ip, tp, to_target = _FLOW_KEY.unpack(raw)
+            b = val.raw
+            desyncs, resyncs, retracted, since, out_ns, out_bytes = _FLOW_COUNTS.unpack_from(
+                b, FLOW_COUNTS_AT
+            )
+            state = b[FLOW_STATE]
+            if state != 0 and since:  # the current stretch out of sync
+                out_ns += max(0, now - since)
+            out.append(FlowState(conn_of(ini, tgt, ip, tp), bool(to_target), state,
+                                 b[FLOW_REASON], desyncs, resyncs, retracted, out_ns / 1e9,
+                                 out_bytes))  # fmt: skip
+        return out
 
     def forget_inflight(self, conn: Conn, tag: int) -> None:
         """Age one command out (it never completed)."""

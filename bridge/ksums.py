@@ -20,8 +20,9 @@ Law
     EV_BODY parts), which logins.py reads part by part: a login's
     TargetName (iSCSI, to the target) or a connect's SUBNQN (NVMe) names
     its connection's target, its InitiatorName or HOSTNQN its initiator;
-    the target's login answer with HeaderDigest / DataDigest = CRC32C sets
-    the connection's digests in the kernel's flows. A connection first
+    what the login negotiated (HeaderDigest / DataDigest, each side's
+    MaxRecvDataSegmentLength) goes to the program's walks of the connection
+    (kernel.set_login) once the target's answer moves it to full feature. A connection first
     seen in mid-session takes its names from known_targets and
     known_initiators, as the tracker's do. sweep() ages out commands in
     flight longer than INFLIGHT_MAX_S (counted in aged) and forgets
@@ -43,15 +44,26 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from .capture import CaptureCounters
 from .kernel import EV_BODY, EV_CONNECT, EV_LOGIN, Conn, Event, KernelWire, VolumeSums
 from .logins import Login, Said, by_address, put_bounded
-from .pdu import ISCSI_PORT, NVME_TCP_PORT, READ
+from .pdu import FULL_FEATURE, ISCSI_PORT, NVME_TCP_PORT, READ
 from .sums import ISCSI, NO_NAMESPACE, NVME, Sums, Volume, VolumeReads, lun_number, portal_name
 from .tracker import CONN_IDLE_S, INFLIGHT_MAX_S, MAX_CONNS, ConnKey, Counters
 
 SWEEP_S = 1.0
+
+
+@dataclass(slots=True)
+class Negotiated:
+    """A login's digests and segment limits (to_target -> bytes) as its text said them;
+    final: the connection, once its target's answer moved it to full feature."""
+
+    digests: tuple[bool, bool] | None = None
+    limits: dict[bool, int] = field(default_factory=dict)
+    final: Conn | None = None
 
 
 def conn_key(c: Conn) -> ConnKey:
@@ -86,8 +98,10 @@ class KernelSums:
         self.sums = Sums()
         self._next_sweep = -math.inf
         self.kernel: dict[str, int] = {}  # the program's own counts, as last read
-        # each connection's login or connect, read as its events come up
+        # each connection's login or connect, read as its events come up, and what it
+        # negotiated, until it reaches full feature
         self._logins: dict[ConnKey, Login] = {}
+        self._pending: dict[ConnKey, Negotiated] = {}
 
     # ------------------------------------------------------------ reading
     def volume(self, c: Conn, raw: int) -> Volume | None:
@@ -103,6 +117,7 @@ class KernelSums:
         now = self.clock()
         for ev in self.wire.events():
             self._event(ev)
+        self._apply_logins()
         for (c, raw), s in self.wire.volume_sums().items():
             old = self._totals.get((c, raw))
             self._totals[c, raw] = s
@@ -145,7 +160,7 @@ class KernelSums:
         login = self._logins.get(key)
         if ev.kind == EV_BODY:
             if login is not None:
-                self._said(ev.conn, login.more(ev.to_target, ev.data))
+                self._said(ev.conn, login.more(ev.to_target, ev.data), ev.to_target)
             return
         if ev.kind not in (EV_LOGIN, EV_CONNECT):
             return
@@ -154,17 +169,35 @@ class KernelSums:
             self.counters.evicted += put_bounded(self._logins, key, login, MAX_CONNS)
         connect = ev.kind == EV_CONNECT
         said = login.start(connect, ev.to_target, ev.flags, ev.total, ev.data)
-        self._said(ev.conn, said)
+        self._said(ev.conn, said, ev.to_target)
+        if not connect and not ev.to_target and ev.flags & 0x80 and ev.flags & 3 == FULL_FEATURE:
+            self._negotiated(key).final = ev.conn  # applied once its text is read (refresh)
 
-    def _said(self, conn: Conn, said: Said) -> None:
+    def _said(self, conn: Conn, said: Said, to_target: bool) -> None:
         key = conn_key(conn)
         if said.target:
             self.counters.evicted += put_bounded(self.names, key, said.target, MAX_CONNS)
         if said.initiator:
             self.counters.evicted += put_bounded(self.initiators, key, said.initiator, MAX_CONNS)
         if said.digests is not None:
-            self.wire.set_digests(conn, *said.digests)
+            self._negotiated(key).digests = said.digests
+        if said.segment_limit is not None:  # declared by its sender: the most it takes
+            self._negotiated(key).limits[not to_target] = said.segment_limit
         self.counters.bad_names += said.bad_names
+
+    def _negotiated(self, key: ConnKey) -> Negotiated:
+        n = self._pending.get(key)
+        if n is None:
+            n = Negotiated()
+            self.counters.evicted += put_bounded(self._pending, key, n, MAX_CONNS)
+        return n
+
+    def _apply_logins(self) -> None:
+        """The logins that reached full feature: what they negotiated, to the program."""
+        for key, n in list(self._pending.items()):
+            if n.final is not None:
+                self.wire.set_login(n.final, n.digests, n.limits)
+                del self._pending[key]
 
     def sweep(self, now: float) -> None:
         """Age out commands that never completed; forget idle connections."""
@@ -179,7 +212,7 @@ class KernelSums:
             if now - t >= CONN_IDLE_S:
                 del self._active[c]
                 self._units.pop(c, None)
-                for held in (self.names, self.initiators, self._logins):
+                for held in (self.names, self.initiators, self._logins, self._pending):
                     held.pop(conn_key(c), None)
 
     # ------------------------------------------------------------ Tracker's

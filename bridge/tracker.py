@@ -186,7 +186,6 @@ class _Side(Hooks):
         self.tracker._unmeasurable(self.conn, reason)
 
 
-
 class Tracker:
     """Feed it each TCP segment of storage traffic; take_tick() and take_writes() the sums."""
 

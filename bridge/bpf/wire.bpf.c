@@ -168,8 +168,19 @@ struct flow {
 	__u8 held_kind;
 	__u8 prov_what;
 	__u8 carry_len;
-	__u8 pad[3];
+	__u8 await_login;	/* its login reached full feature: userspace's settings due */
+	__u8 pad[2];
 	__u8 carry[CARRY_BYTES];
+};
+
+/* What userspace read in a login's text (bridge/ksums.py), for one direction: the
+ * negotiated digests and the receiver's MaxRecvDataSegmentLength. */
+struct setting {
+	__u8 hd;
+	__u8 dd;
+	__u8 has_digests;
+	__u8 pad;
+	__u32 limit;	/* 0: none declared */
 };
 
 struct tag_key {
@@ -221,6 +232,13 @@ struct {
 	__type(key, struct flow_key);
 	__type(value, struct flow);
 } flows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct flow_key);
+	__type(value, struct setting);
+} settings SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -950,10 +968,12 @@ static __always_inline void full_feature(struct scratch *sc, struct flow *fl)
 	fl->hd_known = fl->dd_known = 0;
 	fl->hd = fl->dd = 0;
 	fl->alt_valid = 0;
+	fl->await_login = 1;
 	if (o) {
 		o->hd_known = o->dd_known = 0;
 		o->hd = o->dd = 0;
 		o->alt_valid = 0;
+		o->await_login = 1;
 	}
 }
 
@@ -1756,9 +1776,11 @@ static __always_inline void gap(struct scratch *sc, struct flow *fl, __u32 seq, 
 		fl->out_bytes += lost_bytes;
 		return;
 	}
-	if (!fl->carry_len && (__s32)(fl->next_seq - seq) >= 0) {
+	if (!fl->carry_len && (__s32)(fl->next_seq - seq) >= 0) { /* the lost bytes were data */
+		if (fl->next_seq == seq) /* the held PDU's last byte too: no time to give it */
+			fl->held_kind = HELD_NONE;
 		fl->body_left = 0; /* a text with a hole is not read on */
-		return; /* the lost bytes were a PDU's data */
+		return;
 	}
 	if (fl->state == PROVISIONAL)
 		retract(sc, fl);
@@ -1918,6 +1940,22 @@ int wire_sensor(struct __sk_buff *skb)
 	}
 	count(C_SEGMENTS);
 	seg_end = poff + plen;
+	if (fl->await_login) { /* what userspace read in the login, once it has */
+		struct setting *st = bpf_map_lookup_elem(&settings, &sc->fk);
+
+		if (st) {
+			if (st->has_digests) {
+				fl->hd = st->hd;
+				fl->dd = st->dd;
+				fl->hd_known = fl->dd_known = 1;
+				fl->alt_valid = 0;
+			}
+			if (st->limit >= MIN_SEGMENT_LIMIT)
+				fl->limit = st->limit;
+			fl->await_login = 0;
+			bpf_map_delete_elem(&settings, &sc->fk);
+		}
+	}
 	if (fl->state == UNMEASURABLE) {
 		fl->out_bytes += plen;
 		goto done;

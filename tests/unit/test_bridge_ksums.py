@@ -24,6 +24,7 @@ class FakeWire:
         self.queued: list[Event] = []
         self.open: dict[tuple[Conn, int], tuple[int, int, int]] = {}
         self.digests: dict[Conn, tuple[bool, bool]] = {}
+        self.limits: dict[Conn, dict[bool, int]] = {}
         self.forgotten: list[tuple[Conn, int]] = []
 
     def events(self) -> list[Event]:
@@ -43,8 +44,11 @@ class FakeWire:
         self.forgotten.append((conn, tag))
         self.open.pop((conn, tag), None)
 
-    def set_digests(self, conn: Conn, header: bool, data: bool) -> None:
-        self.digests[conn] = (header, data)
+    def set_login(
+        self, conn: Conn, digests: tuple[bool, bool] | None, limits: dict[bool, int]
+    ) -> None:
+        self.digests[conn] = digests  # type: ignore[assignment]
+        self.limits[conn] = limits
 
     def close(self) -> None:
         self.closed = True
@@ -98,12 +102,19 @@ def test_names_come_from_a_login_whose_text_arrives_after_its_header():
         Event(C, EV_LOGIN, True, b""),  # the header alone in its segment
         Event(C, EV_BODY, True, text[:20]),
         Event(C, EV_BODY, True, text[20:]),
-        Event(C, EV_LOGIN, False, b"HeaderDigest=CRC32C\0DataDigest=None\0"),
+        Event(
+            C,
+            EV_LOGIN,
+            False,
+            b"HeaderDigest=CRC32C\0DataDigest=None\0MaxRecvDataSegmentLength=65536\0",
+            flags=0x87,
+        ),
     ]
     w.sums[C, 0] = VolumeSums(reads=1, read_ns=1000, write_bytes=0)
     reads, _ = ks.take_tick()
     assert list(reads) == [Volume(ISCSI, "10.0.0.11:3260", IQN, 0)]
-    assert w.digests[C] == (True, False)
+    assert w.digests[C] == (True, False), "set when the answer moves to full feature"
+    assert w.limits[C] == {True: 65536}  # the target takes so much: to the target
     assert ks.targets() == {("10.0.0.2", 51000, "10.0.0.11", 3260): IQN}
 
 

@@ -260,6 +260,31 @@ def cut_at(frames: list[Frame], offset: int) -> tuple[list[Frame], tuple[int, in
     return [], (0, 0)
 
 
+def cut_frames(frames: list[Frame], offset: int) -> list[Frame]:
+    """cut_at() as frames to replay: the first one's payload cut, its sequence number and
+    IP length set to match (the sensor never sees a SYN there)."""
+    rest, (_, k) = cut_at(frames, offset)
+    if not rest:
+        return []
+    first = rest[0]
+    f = flow_of(first.data)
+    assert f is not None
+    data = bytearray(first.data[: f.payload_at] + first.data[f.payload_at + k :])
+    ip = 14
+    et = struct.unpack_from("!H", data, 12)[0]
+    while et in (0x8100, 0x88A8):
+        et, ip = struct.unpack_from("!H", data, ip + 2)[0], ip + 4
+    if et == 0x0800:
+        struct.pack_into("!H", data, ip + 2, struct.unpack_from("!H", data, ip + 2)[0] - k)
+        t = ip + (data[ip] & 15) * 4
+    else:
+        struct.pack_into("!H", data, ip + 4, struct.unpack_from("!H", data, ip + 4)[0] - k)
+        t = ip + 40
+    struct.pack_into("!I", data, t + 4, (f.seq + k) & 0xFFFFFFFF)
+    data[t + 13] &= ~0x02  # no SYN
+    return [Frame(first.ts, bytes(data), first.index), *rest[1:]]
+
+
 def payload_bytes(frames: list[Frame]) -> int:
     total = 0
     for fr in frames:
