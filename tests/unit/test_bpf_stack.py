@@ -119,11 +119,11 @@ def test_every_program_fits_61s_stack_accounting() -> None:
 
 
 def test_the_reader_sees_the_calls() -> None:
-    """The sensor calls on_pdu and hands walk_cb to bpf_loop(): a reader that found no
-    call would pass the test above on any object."""
+    """The sensor hands step_cb to bpf_loop(), which calls search_at and on_pdu: a reader
+    that found no call would pass the test above on any object."""
     fns = functions(dump())
     names = {resolve(fns, c).name for f in fns.values() for c in f.calls}
-    assert {"walk_cb", "search_cb", "on_pdu"} <= names
+    assert {"step_cb", "search_at", "on_pdu"} <= names
     assert all(f.stack > 0 for f in fns.values() if f.name in names)
 
 
