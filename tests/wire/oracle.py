@@ -151,15 +151,31 @@ def conn_key(f: Flow) -> tuple[ConnKey, bool] | None:
 
 
 # ---------------------------------------------------------------- Wireshark
+@dataclass
+class Reference:
+    """What Wireshark shows of a capture: its timed IOs, and per connection the names
+    its login (InitiatorName, TargetName) or connect (HOSTNQN, SUBNQN) carried, with
+    the frame of that login request."""
+
+    ios: list[Io]
+    names: dict[ConnKey, tuple[str, str, int]]  # (target, initiator, frame index)
+
+
 def tshark_ios(pcap: Path, frames: list[Frame]) -> list[Io]:
     """Wireshark's timed reads and writes in pcap (frames: the same capture, read here,
     for the connections and the frames' times)."""
+    return reference(pcap, frames).ios
+
+
+def reference(pcap: Path, frames: list[Frame]) -> Reference:
+    """Wireshark's view of pcap (module header)."""
     if shutil.which("tshark") is None:
         raise FileNotFoundError("tshark (Debian: tshark) is not installed")
     cmd = ["tshark", "-n", "-r", str(pcap), "-T", "pdml", "-J", "iscsi scsi nvme-tcp nvme"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert proc.stdout is not None
     ios: list[Io] = []
+    names: dict[ConnKey, tuple[str, str, int]] = {}
     nvme_cmds: dict[tuple[int, int], int] = {}  # (frame, cid) -> opcode
     nvme_done: list[tuple[int, int, int]] = []  # (frame, cid, command frame)
     for packet in _packets(proc.stdout):
@@ -173,6 +189,14 @@ def tshark_ios(pcap: Path, frames: list[Frame]) -> list[Io]:
                 pending = None
                 if "iscsi.time" in f and "iscsi.request_frame" in f:
                     pending = (int(f["iscsi.initiatortasktag"], 16), int(f["iscsi.request_frame"]))
+                if f.get("iscsi.opcode") == "0x03":  # a login request: its names
+                    said = dict(
+                        x.get("show", "").partition("=")[::2]
+                        for x in proto.iter("field")
+                        if x.get("name") == "iscsi.keyvalue"
+                    )
+                    _name(names, frames, num - 1, said.get("TargetName", ""),
+                          said.get("InitiatorName", ""))  # fmt: skip
             elif name == "scsi" and pending is not None and "scsi_sbc.opcode" in f:
                 op = int(f["scsi_sbc.opcode"], 16)
                 kind = READ if op in SCSI_READS else WRITE if op in SCSI_WRITES else 0
@@ -182,6 +206,14 @@ def tshark_ios(pcap: Path, frames: list[Frame]) -> list[Io]:
             elif name == "nvme-tcp":
                 nvme_cid = None
             elif name == "nvme":
+                if "nvme.fabrics.cmd.connect.data.subnqn" in f:
+                    _name(
+                        names,
+                        frames,
+                        num - 1,
+                        f["nvme.fabrics.cmd.connect.data.subnqn"],
+                        f.get("nvme.fabrics.cmd.connect.data.hostnqn", ""),
+                    )
                 if "nvme.cmd.opc" in f and "nvme.cmd.cid" in f:
                     nvme_cmds[num, int(f["nvme.cmd.cid"], 16)] = int(f["nvme.cmd.opc"], 16)
                 if "nvme.cqe.cid" in f and "nvme.cmd_pkt" in f:
@@ -193,7 +225,16 @@ def tshark_ios(pcap: Path, frames: list[Frame]) -> list[Io]:
         kind = NVME_OPS.get(nvme_cmds.get((cmd_frame, cid), -1), 0)
         if kind:
             ios.append(_io(frames, cmd_frame - 1, num - 1, cid, kind))
-    return ios
+    return Reference(ios, names)
+
+
+def _name(names, frames, i, target, initiator) -> None:  # type: ignore[no-untyped-def]
+    """A login's or connect's names, for its connection (the first login names it)."""
+    f = flow_of(frames[i].data)
+    key = conn_key(f) if f is not None else None
+    if key is not None and (target or initiator):
+        t, n, _ = names.get(key[0], ("", "", i))
+        names.setdefault(key[0], (target or t, initiator or n, frames[i].index))
 
 
 def _packets(stream) -> Iterator[ET.Element]:  # type: ignore[no-untyped-def]
@@ -220,6 +261,11 @@ class Run:
     ios: list[Io] = field(default_factory=list)
     state_after: dict[int, int] = field(default_factory=dict)
     tracker: Tracker = field(default_factory=Tracker)
+    # per connection the names the tracker had for it (before it forgot it)
+    names: dict[ConnKey, tuple[str, str]] = field(default_factory=dict)
+    # the frames (original indices) whose payload starts where the walk, in sync, had
+    # its next header
+    header_starts: set[int] = field(default_factory=set)
 
 
 def walk(frames: list[Frame], cut: tuple[int, int] | None = None) -> Run:
@@ -228,6 +274,15 @@ def walk(frames: list[Frame], cut: tuple[int, int] | None = None) -> Run:
     run = Run()
     tr = run.tracker
     tr.on_io = lambda k, tag, op, s, e: run.ios.append(Io(k, tag, op, s, e))
+    forget = tr._forget
+
+    def forgetting(key: ConnKey) -> None:  # its names, before the tracker drops them
+        c = tr.conns.get(key)
+        if c is not None and (c.target or c.initiator_name):
+            run.names[key] = (c.target, c.initiator_name)
+        forget(key)
+
+    tr._forget = forgetting  # type: ignore[method-assign]
     for i, fr in enumerate(frames):
         f = flow_of(fr.data)
         if f is None:
@@ -238,12 +293,20 @@ def walk(frames: list[Frame], cut: tuple[int, int] | None = None) -> Run:
             seq = (seq + start - f.payload_at) & 0xFFFFFFFF
         payload = memoryview(fr.data)[start : f.payload_end]
         syn = bool(f.flags & 0x02) and (cut is None or i != cut[0])
+        key = conn_key(f)
+        if key is not None and payload and key[0] in tr.conns:
+            c = tr.conns[key[0]]
+            st = c.to_target if key[1] else c.to_initiator
+            if st.state == 0 and st.pdu_seq == seq and not st.carry and st.expect_seq == seq:
+                run.header_starts.add(fr.index)
         tr.segment(fr.ts, f.src, f.sport, f.dst, f.dport, seq, payload, syn,
                    bool(f.flags & 0x05))  # fmt: skip
-        key = conn_key(f)
         if key is not None and key[0] in tr.conns:
             c = tr.conns[key[0]]
             run.state_after[fr.index] = (c.to_target if key[1] else c.to_initiator).state
+    for key, c in tr.conns.items():
+        if c.target or c.initiator_name:
+            run.names[key] = (c.target, c.initiator_name)
     return run
 
 
@@ -362,3 +425,44 @@ def score(reference: list[Io], got: list[Io], op: int, knowable=lambda io: True)
     extra = sum(1 for io in got if io.op == op
                 and (io.conn, io.tag, round(io.start, 5), round(io.end, 5)) not in ref)  # fmt: skip
     return Score(len(want), matched, extra)
+
+
+def streams(frames: list[Frame]) -> dict[tuple[ConnKey, bool], list[Frame]]:
+    """The storage segments with payload of each connection direction, in capture order."""
+    out: dict[tuple[ConnKey, bool], list[Frame]] = {}
+    for fr in frames:
+        f = flow_of(fr.data)
+        key = conn_key(f) if f is not None else None
+        if key is not None and f is not None and f.payload_end > f.payload_at:
+            out.setdefault(key, []).append(fr)
+    return out
+
+
+def resync_delays(
+    original: list[Frame], damaged: list[Frame], hit: set[int], run: Run, starts: set[int]
+) -> list[tuple[tuple[ConnKey, bool], int | None]]:
+    """Per connection direction with damage: after its last damaged segment (flipped,
+    swapped, or the one after a segment dropped), how many segments that start with a
+    header (starts: from a clean walk) it took to be in sync (None: not in sync by the
+    capture's end; streams with fewer than 2 such segments after the damage are left
+    out)."""
+    before = {k: [fr.index for fr in v] for k, v in streams(original).items()}
+    out = []
+    for key, segs in streams(damaged).items():
+        orig = before.get(key, [])
+        place = {i: n for n, i in enumerate(orig)}
+        seen = {fr.index for fr in segs}
+        last = None
+        for pos, fr in enumerate(segs):
+            at = place.get(fr.index, -1)
+            dropped_before = at > 0 and orig[at - 1] not in seen
+            if fr.index in hit or dropped_before:
+                last = pos
+        if last is None:
+            continue
+        after = [fr.index for fr in segs[last + 1 :] if fr.index in starts]
+        if len(after) < 2:
+            continue
+        took = next((n for n, i in enumerate(after, 1) if run.state_after.get(i) == 0), None)
+        out.append((key, took))
+    return out

@@ -1,0 +1,141 @@
+"""The Python wire sensor against Wireshark on real captures (tests/fixtures/wire/corpus/).
+
+Per capture (made in the lab by vagrant/experiments/wire_corpus.py with the real
+initiators and targets; and the lab bridge's own, lab-wire.pcap.gz), with tshark as
+the reference (oracle.py):
+
+  * from the SYN: at least SYNC_SHARE of Wireshark's timed reads and of its timed writes
+    matched (same connection and tag, both times within 10 us), no read Wireshark does
+    not have, and the names of every login and connect Wireshark shows;
+  * from OFFSETS random byte offsets in the first quarter of the capture (the sensor
+    starts there, mid-PDU): SYNC_SHARE of the reads whose command comes after the
+    cut, and the names of the logins after it;
+  * after seeded damage -- DAMAGE's flipped bytes, dropped frames, swapped pairs, each
+    and all at once: DAMAGED_SHARE of the reads Wireshark times in the damaged capture,
+    and of those of the clean one whose command and completion frames were not hit;
+    every stream back in sync within RESYNC_SEGMENTS segments that start with a header
+    after its last damaged one.
+
+Not a tier of its own (tests/wire): `make test` runs it, `pytest -m unit` does not.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from santhrottle.bridge.pdu import READ, WRITE
+from tests.wire import oracle as O
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "wire"
+CAPTURES = [*sorted((FIXTURES / "corpus").glob("wire-*.pcap.gz")), FIXTURES / "lab-wire.pcap.gz"]
+SYNC_SHARE = 0.99
+DAMAGED_SHARE = 0.95
+RESYNC_SEGMENTS = 2
+OFFSETS = 20
+SEED = 20261128
+DAMAGE = {
+    "flip": {"flip": 0.01},
+    "drop": {"drop": 0.05},
+    "swap": {"swap": 0.02},
+    "all": {"flip": 0.01, "drop": 0.05, "swap": 0.02},
+}
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("tshark") is None, reason="tshark (Debian: tshark) is not installed: make setup"
+)
+
+
+def _name(p: Path) -> str:
+    return p.name.removesuffix(".pcap.gz")
+
+
+@cache
+def _capture(path: Path) -> tuple[int, tuple[O.Frame, ...], O.Reference]:
+    linktype, frames = O.read_pcap(path)
+    with tempfile.TemporaryDirectory() as tmp:
+        pcap = Path(tmp) / "capture.pcap"
+        O.write_pcap(pcap, frames, linktype)
+        ref = O.reference(pcap, frames)
+    return linktype, tuple(frames), ref
+
+
+def _reference(frames: list[O.Frame], linktype: int) -> O.Reference:
+    with tempfile.TemporaryDirectory() as tmp:
+        pcap = Path(tmp) / "damaged.pcap"
+        O.write_pcap(pcap, frames, linktype)
+        return O.reference(pcap, frames)
+
+
+@pytest.fixture(params=CAPTURES, ids=_name)
+def capture(request: pytest.FixtureRequest) -> tuple[str, int, list[O.Frame], O.Reference]:
+    path = request.param
+    if not path.exists():
+        pytest.skip(f"{path} is missing (make lab-wire-corpus)")
+    linktype, frames, ref = _capture(path)
+    return _name(path), linktype, list(frames), ref
+
+
+def test_the_corpus_is_there() -> None:
+    """The captures the issue names (vagrant/experiments/wire_corpus.py's cases)."""
+    have = {_name(p) for p in CAPTURES}
+    for case in ("iscsi-digests", "iscsi-r2t", "iscsi-immediate", "iscsi-unsolicited",
+                 "iscsi-small-segments", "nvme-plain", "nvme-digests", "unmeasurable"):  # fmt: skip
+        assert f"wire-{case}" in have, f"no capture wire-{case}.pcap.gz (make lab-wire-corpus)"
+    total = sum(p.stat().st_size for p in CAPTURES)
+    assert total < 8 << 20, f"the corpus is {total:,} bytes"
+
+
+def test_from_the_syn(capture) -> None:  # type: ignore[no-untyped-def]
+    name, _, frames, ref = capture
+    run = O.walk(frames)
+    for op in (READ, WRITE):
+        score = O.score(ref.ios, run.ios, op)
+        assert score.share >= SYNC_SHARE, f"{name} {'reads' if op == READ else 'writes'}: {score}"
+    reads = O.score(ref.ios, run.ios, READ)
+    assert reads.extra == 0, f"{name}: reads Wireshark does not time: {reads}"
+    for conn, (target, initiator, _) in ref.names.items():
+        got = run.names.get(conn, ("", ""))
+        assert got == (target, initiator), f"{name} {conn}: {got}"
+
+
+def test_from_any_byte(capture) -> None:  # type: ignore[no-untyped-def]
+    name, _, frames, ref = capture
+    total = O.payload_bytes(frames)
+    rnd = random.Random(f"{SEED}-{name}")
+    worst: list[tuple[float, int, O.Score]] = []
+    for _ in range(OFFSETS):
+        offset = rnd.randrange(total // 4)
+        rest, cut = O.cut_at(frames, offset)
+        run = O.walk(rest, cut)
+        start = rest[0].ts
+        score = O.score(ref.ios, run.ios, READ, lambda io, t=start: io.start > t)
+        worst.append((score.share, offset, score))
+        after = {c: v for c, v in ref.names.items() if v[2] > rest[0].index}
+        for conn, (target, initiator, _) in after.items():
+            got = run.names.get(conn, ("", ""))
+            assert got == (target, initiator), f"{name} from byte {offset}, {conn}: {got}"
+    share, offset, score = min(worst, key=lambda w: w[0])
+    assert share >= SYNC_SHARE, f"{name} from byte {offset}: {score}"
+
+
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_after_damage(capture, kind: str) -> None:  # type: ignore[no-untyped-def]
+    name, linktype, frames, ref = capture
+    damaged, hit = O.damage(frames, SEED, **DAMAGE[kind])
+    run = O.walk(damaged)
+    theirs = _reference(damaged, linktype)
+    score = O.score(theirs.ios, run.ios, READ)
+    assert score.share >= DAMAGED_SHARE, f"{name} {kind}, Wireshark on the damage: {score}"
+    clean = O.score(ref.ios, run.ios, READ,
+                    lambda io: io.frames[0] not in hit and io.frames[1] not in hit)  # fmt: skip
+    assert clean.share >= DAMAGED_SHARE, f"{name} {kind}, the clean capture's: {clean}"
+    starts = O.walk(frames).header_starts
+    late = [(k, n) for k, n in O.resync_delays(frames, damaged, hit, run, starts)
+            if n is None or n > RESYNC_SEGMENTS]  # fmt: skip
+    assert not late, f"{name} {kind}: streams not back in sync in {RESYNC_SEGMENTS}: {late}"
