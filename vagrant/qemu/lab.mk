@@ -121,6 +121,12 @@ lab-fleet: setup
 	$(LAB_PY) $(LAB) --smp 2 --array nbd:$(or $(PLANT),$(LAB_PLANT)) run --timeout $(LAB_FLEET_TIMEOUT) \
 		vagrant/experiments/fleet_lab.py $(ARGS)
 
+# The wire sensor's corpus (tests/fixtures/wire/corpus/, tests/wire): real iSCSI and
+# NVMe/TCP captures on the array side (vagrant/experiments/wire_corpus.py), ~6 min.
+lab-wire-corpus:
+	$(LAB_PY) $(LAB) run --timeout 3600 vagrant/experiments/wire_corpus.py \
+		--out $(CURDIR)/tests/fixtures/wire/corpus $(ARGS)
+
 # Boot and run one script of the checkout inside: make lab-run SCRIPT=path ARGS='...'
 lab-run:
 	@test -n "$(SCRIPT)" || { echo "usage: make lab-run SCRIPT=path/in/checkout [ARGS='...']"; exit 2; }
