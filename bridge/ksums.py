@@ -47,13 +47,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from .capture import CaptureCounters
+from .conns import SyncRow
+from .flow import STATE_NAMES, SYNCED, UNMEASURABLE
 from .kernel import EV_BODY, EV_CONNECT, EV_LOGIN, Conn, Event, KernelWire, VolumeSums
 from .logins import Login, Said, by_address, put_bounded
 from .pdu import FULL_FEATURE, ISCSI_PORT, NVME_TCP_PORT, READ
+from .protocols import TLS, UNPARSED
 from .sums import ISCSI, NO_NAMESPACE, NVME, Sums, Volume, VolumeReads, lun_number, portal_name
 from .tracker import CONN_IDLE_S, INFLIGHT_MAX_S, MAX_CONNS, ConnKey, Counters
 
 SWEEP_S = 1.0
+_REASONS = {1: TLS, 2: UNPARSED}  # the program's reasons for not measurable
 
 
 @dataclass(slots=True)
@@ -249,6 +253,42 @@ class KernelSums:
                 if v is not None:
                     out.setdefault(v, set()).add(c.initiator)
         return out
+
+    # ------------------------------------------------------------ the walks' state
+    def sync_rows(self, now_s: float) -> list[SyncRow]:
+        """Each connection direction the program walks (conns.sync_rows())."""
+        out = []
+        for f in self.wire.flows():
+            c = f.conn
+            target = self.names.get(conn_key(c)) or self.known_targets.get(conn_key(c), "")
+            way = "to_target" if f.to_target else "to_initiator"
+            out.append(SyncRow(c.initiator, c.initiator_port, portal_of(c), target, way,
+                               STATE_NAMES[min(f.state, 3)], f.out_of_sync_bytes,
+                               round(f.out_of_sync_s, 6), f.desyncs,
+                               _REASONS.get(f.reason, "")))  # fmt: skip
+        return out
+
+    def out_of_sync(self) -> dict[tuple[str, str, str], tuple[int, int]]:
+        """(protocol, portal, target) -> (its connections, those with a direction not in
+        sync), measurable connections only (tracker.py's)."""
+        conns: dict[ConnKey, tuple[Conn, bool]] = {}  # -> (conn, a direction not in sync)
+        gone: set[ConnKey] = set()
+        for f in self.wire.flows():
+            key = conn_key(f.conn)
+            if f.state == UNMEASURABLE:
+                gone.add(key)
+            lost = f.state != SYNCED or conns.get(key, (f.conn, False))[1]
+            conns[key] = (f.conn, lost)
+        out: dict[tuple[str, str, str], list[int]] = {}
+        for key, (c, lost) in conns.items():
+            if key in gone:
+                continue
+            proto = ISCSI if c.target_port == ISCSI_PORT else NVME
+            target = self.names.get(key) or self.known_targets.get(key, "")
+            a = out.setdefault((proto, portal_of(c), target), [0, 0])
+            a[0] += 1
+            a[1] += lost
+        return {k: (n, m) for k, (n, m) in out.items()}
 
     def in_flight(self) -> dict[Volume, int]:
         out: dict[Volume, int] = {}

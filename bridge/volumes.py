@@ -34,6 +34,11 @@ What the wire shows
 
 Bounds
     A name that does not parse raises VolumeNameError naming the part.
+
+Sync
+    out_of_sync(): the resources whose connections (those that can carry
+    their volumes: protocol, portal, target) are mostly out of sync: the
+    bridge sensor holds their class rather than act on a partial sample.
 """
 
 from __future__ import annotations
@@ -49,6 +54,9 @@ from .tracker import ISCSI, NVME, Volume, VolumeReads
 
 ANY = "*"
 _DEFAULT_PORTS = {ISCSI: ISCSI_PORT, NVME: NVME_TCP_PORT}
+# A resource whose live connections are more than this share out of sync holds its
+# class: its reads are a partial sample (docs/bridge.md, "Sync").
+OUT_OF_SYNC_HOLD_SHARE = 0.5
 
 
 class VolumeNameError(ValueError):
@@ -125,6 +133,22 @@ class VolumeMap:
                 r for r, pats in self.patterns.items() if any(p.matches(v) for p in pats)
             )
         return got
+
+    def out_of_sync(self, conns: Mapping[tuple[str, str, str], tuple[int, int]]) -> set[str]:
+        """The resources most of whose connections -- (protocol, portal, target) ->
+        (connections, those with a direction not in sync), the tracker's out_of_sync() --
+        are out of sync (more than OUT_OF_SYNC_HOLD_SHARE)."""
+        out = set()
+        for name, pats in self.patterns.items():
+            n = m = 0
+            for (proto, portal, target), (total, lost) in conns.items():
+                if any(p.proto == proto and p.portal == portal
+                       and p.target in (ANY, target) for p in pats):  # fmt: skip
+                    n += total
+                    m += lost
+            if n and m > OUT_OF_SYNC_HOLD_SHARE * n:
+                out.add(name)
+        return out
 
     def read_samples(
         self, reads: Mapping[Volume, VolumeReads], writes: Mapping[Volume, int], interval_s: float

@@ -26,6 +26,7 @@ Worked example
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import time
 from typing import Any
@@ -93,12 +94,17 @@ def _from_daemon(cfg: Config) -> dict[str, Any]:
         }
         for i in st["initiators"]
     ]
+    wire = st.get("wire") or {}
+    held = set(wire.get("held") or ())
+    for r in resources:
+        r["held"] = r["resource"] in held
     return {
         "source": "santhrottled",
         "interval_s": tick_s,
         "resources": resources,
         "volumes": volumes,
         "initiators": initiators,
+        "sync": wire.get("sync") or [],
         "wire": st.get("wire"),
     }
 
@@ -124,6 +130,8 @@ def _measured(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
         disc, writes = sensor.converge()
         rows = sensor.volume_rows()
         counters = sensor.counters()
+        sync = [dataclasses.asdict(r) for r in sensor.sync()]
+        held = sensor.held
     finally:
         sensor.close()
     rates = {(w.resource, w.initiator): w.write_bps for w in writes}
@@ -138,6 +146,7 @@ def _measured(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
                 "read_latency_s": r.read_latency_s if r and r.reads else None,
                 "write_bytes_per_second": (r.write_bps or 0.0) if r else 0.0,
                 "initiators": sorted(a for a, v in disc.initiators.items() if name in v.resources),
+                "held": name in held,
             }
         )
     volumes = [
@@ -165,19 +174,20 @@ def _measured(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
         "resources": resources,
         "volumes": volumes,
         "initiators": initiators,
+        "sync": sync,
         "wire": {"capturing": True, "sensor": sensor.kind, **counters},
     }
 
 
 def print_resources(d: dict[str, Any]) -> None:
     print(f"from {_source(d)}")
-    print(f"{'RESOURCE':<16} {'VOLUMES':>7} {'READS/s':>8} {'READ_LAT':>9} {'WR_MB/s':>8}  "
-          "INITIATORS")  # fmt: skip
+    print(f"{'RESOURCE':<16} {'VOLUMES':>7} {'READS/s':>8} {'READ_LAT':>9} {'WR_MB/s':>8} "
+          f"{'SYNC':<5} INITIATORS")  # fmt: skip
     for r in d["resources"]:
         print(
             f"{r['resource']:<16} {len(r['volumes']):>7} {r['reads_per_s']:>8.1f} "
-            f"{fmt_ms(r['read_latency_s']):>9} {fmt_mb(r['write_bytes_per_second']):>8}  "
-            f"{','.join(r['initiators']) or '-'}"
+            f"{fmt_ms(r['read_latency_s']):>9} {fmt_mb(r['write_bytes_per_second']):>8} "
+            f"{'held' if r.get('held') else 'ok':<5} {','.join(r['initiators']) or '-'}"
         )
     if not d["resources"]:
         print("no resources configured: name them from the volumes below ([resources.NAME])")
@@ -191,6 +201,28 @@ def print_resources(d: dict[str, Any]) -> None:
         )
     if not d["volumes"]:
         print("no volumes: no iSCSI or NVMe/TCP command crossed the bridge")
+    print_sync(d.get("sync") or [])
+
+
+def print_sync(rows: list[dict[str, Any]]) -> None:
+    """The connection directions not in sync, and those not measurable (held: a
+    resource most of whose connections are out of sync holds its class)."""
+    off = [r for r in rows if r["state"] != "in sync"]
+    print()
+    print(f"{len(rows) - len(off)} of {len(rows)} connection directions in sync")
+    if not off:
+        return
+    print(f"{'STATE':<15} {'OUT_s':>8} {'OUT_MB':>8} {'DESYNCS':>7}  CONNECTION")
+    for r in sorted(off, key=lambda r: (r["state"], -r["out_of_sync_s"])):
+        why = f" ({r['reason']})" if r["reason"] else ""
+        print(f"{r['state']:<15} {r['out_of_sync_s']:>8.1f} {r['out_of_sync_bytes'] / 1e6:>8.2f} "
+              f"{r['desyncs']:>7}  {r['initiator']}:{r['initiator_port']} -> {r['portal']} "
+              f"{r['target'] or '*'} {r['direction']}{why}")  # fmt: skip
+    if any(r["state"] == "not measurable" for r in off):
+        print(
+            "not measurable: encrypted (TLS) or not iSCSI/NVMe/TCP on the storage port; "
+            "measure those volumes on the target host instead (docs/bridge.md, Sync)"
+        )
 
 
 def print_initiators(d: dict[str, Any]) -> None:

@@ -68,6 +68,7 @@ from santhrottle.appliance.netns import entered
 from santhrottle.appliance.sensing.discovery import Discovery, InitiatorView
 from santhrottle.appliance.sensing.diskstats import MIN_INTERVAL_S
 from santhrottle.bridge.capture import CaptureCounters, Ring, Segment
+from santhrottle.bridge.conns import SyncRow
 from santhrottle.bridge.tracker import ConnKey, Tracker, Volume, VolumeReads
 from santhrottle.bridge.volumes import VolumeMap, VolumeRow, volume_rows
 from santhrottle.controller.domain import DeviceSample, IoSample, ReadSample, WriteSample
@@ -77,6 +78,7 @@ log = logging.getLogger(__name__)
 POLL_MS = 100  # the capture thread's longest wait: how soon close() is seen
 REOPEN_S = 1.0
 WIRE = "wire"  # Discovery's write source of every pair: the wire's own bytes
+WALK_COUNTS = ("desyncs", "resyncs", "retracted", "gaps")  # the walks', as counters()' walk_*
 NAMES_FILE = "wire-names.json"  # the daemon's, in daemon.state_dir
 INITIATORS_FILE = "wire-initiators.json"  # beside it: the initiators' login names
 
@@ -118,16 +120,8 @@ class BridgeSensor:
         self.port = port
         self.netns = netns
         self.vmap = VolumeMap(resources)
-        self.names_path = Path(names_path) if names_path is not None else None
-        if initiators_path is None and self.names_path is not None:
-            initiators_path = self.names_path.with_name(INITIATORS_FILE)
-        self.initiators_path = Path(initiators_path) if initiators_path is not None else None
-        self._save_names = save_names
-        self._saved_names = load_names(self.names_path) if self.names_path else {}
-        self._saved_initiators = (
-            load_names(self.initiators_path, "initiator") if self.initiators_path else {}
-        )
-        self.tracker: Any = Tracker(self._saved_names, self._saved_initiators)
+        self.saved = SavedNames(names_path, initiators_path, save_names)
+        self.tracker: Any = Tracker(self.saved.targets, self.saved.initiators)
         self.sensor = sensor  # kernel, capture or auto: the first that starts
         self._open_kernel = open_kernel
         self._kernel: Any = None  # the loaded program, when it walks the wire
@@ -144,6 +138,10 @@ class BridgeSensor:
         self.last_tick: dict[Volume, VolumeReads] = {}
         self.io_samples: list[IoSample] = []  # the last convergence's, per (resource, initiator)
         self.io_span_s: float | None = None  # the time io_samples cover
+        # the resources whose connections are mostly out of sync (volumes.py): their
+        # ticks show no reads and reads in flight, so the controller holds their class;
+        # found at each convergence
+        self.held: frozenset[str] = frozenset()
 
     # -- the capture thread ----------------------------------------------
     def start(self) -> None:
@@ -177,7 +175,7 @@ class BridgeSensor:
             return str(e)
         with self.lock:
             self._kernel = wire
-            self.tracker = KernelSums(wire, self._saved_names, self.clock, self._saved_initiators)
+            self.tracker = KernelSums(wire, self.saved.targets, self.clock, self.saved.initiators)
         self._down = None
         log.info("wire sensor: in the kernel on %s", self.port)
         return None
@@ -286,13 +284,16 @@ class BridgeSensor:
         out = []
         for name in vmap.patterns:
             s = got.get(name)
-            if s is not None and s.reads:
+            if s is not None and s.reads and name not in self.held:
                 out.append(s)
                 continue
             if stalled is None:
                 stalled = self._reads_in_flight(vmap)
             wbps = s.write_bps if s is not None else 0.0
-            out.append(ReadSample(name, 0, 0.0, wbps, stalled.get(name, 0)))
+            inflight = stalled.get(name, 0)
+            if name in self.held:  # a partial sample: the class holds (reads not gone)
+                inflight = max(1, inflight)
+            out.append(ReadSample(name, 0, 0.0, wbps, inflight))
         return out
 
     def _reads_in_flight(self, vmap: VolumeMap) -> dict[str, int]:
@@ -318,6 +319,8 @@ class BridgeSensor:
             seen = self.tracker.seen()
             logged_in = self.tracker.initiator_names()
             vmap = self.vmap
+            conns = self.tracker.out_of_sync()
+        self.held = frozenset(vmap.out_of_sync(conns))
         dt, self._converge_at = max(now - self._converge_at, MIN_INTERVAL_S), now
         initiators: dict[str, InitiatorView] = {}
         for v, addrs in seen.items():
@@ -333,8 +336,10 @@ class BridgeSensor:
         self.io_span_s = dt  # the time they cover
         for w in samples:  # a writer whose connection closed within the interval
             initiators.setdefault(w.initiator, InitiatorView(w.initiator)).resources.add(w.resource)
-        if self._save_names and self.names_path is not None:
-            self._store_names()
+        if self.saved.save:
+            with self.lock:
+                names, logins = self.tracker.targets(), self.tracker.initiator_logins()
+            self.saved.store(names, logins)
         disc = Discovery(
             resources=dict.fromkeys(vmap.patterns, ()),
             exports=[],
@@ -344,26 +349,6 @@ class BridgeSensor:
             ambiguous=[],
         )
         return disc, samples
-
-    def _store_names(self) -> None:
-        with self.lock:
-            names = self.tracker.targets()
-            logins = self.tracker.initiator_logins()
-        if names != self._saved_names and self._stored(self.names_path, names):
-            self._saved_names = names
-        if logins != self._saved_initiators and self._stored(self.initiators_path, logins):
-            self._saved_initiators = logins
-
-    @staticmethod
-    def _stored(path: Path | None, names: Mapping[ConnKey, str]) -> bool:
-        if path is None:
-            return False
-        try:
-            store_names(path, names)
-        except OSError as e:
-            log.warning("cannot write %s: %s", path, e.strerror or e)
-            return False
-        return True
 
     def initiator_names(self) -> dict[str, tuple[str, ...]]:
         """Initiator address -> the names it logged in with (iSCSI InitiatorName,
@@ -380,19 +365,69 @@ class BridgeSensor:
         return volume_rows(seen, self.last_tick, vmap)
 
     def counters(self) -> dict[str, int]:
-        """The tracker's and the capture's counts since the start."""
+        """The tracker's and the capture's counts since the start, and the walks' (sync:
+        desyncs, resyncs, provisional headers retracted, gaps)."""
         with self.lock:
             out = asdict(self.tracker.counters)
             kernel = self._kernel is not None
             cap = self.tracker.capture if kernel else self._capture_counters
             out.update({f"capture_{k}": v for k, v in asdict(cap).items()})
             if kernel:  # the program's own counts of its walk
-                out.update({f"kernel_{k}": v for k, v in self.tracker.kernel.items()})
+                k = self.tracker.kernel
+                out.update({f"kernel_{n}": v for n, v in k.items()})
+                walk = {n: k.get(n, 0) for n in WALK_COUNTS}
+            else:
+                w = self.tracker.walk_totals()
+                walk = {n: getattr(w, n) for n in WALK_COUNTS}
+        out.update({f"walk_{n}": v for n, v in walk.items()})
         return out
+
+    def sync(self) -> list[SyncRow]:
+        """Each connection direction the wire shows: in sync or not, the bytes and
+        seconds it was not, its desyncs, why it is not measurable (conns.py)."""
+        now = self.clock() if self._kernel is None else time.monotonic()
+        with self.lock:
+            return list(self.tracker.sync_rows(now))
 
     @property
     def running(self) -> bool:
         return self._down is None
+
+
+class SavedNames:
+    """The target and initiator names of the live connections, kept across restarts in
+    names_path and initiators_path (module header: Names across restarts)."""
+
+    def __init__(
+        self, names_path: str | Path | None, initiators_path: str | Path | None, save: bool
+    ) -> None:
+        self.names_path = Path(names_path) if names_path is not None else None
+        if initiators_path is None and self.names_path is not None:
+            initiators_path = self.names_path.with_name(INITIATORS_FILE)
+        self.initiators_path = Path(initiators_path) if initiators_path is not None else None
+        self.save = save and self.names_path is not None
+        self.targets = load_names(self.names_path) if self.names_path else {}
+        self.initiators = (
+            load_names(self.initiators_path, "initiator") if self.initiators_path else {}
+        )
+
+    def store(self, targets: dict[ConnKey, str], initiators: dict[ConnKey, str]) -> None:
+        """Written when they changed (a failure is a warning: tried again next time)."""
+        if targets != self.targets and self._stored(self.names_path, targets):
+            self.targets = targets
+        if initiators != self.initiators and self._stored(self.initiators_path, initiators):
+            self.initiators = initiators
+
+    @staticmethod
+    def _stored(path: Path | None, names: Mapping[ConnKey, str]) -> bool:
+        if path is None:
+            return False
+        try:
+            store_names(path, names)
+        except OSError as e:
+            log.warning("cannot write %s: %s", path, e.strerror or e)
+            return False
+        return True
 
 
 # The longest names file read: 10,000 connections' names are ~3 MB.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from santhrottle.bridge.kernel import EV_BODY, EV_CONNECT, EV_LOGIN, Conn, Event, VolumeSums
+from santhrottle.bridge.kernel import FlowState, EV_BODY, EV_CONNECT, EV_LOGIN, Conn, Event, VolumeSums
 from santhrottle.bridge.ksums import KernelSums
 from santhrottle.bridge.tracker import ISCSI, NVME, Volume
 
@@ -25,6 +25,7 @@ class FakeWire:
         self.open: dict[tuple[Conn, int], tuple[int, int, int]] = {}
         self.digests: dict[Conn, tuple[bool, bool]] = {}
         self.limits: dict[Conn, dict[bool, int]] = {}
+        self.flow_states: list[FlowState] = []
         self.forgotten: list[tuple[Conn, int]] = []
 
     def events(self) -> list[Event]:
@@ -43,6 +44,9 @@ class FakeWire:
     def forget_inflight(self, conn: Conn, tag: int) -> None:
         self.forgotten.append((conn, tag))
         self.open.pop((conn, tag), None)
+
+    def flows(self) -> list[FlowState]:
+        return self.flow_states
 
     def set_login(
         self, conn: Conn, digests: tuple[bool, bool] | None, limits: dict[bool, int]
@@ -143,3 +147,23 @@ def test_known_targets_name_sessions_that_logged_in_before_and_old_commands_age_
     assert list(reads) == [Volume(ISCSI, "10.0.0.11:3260", IQN, 0)]
     assert w.forgotten == [(C, 7)] and ks.counters.aged == 1
     assert ks.in_flight() == {Volume(ISCSI, "10.0.0.11:3260", IQN, 0): 1}
+
+
+def test_the_programs_flows_as_sync_rows_and_a_resources_out_of_sync_share():
+    w = FakeWire()
+    ks = KernelSums(w)  # type: ignore[arg-type]
+    d = Conn("10.0.0.3", "10.0.0.11", 51001, 3260)
+    t = Conn("10.0.0.4", "10.0.0.21", 51002, 4420)
+    w.flow_states = [
+        FlowState(C, True, 0, 0, 0, 1, 0, 0.0, 0),
+        FlowState(C, False, 2, 0, 3, 4, 1, 1.5, 9000),  # out of sync since 1.5 s
+        FlowState(d, True, 0, 0, 0, 1, 0, 0.0, 0),
+        FlowState(d, False, 0, 0, 0, 1, 0, 0.0, 0),
+        FlowState(t, True, 3, 1, 0, 0, 0, 2.0, 500),  # TLS: not measurable
+    ]
+    rows = {(r.initiator, r.direction): r for r in ks.sync_rows(0.0)}
+    assert rows["10.0.0.2", "to_initiator"].state == "out of sync"
+    assert rows["10.0.0.2", "to_initiator"].desyncs == 3
+    assert rows["10.0.0.2", "to_initiator"].out_of_sync_bytes == 9000
+    assert rows["10.0.0.4", "to_target"].reason == "tls"
+    assert ks.out_of_sync() == {("iscsi", "10.0.0.11:3260", ""): (2, 1)}

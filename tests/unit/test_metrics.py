@@ -339,14 +339,27 @@ def test_an_auto_threshold_exports_its_lq_fit_and_the_threshold_in_force():
 
 
 def test_bridge_mode_exports_the_wire_sensors_counters():
-    from santhrottle.appliance.daemon.status.metrics import WIRE_COUNTERS, wire_families
-    from santhrottle.appliance.daemon.status.views import WireView
+    from santhrottle.appliance.daemon.status.views import SyncView, WireView
+    from santhrottle.appliance.daemon.status.wire_metrics import WIRE_COUNTERS, wire_families
 
-    counts = {"commands": 10, "completions": 9, "capture_kernel_drops": 2}
-    wire = WireView(capturing=True, sensor="capture", counters=counts)
-    got = {m.name: m.samples[0].value for m in wire_families(wire)}
+    counts = {"commands": 10, "completions": 9, "capture_kernel_drops": 2, "walk_desyncs": 3}
+    sync = [
+        SyncView("10.0.0.2", 40000, "10.0.0.9:3260", "iqn.x:t", d, s, b, t, 0, "")
+        for d, s, b, t in (("to_target", "in sync", 0, 0.0),
+                           ("to_initiator", "out of sync", 900, 1.5))
+    ]  # fmt: skip
+    wire = WireView(capturing=True, sensor="capture", held=["array1"], sync=sync,
+                    counters=counts)  # fmt: skip
+    families = list(wire_families(wire))
+    got = {m.name: m.samples[0].value for m in families if len(m.samples) == 1}
     assert got["santhrottle_wire_capturing"] == 1.0
     assert got["santhrottle_wire_commands"] == 10 and got["santhrottle_wire_completions"] == 9
     assert got["santhrottle_wire_dropped_frames"] == 2
     assert got["santhrottle_wire_aged_commands"] == 0
-    assert len(got) == len(WIRE_COUNTERS) + 1
+    assert got["santhrottle_wire_desyncs"] == 3
+    assert got["santhrottle_wire_out_of_sync_seconds"] == 1.5
+    assert got["santhrottle_wire_resource_held"] == 1.0
+    ways = {s.labels["state"]: s.value for m in families if m.name == "santhrottle_wire_directions"
+            for s in m.samples}  # fmt: skip
+    assert ways == {"in sync": 1, "provisional": 0, "out of sync": 1, "not measurable": 0}
+    assert len(families) == len(WIRE_COUNTERS) + 4

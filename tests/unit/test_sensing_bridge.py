@@ -397,3 +397,26 @@ def test_initiator_names_from_the_logins_outlive_a_restart_in_their_own_file(tmp
     saved.write_text("[[1, 2]]")
     assert mid_session(sensor()) == {}  # known by its address only
     assert "cannot use the saved initiator names" in caplog.text
+
+
+def test_a_resource_mostly_out_of_sync_holds_its_class(rig):
+    """Three sessions to the resource's target: one in sync reads, two walk into bytes
+    that are no header. The resource's connections are mostly out of sync: its tick
+    shows no reads and reads in flight (the controller holds the class), not the one
+    session's partial sample."""
+    s, caps, clock = rig
+    ws = [Wire(3260, sport=40000 + k) for k in range(3)]
+    for w in ws:
+        caps[0].feed(*_iscsi_session(w))
+    caps[0].feed(*(w.send(1.0, B.scsi_read(1, lun=0), True) for w in ws))
+    caps[0].feed(ws[0].send(1.004, B.data_in(1, b"r" * 512), False),
+                 *(w.send(1.004, B.data_in(1, b"r" * 512) + b"\xff" * 300, False)
+                   for w in ws[1:]))  # fmt: skip
+    clock.t += 1.0
+    s.converge()
+    assert s.held == {"fast"}
+    got = {r.resource: r for r in s.read_samples()}
+    assert got["fast"].reads == 0 and got["fast"].reads_in_flight >= 1
+    rows = [r for r in s.sync() if r.direction == "to_initiator"]
+    assert sorted(r.state for r in rows) == ["in sync", "out of sync", "out of sync"]
+    assert s.counters()["walk_desyncs"] == 2

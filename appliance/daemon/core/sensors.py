@@ -71,6 +71,21 @@ class Sensors(Protocol):
     def close(self) -> None: ...
 
 
+class SyncRow(Protocol):
+    """One direction of one connection as the wire sensor walks it (bridge/conns.py)."""
+
+    initiator: str
+    initiator_port: int
+    portal: str
+    target: str
+    direction: str
+    state: str
+    out_of_sync_bytes: int
+    out_of_sync_s: float
+    desyncs: int
+    reason: str
+
+
 class VolumeRow(Protocol):
     """One volume the wire has shown (bridge/volumes.py)."""
 
@@ -104,6 +119,11 @@ class BridgeSensors(Sensors, Protocol):
     def volume_rows(self) -> Sequence[VolumeRow]: ...
 
     def counters(self) -> dict[str, int]: ...
+
+    def sync(self) -> Sequence[SyncRow]: ...
+
+    @property
+    def held(self) -> frozenset[str]: ...
 
 
 class Quarantined(Protocol):

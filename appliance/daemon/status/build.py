@@ -24,6 +24,7 @@ Worked example
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,7 @@ from santhrottle.appliance.daemon.status.views import (
     QuarantineView,
     ResourceView,
     StatusView,
+    SyncView,
     ThresholdView,
     WireView,
 )
@@ -269,7 +271,10 @@ def wire(daemon: Daemon) -> WireView | None:
     b = daemon.bridge
     if b is None:
         return None
-    return WireView(capturing=bool(b.running), sensor=b.kind, counters=b.counters())
+    sync = [SyncView(*(getattr(r, f.name) for f in dataclasses.fields(SyncView)))
+            for r in b.sync()]  # fmt: skip
+    return WireView(capturing=bool(b.running), sensor=b.kind, held=sorted(b.held), sync=sync,
+                    counters=b.counters())  # fmt: skip
 
 
 def volumes(daemon: Daemon) -> list[dict[str, Any]] | None:

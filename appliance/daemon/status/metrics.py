@@ -64,8 +64,8 @@ from santhrottle.appliance.daemon.status.views import (
     InitiatorView,
     ResourceView,
     StatusView,
-    WireView,
 )
+from santhrottle.appliance.daemon.status.wire_metrics import wire_families
 from santhrottle.appliance.version import version
 
 log = logging.getLogger("santhrottled")
@@ -107,36 +107,6 @@ EVENT_COUNTERS: tuple[tuple[str, Callable[[CountersView], int], str], ...] = (
         "santhrottle_unordered_descents",
         lambda c: c.unordered_descents,
         "Initiators whose delay went down without a free glide leaf (may reorder)",
-    ),
-)
-
-
-# Bridge mode: (metric name without _total, the wire sensor's counter, help)
-WIRE_COUNTERS = (
-    ("santhrottle_wire_commands", "commands", "Storage commands seen on the wire"),
-    ("santhrottle_wire_completions", "completions", "Commands matched to their completion"),
-    (
-        "santhrottle_wire_unmatched_completions",
-        "unmatched",
-        "Completions of commands not seen (sent before the capture started, or lost)",
-    ),
-    (
-        "santhrottle_wire_replaced_commands",
-        "replaced",
-        "Commands whose tag was reused before their completion was seen",
-    ),
-    ("santhrottle_wire_aged_commands", "aged", "Commands never completed, aged out after 60 s"),
-    ("santhrottle_wire_connections", "connections", "Storage connections seen"),
-    ("santhrottle_wire_frames", "capture_frames", "Frames read from the array-side port"),
-    (
-        "santhrottle_wire_truncated_frames",
-        "capture_truncated",
-        "Frames longer than the capture's snap length (the stream resynchronises)",
-    ),
-    (
-        "santhrottle_wire_dropped_frames",
-        "capture_kernel_drops",
-        "Frames the kernel dropped because the capture ring was full",
     ),
 )
 
@@ -421,18 +391,6 @@ def quarantine_families(st: StatusView) -> Iterator[Metric]:
         total.add_metric([kind], st.counters.quarantines.get(kind, 0))
     yield now
     yield total
-
-
-def wire_families(wire: WireView) -> Iterator[Metric]:
-    up = GaugeMetricFamily(
-        "santhrottle_wire_capturing", "1 while the wire sensor reads the array-side port"
-    )
-    up.add_metric([], 1.0 if wire.capturing else 0.0)
-    yield up
-    for name, key, doc in WIRE_COUNTERS:
-        m = CounterMetricFamily(name, doc)
-        m.add_metric([], wire.counters.get(key, 0))  # 0 for a count this sensor has not
-        yield m
 
 
 def registry_for(

@@ -2,7 +2,7 @@
 
 What it owns
     One dataclass per thing shown (StatusView and its parts: ResourceView,
-    ThresholdView, InitiatorView, CountersView, GroupView, WireView,
+    ThresholdView, InitiatorView, CountersView, GroupView, WireView, SyncView,
     QuarantineView), each field named once here: status/build.py fills them
     from the daemon, status/metrics.py turns them into metric families, the
     control socket sends them as JSON (to_json) and the command line reads
@@ -162,11 +162,32 @@ class GroupView:
 
 
 @dataclass(frozen=True, slots=True)
+class SyncView:
+    """Bridge mode: one direction of one storage connection as the wire sensor walks it
+    (bridge/conns.py's SyncRow)."""
+
+    initiator: str
+    initiator_port: int
+    portal: str
+    target: str
+    direction: str  # "to_target" or "to_initiator"
+    state: str  # "in sync", "provisional", "out of sync", "not measurable"
+    out_of_sync_bytes: int
+    out_of_sync_s: float
+    desyncs: int
+    reason: str  # why not measurable ("tls", "not iSCSI or NVMe/TCP"), else ""
+
+
+@dataclass(frozen=True, slots=True)
 class WireView:
-    """Bridge mode: the wire sensor's counts since the start (sensing/bridge.py)."""
+    """Bridge mode: the wire sensor's counts since the start (sensing/bridge.py), the
+    sync of each connection direction, the resources holding their class because
+    their connections are mostly out of sync."""
 
     capturing: bool
     sensor: str  # "kernel" or "capture"
+    held: list[str] = field(default_factory=list)
+    sync: list[SyncView] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict, metadata={FLATTEN: True})
 
 
