@@ -126,7 +126,7 @@ def _measured(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
         sensor.read_samples()
         sensor.converge()
         time.sleep(args.interval)
-        reads = {r.resource: r for r in sensor.read_samples()}
+        reads = {r.resource: r for r in sensor.read_samples(hold=False)}
         disc, writes = sensor.converge()
         rows = sensor.volume_rows()
         counters = sensor.counters()

@@ -267,7 +267,9 @@ class BridgeSensor:
         with self.lock:
             self.vmap = vmap
 
-    def read_samples(self) -> list[ReadSample]:
+    def read_samples(self, hold: bool = True) -> list[ReadSample]:
+        """The tick's samples; hold: a resource in `held` shows no reads and reads in
+        flight (the controller holds its class); the command line's measure shows them."""
         now = self.clock()
         self._check_kernel(now)
         if self._down is not None:
@@ -282,16 +284,17 @@ class BridgeSensor:
         got = {s.resource: s for s in vmap.read_samples(reads, writes, dt)}
         stalled: dict[str, int] | None = None
         out = []
+        held = self.held if hold else frozenset()
         for name in vmap.patterns:
             s = got.get(name)
-            if s is not None and s.reads and name not in self.held:
+            if s is not None and s.reads and name not in held:
                 out.append(s)
                 continue
             if stalled is None:
                 stalled = self._reads_in_flight(vmap)
             wbps = s.write_bps if s is not None else 0.0
             inflight = stalled.get(name, 0)
-            if name in self.held:  # a partial sample: the class holds (reads not gone)
+            if name in held:  # a partial sample: the class holds (reads not gone)
                 inflight = max(1, inflight)
             out.append(ReadSample(name, 0, 0.0, wbps, inflight))
         return out
