@@ -32,6 +32,9 @@ MAX_CARRY_BYTES = 4096
 # The most headers walked in one segment (64 KiB of 24-byte NVMe completions is 2,731):
 # the in-kernel walker's loop bound, and this one's.
 MAX_WALK = 8192
+# The most searches begun in one segment (each one a desync, a retraction or a refusal
+# of the tracker's): the kernel's bound, and this walk's.
+MAX_SEARCHES = 16
 # Wanted bodies: PDUs whose data the tracker reads (they name the target and the initiator).
 WANTED = frozenset({LOGIN, CONNECT})
 

@@ -52,6 +52,7 @@ class Connection:
     last_s: float = 0.0
     inflight: dict[int, Command] = field(default_factory=dict)
     volumes: set[Volume] = field(default_factory=set)  # every volume it sent a command to
+    units: dict[int, Volume] = field(default_factory=dict)  # LUN or NSID -> its volume
     key: ConnKey = ("", 0, "", 0)
     unmeasurable: str = ""  # why its streams cannot be read (flow.py: TLS, UNPARSED)
     unmatched_run: int = 0  # completions of nothing in a row (UNMATCHED_RUN)

@@ -63,10 +63,10 @@ Worked example (iSCSI, no digests)
 
 from __future__ import annotations
 
-from . import protocols as headers
 from .belief import (  # noqa: F401  (the names the tracker takes from here)
     LOST,
     MAX_CARRY_BYTES,
+    MAX_SEARCHES,
     MAX_WALK,
     NO_HOOKS,
     PROVISIONAL,
@@ -80,14 +80,14 @@ from .belief import (  # noqa: F401  (the names the tracker takes from here)
     Sink,
 )
 from .pdu import LOGIN, Pdu
-from .protocols import MASK, Buffer, Protocol, seq_diff
+from .protocols import MASK, SN_STEP_MAX, Buffer, Protocol, seq_diff
 
 
 class Stream(Belief):
     """One direction's walk: feed() hands each header to sink (module header)."""
 
     __slots__ = ("carried", "carry", "carry_seq", "collect", "counters", "expect_seq", "held",
-                 "lost_since", "pdu_seq", "sink", "state")  # fmt: skip
+                 "lost_since", "pdu_seq", "searches", "sink", "state", "steps")  # fmt: skip
 
     def __init__(self, proto: Protocol, sink: Sink | None = None, hooks: Hooks = NO_HOOKS) -> None:
         super().__init__(proto, hooks)
@@ -101,6 +101,8 @@ class Stream(Belief):
         self.collect = False
         self.counters = Counters()
         self.lost_since: float | None = None  # when it last stopped being SYNCED
+        # the segment's headers walked and searches begun (MAX_WALK, MAX_SEARCHES)
+        self.steps = self.searches = 0
 
     # ------------------------------------------------------------ settings
     def start(self, isn: int) -> None:
@@ -142,6 +144,7 @@ class Stream(Belief):
             self.expect_seq = (seq + n) & MASK
             at = (self.pdu_seq - seq) & MASK
             if at <= n:
+                self.steps = self.searches = 0
                 if self.held is not None and not self._release(payload, seq, at, now):
                     return
                 if at < n:
@@ -151,6 +154,7 @@ class Stream(Belief):
 
     def _feed(self, seq: int, payload: Buffer, now: float) -> None:
         c = self.counters
+        self.steps = self.searches = 0
         if self.state == UNMEASURABLE:
             c.out_of_sync_bytes += len(payload)
             return
@@ -247,6 +251,8 @@ class Stream(Belief):
         search it all."""
         if not self.proven and self.state == LOST and self._unparsed(buf, now):
             return
+        if not self._may_search(now):
+            return
         off = self._resync(buf, base, 0, True, now)
         self.counters.out_of_sync_bytes += len(buf) if off is None else off
         if off is not None:
@@ -257,58 +263,67 @@ class Stream(Belief):
         header is; scan_from: where a search starts when the walk proves off."""
         proto = self.proto
         decode, direction, fixed = proto.decode_fn, proto.direction, proto.fixed_need
-        sink = self.sink
+        sink, counters = self.sink, self.counters
         n = len(buf)
-        steps = 0
-        while off < n:
-            steps += 1
-            if steps > MAX_WALK:  # the kernel's bound, for its walk and this one alike
-                self.counters.truncated += 1
-                self._lose(now)
-                return
-            if n - off < (fixed or proto.need(buf, off)):  # a header cut by the segment's end
-                self._keep(buf[off:], base + off)
-                return
-            if not self.hd_known:  # after a login the sensor did not read whole
-                self._header_digest(buf, off)
-            d = self.digests
-            pdu = decode(buf, off, direction, d[0], d[1], self.limit)
-            if self.state != SYNCED or self.alt_seq is not None:
-                # the successor of a provisional header, or data digests unproven
-                was = self.state
-                pdu, off = self._prove(buf, base, off, pdu, now)
-                if pdu is None and was == PROVISIONAL:  # retracted: all the bytes again
-                    found = self._off(buf, base, 0, off, now, False)
+        steps = self.steps  # the segment's, over each walk of it
+        try:
+            while off < n:
+                steps += 1
+                if steps > MAX_WALK:  # the kernel's bound, for its walk and this one alike
+                    counters.truncated += 1
+                    self._lose(now)
+                    return
+                if n - off < (fixed or proto.need(buf, off)):  # a header cut by the segment's end
+                    self._keep(buf[off:], base + off)
+                    return
+                if not self.hd_known:  # after a login the sensor did not read whole
+                    self._header_digest(buf, off)
+                d = self.digests
+                pdu = decode(buf, off, direction, d[0], d[1], self.limit)
+                if self.state != SYNCED or self.alt_seq is not None:
+                    # the successor of a provisional header, or data digests unproven
+                    was = self.state
+                    pdu, off = self._prove(buf, base, off, pdu, now)
+                    if pdu is None and was == PROVISIONAL:  # retracted: all the bytes again
+                        found = self._off(buf, base, 0, off, now, False)
+                        if found is None:
+                            return
+                        off = scan_from = found
+                        continue
+                elif pdu is not None:
+                    sn, last = pdu.sn, self.sn
+                    # its sequence number must be the walk's (protocols.sn_coherent)
+                    off_sn = sn and last and (sn - last + SN_STEP_MAX) & MASK > 2 * SN_STEP_MAX
+                    if off_sn and pdu.kind != LOGIN:
+                        pdu = None
+                if pdu is None:  # not a header where one must be
+                    found = self._off(buf, base, scan_from, off, now, True)
                     if found is None:
                         return
                     off = scan_from = found
                     continue
-            elif pdu is not None and not headers.sn_coherent(self.sn, pdu.sn) and pdu.kind != LOGIN:
-                pdu = None  # its sequence number is not the walk's
-            if pdu is None:  # not a header where one must be
-                found = self._off(buf, base, scan_from, off, now, True)
-                if found is None:
-                    return
-                off = scan_from = found
-                continue
-            end = off + pdu.length
-            self.counters.pdus += 1
-            self.proven = True
-            body = bytes(buf[off : min(end, off + MAX_CARRY_BYTES)]) if pdu.kind in WANTED else b""
-            if end > n:  # its last byte comes later: so does its time
-                self._hold(pdu, body, False)
-            elif not sink(pdu, body):  # the sink says the walk is off here
-                found = self._off(buf, base, off + 1, off, now, True)
-                if found is None:
-                    return
-                off = scan_from = found
-                continue
-            if pdu.sn and pdu.kind != LOGIN:
-                self.sn = pdu.sn
-            self._note_alt(base, off, pdu)
-            scan_from = off + 1
-            off = end
-        self.pdu_seq = (base + off) & MASK
+                end = off + pdu.length
+                counters.pdus += 1
+                self.proven = True
+                kind = pdu.kind
+                body = bytes(buf[off : min(end, off + MAX_CARRY_BYTES)]) if kind in WANTED else b""
+                if end > n:  # its last byte comes later: so does its time
+                    self._hold(pdu, body, False)
+                elif not sink(pdu, body):  # the sink says the walk is off here
+                    found = self._off(buf, base, off + 1, off, now, True)
+                    if found is None:
+                        return
+                    off = scan_from = found
+                    continue
+                if pdu.sn and kind != LOGIN:
+                    self.sn = pdu.sn
+                if not self.dd_known and pdu.segment:
+                    self._note_alt(base, off, pdu)
+                scan_from = off + 1
+                off = end
+            self.pdu_seq = (base + off) & MASK
+        finally:
+            self.steps = steps
 
     def _off(
         self, buf: Buffer, base: int, start: int, off: int, now: float, desync: bool
@@ -320,9 +335,21 @@ class Stream(Belief):
         self._lose(now)
         if not self.proven and self._unparsed(buf, now):
             return None
+        if not self._may_search(now):
+            return None
         found = self._resync(buf, base, start, True, now)
         self.counters.out_of_sync_bytes += max(0, (len(buf) if found is None else found) - off)
         return found
+
+    def _may_search(self, now: float) -> bool:
+        """Another search in this segment, within MAX_SEARCHES (else the walk is LOST,
+        counted: the kernel's bound, and this walk's)."""
+        self.searches += 1
+        if self.searches <= MAX_SEARCHES:
+            return True
+        self.counters.truncated += 1
+        self._lose(now)
+        return False
 
     def _hold(self, pdu: Pdu, body: bytes, provisional: bool) -> None:
         self.held = (pdu, body, provisional)

@@ -310,11 +310,14 @@ class Tracker:
 
     def _command(self, conn: Connection, pdu: Pdu, provisional: bool) -> Command | None:
         unit = lun_number(pdu.volume) if conn.proto == ISCSI else pdu.volume
-        vol: Volume | None = None
-        if conn.proto == ISCSI or unit not in NO_NAMESPACE:
-            vol = Volume(conn.proto, conn.portal, conn.target, unit)
-            if len(conn.volumes) < MAX_VOLUMES_PER_CONN or vol in conn.volumes:
-                conn.volumes.add(vol)
+        vol = conn.units.get(unit)
+        if vol is None or vol.target != conn.target:  # a unit new to it, or named since
+            vol = None
+            if conn.proto == ISCSI or unit not in NO_NAMESPACE:
+                vol = Volume(conn.proto, conn.portal, conn.target, unit)
+                if len(conn.volumes) < MAX_VOLUMES_PER_CONN or vol in conn.volumes:
+                    conn.volumes.add(vol)
+                    conn.units[unit] = vol
         if pdu.tag in conn.inflight:
             self.counters.replaced += 1
         else:
@@ -362,6 +365,7 @@ class Tracker:
         self.inflight_total -= len(conn.inflight)
         conn.inflight.clear()
         conn.volumes.clear()
+        conn.units.clear()
 
     # ------------------------------------------------------------ logins
     def _login(
