@@ -30,6 +30,12 @@ in 1/10 of each block), so reads carry data that is not all zeros, and the
 writes likewise: payload that holds byte patterns, while the gzipped captures
 stay small.  Each capture is gzipped (mtime 0) to OUT/wire-<case>.pcap.gz with
 OUT/wire-<case>.json: what fio did and what was configured.
+
+Then, with --out in the checkout's tests/fixtures/wire/corpus (make lab-wire-corpus),
+the in-kernel sensor on this guest's Debian kernel: tests/privileged/test_bridge_kernel.py
+and test_bridge_corpus.py (the program loads and gives the Python tracker's counts on
+each new capture), their outcome in OUT/corpus.json's "kernel_check" and the log beside
+it (--no-kernel-check: not).
 """
 
 from __future__ import annotations
@@ -435,6 +441,24 @@ def run_case(name: str, case: dict, t: dict, out: Path, work: Path, seconds: flo
     return info
 
 
+CHECKOUT = HERE.parents[1]
+KERNEL_TESTS = ("tests/privileged/test_bridge_kernel.py", "tests/privileged/test_bridge_corpus.py")
+
+
+def kernel_check(out: Path) -> dict:
+    """The wire sensor's kernel tests on this kernel (module header); never raises."""
+    log = out / "kernel-check.log"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *KERNEL_TESTS]
+    try:
+        p = subprocess.run(cmd, cwd=CHECKOUT, capture_output=True, text=True, timeout=1800,
+                           check=False)  # fmt: skip
+        log.write_text(p.stdout + p.stderr)
+        tail = (p.stdout.strip().splitlines() or [""])[-1]
+        return {"kernel": os.uname().release, "returncode": p.returncode, "summary": tail}
+    except (OSError, subprocess.SubprocessError) as e:
+        return {"kernel": os.uname().release, "error": str(e)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -451,6 +475,7 @@ def main() -> int:
     )
     ap.add_argument("--only", help="comma-separated cases (default: all)")
     ap.add_argument("--seconds", type=float, default=SECONDS)
+    ap.add_argument("--no-kernel-check", action="store_true")
     a = ap.parse_args()
     names = a.only.split(",") if a.only else list(CASES)
     unknown = [n for n in names if n not in CASES]
@@ -470,7 +495,11 @@ def main() -> int:
     finally:
         topo.down()
         (a.out / "corpus.json").write_text(json.dumps(done, indent=1))
-    print(f"wrote {len(done)} captures to {a.out}")
+    print(f"wrote {len(done)} captures to {a.out}", flush=True)
+    if not a.no_kernel_check and a.out.resolve() == (CHECKOUT / "tests/fixtures/wire/corpus"):
+        done["kernel_check"] = kernel_check(a.out)
+        (a.out / "corpus.json").write_text(json.dumps(done, indent=1))
+        print(f"kernel check: {done['kernel_check']}", flush=True)
     return 0
 
 
