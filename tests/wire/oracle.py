@@ -37,8 +37,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from santhrottle.bridge.conns import Connection, ConnKey
 from santhrottle.bridge.pdu import ISCSI_PORT, NVME_TCP_PORT, READ, WRITE
-from santhrottle.bridge.tracker import ConnKey, Tracker
+from santhrottle.bridge.tracker import Tracker
 
 TOLERANCE_S = 10e-6
 STORAGE_PORTS = (ISCSI_PORT, NVME_TCP_PORT)
@@ -266,6 +267,8 @@ class Run:
     # the frames (original indices) whose payload starts where the walk, in sync, had
     # its next header
     header_starts: set[int] = field(default_factory=set)
+    # per connection: why it is not measurable ("" when it is), and its walks' desyncs
+    conns: dict[ConnKey, tuple[str, int]] = field(default_factory=dict)
 
 
 def walk(frames: list[Frame], cut: tuple[int, int] | None = None) -> Run:
@@ -276,10 +279,17 @@ def walk(frames: list[Frame], cut: tuple[int, int] | None = None) -> Run:
     tr.on_io = lambda k, tag, op, s, e: run.ios.append(Io(k, tag, op, s, e))
     forget = tr._forget
 
+    def note(key: ConnKey, c: Connection) -> None:
+        if c.target or c.initiator_name:
+            run.names[key] = (c.target, c.initiator_name)
+        was = run.conns.get(key, ("", 0))
+        desyncs = c.to_target.counters.desyncs + c.to_initiator.counters.desyncs
+        run.conns[key] = (c.unmeasurable or was[0], desyncs + was[1])
+
     def forgetting(key: ConnKey) -> None:  # its names, before the tracker drops them
         c = tr.conns.get(key)
-        if c is not None and (c.target or c.initiator_name):
-            run.names[key] = (c.target, c.initiator_name)
+        if c is not None:
+            note(key, c)
         forget(key)
 
     tr._forget = forgetting  # type: ignore[method-assign]
@@ -305,8 +315,7 @@ def walk(frames: list[Frame], cut: tuple[int, int] | None = None) -> Run:
             c = tr.conns[key[0]]
             run.state_after[fr.index] = (c.to_target if key[1] else c.to_initiator).state
     for key, c in tr.conns.items():
-        if c.target or c.initiator_name:
-            run.names[key] = (c.target, c.initiator_name)
+        note(key, c)
     return run
 
 

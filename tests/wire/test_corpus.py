@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from santhrottle.bridge.pdu import READ, WRITE
+from santhrottle.bridge.protocols import TLS, UNPARSED_BYTES
 from tests.wire import oracle as O
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "wire"
@@ -139,3 +140,37 @@ def test_after_damage(capture, kind: str) -> None:  # type: ignore[no-untyped-de
     late = [(k, n) for k, n in O.resync_delays(frames, damaged, hit, run, starts)
             if n is None or n > RESYNC_SEGMENTS]  # fmt: skip
     assert not late, f"{name} {kind}: streams not back in sync in {RESYNC_SEGMENTS}: {late}"
+
+
+# the unmeasurable capture's servers (vagrant/experiments/wire_corpus.py: EXTRA_ADDR): TLS
+# on the NVMe/TCP port, HTTP on the iSCSI port
+NOT_STORAGE_ADDR = "10.0.0.51"
+
+
+def test_not_measurable(capture) -> None:  # type: ignore[no-untyped-def]
+    """A connection Wireshark times IOs on is measurable, from the SYN and cut; one that
+    is not storage traffic (the unmeasurable capture's TLS and HTTP) is found not
+    measurable, with no desync counted and no IO, from the SYN and from a cut."""
+    name, _, frames, ref = capture
+    timed = {io.conn for io in ref.ios}
+    rnd = random.Random(f"{SEED}-{name}-unmeasurable")
+    cuts = [None, rnd.randrange(O.payload_bytes(frames) // 4)]
+    for offset in cuts:
+        run = O.walk(frames) if offset is None else O.walk(*O.cut_at(frames, offset))
+        where = "from the SYN" if offset is None else f"from byte {offset}"
+        for conn, (reason, desyncs) in run.conns.items():
+            if conn in timed:
+                assert not reason, f"{name} {where} {conn}: not measurable ({reason})"
+            if conn[2] == NOT_STORAGE_ADDR:
+                big = sum(
+                    f.payload_end - f.payload_at
+                    for f in map(O.flow_of, (fr.data for fr in frames))
+                    if f is not None and NOT_STORAGE_ADDR in (f.src, f.dst)
+                    and conn[1] in (f.sport, f.dport)
+                )  # fmt: skip
+                assert reason or big < UNPARSED_BYTES, f"{name} {where} {conn}: measured"
+                assert not desyncs, f"{name} {where} {conn}: {desyncs} desyncs"
+                assert not [io for io in run.ios if io.conn == conn]
+    if name == "wire-unmeasurable":
+        seen = {c[3]: r for c, (r, _) in O.walk(frames).conns.items() if c[2] == NOT_STORAGE_ADDR}
+        assert seen.get(4420) == TLS and seen.get(3260), f"{name}: {seen}"
