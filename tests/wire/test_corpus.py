@@ -16,7 +16,7 @@ the reference (oracle.py):
     every stream back in sync within RESYNC_SEGMENTS segments that start with a header
     after its last damaged one.
 
-Not a tier of its own (tests/wire): `make test` runs it, `pytest -m unit` does not.
+The fuzz tier (`make test-fuzz`, and `make test`); not the unit tier's fast loop.
 """
 
 from __future__ import annotations
@@ -47,9 +47,13 @@ DAMAGE = {
     "all": {"flip": 0.01, "drop": 0.05, "swap": 0.02},
 }
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("tshark") is None, reason="tshark (Debian: tshark) is not installed: make setup"
-)
+pytestmark = [
+    pytest.mark.fuzz,
+    pytest.mark.skipif(
+        shutil.which("tshark") is None,
+        reason="tshark (Debian: tshark) is not installed: make setup",
+    ),
+]
 
 
 def _name(p: Path) -> str:

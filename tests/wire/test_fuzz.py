@@ -35,6 +35,8 @@ from tests.wire.test_corpus import CAPTURES, SEED
 MEMORY_BOUND_BYTES = 16 << 20
 TGT = "10.0.0.9"
 
+pytestmark = pytest.mark.fuzz
+
 
 def mangle(frames: list[O.Frame], seed: int) -> list[O.Frame]:
     """The frames, mangled (module header)."""
