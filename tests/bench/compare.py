@@ -40,9 +40,11 @@ FIGURES = {
     "controller": ("tick_ms_median", "converge_tick_ms_median"),
     "controller-closed": ("tick_ms_median", "converge_tick_ms_median"),
     "simulator": ("paper_s_median",),
+    "wire": ("offline_us_per_frame",),  # the Python walker's CPU a frame, from memory
 }
-# figures in seconds rather than milliseconds
+# figures in seconds or microseconds rather than milliseconds
 SECONDS = {"paper_s_median"}
+MICROSECONDS = {"offline_us_per_frame"}
 
 
 def _extract(rev: str, into: Path) -> Path:
@@ -125,7 +127,7 @@ def main() -> int:
     )
     for f in out:
         t, v = f["this"], f["rev"]
-        unit = "s " if f["figure"] in SECONDS else "ms"
+        unit = "s " if f["figure"] in SECONDS else "us" if f["figure"] in MICROSECONDS else "ms"
         print(
             f"{f['bench']:<10} {f['figure']:<24} "
             f"{statistics.median(t):>10.2f} [{min(t):.2f}..{max(t):.2f}] {unit}  "
