@@ -24,7 +24,7 @@ import pytest
 
 from santhrottle.appliance.netns import entered
 from tests.wire import oracle as O
-from tests.wire.test_corpus import CAPTURES, DAMAGE, SEED
+from tests.wire.test_corpus import CAPTURES, DAMAGE, SEED, capture_name
 
 pytestmark = pytest.mark.privileged
 
@@ -100,7 +100,7 @@ def _variants(frames: list[O.Frame]) -> Iterator[tuple[str, list[O.Frame]]]:
         yield kind, O.damage(frames, SEED, **kw)[0]
 
 
-@pytest.mark.parametrize("path", CAPTURES, ids=lambda p: p.name.removesuffix(".pcap.gz"))
+@pytest.mark.parametrize("path", CAPTURES, ids=capture_name)
 def test_the_kernel_counts_as_the_python_tracker(veth, path: Path) -> None:  # type: ignore[no-untyped-def]
     if not path.exists():
         pytest.skip(f"{path} is missing (make lab-wire-corpus)")

@@ -16,11 +16,17 @@ the reference (oracle.py):
     every stream back in sync within RESYNC_SEGMENTS segments that start with a header
     after its last damaged one.
 
+Other captures (any pcap or pcapng of Ethernet, Linux cooked or raw IP frames) are held
+to the same figures instead of the corpus with SANTHROTTLE_WIRE_CAPTURES=file-or-folder[:...]
+(`SANTHROTTLE_WIRE_CAPTURES=~/pcaps make test-fuzz`, or pytest tests/wire; as root the
+kernel's counts too: tests/privileged/test_bridge_corpus.py).
+
 The fuzz tier (`make test-fuzz`, and `make test`); not the unit tier's fast loop.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import tempfile
@@ -34,7 +40,27 @@ from santhrottle.bridge.protocols import TLS, UNPARSED_BYTES
 from tests.wire import oracle as O
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "wire"
-CAPTURES = [*sorted((FIXTURES / "corpus").glob("wire-*.pcap.gz")), FIXTURES / "lab-wire.pcap.gz"]
+SUFFIXES = (".pcap.gz", ".pcapng.gz", ".pcap", ".pcapng")
+CORPUS = [
+    *sorted(p for p in (FIXTURES / "corpus").glob("wire-*") if p.name.endswith(SUFFIXES)),
+    FIXTURES / "lab-wire.pcap.gz",
+]
+
+
+def _captures(spec: str | None) -> list[Path]:
+    """SANTHROTTLE_WIRE_CAPTURES (files and folders, os.pathsep between them): other
+    captures to hold the sensor to the same figures, instead of the corpus (any pcap
+    or pcapng of Ethernet, Linux cooked or raw IP frames: oracle.read_pcap)."""
+    if not spec:
+        return CORPUS
+    out: list[Path] = []
+    for part in spec.split(os.pathsep):
+        p = Path(part)
+        out += sorted(q for q in p.iterdir() if q.name.endswith(SUFFIXES)) if p.is_dir() else [p]
+    return out
+
+
+CAPTURES = _captures(os.environ.get("SANTHROTTLE_WIRE_CAPTURES"))
 SYNC_SHARE = 0.99
 DAMAGED_SHARE = 0.95
 RESYNC_SEGMENTS = 2
@@ -56,8 +82,11 @@ pytestmark = [
 ]
 
 
-def _name(p: Path) -> str:
-    return p.name.removesuffix(".pcap.gz")
+def capture_name(p: Path) -> str:
+    for suffix in SUFFIXES:
+        if p.name.endswith(suffix):
+            return p.name.removesuffix(suffix)
+    return p.name
 
 
 @cache
@@ -77,22 +106,22 @@ def _reference(frames: list[O.Frame], linktype: int) -> O.Reference:
         return O.reference(pcap, frames)
 
 
-@pytest.fixture(params=CAPTURES, ids=_name)
+@pytest.fixture(params=CAPTURES, ids=capture_name)
 def capture(request: pytest.FixtureRequest) -> tuple[str, int, list[O.Frame], O.Reference]:
     path = request.param
     if not path.exists():
         pytest.skip(f"{path} is missing (make lab-wire-corpus)")
     linktype, frames, ref = _capture(path)
-    return _name(path), linktype, list(frames), ref
+    return capture_name(path), linktype, list(frames), ref
 
 
 def test_the_corpus_is_there() -> None:
     """The captures the issue names (vagrant/experiments/wire_corpus.py's cases)."""
-    have = {_name(p) for p in CAPTURES}
+    have = {capture_name(p) for p in CORPUS}
     for case in ("iscsi-digests", "iscsi-r2t", "iscsi-immediate", "iscsi-unsolicited",
                  "iscsi-small-segments", "nvme-plain", "nvme-digests", "unmeasurable"):  # fmt: skip
         assert f"wire-{case}" in have, f"no capture wire-{case}.pcap.gz (make lab-wire-corpus)"
-    total = sum(p.stat().st_size for p in CAPTURES)
+    total = sum(p.stat().st_size for p in CORPUS)
     assert total < 8 << 20, f"the corpus is {total:,} bytes"
 
 

@@ -28,7 +28,7 @@ from santhrottle.bridge import belief, protocols
 from santhrottle.bridge import tracker as T
 from tests.unit import storage_pdus as B
 from tests.wire import oracle as O
-from tests.wire.test_corpus import CAPTURES, SEED
+from tests.wire.test_corpus import CAPTURES, SEED, capture_name
 
 # what a tracker may hold after a capture: its connections (a few dozen here) with their
 # carries, held bodies, commands and names, the streams' state
@@ -74,7 +74,7 @@ def check_bounds(tr: T.Tracker) -> None:
                 assert len(st.held[1]) <= belief.MAX_CARRY_BYTES
 
 
-@pytest.mark.parametrize("path", CAPTURES, ids=lambda p: p.name.removesuffix(".pcap.gz"))
+@pytest.mark.parametrize("path", CAPTURES, ids=capture_name)
 def test_mangled_captures(path) -> None:  # type: ignore[no-untyped-def]
     if not path.exists():
         pytest.skip(f"{path} is missing (make lab-wire-corpus)")
