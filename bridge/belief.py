@@ -77,11 +77,18 @@ class Belief:
     ever proven, what it is while none was; how a header is proven and how the walk
     finds its place. Stream (below) walks with it."""
 
-    __slots__ = ("alt_seq", "dd_known", "digests", "hd_known", "hooks", "limit", "proto",
-                 "proven", "sn", "sniffer")  # fmt: skip
+    __slots__ = ("alt_seq", "carried", "counters", "dd_known", "digests", "hd_known", "held",
+                 "hooks", "limit", "pdu_seq", "proto", "proven", "sn", "sniffer",
+                 "state")  # fmt: skip
 
     def __init__(self, proto: Protocol, hooks: Hooks) -> None:
         self.proto, self.hooks = proto, hooks
+        self.state = LOST
+        self.pdu_seq = 0  # where the next header starts (SYNCED), or would (PROVISIONAL)
+        self.counters = Counters()
+        self.carried = 0  # the carry's bytes at the start of the buffer being walked
+        # the PDU whose last byte is still to come (pdu_seq is its end): (pdu, body, provisional)
+        self.held: tuple[Pdu, bytes, bool] | None = None
         self.digests: Digests = (False, False)
         # the digests proven (iSCSI's: module header); alt_seq, where the next header
         # would be with the other data digest setting while that is not
@@ -201,3 +208,22 @@ class Belief:
 
     def _adopt(self, digests: Digests) -> None:
         self.digests = digests  # each direction finds its own (a login says both)
+
+    # what the walk does with its positions (flow.py's Stream)
+    def set_unmeasurable(self, now: float | None = None) -> None:
+        raise NotImplementedError
+
+    def _lose(self, now: float) -> None:
+        raise NotImplementedError
+
+    def _synced(self, now: float | None) -> None:
+        raise NotImplementedError
+
+    def _retract(self) -> None:
+        raise NotImplementedError
+
+    def _hold(self, pdu: Pdu, body: bytes, provisional: bool) -> None:
+        raise NotImplementedError
+
+    def _keep(self, data: Buffer, seq: int) -> None:
+        raise NotImplementedError

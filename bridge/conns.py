@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .flow import STATE_NAMES, Stream
-from .flow import Counters as StreamCounters
+from .belief import STATE_NAMES
+from .belief import Counters as StreamCounters
+from .flow import Stream
 from .logins import Login
 from .protocols import Digests
 from .sums import Volume

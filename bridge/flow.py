@@ -79,27 +79,22 @@ from .belief import (  # noqa: F401  (the names the tracker takes from here)
     Hooks,
     Sink,
 )
-from .pdu import LOGIN, Pdu
-from .protocols import MASK, SN_STEP_MAX, Buffer, Protocol, seq_diff
+from .pdu import LOGIN, SN_STEP_MAX, Pdu
+from .protocols import MASK, Buffer, Protocol, seq_diff
 
 
 class Stream(Belief):
     """One direction's walk: feed() hands each header to sink (module header)."""
 
-    __slots__ = ("carried", "carry", "carry_seq", "collect", "counters", "expect_seq", "held",
-                 "lost_since", "pdu_seq", "searches", "sink", "state", "steps")  # fmt: skip
+    __slots__ = ("carry", "carry_seq", "collect", "expect_seq", "lost_since", "searches", "sink",
+                 "steps")  # fmt: skip
 
     def __init__(self, proto: Protocol, sink: Sink | None = None, hooks: Hooks = NO_HOOKS) -> None:
         super().__init__(proto, hooks)
         self.sink: Sink = sink or (lambda pdu, body: True)
-        self.state, self.pdu_seq, self.expect_seq = LOST, 0, None
+        self.expect_seq: int | None = None
         self.carry, self.carry_seq = b"", 0
-        self.carried = 0  # the carry's bytes at the start of the buffer being walked
-        # the PDU whose last byte is still to come (pdu_seq is its end), and whether a
-        # login's or connect's body is being gathered for it
-        self.held: tuple[Pdu, bytes, bool] | None = None  # (pdu, body, provisional)
-        self.collect = False
-        self.counters = Counters()
+        self.collect = False  # a login's or connect's body is being gathered for held
         self.lost_since: float | None = None  # when it last stopped being SYNCED
         # the segment's headers walked and searches begun (MAX_WALK, MAX_SEARCHES)
         self.steps = self.searches = 0

@@ -46,15 +46,15 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from .belief import STATE_NAMES, SYNCED, UNMEASURABLE
 from .capture import CaptureCounters
-from .conns import SyncRow
-from .flow import STATE_NAMES, SYNCED, UNMEASURABLE
+from .conns import ConnKey, SyncRow
 from .kernel import EV_BODY, EV_CONNECT, EV_LOGIN, Conn, Event, KernelWire, VolumeSums
 from .logins import Login, Said, by_address, put_bounded
 from .pdu import FULL_FEATURE, ISCSI_PORT, NVME_TCP_PORT, READ
 from .protocols import TLS, UNPARSED
 from .sums import ISCSI, NO_NAMESPACE, NVME, Sums, Volume, VolumeReads, lun_number, portal_name
-from .tracker import CONN_IDLE_S, INFLIGHT_MAX_S, MAX_CONNS, ConnKey, Counters
+from .tracker import CONN_IDLE_S, INFLIGHT_MAX_S, MAX_CONNS, Counters
 
 SWEEP_S = 1.0
 _REASONS = {1: TLS, 2: UNPARSED}  # the program's reasons for not measurable

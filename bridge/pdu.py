@@ -299,7 +299,7 @@ def plausible_iscsi(
                 cdb0 in _SCSI_WRITES and not flags & _W
             ):
                 return False
-            return ahs <= 16
+            return bool(ahs <= 16)
         if ahs:
             return False
         if op == _IS_DATA_OUT:

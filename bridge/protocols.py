@@ -29,6 +29,7 @@ Other protocols
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from .pdu import (
     DIGEST_BYTES,
@@ -106,6 +107,10 @@ def tls_record(buf: Buffer, off: int) -> bool:
             and (buf[off + 3] << 8 | buf[off + 4]) <= (1 << 14) + 2048)  # fmt: skip
 
 
+# decode_iscsi and decode_nvme: (buf, off, direction, header digest, data digest, limit)
+DecodeFn = Callable[[Buffer, int, bool, bool, bool, int], Pdu | None]
+
+
 class Protocol:
     """How one protocol's headers are found and decoded in one direction."""
 
@@ -113,7 +118,7 @@ class Protocol:
     digest_aware = False  # iSCSI: digests are the connection's, in no header
     # for the walk's loop, one call a header: decode_fn(buf, off, direction, header
     # digest, data digest, limit) (pdu.py), and the bytes a header needs when fixed
-    decode_fn = staticmethod(decode_iscsi)
+    decode_fn: DecodeFn
     direction = True  # to the target (controller)
     fixed_need = 0
 
@@ -171,6 +176,7 @@ class Iscsi(Protocol):
 
     def __init__(self, to_target: bool) -> None:
         self.to_target = self.direction = to_target
+        self.decode_fn = decode_iscsi
         alts = b"|".join(b"".join(_class(v) for v in row) for row in _ISCSI_FIXED[to_target])
         self.candidates = re.compile(b"(?=(?:" + alts + b"))", re.S)
 
@@ -195,10 +201,9 @@ class Iscsi(Protocol):
 
 
 class NvmeTcp(Protocol):
-    decode_fn = staticmethod(decode_nvme)
-
     def __init__(self, to_controller: bool) -> None:
         self.to_controller = self.direction = to_controller
+        self.decode_fn = decode_nvme
         types = (0x00, 0x02, 0x04, 0x06) if to_controller else (0x01, 0x03, 0x05, 0x07, 0x09)
         # type, its flags, its hlen
         alts = b"|".join(

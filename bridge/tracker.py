@@ -59,9 +59,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+from .belief import SYNCED, Hooks
+from .belief import Counters as StreamCounters
 from .conns import Command, Connection, ConnKey, SyncRow, fold, sync_rows
-from .flow import SYNCED, Hooks, Stream
-from .flow import Counters as StreamCounters
+from .flow import Stream
 from .logins import Login, Said, by_address
 from .pdu import (
     CMD,

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from santhrottle.controller.domain import IoSample, ReadSample, WriteSample
 
 from .pdu import ISCSI_PORT, NVME_TCP_PORT
-from .tracker import ISCSI, NVME, Volume, VolumeReads
+from .sums import ISCSI, NVME, Volume, VolumeReads
 
 ANY = "*"
 _DEFAULT_PORTS = {ISCSI: ISCSI_PORT, NVME: NVME_TCP_PORT}

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import time
 
-from santhrottle.bridge.kernel import FlowState, EV_BODY, EV_CONNECT, EV_LOGIN, Conn, Event, VolumeSums
+from santhrottle.bridge.kernel import (
+    EV_BODY,
+    EV_CONNECT,
+    EV_LOGIN,
+    Conn,
+    Event,
+    FlowState,
+    VolumeSums,
+)
 from santhrottle.bridge.ksums import KernelSums
 from santhrottle.bridge.tracker import ISCSI, NVME, Volume
 
