@@ -360,11 +360,12 @@ class FleetAgent:
                 conv_seen = prev.conv_seen_s if prev.conv.seq == pub.conv.seq else now
             parts[who] = Part(who, pub.tick, tick_seen, pub.conv, conv_seen)
         followed: dict[str, Followed] = {}
+        mine = self.coord.lease
         for key, dec in snap.decisions.items():
             r = resource_of(key)
-            lead = leaders.get(r)
-            if lead is None or r in leading:
-                continue
+            lead, held = leaders.get(r), snap.leaders.get(key)
+            if lead is None or r in leading or (held is not None and held.lease == mine):
+                continue  # nobody's, or mine (a refused write does not make it another's)
             if not snap.bound(key, dec):  # not the current leader's: etcd says so
                 self._unbound(r, dec.revision, lead)
                 continue
