@@ -27,6 +27,10 @@ Law, per call decide(state, samples, now_s)
                         up when the error grows, also far under the
                         setpoint, and with the holds below that ratchets),
                         else min(class, ceil(u + class_hysteresis)) ("down"),
+                        or 0 once the PID has wanted no delay (its output
+                        at its floor) RELEASE_FLOOR_TICKS ticks in a row
+                        outside a hold ("release": the band holds a class
+                        against noise, not against a PID that wants none),
                         but not under the class the resource had when a
                         hold began, while a member is away, or for
                         WRITE_DROP_HOLD_CONVERGES convergences after the
@@ -161,6 +165,16 @@ WRITE_DROP_HOLD_CONVERGES = 2
 # a few IOs a second, and a tick or two without one is not an off-period.
 RESUME_AFTER_TICKS = 10
 RESUME_HOLD_S = 1.0
+# The hysteresis band holds a class against the noise of a PID that hovers near it,
+# not against a PID that wants no delay at all: once the PID's output has sat at its
+# floor (class 0) for RELEASE_FLOOR_TICKS ticks in a row, the class goes down to 0
+# (a class a tick, the decrease limit). A short spike the loop cannot hold anyway (an
+# array's stall, a guest's) buys a class through the ramp; without this, any class up
+# to the band (4: 2 ms) would outlive it for as long as the reads go on (work
+# conservation, docs/controller.md "Releasing"). One second: the floor is reached only
+# after the latency has stayed well under the setpoint (the integral), and a second of
+# that is no tick's noise.
+RELEASE_FLOOR_TICKS = 10
 
 
 def _schedule(next_s: float | None, period_s: float, now_s: float) -> tuple[bool, float, int]:
@@ -252,6 +266,7 @@ def decide(
                 sp = rs.noise.setpoint(sp_floor, sp_ceiling, sp_z)
                 pid = rs.pid
                 want = pid.update(ewma / thr, sp, thr)
+                rs.floor_ticks = rs.floor_ticks + 1 if want == 0 else 0
                 if write_bps is not None:  # a writer stopped?
                     before = rs.write_rate.value
                     rs.write_rate.update(write_bps, now_s)
@@ -272,6 +287,8 @@ def decide(
                     pid.track(new_class)
                 elif want >= rs.delay_class:  # up: at once
                     new_class = want
+                elif rs.floor_ticks >= RELEASE_FLOOR_TICKS and rs.hold_base is None:
+                    new_class = 0  # down: the PID wants no delay ("release"); not in a hold
                 else:  # down: past the hysteresis band only
                     new_class = min(rs.delay_class, pid.class_with_margin(hyst))
                     if rs.hold_base is not None:  # but a member is away: not under the class

@@ -81,6 +81,7 @@ class ResourceState:
     drop_ticks: int = 0  # ticks in a row with the write rate under WRITE_DROP_FRACTION
     hold_base: int | None = None  # the class when the hold in force began (None: no hold)
     quiet_ticks: int = 0  # ticks in a row with reads but no writers
+    floor_ticks: int = 0  # ticks in a row the PID wanted no delay (decide.py, "release")
 
     def setpoint(self, c: ControllerConfig) -> float:
         """The setpoint in force, a fraction of the threshold in force."""

@@ -203,8 +203,15 @@ def run_paths(
     converge_every = max(1, round(cfg.converge_s / dt))
     delay_of = [cfg.ladder.delay_s(k) for k in range(cfg.ladder.max_class + 1)]
 
+    stalls, stall_i = sc.stalls, 0  # the array's stalls (sorted), the next one
+    last_lat = dict.fromkeys(names, 0.0)  # each resource's latency before a stall
     for k in range(round(sc.duration_s / dt)):
         t = k * dt
+        while stall_i < len(stalls) and stalls[stall_i][1] <= t:
+            stall_i += 1
+        stall_end = (
+            stalls[stall_i][1] if stall_i < len(stalls) and stalls[stall_i][0] <= t else None
+        )
         for i, win in enumerate(wins):  # on: in the last window that started by t
             j = reached[i]
             while j < len(win) and win[j][0] <= t:
@@ -218,8 +225,10 @@ def run_paths(
             # mode "all": every packet to a throttled initiator is delayed
             closed: list[ClosedOnPaths] = []
             owner: list[tuple[int, int | None]]
-            if n == 1:  # one path: a flow per stream, as flows() makes it
-                fl = []
+            fl: list[Closed] = []
+            if stall_end is not None:  # the array serves nothing: no closed stream moves
+                owner = []
+            elif n == 1:  # one path: a flow per stream, as flows() makes it
                 app0 = applied[0]
                 for i in closed_of[name]:
                     if not on[i]:
@@ -245,8 +254,12 @@ def run_paths(
                     ]
                     closed.append((s, frac[ini], ds))
                 fl, owner = flows(closed, paths.policy)
-            open_iops = sum(streams[i].rate_iops for i in open_of[name] if on[i])
-            lat, rates = closed_latency(devices[name], open_iops, fl)
+            if stall_end is None:
+                open_iops = sum(streams[i].rate_iops for i in open_of[name] if on[i])
+                lat, rates = closed_latency(devices[name], open_iops, fl)
+                last_lat[name] = lat
+            else:  # its reads wait for the stall's end, then take the latency it left
+                open_iops, lat, rates = 0.0, last_lat[name], []
             # the device as diskstats sees it: IOs, their latency, IOs in flight (Little)
             dev_iops = open_iops + sum(rates)
             dev_acc = dev_tick[name]
@@ -297,6 +310,9 @@ def run_paths(
                     if reading:
                         lat_i = lat * noise
                         done = next_arrival[i] + lat_i
+                        if stall_end is not None:  # served once the stall is over
+                            done = stall_end + lat_i
+                            lat_i = done - next_arrival[i]
                         heapq.heappush(pending, (done, name, lat_i, p, s.initiator, s.size_bytes))
                     next_arrival[i] += rng.expovariate(s.rate_iops)
 

@@ -24,6 +24,7 @@ Worked example
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import tomllib
@@ -110,6 +111,7 @@ class Scenario:
     thresholds_s: tuple[float, ...]
     controller: ControllerConfig
     groups: tuple[GroupModel, ...] = ()  # every resource is grouped when there are any
+    stalls: tuple[tuple[float, float], ...] = ()  # the array's stalls: (start, end), sorted
 
     def switch_ons(self) -> list[float]:
         """Times at which write streams switch on (deduplicated, sorted)."""
@@ -246,6 +248,7 @@ def parse_scenario(text: str, overrides: Mapping[str, Any] | None = None) -> Sce
         streams.extend(_parse_stream(t, names, duration_s))
 
     groups = _parse_groups(top, {s.initiator for s in streams}, duration_s)
+    stalls = _parse_stalls(top, duration_s)
     config = _controller(top, text, overrides or {})
     if config.tick_s < dt_s:
         raise ScenarioError("controller.tick: must be at least run.dt_s")
@@ -268,6 +271,7 @@ def parse_scenario(text: str, overrides: Mapping[str, Any] | None = None) -> Sce
         thresholds_s=tuple(float(x) / 1000.0 for x in thr),
         controller=config,
         groups=groups,
+        stalls=stalls,
     )
 
 
@@ -370,6 +374,30 @@ def _parse_groups(top: _Table, initiators: set[str], duration_s: float) -> tuple
             ct.done()
         t.done()
         out.append(GroupModel(spec, tuple(members), tuple(changes)))
+    return tuple(out)
+
+
+def _parse_stalls(top: _Table, duration_s: float) -> tuple[tuple[float, float], ...]:
+    """[[stall]]: windows in which the array serves nothing (a guest or an array that
+    stalls): start_s, duration_s, and every_s to repeat them (0: once; cycles, 0: to the
+    end)."""
+    if "stall" not in top.data:
+        top.used.add("stall")
+        return ()
+    out: list[tuple[float, float]] = []
+    for t in top.tables("stall"):
+        start = t.number("start_s", lo=0.0, hi=duration_s)
+        length = t.number("duration_s", lo=0.0, lo_open=True, hi=duration_s)
+        every = t.number("every_s", 0.0, lo=0.0)
+        cycles = t.integer("cycles", 0, lo=0)
+        t.done()
+        if every and every <= length:
+            raise ScenarioError(f"{t.path}.every_s: must be more than duration_s")
+        sched = Schedule(start, length, every - length if every else 0.0, cycles if every else 1)
+        out.extend(sched.windows(duration_s))
+    out.sort()
+    if any(b[0] < a[1] for a, b in itertools.pairwise(out)):
+        raise ScenarioError("stall: the stalls overlap")
     return tuple(out)
 
 

@@ -4,7 +4,12 @@ import random
 
 import pytest
 
-from santhrottle.controller.decide import RESUME_AFTER_TICKS, RESUME_HOLD_S, decide
+from santhrottle.controller.decide import (
+    RELEASE_FLOOR_TICKS,
+    RESUME_AFTER_TICKS,
+    RESUME_HOLD_S,
+    decide,
+)
 from santhrottle.controller.domain import (
     ControllerConfig,
     PidGains,
@@ -204,6 +209,45 @@ def test_class_hysteresis_down_only():
     # a small positive error: up at once
     st, d = decide(st, Samples([ReadSample("vg", 6, 0.0130)]), 0.2)
     assert d.resource_classes["vg"] == st.resources["vg"].pid.delay_class > 10
+
+
+def test_a_class_the_pid_no_longer_wants_is_released_past_the_hysteresis():
+    """Work conservation: a class inside the hysteresis band (4 classes by default, so up
+    to 2 ms) is no longer held once the PID's output has sat at its floor for
+    RELEASE_FLOOR_TICKS ticks: it comes down a class a tick to 0. Before that, and for a
+    PID that only hovers near the class, the band holds it."""
+    cfg = ControllerConfig()  # law "log", hysteresis 4, a class a tick down
+    st = new_state(cfg, [Resource("vg", 0.010)])
+    st, _ = decide(st, Samples(writes=writes("vg", "A")), 0.0)  # A joins
+    t, classes = 0.0, []
+
+    def tick(latency_s):
+        nonlocal st, t
+        t = round(t + 0.1, 6)
+        ws = writes("vg", "A") if round(t * 10) % 10 == 0 else []  # A writes on
+        st, _ = decide(st, Samples([ReadSample("vg", 6, latency_s, 10 * MIB)], ws), t)
+
+    for _ in range(6):  # a spike: the class rises by the ramp
+        tick(0.200)
+    spiked = st.resources["vg"].delay_class
+    assert spiked > 0
+    for _ in range(60):  # then 0.45 T, writers on: the PID winds down to its floor
+        tick(0.0045)
+        classes.append(st.resources["vg"].delay_class)
+    assert classes[-1] == 0 and st.effective == {}
+    # never more than a class a tick, and not before RELEASE_FLOOR_TICKS at the floor
+    assert all(a - b <= 1 for a, b in itertools.pairwise([spiked, *classes]))
+    first_zero = classes.index(0)
+    assert first_zero >= RELEASE_FLOOR_TICKS
+    # the band still holds a class against a PID that hovers near it: at 0.85 T (under
+    # the setpoint, so never up) for as long, class 4 stays when the PID is not at its floor
+    st.resources["vg"].delay_class = 4
+    st.resources["vg"].pid.follow(4)
+    st.resources["vg"].floor_ticks = 0
+    for _ in range(RELEASE_FLOOR_TICKS + 5):
+        tick(0.0088)
+        if st.resources["vg"].pid.delay_class > 0:
+            assert st.resources["vg"].delay_class == 4
 
 
 def test_threshold_change_keeps_pid_and_remove_resource_releases_members():
