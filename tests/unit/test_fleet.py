@@ -205,7 +205,7 @@ def test_fresh_drops_old_reports_and_keeps_the_newest_per_appliance():
     assert fresh(reports, 100.0) == []
 
 
-def test_a_follower_moves_toward_the_leaders_class_as_step_moves_a_class():
+def test_a_follower_moves_toward_the_leaders_class_as_decide_moves_a_class():
     """follow(): up by the ramp, down one class a tick (the decrease limit), the PID
     continuing from the class it got, the members' effective classes along."""
     from santhrottle.controller.decide import decide
