@@ -28,7 +28,7 @@ class PidGains:
     """Gains of the paper's PID on the class index (law "paper", controller/pid.py)."""
 
     # The error is relative: measured / threshold - setpoint_fraction, so the
-    # same gains serve a 1 ms and a 20 ms threshold (step.py, "Law"). Tuned on
+    # same gains serve a 1 ms and a 20 ms threshold (decide.py, "Law"). Tuned on
     # sim/scenarios/paper.toml with the linear ladder: 15 classes per
     # unit of relative error = 7.5 ms of delay for a latency 100 % too high.
     kp_class_per_rel_error: float = 15.0
@@ -54,7 +54,7 @@ class LogGains:
     td_s: float = 0.0
     # The law acts on ln(delay + offset), offset = this x the threshold in
     # force: a writer's IO takes about the device's latency plus its delay, so
-    # where the delay is short against the latency, a step of ln(delay) alone
+    # where the delay is short against the latency, a change of ln(delay) alone
     # would barely change the writers' rate (controller/pid.py, "offset").
     offset_x_threshold: float = 0.5
 
@@ -88,7 +88,7 @@ class ControllerConfig:
     # of the next D overtake those still queued in the slower netem class; one
     # overtaken data segment is enough for the target's RACK to fast-retransmit
     # (its reordering window is min_rtt/4 until it has seen reordering). Small
-    # steps leave few packets to overtake (docs/lab.md, "Retransmissions").
+    # decreases leave few packets to overtake (docs/lab.md, "Retransmissions").
     class_decrease_max_per_tick: int = 1
     # A delay goes up by at most a factor class_increase_max_ratio_per_tick
     # per tick, but always by delay_increase_min_s_per_tick if wanted (ratio

@@ -3,7 +3,7 @@
 Problem
     A resource's PID picks a class for its write-heavy members; an initiator
     that is a member of several resources gets one class, and it must not
-    jump to a long delay in one tick (the target's tail-loss probe, step.py).
+    jump to a long delay in one tick (the target's tail-loss probe, decide.py).
 
 Law (per initiator whose resources' classes or memberships changed)
     want  = max(the classes of the resources it is a member of, its groups' class)

@@ -30,7 +30,7 @@ Law "log" (the default), LogPid: the same increments on w = ln(delay + offset)
     v_k = min(max(v_k, ln(d_1 / 2)), ln(d_max))
     class_k = 0 if v_k is at its floor, else the smallest class whose delay
               is >= e^v_k
-    Kp is in natural-log units per unit of relative error: every step of
+    Kp is in natural-log units per unit of relative error: every update of
     the PID is a multiplication of the delay. Why that makes the speed
     independent of the array: where the writers' delay d dominates their
     IO time, a closed-loop writer keeps q * L / (L + d) IOs in the device,
@@ -42,10 +42,10 @@ Law "log" (the default), LogPid: the same increments on w = ln(delay + offset)
     100 between those arrays.
     The offset: a writer's IO takes about the device's latency plus its
     delay, and at the setpoint the latency is about the threshold T (the
-    caller passes it in seconds). Where d is short against T, a step of
+    caller passes it in seconds). Where d is short against T, a change of
     ln(d) alone hardly changes the writers' rate (its elasticity is near 0),
     and a delay that starts at 0.5 ms and needs 25 ms would take some 100
-    ticks to get there; on ln(d + T/2) the step moves d by a share of T.
+    ticks to get there; on ln(d + T/2) the same change moves d by a share of T.
     Where d is long against T, ln(d + T/2) ~ ln(d). offset 0: plain ln(d).
 
 Both
@@ -90,7 +90,7 @@ Worked example, law "log"
         k=1  e=0.3  v = -2.969 + (0.3 - 0.6 + 0.2*0.3) = -3.209 -> 40.4 ms: class 50 (41 ms)
         k=2  e=0.1  v = -3.209 + (0.1 - 0.3 + 0.2*0.1) = -3.389 -> 33.7 ms: class 47 (35 ms)
     The same errors move 24 ms or 240 ms by the same factors (offset 0). With
-    offset 0.5 (the default) and a threshold of 10 ms, the first step from
+    offset 0.5 (the default) and a threshold of 10 ms, the first update from
     25 ms is (25 + 5) * e^0.72 - 5 = 56.6 ms: class 57 (57 ms); from 1 ms,
     (1 + 5) * e^0.72 - 5 = 7.3 ms: class 15 (7.5 ms), where offset 0 gives
     1 * e^0.72 = 2.05 ms: class 5 (2.5 ms).
@@ -276,7 +276,7 @@ class LogPid:
     def track_up(self, delay_class: int) -> None:
         """The actuator kept more than asked (the decrease limit): never below
         delay_class, or the output runs to its floor while the class comes down one
-        step a tick, and every new error starts from there (a sawtooth)."""
+        class a tick, and every new error starts from there (a sawtooth)."""
         self.u = max(self.u, self._v(max(0, delay_class)))
 
     @property

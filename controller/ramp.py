@@ -1,4 +1,4 @@
-"""How far one tick may move a delay class: up by the ramp, down gradually (step.py).
+"""How far one tick may move a delay class: up by the ramp, down gradually (decide.py).
 
 A delay that jumps past the target's tail-loss probe timer (2 x srtt + 2
 jiffies) before srtt has followed makes a spurious probe, a retransmission;
@@ -10,7 +10,7 @@ from class 2 (1 ms) to class 4 (2 ms), then 6 (3 ms), 8 (4 ms), 10 (5 ms),
 
 A class goes down by at most class_decrease_max_per_tick per tick (0: no
 limit): a lower delay lets an initiator's new packets overtake those still
-queued at the old one, and the target's TCP fast-retransmits (step.py,
+queued at the old one, and the target's TCP fast-retransmits (decide.py,
 "gradually"). move_toward() is both rules in one: a resource's class in
 decide(), a group's (groups.py) and a follower's toward its leader's
 (fleet.py) move by it. E.g. from class 20 toward 60 on the default ladder:

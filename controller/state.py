@@ -7,7 +7,7 @@ What it holds
     below it (`rising`), the two cadences' next deadlines, the groups'
     state (controller/groups.py) and what the holds need.
     ResourceState: a resource's threshold, its read-latency EWMA and PID,
-    its class, and the bookkeeping of its holds (step.py, "Law"): the
+    its class, and the bookkeeping of its holds (decide.py, "Law"): the
     last tick with reads, the write rate's EWMA (the write-drop hold), the
     hold's deadline and base class, the ticks without writers, the noise
     gauge of its setpoint (controller/setpoint.py), its LQ fit (threshold
@@ -49,10 +49,10 @@ from .writeheavy import CONTENDED_FLOOR_FRACTION, WriteHeavySets
 # A member that stopped writing while others go on holds its resource's class
 # (no decrease) for at most this long: writers pause and come back (the
 # method paper's pause 5 s), and the delay the others need alone is too
-# little for them all; one that stays away longer has gone (step.py, "Law").
+# little for them all; one that stays away longer has gone (decide.py, "Law").
 AWAY_HOLD_S = 10.0
 # A resource's own write rate is smoothed over this long to see it drop (the
-# write-drop hold, step.py): a writer that stopped.
+# write-drop hold, decide.py): a writer that stopped.
 WRITE_RATE_TAU_S = 1.0
 
 

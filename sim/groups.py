@@ -94,7 +94,7 @@ class GroupMeter:
         self.acc.clear()
         return out
 
-    def after_step(self, state: ControllerState, t_s: float, converged: bool) -> None:
+    def after_decide(self, state: ControllerState, t_s: float, converged: bool) -> None:
         """Apply the changes due; at a convergence, record every group."""
         changed = False
         while self.changes and self.changes[0][0] <= t_s + 1e-9:

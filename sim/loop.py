@@ -72,7 +72,7 @@ class Control(Protocol):
 
     def decide(self, sensed: Sensed, now_s: float, seq: int) -> Sequence[Mapping[str, int]]:
         """The classes (initiator -> class) each path applies from now on; seq is the
-        run's step number (a tick's, for reports)."""
+        run's dt number (a tick's, for reports)."""
         ...
 
     def own(self, path: int) -> ControllerState:
@@ -83,12 +83,12 @@ class Control(Protocol):
 class OneAppliance:
     """One controller on every path (the daemon): decide() on everything sensed.
 
-    oracle_class: every resource's class is set to it after each step (the
+    oracle_class: every resource's class is set to it after each decide() (the
     controller's PID runs, the class it decided is replaced): a writer gets
     it once the write-heavy sets name it and through the ramp, the best a
     controller limited by the sets' cadence and the ramp could do knowing
     the class in advance (sim/sweep.py). meter: a grouped scenario's
-    (sim/groups.py), told after each step (the groups' live changes).
+    (sim/groups.py), told after each decide() (the groups' live changes).
     """
 
     def __init__(
@@ -106,7 +106,7 @@ class OneAppliance:
     def decide(self, sensed: Sensed, now_s: float, seq: int) -> Sequence[Mapping[str, int]]:
         self.state, _ = decide(self.state, sensed.whole(), now_s)
         if self.meter is not None:
-            self.meter.after_step(self.state, now_s, sensed.converging)
+            self.meter.after_decide(self.state, now_s, sensed.converging)
         if self.oracle_class is not None:  # the class that holds T, every tick
             for name in self.state.resources:
                 set_class(self.state, name, self.oracle_class)

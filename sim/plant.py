@@ -32,7 +32,7 @@ Fixed point
     g(C) <= 0 and g grows without bound when m * Lambda < 1: exactly one
     root L* >= C. Newton's method started at the upper bound
         L_hi = (C + m * sum q_i) / (1 - m * Lambda)   (where g >= 0)
-    descends monotonically onto it (convexity), in a handful of steps.
+    descends monotonically onto it (convexity), in a handful of iterations.
     m * Lambda >= 1 means the open-loop load alone saturates the device:
     no steady state exists; that is an error of the scenario.
 
@@ -86,9 +86,9 @@ def solve_latency(
             dq += q * d / (denom * denom)
         g = lat * (1.0 - mlam) - c - m * q_closed
         gp = 1.0 - mlam - m * dq
-        step = g / gp
-        lat -= step
-        if abs(step) < NEWTON_TOL_S:
+        delta = g / gp
+        lat -= delta
+        if abs(delta) < NEWTON_TOL_S:
             break
     return lat
 

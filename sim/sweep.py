@@ -60,7 +60,7 @@ from .scenario import Scenario, ScenarioError, parse_scenario
 # "paper" stands for the defaults before the log law and the long ladder (the
 # method paper's PID on the class index, linear 0.5 ms ladder to 50 ms = 100
 # classes), a fixed setpoint. Owner of the control law: keep "paper" equal to
-# those old defaults where a key can (the write-drop hold of step.py has none).
+# those old defaults where a key can (the write-drop hold of decide.py has none).
 # ---------------------------------------------------------------------------
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
