@@ -30,6 +30,7 @@ from santhrottle.appliance.cli.common import (
     NoDaemon,
     emit,
     envelope,
+    ip_address,
     number,
     path_arg,
     verb,
@@ -38,6 +39,7 @@ from santhrottle.appliance.cli.statusview import (
     describe_threshold,
     fmt_threshold,
     print_status,
+    print_why,
     read_threshold,
 )
 from santhrottle.appliance.config import DEFAULT_PATH, ConfigError, defaults, load_config
@@ -290,9 +292,37 @@ def _common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return socket_options(p)
 
 
+WHY_EPILOG = """\
+examples:
+  santhrottle why 10.0.0.3                 # its delay now, and each change with its reason
+  santhrottle why fd00::3 --json
+
+The daemon keeps, per initiator, its last 64 class changes (the resource, from -> to
+and why: write-heavy on a resource, its controller, a group's arbiter, a pin, a pause,
+the fleet leader's decision, a previous run's member lowered) and the commands that
+named it (pin, unpin: who), for the last 4,096 initiators that had one; the same
+records are in its log (journalctl -u santhrottled SANTHROTTLE_INITIATOR=10.0.0.3).
+--json prints {"protocol": N, "data": ...}.
+"""
+
+
+def cmd_why(args: argparse.Namespace) -> int:
+    return emit(args, call(args, "why", initiator=args.initiator), print_why)
+
+
 def add_commands(sub: Any) -> None:
     _common(verb(sub, "status", "resources, thresholds, delay classes and initiators", EPILOG))
     sub.choices["status"].set_defaults(func=cmd_status)
+    w = _common(
+        verb(sub, "why", "why an initiator is delayed as it is: its recent history", WHY_EPILOG)
+    )
+    w.add_argument(
+        "initiator",
+        metavar="INITIATOR",
+        type=ip_address,
+        help="the initiator's IPv4 or IPv6 address",
+    )
+    w.set_defaults(func=cmd_why)
     t = verb(
         sub, "threshold", "show, set or reset a resource's read-latency threshold", THRESHOLD_EPILOG
     )

@@ -15,6 +15,7 @@ Worked example
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from santhrottle.appliance.cli.common import Failed, column_width, ip_key
@@ -175,3 +176,24 @@ def describe_threshold(th: ThresholdView) -> str:
         conf = th.configured_s
         text += f" (override; file: {fmt_ms(conf) if conf is not None else 'none'})"
     return text
+
+
+def print_why(d: Any) -> None:
+    """`santhrottle why`: the initiator's delay now, then its history, oldest first."""
+    if not isinstance(d, dict) or not isinstance(d.get("events"), list):
+        raise Failed("santhrottled's why answer is not an object with events")
+    now = f"class {d['class']} ({fmt_ms(d['delay_s'])}, {d['mode']})"
+    notes = [
+        "pinned" if d.get("pinned") else "",
+        "PAUSED" if d.get("paused") else "",
+        f"write-heavy on {', '.join(d['write_heavy_on'])}" if d.get("write_heavy_on") else "",
+        f"group {d['group']}" if d.get("group") else "",
+    ]
+    print(f"{d['initiator']}: {now}" + "".join(f"; {n}" for n in notes if n))
+    if not d["events"]:
+        print("no change of its class since the daemon started (or since it was forgotten)")
+    for e in d["events"]:
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["at"]))
+        move = "" if e["from"] is None else f"class {e['from']} -> {e['to']}  "
+        res = f"{e['resource']}: " if e.get("resource") else ""
+        print(f"{at}  {move}{res}{e['why']}")

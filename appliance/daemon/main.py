@@ -214,9 +214,34 @@ class OneLineFormatter(logging.Formatter):
 
 
 def setup_logging(level: str) -> None:
-    handler = logging.StreamHandler()
-    handler.setFormatter(OneLineFormatter("%(levelname)s %(name)s: %(message)s"))
+    """stderr, one line per record; under systemd with python-systemd (Debian's
+    python3-systemd) straight to journald instead, each record's structured fields
+    (the audit trail's SANTHROTTLE_*, core/audit.py) kept as journal fields."""
+    handler = journal_handler() or logging.StreamHandler()
+    fmt = (
+        "%(name)s: %(message)s"
+        if handler.name == JOURNAL
+        else "%(levelname)s %(name)s: %(message)s"
+    )
+    handler.setFormatter(OneLineFormatter(fmt))
     logging.basicConfig(level=level, handlers=[handler])
+
+
+JOURNAL = "journal"
+
+
+def journal_handler() -> logging.Handler | None:
+    """python-systemd's JournalHandler when stderr is journald's (systemd sets
+    JOURNAL_STREAM) and the module is there; None otherwise."""
+    if not os.environ.get("JOURNAL_STREAM"):
+        return None
+    try:
+        from systemd.journal import JournalHandler  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    handler: logging.Handler = JournalHandler(SYSLOG_IDENTIFIER="santhrottled")
+    handler.name = JOURNAL
+    return handler
 
 
 def load_daemon_config(path: str) -> Config:
@@ -246,6 +271,7 @@ def serve(cfg: Config) -> int:
     from santhrottle.appliance.daemon.control.commands import Commands
     from santhrottle.appliance.daemon.control.requests import one_line
     from santhrottle.appliance.daemon.control.server import ControlServer
+    from santhrottle.appliance.daemon.core.audit import Caller
     from santhrottle.appliance.daemon.core.loop import Daemon
     from santhrottle.appliance.daemon.core.state import StateStore
     from santhrottle.appliance.daemon.status.build import StatusCache
@@ -301,8 +327,8 @@ def serve(cfg: Config) -> int:
 
     def on_hup(_signum: int, _frame: Any) -> None:
         def reload() -> None:
-            try:
-                daemon.reload()
+            try:  # the command's own path: audited as the socket's reload is
+                commands.handle("reload", {}, Caller("SIGHUP"))
             except Exception as e:
                 log.error("%s", e)
 

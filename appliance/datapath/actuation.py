@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from santhrottle.appliance.datapath.actuator import ApplyReport, CleanupReport, Datapath
-from santhrottle.appliance.datapath.converge import Convergence, Quarantined, Target
+from santhrottle.appliance.datapath.converge import Change, Convergence, Quarantined, Target
 from santhrottle.appliance.datapath.drift import Expected, find_drift
 
 
@@ -54,9 +54,10 @@ class Actuation:
         return self.datapath.cleanup()
 
     # ------------------------------------------------------------ every tick
-    def converge(self, want: Mapping[str, Target], *, ordered: bool = True) -> int:
+    def converge(self, want: Mapping[str, Target], *, ordered: bool = True) -> dict[str, Change]:
         """Every initiator to its (class, mode) in `want`, the others out of every set;
-        what the kernel refuses is quarantined, the rest goes in (converge.py)."""
+        what the kernel refuses is quarantined, the rest goes in (converge.py).
+        Returns what changed: ip -> (class before, class after, mode)."""
         return self.convergence.converge(want, ordered)
 
     def settle(self) -> int:

@@ -50,6 +50,7 @@ from santhrottle.appliance.datapath.names import ObjectError
 log = logging.getLogger("santhrottled")
 
 Target = tuple[int, str]  # (class, mode)
+Change = tuple[int, int, str]  # (class before, class after, mode)
 # The first retry of a quarantined member or object, and the longest wait between two.
 QUARANTINE_FIRST_S = 1.0
 QUARANTINE_MAX_S = 60.0
@@ -86,6 +87,7 @@ class Convergence:
         self.quarantine: dict[str, Quarantined] = {}  # ip or object name -> entry
         self.quarantined_total: dict[str, int] = {}  # kind -> entries ever made
         self.errors = 0  # refusals (a batch's, a member's, an object's)
+        self._changed: dict[str, Change] = {}  # what the converge() under way changed
 
     # ----------------------------------------------------------- the record
     def members(self) -> Mapping[str, Target]:
@@ -120,19 +122,20 @@ class Convergence:
         return out
 
     # ----------------------------------------------------------- converge
-    def converge(self, want: Mapping[str, Target], ordered: bool = True) -> int:
+    def converge(self, want: Mapping[str, Target], ordered: bool = True) -> dict[str, Change]:
         """Move the kernel's members to `want` (ip -> (class, mode); an ip not in it
-        leaves every set); returns the ops sent."""
+        leaves every set); returns what changed in the kernel: ip -> (class before,
+        class after, mode), each initiator whose class the kernel took."""
         now = self.clock()
         self._unquarantine_unwanted(want)
         by_mode = self._changes(want, now)
-        sent = 0
         for mode, classes in by_mode.items():
             blocked = self.quarantine.get(mode_object(mode))
             if blocked is not None and now < blocked.retry_at:
                 continue
-            sent += self._send_batch(classes, mode, ordered, now)
-        return sent
+            self._send_batch(classes, mode, ordered, now)
+        changed, self._changed = self._changed, {}
+        return changed
 
     def _unquarantine_unwanted(self, want: Mapping[str, Target]) -> None:
         for key in [k for k, q in self.quarantine.items() if q.kind == MEMBER]:
@@ -217,7 +220,11 @@ class Convergence:
 
     def _applied(self, classes: Mapping[str, int], mode: str) -> None:
         have = self.targets
+        changed = self._changed
         for ip, k in classes.items():
+            old = have.get(ip, (0, mode))[0]
+            if old != k:
+                changed[ip] = (old, k, mode)
             if k:
                 have[ip] = (k, mode)
             elif have.get(ip, (0, mode))[1] == mode:

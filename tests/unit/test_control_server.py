@@ -234,7 +234,7 @@ def test_every_reply_carries_the_protocol_version(live):
 
 
 def test_a_failing_or_unencodable_dispatch_is_a_one_line_refusal(tmp_path):
-    def dispatch(cmd, _args):
+    def dispatch(cmd, _args, _caller):
         if cmd == "status":
             return {"x": math.nan}
         raise RuntimeError("boom\nsecond line")
@@ -420,7 +420,7 @@ def test_proc_groups_reads_the_supplementary_groups():
 def test_only_0600_or_0660_with_a_group(tmp_path, mode, group, msg):
     path = str(tmp_path / "c.sock")
     with pytest.raises(ValueError) as e:
-        ControlServer(path, lambda c, a: None, mode, group)
+        ControlServer(path, lambda c, a, w: None, mode, group)
     assert str(e.value) == msg and not os.path.exists(path)
 
 
@@ -428,7 +428,7 @@ def test_socket_is_0600_and_a_second_server_is_refused(live):
     _d, _vt, _act, path, _srv = live
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     with pytest.raises(OSError, match="another santhrottled is running"):
-        ControlServer(path, lambda c, a: None)
+        ControlServer(path, lambda c, a, w: None)
 
 
 # ---------------------------------------------------------------- 7. the client

@@ -36,11 +36,21 @@ Worked example
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from santhrottle.appliance.daemon.control import group_commands
-from santhrottle.appliance.daemon.control.requests import Context, RequestError, check
+from santhrottle.appliance.daemon.control.requests import (
+    CHANGES,
+    COMMANDS,
+    Context,
+    RequestError,
+    check,
+)
+from santhrottle.appliance.daemon.control.why import why_answer
+from santhrottle.appliance.daemon.core.audit import Caller
 from santhrottle.appliance.daemon.core.errors import CommandError
+from santhrottle.appliance.daemon.core.group_overrides import to_json as to_override_json
 from santhrottle.appliance.daemon.status.build import StatusCache, threshold_view, volumes
 from santhrottle.appliance.daemon.status.views import to_json
 
@@ -49,11 +59,8 @@ if TYPE_CHECKING:
 
 __all__ = ["READ_ONLY", "CommandError", "Commands"]
 
-# Commands that only read.
-READ_ONLY = frozenset(
-    {"ping", "status", "resources", "initiators", "volumes", "threshold_show", "fleet_status"}
-    | group_commands.READ_ONLY
-)
+# Commands that only read (the others change the state and are audited: CHANGES).
+READ_ONLY = frozenset(COMMANDS) - CHANGES
 
 
 class Commands:
@@ -68,10 +75,55 @@ class Commands:
             out: dict[str, Any] = to_json(threshold_view(self.daemon, name))
         return out
 
-    def handle(self, cmd: str, args: dict[str, Any]) -> Any:
-        """One request; raises CommandError with the line for the admin."""
+    def handle(self, cmd: str, args: dict[str, Any], caller: Caller | None = None) -> Any:
+        """One request; raises CommandError with the line for the admin.  A command
+        that changes the state goes to the audit trail (core/audit.py): who (the
+        caller: the socket's peer credentials), what, before -> after, or refused."""
         d = self.daemon
-        a = self._checked(cmd, args)
+        if cmd not in CHANGES:
+            a = self._checked(cmd, args)
+            with d.lock:
+                return self._read(cmd, a)
+        who = caller or Caller("socket")
+        try:
+            a = self._checked(cmd, args)
+        except CommandError as e:
+            self.refused(cmd, args, str(e), who)
+            raise
+        before = self._state(cmd, a)
+        try:
+            out = self._change(cmd, a)
+        except CommandError as e:
+            d.audit.command(who, cmd, a, before, None, refused=str(e))
+            raise
+        d.audit.command(who, cmd, a, before, self._state(cmd, a))
+        return out
+
+    def refused(self, cmd: str, args: Any, error: str, caller: Caller | None) -> None:
+        """A state change the checks refused, with what was sent (cut short)."""
+        sent = {str(k)[:40]: str(v)[:80] for k, v in args.items()} if isinstance(args, dict) else {}
+        self.daemon.audit.command(caller or Caller("socket"), cmd, sent, None, None, error)
+
+    def _state(self, cmd: str, a: dict[str, Any]) -> str:
+        """What a change command changes, as it is now (the audit's before and after)."""
+        d = self.daemon
+        with d.lock:
+            rt = d.runtime
+            if cmd in ("pin", "unpin"):
+                pin = rt.pins.get(a["initiator"])
+                return "not pinned" if pin is None else f"class {pin[0]} {pin[1]}"
+            if cmd in ("pause", "resume"):
+                return "paused" if rt.paused else "running"
+            if cmd.startswith("threshold_"):
+                thr = d.threshold_of(a["resource"])
+                over = " (override)" if a["resource"] in rt.thresholds else ""
+                return f"{'none' if thr is None else thr}{over}"
+            if cmd.startswith("group_"):
+                return json.dumps(to_override_json(rt.group_overrides.get(a["group"])))
+            return f"{d.config.path}, restart pending: {', '.join(d.restart_pending) or 'none'}"
+
+    def _change(self, cmd: str, a: dict[str, Any]) -> Any:
+        d = self.daemon
         if cmd == "reload":
             return {"reloaded": d.config.path, "restart_needed": d.reload()}
         if cmd == "threshold_set":
@@ -98,13 +150,14 @@ class Commands:
         if cmd in ("pause", "resume"):
             d.set_paused(cmd == "pause")
             return {"paused": cmd == "pause"}
-        if cmd in group_commands.COMMANDS:  # control/group_commands.py
-            return group_commands.handle(d, cmd, a)
-        with d.lock:
-            return self._read(cmd)
+        return group_commands.handle(d, cmd, a)  # control/group_commands.py
 
-    def _read(self, cmd: str) -> Any:
+    def _read(self, cmd: str, a: dict[str, Any]) -> Any:
         d = self.daemon
+        if cmd in group_commands.READ_ONLY:
+            return group_commands.handle(d, cmd, a)
+        if cmd == "why":
+            return why_answer(d, a["initiator"])
         if cmd == "ping":
             return {"pong": True}
         if cmd == "status":

@@ -58,6 +58,7 @@ from santhrottle.appliance.config.kinds import (
     quote,
 )
 from santhrottle.appliance.config.schema import MAX_CLASSES, PIN_MODES, key
+from santhrottle.appliance.daemon.core.audit import Caller
 from santhrottle.appliance.daemon.core.errors import CommandError
 from santhrottle.appliance.daemon.core.group_overrides import (
     check_latency_target_s,
@@ -91,7 +92,10 @@ class RemoteError(Exception):
     """The daemon refused the request; the message is its one line."""
 
 
-Handler = Callable[[str, dict[str, Any]], Any]
+# (command, checked arguments, who asked: the socket's peer credentials) -> the answer
+Handler = Callable[[str, dict[str, Any], Caller | None], Any]
+# (command, the arguments as sent, why refused, who asked): a refusal for the audit trail
+Refused = Callable[[str, Any, str, Caller | None], None]
 
 
 class RequestError(Exception):
@@ -232,7 +236,22 @@ COMMANDS: dict[str, dict[str, Spec]] = {
     "pause": NO_ARGS,
     "resume": NO_ARGS,
     "reload": NO_ARGS,
+    "why": {"initiator": _initiator},
 }
+# The commands that change the daemon's state: each goes to the audit trail.
+CHANGES = frozenset(
+    {
+        "threshold_set",
+        "threshold_reset",
+        "group_set",
+        "group_reset",
+        "pin",
+        "unpin",
+        "pause",
+        "resume",
+        "reload",
+    }
+)
 
 
 def one_line(msg: str) -> str:
@@ -248,6 +267,12 @@ def reject_constant(name: str) -> Any:
 
 def parse_line(line: bytes) -> tuple[str, dict[str, Any]]:
     """One request line -> (cmd, checked args), or RequestError (one line)."""
+    cmd, args = decode_request(line)
+    return cmd, check(cmd, args)
+
+
+def decode_request(line: bytes) -> tuple[Any, Any]:
+    """One request line -> (cmd, args) as sent (unchecked), or RequestError."""
     try:
         req = json.loads(line, parse_constant=reject_constant)
     except (ValueError, RecursionError) as e:  # JSON, UTF-8, nesting, int digits
@@ -257,8 +282,7 @@ def parse_line(line: bytes) -> tuple[str, dict[str, Any]]:
     extra = sorted(str(k) for k in req if k not in ("cmd", "args"))
     if extra:
         raise RequestError(f"bad request: unknown key {quote(extra[0])}")
-    cmd = req.get("cmd")
-    return cmd, check(cmd, req.get("args", {}))
+    return req.get("cmd"), req.get("args", {})
 
 
 def check(cmd: Any, args: Any, ctx: Context | None = None) -> dict[str, Any]:
@@ -293,11 +317,24 @@ def encode(obj: dict[str, Any]) -> bytes:
         return json.dumps(err).encode() + b"\n"
 
 
-def answer(line: bytes, dispatch: Handler) -> dict[str, Any]:
-    """The reply object to one request line (never raises)."""
+def answer(
+    line: bytes,
+    dispatch: Handler,
+    caller: Caller | None = None,
+    refused: Refused | None = None,
+) -> dict[str, Any]:
+    """The reply object to one request line (never raises).  A request of a command
+    that changes the daemon's state refused by the checks: told to `refused` (the
+    audit trail) with what was sent."""
     try:
-        cmd, args = parse_line(line)
-        return {"ok": True, "data": dispatch(cmd, args)}
+        cmd, raw = decode_request(line)
+        try:
+            args = check(cmd, raw)
+        except RequestError as e:
+            if refused is not None and isinstance(cmd, str) and cmd in CHANGES:
+                refused(cmd, raw, str(e), caller)
+            raise
+        return {"ok": True, "data": dispatch(cmd, args, caller)}
     except Exception as e:  # a one-line refusal, or a bug: never a crash
         if not isinstance(e, REFUSALS):
             log.exception("control: request failed")

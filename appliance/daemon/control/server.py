@@ -51,9 +51,11 @@ from typing import Any
 from santhrottle.appliance.daemon.control.client import socket_in_use
 from santhrottle.appliance.daemon.control.requests import (
     Handler,
+    Refused,
     answer,
     encode,
 )
+from santhrottle.appliance.daemon.core.audit import Caller
 
 log = logging.getLogger("santhrottled.control")
 
@@ -77,10 +79,11 @@ _UCRED = struct.Struct("3i")  # pid, uid, gid
 
 
 class _Conn:
-    __slots__ = ("eof", "events", "inbuf", "last", "outbuf", "sock")
+    __slots__ = ("caller", "eof", "events", "inbuf", "last", "outbuf", "sock")
 
-    def __init__(self, sock: socket.socket, now: float) -> None:
+    def __init__(self, sock: socket.socket, now: float, caller: Caller | None = None) -> None:
         self.sock = sock
+        self.caller = caller  # its peer (SO_PEERCRED): the audit trail's "who"
         self.inbuf = bytearray()
         self.outbuf = bytearray()
         self.eof = False  # the peer sent everything (or must send nothing more)
@@ -100,6 +103,7 @@ class ControlServer:
         max_connections: int = MAX_CONNECTIONS,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         evict_idle_s: float = EVICT_IDLE_S,
+        refused: Refused | None = None,
     ) -> None:
         want = MODE_GROUP if group is not None else MODE_ROOT
         if mode != want:
@@ -116,6 +120,7 @@ class ControlServer:
                 raise ValueError(f"control socket group {group!r} does not exist") from None
         self.path = path
         self.dispatch = dispatch
+        self.on_refused = refused  # a state change the checks refused: the audit trail
         self.allow_uids = frozenset({ROOT_UID, os.geteuid()} if allow_uids is None else allow_uids)
         self.max_connections = max_connections
         self.idle_timeout_s = idle_timeout_s
@@ -275,7 +280,8 @@ class ControlServer:
                 log.warning("control: accept: %s", e)
                 return
             sock.setblocking(False)
-            refusal = peer_refusal(sock, self.allow_uids, self.group, self.gid)
+            creds = peer_credentials(sock)
+            refusal = peer_refusal(creds, self.allow_uids, self.group, self.gid)
             if refusal is not None:
                 self.refused += 1
                 with contextlib.suppress(OSError):
@@ -283,7 +289,8 @@ class ControlServer:
                 sock.close()
                 continue
             self._room(now, evict=True)
-            c = _Conn(sock, now)
+            caller = None if isinstance(creds, str) else Caller("socket", creds[1], creds[0])
+            c = _Conn(sock, now, caller)
             self._conns[sock.fileno()] = c
             self._interest(c)
 
@@ -322,7 +329,7 @@ class ControlServer:
             if len(line) > MAX_REQUEST_BYTES:
                 self._fail(c, "request too large")
             else:
-                c.outbuf += encode(answer(line, self.dispatch))
+                c.outbuf += encode(answer(line, self.dispatch, c.caller, self.on_refused))
             self._send(c)
             return
         if c.eof and not c.outbuf:
@@ -374,16 +381,27 @@ class ControlServer:
         c.sock.close()
 
 
-def peer_refusal(
-    sock: socket.socket, allow_uids: Collection[int], group: str | None, gid: int | None
-) -> str | None:
-    """Why this connection's peer (SO_PEERCRED) may not use the socket, or None."""
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int] | str:
+    """(pid, uid, gid) of a connection's peer (SO_PEERCRED), or why there are none."""
     try:
-        pid, uid, pgid = _UCRED.unpack(
+        pid, uid, gid = _UCRED.unpack(
             sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
         )
     except OSError as e:
         return f"permission denied: no peer credentials ({e.strerror or e})"
+    return pid, uid, gid
+
+
+def peer_refusal(
+    creds: tuple[int, int, int] | str,
+    allow_uids: Collection[int],
+    group: str | None,
+    gid: int | None,
+) -> str | None:
+    """Why a connection's peer (its credentials) may not use the socket, or None."""
+    if isinstance(creds, str):
+        return creds
+    pid, uid, pgid = creds
     if uid in allow_uids or (gid is not None and (pgid == gid or gid in proc_groups(pid))):
         return None
     return (

@@ -60,7 +60,8 @@ import time
 from collections.abc import Callable
 
 from santhrottle.appliance.config import Config, ConfigError
-from santhrottle.appliance.daemon.core import grouping, reloading, resources
+from santhrottle.appliance.daemon.core import grouping, reloading, resources, why
+from santhrottle.appliance.daemon.core.audit import Audit
 from santhrottle.appliance.daemon.core.cadence import Cadence
 from santhrottle.appliance.daemon.core.counters import Counters, WrittenBytes
 from santhrottle.appliance.daemon.core.drift import DriftWatch
@@ -118,7 +119,7 @@ class Daemon:
         self.cadence = Cadence(clock, sleep, lambda: self.config.controller)  # reloadable
         self._resources_dirty = True  # a new discovery or config: reconcile at the next tick
         self._gc = GcFreezer()
-        self.drift = DriftWatch()
+        self.drift, self.audit = DriftWatch(), Audit()  # core/drift.py, core/audit.py
         self.keeper = StateKeeper(store)  # no store: nothing survives a restart (tests)
         self.seed_classes: dict[str, int] = {}  # resource -> class, from the last run
         self.restart_pending: list[str] = []  # keys a reload could not change
@@ -231,7 +232,8 @@ class Daemon:
         """The kernel to desired() (the data path diffs it against its record, quarantines
         what the kernel refuses: datapath/converge.py); glide leaves settled."""
         try:
-            self.actuator.converge(self.desired(), ordered=ordered)
+            changed = self.actuator.converge(self.desired(), ordered=ordered)
+            why.record(self, changed, self.clock())  # each change, why (core/audit.py)
             self.actuator.settle()
         except Exception as e:  # a bug below: counted and logged, the next tick tries again
             self._actuator_faults += 1
