@@ -33,7 +33,7 @@ pytestmark = pytest.mark.privileged
 SIX = [f"192.0.2.{i}" for i in range(11, 17)]
 
 
-def _wait(cond, timeout_s: float = 10.0, what: str = "") -> None:
+def _wait(cond, timeout_s: float = 30.0, what: str = "") -> None:
     deadline = time.monotonic() + timeout_s
     while not cond():
         if time.monotonic() > deadline:
