@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import re
 import signal
@@ -44,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from santhrottle.appliance.cli.common import Failed
+from santhrottle.appliance.cli.common import Failed, emit
 from santhrottle.appliance.config import ConfigError, defaults, load_config
 from santhrottle.appliance.config.parse import MAX_CONFIG_BYTES
 from santhrottle.appliance.daemon.control import socket_in_use
@@ -140,9 +141,9 @@ def control_sockets(args: argparse.Namespace) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def stop_daemon(path: str, wait_s: float = STOP_WAIT_S) -> None:
+def stop_daemon(path: str, wait_s: float = STOP_WAIT_S) -> int:
     """SIGTERM to the daemon that answers on path (its pid from SO_PEERCRED), then
-    wait until nobody answers there; Failed when it cannot be stopped."""
+    wait until nobody answers there: its pid; Failed when it cannot be stopped."""
     pid = peer_pid(path)
     if pid is None:
         raise Failed(f"santhrottled answers on {path}, but its pid cannot be read: stop it first")
@@ -156,6 +157,7 @@ def stop_daemon(path: str, wait_s: float = STOP_WAIT_S) -> None:
             raise Failed(f"santhrottled (pid {pid}) did not stop within {wait_s:g} s")
         time.sleep(STOP_POLL_S)
     print(f"stopped santhrottled (pid {pid}) on {path}", file=sys.stderr)
+    return pid
 
 
 def peer_pid(path: str) -> int | None:
@@ -175,6 +177,7 @@ def peer_pid(path: str) -> int | None:
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from santhrottle.appliance import datapath as dp
 
+    stopped: list[dict[str, Any]] = []
     for path in control_sockets(args):
         if not socket_in_use(path):
             continue
@@ -183,10 +186,12 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
                 f"santhrottled answers on {path} and owns the data path: stop it first "
                 "(systemctl stop santhrottled; it removes its delays), or --force"
             )
-        stop_daemon(path)
+        stopped.append({"socket": path, "pid": stop_daemon(path)})
     namespaces, warning = cleanup_namespaces(args)
     if warning:
         print(f"santhrottle: {warning}", file=sys.stderr)
+    done: list[dict[str, Any]] = []
+    lines: list[str] = []
     failed: list[str] = []
     for netns in namespaces:
         where = f" (netns {netns})" if netns else ""
@@ -195,12 +200,25 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
                 with _installed(dp, netns) as d:
                     remove_delays(d)
                     d.mangle.set_jumps((), active=False)  # also what a crash left with no member
-                print(f"no initiator is delayed any more{where}; the tc tree, sets and chain stay")
+                done.append({"netns": netns, "delays_removed": True})
+                lines.append(
+                    f"no initiator is delayed any more{where}; the tc tree, sets and chain stay"
+                )
             else:
                 with dp.Datapath(dp.DatapathSpec(), netns=netns) as d:
-                    print(d.cleanup().summary() + where)
+                    rep = d.cleanup()
+                done.append({"netns": netns, "removed": dataclasses.asdict(rep)})
+                lines.append(rep.summary() + where)
         except dp.DatapathError as e:
             failed.append(f"{e}{where}")
+            done.append({"netns": netns, "error": str(e)})
+    data = {
+        "delays_only": args.delays_only,
+        "stopped": stopped,
+        "warning": warning,
+        "namespaces": done,
+    }
+    emit(args, data, lambda _d: print("\n".join(lines)) if lines else None)
     if failed:
         raise Failed("; ".join(failed))
     return 0

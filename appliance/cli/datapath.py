@@ -17,6 +17,7 @@ Worked example
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -27,6 +28,7 @@ from santhrottle.appliance.cli.common import (
     JSON_HELP,
     CliError,
     Failed,
+    emit,
     envelope,
     ip_address,
     name_arg,
@@ -59,7 +61,9 @@ examples:
 
 apply is idempotent: it builds what is missing, changes what differs and
 adopts what a previous run left; it refuses a root qdisc it did not create.
-show --json prints {"protocol": N, "data": ...}, N the control protocol's version.
+--json prints {"protocol": N, "data": ...}, N the control protocol's version:
+apply's data is the ladder, ports and write mode applied and what changed
+("report"), show's the installed state.
 """
 
 PIN_EPILOG = """\
@@ -77,6 +81,8 @@ The delay must be a multiple of the data path's step (0.5 ms by default) and
 at most its maximum (50 ms by default).  Modes: all (every packet from the
 storage ports: slows writes and reads), ack (pure ACKs only: slows writes only
 when the initiator is window-limited), read (payload packets: slows reads).
+--json prints {"protocol": N, "data": ...}: the initiator, its class, delay_s
+and mode, and "through": "santhrottled" or "kernel".
 """
 
 CLEANUP_EPILOG = """\
@@ -86,7 +92,9 @@ examples:
   santhrottle cleanup --netns tgt       # in the target's network namespace
 
 Works without the daemon.  Without --netns, the namespace is daemon.netns of
-the configuration (if the file exists), else the current one.
+the configuration (if the file exists), else the current one.  --json prints
+{"protocol": N, "data": ...}: per namespace what was removed, the daemon stopped
+(--force), the warning about an invalid file.
 """
 
 
@@ -131,12 +139,30 @@ def cmd_apply(args: argparse.Namespace) -> int:
             rep = d.apply()
     except dp.DatapathError as e:
         raise Failed(str(e)) from None
-    print(
-        f"applied on {args.device}: {spec.ladder.describe()}, "
-        f"ports {','.join(map(str, spec.ports))}, "
-        f"write mode {spec.write_mode}; {rep.summary()}"
+    lad = spec.ladder
+    data = {
+        "device": args.device,
+        "netns": args.netns,
+        "ladder": {
+            "step_us": lad.step_us,
+            "max_delay_us": lad.max_delay_us,
+            "ratio": lad.ratio,
+            "classes": lad.max_class,
+        },
+        "ports": list(spec.ports),
+        "write_mode": spec.write_mode,
+        "glide_leaves": spec.glide_leaves,
+        "report": dataclasses.asdict(rep),
+    }
+    return emit(
+        args,
+        data,
+        lambda _d: print(
+            f"applied on {args.device}: {lad.describe()}, "
+            f"ports {','.join(map(str, spec.ports))}, "
+            f"write mode {spec.write_mode}; {rep.summary()}"
+        ),
     )
-    return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -216,12 +242,15 @@ def cmd_pin(args: argparse.Namespace) -> int:
             lad = st["ladder"]
             ladder = Ladder(lad["step_us"], lad["max_delay_us"], lad["ratio"])
             k = _delay_class(delay_us, ladder)
-            _daemon(args, "pin", initiator=ip, mode=args.mode, **{"class": k})
-            print(
-                f"pinned {ip} through santhrottled: {args.mode} packets delayed "
-                f"{fmt_us(ladder.delay_us(k))} (class {k}) from the next tick"
+            reply = _daemon(args, "pin", initiator=ip, mode=args.mode, **{"class": k})
+            return emit(
+                args,
+                {**reply, "through": "santhrottled"},
+                lambda _d: print(
+                    f"pinned {ip} through santhrottled: {args.mode} packets delayed "
+                    f"{fmt_us(ladder.delay_us(k))} (class {k}) from the next tick"
+                ),
             )
-            return 0
         d, note = _discover_or_apply(args)
         with d:
             k = _delay_class(delay_us, d.spec.ladder)
@@ -231,12 +260,26 @@ def cmd_pin(args: argparse.Namespace) -> int:
         raise Failed(str(e)) from None
     if d.spec.leaf != "netem":  # only the tests build pfifo leaves (kernels without netem)
         note += f"{d.spec.leaf} test leaves: classified, not delayed; "
-    print(
-        f"{note}pinned {ip}: {args.mode} packets from ports "
-        f"{','.join(map(str, d.spec.ports))} delayed {fmt_us(d.spec.delay_us(k))} "
-        f"(class {k}, {_names().classid(k)}) on {', '.join(d.spec.devices)}"
+    data = {
+        "initiator": ip,
+        "class": k,
+        "delay_s": d.spec.delay_us(k) / 1e6,
+        "mode": args.mode,
+        "through": "kernel",
+        "classid": _names().classid(k),
+        "ports": list(d.spec.ports),
+        "devices": list(d.spec.devices),
+        "applied_on": args.device if note.startswith("applied") else None,
+    }
+    return emit(
+        args,
+        data,
+        lambda _d: print(
+            f"{note}pinned {ip}: {args.mode} packets from ports "
+            f"{','.join(map(str, d.spec.ports))} delayed {fmt_us(d.spec.delay_us(k))} "
+            f"(class {k}, {_names().classid(k)}) on {', '.join(d.spec.devices)}"
+        ),
     )
-    return 0
 
 
 def cmd_unpin(args: argparse.Namespace) -> int:
@@ -244,20 +287,34 @@ def cmd_unpin(args: argparse.Namespace) -> int:
     ip = args.initiator
     try:
         if _daemon(args, "ping") is not None:
-            _daemon(args, "unpin", initiator=ip)
-            print(f"unpinned {ip} through santhrottled (from the next tick)")
-            return 0
+            reply = _daemon(args, "unpin", initiator=ip)
+            return emit(
+                args,
+                {**reply, "through": "santhrottled"},
+                lambda _d: print(f"unpinned {ip} through santhrottled (from the next tick)"),
+            )
         with dp.Datapath(dp.DatapathSpec(), netns=args.netns) as d:
             cur = d.current()
-            if ip not in cur:
-                print(f"{ip} was not pinned or throttled")
-                return 0
-            d.set_classes({ip: 0}, ordered=False)
+            m = cur.get(ip)
+            if m is not None:
+                d.set_classes({ip: 0}, ordered=False)
     except dp.DatapathError as e:
         raise Failed(str(e)) from None
-    m = cur[ip]
-    print(f"unpinned {ip} (was {m.mode}, class {m.klass})")
-    return 0
+    data = {
+        "initiator": ip,
+        "unpinned": m is not None,
+        "through": "kernel",
+        "was": None if m is None else {"mode": m.mode, "class": m.klass},
+    }
+    return emit(
+        args,
+        data,
+        lambda _d: print(
+            f"{ip} was not pinned or throttled"
+            if m is None
+            else f"unpinned {ip} (was {m.mode}, class {m.klass})"
+        ),
+    )
 
 
 def _netns(p: argparse.ArgumentParser) -> None:
@@ -345,6 +402,7 @@ def add_commands(sub: Any) -> None:
         help="netem leaves whose delay is lowered in place so that an initiator's "
         "packets stay in order when its delay goes down (default %(default)s, 0 = none)",
     )
+    a.add_argument("--json", action="store_true", help=JSON_HELP)
     _netns(a)
     a.set_defaults(func=cmd_apply)
 
@@ -385,6 +443,7 @@ def add_commands(sub: Any) -> None:
         type=name_arg("--device", IFNAME_MAX_CHARS),
         help="apply the data path on IF first if it is not applied",
     )
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     _netns(p)
     _socket(p)
     p.set_defaults(func=cmd_pin)
@@ -393,6 +452,7 @@ def add_commands(sub: Any) -> None:
     u.add_argument(
         "initiator", metavar="INITIATOR", type=ip_address, help="initiator IPv4 or IPv6 address"
     )
+    u.add_argument("--json", action="store_true", help=JSON_HELP)
     _netns(u)
     _socket(u)
     u.set_defaults(func=cmd_unpin)
@@ -412,6 +472,7 @@ def add_commands(sub: Any) -> None:
         type=path_arg("--config"),
         help="where daemon.netns and daemon.control_socket are read from",
     )
+    c.add_argument("--json", action="store_true", help=JSON_HELP)
     _netns(c)
     c.add_argument(
         "--socket",

@@ -11,6 +11,7 @@ curves and the idle cost are vagrant/experiments/datapath_lab.py's.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -309,3 +310,27 @@ def test_a_lowered_delay_keeps_each_initiators_packets_in_order(topology, datapa
     # (docs/lab.md, "Controlled"): every retransmission through the glide leaf is one.
     assert glide["TcpExtTCPSACKReorder"] == 0, (glide, plain)
     assert glide["TcpRetransSegs"] <= glide["TcpExtTCPLossProbes"], (glide, plain)
+
+
+def test_datapath_apply_json_from_the_cli(topology, datapath):
+    """`santhrottle datapath apply --json` with real netem leaves: what it applied and
+    what changed, then nothing on a second run (the privileged tier has no netem)."""
+
+    def apply():
+        p = subprocess.run(
+            [sys.executable, "-m", "santhrottle.appliance.cli", "datapath", "apply",
+             "--device", DEVICE, "--ports", ",".join(map(str, PORTS)), "--netns", topology["netns"],
+             "--json"],
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert p.returncode == 0, p.stderr
+        doc = json.loads(p.stdout)
+        assert set(doc) == {"protocol", "data"}
+        return doc["data"]
+
+    first = apply()
+    assert first["device"] == DEVICE and first["ports"] == list(PORTS)
+    assert first["ladder"]["classes"] == datapath.spec.max_class
+    assert first["report"]["tc_fresh"] and first["report"]["backend"] in ("nf_tables", "legacy")
+    again = apply()
+    assert again["report"]["tc_lines"] == 0 and not again["report"]["rules_changed"]

@@ -502,6 +502,47 @@ def test_pin_and_unpin_from_the_cli(netns_pair):
     assert p.returncode == 1 and "not applied" in p.stderr
 
 
+def test_pin_unpin_and_cleanup_json(netns_pair):
+    """--json on the kernel paths: {"protocol": N, "data": ...} with what was done."""
+    pair = netns_pair
+
+    def cli(*argv):
+        p = subprocess.run(
+            [sys.executable, "-m", "santhrottle.appliance.cli", *argv, "--json",
+             "--netns", pair.target],
+            capture_output=True,
+            text=True,
+            check=False,
+        )  # fmt: skip
+        assert p.returncode == 0, p.stderr
+        doc = json.loads(p.stdout)
+        assert set(doc) == {"protocol", "data"} and doc["protocol"] >= 2
+        return doc["data"]
+
+    with _dp(pair, max_class=20) as d:  # this host may have no netem: `datapath apply
+        d.apply()  # --json` is tests/lab/test_datapath_lab.py's
+    pinned = cli("pin", MEMBER_IP, "--delay", "5ms", "--mode", "read")
+    assert pinned == {
+        "initiator": MEMBER_IP, "class": 10, "delay_s": 0.005, "mode": "read",
+        "through": "kernel", "classid": "5374:10", "ports": [3260, 4420],
+        "devices": [TARGET_DEV], "applied_on": None,
+    }  # fmt: skip
+    assert cli("unpin", MEMBER_IP) == {
+        "initiator": MEMBER_IP, "unpinned": True, "through": "kernel",
+        "was": {"mode": "read", "class": 10},
+    }  # fmt: skip
+    assert cli("unpin", MEMBER_IP)["unpinned"] is False
+    cli("pin", OTHER_IP, "--delay", "2ms")
+    done = cli("cleanup", "--delays-only")
+    assert done["namespaces"] == [{"netns": pair.target, "delays_removed": True}]
+    assert done["stopped"] == [] and done["delays_only"] is True
+    with _dp(pair) as d:
+        assert d.current() == {}
+    (removed,) = cli("cleanup")["namespaces"]
+    assert removed["netns"] == pair.target and removed["removed"]["qdiscs"] == [TARGET_DEV]
+    assert removed["removed"]["chain"] and removed["removed"]["sets"]
+
+
 def _nft_tables(ns: str) -> list[str]:
     """nft table names in a namespace (nft itself may not be installed)."""
     code = (
