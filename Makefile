@@ -12,9 +12,10 @@ VPY := $(VENV)/bin/python
 # look by hand). threshold = "auto" is checked on this kernel against the lab's plant as a
 # loop device (vagrant/qemu/hostarray.py: nbdkit and its python plugin, nbdfuse, fuse3; fio
 # loads it). The wire sensor is checked against Wireshark's dissectors (tshark) on real
-# captures (tests/wire), whose maker also runs a TLS session in the lab (openssl). The lab
-# (vagrant/qemu) installs its own packages through `make lab-deps`.
-HOST_PKGS := iproute2 ipset iptables nftables kmod ansible-core python3-pip python3-apt vagrant vagrant-libvirt tcpreplay clang libbpf-dev llvm etcd-server etcd-client nbdkit nbdkit-plugin-python nbdfuse fuse3 fio tshark openssl
+# captures (tests/wire), whose maker also runs a TLS session in the lab (openssl). The
+# shell completions are run in bash and zsh (tests/rollout). The lab (vagrant/qemu)
+# installs its own packages through `make lab-deps`.
+HOST_PKGS := iproute2 ipset iptables nftables kmod ansible-core python3-pip python3-apt vagrant vagrant-libvirt tcpreplay clang libbpf-dev llvm etcd-server etcd-client nbdkit nbdkit-plugin-python nbdfuse fuse3 fio tshark openssl zsh
 APT_STAMP := $(VENV)/.apt-host
 VENV_STAMP := $(VENV)/.installed
 

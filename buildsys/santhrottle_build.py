@@ -409,7 +409,10 @@ def completion(prog: str, shell: str) -> str:
         for action in p._actions:
             if action.dest in FILE_OPTIONS:
                 action.complete = shtab.FILE  # type: ignore[attr-defined]
-    text: str = shtab.complete(parser, shell=shell)
+    preamble = None
+    if prog == "santhrottle":  # the daemon's names (appliance/cli/completion.py)
+        from santhrottle.appliance.cli.completion import PREAMBLE as preamble
+    text: str = shtab.complete(parser, shell=shell, preamble=preamble)
     return text
 
 

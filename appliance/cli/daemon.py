@@ -35,6 +35,7 @@ from santhrottle.appliance.cli.common import (
     path_arg,
     verb,
 )
+from santhrottle.appliance.cli.completion import THRESHOLD_OPERAND, complete_names
 from santhrottle.appliance.cli.statusview import (
     describe_threshold,
     fmt_threshold,
@@ -316,11 +317,14 @@ def add_commands(sub: Any) -> None:
     w = _common(
         verb(sub, "why", "why an initiator is delayed as it is: its recent history", WHY_EPILOG)
     )
-    w.add_argument(
-        "initiator",
-        metavar="INITIATOR",
-        type=ip_address,
-        help="the initiator's IPv4 or IPv6 address",
+    complete_names(
+        w.add_argument(
+            "initiator",
+            metavar="INITIATOR",
+            type=ip_address,
+            help="the initiator's IPv4 or IPv6 address",
+        ),
+        "initiators",
     )
     w.set_defaults(func=cmd_why)
     t = verb(
@@ -341,11 +345,14 @@ def add_commands(sub: Any) -> None:
             tsub, "set", "override a resource's threshold until reset or restart", THRESHOLD_EPILOG
         )
     )
-    ts.add_argument(
-        "operands",
-        nargs=argparse.REMAINDER,
-        metavar="RESOURCE VALUE",
-        help="the resource and a duration with its unit (15ms, 2.5ms, 500us)",
+    complete_names(
+        ts.add_argument(
+            "operands",
+            nargs=argparse.REMAINDER,
+            metavar="RESOURCE VALUE",
+            help="the resource and a duration with its unit (15ms, 2.5ms, 500us)",
+        ),
+        THRESHOLD_OPERAND,
     )
     ts.set_defaults(func=cmd_threshold_set)
     tr = _common(
@@ -353,7 +360,10 @@ def add_commands(sub: Any) -> None:
             tsub, "reset", "return a resource's threshold to the configuration's", THRESHOLD_EPILOG
         )
     )
-    tr.add_argument("resource", metavar="RESOURCE", help="the resource, as status names it")
+    complete_names(
+        tr.add_argument("resource", metavar="RESOURCE", help="the resource, as status names it"),
+        "resources",
+    )
     tr.set_defaults(func=cmd_threshold_reset)
     for name, help_ in (
         ("pause", "stop throttling (every delay removed), keep measuring"),

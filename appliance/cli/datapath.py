@@ -37,6 +37,7 @@ from santhrottle.appliance.cli.common import (
     path_arg,
     verb,
 )
+from santhrottle.appliance.cli.completion import complete_names
 from santhrottle.appliance.cli.datapathview import print_status
 from santhrottle.appliance.config import DEFAULT_PATH, ConfigError, default, load_config
 from santhrottle.appliance.config import defaults as config_defaults
@@ -425,8 +426,11 @@ def add_commands(sub: Any) -> None:
         "Put an initiator into a delay class by hand: through santhrottled when it runs, "
         "on the kernel directly otherwise.",
     )
-    p.add_argument(
-        "initiator", metavar="INITIATOR", type=ip_address, help="initiator IPv4 or IPv6 address"
+    complete_names(
+        p.add_argument(
+            "initiator", metavar="INITIATOR", type=ip_address, help="initiator IPv4 or IPv6 address"
+        ),
+        "initiators",
     )
     p.add_argument(
         "--delay",
@@ -449,8 +453,11 @@ def add_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_pin)
 
     u = verb(sub, "unpin", "stop delaying an initiator", PIN_EPILOG)
-    u.add_argument(
-        "initiator", metavar="INITIATOR", type=ip_address, help="initiator IPv4 or IPv6 address"
+    complete_names(
+        u.add_argument(
+            "initiator", metavar="INITIATOR", type=ip_address, help="initiator IPv4 or IPv6 address"
+        ),
+        "initiators",
     )
     u.add_argument("--json", action="store_true", help=JSON_HELP)
     _netns(u)

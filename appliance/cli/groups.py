@@ -34,6 +34,7 @@ from santhrottle.appliance.cli.common import (
     parsed,
     verb,
 )
+from santhrottle.appliance.cli.completion import complete_names
 from santhrottle.appliance.cli.daemon import call, socket_options
 from santhrottle.appliance.cli.groupview import print_list, print_show, targets
 from santhrottle.appliance.config.kinds import IOPS_SUFFIX, KindError
@@ -118,8 +119,11 @@ def cmd_reset(args: argparse.Namespace) -> int:
 def _common(p: argparse.ArgumentParser, group: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help=JSON_HELP)
     if group:
-        p.add_argument(
-            "group", metavar="GROUP", type=name_arg("group"), help="the group, as [groups.NAME]"
+        complete_names(
+            p.add_argument(
+                "group", metavar="GROUP", type=name_arg("group"), help="the group, as [groups.NAME]"
+            ),
+            "groups",
         )
     return socket_options(p)
 

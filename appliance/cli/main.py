@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from santhrottle.appliance.cli import daemon, datapath, fleet, groups, sensing, simulate
+from santhrottle.appliance.cli import daemon, datapath, fleet, groups, names, sensing, simulate
 from santhrottle.appliance.cli.common import (
     EXIT_FAILED,
     EXIT_HELP,
@@ -38,7 +38,7 @@ examples:
   santhrottle resources                    # discovery, without the daemon
   santhrottle COMMAND --help               # each command's own examples
 
---json (where a command has it) prints {"protocol": N, "data": ...}: N is the
+--json (every command has it) prints {"protocol": N, "data": ...}: N is the
 version of the control protocol, data what the command shows.
 
 """
@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     datapath.add_commands(sub)
     sensing.add_commands(sub)
     simulate.add_commands(sub)
+    names.add_commands(sub)
     return p
 
 
