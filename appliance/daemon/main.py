@@ -21,6 +21,7 @@ Nothing imports this module: it is the process's entry point.
 from __future__ import annotations
 
 import argparse
+import datetime
 import grp
 import logging
 import os
@@ -206,35 +207,77 @@ def build_parser() -> argparse.ArgumentParser:
 class OneLineFormatter(logging.Formatter):
     """Every log record's message on one line: what a client, a file or the kernel
     put into it (a key with a newline, a NUL) is escaped (appliance/textfile.py
-    printable), so nobody can forge a line of the daemon's log."""
+    printable), so nobody can forge a line of the daemon's log.  Its time, when the
+    format asks for it (%(asctime)s), in ISO 8601 with milliseconds and the UTC
+    offset: 2026-11-28T11:30:05.123+01:00."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = printable(record.message)
         return super().formatMessage(record)
 
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        stamp = datetime.datetime.fromtimestamp(record.created).astimezone()
+        return stamp.isoformat(timespec="milliseconds")
+
+
+class SyslogPrefixFormatter(OneLineFormatter):
+    """journald's stream without python-systemd: each line starts with its syslog
+    priority, <3> to <7> (sd-daemon(3)), which journald takes off and keeps."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"<{SYSLOG_PRIORITY.get(record.levelno, 6)}>{super().format(record)}"
+
+
+# logging's levels as syslog priorities (journald's PRIORITY)
+SYSLOG_PRIORITY = {
+    logging.CRITICAL: 2,
+    logging.ERROR: 3,
+    logging.WARNING: 4,
+    logging.INFO: 6,
+    logging.DEBUG: 7,
+}
+LINE = "%(levelname)s %(name)s: %(message)s"
+
 
 def setup_logging(level: str) -> None:
-    """stderr, one line per record; under systemd with python-systemd (Debian's
-    python3-systemd) straight to journald instead, each record's structured fields
-    (the audit trail's SANTHROTTLE_*, core/audit.py) kept as journal fields."""
-    handler = journal_handler() or logging.StreamHandler()
-    fmt = (
-        "%(name)s: %(message)s"
-        if handler.name == JOURNAL
-        else "%(levelname)s %(name)s: %(message)s"
-    )
-    handler.setFormatter(OneLineFormatter(fmt))
+    """Under systemd with python-systemd (Debian's python3-systemd): straight to
+    journald, each record's structured fields (the audit trail's SANTHROTTLE_*,
+    core/audit.py) kept as journal fields.  Else stderr, one line per record: on
+    journald's stream, with the syslog priority in front and no time (the journal
+    has it); anywhere else (a terminal, a file, the lab), with the time first."""
+    journald = under_journald(sys.stderr)
+    handler = (journal_handler() if journald else None) or logging.StreamHandler()
+    formatter: logging.Formatter
+    if handler.name == JOURNAL:
+        formatter = OneLineFormatter("%(name)s: %(message)s")
+    elif journald:
+        formatter = SyslogPrefixFormatter(LINE)
+    else:
+        formatter = OneLineFormatter(f"%(asctime)s {LINE}")
+    handler.setFormatter(formatter)
     logging.basicConfig(level=level, handlers=[handler])
 
 
 JOURNAL = "journal"
 
 
+def under_journald(stream: Any) -> bool:
+    """The stream is journald's: systemd sets JOURNAL_STREAM to the device and inode
+    ("DEVICE:INODE") of the stream it connected stdout/stderr to, and a program
+    compares them with its own (systemd.exec(5)); inherited by a process whose
+    stderr goes elsewhere, it does not match."""
+    dev, sep, ino = os.environ.get("JOURNAL_STREAM", "").partition(":")
+    if not sep:
+        return False
+    try:
+        st = os.fstat(stream.fileno())
+        return (st.st_dev, st.st_ino) == (int(dev), int(ino))
+    except (ValueError, OSError, AttributeError):  # not a number; no descriptor
+        return False
+
+
 def journal_handler() -> logging.Handler | None:
-    """python-systemd's JournalHandler when stderr is journald's (systemd sets
-    JOURNAL_STREAM) and the module is there; None otherwise."""
-    if not os.environ.get("JOURNAL_STREAM"):
-        return None
+    """python-systemd's JournalHandler when the module is there; None otherwise."""
     try:
         from systemd.journal import JournalHandler  # type: ignore[import-not-found]
     except ImportError:
