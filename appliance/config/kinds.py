@@ -346,6 +346,25 @@ def ip_address() -> Kind:
     return Kind("IP address", parse)
 
 
+_BCRYPT_RE = re.compile(r"^\$2[aby]\$\d{2}\$[./A-Za-z0-9]{53}$")
+
+
+def bcrypt_users() -> Kind:
+    """A table of user = bcrypt hash (as htpasswd -B and the exporter-toolkit write it)."""
+
+    def parse(v: Any) -> dict[str, str]:
+        if not isinstance(v, dict) or not v:
+            raise kind_error(v, 'must be a table of user = "bcrypt hash" ($2y$10$...)')
+        for user, h in v.items():
+            if not NAME_RE.match(user):
+                raise kind_error(user, "is not a user name (letters, digits and _ . + -)")
+            if not isinstance(h, str) or not _BCRYPT_RE.match(h):
+                raise KindError(f"{user}: not a bcrypt hash: write e.g. htpasswd -nBC 10 {user}")
+        return dict(v)
+
+    return Kind("table of user = bcrypt hash", parse)
+
+
 def tcp_port_or_0() -> Kind:
     def parse(v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 65536:

@@ -28,6 +28,8 @@ from santhrottle.appliance.config.fleet import FIELDS as FLEET_FIELDS
 from santhrottle.appliance.config.fleet import fleet_fields
 from santhrottle.appliance.config.hosts import HostConfig, hosts
 from santhrottle.appliance.config.kinds import AUTO, NAME_RE, KindError, quote
+from santhrottle.appliance.config.metrics import FIELDS as METRICS_FIELDS
+from santhrottle.appliance.config.metrics import metrics_fields
 from santhrottle.appliance.config.schema import DEFAULT_PATH, KEYS, TABLES
 from santhrottle.appliance.textfile import printable, read_text_file
 from santhrottle.controller.domain import ControllerConfig
@@ -98,6 +100,11 @@ class Config:
     # [metrics]
     metrics_address: str = ""
     metrics_port: int = 0
+    # off the loopback: HTTPS and users (config/metrics.py)
+    metrics_tls_cert_file: str | None = None
+    metrics_tls_key_file: str | None = None
+    metrics_tls_client_ca_file: str | None = None
+    metrics_basic_auth_users: dict[str, str] | None = None  # user -> bcrypt hash
     # [daemon], later additions
     socket_group: str | None = None
     state_dir: str = "/var/lib/santhrottle"
@@ -176,8 +183,7 @@ _FIELD = {
     "datapath.step": "step_us",
     "datapath.max_delay": "max_delay_us",
     "datapath.link_speed": "link_bits_s",
-    "metrics.address": "metrics_address",
-    "metrics.port": "metrics_port",
+    **{f"metrics.{k}": f"metrics_{k}" for k in METRICS_FIELDS},
     "bridge.name": "bridge_name",
     "bridge.sensor": "bridge_sensor",
     **{f"fleet.{k}": f"fleet_{k}" for k in FLEET_FIELDS},
@@ -255,7 +261,6 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
         raise r.fail("daemon.socket_group", 'needs socket_mode = "0660"')
     p = r.table(data, "datapath", "datapath")
     controller, c = controller_config(r, p, data)
-    m = r.table(data, "metrics", "metrics")
     b = r.table(data, "bridge", "bridge")
     resources = _resources(r, data)
     static_map = _static_map(r, data)
@@ -287,8 +292,7 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
         resources=resources,
         static_map=static_map,
         groups=groups,
-        metrics_address=m["address"],
-        metrics_port=m["port"],
+        **metrics_fields(r, data),
         socket_group=d["socket_group"],
         state_dir=d["state_dir"],
         mode=d["mode"],

@@ -33,6 +33,7 @@ from santhrottle.appliance.config.kinds import (
     MAX_THRESHOLD_S,
     Kind,
     abs_path,
+    bcrypt_users,
     bit_rate,
     boolean,
     byte_rate,
@@ -612,6 +613,40 @@ KEYS: tuple[Key, ...] = (
         tcp_port_or_0(),
         9753,
         "port of the Prometheus exporter; 0 disables it",
+        restart=True,
+    ),
+    Key(
+        "metrics",
+        "tls_cert_file",
+        abs_path(),
+        None,
+        "the exporter serves HTTPS with this certificate (PEM; a chain after it); needed "
+        "off the loopback",
+        restart=True,
+    ),
+    Key(
+        "metrics",
+        "tls_key_file",
+        abs_path(),
+        None,
+        "the certificate's private key (PEM), with tls_cert_file",
+        restart=True,
+    ),
+    Key(
+        "metrics",
+        "tls_client_ca_file",
+        abs_path(),
+        None,
+        "scrapes must show a client certificate this CA signed (PEM); unset: none asked",
+        restart=True,
+    ),
+    Key(
+        "metrics",
+        "basic_auth_users",
+        bcrypt_users(),
+        None,
+        "user = bcrypt hash (htpasswd -nBC 10 USER): every scrape gives one user and its "
+        "password; needed off the loopback",
         restart=True,
     ),
 )

@@ -28,6 +28,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from santhrottle.appliance.daemon.core.fleetmode import FleetMode
     from santhrottle.appliance.daemon.core.sensors import BridgeSensors, Sensors
     from santhrottle.appliance.daemon.status.build import StatusCache
-    from santhrottle.appliance.daemon.status.metrics import MetricsServer
+    from santhrottle.appliance.daemon.status.exporter import BasicAuth, MetricsServer
     from santhrottle.appliance.datapath import Datapath
 
 log = logging.getLogger("santhrottled")
@@ -156,6 +157,10 @@ def preflight(cfg: Config) -> list[str]:
         err = _port_taken(cfg.metrics_address, cfg.metrics_port)
         if err:
             problems.append(f"metrics {cfg.metrics_address}:{cfg.metrics_port}: {err}")
+        try:
+            exporter_guards(cfg)
+        except ValueError as e:
+            problems.append(str(e))
     if cfg.fleet:
         from santhrottle.appliance.fleet.start import problems as fleet_problems
 
@@ -424,12 +429,28 @@ def start_metrics(cfg: Config, views: StatusCache) -> MetricsServer | None:
     port is taken."""
     if not cfg.metrics_port:
         return None
+    from santhrottle.appliance.daemon.status.exporter import MetricsServer
     from santhrottle.appliance.daemon.status.member_counters import MemberCounterReader
-    from santhrottle.appliance.daemon.status.metrics import MetricsServer, registry_for
+    from santhrottle.appliance.daemon.status.metrics import registry_for
 
+    tls, auth = exporter_guards(cfg)
     # the member counters through their own read-only netlink socket, per scrape
     registry = registry_for(views, MemberCounterReader(cfg.netns, bridged=cfg.bridge_mode))
-    return MetricsServer(cfg.metrics_address, cfg.metrics_port, registry)
+    return MetricsServer(cfg.metrics_address, cfg.metrics_port, registry, tls=tls, auth=auth)
+
+
+def exporter_guards(cfg: Config) -> tuple[ssl.SSLContext | None, BasicAuth | None]:
+    """The exporter's TLS context and users ([metrics]); ExporterConfigError (a
+    ValueError, one line) when a file or the bcrypt module is not there."""
+    from santhrottle.appliance.daemon.status.exporter import BasicAuth, tls_context
+
+    tls = None
+    if cfg.metrics_tls_cert_file is not None and cfg.metrics_tls_key_file is not None:
+        tls = tls_context(
+            cfg.metrics_tls_cert_file, cfg.metrics_tls_key_file, cfg.metrics_tls_client_ca_file
+        )
+    users = cfg.metrics_basic_auth_users
+    return tls, BasicAuth(users) if users else None
 
 
 def undo(datapath: Datapath, cfg: Config) -> None:

@@ -311,7 +311,9 @@ class TargetSensor:
         self.io_resources = frozenset(resources)
 
     def close(self) -> None:
-        """Nothing to stop: every read opens and closes what it reads."""
+        """The diskstats file it keeps open (the rest is opened per read)."""
+        if isinstance(self.diskstats, DiskstatsReader):
+            self.diskstats.close()
 
     def _io_samples(
         self, prev: Snapshot, cur: Snapshot, dt: float, acl_prev: dict[AclKey, AclCount]

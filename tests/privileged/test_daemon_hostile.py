@@ -8,9 +8,14 @@ kernel has no sch_netem: classes get pfifo leaves (classified, not delayed).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import socket
 import subprocess
 import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -192,5 +197,62 @@ def test_a_bridge_daemon_repairs_its_nft_table(three_namespaces, tmp_path):
         _sh_ns(mid, "nft", "flush", "table", "bridge", "santhrottle")
         _wait(lambda: "drift: nft: table bridge santhrottle" in log.read_text(), what="drift")
         _wait(lambda: table() == before, what="the table as it was")
+    finally:
+        _stop(proc)
+
+
+# --------------------------------------------------- item 4: the metrics port bounded
+def _proc(pid: int) -> tuple[int, int]:
+    """(threads, open descriptors) of a process."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    threads = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("Threads:")))
+    return threads, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_flood_of_idle_metrics_connections_cannot_exhaust_the_daemon(ns, tmp_path):  # noqa: F811
+    """~1,000 idle connections on the metrics port of a daemon held to systemd's
+    default of 1,024 descriptors: its threads and descriptors stay bounded, a scrape
+    gets through meanwhile, the sensors go on reading, nothing is left in CLOSE-WAIT."""
+    from santhrottle.appliance.daemon.status.exporter import MAX_CONNECTIONS
+
+    port = _free_port()
+    sock = str(tmp_path / "control.sock")
+    conf = _conf(tmp_path, ns, metrics_port=port)
+    log = tmp_path / "log"
+    proc = _start(conf, sock, prefix=("prlimit", "--nofile=1024:1024", "--"), log=log)
+    idle: list[socket.socket] = []
+    try:
+        base_threads, base_fds = _proc(proc.pid)
+        errors0 = request(sock, "status")["counters"]["sensor_errors"]
+        for _ in range(1000):
+            s = socket.socket()
+            s.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                s.connect(("127.0.0.1", port))
+            idle.append(s)
+        time.sleep(1.0)
+        threads, fds = _proc(proc.pid)
+        assert threads <= base_threads + 1 and fds <= base_fds + MAX_CONNECTIONS + 2
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+            assert r.status == 200 and b"santhrottle_ticks_total" in r.read()
+        time.sleep(2.0)  # two convergences, twenty ticks under the flood
+        st = request(sock, "status")
+        assert st["counters"]["sensor_errors"] == errors0, log.read_text()[-2000:]
+    finally:
+        for s in idle:
+            s.close()
+    try:
+        time.sleep(1.0)
+        out = subprocess.run(
+            ["ss", "-tanpH", "state", "close-wait"], capture_output=True, text=True, check=False
+        ).stdout
+        assert f"pid={proc.pid}," not in out
+        assert _proc(proc.pid)[1] <= base_fds + 2
     finally:
         _stop(proc)

@@ -7,8 +7,8 @@ What it owns
     families (the initiator groups': daemon/status/group_metrics.py).  Names are in
     base units with node_exporter's vocabulary (`_seconds`, `_bytes`,
     `_total`; read time and written bytes as node_disk_read_time_seconds_total
-    / node_disk_written_bytes_total).  The exporter listens on 127.0.0.1 by
-    default.
+    / node_disk_written_bytes_total).  The HTTP side is status/exporter.py
+    (127.0.0.1 by default).
 
     The daemon's state is read under its lock; the kernel's counters after
     the lock is released, through read_members (a callable: the real one is
@@ -39,12 +39,9 @@ from __future__ import annotations
 
 import logging
 import platform
-import socket
-import socketserver
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -52,7 +49,6 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.exposition import make_wsgi_app
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
@@ -402,35 +398,3 @@ def registry_for(
     reg = CollectorRegistry(auto_describe=False)
     reg.register(DaemonCollector(source, read_members))
     return reg
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        """Scrapes are not logged."""
-
-
-class _ThreadingWSGIServer(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-
-class MetricsServer:
-    """The exporter's HTTP server: bound in the constructor (OSError when the
-    port is taken, before anything else starts), served by a thread, stopped
-    by shutdown()."""
-
-    def __init__(self, address: str, port: int, registry: CollectorRegistry) -> None:
-        server_class: type[_ThreadingWSGIServer] = _ThreadingWSGIServer
-        if ":" in address:
-            server_class = type("_V6", (_ThreadingWSGIServer,), {"address_family": socket.AF_INET6})
-        self._httpd = make_server(
-            address, port, make_wsgi_app(registry), server_class, handler_class=_QuietHandler
-        )
-        self.port = self._httpd.server_port
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="metrics", daemon=True
-        )
-        self._thread.start()
-
-    def shutdown(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()

@@ -1,0 +1,261 @@
+"""The exporter's HTTP server (daemon/status/exporter.py; issue 46 item 4).
+
+Before: a thread per connection, no timeout for a partial request, a listen backlog
+of 5: 212 of 500 concurrent scrapes timed out, and ~1,000 idle connections left 601
+threads and 597 CLOSE-WAIT sockets and took the descriptors /proc/diskstats needed.
+Against a real santhrottled: tests/privileged/test_daemon_hostile.py."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+
+from santhrottle.appliance.daemon.status.exporter import (
+    LISTEN_BACKLOG,
+    MAX_CONNECTIONS,
+    BasicAuth,
+    ExporterConfigError,
+    MetricsServer,
+    tls_context,
+)
+
+READ_TIMEOUT_S = 0.3  # the tests' own: the product's is 5 s
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    Counter("santhrottle_test", "a test series", registry=reg).inc(3)
+    return reg
+
+
+@pytest.fixture
+def server(registry):
+    srv = MetricsServer("127.0.0.1", 0, registry, read_timeout_s=READ_TIMEOUT_S)
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+
+
+def http(port: int, request: bytes, wrap=None, timeout_s: float = 10.0) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as raw:
+        s = wrap(raw) if wrap else raw
+        s.sendall(request)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        return out
+
+
+def get(path: str = "/metrics", extra: str = "") -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: x\r\n{extra}\r\n".encode()
+
+
+def test_a_scrape_and_what_is_not_one(server):
+    out = http(server.port, get())
+    assert out.startswith(b"HTTP/1.1 200 OK") and b"santhrottle_test_total 3.0" in out
+    assert http(server.port, b"HEAD / HTTP/1.0\r\n\r\n").endswith(b"Connection: close\r\n\r\n")
+    assert http(server.port, get("/nope")).startswith(b"HTTP/1.1 404")
+    assert http(server.port, b"POST /metrics HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 405")
+    assert http(server.port, b"garbage\r\n\r\n").startswith(b"HTTP/1.1 400")
+    om = http(server.port, get(extra="Accept: application/openmetrics-text; version=1.0.0\r\n"))
+    assert b"application/openmetrics-text" in om and om.rstrip().endswith(b"# EOF")
+
+
+def test_a_connection_that_sends_nothing_or_dribbles_is_closed_at_its_deadline(server):
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        t0 = time.monotonic()
+        s.settimeout(5)
+        assert s.recv(10) == b""  # closed, no answer
+        assert time.monotonic() - t0 < READ_TIMEOUT_S + 1.0
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        t0 = time.monotonic()
+        s.settimeout(5)
+        with pytest.raises(OSError):  # a byte every 50 ms: the deadline is the request's
+            for c in get():
+                s.sendall(bytes([c]))
+                time.sleep(0.05)
+        assert time.monotonic() - t0 < READ_TIMEOUT_S + 1.0
+    assert http(server.port, get()).startswith(b"HTTP/1.1 200")
+
+
+def test_a_thousand_idle_connections_take_no_thread_and_a_scrape_gets_through(server):
+    fds = len(os.listdir("/proc/self/fd"))
+    threads = threading.active_count()
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(1000):
+            s = socket.socket()
+            s.setblocking(False)
+            with contextlib.suppress(BlockingIOError):  # in progress: the backlog has it
+                s.connect(("127.0.0.1", server.port))
+            idle.append(s)
+        # the server's own: MAX_CONNECTIONS at most (the 1,000 are ours)
+        assert server.connections <= MAX_CONNECTIONS
+        assert len(os.listdir("/proc/self/fd")) <= fds + 1000 + MAX_CONNECTIONS
+        assert threading.active_count() == threads
+        out = http(server.port, get(), timeout_s=30)  # idle ones make room for it
+        assert out.startswith(b"HTTP/1.1 200")
+        assert server.connections <= MAX_CONNECTIONS
+    finally:
+        for s in idle:
+            s.close()
+    assert LISTEN_BACKLOG >= 128 and server.dropped > 0
+
+
+def test_500_concurrent_scrapes_are_all_answered(server):
+    got: list[bytes] = []
+
+    def scrape() -> None:
+        got.append(http(server.port, get(), timeout_s=30)[:15])
+
+    threads = [threading.Thread(target=scrape) for _ in range(500)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got == [b"HTTP/1.1 200 OK"] * 500
+
+
+# ------------------------------------------------------------ off the loopback
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> Path:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate (openssl)."""
+    d = tmp_path_factory.mktemp("certs")
+
+    def ssl_(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+    ssl_(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=test-ca",
+    )
+    for name, ext in (
+        ("server", "subjectAltName=IP:127.0.0.1"),
+        ("client", "extendedKeyUsage=clientAuth"),
+    ):
+        ssl_(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            "-subj",
+            f"/CN={name}",
+        )
+        (d / f"{name}.ext").write_text(ext + "\n")
+        ssl_(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.crt",
+            "-days",
+            "2",
+            "-extfile",
+            f"{name}.ext",
+        )
+    return d
+
+
+def bcrypt_hash(password: str) -> str:
+    bcrypt = pytest.importorskip("bcrypt", reason="the bcrypt module (python3-bcrypt)")
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()
+
+
+def test_https_with_basic_auth(registry, certs):
+    tls = tls_context(str(certs / "server.crt"), str(certs / "server.key"))
+    auth = BasicAuth({"prometheus": bcrypt_hash("s3cret")})
+    srv = MetricsServer("127.0.0.1", 0, registry, tls=tls, auth=auth, read_timeout_s=2.0)
+    client = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+    wrap = lambda s: client.wrap_socket(s, server_hostname="127.0.0.1")  # noqa: E731
+    good = base64.b64encode(b"prometheus:s3cret").decode()
+    bad = base64.b64encode(b"prometheus:guess").decode()
+    try:
+        out = http(srv.port, get(extra=f"Authorization: Basic {good}\r\n"), wrap)
+        assert out.startswith(b"HTTP/1.1 200") and b"santhrottle_test_total" in out
+        for header in ("", f"Authorization: Basic {bad}\r\n", "Authorization: Basic !!\r\n"):
+            out = http(srv.port, get(extra=header), wrap)
+            assert out.startswith(b"HTTP/1.1 401") and b"santhrottle_test" not in out
+        with contextlib.suppress(ConnectionResetError):  # plain HTTP on the TLS port: closed
+            assert http(srv.port, get()) == b""
+    finally:
+        srv.shutdown()
+
+
+def test_a_client_ca_asks_every_scrape_for_a_certificate(registry, certs):
+    tls = tls_context(str(certs / "server.crt"), str(certs / "server.key"), str(certs / "ca.crt"))
+    srv = MetricsServer("127.0.0.1", 0, registry, tls=tls, read_timeout_s=2.0)
+    anonymous = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+    known = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+    known.load_cert_chain(str(certs / "client.crt"), str(certs / "client.key"))
+    try:
+        out = http(srv.port, get(), lambda s: known.wrap_socket(s, server_hostname="127.0.0.1"))
+        assert out.startswith(b"HTTP/1.1 200")
+        with pytest.raises((ssl.SSLError, OSError)):
+            http(srv.port, get(), lambda s: anonymous.wrap_socket(s, server_hostname="127.0.0.1"))
+    finally:
+        srv.shutdown()
+
+
+def test_files_that_do_not_serve_are_one_line(certs, tmp_path):
+    with pytest.raises(ExporterConfigError, match=r"^metrics\.tls_cert_file /nope"):
+        tls_context("/nope", str(certs / "server.key"))
+    with pytest.raises(ExporterConfigError, match="tls_key_file"):
+        tls_context(str(certs / "server.crt"), str(certs / "client.key"))  # not its key
+    (tmp_path / "junk").write_text("junk")
+    with pytest.raises(ExporterConfigError, match="tls_client_ca_file"):
+        tls_context(str(certs / "server.crt"), str(certs / "server.key"), str(tmp_path / "junk"))
+
+
+def test_the_start_and_check_build_the_guards_from_the_file(certs, tmp_path):
+    from santhrottle.appliance.config import parse_config
+    from santhrottle.appliance.daemon.main import exporter_guards
+
+    h = bcrypt_hash("x")
+    base = '[datapath]\ndevices = ["eth1"]\n[metrics]\naddress = "0.0.0.0"\n'
+    cfg = parse_config(
+        base + f'tls_cert_file = "{certs}/server.crt"\ntls_key_file = "{certs}/server.key"\n'
+        f'basic_auth_users = {{ prometheus = "{h}" }}\n',
+        "t.toml",
+    )
+    tls, auth = exporter_guards(cfg)
+    assert tls is not None and auth is not None and auth.users == {"prometheus": h.encode()}
+    cfg = parse_config(
+        base + 'tls_cert_file = "/nope.crt"\ntls_key_file = "/nope.key"\n'
+        f'basic_auth_users = {{ prometheus = "{h}" }}\n',
+        "t.toml",
+    )
+    with pytest.raises(ExporterConfigError, match=r"^metrics\.tls_cert_file /nope\.crt"):
+        exporter_guards(cfg)
