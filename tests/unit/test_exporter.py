@@ -259,3 +259,27 @@ def test_the_start_and_check_build_the_guards_from_the_file(certs, tmp_path):
     )
     with pytest.raises(ExporterConfigError, match=r"^metrics\.tls_cert_file /nope\.crt"):
         exporter_guards(cfg)
+
+
+def test_a_dribbling_flood_that_holds_every_slot_still_lets_a_scrape_in(registry):
+    """Every slot held by a connection that sent one byte and waits: each is closed
+    after EVICT_PARTIAL_S when a scraper waits, long before its 5 s deadline."""
+    from santhrottle.appliance.daemon.status.exporter import EVICT_PARTIAL_S
+
+    srv = MetricsServer("127.0.0.1", 0, registry, max_connections=8, read_timeout_s=5.0)
+    holders = []
+    try:
+        for _ in range(8):
+            s = socket.create_connection(("127.0.0.1", srv.port))
+            s.sendall(b"G")
+            holders.append(s)
+        time.sleep(0.2)
+        assert srv.connections == 8
+        t0 = time.monotonic()
+        assert http(srv.port, get()).startswith(b"HTTP/1.1 200")
+        assert time.monotonic() - t0 < 5.0 and srv.dropped >= 1
+        assert EVICT_PARTIAL_S < 5.0
+    finally:
+        for s in holders:
+            s.close()
+        srv.shutdown()

@@ -12,10 +12,12 @@ What it owns
     thread, an event loop over at most MAX_CONNECTIONS connections (like the
     control socket's, daemon/control/server.py): no thread per connection,
     at most that many descriptors whatever is sent.  When every slot is
-    taken, the connection that has sent nothing for longest (EVICT_IDLE_S at
-    least) makes room, so an idle flood cannot keep a scraper out (it sends
-    its request at once); past that, new connections wait in the kernel's
-    backlog.  A connection has READ_TIMEOUT_S for its TLS handshake and its
+    taken, a connection that has sent nothing for EVICT_IDLE_S (50 ms: a
+    scraper sends its request, or its TLS hello, half a round trip after it
+    connects), else one whose request is still not whole after
+    EVICT_PARTIAL_S (1 s), makes room, so neither an idle nor a dribbling
+    flood keeps a scraper out; past that, new connections wait in the
+    kernel's backlog.  A connection has READ_TIMEOUT_S for its TLS handshake and its
     whole request (request line and headers, at most MAX_REQUEST_BYTES: a
     byte now and then does not keep it), WRITE_TIMEOUT_S to take the answer,
     then it is closed (HTTP/1.1 with `Connection: close`: one scrape per
@@ -34,8 +36,8 @@ What it owns
 
 Worked example
     MetricsServer("127.0.0.1", 9753, registry): 1,000 connections that send
-    nothing: 32 are open at a time, each closed after 0.2 s when another waits
-    (and after 5 s anyway); a scrape among them is answered at once.
+    nothing: 32 are open at a time, each closed after 50 ms when another waits
+    (and after 5 s anyway); a scrape among them is answered within seconds.
 """
 
 from __future__ import annotations
@@ -57,10 +59,12 @@ from prometheus_client.registry import CollectorRegistry
 
 log = logging.getLogger("santhrottled")
 
-# Connections open at once; when all are taken, the one that has sent nothing for
-# longest (at least EVICT_IDLE_S) makes room: a scraper sends its request at once.
+# Connections open at once; when all are taken, one that has sent nothing for
+# EVICT_IDLE_S (a scraper sends its request at once: half a round trip), else one whose
+# request is not whole after EVICT_PARTIAL_S, makes room.
 MAX_CONNECTIONS = 32
-EVICT_IDLE_S = 0.2
+EVICT_IDLE_S = 0.05
+EVICT_PARTIAL_S = 1.0
 LISTEN_BACKLOG = 128
 # A connection's TLS handshake and whole request, then its answer, within these.
 READ_TIMEOUT_S = 5.0
@@ -246,14 +250,19 @@ class MetricsServer:
                 self._step(key.data)
 
     def _room(self, now: float, evict: bool) -> bool:
-        """A free slot; when full, the connection that has sent nothing for longest,
-        past EVICT_IDLE_S, makes room (evict=True drops it): a scraper sends its
-        request at once, an idle flood cannot keep the slots."""
+        """A free slot; when full, a connection that has sent nothing for EVICT_IDLE_S
+        (a scraper sends its request, or its TLS hello, at once), else one whose request
+        is still not whole after EVICT_PARTIAL_S, makes room (evict=True drops it): an
+        idle or a dribbling flood cannot keep the slots from a scraper."""
         if len(self._conns) < self.max_connections:
             return True
-        idle = [c for c in self._conns.values() if not c.got and not c.outbuf]
-        victim = min(idle, key=lambda c: c.started, default=None)
-        if victim is None or now - victim.started < EVICT_IDLE_S:
+
+        def overdue(c: _Conn) -> bool:
+            return now - c.started >= (EVICT_PARTIAL_S if c.got else EVICT_IDLE_S)
+
+        victims = [c for c in self._conns.values() if not c.outbuf and overdue(c)]
+        victim = min(victims, key=lambda c: (c.got, c.started), default=None)
+        if victim is None:
             return False
         if evict:
             self.dropped += 1
@@ -298,6 +307,7 @@ class MetricsServer:
     def _step(self, c: _Conn) -> None:
         """What the connection's socket is ready for: the handshake, the request or
         the answer."""
+        c.got = True  # ready: its peer has sent something (a TLS hello counts)
         try:
             if c.shaking:
                 c.sock.do_handshake()  # type: ignore[attr-defined]
