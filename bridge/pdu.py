@@ -122,6 +122,8 @@ _IS_NOP_OUT, _IS_CMD, _IS_TMF, _IS_LOGIN, _IS_TEXT, _IS_DATA_OUT, _IS_LOGOUT = r
 _IS_SNACK = 0x10
 _IS_NOP_IN, _IS_RESP, _IS_TMF_RESP, _IS_LOGIN_RESP, _IS_TEXT_RESP, _IS_DATA_IN = range(0x20, 0x26)
 _IS_LOGOUT_RESP, _IS_R2T, _IS_ASYNC, _IS_REJECT = 0x26, 0x31, 0x32, 0x3F
+# logins are never digested (the digests they negotiate start after them)
+LOGIN_OPCODES = frozenset({_IS_LOGIN, _IS_LOGIN_RESP})
 _IS_VENDOR_TO_TARGET = frozenset({0x1C, 0x1D, 0x1E})
 _IS_VENDOR_TO_INITIATOR = frozenset({0x3C, 0x3D, 0x3E})
 ISCSI_TO_TARGET = frozenset(
@@ -238,7 +240,7 @@ def decode_iscsi(
             return Pdu(DATA_OUT if op == _IS_DATA_OUT else OTHER, itt, 0, lun, length, dsl,
                        0, hdr, 0, w28, dsl)  # fmt: skip
         if op == _IS_LOGIN:  # its text: the target, the initiator, the digests
-            return Pdu(LOGIN, itt, flags, 0, length, dsl, 0, hdr, 0, 0, dsl)
+            return _login(itt, flags, ahs, dsl)
         if op not in ISCSI_TO_TARGET or dsl > limit:
             return None
         if (op in (_IS_TMF, _IS_LOGOUT, _IS_SNACK)) and dsl:
@@ -255,12 +257,19 @@ def decode_iscsi(
             return None
         return Pdu(DONE, itt, 0, 0, length, dsl, status, hdr, 0, w28, dsl)
     if op == _IS_LOGIN_RESP:
-        return Pdu(LOGIN, itt, flags, 0, length, dsl, 0, hdr, 0, 0, dsl)
+        return _login(itt, flags, ahs, dsl)
     if op not in ISCSI_TO_INITIATOR or dsl > limit:
         return None
     if (op in (_IS_R2T, _IS_TMF_RESP, _IS_LOGOUT_RESP)) and dsl:
         return None
     return Pdu(OTHER, itt, 0, 0, length, dsl, 0, hdr, 0, w28, dsl)
+
+
+def _login(itt: int, flags: int, ahs: int, dsl: int) -> Pdu:
+    """A login request or response: never digested (the digests a login negotiates
+    start after it), so its data segment says nothing of them (segment 0)."""
+    hdr = ISCSI_BHS_BYTES + 4 * ahs
+    return Pdu(LOGIN, itt, flags, 0, hdr + ((dsl + 3) & ~3), dsl, 0, hdr, 0, 0, 0)
 
 
 def _login_flags_ok(flags: int) -> bool:
@@ -284,7 +293,7 @@ def plausible_iscsi(
     b0, flags, b2, b3, ahs, dhi, dlo, lun, itt, w20, w24, w28, w32, w36, w40, w44 = f
     op = b0 & 0x3F
     dsl = dhi << 16 | dlo
-    if header_digest:
+    if header_digest and op not in LOGIN_OPCODES:
         end = off + ISCSI_BHS_BYTES + 4 * ahs
         if len(buf) < end + DIGEST_BYTES:
             return False

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from .pdu import (
     DIGEST_BYTES,
     ISCSI_BHS_BYTES,
+    LOGIN_OPCODES,
     NVME_CH_BYTES,
     NVME_HLEN,
     SN_STEP_MAX,
@@ -192,7 +193,10 @@ class Iscsi(Protocol):
     @staticmethod
     def header_digest_at(buf: Buffer, off: int) -> bool | None:
         """Whether the 4 bytes after the header at off are its CRC32C (None: they are not
-        here, or the header has more AHS than CRC_AHS_WORDS: not judged)."""
+        here, the header has more AHS than CRC_AHS_WORDS, or it is a login's, never
+        digested: not judged)."""
+        if buf[off] & 0x3F in LOGIN_OPCODES:
+            return None
         ahs = buf[off + 4]
         end = off + ISCSI_BHS_BYTES + 4 * ahs
         if ahs > CRC_AHS_WORDS or len(buf) < end + DIGEST_BYTES:

@@ -425,6 +425,19 @@ static __always_inline int sn_coherent(__u32 a, __u32 b)
 /* --------------------------------------------------------------- decoding (pdu.py) */
 
 /* decode_iscsi(): the walk's belief of the 48 bytes at h. */
+/* A login request or response: never digested (the digests a login negotiates start
+ * after it), so its data segment says nothing of them (segment 0): pdu.py's _login(). */
+static __always_inline int login_pdu(struct pdu *p, __u8 flags, __u8 ahs, __u32 dsl)
+{
+	p->header_bytes = ISCSI_BHS + 4 * (__u32)ahs;
+	p->length = p->header_bytes + ((dsl + 3) & ~3u);
+	p->segment = 0;
+	p->kind = K_LOGIN;
+	p->op = flags;
+	p->sn = 0;
+	return 1;
+}
+
 static __always_inline int decode_iscsi(const __u8 *h, int to_target, int hd, int dd,
 					 __u32 limit, struct pdu *p)
 {
@@ -462,12 +475,8 @@ static __always_inline int decode_iscsi(const __u8 *h, int to_target, int hd, in
 			p->volume = be64(h + 8);
 			return 1;
 		}
-		if (op == 0x03) {
-			p->kind = K_LOGIN;
-			p->op = flags;
-			p->sn = 0;
-			return 1;
-		}
+		if (op == 0x03)
+			return login_pdu(p, flags, ahs, dsl);
 		if (!(op == 0x02 || op == 0x04 || op == 0x06 || op == 0x10 ||
 		      (op >= 0x1C && op <= 0x1E)) || dsl > limit)
 			return 0;
@@ -490,12 +499,8 @@ static __always_inline int decode_iscsi(const __u8 *h, int to_target, int hd, in
 		p->kind = K_DONE;
 		return 1;
 	}
-	if (op == 0x23) {
-		p->kind = K_LOGIN;
-		p->op = flags;
-		p->sn = 0;
-		return 1;
-	}
+	if (op == 0x23)
+		return login_pdu(p, flags, ahs, dsl);
 	if (!((op >= 0x20 && op <= 0x26) || op == 0x31 || op == 0x32 || op == 0x3F ||
 	      (op >= 0x3C && op <= 0x3E)) || dsl > limit)
 		return 0;
@@ -845,13 +850,20 @@ static __always_inline __u32 buf_len(struct scratch *sc)
 	return sc->carried + (sc->seg_end - sc->poff);
 }
 
+/* A login request or response (never digested: pdu.py's LOGIN_OPCODES). */
+static __always_inline int is_login(const __u8 *h)
+{
+	return (h[0] & 0x3F) == 0x03 || (h[0] & 0x3F) == 0x23;
+}
+
 /* Whether the 4 bytes after the header in h (read: `have` bytes of it) are its CRC32C:
- * 1, 0, or -1 when they are not there or its AHS is over 16 words (not judged). */
+ * 1, 0, or -1 when they are not there, its AHS is over 16 words, or it is a login's
+ * (never digested): not judged. */
 static __always_inline int crc_matches(const __u8 *h, __u32 have)
 {
 	__u32 end = ISCSI_BHS + 4 * (__u32)h[4];
 
-	if (h[4] > 16 || end + 4 > have || end > CRC_MAX)
+	if (h[4] > 16 || end + 4 > have || end > CRC_MAX || is_login(h))
 		return -1;
 	return crc32c(h, end) == le32(h + (end & 0x7F));
 }
@@ -1350,7 +1362,7 @@ __noinline int iscsi_check(struct flow *fl, int which, int hd, int dd, int mode)
 		return 0;
 	if (mode == CHECK_DECODE)
 		return 2;
-	if (mode == CHECK_DIGEST && hd &&
+	if (mode == CHECK_DIGEST && hd && !is_login(which ? sc->hdr2 : sc->hdr) &&
 	    crc_matches(which ? sc->hdr2 : sc->hdr, which ? sc->have2 : sc->have) != 1)
 		return 1;
 	return plausible_iscsi(which ? sc->hdr2 : sc->hdr, sc->to_target) ? 2 : 1;

@@ -178,6 +178,25 @@ def test_a_header_digest_found_by_its_crc_and_the_data_digest_by_the_next_header
     assert w.s.digests == (True, True) and w.s.counters.retracted == 0
 
 
+def test_a_login_says_nothing_of_the_digests_it_negotiates():
+    """The in-kernel walk learns the digests after the login's last answer (userspace
+    reads its text): until then it finds them itself. The login's own data segment is
+    never digested, so it is no evidence of the data digest: the next header is where the
+    login's length says, and the first PDU with data after it proves the setting."""
+    text = b"HeaderDigest=CRC32C\0DataDigest=CRC32C\0" + b"x" * 301
+    login = B.iscsi(B.LOGIN_RESP, 0x87, 0, data=text)  # T, CSG 1, NSG 3: full feature
+    assert P.decode_iscsi(login, 0, False, True, True).length == len(login)
+    reads, tags = _iscsi_reads(6, size=2000, header_digest=True, data_digest=True)
+    w = Walk(W.Iscsi(to_target=False))
+    w.s.start(999)
+    w.feed([(1000, login)])
+    w.s.hd_known = w.s.dd_known = False  # the kernel's state until userspace has read it
+    w.feed(_segments(reads, [1448] * 20, 1000 + len(login)))
+    assert w.tags == [0, *tags]
+    assert w.s.digests == (True, True) and w.s.dd_known
+    assert w.s.counters.desyncs == w.s.counters.retracted == 0
+
+
 def test_nvme_stream_mixed_pdus_and_resync():
     cmds = b"".join(
         B.capsule_cmd(i, 0x01, nsid=1, nlb=7, data=b"w" * 4096) + B.h2c_data(i, b"v" * 8192)
