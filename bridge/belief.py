@@ -105,6 +105,13 @@ class Belief:
         self.dd_known = self.hd_known = True
         self.alt_seq = None
 
+    def unknown_digests(self) -> None:
+        """The digests a login negotiated, not read: the walk finds them (a header digest
+        by its CRC32C, the data digest by where the next header is)."""
+        self.digests = (False, False)
+        self.hd_known = self.dd_known = not self.proto.digest_aware
+        self.alt_seq = None
+
     def _prove(
         self, buf: Buffer, base: int, off: int, pdu: Pdu | None, now: float
     ) -> tuple[Pdu | None, int]:

@@ -48,6 +48,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
+from .esp import ESP_SNAP_BYTES, spi_of
+
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263
 PACKET_RX_RING = 5
@@ -65,8 +67,10 @@ BLOCKS = 64  # 64 MiB of ring: 0.3 s of a 200 MB/s storage link
 # The kernel hands over a block that is not full after this long.
 RETIRE_MS = 10
 
-# `tcpdump -dd -s 262144 'tcp port 3260 or tcp port 4420'` (IPv4 and IPv6, either
-# port either direction; returns 262144, i.e. the whole frame, for a match).
+# `tcpdump -dd -s 262144 'tcp port 3260 or tcp port 4420'` (IPv4 and IPv6, either port
+# either direction; returns 262144, i.e. the whole frame, for a match), its final reject
+# replaced by `tcpdump -dd -s 128 'esp or udp port 4500'`: IPsec ESP (esp.py: storage the
+# sensor cannot read, shown as not measurable) with ESP_SNAP_BYTES of each frame.
 STORAGE_FILTER = (
     (0x28, 0, 0, 0x0000000C), (0x15, 0, 7, 0x000086DD), (0x30, 0, 0, 0x00000014),
     (0x15, 0, 18, 0x00000006), (0x28, 0, 0, 0x00000036), (0x15, 15, 0, 0x00000CBC),
@@ -75,7 +79,15 @@ STORAGE_FILTER = (
     (0x28, 0, 0, 0x00000014), (0x45, 8, 0, 0x00001FFF), (0xB1, 0, 0, 0x0000000E),
     (0x48, 0, 0, 0x0000000E), (0x15, 4, 0, 0x00000CBC), (0x15, 3, 0, 0x00001144),
     (0x48, 0, 0, 0x00000010), (0x15, 1, 0, 0x00000CBC), (0x15, 0, 1, 0x00001144),
-    (0x06, 0, 0, 0x00040000), (0x06, 0, 0, 0x00000000),
+    (0x06, 0, 0, 0x00040000), (0x28, 0, 0, 0x0000000C), (0x15, 0, 10, 0x00000800),
+    (0x30, 0, 0, 0x00000017), (0x15, 19, 0, 0x00000032), (0x15, 0, 19, 0x00000011),
+    (0x28, 0, 0, 0x00000014), (0x45, 17, 0, 0x00001FFF), (0xB1, 0, 0, 0x0000000E),
+    (0x48, 0, 0, 0x0000000E), (0x15, 13, 0, 0x00001194), (0x48, 0, 0, 0x00000010),
+    (0x15, 11, 12, 0x00001194), (0x15, 0, 11, 0x000086DD), (0x30, 0, 0, 0x00000014),
+    (0x15, 8, 0, 0x00000032), (0x15, 0, 2, 0x0000002C), (0x30, 0, 0, 0x00000036),
+    (0x15, 5, 6, 0x00000032), (0x15, 0, 5, 0x00000011), (0x28, 0, 0, 0x00000036),
+    (0x15, 2, 0, 0x00001194), (0x28, 0, 0, 0x00000038), (0x15, 0, 1, 0x00001194),
+    (0x06, 0, 0, 0x00000080), (0x06, 0, 0, 0x00000000),
 )  # fmt: skip
 
 _REQ3 = struct.Struct("=7I")
@@ -91,6 +103,8 @@ _SYN, _FIN, _RST = 0x02, 0x01, 0x04
 
 # (now_s, src, sport, dst, dport, seq, payload, syn, fin_or_rst): Tracker.segment's
 Segment = Callable[[float, str, int, str, int, int, memoryview, bool, bool], None]
+# (now_s, src, dst, spi, bytes): Tracker.encrypted's (IPsec ESP: esp.py)
+Esp = Callable[[float, str, str, int, int], None]
 
 
 class _SockFilter(ctypes.Structure):
@@ -112,7 +126,8 @@ class CaptureCounters:
     segments: int = 0  # TCP segments handed on
     acks: int = 0  # pure ACKs (no payload, no SYN/FIN/RST): not handed on
     truncated: int = 0  # frames cut by the snap length
-    not_tcp: int = 0  # frames the filter let through that are not plain TCP
+    not_tcp: int = 0  # frames the filter let through that are not plain TCP (nor ESP)
+    esp: int = 0  # IPsec ESP frames (esp.py: not measurable)
     kernel_drops: int = 0  # the ring was full (PACKET_STATISTICS)
 
 
@@ -167,11 +182,16 @@ class Ring:
         self.close()
 
     def poll(
-        self, timeout_ms: int, segment: Segment, guard: AbstractContextManager[Any] | None = None
+        self,
+        timeout_ms: int,
+        segment: Segment,
+        guard: AbstractContextManager[Any] | None = None,
+        esp: Esp | None = None,
     ) -> int:
-        """Hand every TCP segment of the blocks ready within timeout_ms to segment();
-        returns the number of blocks read. guard (a lock) is held while a block is
-        read, not while waiting."""
+        """Hand every TCP segment of the blocks ready within timeout_ms to segment()
+        (and every IPsec ESP frame to esp()); returns the number of blocks read. guard (a
+        lock) is held while a block is read, not while waiting."""
+        self.decoder.on_esp = esp
         guard = guard or contextlib.nullcontext()
         n = 0
         waited = False
@@ -205,7 +225,7 @@ class Ring:
         for _ in range(num):
             nxt, sec, nsec, snap, length, mac = _FRAME.unpack_from(self.map, pos)
             c.frames += 1
-            if snap < length:
+            if snap < length and snap > ESP_SNAP_BYTES:  # (an ESP frame is kept short)
                 c.truncated += 1
             frame(view, pos + mac, snap, sec + nsec * 1e-9, segment)
             pos += nxt
@@ -214,8 +234,9 @@ class Ring:
 class FrameDecoder:
     """Ethernet / IPv4 or IPv6 / TCP, in place; addresses named once each."""
 
-    def __init__(self, counters: CaptureCounters) -> None:
+    def __init__(self, counters: CaptureCounters, on_esp: Esp | None = None) -> None:
         self.counters = counters
+        self.on_esp = on_esp
         self._names: dict[bytes, str] = {}
 
     def name(self, raw: bytes) -> str:
@@ -234,7 +255,7 @@ class FrameDecoder:
                 view, p
             )
             if proto != 6 or frag & 0x1FFF:
-                self.counters.not_tcp += 1
+                self._other(view, proto, frag, p + 34, end, total - 20, src, dst, t)
                 return
             data = p + 34 + (doff >> 4) * 4
             end = min(end, p + 14 + total)  # not the Ethernet padding
@@ -246,16 +267,18 @@ class FrameDecoder:
                 ip += 4
             if etype == 0x0800:
                 vihl, total, _, frag, _, proto, _, src, dst = _IP4.unpack_from(view, ip)
+                ihl = (vihl & 0x0F) * 4
                 if proto != 6 or frag & 0x1FFF:
-                    self.counters.not_tcp += 1
+                    self._other(view, proto, frag, ip + ihl, end, total - ihl, src, dst, t)
                     return
-                tcp = ip + (vihl & 0x0F) * 4
+                tcp = ip + ihl
                 end = min(end, ip + total)
             elif etype == 0x86DD:
-                if view[ip + 6] != 6:
-                    self.counters.not_tcp += 1
-                    return
                 src, dst = bytes(view[ip + 8 : ip + 24]), bytes(view[ip + 24 : ip + 40])
+                if view[ip + 6] != 6:
+                    n = view[ip + 4] << 8 | view[ip + 5]
+                    self._other(view, view[ip + 6], 0, ip + 40, end, n, src, dst, t)
+                    return
                 tcp = ip + 40
                 end = min(end, tcp + (view[ip + 4] << 8 | view[ip + 5]))
             else:
@@ -272,3 +295,18 @@ class FrameDecoder:
             view[data:end],  # empty for a SYN, FIN or RST without data
             bool(flags & _SYN), bool(flags & (_FIN | _RST)),
         )  # fmt: skip
+
+    def _other(
+        self, view: memoryview, proto: int, frag: int, l4: int, end: int, l4_len: int,
+        src: bytes, dst: bytes, t: float,
+    ) -> None:  # fmt: skip
+        """A frame that is not TCP: IPsec ESP goes to on_esp (esp.py), the rest is
+        counted (the kernel's encrypted(), wire.bpf.c)."""
+        got = None
+        if self.on_esp is not None and not frag & 0x3FFF and l4 <= end:  # no fragment
+            got = spi_of(proto, view[l4:end], l4_len)
+        if got is None:
+            self.counters.not_tcp += 1
+            return
+        self.counters.esp += 1
+        self.on_esp(t, self.name(src), self.name(dst), got[0], got[1])  # type: ignore[misc]

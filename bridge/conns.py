@@ -20,13 +20,17 @@ Sync
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from .belief import STATE_NAMES
+from .belief import STATE_NAMES, SYNCED
 from .belief import Counters as StreamCounters
 from .flow import Stream
 from .logins import Login
 from .protocols import Digests
 from .sums import Volume
+
+if TYPE_CHECKING:
+    from .esp import EspFlows
 
 
 @dataclass(slots=True)
@@ -102,3 +106,45 @@ def fold(total: StreamCounters, conn: Connection, now_s: float) -> None:
         total.out_of_sync_bytes += c.out_of_sync_bytes
         total.out_of_sync_s += st.out_of_sync_s(now_s)
         total.truncated += c.truncated
+
+
+class SyncViews:
+    """The walks' state over a tracker's connections (tracker.py's Tracker): its walks'
+    counts, each direction's sync row, what is out of sync per target, what is not
+    measurable."""
+
+    conns: dict[ConnKey, Connection]
+    walk: StreamCounters  # the walks of the connections forgotten
+    esp: EspFlows
+    _now: float
+
+    def walk_totals(self) -> StreamCounters:
+        """The walks' counts over both directions of every connection, forgotten ones
+        included (flow.py's Counters)."""
+        t = StreamCounters(**{k: getattr(self.walk, k) for k in StreamCounters.__slots__})
+        for conn in self.conns.values():
+            fold(t, conn, self._now)
+        return t
+
+    def sync_rows(self, now_s: float) -> list[SyncRow]:
+        """Each live connection's two directions: in sync or not, and how long not; each
+        IPsec security association seen, not measurable."""
+        rows = [row for conn in self.conns.values() for row in sync_rows(conn, now_s)]
+        return rows + self.esp.rows()
+
+    def out_of_sync(self) -> dict[tuple[str, str, str], tuple[int, int]]:
+        """(protocol, portal, target) -> (its live connections, those with a direction
+        not in sync), measurable connections only: for a resource's hold."""
+        out: dict[tuple[str, str, str], list[int]] = {}
+        for conn in self.conns.values():
+            if conn.unmeasurable:
+                continue
+            a = out.setdefault((conn.proto, conn.portal, conn.target), [0, 0])
+            a[0] += 1
+            if conn.to_target.state != SYNCED or conn.to_initiator.state != SYNCED:
+                a[1] += 1
+        return {k: (n, m) for k, (n, m) in out.items()}
+
+    def unmeasurable(self) -> list[tuple[ConnKey, str]]:
+        """The live connections not measurable, and why."""
+        return [(k, c.unmeasurable) for k, c in self.conns.items() if c.unmeasurable]

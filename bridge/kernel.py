@@ -74,6 +74,8 @@ FLOW_BYTES = 264
 _FLOW_COUNTS = struct.Struct("=IIIQQQ")
 FLOW_COUNTS_AT, FLOW_STATE, FLOW_REASON = 36, 120, 129
 _FLOW_KEY = struct.Struct("=16s16sHHI")
+_ESP_KEY = struct.Struct("=16s16sI")  # struct esp_key: source, destination, SPI
+_ESP_STATS = struct.Struct("=QQQQ")  # first and last ns, frames, bytes
 _SETTING = struct.Struct("=BBBxI")  # header digest, data digest, digests said, limit
 BPF_EXIST = 2
 BPF_STATS_RUN_TIME = 0
@@ -97,6 +99,17 @@ class VolumeSums:
     read_ns: int
     write_bytes: int
     writes: int = 0  # write commands completed
+
+
+class EspState(NamedTuple):
+    """An IPsec security association the program saw (esp.py; map esp)."""
+
+    src: str
+    dst: str
+    spi: int
+    seconds: float  # from its first frame to its last
+    frames: int
+    bytes: int
 
 
 class FlowState(NamedTuple):
@@ -198,7 +211,7 @@ class KernelWire:
             self.prog_fd = self._lib.bpf_program__fd(prog)
             self.maps = {
                 name: self._lib.bpf_object__find_map_fd_by_name(self._obj, name.encode())
-                for name in ("counters", "stats", "inflight", "events", "flows", "settings")
+                for name in ("counters", "stats", "inflight", "events", "flows", "settings", "esp")
             }
             self.ncpus = self._lib.libbpf_num_possible_cpus()
             self._sample = _SAMPLE_FN(self._on_event)
@@ -353,6 +366,20 @@ class KernelWire:
             out.append(FlowState(conn_of(ini, tgt, ip, tp), bool(to_target), state,
                                  b[FLOW_REASON], desyncs, resyncs, retracted, out_ns / 1e9,
                                  out_bytes))  # fmt: skip
+        return out
+
+    def esp_flows(self) -> list[EspState]:
+        """The IPsec security associations seen on the port (not measurable)."""
+        fd = self.maps["esp"]
+        out = []
+        val = ctypes.create_string_buffer(_ESP_STATS.size)
+        for raw in list(self._keys(fd, _ESP_KEY.size)):
+            if self._lib.bpf_map_lookup_elem(fd, raw, val):
+                continue
+            src, dst, spi = _ESP_KEY.unpack(raw)
+            first, last, frames, nbytes = _ESP_STATS.unpack(val.raw)
+            out.append(EspState(_addr(src), _addr(dst), spi, (last - first) / 1e9,
+                                frames, nbytes))  # fmt: skip
         return out
 
     def forget_inflight(self, conn: Conn, tag: int) -> None:

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from .belief import STATE_NAMES, SYNCED, UNMEASURABLE
 from .capture import CaptureCounters
 from .conns import ConnKey, SyncRow
+from .esp import esp_row
 from .kernel import EV_BODY, EV_CONNECT, EV_LOGIN, Conn, Event, KernelWire, VolumeSums
 from .logins import Login, Said, by_address, put_bounded
 from .pdu import FULL_FEATURE, ISCSI_PORT, NVME_TCP_PORT, READ
@@ -266,6 +267,7 @@ class KernelSums:
                                STATE_NAMES[min(f.state, 3)], f.out_of_sync_bytes,
                                round(f.out_of_sync_s, 6), f.desyncs,
                                _REASONS.get(f.reason, "")))  # fmt: skip
+        out += [esp_row(e.src, e.dst, e.spi, e.seconds, e.bytes) for e in self.wire.esp_flows()]
         return out
 
     def out_of_sync(self) -> dict[tuple[str, str, str], tuple[int, int]]:

@@ -361,12 +361,6 @@ def plausible_iscsi(
     return False
 
 
-def nvme_digests(buf: bytes | memoryview, off: int) -> tuple[bool, bool]:
-    """(header digest, data digest) from the flags of the PDU at buf[off]."""
-    flags = buf[off + 1]
-    return bool(flags & _NV_HDGST), bool(flags & _NV_DDGST)
-
-
 def decode_nvme(
     buf: bytes | memoryview,
     off: int,
@@ -473,11 +467,6 @@ def plausible_nvme(buf: bytes | memoryview, off: int) -> bool:
             return False
         return not any(buf[off + 16 : off + hlen])
     return True
-
-
-def nvme_sqid(buf: bytes | memoryview, off: int) -> int:
-    """A CapsuleResp's SQID: the queue, one per TCP connection."""
-    return int(_U16_LE.unpack_from(buf, off + 18)[0])
 
 
 # CRC32C (Castagnoli, reflected polynomial 0x82f63b78): iSCSI's header and data digests.

@@ -38,7 +38,10 @@ Law, per PDU
     NVMe H2CData: its bytes go to its command's volume and initiator.
     Every AGE_SWEEP_S, commands in flight longer than INFLIGHT_MAX_S are
     aged out and counted (aborted, or their completion lost); connections
-    silent for CONN_IDLE_S are forgotten (a capture may miss the FIN).
+    silent for CONN_IDLE_S are forgotten (a capture may miss the FIN). A FIN
+    or RST ends a connection's walks; its commands in flight wait for the
+    next connection of that key (a completion may follow the initiator's
+    FIN), aged alike: the in-kernel program's commands outlive their flows.
 
 Bounds
     Target names are decoded as ASCII with errors replaced and cut at
@@ -59,9 +62,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from .belief import SYNCED, Hooks
+from .belief import SYNCED
 from .belief import Counters as StreamCounters
-from .conns import Command, Connection, ConnKey, SyncRow, fold, sync_rows
+from .conns import Command, Connection, ConnKey, SyncViews, fold
+from .esp import EspFlows
 from .flow import Stream
 from .logins import Login, Said, by_address
 from .pdu import (
@@ -80,6 +84,7 @@ from .pdu import (
 )
 from .protocols import ISCSI as ISCSI_WALK
 from .protocols import NVME as NVME_WALK
+from .sides import Side
 from .sums import (  # noqa: F401  (the names the bridge's other modules take from here)
     ISCSI,
     NO_NAMESPACE,
@@ -124,76 +129,17 @@ class Counters:
     connections: int = 0
     evicted: int = 0  # commands and connections dropped at the bounds (MAX_*)
     bad_names: int = 0  # initiator names in logins and connects that are garbage
-    unmeasurable: int = 0  # connections found not measurable (TLS, not iSCSI or NVMe/TCP)
+    unmeasurable: int = 0  # not measurable: connections (TLS, another protocol), IPsec SAs
 
 
-class _Side(Hooks):
-    """One direction's hooks (flow.Hooks): what its provisional header did, kept or
-    undone when the walk decides. A command goes in flight at once (its write bytes
-    held until it holds); a completion of a command in flight completes it (the
-    match proves both), one of nothing is counted only if it holds; NVMe write data
-    waits; a login's or connect's names are taken at once."""
-
-    __slots__ = ("conn", "held", "to_target", "tracker")
-
-    def __init__(self, tracker: Tracker, conn: Connection, to_target: bool) -> None:
-        self.tracker, self.conn, self.to_target = tracker, conn, to_target
-        # (the command it put in flight, its tag) | (NVMe write data: tag, bytes) |
-        # "unmatched" | None
-        self.held: tuple[int, Command] | tuple[int, int] | str | None = None
-
-    def provisional(self, pdu: Pdu, body: bytes) -> None:
-        tr, conn, kind = self.tracker, self.conn, pdu.kind
-        self.held = None
-        if conn.unmeasurable:
-            return
-        if kind == CMD and self.to_target:
-            cmd = tr._command(conn, pdu, True)
-            if cmd is not None:
-                self.held = (pdu.tag, cmd)
-        elif kind == DONE and not self.to_target:
-            cmd = conn.inflight.pop(pdu.tag, None)
-            if cmd is None:
-                self.held = "unmatched"
-            else:
-                tr._completed(conn, cmd, pdu.tag)
-        elif kind == DATA_OUT and self.to_target and conn.proto == NVME:
-            self.held = (pdu.tag, pdu.data_bytes)
-        else:
-            tr._pdu(conn, self.to_target, pdu, body)
-
-    def confirm(self) -> None:
-        held, self.held, tr = self.held, None, self.tracker
-        if held == "unmatched":
-            tr.counters.unmatched += 1
-        elif isinstance(held, tuple) and isinstance(held[1], Command):
-            cmd = held[1]
-            if cmd.held_bytes and cmd.volume is not None:
-                tr.sums.wrote(cmd.volume, self.conn.initiator, cmd.held_bytes)
-                cmd.held_bytes = 0
-        elif isinstance(held, tuple):
-            tr._pdu(self.conn, True, Pdu(DATA_OUT, held[0], 0, 0, 0, held[1]), b"")
-
-    def retract(self) -> None:
-        held, self.held, tr = self.held, None, self.tracker
-        if isinstance(held, tuple) and isinstance(held[1], Command):
-            tag, cmd = held
-            if self.conn.inflight.get(tag) is cmd:  # not completed: never a command
-                del self.conn.inflight[tag]
-                tr.inflight_total -= 1
-                tr.counters.commands -= 1
-
-    def unmeasurable(self, reason: str) -> None:
-        self.tracker._unmeasurable(self.conn, reason)
-
-
-class Tracker:
+class Tracker(SyncViews):
     """Feed it each TCP segment of storage traffic; take_tick() and take_writes() the sums."""
 
     def __init__(
         self,
         known_targets: dict[ConnKey, str] | None = None,
         known_initiators: dict[ConnKey, str] | None = None,
+        learn_logins: bool = True,
     ) -> None:
         # names learnt before (a restart): a connection first seen in mid-session
         # takes its names from here; one that starts with a SYN logs in again
@@ -212,6 +158,13 @@ class Tracker:
         # each read and write completed: (connection, tag, READ or WRITE, its command's
         # time, its completion's); for tests against a reference (tests/wire)
         self.on_io: Callable[[ConnKey, int, int, float, float], None] | None = None
+        self.esp = EspFlows()  # IPsec security associations: not measurable (esp.py)
+        # False: a login's digests and segment limits are not applied, the walks find the
+        # digests themselves -- the in-kernel walk until userspace has read the login
+        # (kernel.py's set_login), which the tests compare this one with
+        self.learn_logins = learn_logins
+        # the commands in flight of connections gone (a FIN, an RST), by key (_forget)
+        self.orphans: dict[ConnKey, dict[int, Command]] = {}
 
     def segment(
         self,
@@ -237,7 +190,7 @@ class Tracker:
             if fin_or_rst:
                 return
             if conn is not None:
-                self._forget(key)
+                self._forget(key, keep=True)
             conn = self._connect(key, fresh=syn)
         conn.last_s = now_s
         self._now = now_s
@@ -247,15 +200,24 @@ class Tracker:
         elif payload:
             stream.feed(seq, payload, now_s)
         if fin_or_rst:
-            self._forget(key)  # its commands in flight go with it
+            self._forget(key, keep=True)  # its commands in flight wait for their end
         if now_s >= self._next_sweep_s:
             self._sweep(now_s)
 
-    def _forget(self, key: ConnKey) -> None:
+    def _forget(self, key: ConnKey, keep: bool = False) -> None:
+        """The connection is gone; keep: its commands in flight stay, for the next
+        connection of that key (a FIN or RST, a SYN anew: a completion may follow the
+        initiator's FIN, and the kernel's commands in flight outlive their flows alike)."""
         conn = self.conns.pop(key, None)
-        if conn is not None:
+        if conn is None:
+            return
+        fold(self.walk, conn, self._now)
+        if keep and conn.inflight:
+            if len(self.orphans) >= MAX_CONNS:  # the oldest left go
+                self.inflight_total -= len(self.orphans.pop(next(iter(self.orphans))))
+            self.orphans[key] = conn.inflight
+        else:
             self.inflight_total -= len(conn.inflight)
-            fold(self.walk, conn, self._now)
 
     def _connect(self, key: ConnKey, fresh: bool = False) -> Connection:
         if len(self.conns) >= MAX_CONNS:  # the oldest made goes
@@ -269,9 +231,12 @@ class Tracker:
         else:
             conn = Connection(NVME, ini, portal, Stream(NVME_WALK[True]), Stream(NVME_WALK[False]))
         conn.key = key
+        left = self.orphans.pop(key, None)  # the commands its last connection left
+        if left:
+            conn.inflight = left
         for stream, to_target in ((conn.to_target, True), (conn.to_initiator, False)):
             stream.sink = partial(self._pdu, conn, to_target)
-            stream.hooks = _Side(self, conn, to_target)
+            stream.hooks = Side(self, conn, to_target)
         if not fresh:
             conn.target = self.known_targets.get(key, "")
             conn.initiator_name = self.known_initiators.get(key, "")
@@ -381,6 +346,10 @@ class Tracker:
                    to_target)  # fmt: skip
         # the target's answer that moves to full feature: what was negotiated applies
         if not connect and not to_target and flags & 0x80 and flags & 3 == FULL_FEATURE:
+            if not self.learn_logins:  # the kernel's walk, before userspace read the text
+                conn.to_target.unknown_digests()
+                conn.to_initiator.unknown_digests()
+                return
             digests = conn.pending_digests or (False, False)
             conn.to_target.set_digests(digests)
             conn.to_initiator.set_digests(digests)
@@ -399,9 +368,24 @@ class Tracker:
             conn.pending_limits[not to_target] = said.segment_limit
         self.counters.bad_names += said.bad_names
 
+    def encrypted(self, now_s: float, src: str, dst: str, spi: int, nbytes: int) -> None:
+        """One IPsec ESP frame (capture.py: Esp): its security association is not
+        measurable (esp.py), counted once."""
+        if self.esp.frame(now_s, src, dst, spi, nbytes):
+            self.counters.unmeasurable += 1
+
     def _sweep(self, now_s: float) -> None:
         self._next_sweep_s = now_s + AGE_SWEEP_S
         oldest = now_s - INFLIGHT_MAX_S
+        self.esp.sweep(now_s, CONN_IDLE_S)
+        for key, left in list(self.orphans.items()):
+            stale = [tag for tag, c in left.items() if c.start_s < oldest]
+            for tag in stale:
+                del left[tag]
+            self.counters.aged += len(stale)
+            self.inflight_total -= len(stale)
+            if not left:
+                del self.orphans[key]
         for key, conn in list(self.conns.items()):
             if now_s - conn.last_s >= CONN_IDLE_S:
                 self._forget(key)
@@ -444,33 +428,3 @@ class Tracker:
                 if c.op == READ and c.volume is not None:
                     out[c.volume] = out.get(c.volume, 0) + 1
         return out
-
-    # ------------------------------------------------------------ the walks' state
-    def walk_totals(self) -> StreamCounters:
-        """The walks' counts over both directions of every connection, forgotten ones
-        included (flow.py's Counters)."""
-        t = StreamCounters(**{k: getattr(self.walk, k) for k in StreamCounters.__slots__})
-        for conn in self.conns.values():
-            fold(t, conn, self._now)
-        return t
-
-    def sync_rows(self, now_s: float) -> list[SyncRow]:
-        """Each live connection's two directions: in sync or not, and how long not."""
-        return [row for conn in self.conns.values() for row in sync_rows(conn, now_s)]
-
-    def out_of_sync(self) -> dict[tuple[str, str, str], tuple[int, int]]:
-        """(protocol, portal, target) -> (its live connections, those with a direction
-        not in sync), measurable connections only: for a resource's hold."""
-        out: dict[tuple[str, str, str], list[int]] = {}
-        for conn in self.conns.values():
-            if conn.unmeasurable:
-                continue
-            a = out.setdefault((conn.proto, conn.portal, conn.target), [0, 0])
-            a[0] += 1
-            if conn.to_target.state != SYNCED or conn.to_initiator.state != SYNCED:
-                a[1] += 1
-        return {k: (n, m) for k, (n, m) in out.items()}
-
-    def unmeasurable(self) -> list[tuple[ConnKey, str]]:
-        """The live connections not measurable, and why."""
-        return [(k, c.unmeasurable) for k, c in self.conns.items() if c.unmeasurable]

@@ -67,7 +67,7 @@ from typing import Any, Protocol
 from santhrottle.appliance.netns import entered
 from santhrottle.appliance.sensing.discovery import Discovery, InitiatorView
 from santhrottle.appliance.sensing.diskstats import MIN_INTERVAL_S
-from santhrottle.bridge.capture import CaptureCounters, Ring, Segment
+from santhrottle.bridge.capture import CaptureCounters, Esp, Ring, Segment
 from santhrottle.bridge.conns import SyncRow
 from santhrottle.bridge.tracker import ConnKey, Tracker, Volume, VolumeReads
 from santhrottle.bridge.volumes import VolumeMap, VolumeRow, volume_rows
@@ -91,7 +91,11 @@ class CaptureSource(Protocol):
     """What the sensor needs of a capture (bridge/capture.py's Ring)."""
 
     def poll(
-        self, timeout_ms: int, segment: Segment, guard: AbstractContextManager[Any] | None = None
+        self,
+        timeout_ms: int,
+        segment: Segment,
+        guard: AbstractContextManager[Any] | None = None,
+        esp: Esp | None = None,
     ) -> int: ...
 
     def close(self) -> None: ...
@@ -220,7 +224,7 @@ class BridgeSensor:
                     self._capture = self._opened()
                     self._down = None
                     log.info("capture on %s running again", self.port)
-                self._capture.poll(POLL_MS, segment, self.lock)
+                self._capture.poll(POLL_MS, segment, self.lock, self.tracker.encrypted)
             except OSError as e:
                 if self._down is None:
                     log.error("capture on %s: %s", self.port, e)

@@ -58,6 +58,10 @@
 #define RESYNC_MAX ((1u << 20) + 256)
 #define SN_STEP_MAX (1u << 16)
 #define MAX_CMD_WINDOW (1u << 20)
+#define MAX_ESP_FLOWS 1024	/* IPsec security associations shown (tracker.py's) */
+#define IPPROTO_ESP_ 50
+#define IPPROTO_UDP_ 17
+#define NAT_T_PORT 4500		/* ESP in UDP (RFC 3948) */
 #define UNPARSED_BYTES (256u * 1024)
 #define UNMATCHED_RUN 256
 #define MIN_SEGMENT_LIMIT 512
@@ -254,6 +258,28 @@ struct {
 	__type(value, struct vol_stats);
 } stats SEC(".maps");
 
+/* IPsec ESP on the port (bridge/kernel.py's esp_flows()): a security association by its
+ * addresses and SPI -- storage the sensor cannot read (not measurable), shown as such. */
+struct esp_key {
+	__u8 src[16];	/* IPv4 as ::ffff:a.b.c.d */
+	__u8 dst[16];
+	__u32 spi;
+};
+
+struct esp_stats {
+	__u64 first_ns;
+	__u64 last_ns;
+	__u64 frames;
+	__u64 bytes;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_ESP_FLOWS);
+	__type(key, struct esp_key);
+	__type(value, struct esp_stats);
+} esp SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, C_MAX);
@@ -296,6 +322,8 @@ struct scratch {
 	__u32 have;		/* the bytes of the header read into hdr */
 	__u32 have2;		/* ... into hdr2 */
 	__u8 tcpb[16];
+	struct esp_key ek;
+	struct esp_stats ev;
 	__u32 scan_from;	/* where a search starts when the walk is off (a buf offset) */
 	__u32 off;		/* where the walk is (a buf offset: asm_ then the payload) */
 	__u32 cand_off;
@@ -1826,6 +1854,48 @@ static __always_inline struct flow *new_flow(struct scratch *sc, __u32 seq, int 
 	return bpf_map_lookup_elem(&flows, &sc->fk);
 }
 
+/* A packet that is not TCP: IPsec ESP (IP protocol 50, or in UDP on NAT_T_PORT with a
+ * non-zero SPI) counted per security association (map esp): tracker.py's esp(). */
+static __always_inline void encrypted(struct __sk_buff *skb, struct scratch *sc, __u8 proto,
+				      __u32 off, __u32 ip_end, __u64 now)
+{
+	struct esp_stats *v;
+	__u32 len = ip_end > off ? ip_end - off : 0;
+
+	if (proto == IPPROTO_UDP_) {
+		if (len < 16 || bpf_skb_load_bytes(skb, off, sc->tcpb, 12))
+			return;
+		if (((sc->tcpb[0] << 8) | sc->tcpb[1]) != NAT_T_PORT &&
+		    ((sc->tcpb[2] << 8) | sc->tcpb[3]) != NAT_T_PORT)
+			return;
+		sc->ek.spi = be32(sc->tcpb + 8);
+		if (!sc->ek.spi)
+			return; /* IKE's non-ESP marker */
+		len -= 8;
+	} else if (proto == IPPROTO_ESP_) {
+		if (len < 8 || bpf_skb_load_bytes(skb, off, sc->tcpb, 4))
+			return;
+		sc->ek.spi = be32(sc->tcpb);
+	} else {
+		return;
+	}
+	__builtin_memcpy(sc->ek.src, sc->fk.conn.ini, 16);
+	__builtin_memcpy(sc->ek.dst, sc->fk.conn.tgt, 16);
+	v = bpf_map_lookup_elem(&esp, &sc->ek);
+	if (!v) {
+		__builtin_memset(&sc->ev, 0, sizeof(sc->ev));
+		sc->ev.first_ns = now;
+		if (bpf_map_update_elem(&esp, &sc->ek, &sc->ev, BPF_NOEXIST) == 0)
+			count(C_UNMEASURABLE);
+		v = bpf_map_lookup_elem(&esp, &sc->ek);
+		if (!v)
+			return;
+	}
+	v->last_ns = now;
+	__sync_fetch_and_add(&v->frames, 1);
+	__sync_fetch_and_add(&v->bytes, len);
+}
+
 SEC("tc")
 int wire_sensor(struct __sk_buff *skb)
 {
@@ -1858,8 +1928,8 @@ int wire_sensor(struct __sk_buff *skb)
 
 		if (bpf_skb_load_bytes(skb, l3, sc->ipb, 20))
 			return TC_ACT_OK;
-		if (sc->ipb[9] != 6 || (((__u16)sc->ipb[6] << 8 | sc->ipb[7]) & 0x3FFF))
-			return TC_ACT_OK; /* not TCP, or a fragment */
+		if (((__u16)sc->ipb[6] << 8 | sc->ipb[7]) & 0x3FFF)
+			return TC_ACT_OK; /* a fragment */
 		ihl = (sc->ipb[0] & 0xF) * 4;
 		if (ihl < 20)
 			return TC_ACT_OK;
@@ -1869,15 +1939,21 @@ int wire_sensor(struct __sk_buff *skb)
 		__builtin_memcpy(&sc->fk.conn.ini[12], &sc->ipb[12], 4); /* src, for now */
 		__builtin_memcpy(&sc->fk.conn.tgt[12], &sc->ipb[16], 4); /* dst, for now */
 		l3 += ihl;
+		if (sc->ipb[9] != 6) { /* not TCP: IPsec ESP is shown, the rest left alone */
+			encrypted(skb, sc, sc->ipb[9], l3, ip_end, now);
+			return TC_ACT_OK;
+		}
 	} else if (proto_eth == ETH_P_IPV6) {
 		if (bpf_skb_load_bytes(skb, l3, sc->ipb, 40))
 			return TC_ACT_OK;
-		if (sc->ipb[6] != 6)
-			return TC_ACT_OK; /* extension headers are not followed */
 		ip_end = l3 + 40 + (((__u32)sc->ipb[4] << 8) | sc->ipb[5]);
 		__builtin_memcpy(sc->fk.conn.ini, &sc->ipb[8], 16);
 		__builtin_memcpy(sc->fk.conn.tgt, &sc->ipb[24], 16);
 		l3 += 40;
+		if (sc->ipb[6] != 6) { /* extension headers are not followed */
+			encrypted(skb, sc, sc->ipb[6], l3, ip_end, now);
+			return TC_ACT_OK;
+		}
 	} else {
 		return TC_ACT_OK;
 	}

@@ -35,6 +35,7 @@ class FakeWire:
         self.limits: dict[Conn, dict[bool, int]] = {}
         self.flow_states: list[FlowState] = []
         self.forgotten: list[tuple[Conn, int]] = []
+        self.esp: list = []  # kernel.EspState
 
     def events(self) -> list[Event]:
         out, self.queued = self.queued, []
@@ -52,6 +53,9 @@ class FakeWire:
     def forget_inflight(self, conn: Conn, tag: int) -> None:
         self.forgotten.append((conn, tag))
         self.open.pop((conn, tag), None)
+
+    def esp_flows(self) -> list:
+        return list(self.esp)
 
     def flows(self) -> list[FlowState]:
         return self.flow_states

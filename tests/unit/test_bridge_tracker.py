@@ -152,7 +152,24 @@ def test_a_new_syn_on_the_same_ports_is_a_new_connection():
     c.send(1.0, B.scsi_read(1), True)
     Conn(tr, 3260)  # the same four-tuple again: the old one ended unseen
     (conn,) = tr.conns.values()
-    assert conn.target == "" and conn.inflight == {} and tr.counters.connections == 2
+    assert conn.target == "" and tr.counters.connections == 2
+    # its commands in flight wait for their completion (or their age), as the kernel's
+    assert list(conn.inflight) == [1] and tr.inflight_total == 1
+
+
+def test_a_completion_after_the_initiators_fin_completes_its_command():
+    tr = T.Tracker()
+    c = Conn(tr, 4420)
+    c.send(0.0, B.capsule_cmd(7, nsid=1), True)
+    tr.segment(0.5, INI, c.sport, TGT, 4420, c.seq[True], b"", fin_or_rst=True)
+    assert not tr.conns and tr.inflight_total == 1
+    c.send(0.8, B.capsule_resp(7), False)  # mid-session to the sensor: a new walk
+    assert tr.counters.completions == 1 and tr.inflight_total == 0
+    # left alone, they age out like any command
+    c.send(0.9, B.capsule_cmd(8, nsid=1), True)
+    tr.segment(1.0, INI, c.sport, TGT, 4420, c.seq[True], b"", fin_or_rst=True)
+    tr.segment(2.0 + T.INFLIGHT_MAX_S, INI, 1, TGT, 4420, 1, b"x")
+    assert tr.counters.aged == 1 and tr.inflight_total == 0 and not tr.orphans
 
 
 def test_a_tick_takes_each_volumes_write_bytes_too():

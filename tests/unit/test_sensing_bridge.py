@@ -35,7 +35,7 @@ class ScriptedCapture:
             self.cv.notify_all()
             assert self.cv.wait_for(lambda: not self.queue, timeout=10), "not consumed"
 
-    def poll(self, timeout_ms, segment, guard=None):
+    def poll(self, timeout_ms, segment, guard=None, esp=None):
         with self.cv:
             if self.fail is not None:
                 raise self.fail
