@@ -27,35 +27,35 @@ as it is.
 
 from __future__ import annotations
 
-import gzip
 import random
 import shutil
 import struct
 import subprocess
+import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from santhrottle.bridge.conns import Connection, ConnKey
-from santhrottle.bridge.pdu import ISCSI_PORT, NVME_TCP_PORT, READ, WRITE
+from santhrottle.bridge.pdu import READ, WRITE
 from santhrottle.bridge.tracker import Tracker
+from tests.wire.digests import readable_data_digests
+from tests.wire.pcaps import (  # noqa: F401  (the tests' names)
+    STORAGE_PORTS,
+    Flow,
+    Frame,
+    conn_key,
+    esp_of,
+    flow_of,
+    read_pcap,
+    write_pcap,
+)
 
 TOLERANCE_S = 10e-6
-STORAGE_PORTS = (ISCSI_PORT, NVME_TCP_PORT)
 SCSI_READS = {0x08, 0x28, 0x88, 0xA8}
 SCSI_WRITES = {0x0A, 0x2A, 0x8A, 0xAA}
 NVME_OPS = {0x02: READ, 0x01: WRITE}
-
-_PCAP_HEAD = struct.Struct("<IHHiIII")
-_REC = struct.Struct("<IIII")
-
-
-@dataclass
-class Frame:
-    ts: float
-    data: bytes
-    index: int  # its place in the original capture (0-based)
 
 
 @dataclass(frozen=True)
@@ -67,174 +67,9 @@ class Io:
     end: float
     frames: tuple[int, int] = field(default=(-1, -1), compare=False)  # Wireshark's: the
     # command's and the completion's frames (original indices)
-
-
-@dataclass
-class Flow:
-    src: str
-    sport: int
-    dst: str
-    dport: int
-    seq: int
-    flags: int
-    payload_at: int  # the payload's offset in the frame
-    payload_end: int
-
-
-# link types read (pcap LINKTYPE_*): each frame becomes an Ethernet frame of its IP packet
-_ETHERNET, _NULL, _LOOP, _SLL, _SLL2 = 1, 0, 108, 113, 276
-_RAW, _RAW_BSD, _RAW_OPENBSD, _IPV4, _IPV6 = 101, 12, 14, 228, 229
-_ETH_HEAD = b"\x02\x00\x00\x00\x00\x02\x02\x00\x00\x00\x00\x01"  # dst, src MACs
-
-
-def _ethernet(linktype: int, data: bytes) -> bytes | None:
-    """The frame as Ethernet (module header: any capture's link type), or None."""
-    if linktype == _ETHERNET:
-        return data
-    if linktype in (_NULL, _LOOP):  # a 4-byte address family, host or network order
-        ip = data[4:]
-    elif linktype in (_RAW, _RAW_BSD, _RAW_OPENBSD, _IPV4, _IPV6):
-        ip = data
-    elif linktype == _SLL and len(data) >= 16:
-        et = struct.unpack_from("!H", data, 14)[0]
-        return _ETH_HEAD + data[14:16] + data[16:] if et in (0x0800, 0x86DD, 0x8100) else None
-    elif linktype == _SLL2 and len(data) >= 20:
-        et = struct.unpack_from("!H", data, 0)[0]
-        return _ETH_HEAD + data[0:2] + data[20:] if et in (0x0800, 0x86DD, 0x8100) else None
-    else:
-        return None
-    if not ip:
-        return None
-    version = ip[0] >> 4
-    if version not in (4, 6):
-        return None
-    return _ETH_HEAD + (b"\x08\x00" if version == 4 else b"\x86\xdd") + ip
-
-
-def read_pcap(path: Path) -> tuple[int, list[Frame]]:
-    """(link type, frames) of a capture, gzipped or not: classic pcap (either byte order,
-    micro- or nanoseconds) or pcapng, of Ethernet, Linux cooked (v1, v2), raw IP or BSD
-    loopback frames -- all given as Ethernet (link type 1): what the sensor reads."""
-    raw = path.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    packets = _pcapng(raw, path) if raw[:4] == b"\n\r\r\n" else _pcap(raw, path)
-    frames = []
-    for ts, linktype, data in packets:
-        eth = _ethernet(linktype, data)
-        if eth is not None:
-            frames.append(Frame(ts, eth, len(frames)))
-    return _ETHERNET, frames
-
-
-def _pcap(raw: bytes, path: Path) -> Iterator[tuple[float, int, bytes]]:
-    magic = raw[:4]
-    orders = {b"\xd4\xc3\xb2\xa1": ("<", 1e-6), b"\x4d\x3c\xb2\xa1": ("<", 1e-9),
-              b"\xa1\xb2\xc3\xd4": (">", 1e-6), b"\xa1\xb2\x3c\x4d": (">", 1e-9)}  # fmt: skip
-    if magic not in orders:
-        raise ValueError(f"{path}: neither pcap nor pcapng")
-    order, scale = orders[magic]
-    linktype = struct.unpack_from(order + "I", raw, 20)[0] & 0x0FFFFFFF
-    rec = struct.Struct(order + "IIII")
-    pos = _PCAP_HEAD.size
-    while pos + rec.size <= len(raw):
-        sec, frac, incl, _ = rec.unpack_from(raw, pos)
-        pos += rec.size
-        yield sec + frac * scale, linktype, raw[pos : pos + incl]
-        pos += incl
-
-
-def _pcapng(raw: bytes, path: Path) -> Iterator[tuple[float, int, bytes]]:
-    """pcapng's blocks: section headers (byte order), interfaces (link type, time
-    resolution), enhanced and simple packets."""
-    pos, order = 0, "<"
-    links: list[tuple[int, int]] = []  # (link type, time units a second)
-    while pos + 12 <= len(raw):
-        btype = struct.unpack_from(order + "I", raw, pos)[0]
-        if btype == 0x0A0D0D0A:  # a section: its byte-order magic, new interfaces
-            order = "<" if raw[pos + 8 : pos + 12] == b"\x4d\x3c\x2b\x1a" else ">"
-            links = []
-        blen = struct.unpack_from(order + "I", raw, pos + 4)[0]
-        if blen < 12 or pos + blen > len(raw):
-            break
-        body = raw[pos + 8 : pos + blen - 4]
-        if btype == 1:  # interface description: link type, if_tsresol option
-            linktype = struct.unpack_from(order + "H", body, 0)[0]
-            links.append((linktype, _tsresol(body[8:], order)))
-        elif btype == 6 and len(body) >= 20:  # enhanced packet
-            iface, hi, lo, cap, _ = struct.unpack_from(order + "IIIII", body, 0)
-            if iface < len(links):
-                linktype, per = links[iface]
-                ticks = (hi << 32) | lo
-                yield ticks // per + (ticks % per) / per, linktype, body[20 : 20 + cap]
-        elif btype == 3 and links and len(body) >= 4:  # simple packet: no time
-            yield 0.0, links[0][0], body[4:]
-        pos += blen
-
-
-def _tsresol(options: bytes, order: str) -> int:
-    """An interface's time units a second (if_tsresol, option 9; microseconds else)."""
-    pos = 0
-    while pos + 4 <= len(options):
-        code, length = struct.unpack_from(order + "HH", options, pos)
-        if code == 0:
-            break
-        if code == 9 and length >= 1:
-            v = options[pos + 4]
-            return 2 ** (v & 0x7F) if v & 0x80 else 10**v
-        pos += 4 + ((length + 3) & ~3)
-    return 10**6
-
-
-def write_pcap(path: Path, frames: list[Frame], linktype: int = 1) -> None:
-    out = [_PCAP_HEAD.pack(0xA1B23C4D, 2, 4, 0, 0, 262144, linktype)]
-    for f in frames:
-        ns = round(f.ts * 1e9)
-        out.append(_REC.pack(ns // 10**9, ns % 10**9, len(f.data), len(f.data)))
-        out.append(f.data)
-    path.write_bytes(b"".join(out))
-
-
-def flow_of(data: bytes) -> Flow | None:
-    """Ethernet (802.1Q tags skipped), IPv4 or IPv6, TCP: the segment's flow, or None."""
-    if len(data) < 14:
-        return None
-    et, p = struct.unpack_from("!H", data, 12)[0], 14
-    while et in (0x8100, 0x88A8) and len(data) >= p + 4:
-        et, p = struct.unpack_from("!H", data, p + 2)[0], p + 4
-    if et == 0x0800 and len(data) >= p + 20:
-        ihl = (data[p] & 15) * 4
-        if data[p + 9] != 6 or struct.unpack_from("!H", data, p + 6)[0] & 0x3FFF:
-            return None
-        end = min(len(data), p + struct.unpack_from("!H", data, p + 2)[0])
-        src = ".".join(map(str, data[p + 12 : p + 16]))
-        dst = ".".join(map(str, data[p + 16 : p + 20]))
-        t = p + ihl
-    elif et == 0x86DD and len(data) >= p + 40:
-        import ipaddress
-
-        if data[p + 6] != 6:
-            return None
-        end = min(len(data), p + 40 + struct.unpack_from("!H", data, p + 4)[0])
-        src = str(ipaddress.IPv6Address(data[p + 8 : p + 24]))
-        dst = str(ipaddress.IPv6Address(data[p + 24 : p + 40]))
-        t = p + 40
-    else:
-        return None
-    if len(data) < t + 20:
-        return None
-    sport, dport, seq = struct.unpack_from("!HHI", data, t)
-    off = t + (data[t + 12] >> 4) * 4
-    return Flow(src, sport, dst, dport, seq, data[t + 13], off, max(off, end))
-
-
-def conn_key(f: Flow) -> tuple[ConnKey, bool] | None:
-    """The connection (initiator first) and whether the segment goes to the target."""
-    if f.dport in STORAGE_PORTS:
-        return (f.src, f.sport, f.dst, f.dport), True
-    if f.sport in STORAGE_PORTS:
-        return (f.dst, f.dport, f.src, f.sport), False
-    return None
+    # Wireshark's: every frame the command's and the completion's PDUs were reassembled
+    # from (a completion's header may be frames before its last byte)
+    span: frozenset[int] = field(default=frozenset(), compare=False)
 
 
 # ---------------------------------------------------------------- Wireshark
@@ -246,6 +81,20 @@ class Reference:
 
     ios: list[Io]
     names: dict[ConnKey, tuple[str, str, int]]  # (target, initiator, frame index)
+    # the frames (indices) in which Wireshark read an iSCSI or NVMe/TCP PDU: where it
+    # vouches for what is there (it loses a stream's framing at times, and reads
+    # nothing of it until the stream's end)
+    dissected: set[int] = field(default_factory=set)
+
+
+def reference_of(frames: list[Frame], linktype: int = 1) -> Reference:
+    """Wireshark's view of frames (reference()), its iSCSI data digests first made
+    readable to it (digests.py: Wireshark 4.0 reads none)."""
+    readable = readable_data_digests(frames)
+    with tempfile.TemporaryDirectory() as tmp:
+        pcap = Path(tmp) / "capture.pcap"
+        write_pcap(pcap, readable, linktype)
+        return reference(pcap, readable)
 
 
 def tshark_ios(pcap: Path, frames: list[Frame]) -> list[Io]:
@@ -263,15 +112,19 @@ def reference(pcap: Path, frames: list[Frame]) -> Reference:
     assert proc.stdout is not None
     ios: list[Io] = []
     names: dict[ConnKey, tuple[str, str, int]] = {}
+    dissected: set[int] = set()
+    spans = _spans(pcap, frames)
     nvme_cmds: dict[tuple[int, int], int] = {}  # (frame, cid) -> opcode
     nvme_done: list[tuple[int, int, int]] = []  # (frame, cid, command frame)
     for packet in _packets(proc.stdout):
         num = int(packet.find("proto[@name='geninfo']/field[@name='num']").get("show"))  # type: ignore[union-attr]
         pending: tuple[int, int] | None = None  # an iSCSI completion: (tag, request frame)
-        nvme_cid: int | None = None
+        nvme_qid = -1  # the queue of the NVMe/TCP PDU being read (0: the admin queue)
         for proto in packet.findall("proto"):
             name = proto.get("name")
             f = {x.get("name"): x.get("show") for x in proto.iter("field")}
+            if name in ("iscsi", "nvme-tcp"):
+                dissected.add(frames[num - 1].index)
             if name == "iscsi":
                 pending = None
                 if "iscsi.time" in f and "iscsi.request_frame" in f:
@@ -288,10 +141,15 @@ def reference(pcap: Path, frames: list[Frame]) -> Reference:
                 op = int(f["scsi_sbc.opcode"], 16)
                 kind = READ if op in SCSI_READS else WRITE if op in SCSI_WRITES else 0
                 if kind:
-                    ios.append(_io(frames, pending[1] - 1, num - 1, pending[0], kind))
+                    ios.append(_io(frames, pending[1] - 1, num - 1, pending[0], kind, spans))
                 pending = None
             elif name == "nvme-tcp":
-                nvme_cid = None
+                nvme_qid = int(f.get("nvme-tcp.cmd.qid", "-1"), 0)
+                done = f.get("nvme-tcp.cmd_pkt"), f.get("nvme-tcp.cmd.cid")
+                # a C2HData with SUCCESS: the read's completion (no CapsuleResp follows)
+                ok = f.get("nvme-tcp.flags.pdu.data_success") == "1"
+                if f.get("nvme-tcp.type") == "7" and ok and done[0] and done[1]:
+                    nvme_done.append((num, int(done[1], 16), int(done[0])))
             elif name == "nvme":
                 if "nvme.fabrics.cmd.connect.data.subnqn" in f:
                     _name(
@@ -301,18 +159,45 @@ def reference(pcap: Path, frames: list[Frame]) -> Reference:
                         f["nvme.fabrics.cmd.connect.data.subnqn"],
                         f.get("nvme.fabrics.cmd.connect.data.hostnqn", ""),
                     )
-                if "nvme.cmd.opc" in f and "nvme.cmd.cid" in f:
+                if "nvme.cmd.opc" in f and "nvme.cmd.cid" in f and nvme_qid != 0:  # not admin
                     nvme_cmds[num, int(f["nvme.cmd.cid"], 16)] = int(f["nvme.cmd.opc"], 16)
                 if "nvme.cqe.cid" in f and "nvme.cmd_pkt" in f:
-                    nvme_cid = int(f["nvme.cqe.cid"], 16)
-                    nvme_done.append((num, nvme_cid, int(f["nvme.cmd_pkt"])))
+                    nvme_done.append((num, int(f["nvme.cqe.cid"], 16), int(f["nvme.cmd_pkt"])))
         packet.clear()
     proc.wait()
     for num, cid, cmd_frame in nvme_done:
         kind = NVME_OPS.get(nvme_cmds.get((cmd_frame, cid), -1), 0)
         if kind:
-            ios.append(_io(frames, cmd_frame - 1, num - 1, cid, kind))
-    return Reference(ios, names)
+            ios.append(_io(frames, cmd_frame - 1, num - 1, cid, kind, spans))
+    return Reference(_first_completions(ios), names, dissected)
+
+
+def _first_completions(ios: list[Io]) -> list[Io]:
+    """Wireshark's IOs, each command completed once: a later completion Wireshark gives
+    the same command frame (its tag's, after a hole in the capture: the PDU of a command
+    the capture lost) is not that command's."""
+    seen: set[tuple[ConnKey, int, int]] = set()
+    out = []
+    for io in sorted(ios, key=lambda io: io.frames[1]):
+        key = (io.conn, io.tag, io.frames[0])
+        if key not in seen:
+            seen.add(key)
+            out.append(io)
+    return out
+
+
+def _spans(pcap: Path, frames: list[Frame]) -> dict[int, set[int]]:
+    """Frame (0-based) -> the frames (indices) of the TCP segments Wireshark reassembled
+    its PDUs from."""
+    fields = ["-E", "occurrence=a", "-E", "aggregator=,", "-e", "frame.number", "-e", "tcp.segment"]
+    cmd = ["tshark", "-n", "-r", str(pcap), "-Y", "tcp.segment", "-T", "fields", *fields]
+    out: dict[int, set[int]] = {}
+    text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    for line in text.splitlines():
+        num, _, segs = line.partition("\t")
+        i = int(num) - 1
+        out[i] = {frames[int(x) - 1].index for x in segs.split(",") if x} | {frames[i].index}
+    return out
 
 
 def _name(names, frames, i, target, initiator) -> None:  # type: ignore[no-untyped-def]
@@ -330,13 +215,15 @@ def _packets(stream) -> Iterator[ET.Element]:  # type: ignore[no-untyped-def]
             yield elem
 
 
-def _io(frames: list[Frame], cmd_i: int, done_i: int, tag: int, op: int) -> Io:
+def _io(frames: list[Frame], cmd_i: int, done_i: int, tag: int, op: int,  # type: ignore[no-untyped-def]
+        spans) -> Io:  # fmt: skip
     f = flow_of(frames[done_i].data)
     assert f is not None
     key = conn_key(f)
     assert key is not None
     cmd, done = frames[cmd_i], frames[done_i]
-    return Io(key[0], tag, op, cmd.ts, done.ts, (cmd.index, done.index))
+    span = frozenset(spans.get(cmd_i, {cmd.index}) | spans.get(done_i, {done.index}))
+    return Io(key[0], tag, op, cmd.ts, done.ts, (cmd.index, done.index), span)
 
 
 # ---------------------------------------------------------------- the tracker
@@ -357,12 +244,16 @@ class Run:
     conns: dict[ConnKey, tuple[str, int]] = field(default_factory=dict)
 
 
-def walk(frames: list[Frame], cut: tuple[int, int] | None = None) -> Run:
+def walk(frames: list[Frame], cut: tuple[int, int] | None = None, learn_logins: bool = True) -> Run:
     """The tracker over frames; cut: (frame, payload bytes) -- that frame's first bytes
-    are not seen (the sensor starts there)."""
-    run = Run()
+    are not seen (the sensor starts there); learn_logins: Tracker's."""
+    run = Run(tracker=Tracker(learn_logins=learn_logins))
     tr = run.tracker
-    tr.on_io = lambda k, tag, op, s, e: run.ios.append(Io(k, tag, op, s, e))
+    when: dict[float, int] = {}  # a frame's time -> its index (a command's frame)
+    now = [-1]  # the frame being walked (a completion's)
+    tr.on_io = lambda k, tag, op, s, e: run.ios.append(
+        Io(k, tag, op, s, e, (when.get(s, -1), now[0]))
+    )
     forget = tr._forget
 
     def note(key: ConnKey, c: Connection) -> None:
@@ -372,17 +263,22 @@ def walk(frames: list[Frame], cut: tuple[int, int] | None = None) -> Run:
         desyncs = c.to_target.counters.desyncs + c.to_initiator.counters.desyncs
         run.conns[key] = (c.unmeasurable or was[0], desyncs + was[1])
 
-    def forgetting(key: ConnKey) -> None:  # its names, before the tracker drops them
+    def forgetting(key: ConnKey, keep: bool = False) -> None:  # its names, before they go
         c = tr.conns.get(key)
         if c is not None:
             note(key, c)
-        forget(key)
+        forget(key, keep)
 
     tr._forget = forgetting  # type: ignore[method-assign]
     for i, fr in enumerate(frames):
         f = flow_of(fr.data)
         if f is None:
+            esp = esp_of(fr.data)
+            if esp is not None:
+                tr.encrypted(fr.ts, *esp)
             continue
+        when.setdefault(fr.ts, fr.index)
+        now[0] = fr.index
         seq, start = f.seq, f.payload_at
         if cut is not None and i == cut[0]:
             start = min(f.payload_end, start + cut[1])
@@ -499,8 +395,10 @@ class Score:
         return f"{self.matched}/{self.expected} ({self.share:.2%}), {self.extra} extra"
 
 
-def score(reference: list[Io], got: list[Io], op: int, knowable=lambda io: True) -> Score:  # type: ignore[no-untyped-def]
-    """How many of reference's IOs of op (those knowable) got has."""
+def score(reference: list[Io], got: list[Io], op: int, knowable=lambda io: True,  # type: ignore[no-untyped-def]
+          vouched: set[int] | None = None) -> Score:  # fmt: skip
+    """How many of reference's IOs of op (those knowable) got has; extra: got's that
+    reference has not (those completed in vouched frames, when given)."""
     mine: dict[tuple[ConnKey, int], list[Io]] = {}
     for io in got:
         if io.op == op:
@@ -518,6 +416,7 @@ def score(reference: list[Io], got: list[Io], op: int, knowable=lambda io: True)
                 break
     ref = {(io.conn, io.tag, round(io.start, 5), round(io.end, 5)) for io in reference}
     extra = sum(1 for io in got if io.op == op
+                and (vouched is None or io.frames[1] in vouched)
                 and (io.conn, io.tag, round(io.start, 5), round(io.end, 5)) not in ref)  # fmt: skip
     return Score(len(want), matched, extra)
 
