@@ -85,7 +85,9 @@ def test_hostile_segments_never_raise_and_the_state_stays_bounded(capsys):
     assert len(tr.conns) <= T.MAX_CONNS
     assert tr.counters.evicted >= 500
     total = sum(len(c.inflight) for c in tr.conns.values())
+    total += sum(len(x) for x in tr.orphans.values())  # those of connections ended
     assert total == tr.inflight_total, "the running count is the sum"
+    assert len(tr.orphans) <= T.MAX_CONNS
     assert all(len(c.volumes) <= T.MAX_VOLUMES_PER_CONN for c in tr.conns.values())
     with capsys.disabled():
         print(f"\nwire fuzz: {SEGMENTS:,} random segments + faults + {T.MAX_CONNS + 500:,} "

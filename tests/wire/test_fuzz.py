@@ -64,7 +64,9 @@ def mangle(frames: list[O.Frame], seed: int) -> list[O.Frame]:
 
 def check_bounds(tr: T.Tracker) -> None:
     assert len(tr.conns) <= T.MAX_CONNS
-    assert tr.inflight_total == sum(len(c.inflight) for c in tr.conns.values())
+    assert len(tr.orphans) <= T.MAX_CONNS
+    held = sum(len(c.inflight) for c in tr.conns.values())
+    assert tr.inflight_total == held + sum(len(x) for x in tr.orphans.values())
     for c in tr.conns.values():
         assert len(c.volumes) <= T.MAX_VOLUMES_PER_CONN
         assert len(c.units) <= T.MAX_VOLUMES_PER_CONN
