@@ -358,7 +358,7 @@ class Datapath:
     # ------------------------------------------------------------ internal
     def _check_families(self, ips: Iterable[str]) -> None:
         """An IPv6 initiator cannot be delayed where the gate has no IPv6 rules."""
-        problem = getattr(self.mangle, "v6_problem", None)
+        problem = self.mangle.v6_problem
         if problem:
             for ip in ips:
                 if family(ip) == 6:

@@ -128,6 +128,13 @@ class NftSets(_Nft, KnownMembers):
 class NftRules(_Nft):
     """Mangle's interface on the bridge family's chains (datapath/mangle.py)."""
 
+    # the bridge family's one table matches both families: nothing is missing for IPv6
+    v6_problem: str | None = None
+
+    def read6(self) -> tuple[list[str], list[str] | None] | None:
+        """No separate IPv6 rules on a bridge (Mangles.read6's None)."""
+        return None
+
     def backend(self) -> str:
         return NFT_BACKEND
 

@@ -71,8 +71,7 @@ def glide_status(dp: Datapath, device: str | None = None) -> list[dict[str, Any]
 
 def _chain6(dp: Datapath) -> dict[str, Any] | None:
     """The ip6tables side of the gate on a target host (None: a bridge, or no IPv6)."""
-    read6 = getattr(dp.mangle, "read6", None)
-    got = read6() if read6 is not None else None
+    got = dp.mangle.read6()
     if got is None:
         return None
     jumps, rules = got

@@ -135,7 +135,7 @@ class TargetSensor:
     def discover(self) -> Discovery:
         try:
             tpgs = self.lio.scan()
-            self.warnings.lio_skipped += len(getattr(self.lio, "last_skipped", ()))
+            self.warnings.lio_skipped += len(self.lio.last_skipped)
         except LioUnavailable as e:
             self.warnings.lio_errors += 1
             log.warning("LIO: %s", e)

@@ -162,6 +162,8 @@ def _live_connections() -> Iterator[tuple[str | None, bool]]:
 
 
 class _Static:
+    last_skipped: tuple[str, ...] = ()
+
     def __init__(self, tpgs: list[LioTpg]) -> None:
         self.tpgs = tpgs
 

@@ -201,7 +201,7 @@ def test_a_target_host_groups_an_initiator_by_the_iqn_it_logged_in_with(tmp_path
         clock=vt.clock,
         connections=FakeConns([TcpConn("10.0.0.11", 3260, "10.0.0.4", 40000)]),
     )
-    sensor.lio = type("Lio", (), {"scan": lambda self: tpgs})()
+    sensor.lio = type("Lio", (), {"last_skipped": (), "scan": lambda self: tpgs})()
     sensor.diskstats = LabDiskstats(vt)
     d.sensors = sensor
     run_for(d, vt, 8.0)

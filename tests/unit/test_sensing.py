@@ -305,7 +305,7 @@ def test_converge_reuses_a_fresh_tick_snapshot(tmp_path):
         connections=FakeConns(conns),
         snapshot_reuse_s=0.1,
     )
-    s.lio = type("L", (), {"scan": lambda self: [tpg]})()
+    s.lio = type("L", (), {"last_skipped": (), "scan": lambda self: [tpg]})()
     dev = s.discover().exports[0].device
     line = "253 {m} {d} 0 0 0 0 0 0 {w} 0 0 0 0\n"
     minor = next(lv.major_minor for lv in scan_lvm(LAB / "sys").values() if lv.device == dev)
@@ -431,7 +431,7 @@ def test_write_samples_single_shared_multi_and_gone_devices(tmp_path):
         clock=lambda: now[0],
         connections=FakeConns(conns),
     )
-    s.lio = type("L", (), {"scan": lambda self: tpgs})()
+    s.lio = type("L", (), {"last_skipped": (), "scan": lambda self: tpgs})()
 
     def converge(t: float, **sectors: int) -> list[tuple[str, str, float]]:
         now[0] = t

@@ -24,7 +24,6 @@ Worked example
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -271,10 +270,28 @@ def wire(daemon: Daemon) -> WireView | None:
     b = daemon.bridge
     if b is None:
         return None
-    sync = [SyncView(*(getattr(r, f.name) for f in dataclasses.fields(SyncView)))
-            for r in b.sync()]  # fmt: skip
-    return WireView(capturing=bool(b.running), sensor=b.kind, held=sorted(b.held), sync=sync,
-                    counters=b.counters())  # fmt: skip
+    sync = [
+        SyncView(
+            initiator=r.initiator,
+            initiator_port=r.initiator_port,
+            portal=r.portal,
+            target=r.target,
+            direction=r.direction,
+            state=r.state,
+            out_of_sync_bytes=r.out_of_sync_bytes,
+            out_of_sync_s=r.out_of_sync_s,
+            desyncs=r.desyncs,
+            reason=r.reason,
+        )
+        for r in b.sync()
+    ]
+    return WireView(
+        capturing=bool(b.running),
+        sensor=b.kind,
+        held=sorted(b.held),
+        sync=sync,
+        counters=b.counters(),
+    )
 
 
 def volumes(daemon: Daemon) -> list[dict[str, Any]] | None:

@@ -112,7 +112,12 @@ def tls_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLCon
 
 
 def _why(e: Exception) -> str:
-    return getattr(e, "strerror", None) or getattr(e, "reason", None) or str(e)
+    """An OSError's words, an ssl.SSLError's reason (it is an OSError too)."""
+    if isinstance(e, ssl.SSLError) and e.reason:
+        return str(e.reason)
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return str(e)
 
 
 class BasicAuth:
