@@ -60,10 +60,20 @@ SERIES = {
     "santhrottle_state_save_errors": ("counter", set()),
     "santhrottle_initiators_adopted": ("gauge", set()),
     "santhrottle_initiators": ("gauge", set()),
+    "santhrottle_initiators_omitted": ("gauge", set()),
     "santhrottle_glided_descents": ("counter", set()),
     "santhrottle_unordered_descents": ("counter", set()),
     "santhrottle_tick_duration_seconds": ("histogram", set()),
     "santhrottle_build_info": ("gauge", {"version", "python"}),
+}
+# prometheus_client's process collector, on the same registry (Linux: from /proc)
+PROCESS = {
+    "process_cpu_seconds": "counter",
+    "process_resident_memory_bytes": "gauge",
+    "process_virtual_memory_bytes": "gauge",
+    "process_start_time_seconds": "gauge",
+    "process_open_fds": "gauge",
+    "process_max_fds": "gauge",
 }
 
 
@@ -89,7 +99,10 @@ def daemon():
 def test_every_series_has_its_type_and_labels(daemon):
     d, _vt, _s = daemon
     fams = families(registry_for(StatusCache(d), lambda: KERNEL))
-    assert set(fams) == set(SERIES)
+    ours = {n for n in fams if n.startswith("santhrottle_")}
+    assert ours == set(SERIES)
+    assert {n: fams[n].type for n in PROCESS} == PROCESS
+    assert all(n.startswith("process_") for n in set(fams) - ours)
     for name, (kind, labels) in SERIES.items():
         m = fams[name]
         assert m.type == kind, name

@@ -17,6 +17,18 @@ What it owns
     series are left out, santhrottle_scrape_errors_total{source} counts it
     and the first failure after a success is logged.
 
+    The per-initiator series (santhrottle_initiator_*: per initiator 2 per
+    resource it writes to, 2 for its delay and class, and 2 per address while
+    it is delayed, its member counters) are bounded by initiator_series (a
+    callable read under the daemon's lock at each scrape: metrics.initiator_series
+    of the configuration in force, None for all): the initiators with the
+    largest delay, then the largest write rate, keep theirs;
+    santhrottle_initiators_omitted counts the others, whose traffic the
+    resources' series still hold.  The registry also carries
+    prometheus_client's process collector (process_cpu_seconds_total,
+    process_resident_memory_bytes, process_open_fds, ...: this process, from
+    /proc at scrape time).
+
 Worked example
     A daemon that delays 10.0.0.3 by class 20 (10 ms) for vg0, with
     read_members returning {"10.0.0.3": ("all", 0x20, 1834, 2650112)}:
@@ -43,6 +55,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
+from prometheus_client import ProcessCollector
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -121,9 +134,11 @@ class DaemonCollector(Collector):
         self,
         source: StatusSource,
         read_members: Callable[[], MemberCounters] | None = None,
+        initiator_series: Callable[[], int | None] | None = None,
     ) -> None:
         self.source = source
         self.read_members = read_members
+        self.initiator_series = initiator_series
         self._errors_lock = threading.Lock()
         self._scrape_errors = 0
         self._failing = False
@@ -132,10 +147,15 @@ class DaemonCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         with self.source.lock:
             st = self.source.status()
+            limit = None if self.initiator_series is None else self.initiator_series()
+        shown = top_initiators(st.initiators, limit)
         yield from resource_families(st.resources)
-        yield from initiator_families(st.initiators)
+        yield from initiator_families(st.initiators, shown)
         if self.read_members is not None:
-            yield from self._member_families()
+            keep = None
+            if len(shown) < len(st.initiators):  # only the shown initiators' addresses
+                keep = {a for i in shown for a in (i.initiator, *i.addresses)}
+            yield from self._member_families(keep)
         yield from daemon_families(st)
         if st.wire is not None:
             yield from wire_families(st.wire)
@@ -151,7 +171,8 @@ class DaemonCollector(Collector):
         info.add_metric(list(self._build), 1.0)
         yield info
 
-    def _member_families(self) -> Iterator[Metric]:
+    def _member_families(self, keep: set[str] | None) -> Iterator[Metric]:
+        """The member sets' counters, of the addresses in keep (None: all)."""
         assert self.read_members is not None
         try:
             members = self.read_members()
@@ -189,6 +210,8 @@ class DaemonCollector(Collector):
             labels=["initiator", "mode"],
         )
         for ip, (mode, _minor, n_packets, n_bytes) in sorted(members.items()):
+            if keep is not None and ip not in keep:
+                continue
             packets.add_metric([ip, mode], n_packets)
             nbytes.add_metric([ip, mode], n_bytes)
         yield packets
@@ -290,7 +313,26 @@ def _lq_gauge(metric: str, doc: str) -> GaugeMetricFamily:
     return GaugeMetricFamily(f"santhrottle_resource_lq_{metric}", doc, labels=["resource"])
 
 
-def initiator_families(initiators: list[InitiatorView]) -> Iterator[Metric]:
+def top_initiators(initiators: list[InitiatorView], limit: int | None) -> list[InitiatorView]:
+    """The initiators whose series are exported: all when limit is None or not
+    below their number, else the `limit` with the largest delay, then the largest
+    write rate (over their resources), then by address."""
+    if limit is None or len(initiators) <= limit:
+        return initiators
+
+    def rank(i: InitiatorView) -> tuple[float, float, str]:
+        rate = sum(v for v in i.write_bytes_per_second.values() if v is not None)
+        return (-i.delay_s, -rate, i.initiator)
+
+    return sorted(initiators, key=rank)[: max(limit, 0)]
+
+
+def initiator_families(
+    initiators: list[InitiatorView], shown: list[InitiatorView] | None = None
+) -> Iterator[Metric]:
+    """The counts over every initiator; the per-initiator series of `shown` (default:
+    all; top_initiators() picks them)."""
+    shown = initiators if shown is None else shown
     rate = GaugeMetricFamily(
         "santhrottle_initiator_write_bytes_per_second",
         "Smoothed write rate of the initiator on the resource",
@@ -337,7 +379,14 @@ def initiator_families(initiators: list[InitiatorView]) -> Iterator[Metric]:
                 host.add_metric([i.host, i.initiator, a], 1.0)
     if host.samples:  # [hosts.NAME] configured and seen
         yield host
-    for i in initiators:
+    omitted = GaugeMetricFamily(
+        "santhrottle_initiators_omitted",
+        "Initiators whose per-initiator series are left out (metrics.initiator_series): "
+        "those with the smallest delay and write rate",
+    )
+    omitted.add_metric([], len(initiators) - len(shown))
+    yield omitted
+    for i in shown:
         ip = i.initiator
         for res, bps in i.write_bytes_per_second.items():
             if bps is not None:
@@ -390,11 +439,15 @@ def quarantine_families(st: StatusView) -> Iterator[Metric]:
 
 
 def registry_for(
-    source: StatusSource, read_members: Callable[[], MemberCounters] | None = None
+    source: StatusSource,
+    read_members: Callable[[], MemberCounters] | None = None,
+    initiator_series: Callable[[], int | None] | None = None,
 ) -> CollectorRegistry:
-    """A registry with the daemon's collector (source: status/build.py's StatusCache);
-    read_members: the member sets' counters (status/member_counters.py), None to
-    leave those series out."""
+    """A registry with the daemon's collector (source: status/build.py's StatusCache)
+    and the process collector (process_*); read_members: the member sets' counters
+    (status/member_counters.py), None to leave those series out; initiator_series:
+    how many initiators keep their own series (read at each scrape; None: all)."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(DaemonCollector(source, read_members))
+    reg.register(DaemonCollector(source, read_members, initiator_series))
+    ProcessCollector(registry=reg)
     return reg
