@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
-from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
@@ -128,67 +126,6 @@ def test_metrics_from_a_fresh_registry(live):
         'santhrottle_resource_threshold_seconds{resource="vg0"} 0.02'
         in generate_latest(registry_for(StatusCache(d))).decode()
     )
-
-
-DASHBOARD = Path(__file__).parents[2] / "docs/grafana/santhrottle.json"
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-
-
-def _dashboard_exprs(dash):
-    for p in dash["panels"]:
-        for t in p["targets"]:
-            yield p["title"], t["expr"]
-    for v in dash["templating"]["list"]:
-        if v["type"] == "query":
-            yield f"variable {v['name']}", v["definition"]
-
-
-def test_grafana_dashboard_uses_exported_metrics(live):
-    d, _act, _sock = live
-    dash = json.loads(DASHBOARD.read_text())
-    kernel = {"10.0.0.3": ("all", 0x20, 1834, 2650112)}  # the member counters, faked
-    exported = set(
-        re.findall(
-            r"^(santhrottle_\w+?)(?:\{| )",
-            generate_latest(registry_for(StatusCache(d), lambda: kernel)).decode(),
-            re.M,
-        )
-    )
-    used = {m for _where, e in _dashboard_exprs(dash) for m in re.findall(r"santhrottle_\w+", e)}
-    assert used and used <= exported, used - exported
-
-
-def test_grafana_dashboard_imports_into_any_fleet():
-    """Importable through Grafana's import dialog (__inputs, __requires), one data
-    source variable used by every panel and query, every query filtered by instance."""
-    dash = json.loads(DASHBOARD.read_text())
-    (ds_input,) = dash["__inputs"]
-    assert ds_input["type"] == "datasource" and ds_input["pluginId"] == "prometheus"
-    requires = {(r["type"], r["id"]) for r in dash["__requires"]}
-    assert {("grafana", "grafana"), ("datasource", "prometheus")} <= requires
-    assert {("panel", p["type"]) for p in dash["panels"]} <= requires
-    variables = {v["name"]: v for v in dash["templating"]["list"]}
-    assert variables["datasource"]["type"] == "datasource"
-    assert variables["datasource"]["query"] == "prometheus"
-    assert variables["instance"]["definition"] == "label_values(santhrottle_build_info, instance)"
-    for v in variables.values():
-        if v["type"] == "query":
-            assert v["datasource"] == DATASOURCE, v["name"]
-            assert v["query"]["query"] == v["definition"], v["name"]
-    ids = [p["id"] for p in dash["panels"]]
-    assert len(ids) == len(set(ids))
-    for p in dash["panels"]:
-        assert p["datasource"] == DATASOURCE, p["title"]
-        assert p["targets"], p["title"]
-        for t in p["targets"]:
-            assert t["datasource"] == DATASOURCE, (p["title"], t["refId"])
-    for where, expr in _dashboard_exprs(dash):
-        if where == "variable instance":
-            continue  # the variable that lists the instances
-        selectors = re.findall(r"santhrottle_\w+(\{[^}]*\})?", expr)
-        assert selectors, (where, expr)
-        for sel in selectors:
-            assert 'instance=~"$instance"' in sel, (where, expr)
 
 
 def test_pin_and_unpin_go_through_a_running_daemon(live, capsys):
