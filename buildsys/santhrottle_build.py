@@ -88,6 +88,10 @@ UNSET_EXAMPLES = {
     "fleet.key": '"/etc/santhrottle/etcd/client-key.pem"',
     "fleet.user": '"santhrottle-array1-gw-a"',
     "fleet.password_file": '"/etc/santhrottle/etcd/password"',
+    "metrics.tls_cert_file": '"/etc/santhrottle/metrics.crt"',
+    "metrics.tls_key_file": '"/etc/santhrottle/metrics.key"',
+    "metrics.tls_client_ca_file": '"/etc/santhrottle/scrapers-ca.crt"',
+    "metrics.basic_auth_users": '{ prometheus = "$2b$10$..." }',
     "resources.NAME.threshold": '"15ms"',
 }
 

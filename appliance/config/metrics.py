@@ -35,6 +35,7 @@ FIELDS = (
     "tls_key_file",
     "tls_client_ca_file",
     "basic_auth_users",
+    "initiator_series",
 )
 
 

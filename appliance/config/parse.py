@@ -105,6 +105,7 @@ class Config:
     metrics_tls_key_file: str | None = None
     metrics_tls_client_ca_file: str | None = None
     metrics_basic_auth_users: dict[str, str] | None = None  # user -> bcrypt hash
+    metrics_initiator_series: int = 100  # initiators that keep their own series
     # [daemon], later additions
     socket_group: str | None = None
     state_dir: str = "/var/lib/santhrottle"

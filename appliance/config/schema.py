@@ -75,6 +75,8 @@ MAX_STEP_US = 100_000
 # NVMe/TCP keep-alive timeout, both 5 s by default); a write through R2T
 # meets the delay twice (docs/controller.md, "The ladder").
 MAX_DELAY_US = 1_000_000
+# The most initiators metrics.initiator_series lets keep their own series.
+MAX_INITIATOR_SERIES = 1_000_000
 # A group's priority: a positive weight; 1000 to 1 is already "absolute priority".
 MIN_PRIORITY = 0.001
 MAX_PRIORITY = 1000.0
@@ -648,6 +650,15 @@ KEYS: tuple[Key, ...] = (
         "user = bcrypt hash (htpasswd -nBC 10 USER): every scrape gives one user and its "
         "password; needed off the loopback",
         restart=True,
+    ),
+    Key(
+        "metrics",
+        "initiator_series",
+        integer(0, MAX_INITIATOR_SERIES),
+        100,
+        "initiators that keep their own series (santhrottle_initiator_*, 2 per resource "
+        "written, 2 for the delay, 2 per address while delayed): those with the largest "
+        "delay, then write rate; santhrottle_initiators_omitted counts the others; 0: none",
     ),
 )
 

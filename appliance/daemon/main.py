@@ -434,8 +434,13 @@ def start_metrics(cfg: Config, views: StatusCache) -> MetricsServer | None:
     from santhrottle.appliance.daemon.status.metrics import registry_for
 
     tls, auth = exporter_guards(cfg)
-    # the member counters through their own read-only netlink socket, per scrape
-    registry = registry_for(views, MemberCounterReader(cfg.netns, bridged=cfg.bridge_mode))
+    # the member counters through their own read-only netlink socket, per scrape; the
+    # per-initiator series as many as the configuration in force says (reload changes it)
+    registry = registry_for(
+        views,
+        MemberCounterReader(cfg.netns, bridged=cfg.bridge_mode),
+        lambda: views.daemon.config.metrics_initiator_series,
+    )
     return MetricsServer(cfg.metrics_address, cfg.metrics_port, registry, tls=tls, auth=auth)
 
 

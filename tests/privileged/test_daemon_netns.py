@@ -263,3 +263,56 @@ def test_check_tells_the_truth(ns, tmp_path):
     dev = _run("santhrottled", "--check", "--config", str(tmp_path / "dev.toml"))
     assert dev.returncode == 1 and "st-nodev" in dev.stderr
     assert not [n for n in sh("ip", "netns", "list").split() if n.startswith("santhrottle-check")]
+
+
+def test_metrics_bound_the_initiator_series_reload_the_bound_and_have_process_series(ns, tmp_path):
+    """The real daemon's exporter: metrics.initiator_series keeps the most delayed
+    initiators' series (the rest counted in santhrottle_initiators_omitted), a reload
+    changes it at the next scrape, process_* are this daemon's; its log lines start with
+    their time (stderr is not journald's)."""
+    import re as _re
+    import socket as _socket
+    import urllib.request
+
+    with _socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    conf = _conf(tmp_path, ns, "initiator_series = 2\n", metrics_port=port)
+    sock = str(tmp_path / "control.sock")
+    log = tmp_path / "daemon.log"
+    proc = _start(conf, sock, log=log)
+    try:
+        for k, ip in enumerate(("192.0.2.5", "192.0.2.6", "192.0.2.7"), start=5):
+            request(sock, "pin", initiator=ip, **{"class": k, "mode": "all"})
+
+        def scrape() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                return r.read().decode()
+
+        def series(text: str) -> set[str]:
+            return set(_re.findall(r'^santhrottle_initiator_\w+\{initiator="([^"]+)"', text, _re.M))
+
+        deadline = time.monotonic() + 10  # the pins reach the kernel at the next tick
+        while "192.0.2.5" not in _members(ns) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        text = scrape()
+        assert series(text) == {"192.0.2.6", "192.0.2.7"}, text
+        assert "santhrottle_initiators_omitted 1.0" in text
+        assert 'santhrottle_initiator_delayed_packets_total{initiator="192.0.2.7"' in text
+        assert 'santhrottle_initiator_delayed_packets_total{initiator="192.0.2.5"' not in text
+        pid_fds = len(os.listdir(f"/proc/{proc.pid}/fd"))
+        (fds,) = _re.findall(r"^process_open_fds (\S+)$", text, _re.M)
+        assert abs(float(fds) - pid_fds) <= 4, (fds, pid_fds)  # the daemon's, not ours
+        assert _re.search(r"^process_cpu_seconds_total \S+$", text, _re.M)
+        conf.write_text(conf.read_text().replace("initiator_series = 2", "initiator_series = 0"))
+        assert _run("santhrottle", "reload", "--socket", sock).returncode == 0
+        text = scrape()
+        assert series(text) == set() and "santhrottle_initiators_omitted 3.0" in text
+        assert "santhrottle_initiators 3.0" in text
+    finally:
+        _stop(proc)
+    lines = [ln for ln in log.read_text().splitlines() if " santhrottled" in ln]
+    assert lines and all(
+        _re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d (INFO|WARNING|ERROR) ", ln)
+        for ln in lines
+    ), lines[:5]

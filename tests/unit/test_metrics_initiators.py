@@ -59,11 +59,14 @@ FLEET = [
     initiator("10.0.0.5", 0.0, {"vg0": None}),
     initiator("10.0.0.2", 0.005, {"vg0": 5e7}),
     initiator("10.0.0.4", 0.0, {"vg1": 2e6}),
+    initiator("10.0.0.8", 0.0005, {"vg0": 1e3}, host="db1", addresses=["10.0.0.8", "fd00::8"]),
 ]
 KERNEL = {
     "10.0.0.1": ("all", 20, 100, 1000),
     "10.0.0.2": ("all", 10, 50, 500),
     "10.0.0.9": ("all", 4, 5, 50),  # a member no initiator view has
+    "10.0.0.8": ("all", 1, 5, 50),
+    "fd00::8": ("all", 1, 5, 50),  # the host's second address
 }
 
 
@@ -93,8 +96,13 @@ def test_the_series_count_per_initiator_is_the_documented_one(view):
     for i in FLEET:
         rated = sum(v is not None for v in i.write_bytes_per_second.values())
         members = sum(a in KERNEL for a in i.addresses)
-        assert got[i.initiator] == rated + len(i.written_bytes) + 2 + 2 * members, i.initiator
-    assert got["10.0.0.1"] == 8 and got["10.0.0.2"] == 6 and got["10.0.0.3"] == 4
+        own = sum(got[a] for a in i.addresses)
+        assert own == rated + len(i.written_bytes) + 2 + 2 * members, i.initiator
+    # docs/monitor.md, "Series per initiator": 4 undelayed on one resource, 6 delayed,
+    # 8 for a delayed host with two addresses (its member counters per address)
+    assert got["10.0.0.3"] == 4 and got["10.0.0.2"] == 6
+    assert got["10.0.0.8"] + got["fd00::8"] == 8 and got["fd00::8"] == 2
+    assert got["10.0.0.1"] == 8  # delayed, on two resources
     assert got["10.0.0.9"] == 2  # a member of the sets only: its counters
     assert gauge(reg, "santhrottle_initiators_omitted") == 0
 
@@ -106,7 +114,7 @@ def test_the_live_daemons_delayed_initiator_has_six(view):
 
 def test_top_initiators_by_delay_then_write_rate():
     order = [i.initiator for i in top_initiators(FLEET, len(FLEET) - 1)]
-    assert order == ["10.0.0.1", "10.0.0.2", "10.0.0.4", "10.0.0.3"]
+    assert order == ["10.0.0.1", "10.0.0.2", "10.0.0.8", "10.0.0.4", "10.0.0.3"]
     assert top_initiators(FLEET, None) is FLEET and top_initiators(FLEET, 99) is FLEET
     assert top_initiators(FLEET, 0) == []
 
@@ -121,7 +129,8 @@ def test_a_limit_keeps_the_top_initiators_series_and_counts_the_rest(view, limit
         return limit
 
     reg = registry_for(Source(st), lambda: KERNEL, initiator_series)
-    assert set(per_initiator(reg)) == set(["10.0.0.1", "10.0.0.2", "10.0.0.4"][:limit])
+    top = ["10.0.0.1", "10.0.0.2", "10.0.0.8"][:limit]
+    assert set(per_initiator(reg)) - {"fd00::8"} == set(top)
     assert gauge(reg, "santhrottle_initiators_omitted") == len(FLEET) - limit
     assert gauge(reg, "santhrottle_initiators") == len(FLEET)  # every initiator counts
     assert asked  # read at scrape time (a reload changes the next scrape)
