@@ -266,7 +266,10 @@ def decide(
                 sp = rs.noise.setpoint(sp_floor, sp_ceiling, sp_z)
                 pid = rs.pid
                 want = pid.update(ewma / thr, sp, thr)
-                rs.floor_ticks = rs.floor_ticks + 1 if want == 0 else 0
+                if not want:  # at the floor ("release")
+                    rs.floor_ticks += 1
+                elif rs.floor_ticks:
+                    rs.floor_ticks = 0
                 if write_bps is not None:  # a writer stopped?
                     before = rs.write_rate.value
                     rs.write_rate.update(write_bps, now_s)
@@ -290,7 +293,7 @@ def decide(
                 elif rs.floor_ticks >= RELEASE_FLOOR_TICKS and rs.hold_base is None:
                     new_class = 0  # down: the PID wants no delay ("release"); not in a hold
                 else:  # down: past the hysteresis band only
-                    new_class = min(rs.delay_class, pid.class_with_margin(hyst))
+                    new_class = min(rs.delay_class, pid.class_with_margin(hyst, want))
                     if rs.hold_base is not None:  # but a member is away: not under the class
                         # the hold began with (the others alone need less; it comes back);
                         # what it gained since, on their latency alone, may come back down

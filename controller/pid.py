@@ -176,8 +176,9 @@ class SingleSidedPid:
     def delay_class(self) -> int:
         return math.ceil(self.u)
 
-    def class_with_margin(self, margin: float) -> int:
-        """The class the output would be `margin` classes higher (hysteresis)."""
+    def class_with_margin(self, margin: float, delay_class: int | None = None) -> int:
+        """The class the output would be `margin` classes higher (hysteresis).
+        delay_class: unused (LogPid's shortcut: the output's class, known)."""
         return math.ceil(self.u + margin)
 
     def follow(self, delay_class: int) -> None:
@@ -285,8 +286,11 @@ class LogPid:
             return 0
         return min(bisect.bisect_left(self._logs, self.u - LOG_TOLERANCE) + 1, self._top)
 
-    def class_with_margin(self, margin: float) -> int:
-        return min(self._top, self.delay_class + math.ceil(margin))
+    def class_with_margin(self, margin: float, delay_class: int | None = None) -> int:
+        """delay_class: the output's class when the caller has it (update()'s result,
+        the output unchanged since): no second search of the ladder."""
+        k = self.delay_class if delay_class is None else delay_class
+        return min(self._top, k + math.ceil(margin))
 
     def reset(self) -> None:
         self.u = self._lo

@@ -78,7 +78,7 @@ def test_single_sided_off_at_the_floor_and_clamped_at_the_top():
     p.follow(30)
     p.track(10)
     assert p.delay_class == 10
-    assert p.class_with_margin(4) == 14
+    assert p.class_with_margin(4) == 14 == p.class_with_margin(4, p.delay_class)
     p.reset()
     assert p.delay_class == 0
 
