@@ -47,7 +47,7 @@ class EspFlow:
 def esp_row(src: str, dst: str, spi: int, seconds: float, nbytes: int) -> SyncRow:
     """A security association as a sync row: not measurable, for as long as it was seen."""
     return SyncRow(src, 0, dst, "", "esp", STATE_NAMES[UNMEASURABLE], nbytes,
-                   round(seconds, 6), 0, f"ipsec (esp spi 0x{spi:08x})")  # fmt: skip
+                   round(seconds, 6), 0, f"ipsec esp spi 0x{spi:08x}")  # fmt: skip
 
 
 class EspFlows:

@@ -215,12 +215,13 @@ def print_sync(rows: list[dict[str, Any]]) -> None:
     print(f"{'STATE':<15} {'OUT_s':>8} {'OUT_MB':>8} {'DESYNCS':>7}  CONNECTION")
     for r in sorted(off, key=lambda r: (r["state"], -r["out_of_sync_s"])):
         why = f" ({r['reason']})" if r["reason"] else ""
+        port = f":{r['initiator_port']}" if r["initiator_port"] else ""  # IPsec: none
         print(f"{r['state']:<15} {r['out_of_sync_s']:>8.1f} {r['out_of_sync_bytes'] / 1e6:>8.2f} "
-              f"{r['desyncs']:>7}  {r['initiator']}:{r['initiator_port']} -> {r['portal']} "
+              f"{r['desyncs']:>7}  {r['initiator']}{port} -> {r['portal']} "
               f"{r['target'] or '*'} {r['direction']}{why}")  # fmt: skip
     if any(r["state"] == "not measurable" for r in off):
         print(
-            "not measurable: encrypted (TLS) or not iSCSI/NVMe/TCP on the storage port; "
+            "not measurable: encrypted (TLS, IPsec) or not iSCSI/NVMe/TCP on the storage port; "
             "measure those volumes on the target host instead (docs/bridge.md, Sync)"
         )
 
