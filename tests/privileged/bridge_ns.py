@@ -1,6 +1,8 @@
 """Three network namespaces this test owns: an initiator, a bridge host between two veths,
 a target; removed when the test ends, whatever happened.  three_namespaces: IPv4 only,
-no bridge yet; dual_stack: IPv4 and IPv6, the bridge made."""
+no bridge yet; dual_stack: IPv4 and IPv6, the bridge made.  veth_pair(): one namespace
+with a veth pair for replays into the wire sensor (frames sent on one end, the sensor on
+the other)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -76,3 +79,21 @@ def _namespaces(prefix: str, ipv6: bool) -> Iterator[tuple[str, str, str]]:
     finally:
         for ns in made:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+
+
+@contextmanager
+def veth_pair(prefix: str, mtu: int | None = None) -> Iterator[str]:
+    """A namespace (its name) with the veth pair PREFIX0-PREFIX1 up, no IPv6 chatter on
+    it, MTU mtu (a capture's GRO'd frames need 65,535); deleted at the end."""
+    ns = f"{prefix}-{os.getpid()}"
+    _run("ip", "netns", "add", ns)
+    try:
+        ip = ("ip", "-n", ns)
+        _run(*ip, "link", "add", f"{prefix}0", "type", "veth", "peer", "name", f"{prefix}1")
+        for k in ("all", "default"):
+            _run("ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv6.conf.{k}.disable_ipv6=1")
+        for dev in (f"{prefix}0", f"{prefix}1"):
+            _run(*ip, "link", "set", dev, *(("mtu", str(mtu)) if mtu else ()), "up")
+        yield ns
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)

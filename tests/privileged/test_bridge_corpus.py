@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from santhrottle.appliance.netns import entered
+from tests.privileged.bridge_ns import veth_pair
 from tests.wire import oracle as O
 from tests.wire.test_corpus import CAPTURES, DAMAGE, SEED, capture_name
 
@@ -45,20 +46,8 @@ def veth() -> Iterator[tuple[str, object]]:
 
     if not kernel.OBJECT.exists():
         pytest.skip(f"{kernel.OBJECT} is not built (make bpf)")
-    ns = f"stc-{os.getpid()}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        ip = ["ip", "-n", ns]
-        subprocess.run([*ip, "link", "add", "stc0", "type", "veth", "peer", "name", "stc1"],
-                       check=True)  # fmt: skip
-        for k in ("all", "default"):
-            subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw",
-                            f"net.ipv6.conf.{k}.disable_ipv6=1"], check=True)  # fmt: skip
-        for dev in ("stc0", "stc1"):  # the captures hold GRO'd frames up to 64 KiB
-            subprocess.run([*ip, "link", "set", dev, "mtu", "65535", "up"], check=True)
+    with veth_pair("stc", mtu=65535) as ns:  # the captures hold GRO'd frames up to 64 KiB
         yield ns, kernel
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
 
 
 def _kernel_counts(ns: str, kernel, frames: list[O.Frame], linktype: int) -> dict[str, int]:  # type: ignore[no-untyped-def]

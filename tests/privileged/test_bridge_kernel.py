@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from santhrottle.appliance.netns import entered
+from tests.privileged.bridge_ns import veth_pair
 from tests.unit import storage_pdus as B
 
 pytestmark = pytest.mark.privileged
@@ -49,17 +50,7 @@ def veth_ns():
 
     if not kernel.OBJECT.exists():
         pytest.skip(f"{kernel.OBJECT} is not built (make bpf)")
-    ns = f"stk-{os.getpid()}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        ip = ["ip", "-n", ns]
-        subprocess.run([*ip, "link", "add", "stk0", "type", "veth", "peer", "name", "stk1"],
-                       check=True)  # fmt: skip
-        for k in ("all", "default"):
-            subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw",
-                            f"net.ipv6.conf.{k}.disable_ipv6=1"], check=True)  # fmt: skip
-        for dev in ("stk0", "stk1"):
-            subprocess.run([*ip, "link", "set", dev, "up"], check=True)
+    with veth_pair("stk") as ns:
         with entered(ns):
             try:
                 w = kernel.KernelWire("stk1")
@@ -69,8 +60,6 @@ def veth_ns():
             tx.bind(("stk0", 0))
         with w, tx:
             yield w, tx
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
 
 
 def _send(tx: socket.socket, frames: list[bytes], w) -> dict[str, int]:
