@@ -74,6 +74,20 @@ def test_negotiated_digests_apply_to_both_directions():
     assert vr.reads == 2 and tr.counters.unmatched == 0
 
 
+def test_without_the_logins_text_the_walks_find_the_digests_themselves():
+    """learn_logins=False: what the kernel's walk does until userspace has read the login
+    (kernel.py's set_login): the same reads, the digests found by the walk."""
+    tr = T.Tracker(learn_logins=False)
+    c = _logged_in(tr, "iqn.x:t", digests="CRC32C")
+    c.send(1.0, B.scsi_read(7, header_digest=True) + B.scsi_read(8, header_digest=True), True)
+    c.send(1.002, B.data_in(7, b"d" * 100, header_digest=True, data_digest=True), False)
+    c.send(1.003, B.data_in(8, b"d" * 100, header_digest=True, data_digest=True), False)
+    (vr,) = tr.take_tick()[0].values()
+    assert vr.reads == 2 and tr.counters.unmatched == 0
+    (conn,) = tr.conns.values()
+    assert conn.to_initiator.digests == (True, True) and conn.to_initiator.dd_known
+
+
 def test_nvme_reads_writes_and_the_subsystem_name():
     tr = T.Tracker()
     c = Conn(tr, 4420)
