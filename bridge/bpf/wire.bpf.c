@@ -842,9 +842,15 @@ static __always_inline __u32 crc32c(const __u8 *h, __u32 len)
 	__u32 c = 0xFFFFFFFF;
 
 	for (int i = 0; i < CRC_MAX; i++) {
+		__u32 x;
+
 		if (i >= len)
 			break;
-		c = crc32c_tab[(c ^ h[i]) & 0xFF] ^ (c >> 8);
+		/* the mask after the XOR, kept: 6.1's verifier knows nothing of an XOR of two
+		 * registers, and refuses an index it does not bound */
+		x = c ^ h[i];
+		asm volatile("" : "+r"(x));
+		c = crc32c_tab[x & 0xFF] ^ (c >> 8);
 	}
 	return c ^ 0xFFFFFFFF;
 }
