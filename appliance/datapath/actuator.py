@@ -402,7 +402,12 @@ class Datapath:
         for d in delays:
             want = glide_leaf("netem", d.minor, s.link_bits_s, s.ladder.max_delay_us)
             for dev in self.devices:
-                dev.set_leaf_delay(want, s.delay_us(d.klass))
+                try:
+                    dev.set_leaf_delay(want, s.delay_us(d.klass))
+                except ObjectError:
+                    raise
+                except DatapathError as e:  # the leaf every ordered move needs: not a member's
+                    raise ObjectError("leaf", str(e)) from None
 
     def _leaf_readings(self, minors: Sequence[int]) -> dict[int, tuple[int, int]]:
         """(queued, sent) of glide leaves, summed over the devices."""

@@ -109,7 +109,7 @@ class TargetSensor:
         # most this old (the daemon: one tick) instead of parsing the file again
         self.snapshot_reuse_s = snapshot_reuse_s
         self.warnings = SensorWarnings()
-        self.discovery: Discovery | None = None
+        self._discovery: Discovery | None = None
         self.discoveries = 0  # how many times the discovery was rebuilt
         self._discovery_key: tuple[object, ...] = ()
         self._charges = _Charges()
@@ -148,19 +148,19 @@ class TargetSensor:
         # are not part of LioAcl's equality). The sensors return the same object
         # for an unchanged connection dump or LVM map: `is` before `==`.
         key = (tpgs, subsystems, ports, conns, lvs)
-        same = self.discovery is not None and all(
+        same = self._discovery is not None and all(
             a is b or a == b for a, b in zip(key, self._discovery_key, strict=True)
         )
         if same:
-            assert self.discovery is not None
+            assert self._discovery is not None
             disc = replace(
-                self.discovery, acl_write_bytes=acl_write_bytes(tpgs, self.discovery.exports)
+                self._discovery, acl_write_bytes=acl_write_bytes(tpgs, self._discovery.exports)
             )
-            self.discovery = disc
+            self._discovery = disc
             self._acl_io = acl_counters(tpgs, disc.exports)
             self._read_names(tpgs, rebuilt=False)
             return disc
-        self.discovery = build_discovery(
+        self._discovery = build_discovery(
             lio=tpgs,
             nvmet_subsystems=subsystems,
             nvmet_ports=ports,
@@ -171,12 +171,12 @@ class TargetSensor:
             dev_root=self.dev_root,
         )
         self._discovery_key = key
-        self._charges = _device_charges(self.discovery)
-        self._io_plan = io_plan(self.discovery)
-        self._acl_io = acl_counters(tpgs, self.discovery.exports)
+        self._charges = _device_charges(self._discovery)
+        self._io_plan = io_plan(self._discovery)
+        self._acl_io = acl_counters(tpgs, self._discovery.exports)
         self._read_names(tpgs, rebuilt=True)
         self.discoveries += 1
-        return self.discovery
+        return self._discovery
 
     def _read_names(self, tpgs: list[LioTpg], rebuilt: bool) -> None:
         """The initiators' names (initiator_io.initiator_names()), here in the
@@ -187,7 +187,7 @@ class TargetSensor:
         if rebuilt or ctrls != self._nvme_ctrls:
             self._nvme_ctrls = ctrls
             self._nvme_hosts = debugfs_hosts(ctrls)
-        self._names = initiator_names(self.discovery, tpgs, self._nvme_hosts)
+        self._names = initiator_names(self._discovery, tpgs, self._nvme_hosts)
 
     def initiator_names(self) -> dict[str, tuple[str, ...]]:
         """address -> the IQNs / host NQNs it logged in with, as of the last discovery
@@ -215,12 +215,12 @@ class TargetSensor:
         now = self.clock()
         cur = self._snapshot()
         prev, self._tick_prev = self._tick_prev, (now, cur)
-        if prev is None or self.discovery is None or now - prev[0] < MIN_INTERVAL_S:
+        if prev is None or self._discovery is None or now - prev[0] < MIN_INTERVAL_S:
             return []
         devs = self._devices(prev[1], cur, now - prev[0])
         out = []
         self._device_samples = []
-        for name, members in self.discovery.resources.items():
+        for name, members in self._discovery.resources.items():
             ivs = [devs[d] for d in members if d in devs]
             reads, lat = read_latency_of(ivs)
             if not ivs:

@@ -254,14 +254,13 @@ def _measure(root: Path, proc: Path, tpgs: list[LioTpg], records: list, netns: s
         t0 = time.perf_counter()
         reads = s.read_samples()
         t1 = time.perf_counter()
-        _, writes = s.converge()
+        disc, writes = s.converge()
         t2 = time.perf_counter()
         gcf.after_convergence(s.discoveries)  # what santhrottled does after each convergence
         if k >= 2:
             tick_ms.append((t1 - t0) * 1000)
             conv_ms.append((t2 - t1) * 1000)
             samples = len(reads), len(writes)
-    disc = s.discovery
     assert disc is not None
     tick = statistics.median(tick_ms)
     conv = statistics.median(conv_ms)
