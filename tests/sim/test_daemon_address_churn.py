@@ -1,4 +1,4 @@
-"""Initiator address churn: 1,000 new addresses a minute for 10 minutes (issue 46 item 11): a whole scenario in virtual time, the sim tier.
+"""Initiator address churn, 1,000 new addresses a minute for 10 minutes (issue 46 item 11).
 
 Every address writes to vg0 for a minute and is gone: what the daemon keeps per
 initiator (the discovery, the write rates and sets, the classes, the kernel's

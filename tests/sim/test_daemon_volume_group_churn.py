@@ -1,4 +1,4 @@
-"""A volume group appearing and disappearing under the daemon (issue 46 item 11): a whole scenario in virtual time, the sim tier.
+"""A volume group appearing and disappearing under the daemon (issue 46 item 11).
 
 The host kernel has no device-mapper (`lvcreate`: "Required device-mapper target(s)
 not detected in your kernel"), so the volume group comes and goes in a sysfs and a
