@@ -277,8 +277,8 @@ def test_a_dribbling_flood_that_holds_every_slot_still_lets_a_scrape_in(registry
         assert srv.connections == 8
         t0 = time.monotonic()
         assert http(srv.port, get()).startswith(b"HTTP/1.1 200")
-        assert time.monotonic() - t0 < 5.0 and srv.dropped >= 1
-        assert EVICT_PARTIAL_S < 5.0
+        # within the wait for a holder to be evicted (1 s), never the 5 s deadline
+        assert time.monotonic() - t0 < EVICT_PARTIAL_S + 2.0 and srv.dropped >= 1
     finally:
         for s in holders:
             s.close()

@@ -72,6 +72,8 @@ WRITE_TIMEOUT_S = 10.0
 MAX_REQUEST_BYTES = 8192
 RECV_CHUNK_BYTES = 4096
 SHUTDOWN_WAIT_S = 5.0
+# With no connection, the loop sleeps this long (a wake-up socket ends the sleep at stop).
+IDLE_WAKE_S = 60.0
 # After an exception in the loop itself (a bug), the loop waits this long.
 LOOP_ERROR_PAUSE_S = 0.05
 HTTP_REASONS = {
@@ -244,8 +246,7 @@ class MetricsServer:
         for c in [c for c in self._conns.values() if now >= c.deadline]:
             self.dropped += 1  # its request (or its answer) did not come in time
             self._drop(c)
-        timeout = min((c.deadline for c in self._conns.values()), default=now + 60) - now
-        for key, _mask in self._sel.select(max(timeout, 0.0)):
+        for key, _mask in self._sel.select(self._next_wake(now)):
             if key.fileobj is self._sock:
                 self._accept()
             elif key.data is None:
@@ -253,6 +254,16 @@ class MetricsServer:
                     self._wake_r.recv(64)
             elif self._conns.get(key.fd) is key.data:
                 self._step(key.data)
+
+    def _next_wake(self, now: float) -> float:
+        """Seconds until a connection's deadline, or (full, not listening) until one may
+        be evicted for those waiting in the backlog."""
+        wake = min((c.deadline for c in self._conns.values()), default=now + IDLE_WAKE_S)
+        if not self._listening:
+            for c in self._conns.values():
+                if not c.outbuf:
+                    wake = min(wake, c.started + (EVICT_PARTIAL_S if c.got else EVICT_IDLE_S))
+        return max(wake - now, 0.0)
 
     def _room(self, now: float, evict: bool) -> bool:
         """A free slot; when full, a connection that has sent nothing for EVICT_IDLE_S
