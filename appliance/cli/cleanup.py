@@ -48,7 +48,12 @@ from typing import Any
 from santhrottle.appliance.cli.common import Failed, emit
 from santhrottle.appliance.config import ConfigError, defaults, load_config
 from santhrottle.appliance.config.parse import MAX_CONFIG_BYTES
-from santhrottle.appliance.daemon.control import socket_in_use
+from santhrottle.appliance.daemon.control import (
+    DaemonUnavailable,
+    RemoteError,
+    request,
+    socket_in_use,
+)
 from santhrottle.appliance.textfile import read_text_file
 
 # `netns = "tgt"` as written in a file that may not parse as a whole.
@@ -147,6 +152,9 @@ def stop_daemon(path: str, wait_s: float = STOP_WAIT_S) -> int:
     pid = peer_pid(path)
     if pid is None:
         raise Failed(f"santhrottled answers on {path}, but its pid cannot be read: stop it first")
+    why_not = not_santhrottled(path, pid)
+    if why_not is not None:  # --socket naming another program's socket: never signal it
+        raise Failed(f"{path}: {why_not}; nothing stopped, nothing cleaned up")
     try:
         os.kill(pid, signal.SIGTERM)
     except OSError as e:
@@ -158,6 +166,27 @@ def stop_daemon(path: str, wait_s: float = STOP_WAIT_S) -> int:
         time.sleep(STOP_POLL_S)
     print(f"stopped santhrottled (pid {pid}) on {path}", file=sys.stderr)
     return pid
+
+
+def not_santhrottled(path: str, pid: int) -> str | None:
+    """Why the process on path is not a santhrottled to stop (None: it is one): it
+    answers the control protocol's ping (any version: an older daemon says which it
+    speaks) and its command line is santhrottle's."""
+    try:
+        request(path, "ping", timeout_s=CONNECT_TIMEOUT_S)
+    except RemoteError as e:
+        if "speaks" not in str(e):  # a daemon of another protocol is one still
+            return f"pid {pid} refused a ping: {e}"
+    except DaemonUnavailable as e:
+        return f"pid {pid} does not answer as santhrottled ({e})"
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return f"pid {pid} is gone"
+    if b"santhrottle" not in cmdline:
+        program = cmdline.split(b"\0")[0].decode(errors="replace")
+        return f"pid {pid} is not santhrottled ({program})"
+    return None
 
 
 def peer_pid(path: str) -> int | None:

@@ -143,3 +143,46 @@ def test_a_reload_of_an_empty_or_truncated_file_is_refused_and_the_config_kept(t
     assert d.config.threshold_of("vg0") == 0.01 and d.runtime.group_overrides
     assert st["resources"][0]["threshold"]["in_force_s"] == 0.01
     assert st["counters"]["reload_failures"] == 1 and st["counters"]["reloads"] == 0
+
+
+def test_cleanup_force_never_signals_what_is_not_santhrottled(tmp_path):
+    """`cleanup --force --socket` naming another program's socket (a typo, a careless
+    copy): refused, that program untouched. In-process servers, so a signal would end
+    the test itself."""
+    import socket
+    import threading
+
+    from santhrottle.appliance.cli.cleanup import stop_daemon
+    from santhrottle.appliance.cli.common import Failed
+    from santhrottle.appliance.daemon.control.commands import Commands
+    from santhrottle.appliance.daemon.control.server import ControlServer
+
+    other = str(tmp_path / "other.sock")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(other)
+    srv.listen(8)
+
+    def answer_hello() -> None:
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            with c:
+                c.sendall(b"hello, I am not a storage daemon\n")
+
+    threading.Thread(target=answer_hello, daemon=True).start()
+    try:
+        with pytest.raises(Failed, match=r"does not answer as santhrottled.*nothing stopped"):
+            stop_daemon(other)
+    finally:
+        srv.close()
+    d, _vt, _s, _a = make()
+    ours = str(tmp_path / "c.sock")
+    control = ControlServer(ours, Commands(d).handle)  # the protocol, in a process
+    control.start()  # that is no santhrottled (pytest's)
+    try:
+        with pytest.raises(Failed, match=r"is not santhrottled"):
+            stop_daemon(ours)
+    finally:
+        control.close()
