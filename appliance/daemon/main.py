@@ -318,7 +318,6 @@ def main(argv: list[str] | None = None) -> int:
 def serve(cfg: Config) -> int:
     from santhrottle.appliance.daemon.control.commands import Commands
     from santhrottle.appliance.daemon.control.requests import one_line
-    from santhrottle.appliance.daemon.control.server import ControlServer
     from santhrottle.appliance.daemon.core.audit import Caller
     from santhrottle.appliance.daemon.core.loop import Daemon
     from santhrottle.appliance.daemon.core.state import StateStore
@@ -345,9 +344,7 @@ def serve(cfg: Config) -> int:
         views = StatusCache(daemon)  # one view per revision: the socket's and the metrics'
         # what can be refused without touching the kernel, first
         commands = Commands(daemon, views)
-        server = ControlServer(
-            cfg.control_socket, commands.handle, cfg.socket_mode, cfg.socket_group
-        )
+        server = commands.control_server(cfg.control_socket, cfg.socket_mode, cfg.socket_group)
         metrics = start_metrics(cfg, views)
         if bridge is not None:  # the ports must be the bridge's before the jumps match them
             log.info("bridge: %s", prepare(cfg))

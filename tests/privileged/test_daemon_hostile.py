@@ -79,6 +79,26 @@ def test_the_socket_refuses_a_pin_of_an_address_no_initiator_has(ns, tmp_path): 
         _stop(proc)
 
 
+def test_santhrottled_audits_a_pin_its_socket_refuses(ns, tmp_path):  # noqa: F811
+    """Before, santhrottled's socket refused a pin of 0.0.0.0 (or of class -1) in its
+    first check and the audit trail never heard of it; and that check bounded a
+    class by the ladders' ceiling (0..5000), not by this daemon's max_class."""
+    sock = str(tmp_path / "control.sock")
+    log = tmp_path / "log"
+    proc = _start(_conf(tmp_path, ns), sock, log=log)
+    try:
+        with pytest.raises(Exception, match="is unspecified"):
+            request(sock, "pin", initiator="0.0.0.0", **{"class": 5, "mode": "all"})
+        with pytest.raises(Exception, match=r"class: -1 is outside 0\.\.88$"):
+            request(sock, "pin", initiator=SIX[0], **{"class": -1, "mode": "all"})
+        _wait(lambda: log.read_text().count("result=refused") == 1, 5, "the audit line")
+        (line,) = [ln for ln in log.read_text().splitlines() if "result=refused" in ln]
+        assert f"command=pin via=socket uid={os.geteuid()} pid={os.getpid()}" in line
+        assert "'0.0.0.0' is unspecified" in line  # the second: rate limited (1 s)
+    finally:
+        _stop(proc)
+
+
 # --------------------------------------------------- item 2: one refusal, others applied
 def test_the_kernel_refusing_a_member_leaves_the_others_applied(netns_pair):
     """A set of 4 elements (maxelem 4) and six members: the kernel refuses the fifth

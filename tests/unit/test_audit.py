@@ -18,6 +18,7 @@ import pytest
 
 from santhrottle.appliance.cli.main import main as cli_main
 from santhrottle.appliance.daemon import main as daemon_main
+from santhrottle.appliance.daemon.control import RemoteError, request
 from santhrottle.appliance.daemon.control.commands import Commands
 from santhrottle.appliance.daemon.control.server import ControlServer
 from santhrottle.appliance.daemon.core.audit import CLASS_LOG_MIN_INTERVAL_S, Caller
@@ -81,7 +82,7 @@ def test_a_request_the_checks_refuse_is_audited_with_the_peers_uid(caplog, tmp_p
     d, _vt, _s, _a = make()
     commands = Commands(d)
     path = str(tmp_path / "c.sock")
-    srv = ControlServer(path, commands.handle, refused=commands.refused)
+    srv = commands.control_server(path)  # as santhrottled wires it
     srv.start()
     try:
         with caplog.at_level(logging.INFO, logger="santhrottled.audit"):
@@ -99,6 +100,20 @@ def test_a_request_the_checks_refuse_is_audited_with_the_peers_uid(caplog, tmp_p
     assert f"uid={os.geteuid()} pid={os.getpid()}" in line and "result=refused" in line
     assert "error=\"pin: initiator: '0.0.0.0' is unspecified" in line
     assert "\\nINFO forged" in line  # the newline escaped: one line
+
+
+def test_the_socket_checks_a_class_against_this_daemons_ladder(tmp_path):
+    """Before, the socket's first check knew only the ladder's ceiling: a class of -1
+    was "outside 0..5000" while this daemon's classes end at its max_class."""
+    d, _vt, _s, _a = make()
+    srv = Commands(d).control_server(str(tmp_path / "c.sock"))
+    srv.start()
+    try:
+        for bad in (-1, d.config.max_class + 1):
+            with pytest.raises(RemoteError, match=rf"outside 0\.\.{d.config.max_class}$"):
+                request(srv.path, "pin", initiator="10.0.0.9", **{"class": bad, "mode": "all"})
+    finally:
+        srv.close()
 
 
 def test_each_class_change_is_logged_with_its_reason_rate_limited(caplog):

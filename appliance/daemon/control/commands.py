@@ -47,6 +47,7 @@ from santhrottle.appliance.daemon.control.requests import (
     RequestError,
     check,
 )
+from santhrottle.appliance.daemon.control.server import MODE_ROOT, ControlServer
 from santhrottle.appliance.daemon.control.why import why_answer
 from santhrottle.appliance.daemon.core.audit import Caller
 from santhrottle.appliance.daemon.core.errors import CommandError
@@ -69,6 +70,15 @@ class Commands:
     def __init__(self, daemon: Daemon, views: StatusCache | None = None) -> None:
         self.daemon = daemon
         self.views = views or StatusCache(daemon)
+
+    def control_server(
+        self, path: str, mode: int = MODE_ROOT, group: str | None = None, **kw: Any
+    ) -> ControlServer:
+        """The control socket of this daemon: each request's arguments checked against
+        its configuration's bounds, each refused state change on the audit trail."""
+        return ControlServer(
+            path, self.handle, mode, group, refused=self.refused, context=self.context, **kw
+        )
 
     def _threshold(self, name: str) -> dict[str, Any]:
         with self.daemon.lock:
@@ -179,13 +189,16 @@ class Commands:
             return {n: to_json(threshold_view(d, n)) for n in sorted(d.known_resources())}
         raise CommandError(f"unknown command {cmd!r}")  # in requests.COMMANDS, not here: a bug
 
-    def _checked(self, cmd: str, args: dict[str, Any]) -> dict[str, Any]:
+    def context(self) -> Context:
+        """What a request's arguments are checked against: this configuration's bounds."""
         d = self.daemon
         with d.lock:
-            ctx = Context(
+            return Context(
                 d.config.max_class, frozenset(d.known_resources()), frozenset(d.config.groups)
             )
+
+    def _checked(self, cmd: str, args: dict[str, Any]) -> dict[str, Any]:
         try:
-            return check(cmd, args, ctx)
+            return check(cmd, args, self.context())
         except RequestError as e:
             raise CommandError(str(e)) from None

@@ -322,14 +322,16 @@ def answer(
     dispatch: Handler,
     caller: Caller | None = None,
     refused: Refused | None = None,
+    context: Callable[[], Context] | None = None,
 ) -> dict[str, Any]:
-    """The reply object to one request line (never raises).  A request of a command
-    that changes the daemon's state refused by the checks: told to `refused` (the
-    audit trail) with what was sent."""
+    """The reply object to one request line (never raises).  The arguments are
+    checked with the daemon's `context` (its max_class, resources, groups) when
+    given.  A request of a command that changes the daemon's state refused by the
+    checks: told to `refused` (the audit trail) with what was sent."""
     try:
         cmd, raw = decode_request(line)
         try:
-            args = check(cmd, raw)
+            args = check(cmd, raw, None if context is None else context())
         except RequestError as e:
             if refused is not None and isinstance(cmd, str) and cmd in CHANGES:
                 refused(cmd, raw, str(e), caller)

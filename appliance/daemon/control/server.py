@@ -50,6 +50,7 @@ from typing import Any
 
 from santhrottle.appliance.daemon.control.client import socket_in_use
 from santhrottle.appliance.daemon.control.requests import (
+    Context,
     Handler,
     Refused,
     answer,
@@ -104,6 +105,7 @@ class ControlServer:
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         evict_idle_s: float = EVICT_IDLE_S,
         refused: Refused | None = None,
+        context: Callable[[], Context] | None = None,
     ) -> None:
         want = MODE_GROUP if group is not None else MODE_ROOT
         if mode != want:
@@ -121,6 +123,7 @@ class ControlServer:
         self.path = path
         self.dispatch = dispatch
         self.on_refused = refused  # a state change the checks refused: the audit trail
+        self.context = context  # the daemon's bounds the arguments are checked against
         self.allow_uids = frozenset({ROOT_UID, os.geteuid()} if allow_uids is None else allow_uids)
         self.max_connections = max_connections
         self.idle_timeout_s = idle_timeout_s
@@ -329,7 +332,9 @@ class ControlServer:
             if len(line) > MAX_REQUEST_BYTES:
                 self._fail(c, "request too large")
             else:
-                c.outbuf += encode(answer(line, self.dispatch, c.caller, self.on_refused))
+                c.outbuf += encode(
+                    answer(line, self.dispatch, c.caller, self.on_refused, self.context)
+                )
             self._send(c)
             return
         if c.eof and not c.outbuf:
