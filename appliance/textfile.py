@@ -6,6 +6,11 @@ with one line ("FILE: PROBLEM").  It is opened non-blocking and checked before
 it is read, so a FIFO, a device (/dev/zero) or a directory never blocks the
 reader or fills its memory.
 
+unsafe_directory() is why a directory the daemon keeps files in (its state,
+its control socket) is not its own: one another user could write to, or one
+below a directory such a user could rename.  What is kept there is read back
+as root's word, so a stranger must not be able to plant it.
+
 printable() is what such text (a key, a value, a path) becomes in an error
 line or a log line: every character that is not printable escaped as Python
 writes it ("\\n", "\\x00"), so a key with a newline cannot forge a second
@@ -13,7 +18,9 @@ log line.
 
 Worked example
     read_text_file(Path("/dev/zero"), 1 << 20, ConfigError) -> ConfigError
-    "/dev/zero: not a regular file"; printable('a\\nINFO forged') -> 'a\\\\nINFO forged'.
+    "/dev/zero: not a regular file"; printable('a\\nINFO forged') -> 'a\\\\nINFO forged';
+    unsafe_directory("/tmp/santhrottle") -> "/tmp is writable by others (mode 1777)"
+    (until /tmp/santhrottle exists, root's and 0755: then None).
 """
 
 from __future__ import annotations
@@ -54,6 +61,36 @@ def read_text_file(
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         raise error(f"{name}: not UTF-8 text") from None
+
+
+def unsafe_directory(path: str | Path) -> str | None:
+    """Why the directory (created later if missing) is not only root's, or None.
+
+    The directory itself, or the nearest one that exists: owned by root or by
+    this process's user, and not writable by others (sticky or not: anyone could
+    create a missing file first).  Each directory above it: owned by root or by
+    this user, or sticky, and not writable by others unless sticky (/tmp holds a
+    root-owned directory safely).  Symbolic links are followed first."""
+    me = {0, os.geteuid()}
+    p = Path(os.path.realpath(path))
+    first = True
+    for d in (p, *p.parents):
+        try:
+            st = os.stat(d)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            return f"{d}: {e.strerror or e}"
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{d} is not a directory"
+        sticky = bool(st.st_mode & stat.S_ISVTX)
+        mode = f"mode {stat.S_IMODE(st.st_mode):04o}"
+        if st.st_uid not in me and (first or not sticky):
+            return f"{d} belongs to uid {st.st_uid} ({mode})"
+        if st.st_mode & stat.S_IWOTH and (first or not sticky):
+            return f"{d} is writable by others ({mode})"
+        first = False
+    return None
 
 
 def printable(text: str) -> str:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from santhrottle.appliance.config import DEFAULT_PATH, Config, ConfigError, load_config
 from santhrottle.appliance.daemon.sdnotify import notify
-from santhrottle.appliance.textfile import printable
+from santhrottle.appliance.textfile import printable, unsafe_directory
 from santhrottle.appliance.version import version_line
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ def preflight(cfg: Config) -> list[str]:
     from santhrottle.appliance.datapath.bridged import nft_bridge_problem
     from santhrottle.appliance.datapath.probe import probe
 
-    problems: list[str] = []
+    problems: list[str] = directory_problems(cfg)
     root = os.geteuid() == 0
     if not root:
         problems.append("not root: needs CAP_NET_ADMIN for tc/ipset/iptables and configfs")
@@ -169,6 +169,20 @@ def preflight(cfg: Config) -> list[str]:
         spec = DatapathSpec.from_config(cfg)
         problems += probe(spec)
     return problems
+
+
+def directory_problems(cfg: Config) -> list[str]:
+    """The directories santhrottled keeps its word in (the state it restores, the
+    socket it answers on) must be root's alone: textfile.unsafe_directory()."""
+    out = []
+    for key, d in (
+        ("daemon.state_dir", cfg.state_dir),
+        ("daemon.control_socket", os.path.dirname(cfg.control_socket) or "."),
+    ):
+        why = unsafe_directory(d)
+        if why is not None:
+            out.append(f"{key}: {why}: another user could plant what santhrottled reads back")
+    return out
 
 
 def _devices_to_check(cfg: Config) -> list[tuple[str, str]]:
@@ -327,6 +341,11 @@ def serve(cfg: Config) -> int:
 
     server = metrics = datapath = sensors = None
     applied = False
+    unsafe = directory_problems(cfg)
+    if unsafe:
+        for p in unsafe:
+            print(f"santhrottled: {p}", file=sys.stderr)
+        return EXIT_FAILED
     try:
         datapath = build_datapath(cfg)
         sensors, bridge = build_sensors(cfg)

@@ -108,6 +108,28 @@ def test_check_of_an_empty_file_exits_2_as_the_start_does(tmp_path, capsys):
     )
 
 
+@pytest.mark.parametrize("key", ["state_dir", "control_socket"])
+def test_a_directory_others_may_write_is_refused_at_check_and_start(tmp_path, capsys, key):
+    """Before, state_dir = "/tmp" (or a socket there) was taken: any user could write
+    /tmp/state.json first, and santhrottled restored its pins as root's word."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # as /tmp is
+    where = shared / ("control.sock" if key == "control_socket" else "state")
+    conf = tmp_path / "s.toml"
+    conf.write_text(f'[daemon]\n{key} = "{where}"\n[datapath]\ndevices = ["eth1"]\n')
+    cfg = daemon_main.load_daemon_config(str(conf))
+    (problem,) = daemon_main.directory_problems(cfg)
+    assert problem == (
+        f"daemon.{key}: {shared} is writable by others (mode 1777): another user could "
+        "plant what santhrottled reads back"
+    )
+    assert daemon_main.main(["--config", str(conf)]) == 1  # before the kernel is touched
+    assert capsys.readouterr().err == f"santhrottled: {problem}\n"
+    shared.chmod(0o755)
+    assert daemon_main.directory_problems(cfg) == []
+
+
 def test_status_with_a_broken_config_never_falls_back_to_the_default_socket(tmp_path, capsys):
     broken = tmp_path / "broken.toml"
     broken.write_text("[daemon\n")
