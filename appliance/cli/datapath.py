@@ -67,7 +67,9 @@ apply's data is the ladder, ports and write mode applied and what changed
 ("report"), show's the installed state.
 """
 
-PIN_EPILOG = """\
+_LADDER = Ladder()  # the default ladder, as [datapath] defines it
+_LINEAR_US = round(_LADDER.step_us / (_LADDER.ratio - 1))  # where a ratio step passes a step
+PIN_EPILOG = f"""\
 examples:
   santhrottle pin 10.0.0.3 --delay 5ms                  # all its packets, 5 ms
   santhrottle pin 10.0.0.3 --delay 10ms --mode read     # its reads only
@@ -78,11 +80,14 @@ examples:
 The initiator is one IPv4 or IPv6 address (a zone such as %eth1 is dropped,
 ::ffff:10.0.0.3 is 10.0.0.3); a host with both pins each address by itself.
 
-The delay must be a multiple of the data path's step (0.5 ms by default) and
-at most its maximum (50 ms by default).  Modes: all (every packet from the
-storage ports: slows writes and reads), ack (pure ACKs only: slows writes only
-when the initiator is window-limited), read (payload packets: slows reads).
---json prints {"protocol": N, "data": ...}: the initiator, its class, delay_s
+The delay must be one of the ladder's: by default {fmt_us(_LADDER.step_us)} steps up to \
+{fmt_us(_LINEAR_US)},
+then {_LADDER.ratio - 1:.0%} steps up to {fmt_us(_LADDER.max_delay_us)} \
+(class {_LADDER.max_class}); anything else is refused with the two
+nearest.  Modes: all (every packet from the storage ports: slows writes and reads), ack
+(pure ACKs only: slows writes only when the initiator is window-limited), read
+(payload packets: slows reads).
+--json prints {{"protocol": N, "data": ...}}: the initiator, its class, delay_s
 and mode, and "through": "santhrottled" or "kernel".
 """
 
