@@ -3,7 +3,7 @@
 Builds the real adapters from the config (TargetSensor, the Datapath on
 every egress device), takes the control socket and the metrics port,
 installs or adopts the data path, restores the runtime state of the last
-run (daemon/core/restore.py), runs the loop until SIGTERM/SIGINT, then removes
+run (daemon/core/runtime.py), runs the loop until SIGTERM/SIGINT, then removes
 every delay (and the static state unless daemon.keep_static_state).
 SIGHUP reloads.
 

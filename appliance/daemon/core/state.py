@@ -7,7 +7,7 @@ What it owns
     resource's delay class with the wall-clock time it was saved (the
     controller's last decision, a starting point only while it is recent).
     The kernel's members are not kept here: the kernel is their record,
-    and a start reads them back (daemon/core/restore.py).
+    and a start reads them back (daemon/core/runtime.py).
 
 Writes are atomic: a temporary file in the same directory, fsync, rename
 over state.json, fsync of the directory.  A kill -9 at any moment leaves
