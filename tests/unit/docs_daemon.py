@@ -12,9 +12,14 @@ holds it under the threshold.
 "hosts" (docs/operate.md's [hosts.NAME] example): tests/unit/test_ipv6_hosts.py's
 daemon, the host db1 (10.0.1.5 and fd00:1::5) and two more initiators writing to vg0.
 
+"fleet" (docs/operate.md's fleet status): tests/unit/test_daemon_fleet.py's two
+appliances a and b on a fake engine, seen from b, a follower.
+
 "groups" (docs/groups.md, docs/operate.md's group section): tests/unit/test_group_cli.py's
 daemon (on vg0, the reader group db, 10 ms target, priority 2, which sees 20 ms; backup,
 a writer with nine times its IOs outstanding, priority 1).
+
+Each function returns the daemon and a function that runs it one second on.
 """
 
 from __future__ import annotations
@@ -84,7 +89,7 @@ class ArraySensors(NoGroupSensing):
 
 
 def operate(seconds: float = 20.0):
-    """The operate.md daemon, run `seconds` of virtual time: (daemon, its clock)."""
+    """The operate.md daemon, run `seconds` of virtual time."""
     vt = VirtualTime()
     vt.now = START
     act = FakeActuator(lambda: vt.now)
@@ -99,11 +104,11 @@ def operate(seconds: float = 20.0):
     )
     d.audit.wall = vt.clock  # `why` dates its events on the examples' day
     run_for(d, vt, seconds)
-    return d, vt
+    return d, lambda: run_for(d, vt, 1.0)
 
 
 def groups(seconds: float = 6.0):
-    """tests/unit/test_group_cli.py's daemon: (daemon, its clock)."""
+    """tests/unit/test_group_cli.py's daemon."""
     from .test_daemon import make
     from .test_daemon_groups import GROUPS, GroupSensors
 
@@ -111,7 +116,7 @@ def groups(seconds: float = 6.0):
     d, vt, s, _act = make(conf)
     d.sensors = GroupSensors(s)
     run_for(d, vt, seconds)
-    return d, vt
+    return d, lambda: run_for(d, vt, 1.0)
 
 
 def hosts(seconds: float = 4.0):
@@ -124,4 +129,13 @@ def hosts(seconds: float = 4.0):
     s.writers = {"10.0.1.5": "vg0", "fd00:1::5": "vg0", "10.0.0.9": "vg0", long6: "vg0"}
     s.write_bps = 0.6 * MIB
     run_for(d, vt, seconds)
-    return d, vt
+    return d, lambda: run_for(d, vt, 1.0)
+
+
+def fleet(seconds: float = 2.0):
+    """tests/unit/test_daemon_fleet.py's fleet of two, seen from b."""
+    from .test_daemon_fleet import Fleet
+
+    f = Fleet()
+    f.run(seconds)
+    return f.daemons["b"], lambda: f.run(1.0)

@@ -29,12 +29,12 @@ from santhrottle.appliance.daemon.control.server import ControlServer
 
 from . import docs_daemon
 from .docs_blocks import PAGES, Command, blocks, commands
-from .test_daemon import run_for
 
 SESSIONS = {
     "operate": docs_daemon.operate,
     "groups": docs_daemon.groups,
     "hosts": docs_daemon.hosts,
+    "fleet": docs_daemon.fleet,
 }
 KERNEL = "kernel"  # tests/privileged/test_docs_kernel.py's
 WRITE = os.environ.get("SANTHROTTLE_DOCS_WRITE") == "1"
@@ -97,7 +97,7 @@ def test_the_manual_has_sessions_and_every_mark_names_one():
 
 @pytest.mark.parametrize("page,name,cmds", RUNS, ids=[f"{p.name}:{n}" for p, n, _c in RUNS])
 def test_a_session_prints_what_the_manual_shows(page, name, cmds, tmp_path, _terminal):
-    d, vt = SESSIONS[name]()
+    d, advance = SESSIONS[name]()
     socket = str(tmp_path / "control.sock")
     srv = ControlServer(socket, Commands(d).handle, 0o600)
     srv.start()
@@ -112,7 +112,7 @@ def test_a_session_prints_what_the_manual_shows(page, name, cmds, tmp_path, _ter
                 wrong.append(f"{c.block.where(c.offset)}: $ {c.argv}\n" + "\n".join(got))
                 if "..." not in c.output:
                     writes.append((c, got))
-            run_for(d, vt, 1.0)
+            advance()
     finally:
         srv.close()
     if WRITE and writes:
