@@ -1,11 +1,19 @@
 """docs/monitor.md lists every series the exporter exports, and only those: its tables'
-rows against the series scraped from real registries (tests/unit/exported_series.py)."""
+rows against the series scraped from real registries (tests/unit/exported_series.py);
+its scrape excerpts are scrapes of the manual's daemons (tests/unit/docs_daemon.py)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+from prometheus_client import generate_latest
+
+from santhrottle.appliance.daemon.status.build import StatusCache
+from santhrottle.appliance.daemon.status.metrics import registry_for
+
+from . import docs_daemon
+from .docs_blocks import blocks
 from .exported_series import exported_series
 
 MONITOR = Path(__file__).parents[2] / "docs" / "monitor.md"
@@ -32,3 +40,29 @@ def test_every_exported_series_has_its_row_and_every_row_is_exported():
         f"not documented: {sorted(exported - set(rows))}; "
         f"documented, not exported: {sorted(set(rows) - exported)}"
     )
+
+
+def test_the_scrape_excerpt_is_a_scrape_of_the_manuals_daemon():
+    (excerpt,) = [
+        b.lines
+        for b in blocks(MONITOR)
+        if b.lines and b.lines[0].startswith("santhrottle_resource_read_latency_seconds{")
+    ]
+    d, _advance = docs_daemon.operate()
+    scraped = set(generate_latest(registry_for(StatusCache(d))).decode().splitlines())
+    assert [ln for ln in excerpt if ln not in scraped] == []
+
+
+def test_the_groups_excerpt_is_a_scrape_after_the_live_change():
+    from .test_group_commands import group_set
+
+    (excerpt,) = [
+        b.lines
+        for b in blocks(MONITOR)
+        if b.lines and b.lines[0].startswith("santhrottle_group_priority{")
+    ]
+    d, advance = docs_daemon.groups()
+    group_set(d, "db", priority=4.0, latency_target_s=0.005)
+    advance()
+    scraped = set(generate_latest(registry_for(StatusCache(d))).decode().splitlines())
+    assert [ln for ln in excerpt if ln not in scraped] == []
