@@ -19,8 +19,14 @@ What it owns
     stopped first (SIGTERM to the process the socket's peer credentials name,
     what `systemctl stop` sends; it removes its delays on the way out), then
     the cleanup runs.  The socket is --socket, else the file's
-    daemon.control_socket, else the default one.  After a crash nobody
-    listens on the socket any more: the unit's ExecStopPost runs as before.
+    daemon.control_socket, else the default one; and the socket of every other
+    santhrottled running on this host (/proc: its command line, the Unix
+    socket it listens on) whose namespace (its --config's daemon.netns) is
+    one this cleanup would clean, or, when this cleanup cleans every one, any
+    santhrottled: a typo in --config, or a daemon started with a file of its
+    own, is still seen.
+    After a crash nobody listens on the socket any more: the unit's
+    ExecStopPost runs as before, and a daemon of another namespace is left be.
 
 Worked example
     The daemon was killed and the file since edited into an invalid one
@@ -46,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from santhrottle.appliance.cli.common import Failed, emit
-from santhrottle.appliance.config import ConfigError, defaults, load_config
+from santhrottle.appliance.config import DEFAULT_PATH, ConfigError, defaults, load_config
 from santhrottle.appliance.config.parse import MAX_CONFIG_BYTES
 from santhrottle.appliance.daemon.control import (
     DaemonUnavailable,
@@ -69,6 +75,7 @@ STOP_WAIT_S = 30.0
 STOP_POLL_S = 0.1
 CONNECT_TIMEOUT_S = 2.0
 UCRED = struct.Struct("3i")  # pid, uid, gid (SO_PEERCRED)
+UNIX_LISTENING = 0x10000  # __SO_ACCEPTCON in /proc/PID/net/unix's Flags
 
 
 def cleanup_namespaces(args: argparse.Namespace) -> tuple[list[str | None], str | None]:
@@ -136,14 +143,89 @@ def _installed(dp: Any, netns: str | None) -> Any:
         return dp.Datapath(dp.DatapathSpec(), netns=netns)
 
 
-def control_sockets(args: argparse.Namespace) -> list[str]:
-    """Where a daemon may answer: --socket, else the file's and the default one."""
+def control_sockets(
+    args: argparse.Namespace, namespaces: list[str | None] | None = None, every: bool = False
+) -> list[str]:
+    """Where a daemon that owns one of the namespaces may answer: --socket, else the
+    file's and the default one, and those of the santhrottled processes running in
+    one of them (daemon_processes(); one whose file does not load, in none of them
+    unless the cleanup cleans `every` namespace)."""
     if args.socket:
         return [str(args.socket)]
     out = [defaults().control_socket]
     with contextlib.suppress(ConfigError):  # reported by cleanup_namespaces; the default stays
         out.insert(0, load_config(args.config).control_socket)
+    for pid, config in daemon_processes():
+        try:
+            theirs: str | object | None = load_config(config).netns
+        except ConfigError:
+            theirs = EVERY  # its namespace is not known
+        if namespaces is None or (every if theirs is EVERY else theirs in namespaces):
+            out += listening_sockets(pid)
     return list(dict.fromkeys(out))
+
+
+def daemon_processes(proc: Path = Path("/proc")) -> list[tuple[int, str]]:
+    """(pid, its --config) of each santhrottled running on this host (its command
+    line: `santhrottled ...`, the console script under a python, or `python -m
+    santhrottle.appliance.daemon.main`; not --check, --version, --help)."""
+    out = []
+    for p in proc.iterdir():
+        if not p.name.isdigit() or int(p.name) == os.getpid():
+            continue
+        try:
+            argv = [a.decode(errors="replace") for a in (p / "cmdline").read_bytes().split(b"\0")]
+        except OSError:
+            continue
+        rest = _daemon_args(argv)
+        if rest is None or {"--check", "--version", "-h", "--help"} & set(rest):
+            continue
+        config = DEFAULT_PATH
+        for i, a in enumerate(rest):
+            if a == "--config" and i + 1 < len(rest):
+                config = rest[i + 1]
+            elif a.startswith("--config="):
+                config = a.split("=", 1)[1]
+        if not os.path.isabs(config):
+            with contextlib.suppress(OSError):
+                config = os.path.join(os.readlink(p / "cwd"), config)
+        out.append((int(p.name), config))
+    return out
+
+
+def _daemon_args(argv: list[str]) -> list[str] | None:
+    """santhrottled's arguments in a command line, or None when it is not one."""
+    prog = os.path.basename(argv[0])
+    if prog == "santhrottled":
+        return argv[1:]
+    if not prog.startswith("python"):
+        return None
+    if len(argv) > 1 and os.path.basename(argv[1]) == "santhrottled":  # the console script
+        return argv[2:]
+    if "-m" in argv:
+        i = argv.index("-m")
+        if argv[i + 1 : i + 2] == ["santhrottle.appliance.daemon.main"]:
+            return argv[i + 2 :]
+    return None
+
+
+def listening_sockets(pid: int, proc: Path = Path("/proc")) -> list[str]:
+    """The paths of the Unix stream sockets process pid listens on."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in (proc / str(pid) / "fd").iterdir():
+            with contextlib.suppress(OSError):
+                link = os.readlink(fd)
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+    out = []
+    with contextlib.suppress(OSError):
+        for line in (proc / str(pid) / "net" / "unix").read_text().splitlines()[1:]:
+            f = line.split()  # Num RefCount Protocol Flags Type St Inode Path
+            listening = len(f) >= 8 and f[6] in inodes and int(f[3], 16) & UNIX_LISTENING
+            if listening and f[7].startswith("/"):
+                out.append(f[7])
+    return out
 
 
 def stop_daemon(path: str, wait_s: float = STOP_WAIT_S) -> int:
@@ -207,7 +289,9 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     from santhrottle.appliance import datapath as dp
 
     stopped: list[dict[str, Any]] = []
-    for path in control_sockets(args):
+    namespaces, warning = cleanup_namespaces(args)
+    every = len(namespaces) > 1  # no file named one: each is cleaned
+    for path in control_sockets(args, namespaces, every):
         if not socket_in_use(path):
             continue
         if not args.force:
@@ -216,7 +300,6 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
                 "(systemctl stop santhrottled; it removes its delays), or --force"
             )
         stopped.append({"socket": path, "pid": stop_daemon(path)})
-    namespaces, warning = cleanup_namespaces(args)
     if warning:
         print(f"santhrottle: {warning}", file=sys.stderr)
     done: list[dict[str, Any]] = []

@@ -189,6 +189,31 @@ def test_cleanup_refuses_while_a_daemon_answers_and_force_stops_it_first(ns, tmp
         _stop(proc)
 
 
+def test_cleanup_with_another_file_still_sees_the_daemon_of_its_namespace(ns, tmp_path):  # noqa: F811
+    """Before, `cleanup --config OTHER` (a copy with a typo, or a file without the
+    daemon's socket) looked only at OTHER's socket and the default one, and cleaned
+    the namespace from under the daemon that ran there on a socket of its own."""
+    sock = str(tmp_path / "control.sock")
+    conf = _conf(tmp_path, ns)
+    proc = _start(conf, sock)
+    try:
+        request(sock, "pin", initiator=SIX[0], **{"class": 5, "mode": "all"})
+        _wait(lambda: SIX[0] in _members(ns), what="the pin applied")
+        other = tmp_path / "other.toml"  # names the namespace, then does not parse
+        other.write_text(f'[daemon]\nnetns = "{ns}"\n[datapath\n')
+        for argv in (("--delays-only",), (), ("--netns", ns)):
+            p = _run("santhrottle", "cleanup", *argv, "--config", str(other))
+            assert p.returncode == 1, p.stderr
+            assert f"santhrottled answers on {sock}" in p.stderr
+            assert SIX[0] in _members(ns) and proc.poll() is None  # nothing touched
+        p = _run("santhrottle", "cleanup", "--force", "--netns", ns)
+        assert p.returncode == 0, p.stderr
+        assert proc.wait(timeout=30) == 0 and f"stopped santhrottled (pid {proc.pid})" in p.stderr
+        assert kernel_state(ns)[1].strip() == ""  # no set left
+    finally:
+        _stop(proc)
+
+
 def test_a_bridge_daemon_repairs_its_nft_table(three_namespaces, tmp_path):
     import shutil
 

@@ -209,3 +209,44 @@ def test_cleanup_force_never_signals_what_is_not_santhrottled(tmp_path):
             stop_daemon(ours)
     finally:
         control.close()
+
+
+def _fake_proc(tmp_path, procs):
+    """A /proc with a command line, a cwd, fds and net/unix for each (pid, argv, socket)."""
+    proc = tmp_path / "proc"
+    for pid, argv, sock in procs:
+        d = proc / str(pid)
+        (d / "fd").mkdir(parents=True)
+        (d / "net").mkdir()
+        (d / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+        (d / "cwd").symlink_to(tmp_path)
+        (d / "fd" / "3").symlink_to(f"socket:[{1000 + pid}]")
+        (d / "net" / "unix").write_text(
+            "Num       RefCount Protocol Flags    Type St Inode Path\n"
+            f"0000000000000000: 00000002 00000000 00010000 0001 01 {1000 + pid} {sock}\n"
+            f"0000000000000000: 00000002 00000000 00000000 0001 03 {1000 + pid} /not/listening\n"
+        )
+    return proc
+
+
+def test_cleanup_finds_each_running_santhrottled_and_its_socket(tmp_path):
+    from santhrottle.appliance.cli.cleanup import daemon_processes, listening_sockets
+    from santhrottle.appliance.config import DEFAULT_PATH
+
+    py = "/usr/bin/python3"
+    proc = _fake_proc(
+        tmp_path,
+        [
+            (11, [py, "/usr/local/bin/santhrottled", "--config", "/etc/a.toml"], "/run/a.sock"),
+            (12, ["santhrottled", "--config=rel.toml"], "/run/b.sock"),
+            (13, [py, "-m", "santhrottle.appliance.daemon.main"], "/run/c.sock"),
+            (14, [py, "/usr/local/bin/santhrottled", "--check"], "/run/d.sock"),
+            (15, ["/usr/bin/sshd", "santhrottled"], "/run/e.sock"),
+        ],
+    )
+    assert sorted(daemon_processes(proc)) == [
+        (11, "/etc/a.toml"),
+        (12, str(tmp_path / "rel.toml")),  # relative to the daemon's cwd
+        (13, DEFAULT_PATH),
+    ]
+    assert listening_sockets(11, proc) == ["/run/a.sock"]
