@@ -292,8 +292,9 @@ def test_metrics_bound_the_initiator_series_reload_the_bound_and_have_process_se
         def series(text: str) -> set[str]:
             return set(_re.findall(r'^santhrottle_initiator_\w+\{initiator="([^"]+)"', text, _re.M))
 
-        deadline = time.monotonic() + 10  # the pins reach the kernel at the next tick
-        while "192.0.2.5" not in _members(ns) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 10  # the pins reach the kernel at the next ticks
+        pinned = ("192.0.2.5", "192.0.2.6", "192.0.2.7")
+        while not all(ip in _members(ns) for ip in pinned) and time.monotonic() < deadline:
             time.sleep(0.05)
         text = scrape()
         assert series(text) == {"192.0.2.6", "192.0.2.7"}, text
