@@ -133,3 +133,30 @@ def _write(page: Path, writes) -> None:
         start = b.line + cmd.offset + 1  # 0-based index of the first output line
         lines[start : start + len(cmd.output)] = got
     page.write_text("\n".join(lines))
+
+
+def test_the_control_socket_exchange_is_the_daemons(tmp_path):
+    """operate.md's exchange on the control socket ("> " a request, "< " its answer),
+    sent on one connection to the operate daemon."""
+    import socket
+
+    page = next(p for p in PAGES if p.name == "operate.md")
+    (exchange,) = [b for b in READ[page] if b.lines and b.lines[0].startswith("> ")]
+    asked = [ln[2:] for ln in exchange.lines if ln.startswith("> ")]
+    answered = [ln[2:] for ln in exchange.lines if ln.startswith("< ")]
+    assert len(asked) == len(answered) >= 10
+    d, _advance = SESSIONS["operate"]()
+    path = str(tmp_path / "control.sock")
+    srv = ControlServer(path, Commands(d).handle, 0o600)
+    srv.start()
+    try:
+        with socket.socket(socket.AF_UNIX) as s, s.makefile("rw") as f:
+            s.connect(path)
+            got = []
+            for line in asked:
+                f.write(line + "\n")
+                f.flush()
+                got.append(f.readline().rstrip("\n"))
+    finally:
+        srv.close()
+    assert got == answered
