@@ -33,7 +33,9 @@ TYPE = re.compile(r"^# TYPE (\S+) (\S+)$", re.M)
 SUFFIXES = {"histogram": ("_bucket", "_sum", "_count"), "summary": ("_sum", "_count")}
 
 
-class _Source:
+class ViewSource:
+    """A StatusSource holding one view (the collector reading it is the real one)."""
+
     def __init__(self, view: StatusView) -> None:
         self.lock = threading.Lock()
         self.view = view
@@ -72,7 +74,7 @@ def _registries():
     counters = {key: 1 for _name, key, _doc in WIRE_COUNTERS}
     wire = WireView(capturing=True, sensor="kernel", held=["vg0"], sync=sync, counters=counters)
     view = dataclasses.replace(StatusCache(d).status(), mode="bridge", wire=wire)
-    yield registry_for(_Source(view))
+    yield registry_for(ViewSource(view))
 
 
 @functools.cache

@@ -42,27 +42,26 @@ def test_every_exported_series_has_its_row_and_every_row_is_exported():
     )
 
 
-def test_the_scrape_excerpt_is_a_scrape_of_the_manuals_daemon():
-    (excerpt,) = [
-        b.lines
-        for b in blocks(MONITOR)
-        if b.lines and b.lines[0].startswith("santhrottle_resource_read_latency_seconds{")
-    ]
-    d, _advance = docs_daemon.operate()
+def _excerpt(first: str) -> list[str]:
+    """The lines of monitor.md's code block that starts with `first`."""
+    (lines,) = [b.lines for b in blocks(MONITOR) if b.lines and b.lines[0].startswith(first)]
+    return lines
+
+
+def _not_scraped(lines: list[str], d) -> list[str]:
     scraped = set(generate_latest(registry_for(StatusCache(d))).decode().splitlines())
-    assert [ln for ln in excerpt if ln not in scraped] == []
+    return [ln for ln in lines if ln not in scraped]
+
+
+def test_the_scrape_excerpt_is_a_scrape_of_the_manuals_daemon():
+    d, _advance = docs_daemon.operate()
+    assert _not_scraped(_excerpt("santhrottle_resource_read_latency_seconds{"), d) == []
 
 
 def test_the_groups_excerpt_is_a_scrape_after_the_live_change():
     from .test_group_commands import group_set
 
-    (excerpt,) = [
-        b.lines
-        for b in blocks(MONITOR)
-        if b.lines and b.lines[0].startswith("santhrottle_group_priority{")
-    ]
     d, advance = docs_daemon.groups()
     group_set(d, "db", priority=4.0, latency_target_s=0.005)
     advance()
-    scraped = set(generate_latest(registry_for(StatusCache(d))).decode().splitlines())
-    assert [ln for ln in excerpt if ln not in scraped] == []
+    assert _not_scraped(_excerpt("santhrottle_group_priority{"), d) == []

@@ -5,7 +5,6 @@ largest delay, then write rate; the process collector's process_* beside them.""
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections import Counter
 
 import pytest
@@ -14,6 +13,7 @@ from santhrottle.appliance.daemon.status.build import StatusCache
 from santhrottle.appliance.daemon.status.metrics import registry_for, top_initiators
 from santhrottle.appliance.daemon.status.views import InitiatorView, StatusView
 
+from .exported_series import ViewSource as Source
 from .test_daemon import make, run_for
 
 
@@ -22,17 +22,6 @@ def view() -> StatusView:
     d, vt, _sensors, _act = make()
     run_for(d, vt, 3.0)
     return StatusCache(d).status()
-
-
-class Source:
-    """A StatusSource holding one view (the collector under test is the real one)."""
-
-    def __init__(self, view: StatusView) -> None:
-        self.lock = threading.Lock()
-        self.view = view
-
-    def status(self) -> StatusView:
-        return self.view
 
 
 def initiator(ip: str, delay_s: float, rates: dict[str, float | None], **kw) -> InitiatorView:
