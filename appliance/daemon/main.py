@@ -30,7 +30,6 @@ import signal
 import socket
 import ssl
 import sys
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -331,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve(cfg: Config) -> int:
     from santhrottle.appliance.daemon.control.commands import Commands
+    from santhrottle.appliance.daemon.control.hup import HupReloads
     from santhrottle.appliance.daemon.control.requests import one_line
     from santhrottle.appliance.daemon.core.audit import Caller
     from santhrottle.appliance.daemon.core.loop import Daemon
@@ -346,6 +346,16 @@ def serve(cfg: Config) -> int:
         for p in unsafe:
             print(f"santhrottled: {p}", file=sys.stderr)
         return EXIT_FAILED
+
+    def reload() -> None:  # the command's own path: audited as the socket's reload is
+        commands.handle("reload", {}, Caller("SIGHUP"))
+
+    def on_term(signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping", signum)
+        daemon.stop()  # before run(): run() converges once, ticks once, and returns
+
+    hup = HupReloads(reload)  # a SIGHUP from now on is a reload once the daemon serves
+    signal.signal(signal.SIGHUP, hup.signal)
     try:
         datapath = build_datapath(cfg)
         sensors, bridge = build_sensors(cfg)
@@ -363,6 +373,8 @@ def serve(cfg: Config) -> int:
         views = StatusCache(daemon)  # one view per revision: the socket's and the metrics'
         # what can be refused without touching the kernel, first
         commands = Commands(daemon, views)
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGINT, on_term)
         server = commands.control_server(cfg.control_socket, cfg.socket_mode, cfg.socket_group)
         metrics = start_metrics(cfg, views)
         if bridge is not None:  # the ports must be the bridge's before the jumps match them
@@ -373,8 +385,10 @@ def serve(cfg: Config) -> int:
             bridge.start()
         daemon.restore(time.monotonic())  # the members apply() read back
         server.start()
+        hup.start()
     except (DatapathError, OSError, ValueError) as e:
         print(f"santhrottled: {one_line(str(e)) or type(e).__name__}", file=sys.stderr)
+        hup.close()
         if applied and datapath is not None:
             undo(datapath, cfg)
         if metrics is not None:
@@ -385,25 +399,10 @@ def serve(cfg: Config) -> int:
             sensors.close()
         return EXIT_FAILED
 
-    def on_term(signum: int, _frame: Any) -> None:
-        log.info("signal %d: stopping", signum)
-        daemon.stop()
-
-    def on_hup(_signum: int, _frame: Any) -> None:
-        def reload() -> None:
-            try:  # the command's own path: audited as the socket's reload is
-                commands.handle("reload", {}, Caller("SIGHUP"))
-            except Exception as e:
-                log.error("%s", e)
-
-        threading.Thread(target=reload, name="reload", daemon=True).start()
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
-    signal.signal(signal.SIGHUP, on_hup)
     try:
         daemon.run()
     finally:
+        hup.close()
         sensors.close()
         daemon.shutdown()
         server.close()

@@ -24,6 +24,7 @@ from santhrottle.appliance.daemon.control import request
 from santhrottle.appliance.datapath.actuation import Actuation
 from tests.privileged.conftest import MEMBER_IP, OTHER_IP, TARGET_DEV
 from tests.privileged.test_daemon_netns import (  # noqa: F401 (ns: the fixture)
+    BIN,
     _conf,
     _members,
     _run,
@@ -95,6 +96,41 @@ def test_santhrottled_audits_a_pin_its_socket_refuses(ns, tmp_path):  # noqa: F8
         (line,) = [ln for ln in log.read_text().splitlines() if "result=refused" in ln]
         assert f"command=pin via=socket uid={os.geteuid()} pid={os.getpid()}" in line
         assert "'0.0.0.0' is unspecified" in line  # the second: rate limited (1 s)
+    finally:
+        _stop(proc)
+
+
+def test_sighup_from_the_moment_the_socket_exists_never_kills_the_daemon(ns, tmp_path):  # noqa: F811
+    """Before, SIGHUP's handler came after the socket answered: a reload sent as soon
+    as the socket was there killed the daemon (its delays left in the kernel); and
+    each SIGHUP started a thread and a reload (2,000 of them: 1,642 audit lines)."""
+    import signal
+
+    sock = tmp_path / "control.sock"
+    log = tmp_path / "log"
+    proc = subprocess.Popen(
+        [str(BIN / "santhrottled"), "--config", str(_conf(tmp_path, ns))],
+        stdout=open(log, "w"),  # noqa: SIM115 (the child's)
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        _wait(lambda: sock.exists() or proc.poll() is not None, what="the socket")
+        threads = []
+        for _ in range(2000):  # ~2 s of `systemctl reload`, from the socket's first moment
+            proc.send_signal(signal.SIGHUP)
+            time.sleep(0.001)
+            if proc.poll() is not None:
+                break
+            with contextlib.suppress(OSError, StopIteration):
+                status = Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                threads.append(
+                    int(next(ln for ln in status if ln.startswith("Threads:")).split()[1])
+                )
+        assert proc.poll() is None, log.read_text()[-2000:]
+        assert request(str(sock), "ping") == {"pong": True} and max(threads) <= 10
+        time.sleep(1.5)
+        reloads = log.read_text().count("command=reload via=SIGHUP")
+        assert 1 <= reloads <= 6  # one a second at most
     finally:
         _stop(proc)
 
