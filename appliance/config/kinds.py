@@ -229,9 +229,13 @@ def names(what: str, examples: str, max_chars: int | None = None) -> Kind:
         if not isinstance(v, list):
             raise kind_error(v, f"must be a list of {what} names ({examples})")
         try:
-            return tuple(one(x) for x in v)
+            out = tuple(one(x) for x in v)
         except KindError as e:
             raise KindError(f"must be a list of {what} names ({examples}): {e}") from None
+        twice = next((n for i, n in enumerate(out) if n in out[:i]), None)
+        if twice is not None:  # a device twice: its jumps, its counts twice
+            raise KindError(f"{quote(twice)} is given twice")
+        return out
 
     return Kind(f"list of {what} names", parse)
 

@@ -108,6 +108,20 @@ def test_check_of_an_empty_file_exits_2_as_the_start_does(tmp_path, capsys):
     )
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[datapath]\ndevices = ["eth1", "eth1"]\n',
+        '[datapath]\ndevices = ["eth1"]\n[resources.r]\ndevices = ["sdb", "sdb"]\n',
+    ],
+)
+def test_a_device_named_twice_is_refused(text):
+    """Before, datapath.devices = ["eth1", "eth1"] was taken: the drift check found one
+    jump where it expected two and "repaired" the chain at every convergence."""
+    with pytest.raises(ConfigError, match=r"devices: '(eth1|sdb)' is given twice$"):
+        parse_config(text, "t.toml")
+
+
 @pytest.mark.parametrize("key", ["state_dir", "control_socket"])
 def test_a_directory_others_may_write_is_refused_at_check_and_start(tmp_path, capsys, key):
     """Before, state_dir = "/tmp" (or a socket there) was taken: any user could write

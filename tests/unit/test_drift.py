@@ -52,3 +52,25 @@ def test_a_check_that_cannot_read_is_said_once(caplog):
         run_for(d, vt, 5.0)
     assert caplog.text.count("drift: cannot check the data path") == 1
     assert act.repairs == 0
+
+
+def test_a_drift_that_keeps_coming_back_is_repaired_with_a_backoff_and_said_rarely(caplog):
+    """Before, a drift no repair holds (datapath.devices naming eth1 twice: one jump
+    where two were expected; or another program rewriting the chain) was rebuilt and
+    logged at every convergence, each rebuild costing the tick."""
+    d, vt, _s, act = make()
+    run_for(d, vt, 1.5)
+    act.drift = lambda _expected: ["iptables: the chain SANTHROTTLE or its jumps are missing"]
+    with caplog.at_level(logging.WARNING):
+        run_for(d, vt, 120.0)  # 120 convergences
+    lines = [r.getMessage() for r in caplog.records if "drift:" in r.getMessage()]
+    assert lines[0].endswith("missing; repairing")
+    assert 2 <= len(lines) <= 4 and "again after 1 repair(s)" in lines[1]
+    assert 5 <= act.repairs <= 12  # 1, 1, 2, 4, 8, 16, 32, 60 s apart: not 120
+    act.drift = lambda _expected: []  # the repair holds from now on
+    run_for(d, vt, 2.0)
+    act.drift = lambda _expected: ["iptables: the chain SANTHROTTLE or its jumps are missing"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        run_for(d, vt, 1.2)
+    assert caplog.text.count("missing; repairing") == 1  # a new drift: repaired at once

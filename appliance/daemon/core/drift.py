@@ -12,7 +12,11 @@ What it owns
     (santhrottle_repairs_total), and the data path rebuilds what drifted
     (Actuator.repair(), its apply()); the tick's converge() then puts back the
     members that are missing.  A check that fails is logged once until it works
-    again.
+    again.  A drift that comes back after each repair (another program that
+    rewrites the chain, a data path that cannot hold what it built) is repaired
+    again after AGAIN_BACKOFF_S, doubled each time up to MAX_BACKOFF_S, and said
+    once every SAY_AGAIN_S with the number of repairs, not at every convergence;
+    one check that finds it gone ends that.
 
 Worked example
     `santhrottle cleanup --force` is the way to remove the data path under a
@@ -25,6 +29,7 @@ Worked example
 from __future__ import annotations
 
 import logging
+import re
 import threading
 
 from santhrottle.appliance.daemon.core.counters import Counters
@@ -32,11 +37,24 @@ from santhrottle.appliance.daemon.core.sensors import Actuator
 
 log = logging.getLogger("santhrottled")
 
+# A drift found again right after its repair: repaired again after this, doubled each
+# time (the rebuild costs the tick), up to MAX_BACKOFF_S; said once every SAY_AGAIN_S.
+AGAIN_BACKOFF_S = 1.0
+MAX_BACKOFF_S = 60.0
+SAY_AGAIN_S = 60.0
+
+
+def _kind(line: str) -> str:
+    """A drift line without its numbers: the same drift, whatever it counts."""
+    return re.sub(r"\d+", "#", line)
+
 
 class DriftWatch:
     def __init__(self) -> None:
         self.found: list[str] = []  # what the last check found, until repaired
         self._failing = False
+        self._again: dict[str, tuple[int, float]] = {}  # kind -> (repairs in a row, next at)
+        self._said: dict[str, float] = {}  # kind -> when it was last said
 
     def check(self, actuator: Actuator, lock: threading.RLock) -> None:
         with lock:
@@ -50,15 +68,38 @@ class DriftWatch:
             return
         self._failing = False
         with lock:
-            if found and actuator.expected() == before:
-                self.found = found
+            if actuator.expected() != before:
+                return  # the data path moved meanwhile: the next check looks again
+            self.found = found
+            kinds = {_kind(line) for line in found}
+            for k in [k for k in self._again if k not in kinds]:  # the repair held
+                del self._again[k]
 
-    def repair(self, actuator: Actuator, counters: Counters) -> None:
-        """Under the daemon's lock, in the tick."""
+    def repair(self, actuator: Actuator, counters: Counters, now: float) -> None:
+        """Under the daemon's lock, in the tick (now: the daemon's clock)."""
         if not self.found:
             return
         found, self.found = self.found, []
+        due = []
         for line in found:
-            log.warning("drift: %s; repairing", line)
-        counters.repairs += len(found)
-        actuator.repair()
+            k = _kind(line)
+            n, not_before = self._again.get(k, (0, now))
+            if now < not_before:
+                continue  # backing off: the next check finds it again
+            wait = 0.0 if n == 0 else min(AGAIN_BACKOFF_S * 2 ** (n - 1), MAX_BACKOFF_S)
+            self._again[k] = (n + 1, now + wait)
+            if n == 0:
+                log.warning("drift: %s; repairing", line)
+            elif now - self._said.get(k, -SAY_AGAIN_S) >= SAY_AGAIN_S:
+                self._said[k] = now
+                log.warning(
+                    "drift: %s, again after %d repair(s) (does another program rewrite "
+                    "it?); repairing, next time after %g s",
+                    line,
+                    n,
+                    min(AGAIN_BACKOFF_S * 2**n, MAX_BACKOFF_S),
+                )
+            due.append(line)
+        if due:
+            counters.repairs += len(due)
+            actuator.repair()

@@ -217,7 +217,7 @@ class Daemon:
                 self.config.controller.class_decrease_max_per_tick,
                 lambda ip: self.ctl.effective.get(self.hosts.key(ip), 0),  # a host's: its key's
             )
-            self.drift.repair(self.actuator, self.counters)  # what the last check found
+            self.drift.repair(self.actuator, self.counters, now)  # what the last check found
             self._actuate()
             self.counters.record_tick(self.clock() - t0)
         self.notify("WATCHDOG=1")
