@@ -2,10 +2,11 @@
 
 A block marked `<!-- replayed: kernel -->` (docs/operate.md: pin and unpin without the
 daemon, datapath show, cleanup) is run as tests/unit/test_docs_sessions.py runs the
-daemon's, here on the kernel: a scratch network namespace named as in the examples
-(`stdoc`) with the device `eth1`, the data path applied in it with pfifo leaves (this
-host's kernel may have no netem; the examples say so), the commands in the page's
-order through the real command line.  SANTHROTTLE_DOCS_WRITE=1 writes the outputs.
+daemon's, here on the kernel: a scratch network namespace of its own (`stdoc-PID`,
+printed as the examples' `stdoc`) with the device `eth1`, the data path applied in it
+with pfifo leaves (this host's kernel may have no netem; the examples say so), the
+commands in the page's order through the real command line.  SANTHROTTLE_DOCS_WRITE=1
+writes the outputs.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from tests.unit.test_docs_sessions import (
     run_main,
 )
 
-NETNS, DEVICE = "stdoc", "eth1"
+NETNS, DEVICE = "stdoc", "eth1"  # as the examples name them
+SCRATCH = f"stdoc-{os.getpid()}"  # the namespace made here, for NETNS
 
 
 def _kernel_sessions():
@@ -44,20 +46,18 @@ RUNS = list(_kernel_sessions())
 def stdoc():
     if os.geteuid() != 0:
         pytest.skip("needs root")
-    if os.path.exists(f"/run/netns/{NETNS}"):
-        pytest.skip(f"a network namespace {NETNS} is there already: not ours to touch")
-    subprocess.run(["ip", "netns", "add", NETNS], check=True)
+    subprocess.run(["ip", "netns", "add", SCRATCH], check=True)
     try:
         subprocess.run(
-            ["ip", "-n", NETNS, "link", "add", DEVICE, "type", "veth", "peer", "eth1p"],
+            ["ip", "-n", SCRATCH, "link", "add", DEVICE, "type", "veth", "peer", "eth1p"],
             check=True,
         )
-        subprocess.run(["ip", "-n", NETNS, "link", "set", DEVICE, "up"], check=True)
-        with dp.Datapath(dp.DatapathSpec((DEVICE,), leaf="pfifo"), netns=NETNS) as d:
+        subprocess.run(["ip", "-n", SCRATCH, "link", "set", DEVICE, "up"], check=True)
+        with dp.Datapath(dp.DatapathSpec((DEVICE,), leaf="pfifo"), netns=SCRATCH) as d:
             d.apply()
-        yield NETNS
+        yield SCRATCH
     finally:
-        subprocess.run(["ip", "netns", "del", NETNS], check=False)
+        subprocess.run(["ip", "netns", "del", SCRATCH], check=False)
 
 
 def test_the_manual_has_a_kernel_session():
@@ -68,9 +68,9 @@ def test_the_manual_has_a_kernel_session():
 def test_a_kernel_session_prints_what_the_manual_shows(page, cmds, stdoc, _terminal):  # noqa: F811
     wrong, writes = [], []
     for c in cmds:
-        argv = shlex.split(c.argv)
-        assert argv[0] == "santhrottle" and f"--netns={NETNS}" not in argv, c.argv
-        got = run_main(argv[1:])
+        argv = [SCRATCH if a == NETNS else a for a in shlex.split(c.argv)]
+        assert argv[0] == "santhrottle" and SCRATCH in argv, c.argv
+        got = [ln.replace(SCRATCH, NETNS) for ln in run_main(argv[1:])]
         if not matches(c.output, got):
             wrong.append(f"{c.block.where(c.offset)}: $ {c.argv}\n" + "\n".join(got))
             if "..." not in c.output:
