@@ -9,7 +9,8 @@ the reference (oracle.py):
     not have, and the names of every login and connect Wireshark shows;
   * from OFFSETS random byte offsets in the first quarter of the capture (the sensor
     starts there, mid-PDU): SYNC_SHARE of the reads whose command comes after the
-    cut, and the names of the logins after it;
+    cut, and the names of the logins after it; from each connection's login request,
+    no SYN before it: its names;
   * after seeded damage -- DAMAGE's flipped bytes, dropped frames, swapped pairs, each
     and all at once: DAMAGED_SHARE of the reads Wireshark times in the damaged capture,
     and of those of the clean one none of whose PDUs' frames (as Wireshark reassembled them)
@@ -149,6 +150,30 @@ def test_from_any_byte(capture) -> None:  # type: ignore[no-untyped-def]
             assert got == (target, initiator), f"{name} from byte {offset}, {conn}: {got}"
     share, offset, score = min(worst, key=lambda w: w[0])
     assert share >= SYNC_SHARE, f"{name} from byte {offset}: {score}"
+
+
+def test_from_a_login(capture) -> None:  # type: ignore[no-untyped-def]
+    """The capture starting at a connection's login request, no SYN before it: the
+    login's names, and the reads after it."""
+    name, _, frames, ref = capture
+    pos, starts = 0, {}
+    for fr in frames:
+        f = O.flow_of(fr.data)
+        n = f.payload_end - f.payload_at if f is not None else 0
+        key = O.conn_key(f) if n and f is not None else None
+        # where a login request's header starts (its text may come in later frames)
+        if key is not None and key[1] and fr.data[f.payload_at] & 0x3F == 0x03:  # type: ignore[union-attr]
+            starts.setdefault(key[0], pos)
+        pos += n
+    for conn, (target, initiator, _) in ref.names.items():
+        if conn not in starts:
+            continue  # an NVMe connect
+        rest, cut = O.cut_at(frames, starts[conn])
+        run = O.walk(rest, cut)
+        assert run.names.get(conn) == (target, initiator), f"{name} from {conn}'s login"
+        t = rest[0].ts
+        score = O.score(ref.ios, run.ios, READ, lambda io, t=t: io.start > t)
+        assert score.share >= SYNC_SHARE, f"{name} from {conn}'s login: {score}"
 
 
 @pytest.mark.parametrize("kind", DAMAGE)
