@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 # NSIDs that name no namespace: 0 (the fabrics connect, keep-alive, admin commands)
 # and the broadcast NSID (a flush of every namespace).
@@ -38,10 +39,10 @@ ISCSI = "iscsi"
 NVME = "nvme"
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class Volume:
+class Volume(NamedTuple):
     """What the wire can name: a LUN of an iSCSI target or a namespace of an NVMe
-    subsystem, at a portal; target "" until the login or connect was seen."""
+    subsystem, at a portal; target "" until the login or connect was seen. A tuple: it
+    keys the sums of every completion (hashed in C)."""
 
     proto: str
     portal: str  # target address:port
