@@ -84,6 +84,13 @@ Law, per call decide(state, samples, now_s)
        kept), every convergence runs Maestro's interval on the IoSamples
        gathered since the last one, every tick moves the groups' classes,
        and those enter rule 4's max beside the resources' classes.
+    6. A group with levels (controller/levels.py, wired by headroom.py) is
+       decided at every convergence, on any resource: its level rises while
+       it is at its cap and its resources have headroom, and the class that
+       holds its cap enters rule 4's max as well (a ceiling). The tick's
+       UtilizationSamples give each resource's busy share per convergence
+       (utilization.py); one over its utilization_threshold counts as over
+       its latency threshold until the next convergence.
 
 Bounds
     Classes are in [0, max_class] (PID clamp). A resource whose threshold
@@ -140,6 +147,9 @@ import math
 from .domain import Decisions, Samples
 from .effective import follow_resources, recompute_effective
 from .groups import advance, run_intervals
+from .headroom import converge as converge_levels
+from .headroom import observe_utilization
+from .headroom import tick as tick_levels
 from .ramp import move_toward
 from .state import ControllerState
 
@@ -195,8 +205,10 @@ def decide(
     sets = state.write_sets
     if samples.writes:
         sets.observe_many(samples.writes, now_s)
-    if samples.ios and state.grouped:  # the groups' next interval
+    if samples.ios and (state.grouped or state.levels.specs):  # the groups' next interval
         state.ios.extend(samples.ios)
+    if samples.utilization:  # the resources' busy share (utilization.py)
+        observe_utilization(state, samples.utilization)
     for dev in samples.devices:  # threshold "auto": the LQ fits
         rs0 = state.resources.get(dev.resource)
         if rs0 is not None and rs0.lq is not None:
@@ -224,6 +236,7 @@ def decide(
         no_writers_bps, away_bps = state.no_writers_bps, sets.away_bps
         members, away, rise_to = sets.members, state.away, state.rise_to
         grouped = state.grouped
+        saturated = state.utilization.saturated  # counts as over the threshold
         resource_classes = out.resource_classes
         for name, rs in state.resources.items():
             sample = reads.get(name)
@@ -263,6 +276,8 @@ def decide(
                 ewma = rs.ewma.update(sample.read_latency_s, now_s)
                 # relative error: one set of gains for any threshold
                 thr = rs.resource.threshold_s if rs.lq is None else rs.threshold_s(c.auto_alpha)
+                if saturated and name in saturated and ewma < thr:  # utilization.py
+                    ewma = thr
                 sp = rs.noise.setpoint(sp_floor, sp_ceiling, sp_z)
                 pid = rs.pid
                 want = pid.update(ewma / thr, sp, thr)
@@ -327,11 +342,13 @@ def decide(
         out.joined, out.left = change.joined, change.left
         touched.update(change.joined)
         touched.update(change.left)
+        converge_levels(state)  # utilization, then the groups' levels (headroom.py)
         if state.grouped:  # Maestro's interval on each grouped resource
             res = state.resources  # the grouped ones' latency only, not every resource's
             lat = {n: res[n].ewma.value for n in state.grouped if n in res}
-            run_intervals(state.groups, state.grouped, state.ios, c.converge_s, c.ladder, lat)
-            state.ios.clear()
+            util = state.utilization.last
+            run_intervals(state.groups, state.grouped, state.ios, c.converge_s, c.ladder, lat, util)
+        state.ios.clear()
 
     group_changed: set[str] = set()
     if out.ticked and state.groups.resources:  # group classes move a tick toward their target
@@ -339,13 +356,15 @@ def decide(
             state.groups, state.rise_to, c.class_decrease_max_per_tick, c.ladder
         ).values():
             group_changed.update(inis)
+    if out.ticked and state.levels.groups:  # and the levels' classes (levels.py)
+        group_changed.update(tick_levels(state))
 
     if touched or group_changed or (out.ticked and state.rising):
         affected: set[str] = set(state.rising) if out.ticked else set()
         affected.update(group_changed)
         for name in touched:
             affected.update(out.left.get(name, ()))
-        if state.groups.resources:  # a group's class may apply to any member
+        if state.groups.resources or state.levels.groups:  # a group's class may apply to any
             for name in touched:
                 affected.update(sets.members.get(name, ()))
             out.initiator_classes = recompute_effective(state, affected)

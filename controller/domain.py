@@ -118,6 +118,11 @@ class ControllerConfig:
     # threshold = "auto": the latency at this fraction of the device's peak
     # throughput on its LQ line (SIOC's convention, Pesto section 5).
     auto_alpha: float = 0.9
+    # Groups with levels (controller/levels.py) are promoted only while every
+    # resource they load is busy less than this share of the time (IOTune's
+    # utilization threshold for tuning): a device busy 90 % of the time has
+    # little left to give a tenant's next level.
+    promote_below_utilization: float = 0.9
 
     def __post_init__(self) -> None:
         if self.law not in LAWS:
@@ -135,11 +140,16 @@ class Resource:
     auto: the threshold is Pesto's, C / (1 - auto_alpha) of the resource's LQ
     line fitted online (controller/lqfit.py); threshold_s is the fallback
     held until the fit is confident (math.inf: observed until then).
+    utilization_threshold: the saturation trigger beside the latency
+    (controller/utilization.py).
     """
 
     name: str
     threshold_s: float
     auto: bool = False
+    # A resource busy more than this share of a convergence counts, for the next
+    # one, as over its latency threshold (controller/utilization.py); None: no trigger.
+    utilization_threshold: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +211,16 @@ class IoSample(NamedTuple):
     latency_s: float | None = None
 
 
+class UtilizationSample(NamedTuple):
+    """A resource's busy share over the sensor interval ending now: the share of the
+    time its device had at least one IO in flight (diskstats' io_ticks; on a bridge,
+    a volume with a command in flight), 0..1; of a resource of several devices, the
+    busiest's."""
+
+    resource: str
+    utilization: float
+
+
 @dataclass(frozen=True, slots=True)
 class Samples:
     """What the sensors produced since the previous decide()."""
@@ -209,6 +229,7 @@ class Samples:
     writes: Sequence[WriteSample] = ()
     devices: Sequence[DeviceSample] = ()
     ios: Sequence[IoSample] = ()  # every convergence, for grouped resources (groups.py)
+    utilization: Sequence[UtilizationSample] = ()  # every tick (utilization.py)
 
 
 @dataclass(slots=True)

@@ -6,7 +6,8 @@ Problem
     jump to a long delay in one tick (the target's tail-loss probe, decide.py).
 
 Law (per initiator whose resources' classes or memberships changed)
-    want  = max(the classes of the resources it is a member of, its groups' class)
+    want  = max(the classes of the resources it is a member of, its groups' class,
+                its groups' level class)
     class = want, or rise(class) when want is above it ("the ramp": the
             initiator is then `rising`, and recomputed every tick until there)
     A member of one resource only, without groups, is that resource's class
@@ -79,6 +80,12 @@ def recompute_effective(state: ControllerState, initiators: set[str]) -> dict[st
     # groups' classes (controller/groups.py); None without: a tick without groups pays
     # one `is None` per initiator, not a lookup
     group_class = state.groups.class_by_initiator() if state.groups.resources else None
+    if state.levels.groups:  # the groups' levels (levels.py): a ceiling, so the max too
+        for ini, k in state.levels.class_by_initiator().items():
+            if group_class is None:
+                group_class = {}
+            if k > group_class.get(ini, 0):
+                group_class[ini] = k
     changed: dict[str, int] = {}
     for ini in initiators:
         cls = 0 if group_class is None else group_class.get(ini, 0)

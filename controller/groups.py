@@ -19,8 +19,11 @@ Measured signal (IoSample per (resource, initiator), every interval)
              when it has no reads of its own)
         d  = the delay its class adds (every packet to a delayed initiator,
              its reads' data too), so it sees L + d
-        y  = maestro.normalised(target latency, L + d, target, X); 1 for a
-             group without a target
+        y  = maestro.normalised(target latency, L + d, target, X); with a
+             disk-time reservation (utilization_target) the lower of that
+             and disktime.reservation_y of its share of the busy time (its
+             IOs' time at the array over every group's); 1 for a group
+             without a target
         q  = IOPS * (L + d)     (Little: its IOs outstanding, in our delay
              or at the array; for closed streams the same at any delay)
 
@@ -101,8 +104,10 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from .disktime import reservation_y
 from .domain import IoSample
 from .ladder import Ladder
+from .levels import Levels
 from .maestro import (
     LIMIT_MAX_FRACTION,
     U_MIN_FRACTION,
@@ -143,6 +148,15 @@ class Group:
     latency_target_s: float | None = None
     throughput_target_bps: float | None = None
     throughput_target_iops: float | None = None
+    utilization_target: float | None = None  # its share of the busy time (disktime.py)
+    levels: tuple[Levels, ...] = ()  # rate ceilings that rise with headroom (levels.py)
+
+    @property
+    def targeted(self) -> bool:
+        """A group with a target makes its resources arbitrated (the others there are best
+        effort); without one there is nothing to arbitrate: its resources keep their PID."""
+        t = self.latency_target_s, self.throughput_target_bps, self.throughput_target_iops
+        return any(x is not None for x in (*t, self.utilization_target))
 
 
 @dataclass(slots=True)
@@ -169,6 +183,8 @@ class GroupState:
     delay_sum_s: float = 0.0  # the delay in force, summed over the interval's ticks
     delay_ticks: int = 0
     members: frozenset[str] = frozenset()  # initiators seen this interval
+    busy_share: float = 0.0  # its share of the resource's busy time (disktime.py)
+    held_back: bool = False  # its class delayed it over the interval
 
 
 @dataclass(slots=True)
@@ -240,6 +256,7 @@ def run_intervals(
     span_s: float,
     ladder: Ladder,
     latency_of: Mapping[str, float | None],
+    utilization_of: Mapping[str, float] | None = None,
 ) -> None:
     """interval() on every grouped resource, each with its own samples."""
     by_res: dict[str, list[IoSample]] = {name: [] for name in grouped}
@@ -247,8 +264,9 @@ def run_intervals(
         mine = by_res.get(io.resource)
         if mine is not None:
             mine.append(io)
+    util = utilization_of or {}
     for name, ios in by_res.items():
-        interval(st, name, ios, span_s, ladder, latency_of.get(name))
+        interval(st, name, ios, span_s, ladder, latency_of.get(name), util.get(name))
 
 
 def interval(
@@ -258,8 +276,10 @@ def interval(
     span_s: float,
     ladder: Ladder,
     resource_latency_s: float | None,
+    utilization: float | None = None,
 ) -> None:
-    """One Maestro interval on one grouped resource: shares and target classes."""
+    """One Maestro interval on one grouped resource: shares and target classes.
+    utilization: the resource's over the interval (a disk-time reservation's, disktime.py)."""
     gr = st.resources.setdefault(resource, GroupedResource())
     agg: dict[str, _Acc] = {}
     group_of = st.group_of
@@ -276,6 +296,7 @@ def interval(
         return
     active = _active(st, gr, agg)
     q: dict[str, float] = {}
+    busy: dict[str, float] = {}
     for g in active:
         acc = agg[g]
         gs = gr.groups.setdefault(g, GroupState())
@@ -300,11 +321,16 @@ def interval(
         # Little, peak-held: an interval the streams started or paused in shows less
         gs.q = max(gs.iops * (gs.io_latency_s + delay), gs.q * DEMAND_DECAY_PER_INTERVAL)
         q[g] = gs.q
+        gs.held_back = delay > 0.0
+        # its IOs' time at the array (Little: its mean IOs in flight): its disk time's weight
+        busy[g] = acc.lat_sum + (acc.ios - acc.timed_ios) * gs.io_latency_s
     total_q = sum(q.values())
     if total_q <= 0.0:
         return
+    total_busy = sum(busy.values()) or 1.0
     for g in active:
         gr.groups[g].demand = q[g] / total_q
+        gr.groups[g].busy_share = busy[g] / total_busy
     _make_room(gr, active)
     # 2. models, claims, the arbiter
     # the change limit, in shares of the demand C: a fraction of what is at the array
@@ -322,6 +348,10 @@ def interval(
         if spec.throughput_target_iops is not None:
             yi = gs.iops / spec.throughput_target_iops
             y = yi if y is None else min(y, yi)
+        if spec.utilization_target is not None:
+            t, u, w = spec.utilization_target, gs.share, gs.demand
+            yu = reservation_y(t, gs.busy_share, gs.held_back, utilization, u, w)
+            y = yu if y is None else min(y, yu)
         gs.y = y
         y_eff = 1.0 if y is None else y
         if not st.applied:  # paused: measured, not decided (nor learnt: no delay is in y)

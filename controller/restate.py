@@ -24,7 +24,9 @@ remove_resource(state, name)
 configure_groups(state, groups, group_of, grouped)
     Groups, membership and the grouped resources (controller/groups.py);
     a resource that joins the groups hands its initiators from its PID to
-    their groups' classes, one that leaves gives them back.
+    their groups' classes, one that leaves gives them back. The groups'
+    levels (controller/levels.py) with them: a group whose levels are
+    unchanged keeps its level.
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ def reconfigure(state: ControllerState, config: ControllerConfig) -> ControllerS
         groups=state.groups,
         grouped=state.grouped,
         ios=state.ios,
+        levels=state.levels,
+        utilization=state.utilization,
     )
     for name, rs in state.resources.items():
         out.set_resource(rs.resource)
@@ -109,6 +113,7 @@ def configure_groups(
     initiators back to its PID, one that joins them hands its class to them)."""
     new = frozenset(grouped)
     affected = regroup(state.groups, groups, group_of, state.grouped - new, default_priority)
+    affected |= state.levels.configure({g.name: g.levels for g in groups})  # levels.py
     for name in new - state.grouped:  # the groups take over from the PID
         rs = state.resources.get(name)
         if rs is not None and rs.delay_class:

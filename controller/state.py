@@ -5,7 +5,9 @@ What it holds
     resource, the write-heavy sets (controller/writeheavy.py), every
     initiator's effective class (> 0 only) and those the ramp still holds
     below it (`rising`), the two cadences' next deadlines, the groups'
-    state (controller/groups.py) and what the holds need.
+    state (controller/groups.py), the groups' levels (controller/levels.py),
+    the resources' utilization (controller/utilization.py) and what the
+    holds need.
     ResourceState: a resource's threshold, its read-latency EWMA and PID,
     its class, and the bookkeeping of its holds (decide.py, "Law"): the
     last tick with reads, the write rate's EWMA (the write-drop hold), the
@@ -40,10 +42,12 @@ from dataclasses import dataclass, field
 from .domain import ControllerConfig, IoSample, Resource
 from .ewma import Ewma
 from .groups import GroupsState
+from .levels import LevelsState
 from .lqfit import LqEstimator, LqFit
 from .pid import Pid, new_pid
 from .ramp import rise_table
 from .setpoint import NoiseGauge
+from .utilization import UtilizationState
 from .writeheavy import CONTENDED_FLOOR_FRACTION, WriteHeavySets
 
 # A member that stopped writing while others go on holds its resource's class
@@ -118,6 +122,8 @@ class ControllerState:
     groups: GroupsState = field(default_factory=GroupsState)  # grouped resources (groups.py)
     grouped: frozenset[str] = frozenset()  # resources whose classes come from their groups
     ios: list[IoSample] = field(default_factory=list)  # since the last convergence (groups)
+    levels: LevelsState = field(default_factory=LevelsState)  # groups' levels (levels.py)
+    utilization: UtilizationState = field(default_factory=UtilizationState)  # utilization.py
 
     def __post_init__(self) -> None:
         c = self.config

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .compare import compare, has_tenants
 from .groups import group_summary
 from .loop import run
 from .measure import RunResult, summarize
@@ -80,9 +81,11 @@ def simulate(sc: Scenario, baseline: bool = True) -> dict[str, Any]:
                     "controlled_vs_constant": summary["write_throughput_bps"] / cw if cw else None,
                 }
         runs.append(summary)
-    out_groups = {r.label: _groups_view(sc, r) for r in all_runs if r.groups}
+    targeted = any(g.group.targeted for g in sc.groups)  # levels alone: no arbiter
+    out_groups = {r.label: _groups_view(sc, r) for r in all_runs if r.groups and targeted}
     return {
         **({"groups": out_groups} if out_groups else {}),
+        **({"tenants": compare(sc)} if has_tenants(sc) else {}),
         "uncontrolled": summarize(sc, unc),
         "controlled": runs,
         "series": {

@@ -57,7 +57,10 @@ class GroupMeter:
 
     def configure(self, state: ControllerState) -> None:
         group_of = {m: g.group.name for g in self.sc.groups for m in g.members}
-        configure_groups(state, self.specs, group_of, [r.name for r in self.sc.resources])
+        # every resource is arbitrated when a group has a target (levels alone cap)
+        targeted = any(g.targeted for g in self.specs)
+        grouped = [r.name for r in self.sc.resources] if targeted else []
+        configure_groups(state, self.specs, group_of, grouped)
 
     def closed(
         self,

@@ -62,9 +62,10 @@ from santhrottle.controller.state import ControllerState, new_state
 from .groups import GroupMeter
 from .measure import LatencyWindow, RunResult, Series
 from .paths import ONE, ONE_PATH, ClosedOnPaths, Paths, flows
-from .plant import Closed, Device, closed_latency, lognormal_params, mean_of_n
+from .plant import Closed, Device, lognormal_params, mean_of_n
 from .scenario import Scenario
 from .sensors import Sensed
+from .usage import Tenancy
 
 
 class Control(Protocol):
@@ -139,6 +140,7 @@ def run_paths(
     label: str = "",
     threshold_s: float | None = None,
     stats: bool = False,
+    tenancy: Tenancy | None = None,
 ) -> tuple[RunResult, PathStats]:
     """One run (the module's doc): with a control, or at a constant class on every
     path (which wins over the control's classes), or uncontrolled. stats: gather
@@ -202,6 +204,7 @@ def run_paths(
     tick_every = max(1, round(cfg.tick_s / dt))
     converge_every = max(1, round(cfg.converge_s / dt))
     delay_of = [cfg.ladder.delay_s(k) for k in range(cfg.ladder.max_class + 1)]
+    ten = tenancy if tenancy is not None else Tenancy(sc, n)  # bursty streams, costs (usage.py)
 
     stalls, stall_i = sc.stalls, 0  # the array's stalls (sorted), the next one
     last_lat = dict.fromkeys(names, 0.0)  # each resource's latency before a stall
@@ -238,6 +241,7 @@ def run_paths(
                     d = delay_of[cls] + s.overhead_s
                     closed.append((s, ONE, [d]))
                     fl.append(Closed(s.depth, d, s.rate_iops))
+                ten.add_bursty(name, t, on, closed, fl, app0, constant_class, delay_of)
                 owner = [(j, 0) for j in range(len(closed))]
             else:
                 for i in closed_of[name]:
@@ -256,10 +260,12 @@ def run_paths(
                 fl, owner = flows(closed, paths.policy)
             if stall_end is None:
                 open_iops = sum(streams[i].rate_iops for i in open_of[name] if on[i])
-                lat, rates = closed_latency(devices[name], open_iops, fl)
+                lat, lats, rates = ten.solve(devices[name], open_iops, closed, fl, owner)
                 last_lat[name] = lat
             else:  # its reads wait for the stall's end, then take the latency it left
-                open_iops, lat, rates = 0.0, last_lat[name], []
+                open_iops, lat, lats, rates = 0.0, last_lat[name], None, []
+            ten.account(name, t, dt, devices[name], open_iops, closed, owner, rates,
+                        lats or [lat] * len(rates), on)  # fmt: skip
             # the device as diskstats sees it: IOs, their latency, IOs in flight (Little)
             dev_iops = open_iops + sum(rates)
             dev_acc = dev_tick[name]
@@ -267,11 +273,12 @@ def run_paths(
             dev_acc[1] += dev_iops * dt * lat
             dev_acc[2] += dev_iops * lat * dt
             mu, sd = ln_params[name]
-            for (j, path), iops in zip(owner, rates, strict=True):
+            for q, ((j, path), iops) in enumerate(zip(owner, rates, strict=True)):
                 s, f, _ds = closed[j]
                 read = s.kind != "write"
+                lat_q = lat if lats is None else lats[q]  # its IOs' cost (usage.py)
                 if meter is not None:
-                    meter.closed(name, s.initiator, read, iops, s.size_bytes, lat, dt)
+                    meter.closed(name, s.initiator, read, iops, s.size_bytes, lat_q, dt)
                 per_path = (
                     ((path, iops),)
                     if path is not None
@@ -293,7 +300,7 @@ def run_paths(
                     elif x > 0.0:  # closed-loop reads: counted as a fluid in the sensor
                         m = x * dt
                         noise = mean_of_n(r.noise, m, closed_rng[name].gauss())
-                        sensed.read_sum[p][name] += m * lat * noise
+                        sensed.read_sum[p][name] += m * lat_q * noise
                         sensed.read_n[p][name] += m
             t_next = t + dt
             for i in open_of[name]:
@@ -337,12 +344,15 @@ def run_paths(
                     DeviceSample(name, math.ceil(n_io), lat_sum / n_io * g, q_sum / cfg.tick_s)
                 )
             dev_tick[name] = [0.0, 0.0, 0.0]
+        sensed.utilization = ten.take_utilization(cfg.tick_s)
         if (k + 1) % converge_every == 0:
             sensed.span_s = converge_every * dt
             if meter is not None:
                 sensed.ios = meter.take()
         if control is not None:
             applied = control.decide(sensed, t_end, k)
+            if sensed.converging:
+                ten.record(control.own(0), t_end, applied[0])
         sensed.clear()
         # --- measure ---
         own0 = control.own(0) if control is not None else None
@@ -398,13 +408,15 @@ def run(
     label: str | None = None,
     auto: bool = False,
     oracle_class: int | None = None,
+    tenancy: Tenancy | None = None,
 ) -> RunResult:
     """One appliance: controlled at threshold_s, or a constant class, or neither
     (uncontrolled).
 
     auto: threshold "auto" (Pesto's, from the LQ fit of the device samples),
     threshold_s the fallback until the fit is confident. oracle_class (with
-    threshold_s): every resource's class is held at it (OneAppliance)."""
+    threshold_s): every resource's class is held at it (OneAppliance). tenancy:
+    the run's tenants (sim/usage.py), for the caller's figures."""
     if oracle_class is not None and threshold_s is None:
         raise ValueError("oracle_class needs threshold_s (a controlled run)")
     cfg = sc.controller
@@ -413,7 +425,8 @@ def run(
     control: OneAppliance | None = None
     meter: GroupMeter | None = None
     if threshold_s is not None:
-        state = new_state(cfg, [Resource(r.name, threshold_s, auto) for r in sc.resources])
+        res = [Resource(r.name, threshold_s, auto, r.utilization_threshold) for r in sc.resources]
+        state = new_state(cfg, res)
         if sc.groups:
             meter = GroupMeter(sc)
             meter.configure(state)
@@ -432,5 +445,6 @@ def run(
         meter=meter,
         label=label,
         threshold_s=threshold_s,
+        tenancy=tenancy,
     )
     return result

@@ -160,3 +160,75 @@ def mean_of_n(rel_sd: float, n: float, g: float) -> float:
     (its spread rel_sd / sqrt(n)), from the standard normal draw g."""
     mu, sd = lognormal_params(rel_sd / math.sqrt(max(n, 1.0)))
     return math.exp(mu + sd * g)
+
+
+def costed_latency(
+    dev: Device, open_iops: float, closed: Sequence[Closed], costs: Sequence[float]
+) -> tuple[float, list[float], list[float]]:
+    """The open load's latency at the device (its IOs cost 1), each closed stream's and
+    its IOs per second, when its IOs cost the device `costs[i]` times an ordinary IO.
+
+    Processor sharing on the LQ line: every IO in the device is served alike, so
+    an IO that needs c times the work stays c times as long:
+        L_i = C + c_i * m * Q,   Q = IOs in the device (every stream's, Little)
+    A closed stream keeps q_i * L_i / (L_i + d_i) of them there, an open one (or a
+    capped one, at its cap) lambda * L_i. h(Q) = Q - sum of those is convex with
+    h(0) <= 0: one root, found by Newton's method from the upper bound
+        Q_hi = (sum q_i + C * Lambda) / (1 - m * sum over the open of lambda * c)
+    (as solve_latency; with every cost 1 both give the same L). Caps as
+    closed_latency. The device's share of time at work is m * sum of rate x cost
+    (utilization_of).
+
+    E.g. C = 0, m = 8 ms, a random stream (c = 1) and a sequential one (c = 0.02),
+    both q = 8 undelayed: Q = 16, L = 128 ms and 2.56 ms, 62.5 and 3,125 IOPS, each
+    half of the device's time."""
+    c0, m = dev.intercept_s, dev.slope_s_per_io
+    capped: set[int] = set()
+    lats: list[float] = [c0] * len(closed)
+    q = 0.0
+    for _ in range(CAP_ROUNDS_MAX):
+        opens = [(open_iops, 1.0)] + [(closed[i].cap_iops, costs[i]) for i in capped]
+        mlam = m * sum(lam * c for lam, c in opens)
+        if mlam >= 1.0:
+            raise SaturatedError(f"open-loop load saturates the device ({mlam:.2f} of it)")
+        free = [i for i in range(len(closed)) if i not in capped]
+        q = (sum(closed[i].depth for i in free) + c0 * sum(lam for lam, _ in opens)) / (1 - mlam)
+        for _ in range(NEWTON_MAX_ITER):
+            g = q - sum(lam * (c0 + c * m * q) for lam, c in opens)
+            gp = 1.0 - mlam
+            for i in free:
+                cl = closed[i]
+                lat = c0 + costs[i] * m * q
+                g -= cl.depth * lat / (lat + cl.outside_s)
+                gp -= cl.depth * costs[i] * m * cl.outside_s / (lat + cl.outside_s) ** 2
+            step = g / gp
+            q -= step
+            if abs(step) < NEWTON_TOL_S * 1e3:  # IOs: a billionth of one
+                break
+        lats = [c0 + costs[i] * m * q for i in range(len(closed))]
+        over = {
+            i
+            for i in free
+            if closed[i].cap_iops
+            and closed[i].depth / (lats[i] + closed[i].outside_s) > closed[i].cap_iops
+        }
+        if not over:
+            break
+        capped |= over
+    rates = [
+        c.cap_iops if i in capped else c.depth / (lats[i] + c.outside_s)
+        for i, c in enumerate(closed)
+    ]
+    return c0 + m * q, lats, rates
+
+
+def utilization_of(
+    dev: Device, open_iops: float, rates: Sequence[float], costs: Sequence[float] | None = None
+) -> float:
+    """The device's share of time at work: m x (the open load + sum of rate x cost),
+    at most 1. On the LQ line with cost 1 it is 1 - C / L (Little: m X = m Q / L)."""
+    if costs is None:
+        work = open_iops + sum(rates)
+    else:
+        work = open_iops + sum(r * c for r, c in zip(rates, costs, strict=True))
+    return min(1.0, dev.slope_s_per_io * work)

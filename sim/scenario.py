@@ -35,8 +35,12 @@ from typing import Any
 from santhrottle.appliance.config.kinds import KindError
 from santhrottle.appliance.config.parse import ConfigError, parse_controller
 from santhrottle.appliance.config.schema import BY_NAME
+from santhrottle.appliance.config.tenancy import LEVEL_KEYS
 from santhrottle.controller.domain import ControllerConfig
 from santhrottle.controller.groups import Group
+
+from . import tenants
+from .bursty import Arrivals
 
 KIB = 1024.0
 # [datapath] in a scenario: the ladder's keys (the rest is the kernel's)
@@ -73,7 +77,7 @@ class Schedule:
 class Stream:
     name: str
     kind: str  # "read" | "write"
-    loop: str  # "open" | "closed"
+    loop: str  # "open" | "closed" | "bursty"
     resource: str
     initiator: str
     size_bytes: float
@@ -81,6 +85,8 @@ class Stream:
     rate_iops: float = 0.0  # open loop; closed loop: a cap (0: none)
     overhead_s: float = 0.0  # closed loop: time per IO outside the device and the delay
     schedule: Schedule = field(default_factory=Schedule)
+    cost: float = 1.0  # an IO's work at the device, in ordinary IOs (sim/plant.py)
+    arrivals: Arrivals | None = None  # loop "bursty" (sim/bursty.py; depth: its queue)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +95,8 @@ class ResourceModel:
     intercept_s: float
     slope_s_per_io: float
     noise: float  # relative standard deviation of one read's latency
+    utilization_threshold: float | None = None  # the saturation trigger (utilization.py)
+    nominal_iops: float | None = None  # what a rate reservation is a share of (tenants.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +118,9 @@ class Scenario:
     streams: tuple[Stream, ...]
     thresholds_s: tuple[float, ...]
     controller: ControllerConfig
-    groups: tuple[GroupModel, ...] = ()  # every resource is grouped when there are any
+    groups: tuple[GroupModel, ...] = ()  # every resource is grouped when one has a target
     stalls: tuple[tuple[float, float], ...] = ()  # the array's stalls: (start, end), sorted
+    compare: tuple[str, ...] = ()  # the other policies to run (sim/tenants.py)
 
     def switch_ons(self) -> list[float]:
         """Times at which write streams switch on (deduplicated, sorted)."""
@@ -227,6 +236,10 @@ def parse_scenario(text: str, overrides: Mapping[str, Any] | None = None) -> Sce
         or not all(isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in thr)
     ):
         raise ScenarioError("run.thresholds_ms: must be a list of numbers > 0")
+    compare = run.get("compare", [])
+    if not isinstance(compare, list) or not all(isinstance(x, str) for x in compare):
+        raise ScenarioError("run.compare: must be a list of policy names")
+    compare = [tenants.check_policy(x, ScenarioError) for x in compare]
     run.done()
 
     resources: list[ResourceModel] = []
@@ -236,6 +249,7 @@ def parse_scenario(text: str, overrides: Mapping[str, Any] | None = None) -> Sce
             intercept_s=t.number("intercept_ms", lo=0.0) / 1000.0,
             slope_s_per_io=t.number("slope_ms_per_io", lo=0.0) / 1000.0,
             noise=t.number("noise", 0.0, lo=0.0, hi=5.0),
+            **tenants.resource_extras(t, top.data.get("controller", {}), _kind),
         )
         t.done()
         if any(x.name == r.name for x in resources):
@@ -272,6 +286,7 @@ def parse_scenario(text: str, overrides: Mapping[str, Any] | None = None) -> Sce
         controller=config,
         groups=groups,
         stalls=stalls,
+        compare=tuple(compare),
     )
 
 
@@ -313,6 +328,15 @@ def _without_path(message: str) -> str:
     return message.removeprefix(": ")
 
 
+def _kind(where: str, dotted: str, raw: Any) -> Any:
+    """raw as the daemon's configuration takes the key `dotted`; ScenarioError naming
+    where."""
+    try:
+        return BY_NAME[dotted].kind.parse(raw)
+    except KindError as e:
+        raise ScenarioError(f"{where}: {e}") from None
+
+
 def _group_spec(t: _Table, name: str, base: Group | None = None) -> Group:
     """A group's priority and targets from t, as [groups.NAME] takes them (the schema's
     kinds: priority = 2, latency_target = "10ms", throughput_target = "25MiB/s" or
@@ -339,6 +363,7 @@ def _group_spec(t: _Table, name: str, base: Group | None = None) -> Group:
         latency_target_s=b.latency_target_s if latency is missing else latency,
         throughput_target_bps=bps,
         throughput_target_iops=iops,
+        **tenants.group_extras(t, b, LEVEL_KEYS, _kind),
     )
 
 
@@ -374,6 +399,7 @@ def _parse_groups(top: _Table, initiators: set[str], duration_s: float) -> tuple
             ct.done()
         t.done()
         out.append(GroupModel(spec, tuple(members), tuple(changes)))
+    tenants.check_reservations([g.group for g in out], ScenarioError)
     return tuple(out)
 
 
@@ -404,7 +430,7 @@ def _parse_stalls(top: _Table, duration_s: float) -> tuple[tuple[float, float], 
 def _parse_stream(t: _Table, resources: set[str], duration_s: float) -> list[Stream]:
     name = t.string("name")
     kind = t.string("kind", choices=("read", "write"))
-    loop = t.string("loop", choices=("open", "closed"))
+    loop = t.string("loop", choices=("open", "closed", "bursty"))
     resource = t.string("resource")
     if resource not in resources:
         raise ScenarioError(f"{t.path}.resource: no [[resource]] named {resource!r}")
@@ -412,7 +438,12 @@ def _parse_stream(t: _Table, resources: set[str], duration_s: float) -> list[Str
     size_bytes = t.number("size_kib", lo=0.0, lo_open=True) * KIB
     count = t.integer("count", 1, lo=1)
     depth = rate_iops = overhead_s = 0.0
-    if loop == "closed":
+    cost = t.number("cost", 1.0, lo=0.0, lo_open=True)
+    arrivals = None
+    if loop == "bursty":  # arrivals at their own pace, at most depth outstanding
+        depth = t.number("depth", lo=0.0, lo_open=True)
+        arrivals = tenants.arrivals(t, name, ScenarioError)
+    elif loop == "closed":
         depth = t.number("depth", lo=0.0, lo_open=True)
         overhead_s = t.number("overhead_ms", 0.0, lo=0.0) / 1000.0
         if "rate_kib_per_s" in t.data:  # a cap, as fio's --rate at an iodepth: 0 = none
@@ -444,6 +475,8 @@ def _parse_stream(t: _Table, resources: set[str], duration_s: float) -> list[Str
             rate_iops=rate_iops,
             overhead_s=overhead_s,
             schedule=schedule,
+            cost=cost,
+            arrivals=arrivals,
         )
         for n in names
     ]

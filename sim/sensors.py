@@ -6,8 +6,9 @@ What they report (as the daemon's sensors do, controller/domain.py's Samples)
     rate (a ReadSample, also with 0 reads: a path that saw writes but no
     reads still counts them); at a convergence, the write rate of every
     (resource, initiator) pair over the convergence (WriteSample). The
-    array's device samples (threshold "auto") and the groups' IO samples
-    are the whole array's, for an appliance that sees every path.
+    array's device samples (threshold "auto"), its utilization and the
+    groups' IO samples are the whole array's, for an appliance that sees
+    every path.
     whole() is what one appliance on every path sees: the paths' sums.
 
 Worked example
@@ -23,7 +24,14 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
-from santhrottle.controller.domain import DeviceSample, IoSample, ReadSample, Samples, WriteSample
+from santhrottle.controller.domain import (
+    DeviceSample,
+    IoSample,
+    ReadSample,
+    Samples,
+    UtilizationSample,
+    WriteSample,
+)
 
 _K = TypeVar("_K")
 
@@ -42,6 +50,7 @@ class Sensed:
         self.span_s = 0.0  # > 0 at a convergence: the writes' period
         self.devices: list[DeviceSample] = []
         self.ios: list[IoSample] = []
+        self.utilization: list[UtilizationSample] = []  # the array's, per tick
 
     @property
     def converging(self) -> bool:
@@ -57,7 +66,7 @@ class Sensed:
         """What one appliance on every path saw (with the device and IO samples)."""
         if len(self.read_sum) == 1:
             one = self.part(0)
-            return Samples(one.reads, one.writes, self.devices, self.ios)
+            return Samples(one.reads, one.writes, self.devices, self.ios, self.utilization)
         one = _samples(
             _sum(self.read_sum),
             _sum(self.read_n),
@@ -65,7 +74,7 @@ class Sensed:
             _sum(self.write_pair),
             self,
         )
-        return Samples(one.reads, one.writes, self.devices, self.ios)
+        return Samples(one.reads, one.writes, self.devices, self.ios, self.utilization)
 
     def clear(self) -> None:
         """After the tick (and the convergence's writes after a convergence)."""
@@ -79,6 +88,7 @@ class Sensed:
         self.span_s = 0.0
         self.devices = []
         self.ios = []
+        self.utilization = []
 
 
 def _sum(ds: Sequence[Mapping[_K, float]]) -> dict[_K, float]:

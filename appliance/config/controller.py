@@ -75,5 +75,6 @@ def controller_config(
         read_idle_release_s=c["read_idle_release"],
         auto_alpha=c["auto_alpha"],
         write_heavy_share=c["write_heavy_share"],
+        promote_below_utilization=c["promote_below_utilization"],
     )
     return config, c

@@ -31,9 +31,16 @@ from santhrottle.appliance.config.kinds import AUTO, NAME_RE, KindError, quote
 from santhrottle.appliance.config.metrics import FIELDS as METRICS_FIELDS
 from santhrottle.appliance.config.metrics import metrics_fields
 from santhrottle.appliance.config.schema import DEFAULT_PATH, KEYS, TABLES
+from santhrottle.appliance.config.tenancy import (
+    MeteringConfig,
+    group_levels,
+    metering,
+    over_reserved,
+)
 from santhrottle.appliance.textfile import printable, read_text_file
 from santhrottle.controller.domain import ControllerConfig
 from santhrottle.controller.ladder import Ladder
+from santhrottle.controller.levels import Levels
 
 # No configuration is near this; a bigger file is a mistake (or /dev/zero).
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -54,6 +61,7 @@ class ResourceConfig:
     devices: tuple[str, ...] = ()  # declared resource: these block devices
     fallback_s: float | None = None  # "auto": held until the fit is confident
     volumes: tuple[str, ...] = ()  # bridge mode: iscsi://... and nvme://... names
+    utilization_threshold: float | None = None  # None: controller.utilization_threshold
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,8 @@ class GroupConfig:
     throughput_target_bps: float | None = None
     throughput_target_iops: float | None = None
     resources: tuple[str, ...] = ()  # empty: every resource its members load
+    utilization_target: float | None = None  # a disk-time reservation (docs/levels.md)
+    levels: tuple[Levels, ...] = ()  # elastic levels (controller/levels.py)
 
 
 @dataclass(frozen=True)
@@ -128,6 +138,9 @@ class Config:
     fleet_key: str | None = None
     fleet_user: str | None = None
     fleet_password_file: str | None = None
+    # [controller] utilization_threshold, [metering] (docs/levels.md)
+    utilization_threshold: float | None = None
+    metering: MeteringConfig = field(default_factory=MeteringConfig)
 
     @property
     def fleet(self) -> bool:
@@ -156,6 +169,12 @@ class Config:
     def fallback_of(self, resource: str) -> float | None:
         rc = self.resources.get(resource)
         return rc.fallback_s if rc is not None else None
+
+    def utilization_threshold_of(self, resource: str) -> float | None:
+        rc = self.resources.get(resource)
+        if rc is not None and rc.utilization_threshold is not None:
+            return rc.utilization_threshold
+        return self.utilization_threshold
 
     def threshold_of(self, resource: str) -> float | str | None:
         rc = self.resources.get(resource)
@@ -303,6 +322,8 @@ def parse_config(text: str, path: str = DEFAULT_PATH) -> Config:
         bridge_sensor=b["sensor"],
         hosts=hosts(r, data),
         **fleet_fields(r, data),
+        utilization_threshold=c["utilization_threshold"],
+        metering=metering(r.table(data, "metering", "metering")),
     )
 
 
@@ -356,7 +377,12 @@ def _resources(r: _Reader, data: dict[str, Any]) -> dict[str, ResourceConfig]:
             raise r.fail(key, "must be a table with threshold and optional devices")
         v = r.table({key: rt}, key, "resources.NAME")
         out[name] = ResourceConfig(
-            name, v["threshold"], v["devices"], v["fallback_threshold"], v["volumes"]
+            name,
+            v["threshold"],
+            v["devices"],
+            v["fallback_threshold"],
+            v["volumes"],
+            v["utilization_threshold"],
         )
     return out
 
@@ -397,7 +423,12 @@ def _groups(r: _Reader, data: dict[str, Any]) -> dict[str, GroupConfig]:
             tp[0] if tp is not None and tp[1] == "B/s" else None,
             tp[0] if tp is not None and tp[1] == "iops" else None,
             v["resources"],
+            v["utilization_target"],
+            group_levels(v),
         )
+    problem = over_reserved(out.values())  # Fahrrad's feasibility (config/tenancy.py)
+    if problem is not None:
+        raise r.fail(*problem)
     return out
 
 

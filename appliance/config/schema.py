@@ -53,6 +53,7 @@ from santhrottle.appliance.config.kinds import (
     throughput,
     volume_names,
 )
+from santhrottle.appliance.config.tenancy import LEVEL_KEYS, levels
 from santhrottle.appliance.units import (
     fmt_byte_rate,
     fmt_duration,
@@ -87,6 +88,10 @@ MAX_SOCKET_PATH_BYTES = 107
 WRITE_MODES = ("all", "ack")
 PIN_MODES = ("all", "ack", "read")
 LEAVES = ("netem", "pfifo")
+# The meter's period: a minute to a month; its log kept up to ten years.
+MIN_METER_PERIOD_S = 60.0
+MAX_METER_PERIOD_S = 31 * 86400.0
+MAX_METER_RETENTION_S = 3660 * 86400.0
 # Where santhrottle stands: on the target host, or on a bridge in front of any array.
 MODES = ("target", "bridge")
 WIRE_SENSORS = ("auto", "kernel", "capture")
@@ -429,6 +434,20 @@ KEYS: tuple[Key, ...] = (
         "threshold of every discovered resource without its own; unset: observe them",
     ),
     _ctl(
+        "utilization_threshold",
+        number(0.01, 1.0),
+        None,
+        "a resource busy more than this share of a convergence counts as over its latency "
+        "threshold (resources.NAME.utilization_threshold for one); unset: latency only",
+    ),
+    _ctl(
+        "promote_below_utilization",
+        number(0.01, 1.0),
+        _DC.promote_below_utilization,
+        "a group with levels is promoted only while its resources are busy less than this "
+        "share of the time (and under their thresholds); 1: the latency alone decides",
+    ),
+    _ctl(
         "auto_alpha",
         number(0.5, 0.99),
         _DC.auto_alpha,
@@ -456,6 +475,14 @@ KEYS: tuple[Key, ...] = (
         names("block device", '"sdb", "dm-3"'),
         [],
         "target mode: declare a resource as these block devices (a VG is discovered)",
+    ),
+    Key(
+        "resources.NAME",
+        "utilization_threshold",
+        number(0.01, 1.0),
+        None,
+        "busy more than this share of a convergence, the resource counts as over its "
+        "latency threshold (controller.utilization_threshold for all); unset: that one",
     ),
     Key(
         "resources.NAME",
@@ -500,6 +527,27 @@ KEYS: tuple[Key, ...] = (
         names("resource", '"vg0"'),
         [],
         "the resources the group is arbitrated on; empty: every resource its members load",
+    ),
+    Key(
+        "groups.NAME",
+        "utilization_target",
+        number(0.001, 1.0),
+        None,
+        "the share of its resources' busy time the group is guaranteed when it wants it "
+        "(a disk-time reservation, docs/levels.md); the reservations on a resource sum to "
+        "at most 1; unset: none",
+    ),
+    *(
+        Key(
+            "groups.NAME",
+            k,
+            levels(measure),
+            None,
+            f"elastic levels of the group's {'' if d == 'all' else d + ' '}"
+            f"{'IOPS' if measure == 'iops' else 'bandwidth'}, lowest first: its cap rises a "
+            "level while it is at it and its resources have room (docs/levels.md); unset: none",
+        )
+        for k, measure, d in LEVEL_KEYS
     ),
     # [hosts.NAME]
     Key(
@@ -600,6 +648,37 @@ KEYS: tuple[Key, ...] = (
         "file holding fleet.user's password (its first line; readable by root only)",
         restart=True,
     ),
+    # [metering]
+    Key(
+        "metering",
+        "period",
+        duration_s(MIN_METER_PERIOD_S, MAX_METER_PERIOD_S),
+        "1h",
+        "the groups' usage is kept per period of this length, aligned to the clock "
+        "(santhrottle meter; docs/levels.md)",
+    ),
+    Key(
+        "metering",
+        "retention",
+        duration_s(MIN_METER_PERIOD_S, MAX_METER_RETENTION_S),
+        "9600h",
+        "closed periods older than this (9600h: 400 days) are deleted, a month at a time",
+    ),
+    Key(
+        "metering",
+        "price_per_iops_hour",
+        number(0.0, 1e9),
+        0.0,
+        "the price of one IOPS of a level for an hour (a level of 600 IOPS for an hour costs "
+        "600 times it)",
+    ),
+    Key(
+        "metering",
+        "price_per_mib_s_hour",
+        number(0.0, 1e9),
+        0.0,
+        "the price of one MiB/s of a bandwidth level for an hour",
+    ),
     # [metrics]
     Key(
         "metrics",
@@ -673,6 +752,7 @@ TABLES = (
     "groups",
     "hosts",
     "fleet",
+    "metering",
     "metrics",
 )
 
