@@ -82,6 +82,8 @@ def portal_of(c: Conn) -> str:
 class KernelSums:
     """Tracker's reading interface over a KernelWire (module header)."""
 
+    busy = None  # the program keeps no time in flight per volume: no utilization
+
     def __init__(
         self,
         wire: KernelWire,

@@ -75,6 +75,7 @@ class Side(Hooks):
                 del self.conn.inflight[tag]
                 tr.inflight_total -= 1
                 tr.counters.commands -= 1
+                tr.busy.down(cmd.volume, tr._now)
 
     def unmeasurable(self, reason: str) -> None:
         self.tracker._unmeasurable(self.conn, reason)

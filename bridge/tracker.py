@@ -42,6 +42,8 @@ Law, per PDU
     or RST ends a connection's walks; its commands in flight wait for the
     next connection of that key (a completion may follow the initiator's
     FIN), aged alike: the in-kernel program's commands outlive their flows.
+    Every command of a volume, from its start to when it leaves, keeps the
+    volume busy (busy.py): its utilization, as io_ticks counts it.
 
 Bounds
     Target names are decoded as ASCII with errors replaced and cut at
@@ -64,6 +66,7 @@ from functools import partial
 
 from .belief import SYNCED
 from .belief import Counters as StreamCounters
+from .busy import Busy
 from .conns import Command, Connection, ConnKey, SyncViews, fold
 from .esp import EspFlows
 from .flow import Stream
@@ -153,6 +156,7 @@ class Tracker(SyncViews):
         self.counters = Counters()
         self.walk = StreamCounters()  # the walks of the connections forgotten
         self.inflight_total = 0  # commands in flight over every connection
+        self.busy: Busy[Volume] = Busy()  # per volume, time with a command in flight
         self._next_sweep_s = -math.inf
         self._now = 0.0
         # each read and write completed: (connection, tag, READ or WRITE, its command's
@@ -214,10 +218,10 @@ class Tracker(SyncViews):
         fold(self.walk, conn, self._now)
         if keep and conn.inflight:
             if len(self.orphans) >= MAX_CONNS:  # the oldest left go
-                self.inflight_total -= len(self.orphans.pop(next(iter(self.orphans))))
+                _gone(self, self.orphans.pop(next(iter(self.orphans))))
             self.orphans[key] = conn.inflight
         else:
-            self.inflight_total -= len(conn.inflight)
+            _gone(self, conn.inflight)
 
     def _connect(self, key: ConnKey, fresh: bool = False) -> Connection:
         if len(self.conns) >= MAX_CONNS:  # the oldest made goes
@@ -286,16 +290,18 @@ class Tracker(SyncViews):
                     conn.units[unit] = vol
         if pdu.tag in conn.inflight:
             self.counters.replaced += 1
+            self.busy.down(conn.inflight[pdu.tag].volume, self._now)
         else:
             if self.inflight_total >= MAX_INFLIGHT:
                 self.counters.evicted += 1
                 if not conn.inflight:
                     return None  # nothing of its own to give up: not tracked
-                del conn.inflight[next(iter(conn.inflight))]
+                self.busy.down(conn.inflight.pop(next(iter(conn.inflight))).volume, self._now)
                 self.inflight_total -= 1
             self.inflight_total += 1
         self.counters.commands += 1
         cmd = conn.inflight[pdu.tag] = Command(self._now, pdu.op, vol)
+        self.busy.up(vol, self._now)
         if pdu.op == WRITE and vol is not None:
             nbytes = pdu.data_bytes  # iSCSI: the whole write; NVMe: in-capsule data
             if provisional:
@@ -307,6 +313,7 @@ class Tracker(SyncViews):
     def _completed(self, conn: Connection, cmd: Command, tag: int) -> None:
         self.inflight_total -= 1
         self.counters.completions += 1
+        self.busy.down(cmd.volume, self._now)
         vol = cmd.volume
         if vol is None:
             return
@@ -328,7 +335,7 @@ class Tracker(SyncViews):
         self.counters.unmeasurable += 1
         for st in (conn.to_target, conn.to_initiator):
             st.set_unmeasurable(self._now)
-        self.inflight_total -= len(conn.inflight)
+        _gone(self, conn.inflight)
         conn.inflight.clear()
         conn.volumes.clear()
         conn.units.clear()
@@ -381,7 +388,7 @@ class Tracker(SyncViews):
         for key, left in list(self.orphans.items()):
             stale = [tag for tag, c in left.items() if c.start_s < oldest]
             for tag in stale:
-                del left[tag]
+                self.busy.down(left.pop(tag).volume, now_s)
             self.counters.aged += len(stale)
             self.inflight_total -= len(stale)
             if not left:
@@ -392,7 +399,7 @@ class Tracker(SyncViews):
                 continue
             stale = [tag for tag, c in conn.inflight.items() if c.start_s < oldest]
             for tag in stale:
-                del conn.inflight[tag]
+                self.busy.down(conn.inflight.pop(tag).volume, now_s)
             self.counters.aged += len(stale)
             self.inflight_total -= len(stale)
 
@@ -428,3 +435,10 @@ class Tracker(SyncViews):
                 if c.op == READ and c.volume is not None:
                     out[c.volume] = out.get(c.volume, 0) + 1
         return out
+
+
+def _gone(tr: Tracker, inflight: dict[int, Command]) -> None:
+    """Commands in flight dropped with their connection (or the orphans of one)."""
+    tr.inflight_total -= len(inflight)
+    for cmd in inflight.values():
+        tr.busy.down(cmd.volume, tr._now)

@@ -103,6 +103,7 @@ def _measure_once(args: argparse.Namespace, cfg: Config | None) -> dict[str, Any
     time.sleep(args.interval)
     disc, writes = sensor.converge()
     reads = {r.resource: r for r in sensor.read_samples()}
+    util = {u.resource: u.utilization for u in sensor.utilization_samples()}
     rates = {(w.resource, w.initiator): w.write_bps for w in writes}
     resources = []
     for name, devs in sorted(disc.resources.items()):
@@ -114,6 +115,7 @@ def _measure_once(args: argparse.Namespace, cfg: Config | None) -> dict[str, Any
                 "reads_per_s": (r.reads / args.interval) if r else 0.0,
                 "read_latency_s": (r.read_latency_s if r and r.reads else None),
                 "write_bytes_per_second": r.write_bps if r and r.write_bps is not None else 0.0,
+                "utilization": util.get(name),  # its busiest device's io_ticks share
                 "initiators": sorted(
                     (a for a, v in disc.initiators.items() if name in v.resources),
                     key=ip_key,
@@ -153,13 +155,17 @@ def _measure_once(args: argparse.Namespace, cfg: Config | None) -> dict[str, Any
 
 
 def _print_resources(resources: list[dict[str, Any]], ambiguous: list[str]) -> None:
-    head = ("RESOURCE", "DEVICES", "READS/s", "READ_LAT", "WR_MB/s")
-    print(f"{head[0]:<16} {head[1]:<20} {head[2]:>8} {head[3]:>9} {head[4]:>8}  INITIATORS")
+    head = ("RESOURCE", "DEVICES", "READS/s", "READ_LAT", "WR_MB/s", "UTIL")
+    print(
+        f"{head[0]:<16} {head[1]:<20} {head[2]:>8} {head[3]:>9} {head[4]:>8} {head[5]:>5}  "
+        "INITIATORS"
+    )
     for r in resources:
+        u = r["utilization"]
         print(
             f"{r['resource']:<16} {','.join(r['devices']):<20} {r['reads_per_s']:>8.1f} "
-            f"{fmt_ms(r['read_latency_s']):>9} {fmt_mb(r['write_bytes_per_second']):>8}  "
-            f"{','.join(r['initiators']) or '-'}"
+            f"{fmt_ms(r['read_latency_s']):>9} {fmt_mb(r['write_bytes_per_second']):>8} "
+            f"{'-' if u is None else f'{u * 100:.0f}%':>5}  {','.join(r['initiators']) or '-'}"
         )
     if not resources:
         print("no resources: no LVM volume group and none declared in config")

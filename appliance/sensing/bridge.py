@@ -17,6 +17,9 @@ controller cannot tell the two apart:
                      (resource, initiator) that wrote;
     device_samples() empty: the wire sees no device queue (threshold "auto"
                      is target mode's, config/parse.py refuses it here);
+    utilization_samples() per tick, per resource, the busiest of its volumes'
+                     share of the tick with a command in flight (capture only:
+                     the kernel's program keeps no time in flight);
     initiator_names() the names each initiator address logged in with (iSCSI
                      InitiatorName, NVMe host NQN) over its live connections,
                      for the daemon's group map (iqn.* and nqn.* members);
@@ -71,7 +74,13 @@ from santhrottle.bridge.capture import CaptureCounters, Esp, Ring, Segment
 from santhrottle.bridge.conns import SyncRow
 from santhrottle.bridge.tracker import ConnKey, Tracker, Volume, VolumeReads
 from santhrottle.bridge.volumes import VolumeMap, VolumeRow, volume_rows
-from santhrottle.controller.domain import DeviceSample, IoSample, ReadSample, WriteSample
+from santhrottle.controller.domain import (
+    DeviceSample,
+    IoSample,
+    ReadSample,
+    UtilizationSample,
+    WriteSample,
+)
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +149,7 @@ class BridgeSensor:
         self._capture_counters = CaptureCounters()  # of the captures before this one too
         self._tick_at = self._converge_at = clock()
         self.last_tick: dict[Volume, VolumeReads] = {}
+        self._utilization: list[UtilizationSample] = []  # of the last tick
         self.io_samples: list[IoSample] = []  # the last convergence's, per (resource, initiator)
         self.io_span_s: float | None = None  # the time io_samples cover
         # the resources whose connections are mostly out of sync (volumes.py): their
@@ -282,9 +292,11 @@ class BridgeSensor:
             if now - self._tick_at < MIN_INTERVAL_S:
                 return []
             reads, writes = self.tracker.take_tick()
+            busy = None if self.tracker.busy is None else self.tracker.busy.take(now)
             vmap = self.vmap
         dt, self._tick_at = now - self._tick_at, now
         self.last_tick = reads
+        self._utilization = [] if busy is None else _utilization(vmap, busy, dt)
         got = {s.resource: s for s in vmap.read_samples(reads, writes, dt)}
         stalled: dict[str, int] | None = None
         out = []
@@ -314,6 +326,10 @@ class BridgeSensor:
 
     def device_samples(self) -> list[DeviceSample]:
         return []
+
+    def utilization_samples(self) -> list[UtilizationSample]:
+        """The last tick's busiest volume per resource (bridge/busy.py); none in the kernel."""
+        return self._utilization
 
     def converge(self) -> tuple[Discovery, list[WriteSample]]:
         cap = self._capture
@@ -462,3 +478,14 @@ def store_names(path: Path, names: Mapping[ConnKey, str]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(rows))
     os.replace(tmp, path)
+
+
+def _utilization(
+    vmap: VolumeMap, busy: Mapping[Volume, float], dt: float
+) -> list[UtilizationSample]:
+    """Per configured resource, the busiest of its volumes' busy share of dt."""
+    out = dict.fromkeys(vmap.patterns, 0.0)
+    for v, s in busy.items():
+        for name in vmap.resources_of(v):
+            out[name] = max(out.get(name, 0.0), min(1.0, s / dt))
+    return [UtilizationSample(name, u) for name, u in out.items()]

@@ -40,7 +40,7 @@ from operator import mul, sub
 from pathlib import Path
 from typing import NamedTuple
 
-from santhrottle.controller.domain import DeviceSample
+from santhrottle.controller.domain import DeviceSample, UtilizationSample
 
 SECTOR_BYTES = 512  # diskstats sectors are always 512 bytes
 FIELD_COUNTS = (14, 18, 20)
@@ -363,6 +363,13 @@ def device_sample_of(resource: str, devs: Iterable[DevInterval]) -> DeviceSample
     if not ios or span_s <= 0.0:
         return None
     return DeviceSample(resource, ios, ticks * MS / ios, weighted * MS / span_s)
+
+
+def utilization_of(resource: str, devs: Iterable[DevInterval]) -> UtilizationSample:
+    """A resource's busy share: the busiest of its devices' (io_ticks / interval, as
+    iostat's %util; a volume group's LVs each show the time its own IOs were in
+    flight, and the busiest is the least the array was busy)."""
+    return UtilizationSample(resource, max((d.utilization for d in devs), default=0.0))
 
 
 # One read of /proc/diskstats: 1,000 devices are about 100 kB.

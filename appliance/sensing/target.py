@@ -40,6 +40,7 @@ from santhrottle.appliance.sensing.diskstats import (
     device_sample_of,
     interval,
     read_latency_of,
+    utilization_of,
     write_bps_of,
 )
 from santhrottle.appliance.sensing.initiator_io import (
@@ -59,7 +60,13 @@ from santhrottle.appliance.sensing.nvmet import (
     debugfs_controllers,
     debugfs_hosts,
 )
-from santhrottle.controller.domain import DeviceSample, IoSample, ReadSample, WriteSample
+from santhrottle.controller.domain import (
+    DeviceSample,
+    IoSample,
+    ReadSample,
+    UtilizationSample,
+    WriteSample,
+)
 
 log = logging.getLogger(__name__)
 # WriteSample from a (resource, initiator, bps) tuple without a Python call per item
@@ -115,6 +122,7 @@ class TargetSensor:
         self._charges = _Charges()
         self._tick_prev: tuple[float, Snapshot] | None = None
         self._device_samples: list[DeviceSample] = []
+        self._utilization: list[UtilizationSample] = []  # of the same pass
         # (snapshot time, snapshot, ACL read time, ACL counters) of the last convergence
         self._conv_prev: tuple[float, Snapshot, float, dict[tuple[str, str], int]] | None = None
         # initiator groups: the last convergence's IoSamples, of the resources asked
@@ -220,6 +228,7 @@ class TargetSensor:
         devs = self._devices(prev[1], cur, now - prev[0])
         out = []
         self._device_samples = []
+        self._utilization = []
         for name, members in self._discovery.resources.items():
             ivs = [devs[d] for d in members if d in devs]
             reads, lat = read_latency_of(ivs)
@@ -228,6 +237,7 @@ class TargetSensor:
             dev = device_sample_of(name, ivs)
             if dev is not None:
                 self._device_samples.append(dev)
+            self._utilization.append(utilization_of(name, ivs))
             pending = None if reads else self._reads_in_flight(members)
             out.append(ReadSample(name, reads, lat or 0.0, sum(i.write_bps for i in ivs), pending))
         return out
@@ -236,6 +246,11 @@ class TargetSensor:
         """Per resource, of the last read_samples() pass: its devices' IOs, their mean
         latency and the mean IOs in flight (Pesto's L and Q, for threshold "auto")."""
         return self._device_samples
+
+    def utilization_samples(self) -> list[UtilizationSample]:
+        """Per resource, of the last read_samples() pass: the busiest of its devices'
+        share of the interval with IO in flight (io_ticks, iostat's %util)."""
+        return self._utilization
 
     def _reads_in_flight(self, devices: Iterable[str]) -> int | None:
         """Reads in flight (/sys/block/DEV/inflight: "reads writes"), read only for a

@@ -87,6 +87,9 @@ def test_hostile_segments_never_raise_and_the_state_stays_bounded(capsys):
     total = sum(len(c.inflight) for c in tr.conns.values())
     total += sum(len(x) for x in tr.orphans.values())  # those of connections ended
     assert total == tr.inflight_total, "the running count is the sum"
+    held = [*(c.inflight for c in tr.conns.values()), *tr.orphans.values()]
+    named = sum(c.volume is not None for x in held for c in x.values())
+    assert sum(tr.busy.outstanding.values()) == named, "a volume is busy while in flight"
     assert len(tr.orphans) <= T.MAX_CONNS
     assert all(len(c.volumes) <= T.MAX_VOLUMES_PER_CONN for c in tr.conns.values())
     with capsys.disabled():
@@ -119,3 +122,4 @@ def test_commands_that_never_complete_are_bounded(monkeypatch):
     # the sweep ages them all out once they are old
     tr.segment(1.0 + T.INFLIGHT_MAX_S + 1, ini, sport, TGT, 3260, seq, b"", fin_or_rst=False)
     assert tr.inflight_total == 0 and tr.counters.aged == T.MAX_INFLIGHT
+    assert not tr.busy.outstanding and not tr.busy.since, "nothing left busy"

@@ -19,7 +19,13 @@ from santhrottle.appliance.daemon.status.build import status
 from santhrottle.appliance.daemon.status.views import to_json
 from santhrottle.appliance.datapath.converge import Convergence
 from santhrottle.appliance.datapath.names import DatapathError
-from santhrottle.controller.domain import DeviceSample, IoSample, ReadSample, WriteSample
+from santhrottle.controller.domain import (
+    DeviceSample,
+    IoSample,
+    ReadSample,
+    UtilizationSample,
+    WriteSample,
+)
 
 MIB = 1024 * 1024
 CONF = """
@@ -56,7 +62,7 @@ def status_of(d: Daemon) -> Any:
 
 class NoGroupSensing:
     """The part of the Sensors protocol (daemon/core/sensors.py) a fake without
-    initiator groups or login names has: nothing."""
+    initiator groups, login names or utilization has: nothing."""
 
     io_samples: list[IoSample] = []  # noqa: RUF012 (never changed in place)
     io_span_s: float | None = None
@@ -67,6 +73,9 @@ class NoGroupSensing:
 
     def want_io_samples(self, resources) -> None:
         pass
+
+    def utilization_samples(self) -> list[UtilizationSample]:
+        return []  # not measured
 
     def close(self) -> None:
         pass
@@ -88,6 +97,10 @@ class FakeSensors(NoGroupSensing):
         """The devices as an LQ line L = 2 ms + 3 ms x Q would show them."""
         q = max(0.0, (self.latency_s - 0.002) / 0.003)
         return [DeviceSample("vg0", 60, self.latency_s, q)]
+
+    def utilization_samples(self) -> list[UtilizationSample]:
+        """As the LQ line would be busy: 1 - C / L."""
+        return [UtilizationSample("vg0", max(0.0, 1.0 - 0.002 / self.latency_s))]
 
     def converge(self):
         d = FakeDiscovery(

@@ -53,6 +53,9 @@ class GroupSensors(NoGroupSensing):
     def device_samples(self):
         return self.inner.device_samples()
 
+    def utilization_samples(self):
+        return self.inner.utilization_samples()
+
     def converge(self):
         out = self.inner.converge()
         lat = 0.020

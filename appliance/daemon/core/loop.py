@@ -206,7 +206,7 @@ class Daemon:
                 self.last_reads[r.resource] = r
             self.counters.add_reads(reads if read_ok else None, self.config.controller.tick_s)
             self.ctl.groups.applied = not self.runtime.paused  # paused: no delay is seen
-            samples = Samples(reads, writes, devices, ios)
+            samples = Samples(reads, writes, devices, ios, self.sensors.utilization_samples())
             if self.fleet is not None:
                 samples = self.fleet.samples(self, samples, now)
             self.ctl, _ = decide(self.ctl, samples, now)

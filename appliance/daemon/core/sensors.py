@@ -2,9 +2,10 @@
 
 Sensors
     What every sensor gives the daemon: the tick's samples (read_samples,
-    device_samples), the convergence's discovery and write samples
-    (converge), and for the initiator groups (core/grouping.py) the IoSamples
-    of the last convergence with the time they cover, the names the
+    device_samples, utilization_samples: each resource's busy share), the
+    convergence's discovery and write samples (converge), and for the
+    initiator groups (core/grouping.py) the IoSamples of the last
+    convergence with the time they cover, the names the
     initiators logged in with, and which resources want IoSamples.  A target
     host's is sensing/target.py's TargetSensor, a bridge's
     sensing/bridge.py's BridgeSensor.  `discoveries` counts the times the
@@ -32,7 +33,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from santhrottle.controller.domain import DeviceSample, IoSample, ReadSample, WriteSample
+from santhrottle.controller.domain import (
+    DeviceSample,
+    IoSample,
+    ReadSample,
+    UtilizationSample,
+    WriteSample,
+)
 
 
 class SeenInitiator(Protocol):
@@ -61,6 +68,8 @@ class Sensors(Protocol):
     def read_samples(self) -> list[ReadSample]: ...
 
     def device_samples(self) -> list[DeviceSample]: ...
+
+    def utilization_samples(self) -> list[UtilizationSample]: ...
 
     def converge(self) -> tuple[Discovery | None, list[WriteSample]]: ...
 
