@@ -1,4 +1,4 @@
-"""A small text file an admin or a previous run wrote: read, and its words shown, without surprises.
+"""A small text file an admin or a previous run wrote: read, shown and written without surprises.
 
 read_text_file() is the one reader of the configuration, the state file and a
 scenario: a regular file's UTF-8 text up to a size, or the caller's error type
@@ -16,6 +16,9 @@ line or a log line: every character that is not printable escaped as Python
 writes it ("\\n", "\\x00"), so a key with a newline cannot forge a second
 log line.
 
+write_atomically() writes the daemon's state and meter files: a temporary file
+in the same directory, fsync, rename over the file, fsync of the directory.
+
 Worked example
     read_text_file(Path("/dev/zero"), 1 << 20, ConfigError) -> ConfigError
     "/dev/zero: not a regular file"; printable('a\\nINFO forged') -> 'a\\\\nINFO forged';
@@ -25,8 +28,10 @@ Worked example
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 
@@ -98,3 +103,26 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """path's new content, or its old one after a crash at any moment (OSError when the
+    directory cannot be written; it is created 0700 when missing)."""
+    d = path.parent
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=d)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)

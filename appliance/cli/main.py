@@ -18,7 +18,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from santhrottle.appliance.cli import daemon, datapath, fleet, groups, names, sensing, simulate
+from santhrottle.appliance.cli import (
+    daemon,
+    datapath,
+    fleet,
+    groups,
+    meter,
+    names,
+    sensing,
+    simulate,
+)
 from santhrottle.appliance.cli.common import (
     EXIT_FAILED,
     EXIT_HELP,
@@ -58,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     daemon.add_commands(sub)
     groups.add_commands(sub)
+    meter.add_commands(sub)
     fleet.add_commands(sub)
     datapath.add_commands(sub)
     sensing.add_commands(sub)

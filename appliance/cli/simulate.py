@@ -37,6 +37,7 @@ from santhrottle.appliance.cli.common import (
     path_arg,
     verb,
 )
+from santhrottle.appliance.cli.tenantsview import print_tenants
 from santhrottle.appliance.textfile import read_text_file
 from santhrottle.appliance.units import fmt_ms
 from santhrottle.sim.experiment import simulate
@@ -116,6 +117,8 @@ def _print_summary(result: dict[str, Any]) -> None:
     )
     for label, groups in result.get("groups", {}).items():
         _print_groups(label, groups)
+    if "tenants" in result:
+        print_tenants(result["tenants"])
 
 
 def _target_text(g: dict[str, Any]) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 
 from santhrottle.appliance.cli.common import Failed, column_width, ip_key
 from santhrottle.appliance.cli.groupview import print_status_groups
+from santhrottle.appliance.cli.tenantsview import fmt_util, print_levels
 from santhrottle.appliance.daemon.status.views import (
     FitView,
     InitiatorView,
@@ -58,7 +59,7 @@ def print_status(data: Any) -> None:
     names = {i.initiator: i.host for i in st.initiators if i.host}
     print(
         f"{'RESOURCE':<16} {'MODE':<8} {'THRESHOLD':>13} {'SETPT':>5} {'LAT_EWMA':>9} {'LAST':>9} "
-        f"{'CLASS':>5} {'DELAY':>8}  MEMBERS"
+        f"{'UTIL':>5} {'CLASS':>5} {'DELAY':>8}  MEMBERS"
     )
     for r in st.resources:
         th = r.threshold
@@ -68,6 +69,7 @@ def print_status(data: Any) -> None:
         print(
             f"{r.resource:<16} {r.mode:<8} {thr:>13} {'-' if sp is None else f'{sp:.2f}':>5} "
             f"{fmt_ms(r.read_latency_ewma_s):>9} {fmt_ms(r.read_latency_s):>9} "
+            f"{fmt_util(r.utilization, r.saturated):>5} "
             f"{r.delay_class:>5} {fmt_ms(r.delay_s):>8}  {members}"
         )
     print_initiators(st.initiators)
@@ -80,6 +82,8 @@ def print_status(data: Any) -> None:
             print(f"{r.resource}: {describe_fit(r.threshold.fit, r.threshold.in_force_s)}")
     if st.groups:  # [groups.NAME]: per grouped resource and group (cli/groupview.py)
         print_status_groups([to_json(g) for g in st.groups])
+    if st.levels:  # groups with elastic levels (cli/tenantsview.py)
+        print_levels(st.levels)
 
 
 def print_initiators(initiators: list[InitiatorView]) -> None:

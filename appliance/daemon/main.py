@@ -40,6 +40,7 @@ from santhrottle.appliance.version import version_line
 
 if TYPE_CHECKING:
     from santhrottle.appliance.daemon.core.fleetmode import FleetMode
+    from santhrottle.appliance.daemon.core.metering import Metering
     from santhrottle.appliance.daemon.core.sensors import BridgeSensors, Sensors
     from santhrottle.appliance.daemon.status.build import StatusCache
     from santhrottle.appliance.daemon.status.exporter import BasicAuth, MetricsServer
@@ -334,6 +335,8 @@ def serve(cfg: Config) -> int:
     from santhrottle.appliance.daemon.control.requests import one_line
     from santhrottle.appliance.daemon.core.audit import Caller
     from santhrottle.appliance.daemon.core.loop import Daemon
+    from santhrottle.appliance.daemon.core.metering import Metering
+    from santhrottle.appliance.daemon.core.meterstore import MeterStore
     from santhrottle.appliance.daemon.core.state import StateStore
     from santhrottle.appliance.daemon.status.build import StatusCache
     from santhrottle.appliance.datapath import DatapathError
@@ -371,12 +374,13 @@ def serve(cfg: Config) -> int:
             fleet=build_fleet(cfg),
         )
         views = StatusCache(daemon)  # one view per revision: the socket's and the metrics'
+        metering = Metering(daemon, MeterStore(cfg.state_dir))  # the groups' usage
         # what can be refused without touching the kernel, first
         commands = Commands(daemon, views)
         signal.signal(signal.SIGTERM, on_term)
         signal.signal(signal.SIGINT, on_term)
         server = commands.control_server(cfg.control_socket, cfg.socket_mode, cfg.socket_group)
-        metrics = start_metrics(cfg, views)
+        metrics = start_metrics(cfg, views, metering)
         if bridge is not None:  # the ports must be the bridge's before the jumps match them
             log.info("bridge: %s", prepare(cfg))
         applied = True
@@ -384,6 +388,7 @@ def serve(cfg: Config) -> int:
         if bridge is not None:
             bridge.start()
         daemon.restore(time.monotonic())  # the members apply() read back
+        metering.start()
         server.start()
         hup.start()
     except (DatapathError, OSError, ValueError) as e:
@@ -404,6 +409,7 @@ def serve(cfg: Config) -> int:
     finally:
         hup.close()
         sensors.close()
+        metering.stop()  # the last of the usage written
         daemon.shutdown()
         server.close()
         if metrics is not None:
@@ -439,7 +445,9 @@ def prepare(cfg: Config) -> str:
     return f"{st.name} {how}, ports {', '.join(st.ports)}, STP off, forward delay 0"
 
 
-def start_metrics(cfg: Config, views: StatusCache) -> MetricsServer | None:
+def start_metrics(
+    cfg: Config, views: StatusCache, metering: Metering | None = None
+) -> MetricsServer | None:
     """The Prometheus exporter (None when metrics.port is 0); OSError when the
     port is taken."""
     if not cfg.metrics_port:
@@ -447,6 +455,7 @@ def start_metrics(cfg: Config, views: StatusCache) -> MetricsServer | None:
     from santhrottle.appliance.daemon.status.exporter import MetricsServer
     from santhrottle.appliance.daemon.status.member_counters import MemberCounterReader
     from santhrottle.appliance.daemon.status.metrics import registry_for
+    from santhrottle.appliance.daemon.status.tenancy import MeterCollector
 
     tls, auth = exporter_guards(cfg)
     # the member counters through their own read-only netlink socket, per scrape; the
@@ -455,6 +464,7 @@ def start_metrics(cfg: Config, views: StatusCache) -> MetricsServer | None:
         views,
         MemberCounterReader(cfg.netns, bridged=cfg.bridge_mode),
         lambda: views.daemon.config.metrics_initiator_series,
+        None if metering is None else MeterCollector(metering, views.lock),
     )
     return MetricsServer(cfg.metrics_address, cfg.metrics_port, registry, tls=tls, auth=auth)
 

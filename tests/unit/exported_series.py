@@ -4,9 +4,10 @@ registry_for: the daemon's collector and the process collector), not listed by h
 Daemons on the unit tests' fakes, each with a part of the configuration switched on,
 so every family shows: target mode with the member counters, a threshold "auto" (its
 LQ fit's families) and a [hosts.NAME]; [groups.NAME]; [fleet] (two appliances on a
-fake engine); bridge mode's wire families on a daemon's own view with a WireView in it
-(the unit tier has no wire sensor: the collector is the real one).  A family without
-samples counts by its `# TYPE` line; a histogram by its _bucket, _sum and _count.
+fake engine); a group with levels and its meter (docs/levels.md); bridge mode's wire
+families on a daemon's own view with a WireView in it (the unit tier has no wire
+sensor: the collector is the real one).  A family without samples counts by its
+`# TYPE` line; a histogram by its _bucket, _sum and _count.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def _registries():
     from tests.unit.test_daemon import CONF, handle, make, run_for
     from tests.unit.test_daemon_fleet import Fleet
     from tests.unit.test_group_commands import grouped
+    from tests.unit.test_levels_daemon import levels_registry
 
     d, vt, _s, _a = make(CONF + HOSTS)
     run_for(d, vt, 3.0)
@@ -67,6 +69,7 @@ def _registries():
     f = Fleet()
     f.run(2.0)
     yield registry_for(StatusCache(f.daemons["a"]))
+    yield levels_registry()
     sync = [
         SyncView("10.0.0.3", 40000 + i, "10.0.0.9:3260", "iqn.x:t", "to_target", s, 0, 0.0, 0, "")
         for i, s in enumerate(SYNC_STATES)

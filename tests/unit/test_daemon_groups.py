@@ -113,17 +113,24 @@ def test_grouped_resources_follow_the_groups_resources():
     cfg = parse_config(GROUPS)
     group_of = {"10.0.0.2": "db", "10.0.0.3": "backup"}
     loads = {"10.0.0.2": {"vg0"}, "10.0.0.3": {"vg0", "vg2"}, "10.0.1.9": {"vg1"}}
-    # no group names resources: those its members load (vg1's initiator is in none)
-    assert grouping.grouped_resources(cfg, {"vg0", "vg1", "vg2"}, group_of, loads) == {
-        "vg0",
-        "vg2",
-    }
+    # no group names resources: those its members load (vg1's initiator is in none);
+    # vg2 has only backup, without a target: nothing to arbitrate, its PID keeps it
+    assert grouping.grouped_resources(cfg, {"vg0", "vg1", "vg2"}, group_of, loads) == {"vg0"}
     assert grouping.grouped_resources(cfg, {"vg0"}, group_of, loads) == {"vg0"}  # known only
     only = parse_config(
-        BRIDGE + CONF + '[groups.db]\nmembers = ["10.0.0.2"]\nresources = ["vg1", "vg9"]\n'
+        BRIDGE
+        + CONF
+        + '[groups.db]\nmembers = ["10.0.0.2"]\nresources = ["vg1", "vg9"]\n'
+        + 'latency_target = "10ms"\n'
     )
     assert grouping.grouped_resources(only, {"vg0", "vg1"}, group_of, loads) == {"vg1"}
     assert grouping.grouped_resources(parse_config(CONF), {"vg0"}, group_of, loads) == set()
+    # without a target there is nothing to arbitrate: the resources keep their PID
+    none = parse_config(BRIDGE + CONF + '[groups.db]\nmembers = ["10.0.0.2"]\n')
+    assert grouping.grouped_resources(none, {"vg0", "vg1", "vg2"}, group_of, loads) == set()
+    lv = parse_config(BRIDGE + CONF + '[groups.db]\nmembers = ["10.0.0.2"]\niops_levels = [5]\n')
+    assert grouping.grouped_resources(lv, {"vg0", "vg1", "vg2"}, group_of, loads) == set()
+    assert grouping.level_resources(lv, group_of, loads) == {"vg0"}
 
 
 def test_a_grouped_resource_needs_no_threshold():

@@ -170,6 +170,8 @@ def _status(initiators, members=()):
         reads_completed=0,
         read_time_s=0.0,
         written_bytes=0.0,
+        utilization=None,
+        saturated=False,
     )
     counters = CountersView(1, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, {}, 0, 0, {})
     st = StatusView(
@@ -187,6 +189,7 @@ def _status(initiators, members=()):
         wire=None,
         groups=[],
         quarantine=[],
+        levels=[],
         fleet=None,
     )
     return {**to_json(st), "initiators": initiators}

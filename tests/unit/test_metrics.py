@@ -65,6 +65,8 @@ SERIES = {
     "santhrottle_unordered_descents": ("counter", set()),
     "santhrottle_tick_duration_seconds": ("histogram", set()),
     "santhrottle_build_info": ("gauge", {"version", "python"}),
+    "santhrottle_resource_utilization_ratio": ("gauge", {"resource"}),
+    "santhrottle_resource_saturated": ("gauge", {"resource"}),
 }
 # prometheus_client's process collector, on the same registry (Linux: from /proc)
 PROCESS = {

@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 
-from santhrottle.appliance.config.parse import Config
+from santhrottle.appliance.config.parse import Config, GroupConfig
 from santhrottle.appliance.daemon.core.group_overrides import GroupOverride, overlay
 from santhrottle.appliance.daemon.core.groupmap import GroupMap, resolve_host
 from santhrottle.appliance.daemon.core.sensors import Discovery, Sensors
@@ -73,6 +73,8 @@ def specs(config: Config, overrides: Mapping[str, GroupOverride] | None = None) 
                 g.latency_target_s,
                 g.throughput_target_bps,
                 g.throughput_target_iops,
+                g.utilization_target,
+                g.levels,
             )
         )
     return out
@@ -88,12 +90,28 @@ def grouped_resources(
     and for a group that names none, every resource its members load (`group_of`:
     initiator -> group; `loads`: initiator -> the resources discovery sees it load).
     A resource no group reaches keeps its threshold and PID, as without groups."""
-    if not config.groups:
+    targeted = {n: g for n, g in config.groups.items() if _targeted(g)}  # levels alone cap
+    if not targeted:
         return set()
-    named = {r for g in config.groups.values() for r in g.resources}
-    free = {n for n, g in config.groups.items() if not g.resources}
+    named = {r for g in targeted.values() for r in g.resources}
+    free = {n for n, g in targeted.items() if not g.resources}
     loaded = {r for ini, g in group_of.items() if g in free for r in loads.get(ini, ())}
     return set(known) & (named | loaded)
+
+
+def _targeted(g: GroupConfig) -> bool:
+    """A group with a target makes its resources arbitrated (controller/groups.py
+    Group.targeted); one with levels alone caps itself on its resources' PIDs."""
+    return Group(g.name, 1.0, g.latency_target_s, g.throughput_target_bps,
+                 g.throughput_target_iops, g.utilization_target).targeted  # fmt: skip
+
+
+def level_resources(
+    config: Config, group_of: Mapping[str, str], loads: Mapping[str, Iterable[str]]
+) -> set[str]:
+    """The resources the groups with levels load (their IoSamples decide the levels)."""
+    with_levels = {n for n, g in config.groups.items() if g.levels}
+    return {r for ini, g in group_of.items() if g in with_levels for r in loads.get(ini, ())}
 
 
 def initiator_names(sensors: Sensors) -> dict[str, Iterable[str]]:
@@ -129,13 +147,16 @@ def refresh(
     """The groups (with their overrides), their members (`member`: membership()) and
     the grouped resources, into the controller (under the daemon's lock); the
     sensors are told which resources want IoSamples."""
-    if config.groups or ctl.grouped:
+    levels: set[str] = set()
+    if config.groups or ctl.grouped or ctl.levels.specs:
         group_of, loads = member
         grouped = grouped_resources(config, ctl.resources, group_of, loads)
+        levels = level_resources(config, group_of, loads)
         changed = configure_groups(ctl, specs(config, overrides), group_of, grouped)
         if changed:
             log.info("groups: %d initiator class(es) changed", len(changed))
-    sensors.want_io_samples(ctl.grouped)  # only the grouped resources' (none: nothing computed)
+    # only the grouped resources' and the levels' (none: nothing computed)
+    sensors.want_io_samples(set(ctl.grouped) | levels)
 
 
 def io_samples(got: list[IoSample], span_s: float | None, converge_s: float) -> list[IoSample]:

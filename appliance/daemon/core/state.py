@@ -36,12 +36,10 @@ Worked example
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -53,7 +51,7 @@ from santhrottle.appliance.addresses import AddressError, RefusedAddress, initia
 from santhrottle.appliance.config.kinds import AUTO, MAX_THRESHOLD_S, NAME_RE, KindError, quote
 from santhrottle.appliance.config.schema import MAX_CLASSES, PIN_MODES
 from santhrottle.appliance.daemon.core.group_overrides import GroupOverride, from_json, to_json
-from santhrottle.appliance.textfile import read_text_file
+from santhrottle.appliance.textfile import read_text_file, write_atomically
 
 log = logging.getLogger("santhrottled")
 
@@ -204,24 +202,7 @@ class StateStore:
 
     def save(self, s: Saved) -> None:
         """Write atomically; OSError when the directory cannot be written."""
-        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        data = encode(s, self.clock())
-        fd, tmp = tempfile.mkstemp(prefix=".state.", dir=self.dir)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        dfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_atomically(self.path, encode(s, self.clock()))
 
 
 class StateKeeper:

@@ -28,6 +28,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from santhrottle.appliance.daemon.core.group_overrides import to_json
+from santhrottle.appliance.daemon.status.tenancy import level_rows
 from santhrottle.appliance.daemon.status.views import (
     CountersView,
     FitView,
@@ -120,6 +121,7 @@ def status(daemon: Daemon) -> StatusView:
         wire=wire(daemon),
         groups=groups(daemon),
         quarantine=quarantine(daemon),
+        levels=level_rows(daemon.ctl),
         fleet=None if daemon.fleet is None else daemon.fleet.status(),
     )
 
@@ -150,6 +152,8 @@ def resource_rows(daemon: Daemon) -> list[ResourceView]:
                 reads_completed=tot.reads_completed if tot else 0,
                 read_time_s=tot.read_time_s if tot else 0.0,
                 written_bytes=tot.written_bytes if tot else 0.0,
+                utilization=daemon.ctl.utilization.last.get(name),
+                saturated=name in daemon.ctl.utilization.saturated,
             )
         )
     return rows

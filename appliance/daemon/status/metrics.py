@@ -67,6 +67,7 @@ from prometheus_client.utils import floatToGoString
 
 from santhrottle.appliance.daemon.status.fleet_metrics import fleet_families
 from santhrottle.appliance.daemon.status.group_metrics import group_families
+from santhrottle.appliance.daemon.status.tenancy import tenancy_families
 from santhrottle.appliance.daemon.status.views import (
     CountersView,
     FitView,
@@ -161,6 +162,7 @@ class DaemonCollector(Collector):
             yield from wire_families(st.wire)
         if st.groups:  # [groups.NAME] configured and on a resource
             yield from group_families(st.groups)
+        yield from tenancy_families(st)  # utilization, levels (status/tenancy.py)
         if st.fleet is not None:  # [fleet] configured (status/fleet_metrics.py)
             yield from fleet_families(st.fleet)
         info = GaugeMetricFamily(
@@ -442,12 +444,16 @@ def registry_for(
     source: StatusSource,
     read_members: Callable[[], MemberCounters] | None = None,
     initiator_series: Callable[[], int | None] | None = None,
+    meter: Collector | None = None,
 ) -> CollectorRegistry:
     """A registry with the daemon's collector (source: status/build.py's StatusCache)
     and the process collector (process_*); read_members: the member sets' counters
     (status/member_counters.py), None to leave those series out; initiator_series:
-    how many initiators keep their own series (read at each scrape; None: all)."""
+    how many initiators keep their own series (read at each scrape; None: all);
+    meter: the meter's counters (status/tenancy.py)."""
     reg = CollectorRegistry(auto_describe=False)
     reg.register(DaemonCollector(source, read_members, initiator_series))
     ProcessCollector(registry=reg)
+    if meter is not None:
+        reg.register(meter)
     return reg

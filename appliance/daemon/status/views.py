@@ -2,8 +2,8 @@
 
 What it owns
     One dataclass per thing shown (StatusView and its parts: ResourceView,
-    ThresholdView, InitiatorView, CountersView, GroupView, WireView, SyncView,
-    QuarantineView), each field named once here: status/build.py fills them
+    ThresholdView, InitiatorView, CountersView, GroupView, LevelView, WireView,
+    SyncView, QuarantineView), each field named once here: status/build.py fills them
     from the daemon, status/metrics.py turns them into metric families, the
     control socket sends them as JSON (to_json) and the command line reads
     them back (from_json) to print its tables.  The JSON names are the field
@@ -91,6 +91,10 @@ class ResourceView:
     reads_completed: int
     read_time_s: float
     written_bytes: float
+    # its device's busy share over the last convergence (None: not measured) and
+    # whether that counts as over its threshold (controller/utilization.py)
+    utilization: float | None
+    saturated: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +183,23 @@ class SyncView:
 
 
 @dataclass(frozen=True, slots=True)
+class LevelView:
+    """One Levels of a group with elastic levels (controller/levels.py)."""
+
+    group: str
+    levels: str  # "iops", "read_iops", "bandwidth", ... (the config key's stem)
+    level: int  # 0: the baseline
+    caps: list[float]  # per second: IOs or bytes
+    rate: float  # the last convergence's, per second
+    delay_s: float  # what its cap asks
+    delay_class: int  # the group's level class in force
+    target_class: int
+    headroom: bool  # every resource it loaded had room at the last convergence
+    promotions: int
+    demotions: int
+
+
+@dataclass(frozen=True, slots=True)
 class WireView:
     """Bridge mode: the wire sensor's counts since the start (sensing/bridge.py), the
     sync of each connection direction, the resources holding their class because
@@ -220,6 +241,7 @@ class StatusView:
     wire: WireView | None
     groups: list[GroupView]
     quarantine: list[QuarantineView]  # what the kernel refused, retried with backoff
+    levels: list[LevelView]  # the groups' elastic levels (docs/levels.md)
     # [fleet]: members, leaders, epochs, the engine's lag (core/fleetmode.py); None alone
     fleet: dict[str, Any] | None
 
