@@ -133,6 +133,7 @@ BENCHES: dict[str, Callable[[], dict]] = {
     "groups": _lazy("bench_groups", "bench_groups"),
     "fleet": _lazy("bench_fleet", "bench_fleet"),
     "simulator": _lazy("bench_sim", "bench_sim"),
+    "tenants": _lazy("bench_tenants", "bench_tenants"),
 }
 
 
