@@ -5,7 +5,7 @@ LAB := vagrant/qemu/lab.py
 # The known plant of make lab, lab-ci, lab-plant and lab-auto-fit (report.py's PAPER_ARRAY).
 LAB_PLANT := c_ms=2,m_ms=5
 
-.PHONY: lab-deps lab-up lab lab-nvme lab-curves lab-curves-nvme lab-ipv6 lab-tlp lab-nullb lab-test lab-ci lab-faults lab-plant lab-auto-fit lab-auto-fit-host lab-bridge lab-groups lab-fleet lab-wire-corpus lab-run lab-clean
+.PHONY: lab-deps lab-up lab lab-nvme lab-curves lab-curves-nvme lab-ipv6 lab-tlp lab-nullb lab-test lab-ci lab-faults lab-plant lab-auto-fit lab-auto-fit-host lab-bridge lab-groups lab-levels lab-fleet lab-wire-corpus lab-run lab-clean
 
 # apt-get install what the lab needs on the host (root; idempotent), with the
 # known plant's nbdkit (lab.py --array nbd; docs/lab.md).
@@ -109,6 +109,16 @@ lab-groups: setup
 	$(LAB_PY) $(LAB) --array nbd:$(or $(PLANT),$(GROUPS_PLANT)) run --timeout 2400 \
 		vagrant/experiments/groups_lab.py $(ARGS)
 	$(VPY) vagrant/experiments/groups_compare.py
+
+# Elastic levels, utilization and metering in the lab (docs/levels.md, "In the lab"): two
+# tenant groups with IOPS levels through the bridge on the m = 10 ms plant, a kill -9 of
+# the daemon, the wire's utilization against iostat -x at four loads; then the simulator
+# on the same plant and schedules (levels_compare.py), ~10 min.
+LEVELS_PLANT := c_ms=10,m_ms=10
+lab-levels: setup
+	$(LAB_PY) $(LAB) --array nbd:$(or $(PLANT),$(LEVELS_PLANT)) run --timeout 2400 \
+		vagrant/experiments/levels_lab.py $(ARGS)
+	$(VPY) vagrant/experiments/levels_compare.py
 
 # A fleet in the lab (docs/fleet.md): two bridge appliances on two fabrics, each iSCSI
 # initiator on a dm-multipath device over both, a 3-member etcd cluster in namespaces;

@@ -93,6 +93,7 @@ HOST_PACKAGES = [
     "iproute2",
     "nvme-cli",
     "procps",
+    "sysstat",  # levels_lab.py: iostat -x, the reference of the utilization
 ]
 
 # Modules the initramfs loads (in dependency order, resolved from modules.dep).

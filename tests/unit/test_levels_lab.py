@@ -1,0 +1,78 @@
+"""The lab's levels experiment's host side (vagrant/experiments/levels_compare.py) on a
+made-up run: the scenario it writes, the calibration, the comparisons."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from santhrottle.sim.plant import Closed, Device, closed_latency
+from santhrottle.sim.scenario import parse_scenario
+
+COMPARE_PY = Path(__file__).parents[2] / "vagrant" / "experiments" / "levels_compare.py"
+
+
+@pytest.fixture(scope="module")
+def lc():
+    spec = importlib.util.spec_from_file_location("santhrottle_levels_compare", COMPARE_PY)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+LAB = {
+    "args": {
+        "levels": [5.0, 10.0, 20.0, 40.0],
+        "schedule_a": [[3, "rate", 2], [4, "qd", 4]],
+        "schedule_b": [[5, "rate", 2]],
+        "burst_qd": 4,
+    },
+    "array": {"c_ms": 10.0, "m_ms": 10.0},
+    "initiators": ["10.0.0.2", "10.0.0.3", "10.0.0.4"],
+    "levels": {
+        "start_epoch": 100.0,
+        "rows": [
+            {"epoch": 100.0 + t, "levels": {"tenant-a": {"level": lv}, "tenant-b": {"level": 0}}}
+            for t, lv in enumerate([0, 0, 0, 1, 2, 3, 3])
+        ],
+        "target_retrans": {"TcpRetransSegs": 0},
+    },
+    "utilization": [
+        {
+            "load": "rate=5",
+            "iostat_util_pct": [0, 0, 10.0, 12.0],
+            "daemon": [{"utilization": {"array": u}} for u in (0.0, 0.0, 0.11, 0.13)],
+        },
+    ],
+}
+
+
+def test_the_scenario_has_the_plant_the_schedules_and_the_levels(lc):
+    sc = parse_scenario(lc.scenario(LAB, 0.002))
+    assert sc.resources[0].intercept_s == 0.010 and sc.resources[0].slope_s_per_io == 0.010
+    a = [s for s in sc.streams if s.initiator == "10.0.0.2"]
+    assert [(s.depth, round(s.rate_iops, 6), s.schedule.start_s) for s in a] == [
+        (1, 2.0, 0.0),
+        (4, 0.0, 3.0),
+    ]
+    assert sc.groups[0].group.levels[0].caps == (5.0, 10.0, 20.0, 40.0)
+    assert not sc.groups[0].group.targeted  # levels alone: the PID keeps the resource
+
+
+def test_the_path_is_calibrated_to_what_the_lab_moved(lc):
+    path = lc.overhead_s(0.010, 0.010, 4, 30.0)
+    _, rates = closed_latency(Device(0.010, 0.010), 0.0, [Closed(4, path), Closed(4, path)])
+    assert rates[0] == pytest.approx(30.0, rel=1e-6)
+
+
+def test_levels_and_utilization_are_compared_second_by_second(lc):
+    sim = {
+        "tenant-a": [(float(t), lv) for t, lv in enumerate([0, 0, 0, 1, 1, 2, 3])],
+        "tenant-b": [(float(t), 0) for t in range(7)],
+    }
+    got = lc.compare_levels(LAB, sim)["tenant-a"]
+    assert got["max_level_difference"] == 1 and got["within_one_level"] == 1.0
+    assert got["seconds_lab"] == {"5": 3.0, "10": 1.0, "20": 1.0, "40": 2.0}
+    assert got["promotions_lab"] == 3 and got["promotions_sim"] == 3
+    (u,) = lc.compare_utilization(LAB)
+    assert u["daemon_pct"] == pytest.approx(12.0) and u["points"] == pytest.approx(1.0)
