@@ -38,10 +38,12 @@ $(APT_STAMP): Makefile
 	fi
 	@mkdir -p $(VENV) && touch $@
 
-$(VENV_STAMP): pyproject.toml
+# The lab kit (vagrant/labkit: the QEMU lab's runner and the experiments' kit) beside
+# the project, editable, as the lab's guest venv has it.
+$(VENV_STAMP): pyproject.toml vagrant/pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q -e '.[dev]'
+	$(VPY) -m pip install -q -e '.[dev]' -e vagrant
 	@touch $@
 
 test: setup

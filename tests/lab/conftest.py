@@ -3,7 +3,7 @@
 Two halves, chosen by SANTHROTTLE_IN_GUEST:
 
 On the host (the default) lab-marked items are never run locally.  The first
-item of a guest group boots ONE guest for the group (vagrant/qemu/lab.py:
+item of a guest group boots ONE guest for the group (the lab kit's runner, labkit.qemu:
 installs the host packages if missing, fetches Debian's kernel, builds
 initramfs and venv, all cached) that runs ``pytest -m lab <the group's
 selected node ids>`` in the same checkout at the
@@ -23,15 +23,14 @@ timeout on a busy machine.  The boot's wall time and that margin are
 printed.
 
 In the guest (SANTHROTTLE_IN_GUEST=1) the tests just run, with the fixtures
-below bringing the storage topology up (vagrant/qemu/guest/topology.py).
+below bringing the storage topology up (labkit.topology).
 
 Environment: SANTHROTTLE_LAB_TIMEOUT (each guest run's limit, s, default 1800), and
-everything vagrant/qemu/lab.py reads (SANTHROTTLE_LAB_CACHE, _QEMU, ...).
+everything the lab runner reads (SANTHROTTLE_LAB_CACHE, _QEMU, ...: vagrant/qemu/README.md).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shlex
@@ -44,8 +43,6 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 CHECKOUT = HERE.parent.parent
-LAB_PY = CHECKOUT / "vagrant" / "qemu" / "lab.py"
-TOPOLOGY_PY = CHECKOUT / "vagrant" / "qemu" / "guest" / "topology.py"
 IN_GUEST = os.environ.get("SANTHROTTLE_IN_GUEST") == "1"
 REPORT_PLUGIN = "lab_guest_report"  # tests/lab/lab_guest_report.py
 CONSOLE_TAIL_LINES = 60
@@ -75,16 +72,6 @@ def _in_guest_session(item) -> bool:
     closed-loop experiment, which boots its own guest) must run on the host.
     """
     return _is_lab(item) and HERE in Path(str(item.path)).parents
-
-
-def _load(name: str, path: Path):
-    mod = sys.modules.get(name)
-    if mod is None:
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -124,17 +111,17 @@ class _GuestSession:
             tr.write_line(line)
 
     def _run(self) -> None:
-        try:
-            lab_mod = _load("santhrottle_lab_runner", LAB_PY)
+        try:  # the lab kit's runner (vagrant/labkit, installed by `make setup`)
+            from labkit import images, qemu
         except Exception as e:  # a broken runner is a failure, not a skip
-            self.error = f"cannot load {LAB_PY}: {e!r}"
+            self.error = f"cannot load the lab runner (labkit): {e!r}"
             return
         items = [i for i in self.session.items if _in_guest_session(i) and _group(i) == self.group]
         t0 = time.monotonic()
-        lab = lab_mod.Lab(log=self._say)
         try:
-            prep = lab.up()
-        except lab_mod.LabUnavailable as e:
+            settings = images.Settings.from_env(log=self._say)
+            prep = images.prepare(settings)
+        except images.LabUnavailable as e:
             self.unavailable = str(e)
             return
         except Exception as e:
@@ -145,7 +132,7 @@ class _GuestSession:
         report = "/shared/work/reports.jsonl"
         cmd = shlex.join(
             [
-                f"{prep['venv']}/bin/python",
+                f"{prep.venv}/bin/python",
                 "-m",
                 "pytest",
                 "-p",
@@ -163,12 +150,12 @@ class _GuestSession:
         cmd = f"cd {shlex.quote(rootdir)} && exec {cmd}"
         timeout = float(os.environ.get("SANTHROTTLE_LAB_TIMEOUT", DEFAULT_TIMEOUT_S))
         self._say(
-            f"ready in {t_up:.1f} s (kernel {prep['kernel']['kv']}); booting the {self.group} "
+            f"ready in {t_up:.1f} s (kernel {prep.kernel.kv}); booting the {self.group} "
             f"guest for {len(items)} tests (timeout {timeout:.0f} s)"
         )
         env = {"PYTHONPATH": str(HERE), "SANTHROTTLE_LAB_REPORT": report}
         try:
-            res = lab.run(cmd, timeout=timeout, env=env, prepared=prep)
+            res = qemu.run(settings, cmd, timeout=timeout, env=env, prepared=prep)
         except Exception as e:
             self.error = f"lab run failed: {e}"
             return
@@ -275,16 +262,14 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 # ==================================================================== guest
-def _topology_module():
-    return _load("santhrottle_lab_topology", TOPOLOGY_PY)
-
-
 @pytest.fixture(scope="session")
 def topo_mod():
-    """vagrant/qemu/guest/topology.py as a module (guest only)."""
+    """The lab's topology (labkit.topology; guest only)."""
     if not IN_GUEST:
         pytest.skip("lab fixtures run inside the lab guest only")
-    return _topology_module()
+    from labkit import topology
+
+    return topology
 
 
 @pytest.fixture(scope="session")

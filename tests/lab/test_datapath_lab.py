@@ -14,21 +14,17 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from labkit import fio, probes, topology
+from labkit.curves import DEVICE, NETNS, PORTS, WARMUP_SIZE, curve, diff, fit
+from labkit.curves import counters as tcp_counters
 
 pytestmark = pytest.mark.lab
 
-EXPERIMENTS = Path(__file__).resolve().parents[2] / "vagrant" / "experiments"
-sys.path.insert(0, str(EXPERIMENTS))  # the lab's measuring helpers, shared with the experiments
-import measure as m  # noqa: E402
-
-NETNS, DEVICE, PORTS = m.NETNS, m.DEVICE, m.PORTS
-sh, tcp_counters, fio_once = m.sh, m.tcp_counters, m.fio_once
-curve, summarize = m.curve, m.summarize
+sh = topology.sh
 
 # CI subset: one initiator, 64k qd1, these delays (ms); R^2 floor from the issue.
 # The lab's shared disk is QEMU-throttled and the host's other guests share
@@ -128,7 +124,7 @@ def test_time_grows_linearly_with_delay(topology, datapath):
             datapath, ini["initiator_ip"], ini["device"], mode, rw, "64k", 1, CI_SIZE,
             CI_DELAYS_MS,
         )  # fmt: skip
-        out[mode] = s = summarize(pts)
+        out[mode] = s = fit(pts)
         print(
             f"{mode}/{rw}: {[round(p['mb_s'], 1) for p in pts]} MB/s at {CI_DELAYS_MS} ms; "
             f"fit {s['intercept_s_per_gb']:.1f} + {s['slope_s_per_gb_per_ms']:.1f} s/GB per ms, "
@@ -157,7 +153,7 @@ SETTLE_AFTER_READER_S = 20.0
 
 def _reads_done(device: str) -> int:
     """Reads completed on the initiator's block device."""
-    return m.diskstats()[Path(device).resolve().name][0]
+    return probes.all_diskstats()[Path(device).resolve().name][0]
 
 
 def _start_reader(device: str) -> subprocess.Popen:
@@ -208,7 +204,7 @@ def _descend(
     from santhrottle.appliance.datapath import glide_status
 
     d.set_classes({ip: start_class}, mode="read", ordered=ordered)
-    fio_once(device, "read", "64k", 4, m.WARMUP_SIZE, offset=CI_SIZE)  # RTT settles
+    fio.once(device, "read", "64k", 4, WARMUP_SIZE, offset=CI_SIZE)  # RTT settles
     c0 = tcp_counters()
     reader = _start_reader(device)
     delays = []
@@ -267,7 +263,7 @@ def _descend(
             break
     print(f"handed out after the reader: {time.monotonic() - t0:.2f} s, {rounds} settle() calls")
     look("after the reader")
-    out = m.diff(c0, tcp_counters())
+    out = diff(c0, tcp_counters())
     out["descents"] = n
     out["glide_delays_us"] = delays
     out["seen_after"] = seen

@@ -16,10 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from labkit.plant import host_missing
 
 CHECKOUT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(CHECKOUT / "vagrant" / "qemu"))
-from hostarray import missing  # noqa: E402
 
 pytestmark = pytest.mark.privileged
 SCRIPT = CHECKOUT / "vagrant" / "experiments" / "auto_fit_host.py"
@@ -28,7 +27,7 @@ BOUND = 0.20
 
 
 def test_the_daemon_fits_the_plants_line(tmp_path):
-    why = missing()
+    why = host_missing()
     if why:
         pytest.skip(why)
     out = tmp_path / "out"

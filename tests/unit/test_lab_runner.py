@@ -1,45 +1,26 @@
-"""vagrant/qemu/lab.py refuses, with one clear error, what can only fail later in the guest."""
-
-import importlib.util
-from pathlib import Path
+"""The lab runner (labkit.images, labkit.qemu) refuses, with one clear error, what can only
+fail later in the guest; the topology's plan."""
 
 import pytest
-
-LAB_PY = Path(__file__).resolve().parents[2] / "vagrant" / "qemu" / "lab.py"
-
-
-@pytest.fixture(scope="module")
-def lab():
-    spec = importlib.util.spec_from_file_location("santhrottle_lab_runner_unit", LAB_PY)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from labkit import images, topology
+from labkit.images import LabError, Settings
 
 
 @pytest.mark.parametrize("checkout", ["/tmp/ci/main", "/run/x", "/dev/shm/y"])
-def test_checkout_on_a_guest_tmpfs_is_refused(lab, checkout, tmp_path):
-    runner = lab.Lab(checkout=checkout, cache=tmp_path, log=lambda _msg: None)
-    with pytest.raises(lab.LabError, match=r"mounts as an empty tmpfs"):
-        runner.up()
+def test_checkout_on_a_guest_tmpfs_is_refused(checkout, tmp_path):
+    s = Settings.from_env(checkout=checkout, cache=tmp_path, log=lambda _msg: None)
+    with pytest.raises(LabError, match=r"mounts as an empty tmpfs"):
+        images.prepare(s)
     assert not (tmp_path / ".lock").exists()  # refused before touching anything
 
 
-def test_refuses_to_run_inside_the_guest(lab, monkeypatch, tmp_path):
+def test_refuses_to_run_inside_the_guest(monkeypatch, tmp_path):
     monkeypatch.setenv("SANTHROTTLE_IN_GUEST", "1")
-    with pytest.raises(lab.LabError, match="this is the lab guest already"):
-        lab.Lab(cache=tmp_path, log=lambda _msg: None).up()
+    with pytest.raises(LabError, match="this is the lab guest already"):
+        images.prepare(Settings.from_env(cache=tmp_path, log=lambda _msg: None))
 
 
-@pytest.fixture(scope="module")
-def topology():
-    path = LAB_PY.parent / "guest" / "topology.py"
-    spec = importlib.util.spec_from_file_location("santhrottle_lab_topology_unit", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_topology_plan_spreads_initiators_over_links(topology):
+def test_topology_plan_spreads_initiators_over_links():
     t = topology.plan(luns=3, nvme=0, links=2)
     assert [x["target_device"] for x in t["iscsi"]] == ["lab-tgt", "lab-tgt1", "lab-tgt"]
     assert t["links"] == [
@@ -51,7 +32,7 @@ def test_topology_plan_spreads_initiators_over_links(topology):
         topology.plan(luns=2, nvme=0, links=3)
 
 
-def test_topology_ipv6_plan_gives_one_iscsi_initiator_and_the_nvme_host_ula(topology):
+def test_topology_ipv6_plan_gives_one_iscsi_initiator_and_the_nvme_host_ula():
     t = topology.plan(luns=4, nvme=1, ipv6_iscsi=(3,), ipv6_nvme=(0,))
     assert [(x["family"], x["initiator_ip"], x["portal"]) for x in t["iscsi"]][2:] == [
         (4, "10.0.0.4", "10.0.0.13"),
@@ -65,7 +46,7 @@ def test_topology_ipv6_plan_gives_one_iscsi_initiator_and_the_nvme_host_ula(topo
         topology.plan(luns=1, nvme=0, ipv6_nvme=(0,))
 
 
-def test_topology_ipv6_addresses_skip_dad_and_route_by_128(topology, monkeypatch):
+def test_topology_ipv6_addresses_skip_dad_and_route_by_128(monkeypatch):
     batches = []
     monkeypatch.setattr(topology, "sh", lambda cmd, input=None, **_: batches.append(input))
     t = topology.plan(luns=2, nvme=1, ipv6_iscsi=(1,), ipv6_nvme=(0,))

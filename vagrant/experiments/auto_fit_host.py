@@ -8,19 +8,19 @@ seen through a loop device instead of QEMU. Runs ON THE HOST, as root.
 
 (docs/lab.md, "The daemon's fit on this host's kernel".)  The plant is lab.py's
 (vagrant/qemu/lqarray.py in nbdkit, the same parameters), attached as /dev/loopN
-through nbdfuse (vagrant/qemu/hostarray.py), so that the IOs the daemon's sensor
+through nbdfuse (labkit.plant.HostArray), so that the IOs the daemon's sensor
 counts in /proc/diskstats cross only this kernel's block layer, FUSE and a unix
 socket on their way to the plant, not QEMU's NBD client and an emulated guest.
 santhrottled runs with the product's defaults in a network namespace of its own
 (a veth, `leaf = "pfifo"`: this kernel has no netem; nothing is delayed), with one
 declared resource, `devices = ["loopN"]`, `threshold = "auto"` and no fallback.
-The load is auto_fit_lab.py's: the reader (4 KiB random reads, QD1, 256 kB/s) runs
-throughout, 0, 1, 2, 3, 6, 9 and 12 sequential 128 KiB QD1 writers `--step` s
-each, `--rounds` times, a fresh daemon per repetition; every second the daemon's
-status, the loop device's diskstats and the plant's own counters. The report is
-auto_fit_lab.py's: the daemon's C, m, R^2 and threshold against the configured
-plant, and a plain least-squares fit of the loop device's 1 s windows. Results:
-OUT/auto-fit.json and a table on stdout.
+The load and the report are auto_fit_lab.py's (labkit.autofit): the reader (4 KiB
+random reads, QD1, 256 kB/s) throughout, 0, 1, 2, 3, 6, 9 and 12 sequential 128 KiB
+QD1 writers `--step` s each, `--rounds` times, a fresh daemon per repetition; every
+second the daemon's status, the loop device's diskstats and the plant's own counters;
+the daemon's C, m, R^2 and threshold against the configured plant, and a plain
+least-squares fit of the loop device's 1 s windows. Results: OUT/auto-fit.json and a
+table on stdout.
 """
 
 from __future__ import annotations
@@ -34,18 +34,12 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-CHECKOUT = HERE.parents[1]
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(CHECKOUT / "vagrant" / "qemu"))
-import auto_fit_lab  # noqa: E402
-import plant_lab  # noqa: E402
-from hostarray import HostArray, HostArrayError, end, missing  # noqa: E402
-from lab import LabError, parse_array  # noqa: E402
+from labkit import autofit
+from labkit.daemon import Daemon
+from labkit.plant import HostArray, PlantError, host_missing, parse_array
 
-BIN = Path(sys.executable).parent
+CHECKOUT = Path(__file__).resolve().parents[2]
 RESOURCE = "array"
-START_TIMEOUT_S = 30.0
 
 
 class NetNs:
@@ -57,8 +51,10 @@ class NetNs:
     def __enter__(self) -> NetNs:
         subprocess.run(["ip", "netns", "add", self.name], check=True)
         try:
-            subprocess.run(["ip", "-n", self.name, "link", "add", self.dev, "type", "veth",
-                            "peer", "st-af1"], check=True)  # fmt: skip
+            subprocess.run(
+                ["ip", "-n", self.name, "link", "add", self.dev, "type", "veth", "peer", "st-af1"],
+                check=True,
+            )
             subprocess.run(["ip", "-n", self.name, "link", "set", self.dev, "up"], check=True)
         except BaseException:
             self.__exit__()
@@ -69,70 +65,63 @@ class NetNs:
         subprocess.run(["ip", "netns", "del", self.name], check=False)
 
 
-def start_daemon(ns: NetNs, device: str, out: Path, name: str) -> tuple[subprocess.Popen, str]:
-    from santhrottle.appliance.daemon.control import request
-
-    sock = str(out / f"{name}.sock")
-    conf = out / f"santhrottle-{name}.toml"
-    conf.write_text(
-        f'[daemon]\ncontrol_socket = "{sock}"\nnetns = "{ns.name}"\n'
-        f'state_dir = "{out / f"state-{name}"}"\n'
-        f'[datapath]\ndevices = ["{ns.dev}"]\nleaf = "pfifo"\nlink_speed = "10gbit"\n'
-        f'[metrics]\nport = 0\n[resources.{RESOURCE}]\nthreshold = "auto"\n'
-        f'devices = ["{device}"]\n'
-    )
-    log = open(out / f"santhrottled-{name}.log", "w")  # noqa: SIM115 (the child's)
-    proc = subprocess.Popen([str(BIN / "santhrottled"), "--config", str(conf)],
-                            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-    log.close()
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
-        try:
-            request(sock, "ping")
-            return proc, sock
-        except Exception:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                end(proc, timeout_s=30.0)
-                raise RuntimeError(f"santhrottled did not start: see {log.name}") from None
-            time.sleep(0.05)
+def daemon(ns: NetNs, device: str, out: Path, name: str) -> Daemon:
+    """santhrottled in the namespace's veth, classifying without delaying (pfifo: this
+    kernel has no netem), one declared resource on the loop device, threshold "auto"."""
+    conf = {
+        "daemon": {
+            "control_socket": str(out / f"{name}.sock"),
+            "netns": ns.name,
+            "state_dir": str(out / f"state-{name}"),
+        },
+        "datapath": {"devices": [ns.dev], "leaf": "pfifo", "link_speed": "10gbit"},
+        "metrics": {"port": 0},
+        "resources": {RESOURCE: {"threshold": "auto", "devices": [device]}},
+    }
+    return Daemon(name, conf, out, nice=0)
 
 
-def one_rep(a, ns: NetNs, arr: HostArray, rep: int, cfg: dict) -> dict:
+def one_rep(a: argparse.Namespace, ns: NetNs, arr: HostArray, rep: int, cfg: dict) -> dict:
     dev = f"/dev/{arr.device}"
-    name = f"auto-{rep}"
-    daemon, sock = start_daemon(ns, arr.device, a.out, name)
-    w = auto_fit_lab.Watch(RESOURCE, arr.device, [], sock=sock, server_stats=arr.server_stats)
+    d = daemon(ns, arr.device, a.out, f"auto-{rep}")
+    d.start()
+    w = autofit.watcher(d, RESOURCE, arr.device, [], plant_stats=arr.server_stats)
     try:
         time.sleep(2.0)  # a first tick
         # the reader in region 0, the writers from region 1 on, each in its own
-        schedule = auto_fit_lab.run_levels(
-            a, w, dev, lambda n: [plant_lab.writers(a, dev, n, 1, a.step)] if n else []
+        schedule = autofit.run_levels(
+            a, w, dev, lambda n: [autofit.writers(a, dev, n, 1)] if n else []
         )
     finally:
-        end(daemon, timeout_s=30.0)
-    return auto_fit_lab.result(rep, w, schedule, cfg)
+        d.stop(cleanup=None, timeout_s=30.0)
+    return autofit.result(rep, w, arr.device, schedule, cfg)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--array", default="nbd:c_ms=2,m_ms=5",
-                    help="the plant, as lab.py --array takes it")  # fmt: skip
+    ap.add_argument(
+        "--array", default="nbd:c_ms=2,m_ms=5", help="the plant, as lab.py --array takes it"
+    )
     ap.add_argument("--out", type=Path, default=CHECKOUT / "results" / "auto-fit-host")
-    auto_fit_lab.add_load_args(ap)
+    autofit.add_load_args(ap)
     a = ap.parse_args()
     a.out = a.out.resolve()  # the daemon's paths are absolute
     try:
         cfg = parse_array(a.array)
-    except LabError as e:
+    except PlantError as e:
         print(f"auto_fit_host: --array: {e}", file=sys.stderr)
         return 2
-    why = missing()
+    why = host_missing()
     if cfg is None or why:
         print(f"auto_fit_host: {why or 'no plant (--array nbd:...)'}", file=sys.stderr)
         return 2
     a.out.mkdir(parents=True, exist_ok=True)
-    raw: dict = {"args": {k: str(v) for k, v in vars(a).items()}, "config": cfg,
-                 "kernel": os.uname().release, "reps": []}  # fmt: skip
+    raw: dict = {
+        "args": {k: str(v) for k, v in vars(a).items()},
+        "config": cfg,
+        "kernel": os.uname().release,
+        "reps": [],
+    }
     t_all = time.monotonic()
     try:
         with (
@@ -143,13 +132,13 @@ def main() -> int:
             print(f"plant {cfg} on /dev/{arr.device}", flush=True)
             for rep in range(a.reps):
                 raw["reps"].append(one_rep(a, ns, arr, rep, cfg))
-    except (HostArrayError, RuntimeError, subprocess.CalledProcessError) as e:
+    except (PlantError, RuntimeError, subprocess.CalledProcessError) as e:
         print(f"auto_fit_host: {e}", file=sys.stderr)
         return 1
     finally:
         raw["wall_s"] = time.monotonic() - t_all
         (a.out / "auto-fit.json").write_text(json.dumps(raw))
-    auto_fit_lab.summary(raw["reps"], cfg)
+    autofit.summary(raw["reps"], cfg)
     print(f"wall {raw['wall_s']:.0f} s; results {a.out / 'auto-fit.json'}")
     return 0
 

@@ -64,17 +64,15 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import closed_loop  # noqa: E402
-import plant_lab  # noqa: E402
-import topology  # noqa: E402  (closed_loop put vagrant/qemu/guest on the path)
+from labkit import fio, probes, topology
+from labkit.analysis import READ_TICKS, READS
+from labkit.daemon import Daemon, bridge_config, not_answering
+from labkit.sampler import Probe, Sampler
 
-SOCK = closed_loop.SOCK
+SOCK = "/run/santhrottle-exp/control.sock"
 NAME = "bridge"  # the daemon's config and log: santhrottle-bridge.toml, santhrottled-bridge.log
 # the wire sensor's counts per phase: what it matched, what it could not, what it lost
 WIRE_KEYS = ("completions", "unmatched", "replaced", "capture_frames", "capture_kernel_drops")
@@ -83,96 +81,63 @@ STREAM_BYTES = 256 << 20
 # The stream's source port: one of the data path's ports (its rules match it) that the
 # wire sensor does not read (its capture filter takes 3260 and 4420 only).
 STREAM_PORT = 5001
+SAMPLE_S = 1.0
+# the bridge's set-up comes first in bridge mode: a longer start than the target's
+START_S = 120.0
 
 
 # ------------------------------------------------------------------ daemon
-def daemon_config(t: dict, out: Path, leaf: str = "netem", ports: str = "") -> Path:
-    b = t["bridge"]
+def daemon(t: dict, out: Path, leaf: str = "netem", ports: list[int] | None = None) -> Daemon:
+    """santhrottled in bridge mode on lab-br, observing: one resource per reader volume
+    (iSCSI LUN 0, NVMe/TCP namespace 1 of nvme0), one for the writers' volumes."""
     lun0, nvme0 = t["iscsi"][0], t["nvme"][0]
     writers = [f"iscsi://{x['portal']}:{x['port']}/*/*" for x in t["iscsi"][1:]]
     writers += [f"nvme://{x['traddr']}:{x['port']}/*/*" for x in t["nvme"][1:]]
-    conf = out / f"santhrottle-{NAME}.toml"  # closed_loop.stop_daemon's name for it
-    conf.write_text(
-        f'[daemon]\nmode = "bridge"\ncontrol_socket = "{SOCK}"\nnetns = "{b["netns"]}"\n'
-        f'state_dir = "{out / "state"}"\n'
-        f'[bridge]\nname = "{b["name"]}"\ninitiator_port = "{b["initiator_port"]}"\n'
-        f'array_port = "{b["array_port"]}"\n'
-        f'[datapath]\nlink_speed = "10gbit"\nleaf = "{leaf}"\n{ports}[metrics]\nport = 0\n'
-        f'[resources.r_iscsi]\nvolumes = ["iscsi://{lun0["portal"]}:{lun0["port"]}/'
-        f'{lun0["iqn"]}/0"]\n'
-        f'[resources.r_nvme]\nvolumes = ["nvme://{nvme0["traddr"]}:{nvme0["port"]}/'
-        f'{nvme0["nqn"]}/1"]\n'
-        f"[resources.writers]\nvolumes = {json.dumps(writers)}\n"
-    )
-    return conf
-
-
-def start_daemon(conf: Path, out: Path) -> subprocess.Popen:
-    # the bridge's set-up comes first in bridge mode: a longer start than the target's
-    p = closed_loop.launch_daemon(conf, out / f"santhrottled-{NAME}.log", timeout_s=120.0)
-    closed_loop.first_status(SOCK)
-    return p
+    conf = bridge_config(t["bridge"], SOCK, out / "state", leaf=leaf, ports=ports)
+    conf["resources"] = {
+        "r_iscsi": {"volumes": [f"iscsi://{lun0['portal']}:{lun0['port']}/{lun0['iqn']}/0"]},
+        "r_nvme": {"volumes": [f"nvme://{nvme0['traddr']}:{nvme0['port']}/{nvme0['nqn']}/1"]},
+        "writers": {"volumes": writers},
+    }
+    return Daemon(NAME, conf, out)
 
 
 # --------------------------------------------------------------- agreement
-class Sampler(threading.Thread):
+def sampler(d: Daemon, resource: str, dm: str) -> Sampler:
     """Every second: epoch time, the resource's wire totals, the LV's diskstats."""
 
-    def __init__(self, resource: str, dm: str) -> None:
-        super().__init__(daemon=True)
-        self.resource, self.dm = resource, dm
-        self.rows: list[dict] = []
-        self.stop_ev = threading.Event()
+    def wire() -> dict:
+        st = d.status()
+        r = next(x for x in st["resources"] if x["resource"] == resource)
+        return {"totals": (r["reads_completed"], r["read_time_s"]), "counters": st.get("wire")}
 
-    def run(self) -> None:
-        from santhrottle.appliance.daemon.control import request
-
-        nxt = time.monotonic()
-        while not self.stop_ev.is_set():
-            row: dict = {"epoch": time.time()}
-            try:
-                st = request(SOCK, "status", timeout_s=2.0)
-                r = next(x for x in st["resources"] if x["resource"] == self.resource)
-                row["wire"] = (r["reads_completed"], r["read_time_s"])
-                row["wire_counters"] = st.get("wire")
-            except Exception as e:  # keep sampling; record why
-                row["error"] = str(e)
-            ds = closed_loop.diskstats().get(self.dm)
-            row["ds"] = (ds[0], ds[3]) if ds else None  # reads completed, ms reading
-            self.rows.append(row)
-            nxt += 1.0
-            self.stop_ev.wait(max(0.0, nxt - time.monotonic()))
+    return Sampler(
+        [Probe("epoch", time.time), Probe("wire", wire), Probe("ds", probes.diskstats([dm]))],
+        period_s=SAMPLE_S,
+    )
 
 
-def fio_log(path: Path) -> list[tuple[float, float]]:
-    """fio's 1 s-averaged completion latency log: (epoch s at the interval's end, mean s)."""
-    out = []
-    for line in path.read_text().splitlines():
-        p = [x.strip() for x in line.split(",")]
-        if len(p) >= 2 and p[0].isdigit():
-            out.append((int(p[0]) / 1e3, int(p[1]) / 1e9))
-    return out
-
-
-def windows(rows: list[dict], fio: list[tuple[float, float]]) -> list[dict]:
-    """Per 1 s window between two samples: the wire's, the LV's and fio's mean latency."""
+def windows(rows: list[dict], dm: str, fio_lat: list[tuple[float, float]]) -> list[dict]:
+    """Per window between two samples (about 1 s): the wire's, the LV's and fio's mean
+    latency."""
     out = []
     for a, b in itertools.pairwise(rows):
-        if "wire" not in a or "wire" not in b or not a["ds"] or not b["ds"]:
+        if "wire" not in a or "wire" not in b or dm not in a["ds"] or dm not in b["ds"]:
             continue
-        n_wire = b["wire"][0] - a["wire"][0]
-        n_ds = b["ds"][0] - a["ds"][0]
+        (na, ta), (nb, tb) = a["wire"]["totals"], b["wire"]["totals"]
+        da, db = a["ds"][dm], b["ds"][dm]
+        n_wire, n_ds = nb - na, db[READS] - da[READS]
         if n_wire <= 0 or n_ds <= 0:
             continue
         w = {
             "end": b["epoch"],
             "reads_wire": n_wire,
             "reads_disk": n_ds,
-            "wire_s": (b["wire"][1] - a["wire"][1]) / n_wire,
-            "disk_s": (b["ds"][1] - a["ds"][1]) / 1e3 / n_ds,
+            "wire_s": (tb - ta) / n_wire,
+            "disk_s": (db[READ_TICKS] - da[READ_TICKS]) / 1e3 / n_ds,
         }
         # fio's interval ending closest to this window's end, within half a second
-        near = [v for t_end, v in fio if abs(t_end - b["epoch"]) <= 0.5]
+        near = [v for t_end, v in fio_lat if abs(t_end - b["epoch"]) <= 0.5]
         w["fio_s"] = near[0] if near else None
         out.append(w)
     return out[WARMUP_WINDOWS:-1]
@@ -183,8 +148,12 @@ def summarize(ws: list[dict]) -> dict:
         vals = [w[k] for w in ws if w.get(k) is not None]
         return statistics.fmean(vals) if vals else None
 
-    s = {"windows": len(ws), "wire_s": mean("wire_s"), "disk_s": mean("disk_s"),
-         "fio_s": mean("fio_s")}  # fmt: skip
+    s = {
+        "windows": len(ws),
+        "wire_s": mean("wire_s"),
+        "disk_s": mean("disk_s"),
+        "fio_s": mean("fio_s"),
+    }
     for other in ("disk", "fio"):
         ratios = [w["wire_s"] / w[f"{other}_s"] for w in ws if w.get(f"{other}_s")]
         if s[f"{other}_s"]:
@@ -192,17 +161,20 @@ def summarize(ws: list[dict]) -> dict:
         if ratios:
             q = statistics.quantiles(ratios, n=20) if len(ratios) > 1 else ratios * 19
             s[f"window_ratio_{other}"] = {
-                "median": statistics.median(ratios), "p5": q[0], "p95": q[-1],
-                "min": min(ratios), "max": max(ratios),
-            }  # fmt: skip
+                "median": statistics.median(ratios),
+                "p5": q[0],
+                "p95": q[-1],
+                "min": min(ratios),
+                "max": max(ratios),
+            }
     return s
 
 
 def agreement(a, t: dict, out: Path) -> tuple[list[dict], dict, dict | None]:
     """The phases (and with --capture the capture); then a restart of the daemon in
     mid-session, and the names it keeps."""
-    conf = daemon_config(t, out)
-    daemon = start_daemon(conf, out)
+    d = daemon(t, out)
+    d.start(START_S)
     # the sessions log in through the running bridge, as they do in production: the
     # wire names each volume from its login
     topology.iscsi_login(t["iscsi"])
@@ -217,26 +189,39 @@ def agreement(a, t: dict, out: Path) -> tuple[list[dict], dict, dict | None]:
         for rep in range(a.reps):
             for proto, (res, dev, dm) in readers.items():
                 for load in ("idle", "loaded"):
-                    name = f"{proto}-{load}-{rep}"
-                    results.append(phase(a, name, res, dev, dm, writer_devs if load == "loaded"
-                                         else [], out))  # fmt: skip
+                    ws = writer_devs if load == "loaded" else []
+                    results.append(phase(a, d, f"{proto}-{load}-{rep}", res, dev, dm, ws, out))
                     show(results[-1])
-        cap = capture(a, t, out) if a.capture else None
-        st = closed_loop.first_status(SOCK)
-        (out / "status-end.json").write_text(json.dumps(st, indent=1))
-        closed_loop.stop_daemon(daemon, out, NAME)
-        daemon = start_daemon(conf, out)
-        restart = names_after_restart(t)
+        cap = capture(a, d, t, out) if a.capture else None
+        (out / "status-end.json").write_text(json.dumps(d.status(timeout_s=5.0), indent=1))
+        d.stop()
+        d.start(START_S)
+        restart = names_after_restart(d, t)
         print(f"after a restart: {restart}", flush=True)
     finally:
-        closed_loop.stop_daemon(daemon, out, NAME)
+        d.stop()
     return results, restart, cap
 
 
 CAPTURE = "lab-wire.pcap"
 
 
-def capture(a, t: dict, out: Path) -> dict:
+def reader(dev: str, iops: int, runtime: float, *extra: str) -> list[str]:
+    """A 4 KiB random reader at QD1 and `iops` (fio's --rate_iops)."""
+    return fio.argv(
+        "j",
+        dev,
+        "--rw=randread",
+        "--bs=4k",
+        "--iodepth=1",
+        f"--rate_iops={iops}",
+        *extra,
+        runtime=runtime,
+        size="200m",
+    )
+
+
+def capture(a, d: Daemon, t: dict, out: Path) -> dict:
     """The array-side port captured (tcpdump, whole frames, the storage ports) while both
     readers read and one iSCSI and one NVMe/TCP writer write zeros at 1 MB/s (fio
     --zero_buffers: the capture compresses to a fixture), for `make bench`'s replay of
@@ -245,86 +230,137 @@ def capture(a, t: dict, out: Path) -> dict:
     import gzip
     import signal
 
-    from santhrottle.appliance.daemon.control import request
-
     b = t["bridge"]
     pcap = out / CAPTURE
-    dump = subprocess.Popen(["ip", "netns", "exec", b["netns"], "tcpdump", "-i",
-                             b["array_port"], "-s", "0", "-U", "-w", str(pcap),
-                             "tcp port 3260 or tcp port 4420"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    dump = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            b["netns"],
+            "tcpdump",
+            "-i",
+            b["array_port"],
+            "-s",
+            "0",
+            "-U",
+            "-w",
+            str(pcap),
+            "tcp port 3260 or tcp port 4420",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     time.sleep(2.0)
-    w0 = request(SOCK, "status")["wire"]
-    jobs = [closed_loop.fio(x["device"], "--rw=randread", "--bs=4k", "--iodepth=1",
-                            f"--rate_iops={a.reader_iops}", runtime=a.capture_seconds)
-            for x in (t["iscsi"][0], t["nvme"][0])]  # fmt: skip
-    jobs += [closed_loop.fio(x["device"], "--rw=write", "--bs=16k", "--iodepth=2",
-                             "--rate=1m", "--zero_buffers", runtime=a.capture_seconds)
-             for x in (t["iscsi"][1], t["nvme"][1])]  # fmt: skip
+    w0 = d.status()["wire"]
+    jobs = [
+        fio.start(reader(x["device"], a.reader_iops, a.capture_seconds))
+        for x in (t["iscsi"][0], t["nvme"][0])
+    ]
+    jobs += [
+        fio.start(
+            fio.argv(
+                "j",
+                x["device"],
+                "--rw=write",
+                "--bs=16k",
+                "--iodepth=2",
+                "--rate=1m",
+                "--zero_buffers",
+                runtime=a.capture_seconds,
+                size="200m",
+            )
+        )
+        for x in (t["iscsi"][1], t["nvme"][1])
+    ]
     for j in jobs:
-        j.communicate()
+        j.wait()
     time.sleep(1.0)
-    w1 = request(SOCK, "status")["wire"]
+    w1 = d.status()["wire"]
     dump.send_signal(signal.SIGINT)  # our own child, by PID
     dump.wait(timeout=30)
     raw = pcap.read_bytes()
     (out / (CAPTURE + ".gz")).write_bytes(gzip.compress(raw, mtime=0))
     pcap.unlink()
-    got = {"phase": "capture", "pcap_bytes": len(raw),
-           "wire_counts": {k: w1[k] - w0[k] for k in WIRE_KEYS}}  # fmt: skip
-    print(f"capture: {len(raw):,} B of frames; the daemon's wire over it: "
-          f"{got['wire_counts']}", flush=True)  # fmt: skip
+    got = {
+        "phase": "capture",
+        "pcap_bytes": len(raw),
+        "wire_counts": {k: w1[k] - w0[k] for k in WIRE_KEYS},
+    }
+    print(
+        f"capture: {len(raw):,} B of frames; the daemon's wire over it: {got['wire_counts']}",
+        flush=True,
+    )
     return got
 
 
-def names_after_restart(t: dict) -> dict:
+def names_after_restart(d: Daemon, t: dict) -> dict:
     """The volumes a restarted daemon lists while both readers read (sessions it never
     saw log in): named from the saved names, and counted in their resources."""
-    from santhrottle.appliance.daemon.control import request
-
     lun0, nvme0 = t["iscsi"][0], t["nvme"][0]
-    rds = [closed_loop.fio(x["device"], "--rw=randread", "--bs=4k", "--iodepth=1",
-                           "--rate_iops=50", runtime=6) for x in (lun0, nvme0)]  # fmt: skip
+    rds = [fio.start(reader(x["device"], 50, 6)) for x in (lun0, nvme0)]
     time.sleep(5)
-    vols = request(SOCK, "volumes")
-    for p in rds:
-        p.communicate()
-    want = {f"iscsi://{lun0['portal']}:3260/{lun0['iqn']}/0": ["r_iscsi"],
-            f"nvme://{nvme0['traddr']}:4420/{nvme0['nqn']}/1": ["r_nvme"]}  # fmt: skip
+    vols = d.request("volumes")
+    for j in rds:
+        j.wait()
+    want = {
+        f"iscsi://{lun0['portal']}:3260/{lun0['iqn']}/0": ["r_iscsi"],
+        f"nvme://{nvme0['traddr']}:4420/{nvme0['nqn']}/1": ["r_nvme"],
+    }
     got = {v["volume"]: v["resources"] for v in vols}
     return {"volumes": vols, "named": all(got.get(k) == r for k, r in want.items())}
 
 
-def phase(a, name: str, res: str, dev: str, dm: str, writers: list[str], out: Path) -> dict:
+def phase(
+    a, d: Daemon, name: str, res: str, dev: str, dm: str, writers: list[str], out: Path
+) -> dict:
     lat_prefix = out / f"lat-{name}"
-    ws = [closed_loop.fio(w, "--rw=write", f"--bs={a.writer_bs}", f"--iodepth={a.writer_qd}",
-                          runtime=a.seconds + 4) for w in writers]  # fmt: skip
+    ws = [
+        fio.start(
+            fio.argv(
+                "j",
+                w,
+                "--rw=write",
+                f"--bs={a.writer_bs}",
+                f"--iodepth={a.writer_qd}",
+                runtime=a.seconds + 4,
+                size="200m",
+            )
+        )
+        for w in writers
+    ]
     if ws:
         time.sleep(2.0)  # the writers reach their pace first
-    sampler = Sampler(res, dm)
-    sampler.start()
-    rd = closed_loop.fio(
-        dev, "--rw=randread", "--bs=4k", "--iodepth=1", f"--rate_iops={a.reader_iops}",
-        f"--write_lat_log={lat_prefix}", "--log_avg_msec=1000", "--log_unix_epoch=1",
-        runtime=a.seconds,
-    )  # fmt: skip
-    fio_out = rd.communicate()[0]
+    s = sampler(d, res, dm)
+    s.start()
+    rd = fio.start(
+        reader(
+            dev,
+            a.reader_iops,
+            a.seconds,
+            f"--write_lat_log={lat_prefix}",
+            "--log_avg_msec=1000",
+            "--log_unix_epoch=1",
+        )
+    )
+    result = rd.result()
     time.sleep(1.2)  # the window the reader ended in
-    sampler.stop_ev.set()
-    sampler.join()
+    s.stop()
     for w in ws:
-        w.communicate()
+        w.wait()
     log = next(iter(sorted(out.glob(f"lat-{name}_clat*.log"))), None)
-    fio_windows = fio_log(log) if log else []
-    ws_ = windows(sampler.rows, fio_windows)
-    try:
-        fio_mean = json.loads(fio_out)["jobs"][0]["read"]["clat_ns"]["mean"] / 1e9
-    except (ValueError, KeyError, IndexError):
-        fio_mean = None
-    counts = [r["wire_counters"] for r in sampler.rows if r.get("wire_counters")]
+    ws_ = windows(s.rows, dm, fio.lat_log(log) if log else [])
+    fio_mean = result["read"]["clat_ns"]["mean"] / 1e9 if result else None
+    counts = [r["wire"]["counters"] for r in s.rows if (r.get("wire") or {}).get("counters")]
     wire = {k: counts[-1][k] - counts[0][k] for k in WIRE_KEYS} if len(counts) > 1 else None
-    return {"phase": name, "writers": len(writers), "fio_mean_s": fio_mean,
-            **summarize(ws_), "wire_counts": wire, "window_rows": ws_}  # fmt: skip
+    return {
+        "phase": name,
+        "writers": len(writers),
+        "fio_mean_s": fio_mean,
+        **summarize(ws_),
+        "wire_counts": wire,
+        "window_rows": ws_,
+    }
 
 
 def show(r: dict) -> None:
@@ -334,10 +370,13 @@ def show(r: dict) -> None:
     def pct(x):
         return "-" if x is None else f"{x * 100:+.1f}%"
 
-    print(f"{r['phase']:<18} windows {r['windows']:>3}  wire {ms(r['wire_s'])} ms  "
-          f"target {ms(r['disk_s'])} ms ({pct(r.get('wire_vs_disk'))})  "
-          f"fio {ms(r['fio_s'])} ms ({pct(r.get('wire_vs_fio'))})  "
-          f"wire counts {r.get('wire_counts')}", flush=True)  # fmt: skip
+    print(
+        f"{r['phase']:<18} windows {r['windows']:>3}  wire {ms(r['wire_s'])} ms  "
+        f"target {ms(r['disk_s'])} ms ({pct(r.get('wire_vs_disk'))})  "
+        f"fio {ms(r['fio_s'])} ms ({pct(r.get('wire_vs_fio'))})  "
+        f"wire counts {r.get('wire_counts')}",
+        flush=True,
+    )
 
 
 # ---------------------------------------------------------------- nf-cost
@@ -347,8 +386,8 @@ def _ns(ns: str, *cmd: str, check: bool = True, input: str | None = None) -> str
 
 def cpu_busy_s() -> float:
     """The guest's busy CPU seconds so far (/proc/stat: all but idle and iowait)."""
-    v = plant_lab.cpu_times()
-    return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+    v = probes.guest_cpu()
+    return (sum(v.values()) - v["idle"] - v["iowait"]) / os.sysconf("SC_CLK_TCK")
 
 
 def tx_packets(ns: str, dev: str) -> int:
@@ -359,7 +398,7 @@ IPT_SET, IPT_CHAIN = "nfcost", "NFCOST"
 GATES = ("none", "brnf-idle", "iptables", "nft")
 
 
-def set_gate(t: dict, gate: str, member: str, minor: int) -> None:
+def set_gate(d: Daemon, t: dict, gate: str, member: str, minor: int) -> None:
     b = t["bridge"]
     ns = b["netns"]
     _ns(ns, "iptables", "-t", "mangle", "-F", IPT_CHAIN, check=False)
@@ -369,17 +408,22 @@ def set_gate(t: dict, gate: str, member: str, minor: int) -> None:
     on = "1" if gate in ("iptables", "brnf-idle") else "0"
     _ns(ns, "sysctl", "-qw", f"net.bridge.bridge-nf-call-iptables={on}")
     if gate == "nft":
-        pin_class(member, minor)  # santhrottled's own gate
+        pin_class(d, member, minor)  # santhrottled's own gate
     else:
-        unpin(member)
+        unpin(d, member)
     if gate == "iptables":  # the target host's gate, behind br_netfilter
         _ns(ns, "ipset", "create", IPT_SET, "hash:ip", "skbinfo")
         _ns(ns, "ipset", "add", IPT_SET, member, "skbprio", f"5374:{minor:x}")
-        _ns(ns, "iptables-restore", "--noflush", input=(
-            f"*mangle\n:{IPT_CHAIN} - [0:0]\n-I POSTROUTING {' '.join(ipt_jump(b))}\n"
-            f"-A {IPT_CHAIN} -p tcp -m multiport ! --sports 3260,4420,{STREAM_PORT} -j RETURN\n"
-            f"-A {IPT_CHAIN} -j SET --map-set {IPT_SET} dst --map-prio\nCOMMIT\n"
-        ))  # fmt: skip
+        _ns(
+            ns,
+            "iptables-restore",
+            "--noflush",
+            input=(
+                f"*mangle\n:{IPT_CHAIN} - [0:0]\n-I POSTROUTING {' '.join(ipt_jump(b))}\n"
+                f"-A {IPT_CHAIN} -p tcp -m multiport ! --sports 3260,4420,{STREAM_PORT} -j RETURN\n"
+                f"-A {IPT_CHAIN} -j SET --map-set {IPT_SET} dst --map-prio\nCOMMIT\n"
+            ),
+        )
 
 
 def ipt_jump(b: dict) -> list[str]:
@@ -388,19 +432,14 @@ def ipt_jump(b: dict) -> list[str]:
     return ["-p", "tcp", *port, "-m", "set", "--match-set", IPT_SET, "dst", "-j", IPT_CHAIN]
 
 
-def pin_class(ip: str, minor: int) -> None:
-    from santhrottle.appliance.daemon.control import request
-
-    request(SOCK, "pin", initiator=ip, **{"class": minor, "mode": "all"})
+def pin_class(d: Daemon, ip: str, minor: int) -> None:
+    d.request("pin", initiator=ip, **{"class": minor, "mode": "all"})
     time.sleep(0.5)  # the next tick applies it
 
 
-def unpin(ip: str) -> None:
-    from santhrottle.appliance.daemon.control import request
-    from santhrottle.appliance.daemon.control.requests import RemoteError
-
-    with contextlib.suppress(RemoteError):  # not pinned
-        request(SOCK, "unpin", initiator=ip)
+def unpin(d: Daemon, ip: str) -> None:
+    with contextlib.suppress(*not_answering()):  # not pinned
+        d.request("unpin", initiator=ip)
     time.sleep(0.5)
 
 
@@ -418,8 +457,9 @@ print(n, flush=True)
 def stream(t: dict, src_ns: str, member: str) -> tuple[float, int, float]:
     """STREAM_BYTES from the target's namespace (port 3260) to member: (CPU s, packets, s)."""
     b = t["bridge"]
-    rcv = subprocess.Popen([sys.executable, "-c", RECEIVER, member, "40960"],
-                           stdout=subprocess.PIPE, text=True)  # fmt: skip
+    rcv = subprocess.Popen(
+        [sys.executable, "-c", RECEIVER, member, "40960"], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert rcv.stdout is not None and rcv.stdout.readline().strip() == "ready"
         sender = (
@@ -444,22 +484,35 @@ def stream(t: dict, src_ns: str, member: str) -> tuple[float, int, float]:
 
 def class_bytes(t: dict, minor: int) -> int:
     b = t["bridge"]
-    out = _ns(b["netns"], "tc", "-s", "class", "show", "dev", b["initiator_port"],
-              "classid", f"5374:{minor:x}")  # fmt: skip
+    out = _ns(
+        b["netns"],
+        "tc",
+        "-s",
+        "class",
+        "show",
+        "dev",
+        b["initiator_port"],
+        "classid",
+        f"5374:{minor:x}",
+    )
     words = out.split()
     return int(words[words.index("Sent") + 1]) if "Sent" in words else 0
 
 
 def nf_cost(a, t: dict, out: Path) -> dict:
     b = t["bridge"]
-    for ns, devs in ((b["netns"], (b["initiator_port"], b["array_port"])),
-                     (topology.NETNS, (topology.VETH_TGT,))):  # fmt: skip
+    for ns, devs in (
+        (b["netns"], (b["initiator_port"], b["array_port"])),
+        (topology.NETNS, (topology.VETH_TGT,)),
+    ):
         for dev in devs:
             _ns(ns, "ethtool", "-K", dev, "tso", "off", "gso", "off", "gro", "off", check=False)
-    subprocess.run(["ethtool", "-K", topology.VETH_INI, "gro", "off", "tso", "off", "gso", "off"],
-                   capture_output=True)  # fmt: skip
-    conf = daemon_config(t, out, leaf="pfifo", ports=f"ports = [3260, 4420, {STREAM_PORT}]\n")
-    daemon = start_daemon(conf, out)
+    subprocess.run(
+        ["ethtool", "-K", topology.VETH_INI, "gro", "off", "tso", "off", "gso", "off"],
+        capture_output=True,
+    )
+    d = daemon(t, out, leaf="pfifo", ports=[3260, 4420, STREAM_PORT])
+    d.start(START_S)
     member, minor = t["iscsi"][0]["initiator_ip"], 5
     rows: list[dict] = []
     try:
@@ -467,22 +520,34 @@ def nf_cost(a, t: dict, out: Path) -> dict:
             k = rnd % len(GATES)
             order = GATES[k:] + GATES[:k]  # rotate: no gate always first
             for gate in order:
-                set_gate(t, gate, member, minor)
+                set_gate(d, t, gate, member, minor)
                 before = class_bytes(t, minor)
                 cpu, pkts, secs = stream(t, topology.NETNS, member)
                 classified = class_bytes(t, minor) - before
-                rows.append({"round": rnd, "gate": gate, "cpu_s": cpu, "packets": pkts,
-                             "seconds": secs, "us_per_packet": cpu / pkts * 1e6,
-                             "classified_bytes": classified})  # fmt: skip
-                print(f"nf-cost round {rnd} {gate:<9} {pkts:>8} packets  "
-                      f"{cpu / pkts * 1e6:7.2f} us/packet  {secs:6.1f} s  "
-                      f"class 5374:{minor} +{classified} B", flush=True)  # fmt: skip
-        set_gate(t, "none", member, minor)
+                rows.append(
+                    {
+                        "round": rnd,
+                        "gate": gate,
+                        "cpu_s": cpu,
+                        "packets": pkts,
+                        "seconds": secs,
+                        "us_per_packet": cpu / pkts * 1e6,
+                        "classified_bytes": classified,
+                    }
+                )
+                print(
+                    f"nf-cost round {rnd} {gate:<9} {pkts:>8} packets  "
+                    f"{cpu / pkts * 1e6:7.2f} us/packet  {secs:6.1f} s  "
+                    f"class 5374:{minor} +{classified} B",
+                    flush=True,
+                )
+        set_gate(d, t, "none", member, minor)
     finally:
-        closed_loop.stop_daemon(daemon, out, NAME)
+        d.stop()
     per = {g: [r["us_per_packet"] for r in rows if r["gate"] == g] for g in GATES}
-    summary = {g: {"median": statistics.median(v), "min": min(v), "max": max(v)}
-               for g, v in per.items()}  # fmt: skip
+    summary = {
+        g: {"median": statistics.median(v), "min": min(v), "max": max(v)} for g, v in per.items()
+    }
     # the extra cost of each gate over no gate, per round (the rounds' own noise cancels)
     for g in GATES[1:]:
         d = [x - y for x, y in zip(per[g], per["none"], strict=True)]
@@ -515,8 +580,13 @@ def main() -> int:
         topology.down()
     # logged in by agreement(), through the running daemon's bridge
     t = topology.up(luns=4, nvme=2, disk=a.disk, bridge=True, lv_size_mib=512, login=False)
-    res: dict = {"kernel": os.uname().release, "cpus": os.cpu_count(), "disk": a.disk,
-                 "array": plant_lab.array_config(), "args": vars(a)}  # fmt: skip
+    res: dict = {
+        "kernel": os.uname().release,
+        "cpus": os.cpu_count(),
+        "disk": a.disk,
+        "array": probes.plant_config(),
+        "args": vars(a),
+    }
     try:
         if a.only in (None, "agreement"):
             res["agreement"], res["restart"], res["capture"] = agreement(a, t, out)

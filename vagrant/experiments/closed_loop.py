@@ -1,592 +1,65 @@
 #!/usr/bin/env python3
-"""The paper's experiments in the lab guest (issue: closed loop). Runs INSIDE the guest.
+"""The paper's closed-loop experiment in the lab guest (docs/lab.md). Runs INSIDE the guest.
 
-    python3 vagrant/qemu/lab.py run vagrant/experiments/closed_loop.py --out DIR [--short]
-    python3 vagrant/qemu/lab.py --array nbd:c_ms=2,m_ms=5 run \\
-        vagrant/experiments/closed_loop.py --out DIR --paper     # the paper's experiment
+    .venv/bin/python vagrant/qemu/lab.py --smp 1 --array nbd:c_ms=2,m_ms=5 run \\
+        vagrant/experiments/closed_loop.py --out DIR --paper     # make lab (report.py)
 
+(`make lab` runs it through vagrant/experiments/report.py, which also draws the
+report.)  The topology (labkit.topology): LIO (or nvmet with --protocol nvme) in
+netns `tgt` on a VG over a shared array (--disk: the known plant of lab.py --array,
+or null_blk), one iSCSI initiator (NVMe/TCP host) per LV; LV 0's is the reader
+(4 KiB random reads, QD1, --reader-rate), the others the writer hosts.  The phases,
+in order:
 
-(`make lab` runs it through vagrant/experiments/report.py, which also draws
-the report.) The topology: LIO in netns `tgt` on a VG over a shared "array"
-(null_blk: memory-backed, a bandwidth cap and a small hardware queue shared by
-reads and writes), one iSCSI initiator per LV. Experiments:
+    interference  the reader alone, with one host's writers, with all (paper 3.4)
+    uncontrolled  the schedule (labkit.bursts: the writers on for --on s, off for
+                  --off s, --cycles times), no daemon
+    per threshold T:
+      controlled  the same with santhrottled discovering the VG and the writers by
+                  itself; in the last on-period the reader leaves halfway through
+                  the writes (the release is timed from there)
+      static      (--static) the writers pinned by hand (`santhrottle pin`) at
+                  delays of the ladder, the daemon running with T as controlled
+                  (both pay its CPU; the pins override its classes): from the
+                  controller's median class while the writers wrote, --static-step
+                  classes up while the reader's p95 is over T (down while it holds),
+                  the step doubling, then bisection; at most --static-probes
+      bridge      (--bridge) the controlled phase with santhrottled in bridge mode
+                  on a transparent bridge in front of the target (its resource every
+                  volume of the portals, its latency the wire's)
 
-1. interference (paper 3.4): a 256 kB/s 4 KiB random reader on LV 0 alone,
-   then with 1 and with all writers on the other LVs; steady state each.
-2. controlled (paper 3.6): the writers switched on together for `on` s and
-   off for `off` s, `cycles` times, once without the daemon and once per
-   threshold with santhrottled discovering the VG and the writers by itself.
-   In the last on-period of each controlled phase the reader stops halfway
-   through the writes: the writers no longer hurt anyone, and the release
-   time of their throttle is measured. Otherwise the reader runs until the
-   schedule ends, however long the writers' fio takes to start.
-3. static (with --static): per threshold, after its controlled phase, the
-   writers pinned by hand (`santhrottle pin`) at delays of the ladder, the
-   daemon running with the threshold as in the controlled phase (the same
-   sensing and controller work, whose CPU the one-vCPU guest's writers share;
-   the pins override its classes): a short search from the controller's
-   median delay in the writers' on-periods, down while the reader's p95
-   holds T, up until it does; the smallest that holds is what an admin could
-   pin, and its writer throughput is the controller's yardstick.
-4. bridge (with --bridge): the topology has a transparent bridge between the
-   initiators and the target (topology.py --bridge); per threshold, after the
-   target host's phases, the same controlled phase with santhrottled in
-   bridge mode on that bridge instead: its resource is every volume of the
-   portals, its latency the wire's, its delays on the bridge's initiator-side
-   port; nothing of the target is read (docs/bridge.md).
+--paper is the method paper's experiment on the known plant (PAPER below).
+--thresholds auto[:LO-HI]: one threshold, half the uncontrolled p95 within LO-HI.
+--plant auto (make lab): the uncontrolled phase first; where its p95 is under twice the
+largest threshold, the plant's slope m is raised (labkit.regime's rule, the plant changed
+live: labkit.plant.guest_set) and the phase run again, at most regime.MAX_TRIES times; the
+thresholds are those the last one admits (uncontrolled p95 >= 2 T), none when none does.
 
---paper is the method paper's experiment on the known plant (docs/lab.md,
-"The array as a known plant"; run with lab.py --array nbd:c_ms=2,m_ms=5):
-the VG on the lab-array disk, 3 writer hosts x 4 sequential 128 KiB QD1
-writers, the 256 kB/s 4 KiB random reader, writers 20 s on and 5 s off,
-thresholds 10, 15 and 20 ms, the static search, the bridge phases, and the
-daemon with the product's defaults (no setpoint_fraction, no max_delay in its file).
-
---protocol nvme: the reader and the writer hosts are NVMe/TCP hosts instead (topology.py
---nvme: one nvmet subsystem per LV, each on its own port address, each host its own
-source address and host NQN), on the same VG; the daemon maps them to it by their
-connections to port 4420 and the subsystem's namespace device; in the bridge phases the
-resource is every namespace of the hosts' nvmet ports (nvme://PORT/*/*).
-
-Raw series go to DIR/raw.json: every 100 ms the reader's and the VG's
-diskstats counters, the writers' write bytes, the array's in-flight time
-(for the LQ fit); every 500 ms the daemon's status and each iSCSI
-connection's retransmissions (`ss -ti`); nstat of the target.
+Raw series go to DIR/raw.json: per phase every 100 ms the reader's, the writers'
+and the array's diskstats, every 500 ms the daemon's status and each connection's
+retransmissions, the target's nstat and ss around it, the guest's and the
+daemon's CPU (labkit.analysis reads them).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import re
-import signal
-import subprocess
 import sys
-import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-CHECKOUT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(CHECKOUT / "vagrant" / "qemu" / "guest"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import topology  # noqa: E402
-from measure import diskstats  # noqa: E402
-from report import WRITE_SECTORS, conn_retrans, summarize  # noqa: E402
+from labkit import analysis, bursts, fio, plant, probes, regime, search, topology
+from labkit.daemon import Daemon, bridge_config, target_config
+from labkit.sampler import Probe, Sampler
 
-BIN = Path(sys.executable).parent
 SOCK = "/run/santhrottle-exp/control.sock"
-# --profile-daemon: each phase's daemon under cProfile (daemon_profile.py), its
-# pstats in this directory as profile-NAME.prof.
-PROFILE_DIR: Path | None = None
-# The unit the daemon ships with: the experiment runs it at the unit's Nice=.
-UNIT = CHECKOUT / "systemd" / "santhrottled.service"
-SAMPLE_S = 0.1
-STATUS_EVERY = 5  # samples: the daemon's status every 0.5 s
-NSTAT_KEYS = (
-    "TcpRetransSegs",
-    "TcpExtTCPLossProbes",
-    "TcpExtTCPFastRetrans",
-    "TcpExtTCPTimeouts",
-    # reordering the target's TCP noticed (SACK / timestamps) and the
-    # initiators' DSACKs (a retransmission they already had: spurious)
-    "TcpExtTCPSACKReorder",
-    "TcpExtTCPTSReorder",
-    "TcpExtTCPDSACKRecv",
-)
-# What `ss -ti` says of each iSCSI connection at a phase's end: RACK's
-# reordering window is min_rtt / 4 until the connection has seen reordering.
-SS_FIELDS = re.compile(r"\b(minrtt|rtt|retrans|reord_seen|reordering):(\S+)")
-
-
-def tcp_conns(netns: str, port: int = topology.ISCSI_PORT) -> list[dict[str, str]]:
-    text = subprocess.run(
-        ["ip", "netns", "exec", netns, "ss", "-tinH", "state", "established",
-         f"( sport = :{port} )"],
-        capture_output=True, text=True,
-    ).stdout  # fmt: skip
-    conns: list[dict[str, str]] = []
-    for line in text.splitlines():
-        if not line.startswith((" ", "\t")):
-            conns.append({"peer": line.split()[-1]})
-        elif conns:
-            conns[-1].update(SS_FIELDS.findall(line))
-    return conns
-
-
-def nstat(netns: str) -> dict[str, int]:
-    text = subprocess.run(
-        ["ip", "netns", "exec", netns, "nstat", "-saz"], capture_output=True, text=True
-    ).stdout
-    vals = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) >= 2 and parts[0] in NSTAT_KEYS:
-            vals[parts[0]] = int(parts[1])
-    return vals
-
-
-def fio(dev: str, *job: str, runtime: float, size: str = "200m") -> subprocess.Popen:
-    return subprocess.Popen(
-        [
-            "fio",
-            "--output-format=json",
-            "--name=j",
-            f"--filename={dev}",
-            "--direct=1",
-            "--ioengine=libaio",
-            "--time_based",
-            f"--runtime={runtime:.1f}",
-            f"--size={size}",
-            *job,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        cwd="/tmp",
-    )
-
-
-def reader_job(a: argparse.Namespace, dev: str, runtime: float) -> subprocess.Popen:
-    """The paper's small random reader: 4 KiB, QD1, rate-limited."""
-    return fio(
-        dev, "--rw=randread", "--bs=4k", "--iodepth=1", f"--rate={a.reader_rate}", runtime=runtime
-    )
-
-
-# The reader's fio runtime, in multiples of the schedule's nominal length (it is
-# stopped when the schedule ends; this only bounds it).
-READER_RUNTIME_FACTOR = 3
-
-
-def stop_reader(rd: subprocess.Popen) -> None:
-    """SIGINT: fio stops and prints its results."""
-    if rd.poll() is None:
-        rd.send_signal(signal.SIGINT)
-    try:
-        rd.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        rd.kill()
-        rd.wait()
-
-
-def wait_for_writes(before: dict[str, list[int]], dms: list[str], timeout_s: float) -> None:
-    """Until one of the writers' devices has written since `before` (or timeout_s)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        now = diskstats()
-        if any(now[d][WRITE_SECTORS] > before[d][WRITE_SECTORS] for d in dms):
-            return
-        time.sleep(0.1)
-
-
-# --writer-jobs > 1: each job writes its own region of the host's LV (4 x 300 MiB
-# of a 1536 MiB LV with --paper), as plant_lab.py's writers do.
-REGION_MIB = 300
-
-
-def writer_job(a: argparse.Namespace, dev: str, runtime: float) -> subprocess.Popen:
-    """One writer host: `writer_jobs` sequential writers at the configured size and depth."""
-    if a.writer_jobs == 1:
-        return fio(
-            dev, "--rw=write", f"--bs={a.writer_bs}", f"--iodepth={a.writer_qd}", runtime=runtime
-        )
-    return fio(
-        dev, "--rw=write", f"--bs={a.writer_bs}", f"--iodepth={a.writer_qd}",
-        f"--numjobs={a.writer_jobs}", f"--offset_increment={REGION_MIB}m", "--group_reporting",
-        runtime=runtime, size=f"{REGION_MIB}m",
-    )  # fmt: skip
-
-
-class Sampler(threading.Thread):
-    def __init__(self, devices: list[str], daemon: bool, netns: str, port: int) -> None:
-        super().__init__(daemon=True)
-        self.devices = devices
-        self.netns = netns
-        self.port = port
-        self.with_daemon = daemon
-        self.rows: list[dict] = []
-        self.events: list[tuple[float, str]] = []
-        self.stop_ev = threading.Event()
-        self.t0 = time.monotonic()
-
-    def mark(self, what: str) -> None:
-        self.events.append((round(time.monotonic() - self.t0, 3), what))
-
-    def run(self) -> None:
-        from santhrottle.appliance.daemon.control import request
-
-        k = 0
-        nxt = time.monotonic()
-        while not self.stop_ev.is_set():
-            ds = diskstats()
-            row = {
-                "t": round(time.monotonic() - self.t0, 3),
-                "ds": {d: ds[d] for d in self.devices if d in ds},
-            }
-            slow = k % STATUS_EVERY == 0
-            if slow:  # which connection retransmitted, and when
-                row["retrans"] = conn_retrans(tcp_conns(self.netns, self.port))
-            if self.with_daemon and slow:
-                try:
-                    st = request(SOCK, "status", timeout_s=2.0)
-                    row["status"] = {
-                        "resources": [
-                            {
-                                **{
-                                    x: r.get(x)
-                                    for x in (
-                                        "resource",
-                                        "read_latency_ewma_s",
-                                        "delay_class",
-                                        "members",
-                                        "mode",
-                                    )
-                                },
-                                # the recorded name; the daemon's ThresholdView calls it so
-                                "threshold_setpoint_fraction": r["threshold"]["setpoint_fraction"],
-                            }
-                            for r in st["resources"]
-                        ],
-                        "initiators": {
-                            i["initiator"]: i["class"] for i in st["initiators"] if i["class"]
-                        },
-                        "overruns": st["counters"]["tick_overruns"],
-                        "glided": st["counters"]["glided_descents"],
-                        "unordered": st["counters"]["unordered_descents"],
-                    }
-                except Exception as e:  # keep sampling; record why
-                    row["status_error"] = str(e)
-            self.rows.append(row)
-            k += 1
-            # after a stall of the guest, the next sample in SAMPLE_S, not a burst of the
-            # samples missed: each would repeat the window across the stall (report.py
-            # counts every sample's window) and take the CPU the stall lacked
-            nxt = max(nxt + SAMPLE_S, time.monotonic())
-            self.stop_ev.wait(max(0.0, nxt - time.monotonic()))
-
-
-def unit_nice() -> int:
-    """The Nice= of the systemd unit (0 without one)."""
-    for line in UNIT.read_text().splitlines():
-        if line.startswith("Nice="):
-            return int(line.removeprefix("Nice="))
-    return 0
-
-
-def start_daemon(
-    t: dict,
-    name: str,
-    threshold: str | None,
-    conf_dir: Path,
-    max_delay: str | None,
-    setpoint: float | None,
-    bridge: bool = False,
-) -> subprocess.Popen:
-    """santhrottled on the target's veth; threshold None: it only observes the VG (pins
-    still apply).  max_delay / setpoint None: the product's defaults (nothing written).
-    bridge: santhrottled in bridge mode on the topology's bridge instead, nothing of the
-    target's read: the resource is every volume of its portals (the lab has one per LUN)
-    or of its nvmet ports (one subsystem each), as the wire shows them."""
-    conf = conf_dir / f"santhrottle-{name}.toml"
-    thr = f'threshold = "{threshold}"\n' if threshold else ""
-    if bridge:
-        b = t["bridge"]
-        vols = [f"iscsi://{topology.hostport(x['portal'], x['port'])}/*/*" for x in t["iscsi"]]
-        vols += [f"nvme://{topology.hostport(x['traddr'], topology.NVME_PORT)}/*/*"
-                 for x in t["nvme"]]  # fmt: skip
-        head = (
-            f'[daemon]\nmode = "bridge"\ncontrol_socket = "{SOCK}"\nnetns = "{b["netns"]}"\n'
-            f'state_dir = "{conf_dir / f"state-{name}"}"\n'
-            f'[bridge]\nname = "{b["name"]}"\ninitiator_port = "{b["initiator_port"]}"\n'
-            f'array_port = "{b["array_port"]}"\n[datapath]\n'
-        )
-        res = f"[resources.{t['vg']}]\nvolumes = {json.dumps(vols)}\n"
-    else:
-        head = (
-            f'[daemon]\ncontrol_socket = "{SOCK}"\nnetns = "{t["netns"]}"\n'
-            f'state_dir = "{conf_dir / f"state-{name}"}"\n'
-            f'[datapath]\ndevices = ["{t["veth"]["target"]}"]\n'
-        )
-        res = f"[resources.{t['vg']}]\n" if threshold else ""
-    conf.write_text(
-        head
-        + (f'max_delay = "{max_delay}"\n' if max_delay else "")
-        + 'link_speed = "10gbit"\n[metrics]\nport = 0\n'
-        + (f"[controller]\nsetpoint_fraction = {setpoint}\n" if setpoint is not None else "")
-        + (res + thr if res else "")
-    )
-    return launch_daemon(conf, conf_dir / f"santhrottled-{name}.log")
-
-
-def launch_daemon(conf: Path, log_path: Path, timeout_s: float = 90.0) -> subprocess.Popen:
-    """santhrottled on conf, niced as the unit runs it, its output appended to log_path;
-    returns once its control socket (SOCK) exists."""
-    log = open(log_path, "a")  # noqa: SIM115 - lives with the process
-    nice = unit_nice()
-    cmd = [str(BIN / "santhrottled")]
-    if PROFILE_DIR is not None:  # --profile-daemon: the same daemon under cProfile
-        prof = PROFILE_DIR / f"profile-{conf.stem.removeprefix('santhrottle-')}.prof"
-        cmd = [sys.executable, str(Path(__file__).with_name("daemon_profile.py")), str(prof)]
-    p = subprocess.Popen(
-        [*cmd, "--config", str(conf)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        preexec_fn=lambda: os.nice(nice),  # as systemd runs it
-    )
-    deadline = time.monotonic() + timeout_s
-    while not os.path.exists(SOCK):
-        if p.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"santhrottled did not start: {log_path.read_text()}")
-        time.sleep(0.2)
-    return p
-
-
-# The daemon answers once its first discovery is done; under emulation on a busy
-# host that takes longer than one request's timeout.
-FIRST_STATUS_S = 90.0
-
-
-def first_status(sock: str) -> dict:
-    """The daemon's first status, asked again until FIRST_STATUS_S has passed."""
-    from santhrottle.appliance.daemon.control import request
-    from santhrottle.appliance.daemon.control.requests import DaemonUnavailable, RemoteError
-
-    deadline = time.monotonic() + FIRST_STATUS_S
-    while True:
-        try:
-            return request(sock, "status", timeout_s=5.0)
-        except (OSError, DaemonUnavailable, RemoteError) as e:  # not answering yet: again
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"santhrottled gave no status in {FIRST_STATUS_S:g} s: {e}"
-                ) from None
-            time.sleep(1.0)
-
-
-def cpu_ticks(pid: int | str, task: int | str | None = None) -> int:
-    """utime + stime of a process (or one of its threads), in clock ticks."""
-    path = f"/proc/{pid}/task/{task}/stat" if task is not None else f"/proc/{pid}/stat"
-    fields = Path(path).read_text().rpartition(")")[2].split()
-    return int(fields[11]) + int(fields[12])  # stat(5)'s 14th and 15th
-
-
-def guest_cpu() -> dict[str, int]:
-    """The guest's CPU time by kind, in clock ticks (/proc/stat's cpu line)."""
-    kinds = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
-    first = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    return dict(zip(kinds, map(int, first), strict=False))
-
-
-def daemon_cpu(p: subprocess.Popen) -> dict:
-    """The daemon's CPU so far, in seconds: the whole process and its main thread
-    (the tick loop; the others run the convergence's discovery, the control
-    socket and the metrics)."""
-    hz = os.sysconf("SC_CLK_TCK")
-    try:
-        return {"cpu_s": cpu_ticks(p.pid) / hz, "main_thread_cpu_s": cpu_ticks(p.pid, p.pid) / hz}
-    except (OSError, IndexError, ValueError) as e:  # gone already: say so, keep the phase
-        return {"error": str(e)}
-
-
-def stop_daemon(p: subprocess.Popen, conf_dir: Path, name: str) -> None:
-    p.send_signal(signal.SIGTERM)  # our own child, by PID
-    p.wait(timeout=60)
-    subprocess.run(
-        [
-            str(BIN / "santhrottle"),
-            "cleanup",
-            "--config",
-            str(conf_dir / f"santhrottle-{name}.toml"),
-        ],
-        capture_output=True,
-    )
-
-
-def pin(ip: str, delay_us: int) -> None:
-    """Pin one initiator by hand through the running daemon, as an admin would."""
-    subprocess.run(
-        [str(BIN / "santhrottle"), "pin", ip, "--delay", f"{delay_us}us", "--socket", SOCK],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
-
-
-def phase(
-    t: dict,
-    a: argparse.Namespace,
-    threshold: str | None,
-    out: Path,
-    static_us: int | None = None,
-    cycles: int | None = None,
-    bridge: bool = False,
-) -> dict:
-    """One phase: uncontrolled (threshold None), controlled at `threshold`, or static:
-    the writers pinned at static_us by hand, judged against `threshold` (the daemon runs
-    with it, as in the controlled phase: both pay its CPU; the pins override its classes).
-    bridge: controlled by santhrottled in bridge mode on the topology's bridge."""
-    reader, writers = t["hosts"][0], t["hosts"][1:]
-    devices = [reader["dm"], *[w["dm"] for w in writers], Path(t["disk"]).name]
-    static = static_us is not None
-    cycles = a.cycles if cycles is None else cycles
-    name = f"static-{threshold}-{static_us}us" if static else threshold
-    if bridge:
-        name = f"bridge-{threshold}"
-    daemon_ns = t["bridge"]["netns"] if bridge else t["netns"]
-    daemon = None
-    if threshold:
-        daemon = start_daemon(t, name, threshold, out, a.max_delay, a.setpoint, bridge)
-    ladder = None
-    try:
-        if daemon is not None:
-            ladder = first_status(SOCK)["ladder"]
-        if static:
-            for w in writers:
-                pin(w["initiator_ip"], static_us)
-        time.sleep(2.0)  # a first discovery (and the pins applied by a tick)
-        s = Sampler(devices, daemon is not None, t["netns"], t["storage_port"])
-        net0 = nstat(t["netns"])
-        conns0 = tcp_conns(t["netns"], t["storage_port"])
-        cpu0, wall0 = guest_cpu(), time.monotonic()
-        dcpu0 = daemon_cpu(daemon) if daemon is not None else {}
-        s.start()
-        duration = a.lead + cycles * (a.on + a.off)
-        # fio's runtime counts from its first IO, and under TCG a writer host's fio
-        # takes 9-22 s to begin: the schedule outlasts `duration`, so the reader runs
-        # longer and is stopped when the schedule ends (a reader that ran out would
-        # leave the last on-periods unmeasured)
-        rd = reader_job(a, reader["device"], READER_RUNTIME_FACTOR * duration)
-        s.mark("reader on")
-        if static:  # nothing to learn: every on-period counts
-            s.mark("settle")
-        time.sleep(a.lead)
-        for c in range(cycles):
-            last = c == cycles - 1
-            before = diskstats()
-            ws = [writer_job(a, w["device"], a.on) for w in writers]
-            s.mark("writers on")
-            if last and daemon is not None and not static:
-                # halfway through the writes, not through the writers' start
-                wait_for_writes(before, [w["dm"] for w in writers], a.on)
-                time.sleep(a.on / 2)
-                stop_reader(rd)  # the reader leaves: nobody to protect
-                s.mark("reader off")
-            for w in ws:
-                w.communicate()
-            s.mark("writers off")
-            time.sleep(a.off)
-        stop_reader(rd)  # the schedule is over
-        s.stop_ev.set()
-        s.join()
-        net1 = nstat(t["netns"])
-        conns = tcp_conns(t["netns"], t["storage_port"])
-        cpu = {"wall_s": time.monotonic() - wall0,
-               "guest_ticks": {k: v - cpu0[k] for k, v in guest_cpu().items()}}  # fmt: skip
-        if daemon is not None:  # from the sampler's start to its stop, as the figures
-            dcpu1 = daemon_cpu(daemon)
-            cpu["daemon"] = {k: v - dcpu0.get(k, 0.0) for k, v in dcpu1.items() if k != "error"}
-    finally:
-        if daemon is not None:
-            stop_daemon(daemon, out, name)
-    members = left_members(daemon_ns, bridge)
-    kind = "static" if static else ("controlled" if threshold else "uncontrolled")
-    return {
-        "threshold": threshold,
-        "kind": "bridge" if bridge else kind,
-        "static_delay_us": static_us,
-        "ladder": ladder,
-        "rows": s.rows,
-        "events": s.events,
-        "nstat": {k: net1.get(k, 0) - net0.get(k, 0) for k in NSTAT_KEYS},
-        "cpu": cpu,
-        "tcp_conns": conns,
-        "tcp_conns_start": conns0,
-        "sets_left_after_stop": [m for m in members if m.startswith("santhrottle")],
-        "reader_dm": reader["dm"],
-        "writer_dms": [w["dm"] for w in writers],
-        "writer_ips": [w["initiator_ip"] for w in writers],
-        "array": Path(t["disk"]).name,
-    }
-
-
-def left_members(netns: str, bridge: bool) -> list[str]:
-    """What the stop left of santhrottle's member sets: on a target host the ipsets, on a
-    bridge the nftables maps that still hold an element."""
-    if not bridge:
-        return subprocess.run(["ip", "netns", "exec", netns, "ipset", "list", "-n"],
-                              capture_output=True, text=True).stdout.split()  # fmt: skip
-    text = subprocess.run(["ip", "netns", "exec", netns, "nft", "-j", "list", "ruleset", "bridge"],
-                          capture_output=True, text=True).stdout  # fmt: skip
-    items = json.loads(text or '{"nftables": []}')["nftables"]
-    return [m["map"]["name"] for m in items if "map" in m and m["map"].get("elem")]
-
-
-def controller_delay_class(ph: dict) -> int:
-    """The median class the controller gave the writers while they wrote and the
-    reader was there, after the learning burst: where the static search starts."""
-    on, off = events(ph, "writers on"), events(ph, "writers off")
-    settle = off[0] if off else 0.0
-    reader_off = (events(ph, "reader off") or [math.inf])[0]
-    ks = []
-    for r in ph["rows"]:
-        st = r.get("status")
-        t_ = r["t"]
-        if st is None or not settle <= t_ < reader_off:
-            continue
-        if not any(x + 1.0 <= t_ < y for x, y in zip(on, off, strict=False)):
-            continue
-        ks += [st["initiators"].get(ip, 0) for ip in ph["writer_ips"]]
-    return sorted(ks)[len(ks) // 2] if ks else 1
-
-
-def static_search(t: dict, a: argparse.Namespace, thr: str, ctl: dict, out: Path) -> list[dict]:
-    """The smallest delay of the ladder an admin could pin on the writers that holds T.
-
-    From the controller's median class (controller_delay_class): `static_step`
-    classes up while the reader's p95 is over T (down while it holds), the step
-    doubling each probe, until the result flips; then bisection between the
-    highest class over T and the lowest that holds; at most `static_probes`
-    phases of `static_cycles` on-periods each.
-    Returns the phases (each with "holds")."""
-    from santhrottle.controller.ladder import Ladder
-
-    lad = ctl["ladder"]
-    ladder = Ladder(lad["step_us"], lad["max_delay_us"], lad["ratio"])
-    thr_s = parse_ms(thr)
-    k = max(1, min(ladder.max_class, controller_delay_class(ctl)))
-    over, held = 0, ladder.max_class + 1  # highest class over T, lowest that holds
-    phases = []
-    jump = a.static_step
-    for _ in range(a.static_probes):
-        ph = phase(t, a, thr, out, static_us=ladder.delay_us(k), cycles=a.static_cycles)
-        p95 = summarize(ph, thr_s, None)["read_latency_p95_s"]
-        ph["holds"] = p95 <= thr_s
-        phases.append(ph)
-        verdict = "holds" if ph["holds"] else "over T"
-        print(f"  static {thr} at {ladder.delay_us(k) / 1000:g} ms (class {k}): p95 "
-              f"{p95 * 1e3:.2f} ms, {verdict}", flush=True)  # fmt: skip
-        if ph["holds"]:
-            held = min(held, k)
-        else:
-            over = max(over, k)
-        if held <= ladder.max_class and over > 0:  # bracketed: bisect
-            if held - over <= 1:
-                break
-            k = (held + over) // 2
-        elif held <= ladder.max_class:  # all held so far: lower
-            k = max(1, held - jump)
-            if k == held:
-                break
-        else:  # none held yet: higher
-            k = min(ladder.max_class, over + jump)
-            if k == over:
-                break
-        jump *= 2  # galloping until bracketed
-    return phases
-
-
-def events(ph: dict, name: str) -> list[float]:
-    return [t_ for t_, e in ph["events"] if e == name]
+STATUS_EVERY = 5  # samples: the daemon's status and ss every 0.5 s
+REGION_MIB = 300  # --writer-jobs > 1: each job in its own region of the host's LV
+DAEMON_PROFILE = Path(__file__).with_name("daemon_profile.py")
+FIRST_TICK_S = 2.0  # a first discovery (and the pins applied by a tick)
 
 
 def parse_ms(text: str) -> float:
@@ -595,54 +68,268 @@ def parse_ms(text: str) -> float:
     return parse_duration_s(text)
 
 
-def interference(t: dict, a: argparse.Namespace) -> list[dict]:
-    reader, writers = t["hosts"][0], t["hosts"][1:]
+@dataclass
+class Setting:
+    """What every phase of one run shares: the topology, its hosts, the options."""
+
+    t: dict
+    a: argparse.Namespace
+    hosts: list[dict]
+    port: int
+
+    @property
+    def reader(self) -> dict:
+        return self.hosts[0]
+
+    @property
+    def writers(self) -> list[dict]:
+        return self.hosts[1:]
+
+    def devices(self) -> list[str]:
+        return [self.reader["dm"], *[w["dm"] for w in self.writers], Path(self.t["disk"]).name]
+
+    def reader_job(self, runtime: float) -> list[str]:
+        return fio.reader(self.reader["device"], self.a.reader_rate, runtime)
+
+    def writer_jobs(self, runtime: float) -> list[list[str]]:
+        a = self.a
+        region = REGION_MIB if a.writer_jobs > 1 else None
+        return [
+            fio.writers(
+                w["device"],
+                a.writer_bs,
+                a.writer_qd,
+                runtime,
+                jobs=a.writer_jobs,
+                region_mib=region,
+            )
+            for w in self.writers
+        ]
+
+    def daemon(self, name: str, threshold: str | None, bridge: bool = False) -> Daemon:
+        """santhrottled on the target's veth (threshold None: it only observes), or in
+        bridge mode on the topology's bridge: the resource is every volume of the
+        portals (one per LUN) or of the nvmet ports, as the wire shows them."""
+        a, t = self.a, self.t
+        state = a.out / f"state-{name}"
+        ctl = {"setpoint_fraction": a.setpoint}
+        if bridge:
+            conf = bridge_config(t["bridge"], SOCK, state, max_delay=a.max_delay)
+            vols = [f"iscsi://{topology.hostport(x['portal'], x['port'])}/*/*" for x in t["iscsi"]]
+            vols += [
+                f"nvme://{topology.hostport(x['traddr'], topology.NVME_PORT)}/*/*"
+                for x in t["nvme"]
+            ]
+            if a.setpoint is not None:
+                conf["controller"] = ctl
+            conf["resources"] = {t["vg"]: {"volumes": vols, "threshold": threshold}}
+        else:
+            conf = target_config(t, SOCK, state, threshold, max_delay=a.max_delay, **ctl)
+        command = None
+        if a.profile_daemon:  # the same daemon under cProfile on its tick loop's CPU clock
+            command = [sys.executable, str(DAEMON_PROFILE), str(a.out / f"profile-{name}.prof")]
+        return Daemon(name, conf, a.out, command=command)
+
+    def sampler(self, daemon: Daemon | None) -> Sampler:
+        ps = [
+            Probe("ds", probes.diskstats(self.devices())),
+            Probe("retrans", probes.retrans(self.t["netns"], self.port), every=STATUS_EVERY),
+        ]
+        if daemon is not None:
+            ps.append(Probe("status", daemon.status_row, every=STATUS_EVERY))
+        return Sampler(ps)
+
+
+def phase(
+    lab: Setting,
+    threshold: str | None,
+    static_us: int | None = None,
+    cycles: int | None = None,
+    bridge: bool = False,
+) -> dict:
+    """One phase (module header): uncontrolled (threshold None), controlled at `threshold`,
+    static (the writers pinned at static_us, judged against `threshold`), or bridged."""
+    a, t = lab.a, lab.t
+    static = static_us is not None
+    name = f"static-{threshold}-{static_us}us" if static else threshold
+    if bridge:
+        name = f"bridge-{threshold}"
+    daemon = lab.daemon(name, threshold, bridge) if threshold else None
+    ladder = None
+    try:
+        if daemon is not None:
+            ladder = daemon.start()["ladder"]
+        if static:
+            for w in lab.writers:
+                daemon.pin(w["initiator_ip"], static_us)
+        time.sleep(FIRST_TICK_S)
+        s = lab.sampler(daemon)
+        net0 = probes.nstat(t["netns"])
+        conns0 = probes.tcp_conns(t["netns"], lab.port)
+        cpu0, wall0 = probes.guest_cpu(), time.monotonic()
+        dcpu0 = daemon.cpu() if daemon is not None else {}
+        s.start()
+        sched = bursts.Schedule(a.lead, a.on, a.off, a.cycles if cycles is None else cycles)
+        release = [w["dm"] for w in lab.writers] if daemon is not None and not static else None
+        bursts.run(s, lab.reader_job, lab.writer_jobs, sched, learn=not static, release=release)
+        s.stop()
+        net1 = probes.nstat(t["netns"])
+        conns = probes.tcp_conns(t["netns"], lab.port)
+        cpu = {
+            "wall_s": time.monotonic() - wall0,
+            "guest_ticks": {k: v - cpu0[k] for k, v in probes.guest_cpu().items()},
+        }
+        if daemon is not None:  # from the sampler's start to its stop, as the figures
+            dcpu1 = daemon.cpu()
+            cpu["daemon"] = {k: v - dcpu0.get(k, 0.0) for k, v in dcpu1.items() if k != "error"}
+    finally:
+        if daemon is not None:
+            daemon.stop()
+    daemon_ns = t["bridge"]["netns"] if bridge else t["netns"]
+    kind = "static" if static else ("controlled" if threshold else "uncontrolled")
+    return {
+        "threshold": threshold,
+        "plant": (probes.plant_stats() or {}).get("config"),
+        "kind": "bridge" if bridge else kind,
+        "static_delay_us": static_us,
+        "ladder": ladder,
+        "rows": s.rows,
+        "events": s.events,
+        "nstat": {k: net1.get(k, 0) - net0.get(k, 0) for k in probes.NSTAT_KEYS},
+        "cpu": cpu,
+        "tcp_conns": conns,
+        "tcp_conns_start": conns0,
+        "sets_left_after_stop": probes.sets_left(daemon_ns, bridge),
+        "reader_dm": lab.reader["dm"],
+        "writer_dms": [w["dm"] for w in lab.writers],
+        "writer_ips": [w["initiator_ip"] for w in lab.writers],
+        "array": Path(t["disk"]).name,
+    }
+
+
+def static_search(lab: Setting, thr: str, ctl: dict) -> list[dict]:
+    """The smallest delay of the ladder an admin could pin on the writers that holds T
+    (labkit.search), from the controller's median class while the writers wrote; the
+    static phases, each with "holds"."""
+    from santhrottle.controller.ladder import Ladder
+
+    a = lab.a
+    lad = ctl["ladder"]
+    ladder = Ladder(lad["step_us"], lad["max_delay_us"], lad["ratio"])
+    thr_s = parse_ms(thr)
+    phases = []
+
+    def holds(k: int) -> bool:
+        ph = phase(lab, thr, static_us=ladder.delay_us(k), cycles=a.static_cycles)
+        p95 = analysis.summarize(ph, thr_s, None)["read_latency_p95_s"]
+        ph["holds"] = p95 <= thr_s
+        phases.append(ph)
+        print(
+            f"  static {thr} at {ladder.delay_us(k) / 1000:g} ms (class {k}): p95 "
+            f"{p95 * 1e3:.2f} ms, {'holds' if ph['holds'] else 'over T'}",
+            flush=True,
+        )
+        return ph["holds"]
+
+    start = analysis.writing_class(ctl)
+    search.smallest_holding(holds, start, ladder.max_class, a.static_step, a.static_probes)
+    return phases
+
+
+def interference(lab: Setting) -> list[dict]:
+    """The reader alone, with one host's writers, with all: a.steady s each, measured
+    over the interval the reader ran (diskstats before and after it)."""
+    a = lab.a
     out = []
-    for n in sorted({0, 1, len(writers)}):
-        ws = [writer_job(a, w["device"], a.steady + 3) for w in writers[:n]]
+    for n in sorted({0, 1, len(lab.writers)}):
+        ws = [fio.start(cmd) for cmd in lab.writer_jobs(a.steady + 3)[:n]]
         time.sleep(2)
-        d0 = diskstats()
-        rd = reader_job(a, reader["device"], a.steady)
-        res = json.loads(rd.communicate()[0])["jobs"][0]["read"]
-        d1 = diskstats()
+        d0, t0 = probes.all_diskstats(), time.monotonic()
+        rd = fio.start(lab.reader_job(a.steady))
+        res = (rd.result() or {})["read"]
+        d1, t1 = probes.all_diskstats(), time.monotonic()
         for w in ws:
-            w.communicate()
-        dm = reader["dm"]
-        reads = d1[dm][0] - d0[dm][0]
+            w.wait()
+        dm = lab.reader["dm"]
+        r = analysis.device_delta(d0[dm], d1[dm], t1 - t0)
+        wr = [analysis.device_delta(d0[w["dm"]], d1[w["dm"]], t1 - t0) for w in lab.writers]
         out.append(
             {
                 "writers": n,
-                "reader_dm_latency_s": (d1[dm][3] - d0[dm][3]) / 1000 / max(1, reads),
+                "reader_dm_latency_s": r["read_l_s"] if r["reads"] else 0.0,
                 "reader_fio_mean_s": res["clat_ns"]["mean"] / 1e9,
                 "reader_fio_p95_s": res["clat_ns"]["percentile"]["95.000000"] / 1e9,
-                "writes_bytes_per_s": sum(d1[w["dm"]][6] - d0[w["dm"]][6] for w in writers)
-                * 512
-                / (a.steady + 2),
+                "writes_bytes_per_s": sum(x["write_mb_s"] for x in wr) * 1e6,
+                "interval_s": t1 - t0,
             }
         )
         print(f"interference: {out[-1]}", flush=True)
     return out
 
 
-# "auto[:LO-HI]": one threshold, half what this host's uncontrolled phase made, on a
-# 0.25 ms grid, within LO-HI (the emulated guest's speed, and so the writers' load on
-# the array, follows the host's: a threshold of half the uncontrolled p95 keeps the
-# contention the controller must undo at 2 T or more whatever the host). "auto" alone:
-# 1-2 ms, the null_blk lab's (1 ms: the lowest its noise lets the controller hold).
-AUTO_FRACTION = 0.5
-AUTO_GRID_US = 250
-AUTO_RANGE = "1ms-2ms"
+def uncontrolled_figures(lab: Setting, ph: dict, m_ms: float, c_ms: float) -> regime.Uncontrolled:
+    """What labkit.regime reads of an uncontrolled phase."""
+    a = lab.a
+    w = analysis.writing_windows(ph)
+    bs = int(a.writer_bs.rstrip("kK")) * 1024
+    return regime.Uncontrolled(
+        m_ms=m_ms,
+        c_ms=c_ms,
+        writers=a.writers * a.writer_jobs,
+        p95_s=analysis.summarize(ph, None, None)["read_latency_p95_s"],
+        q=sum(x.array_q for x in w) / len(w) if w else 0.0,
+        iops=sum(x.write_bps for x in w) / len(w) / bs if w else 0.0,
+    )
 
 
-def auto_threshold(uncontrolled_p95_s: float, spec: str = "auto") -> str:
-    """'1.75ms' for an uncontrolled p95 of 3.9 ms and "auto"; '2ms' at 4 ms and above;
-    '1ms' below 2.5 ms (then the test finds the contention too small to tell).
-    "auto:10ms-20ms": '13.25ms' for 26.5 ms, '20ms' at 40 ms and above."""
-    lo, _, hi = (spec.partition(":")[2] or AUTO_RANGE).partition("-")
-    lo_us, hi_us = round(parse_ms(lo) * 1e6), round(parse_ms(hi) * 1e6)
-    us = int(uncontrolled_p95_s * 1e6 * AUTO_FRACTION) // AUTO_GRID_US * AUTO_GRID_US
-    us = max(lo_us, min(hi_us, us))
-    return f"{us / 1000:g}ms"
+def choose_plant(lab: Setting, wanted: list[str]) -> tuple[dict, dict]:
+    """The uncontrolled phase at the booted plant's slope, and again at a steeper one
+    while its p95 is under 2 x the largest wanted threshold (module header); returns the
+    choice (every try, the slope kept, the verdict, the thresholds) and the last phase."""
+    cfg = probes.plant_config() or {}
+    m, c = float(cfg.get("m_ms", 0.0)), float(cfg.get("c_ms", 0.0))
+    wanted_s = [parse_ms(x) for x in wanted]
+    tries: list[dict] = []
+    for i in range(regime.MAX_TRIES):
+        if i:
+            plant.guest_set(m_ms=m)
+        unc = phase(lab, None)
+        u = uncontrolled_figures(lab, unc, m, c)
+        status, ok = regime.verdict(u.p95_s, wanted_s)
+        nxt = None if status == "reached" else regime.next_slope(u, max(wanted_s))
+        tries.append(
+            {
+                "m_ms": m,
+                "c_ms": c,
+                "p95_s": u.p95_s,
+                "q": u.q,
+                "iops": u.iops,
+                "overhead_s": regime.overhead_s(u),
+                "status": status,
+                "next_m_ms": nxt,
+            }
+        )
+        print(
+            f"plant m {m:g} ms/IO: uncontrolled p95 {u.p95_s * 1e3:.2f} ms ({status}); "
+            f"Q {u.q:.2f}, {u.iops:.0f} IOPS, writers' time per IO outside the array "
+            f"{regime.overhead_s(u) * 1e3:.1f} ms; next slope {nxt}",
+            flush=True,
+        )
+        if nxt is None or nxt <= m:
+            break
+        m = nxt
+    keep = [x for x, s in zip(wanted, wanted_s, strict=True) if s in ok]
+    m = tries[-1]["m_ms"]  # the plant the last try, and every phase after it, ran at
+    return {
+        "wanted": wanted,
+        "tries": tries,
+        "m_ms": m,
+        "c_ms": c,
+        "status": status,
+        "thresholds": keep,
+        "regime_x": regime.REGIME_X,
+        "aim_x": regime.AIM_X,
+    }, unc
 
 
 # --paper: the method paper's experiment on the known plant (docs/lab.md); explicit
@@ -673,8 +360,8 @@ def hosts(t: dict, protocol: str) -> list[dict]:
     return [dict(n, initiator_ip=n["host_traddr"]) for n in t["nvme"]]
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
+def arguments() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument(
         "--protocol",
@@ -687,16 +374,20 @@ def main() -> int:
     ap.add_argument(
         "--ipv6",
         default="",
-        help="hosts over IPv6 (topology.py --ipv6-iscsi / --ipv6-nvme), by index: 0 is the "
-        "reader, 1.. the writer hosts; e.g. 0,3 (needs santhrottled's IPv6 data path)",
+        help="hosts over IPv6 (topology --ipv6-iscsi / --ipv6-nvme), by index: 0 is the "
+        "reader, 1.. the writer hosts; e.g. 0,3",
     )
     ap.add_argument(
         "--nvme-quickack",
         action="store_true",
         help="the NVMe/TCP hosts' routes to their ports with quickack 1 (topology.up)",
     )
-    ap.add_argument("--disk", choices=("nullb", "array"), default="nullb",
-                    help="array: lab.py --array nbd's known plant")  # fmt: skip
+    ap.add_argument(
+        "--disk",
+        choices=("nullb", "array"),
+        default="nullb",
+        help="array: lab.py --array nbd's known plant",
+    )
     ap.add_argument("--lv-size-mib", type=int, default=256)
     ap.add_argument("--writers", type=int, default=3, help="writer hosts")
     ap.add_argument("--writer-jobs", type=int, default=1, help="writers per host")
@@ -708,6 +399,13 @@ def main() -> int:
     # under half the one-vCPU lab's uncontrolled p95 (2.1-5.7 ms, docs/lab.md);
     # "auto[:LO-HI]": one threshold, half the uncontrolled phase's p95 (auto_threshold)
     ap.add_argument("--thresholds", default="1ms,1.25ms")
+    ap.add_argument(
+        "--plant",
+        default="fixed",
+        choices=("fixed", "auto"),
+        help="auto: choose the plant's slope so that the uncontrolled p95 is at least 2 T "
+        "at every threshold (choose_plant); fixed: the plant lab.py started",
+    )
     # "default": the product's (nothing in the daemon's file)
     ap.add_argument("--max-delay", default="100ms")
     # The null_blk lab's reader is noisy (heavy-tailed waits behind writes, ~6 reads
@@ -750,59 +448,76 @@ def main() -> int:
     if a.max_delay in (None, "default"):
         a.max_delay = None
     a.setpoint = None if a.setpoint in (None, "default") else float(a.setpoint)
+    return a
+
+
+def say(ph: dict, what: str, threshold: str | None) -> None:
+    s = analysis.summarize(ph, parse_ms(threshold) if threshold else None, None)
+    print(
+        f"phase {what} done: p95 {s['read_latency_p95_s'] * 1e3:.2f} ms, writes "
+        f"{s['write_bytes_per_s'] / 1e6:.1f} MB/s",
+        flush=True,
+    )
+
+
+def main() -> int:
+    a = arguments()
     a.out.mkdir(parents=True, exist_ok=True)
-    if a.profile_daemon:
-        global PROFILE_DIR
-        PROFILE_DIR = a.out
     nvme = a.protocol == "nvme"
     if a.disk == "array":
         topology.load_modules(["virtio_blk"])
     n = a.writers + 1
     v6 = tuple(int(x) for x in a.ipv6.split(",") if x)
     t = topology.up(
-        luns=0 if nvme else n, nvme=n if nvme else 0, disk=a.disk, lv_size_mib=a.lv_size_mib,
-        nullb_mbps=a.mbps, nullb_queue_depth=a.queue_depth, bridge=a.bridge,
-        ipv6_iscsi=() if nvme else v6, ipv6_nvme=v6 if nvme else (),
+        luns=0 if nvme else n,
+        nvme=n if nvme else 0,
+        disk=a.disk,
+        lv_size_mib=a.lv_size_mib,
+        nullb_mbps=a.mbps,
+        nullb_queue_depth=a.queue_depth,
+        bridge=a.bridge,
+        ipv6_iscsi=() if nvme else v6,
+        ipv6_nvme=v6 if nvme else (),
         nvme_quickack=a.nvme_quickack,
-    )  # fmt: skip
-    t["hosts"] = hosts(t, a.protocol)
-    t["storage_port"] = topology.NVME_PORT if nvme else topology.ISCSI_PORT
+    )
+    lab = Setting(t, a, hosts(t, a.protocol), topology.NVME_PORT if nvme else topology.ISCSI_PORT)
     raw: dict = {
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
         "kernel": os.uname().release,
         "protocol": a.protocol,
         "hosts": [
             {k: h.get(k) for k in ("initiator_ip", "device", "dm", "lv", "iqn", "nqn", "hostnqn")}
-            for h in t["hosts"]
+            for h in lab.hosts
         ],
         "topology_timings_s": t.get("timings_s"),
-        "array_config": json.loads(os.environ.get("SANTHROTTLE_LAB_ARRAY") or "null"),
+        "array_config": probes.plant_config(),
     }
     t_all = time.monotonic()
     try:
-        raw["interference"] = [] if a.skip_interference else interference(t, a)
-        raw["phases"] = [phase(t, a, None, a.out)]
-        print("phase uncontrolled done", flush=True)
+        raw["interference"] = [] if a.skip_interference else interference(lab)
         thresholds = a.thresholds.split(",")
+        if a.plant == "auto":
+            raw["plant_choice"], unc = choose_plant(lab, thresholds)
+        else:
+            unc = phase(lab, None)
+        raw["phases"] = [unc]
+        say(unc, "uncontrolled", None)
         if a.thresholds.startswith("auto"):
-            unc_p95_s = summarize(raw["phases"][0], None, None)["read_latency_p95_s"]
-            thresholds = [auto_threshold(unc_p95_s, a.thresholds)]
+            unc_p95_s = analysis.summarize(unc, None, None)["read_latency_p95_s"]
+            thresholds = [regime.auto_threshold(unc_p95_s, a.thresholds)]
             print(f"uncontrolled p95 {unc_p95_s * 1e3:.2f} ms: threshold {thresholds[0]}")
+        elif a.plant == "auto":
+            thresholds = raw["plant_choice"]["thresholds"]
         for thr in thresholds:
-            ctl = phase(t, a, thr, a.out)
+            ctl = phase(lab, thr)
             raw["phases"].append(ctl)
-            s = summarize(ctl, parse_ms(thr), None)
-            print(f"phase {thr} done: p95 {s['read_latency_p95_s'] * 1e3:.2f} ms, writes "
-                  f"{s['write_bytes_per_s'] / 1e6:.1f} MB/s", flush=True)  # fmt: skip
+            say(ctl, thr, thr)
             if a.static:
-                raw["phases"] += static_search(t, a, thr, ctl, a.out)
+                raw["phases"] += static_search(lab, thr, ctl)
             if a.bridge:
-                br = phase(t, a, thr, a.out, bridge=True)
+                br = phase(lab, thr, bridge=True)
                 raw["phases"].append(br)
-                s = summarize(br, parse_ms(thr), None)
-                print(f"phase {thr} through the bridge done: p95 "
-                      f"{s['read_latency_p95_s'] * 1e3:.2f} ms, writes "
-                      f"{s['write_bytes_per_s'] / 1e6:.1f} MB/s", flush=True)  # fmt: skip
+                say(br, f"{thr} through the bridge", thr)
     finally:
         raw["guest_wall_s"] = time.monotonic() - t_all
         (a.out / "raw.json").write_text(json.dumps(raw))

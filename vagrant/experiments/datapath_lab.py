@@ -39,17 +39,8 @@ import time
 from pathlib import Path
 
 from curves_report import PATTERNS, report
-from measure import (
-    DEVICE,
-    NETNS,
-    PORTS,
-    curve,
-    fio_once,
-    load_topology,
-    netns_sysctl,
-    sh,
-    summarize,
-)
+from labkit import fio, topology
+from labkit.curves import DEVICE, NETNS, PORTS, curve, fit, netns_sysctl
 
 from santhrottle.appliance.datapath import Datapath, DatapathSpec
 from santhrottle.appliance.datapath.tctree import desired_tree, htb_params, render_tc_plan
@@ -63,12 +54,13 @@ OVERHEAD_SIZE = 64 << 20
 
 # ================================================================= sweep
 def sweep(args) -> dict:
-    topo = load_topology()
     t_start = time.monotonic()
-    if topo.status() is not None:
-        topo.down()
+    if topology.status() is not None:
+        topology.down()
     nvme = args.protocol == "nvme"
-    t = topo.up(luns=0 if nvme else 1, nvme=1 if nvme else 0, disk="fast", lv_size_mib=args.lv_mib)
+    t = topology.up(
+        luns=0 if nvme else 1, nvme=1 if nvme else 0, disk="fast", lv_size_mib=args.lv_mib
+    )
     ini = t["nvme"][0] if nvme else t["iscsi"][0]
     ip, device = ini["host_traddr" if nvme else "initiator_ip"], ini["device"]
     delays = QUICK_DELAYS_MS if args.quick else SWEEP_DELAYS_MS
@@ -102,7 +94,7 @@ def sweep(args) -> dict:
                     else:
                         d.cleanup()
                     for rw in ("read", "write"):
-                        s = fio_once(device, rw, "64k", 1, OVERHEAD_SIZE)
+                        s = fio.once(device, rw, "64k", 1, OVERHEAD_SIZE)
                         runs[state][rw].append(OVERHEAD_SIZE / s / 1e6)
                 log(
                     f"  pair {i}: "
@@ -158,7 +150,7 @@ def sweep(args) -> dict:
                     continue
                 log(f"curve: {pat} {rw}, mode {mode}")
                 pts = curve(d, ip, device, mode, rw, bs, qd, size, delays, log, args.repeat)
-                s = summarize(pts)
+                s = fit(pts)
                 log(
                     f"  fit: {s['intercept_s_per_gb']:.1f} s/GB + "
                     f"{s['slope_s_per_gb_per_ms']:.2f} s/GB per ms, R^2 {s['r2']:.4f}, "
@@ -177,21 +169,21 @@ def sweep(args) -> dict:
             with netns_sysctl("net.ipv4.tcp_rmem", "4096 65536 65536"):
                 # new window limits apply to new connections: log the session in again
                 if nvme:
-                    topo.nvme_disconnect(t["nvme"])
-                    topo.nvme_connect(t["nvme"])
+                    topology.nvme_disconnect(t["nvme"])
+                    topology.nvme_connect(t["nvme"])
                     device2 = t["nvme"][0]["device"]
                 else:
-                    sh(["iscsiadm", "-m", "node", "-U", "all"])
-                    topo.iscsi_login(t["iscsi"])
+                    topology.sh(["iscsiadm", "-m", "node", "-U", "all"])
+                    topology.iscsi_login(t["iscsi"])
                     device2 = t["iscsi"][0]["device"]
                 pts = curve(
                     d, ip, device2, "ack", "write", "64k", 1, 32 << 20, delays, log, args.repeat
                 )
-            res["ack_window_limited"] = {"points": pts, **summarize(pts)}
+            res["ack_window_limited"] = {"points": pts, **fit(pts)}
         d.cleanup()
     finally:
         d.close()
-        topo.down()
+        topology.down()
     res["wall_s"] = time.monotonic() - t_start
     return res
 
@@ -232,16 +224,17 @@ def _defclass_tree(d: Datapath) -> None:
     want.classes[0xFFFF] = htb_params(s.link_bits_s)
     for dev in s.devices:
         lines = render_tc_plan(dev, want, None)
-        sh(["ip", "netns", "exec", NETNS, "tc", "-batch", "-"], input="\n".join(lines) + "\n")
+        topology.sh(
+            ["ip", "netns", "exec", NETNS, "tc", "-batch", "-"], input="\n".join(lines) + "\n"
+        )
 
 
 def overhead(args) -> dict:
     """Which part of the idle data path costs what: rounds over the variants
     in rotating order, 64k qd1 read and write of a fixed size each."""
-    topo = load_topology()
-    if topo.status() is not None:
-        topo.down()
-    t = topo.up(luns=1, nvme=0, disk="fast", lv_size_mib=args.lv_mib)
+    if topology.status() is not None:
+        topology.down()
+    t = topology.up(luns=1, nvme=0, disk="fast", lv_size_mib=args.lv_mib)
     device = t["iscsi"][0]["device"]
     variants = args.variants.split(",")
     runs: dict[str, dict[str, list[float]]] = {v: {"read": [], "write": []} for v in variants}
@@ -252,15 +245,19 @@ def overhead(args) -> dict:
             for v in order:
                 set_variant(d, v)
                 for rw in ("read", "write"):
-                    secs = fio_once(device, rw, "64k", 1, args.size_mib << 20)
+                    secs = fio.once(device, rw, "64k", 1, args.size_mib << 20)
                     runs[v][rw].append((args.size_mib << 20) / secs / 1e6)
-            print(f"round {r}: " + ", ".join(
-                f"{v} {runs[v]['read'][-1]:.1f}/{runs[v]['write'][-1]:.1f}" for v in variants
-            ), flush=True)  # fmt: skip
+            print(
+                f"round {r}: "
+                + ", ".join(
+                    f"{v} {runs[v]['read'][-1]:.1f}/{runs[v]['write'][-1]:.1f}" for v in variants
+                ),
+                flush=True,
+            )
         d.cleanup()
     finally:
         d.close()
-        topo.down()
+        topology.down()
     out: dict = {"rounds": args.rounds, "size_mib": args.size_mib, "runs": runs, "variants": {}}
     for v in variants:
         out["variants"][v] = {}
@@ -282,14 +279,20 @@ def overhead(args) -> dict:
 def fio_side_by_side(devices: list[str], rw: str, bs: str, qd: int, seconds: int) -> list[float]:
     """One fio, one job per device, started together, time-based: MB/s of each."""
     cmd = [
-        "fio", "--output-format=json", "--direct=1", "--ioengine=libaio", f"--rw={rw}",
-        f"--bs={bs}", f"--iodepth={qd}", "--time_based", f"--runtime={seconds}",
+        "fio",
+        "--output-format=json",
+        "--direct=1",
+        "--ioengine=libaio",
+        f"--rw={rw}",
+        f"--bs={bs}",
+        f"--iodepth={qd}",
+        "--time_based",
+        f"--runtime={seconds}",
         "--verify_state_save=0",
-    ]  # fmt: skip
+    ]
     for i, dev in enumerate(devices):
         cmd += [f"--name=j{i}", f"--filename={dev}"]
-    out = sh(cmd, timeout=seconds * 4 + 60)
-    jobs = json.loads(out[out.index("{") :])["jobs"]
+    jobs = fio.parse(topology.sh(cmd, timeout=seconds * 4 + 60))["jobs"]
     side = "read" if rw == "read" else "write"
     if any(j["error"] or not j[side]["io_bytes"] for j in jobs):
         got = [(j["error"], j[side]["io_bytes"]) for j in jobs]
@@ -309,7 +312,7 @@ def set_side(links: list[str], state: str, baseline: str) -> None:
     for link in links:
         with Datapath(DatapathSpec((link,), ports=PORTS), netns=NETNS) as d:
             d.cleanup()
-        sh([*tc, "del", "dev", link, "root"], check=False)
+        topology.sh([*tc, "del", "dev", link, "root"], check=False)
     # the variant first: set_variant's cleanup removes every tree of ours in the namespace
     for j, link in enumerate(links):
         if on == str(j):
@@ -324,7 +327,7 @@ def set_side(links: list[str], state: str, baseline: str) -> None:
                 tree = desired_tree(s.ladder.delays_us, s.link_bits_s, s.leaf, s.glide_leaves)
                 d.device().apply(tree)
         elif baseline != "noqueue":
-            sh([*tc, "add", "dev", link, "root", baseline])
+            topology.sh([*tc, "add", "dev", link, "root", baseline])
 
 
 def side_by_side(args) -> dict:
@@ -340,10 +343,9 @@ def side_by_side(args) -> dict:
     streams share the guest's CPUs: a path that costs more CPU per IO also
     gives the other stream more, so the ratio is an upper bound of one
     stream's own loss."""
-    topo = load_topology()
-    if topo.status() is not None:
-        topo.down()
-    t = topo.up(luns=2, nvme=0, disk="fast", lv_size_mib=args.lv_mib, links=2)
+    if topology.status() is not None:
+        topology.down()
+    t = topology.up(luns=2, nvme=0, disk="fast", lv_size_mib=args.lv_mib, links=2)
     devices = [x["device"] for x in t["iscsi"]]
     links = [x["target_device"] for x in t["iscsi"]]
     variants = args.variants.split(",")
@@ -358,13 +360,18 @@ def side_by_side(args) -> dict:
                 set_side(links, st, args.baseline)
                 for rw in ("read", "write"):
                     runs[rw][st].append(fio_side_by_side(devices, rw, "64k", 1, args.seconds))
-            print(f"round {r}: " + "; ".join(
-                f"{rw} " + ", ".join(f"{st} {x[-1][0]:.1f}/{x[-1][1]:.1f}" for st, x in sts.items())
-                for rw, sts in runs.items()
-            ), flush=True)  # fmt: skip
+            print(
+                f"round {r}: "
+                + "; ".join(
+                    f"{rw} "
+                    + ", ".join(f"{st} {x[-1][0]:.1f}/{x[-1][1]:.1f}" for st, x in sts.items())
+                    for rw, sts in runs.items()
+                ),
+                flush=True,
+            )
         set_side(links, "none", "noqueue")
     finally:
-        topo.down()
+        topology.down()
     out: dict = {
         "rounds": args.rounds,
         "seconds": args.seconds,
@@ -490,12 +497,16 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.cmd in GUEST_COMMANDS:
         if os.environ.get("SANTHROTTLE_IN_GUEST") != "1":
-            print(f"{a.cmd} runs in the lab guest: python3 vagrant/qemu/lab.py run "
-                  f"vagrant/experiments/datapath_lab.py {a.cmd}", file=sys.stderr)  # fmt: skip
+            print(
+                f"{a.cmd} runs in the lab guest: python3 vagrant/qemu/lab.py run "
+                f"vagrant/experiments/datapath_lab.py {a.cmd}",
+                file=sys.stderr,
+            )
             return 2
         if a.out is None:  # sweep: one file per protocol
-            a.out = str(RESULTS if a.protocol == "iscsi" else RESULTS.with_name(
-                "datapath-lab-nvme.json"))  # fmt: skip
+            a.out = str(
+                RESULTS if a.protocol == "iscsi" else RESULTS.with_name("datapath-lab-nvme.json")
+            )
         measure, show = GUEST_COMMANDS[a.cmd]
         res = measure(a)
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 import faults_measure as m
+from labkit.daemon import BIN, Daemon
 
 HERE = Path(__file__).resolve().parent
 CLIENTS = HERE / "faults_clients.py"
-BIN = Path(sys.executable).parent
 RESTART_SEC_S = 2.0  # systemd/santhrottled.service RestartSec=
 READY_TIMEOUT_S = 120.0
 LINK_DOWN_S = 5.0
@@ -49,75 +49,38 @@ CLI_WAVES, CLI_PER_WAVE = 10, 100
 FLOOD_CONNECTIONS, FLOOD_HOLD_S = 5000, 10.0
 FLOOD_TIMEOUT_S = 180.0
 HUP_WAIT_S = 10.0  # for the daemon to say what it made of a reload
-DM_ENV = {"DM_DISABLE_UDEV": "1"}  # no udev in the guest (vagrant/qemu/guest/topology.py)
+DM_ENV = {"DM_DISABLE_UDEV": "1"}  # no udev in the guest (labkit.topology)
 
 
-def unit_nice(unit: Path) -> int:
-    for line in unit.read_text().splitlines():
-        if line.startswith("Nice="):
-            return int(line.removeprefix("Nice="))
-    return 0
+class Unit(Daemon):
+    """santhrottled under the campaign's hand, as systemd would run it: the kit's daemon
+    (labkit.daemon) with one file (`conf`, which hup overwrites) and one log per start
+    (santhrottled-N.log, followed by the campaign's LogTail)."""
 
-
-class Unit:
-    """santhrottled under the campaign's hand, as systemd would run it."""
-
-    def __init__(self, conf: Path, sock: str, logdir: Path, env: dict, nice: int, tail) -> None:
-        self.conf, self.sock, self.logdir, self.env, self.nice = conf, sock, logdir, env, nice
-        self.tail = tail
-        self.proc: subprocess.Popen | None = None
+    def __init__(self, config: dict, conf: Path, logdir: Path, env: dict, nice: int, tail) -> None:
+        super().__init__("unit", config, logdir, nice=nice, env=env)
+        self.conf, self.tail = conf, tail
         self.starts = 0
 
-    def start(self) -> float:
+    def start(self, start_s: float = READY_TIMEOUT_S) -> float:
         """Start and wait until the control socket answers; returns the seconds that took."""
         self.starts += 1
-        log = self.logdir / f"santhrottled-{self.starts}.log"
+        self.log = self.workdir / f"santhrottled-{self.starts}.log"
         t0 = time.monotonic()
-        with open(log, "w") as f:
-            self.proc = subprocess.Popen(
-                [str(BIN / "santhrottled"), "--config", str(self.conf)],
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                preexec_fn=lambda: os.nice(self.nice),
-            )
-        self.tail.follow(log)
-        while True:
-            try:
-                m.ctl(self.sock, timeout_s=2.0)
-                return round(time.monotonic() - t0, 2)
-            except Exception:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(
-                        f"santhrottled exited {self.proc.returncode}: {log.read_text()[-2000:]}"
-                    ) from None
-                if time.monotonic() - t0 > READY_TIMEOUT_S:
-                    raise RuntimeError(f"no answer after {READY_TIMEOUT_S} s") from None
-                time.sleep(0.2)
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        self.launch()
+        self.tail.follow(self.log)
+        self.wait_up(start_s, start_s)
+        return round(time.monotonic() - t0, 2)
 
     def tool(self, *args: str, daemon: bool = False, timeout: float = 120):
         exe = BIN / ("santhrottled" if daemon else "santhrottle")
         return m.run([str(exe), *args], timeout=timeout, env=self.env)
 
-    def stop(self) -> dict:
+    def stop(self, cleanup: str | None = "delays", timeout_s: float = 60.0) -> dict:
         """SIGTERM (our own child, by PID), then the unit's ExecStopPost."""
         out: dict[str, Any] = {}
         if self.alive():
-            assert self.proc is not None
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                out["exit"] = self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                out["exit"] = f"killed after 60 s: {self.proc.wait()}"
+            out["exit"] = super().stop(cleanup=None, timeout_s=timeout_s)
         p = self.tool("cleanup", "--delays-only", "--config", str(self.conf))
         out["cleanup"] = p.returncode
         return out

@@ -9,13 +9,15 @@ What it owns
     daemon's view (orphans), the iSCSI sessions and the target's TCP
     connections, the target's TCP counters (nstat in netns tgt), the
     kernel's new iSCSI log lines, and the daemon's log ("tick late by").
-    Pure helpers (`windows`, `time_to_hold`, `orphans_of`) are separate
-    from the readers so the definitions can be read and checked alone.
+    The polling is labkit.sampler's (one sampler for the diskstats, one for
+    the status probes, one for the log).  Pure helpers (`time_to_hold`,
+    `orphans_of`) are separate from the readers so the definitions can be
+    read and checked alone.
 
 Definitions (docs/faults.md)
     window     the reader LV's mean read latency over the last 1 s
-               (diskstats read ticks / reads completed between two samples
-               1 s apart); a window with no read completed is not held.
+               (labkit.analysis' window: back to the last sample at least
+               1 s before); a window with no read completed is not held.
     held       a window <= T.
     time to hold again
                from the fault's end E: the smallest d >= 0 such that every
@@ -28,11 +30,10 @@ Definitions (docs/faults.md)
                could catch it in passing).
 
 Worked example
-    rows [(0.0, 100, 50), (1.0, 164, 114), (2.0, 228, 300)] (t, reads,
-    read ticks in ms): windows() -> [(1.0, 0.001), (2.0, 0.0029...)]; at
-    T = 2 ms the first is held, the second not; time_to_hold(windows, T,
-    end=0.5, hold_s=0.5) -> 0.5 (the first held window at t = 1.0 is
-    followed by a late one only at 2.0, past 1.0 + 0.5).
+    windows [(1.0, 0.001), (2.0, 0.0029)] (t, latency): at T = 2 ms the first is
+    held, the second not; time_to_hold(windows, T, end=0.5, hold_s=0.5) -> 0.5 (the
+    first held window at t = 1.0 is followed by a late one only at 2.0, past 1.0 +
+    0.5).
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+
+from labkit import analysis, probes
+from labkit import sampler as kit
+from labkit.sampler import Probe
 
 NETNS = "tgt"
 SAMPLE_S = 0.1
@@ -66,26 +71,9 @@ NSTAT_KEYS = (
 TICK_LATE = re.compile(r"tick late by (\d+) ms")
 # what the kernel's iSCSI initiator and LIO log when a connection breaks
 KERNEL_ISCSI = re.compile(r"conn error|ping timeout|session recovery|Unable to recover|iSCSI Login")
-# read ticks (ms) and reads completed: positions in a /proc/diskstats row after the name
-READS, READ_TICKS = 0, 3
 
 
 # ------------------------------------------------------------------ pure
-def windows(rows: list[tuple[float, int, int]], span_s: float = WINDOW_S) -> list[tuple]:
-    """(t, mean read latency in s over the last span_s, or None) per sample."""
-    out = []
-    j = 0
-    for t, reads, ticks in rows:
-        while j + 1 < len(rows) and rows[j + 1][0] <= t - span_s:
-            j += 1
-        t0, r0, k0 = rows[j]
-        if t - t0 < span_s - 1e-6:
-            continue
-        n = reads - r0
-        out.append((t, (ticks - k0) / 1000 / n if n > 0 else None))
-    return out
-
-
 def held(lat: float | None, threshold_s: float) -> bool:
     return lat is not None and lat <= threshold_s
 
@@ -218,85 +206,91 @@ def proc_status(pid: int) -> dict[str, int]:
     return out
 
 
-class Sampler(threading.Thread):
-    """The reader LV's diskstats every SAMPLE_S; the daemon's status every PROBE_EVERY_S."""
+class Sampler:
+    """The reader LV's diskstats every SAMPLE_S, the daemon's status from outside every
+    PROBE_EVERY_S (its answer, or its failure, and how long it took): two samplers, so
+    that a daemon slow to answer does not space the diskstats out.  Times are
+    time.monotonic()'s, as the repetitions' marks."""
 
     def __init__(self, dm: str, sock: str) -> None:
-        super().__init__(daemon=True, name="sampler")
         self.dm, self.sock = dm, sock
-        self.rows: list[tuple[float, int, int]] = []
-        self.probes: list[dict] = []
-        self.stop_ev = threading.Event()
-        self._prober = threading.Thread(target=self._probe_loop, daemon=True, name="prober")
+        self.ds = kit.Sampler([Probe("ds", probes.diskstats([dm]))], SAMPLE_S)
+        self.pr = kit.Sampler([Probe("probe", self._probe)], PROBE_EVERY_S)
 
-    def run(self) -> None:
-        self._prober.start()
-        nxt = time.monotonic()
-        while not self.stop_ev.is_set():
-            with open("/proc/diskstats") as f:
-                for line in f:
-                    p = line.split()
-                    if p[2] == self.dm:
-                        self.rows.append(
-                            (time.monotonic(), int(p[3 + READS]), int(p[3 + READ_TICKS]))
-                        )
-                        break
-            nxt += SAMPLE_S
-            self.stop_ev.wait(max(0.0, nxt - time.monotonic()))
-
-    def _probe_loop(self) -> None:
-        while not self.stop_ev.is_set():
-            t0 = time.monotonic()
-            rec: dict = {"t": t0}
-            try:
-                st = ctl(self.sock)
-                rec.update(
-                    ok=True,
-                    overruns=st["counters"]["tick_overruns"],
-                    max_class=max((i["class"] for i in st["initiators"]), default=0),
-                )
-            except Exception as e:
-                rec.update(ok=False, error=f"{type(e).__name__}: {e}"[:200])
-            rec["latency_s"] = round(time.monotonic() - t0, 3)
-            self.probes.append(rec)
-            self.stop_ev.wait(max(0.0, PROBE_EVERY_S - (time.monotonic() - t0)))
+    def start(self) -> None:
+        self.ds.start()
+        self.pr.start()
 
     def stop(self) -> None:
-        self.stop_ev.set()
-        self.join()
-        self._prober.join(timeout=PROBE_TIMEOUT_S + 1)
+        self.ds.stop()
+        self.pr.stop()
+
+    def _probe(self) -> dict:
+        t0 = time.monotonic()
+        rec: dict = {"t": t0}
+        try:
+            st = ctl(self.sock)
+            rec.update(
+                ok=True,
+                overruns=st["counters"]["tick_overruns"],
+                max_class=max((i["class"] for i in st["initiators"]), default=0),
+            )
+        except Exception as e:
+            rec.update(ok=False, error=f"{type(e).__name__}: {e}"[:200])
+        rec["latency_s"] = round(time.monotonic() - t0, 3)
+        return rec
+
+    def windows(self, t0: float, t1: float) -> list[tuple[float, float | None]]:
+        """(t, the reader's latency) of the windows that end in [t0, t1]."""
+        rows = [
+            dict(r, t=self.ds.t0 + r["t"])
+            for r in list(self.ds.rows)
+            if "ds" in r and t0 <= self.ds.t0 + r["t"] <= t1
+        ]
+        return [(w.t, w.read_latency_s) for w in analysis.windows(rows, self.dm, [], None)]
+
+    @property
+    def probes(self) -> list[dict]:
+        return [r["probe"] for r in list(self.pr.rows) if "probe" in r]
 
 
-class LogTail(threading.Thread):
-    """New lines of the daemon's current log file, each stamped with the time it was seen."""
+class LogTail:
+    """New lines of the daemon's current log file, each stamped with the time it was seen
+    (read every 0.2 s by a sampler, and at once when asked)."""
 
     def __init__(self) -> None:
-        super().__init__(daemon=True, name="logtail")
         self.lines: list[tuple[float, str]] = []
         self.path: Path | None = None
         self._pos = 0
         self._lock = threading.Lock()
-        self.stop_ev = threading.Event()
+        self.s = kit.Sampler([Probe("new_lines", self._poll)], period_s=0.2)
+
+    def start(self) -> None:
+        self.s.start()
+
+    def stop(self) -> None:
+        self.s.stop()
 
     def follow(self, path: Path) -> None:
         with self._lock:
             self._read()
             self.path, self._pos = path, 0
 
-    def _read(self) -> None:
+    def _poll(self) -> int:
+        with self._lock:
+            return self._read()
+
+    def _read(self) -> int:
         if self.path is None or not self.path.exists():
-            return
+            return 0
         with open(self.path, errors="replace") as f:
             f.seek(self._pos)
             data = f.read()
             self._pos = f.tell()
         now = time.monotonic()
-        self.lines.extend((now, x) for x in data.splitlines())
-
-    def run(self) -> None:
-        while not self.stop_ev.wait(0.2):
-            with self._lock:
-                self._read()
+        new = data.splitlines()
+        self.lines.extend((now, x) for x in new)
+        return len(new)
 
     def between(self, t0: float, t1: float) -> list[str]:
         return [x for _, x in self.stamped(t0, t1)]

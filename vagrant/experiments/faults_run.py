@@ -29,32 +29,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import time
 from collections import Counter
 
-import closed_loop  # also puts vagrant/qemu/guest on sys.path
 import faults_inject as fi
 import faults_measure as m
-import topology
+from labkit import fio, topology
+from labkit.daemon import config_text, target_config, unit_nice
 
 SOCK = "/run/santhrottle-faults/control.sock"
 LEAD_S = 15.0  # the writers' first burst: the controller learns them
 PRE_S = 5.0
 POST_S = 15.0
 FIO_RUNTIME_S = 7200.0  # stopped by SIGINT at the block's end
-FIO_STOP_S = 60.0
 
 
-def config_text(t: dict, threshold: str, max_delay: str, setpoint: float) -> str:
-    return (
-        f'[daemon]\ncontrol_socket = "{SOCK}"\nnetns = "{t["netns"]}"\n'
-        f'[datapath]\ndevices = ["{t["veth"]["target"]}"]\nmax_delay = "{max_delay}"\n'
-        f'link_speed = "10gbit"\n[metrics]\nport = 0\n'
-        f"[controller]\nsetpoint_fraction = {setpoint}\n"
-        f'[resources.{t["vg"]}]\nthreshold = "{threshold}"\n'
-    )
+def config(t: dict, threshold: str, max_delay: str, setpoint: float) -> dict:
+    """The daemon's file: the VG's threshold, the null_blk lab's ladder and setpoint, its
+    state in the default /var/lib/santhrottle (the guest's tmpfs: a restart finds it)."""
+    return target_config(t, SOCK, None, threshold, max_delay=max_delay, setpoint_fraction=setpoint)
 
 
 class Load:
@@ -62,42 +55,40 @@ class Load:
 
     def __init__(self, t: dict, a: argparse.Namespace) -> None:
         self.t, self.a = t, a
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.results: list[dict] = []
+        self.jobs: dict[str, fio.Job] = {}
 
     def start(self) -> None:
+        a = self.a
         reader, writers = self.t["iscsi"][0], self.t["iscsi"][1:]
-        self.procs = {"reader": closed_loop.reader_job(self.a, reader["device"], FIO_RUNTIME_S)}
+        self.jobs = {
+            "reader": fio.start(fio.reader(reader["device"], a.reader_rate, FIO_RUNTIME_S))
+        }
         for k, w in enumerate(writers, 1):
-            self.procs[f"writer{k}"] = closed_loop.writer_job(self.a, w["device"], FIO_RUNTIME_S)
+            self.jobs[f"writer{k}"] = fio.start(
+                fio.writers(w["device"], a.writer_bs, a.writer_qd, FIO_RUNTIME_S)
+            )
 
     def ended(self) -> list[str]:
-        return [n for n, p in self.procs.items() if p.poll() is not None]
+        return [n for n, j in self.jobs.items() if not j.running()]
 
     def stop(self) -> list[dict]:
         """SIGINT every fio (our own children, by PID); each one's error and bytes."""
         out = []
-        for n, p in self.procs.items():
-            early = p.poll() is not None
-            if not early:
-                p.send_signal(signal.SIGINT)
-            try:
-                text = p.communicate(timeout=FIO_STOP_S)[0]
-            except subprocess.TimeoutExpired:
-                p.kill()
-                text = p.communicate()[0]
-            rec = {"job": n, "ended_early": early, "rc": p.returncode}
-            try:
-                job = json.loads(text[text.index("{") :])["jobs"][0]
+        for n, j in self.jobs.items():
+            early = not j.running()
+            j.stop()
+            rec = {"job": n, "ended_early": early, "rc": j.proc.returncode}
+            job = j.result()
+            if job is None:
+                rec["error"] = "no fio JSON"
+            else:
                 rec.update(
                     error=job["error"],
                     read_bytes=job["read"]["io_bytes"],
                     write_bytes=job["write"]["io_bytes"],
                 )
-            except (ValueError, KeyError, IndexError):
-                rec["error"] = "no fio JSON"
             out.append(rec)
-        self.procs = {}
+        self.jobs = {}
         return out
 
 
@@ -132,10 +123,10 @@ def repetition(ctx: fi.Ctx, s: m.Sampler, load: Load, fault: str, rep: int, thr_
         load.start()
         time.sleep(LEAD_S)
     t_end = time.monotonic()
-    wins = m.windows([r for r in list(s.rows) if t_pre - 2 * m.WINDOW_S <= r[0] <= t_end])
+    wins = s.windows(t_pre - 2 * m.WINDOW_S, t_end)
     pre = [lat for t, lat in wins if t_pre + m.WINDOW_S <= t <= res["start"]]
     after = [lat for t, lat in wins if t >= res["end"]]
-    probes = [p for p in list(s.probes) if res["start"] <= p["t"] <= t_end]
+    probes = [p for p in s.probes if res["start"] <= p["t"] <= t_end]
     lines = u.tail.between(t_pre, t_end)
     late = m.tick_lateness_ms(lines)
     # when the daemon logged its late ticks over 500 ms (s from the fault's end; the
@@ -225,12 +216,13 @@ def main(a: argparse.Namespace) -> int:
         "reps": [],
     }
     save = a.out / "faults.json"
-    good = config_text(t, a.threshold, a.max_delay, a.setpoint)
+    good_conf = config(t, a.threshold, a.max_delay, a.setpoint)
+    good = config_text(good_conf)
     conf = a.out / "santhrottle.toml"
     conf.write_text(good)
     tail = m.LogTail()
     tail.start()
-    unit = fi.Unit(conf, SOCK, a.out, env, fi.unit_nice(closed_loop.UNIT), tail)
+    unit = fi.Unit(good_conf, conf, a.out, env, unit_nice(), tail)
     ctx = fi.Ctx(unit, t, topology, good, a.out)
     s = m.Sampler(t["iscsi"][0]["dm"], SOCK)
     try:
@@ -254,6 +246,7 @@ def main(a: argparse.Namespace) -> int:
         result["meta"]["stop"] = unit.stop()
         result["meta"]["members_after_stop"] = sorted(m.kernel_members())
         save.write_text(json.dumps(result, indent=1))
+        tail.stop()
         topology.down()
     return 0
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 import argparse
 import time
 
-import fabrics  # vagrant/qemu/guest: on the path (fleet_lab.py)
 from fleet_segments import (
     LEASE_WAIT_S,
     PREFIX,
     RESOURCE,
-    Daemon,
+    FleetDaemon,
     Segment,
     back_under,
     both_in_fleet,
@@ -19,17 +18,17 @@ from fleet_segments import (
     current_leader,
     lat_windows,
     log,
-    percentile,
-    request,
+    pct_ms,
     until,
 )
+from labkit import fabrics
 
 NO_LEADER = "no leader of the resource within 60 s"
 
 
 def _leader_under_load(
-    t: dict, a: argparse.Namespace, ds: list[Daemon], kind: str, total: float
-) -> tuple[Segment, Daemon | None]:
+    t: dict, a: argparse.Namespace, ds: list[FleetDaemon], kind: str, total: float
+) -> tuple[Segment, FleetDaemon | None]:
     """A segment of `kind` with the writers on for `total` s, a.fault_settle s into it:
     the segment and the resource's leader (None: no leader within 60 s)."""
     seg = Segment(t, a, kind, ds)
@@ -47,8 +46,9 @@ def _lease_bound_s(a: argparse.Namespace, base_s: float, per_ttl_s: float = 3.0)
     return base_s + per_ttl_s * (a.lease_ttl - 1)
 
 
-def fault_kill(t: dict, a: argparse.Namespace, ds: list[Daemon], etcd,
-               thr_s: float) -> tuple[dict, dict, Daemon]:  # fmt: skip
+def fault_kill(
+    t: dict, a: argparse.Namespace, ds: list[FleetDaemon], etcd, thr_s: float
+) -> tuple[dict, dict, FleetDaemon]:
     """kill -9 of the resource's leader under load; returns the segment, the figures and
     the killed daemon."""
     total = a.fault_settle + a.fault_after
@@ -59,7 +59,7 @@ def fault_kill(t: dict, a: argparse.Namespace, ds: list[Daemon], etcd,
     before = victim.fleet() or {}
     epoch0 = (before.get("leaders", {}).get(RESOURCE) or {}).get("epoch")
     try:
-        cls0 = (request(victim.sock, "status")["resources"] or [{}])[0].get("delay_class")
+        cls0 = (victim.status()["resources"] or [{}])[0].get("delay_class")
     except Exception as e:  # recorded
         cls0 = f"? ({e})"
     victim.kill9()
@@ -100,14 +100,12 @@ def fault_kill(t: dict, a: argparse.Namespace, ds: list[Daemon], etcd,
         "t_kill": t_kill,
     }
     w = lat_windows(ph, a.fault_settle / 2, t_kill)
-    res["reader_before_kill"] = {
-        "p50_ms": round(percentile([v for _, v in w], 50) * 1e3, 2) if w else None,
-        "p95_ms": round(percentile([v for _, v in w], 95) * 1e3, 2) if w else None,
-    }
+    v = [x for _, x in w]
+    res["reader_before_kill"] = {"p50_ms": pct_ms(v, 50), "p95_ms": pct_ms(v, 95)}
     return ph, res, victim
 
 
-def fault_partition(t: dict, a: argparse.Namespace, ds: list[Daemon], thr_s: float) -> tuple:
+def fault_partition(t: dict, a: argparse.Namespace, ds: list[FleetDaemon], thr_s: float) -> tuple:
     """The leader's management link down for a.partition_s under load, then up."""
     total = a.fault_settle + a.partition_s + a.fault_after
     seg, cut = _leader_under_load(t, a, ds, "partition", total)
@@ -148,12 +146,17 @@ def fault_partition(t: dict, a: argparse.Namespace, ds: list[Daemon], thr_s: flo
         "t_down": t_down,
         "t_up": t_up,
     }
-    for key, (x, y) in {"reader_before": (a.fault_settle / 2, t_down),
-                        "reader_during": (t_down, t_up)}.items():  # fmt: skip
+    for key, (x, y) in {
+        "reader_before": (a.fault_settle / 2, t_down),
+        "reader_during": (t_down, t_up),
+    }.items():
         w = [v for _, v in lat_windows(ph, x, y)]
-        res[key] = {"windows": len(w), "over_T": sum(1 for v in w if v > thr_s),
-                    "p50_ms": round(percentile(w, 50) * 1e3, 2) if w else None,
-                    "p95_ms": round(percentile(w, 95) * 1e3, 2) if w else None}  # fmt: skip
+        res[key] = {
+            "windows": len(w),
+            "over_T": sum(1 for v in w if v > thr_s),
+            "p50_ms": pct_ms(w, 50),
+            "p95_ms": pct_ms(w, 95),
+        }
     for d in ds:  # the resource's class on each: before, during, around the rejoin
         res[f"class_{d.name}"] = {
             "before": classes_of(ph, d.name, t_down - 3, t_down)[-3:],

@@ -51,23 +51,25 @@ import time
 import traceback
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import closed_loop  # noqa: E402
-import fabrics  # noqa: E402  (vagrant/qemu/guest: closed_loop put it on the path)
-import fleet_faults  # noqa: E402
-import topology  # noqa: E402
-from fleet_segments import (  # noqa: E402
-    Daemon,
+import fleet_faults
+from fleet_segments import (
+    FleetDaemon,
     Segment,
     back_under,
     both_in_fleet,
     lat_windows,
     log,
-    percentile,
+    pct_ms,
     summary,
     until,
 )
+from labkit import fabrics, topology
+
+
+def parse_ms(text: str) -> float:
+    from santhrottle.appliance.units import parse_duration_s
+
+    return parse_duration_s(text)
 
 
 def ms(x) -> str:
@@ -78,9 +80,11 @@ def table(res: dict) -> str:
     """Per phase: the reader's 1 s windows (by time) at the LV and at the initiator's
     multipath device, the writers' MB/s, the target's retransmissions, the highest class,
     fio's errors, the fleet's lost leases; then the faults' figures."""
-    head = (f"{'phase':<13} {'win':>4} {'LV p50':>7} {'p95':>6} {'p99':>6} {'>T%':>5} "
-            f"{'mp p50':>7} {'p95':>6} {'MB/s':>5} {'retr':>4} {'cls':>3} {'err':>3} "
-            f"{'leases lost':>11}")  # fmt: skip
+    head = (
+        f"{'phase':<13} {'win':>4} {'LV p50':>7} {'p95':>6} {'p99':>6} {'>T%':>5} "
+        f"{'mp p50':>7} {'p95':>6} {'MB/s':>5} {'retr':>4} {'cls':>3} {'err':>3} "
+        f"{'leases lost':>11}"
+    )
     lines = [head]
     for name, s in res["phases"].items():
         lv, mp = s.get("lv_1s") or {}, s.get("mpath_1s") or {}
@@ -103,7 +107,7 @@ def refigure(out: Path) -> dict:
     phases' windows by time; the faults' reader figures around their recorded times)."""
     res = json.loads((out / "fleet-lab.json").read_text())
     raw = json.loads((out / "raw.json").read_text())
-    thr_s = closed_loop.parse_ms(res["args"]["threshold"])
+    thr_s = parse_ms(res["args"]["threshold"])
     settle = float(res["args"]["fault_settle"])
     for kind, ph in raw.items():
         res["phases"][kind] = summary(ph, thr_s)
@@ -111,19 +115,21 @@ def refigure(out: Path) -> dict:
     if "t_kill" in k:
         k["reader_after_kill"] = back_under(raw["kill"], k["t_kill"], thr_s)
         w = [v for _, v in lat_windows(raw["kill"], settle / 2, k["t_kill"])]
-        k["reader_before_kill"] = {
-            "p50_ms": round(percentile(w, 50) * 1e3, 2) if w else None,
-            "p95_ms": round(percentile(w, 95) * 1e3, 2) if w else None,
-        }
+        k["reader_before_kill"] = {"p50_ms": pct_ms(w, 50), "p95_ms": pct_ms(w, 95)}
     p = res.get("partition") or {}
     if "t_down" in p:
         ph = raw["partition"]
-        for key, (x, y) in {"reader_before": (settle / 2, p["t_down"]),
-                            "reader_during": (p["t_down"], p["t_up"])}.items():  # fmt: skip
+        for key, (x, y) in {
+            "reader_before": (settle / 2, p["t_down"]),
+            "reader_during": (p["t_down"], p["t_up"]),
+        }.items():
             w = [v for _, v in lat_windows(ph, x, y)]
-            p[key] = {"windows": len(w), "over_T": sum(1 for v in w if v > thr_s),
-                      "p50_ms": round(percentile(w, 50) * 1e3, 2) if w else None,
-                      "p95_ms": round(percentile(w, 95) * 1e3, 2) if w else None}  # fmt: skip
+            p[key] = {
+                "windows": len(w),
+                "over_T": sum(1 for v in w if v > thr_s),
+                "p50_ms": pct_ms(w, 50),
+                "p95_ms": pct_ms(w, 95),
+            }
         p["reader_after"] = back_under(ph, p["t_up"], thr_s)
     return res
 
@@ -170,7 +176,7 @@ def main() -> int:
         return 0
     only = set(a.only.split(","))
     a.out.mkdir(parents=True, exist_ok=True)
-    thr_s = closed_loop.parse_ms(a.threshold)
+    thr_s = parse_ms(a.threshold)
     topology.load_modules(["virtio_blk"])
     res: dict = {
         "args": {k: str(v) for k, v in vars(a).items()},
@@ -182,7 +188,7 @@ def main() -> int:
     raw: dict = {}
     t: dict | None = None
     etcd = None
-    ds: list[Daemon] = []
+    ds: list[FleetDaemon] = []
     t_all = time.monotonic()
 
     def mark(what: str) -> None:
@@ -205,11 +211,13 @@ def main() -> int:
         res["etcd"] = {"ready_s": round(etcd.wait_ready(), 1), "data_fs": etcd.fs}
         mark("etcd up")
         ds = [
-            Daemon("br-a", t["bridge"], 0, a.out, a.daemon_nice),
-            Daemon("br-b", t["bridge_b"], 1, a.out, a.daemon_nice),
+            FleetDaemon("br-a", t["bridge"], 0, a.out, t, a.threshold, a.lease_ttl, a.daemon_nice),
+            FleetDaemon(
+                "br-b", t["bridge_b"], 1, a.out, t, a.threshold, a.lease_ttl, a.daemon_nice
+            ),
         ]
 
-        def run(kind: str, daemons: list[Daemon], n: int) -> None:
+        def run(kind: str, daemons: list[FleetDaemon], n: int) -> None:
             seg = Segment(t, a, kind, daemons)
             seg.cycles(n, settle=not daemons)
             raw[kind] = seg.end()
@@ -225,8 +233,9 @@ def main() -> int:
             for x in t["iscsi"]:
                 fabrics.fail_path(x, x["device_b"])
             res["single_paths"] = {x["mpath"]: fabrics.path_status(x) for x in t["iscsi"]}
-            single = Daemon("single-a", t["bridge"], None, a.out, a.daemon_nice)
-            single.write_config(t, a.threshold, a.lease_ttl)
+            single = FleetDaemon(
+                "single-a", t["bridge"], None, a.out, t, a.threshold, a.lease_ttl, a.daemon_nice
+            )
             single.start()
             try:
                 run("single", [single], a.cycles)
@@ -236,7 +245,6 @@ def main() -> int:
                     fabrics.reinstate_path(x, x["device_b"])
         if only & {"fleet", "kill", "partition"}:
             for d in ds:
-                d.write_config(t, a.threshold, a.lease_ttl)
                 d.launch()
             for d in ds:
                 d.wait_up()

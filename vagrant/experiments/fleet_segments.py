@@ -1,169 +1,84 @@
 """fleet_lab.py's parts: the bridge daemons, the pollers, the load segments, the figures.
 
 In the guest; imported by fleet_lab.py and fleet_faults.py.  A segment is closed_loop.py's
-phase on the multipath devices: the reader (LUN 0) and the writer hosts' fio jobs, the
-sampler of the LVs' diskstats (report.windows' 1 s windows), and every POLL_S each running
-daemon's status and fleet status.
+phase on the multipath devices (labkit.bursts' schedule, labkit.sampler's rows, the
+windows and summary of labkit.analysis), with every POLL_S each running daemon's status
+and fleet status.
 """
 
 from __future__ import annotations
 
 import argparse
-import bisect
-import contextlib
 import itertools
-import json
-import os
-import signal
 import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import closed_loop  # noqa: E402
-import fabrics  # noqa: E402  (vagrant/qemu/guest, on the path too)
-import topology  # noqa: E402  (closed_loop put vagrant/qemu/guest on the path)
-from report import percentile, summarize  # noqa: E402
+from labkit import analysis, bursts, fabrics, fio, probes, topology
+from labkit.daemon import Daemon, bridge_config, poll_until
+from labkit.sampler import Probe, Sampler
 
-BIN = closed_loop.BIN
 RESOURCE = "labvg"
 ARRAY = "lab"
 PREFIX = f"/santhrottle/{ARRAY}/"
 SAMPLER_NICE = -15
 POLL_S = 0.5  # the daemons' status and fleet status (each request costs them CPU)
 LEASE_WAIT_S = 3.0  # a lease asked for 1 s is granted 2 s (docs/fleet.md): past its TTL
+STOP_S = 40.0
+START_S = 120.0
+SOCKS = Path("/run/santhrottle-fleetlab")
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def request(sock: str, what: str, timeout_s: float = 2.0) -> dict:
-    from santhrottle.appliance.daemon.control import request as req
-
-    return req(sock, what, timeout_s=timeout_s)
-
-
 # ------------------------------------------------------------------ daemons
-class Daemon:
-    """santhrottled in bridge mode on one fabric's bridge, in its namespace."""
+class FleetDaemon(Daemon):
+    """santhrottled in bridge mode on one fabric's bridge, in its namespace; in the fleet
+    `ARRAY` as member `member` of the etcd cluster (None: alone, no [fleet])."""
 
     def __init__(
-        self, name: str, bridge: dict, member: int | None, out: Path, nice: int | None = None
+        self,
+        name: str,
+        bridge: dict,
+        member: int | None,
+        out: Path,
+        t: dict,
+        threshold: str,
+        lease_ttl_s: int,
+        nice: int | None = None,
     ) -> None:
-        self.name, self.bridge, self.member, self.out = name, bridge, member, out
-        self.nice = closed_loop.unit_nice() if nice is None else nice
-        self.dir = out / name
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.sock = f"/run/santhrottle-fleetlab/{name}.sock"
-        self.conf = self.dir / "santhrottle.toml"
-        self.proc: subprocess.Popen | None = None
-
-    def write_config(self, t: dict, threshold: str, lease_ttl_s: int) -> None:
-        b = self.bridge
+        self.bridge, self.member = bridge, member
+        conf = bridge_config(bridge, str(SOCKS / f"{name}.sock"), out / name / "state")
         vols = [
             f"iscsi://{topology.hostport(p, topology.ISCSI_PORT)}/*/*"
             for x in t["iscsi"]
             for p in (x["portal"], x["portal_b"])
         ]
-        hosts = "".join(
-            f'[hosts.{x["iface"]}]\naddresses = ["{x["initiator_ip"]}", "{x["initiator_ip_b"]}"]\n'
-            for x in t["iscsi"]
-        )
-        fleet = ""
-        if self.member is not None:
-            fleet = (
-                f"[fleet]\nendpoints = {json.dumps(fabrics.endpoints(self.member))}\n"
-                f'array = "{ARRAY}"\nappliance = "{self.name}"\nlease_ttl = "{lease_ttl_s}s"\n'
-            )
-        self.conf.write_text(
-            f'[daemon]\nmode = "bridge"\ncontrol_socket = "{self.sock}"\n'
-            f'netns = "{b["netns"]}"\nstate_dir = "{self.dir / "state"}"\n'
-            f'[bridge]\nname = "{b["name"]}"\ninitiator_port = "{b["initiator_port"]}"\n'
-            f'array_port = "{b["array_port"]}"\n'
-            f'[datapath]\nlink_speed = "10gbit"\n[metrics]\nport = 0\n'
-            f'[resources.{RESOURCE}]\nvolumes = {json.dumps(vols)}\nthreshold = "{threshold}"\n'
-            + hosts
-            + fleet
-        )
+        conf["resources"] = {RESOURCE: {"volumes": vols, "threshold": threshold}}
+        conf["hosts"] = {
+            x["iface"]: {"addresses": [x["initiator_ip"], x["initiator_ip_b"]]} for x in t["iscsi"]
+        }
+        if member is not None:
+            conf["fleet"] = {
+                "endpoints": fabrics.endpoints(member),
+                "array": ARRAY,
+                "appliance": name,
+                "lease_ttl": f"{lease_ttl_s}s",
+            }
+        super().__init__(name, conf, out / name, nice=nice, netns=bridge["netns"])
 
-    def start(self) -> None:
-        self.launch()
-        self.wait_up()
+    def wait_up(self, start_s: float = START_S, first_status_s: float = 90.0) -> dict:
+        return super().wait_up(start_s, first_status_s)
 
-    def launch(self) -> None:
-        Path(self.sock).parent.mkdir(parents=True, exist_ok=True)
-        Path(self.sock).unlink(missing_ok=True)
-        nice = self.nice
-        logf = open(self.dir / "santhrottled.log", "a")  # noqa: SIM115 - the child keeps it
-        self.proc = subprocess.Popen(
-            [
-                "ip",
-                "netns",
-                "exec",
-                self.bridge["netns"],
-                str(BIN / "santhrottled"),
-                "--config",
-                str(self.conf),
-            ],
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            preexec_fn=lambda: os.nice(nice),
-        )
-
-    def wait_up(self) -> None:
-        assert self.proc is not None
-        deadline = time.monotonic() + 120
-        while not os.path.exists(self.sock):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name} did not start: {self.dir}/santhrottled.log")
-            time.sleep(0.2)
-        closed_loop.first_status(self.sock)
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()  # `ip netns exec` execs santhrottled: this PID is the daemon
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.alive():
-            assert self.proc is not None
-            self.proc.send_signal(signal.SIGTERM)  # our own child, by PID
-            t0 = time.monotonic()
-            try:
-                self.proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                log(f"{self.name}: no exit 40 s after SIGTERM: kill -9")
-                self.proc.kill()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.proc.wait(timeout=10)
-            log(f"{self.name} stopped ({time.monotonic() - t0:.1f} s)")
-        self.cleanup()
-
-    def cleanup(self) -> None:
-        try:
-            subprocess.run(
-                [
-                    "ip",
-                    "netns",
-                    "exec",
-                    self.bridge["netns"],
-                    str(BIN / "santhrottle"),
-                    "cleanup",
-                    "--config",
-                    str(self.conf),
-                ],
-                capture_output=True,
-                timeout=150,
-            )
-        except subprocess.TimeoutExpired:
-            log(f"{self.name}: santhrottle cleanup took over 150 s")
+    def stop(self, cleanup: str | None = "all", timeout_s: float = STOP_S) -> int | None:
+        t0 = time.monotonic()
+        alive = self.alive()
+        code = super().stop(cleanup, timeout_s)
+        if alive:
+            log(f"{self.name} stopped ({time.monotonic() - t0:.1f} s, exit {code})")
+        return code
 
     def left(self) -> dict:
         """What is on its bridge now: nft maps with elements, the initiator port's qdiscs."""
@@ -186,14 +101,14 @@ class Daemon:
         )
         netem = [ln for ln in qd.stdout.splitlines() if "netem" in ln]
         return {
-            "maps_with_elements": closed_loop.left_members(ns, True),
+            "maps_with_elements": probes.sets_left(ns, True),
             "netem_qdiscs": len(netem),
             "netem_sample": netem[:3],
         }
 
     def fleet(self) -> dict | None:
         try:
-            return request(self.sock, "fleet_status", timeout_s=5.0)
+            return self.request("fleet_status", timeout_s=5.0)
         except Exception:
             return None
 
@@ -203,56 +118,41 @@ class Daemon:
         return None if got is None else got["appliance"]
 
 
-class Poller(threading.Thread):
-    """Every POLL_S: each running daemon's resource class, initiators' classes, fleet view."""
+def poll(d: FleetDaemon, now) -> dict:
+    """One daemon's view: the resource's class and latency, the initiators' classes, and
+    in the fleet its mode, members and the resource's leader."""
+    row: dict = {"t": round(now(), 3), "d": d.name}
+    try:
+        st = d.status()
+        r = next((x for x in st["resources"] if x["resource"] == RESOURCE), {})
+        row["class"] = r.get("delay_class")
+        row["latency_s"] = r.get("read_latency_ewma_s")
+        row["initiators"] = {i["initiator"]: i["class"] for i in st["initiators"] if i["class"]}
+        if d.member is not None:
+            fs = d.request("fleet_status")
+            row["mode"] = fs["mode"]
+            row["members"] = fs["members"]
+            row["leader"] = (fs["leaders"].get(RESOURCE) or {}).get("appliance")
+            row["leading"] = fs["leading"]
+    except Exception as e:  # keep polling; record why
+        row["error"] = str(e)[:200]
+    return row
 
-    def __init__(self, daemons: list[Daemon], t0: float) -> None:
-        super().__init__(daemon=True)
-        self.daemons, self.t0 = daemons, t0
-        self.rows: list[dict] = []
-        self.stop_ev = threading.Event()
 
-    def run(self) -> None:
-        while not self.stop_ev.is_set():
-            for d in self.daemons:
-                if not d.alive():
-                    continue
-                row: dict = {"t": round(time.monotonic() - self.t0, 3), "d": d.name}
-                try:
-                    st = request(d.sock, "status")
-                    r = next((x for x in st["resources"] if x["resource"] == RESOURCE), {})
-                    row["class"] = r.get("delay_class")
-                    row["latency_s"] = r.get("read_latency_ewma_s")
-                    row["initiators"] = {
-                        i["initiator"]: i["class"] for i in st["initiators"] if i["class"]
-                    }
-                    if d.member is not None:
-                        fs = request(d.sock, "fleet_status")
-                        row["mode"] = fs["mode"]
-                        row["members"] = fs["members"]
-                        row["leader"] = (fs["leaders"].get(RESOURCE) or {}).get("appliance")
-                        row["leading"] = fs["leading"]
-                except Exception as e:  # keep polling; record why
-                    row["error"] = str(e)[:200]
-                self.rows.append(row)
-            self.stop_ev.wait(POLL_S)
+def polls_of(rows: list[dict]) -> list[dict]:
+    """The pollers' rows, one per daemon and poll."""
+    return [p for r in rows for p in r.get("polls", [])]
 
 
 # ------------------------------------------------------------------ segments
-class Sampler(closed_loop.Sampler):
-    """closed_loop's sampler, its thread at SAMPLER_NICE: on a guest whose vCPUs the daemons
-    and fio share, its 100 ms rows (and so report.windows' 1 s windows) keep their pace."""
-
-    def run(self) -> None:
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), SAMPLER_NICE)
-        super().run()
-
-
 class Segment:
-    """The reader and the writers on the multipath devices, sampled as closed_loop's phase."""
+    """The reader and the writers on the multipath devices, sampled as closed_loop's phase
+    (at SAMPLER_NICE: on a guest whose vCPUs the daemons and fio share, the 100 ms rows
+    keep their pace), the daemons polled every POLL_S."""
 
-    def __init__(self, t: dict, a: argparse.Namespace, kind: str, daemons: list[Daemon]) -> None:
+    def __init__(
+        self, t: dict, a: argparse.Namespace, kind: str, daemons: list[FleetDaemon]
+    ) -> None:
         self.t, self.a, self.kind, self.daemons = t, a, kind, daemons
         reader, writers = t["iscsi"][0], t["iscsi"][1:]
         self.devices = [
@@ -261,91 +161,115 @@ class Segment:
             *[w["dm"] for w in writers],
             Path(t["disk"]).name,
         ]
-        self.s = Sampler(self.devices, False, t["netns"], topology.ISCSI_PORT)
-        self.poll = Poller(daemons, self.s.t0)
-        self.fio: list[tuple[str, subprocess.Popen]] = []
+        self.s = Sampler(
+            [
+                Probe("ds", probes.diskstats(self.devices)),
+                Probe("retrans", probes.retrans(t["netns"], topology.ISCSI_PORT), every=5),
+            ],
+            nice=SAMPLER_NICE,
+        )
+        self.poll = Sampler(
+            [Probe("polls", lambda: [poll(d, self.now) for d in daemons if d.alive()])],
+            period_s=POLL_S,
+        )
+        self.jobs: list[tuple[str, fio.Job]] = []
         self.dmesg0 = len(fabrics.multipath_log_lines())
 
     def now(self) -> float:
-        return time.monotonic() - self.s.t0
+        return self.s.now()
 
     def counters(self) -> dict:
         """Each fleet daemon's fleet counters (leases lost, elections won, ...)."""
-        return {d.name: (d.fleet() or {}).get("counters") for d in self.daemons
-                if d.member is not None and d.alive()}  # fmt: skip
+        return {
+            d.name: (d.fleet() or {}).get("counters")
+            for d in self.daemons
+            if d.member is not None and d.alive()
+        }
 
-    def begin(self, duration: float) -> None:
+    def reader_job(self, runtime: float) -> list[str]:
+        return fio.reader(self.t["iscsi"][0]["device"], self.a.reader_rate, runtime)
+
+    def writer_jobs(self, runtime: float) -> list[list[str]]:
+        a = self.a
+        return [
+            fio.writers(
+                w["device"],
+                a.writer_bs,
+                a.writer_qd,
+                runtime,
+                jobs=a.writer_jobs,
+                region_mib=300 if a.writer_jobs > 1 else None,
+            )
+            for w in self.t["iscsi"][1:]
+        ]
+
+    def _start_measuring(self) -> None:
         self.fc0 = self.counters()
-        self.net0 = closed_loop.nstat(self.t["netns"])
-        self.conns0 = closed_loop.tcp_conns(self.t["netns"])
+        self.net0 = probes.nstat(self.t["netns"])
+        self.conns0 = probes.tcp_conns(self.t["netns"], topology.ISCSI_PORT)
         self.s.start()
         self.poll.start()
-        self.fio.append(
-            ("reader", closed_loop.reader_job(self.a, self.t["iscsi"][0]["device"], duration))
-        )
+
+    def begin(self, duration: float) -> None:
+        """The reader for `duration` (a fault's segment: the writers by writers())."""
+        self._start_measuring()
+        self.jobs.append(("reader", fio.start(self.reader_job(duration))))
         self.s.mark("reader on")
 
-    def writers(self, runtime: float) -> list[subprocess.Popen]:
-        ws = [closed_loop.writer_job(self.a, w["device"], runtime) for w in self.t["iscsi"][1:]]
-        self.fio += [(f"writer{i + 1}", p) for i, p in enumerate(ws)]
+    def writers(self, runtime: float) -> list[fio.Job]:
+        ws = [fio.start(cmd) for cmd in self.writer_jobs(runtime)]
+        self.jobs += [(f"writer{i + 1}", j) for i, j in enumerate(ws)]
         self.s.mark("writers on")
         return ws
 
     def cycles(self, n: int, settle: bool = False) -> None:
-        """n on/off cycles; settle: every on-period counts (nothing to learn)."""
-        # the writers' fio takes seconds to start under TCG, so the schedule outlasts
-        # its nominal length: the reader gets more and is stopped when it ends
-        nominal = self.a.lead + n * (self.a.on + self.a.off)
-        self.begin(closed_loop.READER_RUNTIME_FACTOR * nominal)
-        if settle:
-            self.s.mark("settle")
-        time.sleep(self.a.lead)
-        for _ in range(n):
-            for w in self.writers(self.a.on):
-                w.wait()
-            self.s.mark("writers off")
-            time.sleep(self.a.off)
-        for name, p in self.fio:
-            if name == "reader":
-                closed_loop.stop_reader(p)
+        """n on/off cycles (labkit.bursts); settle: every on-period counts."""
+        self._start_measuring()
+        sched = bursts.Schedule(self.a.lead, self.a.on, self.a.off, n)
+        jobs = bursts.run(self.s, self.reader_job, self.writer_jobs, sched, learn=not settle)
+        self.jobs += [("reader" if i == 0 else f"writer{i}", j) for i, j in enumerate(jobs)]
 
     def end(self) -> dict:
         results = []
-        for name, p in self.fio:
+        for name, j in self.jobs:
             try:
-                out, _ = p.communicate(timeout=60)
-                job = json.loads(out)["jobs"][0]
+                j.wait(60)
+            except subprocess.TimeoutExpired:
+                j.stop()
+            job = j.result()
+            if job is None:
+                results.append(
+                    {"job": name, "rc": j.proc.returncode, "parse_error": (j.out or "")[-200:]}
+                )
+            else:
                 results.append(
                     {
                         "job": name,
-                        "rc": p.returncode,
+                        "rc": j.proc.returncode,
                         "error": job.get("error", 0),
                         "total_err": job.get("total_err", 0),
                     }
                 )
-            except Exception as e:  # recorded
-                results.append({"job": name, "rc": p.returncode, "parse_error": str(e)[:200]})
         fc1 = self.counters()
         fleet_counters = {
             n: {k: v - (self.fc0.get(n) or {}).get(k, 0) for k, v in c.items()}
-            for n, c in fc1.items() if c
-        }  # fmt: skip
-        self.s.stop_ev.set()
-        self.poll.stop_ev.set()
-        self.s.join()
-        self.poll.join()
+            for n, c in fc1.items()
+            if c
+        }
+        self.s.stop()
+        self.poll.stop()
         r, ws = self.t["iscsi"][0], self.t["iscsi"][1:]
         mp = fabrics.multipath_log_lines()[self.dmesg0 :]
+        pl = polls_of(self.poll.rows)
+        net1 = probes.nstat(self.t["netns"])
         return {
             "kind": self.kind,
             "rows": self.s.rows,
             "events": self.s.events,
-            "polls": self.poll.rows,
-            "nstat": {
-                k: v - self.net0.get(k, 0) for k, v in closed_loop.nstat(self.t["netns"]).items()
-            },
+            "polls": pl,
+            "nstat": {k: v - self.net0.get(k, 0) for k, v in net1.items()},
             "tcp_conns_start": self.conns0,
-            "tcp_conns": closed_loop.tcp_conns(self.t["netns"]),
+            "tcp_conns": probes.tcp_conns(self.t["netns"], topology.ISCSI_PORT),
             "sets_left_after_stop": [],
             "reader_dm": r["dm"],
             "reader_mpath_dm": r["mpath_dm"],
@@ -354,7 +278,7 @@ class Segment:
             "array": Path(self.t["disk"]).name,
             "fio": results,
             "fleet_counters": fleet_counters,
-            "leader_changes": leader_changes(self.poll.rows),
+            "leader_changes": leader_changes(pl),
             "io_errors": sum(
                 int(x.get("error", 0) or 0) + int(x.get("total_err", 0) or 0) for x in results
             ),
@@ -363,13 +287,20 @@ class Segment:
         }
 
 
-def current_leader(seg: Segment, ds: list[Daemon]) -> str | None:
+def until(fn, within_s: float, step: float = 0.05):
+    """fn() until it returns something true, at most within_s: (that, seconds) or
+    (None, None)."""
+    return poll_until(fn, within_s, step)
+
+
+def current_leader(seg: Segment, ds: list[FleetDaemon]) -> str | None:
     """The resource's leader as a daemon's fleet status names it now, else as the poller
     last saw it (within 3 s; on a starved guest a status request can time out)."""
     for d in ds:
         if d.alive() and (got := d.leader()):
             return got
-    recent = [p for p in seg.poll.rows if p.get("leader") and p["t"] > seg.now() - 3.0]
+    pl = polls_of(seg.poll.rows)
+    recent = [p for p in pl if p.get("leader") and p["t"] > seg.now() - 3.0]
     return recent[-1]["leader"] if recent else None
 
 
@@ -398,8 +329,8 @@ def attach_status(ph: dict) -> None:
 
 def summary(ph: dict, thr_s: float) -> dict:
     attach_status(ph)
-    s = summarize(ph, thr_s, None)
-    mp = summarize(dict(ph, reader_dm=ph["reader_mpath_dm"]), thr_s, None)
+    s = analysis.summarize(ph, thr_s, None)
+    mp = analysis.summarize(dict(ph, reader_dm=ph["reader_mpath_dm"]), thr_s, None)
     keep = (
         "windows",
         "read_latency_p50_s",
@@ -426,75 +357,51 @@ def summary(ph: dict, thr_s: float) -> dict:
     return out
 
 
-def time_windows(ph: dict, dm: str | None = None, span: float = 1.0) -> list[tuple[float, float]]:
-    """The reader's mean read latency over windows of `span` seconds by the rows' times, one
-    per 100 ms step: (end, latency).  report.windows takes 10 rows for a second; on a starved
-    guest the sampler falls behind (a row with `ss` takes long, the next ones catch up), so
-    its rows come in bunches and 10 rows are not a second.  A window longer than 1.5 span
-    (a gap in the rows) is left out."""
-    dm = dm or ph["reader_dm"]
-    rows = [r for r in ph["rows"] if dm in r["ds"]]
-    ts = [r["t"] for r in rows]
-    out: list[tuple[float, float]] = []
-    last_step = -1
-    for j, b in enumerate(rows):
-        step = int(b["t"] / 0.1)
-        if step == last_step:
-            continue
-        i = bisect.bisect_right(ts, b["t"] - span) - 1
-        if i < 0 or b["t"] - rows[i]["t"] > 1.5 * span or i >= j:
-            continue
-        a = rows[i]
-        n = b["ds"][dm][0] - a["ds"][dm][0]
-        if n > 0:
-            out.append((b["t"], (b["ds"][dm][3] - a["ds"][dm][3]) / 1000 / n))
-            last_step = step
-    return out
-
-
 def lat_windows(
-    ph: dict, since: float, until: float = float("inf"), dm: str | None = None
+    ph: dict, since: float, until_: float = float("inf"), dm: str | None = None
 ) -> list[tuple[float, float]]:
-    return [(t, v) for t, v in time_windows(ph, dm) if since <= t < until]
+    """(end, the reader's latency) of the phase's 1 s windows (labkit.analysis) that end
+    in [since, until_), at the LV or at `dm` (the multipath device)."""
+    w = analysis.phase_windows(ph, dm)
+    return [
+        (x.t, x.read_latency_s) for x in w if since <= x.t < until_ and x.read_latency_s is not None
+    ]
+
+
+def pct_ms(xs: list[float], q: float) -> float | None:
+    return round(analysis.percentile(xs, q) * 1e3, 2) if xs else None
 
 
 def window_stats(ph: dict, thr_s: float, dm: str | None = None) -> dict:
-    """p50/p95/p99 and the time above T of the 1 s windows from the phase's settle on (the
-    end of the first on-period of a controlled phase; a segment's "settle" mark)."""
-    off = [t for t, e in ph["events"] if e == "writers off"]
-    settle = next((t for t, e in ph["events"] if e == "settle"), off[0] if off else 0.0)
-    w = [v for _, v in lat_windows(ph, settle, dm=dm)]
-    pct = {q: round(percentile(w, q) * 1e3, 2) if w else None for q in (50, 95, 99)}
+    """p50/p95/p99 and the time above T of the 1 s windows from the phase's settle on
+    (labkit.analysis.settle_time)."""
+    w = [v for _, v in lat_windows(ph, analysis.settle_time(ph), dm=dm)]
     above = round(100 * sum(v > thr_s for v in w) / len(w), 1) if w else None
-    return {"windows": len(w), "p50_ms": pct[50], "p95_ms": pct[95], "p99_ms": pct[99],
-            "above_T_pct": above}  # fmt: skip
+    return {
+        "windows": len(w),
+        "p50_ms": pct_ms(w, 50),
+        "p95_ms": pct_ms(w, 95),
+        "p99_ms": pct_ms(w, 99),
+        "above_T_pct": above,
+    }
 
 
 def back_under(ph: dict, t_ev: float, thr_s: float) -> dict:
     """After t_ev: the windows above T, the worst, and when they are under T for good."""
     w = lat_windows(ph, t_ev)
     over = [t for t, v in w if v > thr_s]
+    v = [x for _, x in w]
     return {
         "windows": len(w),
         "windows_over_T": len(over),
-        "worst_ms": round(max((v for _, v in w), default=0) * 1e3, 2),
+        "worst_ms": round(max(v, default=0) * 1e3, 2),
         "back_under_T_after_s": round(max(over) - t_ev + 0.1, 2) if over else 0.0,
-        "p50_ms": round(percentile([v for _, v in w], 50) * 1e3, 2) if w else None,
-        "p95_ms": round(percentile([v for _, v in w], 95) * 1e3, 2) if w else None,
+        "p50_ms": pct_ms(v, 50),
+        "p95_ms": pct_ms(v, 95),
     }
 
 
-def until(fn, within_s: float, step: float = 0.05):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < within_s:
-        got = fn()
-        if got:
-            return got, time.monotonic() - t0
-        time.sleep(step)
-    return None, None
-
-
-def both_in_fleet(ds: list[Daemon]):
+def both_in_fleet(ds: list[FleetDaemon]):
     fss = [d.fleet() for d in ds]
     if any(f is None for f in fss):
         return None

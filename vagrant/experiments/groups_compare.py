@@ -41,16 +41,14 @@ import os
 import sys
 from pathlib import Path
 
-CHECKOUT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(CHECKOUT.parent))
-
-from santhrottle.appliance.config.kinds import throughput  # noqa: E402
-from santhrottle.sim.groups import group_summary  # noqa: E402
-from santhrottle.sim.loop import run  # noqa: E402
-from santhrottle.sim.plant import Closed, Device, closed_latency  # noqa: E402
-from santhrottle.sim.scenario import Scenario, parse_scenario  # noqa: E402
+from santhrottle.appliance.config.kinds import throughput
+from santhrottle.controller.groupsim import group_summary
+from santhrottle.controller.plant import Closed, Device, closed_latency
+from santhrottle.controller.scenario import Scenario, parse_scenario
+from santhrottle.controller.sim import run
 
 TOLERANCE = 0.20  # the issue's "within 20 %"
+MIB = 1024.0 * 1024.0
 READERS = ("gold", "silver")
 WRITER_GROUP = "bulk"
 
@@ -77,8 +75,7 @@ def scenario(lab: dict, overhead_ms: float, bulk_target: str | None, path_ms: fl
     ini = lab["initiators"]
     dur = a["seconds"]
     lines = [
-        f"[run]\nduration_s = {dur}\ndt_s = 0.01\nseed = 1\nsettle_s = {a['warmup']}\n"
-        "thresholds_ms = [50]\n",
+        f"[run]\nduration_s = {dur}\nsim_step_s = 0.01\nseed = 1\nsettle_s = {a['warmup']}\n",
         f'[[resource]]\nname = "array"\nintercept_ms = {arr.get("c_ms", 2.0)}\n'
         f"slope_ms_per_io = {arr.get('m_ms', 5.0)}\nnoise = {arr.get('noise', 0.0)}\n",
     ]
@@ -97,16 +94,21 @@ def scenario(lab: dict, overhead_ms: float, bulk_target: str | None, path_ms: fl
     for g, ip in zip(READERS, ini[:2], strict=True):
         lines.append(
             f'[[group]]\nname = "{g}"\nmembers = ["{ip}"]\npriority = {a[g + "_priority"]}\n'
-            f'latency_target = "{ms(a[g + "_target"]) - path_ms:.3f}ms"\n'
+            f"latency_target_ms = {ms(a[g + '_target']) - path_ms:.3f}\n"
         )
     bulk = ""
     if bulk_target:
         value, unit = throughput().parse(bulk_target)
-        bulk = f'throughput_target = "{value}{"B/s" if unit == "B/s" else "iops"}"\n'
+        bulk = (
+            f"throughput_target_mib_s = {value / MIB}\n"
+            if unit == "B/s"
+            else f"throughput_target_iops = {value}\n"
+        )
     lines.append(
         f'[[group]]\nname = "{WRITER_GROUP}"\nmembers = {json.dumps(ini[2:])}\n'
         f"priority = {a['bulk_priority']}\n{bulk}"
     )
+    lines.append("[controller]\nthresholds_ms = [50]\n")
     return "\n".join(lines)
 
 
@@ -126,7 +128,7 @@ CALIBRATION_STEPS = 18
 
 def uncontrolled_latency_s(sc: Scenario) -> float:
     """The simulator's plant latency with nobody delayed, every stream on: its fixed
-    point (sim/loop.py's, without noise)."""
+    point (controller/sim.py's, without noise)."""
     r = sc.resources[0]
     closed = [Closed(s.depth, s.overhead_s, s.rate_iops) for s in sc.streams if s.loop == "closed"]
     open_iops = sum(s.rate_iops for s in sc.streams if s.loop == "open")
@@ -167,13 +169,20 @@ def compare(lab: dict, name: str, overhead_ms: float, out_dir: Path) -> dict:
             lab_v = (lg.get("disk_write_bps") or 0.0) / 1e6
             sim_v, unit = s["throughput_bps"] / 1e6, "MB/s"
         ratio = lab_v / sim_v if sim_v else math.nan
-        rows[g] = {"lab": lab_v, "sim": sim_v, "unit": unit, "ratio": ratio,
-                   "within": abs(ratio - 1.0) <= TOLERANCE,
-                   "lab_fio_ms": ((lg.get("fio_latency_s") or {}).get("mean") or 0) * 1e3,
-                   "lab_pwfte": (lg.get("pwfte") or {}).get("mean"), "sim_pwfte": s["pwfte"],
-                   "lab_y": (lg.get("y") or {}).get("mean"), "sim_y": s["y_mean"],
-                   "lab_class": (lg.get("delay_class") or {}).get("mean"),
-                   "sim_class": s["delay_class"]}  # fmt: skip
+        rows[g] = {
+            "lab": lab_v,
+            "sim": sim_v,
+            "unit": unit,
+            "ratio": ratio,
+            "within": abs(ratio - 1.0) <= TOLERANCE,
+            "lab_fio_ms": ((lg.get("fio_latency_s") or {}).get("mean") or 0) * 1e3,
+            "lab_pwfte": (lg.get("pwfte") or {}).get("mean"),
+            "sim_pwfte": s["pwfte"],
+            "lab_y": (lg.get("y") or {}).get("mean"),
+            "sim_y": s["y_mean"],
+            "lab_class": (lg.get("delay_class") or {}).get("mean"),
+            "sim_class": s["delay_class"],
+        }
     return rows
 
 
@@ -185,8 +194,12 @@ def main() -> int:
     overhead_ms = calibrate_overhead_ms(lab)
     sim_unc_ms = uncontrolled_latency_s(parse_scenario(scenario(lab, overhead_ms, None))) * 1e3
     lab_unc_ms = lab_phase(lab, "uncontrolled")["array"]["latency_s"] * 1e3
-    out: dict = {"input": str(a.input), "writer_overhead_ms": overhead_ms, "phases": {},
-                 "uncontrolled_ms": {"lab": lab_unc_ms, "sim": sim_unc_ms}}  # fmt: skip
+    out: dict = {
+        "input": str(a.input),
+        "writer_overhead_ms": overhead_ms,
+        "phases": {},
+        "uncontrolled_ms": {"lab": lab_unc_ms, "sim": sim_unc_ms},
+    }
     print(
         f"the writers' overhead, calibrated on the uncontrolled phase: {overhead_ms:.2f} ms "
         f"(the plant uncontrolled: lab {lab_unc_ms:.2f} ms, sim {sim_unc_ms:.2f} ms)"
@@ -196,14 +209,18 @@ def main() -> int:
             continue
         rows = compare(lab, name, overhead_ms, a.input.parent)
         out["phases"][name] = rows
-        print(f"{name}: the plant {rows['array_latency_ms']:.2f} ms, the path outside it "
-              f"{rows['software_path_ms']:.2f} ms")  # fmt: skip
+        print(
+            f"{name}: the plant {rows['array_latency_ms']:.2f} ms, the path outside it "
+            f"{rows['software_path_ms']:.2f} ms"
+        )
         for g in (*READERS, WRITER_GROUP):
             v = rows[g]
-            print(f"  {g:<7} lab {v['lab']:7.2f} {v['unit']:<4} sim {v['sim']:7.2f}  "
-                  f"lab/sim {v['ratio']:5.2f} {'ok' if v['within'] else 'OFF'}   "
-                  f"PWFTE lab {v['lab_pwfte'] or 0:5.2f} sim {v['sim_pwfte']:5.2f}   "
-                  f"class lab {v['lab_class'] or 0:5.1f} sim {v['sim_class']:5.1f}")  # fmt: skip
+            print(
+                f"  {g:<7} lab {v['lab']:7.2f} {v['unit']:<4} sim {v['sim']:7.2f}  "
+                f"lab/sim {v['ratio']:5.2f} {'ok' if v['within'] else 'OFF'}   "
+                f"PWFTE lab {v['lab_pwfte'] or 0:5.2f} sim {v['sim_pwfte']:5.2f}   "
+                f"class lab {v['lab_class'] or 0:5.1f} sim {v['sim_class']:5.1f}"
+            )
     (a.input.parent / "groups-compare.json").write_text(json.dumps(out, indent=1))
     return 0
 

@@ -37,94 +37,85 @@ work/groups on the host), which groups_compare.py sets beside the simulator.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import bridge_lab  # noqa: E402
-import closed_loop  # noqa: E402
-import plant_lab  # noqa: E402
-import topology  # noqa: E402  (closed_loop put vagrant/qemu/guest on the path)
+from labkit import analysis, fio, probes, topology
+from labkit.analysis import SECTOR_BYTES, WRITE_SECTORS
+from labkit.daemon import Daemon, bridge_config
+from labkit.sampler import Probe, Sampler
 
-SOCK = closed_loop.SOCK
+SOCK = "/run/santhrottle-exp/control.sock"
 NAME = "groups"
 RESOURCE = "array"
 READERS = ("gold", "silver")  # LUN 0 and LUN 1
 WRITER_GROUP = "bulk"
-SECTOR_BYTES = 512
-# lab.py --array nbd's plant writes its cumulative counters here (vagrant/qemu/lqarray.py)
-ARRAY_STATS = Path("/shared/work/array-stats.json")
 VIEW_BEFORE_END_S = 10.0  # `santhrottle group list` this long before a phase's end
-DS_SECTORS_WRITTEN = 6  # closed_loop.diskstats() fields
+GROUP_FIELDS = (
+    "latency_s",
+    "throughput_bps",
+    "iops",
+    "y",
+    "pwfte",
+    "share",
+    "demand",
+    "delay_class",
+    "overloaded",
+    "members",
+)
+START_S = 120.0  # the bridge's set-up comes first in bridge mode
 
 
-def groups_toml(a: argparse.Namespace, t: dict, bulk_target: str | None) -> str:
+def groups(a: argparse.Namespace, t: dict, bulk_target: str | None) -> dict:
     ini = [x["initiator_ip"] for x in t["iscsi"]]
-    bulk = f'throughput_target = "{bulk_target}"\n' if bulk_target else ""
-    return (
-        f'[groups.gold]\nmembers = ["{ini[0]}"]\nlatency_target = "{a.gold_target}"\n'
-        f"priority = {a.gold_priority}\n"
-        f'[groups.silver]\nmembers = ["{ini[1]}"]\nlatency_target = "{a.silver_target}"\n'
-        f"priority = {a.silver_priority}\n"
-        f"[groups.{WRITER_GROUP}]\nmembers = {json.dumps(ini[2:])}\n"
-        f"priority = {a.bulk_priority}\n{bulk}"
-    )
+    return {
+        "gold": {"members": [ini[0]], "latency_target": a.gold_target, "priority": a.gold_priority},
+        "silver": {
+            "members": [ini[1]],
+            "latency_target": a.silver_target,
+            "priority": a.silver_priority,
+        },
+        WRITER_GROUP: {
+            "members": ini[2:],
+            "priority": a.bulk_priority,
+            "throughput_target": bulk_target or None,
+        },
+    }
 
 
-def daemon_config(a: argparse.Namespace, t: dict, out: Path, bulk_target: str | None) -> Path:
-    b = t["bridge"]
+def config(a: argparse.Namespace, t: dict, out: Path, bulk_target: str | None) -> dict:
     vols = [f"iscsi://{x['portal']}:{x['port']}/*/*" for x in t["iscsi"]]  # a portal each
-    conf = out / f"santhrottle-{NAME}.toml"  # closed_loop.stop_daemon's name for it
-    conf.write_text(
-        f'[daemon]\nmode = "bridge"\ncontrol_socket = "{SOCK}"\nnetns = "{b["netns"]}"\n'
-        f'state_dir = "{out / "state"}"\n'
-        f'[bridge]\nname = "{b["name"]}"\ninitiator_port = "{b["initiator_port"]}"\n'
-        f'array_port = "{b["array_port"]}"\n'
-        f'[datapath]\nlink_speed = "10gbit"\n[metrics]\nport = 0\n'
-        f"[resources.{RESOURCE}]\nvolumes = {json.dumps(vols)}\n" + groups_toml(a, t, bulk_target)
-    )
+    conf = bridge_config(t["bridge"], SOCK, out / "state")
+    conf["resources"] = {RESOURCE: {"volumes": vols}}
+    conf["groups"] = groups(a, t, bulk_target)
     return conf
 
 
-class Sampler(threading.Thread):
-    """Every second: epoch time, the daemon's group rows, the writers' sectors written."""
+def sampler(d: Daemon, writer_dms: list[str]) -> Sampler:
+    """Every second: epoch time, the daemon's group rows, the plant's own counters, the
+    writers' sectors written."""
 
-    def __init__(self, writer_dms: list[str]) -> None:
-        super().__init__(daemon=True)
-        self.writer_dms = writer_dms
-        self.rows: list[dict] = []
-        self.stop_ev = threading.Event()
+    def group_rows() -> dict:
+        st = d.status()
+        return {g["group"]: {k: g[k] for k in GROUP_FIELDS} for g in st["groups"]}
 
-    def run(self) -> None:
-        from santhrottle.appliance.daemon.control import request
+    def written() -> int:
+        ds = probes.all_diskstats()
+        return sum(ds[x][WRITE_SECTORS] for x in writer_dms if x in ds)
 
-        nxt = time.monotonic()
-        while not self.stop_ev.is_set():
-            row: dict = {"epoch": time.time()}
-            try:
-                st = request(SOCK, "status", timeout_s=2.0)
-                row["groups"] = {g["group"]: {k: g[k] for k in (
-                    "latency_s", "throughput_bps", "iops", "y", "pwfte", "share", "demand",
-                    "delay_class", "overloaded", "members")} for g in st["groups"]}  # fmt: skip
-            except Exception as e:  # keep sampling; record why
-                row["error"] = str(e)
-            with contextlib.suppress(OSError, ValueError):  # the known plant's own counters
-                a = json.loads(ARRAY_STATS.read_text())
-                row["array"] = (a["t"], a["ios"], a["lat_sum_s"], a["inflight_s"])
-            ds = closed_loop.diskstats()
-            row["written_sectors"] = sum(ds[d][DS_SECTORS_WRITTEN] for d in self.writer_dms
-                                         if d in ds)  # fmt: skip
-            self.rows.append(row)
-            nxt += 1.0
-            self.stop_ev.wait(max(0.0, nxt - time.monotonic()))
+    return Sampler(
+        [
+            Probe("epoch", time.time),
+            Probe("groups", group_rows),
+            Probe("array", probes.plant_stats),
+            Probe("written_sectors", written),
+        ],
+        period_s=1.0,
+    )
 
 
 def stats(xs: list[float]) -> dict | None:
@@ -132,70 +123,100 @@ def stats(xs: list[float]) -> dict | None:
     if not xs:
         return None
     q = statistics.quantiles(xs, n=20) if len(xs) > 1 else xs * 19
-    return {"n": len(xs), "mean": statistics.fmean(xs), "median": statistics.median(xs),
-            "p5": q[0], "p95": q[-1]}  # fmt: skip
+    return {
+        "n": len(xs),
+        "mean": statistics.fmean(xs),
+        "median": statistics.median(xs),
+        "p5": q[0],
+        "p95": q[-1],
+    }
 
 
-def phase(a: argparse.Namespace, t: dict, name: str, writers: bool, out: Path) -> dict:
+def phase(a: argparse.Namespace, d: Daemon, t: dict, name: str, writers: bool, out: Path) -> dict:
     """Both readers (fio, rate-limited QD1 4 KiB) and, if asked, the writers, for
     a.seconds; the steady part (after a.warmup) summarised per group."""
     isc = t["iscsi"]
     w_jobs = []
     if writers:
-        w_jobs = [closed_loop.fio(x["device"], "--rw=write", f"--bs={a.writer_bs}",
-                                  f"--iodepth={a.writer_qd}", runtime=a.seconds + 2)
-                  for x in isc[2:]]  # fmt: skip
-    sampler = Sampler([x["dm"] for x in isc[2:]])
-    sampler.start()
+        w_jobs = [
+            fio.start(
+                fio.argv(
+                    "j",
+                    x["device"],
+                    "--rw=write",
+                    f"--bs={a.writer_bs}",
+                    f"--iodepth={a.writer_qd}",
+                    runtime=a.seconds + 2,
+                    size="200m",
+                )
+            )
+            for x in isc[2:]
+        ]
+    s = sampler(d, [x["dm"] for x in isc[2:]])
+    s.start()
     t0 = time.time()
     rds = {}
     for g, x in zip(READERS, isc[:2], strict=True):
         prefix = out / f"lat-{name}-{g}"
-        rds[g] = closed_loop.fio(
-            x["device"], "--rw=randread", "--bs=4k", "--iodepth=1",
-            f"--rate_iops={a.reader_iops}", f"--write_lat_log={prefix}", "--log_avg_msec=1000",
-            "--log_unix_epoch=1", runtime=a.seconds,
-        )  # fmt: skip
+        rds[g] = fio.start(
+            fio.argv(
+                "j",
+                x["device"],
+                "--rw=randread",
+                "--bs=4k",
+                "--iodepth=1",
+                f"--rate_iops={a.reader_iops}",
+                f"--write_lat_log={prefix}",
+                "--log_avg_msec=1000",
+                "--log_unix_epoch=1",
+                runtime=a.seconds,
+                size="200m",
+            )
+        )
     time.sleep(max(0.0, t0 + a.seconds - VIEW_BEFORE_END_S - time.time()))
     # what an admin sees near the phase's end (docs/groups.md, "Measured in the lab")
-    view = subprocess.run([str(closed_loop.BIN / "santhrottle"), "group", "list", "--socket",
-                           SOCK], capture_output=True, text=True, check=False)  # fmt: skip
-    for p in rds.values():
-        p.communicate()
-    sampler.stop_ev.set()
-    sampler.join()
+    view = d.cli("group", "list")
+    for j in rds.values():
+        j.wait()
+    s.stop()
     for w in w_jobs:
-        w.communicate()
+        w.wait()
     lo, hi = t0 + a.warmup, t0 + a.seconds
-    steady = [r for r in sampler.rows if lo <= r["epoch"] <= hi]
-    res: dict = {"phase": name, "writers": writers, "start_epoch": t0, "groups": {},
-                 "group_list": view.stdout or view.stderr}  # fmt: skip
+    steady = [r for r in s.rows if lo <= r["epoch"] <= hi]
+    res: dict = {
+        "phase": name,
+        "writers": writers,
+        "start_epoch": t0,
+        "groups": {},
+        "group_list": view.stdout or view.stderr,
+    }
     for g in READERS:
         log = next(iter(sorted(out.glob(f"lat-{name}-{g}_clat*.log"))), None)
-        fio_w = [v for e, v in (bridge_lab.fio_log(log) if log else []) if lo <= e <= hi]
+        fio_w = [v for e, v in (fio.lat_log(log) if log else []) if lo <= e <= hi]
         res["groups"][g] = {"fio_latency_s": stats(fio_w)}
     for g in (*READERS, WRITER_GROUP):
-        rows = [r["groups"][g] for r in steady if g in r.get("groups", {})]
-        res["groups"].setdefault(g, {}).update({
-            "wire_latency_s": stats([x["latency_s"] for x in rows]),
-            "throughput_bps": stats([x["throughput_bps"] for x in rows]),
-            "y": stats([x["y"] for x in rows]),
-            "pwfte": stats([x["pwfte"] for x in rows]),
-            "share": stats([x["share"] for x in rows]),
-            "delay_class": stats([float(x["delay_class"]) for x in rows]),
-            "overloaded": sum(1 for x in rows if x["overloaded"]),
-        })  # fmt: skip
-    arr = [r["array"] for r in steady if "array" in r]
+        rows = [r["groups"][g] for r in steady if g in (r.get("groups") or {})]
+        res["groups"].setdefault(g, {}).update(
+            {
+                "wire_latency_s": stats([x["latency_s"] for x in rows]),
+                "throughput_bps": stats([x["throughput_bps"] for x in rows]),
+                "y": stats([x["y"] for x in rows]),
+                "pwfte": stats([x["pwfte"] for x in rows]),
+                "share": stats([x["share"] for x in rows]),
+                "delay_class": stats([float(x["delay_class"]) for x in rows]),
+                "overloaded": sum(1 for x in rows if x["overloaded"]),
+            }
+        )
+    arr = [r["array"] for r in steady if r.get("array")]
     if len(arr) > 1:  # the plant's own mean IO latency and IOs in flight
-        (t0_, n0, l0, q0), (t1_, n1, l1, q1) = arr[0], arr[-1]
-        res["array"] = {"latency_s": (l1 - l0) / (n1 - n0) if n1 > n0 else None,
-                        "q": (q1 - q0) / (t1_ - t0_) if t1_ > t0_ else None,
-                        "iops": (n1 - n0) / (t1_ - t0_) if t1_ > t0_ else None}  # fmt: skip
-    if len(steady) > 1:
-        dt = steady[-1]["epoch"] - steady[0]["epoch"]
-        nbytes = (steady[-1]["written_sectors"] - steady[0]["written_sectors"]) * SECTOR_BYTES
+        pd = analysis.plant_delta(arr[0], arr[-1]) or {}
+        res["array"] = {"latency_s": pd.get("l_s"), "q": pd.get("q"), "iops": pd.get("iops")}
+    written = [r for r in steady if "written_sectors" in r]
+    if len(written) > 1:
+        dt = written[-1]["epoch"] - written[0]["epoch"]
+        nbytes = (written[-1]["written_sectors"] - written[0]["written_sectors"]) * SECTOR_BYTES
         res["groups"][WRITER_GROUP]["disk_write_bps"] = nbytes / dt if dt > 0 else None
-    res["rows"] = sampler.rows
+    res["rows"] = s.rows
     return res
 
 
@@ -204,43 +225,44 @@ def show(r: dict) -> None:
         return f"{s['mean'] * 1e3:6.2f} (p95 {s['p95'] * 1e3:6.2f})" if s else "     -"
 
     arr = r.get("array") or {}
-    print(f"phase {r['phase']}: the array {(arr.get('latency_s') or 0) * 1e3:.2f} ms, "
-          f"Q {arr.get('q') or 0:.2f}\n{r['group_list']}", flush=True)  # fmt: skip
+    print(
+        f"phase {r['phase']}: the array {(arr.get('latency_s') or 0) * 1e3:.2f} ms, "
+        f"Q {arr.get('q') or 0:.2f}\n{r['group_list']}",
+        flush=True,
+    )
     for g, v in r["groups"].items():
         mb = (v.get("disk_write_bps") or (v["throughput_bps"] or {}).get("mean") or 0) / 1e6
-        print(f"  {g:<7} fio {ms(v.get('fio_latency_s'))} ms  wire {ms(v['wire_latency_s'])} ms"
-              f"  {mb:6.2f} MB/s  pwfte {(v['pwfte'] or {}).get('mean', 0):5.2f}  class "
-              f"{(v['delay_class'] or {}).get('mean', 0):5.1f}", flush=True)  # fmt: skip
-
-
-def request(cmd: str) -> dict:
-    from santhrottle.appliance.daemon.control import request as req
-
-    return req(SOCK, cmd, timeout_s=10.0)
+        print(
+            f"  {g:<7} fio {ms(v.get('fio_latency_s'))} ms  wire {ms(v['wire_latency_s'])} ms"
+            f"  {mb:6.2f} MB/s  pwfte {(v['pwfte'] or {}).get('mean', 0):5.2f}  class "
+            f"{(v['delay_class'] or {}).get('mean', 0):5.1f}",
+            flush=True,
+        )
 
 
 def run(a: argparse.Namespace, t: dict, out: Path) -> list[dict]:
-    conf = daemon_config(a, t, out, None)
-    # the bridge's set-up comes first in bridge mode: a longer start than the target's
-    daemon = closed_loop.launch_daemon(conf, out / f"santhrottled-{NAME}.log", timeout_s=120.0)
-    closed_loop.first_status(SOCK)
+    d = Daemon(NAME, config(a, t, out, None), out)
+    d.start(START_S)
     topology.iscsi_login(t["iscsi"])  # through the running bridge: the wire names them
     results = []
     try:
-        plan = [("idle", False, "pause"), ("uncontrolled", True, None),
-                ("controlled", True, "resume")]  # fmt: skip
+        plan = [
+            ("idle", False, "pause"),
+            ("uncontrolled", True, None),
+            ("controlled", True, "resume"),
+        ]
         if a.bulk_target:
             plan.append(("overload", True, "reload"))
         for name, writers, cmd in plan:
             if cmd == "reload":
-                daemon_config(a, t, out, a.bulk_target)
+                d.write(config(a, t, out, a.bulk_target))
             if cmd:
-                request(cmd)
-            results.append(phase(a, t, name, writers, out))
+                d.request(cmd, timeout_s=10.0)
+            results.append(phase(a, d, t, name, writers, out))
             show(results[-1])
-        (out / "status-end.json").write_text(json.dumps(request("status"), indent=1))
+        (out / "status-end.json").write_text(json.dumps(d.status(timeout_s=10.0), indent=1))
     finally:
-        closed_loop.stop_daemon(daemon, out, NAME)
+        d.stop()
     return results
 
 
@@ -265,9 +287,14 @@ def main() -> int:
     if topology.status() is not None:
         topology.down()
     t = topology.up(luns=5, nvme=0, disk=a.disk, bridge=True, lv_size_mib=512, login=False)
-    res: dict = {"kernel": os.uname().release, "cpus": os.cpu_count(), "disk": a.disk,
-                 "array": plant_lab.array_config(), "args": vars(a),
-                 "initiators": [x["initiator_ip"] for x in t["iscsi"]]}  # fmt: skip
+    res: dict = {
+        "kernel": os.uname().release,
+        "cpus": os.cpu_count(),
+        "disk": a.disk,
+        "array": probes.plant_config(),
+        "args": vars(a),
+        "initiators": [x["initiator_ip"] for x in t["iscsi"]],
+    }
     t_all = time.monotonic()
     try:
         res["phases"] = run(a, t, out)

@@ -23,14 +23,16 @@ import sys
 import time
 from pathlib import Path
 
-from measure import fio_once, load_topology, sh, tcp_counters
+from labkit import fio, topology
+from labkit.curves import counters as tcp_counters
 
 SIZE = 16 << 20
 
 
 def peers(port: int) -> list[str]:
-    out = sh(["ip", "netns", "exec", "tgt", "ss", "-tnH", "state", "established",
-              f"( sport = :{port} )"])  # fmt: skip
+    out = topology.sh(
+        ["ip", "netns", "exec", "tgt", "ss", "-tnH", "state", "established", f"( sport = :{port} )"]
+    )
     return sorted({line.split()[-1].rsplit(":", 1)[0].strip("[]") for line in out.splitlines()})
 
 
@@ -39,16 +41,15 @@ def main() -> int:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--luns", type=int, default=2)
     a = ap.parse_args()
-    topo = load_topology()
-    if topo.status() is not None:
-        topo.down()
+    if topology.status() is not None:
+        topology.down()
     t0 = time.monotonic()
-    t = topo.up(luns=a.luns, nvme=1, disk="fast", lv_size_mib=128, ipv6=True)
+    t = topology.up(luns=a.luns, nvme=1, disk="fast", lv_size_mib=128, ipv6=True)
     res: dict = {
         "kernel": os.uname().release,
         "timings_s": t["timings_s"],
         "target_peers": {"3260": peers(3260), "4420": peers(4420)},
-        "target_listeners": sh(["ip", "netns", "exec", "tgt", "ss", "-tlnH"]).split("\n"),
+        "target_listeners": topology.sh(["ip", "netns", "exec", "tgt", "ss", "-tlnH"]).split("\n"),
         "initiators": [],
     }
     ok = True
@@ -57,11 +58,16 @@ def main() -> int:
             ("nvme", x, x["host_traddr"], x["traddr"]) for x in t["nvme"]
         ]
         for proto, x, src, dst in inis:
-            r = {"protocol": proto, "family": x["family"], "source": src, "target": dst,
-                 "device": x["device"]}  # fmt: skip
+            r = {
+                "protocol": proto,
+                "family": x["family"],
+                "source": src,
+                "target": dst,
+                "device": x["device"],
+            }
             c0 = tcp_counters()
             for rw in ("read", "write"):
-                secs = fio_once(x["device"], rw, "64k", 1, SIZE)
+                secs = fio.once(x["device"], rw, "64k", 1, SIZE)
                 r[f"{rw}_mb_s"] = SIZE / secs / 1e6
             c1 = tcp_counters()
             r["target_retrans"] = c1["TcpRetransSegs"] - c0["TcpRetransSegs"]
@@ -69,12 +75,15 @@ def main() -> int:
             r["seen_by_target"] = src in res["target_peers"][port]
             ok &= r["seen_by_target"]
             res["initiators"].append(r)
-            print(f"{proto} IPv{x['family']} {src} -> {dst} ({x['device']}): read "
-                  f"{r['read_mb_s']:.1f} MB/s, write {r['write_mb_s']:.1f} MB/s, target retrans "
-                  f"{r['target_retrans']}, a connection from {src} at the target: "
-                  f"{r['seen_by_target']}", flush=True)  # fmt: skip
+            print(
+                f"{proto} IPv{x['family']} {src} -> {dst} ({x['device']}): read "
+                f"{r['read_mb_s']:.1f} MB/s, write {r['write_mb_s']:.1f} MB/s, target retrans "
+                f"{r['target_retrans']}, a connection from {src} at the target: "
+                f"{r['seen_by_target']}",
+                flush=True,
+            )
     finally:
-        topo.down()
+        topology.down()
         res["wall_s"] = time.monotonic() - t0
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(res, indent=1))

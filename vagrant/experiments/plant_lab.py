@@ -37,93 +37,31 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-CHECKOUT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(CHECKOUT / "vagrant" / "qemu" / "guest"))
-import topology  # noqa: E402
-from measure import diskstats  # noqa: E402
+from labkit import analysis, fio, probes, topology
+from labkit.sampler import Probe, Sampler
 
-STATS = Path("/shared/work/array-stats.json")
 REGION_MIB = 300  # each writer's region (4 per host: 1200 MiB of a 1536 MiB LV)
 
 
-# ------------------------------------------------------------------ counters
-def ds_delta(d0: list[int], d1: list[int], dt: float) -> dict:
-    """reads, writes, ios (all kinds), weighted ms -> Q, L of all IOs."""
-    dd = [b - a for a, b in zip(d0, d1, strict=False)]
-    reads, rticks, writes, wsect = dd[0], dd[3], dd[4], dd[6]
-    ios = reads + writes + (dd[11] if len(dd) > 11 else 0) + (dd[15] if len(dd) > 15 else 0)
-    weighted_ms = dd[10]
-    return {
-        "reads": reads,
-        "writes": writes,
-        "ios": ios,
-        "q": weighted_ms / 1000 / dt,
-        "l_s": weighted_ms / 1000 / ios if ios else None,
-        "read_l_s": rticks / 1000 / reads if reads else None,
-        "iops": ios / dt,
-        "write_mb_s": wsect * 512 / dt / 1e6,
-    }
+def reader(a, dev: str, runtime: float) -> list[str]:
+    return fio.reader(dev, a.reader_rate, runtime, name="sram", extra=("--offset=0",))
 
 
-def server_stats() -> dict | None:
-    try:
-        return json.loads(STATS.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def server_delta(s0: dict | None, s1: dict | None) -> dict | None:
-    if not s0 or not s1 or s1["t"] <= s0["t"]:
-        return None
-    dt = s1["t"] - s0["t"]
-    ios = s1["ios"] - s0["ios"]
-    return {
-        "q": (s1["inflight_s"] - s0["inflight_s"]) / dt,
-        "l_s": (s1["lat_sum_s"] - s0["lat_sum_s"]) / ios if ios else None,
-        "n_arrival": (s1["n_arrival_sum"] - s0["n_arrival_sum"]) / ios if ios else None,
-        "iops": ios / dt,
-        "interval_s": dt,
-    }
-
-
-def cpu_times() -> list[int]:
-    return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-
-
-def cpu_busy(c0: list[int], c1: list[int]) -> float:
-    d = [b - a for a, b in zip(c0, c1, strict=False)]
-    tot = sum(d)
-    return 1 - (d[3] + d[4]) / tot if tot else 0.0  # idle + iowait
-
-
-# ---------------------------------------------------------------------- fio
-def fio(dev: str, *job: str, runtime: float) -> subprocess.Popen:
-    return subprocess.Popen(
-        ["fio", "--output-format=json", f"--filename={dev}", "--direct=1",
-         "--ioengine=libaio", "--time_based", f"--runtime={runtime:.1f}", *job],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd="/tmp",
-    )  # fmt: skip
-
-
-def reader(a, dev: str, runtime: float, offset: str = "0") -> subprocess.Popen:
-    return fio(
-        dev, "--name=sram", "--rw=randread", "--bs=4k", "--iodepth=1",
-        f"--rate={a.reader_rate}", f"--offset={offset}", "--size=200m", runtime=runtime,
-    )  # fmt: skip
-
-
-def writers(a, dev: str, jobs: int, first_region: int, runtime: float) -> subprocess.Popen:
+def writers(a, dev: str, jobs: int, first_region: int, runtime: float) -> list[str]:
     """`jobs` sequential writers on `dev`, each in its own REGION_MIB region."""
-    return fio(
-        dev, "--name=w", "--rw=write", f"--bs={a.writer_bs}", "--iodepth=1",
-        f"--numjobs={jobs}", f"--offset={first_region * REGION_MIB}m",
-        f"--offset_increment={REGION_MIB}m", f"--size={REGION_MIB}m", "--group_reporting",
-        runtime=runtime,
-    )  # fmt: skip
+    return fio.writers(
+        dev,
+        a.writer_bs,
+        1,
+        runtime,
+        jobs=jobs,
+        region_mib=REGION_MIB,
+        first_region=first_region,
+        name="w",
+    )
 
 
 def clat(res: dict) -> dict:
@@ -139,8 +77,9 @@ def clat(res: dict) -> dict:
 
 
 # -------------------------------------------------------------- one point
-def point(a, mode: str, n: int, rdev: str, reader_ds: str | None, array_ds: str,
-          hosts: list[str]) -> dict:  # fmt: skip
+def point(
+    a, mode: str, n: int, rdev: str, reader_ds: str | None, array_ds: str, hosts: list[str]
+) -> dict:
     """n writers spread over `hosts` (devices), the reader on rdev."""
     t_start = time.monotonic()
     run = a.warm + a.steady + 2
@@ -150,52 +89,42 @@ def point(a, mode: str, n: int, rdev: str, reader_ds: str | None, array_ds: str,
         if jobs:
             # raw: all writers share the one device, each host's jobs their own regions
             first = 1 + k * 4 if mode == "raw" else 0
-            ws.append(writers(a, dev, jobs, first, run))
+            ws.append(fio.start(writers(a, dev, jobs, first, run)))
     time.sleep(a.warm if n else 0.5)
-    windows: list[float | None] = []
-    stop = threading.Event()
-
-    def sample() -> None:  # the reader's latency at the target over 1 s windows
-        prev = diskstats()
-        while not stop.wait(1.0):
-            cur = diskstats()
-            dev = reader_ds or array_ds
-            r = cur[dev][0] - prev[dev][0]
-            windows.append((cur[dev][3] - prev[dev][3]) / 1000 / r if r else None)
-            prev = cur
-
-    th = threading.Thread(target=sample, daemon=True)
-    d0, s0, c0, t0 = diskstats(), server_stats(), cpu_times(), time.monotonic()
-    th.start()
-    rd = reader(a, rdev, a.steady)
-    out = rd.communicate()[0]
-    d1, s1, c1, t1 = diskstats(), server_stats(), cpu_times(), time.monotonic()
-    stop.set()
-    th.join()
-    wres = [w.communicate()[0] for w in ws]
-    res = json.loads(out)["jobs"][0]
-    wr_mb = 0.0
-    for text in wres:
-        try:
-            j = json.loads(text)["jobs"][0]["write"]
-            wr_mb += j["bw_bytes"] / 1e6
-        except (ValueError, KeyError, IndexError):
-            pass
+    dev = reader_ds or array_ds
+    s = Sampler([Probe("ds", probes.diskstats([dev]))])  # the reader's 1 s windows
+    d0, s0, c0, t0 = (
+        probes.all_diskstats(),
+        probes.plant_stats(),
+        probes.guest_cpu(),
+        time.monotonic(),
+    )
+    s.start()
+    rd = fio.start(reader(a, rdev, a.steady))
+    res = rd.result()
+    d1, s1, c1, t1 = (
+        probes.all_diskstats(),
+        probes.plant_stats(),
+        probes.guest_cpu(),
+        time.monotonic(),
+    )
+    s.stop()
+    wr_mb = sum((w.result() or {}).get("write", {}).get("bw_bytes", 0) for w in ws) / 1e6
     dt = t1 - t0
     row = {
         "mode": mode,
         "writers": n,
         "reader_fio": clat(res),
-        "array": ds_delta(d0[array_ds], d1[array_ds], dt),
-        "server": server_delta(s0, s1),
-        "guest_cpu_busy": cpu_busy(c0, c1),
+        "array": analysis.device_delta(d0[array_ds], d1[array_ds], dt),
+        "server": analysis.plant_delta(s0, s1),
+        "guest_cpu_busy": probes.busy_share(c0, c1),
         "writers_fio_mb_s": wr_mb,
-        "reader_windows_s": windows,
+        "reader_windows_s": [w.read_latency_s for w in analysis.windows(s.rows, dev, [], None)],
         "interval_s": dt,
         "wall_s": time.monotonic() - t_start,
     }
     if reader_ds:
-        r = ds_delta(d0[reader_ds], d1[reader_ds], dt)
+        r = analysis.device_delta(d0[reader_ds], d1[reader_ds], dt)
         row["reader_target_s"] = r["read_l_s"]
     else:
         row["reader_target_s"] = row["array"]["read_l_s"]
@@ -218,21 +147,10 @@ def show(row: dict) -> None:
     )
 
 
-def fit(pts: list[tuple[float, float]]) -> dict | None:
-    """Least squares L = C + m Q; returns C, m (s) and R^2."""
-    pts = [(q, v) for q, v in pts if v is not None]
-    n = len(pts)
-    if n < 3:
-        return None
-    mq = sum(q for q, _ in pts) / n
-    ml = sum(v for _, v in pts) / n
-    sqq = sum((q - mq) ** 2 for q, _ in pts)
-    sql = sum((q - mq) * (v - ml) for q, v in pts)
-    m = sql / sqq if sqq else 0.0
-    c = ml - m * mq
-    ss_res = sum((v - c - m * q) ** 2 for q, v in pts)
-    ss_tot = sum((v - ml) ** 2 for _, v in pts)
-    return {"c_s": c, "m_s": m, "r2": 1 - ss_res / ss_tot if ss_tot else 0.0, "points": n}
+def fit(pts: list[tuple[float, float | None]]) -> dict | None:
+    """Least squares L = C + m Q over the points (labkit.analysis.fit_line), as a record."""
+    f = analysis.fit_line(pts)
+    return None if f is None else {"c_s": f.c_s, "m_s": f.m_s, "r2": f.r2, "points": f.points}
 
 
 def summarize(rows: list[dict], mode: str) -> dict:
@@ -280,8 +198,10 @@ def print_summary(mode: str, s: dict, cfg: dict | None) -> None:
     def ms(t):
         return "-" if t is None else f"{t[0] * 1e3:.1f} ({t[1] * 1e3:.1f}-{t[2] * 1e3:.1f})"
 
-    print(f"\n{mode}: writers | reader fio mean | fio p95 | target | target 1s p95 | "
-          "array Q | array L | server Q | server L | MB/s | guest CPU")  # fmt: skip
+    print(
+        f"\n{mode}: writers | reader fio mean | fio p95 | target | target 1s p95 | "
+        "array Q | array L | server Q | server L | MB/s | guest CPU"
+    )
     for n, b in s["by_writers"].items():
         q, sq = b["array_q"], b["server_q"]
         p95w = b["reader_target_1s_p95_s"]
@@ -295,8 +215,10 @@ def print_summary(mode: str, s: dict, cfg: dict | None) -> None:
     for key in ("fit_array", "fit_server", "fit_reader_target"):
         f = s[key]
         if f:
-            print(f"  {key}: C {f['c_s'] * 1e3:.2f} ms, m {f['m_s'] * 1e3:.2f} ms/IO, "
-                  f"R^2 {f['r2']:.3f} ({f['points']} points)")  # fmt: skip
+            print(
+                f"  {key}: C {f['c_s'] * 1e3:.2f} ms, m {f['m_s'] * 1e3:.2f} ms/IO, "
+                f"R^2 {f['r2']:.3f} ({f['points']} points)"
+            )
     reps = s.get("fits_by_rep") or {}
     if len(reps) > 1:  # each repetition's own fit: median (range)
         for key in ("fit_array", "fit_server", "fit_reader_target"):
@@ -304,24 +226,17 @@ def print_summary(mode: str, s: dict, cfg: dict | None) -> None:
             if fs:
                 cs = [f["c_s"] * 1e3 for f in fs]
                 mm = [f["m_s"] * 1e3 for f in fs]
-                print(f"  {key} per repetition ({len(fs)}): C {statistics.median(cs):.2f} "
-                      f"({min(cs):.2f}-{max(cs):.2f}) ms, m {statistics.median(mm):.2f} "
-                      f"({min(mm):.2f}-{max(mm):.2f}) ms/IO")  # fmt: skip
+                print(
+                    f"  {key} per repetition ({len(fs)}): C {statistics.median(cs):.2f} "
+                    f"({min(cs):.2f}-{max(cs):.2f}) ms, m {statistics.median(mm):.2f} "
+                    f"({min(mm):.2f}-{max(mm):.2f}) ms/IO"
+                )
     if cfg:
         print(f"  configured: {cfg}")
 
 
 def array_device() -> str:
     return topology.find_disk("lab-array")
-
-
-def array_config() -> dict | None:
-    """The plant lab.py --array describes (SANTHROTTLE_LAB_ARRAY); None, said on stderr,
-    when the guest was booted without one."""
-    cfg = json.loads(os.environ.get("SANTHROTTLE_LAB_ARRAY") or "null")
-    if cfg is None:
-        print("no plant: run with lab.py --array nbd[:...] (docs/lab.md)", file=sys.stderr)
-    return cfg
 
 
 def main() -> int:
@@ -338,13 +253,18 @@ def main() -> int:
     a = ap.parse_args()
     counts = [int(x) for x in a.writers.split(",")]
     modes = a.modes.split(",")
-    cfg = array_config()
+    cfg = probes.plant_config()
     if cfg is None:
+        print("no plant: run with lab.py --array nbd[:...] (docs/lab.md)", file=sys.stderr)
         return 2
     a.out.mkdir(parents=True, exist_ok=True)
     topology.load_modules(["virtio_blk"])
-    raw: dict = {"args": {k: str(v) for k, v in vars(a).items()}, "config": cfg,
-                 "kernel": os.uname().release, "rows": []}  # fmt: skip
+    raw: dict = {
+        "args": {k: str(v) for k, v in vars(a).items()},
+        "config": cfg,
+        "kernel": os.uname().release,
+        "rows": [],
+    }
     t_all = time.monotonic()
     try:
         if "raw" in modes:
@@ -366,8 +286,9 @@ def main() -> int:
             name = Path(t["disk"]).name
             for rep in range(a.reps):
                 for n in counts:
-                    row = point(a, "iscsi", n, rdr["device"], rdr["dm"], name,
-                                [h["device"] for h in hosts])  # fmt: skip
+                    row = point(
+                        a, "iscsi", n, rdr["device"], rdr["dm"], name, [h["device"] for h in hosts]
+                    )
                     row["rep"] = rep
                     raw["rows"].append(row)
                     show(row)

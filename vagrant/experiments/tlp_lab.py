@@ -39,7 +39,9 @@ import sys
 import time
 from pathlib import Path
 
-from measure import DEVICE, NETNS, diff, load_topology, sh, tcp_counters
+from labkit import fio, topology
+from labkit.curves import DEVICE, NETNS, diff
+from labkit.curves import counters as tcp_counters
 
 # tcpdump -tt -nn -S -r: "<t> IP[6] <src>.<port> > <dst>.<port>: Flags [..], seq a:b, ack c, ..."
 LINE = re.compile(
@@ -54,7 +56,7 @@ SNAPLEN = 128
 
 def parse(pcap: Path, target_port: int) -> list[dict]:
     """The capture's TCP segments, each: t, out (target -> host), seq, end, ack, sacks."""
-    text = sh(["tcpdump", "-tt", "-nn", "-S", "-r", str(pcap)], check=False, timeout=120)
+    text = topology.sh(["tcpdump", "-tt", "-nn", "-S", "-r", str(pcap)], check=False, timeout=120)
     segs: list[dict] = []
     # per connection (the host's port) and direction, its first sequence number: seqs
     # wrap at 2**32, and an NVMe/TCP host has a connection per queue
@@ -82,15 +84,17 @@ def parse(pcap: Path, target_port: int) -> list[dict]:
                 a, _, b = block.strip("{} ").partition(":")
                 if a and b:
                     sacks.append((rel(a, not out), rel(b, not out)))
-        segs.append({
-            "t": float(m["t"]),
-            "out": out,
-            "conn": conn,
-            "seq": seq,
-            "end": rel(m["end"], out) if m["end"] else seq,
-            "ack": rel(m["ack"], not out),
-            "sacks": sacks,
-        })  # fmt: skip
+        segs.append(
+            {
+                "t": float(m["t"]),
+                "out": out,
+                "conn": conn,
+                "seq": seq,
+                "end": rel(m["end"], out) if m["end"] else seq,
+                "ack": rel(m["ack"], not out),
+                "sacks": sacks,
+            }
+        )
     return segs
 
 
@@ -128,18 +132,20 @@ def one_connection(segs: list[dict]) -> tuple[list[list[dict]], list[float], lis
     for r in retrans:
         sent = next((s for s in data if s["seq"] <= r["seq"] < s["end"] and s["t"] < r["t"]), None)
         dsack = any(
-            a["t"] > r["t"] and any(lo <= r["seq"] and hi >= r["end"] and hi <= a["ack"]
-                                    for lo, hi in a["sacks"])
+            a["t"] > r["t"]
+            and any(lo <= r["seq"] and hi >= r["end"] and hi <= a["ack"] for lo, hi in a["sacks"])
             for a in acks
             if 0 < a["t"] - r["t"] < 1.0
-        )  # fmt: skip
+        )
         acked_before = any(a["t"] < r["t"] and a["ack"] >= r["end"] for a in acks)
-        rows.append({
-            "bytes": r["end"] - r["seq"],
-            "after_sent_ms": round((r["t"] - sent["t"]) * 1e3, 2) if sent else None,
-            "dsack": dsack,
-            "acked_before": acked_before,
-        })  # fmt: skip
+        rows.append(
+            {
+                "bytes": r["end"] - r["seq"],
+                "after_sent_ms": round((r["t"] - sent["t"]) * 1e3, 2) if sent else None,
+                "dsack": dsack,
+                "acked_before": acked_before,
+            }
+        )
     return bursts, delays, rows
 
 
@@ -179,10 +185,25 @@ def analyse(segs: list[dict]) -> dict:
 
 def capture(pcap: Path, host: str, port: int) -> subprocess.Popen:
     p = subprocess.Popen(
-        ["ip", "netns", "exec", NETNS, "tcpdump", "-i", DEVICE, "-nn", "-s", str(SNAPLEN),
-         "-w", str(pcap), f"host {host} and tcp port {port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            "ip",
+            "netns",
+            "exec",
+            NETNS,
+            "tcpdump",
+            "-i",
+            DEVICE,
+            "-nn",
+            "-s",
+            str(SNAPLEN),
+            "-w",
+            str(pcap),
+            f"host {host} and tcp port {port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     line = p.stderr.readline()  # "listening on ..." once the filter is attached
     if "listening" not in line:
         p.kill()
@@ -191,23 +212,32 @@ def capture(pcap: Path, host: str, port: int) -> subprocess.Popen:
 
 
 def read(device: str, seconds: int) -> dict:
-    out = sh(["fio", "--output-format=json", "--name=reader", f"--filename={device}",
-              "--direct=1", "--ioengine=libaio", "--rw=randread", "--bs=4k", "--iodepth=1",
-              "--rate=256k", "--time_based", f"--runtime={seconds}"],
-             timeout=seconds + 120)  # fmt: skip
-    job = json.loads(out[out.index("{") :])["jobs"][0]
+    cmd = fio.reader(device, "256k", seconds, name="reader", size=None)
+    job = fio.parse(topology.sh(cmd, timeout=seconds + 120))["jobs"][0]
     rd = job["read"]
     lat_ms = rd["lat_ns"]["mean"] / 1e6
     return {"ios": rd["total_ios"], "error": job["error"], "lat_mean_ms": lat_ms}
 
 
-def quickack(topo, nv: dict, dev: str, on: bool) -> None:
+def quickack(nv: dict, dev: str, on: bool) -> None:
     """The host's route to its NVMe/TCP port with quickack on or off, and the host
     connected again: a connection takes the route's quickack when it is made."""
-    topo.nvme_disconnect([nv])
-    sh(["ip", "route", "replace", f"{nv['traddr']}/32", "dev", dev, "src", nv["host_traddr"],
-        "quickack", "1" if on else "0"])  # fmt: skip
-    topo.nvme_connect([nv])
+    topology.nvme_disconnect([nv])
+    topology.sh(
+        [
+            "ip",
+            "route",
+            "replace",
+            f"{nv['traddr']}/32",
+            "dev",
+            dev,
+            "src",
+            nv["host_traddr"],
+            "quickack",
+            "1" if on else "0",
+        ]
+    )
+    topology.nvme_connect([nv])
 
 
 def hogs(n: int) -> list[subprocess.Popen]:
@@ -222,11 +252,10 @@ def main() -> int:
     ap.add_argument("--seconds", type=int, default=30)
     ap.add_argument("--hogs", type=int, default=2, help="busy loops beside the reader")
     a = ap.parse_args()
-    topo = load_topology()
-    if topo.status() is not None:
-        topo.down()
+    if topology.status() is not None:
+        topology.down()
     t0 = time.monotonic()
-    t = topo.up(luns=1, nvme=1, disk="fast", lv_size_mib=128)
+    t = topology.up(luns=1, nvme=1, disk="fast", lv_size_mib=128)
     isc, nv = t["iscsi"][0], t["nvme"][0]
     dev = t["veth"]["initiator"]
     cases = [
@@ -240,7 +269,7 @@ def main() -> int:
     try:
         for name, x, host, port, qa in cases:
             if port == 4420 and qa != quick:
-                quickack(topo, nv, dev, qa)
+                quickack(nv, dev, qa)
                 quick = qa
             pcap = a.out.with_name(f"{a.out.stem}-{name}.pcap")
             dump = capture(pcap, host, port)
@@ -259,16 +288,19 @@ def main() -> int:
             r = {"fio": fio, "counters": {k: v for k, v in diff(c0, c1).items() if v}}
             r.update(analyse(parse(pcap, port)))
             res["cases"][name] = r
-            print(f"{name}: {fio['ios']} reads, {r['connections']} connection(s), answers "
-                  f"{r['answers']} shaped "
-                  f"{r['answer_shapes']}, host ACK after {r['ack_delay_ms']}, target "
-                  f"counters {r['counters']}, retransmitted in the capture "
-                  f"{r['retransmitted']} (median {r['retrans_median_after_sent_ms']} ms after "
-                  f"the original; D-SACKed {r['dsacked']})", flush=True)  # fmt: skip
+            print(
+                f"{name}: {fio['ios']} reads, {r['connections']} connection(s), answers "
+                f"{r['answers']} shaped "
+                f"{r['answer_shapes']}, host ACK after {r['ack_delay_ms']}, target "
+                f"counters {r['counters']}, retransmitted in the capture "
+                f"{r['retransmitted']} (median {r['retrans_median_after_sent_ms']} ms after "
+                f"the original; D-SACKed {r['dsacked']})",
+                flush=True,
+            )
     finally:
         if quick:
-            quickack(topo, nv, dev, False)
-        topo.down()
+            quickack(nv, dev, False)
+        topology.down()
         res["wall_s"] = time.monotonic() - t0
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(res, indent=1))

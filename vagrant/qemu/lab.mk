@@ -1,6 +1,7 @@
 # The lab: Debian's real kernel under QEMU/TCG (vagrant/qemu/README.md).
-# Included by the top Makefile; VENV / VPY come from there.
-LAB_PY ?= python3
+# Included by the top Makefile; VENV / VPY come from there. The runner is the lab kit's
+# (vagrant/labkit), installed in the project's venv by `make setup`.
+LAB_PY = $(VPY)
 LAB := vagrant/qemu/lab.py
 # The known plant of make lab, lab-ci, lab-plant and lab-auto-fit (report.py's PAPER_ARRAY).
 LAB_PLANT := c_ms=2,m_ms=5
@@ -9,11 +10,11 @@ LAB_PLANT := c_ms=2,m_ms=5
 
 # apt-get install what the lab needs on the host (root; idempotent), with the
 # known plant's nbdkit (lab.py --array nbd; docs/lab.md).
-lab-deps:
+lab-deps: setup
 	$(LAB_PY) $(LAB) --array nbd deps
 
 # deps + Debian's kernel + initramfs + guest venv, all cached.
-lab-up:
+lab-up: setup
 	$(LAB_PY) $(LAB) up
 
 # The main job: the method paper's closed-loop experiment on the real kernel and the
@@ -36,24 +37,24 @@ lab-nvme: setup
 # 0-20 ms, target retransmissions per point; results/datapath-lab.json, -nvme.json.
 # ARGS='--quick' for 4 delays of 64k qd1; ARGS='--repeat 3' for the fastest of three runs.
 CURVES := read/read,all/write,ack/write
-lab-curves:
+lab-curves: setup
 	$(LAB_PY) $(LAB) run --timeout 3600 vagrant/experiments/datapath_lab.py sweep \
 		--no-overhead --curves $(CURVES) $(ARGS)
 
-lab-curves-nvme:
+lab-curves-nvme: setup
 	$(LAB_PY) $(LAB) run --timeout 3600 vagrant/experiments/datapath_lab.py sweep \
 		--protocol nvme --no-overhead --curves $(CURVES) $(ARGS)
 
 # The lab's IPv6 initiators (topology.py --ipv6): an iSCSI initiator and the NVMe/TCP host
 # in fd00:5374::/64 come up, and fio moves data over them; no santhrottled, ~3 min.
-lab-ipv6:
+lab-ipv6: setup
 	$(LAB_PY) $(LAB) run --timeout 900 vagrant/experiments/ipv6_lab.py \
 		--out $(CURDIR)/results/ipv6-lab.json $(ARGS)
 
 # Where the target's tail-loss probes come from: the paper's reader over iSCSI and over
 # NVMe/TCP (with and without the host's quickack route), captured at the target, no
 # santhrottled (docs/lab.md, "Tail-loss probes with NVMe/TCP hosts").
-lab-tlp:
+lab-tlp: setup
 	$(LAB_PY) $(LAB) run --timeout 900 vagrant/experiments/tlp_lab.py \
 		--out $(CURDIR)/results/tlp-lab.json $(ARGS)
 
@@ -77,14 +78,14 @@ lab-test: setup
 # L = C + m*Q measured through iSCSI and on the raw device, ~13 min.
 # make lab-plant PLANT=c_ms=2,m_ms=5 ARGS='--reps 3 --modes raw,iscsi'
 PLANT ?=
-lab-plant:
+lab-plant: setup
 	$(LAB_PY) $(LAB) --array nbd:$(or $(PLANT),$(LAB_PLANT)) run --timeout 2400 \
 		vagrant/experiments/plant_lab.py $(ARGS)
 
 # threshold = "auto" in the lab (docs/lab.md): the daemon's own LQ fit of the known plant
 # (one vCPU, as make lab) while the writers step through 0-12, against the configured C and
 # m; three repetitions, each with a fresh daemon, ~10 min.
-lab-auto-fit:
+lab-auto-fit: setup
 	$(LAB_PY) $(LAB) --smp 1 --array nbd:$(or $(PLANT),$(LAB_PLANT)) run --timeout 1800 \
 		vagrant/experiments/auto_fit_lab.py $(ARGS)
 
@@ -96,7 +97,7 @@ lab-auto-fit-host: setup
 # Bridge mode in the lab (docs/bridge.md): the wire sensor's read latency against the
 # target's diskstats and fio (iSCSI and NVMe/TCP, idle and under writers), then the
 # per-packet cost of br_netfilter + iptables against nftables' bridge family, ~15 min.
-lab-bridge:
+lab-bridge: setup
 	$(LAB_PY) $(LAB) --array nbd:$(or $(PLANT),$(LAB_PLANT)) run --timeout 3000 \
 		vagrant/experiments/bridge_lab.py $(ARGS)
 
@@ -138,9 +139,9 @@ lab-wire-corpus:
 		--out $(CURDIR)/tests/fixtures/wire/corpus $(ARGS)
 
 # Boot and run one script of the checkout inside: make lab-run SCRIPT=path ARGS='...'
-lab-run:
+lab-run: setup
 	@test -n "$(SCRIPT)" || { echo "usage: make lab-run SCRIPT=path/in/checkout [ARGS='...']"; exit 2; }
 	$(LAB_PY) $(LAB) run -v $(SCRIPT) $(ARGS)
 
-lab-clean:
+lab-clean: setup
 	$(LAB_PY) $(LAB) clean

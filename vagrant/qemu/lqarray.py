@@ -31,6 +31,11 @@
 # of the IOs' latencies at this server, of the queue each IO was charged for
 # (Qbar, or n), and the integral of
 # the number in flight over time (its mean over an interval: Q at the server).
+# control= names a JSON file the guest may write ({"c_ms": 2, "m_ms": 10}: its
+# /shared/work/array-control.json, labkit.plant): read with the counters, every 0.5 s,
+# a new C or m applies to the IOs that arrive from then on, and the stats say which
+# parameters are in force ("config") and since when ("changed_t").  A file that is not
+# such an object, or a value that is not a finite number >= 0, is ignored.
 
 import builtins
 import json
@@ -54,7 +59,9 @@ cfg = {
     "tau_ms": 50.0,
     "noise": 0.0,
     "stats": None,
+    "control": None,
 }
+LIVE_KEYS = ("c_ms", "m_ms")  # what control= may change
 MODELS = ("lq", "lqnow", "fifo")
 lock = threading.Lock()
 st = {
@@ -69,6 +76,8 @@ st = {
     "inflight": 0,
     "t_last": 0.0,
     "qbar": 0.0,
+    "changed_t": None,
+    "control_mtime": None,
 }
 fd = -1
 
@@ -105,15 +114,41 @@ def thread_model():
     return nbdkit.THREAD_MODEL_PARALLEL
 
 
+def _control():
+    """The guest's new C / m (control=), if the file changed and says something valid."""
+    path = cfg["control"]
+    try:
+        mtime = os.stat(path).st_mtime_ns
+        if mtime == st["control_mtime"]:
+            return None
+        st["control_mtime"] = mtime
+        with builtins.open(path) as f:
+            want = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(want, dict):
+        return None
+    out = {}
+    for k in LIVE_KEYS:
+        v = want.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
+            out[k] = float(v)
+    return out or None
+
+
 def _dump():
     while True:
         time.sleep(0.5)
+        new = _control() if cfg["control"] else None
         with lock:
             now = time.monotonic()
             _advance(now)
-            snap = {k: v for k, v in st.items() if k != "busy_until"}
+            if new:
+                cfg.update(new)
+                st["changed_t"] = now
+            snap = {k: v for k, v in st.items() if k not in ("busy_until", "control_mtime")}
         snap["t"] = now
-        snap["config"] = {k: v for k, v in cfg.items() if k not in ("file", "stats")}
+        snap["config"] = {k: v for k, v in cfg.items() if k not in ("file", "stats", "control")}
         tmp = cfg["stats"] + ".tmp"
         try:
             with builtins.open(tmp, "w") as f:

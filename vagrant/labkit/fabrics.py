@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """The lab's second fabric, dm-multipath over both, and a fleet's etcd cluster. In the guest.
 
 On top of topology.up(bridge=True) (fabric A: lab-ini -- lab-bi [lab-br in netns
@@ -35,12 +34,15 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import topology
-from topology import TopologyError, sh
+from labkit import topology
+from labkit.topology import TopologyError, sh
 
-BRIDGE_B = {"netns": "labbr2", "name": "lab-br2", "initiator_port": "lab-bi2",
-            "array_port": "lab-ba2"}  # fmt: skip
+BRIDGE_B = {
+    "netns": "labbr2",
+    "name": "lab-br2",
+    "initiator_port": "lab-bi2",
+    "array_port": "lab-ba2",
+}
 VETH_INI_B, VETH_TGT_B = "lab-inib", "lab-tgtb"
 MULTIPATH_MODULES = ["dm_multipath", "dm_service_time", "dm_round_robin"]
 SELECTOR = "service-time"
@@ -86,19 +88,34 @@ def setup_fabric_b(t: dict) -> None:
     a second LIO network portal per TPG on it."""
     b = BRIDGE_B
     sh(["ip", "netns", "add", b["netns"]])
-    _batch(None, [f"link add {VETH_INI_B} type veth peer name {b['initiator_port']} "
-                  f"netns {b['netns']}"])  # fmt: skip
-    _batch(b["netns"], [
-        "link set lo up",
-        f"link add {b['array_port']} type veth peer name {VETH_TGT_B} netns {topology.NETNS}",
-        f"link add {b['name']} type bridge stp_state 0 forward_delay 0",
-        f"link set {b['initiator_port']} master {b['name']} up",
-        f"link set {b['array_port']} master {b['name']} up",
-        f"link set {b['name']} up",
-    ])  # fmt: skip
+    _batch(
+        None,
+        [f"link add {VETH_INI_B} type veth peer name {b['initiator_port']} netns {b['netns']}"],
+    )
+    _batch(
+        b["netns"],
+        [
+            "link set lo up",
+            f"link add {b['array_port']} type veth peer name {VETH_TGT_B} netns {topology.NETNS}",
+            f"link add {b['name']} type bridge stp_state 0 forward_delay 0",
+            f"link set {b['initiator_port']} master {b['name']} up",
+            f"link set {b['array_port']} master {b['name']} up",
+            f"link set {b['name']} up",
+        ],
+    )
     for sw in topology.BR_NF_SWITCHES:
-        sh(["ip", "netns", "exec", b["netns"], "sysctl", "-qw",
-            f"net.bridge.bridge-nf-call-{sw}=0"], check=False)  # fmt: skip
+        sh(
+            [
+                "ip",
+                "netns",
+                "exec",
+                b["netns"],
+                "sysctl",
+                "-qw",
+                f"net.bridge.bridge-nf-call-{sw}=0",
+            ],
+            check=False,
+        )
     ini, tgt = [], []
     for x in t["iscsi"]:
         k = x["index"]
@@ -107,8 +124,10 @@ def setup_fabric_b(t: dict) -> None:
         tgt.append(f"addr add {x['portal_b']}/24 dev {VETH_TGT_B}")
     ini.append(f"link set {VETH_INI_B} up")
     tgt.append(f"link set {VETH_TGT_B} up")
-    ini += [f"route add {x['portal_b']}/32 dev {VETH_INI_B} src {x['initiator_ip_b']}"
-            for x in t["iscsi"]]  # fmt: skip
+    ini += [
+        f"route add {x['portal_b']}/32 dev {VETH_INI_B} src {x['initiator_ip_b']}"
+        for x in t["iscsi"]
+    ]
     _batch(None, ini)
     _batch(topology.NETNS, tgt)
     mask = format((1 << (os.cpu_count() or 1)) - 1, "x")
@@ -116,8 +135,17 @@ def setup_fabric_b(t: dict) -> None:
     _rps(topology.NETNS, [VETH_TGT_B])
     _rps(b["netns"], [b["initiator_port"], b["array_port"]])
     t["bridge_b"] = dict(b)
-    out = sh(["nsenter", f"--net={topology.NETNS_PATH}", sys.executable,
-              os.path.abspath(__file__), "_portals"], input=json.dumps(t["iscsi"]))  # fmt: skip
+    out = sh(
+        [
+            "nsenter",
+            f"--net={topology.NETNS_PATH}",
+            sys.executable,
+            "-m",
+            "labkit.fabrics",
+            "_portals",
+        ],
+        input=json.dumps(t["iscsi"]),
+    )
     if '"ok": true' not in out:
         raise TopologyError(f"second portals: {out}")
 
@@ -211,8 +239,13 @@ def setup_mgmt() -> None:
     _batch(HUB, ["link add br0 type bridge stp_state 0 forward_delay 0", "link set br0 up"])
     for i, ns in enumerate(MEMBER_NS):
         port = f"fl-m{i + 1}"
-        _batch(HUB, [f"link add {port} type veth peer name {MGMT_DEV} netns {ns}",
-                     f"link set {port} master br0 up"])  # fmt: skip
+        _batch(
+            HUB,
+            [
+                f"link add {port} type veth peer name {MGMT_DEV} netns {ns}",
+                f"link set {port} master br0 up",
+            ],
+        )
         _batch(ns, [f"addr add {member_ip(i)}/24 dev {MGMT_DEV}", f"link set {MGMT_DEV} up"])
 
 
@@ -236,19 +269,46 @@ class Etcd:
         for i, ns in enumerate(MEMBER_NS):
             ip = member_ip(i)
             log = open(self.log_dir / f"etcd-{names[i]}.log", "ab")  # noqa: SIM115
-            self.procs.append(subprocess.Popen([
-                "ip", "netns", "exec", ns, "etcd", "--name", names[i],
-                "--data-dir", str(self.data / names[i]),
-                "--listen-peer-urls", f"http://{ip}:2380",
-                "--initial-advertise-peer-urls", f"http://{ip}:2380",
-                "--listen-client-urls", f"http://{ip}:2379",
-                "--advertise-client-urls", f"http://{ip}:2379",
-                "--initial-cluster", peers, "--initial-cluster-token", "santhrottle-lab",
-                "--initial-cluster-state", "new",
-                "--heartbeat-interval", str(HEARTBEAT_MS),
-                "--election-timeout", str(ELECTION_MS),
-                "--logger", "zap", "--log-level", "warn",
-            ], stdout=log, stderr=log, preexec_fn=lambda: os.nice(self.nice)))  # fmt: skip
+            self.procs.append(
+                subprocess.Popen(
+                    [
+                        "ip",
+                        "netns",
+                        "exec",
+                        ns,
+                        "etcd",
+                        "--name",
+                        names[i],
+                        "--data-dir",
+                        str(self.data / names[i]),
+                        "--listen-peer-urls",
+                        f"http://{ip}:2380",
+                        "--initial-advertise-peer-urls",
+                        f"http://{ip}:2380",
+                        "--listen-client-urls",
+                        f"http://{ip}:2379",
+                        "--advertise-client-urls",
+                        f"http://{ip}:2379",
+                        "--initial-cluster",
+                        peers,
+                        "--initial-cluster-token",
+                        "santhrottle-lab",
+                        "--initial-cluster-state",
+                        "new",
+                        "--heartbeat-interval",
+                        str(HEARTBEAT_MS),
+                        "--election-timeout",
+                        str(ELECTION_MS),
+                        "--logger",
+                        "zap",
+                        "--log-level",
+                        "warn",
+                    ],
+                    stdout=log,
+                    stderr=log,
+                    preexec_fn=lambda: os.nice(self.nice),
+                )
+            )
             log.close()
 
     def ctl(self, *args: str, ns: str = MEMBER_NS[2], timeout: float = 30.0) -> str:
@@ -256,9 +316,23 @@ class Etcd:
         etcd members' nice; its output, or "" when it did not finish within `timeout`."""
         eps = ",".join(f"http://{member_ip(i)}:2379" for i in range(3))
         try:
-            return sh(["ip", "netns", "exec", ns, "nice", "-n", str(self.nice), "etcdctl",
-                       f"--endpoints={eps}", "--command-timeout=5s", *args],
-                      check=False, timeout=timeout)  # fmt: skip
+            return sh(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    "nice",
+                    "-n",
+                    str(self.nice),
+                    "etcdctl",
+                    f"--endpoints={eps}",
+                    "--command-timeout=5s",
+                    *args,
+                ],
+                check=False,
+                timeout=timeout,
+            )
         except subprocess.TimeoutExpired:
             return ""
 
@@ -296,8 +370,10 @@ def teardown(t: dict | None) -> None:
     for x in (t or {}).get("iscsi", []):
         if "portal_b" in x:
             p = topology.hostport(x["portal_b"], topology.ISCSI_PORT)
-            sh(["iscsiadm", "-m", "node", "-T", x["iqn"], "-p", p, "-I", x["iface"],
-                "--logout"], check=False)  # fmt: skip
+            sh(
+                ["iscsiadm", "-m", "node", "-T", x["iqn"], "-p", p, "-I", x["iface"], "--logout"],
+                check=False,
+            )
     for ns in (BRIDGE_B["netns"], HUB, MEMBER_NS[2]):
         if os.path.exists(f"/run/netns/{ns}"):
             sh(["ip", "netns", "del", ns], check=False)

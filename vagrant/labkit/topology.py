@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """The lab's storage topology, inside the guest (vagrant/qemu).
 
 Mirrors a real deployment on one (virtual) machine::
@@ -28,14 +27,13 @@ and netdev_max_backlog raised: without it veth + 2 vCPUs reorders packets and
 the target sees spurious retransmits (docs/lab.md).
 
 Usable three ways:
-  * CLI in the guest:  topology.py up [--luns 4] [--nvme 1] [--no-login] ...
-                       topology.py status | down
-  * Python in the guest:  import topology; t = topology.up(luns=4); topology.down()
-  * from the host: python3 vagrant/qemu/lab.py run vagrant/qemu/guest/topology.py up
+  * CLI in the guest:  python3 -m labkit.topology up [--luns 4] [--nvme 1] [--no-login] ...
+                       python3 -m labkit.topology status | down
+  * Python in the guest:  from labkit import topology; t = topology.up(luns=4); topology.down()
+  * from the host: .venv/bin/python vagrant/qemu/lab.py sh 'python3 -m labkit.topology up'
 
-Only the standard library and Debian's python3-rtslib-fb; runs with
-/usr/bin/python3 or the lab venv.  State (what was built, device names) is
-kept in /run/santhrottle-lab/topology.json.
+Only the standard library and Debian's python3-rtslib-fb (the guest venv sees it).
+State (what was built, device names) is kept in /run/santhrottle-lab/topology.json.
 """
 
 from __future__ import annotations
@@ -55,8 +53,12 @@ NETNS_PATH = f"/run/netns/{NETNS}"
 # --bridge: a third namespace between the two, its bridge joining the initiators'
 # veth to the target's ("any array" behind a transparent bridge; docs/bridge.md)
 BRIDGE_NETNS = "labbr"
-BRIDGE = {"netns": BRIDGE_NETNS, "name": "lab-br", "initiator_port": "lab-bi",
-          "array_port": "lab-ba"}  # fmt: skip
+BRIDGE = {
+    "netns": BRIDGE_NETNS,
+    "name": "lab-br",
+    "initiator_port": "lab-bi",
+    "array_port": "lab-ba",
+}
 VETH_INI = "lab-ini"
 VETH_TGT = "lab-tgt"
 VG = "labvg"
@@ -315,8 +317,18 @@ def setup_network(
     if bridge:
         sh(["ip", "-n", BRIDGE_NETNS, "-batch", "-"], input="\n".join(mid) + "\n")
         for sw in BR_NF_SWITCHES:
-            sh(["ip", "netns", "exec", BRIDGE_NETNS, "sysctl", "-qw",
-                f"net.bridge.bridge-nf-call-{sw}=0"], check=False)  # fmt: skip
+            sh(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    BRIDGE_NETNS,
+                    "sysctl",
+                    "-qw",
+                    f"net.bridge.bridge-nf-call-{sw}=0",
+                ],
+                check=False,
+            )
     sh(["ip", "-batch", "-"], input="\n".join(ini) + "\n")
     sh(["ip", "-n", NETNS, "-batch", "-"], input="\n".join(tgt) + "\n")
     if rps:
@@ -337,9 +349,18 @@ def setup_network(
             )
         if bridge:  # the bridge's ports receive too
             ports = f"{BRIDGE['initiator_port']} {BRIDGE['array_port']}"
-            sh(["ip", "netns", "exec", BRIDGE_NETNS, "sh", "-c",
-                f"for d in {ports}; do echo {mask} > /sys/class/net/$d/queues/rx-0/rps_cpus; "
-                "done"])  # fmt: skip
+            sh(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    BRIDGE_NETNS,
+                    "sh",
+                    "-c",
+                    f"for d in {ports}; do echo {mask} > /sys/class/net/$d/queues/rx-0/rps_cpus; "
+                    "done",
+                ]
+            )
         Path("/proc/sys/net/core/netdev_max_backlog").write_text(str(NETDEV_MAX_BACKLOG))
 
 
@@ -405,7 +426,8 @@ def _in_netns(args: list[str], payload: dict) -> dict:
             "nsenter",
             f"--net={NETNS_PATH}",
             sys.executable,
-            os.path.abspath(__file__),
+            "-m",
+            "labkit.topology",
             *args,
         ],
         input=json.dumps(payload),

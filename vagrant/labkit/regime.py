@@ -1,0 +1,129 @@
+"""The paper's regime: a plant slope and thresholds at which throttling is needed. Pure.
+
+Problem
+    The paper's experiment means something only where the writers, left alone, drive
+    the reader's latency well over the threshold: its uncontrolled latencies were 2-4
+    times its thresholds.  The lab's writers are emulated: on a host whose emulated
+    CPU is slow (or busy) each of their IOs costs the guest tens to hundreds of ms
+    outside the array, they keep few IOs at it, and the paper's m = 5 ms/IO plant
+    leaves the reader under its thresholds (a 0.5 ms static delay then holds them all).
+
+Measured signal
+    The uncontrolled phase at the plant's slope m0: the reader's p95 over 1 s windows
+    (r95), and over the windows where the writers wrote, the array's mean queue q̄ and
+    the writers' IOPS X̄ (N closed-loop writers, C the plant's intercept).
+
+The rule
+    regime      uncontrolled p95 >= REGIME_X x T at every threshold T it reports.
+    thresholds  the wanted ones (the paper's 10, 15, 20 ms) that the regime admits:
+                T <= r95 / REGIME_X.
+    slope       when the largest wanted T is not admitted: the plant is a line
+                L = C + m Q; the writers' time per IO outside it is
+                o = N / X̄ - L0 (L0 = C + m0 q̄, Little's law per writer), and with o
+                fixed the array's latency at slope m is the positive root of
+                L^2 + (o - C - m N) L - C o = 0 (Q = N L / (L + o)).  The reader's
+                p95 is taken to scale with L: r95(m) = r95 x L(m) / L(m0).  The
+                slope is the smallest of SLOPE_STEP_MS steps above m0 whose r95(m)
+                is AIM_X x T_max, at most MAX_SLOPE_MS.  o falls as the writers slow
+                (the emulated CPU has less to do), so the rule errs high.
+
+Bounds
+    m in [m0, MAX_SLOPE_MS]; at most MAX_TRIES uncontrolled phases (closed_loop.py).
+
+Worked example
+    N = 12 writers, C = 2 ms, m0 = 5 ms: q̄ = 3.0, X̄ = 180 IOPS, r95 = 17 ms.  L0 =
+    17 ms, o = 12 / 180 - 0.017 = 49.7 ms; the model's L(5 ms) = 17.9 ms.  For T_max =
+    20 ms: aim 2.5 x 20 = 50 ms; m = 8 ms gives L = 50.3 ms, r95 = 17 x 50.3 / 17.9 =
+    47.8 ms (short); m = 9 ms gives L = 61.9 ms, r95 = 58.8 ms: slope 9 ms/IO.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+REGIME_X = 2.0  # uncontrolled p95 >= 2 T (docs/lab.md, "What a run must show")
+AIM_X = 2.5  # what the slope is chosen for: room for the run's own spread
+SLOPE_STEP_MS = 1.0
+MAX_SLOPE_MS = 50.0
+MAX_TRIES = 3
+
+
+@dataclass(frozen=True)
+class Uncontrolled:
+    """What the rule reads of an uncontrolled phase (labkit.analysis)."""
+
+    m_ms: float  # the plant's slope it ran at
+    c_ms: float
+    writers: int  # closed-loop writers (hosts x jobs), QD1
+    p95_s: float  # the reader's p95 over 1 s windows
+    q: float  # the array's mean queue while the writers wrote
+    iops: float  # the writers' IOPS while they wrote
+
+
+def admitted(p95_s: float, wanted_s: list[float]) -> list[float]:
+    """The wanted thresholds the regime admits (T <= p95 / REGIME_X)."""
+    return [t for t in wanted_s if p95_s >= REGIME_X * t - 1e-12]
+
+
+def overhead_s(u: Uncontrolled) -> float:
+    """The writers' time per IO outside the array: N / X - (C + m0 q), at least 0."""
+    if u.iops <= 0:
+        return math.inf
+    return max(0.0, u.writers / u.iops - (u.c_ms + u.m_ms * u.q) / 1e3)
+
+
+def array_latency_s(c_s: float, m_s: float, writers: int, o_s: float) -> float:
+    """The closed loop's fixed point: L = C + m Q with Q = N L / (L + o)."""
+    b = o_s - c_s - m_s * writers
+    return (-b + math.sqrt(b * b + 4 * c_s * o_s)) / 2
+
+
+def predicted_p95_s(u: Uncontrolled, m_ms: float) -> float:
+    o = overhead_s(u)
+    if not math.isfinite(o):
+        return 0.0
+    l0 = array_latency_s(u.c_ms / 1e3, u.m_ms / 1e3, u.writers, o)
+    lm = array_latency_s(u.c_ms / 1e3, m_ms / 1e3, u.writers, o)
+    return u.p95_s * lm / l0 if l0 > 0 else 0.0
+
+
+def next_slope(u: Uncontrolled, t_max_s: float) -> float | None:
+    """The slope to try next for T_max (module header); None when even MAX_SLOPE_MS is
+    not predicted to reach it, or nothing moved (m0 is already the maximum)."""
+    aim = AIM_X * t_max_s
+    m = u.m_ms
+    while m < MAX_SLOPE_MS:
+        m = min(MAX_SLOPE_MS, m + SLOPE_STEP_MS)
+        if predicted_p95_s(u, m) >= aim:
+            return m
+    return MAX_SLOPE_MS if u.m_ms < MAX_SLOPE_MS else None
+
+
+def verdict(p95_s: float, wanted_s: list[float]) -> tuple[str, list[float]]:
+    """("reached" | "partly" | "not reached", the thresholds to run)."""
+    ok = admitted(p95_s, wanted_s)
+    if len(ok) == len(wanted_s):
+        return "reached", ok
+    return ("partly" if ok else "not reached"), ok
+
+
+# CI's short loop picks its one threshold the same way from the other end: the plant
+# fixed, T = half what this host's uncontrolled phase made, on a 0.25 ms grid, within
+# LO-HI ("auto[:LO-HI]"; "auto" alone: 1-2 ms, the null_blk lab's).
+AUTO_FRACTION = 1 / REGIME_X
+AUTO_GRID_US = 250
+AUTO_RANGE = "1ms-2ms"
+
+
+def auto_threshold(uncontrolled_p95_s: float, spec: str = "auto") -> str:
+    """'1.75ms' for an uncontrolled p95 of 3.9 ms and "auto"; '2ms' at 4 ms and above;
+    '1ms' below 2.5 ms (then the contention is too small to tell).  "auto:10ms-20ms":
+    '13.25ms' for 26.5 ms, '20ms' at 40 ms and above."""
+    from santhrottle.appliance.units import parse_duration_s
+
+    lo, _, hi = (spec.partition(":")[2] or AUTO_RANGE).partition("-")
+    lo_us, hi_us = round(parse_duration_s(lo) * 1e6), round(parse_duration_s(hi) * 1e6)
+    us = int(uncontrolled_p95_s * 1e6 * AUTO_FRACTION) // AUTO_GRID_US * AUTO_GRID_US
+    us = max(lo_us, min(hi_us, us))
+    return f"{us / 1000:g}ms"
