@@ -32,9 +32,9 @@ REPORT = CHECKOUT / "vagrant" / "experiments" / "report.py"
 LAB_UNAVAILABLE = 3  # vagrant/qemu/lab.py: QEMU or the kernel package is missing
 # report.py --short: closed_loop.py --paper --thresholds auto:10ms-20ms
 THRESHOLD_MIN_S, THRESHOLD_MAX_S = 0.010, 0.020
-# the test's own budget (report.py's guest timeout, 1,500 s, is under it): 4-5 min
-# on a fast host, up to three times that where the emulation is slow (docs/lab.md,
-# "CI's short closed loop")
+# the test's own budget on an idle host (report.py's guest timeout, 1,500 s, is under
+# it): 4-5 min on a fast host; it grows with how much slower the guest measured itself
+# in the run (labkit.speed: each phase's `speed_factor`), as the guest's limit does
 BUDGET_S = 1800
 
 
@@ -45,7 +45,7 @@ def test_short_closed_loop_holds_the_threshold():
         [sys.executable, str(REPORT), "--short", "--out", str(out)],
         capture_output=True,
         text=True,
-        timeout=BUDGET_S + 300,
+        timeout=BUDGET_S * 4,
     )
     wall = time.monotonic() - t0
     if p.returncode == LAB_UNAVAILABLE:
@@ -97,4 +97,9 @@ def test_short_closed_loop_holds_the_threshold():
     assert b["threshold_s"] == pytest.approx(thr)
     assert b["read_latency_p95_s"] <= thr, b
     assert b["sets_left_after_stop"] == []
-    assert wall <= BUDGET_S, f"the closed loop took {wall:.0f} s, over its {BUDGET_S} s budget"
+    raw = json.loads((out / "raw.json").read_text())
+    slow = max((ph.get("speed_factor") or 1.0 for ph in raw["phases"]), default=1.0)
+    budget = BUDGET_S * slow
+    print(f"wall {wall:.0f} s of its {budget:.0f} s budget ({BUDGET_S} s x the guest's speed "
+          f"factor {slow:.2f}; margin {budget - wall:.0f} s)")
+    assert wall <= budget, f"the closed loop took {wall:.0f} s, over its {budget:.0f} s budget"

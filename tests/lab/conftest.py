@@ -46,8 +46,8 @@ CHECKOUT = HERE.parent.parent
 IN_GUEST = os.environ.get("SANTHROTTLE_IN_GUEST") == "1"
 REPORT_PLUGIN = "lab_guest_report"  # tests/lab/lab_guest_report.py
 CONSOLE_TAIL_LINES = 60
-# each guest's limit: 4-6 min on a fast host, up to three times that where the
-# emulation is slow (docs/lab.md); SANTHROTTLE_LAB_TIMEOUT overrides
+# each guest's limit on an idle host (it needs 4-6 min there), stretched by the guest's
+# own measure of how much slower it runs (labkit.speed); SANTHROTTLE_LAB_TIMEOUT overrides
 DEFAULT_TIMEOUT_S = 1800
 
 # The topology the session fixture builds (tests parametrize over it).
@@ -161,8 +161,9 @@ class _GuestSession:
             return
         self.result = res
         self._say(
-            f"{self.group} guest finished in {res.wall_s:.1f} s (margin {timeout - res.wall_s:.0f} "
-            f"s to its timeout), exit status {res.status}"
+            f"{self.group} guest finished in {res.wall_s:.1f} s of its {res.limit_s:.0f} s limit "
+            f"({timeout:.0f} s x the guest's speed factor; margin {res.limit_s - res.wall_s:.0f} "
+            f"s), exit status {res.status}"
             f"{' (' + res.reason + ')' if res.reason else ''}; run dir {res.rundir}"
         )
         self._load_reports(res.work / "reports.jsonl")
@@ -262,6 +263,24 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 # ==================================================================== guest
+def pytest_sessionstart(session) -> None:
+    """In the guest: how much slower than an idle host it runs now (labkit.speed); every
+    step's time limit grows with it, and the host's limit of this guest too."""
+    if IN_GUEST:
+        from labkit import speed
+
+        print(f"lab speed: {speed.factor():.2f} x an idle host's", flush=True)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _lab_speed_per_module():
+    """The guest's speed measured again before each test module (the host's load moves)."""
+    if IN_GUEST:
+        from labkit import speed
+
+        print(f"lab speed: {speed.factor(fresh=True):.2f} x an idle host's")
+
+
 @pytest.fixture(scope="session")
 def topo_mod():
     """The lab's topology (labkit.topology; guest only)."""
@@ -290,9 +309,17 @@ class Guest:
 
     @staticmethod
     def run(cmd, check=True, timeout=120, **kw) -> subprocess.CompletedProcess:
-        """subprocess.run with text output; a failure shows the command's output."""
+        """subprocess.run with text output; a failure shows the command's output.  timeout:
+        what the command needs on an idle host (labkit.speed stretches it)."""
+        from labkit import speed
+
         p = subprocess.run(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout, **kw
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=speed.budget(timeout),
+            **kw,
         )
         if check and p.returncode != 0:
             pytest.fail(f"{shlex.join(map(str, cmd))} exited {p.returncode}:\n{p.stdout}")

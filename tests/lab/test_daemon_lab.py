@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from labkit import speed
 
 pytestmark = pytest.mark.lab
 
@@ -40,7 +41,7 @@ def _cli(topology, *args, check=True):
         ],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=speed.budget(60),
     )
     if check and p.returncode != 0:
         pytest.fail(f"santhrottle {' '.join(args)} -> {p.returncode}: {p.stderr}")
@@ -84,7 +85,7 @@ def daemon(topology, tmp_path):
     try:
         # ready (what READY=1 tells systemd): a first discovery and a first tick done;
         # the socket exists from before the data path is applied
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + speed.budget(60)
         while not _ticked():
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"santhrottled did not start:\n{(tmp_path / 'daemon.log').read_text()}")
@@ -94,7 +95,7 @@ def daemon(topology, tmp_path):
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)  # our own child, by PID
             try:
-                proc.wait(timeout=20)
+                proc.wait(timeout=speed.budget(20))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
@@ -106,7 +107,7 @@ def daemon(topology, tmp_path):
                 str(conf),
             ],
             capture_output=True,
-            timeout=60,
+            timeout=speed.budget(60),
         )
         log.close()
         print((tmp_path / "daemon.log").read_text()[-3000:])
@@ -132,16 +133,11 @@ def test_status_threshold_kill9_cleanup_and_cpu(topology, daemon, guest):
     }
     assert want_inis <= {i["initiator"] for i in st["initiators"]}
 
-    # threshold set: in the controller within one tick
+    # threshold set: in force once the command returns (the next tick uses it), whatever
+    # the guest's speed: the very next `threshold show` has it
     _cli(topology, "threshold", "set", "r0", "0.1ms")
-    t0 = time.monotonic()
-    while (
-        json.loads(_cli(topology, "threshold", "show", "--json").stdout)["data"]["r0"][
-            "threshold_s"
-        ]
-        != 0.0001
-    ):
-        assert time.monotonic() - t0 < 0.2
+    shown = json.loads(_cli(topology, "threshold", "show", "--json").stdout)["data"]["r0"]
+    assert shown["threshold_s"] == 0.0001, shown
     # bad input (exit 2) and a refusal (exit 1): one line each, daemon unaffected
     for bad, code in (
         (["threshold", "set", "nope", "5ms"], 1),
@@ -176,7 +172,7 @@ def test_status_threshold_kill9_cleanup_and_cpu(topology, daemon, guest):
     try:
         # in the set, and status saying why: a class and r0; polled as one, since a
         # guest whose daemon skipped ticks can show the one a moment before the other
-        deadline = time.monotonic() + 35
+        deadline = time.monotonic() + speed.budget(35)
         while True:
             st = json.loads(_cli(topology, "status", "--json").stdout)["data"]
             ini = next((i for i in st["initiators"] if i["initiator"] == w["initiator_ip"]), {})
@@ -207,7 +203,7 @@ def test_status_threshold_kill9_cleanup_and_cpu(topology, daemon, guest):
             ],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=speed.budget(60),
         )
         assert p.returncode == 0, p.stderr
         assert w["initiator_ip"] not in _members(topology)

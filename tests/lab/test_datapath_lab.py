@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from labkit import fio, probes, topology
+from labkit import fio, probes, speed, topology
 from labkit.curves import DEVICE, NETNS, PORTS, WARMUP_SIZE, curve, diff, fit
 from labkit.curves import counters as tcp_counters
 
@@ -163,7 +163,7 @@ def _start_reader(device: str) -> subprocess.Popen:
            f"--runtime={READER_RUNTIME_S}", "--output-format=terse"]  # fmt: skip
     before = _reads_done(device)
     reader = subprocess.Popen(fio, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + READER_START_S
+    deadline = time.monotonic() + speed.budget(READER_START_S)
     while _reads_done(device) == before:
         if reader.poll() is not None or time.monotonic() > deadline:
             _stop(reader)
@@ -175,7 +175,7 @@ def _start_reader(device: str) -> subprocess.Popen:
 def _stop(reader: subprocess.Popen) -> None:
     if reader.poll() is None:
         reader.terminate()  # fio ends its jobs on SIGTERM
-    reader.wait(timeout=60)
+    reader.wait(timeout=speed.budget(60))
 
 
 def _climb(d, ip, to_class: int, ordered: bool) -> None:
@@ -253,7 +253,7 @@ def _descend(
     # (2 calls in 4.2 s), so a bound of a few seconds failed; it is the handoff,
     # not its speed, that the test asserts.
     t0 = time.monotonic()
-    deadline = t0 + SETTLE_AFTER_READER_S
+    deadline = t0 + speed.budget(SETTLE_AFTER_READER_S)
     rounds = 0
     while True:
         time.sleep(start_class * d.spec.step_s)

@@ -51,7 +51,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from labkit import analysis, bursts, fio, plant, probes, regime, search, topology
+from labkit import analysis, bursts, fio, plant, probes, regime, search, speed, topology
 from labkit.daemon import Daemon, bridge_config, target_config
 from labkit.sampler import Probe, Sampler
 
@@ -154,6 +154,7 @@ def phase(
     name = f"static-{threshold}-{static_us}us" if static else threshold
     if bridge:
         name = f"bridge-{threshold}"
+    slow = speed.factor(fresh=True)  # the guest's pace now (the host's limit follows it)
     daemon = lab.daemon(name, threshold, bridge) if threshold else None
     ladder = None
     try:
@@ -190,6 +191,7 @@ def phase(
     return {
         "threshold": threshold,
         "plant": (probes.plant_stats() or {}).get("config"),
+        "speed_factor": slow,
         "kind": "bridge" if bridge else kind,
         "static_delay_us": static_us,
         "ladder": ladder,

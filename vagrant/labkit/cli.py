@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from labkit import images, qemu
-from labkit.images import CHECKOUT, LabError, LabUnavailable, Settings
+from labkit.host import CHECKOUT, LabError, LabUnavailable, Settings
 
 EXAMPLES = (
     "examples:\n"

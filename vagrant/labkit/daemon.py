@@ -38,6 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from labkit import speed
+
 BIN = Path(sys.executable).parent
 CHECKOUT = Path(__file__).resolve().parents[2]
 UNIT = CHECKOUT / "systemd" / "santhrottled.service"
@@ -207,14 +209,15 @@ class Daemon:
             )
 
     def wait_up(self, start_s: float = START_S, first_status_s: float = FIRST_STATUS_S) -> dict:
-        """Until the control socket exists, then until it answers a status; returns it."""
+        """Until the control socket exists, then until it answers a status; returns it.
+        The limits are an idle host's, stretched by the guest's speed (labkit.speed)."""
         assert self.proc is not None
-        deadline = time.monotonic() + start_s
+        deadline = time.monotonic() + speed.budget(start_s)
         while not os.path.exists(self.sock):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"santhrottled {self.name} did not start: {self.tail()}")
             time.sleep(0.2)
-        deadline = time.monotonic() + first_status_s
+        deadline = time.monotonic() + speed.budget(first_status_s)
         while True:
             try:
                 return request(self.sock, "status", timeout_s=5.0)

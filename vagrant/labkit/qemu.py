@@ -10,7 +10,9 @@ What it owns
     read-write at its own path, the run's work/ at /shared/work, the guest venv
     read-only at its own path), `-nic none`; then QEMU until the guest powers off
     or the timeout, and a RunResult: the command's exit status (or EXIT_TIMEOUT,
-    EXIT_NO_STATUS with the reason), its output and the console.
+    EXIT_NO_STATUS with the reason), its output and the console.  The timeout is what
+    the command needs on an idle host: a guest that measures itself slower
+    (labkit.speed, work/lab-speed.json) gets as much more.
 
     What the guest does with it: vagrant/qemu/initramfs/init (stage 1) and
     vagrant/qemu/guest/stage2.sh (stage 2); how: vagrant/qemu/README.md.
@@ -37,14 +39,8 @@ import threading
 import time
 from pathlib import Path
 
-from labkit.images import (
-    VAGRANT,
-    LabError,
-    Prepared,
-    Settings,
-    prepare,
-    venv_in_use,
-)
+from labkit.host import VAGRANT, LabError, Settings
+from labkit.images import Prepared, prepare, venv_in_use
 from labkit.plant import NbdServer, PlantError
 
 STAGE2 = VAGRANT / "qemu" / "guest" / "stage2.sh"
@@ -57,6 +53,8 @@ DEFAULT_TIMEOUT_S = 900
 RUNS_KEPT = 5
 STOP_GRACE_S = 10  # SIGTERM, then SIGKILL
 GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+POLL_S = 2.0  # how often the runner looks at the guest's limit
+SPEED_NAME = "lab-speed.json"  # labkit.speed, in the run's work/
 
 EXIT_TIMEOUT = 124
 EXIT_NO_STATUS = 125
@@ -67,8 +65,11 @@ class RunResult:
     """What a guest run left behind.  ``status``: the command's exit status,
     or EXIT_TIMEOUT / EXIT_NO_STATUS; ``reason`` explains the latter two."""
 
-    def __init__(self, status: int, rundir: Path, wall_s: float, reason: str) -> None:
+    def __init__(
+        self, status: int, rundir: Path, wall_s: float, reason: str, limit_s: float = 0.0
+    ) -> None:
         self.status = status
+        self.limit_s = limit_s  # the timeout, stretched by the guest's speed
         self.rundir = rundir
         self.work = rundir / "work"
         self.console_path = rundir / "console.log"
@@ -227,7 +228,7 @@ def _boot(s, prep, rundir, command, timeout, env, slow_iops, slow_bps, echo) -> 
         (rundir / "qemu.cmd").write_text(shlex.join(map(str, cmd)) + "\n")
         t0 = time.monotonic()
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        code = _qemu(cmd, rundir, timeout, echo)
+        code, limit = _qemu(cmd, rundir, timeout, echo)
         wall = time.monotonic() - t0
         if plant is not None:
             ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -240,13 +241,25 @@ def _boot(s, prep, rundir, command, timeout, env, slow_iops, slow_bps, echo) -> 
             plant.stop()
         for img, _ in disks:
             img.unlink(missing_ok=True)
-    return _result(rundir, code, timeout, wall)
+    return _result(rundir, code, limit, wall)
 
 
-def _qemu(cmd: list[str], rundir: Path, timeout: float, echo: bool) -> int | None:
-    """QEMU until it exits (its return code) or the timeout (None)."""
+def guest_factor(work: Path) -> float:
+    """How much slower than an idle host the guest said it runs (labkit.speed), 1 before
+    it says anything."""
+    try:
+        return max(1.0, float(json.loads((work / SPEED_NAME).read_text())["factor"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1.0
+
+
+def _qemu(cmd: list[str], rundir: Path, timeout: float, echo: bool) -> tuple[int | None, float]:
+    """QEMU until it exits (its return code) or its limit (None): `timeout` stretched by
+    the guest's own measure of its speed (labkit.speed); returns the code and the limit."""
     stop_echo = threading.Event()
     echo_thread = None
+    t0 = time.monotonic()
+    limit = timeout
     with open(rundir / "qemu.log", "w") as qlog:
         proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=qlog, stderr=subprocess.STDOUT
@@ -257,15 +270,20 @@ def _qemu(cmd: list[str], rundir: Path, timeout: float, echo: bool) -> int | Non
             )
             echo_thread.start()
         try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            return None
+            while True:
+                try:
+                    return proc.wait(timeout=POLL_S), limit
+                except subprocess.TimeoutExpired:
+                    limit = timeout * guest_factor(rundir / "work")
+                    if time.monotonic() - t0 < limit:
+                        continue
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                return None, limit
         except BaseException:
             proc.kill()
             proc.wait()
@@ -276,7 +294,7 @@ def _qemu(cmd: list[str], rundir: Path, timeout: float, echo: bool) -> int | Non
                 echo_thread.join(timeout=2)
 
 
-def _result(rundir: Path, qemu_code: int | None, timeout: float, wall: float) -> RunResult:
+def _result(rundir: Path, qemu_code: int | None, limit: float, wall: float) -> RunResult:
     status_file = rundir / "work" / "status"
     status = None
     if status_file.is_file():
@@ -285,14 +303,14 @@ def _result(rundir: Path, qemu_code: int | None, timeout: float, wall: float) ->
         except ValueError:
             status = None
     if qemu_code is None:
-        return RunResult(EXIT_TIMEOUT, rundir, wall, f"guest timed out after {timeout:.0f} s")
+        return RunResult(EXIT_TIMEOUT, rundir, wall, f"guest timed out after {limit:.0f} s", limit)
     if status is None:
         qout = (rundir / "qemu.log").read_text(errors="replace").strip()
         reason = f"guest ended without a status (QEMU exit {qemu_code})"
         if qout:
             reason += f": {qout.splitlines()[-1]}"
-        return RunResult(EXIT_NO_STATUS, rundir, wall, reason)
-    return RunResult(status, rundir, wall, "")
+        return RunResult(EXIT_NO_STATUS, rundir, wall, reason, limit)
+    return RunResult(status, rundir, wall, "", limit)
 
 
 def new_rundir(s: Settings):

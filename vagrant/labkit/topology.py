@@ -48,6 +48,8 @@ import time
 import uuid
 from pathlib import Path
 
+from labkit import speed
+
 NETNS = "tgt"
 NETNS_PATH = f"/run/netns/{NETNS}"
 # --bridge: a third namespace between the two, its bridge joining the initiators'
@@ -150,7 +152,9 @@ class TopologyError(RuntimeError):
     pass
 
 
-def sh(cmd, env=None, input=None, check=True, timeout=120) -> str:
+def sh(cmd, env=None, input=None, check=True, timeout: float = 120) -> str:
+    """Run a command (stdout and stderr together); check: a TopologyError naming it.
+    timeout: what it needs on an idle host (labkit.speed stretches it)."""
     e = dict(os.environ)
     e.update(env or {})
     p = subprocess.run(
@@ -160,7 +164,7 @@ def sh(cmd, env=None, input=None, check=True, timeout=120) -> str:
         stderr=subprocess.STDOUT,
         text=True,
         env=e,
-        timeout=timeout,
+        timeout=speed.budget(timeout),
     )
     if check and p.returncode != 0:
         raise TopologyError(f"{' '.join(cmd)} exited {p.returncode}: {p.stdout.strip()}")
@@ -518,7 +522,7 @@ def start_iscsid() -> None:
         stderr=subprocess.DEVNULL,
         check=True,
     )
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + speed.budget(10)
     while True:
         p = subprocess.run(["iscsiadm", "-m", "session"], capture_output=True, text=True)
         # 0: sessions listed; 21: "No active sessions" -- either way iscsid answered
@@ -592,7 +596,7 @@ def iscsi_sessions() -> list[dict]:
 def iscsi_login(luns: list[dict]) -> None:
     sh(["iscsiadm", "-m", "node", "-L", "all"])
     want = {t["iqn"]: t for t in luns}
-    deadline = time.monotonic() + DEVICE_WAIT_S
+    deadline = time.monotonic() + speed.budget(DEVICE_WAIT_S)
     while True:
         found = {s["targetname"]: s for s in iscsi_sessions() if s["devices"]}
         if all(i in found for i in want):
@@ -663,7 +667,7 @@ def nvme_connect(nvme: list[dict]) -> None:
                 n["host_traddr"],
             ]
         )
-    deadline = time.monotonic() + DEVICE_WAIT_S
+    deadline = time.monotonic() + speed.budget(DEVICE_WAIT_S)
     for n in nvme:
         while True:
             dev = nvme_block_device(n["nqn"])

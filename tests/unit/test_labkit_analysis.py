@@ -1,25 +1,14 @@
-"""vagrant/experiments/report.py: a phase's writer throughput counts each on-period from
-its first write (the emulated writers' fio starts seconds after the mark)."""
-
-import importlib.util
-from pathlib import Path
+"""labkit.analysis: a phase's windows, writes, fits and summary; on made-up phases (each rule
+alone) and on a recorded run (the figures report.py printed for it, before the kit)."""
 
 import pytest
+from labkit import analysis as report
 
-REPORT_PY = Path(__file__).resolve().parents[2] / "vagrant" / "experiments" / "report.py"
 SECTOR_B = 512
 TICK_S = 0.1
 
 
-@pytest.fixture(scope="module")
-def report():
-    spec = importlib.util.spec_from_file_location("santhrottle_lab_report_unit", REPORT_PY)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _phase(report, start_after_mark_s: float, rate_bps: float) -> dict:
+def _phase(start_after_mark_s: float, rate_bps: float) -> dict:
     """A static phase of two on-periods of 20 s (marks at 5 s and 30 s, writers off at
     25 s and 50 s) whose writer starts writing `start_after_mark_s` after each mark, at
     rate_bps; a reader at 4 ms throughout."""
@@ -49,10 +38,10 @@ def _phase(report, start_after_mark_s: float, rate_bps: float) -> dict:
     }
 
 
-def test_writes_count_from_the_first_write_not_from_the_mark(report):
+def test_writes_count_from_the_first_write_not_from_the_mark():
     rate = 4e6
-    late = report.summarize(_phase(report, 12.0, rate), 0.015, None)
-    at_once = report.summarize(_phase(report, 0.0, rate), 0.015, None)
+    late = report.summarize(_phase(12.0, rate), 0.015, None)
+    at_once = report.summarize(_phase(0.0, rate), 0.015, None)
     # the same writers, started 12 s late: the same throughput while they write
     assert late["write_bytes_per_s"] == pytest.approx(rate, rel=0.03)
     assert at_once["write_bytes_per_s"] == pytest.approx(rate, rel=0.03)
@@ -60,13 +49,13 @@ def test_writes_count_from_the_first_write_not_from_the_mark(report):
     assert at_once["writers_start_s"] == pytest.approx([0.0, 0.0], abs=0.15)
 
 
-def test_an_on_period_without_writes_counts_nothing(report):
-    never = report.summarize(_phase(report, 30.0, 4e6), 0.015, None)
+def test_an_on_period_without_writes_counts_nothing():
+    never = report.summarize(_phase(30.0, 4e6), 0.015, None)
     assert never["write_bytes_per_s"] == 0.0
     assert never["writers_start_s"] == [20.0, 20.0]  # to the writers' end
 
 
-def test_a_window_spans_at_least_a_second_whatever_the_samples_spacing(report):
+def test_a_window_spans_at_least_a_second_whatever_the_samples_spacing():
     """Samples bunch after a stall of the guest's sampler (it catches up): a window of ten
     samples would span 0.1 s here and 5 s there; a window reaches back >= 1 s."""
     ts = [0.0, 0.01, 0.02, 0.03, 5.0, 5.01, 5.02, 5.03, 5.04, 5.5, 6.0, 6.5]
@@ -78,8 +67,32 @@ def test_a_window_spans_at_least_a_second_whatever_the_samples_spacing(report):
         row[report.READS], row[report.READ_TICKS] = round(100 * t), round(ms)
         rows.append({"t": t, "ds": {"dm-0": row, "dm-1": [0] * 11, "vdc": [0] * 11}})
     ph = {"rows": rows, "reader_dm": "dm-0", "writer_dms": ["dm-1"], "array": "vdc"}
-    w = {t: lat for t, lat, _, _ in report.windows(ph)}
+    w = {x.t: x.read_latency_s for x in report.phase_windows(ph)}
     assert sorted(w) == [5.0, 5.01, 5.02, 5.03, 5.04, 5.5, 6.0, 6.5]
     assert w[5.0] == pytest.approx(0.004)  # back to 0.03: the stall's 5 s at 4 ms
     assert w[6.0] == pytest.approx(0.008)  # back to 5.0: 1 s at 8 ms
     assert w[6.5] == pytest.approx(0.008)  # back to 5.5
+
+
+def test_the_lq_fit_finds_a_line_and_says_how_well():
+    pts = [(q, 0.002 + 0.005 * q) for q in (0.2, 1.0, 3.0, 6.0, 10.5)]
+    f = report.fit_line(pts)
+    assert (f.c_s, f.m_s, f.r2, f.points) == pytest.approx((0.002, 0.005, 1.0, 5))
+    noisy = report.fit_line([(0, 0.002), (1, 0.009), (2, 0.010), (3, None)])
+    assert noisy.points == 3 and 0.8 < noisy.r2 < 1.0  # None: a window without reads
+    assert report.fit_line([(1.0, 0.003)]) is None
+
+
+def test_a_devices_and_the_plants_deltas_are_littles_law():
+    d0 = [100, 0, 800, 400, 50, 0, 12800, 1000, 0, 900, 1500]
+    d1 = [200, 0, 1600, 900, 150, 0, 38400, 3000, 0, 1800, 4000]
+    d = report.device_delta(d0, d1, 2.0)
+    assert d["ios"] == 200 and d["read_l_s"] == pytest.approx(0.005)
+    assert d["q"] == pytest.approx(2.5 / 2.0)  # 2,500 ms of IO time in 2 s
+    assert d["l_s"] == pytest.approx(2.5 / 200)
+    assert d["write_mb_s"] == pytest.approx(25600 * 512 / 2.0 / 1e6)
+    s0 = {"t": 10.0, "ios": 100, "inflight_s": 5.0, "lat_sum_s": 1.0, "n_arrival_sum": 50}
+    s1 = {"t": 12.0, "ios": 300, "inflight_s": 9.0, "lat_sum_s": 5.0, "n_arrival_sum": 450}
+    p = report.plant_delta(s0, s1)
+    assert (p["q"], p["l_s"], p["iops"]) == pytest.approx((2.0, 0.02, 100.0))
+    assert report.plant_delta(s1, s0) is None
