@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Bridge mode in the lab: the wire against the target and fio; what the gate costs. In the guest.
 
-    python3 vagrant/qemu/lab.py --array nbd:c_ms=2,m_ms=5 run --timeout 3000 \\
+    .venv/bin/python vagrant/qemu/lab.py --array nbd:c_ms=2,m_ms=5 run --timeout 3000 \\
         vagrant/experiments/bridge_lab.py [--only agreement|nf-cost] [--seconds 20]
     make lab-bridge                                    # the same, both parts
 
 (docs/bridge.md, "Measured in the lab".)  The topology with a bridge
-(topology.py --bridge: the initiators -- lab-bi [lab-br in netns labbr] lab-ba
+(labkit.topology with a bridge: the initiators -- lab-bi [lab-br in netns labbr] lab-ba
 -- the target) on the known plant (the lab-array disk).
 
 agreement
@@ -26,23 +26,8 @@ agreement
     source against the wire.
 
 nf-cost
-    The per-packet cost of the two ways a bridged packet can reach the delay
-    classes, side by side in alternating rounds: a 256 MiB TCP stream from the
-    target's namespace to an initiator address through the bridge, its
-    segments unaggregated (TSO, GSO and GRO off on every veth: one packet one
-    frame), the CPU time of the whole guest per packet forwarded, for
-      none      br_netfilter off, no rule: the bridge and the port's HTB;
-      brnf-idle br_netfilter on, nobody delayed (so no jump: the data path's
-                idle gate), what every bridged packet pays for the switch;
-      iptables  br_netfilter on, the target host's gate made by hand for
-                the receiver (the physdev jump matching an skbinfo ipset, a
-                chain with the ports, SET --map-prio);
-      nft       br_netfilter off, santhrottled's own gate with the receiver
-                pinned (nftables' bridge family: the hook chain's jump, the
-                ports, the map lookup, the counting set; what bridge mode
-                runs, datapath/nftrules.py).
-    Both gates put the packets into the same HTB class (pfifo leaf: classified,
-    not delayed); its counters prove each did.
+    The per-packet cost of the two gates a bridged packet can pass
+    (bridge_nfcost.py).
 
 capture (--capture, after the agreement)
     tcpdump on the array-side port while both readers read and two writers
@@ -57,7 +42,6 @@ work/bridge on the host) and tables on stdout.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import json
 import os
@@ -67,9 +51,10 @@ import sys
 import time
 from pathlib import Path
 
+from bridge_nfcost import STREAM_PORT, nf_cost
 from labkit import fio, probes, topology
 from labkit.analysis import READ_TICKS, READS
-from labkit.daemon import Daemon, bridge_config, not_answering
+from labkit.daemon import Daemon, bridge_config
 from labkit.sampler import Probe, Sampler
 
 SOCK = "/run/santhrottle-exp/control.sock"
@@ -77,10 +62,6 @@ NAME = "bridge"  # the daemon's config and log: santhrottle-bridge.toml, santhro
 # the wire sensor's counts per phase: what it matched, what it could not, what it lost
 WIRE_KEYS = ("completions", "unmatched", "replaced", "capture_frames", "capture_kernel_drops")
 WARMUP_WINDOWS = 2  # the first windows of a phase: fio ramps, the daemon's counters start
-STREAM_BYTES = 256 << 20
-# The stream's source port: one of the data path's ports (its rules match it) that the
-# wire sensor does not read (its capture filter takes 3260 and 4420 only).
-STREAM_PORT = 5001
 SAMPLE_S = 1.0
 # the bridge's set-up comes first in bridge mode: a longer start than the target's
 START_S = 120.0
@@ -379,183 +360,6 @@ def show(r: dict) -> None:
     )
 
 
-# ---------------------------------------------------------------- nf-cost
-def _ns(ns: str, *cmd: str, check: bool = True, input: str | None = None) -> str:
-    return topology.sh(["ip", "netns", "exec", ns, *cmd], check=check, input=input)
-
-
-def cpu_busy_s() -> float:
-    """The guest's busy CPU seconds so far (/proc/stat: all but idle and iowait)."""
-    v = probes.guest_cpu()
-    return (sum(v.values()) - v["idle"] - v["iowait"]) / os.sysconf("SC_CLK_TCK")
-
-
-def tx_packets(ns: str, dev: str) -> int:
-    return int(_ns(ns, "cat", f"/sys/class/net/{dev}/statistics/tx_packets"))
-
-
-IPT_SET, IPT_CHAIN = "nfcost", "NFCOST"
-GATES = ("none", "brnf-idle", "iptables", "nft")
-
-
-def set_gate(d: Daemon, t: dict, gate: str, member: str, minor: int) -> None:
-    b = t["bridge"]
-    ns = b["netns"]
-    _ns(ns, "iptables", "-t", "mangle", "-F", IPT_CHAIN, check=False)
-    _ns(ns, "iptables", "-t", "mangle", "-D", "POSTROUTING", *ipt_jump(b), check=False)
-    _ns(ns, "iptables", "-t", "mangle", "-X", IPT_CHAIN, check=False)
-    _ns(ns, "ipset", "destroy", IPT_SET, check=False)
-    on = "1" if gate in ("iptables", "brnf-idle") else "0"
-    _ns(ns, "sysctl", "-qw", f"net.bridge.bridge-nf-call-iptables={on}")
-    if gate == "nft":
-        pin_class(d, member, minor)  # santhrottled's own gate
-    else:
-        unpin(d, member)
-    if gate == "iptables":  # the target host's gate, behind br_netfilter
-        _ns(ns, "ipset", "create", IPT_SET, "hash:ip", "skbinfo")
-        _ns(ns, "ipset", "add", IPT_SET, member, "skbprio", f"5374:{minor:x}")
-        _ns(
-            ns,
-            "iptables-restore",
-            "--noflush",
-            input=(
-                f"*mangle\n:{IPT_CHAIN} - [0:0]\n-I POSTROUTING {' '.join(ipt_jump(b))}\n"
-                f"-A {IPT_CHAIN} -p tcp -m multiport ! --sports 3260,4420,{STREAM_PORT} -j RETURN\n"
-                f"-A {IPT_CHAIN} -j SET --map-set {IPT_SET} dst --map-prio\nCOMMIT\n"
-            ),
-        )
-
-
-def ipt_jump(b: dict) -> list[str]:
-    """The by-hand gate's jump: packets leaving the bridge by its initiator-side port."""
-    port = ["-m", "physdev", "--physdev-out", b["initiator_port"], "--physdev-is-bridged"]
-    return ["-p", "tcp", *port, "-m", "set", "--match-set", IPT_SET, "dst", "-j", IPT_CHAIN]
-
-
-def pin_class(d: Daemon, ip: str, minor: int) -> None:
-    d.request("pin", initiator=ip, **{"class": minor, "mode": "all"})
-    time.sleep(0.5)  # the next tick applies it
-
-
-def unpin(d: Daemon, ip: str) -> None:
-    with contextlib.suppress(*not_answering()):  # not pinned
-        d.request("unpin", initiator=ip)
-    time.sleep(0.5)
-
-
-RECEIVER = r"""
-import socket, sys
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); print("ready", flush=True)
-c, _ = s.accept(); n = 0
-while d := c.recv(1 << 20):
-    n += len(d)
-print(n, flush=True)
-"""
-
-
-def stream(t: dict, src_ns: str, member: str) -> tuple[float, int, float]:
-    """STREAM_BYTES from the target's namespace (port 3260) to member: (CPU s, packets, s)."""
-    b = t["bridge"]
-    rcv = subprocess.Popen(
-        [sys.executable, "-c", RECEIVER, member, "40960"], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert rcv.stdout is not None and rcv.stdout.readline().strip() == "ready"
-        sender = (
-            "import socket,sys\n"
-            "s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-            f"s.bind(('{t['iscsi'][0]['portal']}', {STREAM_PORT})); "
-            f"s.connect(('{member}', 40960))\n"
-            f"buf=b'x'*(1<<20)\nfor _ in range({STREAM_BYTES >> 20}): s.sendall(buf)\n"
-            "s.close()\n"
-        )
-        p0, c0, t0 = tx_packets(b["netns"], b["initiator_port"]), cpu_busy_s(), time.monotonic()
-        _ns(src_ns, sys.executable, "-c", sender)
-        got = int(rcv.stdout.readline())
-        p1, c1, t1 = tx_packets(b["netns"], b["initiator_port"]), cpu_busy_s(), time.monotonic()
-        assert got == STREAM_BYTES, got
-        return c1 - c0, p1 - p0, t1 - t0
-    finally:
-        if rcv.poll() is None:
-            rcv.kill()  # our own child, by PID
-        rcv.wait()
-
-
-def class_bytes(t: dict, minor: int) -> int:
-    b = t["bridge"]
-    out = _ns(
-        b["netns"],
-        "tc",
-        "-s",
-        "class",
-        "show",
-        "dev",
-        b["initiator_port"],
-        "classid",
-        f"5374:{minor:x}",
-    )
-    words = out.split()
-    return int(words[words.index("Sent") + 1]) if "Sent" in words else 0
-
-
-def nf_cost(a, t: dict, out: Path) -> dict:
-    b = t["bridge"]
-    for ns, devs in (
-        (b["netns"], (b["initiator_port"], b["array_port"])),
-        (topology.NETNS, (topology.VETH_TGT,)),
-    ):
-        for dev in devs:
-            _ns(ns, "ethtool", "-K", dev, "tso", "off", "gso", "off", "gro", "off", check=False)
-    subprocess.run(
-        ["ethtool", "-K", topology.VETH_INI, "gro", "off", "tso", "off", "gso", "off"],
-        capture_output=True,
-    )
-    d = daemon(t, out, leaf="pfifo", ports=[3260, 4420, STREAM_PORT])
-    d.start(START_S)
-    member, minor = t["iscsi"][0]["initiator_ip"], 5
-    rows: list[dict] = []
-    try:
-        for rnd in range(a.nf_rounds):
-            k = rnd % len(GATES)
-            order = GATES[k:] + GATES[:k]  # rotate: no gate always first
-            for gate in order:
-                set_gate(d, t, gate, member, minor)
-                before = class_bytes(t, minor)
-                cpu, pkts, secs = stream(t, topology.NETNS, member)
-                classified = class_bytes(t, minor) - before
-                rows.append(
-                    {
-                        "round": rnd,
-                        "gate": gate,
-                        "cpu_s": cpu,
-                        "packets": pkts,
-                        "seconds": secs,
-                        "us_per_packet": cpu / pkts * 1e6,
-                        "classified_bytes": classified,
-                    }
-                )
-                print(
-                    f"nf-cost round {rnd} {gate:<9} {pkts:>8} packets  "
-                    f"{cpu / pkts * 1e6:7.2f} us/packet  {secs:6.1f} s  "
-                    f"class 5374:{minor} +{classified} B",
-                    flush=True,
-                )
-        set_gate(d, t, "none", member, minor)
-    finally:
-        d.stop()
-    per = {g: [r["us_per_packet"] for r in rows if r["gate"] == g] for g in GATES}
-    summary = {
-        g: {"median": statistics.median(v), "min": min(v), "max": max(v)} for g, v in per.items()
-    }
-    # the extra cost of each gate over no gate, per round (the rounds' own noise cancels)
-    for g in GATES[1:]:
-        d = [x - y for x, y in zip(per[g], per["none"], strict=True)]
-        summary[g]["over_none_median"] = statistics.median(d)
-        summary[g]["over_none_range"] = [min(d), max(d)]
-    return {"rows": rows, "summary": summary}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", choices=("agreement", "nf-cost"))
@@ -594,7 +398,8 @@ def main() -> int:
         if a.only == "nf-cost":
             topology.iscsi_login(t["iscsi"])
         if a.only in (None, "nf-cost"):
-            res["nf_cost"] = nf_cost(a, t, out)
+            d = daemon(t, out, leaf="pfifo", ports=[3260, 4420, STREAM_PORT])
+            res["nf_cost"] = nf_cost(a, t, d)
             print(json.dumps(res["nf_cost"]["summary"], indent=1))
     finally:
         (out / "bridge-lab.json").write_text(json.dumps(res, indent=1))

@@ -3,10 +3,12 @@
 
 In the guest (vagrant/qemu/lab.py runs a script of the checkout):
 
-    python3 vagrant/qemu/lab.py run --timeout 3600 vagrant/experiments/datapath_lab.py sweep
-    python3 vagrant/qemu/lab.py --smp 1 run --timeout 2400 \\
+    .venv/bin/python vagrant/qemu/lab.py run --timeout 3600 \\
+        vagrant/experiments/datapath_lab.py sweep
+    .venv/bin/python vagrant/qemu/lab.py --smp 1 run --timeout 2400 \\
         vagrant/experiments/datapath_lab.py side-by-side --baseline fq_codel --variants full,tc
-    python3 vagrant/qemu/lab.py run --timeout 2400 vagrant/experiments/datapath_lab.py overhead
+    .venv/bin/python vagrant/qemu/lab.py run --timeout 2400 \\
+        vagrant/experiments/datapath_lab.py overhead
 
 and on the host:
 
@@ -498,7 +500,7 @@ def main(argv=None) -> int:
     if a.cmd in GUEST_COMMANDS:
         if os.environ.get("SANTHROTTLE_IN_GUEST") != "1":
             print(
-                f"{a.cmd} runs in the lab guest: python3 vagrant/qemu/lab.py run "
+                f"{a.cmd} runs in the lab guest: .venv/bin/python vagrant/qemu/lab.py run "
                 f"vagrant/experiments/datapath_lab.py {a.cmd}",
                 file=sys.stderr,
             )

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """A fleet of two bridge appliances on two fabrics, under the closed loop. In the guest.
 
-    python3 vagrant/qemu/lab.py --smp 2 --array nbd:c_ms=2,m_ms=5 run --timeout 2400 \\
+    .venv/bin/python vagrant/qemu/lab.py --smp 2 --array nbd:c_ms=2,m_ms=5 run --timeout 2400 \\
         vagrant/experiments/fleet_lab.py [--out DIR] [--on 20 --cycles 3 ...]
     make lab-fleet                                    # the same
 
-The topology (topology.py --bridge plus vagrant/qemu/guest/fabrics.py): the
+The topology (labkit.topology with a bridge, plus labkit.fabrics): the
 paper's reader (LUN 0) and three writer hosts (LUNs 1-3, 4 sequential 128 KiB
 QD1 writers each) on the known plant's VG, each iSCSI initiator logged in over
 fabric A (bridge lab-br, netns labbr, 10.0.0.0/24) and fabric B (lab-br2,

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Initiator groups in the lab: two reader groups beside the writers. In the guest.
 
-    python3 vagrant/qemu/lab.py --array nbd:c_ms=10,m_ms=5 run --timeout 2400 \\
+    .venv/bin/python vagrant/qemu/lab.py --array nbd:c_ms=10,m_ms=5 run --timeout 2400 \\
         vagrant/experiments/groups_lab.py [--seconds 90]
     make lab-groups            # the same, then groups_compare.py on the host
 
-(docs/groups.md, "In the lab".)  The topology with a bridge (topology.py
---bridge) on the known plant (the lab-array disk, L = C + m * Q), five iSCSI
+(docs/groups.md, "In the lab".)  The topology with a bridge (labkit.topology)
+on the known plant (the lab-array disk, L = C + m * Q), five iSCSI
 hosts on five LVs of one VG: LUN 0 is the group "gold" (a reader, read latency
 target --gold-target, priority --gold-priority), LUN 1 the group "silver" (a
 reader, --silver-target, --silver-priority), LUNs 2-4 the writers (group

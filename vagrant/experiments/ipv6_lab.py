@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The lab's IPv6 initiators come up and move data (issue 21). Runs INSIDE the guest.
 
-    python3 vagrant/qemu/lab.py run --timeout 900 vagrant/experiments/ipv6_lab.py \\
+    .venv/bin/python vagrant/qemu/lab.py run --timeout 900 vagrant/experiments/ipv6_lab.py \\
         --out results/ipv6-lab.json                     # make lab-ipv6
 
 topology.up(ipv6=True) on the unthrottled disk: two iSCSI initiators, the second

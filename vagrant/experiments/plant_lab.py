@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The lab's array as a known plant: measure it as the initiators see it. Runs INSIDE the guest.
 
-    python3 vagrant/qemu/lab.py --array nbd:c_ms=2,m_ms=5 run --timeout 2400 \\
+    .venv/bin/python vagrant/qemu/lab.py --array nbd:c_ms=2,m_ms=5 run --timeout 2400 \\
         vagrant/experiments/plant_lab.py [--reps 3] [--modes raw,iscsi]
 
 (docs/lab.md, "The array as a known plant".)  The array is the third virtio disk
@@ -12,7 +12,7 @@ the writers spread round-robin over 3 hosts.
 
   raw    fio on the array's block device in the guest (no iSCSI), each job
          in its own region;
-  iscsi  the topology of closed_loop.py on the array (topology.py --disk array):
+  iscsi  the topology of closed_loop.py on the array (labkit.topology, disk "array"):
          the reader on LV 0 through its own initiator, host k's writers on
          LV k through initiator k.
 

@@ -2,7 +2,7 @@
 """Where the target's tail-loss probes come from: the paper's reader over iSCSI and
 over NVMe/TCP, captured at the target, with no santhrottled.  Runs INSIDE the guest.
 
-    python3 vagrant/qemu/lab.py run --timeout 900 vagrant/experiments/tlp_lab.py \\
+    .venv/bin/python vagrant/qemu/lab.py run --timeout 900 vagrant/experiments/tlp_lab.py \\
         --out results/tlp-lab.json                      # make lab-tlp
 
 One iSCSI initiator and one NVMe/TCP host on the unthrottled disk.  Per case, the

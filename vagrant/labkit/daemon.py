@@ -123,7 +123,7 @@ def target_config(
 
 
 def bridge_config(bridge: dict, sock: str, state_dir: Path, **datapath: Any) -> dict:
-    """santhrottled in bridge mode on one of the lab's bridges (topology.py --bridge),
+    """santhrottled in bridge mode on one of the lab's bridges (labkit.topology),
     metrics off; the caller adds resources, groups, hosts, fleet."""
     return {
         "daemon": {
