@@ -3,6 +3,7 @@ fail later in the guest; the topology's plan."""
 
 import pytest
 from labkit import images, topology
+from labkit.topology import network
 from labkit.images import LabError, Settings
 
 
@@ -48,7 +49,7 @@ def test_topology_ipv6_plan_gives_one_iscsi_initiator_and_the_nvme_host_ula():
 
 def test_topology_ipv6_addresses_skip_dad_and_route_by_128(monkeypatch):
     batches = []
-    monkeypatch.setattr(topology, "sh", lambda cmd, input=None, **_: batches.append(input))
+    monkeypatch.setattr(network, "sh", lambda cmd, input=None, **_: batches.append(input))
     t = topology.plan(luns=2, nvme=1, ipv6_iscsi=(1,), ipv6_nvme=(0,))
     topology.setup_network(2, 1, rps=False, plan_=t)
     ini, tgt = batches[1].splitlines(), batches[2].splitlines()

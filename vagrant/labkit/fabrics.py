@@ -34,8 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from labkit import topology
-from labkit.topology import TopologyError, sh
+from labkit import speed, topology
+from labkit.topology.names import TopologyError, _read, sh
 
 BRIDGE_B = {
     "netns": "labbr2",
@@ -162,7 +162,7 @@ def _add_portals(luns: list[dict]) -> dict:
 
 
 def session_address(sid: int) -> str:
-    return topology._read(f"/sys/class/iscsi_connection/connection{sid}:0/persistent_address")
+    return _read(f"/sys/class/iscsi_connection/connection{sid}:0/persistent_address")
 
 
 def login_b(t: dict) -> None:
@@ -171,7 +171,7 @@ def login_b(t: dict) -> None:
         p = topology.hostport(x["portal_b"], topology.ISCSI_PORT)
         sh(["iscsiadm", "-m", "node", "-o", "new", "-T", x["iqn"], "-p", p, "-I", x["iface"]])
         sh(["iscsiadm", "-m", "node", "-T", x["iqn"], "-p", p, "-I", x["iface"], "--login"])
-    deadline = time.monotonic() + topology.DEVICE_WAIT_S
+    deadline = time.monotonic() + speed.budget(topology.DEVICE_WAIT_S)
     while True:
         got = {}
         for s in topology.iscsi_sessions():
