@@ -10,7 +10,7 @@ VPY := $(VENV)/bin/python
 # checks with llvm's objdump (tests/unit/test_bpf_stack.py). The fleet's engine tests
 # run a 3-member etcd cluster in namespaces (etcd-server; etcdctl from etcd-client for a
 # look by hand). threshold = "auto" is checked on this kernel against the lab's plant as a
-# loop device (vagrant/qemu/hostarray.py: nbdkit and its python plugin, nbdfuse, fuse3; fio
+# loop device (labkit.plant.HostArray: nbdkit and its python plugin, nbdfuse, fuse3; fio
 # loads it). The wire sensor is checked against Wireshark's dissectors (tshark) on real
 # captures (tests/wire), whose maker also runs a TLS session in the lab (openssl). The
 # shell completions are run in bash and zsh (tests/rollout). The lab (vagrant/qemu)

@@ -100,6 +100,8 @@ def test_short_closed_loop_holds_the_threshold():
     raw = json.loads((out / "raw.json").read_text())
     slow = max((ph.get("speed_factor") or 1.0 for ph in raw["phases"]), default=1.0)
     budget = BUDGET_S * slow
-    print(f"wall {wall:.0f} s of its {budget:.0f} s budget ({BUDGET_S} s x the guest's speed "
-          f"factor {slow:.2f}; margin {budget - wall:.0f} s)")
+    print(
+        f"wall {wall:.0f} s of its {budget:.0f} s budget ({BUDGET_S} s x the guest's speed "
+        f"factor {slow:.2f}; margin {budget - wall:.0f} s)"
+    )
     assert wall <= budget, f"the closed loop took {wall:.0f} s, over its {budget:.0f} s budget"

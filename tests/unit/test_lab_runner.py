@@ -3,8 +3,8 @@ fail later in the guest; the topology's plan."""
 
 import pytest
 from labkit import images, topology
-from labkit.topology import network
 from labkit.images import LabError, Settings
+from labkit.topology import network
 
 
 @pytest.mark.parametrize("checkout", ["/tmp/ci/main", "/run/x", "/dev/shm/y"])
