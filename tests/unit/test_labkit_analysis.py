@@ -1,6 +1,10 @@
 """labkit.analysis: a phase's windows, writes, fits and summary; on made-up phases (each rule
 alone) and on a recorded run (the figures report.py printed for it, before the kit)."""
 
+import gzip
+import json
+from pathlib import Path
+
 import pytest
 from labkit import analysis as report
 
@@ -96,3 +100,54 @@ def test_a_devices_and_the_plants_deltas_are_littles_law():
     p = report.plant_delta(s0, s1)
     assert (p["q"], p["l_s"], p["iops"]) == pytest.approx((2.0, 0.02, 100.0))
     assert report.plant_delta(s1, s0) is None
+
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "lab"
+
+
+def _close(a, b, path=""):
+    """Every figure of `a` in `b`, floats within a relative 1e-9."""
+    if isinstance(a, dict):
+        for k, v in a.items():
+            assert k in b, f"{path}.{k} missing"
+            _close(v, b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float):
+        assert b == pytest.approx(a, rel=1e-9, nan_ok=True), path
+    else:
+        assert a == b, path
+
+
+def test_a_recorded_run_gives_the_figures_the_report_gave_before_the_kit():
+    """closed-loop-run.json.gz: four phases of `make lab` at f48b548 (uncontrolled, 10 ms
+    controlled, a static probe, the bridge); .expected.json: what report.py of that commit
+    computed for them.  The kit's analysis must say the same, figure for figure."""
+    raw = json.loads(gzip.decompress((FIXTURES / "closed-loop-run.json.gz").read_bytes()))
+    want = json.loads((FIXTURES / "closed-loop-run.expected.json").read_text())
+    unc_ph, ctl_ph, static_ph, bridge_ph = raw["phases"]
+    unc = report.summarize(unc_ph, None, None)
+    _close(want["uncontrolled"], unc)
+    wr = unc["write_bytes_per_s"]
+    _close(want["controlled"], report.summarize(ctl_ph, 0.010, wr))
+    _close(want["static"], report.summarize(static_ph, 0.010, None))
+    _close(want["bridge"], report.summarize(bridge_ph, 0.010, wr))
+    fit = report.fit_lq(unc_ph)
+    lq = want["lq_fit"]
+    assert (fit.c_s, fit.m_s, fit.r2, fit.points) == pytest.approx(
+        (lq["c_s"], lq["m_s"], lq["r2"], lq["windows"]), rel=1e-9
+    )
+    assert len(report.phase_windows(unc_ph)) == want["windows_uncontrolled"]
+    # and the figures a reader of the report sees: the controlled p95 over T at 10 ms
+    assert want["controlled"]["read_latency_p95_s"] == pytest.approx(0.01118, abs=1e-5)
+
+
+def test_the_static_search_starts_where_the_writers_wrote():
+    """The controller's median class over each on-period from its first write (as the
+    writes count), on the recorded 10 ms phase: a class of the ladder, above 1."""
+    raw = json.loads(gzip.decompress((FIXTURES / "closed-loop-run.json.gz").read_bytes()))
+    k = report.writing_class(raw["phases"][1])
+    classes = [c for _, c in report.classes(raw["phases"][1])]
+    assert 1 < k <= max(classes)
