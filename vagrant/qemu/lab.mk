@@ -71,7 +71,7 @@ lab-faults: setup
 	$(VPY) vagrant/experiments/faults.py $(ARGS)
 
 # The lab test tier alone (one guest boot).
-lab-test: setup
+lab-test: setup wheel
 	$(VPY) -m pytest -m lab -v
 
 # The array as a known plant (docs/lab.md): nbdkit on the host, the LQ line
