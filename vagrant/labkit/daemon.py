@@ -155,7 +155,7 @@ def request(sock: str, cmd: str, timeout_s: float = REQUEST_S, **args: Any) -> A
 
 def not_answering() -> tuple[type[BaseException], ...]:
     """The errors of a daemon that does not answer (yet)."""
-    from santhrottle.appliance.daemon.requests import DaemonUnavailable, RemoteError
+    from santhrottle.appliance.daemon.control.requests import DaemonUnavailable, RemoteError
 
     return (OSError, DaemonUnavailable, RemoteError)
 
