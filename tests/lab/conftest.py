@@ -328,9 +328,10 @@ class Guest:
     def fio(self, *args, timeout=120) -> dict:
         """Run fio with --output-format=json; returns the parsed report."""
         # cwd /tmp: fio leaves *.state files in its working directory
+        from labkit import fio
+
         cmd = ["fio", "--output-format=json", "--verify_state_save=0", *args]
-        text = self.run(cmd, timeout=timeout, cwd="/tmp").stdout
-        return json.loads(text[text.index("{") :])
+        return fio.parse(self.run(cmd, timeout=timeout, cwd="/tmp").stdout)
 
     def fio_write_verify(self, dev: str, size: int) -> dict:
         """64k random writes of `size` bytes with crc32c, then fio's read-back verify

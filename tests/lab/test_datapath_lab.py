@@ -158,11 +158,11 @@ def _reads_done(device: str) -> int:
 
 def _start_reader(device: str) -> subprocess.Popen:
     """A 64k qd4 random read on device, once it is reading."""
-    fio = ["fio", "--name=descent", f"--filename={device}", "--direct=1", "--ioengine=libaio",
-           "--rw=randread", "--bs=64k", "--iodepth=4", "--time_based",
-           f"--runtime={READER_RUNTIME_S}", "--output-format=terse"]  # fmt: skip
+    cmd = fio.argv(
+        "descent", device, "--rw=randread", "--bs=64k", "--iodepth=4", runtime=READER_RUNTIME_S
+    )
     before = _reads_done(device)
-    reader = subprocess.Popen(fio, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    reader = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + speed.budget(READER_START_S)
     while _reads_done(device) == before:
         if reader.poll() is not None or time.monotonic() > deadline:

@@ -447,6 +447,11 @@ def arguments() -> argparse.Namespace:
     if pre.paper:
         ap.set_defaults(**PAPER)
     a = ap.parse_args()
+    if a.plant == "auto" and (a.disk != "array" or a.thresholds.startswith("auto")):
+        ap.error(
+            "--plant auto chooses the known plant's slope (--disk array) for fixed "
+            "thresholds, not with --thresholds auto"
+        )
     if a.max_delay in (None, "default"):
         a.max_delay = None
     a.setpoint = None if a.setpoint in (None, "default") else float(a.setpoint)
