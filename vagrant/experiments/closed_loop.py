@@ -13,7 +13,8 @@ in order:
 
     interference  the reader alone, with one host's writers, with all (paper 3.4)
     uncontrolled  the schedule (labkit.bursts: the writers on for --on s, off for
-                  --off s, --cycles times), no daemon
+                  --off s, --cycles times), no daemon (with --plant auto before the
+                  interference points, which then run on the plant it chose)
     per threshold T:
       controlled  the same with santhrottled discovering the VG and the writers by
                   itself; in the last on-period the reader leaves halfway through
@@ -501,11 +502,11 @@ def main() -> int:
     }
     t_all = time.monotonic()
     try:
-        raw["interference"] = [] if a.skip_interference else interference(lab)
         thresholds = a.thresholds.split(",")
-        if a.plant == "auto":
+        if a.plant == "auto":  # the plant first: the interference points run on it
             raw["plant_choice"], unc = choose_plant(lab, thresholds)
-        else:
+        raw["interference"] = [] if a.skip_interference else interference(lab)
+        if a.plant != "auto":
             unc = phase(lab, None)
         raw["phases"] = [unc]
         say(unc, "uncontrolled", None)
