@@ -167,8 +167,19 @@ class _GuestSession:
             f"{' (' + res.reason + ')' if res.reason else ''}; run dir {res.rundir}"
         )
         self._load_reports(res.work / "reports.jsonl")
+        self._say_margins()
         if not self.reports and not res.reason:
             self.error = f"the guest's pytest exited {res.status} without reporting any test"
+
+    def _say_margins(self) -> None:
+        """Each test's time in the guest (setup, call and teardown) against its limit."""
+        for nodeid, reps in self.reports.items():
+            took = sum(r.duration for r in reps)
+            limit = dict(reps[-1].user_properties).get("lab_limit_s")
+            if limit is not None:
+                self._say(
+                    f"  {took:7.1f} s of {limit:6.0f} s (margin {limit - took:6.0f} s) {nodeid}"
+                )
 
     def _load_reports(self, path: Path) -> None:
         if not path.is_file():

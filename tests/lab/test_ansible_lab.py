@@ -38,6 +38,9 @@ from labkit import speed
 pytestmark = pytest.mark.lab
 # three role runs take minutes under TCG: a guest of their own (tests/lab/conftest.py)
 LAB_GUEST = "rollout"
+# each test's time limit on an idle host (lab_guest_report.py): the first one's setup
+# brings the topology up and runs the first playbook (up to 233 s there)
+LAB_TEST_S = 900.0
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 PLAYBOOK = CHECKOUT / "ansible" / "tests" / "lab.yml"
