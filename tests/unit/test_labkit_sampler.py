@@ -1,12 +1,15 @@
 """labkit.sampler: one row per sample, probes on their cadence, no burst after a stall; the
-diskstats probe reads the product's parser over captured /proc/diskstats files."""
+diskstats probe reads the product's parser over captured /proc/diskstats files; labkit.speed:
+the guest's pace, which stretches the lab's time limits."""
 
 from __future__ import annotations
 
 import itertools
+import json
 import shutil
 from pathlib import Path
 
+import pytest
 from labkit import probes
 from labkit.sampler import Probe, Sampler
 
@@ -100,3 +103,36 @@ def test_diskstats_probe_reads_captured_files_with_the_products_parser(tmp_path)
     line = (PROC / "diskstats.0").read_text().split("dm-0")[1].split()
     assert first["dm-0"] == [int(x) for x in line[:11]]
     assert second["dm-0"][0] >= first["dm-0"][0]
+
+
+def test_the_guests_speed_factor_and_the_runners_reference(tmp_path, monkeypatch):
+    """labkit.speed: a calibration slower than the reference stretches every budget; the
+    largest factor and the fastest calibration go to the runner, which keeps the fastest
+    as the cache's reference (labkit.qemu)."""
+    from labkit import qemu, speed
+    from labkit.host import Settings
+
+    monkeypatch.setattr(speed, "_factor", None)
+    monkeypatch.setattr(speed, "_fastest", None)
+    monkeypatch.setenv("SANTHROTTLE_IN_GUEST", "1")
+    monkeypatch.setenv(speed.REFERENCE_ENV, "0.1")
+    seconds = iter([0.26, 0.12])
+    monkeypatch.setattr(speed, "calibrate", lambda runs=3: next(seconds))
+    record = tmp_path / "work" / "lab-speed.json"
+    record.parent.mkdir()
+    assert speed.factor(record=record) == pytest.approx(2.6)
+    assert speed.budget(600) == pytest.approx(1560)
+    assert speed.factor(fresh=True, record=record) == pytest.approx(2.6)  # the largest seen
+    rec = json.loads(record.read_text())
+    assert rec["factor"] == pytest.approx(2.6) and rec["fastest_s"] == pytest.approx(0.12)
+    # the runner: the guest's limit stretched, the faster calibration kept
+    assert qemu.guest_factor(record.parent) == pytest.approx(2.6)
+    assert qemu.guest_factor(tmp_path) == 1.0  # nothing said yet
+    s = Settings(cache=tmp_path / "cache")
+    s.cache.mkdir()
+    assert qemu.speed_reference(s) is None
+    qemu.keep_speed_reference(s, record.parent)
+    assert qemu.speed_reference(s) == pytest.approx(0.12)
+    record.write_text(json.dumps({"factor": 1.0, "fastest_s": 0.5}))
+    qemu.keep_speed_reference(s, record.parent)  # slower: the reference stays
+    assert qemu.speed_reference(s) == pytest.approx(0.12)

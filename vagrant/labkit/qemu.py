@@ -42,6 +42,7 @@ from pathlib import Path
 from labkit.host import VAGRANT, LabError, Settings
 from labkit.images import Prepared, prepare, venv_in_use
 from labkit.plant import NbdServer, PlantError
+from labkit.speed import REFERENCE_ENV
 
 STAGE2 = VAGRANT / "qemu" / "guest" / "stage2.sh"
 # The slow disk plays a shared array: QEMU throttles it (docs/lab.md).
@@ -55,6 +56,7 @@ STOP_GRACE_S = 10  # SIGTERM, then SIGKILL
 GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 POLL_S = 2.0  # how often the runner looks at the guest's limit
 SPEED_NAME = "lab-speed.json"  # labkit.speed, in the run's work/
+SPEED_REFERENCE = "speed-reference.json"  # in the cache: the fastest calibration seen
 
 EXIT_TIMEOUT = 124
 EXIT_NO_STATUS = 125
@@ -107,8 +109,32 @@ def guest_env(s: Settings, prep: Prepared, env: dict | None) -> dict[str, str]:
         genv["PATH"] = f"{prep.venv}/bin:{GUEST_PATH}"
     if s.array:
         genv["SANTHROTTLE_LAB_ARRAY"] = json.dumps(s.array, separators=(",", ":"))
+    ref = speed_reference(s)
+    if ref is not None:
+        genv[REFERENCE_ENV] = f"{ref:.4f}"
     genv.update(env or {})
     return genv
+
+
+def speed_reference(s: Settings) -> float | None:
+    """The fastest calibration this host's guests have made (labkit.speed), or None."""
+    try:
+        return float(json.loads((s.cache / SPEED_REFERENCE).read_text())["fastest_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def keep_speed_reference(s: Settings, work: Path) -> None:
+    """A guest's fastest calibration, kept as the cache's reference when it is faster."""
+    try:
+        got = float(json.loads((work / SPEED_NAME).read_text())["fastest_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    old = speed_reference(s)
+    if got > 0 and (old is None or got < old):
+        tmp = s.cache / (SPEED_REFERENCE + ".tmp")
+        tmp.write_text(json.dumps({"fastest_s": got, "t": time.time()}) + "\n")
+        os.replace(tmp, s.cache / SPEED_REFERENCE)
 
 
 def qemu_command(
@@ -241,6 +267,7 @@ def _boot(s, prep, rundir, command, timeout, env, slow_iops, slow_bps, echo) -> 
             plant.stop()
         for img, _ in disks:
             img.unlink(missing_ok=True)
+    keep_speed_reference(s, work)
     return _result(rundir, code, limit, wall)
 
 

@@ -13,17 +13,19 @@ Measured signal
     lab's steps are made of: Python and fork/exec), the median of CALIBRATION_RUNS.
 
 The rule
-    factor = max(1, calibrate() / REFERENCE_S), REFERENCE_S the same work on an idle
-    host (the development machine, one vCPU or two); budget(base_s) = base_s x factor:
-    a step that takes base_s on an idle host gets as much more as the guest is slower
-    now.  factor() measures once per process and keeps it (a step measures again with
-    factor(fresh=True)); it also writes it to /shared/work/lab-speed.json, where the
-    host's runner reads it and stretches the whole guest's limit the same way
-    (labkit.qemu).
+    factor = max(1, calibrate() / reference), the reference the fastest calibration
+    this host's guests have made (the runner keeps it in the lab cache and hands it to
+    each guest in SANTHROTTLE_LAB_SPEED_REF; REFERENCE_S before any); budget(base_s) =
+    base_s x factor: a step that takes base_s on an idle host gets as much more as the
+    guest is slower now.  factor() measures once per process and keeps the largest it
+    has seen (a step measures again with factor(fresh=True)); it also writes it, and its
+    fastest calibration, to /shared/work/lab-speed.json, where the runner reads them: it
+    stretches the whole guest's limit by the factor and lowers the cache's reference
+    to a faster calibration (labkit.qemu).
 
 Worked example
-    on the idle host calibrate() -> 0.21 s: factor 1.0, budget(600) = 600 s; beside two
-    busy loops calibrate() -> 0.55 s: factor 2.6, budget(600) = 1,571 s.
+    reference 0.10 s; beside two busy loops calibrate() -> 0.26 s: factor 2.6,
+    budget(600) = 1,560 s; on the idle host calibrate() -> 0.10 s: factor 1.0.
 """
 
 from __future__ import annotations
@@ -35,14 +37,16 @@ import subprocess
 import time
 from pathlib import Path
 
-# The calibration's work and its time on an idle host (the 2-core development machine,
-# 2026-11-28, the lab guest with one vCPU and with two: 0.19-0.23 s).
 CALIBRATION_LOOPS = 300_000
 CALIBRATION_RUNS = 3
+# The reference before a host has one of its own (labkit.qemu keeps the fastest seen):
+# the calibration on the 2-core development machine's guest, 2026-11-28
 REFERENCE_S = 0.21
+REFERENCE_ENV = "SANTHROTTLE_LAB_SPEED_REF"
 SPEED_FILE = Path("/shared/work/lab-speed.json")
 
 _factor: float | None = None
+_fastest: float | None = None
 
 
 def _work() -> float:
@@ -59,25 +63,42 @@ def calibrate(runs: int = CALIBRATION_RUNS) -> float:
     return statistics.median(_work() for _ in range(runs))
 
 
+def reference() -> float:
+    try:
+        return float(os.environ[REFERENCE_ENV])
+    except (KeyError, ValueError):
+        return REFERENCE_S
+
+
 def factor(fresh: bool = False, record: Path | None = SPEED_FILE) -> float:
-    """How many times slower than an idle host the guest runs (at least 1), measured once
-    per process (or again with fresh); recorded for the host's runner when in a guest."""
-    global _factor
+    """How many times slower than the fastest this host ran the guest it runs (at least
+    1): measured once per process, again with fresh; the largest seen counts.  Recorded
+    for the runner when in a guest."""
+    global _factor, _fastest
     if _factor is None or fresh:
-        _factor = max(1.0, calibrate() / REFERENCE_S)
+        s = calibrate()
+        _fastest = s if _fastest is None else min(_fastest, s)
+        _factor = max(_factor or 1.0, s / reference())
         if record is not None and os.environ.get("SANTHROTTLE_IN_GUEST") == "1":
-            _record(record, _factor)
+            _record(record, _factor, s, _fastest)
     return _factor
 
 
-def _record(path: Path, f: float) -> None:
-    """The largest factor seen in this guest, for the host (labkit.qemu)."""
+def _record(path: Path, f: float, last_s: float, fastest_s: float) -> None:
+    """The largest factor and the fastest calibration seen in this guest, for the runner."""
     try:
-        seen = json.loads(path.read_text()).get("factor", 1.0)
+        seen = json.loads(path.read_text())
     except (OSError, ValueError):
-        seen = 1.0
+        seen = {}
+    out = {
+        "factor": max(float(seen.get("factor", 1.0)), f),
+        "fastest_s": min(float(seen.get("fastest_s", fastest_s)), fastest_s),
+        "last_s": last_s,
+        "reference_s": reference(),
+        "t": time.time(),
+    }
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"factor": max(seen, f), "last": f, "t": time.time()}))
+    tmp.write_text(json.dumps(out))
     os.replace(tmp, path)
 
 
