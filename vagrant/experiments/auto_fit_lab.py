@@ -17,8 +17,8 @@ the array's Q spans 0.2 to 11 IOs.  Each repetition starts a fresh daemon (a
 fresh fit).
 
 Recorded every second (labkit.autofit, which auto_fit_host.py shares): the
-daemon's status (`threshold_fit`: C, m, R^2, windows, Q range, confident;
-`threshold_in_force_s`; the writers' classes), the array's diskstats and the
+daemon's status (a resource's `threshold`: its `fit`, C, m, R^2, windows, Q
+range, confident, and `in_force_s`; the writers' classes), the array's diskstats and the
 plant's own counters (/shared/work/array-stats.json).
 At each repetition's end: the daemon's fit and threshold against the
 configured C, m and C / (1 - 0.9), and, for comparison, a plain least-squares

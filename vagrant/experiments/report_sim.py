@@ -86,8 +86,9 @@ def calibrate_overhead(raw: dict, c: float, m: float, noise: float, p50_s: float
     session-6 runs.  Calibrated on the uncontrolled median, the simulator
     reproduces that run; its uncontrolled p95 and every controlled figure
     are then predictions."""
-    from santhrottle.controller.scenario import parse_scenario
-    from santhrottle.controller.sim import run, summarize
+    from santhrottle.sim.loop import run
+    from santhrottle.sim.measure import summarize
+    from santhrottle.sim.scenario import parse_scenario
 
     lo, hi = 0.0, CALIBRATION_MAX_OVERHEAD_S
     for _ in range(CALIBRATION_STEPS):
@@ -103,8 +104,8 @@ def calibrate_overhead(raw: dict, c: float, m: float, noise: float, p50_s: float
 def simulate_lab(raw: dict, c: float, m: float, noise: float, overhead_s: float = 0.0) -> dict:
     """The same experiment in the simulator, with the lab's fitted device (and, when the
     lab searched for the best static delay, the simulator's best constant class)."""
-    from santhrottle.controller.scenario import parse_scenario
-    from santhrottle.controller.sim import simulate
+    from santhrottle.sim.experiment import simulate
+    from santhrottle.sim.scenario import parse_scenario
 
     text = lab_scenario(raw, c, m, noise, overhead_s)
     baseline = any(ph.get("kind") == "static" for ph in raw["phases"])
@@ -131,16 +132,17 @@ def lab_scenario(raw: dict, c: float, m: float, noise: float, overhead_s: float)
     ran = [ph["threshold"] for ph in raw["phases"] if ph["threshold"] and is_controlled(ph)]
     thr = ", ".join(f"{parse_ms(x) * 1000:g}" for x in ran)
     text = (
-        f"[run]\nduration_s = {dur}\nseed = 1\n"
+        f"[run]\nduration_s = {dur}\nseed = 1\nthresholds_ms = [{thr}]\n"
         f'[[resource]]\nname = "vg"\nintercept_ms = {c * 1000:.4f}\n'
         f"slope_ms_per_io = {m * 1000:.4f}\nnoise = {noise:.3f}\n"
         f'[[stream]]\nname = "reader"\nkind = "read"\nloop = "open"\n'
         f'rate_kib_per_s = {rate_kib}\nsize_kib = 4\nresource = "vg"\ninitiator = "10.0.0.2"\n'
         + writers
-        + f"[controller]\nthresholds_ms = [{thr}]\n"
         # the daemon's ladder and setpoint: what the run gave it, else the product's
-        # defaults (the simulator's ControllerConfig(), like the daemon's)
-        + (f"max_delay_ms = {parse_ms(a['max_delay']) * 1000:g}\n" if a.get("max_delay") else "")
+        # defaults (a scenario's [controller] and [datapath] are the daemon's keys)
+        + "[controller]\n"
         + (f"setpoint_fraction = {a['setpoint']}\n" if a.get("setpoint") is not None else "")
+        + "[datapath]\n"
+        + (f'max_delay = "{parse_ms(a["max_delay"]) * 1000:g}ms"\n' if a.get("max_delay") else "")
     )
     return text

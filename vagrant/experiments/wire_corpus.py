@@ -51,11 +51,11 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from measure import DEVICE, NETNS, load_topology, sh  # noqa: E402
+from labkit import topology as topo
+from labkit.topology import NETNS, sh
 
-topo = load_topology()
+HERE = Path(__file__).resolve().parent
+DEVICE = topo.VETH_TGT  # the target's veth end facing the initiators
 
 FILTER = "tcp port 3260 or tcp port 4420 or esp"
 SECONDS = 3.0

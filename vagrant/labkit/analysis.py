@@ -45,7 +45,7 @@ import os
 from typing import Any, NamedTuple
 
 from santhrottle.appliance.sensing.diskstats import SECTOR_BYTES, DevCounters
-from santhrottle.controller.sim import percentile as percentile
+from santhrottle.sim.measure import percentile as percentile
 
 # The reader's latency, the writes and the array's queue over windows of at least 1 s.
 WINDOW_S = 1.0

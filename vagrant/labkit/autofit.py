@@ -9,8 +9,8 @@ What it owns
                (0, 1, 2, 3, 6, 9, 12), `--step` s each, `--rounds` times
                (run_levels); the caller says how n writers start
     watch      every second (labkit.sampler, 1 s): the daemon's status for the
-               resource (`threshold_fit`: C, m, R^2, windows, Q range, confident;
-               `threshold_in_force_s`; the writers' classes), the device's
+               resource (its `threshold`: `fit` with C, m, R^2, windows, Q range, confident,
+               and `in_force_s`; the writers' classes), the device's
                diskstats and the plant's own counters
     result     at a repetition's end: the daemon's last fit and threshold against the
                configured C, m and C / (1 - alpha); the first confident second; a
@@ -79,8 +79,8 @@ def watcher(
         st = d.status()
         r = next((x for x in st["resources"] if x["resource"] == resource), None) or {}
         return {
-            "fit": r.get("threshold_fit"),
-            "in_force_s": r.get("threshold_in_force_s"),
+            "fit": (r.get("threshold") or {}).get("fit"),  # status' ThresholdView
+            "in_force_s": (r.get("threshold") or {}).get("in_force_s"),
             "devices": r.get("devices"),
             "mode": r.get("mode"),
             "classes": [i["class"] for i in st["initiators"] if i["initiator"] in writer_ips],

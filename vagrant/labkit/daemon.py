@@ -57,7 +57,6 @@ RESOURCE_FIELDS = (
     "delay_class",
     "members",
     "mode",
-    "threshold_setpoint_fraction",
 )
 
 
@@ -260,7 +259,16 @@ class Daemon:
         """What a sample keeps of a status (a probe's read)."""
         st = self.status()
         return {
-            "resources": [{x: r.get(x) for x in RESOURCE_FIELDS} for r in st["resources"]],
+            "resources": [
+                {
+                    **{x: r.get(x) for x in RESOURCE_FIELDS},
+                    # the recorded name; the daemon's ThresholdView calls it so
+                    "threshold_setpoint_fraction": (r.get("threshold") or {}).get(
+                        "setpoint_fraction"
+                    ),
+                }
+                for r in st["resources"]
+            ],
             "initiators": {i["initiator"]: i["class"] for i in st["initiators"] if i["class"]},
             "overruns": st["counters"]["tick_overruns"],
             "glided": st["counters"]["glided_descents"],
