@@ -29,6 +29,7 @@ Worked example
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -136,9 +137,16 @@ def end(proc: subprocess.Popen | None, timeout_s: float = 10.0) -> None:
         proc.wait()
 
 
+# The plant runs ahead of whatever else loads the host: its IOs' time on the way (the
+# plugin's threads, nbdfuse's FUSE threads) would otherwise grow with the host's load and
+# lift the line the daemon fits (a host at load 7: C +23 to +29 % where an idle one gave
+# +8 %; docs/lab.md).  Both plants: nbdkit for a QEMU guest, nbdkit and nbdfuse here.
+PLANT_NICE = -15
+
+
 def _spawn(argv: list[str], logdir: Path, what: str, nice: int = 0) -> subprocess.Popen:
     """argv in the background, its command line in logdir/WHAT.cmd, its output in WHAT.log;
-    nice: its niceness (below 0 needs root)."""
+    nice: its niceness (below 0 needs root; without, the default)."""
     (logdir / f"{what}.cmd").write_text(shlex.join(argv) + "\n")
     with open(logdir / f"{what}.log", "w") as log:
         return subprocess.Popen(
@@ -146,8 +154,14 @@ def _spawn(argv: list[str], logdir: Path, what: str, nice: int = 0) -> subproces
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
-            preexec_fn=(lambda: os.nice(nice)) if nice else None,
+            preexec_fn=(lambda: _renice(nice)) if nice else None,
         )
+
+
+def _renice(nice: int) -> None:
+    """os.nice in the child; a user who may not raise priority keeps the default."""
+    with contextlib.suppress(PermissionError):
+        os.nice(nice)
 
 
 def _wait(ok, proc: subprocess.Popen, logdir: Path, what: str) -> None:
@@ -195,7 +209,7 @@ class NbdServer:
             self.work / STATS_NAME,
             self.work / CONTROL_NAME,
         )
-        self.proc = _spawn(argv, self.rundir, "nbdkit")
+        self.proc = _spawn(argv, self.rundir, "nbdkit", PLANT_NICE)
         try:
             _wait(self.sock.exists, self.proc, self.rundir, "nbdkit")
         except BaseException:
@@ -243,16 +257,9 @@ def host_missing() -> str | None:
     return None
 
 
-# The host's own plant runs ahead of whatever else loads the host: its IOs' time on the
-# way (nbdfuse's FUSE threads, the plugin's) would otherwise grow with the host's load and
-# lift the line the daemon fits (a host at load 7: C +23 to +29 % where an idle one gave
-# +8 %; docs/lab.md)
-HOST_ARRAY_NICE = -15
-
-
 class HostArray:
     """The plant as /dev/loopN of this host's kernel (nbdkit -> nbdfuse -> losetup), its
-    server and FUSE daemon at HOST_ARRAY_NICE.
+    server and FUSE daemon at PLANT_NICE.
 
     with HostArray(parse_array("nbd:c_ms=2,m_ms=5"), Path("/tmp/x")) as arr:
         arr.device          # "loop3"
@@ -299,7 +306,7 @@ class HostArray:
             self.size_gib,
             self.stats,
         )
-        self.nbdkit = _spawn(argv, self.workdir, "nbdkit", HOST_ARRAY_NICE)
+        self.nbdkit = _spawn(argv, self.workdir, "nbdkit", PLANT_NICE)
         _wait(self.sock.exists, self.nbdkit, self.workdir, "nbdkit")
         disk = self.mnt / "disk"
         self.fuse = _spawn(
@@ -312,7 +319,7 @@ class HostArray:
             ],
             self.workdir,
             "nbdfuse",
-            HOST_ARRAY_NICE,
+            PLANT_NICE,
         )
         self.mounted = True
         _wait(disk.exists, self.fuse, self.workdir, "nbdfuse")
