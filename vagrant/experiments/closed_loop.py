@@ -58,7 +58,6 @@ from labkit.sampler import Probe, Sampler
 
 SOCK = "/run/santhrottle-exp/control.sock"
 STATUS_EVERY = 5  # samples: the daemon's status and ss every 0.5 s
-REGION_MIB = 300  # --writer-jobs > 1: each job in its own region of the host's LV
 DAEMON_PROFILE = Path(__file__).with_name("daemon_profile.py")
 FIRST_TICK_S = 2.0  # a first discovery (and the pins applied by a tick)
 
@@ -93,17 +92,9 @@ class Setting:
         return fio.reader(self.reader["device"], self.a.reader_rate, runtime)
 
     def writer_jobs(self, runtime: float) -> list[list[str]]:
-        a = self.a
-        region = REGION_MIB if a.writer_jobs > 1 else None
+        a = self.a  # --writer-jobs > 1: each job in its own region of the host's LV
         return [
-            fio.writers(
-                w["device"],
-                a.writer_bs,
-                a.writer_qd,
-                runtime,
-                jobs=a.writer_jobs,
-                region_mib=region,
-            )
+            fio.writers(w["device"], a.writer_bs, a.writer_qd, runtime, jobs=a.writer_jobs)
             for w in self.writers
         ]
 

@@ -192,14 +192,7 @@ class Segment:
     def writer_jobs(self, runtime: float) -> list[list[str]]:
         a = self.a
         return [
-            fio.writers(
-                w["device"],
-                a.writer_bs,
-                a.writer_qd,
-                runtime,
-                jobs=a.writer_jobs,
-                region_mib=300 if a.writer_jobs > 1 else None,
-            )
+            fio.writers(w["device"], a.writer_bs, a.writer_qd, runtime, jobs=a.writer_jobs)
             for w in self.t["iscsi"][1:]
         ]
 

@@ -43,22 +43,21 @@ from pathlib import Path
 from labkit import analysis, fio, probes, topology
 from labkit.sampler import Probe, Sampler
 
-REGION_MIB = 300  # each writer's region (4 per host: 1200 MiB of a 1536 MiB LV)
-
 
 def reader(a, dev: str, runtime: float) -> list[str]:
     return fio.reader(dev, a.reader_rate, runtime, name="sram", extra=("--offset=0",))
 
 
 def writers(a, dev: str, jobs: int, first_region: int, runtime: float) -> list[str]:
-    """`jobs` sequential writers on `dev`, each in its own REGION_MIB region."""
+    """`jobs` sequential writers on `dev`, each in its own region (fio.REGION_MIB:
+    4 per host, 1200 MiB of a 1536 MiB LV)."""
     return fio.writers(
         dev,
         a.writer_bs,
         1,
         runtime,
         jobs=jobs,
-        region_mib=REGION_MIB,
+        region_mib=fio.REGION_MIB,
         first_region=first_region,
         name="w",
     )

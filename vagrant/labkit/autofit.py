@@ -40,7 +40,6 @@ from labkit.sampler import Probe, Sampler
 ALPHA = 0.9  # controller.auto_alpha's default
 WATCH_S = 1.0
 MIN_IOS = 10  # a window with fewer IOs says little about L
-REGION_MIB = 300
 
 
 def add_load_args(ap: argparse.ArgumentParser) -> None:
@@ -60,7 +59,7 @@ def writers(a: argparse.Namespace, dev: str, jobs: int, first_region: int) -> li
         1,
         a.step,
         jobs=jobs,
-        region_mib=REGION_MIB,
+        region_mib=fio.REGION_MIB,
         first_region=first_region,
         name="w",
     )

@@ -76,6 +76,9 @@ def reader(
     )
 
 
+REGION_MIB = 300  # a writer job's own region of a device several jobs share
+
+
 def writers(
     device: str,
     bs: str,
@@ -92,7 +95,7 @@ def writers(
     base = ["--rw=write", f"--bs={bs}", f"--iodepth={qd}"]
     if jobs == 1 and region_mib is None:
         return argv(name, device, *base, *extra, runtime=runtime, size="200m")
-    region = region_mib or 300
+    region = region_mib or REGION_MIB
     return argv(
         name,
         device,
