@@ -75,3 +75,33 @@ def test_the_static_search_gallops_then_bisects_to_the_smallest_holding_class():
     # nothing holds: up to the ladder's top, then it stops
     up = smallest_holding(lambda k: False, start=80, max_class=88, step=5, probes=8)
     assert [k for k, _ in up] == [80, 85, 88]
+
+
+def test_each_controlled_threshold_is_judged_against_the_bounds_a_run_must_show():
+    held = {
+        "threshold_s": 0.020,
+        "read_latency_p95_s": 0.0174,
+        "target_retrans_segs": 0,
+        "static": {"best": {"class": 40}},
+        "sim_vs_lab_p95": 0.07,
+        "vs_static_writes": 0.99,
+    }
+    missed = {  # over T, a retransmission, a 0.5 ms pin holds, the simulator 18 % off
+        "threshold_s": 0.010,
+        "read_latency_p95_s": 0.0112,
+        "target_retrans_segs": 1,
+        "static": {"best": {"class": 1}},
+        "sim_vs_lab_p95": -0.18,
+        "vs_static_writes": 1.2,
+    }
+    unjudged = {"threshold_s": 0.015, "read_latency_p95_s": 0.013, "target_retrans_segs": 0}
+    b = regime.bounds([held, missed, unjudged])
+    assert all(b["20"].values())
+    assert b["10"] == {
+        "p95_within_t": False,
+        "no_target_retrans": False,
+        "best_static_above_class_1": False,
+        "sim_within": False,
+        "writes_vs_static": True,
+    }
+    assert b["15"]["best_static_above_class_1"] is None and b["15"]["sim_within"] is None

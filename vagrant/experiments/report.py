@@ -128,6 +128,26 @@ def regime_of(raw: dict, unc: dict, rows: list[dict]) -> dict:
     }
 
 
+def bounds_line(b: dict) -> str:
+    """One line: which bound held at which threshold."""
+    names = {
+        "p95_within_t": "controlled p95 <= T",
+        "no_target_retrans": "0 target retransmissions",
+        "best_static_above_class_1": "best static above class 1",
+        "sim_within": f"simulator within {regime.SIM_WITHIN:.0%}",
+        "writes_vs_static": f"writes >= {regime.VS_STATIC_AT_LEAST:.0%} of the best static's",
+    }
+    parts = []
+    for key, name in names.items():
+        bad = [t for t, v in b.items() if v[key] is False]
+        none = [t for t, v in b.items() if v[key] is None]
+        if bad:
+            parts.append(f"{name}: NOT at {', '.join(bad)} ms")
+        elif len(none) < len(b):
+            parts.append(f"{name}: yes" + (f" (no figure at {', '.join(none)} ms)" if none else ""))
+    return "BOUNDS (docs/lab.md): " + ("; ".join(parts) or "no controlled phase")
+
+
 def summary(raw: dict) -> dict:
     """A run's figures (summary.json): the phases, the bridge's, the LQ fit, the
     simulator's prediction, the regime."""
@@ -190,6 +210,7 @@ def summary(raw: dict) -> dict:
             "uncontrolled_p95_s": sim["uncontrolled"]["read_latency_p95_s"],
             "scenario": sim["scenario"],
         }
+    out["bounds"] = regime.bounds(rows)
     return out
 
 
@@ -248,7 +269,7 @@ def regime_lines(r: dict) -> list[str]:
 
 def print_report(raw: dict, sm: dict) -> None:
     unc, rows, bridged = sm["uncontrolled"], sm["controlled"], sm["bridge"]
-    for line in regime_lines(sm["regime"]):
+    for line in [*regime_lines(sm["regime"]), bounds_line(sm["bounds"])]:
         print(line)
     proto = PROTOCOL_NAMES[sm["protocol"]]
     print(f"protocol: {proto} (the reader and the writer hosts)")

@@ -26,6 +26,11 @@ The rule
                 slope is the smallest of SLOPE_STEP_MS steps above m0 whose r95(m)
                 is AIM_X x T_max, at most MAX_SLOPE_MS.  o falls as the writers slow
                 (the emulated CPU has less to do), so the rule errs high.
+    bounds      once the run is done, each controlled threshold against the rest of
+                what a run must show (docs/lab.md): p95 <= T, no target
+                retransmission, a best static delay above class 1, the simulator
+                within SIM_WITHIN, the writes >= VS_STATIC_AT_LEAST of the best
+                static's.
 
 Bounds
     m in [m0, MAX_SLOPE_MS]; at most MAX_TRIES uncontrolled phases (closed_loop.py).
@@ -106,6 +111,31 @@ def verdict(p95_s: float, wanted_s: list[float]) -> tuple[str, list[float]]:
     if len(ok) == len(wanted_s):
         return "reached", ok
     return ("partly" if ok else "not reached"), ok
+
+
+# The other bounds a run must show (docs/lab.md, "What a run must show")
+SIM_WITHIN = 0.15
+VS_STATIC_AT_LEAST = 0.90
+
+
+def bounds(rows: list[dict]) -> dict:
+    """Each controlled threshold against the bounds a run must show: p95 <= T, no target
+    retransmission, a best static delay above class 1 (else a 0.5 ms pin would do), the
+    simulator within 15 %, the controller's writes >= 90 % of the best static's.  None
+    where the run has no figure for it."""
+    out = {}
+    for s in rows:
+        best = (s.get("static") or {}).get("best")
+        sim = s.get("sim_vs_lab_p95")
+        vs = s.get("vs_static_writes")
+        out[f"{s['threshold_s'] * 1e3:g}"] = {
+            "p95_within_t": s["read_latency_p95_s"] <= s["threshold_s"],
+            "no_target_retrans": s["target_retrans_segs"] == 0,
+            "best_static_above_class_1": None if best is None else best["class"] > 1,
+            "sim_within": None if sim is None else abs(sim) <= SIM_WITHIN,
+            "writes_vs_static": None if vs is None else vs >= VS_STATIC_AT_LEAST,
+        }
+    return out
 
 
 # CI's short loop picks its one threshold the same way from the other end: the plant
