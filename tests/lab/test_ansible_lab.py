@@ -275,7 +275,7 @@ def test_first_run_installs_from_the_wheel_and_starts_the_daemon(first, topology
     st = json.loads(p.stdout)["data"]
     res = {r["resource"]: r for r in st["resources"]}
     vg = res[topology["vg"]]
-    assert vg["mode"] == "control" and vg["threshold_s"] == 0.05, vg
+    assert vg["mode"] == "control" and vg["threshold"]["threshold_s"] == 0.05, vg
     assert want_inis <= {i["initiator"] for i in st["initiators"]}
     assert not st["paused"] and st["counters"]["reloads"] == 0
 
@@ -299,7 +299,7 @@ def test_new_threshold_reloads_without_restart(first, rollout, topology):
     while True:
         st = _request("status")
         vg = {r["resource"]: r for r in st["resources"]}[topology["vg"]]
-        if vg["threshold_s"] == 0.04 and st["counters"]["reloads"] == 1:
+        if vg["threshold"]["threshold_s"] == 0.04 and st["counters"]["reloads"] == 1:
             break
         assert time.monotonic() < deadline, (vg, st["counters"])
         time.sleep(0.2)
