@@ -136,3 +136,6 @@ def test_the_guests_speed_factor_and_the_runners_reference(tmp_path, monkeypatch
     record.write_text(json.dumps({"factor": 1.0, "fastest_s": 0.5}))
     qemu.keep_speed_reference(s, record.parent)  # slower: the reference stays
     assert qemu.speed_reference(s) == pytest.approx(0.12)
+    # a cache whose first reference came from a loaded host: never above REFERENCE_S
+    monkeypatch.setenv(speed.REFERENCE_ENV, "0.398")
+    assert speed.reference() == speed.REFERENCE_S

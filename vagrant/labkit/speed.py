@@ -15,7 +15,8 @@ Measured signal
 The rule
     factor = max(1, calibrate() / reference), the reference the fastest calibration
     this host's guests have made (the runner keeps it in the lab cache and hands it to
-    each guest in SANTHROTTLE_LAB_SPEED_REF; REFERENCE_S before any); budget(base_s) =
+    each guest in SANTHROTTLE_LAB_SPEED_REF), at most REFERENCE_S, the development
+    machine's idle guest (a slower host's limits are then only more generous); budget(base_s) =
     base_s x factor: a step that takes base_s on an idle host gets as much more as the
     guest is slower now.  factor() measures once per process and keeps the largest it
     has seen (a step measures again with factor(fresh=True)); it also writes it, and its
@@ -64,8 +65,12 @@ def calibrate(runs: int = CALIBRATION_RUNS) -> float:
 
 
 def reference() -> float:
+    """The runner's (the fastest this host's guests made), never above REFERENCE_S: a
+    cache whose first guests all ran on a loaded host would otherwise make loaded the
+    norm (2026-11-28: a first reference of 0.398 s, taken beside two busy loops, gave
+    the rollout guest a factor of 1.2 where it ran 2 times slower)."""
     try:
-        return float(os.environ[REFERENCE_ENV])
+        return min(float(os.environ[REFERENCE_ENV]), REFERENCE_S)
     except (KeyError, ValueError):
         return REFERENCE_S
 
