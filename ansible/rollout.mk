@@ -12,6 +12,10 @@
 #   make ansible-lint      ansible-lint, production profile, on ansible/
 #   make vagrant-validate  vagrant validate: core config, libvirt and VirtualBox provider blocks
 #   make rollout-check     all three
+#   make deb               dist-deb/: the Debian package (debian/, built with dpkg-buildpackage:
+#                          debhelper, dh-python, pybuild; the controller compiled by mypyc),
+#                          its source package, and lintian's report (0 errors, or the
+#                          target fails): dist-deb/lintian.txt
 #
 # The tools install themselves when missing: build (in ROLLOUT_VENV),
 # ansible-lint (pip, into .venv), vagrant + vagrant-libvirt (apt, no recommends).
@@ -40,7 +44,7 @@ VAGRANT_DIR := vagrant
 # Validation writes machine state: keep it out of the checkout.
 VAGRANT_VALIDATE_ENV := VAGRANT_DOTFILE_PATH=$(CURDIR)/build/vagrant-validate
 
-.PHONY: wheel man ansible-lint vagrant-validate rollout-check
+.PHONY: wheel deb man ansible-lint vagrant-validate rollout-check
 
 # A reproducible tar of the wheelhouse (sorted, fixed owner and date; POSIX pax, as
 # wheel names pass ustar's 100 bytes: charset_normalizer's manylinux wheel), with any
@@ -57,8 +61,9 @@ with tarfile.open(dest, "w", format=tarfile.PAX_FORMAT) as t:
 endef
 export WHEELHOUSE_TAR
 
-# The lab test (tests/lab/test_ansible_lab.py) installs the role from dist/.
-test lab: wheel
+# The lab test (tests/lab/test_ansible_lab.py) installs the role from dist/; the
+# systemd guest's (tests/lab/test_systemd_lab.py) installs dist-deb/'s package.
+test lab: wheel deb
 
 $(ROLLOUT_PY):
 	$(PY) -m venv $(ROLLOUT_VENV)
@@ -79,6 +84,47 @@ $(DIST)/.built: $(WHEEL_SOURCES) ansible/rollout.mk | $(ROLLOUT_PY)
 	@ls -l $(DIST) $(DIST)/wheelhouse
 
 wheel: $(DIST)/.built
+
+# The Debian package, from the checkout's files as they are (tracked and new, not
+# ignored) copied to build/deb/santhrottle-VERSION/: dpkg-buildpackage there (its build
+# dependencies from debian/control through `apt-get build-dep`, as root), then lintian
+# on the .changes. A native package (3.0 (native)): the checkout is its upstream.
+DEB_DIST ?= dist-deb
+DEB_BUILD := build/deb
+DEB_TOOLS := dpkg-dev lintian
+# Debian's own tools and python3 only (not a venv's, not pyenv's ahead in PATH)
+DEB_ENV := env -u PYTHONPATH -u VIRTUAL_ENV -u PYTHONHOME PATH=/usr/sbin:/usr/bin:/sbin:/bin
+DEB_VERSION = $(shell dpkg-parsechangelog -l debian/changelog -S Version)
+# What the package is built from (the source package carries the whole checkout).
+DEB_SOURCES := $(WHEEL_SOURCES) LICENSE docs/prometheus/santhrottle-rules.yml \
+  tests/sim/compiled_decisions.py \
+  $(shell git ls-files --cached --others --exclude-standard debian buildsys 2>/dev/null)
+
+define DEB_COPY_TREE
+git ls-files -z --cached --others --exclude-standard \
+  | while IFS= read -r -d '' f; do [ -e "$$f" ] && printf '%s\0' "$$f"; done \
+  | tar --null -T - -cf - | tar -xf - -C $(1)
+endef
+
+$(DEB_DIST)/.built: $(DEB_SOURCES)
+	@missing=$$(for p in $(DEB_TOOLS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "deb: apt-get install $$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+	rm -rf $(DEB_BUILD) $(DEB_DIST)
+	mkdir -p $(DEB_BUILD)/santhrottle-$(DEB_VERSION) $(DEB_DIST)
+	$(call DEB_COPY_TREE,$(DEB_BUILD)/santhrottle-$(DEB_VERSION))
+	cd $(DEB_BUILD)/santhrottle-$(DEB_VERSION) && { dpkg-checkbuilddeps 2>/dev/null || \
+	  DEBIAN_FRONTEND=noninteractive apt-get build-dep -y -qq --no-install-recommends . ; }
+	cd $(DEB_BUILD)/santhrottle-$(DEB_VERSION) && $(DEB_ENV) dpkg-buildpackage -us -uc
+	$(DEB_ENV) lintian --fail-on error --display-info $(DEB_BUILD)/santhrottle_$(DEB_VERSION)_*.changes \
+	  > $(DEB_DIST)/lintian.txt 2>&1; status=$$?; cat $(DEB_DIST)/lintian.txt; exit $$status
+	cp $(DEB_BUILD)/santhrottle_$(DEB_VERSION)* $(DEB_BUILD)/santhrottle-dbgsym_$(DEB_VERSION)* $(DEB_DIST)/
+	@touch $@
+	@ls -l $(DEB_DIST)
+
+deb: $(DEB_DIST)/.built
 
 man: setup
 	$(VPY) buildsys/santhrottle_build.py

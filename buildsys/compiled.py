@@ -27,6 +27,12 @@ How
     compile_into(dir) builds the same modules in place into dir (no wheel):
     `make bench` runs with env_for(dir), dir first on PYTHONPATH, to measure
     the compiled tick beside the pure one in one run, and the test does the same.
+
+    The Debian package compiles them at build time (debian/rules: SANTHROTTLE_MYPYC=1
+    with Debian 12's python3-mypy, 1.0.1) and checks them there:
+    `python3 buildsys/compiled.py check DIR` runs tests/sim/compiled_decisions.py
+    with DIR's santhrottle (the built one) and with the pure source, and fails
+    unless the first ran compiled and both decided alike.
 """
 
 from __future__ import annotations
@@ -56,6 +62,8 @@ MODULES = (
     "writeheavy",
 )
 STAGE = Path("build") / "mypyc-stage"  # under the tree being built
+GROUP = "santhrottle.controller"
+DRIVER = ROOT / "tests" / "sim" / "compiled_decisions.py"
 
 
 def wanted() -> bool:
@@ -80,8 +88,11 @@ def extensions(root: Path = ROOT) -> list[Any]:
     """setuptools Extensions of MODULES (setup.py), staged under root/STAGE."""
     from mypyc.build import mypycify  # a build requirement only when wanted()
 
-    paths = stage(root, root / STAGE)
-    exts: list[Any] = mypycify([str(p.relative_to(root)) for p in paths], opt_level="3")
+    paths = [str(p.relative_to(root)) for p in stage(root, root / STAGE)]
+    # one group named after the package: mypyc's shared library is then
+    # santhrottle/controller__mypyc.*.so, inside the package, not a top-level
+    # module with a hash for a name
+    exts: list[Any] = mypycify(paths, opt_level="3", separate=[(paths, GROUP)])
     return exts
 
 
@@ -103,3 +114,48 @@ def compile_into(into: Path, src: Path = ROOT) -> None:
     r = subprocess.run(cmd, cwd=into, capture_output=True, text=True, check=False)
     if r.returncode:
         raise SystemExit(f"mypyc failed ({' '.join(cmd)}):\n{(r.stdout + r.stderr)[-3000:]}")
+
+
+def decisions(pythonpath: Path) -> dict[str, Any]:
+    """tests/sim/compiled_decisions.py's output with pythonpath's santhrottle."""
+    import json
+    import tempfile
+
+    r = subprocess.run(
+        [sys.executable, str(DRIVER)],
+        env=env_for(pythonpath),
+        cwd=tempfile.gettempdir(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if r.returncode:
+        raise SystemExit(f"{DRIVER.name} with {pythonpath} failed:\n{r.stderr[-3000:]}")
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
+
+
+def check(built: Path) -> None:
+    """SystemExit unless built's santhrottle.controller runs compiled and decides as
+    the pure source does."""
+    import tempfile
+
+    comp = decisions(built)
+    if not str(comp["step_from"]).endswith(".so"):
+        raise SystemExit(f"{built}: step is not compiled ({comp['step_from']})")
+    with tempfile.TemporaryDirectory() as pure_dir:
+        stage(ROOT, Path(pure_dir))
+        pure = decisions(Path(pure_dir))
+    if not str(pure["step_from"]).endswith("step.py"):
+        raise SystemExit(f"the pure run imported {pure['step_from']}")
+    differ = sorted(k for k in pure if k != "step_from" and comp.get(k) != pure[k])
+    if differ:
+        raise SystemExit(f"the compiled controller decided otherwise: {', '.join(differ)}")
+    checked = ", ".join(sorted(k for k in pure if k != "step_from"))
+    print(f"compiled ({comp['step_from']}) and pure decide alike: {checked}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] != "check":
+        raise SystemExit("usage: python3 buildsys/compiled.py check DIR")
+    check(Path(sys.argv[2]).resolve())

@@ -60,6 +60,9 @@ from typing import Any
 from setuptools import build_meta as _setuptools
 from setuptools.command.sdist import sdist as _sdist
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import manpage  # noqa: E402  (buildsys/manpage.py, after its path)
+
 ROOT = Path(__file__).resolve().parent.parent
 GENERATED = ROOT / "buildsys" / "generated"
 # The source files the sdist needs beyond setuptools' defaults: this backend.
@@ -273,8 +276,6 @@ def _exit_help(prog: str) -> str:
 
 def man_page(prog: str) -> str:
     """santhrottle(8) or santhrottled(8) from the parser (call inside source_tree())."""
-    from argparse_manpage.manpage import Manpage
-
     parser = build_parser(prog)
     # Every verb's examples, once per distinct epilog, in EXAMPLES (argparse-manpage
     # shows the top parser's epilog only, as COMMENTS).
@@ -297,17 +298,21 @@ def man_page(prog: str) -> str:
             examples.append(".SS " + roff(", ".join(v.removeprefix(prog + " ") for v in named)))
         examples.append(roff_epilog(text))
 
-    page = Manpage(parser, format="pretty")
-    page.section = 8
-    page.manual = "System Administration"
-    page.source = f"santhrottle {project_version()}"
-    page.description = SUMMARY[prog]
-    page.add_section("examples", ">", "\n".join(examples))
     exit_status = cli_exit_status() if prog == "santhrottle" else EXIT_STATUS[prog].strip()
-    page.add_section("exit status", ">", exit_status)
-    page.add_section("files", ">", FILES.strip())
-    page.add_section("see also", ">", _see_also(*SEE_ALSO[prog]))
-    return str(page)
+    return manpage.render(
+        parser,
+        section=8,
+        date=build_date(),
+        source=f"santhrottle {project_version()}",
+        manual="System Administration",
+        summary=SUMMARY[prog],
+        sections=[
+            ("examples", "\n".join(examples)),
+            ("exit status", exit_status),
+            ("files", FILES.strip()),
+            ("see also", _see_also(*SEE_ALSO[prog])),
+        ],
+    )
 
 
 def config_man_page() -> str:

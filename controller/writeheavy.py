@@ -91,17 +91,8 @@ CONTENDED_FLOOR_FRACTION = 0.25
 AWAY_FRACTION = 0.01
 
 
-@dataclass(slots=True, eq=False)
-class _Pair:
-    rate_bps: float
-    last_s: float
-    of: _Resource  # its resource's pairs
-    initiator: str
-    member: bool = False
-    seen: bool = True  # got a sample since the last convergence
-    away_since_s: float | None = None  # since when its samples are under the away floor
-
-
+# _Resource before _Pair, which names it: Debian 12's mypyc (1.0.1) stores a dataclass's
+# annotations at class creation and crashes on a class defined further down.
 @dataclass(slots=True, eq=False)
 class _Resource:
     """One resource's pairs, in the table's order, and its thresholds in force at
@@ -112,6 +103,17 @@ class _Resource:
     at: int = -1
     enter_bps: float = 0.0
     leave_bps: float = 0.0
+
+
+@dataclass(slots=True, eq=False)
+class _Pair:
+    rate_bps: float
+    last_s: float
+    of: _Resource  # its resource's pairs
+    initiator: str
+    member: bool = False
+    seen: bool = True  # got a sample since the last convergence
+    away_since_s: float | None = None  # since when its samples are under the away floor
 
 
 @dataclass
