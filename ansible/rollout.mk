@@ -36,15 +36,15 @@ WHEELHOUSE_PYTHON ?= 3.11
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 1700000000)
 # 1: the wheel compiles the controller's tick with mypyc (buildsys/compiled.py)
 MYPYC ?=
-WHEEL_SOURCES := pyproject.toml setup.py README.md buildsys/santhrottle_build.py buildsys/compiled.py \
-  systemd/santhrottled.service docs/grafana/santhrottle.json \
+WHEEL_SOURCES := pyproject.toml setup.py README.md LICENSE buildsys/santhrottle_build.py buildsys/manpage.py buildsys/compiled.py \
+  systemd/santhrottled.service docs/grafana/santhrottle.json docs/prometheus/santhrottle-rules.yml \
   $(shell git ls-files controller sim appliance bridge 2>/dev/null || find controller sim appliance bridge -type f)
 VAGRANT_PKGS := vagrant vagrant-libvirt
 VAGRANT_DIR := vagrant
 # Validation writes machine state: keep it out of the checkout.
 VAGRANT_VALIDATE_ENV := VAGRANT_DOTFILE_PATH=$(CURDIR)/build/vagrant-validate
 
-.PHONY: wheel deb man ansible-lint vagrant-validate rollout-check
+.PHONY: wheel deb promtool man ansible-lint vagrant-validate rollout-check
 
 # A reproducible tar of the wheelhouse (sorted, fixed owner and date; POSIX pax, as
 # wheel names pass ustar's 100 bytes: charset_normalizer's manylinux wheel), with any
@@ -62,8 +62,10 @@ endef
 export WHEELHOUSE_TAR
 
 # The lab test (tests/lab/test_ansible_lab.py) installs the role from dist/; the
-# systemd guest's (tests/lab/test_systemd_lab.py) installs dist-deb/'s package.
-test lab: wheel deb
+# rollout tier reads dist-deb/ (tests/rollout/test_deb.py), the systemd guest
+# (tests/lab/test_systemd_lab.py) installs its package.
+lab: wheel
+test test-rollout lab-test: wheel deb promtool
 
 $(ROLLOUT_PY):
 	$(PY) -m venv $(ROLLOUT_VENV)
@@ -96,8 +98,7 @@ DEB_TOOLS := dpkg-dev lintian
 DEB_ENV := env -u PYTHONPATH -u VIRTUAL_ENV -u PYTHONHOME PATH=/usr/sbin:/usr/bin:/sbin:/bin
 DEB_VERSION = $(shell dpkg-parsechangelog -l debian/changelog -S Version)
 # What the package is built from (the source package carries the whole checkout).
-DEB_SOURCES := $(WHEEL_SOURCES) LICENSE docs/prometheus/santhrottle-rules.yml \
-  tests/sim/compiled_decisions.py \
+DEB_SOURCES := $(WHEEL_SOURCES) tests/sim/compiled_decisions.py \
   $(shell git ls-files --cached --others --exclude-standard debian buildsys 2>/dev/null)
 
 define DEB_COPY_TREE
@@ -125,6 +126,17 @@ $(DEB_DIST)/.built: $(DEB_SOURCES)
 	@ls -l $(DEB_DIST)
 
 deb: $(DEB_DIST)/.built
+
+# promtool from Debian's prometheus package, unpacked, not installed (the package
+# would run a Prometheus server): the rollout tier checks the alerting rules with it.
+PROMTOOL := build/tools/promtool
+$(PROMTOOL):
+	rm -rf build/tools/prometheus-deb && mkdir -p build/tools/prometheus-deb
+	cd build/tools/prometheus-deb && apt-get download -q prometheus && dpkg -x prometheus_*.deb root
+	mv build/tools/prometheus-deb/root/usr/bin/promtool $@ && rm -rf build/tools/prometheus-deb
+	$@ --version | head -1
+
+promtool: $(PROMTOOL)
 
 man: setup
 	$(VPY) buildsys/santhrottle_build.py

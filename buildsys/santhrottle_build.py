@@ -66,7 +66,7 @@ import manpage  # noqa: E402  (buildsys/manpage.py, after its path)
 ROOT = Path(__file__).resolve().parent.parent
 GENERATED = ROOT / "buildsys" / "generated"
 # The source files the sdist needs beyond setuptools' defaults: this backend.
-SDIST_EXTRA = ("buildsys/santhrottle_build.py", "buildsys/compiled.py")
+SDIST_EXTRA = ("buildsys/santhrottle_build.py", "buildsys/manpage.py", "buildsys/compiled.py")
 PROGS = {
     "santhrottle": "santhrottle.appliance.cli.main",
     "santhrottled": "santhrottle.appliance.daemon.main",

@@ -549,8 +549,8 @@ def test_unit_is_the_projects_unit_with_the_venvs_paths(rendered):
     unit = (rendered["defaults"] / "santhrottled.service").read_text()
     body = "\n".join(line for line in unit.splitlines() if not line.startswith("#"))
     want = "\n".join(line for line in UNIT.read_text().splitlines() if not line.startswith("#"))
-    # the venv's bin/ and share/ where the shipped unit has /usr/local's
-    assert body.replace("/opt/santhrottle/venv/", "/usr/local/") == want
+    # the venv's bin/ where the shipped unit names its commands alone
+    assert body.replace("/opt/santhrottle/venv/bin/", "") == want
     moved = (rendered["paths"] / "santhrottled.service").read_text()
     assert "ExecStart=/srv/st/venv/bin/santhrottled --config /srv/st/etc/st.toml" in moved
     assert (
@@ -820,8 +820,18 @@ def test_sdist_and_wheel_build(tmp_path):
     assert "santhrottle = santhrottle.appliance.cli.main:main" in entry
     for dep in ("pyroute2", "prometheus-client", "rtslib-fb"):
         assert re.search(rf"^Requires-Dist: {dep}\b", meta, flags=re.M | re.I), dep
-    # Debian 12's python3-prometheus-client (0.16) satisfies the floor
+    # Debian 12's python3-prometheus-client (0.16) and python3-pyroute2 (0.7.2)
+    # satisfy the floors
     assert re.search(r"^Requires-Dist: prometheus-client>=0\.16$", meta, flags=re.M), meta
+    assert re.search(r"^Requires-Dist: pyroute2>=0\.7\.2$", meta, flags=re.M), meta
+    # the fleet's etcd client only with the fleet extra
+    (etcd,) = re.findall(r"^Requires-Dist: etcd3gw.*$", meta, flags=re.M)
+    assert 'extra == "fleet"' in etcd, etcd
+    assert re.search(r"^License: GPL-2\.0-or-later$", meta, flags=re.M), meta
+    for url in ("Homepage", "Documentation", "Source", "Issues"):
+        assert re.search(rf"^Project-URL: {url}, https://", meta, flags=re.M), url
+    assert "Classifier: License :: OSI Approved :: GNU General Public License v2 or later" in meta
+    assert f"{meta_dir}/LICENSE" in names or any(n.endswith("/LICENSE") for n in names)
     # scapy builds test traffic (the dev extra), never a runtime dependency
     assert not re.search(r"^Requires-Dist: scapy(?!.*extra ==)", meta, flags=re.M | re.I)
     # the data files, under the install prefix (the wheel's .data/data/)
@@ -844,14 +854,16 @@ def test_sdist_and_wheel_build(tmp_path):
     # the unit's Documentation= names what the wheel installs
     for name, section in re.findall(r"man:([\w.]+)\((\d)\)", UNIT.read_text()):
         assert f"share/man/man{section}/{name}.{section}" in data, name
-    for path in re.findall(r"file:///usr/local/(\S+)", UNIT.read_text()):
-        assert path in data, path
+    assert (
+        data["share/santhrottle/prometheus/santhrottle-rules.yml"]
+        == (ROOT / "docs" / "prometheus" / "santhrottle-rules.yml").read_bytes()
+    )
     with tarfile.open(sdist) as t:
         snames = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
     assert {"pyproject.toml", "appliance/daemon/main.py", "controller/decide.py"} <= snames
     # the wheel is built from the sdist: it carries the build backend and the data sources
     assert {"buildsys/santhrottle_build.py", "systemd/santhrottled.service"} <= snames
-    assert "docs/grafana/santhrottle.json" in snames
+    assert {"docs/grafana/santhrottle.json", "LICENSE"} <= snames
 
 
 # What the wheel installs under the prefix (pyproject.toml [tool.setuptools.data-files]).
@@ -866,6 +878,7 @@ WHEEL_DATA = (
     "share/santhrottle/santhrottle.toml.example",
     "share/santhrottle/systemd/santhrottled.service",
     "share/santhrottle/grafana/santhrottle.json",
+    "share/santhrottle/prometheus/santhrottle-rules.yml",
 )
 
 

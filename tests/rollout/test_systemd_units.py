@@ -1,5 +1,6 @@
 """systemd-analyze verify on the shipped units (skipped where systemd-analyze is missing)."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -16,8 +17,9 @@ def test_unit_verifies(unit, tmp_path):
     tool = shutil.which("systemd-analyze")
     if tool is None:
         pytest.skip("systemd-analyze is not installed")
-    # the unit names the installed paths; point them at this venv's entry points
-    text = unit.read_text().replace("/usr/local/bin/", f"{BIN}/")
+    # the unit names its commands without a directory (systemd's search path finds
+    # them in /usr/local/bin or /usr/bin); point them at this venv's entry points
+    text = re.sub(r"^(Exec\w+=)(santhrottled?) ", rf"\g<1>{BIN}/\2 ", unit.read_text(), flags=re.M)
     f = tmp_path / unit.name
     f.write_text(text)
     p = subprocess.run(
@@ -34,7 +36,11 @@ def test_unit_has_what_the_appliance_needs():
     for line in (
         "Type=notify",
         "WatchdogSec=",
-        "ExecStopPost=/usr/local/bin/santhrottle cleanup --delays-only",
+        "ExecStartPre=santhrottled --check --config /etc/santhrottle/santhrottle.toml",
+        "ExecStart=santhrottled --config /etc/santhrottle/santhrottle.toml",
+        # the daemon's answer is systemctl reload's: a refused file fails it
+        "ExecReload=santhrottle reload --config /etc/santhrottle/santhrottle.toml",
+        "ExecStopPost=santhrottle cleanup --delays-only",
         "Restart=on-failure",
         "ProtectSystem=strict",
         "RestrictAddressFamilies=AF_UNIX AF_NETLINK AF_INET AF_INET6 AF_PACKET",
@@ -43,6 +49,12 @@ def test_unit_has_what_the_appliance_needs():
         "Documentation=man:santhrottled(8)",
     ):
         assert line in text, line
+    # no install prefix: the same unit serves the Debian package (/usr/bin) and pip
+    # as root (/usr/local/bin); every Documentation= is a man page both install
+    settings = [line for line in text.splitlines() if not line.startswith("#")]
+    assert not [line for line in settings if "/usr/local" in line or "kill -HUP" in line]
+    docs = [d for line in re.findall(r"^Documentation=(.*)$", text, re.M) for d in line.split()]
+    assert docs and all(re.fullmatch(r"man:[\w.]+\(\d\)", d) for d in docs), docs
 
 
 def test_units_found():
