@@ -9,6 +9,9 @@
 #   make man               what the build generates (buildsys/santhrottle_build.py) into
 #                          buildsys/generated/: man pages (man -l to read), completions,
 #                          the example config
+#   make role              the role's files generated from the config schema and the role's
+#                          README (buildsys/role_config.py): templates/santhrottle.toml.j2,
+#                          meta/argument_specs.yml, vars/main/schema.yml
 #   make ansible-lint      ansible-lint, production profile, on ansible/
 #   make vagrant-validate  vagrant validate: core config, libvirt and VirtualBox provider blocks
 #   make rollout-check     all three
@@ -44,7 +47,7 @@ VAGRANT_DIR := vagrant
 # Validation writes machine state: keep it out of the checkout.
 VAGRANT_VALIDATE_ENV := VAGRANT_DOTFILE_PATH=$(CURDIR)/build/vagrant-validate
 
-.PHONY: wheel deb promtool man ansible-lint vagrant-validate rollout-check
+.PHONY: wheel deb promtool man role ansible-lint vagrant-validate rollout-check
 
 # A reproducible tar of the wheelhouse (sorted, fixed owner and date; POSIX pax, as
 # wheel names pass ustar's 100 bytes: charset_normalizer's manylinux wheel), with any
@@ -140,6 +143,9 @@ promtool: $(PROMTOOL)
 
 man: setup
 	$(VPY) buildsys/santhrottle_build.py
+
+role: setup
+	$(VPY) buildsys/role_config.py
 
 ansible-lint:
 	@test -x $(VENV)/bin/ansible-lint || $(VPY) -m pip install -q ansible-lint

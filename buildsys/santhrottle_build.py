@@ -61,7 +61,7 @@ from setuptools import build_meta as _setuptools
 from setuptools.command.sdist import sdist as _sdist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import manpage  # noqa: E402  (buildsys/manpage.py, after its path)
+import manpage  # buildsys/manpage.py, after its path
 
 ROOT = Path(__file__).resolve().parent.parent
 GENERATED = ROOT / "buildsys" / "generated"

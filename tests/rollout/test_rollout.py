@@ -60,6 +60,7 @@ PLAYBOOKS = {
 TEMPLATES = [
     "santhrottle.toml",
     "santhrottled.service",
+    "santhrottled-dropin.conf",
     "santhrottle-service.sh",
     "modules-load.conf",
 ]
@@ -120,6 +121,39 @@ SCENARIOS = {
         "santhrottle_fleet_key_src": "/ctl/pki/gw-b-key.pem",
         "santhrottle_fleet_user": "santhrottle-array1-gw-b",
         "santhrottle_fleet_password": "not-rendered",
+    },
+    "everything": {
+        **FLEET,
+        "santhrottle_mode": "control",
+        "santhrottle_socket_mode": "0660",
+        "santhrottle_socket_group": "storage-admins",
+        "santhrottle_state_dir": "/srv/st/state",
+        "santhrottle_controller": {
+            "tick": "50ms",
+            "law": "paper",
+            "auto_alpha": 0.8,
+            "class_decrease_max_per_tick": 2,
+        },
+        "santhrottle_resources": {
+            "vg_aic": {"threshold": "auto", "fallback_threshold": "20ms"},
+            "array1": {"threshold": "10ms", "devices": ["sdb"]},
+        },
+        "santhrottle_groups": {
+            "db": {
+                "members": ["10.0.1.0/24", "db1"],
+                "latency_target": "5ms",
+                "priority": 2,
+                "resources": ["vg_aic"],
+            },
+            "backup": {"members": ["10.0.9.7"], "throughput_target": "200MB/s"},
+        },
+        "santhrottle_hosts": {"db1": {"addresses": ["10.0.1.5", "fd00:1::5"]}},
+    },
+    "deb": {"santhrottle_deb": "/srv/dist-deb/santhrottle_0.1.0_amd64.deb"},
+    "deb-paths": {
+        "santhrottle_deb": "/srv/dist-deb/santhrottle_0.1.0_amd64.deb",
+        "santhrottle_config_path": "/srv/st/etc/st.toml",
+        "santhrottle_state_dir": "/srv/st/state",
     },
     "paths": {
         "santhrottle_venv": "/srv/st/venv",
@@ -187,7 +221,8 @@ def _role_vars() -> list[Path]:
     """The role's defaults and vars (Debian's too), as vars_files."""
     return [
         ROLE / "defaults" / "main.yml",
-        ROLE / "vars" / "main.yml",
+        ROLE / "vars" / "main" / "main.yml",
+        ROLE / "vars" / "main" / "schema.yml",
         ROLE / "vars" / "Debian.yml",
     ]
 
@@ -343,6 +378,81 @@ def test_fleet_renders_the_fleet_table_only_with_endpoints(rendered):
         text = (rendered[name] / "santhrottle.toml").read_text()
         assert "[fleet]" not in text, name
         assert not parse_config(text, f"{name}.toml").fleet
+
+
+def test_every_key_family_renders(rendered):
+    """The template is the schema's: the daemon's socket and state, the controller's
+    keys, auto thresholds, initiator groups and hosts all reach the file."""
+    text = (rendered["everything"] / "santhrottle.toml").read_text()
+    cfg = parse_config(text, "everything.toml")
+    assert (cfg.socket_mode, cfg.socket_group, cfg.state_dir) == (
+        0o660, "storage-admins", "/srv/st/state")  # fmt: skip
+    assert (cfg.controller.tick_s, cfg.controller.law) == (0.050, "paper")
+    assert cfg.controller.auto_alpha == 0.8 and cfg.controller.class_decrease_max_per_tick == 2
+    assert cfg.resources["vg_aic"].threshold_s == "auto"
+    assert cfg.resources["vg_aic"].fallback_s == 0.020
+    assert set(cfg.groups) == {"db", "backup"}
+    assert cfg.groups["db"].priority == 2 and cfg.groups["db"].latency_target_s == 0.005
+    assert set(cfg.hosts) == {"db1"}
+    defaults = parse_config((rendered["defaults"] / "santhrottle.toml").read_text(), "d.toml")
+    assert (defaults.socket_mode, defaults.state_dir) == (0o600, "/var/lib/santhrottle")
+    assert "[groups" not in (rendered["defaults"] / "santhrottle.toml").read_text()
+
+
+def test_the_debian_packages_unit_gets_a_drop_in(rendered):
+    """With santhrottle_deb the package's unit stays as shipped: the drop-in carries the
+    restart digest, and the paths only when they are not the unit's own."""
+    plain = (rendered["deb"] / "santhrottled-dropin.conf").read_text()
+    assert "digest: " in plain
+    assert [line for line in plain.splitlines() if not line.startswith("#")] == []
+    moved = (rendered["deb-paths"] / "santhrottled-dropin.conf").read_text()
+    settings = [line for line in moved.splitlines() if not line.startswith("#")]
+    assert settings[0] == "[Service]"
+    assert "ExecStart=" in settings and "ExecReload=" in settings
+    assert "ExecStart=/usr/bin/santhrottled --config /srv/st/etc/st.toml" in settings
+    assert "ExecReload=/usr/bin/santhrottle reload --config /srv/st/etc/st.toml" in settings
+    assert "ReadWritePaths=/srv/st/state" in settings
+    # the digest moves with a restart key, not with a reload key
+    digest = re.compile(r"digest: (\w+)")
+    assert digest.search(plain).group(1) != digest.search(moved).group(1)
+    unit = (rendered["everything"] / "santhrottled.service").read_text()
+    assert "ReadWritePaths=/srv/st/state" in unit
+
+
+@pytest.mark.parametrize(
+    ("role_vars", "message"),
+    [
+        ({"santhrottle_mode": "enforce"},
+         "value of santhrottle_mode must be one of: observe, control, got: enforce"),
+        ({"santhrottle_glide_leaves": "many"},
+         "'santhrottle_glide_leaves' is of type"),
+        ({"santhrottle_controller": {"tik": "50ms"}},
+         "santhrottle_controller.tik. Supported parameters include: auto_alpha,"),
+        ({"santhrottle_datapath_devices": "eth0"},
+         "santhrottle_datapath_devices: a list (YAML [a, b] or one item per line), not a string"),
+        ({"santhrottle_enabled": True, "santhrottle_mode": "control",
+          "santhrottle_datapath_devices": ["eth0"]},
+         "with santhrottle_mode control, a threshold"),
+        ({"santhrottle_deb": "/nonexistent/santhrottle_0_amd64.deb"},
+         "is not a file on the controller: build it with `make deb`"),
+    ],
+)  # fmt: skip
+def test_the_role_refuses_bad_variables_before_it_changes_anything(
+    playbook_bin, tmp_path, role_vars, message
+):
+    """The role's argument specification (meta/argument_specs.yml, checked by
+    ansible-core before the first task) and its checks (tasks/assert.yml): one
+    message naming the variable, and no task after them runs."""
+    wheel = tmp_path / "santhrottle-0-py3-none-any.whl"
+    wheel.write_bytes(b"")
+    play = {"name": "checks", "hosts": "localhost", "roles": ["santhrottle"]}
+    play = _checked_and_rendered(play, {"santhrottle": []}, str(tmp_path / "x.json"),
+                                 santhrottle_wheel=str(wheel), santhrottle_wheelhouse="",
+                                 **role_vars)  # fmt: skip
+    p = _playbook(playbook_bin, tmp_path, [play], "localhost,", *CHECKS)
+    assert p.returncode != 0, p.stdout[-4000:]
+    assert message in " ".join(p.stdout.split()), p.stdout[-4000:]
+    assert not (tmp_path / "x.json").exists()
 
 
 def _etcd_environment(path: Path) -> dict[str, str]:
@@ -513,7 +623,7 @@ def test_the_etcd_role_refuses_what_the_cluster_cannot_agree_on(
         ({"santhrottle_fleet_endpoints": ["10.77.0.1:2379"]},
          "santhrottle_fleet_endpoints is set, santhrottle_fleet_array is not"),
         ({"santhrottle_fleet_endpoints": "10.77.0.1:2379", "santhrottle_fleet_array": "a1"},
-         "santhrottle_fleet_endpoints is a list of etcd client endpoints"),
+         "santhrottle_fleet_endpoints: a list (YAML [a, b] or one item per line), not a string"),
         ({"santhrottle_fleet_endpoints": ["10.77.0.1:2379"], "santhrottle_fleet_array": "a1"},
          None),
         ({}, None),
@@ -540,8 +650,13 @@ def test_the_role_refuses_fleet_endpoints_without_an_array(playbook_bin, tmp_pat
     if message is None:
         assert p.returncode == 0, p.stdout[-4000:]
     else:
-        assert p.returncode != 0 and "Check that a fleet names its array" in p.stdout, p.stdout
-        failed = p.stdout[p.stdout.index("Check that a fleet names its array") :]
+        task = (
+            "Check that every list is a list"
+            if "a list (" in message
+            else ("Check that a fleet names its array")
+        )
+        assert p.returncode != 0 and task in p.stdout, p.stdout
+        failed = p.stdout[p.stdout.index(task) :]
         assert message in " ".join(failed.split()), p.stdout[-4000:]
 
 
@@ -689,14 +804,15 @@ def test_every_public_variable_is_documented_and_private_ones_are_prefixed():
     readme = (ROLE / "README.md").read_text()
     documented = re.findall(r"^\| `(santhrottle_\w+)` \|", readme, flags=re.M)
     assert documented == defaults  # each once, in the same order
-    for f in (ROLE / "vars").glob("*.yml"):
+    for f in (ROLE / "vars").rglob("*.yml"):
         keys = _keys(f)
         assert keys and all(k.startswith("__santhrottle_") for k in keys), (f.name, keys)
     # every santhrottle_ name the role uses is a documented public variable
     used = set()
     registered = set()
     for f in ROLE.rglob("*"):
-        if f.suffix in (".yml", ".j2") and f.is_file():
+        # argument_specs.yml is generated from the README's prose (and tested above)
+        if f.suffix in (".yml", ".j2") and f.is_file() and f.name != "argument_specs.yml":
             text = f.read_text()
             used |= set(re.findall(r"(?<![\w_])santhrottle_\w+", text))
             registered |= set(re.findall(r"^\s*register: (\S+)", text, flags=re.M))
@@ -897,11 +1013,7 @@ def test_debian_package_names_resolve(tmp_path):
             "hosts": "localhost",
             "connection": "local",
             "gather_facts": False,
-            "vars_files": [
-                str(ROLE / "defaults" / "main.yml"),
-                str(ROLE / "vars" / "main.yml"),
-                str(ROLE / "vars" / "Debian.yml"),
-            ],
+            "vars_files": [str(f) for f in _role_vars()],
             "tasks": [{"ansible.builtin.import_tasks": str(ROLE / "tasks" / "packages.yml")}],
         }
     ]
@@ -919,26 +1031,62 @@ def test_debian_package_names_resolve(tmp_path):
 
 def test_the_roles_restart_keys_are_the_schemas():
     """A setting the daemon cannot reload must restart it when the role changes it:
-    the role's restart digest covers every key the configuration schema marks
-    restart (socket_mode, socket_group, state_dir: the role never writes them)."""
+    the role's restart digest covers the variable of every key the configuration
+    schema marks restart (vars/main/schema.yml, generated from the schema)."""
     import yaml
+
+    sys.path.insert(0, str(ROOT / "buildsys"))
+    import role_config
 
     from santhrottle.appliance.config.schema import KEYS
 
-    role_vars = yaml.safe_load((ROOT / "ansible/roles/santhrottle/vars/main.yml").read_text())
-    role = set(role_vars["__santhrottle_restart_keys"])
-    as_schema = {"control_socket": "daemon.control_socket", "netns": "daemon.netns",
-                 "metrics_address": "metrics.address", "metrics_port": "metrics.port",
-                 "mode": "daemon.mode", "bridge_name": "bridge.name",
-                 "bridge_initiator_port": "bridge.initiator_port",
-                 "bridge_array_port": "bridge.array_port",
-                 "bridge_sensor": "bridge.sensor", "fleet_endpoints": "fleet.endpoints",
-                 "fleet_array": "fleet.array", "fleet_appliance": "fleet.appliance",
-                 "fleet_lease_ttl": "fleet.lease_ttl", "fleet_lead": "fleet.lead",
-                 "fleet_ca": "fleet.ca", "fleet_cert": "fleet.cert", "fleet_key": "fleet.key",
-                 "fleet_user": "fleet.user",
-                 "fleet_password_file": "fleet.password_file"}  # fmt: skip
-    covered = {as_schema.get(k, f"datapath.{k}") for k in role}
-    unwritten = {"daemon.socket_mode", "daemon.socket_group", "daemon.state_dir"}
-    restart = {k.dotted for k in KEYS if k.restart} - unwritten
-    assert covered == restart
+    schema = yaml.safe_load((ROLE / "vars" / "main" / "schema.yml").read_text())
+    restart = {role_config.variable(k) for k in KEYS if k.restart}
+    assert set(schema["__santhrottle_restart_vars"]) == restart
+    assert {"santhrottle_socket_mode", "santhrottle_state_dir", "santhrottle_datapath_devices",
+            "santhrottle_fleet_endpoints"} <= restart  # fmt: skip
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    assert restart <= set(defaults)
+
+
+def test_the_roles_generated_files_are_the_schemas_and_the_readmes():
+    """templates/santhrottle.toml.j2, meta/argument_specs.yml and vars/main/schema.yml
+    are what buildsys/role_config.py makes of today's schema and README (`make role`)."""
+    sys.path.insert(0, str(ROOT / "buildsys"))
+    import role_config
+
+    stale = [rel for rel, text in role_config.outputs().items()
+             if (ROLE / rel).read_text() != text]  # fmt: skip
+    assert not stale, f"{stale}: run `make role`"
+
+
+def test_every_option_has_its_default_and_every_key_a_variable():
+    """argument_specs names every public variable, with the default defaults/main.yml
+    gives it (a templated default is the README's "per platform" or a path), and
+    every key of the schema's fixed tables has its variable."""
+    import yaml
+
+    sys.path.insert(0, str(ROOT / "buildsys"))
+    import role_config
+
+    from santhrottle.appliance.config.schema import KEYS
+
+    spec = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())
+    options = spec["argument_specs"]["main"]["options"]
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    assert list(options) == list(defaults)
+    for name, opt in options.items():
+        given = defaults[name]
+        if isinstance(given, str) and "{{" in given:
+            assert "default" not in opt, name
+        else:
+            assert opt.get("default") == given, (name, opt.get("default"), given)
+    for k in KEYS:
+        if not k.table.endswith(".NAME") and k.dotted not in role_config.DERIVED:
+            var = role_config.variable(k)
+            in_controller = k.table == "controller" and k.dotted not in role_config.VARIABLES
+            assert in_controller or var in options, k.dotted
+            if in_controller:
+                assert k.name in options["santhrottle_controller"]["options"], k.dotted
+            elif k.default is not None:
+                assert defaults[var] == k.default, (var, defaults[var], k.default)
