@@ -144,7 +144,8 @@ def check(built: Path) -> None:
     if not str(comp["step_from"]).endswith(".so"):
         raise SystemExit(f"{built}: step is not compiled ({comp['step_from']})")
     with tempfile.TemporaryDirectory() as pure_dir:
-        stage(ROOT, Path(pure_dir))
+        stage(ROOT, Path(pure_dir))  # the controller's source, and the simulator it runs
+        shutil.copytree(ROOT / "sim", Path(pure_dir) / "santhrottle" / "sim")
         pure = decisions(Path(pure_dir))
     if not str(pure["step_from"]).endswith("step.py"):
         raise SystemExit(f"the pure run imported {pure['step_from']}")
