@@ -153,6 +153,7 @@ SCENARIOS = {
     "deb-paths": {
         "santhrottle_deb": "/srv/dist-deb/santhrottle_0.1.0_amd64.deb",
         "santhrottle_config_path": "/srv/st/etc/st.toml",
+        "santhrottle_control_socket": "/run/santhrottle/st.sock",
         "santhrottle_state_dir": "/srv/st/state",
     },
     "paths": {
@@ -408,9 +409,9 @@ def test_the_debian_packages_unit_gets_a_drop_in(rendered):
     moved = (rendered["deb-paths"] / "santhrottled-dropin.conf").read_text()
     settings = [line for line in moved.splitlines() if not line.startswith("#")]
     assert settings[0] == "[Service]"
-    assert "ExecStart=" in settings and "ExecReload=" in settings
+    assert "ExecStart=" in settings and "ExecReload=" in settings and "ExecStopPost=" in settings
     assert "ExecStart=/usr/bin/santhrottled --config /srv/st/etc/st.toml" in settings
-    assert "ExecReload=/usr/bin/santhrottle reload --config /srv/st/etc/st.toml" in settings
+    assert "ExecReload=/usr/bin/santhrottle reload --socket /run/santhrottle/st.sock" in settings
     assert "ReadWritePaths=/srv/st/state" in settings
     # the digest moves with a restart key, not with a reload key
     digest = re.compile(r"digest: (\w+)")

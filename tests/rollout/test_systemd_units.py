@@ -39,7 +39,7 @@ def test_unit_has_what_the_appliance_needs():
         "ExecStartPre=santhrottled --check --config /etc/santhrottle/santhrottle.toml",
         "ExecStart=santhrottled --config /etc/santhrottle/santhrottle.toml",
         # the daemon's answer is systemctl reload's: a refused file fails it
-        "ExecReload=santhrottle reload --config /etc/santhrottle/santhrottle.toml",
+        "ExecReload=santhrottle reload --socket /run/santhrottle/control.sock",
         "ExecStopPost=santhrottle cleanup --delays-only",
         "Restart=on-failure",
         "ProtectSystem=strict",
