@@ -58,9 +58,18 @@ import sys
 import time
 from pathlib import Path
 
-from labkit.host import Apt, LabError, LabUnavailable, Settings, cache_lock, qemu_binary, run_tool, sha
+from labkit.host import (
+    Apt,
+    LabError,
+    LabUnavailable,
+    Settings,
+    cache_lock,
+    qemu_binary,
+    run_tool,
+    sha,
+)
 from labkit.images import Kernel, initramfs, kernel
-from labkit.qemu import RunResult, _qemu, _result, new_rundir  # noqa: PLC2701  (the boot's wait)
+from labkit.qemu import RunResult, _qemu, _result, new_rundir  # the lab boot's wait, result
 
 HERE = Path(__file__).resolve().parent
 FILES = HERE / "systemd-guest"

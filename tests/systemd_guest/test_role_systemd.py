@@ -1,0 +1,117 @@
+"""The Ansible role's own tests (ansible/roles/santhrottle/tests/tests_*.yml) against a
+host that runs systemd: the systemd guest (vagrant/qemu/systemd_guest.py).
+
+One boot runs tests/systemd_guest/guest_role.py: with the Debian package of
+dist-deb/ (`make deb`), in order, the defaults twice, control mode twice (the second
+run of each must change nothing), check mode with diff, a reload, a restart, and the
+negative cases.  Each playbook checks its own outcome (its post_tasks); these tests
+read the recaps and the handlers.  The lab tier: QEMU/TCG; a host without QEMU or
+Debian's kernel package skips with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+GUEST_SCRIPT = CHECKOUT / "tests" / "systemd_guest" / "guest_role.py"
+DEB_DIST = CHECKOUT / "dist-deb"
+# The guest's limit on an idle host (8 role runs of 60-120 s, the boot); the runner
+# stretches it by the guest's measured speed (labkit.speed).
+GUEST_BUDGET_S = 1800
+RELOAD = "santhrottle : Reload santhrottled with systemd"
+RESTART = "santhrottle : Restart santhrottled with systemd"
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict:
+    sys.path.insert(0, str(CHECKOUT / "vagrant" / "qemu"))
+    import systemd_guest
+    from labkit.host import LabUnavailable, Settings
+
+    debs = sorted(DEB_DIST.glob("santhrottle_*_*.deb"))
+    if len(debs) != 1:
+        pytest.fail(f"{DEB_DIST}: need one santhrottle_*.deb, found {debs}: run `make deb`")
+    s = Settings.from_env()
+    try:
+        res = systemd_guest.run(s, debs[0], shlex.join(["python3", str(GUEST_SCRIPT)]),
+                                timeout=GUEST_BUDGET_S)  # fmt: skip
+    except LabUnavailable as e:
+        pytest.skip(f"systemd guest unavailable: {e}")
+    out = res.work / "role.json"
+    if not out.is_file():
+        pytest.fail(f"the guest recorded nothing ({res.reason or res.status}); console:\n"
+                    f"{res.console_tail()}")  # fmt: skip
+    obs = json.loads(out.read_text())
+    print(f"systemd guest: {res.wall_s:.0f} s of {res.limit_s:.0f}, speed factor "
+          f"{obs['factor']}; runs: "
+          + ", ".join(f"{k} {r['wall_s']} s" for k, r in obs["runs"].items()))  # fmt: skip
+    return obs["runs"]
+
+
+def _passed(r: dict) -> dict:
+    assert r["rc"] == 0 and r["recap"] and r["recap"]["failed"] == 0, r["out"][-6000:]
+    return r["recap"]
+
+
+def _result(r: dict, kind: str, name: str) -> str | None:
+    return next((res for k, n, res in r["results"] if (k, n) == (kind, name)), None)
+
+
+@pytest.mark.parametrize("test", ["default", "control"])
+def test_the_role_converges_and_a_second_run_changes_nothing(runs, test):
+    first = _passed(runs[test])
+    assert first["changed"] > 0
+    again = runs[f"{test}-again"]
+    changed = [f"{n}: {res}" for k, n, res in again["results"] if res == "changed"]
+    assert _passed(again)["changed"] == 0, changed
+
+
+def test_the_first_run_installs_the_debian_package(runs):
+    r = runs["default"]
+    assert _result(r, "TASK", "santhrottle : Install santhrottle from the Debian package") == (
+        "changed"
+    )
+    # the venv path is not taken with a package
+    assert _result(r, "TASK", "santhrottle : Create the venv") is None
+
+
+def test_control_mode_starts_it_under_systemd(runs):
+    r = runs["control"]
+    _passed(r)
+    assert _result(r, "TASK", "santhrottle : Start or stop santhrottled with systemd") == "changed"
+    # just started: the handlers notified by the new file have nothing to do
+    assert _result(r, "HANDLER", RELOAD) in (None, "skipping")
+
+
+def test_check_mode_with_diff_reports_and_changes_nothing(runs):
+    r = runs["check-mode"]
+    recap = _passed(r)
+    assert recap["changed"] > 0  # it says what it would do...
+    assert '+threshold = "30ms"' in r["out"] and '-threshold = "15ms"' in r["out"]
+    # ...and its post_tasks checked that the file and the process are unchanged
+
+
+def test_a_new_threshold_reloads_the_same_process(runs):
+    r = runs["reload"]
+    _passed(r)
+    assert _result(r, "HANDLER", RELOAD) == "changed"
+    assert _result(r, "HANDLER", RESTART) is None
+
+
+def test_a_restart_key_restarts(runs):
+    r = runs["restart"]
+    _passed(r)
+    assert _result(r, "HANDLER", RESTART) == "changed"
+
+
+def test_bad_variables_are_refused_before_any_change(runs):
+    recap = _passed(runs["negative"])
+    assert recap["rescued"] == 4
