@@ -18,6 +18,11 @@ Method (run by `make bench` through tests/bench/run.py, or alone:
 Needs mypy's mypyc, a C compiler and Python's headers (dev dependencies on
 this project's machines); without them it reports why and measures nothing.
 The directory is removed at the end.
+
+bench_deb() (`controller-deb`) measures the same way the controller the Debian package
+carries (`make deb`: compiled at the package's build by Debian 12's mypyc), unpacked
+from dist-deb/ with dpkg-deb, its dist-packages first on PYTHONPATH: the tick the
+daemon installed by the package runs.
 """
 
 from __future__ import annotations
@@ -52,14 +57,20 @@ def _loaded_from(pythonpath: str) -> str:
     return p.stdout.strip() or p.stderr.strip()[-500:]
 
 
-def bench_compiled(rounds: int = ROUNDS) -> dict[str, Any]:
-    name = (
-        "controller decide() compiled (mypyc) vs pure Python, 1,000 resources x 10,000 initiators"
-    )
-    with tempfile.TemporaryDirectory(prefix="santhrottle-mypyc-") as tmp:
+def bench_compiled(rounds: int = ROUNDS, deb: Path | None = None) -> dict[str, Any]:
+    """deb: the Debian package's compiled controller instead of this checkout's compiled now."""
+    what = f"of the Debian package ({deb.name})" if deb else "compiled (mypyc)"
+    name = f"controller decide() {what} vs pure Python, 1,000 resources x 10,000 initiators"
+    with tempfile.TemporaryDirectory(prefix="santhrottle-mypyc-") as unpacked:
+        tmp = unpacked
         try:
-            compiled.compile_into(Path(tmp))
-        except (SystemExit, OSError) as e:
+            if deb is None:
+                compiled.compile_into(Path(tmp))
+            else:
+                subprocess.run(["dpkg-deb", "-x", str(deb), unpacked], check=True,
+                               capture_output=True)  # fmt: skip
+                tmp = str(Path(unpacked) / "usr" / "lib" / "python3" / "dist-packages")
+        except (SystemExit, OSError, subprocess.CalledProcessError) as e:
             return {"name": name, "summary": f"not measured: {e}"}
         where = _loaded_from(tmp)
         if not where.endswith(".so"):
@@ -97,12 +108,23 @@ def bench_compiled(rounds: int = ROUNDS) -> dict[str, Any]:
     }
 
 
+def bench_deb(rounds: int = ROUNDS) -> dict[str, Any]:
+    """bench_compiled() on the Debian package of dist-deb/ (`make deb`)."""
+    debs = sorted((ROOT / "dist-deb").glob("santhrottle_*_*.deb"))
+    if len(debs) != 1:
+        return {"name": "controller decide() of the Debian package vs pure Python",
+                "summary": f"not measured: need one dist-deb/santhrottle_*.deb (make deb), "
+                f"found {len(debs)}"}  # fmt: skip
+    return bench_compiled(rounds, debs[0])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--deb", action="store_true", help="the Debian package's (dist-deb/)")
     args = ap.parse_args()
-    r = bench_compiled(args.rounds)
+    r = bench_deb(args.rounds) if args.deb else bench_compiled(args.rounds)
     print(json.dumps(r, indent=1) if args.json else f"{r['name']}: {r['summary']}")
     return 0
 

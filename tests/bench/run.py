@@ -126,6 +126,7 @@ BENCHES: dict[str, Callable[[], dict]] = {
     "controller": bench_controller_decide,
     "controller-closed": lambda: bench_controller_decide(plant="closed"),
     "controller-compiled": _lazy("bench_compiled", "bench_compiled"),
+    "controller-deb": _lazy("bench_compiled", "bench_deb"),
     "sensing": _lazy("bench_sensing", "bench_sensing"),
     "datapath": _lazy("bench_datapath", "bench_datapath"),
     "ladder": _lazy("bench_ladder", "bench_ladder"),
