@@ -141,19 +141,21 @@ def check(built: Path) -> None:
     import tempfile
 
     comp = decisions(built)
-    if not str(comp["step_from"]).endswith(".so"):
-        raise SystemExit(f"{built}: step is not compiled ({comp['step_from']})")
+    if not str(comp["decide_from"]).endswith(".so"):
+        raise SystemExit(f"{built}: decide is not compiled ({comp['decide_from']})")
     with tempfile.TemporaryDirectory() as pure_dir:
-        stage(ROOT, Path(pure_dir))  # the controller's source, and the simulator it runs
-        shutil.copytree(ROOT / "sim", Path(pure_dir) / "santhrottle" / "sim")
+        # the same package without the extension modules: Python then imports the .py
+        # sources beside them, the pure controller
+        shutil.copytree(built / "santhrottle", Path(pure_dir) / "santhrottle",
+                        ignore=shutil.ignore_patterns("*.so"))  # fmt: skip
         pure = decisions(Path(pure_dir))
-    if not str(pure["step_from"]).endswith("step.py"):
-        raise SystemExit(f"the pure run imported {pure['step_from']}")
-    differ = sorted(k for k in pure if k != "step_from" and comp.get(k) != pure[k])
+    if not str(pure["decide_from"]).endswith("decide.py"):
+        raise SystemExit(f"the pure run imported {pure['decide_from']}")
+    differ = sorted(k for k in pure if k != "decide_from" and comp.get(k) != pure[k])
     if differ:
         raise SystemExit(f"the compiled controller decided otherwise: {', '.join(differ)}")
-    checked = ", ".join(sorted(k for k in pure if k != "step_from"))
-    print(f"compiled ({comp['step_from']}) and pure decide alike: {checked}")
+    checked = ", ".join(sorted(k for k in pure if k != "decide_from"))
+    print(f"compiled ({comp['decide_from']}) and pure decide alike: {checked}")
 
 
 if __name__ == "__main__":

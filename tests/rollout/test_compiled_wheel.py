@@ -76,9 +76,9 @@ def test_the_compiled_wheel_carries_the_extensions_and_decides_as_the_pure_contr
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     clean = compiled.env_for(None)
     comp = _decisions(venv / "bin" / "python", clean)
-    assert str(comp["step_from"]).startswith(str(venv)), comp["step_from"]
-    assert str(comp["step_from"]).endswith(".so"), comp["step_from"]
+    assert str(comp["decide_from"]).startswith(str(venv)), comp["decide_from"]
+    assert str(comp["decide_from"]).endswith(".so"), comp["decide_from"]
     pure = _decisions(sys.executable, clean)
-    assert str(pure["step_from"]).endswith("step.py")
-    for key in sorted(set(pure) - {"step_from"}):
+    assert str(pure["decide_from"]).endswith("decide.py")
+    for key in sorted(set(pure) - {"decide_from"}):
         assert comp[key] == pure[key], f"{key}: the compiled wheel decided otherwise"

@@ -45,7 +45,7 @@ DEV = "st0"
 PIN = "10.77.7.7"
 FAULT_REPS = 3
 UNIT = "santhrottled"
-TICK_FROM = "import santhrottle.controller.step as s; print(s.__file__)"
+TICK_FROM = "import santhrottle.controller.decide as s; print(s.__file__)"
 
 obs: dict[str, object] = {}
 
