@@ -175,6 +175,8 @@ def test_alerting_rules_pass_promtool():
     promtool = shutil.which("promtool") or shutil.which("promtool", path=ROOT / "build/tools")
     if promtool is None:
         pytest.skip("promtool is not installed (make promtool: Debian's prometheus, unpacked)")
-    p = _run([promtool, "check", "rules", ROOT / "docs/prometheus/santhrottle-rules.yml"])
+    rules = ROOT / "docs/prometheus/santhrottle-rules.yml"
+    p = _run([promtool, "check", "rules", rules])
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "SUCCESS: 13 rules found" in p.stdout, p.stdout
+    count = rules.read_text().count("- alert: ")
+    assert f"SUCCESS: {count} rules found" in p.stdout, p.stdout
