@@ -136,15 +136,24 @@ def test_the_fault_rows_under_systemd(seen):
         assert k["kernel"]["tc"].count("qdisc htb") == 1, k["kernel"]["tc"]
 
 
-def test_the_journal_has_the_daemons_lines_with_their_fields(seen):
+def test_the_journal_has_the_audit_trail_with_its_fields(seen):
+    """journalctl -u santhrottled: the daemon's lines as journal entries (python3-systemd,
+    which the package recommends), the audit trail's records with their SANTHROTTLE_*
+    fields: the pin (who, what, done), the refused reload, the pinned initiator's class."""
     j = seen["journal"]
     assert j["entries"] > 0
-    for field in ("MESSAGE", "PRIORITY", "SYSLOG_IDENTIFIER", "_SYSTEMD_UNIT", "_PID"):
+    for field in ("MESSAGE", "PRIORITY", "SYSLOG_IDENTIFIER", "_SYSTEMD_UNIT", "_PID",
+                  "SANTHROTTLE_EVENT", "SANTHROTTLE_COMMAND", "SANTHROTTLE_UID"):  # fmt: skip
         assert field in j["fields"], sorted(j["fields"])
-    daemon = [e for e in j["daemon"] if e.get("SYSLOG_IDENTIFIER") == "santhrottled"]
-    assert daemon, "no line of santhrottled in its unit's journal"
-    messages = " ".join(str(e.get("MESSAGE")) for e in daemon)
-    assert "reload" in messages
+    audit = [e for e in j["daemon"] if "SANTHROTTLE_EVENT" in e]
+    pins = [e for e in audit if e.get("SANTHROTTLE_COMMAND") == "pin"]
+    assert any(e.get("SANTHROTTLE_INITIATOR") == "10.77.7.7" and e.get("SANTHROTTLE_UID") == "0"
+               and e.get("SANTHROTTLE_RESULT") == "done" for e in pins), pins  # fmt: skip
+    reloads = [e for e in audit if e.get("SANTHROTTLE_COMMAND") == "reload"]
+    assert any(e.get("SANTHROTTLE_RESULT") == "refused" for e in reloads), reloads
+    assert any(e.get("SANTHROTTLE_RESULT") == "done" for e in reloads), reloads
+    classes = [e for e in audit if e.get("SANTHROTTLE_EVENT") == "class"]
+    assert any(e.get("SANTHROTTLE_INITIATOR") == "10.77.7.7" for e in classes), classes
 
 
 def test_stop_leaves_nothing_in_the_kernel(seen):
