@@ -100,11 +100,12 @@ def test_systemctl_enable_now_starts_the_daemon(seen):
 def test_reload_applies_a_good_file_and_fails_on_a_refused_one(seen):
     r = seen["reload"]
     assert _ok(r["good"]) and r["good_same_pid"] and r["good_seen_s"] is not None, r["good"]
-    broken = r["broken"]
-    # systemctl reload fails, the daemon runs on with the last good configuration
-    assert broken["reload"]["rc"] not in (0, None), broken["reload"]
-    assert broken["same_pid"] and broken["active"] and broken["threshold_s"] == 0.02
-    assert "santhrottle.toml" in broken["reload"]["err"] + broken["journal"]
+    # a broken file and an empty one: systemctl reload fails, the daemon runs on with
+    # the last good configuration
+    for refused in (r["broken"], r["empty"]):
+        assert refused["reload"]["rc"] not in (0, None), refused["reload"]
+        assert refused["same_pid"] and refused["active"] and refused["threshold_s"] == 0.02
+        assert "santhrottle.toml" in refused["reload"]["err"] + refused["journal"]
     assert r["after"]["threshold_s"] == 0.02 and r["after"]["pin"]
 
 
