@@ -145,3 +145,18 @@ lab-run: setup
 
 lab-clean: setup
 	$(LAB_PY) $(LAB) clean
+
+# The systemd guest (vagrant/qemu/systemd_guest.py): a Debian 12 root file system built with
+# debootstrap (cached with the kernel), booted into systemd as PID 1 with Debian's kernel. Its
+# tests (tests/systemd_guest, in make test): the Debian package (make deb) installed offline,
+# started, reloaded, killed, stopped, removed and purged under systemd, the fault campaign's
+# kill, restart and reload rows, the audit trail's journal fields; then the role's
+# tests_*.yml against it. Two boots.
+.PHONY: lab-systemd lab-systemd-run
+lab-systemd: setup deb
+	$(VPY) -m pytest -v -rs tests/systemd_guest
+
+# Boot it and run one script of the checkout inside: make lab-systemd-run SCRIPT=path ARGS='...'
+lab-systemd-run: deb
+	@test -n "$(SCRIPT)" || { echo "usage: make lab-systemd-run SCRIPT=path/in/checkout [ARGS='...']"; exit 2; }
+	$(VPY) vagrant/qemu/systemd_guest.py --deb $(wildcard dist-deb/santhrottle_*.deb) run -v $(SCRIPT) $(ARGS)
