@@ -41,7 +41,6 @@ ROOT = Path(__file__).resolve().parent.parent
 ROLE = ROOT / "ansible" / "roles" / "santhrottle"
 README = ROLE / "README.md"
 DEFAULTS = ROLE / "defaults" / "main.yml"
-OUTPUTS = ("templates/santhrottle.toml.j2", "meta/argument_specs.yml", "vars/main/schema.yml")
 
 # Variable names that are not santhrottle_<table>_<key> (the role's names before).
 VARIABLES = {
@@ -373,12 +372,12 @@ def outputs() -> dict[str, str]:
     dump = {"sort_keys": False, "width": 88, "allow_unicode": True, "Dumper": _Dumper}
     return {
         "templates/santhrottle.toml.j2": template(all_keys),
-        "meta/argument_specs.yml": "---\n" + head + yaml.dump(argument_specs(all_keys), **dump),  # type: ignore[call-overload]
+        "meta/argument_specs.yml": "---\n" + head + yaml.dump(argument_specs(all_keys), **dump),
         "vars/main/schema.yml": "---\n"
         + head
         + "# __santhrottle_restart_vars: the variables of the keys santhrottled cannot reload\n"
         + "# (their digest restarts it); __santhrottle_list_vars: the role's lists.\n"
-        + yaml.dump(schema_vars(all_keys), **dump),  # type: ignore[call-overload]
+        + yaml.dump(schema_vars(all_keys), **dump),
     }
 
 

@@ -10,19 +10,14 @@ or Debian's kernel package skips with the reason.
 
 from __future__ import annotations
 
-import json
 import re
-import shlex
-import sys
-from pathlib import Path
 
 import pytest
 
+from .guest import guest_record
+
 pytestmark = pytest.mark.lab
 
-CHECKOUT = Path(__file__).resolve().parents[2]
-GUEST_SCRIPT = CHECKOUT / "tests" / "systemd_guest" / "guest_package.py"
-DEB_DIST = CHECKOUT / "dist-deb"
 # The guest's limit on an idle host (boot, install and the steps took 6-8 minutes
 # there); the runner stretches it by the guest's measured speed (labkit.speed).
 GUEST_BUDGET_S = 1200
@@ -30,33 +25,10 @@ FAULT_REPS = 3
 KERNEL_OBJECTS = re.compile(r"santhrottle|SANTHROTTLE|htb|netem")
 
 
-def _deb() -> Path:
-    debs = sorted(DEB_DIST.glob("santhrottle_*_*.deb"))
-    if len(debs) != 1:
-        pytest.fail(f"{DEB_DIST}: need one santhrottle_*.deb, found {debs}: run `make deb`")
-    return debs[0]
-
-
 @pytest.fixture(scope="module")
 def seen() -> dict:
-    sys.path.insert(0, str(CHECKOUT / "vagrant" / "qemu"))
-    import systemd_guest
-    from labkit.host import LabUnavailable, Settings
-
-    deb = _deb()
-    s = Settings.from_env()
-    try:
-        res = systemd_guest.run(s, deb, shlex.join(["python3", str(GUEST_SCRIPT)]),
-                                timeout=GUEST_BUDGET_S)  # fmt: skip
-    except LabUnavailable as e:
-        pytest.skip(f"systemd guest unavailable: {e}")
-    out = res.work / "package.json"
-    if not out.is_file():
-        pytest.fail(f"the guest recorded nothing ({res.reason or res.status}); console:\n"
-                    f"{res.console_tail()}")  # fmt: skip
-    obs = json.loads(out.read_text())
-    print(f"systemd guest: {res.wall_s:.0f} s of {res.limit_s:.0f}, speed factor "
-          f"{obs.get('factor')}, steps {obs.get('done')}")  # fmt: skip
+    obs = guest_record("guest_package.py", "package.json", GUEST_BUDGET_S)
+    print(f"steps (name, s): {obs.get('done')}")
     assert not obs.get("errors"), obs.get("errors")
     return obs
 

@@ -11,18 +11,12 @@ Debian's kernel package skips with the reason.
 
 from __future__ import annotations
 
-import json
-import shlex
-import sys
-from pathlib import Path
-
 import pytest
+
+from .guest import guest_record
 
 pytestmark = pytest.mark.lab
 
-CHECKOUT = Path(__file__).resolve().parents[2]
-GUEST_SCRIPT = CHECKOUT / "tests" / "systemd_guest" / "guest_role.py"
-DEB_DIST = CHECKOUT / "dist-deb"
 # The guest's limit on an idle host (8 role runs of 60-120 s, the boot); the runner
 # stretches it by the guest's measured speed (labkit.speed).
 GUEST_BUDGET_S = 1800
@@ -32,27 +26,8 @@ RESTART = "santhrottle : Restart santhrottled with systemd"
 
 @pytest.fixture(scope="module")
 def runs() -> dict:
-    sys.path.insert(0, str(CHECKOUT / "vagrant" / "qemu"))
-    import systemd_guest
-    from labkit.host import LabUnavailable, Settings
-
-    debs = sorted(DEB_DIST.glob("santhrottle_*_*.deb"))
-    if len(debs) != 1:
-        pytest.fail(f"{DEB_DIST}: need one santhrottle_*.deb, found {debs}: run `make deb`")
-    s = Settings.from_env()
-    try:
-        res = systemd_guest.run(s, debs[0], shlex.join(["python3", str(GUEST_SCRIPT)]),
-                                timeout=GUEST_BUDGET_S)  # fmt: skip
-    except LabUnavailable as e:
-        pytest.skip(f"systemd guest unavailable: {e}")
-    out = res.work / "role.json"
-    if not out.is_file():
-        pytest.fail(f"the guest recorded nothing ({res.reason or res.status}); console:\n"
-                    f"{res.console_tail()}")  # fmt: skip
-    obs = json.loads(out.read_text())
-    print(f"systemd guest: {res.wall_s:.0f} s of {res.limit_s:.0f}, speed factor "
-          f"{obs['factor']}; runs: "
-          + ", ".join(f"{k} {r['wall_s']} s" for k, r in obs["runs"].items()))  # fmt: skip
+    obs = guest_record("guest_role.py", "role.json", GUEST_BUDGET_S)
+    print("runs (s): " + ", ".join(f"{k} {r['wall_s']}" for k, r in obs["runs"].items()))
     return obs["runs"]
 
 

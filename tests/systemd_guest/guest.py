@@ -1,0 +1,44 @@
+"""One boot of the systemd guest for a test module: the script runs there, its record back.
+
+guest_record(script, record, budget_s): boots vagrant/qemu/systemd_guest.py's guest with
+dist-deb/'s package (`make deb`), runs `python3 SCRIPT` (a file of this folder) as its
+command, and returns the JSON the script left in the run's work folder as `record`.
+A host without QEMU or Debian's kernel package skips with the reason; a guest that left
+no record fails with its console's tail.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+DEB_DIST = CHECKOUT / "dist-deb"
+
+
+def guest_record(script: str, record: str, budget_s: float) -> dict:
+    sys.path.insert(0, str(CHECKOUT / "vagrant" / "qemu"))
+    from labkit.host import LabUnavailable, Settings
+
+    import systemd_guest
+
+    debs = sorted(DEB_DIST.glob("santhrottle_*_*.deb"))
+    if len(debs) != 1:
+        pytest.fail(f"{DEB_DIST}: need one santhrottle_*.deb, found {debs}: run `make deb`")
+    line = shlex.join(["python3", str(Path(__file__).parent / script)])
+    try:
+        res = systemd_guest.run(Settings.from_env(), debs[0], line, timeout=budget_s)
+    except LabUnavailable as e:
+        pytest.skip(f"systemd guest unavailable: {e}")
+    out = res.work / record
+    if not out.is_file():
+        pytest.fail(f"the guest recorded nothing ({res.reason or res.status}); console:\n"
+                    f"{res.console_tail()}")  # fmt: skip
+    obs: dict = json.loads(out.read_text())
+    print(f"systemd guest {script}: {res.wall_s:.0f} s of {res.limit_s:.0f}, speed factor "
+          f"{obs.get('factor')}")  # fmt: skip
+    return obs
