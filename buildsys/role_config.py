@@ -135,7 +135,9 @@ def variable(key: Any) -> str:
 def kind_type(key: Any) -> tuple[str, str | None, list[str] | None]:
     """(type, list elements, choices) of a key, from its kind's description."""
     d = key.kind.describe
-    if d.startswith("list of"):
+    if d.startswith("table of"):
+        out = ("dict", None, None)
+    elif d.startswith("list of"):
         out = ("list", "int" if "TCP port" in d else "str", None)
     elif d.startswith("whole number") or d.startswith("TCP port"):
         out = ("int", None, None)
@@ -147,7 +149,8 @@ def kind_type(key: Any) -> tuple[str, str | None, list[str] | None]:
         out = ("str", None, re.findall(r'"([^"]+)"', d))
     else:
         out = ("str", None, None)
-    want = {"list": list, "int": int, "float": (int, float), "bool": bool, "str": str}
+    want = {"list": list, "int": int, "float": (int, float), "bool": bool, "str": str,
+            "dict": dict}  # fmt: skip
     if key.default is not None and not isinstance(key.default, want[out[0]]):
         raise SystemExit(f"role_config: {key.dotted}: default {key.default!r} is not {out[0]}")
     return out
@@ -158,6 +161,9 @@ def render(kind: str, elements: str | None, expr: str) -> str:
     if kind == "list":
         each = "map('int')" if elements == "int" else "map('string')"
         return f"{{{{ {expr} | {each} | list | to_json }}}}"
+    if kind == "dict":  # a TOML inline table of strings
+        return (f"{{ {{% for k, v in {expr} | dictsort %}}{{{{ k | string | to_json }}}} = "
+                "{{ v | string | to_json }}{{ '' if loop.last else ', ' }}{% endfor %} }")  # fmt: skip
     return {
         "int": f"{{{{ {expr} | int }}}}",
         "float": f"{{{{ {expr} | float }}}}",
@@ -166,8 +172,8 @@ def render(kind: str, elements: str | None, expr: str) -> str:
 
 
 def is_set(expr: str) -> str:
-    """A Jinja test that a value is given (none, "" and [] are not; 0 and false are)."""
-    return f"{expr} is not none and {expr} not in ['', []]"
+    """A Jinja test that a value is given (none, "", [] and {} are not; 0 and false are)."""
+    return f"{expr} is not none and {expr} not in ['', [], {{}}]"
 
 
 # ----------------------------------------------------------------- the template

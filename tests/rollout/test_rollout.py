@@ -65,6 +65,8 @@ TEMPLATES = [
     "modules-load.conf",
 ]
 
+# A bcrypt hash (of "secret", cost 10), as htpasswd -nBC 10 writes them.
+BCRYPT = "$2y$10$U2cJG/fMk9z9mTNYy2rE8eBz6Fqj3o7b0yY1mV1Gk0sT7n3yY8z3W"
 # Scenario name -> variables (over the role's defaults).
 FLEET = {
     "santhrottle_enabled": True,
@@ -148,6 +150,12 @@ SCENARIOS = {
             "backup": {"members": ["10.0.9.7"], "throughput_target": "200MB/s"},
         },
         "santhrottle_hosts": {"db1": {"addresses": ["10.0.1.5", "fd00:1::5"]}},
+        "santhrottle_metrics_port": 9753,
+        "santhrottle_metrics_address": "10.0.0.1",
+        "santhrottle_metrics_initiator_series": 5,
+        "santhrottle_metrics_tls_cert_file": "/etc/santhrottle/metrics.pem",
+        "santhrottle_metrics_tls_key_file": "/etc/santhrottle/metrics-key.pem",
+        "santhrottle_metrics_basic_auth_users": {"prometheus": BCRYPT},
     },
     "deb": {"santhrottle_deb": "/srv/dist-deb/santhrottle_0.1.0_amd64.deb"},
     "deb-paths": {
@@ -395,8 +403,12 @@ def test_every_key_family_renders(rendered):
     assert set(cfg.groups) == {"db", "backup"}
     assert cfg.groups["db"].priority == 2 and cfg.groups["db"].latency_target_s == 0.005
     assert set(cfg.hosts) == {"db1"}
+    assert (cfg.metrics_address, cfg.metrics_initiator_series) == ("10.0.0.1", 5)
+    assert cfg.metrics_tls_cert_file == "/etc/santhrottle/metrics.pem"
+    assert cfg.metrics_basic_auth_users == {"prometheus": BCRYPT}
     defaults = parse_config((rendered["defaults"] / "santhrottle.toml").read_text(), "d.toml")
     assert (defaults.socket_mode, defaults.state_dir) == (0o600, "/var/lib/santhrottle")
+    assert defaults.metrics_initiator_series == 100
     assert "[groups" not in (rendered["defaults"] / "santhrottle.toml").read_text()
 
 
