@@ -162,8 +162,10 @@ def render(kind: str, elements: str | None, expr: str) -> str:
         each = "map('int')" if elements == "int" else "map('string')"
         return f"{{{{ {expr} | {each} | list | to_json }}}}"
     if kind == "dict":  # a TOML inline table of strings
-        return (f"{{ {{% for k, v in {expr} | dictsort %}}{{{{ k | string | to_json }}}} = "
-                "{{ v | string | to_json }}{{ '' if loop.last else ', ' }}{% endfor %} }")  # fmt: skip
+        pair = "{{ k | string | to_json }} = {{ v | string | to_json }}"
+        return f"{{ {{% for k, v in {expr} | dictsort %}}{pair}{{{{ ', ' if not loop.last }}}}" + (
+            "{% endfor %} }"
+        )
     return {
         "int": f"{{{{ {expr} | int }}}}",
         "float": f"{{{{ {expr} | float }}}}",
