@@ -32,16 +32,21 @@ LAB = {
     "levels": {
         "start_epoch": 100.0,
         "rows": [
-            {"epoch": 100.0 + t, "levels": {"tenant-a": {"level": lv}, "tenant-b": {"level": 0}}}
+            {
+                "epoch": 100.0 + t,
+                "daemon": {"levels": {"tenant-a": {"level": lv}, "tenant-b": {"level": 0}}},
+            }
             for t, lv in enumerate([0, 0, 0, 1, 2, 3, 3])
-        ],
+        ]
+        + [{"epoch": 107.0, "daemon_error": "timed out"}],
         "target_retrans": {"TcpRetransSegs": 0},
     },
     "utilization": [
         {
             "load": "rate=5",
             "iostat_util_pct": [0, 0, 10.0, 12.0],
-            "daemon": [{"utilization": {"array": u}} for u in (0.0, 0.0, 0.11, 0.13)],
+            "daemon": [{"daemon": {"utilization": {"array": u}}} for u in (0.0, 0.0, 0.11, 0.13)]
+            + [{"daemon_error": "timed out"}],
         },
     ],
 }

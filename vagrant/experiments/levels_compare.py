@@ -43,13 +43,10 @@ import statistics
 import sys
 from pathlib import Path
 
-CHECKOUT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(CHECKOUT.parent))
-
-from santhrottle.sim.loop import run  # noqa: E402
-from santhrottle.sim.plant import Closed, Device, closed_latency  # noqa: E402
-from santhrottle.sim.scenario import parse_scenario  # noqa: E402
-from santhrottle.sim.usage import Tenancy  # noqa: E402
+from santhrottle.sim.loop import run
+from santhrottle.sim.plant import Closed, Device, closed_latency
+from santhrottle.sim.scenario import parse_scenario
+from santhrottle.sim.usage import Tenancy
 
 TOLERANCE = 0.20  # the "within 20 %" of the level-seconds
 UTIL_POINTS = 5.0  # the "within 5 points" of iostat
@@ -110,7 +107,7 @@ def lab_levels(lab: dict) -> dict[str, list[tuple[float, int]]]:
     out: dict[str, list[tuple[float, int]]] = {g: [] for g in TENANTS}
     for r in ph["rows"]:
         for g in TENANTS:
-            x = r.get("levels", {}).get(g)
+            x = r.get("daemon", {}).get("levels", {}).get(g)
             if x is not None:
                 out[g].append((r["epoch"] - t0, x["level"]))
     return out
@@ -163,7 +160,9 @@ def _moves(series: list[tuple[float, int]]) -> tuple[int, int]:
 def compare_utilization(lab: dict) -> list[dict]:
     out = []
     for load in lab.get("utilization", []):
-        ours = [r["utilization"].get("array") for r in load["daemon"][SKIP_S:]]
+        ours = [
+            r.get("daemon", {}).get("utilization", {}).get("array") for r in load["daemon"][SKIP_S:]
+        ]
         ours = [u * 100.0 for u in ours if u is not None]
         theirs = load["iostat_util_pct"][SKIP_S:]
         row = {"load": load["load"], "daemon_pct": None, "iostat_pct": None, "points": None}

@@ -5,7 +5,7 @@
         vagrant/experiments/levels_lab.py
     make lab-levels            # the same, then levels_compare.py on the host
 
-The topology with a bridge (topology.py --bridge) on the known plant (the
+The topology with a bridge (labkit.topology) on the known plant (the
 lab-array disk, L = C + m * Q), three iSCSI hosts on three LVs of one VG:
 LUN 0 is the group "tenant-a", LUN 1 "tenant-b", both with IOPS levels
 (--levels, lowest first); LUN 2 is a probe for the utilization phase.
@@ -39,23 +39,22 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import closed_loop  # noqa: E402
-import plant_lab  # noqa: E402
-import topology  # noqa: E402  (closed_loop put vagrant/qemu/guest on the path)
+from labkit import fio, probes, topology
+from labkit.daemon import BIN, Daemon, bridge_config
+from labkit.sampler import Probe, Sampler
 
-SOCK = closed_loop.SOCK
+SOCK = "/run/santhrottle-exp/control.sock"
 NAME = "levels"
 RESOURCE = "array"
 TENANTS = ("tenant-a", "tenant-b")  # LUN 0 and LUN 1
+LEVEL_FIELDS = ("level", "rate", "delay_class", "target_class", "promotions", "demotions")
+START_S = 120.0  # the bridge's set-up comes first in bridge mode
 
 
 def parse_schedule(text: str) -> list[tuple[float, str, int]]:
@@ -70,73 +69,47 @@ def parse_schedule(text: str) -> list[tuple[float, str, int]]:
     return out
 
 
-def daemon_config(a: argparse.Namespace, t: dict, out: Path) -> Path:
-    b = t["bridge"]
+def config(a: argparse.Namespace, t: dict, out: Path) -> dict:
+    """Bridge mode, the wire read in Python (the sensor that measures utilization), one
+    resource over the three portals, the two tenants' groups with their levels."""
     vols = [f"iscsi://{x['portal']}:{x['port']}/*/*" for x in t["iscsi"]]
     ini = [x["initiator_ip"] for x in t["iscsi"]]
-    conf = out / f"santhrottle-{NAME}.toml"
-    conf.write_text(
-        f'[daemon]\nmode = "bridge"\ncontrol_socket = "{SOCK}"\nnetns = "{b["netns"]}"\n'
-        f'state_dir = "{out / "state"}"\n'
-        f'[bridge]\nname = "{b["name"]}"\ninitiator_port = "{b["initiator_port"]}"\n'
-        f'array_port = "{b["array_port"]}"\nsensor = "capture"\n'
-        f'[datapath]\nlink_speed = "10gbit"\n[metrics]\nport = 0\n'
-        f"[controller]\npromote_below_utilization = 1.0\n"
-        f"[metering]\nprice_per_iops_hour = {a.price_per_iops_hour}\n"
-        f'[resources.{RESOURCE}]\nvolumes = {json.dumps(vols)}\nthreshold = "{a.threshold}"\n'
-        + "".join(
-            f'[groups.{g}]\nmembers = ["{ip}"]\niops_levels = {json.dumps(a.levels)}\n'
-            for g, ip in zip(TENANTS, ini, strict=False)
-        )
-    )
+    conf = bridge_config(t["bridge"], SOCK, out / "state")
+    conf["bridge"]["sensor"] = "capture"
+    conf["controller"] = {"promote_below_utilization": 1.0}
+    conf["metering"] = {"price_per_iops_hour": a.price_per_iops_hour}
+    conf["resources"] = {RESOURCE: {"volumes": vols, "threshold": a.threshold}}
+    conf["groups"] = {
+        g: {"members": [ip], "iops_levels": a.levels} for g, ip in zip(TENANTS, ini, strict=False)
+    }
     return conf
 
 
-class Sampler(threading.Thread):
-    """Every second: epoch time, the daemon's levels and the resource's utilization."""
+def sampler(d: Daemon) -> Sampler:
+    """Every second: epoch time; the daemon's levels and the resource's utilization."""
 
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.rows: list[dict] = []
-        self.stop_ev = threading.Event()
+    def daemon_row() -> dict:
+        st = d.status()
+        return {
+            "levels": {x["group"]: {k: x[k] for k in LEVEL_FIELDS} for x in st["levels"]},
+            "utilization": {r["resource"]: r["utilization"] for r in st["resources"]},
+        }
 
-    def run(self) -> None:
-        from santhrottle.appliance.daemon.control import request
+    return Sampler([Probe("epoch", time.time), Probe("daemon", daemon_row)], period_s=1.0)
 
-        nxt = time.monotonic()
-        while not self.stop_ev.is_set():
-            row: dict = {"epoch": time.time()}
-            try:
-                st = request(SOCK, "status", timeout_s=2.0)
-                row["levels"] = {
-                    x["group"]: {
-                        k: x[k]
-                        for k in (
-                            "level",
-                            "rate",
-                            "delay_class",
-                            "target_class",
-                            "promotions",
-                            "demotions",
-                        )
-                    }
-                    for x in st["levels"]
-                }
-                row["utilization"] = {r["resource"]: r["utilization"] for r in st["resources"]}
-            except Exception as e:  # keep sampling; record why
-                row["error"] = str(e)
-            self.rows.append(row)
-            nxt += 1.0
-            self.stop_ev.wait(max(0.0, nxt - time.monotonic()))
+
+def job(dev: str, kind: str, n: int, secs: float) -> fio.Job:
+    """4 KiB random reads: QD1 at n IOPS (rate), or at depth n (qd)."""
+    opts = ["--iodepth=1", f"--rate_iops={n}"] if kind == "rate" else [f"--iodepth={n}"]
+    return fio.start(
+        fio.argv("j", dev, "--rw=randread", "--bs=4k", *opts, runtime=secs, size="200m")
+    )
 
 
 def tenant_jobs(dev: str, schedule: list[tuple[float, str, int]], out: Path, tag: str) -> None:
     """Run one tenant's schedule, segment after segment (in a thread)."""
     for k, (secs, kind, n) in enumerate(schedule):
-        job = ["--rw=randread", "--bs=4k"]
-        job += ["--iodepth=1", f"--rate_iops={n}"] if kind == "rate" else [f"--iodepth={n}"]
-        got, _ = closed_loop.fio(dev, *job, runtime=secs).communicate()
-        (out / f"fio-{tag}-{k}.json").write_text(got or "")
+        (out / f"fio-{tag}-{k}.json").write_text(job(dev, kind, n, secs).wait())
 
 
 def run_schedules(t: dict, a: argparse.Namespace, out: Path, tag: str) -> tuple[float, float]:
@@ -152,38 +125,30 @@ def run_schedules(t: dict, a: argparse.Namespace, out: Path, tag: str) -> tuple[
     return t0, time.time()
 
 
-def phase_levels(t: dict, a: argparse.Namespace, out: Path) -> dict:
-    net0 = closed_loop.nstat(t["netns"])
-    sampler = Sampler()
-    sampler.start()
+def phase_levels(d: Daemon, t: dict, a: argparse.Namespace, out: Path) -> dict:
+    net0 = probes.nstat(t["netns"])
+    s = sampler(d)
+    s.start()
     t0, t1 = run_schedules(t, a, out, "levels")
-    sampler.stop_ev.set()
-    sampler.join()
-    net1 = closed_loop.nstat(t["netns"])
-    retrans = {k: net1.get(k, 0) - net0.get(k, 0) for k in net1 if "Retrans" in k}
-    return {"start_epoch": t0, "end_epoch": t1, "rows": sampler.rows, "target_retrans": retrans}
+    s.stop()
+    net1 = probes.nstat(t["netns"])
+    retrans = {k: net1[k] - net0.get(k, 0) for k in net1}
+    return {"start_epoch": t0, "end_epoch": t1, "rows": s.rows, "target_retrans": retrans}
 
 
-def phase_calibrate(t: dict, a: argparse.Namespace, out: Path) -> dict:
+def phase_calibrate(d: Daemon, t: dict, a: argparse.Namespace) -> dict:
     """Both tenants at the burst's depth, undelayed (paused): their IOPS, fio's."""
-    request("pause")
-    ps = {
-        g: closed_loop.fio(
-            x["device"],
-            "--rw=randread",
-            "--bs=4k",
-            f"--iodepth={a.burst_qd}",
-            runtime=a.calibrate_s,
-        )
+    d.request("pause", timeout_s=10.0)
+    jobs = {
+        g: job(x["device"], "qd", a.burst_qd, a.calibrate_s)
         for g, x in zip(TENANTS, t["iscsi"], strict=False)
     }
-    got = {g: p.communicate()[0] for g, p in ps.items()}
-    request("resume")
+    got = {g: j.result() for g, j in jobs.items()}
+    d.request("resume", timeout_s=10.0)
     res = {}
-    for g, text in got.items():
-        with contextlib.suppress(ValueError, KeyError, IndexError):
-            job = json.loads(text)["jobs"][0]["read"]
-            res[g] = {"iops": job["iops"], "lat_mean_s": job["clat_ns"]["mean"] / 1e9}
+    for g, r in got.items():
+        with contextlib.suppress(KeyError, TypeError):
+            res[g] = {"iops": r["read"]["iops"], "lat_mean_s": r["read"]["clat_ns"]["mean"] / 1e9}
     return res
 
 
@@ -193,26 +158,22 @@ def meter_totals(out: Path) -> dict:
     return {}
 
 
-def phase_kill9(
-    t: dict, a: argparse.Namespace, out: Path, daemon: subprocess.Popen, conf: Path
-) -> tuple[dict, subprocess.Popen]:
+def phase_kill9(d: Daemon, t: dict, a: argparse.Namespace, out: Path) -> dict:
     """SIGKILL in a burst, a new daemon on the same state_dir."""
     burst = [(a.kill_burst_s, "qd", a.burst_qd)]
     th = threading.Thread(target=tenant_jobs, args=(t["iscsi"][0]["device"], burst, out, "kill"))
     th.start()
     time.sleep(a.kill_burst_s / 2)
     before = meter_totals(out)
-    os.kill(daemon.pid, signal.SIGKILL)
-    daemon.wait()
+    d.kill9()
     killed_at = time.time()
     on_disk = meter_totals(out)
-    daemon = closed_loop.launch_daemon(conf, out / f"santhrottled-{NAME}-2.log", timeout_s=120.0)
-    closed_loop.first_status(SOCK)
+    d.start(START_S)  # the same file and state_dir; its log goes on
     th.join()
     time.sleep(3.0)
     after = meter_totals(out)
     report = subprocess.run(
-        [str(closed_loop.BIN / "santhrottle"), "meter", "--json", "--config", str(conf)],
+        [str(BIN / "santhrottle"), "meter", "--json", "--config", str(d.conf)],
         capture_output=True,
         text=True,
         check=False,
@@ -223,44 +184,31 @@ def phase_kill9(
         "after_restart": after,
         "killed_epoch": killed_at,
         "meter_report": report.stdout or report.stderr,
-    }, daemon
+    }
 
 
-def phase_utilization(t: dict, a: argparse.Namespace, out: Path) -> list[dict]:
+def phase_utilization(d: Daemon, t: dict, a: argparse.Namespace) -> list[dict]:
     probe = t["iscsi"][2]
-    dm = probe["dm"]
     rows = []
     for spec in a.util_loads.split(","):
         kind, n = spec.split("=")
-        job = ["--rw=randread", "--bs=4k"]
-        job += ["--iodepth=1", f"--rate_iops={n}"] if kind == "rate" else [f"--iodepth={n}"]
-        sampler = Sampler()
+        s = sampler(d)
         iostat = subprocess.Popen(
-            ["iostat", "-x", "-d", "-o", "JSON", dm, "1", str(int(a.util_s))],
+            ["iostat", "-x", "-d", "-o", "JSON", probe["dm"], "1", str(int(a.util_s))],
             stdout=subprocess.PIPE,
             text=True,
         )
-        sampler.start()
+        s.start()
         t0 = time.time()
-        p = closed_loop.fio(probe["device"], *job, runtime=a.util_s)
-        p.communicate()
-        sampler.stop_ev.set()
-        sampler.join()
+        job(probe["device"], kind, int(n), a.util_s).wait()
+        s.stop()
         io_out, _ = iostat.communicate()
         util = []
         with contextlib.suppress(ValueError, KeyError, IndexError):
             stats = json.loads(io_out)["sysstat"]["hosts"][0]["statistics"]
-            util = [s["disk"][0]["util"] for s in stats]
-        rows.append(
-            {"load": spec, "start_epoch": t0, "iostat_util_pct": util, "daemon": sampler.rows}
-        )
+            util = [x["disk"][0]["util"] for x in stats]
+        rows.append({"load": spec, "start_epoch": t0, "iostat_util_pct": util, "daemon": s.rows})
     return rows
-
-
-def request(cmd: str) -> dict:
-    from santhrottle.appliance.daemon.control import request as req
-
-    return req(SOCK, cmd, timeout_s=10.0)
 
 
 def main() -> int:
@@ -297,27 +245,26 @@ def main() -> int:
         "kernel": os.uname().release,
         "cpus": os.cpu_count(),
         "disk": a.disk,
-        "array": plant_lab.array_config(),
-        "args": {k: v for k, v in vars(a).items()},
+        "array": probes.plant_config(),
+        "args": vars(a),
         "initiators": [x["initiator_ip"] for x in t["iscsi"]],
     }
     t_all = time.monotonic()
-    conf = daemon_config(a, t, out)
-    daemon = closed_loop.launch_daemon(conf, out / f"santhrottled-{NAME}.log", timeout_s=120.0)
+    d = Daemon(NAME, config(a, t, out), out)
     try:
-        closed_loop.first_status(SOCK)
+        d.start(START_S)
         topology.iscsi_login(t["iscsi"])  # through the running bridge: the wire names them
-        res["calibrate"] = phase_calibrate(t, a, out)
+        res["calibrate"] = phase_calibrate(d, t, a)
         print(f"calibrate: {res['calibrate']}", flush=True)
-        res["levels"] = phase_levels(t, a, out)
+        res["levels"] = phase_levels(d, t, a, out)
         print(f"levels: retransmissions {res['levels']['target_retrans']}", flush=True)
-        res["kill9"], daemon = phase_kill9(t, a, out, daemon, conf)
+        res["kill9"] = phase_kill9(d, t, a, out)
         print(f"kill9: {json.dumps(res['kill9']['on_disk_at_kill'])[:200]}", flush=True)
-        res["utilization"] = phase_utilization(t, a, out)
-        (out / "status-end.json").write_text(json.dumps(request("status"), indent=1))
+        res["utilization"] = phase_utilization(d, t, a)
+        (out / "status-end.json").write_text(json.dumps(d.status(timeout_s=10.0), indent=1))
     finally:
         res["guest_wall_s"] = time.monotonic() - t_all
-        closed_loop.stop_daemon(daemon, out, NAME)
+        d.stop()
         (out / "levels-lab.json").write_text(json.dumps(res, indent=1))
         topology.down()
     return 0
