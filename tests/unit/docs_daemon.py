@@ -19,6 +19,9 @@ appliances a and b on a fake engine, seen from b, a follower.
 daemon (on vg0, the reader group db, 10 ms target, priority 2, which sees 20 ms; backup,
 a writer with nine times its IOs outstanding, priority 1).
 
+"levels" (docs/levels.md's status): tests/unit/test_levels_daemon.py's daemon, the group
+gold with `iops_levels = [100, 200, 400]` and its writer 10.0.0.3 at its top level.
+
 Each function returns the daemon and a function that runs it one second on.
 """
 
@@ -139,3 +142,15 @@ def fleet(seconds: float = 2.0):
     f = Fleet()
     f.run(seconds)
     return f.daemons["b"], lambda: f.run(1.0)
+
+
+def levels(seconds: float = 12.0):
+    """tests/unit/test_levels_daemon.py's daemon, its group at its top level."""
+    from .test_daemon import run_for as run
+    from .test_levels_daemon import LEVELS, LevelSensors, make
+
+    d, vt, s, _act = make(LEVELS)
+    d.sensors = LevelSensors(s, d)
+    s.latency_s = 0.008
+    run(d, vt, seconds)
+    return d, lambda: run(d, vt, 1.0)

@@ -1,6 +1,7 @@
 """The manual's sessions with the daemon are what the command line prints.
 
-A block marked `<!-- replayed: SESSION -->` (docs/operate.md, docs/groups.md) is run:
+A block marked `<!-- replayed: SESSION -->` (docs/operate.md, docs/groups.md,
+docs/levels.md) is run:
 its `$ santhrottle ...` commands, in the page's order, through the real command line
 and a real control socket, against SESSION's daemon (tests/unit/docs_daemon.py: the
 real Daemon on the unit tests' fakes in virtual time, so every figure is reproducible),
@@ -35,6 +36,7 @@ SESSIONS = {
     "groups": docs_daemon.groups,
     "hosts": docs_daemon.hosts,
     "fleet": docs_daemon.fleet,
+    "levels": docs_daemon.levels,
 }
 KERNEL = "kernel"  # tests/privileged/test_docs_kernel.py's
 WRITE = os.environ.get("SANTHROTTLE_DOCS_WRITE") == "1"
