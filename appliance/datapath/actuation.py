@@ -11,7 +11,8 @@ What it owns
       settle()      every tick: the glide leaves' due lowerings and handoffs,
                     quarantined like any refusal when the kernel refuses them
       members(), quarantined(), errors, quarantines   for status and metrics
-      expected(), drift(), repair()   the drift check and its repair
+      expected(), drift(), repair()   the drift check and its repair (a member
+                    santhrottle did not put there is taken out)
       cleanup()     the stop
     The command line's `pin`, `datapath apply` and `cleanup` use the Datapath
     alone: no record outlives a command.
@@ -48,7 +49,16 @@ class Actuation:
         return report
 
     def _read_back(self) -> None:
-        self.convergence.adopt({ip: (m.klass, m.mode) for ip, m in self.datapath.current().items()})
+        """The kernel's members become the record; one santhrottle did not put there
+        (no skbprio of its classes: `ipset add santhrottle-all IP` by hand, sent to
+        HTB's direct queue) is taken out."""
+        members = self.datapath.current()
+        strays = self.datapath.strays()
+        if strays:
+            self.datapath.set_classes(dict.fromkeys(strays, 0), ordered=False)
+        self.convergence.adopt(
+            {ip: (m.klass, m.mode) for ip, m in members.items() if ip not in strays}
+        )
 
     def cleanup(self) -> CleanupReport:
         return self.datapath.cleanup()

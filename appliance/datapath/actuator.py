@@ -284,6 +284,12 @@ class Datapath:
             for ip, (mode, minor, pk, by) in raw.items()
         }
 
+    def strays(self) -> list[str]:
+        """Members of the sets as last read whose skbprio is none of santhrottle's
+        (minor 0, members.py): put there by someone else."""
+        m = self.sets.cached() or {}
+        return sorted(ip for ip, (_mode, minor) in m.items() if minor == 0)
+
     def _membership(self) -> Membership:
         m = self.sets.cached()
         if m is None:

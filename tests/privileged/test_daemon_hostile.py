@@ -167,8 +167,14 @@ def test_the_kernel_refusing_a_member_leaves_the_others_applied(netns_pair):
 # --------------------------------------------------- item 6: drift and a safe cleanup
 def _objects(ns: str) -> list[list[str]]:  # noqa: F811 (ns: a name here)
     """The kernel's objects of the data path, each listing's lines in order (a rebuilt
-    object may be listed in another place)."""
-    return [sorted(part.splitlines()) for part in kernel_state(ns)]
+    object may be listed in another place), and the members of each mode set."""
+    sets = []
+    for name in ("santhrottle-all", "santhrottle-ack", "santhrottle-read"):
+        out = subprocess.run(
+            ["ip", "netns", "exec", ns, "ipset", "list", name], capture_output=True, text=True
+        ).stdout
+        sets.append(sorted(ln.split()[0] for ln in out.splitlines() if ln[:1].isdigit()))
+    return [sorted(part.splitlines()) for part in kernel_state(ns)] + sets
 
 
 def _sh_ns(ns: str, *cmd: str) -> None:  # noqa: F811 (ns: a name here)
@@ -184,8 +190,11 @@ def _sh_ns(ns: str, *cmd: str) -> None:  # noqa: F811 (ns: a name here)
         (("tc", "class", "del", "dev", "st-d0", "classid", "5374:5"), "missing or changed"),
         (("iptables", "-t", "mangle", "-F", "SANTHROTTLE"), "iptables: the chain SANTHROTTLE"),
         (("ip6tables", "-t", "mangle", "-F", "POSTROUTING"), "iptables: the chain SANTHROTTLE"),
+        # one santhrottle never put there (no skbprio: HTB's direct queue) goes
+        (("ipset", "add", "santhrottle-all", "198.51.100.9"), "santhrottle-all holds 2 members"),
+        (("ipset", "add", "santhrottle-read", SIX[0]), "santhrottle-read holds 1 members"),
     ],
-    ids=["flush", "gate", "root", "class", "chain", "jump6"],
+    ids=["flush", "gate", "root", "class", "chain", "jump6", "stray", "stray-mode"],
 )
 def test_the_daemon_repairs_what_was_removed_under_it(ns, tmp_path, damage, what):  # noqa: F811
     sock = str(tmp_path / "control.sock")
