@@ -1,5 +1,7 @@
 """The alerting rules the packages ship (docs/prometheus/santhrottle-rules.yml) name
-only series the exporter exports; `promtool check rules` is tests/rollout/test_deb.py's."""
+only series the exporter exports, and docs/monitor.md's table lists every rule with its
+`for`; `promtool check rules` is tests/rollout/test_deb.py's, each rule's firing and
+quiet cases tests/rollout/alert_rules_test.yml's (tests/rollout/test_promql.py)."""
 
 from __future__ import annotations
 
@@ -7,27 +9,37 @@ import re
 from pathlib import Path
 
 import yaml
-from prometheus_client import generate_latest
 
-from santhrottle.appliance.daemon.status.build import StatusCache
-from santhrottle.appliance.daemon.status.metrics import registry_for
+from .exported_series import exported_series
 
-from .test_control_cli import live  # noqa: F401  (the fixture: a daemon with a socket)
+ROOT = Path(__file__).parents[2]
+RULES = ROOT / "docs" / "prometheus" / "santhrottle-rules.yml"
+MONITOR = ROOT / "docs" / "monitor.md"
+ROW = re.compile(r"^\| `(Santhrottle\w+)` \| .* \|(?: (\w+))? \|$", re.M)
+NUMBERS = {12: "Twelve", 13: "Thirteen", 14: "Fourteen", 15: "Fifteen", 16: "Sixteen",
+           17: "Seventeen", 18: "Eighteen", 19: "Nineteen", 20: "Twenty"}  # fmt: skip
 
-RULES = Path(__file__).parents[2] / "docs" / "prometheus" / "santhrottle-rules.yml"
 
-
-def test_alert_rules_name_exported_series(live):  # noqa: F811
-    d, _act, _sock = live
-    kernel = {"10.0.0.3": ("all", 0x20, 1834, 2650112)}  # the member counters, faked
-    text = generate_latest(registry_for(StatusCache(d), lambda: kernel)).decode()
-    exported = set(re.findall(r"^(santhrottle_\w+?)(?:\{| )", text, re.M))
+def _rules() -> list[dict]:
     (group,) = yaml.safe_load(RULES.read_text())["groups"]
-    alerts = [r["alert"] for r in group["rules"]]
+    return group["rules"]
+
+
+def test_alert_rules_name_exported_series():
+    rules = _rules()
+    alerts = [r["alert"] for r in rules]
     assert len(alerts) == len(set(alerts)) >= 12, alerts
-    used = {m for r in group["rules"] for m in re.findall(r"santhrottle_\w+", r["expr"])}
-    # a histogram's _bucket series carry the family's name
-    assert used and used <= exported, used - exported
-    for r in group["rules"]:
+    used = {m for r in rules for m in re.findall(r"santhrottle_\w+", r["expr"])}
+    assert used and used <= exported_series(), used - exported_series()
+    for r in rules:
         assert r["labels"]["severity"] in ("critical", "warning", "info"), r["alert"]
         assert r["annotations"]["summary"], r["alert"]
+
+
+def test_the_manuals_table_is_the_rules_file():
+    """monitor.md, "What to alert on": one row per rule, its `for` as the file has it,
+    and the count the text gives."""
+    text = MONITOR.read_text()
+    rows = ROW.findall(text)
+    assert rows == [(r["alert"], r.get("for", "")) for r in _rules()]
+    assert f"{NUMBERS[len(rows)]} rules to start from" in text
