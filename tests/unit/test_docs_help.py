@@ -6,13 +6,14 @@ after them stands for the rest)."""
 from __future__ import annotations
 
 import argparse
+import re
 
 import pytest
 
 from santhrottle.appliance.cli.main import build_parser as cli_parser
 from santhrottle.appliance.daemon.main import build_parser as daemon_parser
 
-from .docs_blocks import PAGES, Block, blocks, commands
+from .docs_blocks import PAGES, ROOT, Block, blocks, commands
 
 COLUMNS = "80"  # the terminal the manual's help is quoted from
 
@@ -92,10 +93,37 @@ def test_a_quoted_help_or_usage_is_the_parsers(b: Block, k: int):
 def test_the_manual_quotes_the_usage_of_every_verb():
     """operate.md quotes each verb's usage, santhrottle(8) prints the rest."""
     quoted = {_parser_of(b.lines[k], _parsers()).prog for b, k in QUOTES}
-    leaves = {
+    leaves = _leaves()
+    assert leaves <= quoted, sorted(leaves - quoted)
+
+
+def _leaves() -> set[str]:
+    """The progs of santhrottle's leaf verbs ("santhrottle group set", ...)."""
+    return {
         prog
         for prog, p in _parsers().items()
         if prog.startswith("santhrottle ")
         and not any(isinstance(a, argparse._SubParsersAction) for a in p._actions)
     }
-    assert leaves <= quoted, sorted(leaves - quoted)
+
+
+def test_operates_table_of_commands_has_every_verb():
+    """operate.md's table of the commands (which need the daemon, which need root)
+    names every leaf verb."""
+    text = (ROOT / "docs" / "operate.md").read_text()
+    start = text.index("| group | commands |")
+    rows = text[start : text.index("\n\n", start)]
+    named = set(re.findall(r"`([a-z][a-z ]*[a-z])", rows))
+    leaves = {prog.removeprefix("santhrottle ") for prog in _leaves()}
+    assert leaves <= named, sorted(leaves - named)
+
+
+def test_the_control_sockets_table_has_every_command():
+    """operate.md's table of the control socket's requests is the daemon's list."""
+    from santhrottle.appliance.daemon.control.requests import COMMANDS
+
+    text = (ROOT / "docs" / "operate.md").read_text()
+    start = text.index("| `cmd` | `args` | `data` |")
+    rows = text[start : text.index("\n\n", start)].splitlines()[2:]
+    named = {n for row in rows for n in re.findall(r"`([a-z_]+)`", row.split(" | ")[0])}
+    assert named == set(COMMANDS)
