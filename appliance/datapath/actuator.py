@@ -65,8 +65,8 @@ from santhrottle.appliance.datapath.mangle import Mangles
 from santhrottle.appliance.datapath.members import (
     BULK_THRESHOLD,
     MAXELEM,
+    KernelMembers,
     Member,
-    Membership,
     Op,
     check_mode,
     plan_changes,
@@ -290,7 +290,7 @@ class Datapath:
         m = self.sets.cached() or {}
         return sorted(ip for ip, (_mode, minor) in m.items() if minor == 0)
 
-    def _membership(self) -> Membership:
+    def _membership(self) -> KernelMembers:
         m = self.sets.cached()
         if m is None:
             self.current()
@@ -370,7 +370,7 @@ class Datapath:
                 if family(ip) == 6:
                     raise DatapathError(f"IPv6 initiator {ip}: {problem}")
 
-    def _send(self, ops: Sequence[Op], before: Membership) -> None:
+    def _send(self, ops: Sequence[Op], before: KernelMembers) -> None:
         if not ops:
             return
         if any(op[0] == "add" for op in ops):

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 from santhrottle.appliance.datapath.host import Host, Tools
 from santhrottle.appliance.datapath.mangle import Mangles
-from santhrottle.appliance.datapath.members import Membership
+from santhrottle.appliance.datapath.members import KernelMembers
 from santhrottle.appliance.datapath.names import (
     ALL_SET_NAMES,
     MEMBERS_SET,
@@ -72,7 +72,7 @@ class Expected:
     """What the data path left: the sets' membership as last written (None:
     unknown after a failure, not checked) and whether the jumps are in."""
 
-    members: Membership | None
+    members: KernelMembers | None
     jumps: bool | None
 
 

@@ -50,7 +50,7 @@ from santhrottle.appliance.datapath.names import (
 )
 
 Op = tuple[str, str, str, int]  # (add|del, set name, ip, HTB minor)
-Membership = dict[str, tuple[str, int]]  # ip -> (mode, HTB minor)
+KernelMembers = dict[str, tuple[str, int]]  # what the kernel's sets hold: ip -> (mode, HTB minor)
 
 # Change sets up to this size go as single netlink ops (~0.17-0.2 ms each, no
 # process start); larger ones as one `ipset restore` (~2-3 ms + a few us per
@@ -115,7 +115,7 @@ def _minors(max_class: int) -> list[int]:
     return [0] + [class_minor(k) for k in range(1, max_class + 1)]
 
 
-def members_after(members: Mapping[str, tuple[str, int]], ops: Sequence[Op]) -> Membership:
+def members_after(members: Mapping[str, tuple[str, int]], ops: Sequence[Op]) -> KernelMembers:
     """The membership once ops are applied."""
     out = dict(members)
     set_mode = SET_MODE

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 
 from santhrottle.appliance.datapath.host import Host
 from santhrottle.appliance.datapath.mangle import MangleCleanup
-from santhrottle.appliance.datapath.members import Membership, Op, members_after
+from santhrottle.appliance.datapath.members import KernelMembers, Op, members_after
 from santhrottle.appliance.datapath.names import DatapathError, set_name
 from santhrottle.appliance.datapath.nftrules import (
     FAMILY,
@@ -79,7 +79,7 @@ class NftSets(_Nft, KnownMembers):
 
     def __init__(self, host: Host) -> None:
         super().__init__(host)
-        self._members: Membership | None = None
+        self._members: KernelMembers | None = None
 
     def headers(self) -> dict[str, int]:
         """The mode maps that exist, both families (by their set names) -> 0."""
@@ -100,7 +100,7 @@ class NftSets(_Nft, KnownMembers):
         members = self._members or {}
         return {set_name(m, ip) for ip, (m, _) in members.items()}
 
-    def send(self, ops: Sequence[Op], before: Mapping[str, tuple[str, int]]) -> Membership:
+    def send(self, ops: Sequence[Op], before: Mapping[str, tuple[str, int]]) -> KernelMembers:
         after = members_after(before, ops)
         try:
             self.apply(render_ops(ops, before))

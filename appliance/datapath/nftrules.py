@@ -71,7 +71,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from santhrottle.appliance.datapath.members import Membership, Op
+from santhrottle.appliance.datapath.members import KernelMembers, Op
 from santhrottle.appliance.datapath.names import (
     FAMILIES,
     FAMILY_SETS,
@@ -257,7 +257,7 @@ def _check_op(op: str, name: str, ip: str) -> str:
     return mode
 
 
-def render_replace(mode: str, members: Mapping[str, int], before: Membership) -> str:
+def render_replace(mode: str, members: Mapping[str, int], before: KernelMembers) -> str:
     """Mode's maps (both families) hold exactly `members` (ip -> minor, either family),
     in one transaction; the other maps lose these IPs (an initiator is in one mode at
     most)."""

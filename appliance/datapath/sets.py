@@ -38,7 +38,7 @@ from santhrottle.appliance.datapath.host import Host
 from santhrottle.appliance.datapath.members import (
     BULK_THRESHOLD,
     MAXELEM,
-    Membership,
+    KernelMembers,
     Op,
     bulk_plan,
     members_after,
@@ -87,14 +87,14 @@ def ipset_error(e: Exception) -> str:
 class KnownMembers:
     """The membership as last read back or written (MemberSets', and NftSets' on a bridge)."""
 
-    _members: Membership | None = None
+    _members: KernelMembers | None = None
 
     def _read_back(self, raw: Readback) -> Readback:
         """raw, as read from the kernel, becomes the membership known."""
         self._members = {ip: (mode, minor) for ip, (mode, minor, _, _) in raw.items()}
         return raw
 
-    def cached(self) -> Membership | None:
+    def cached(self) -> KernelMembers | None:
         """The membership as last read or written; None: unknown (read it)."""
         return self._members
 
@@ -109,7 +109,7 @@ class MemberSets(KnownMembers):
         self.host = host
         self.maxelem = maxelem
         self.bulk_threshold = bulk_threshold
-        self._members: Membership | None = None
+        self._members: KernelMembers | None = None
         self._gated: set[str] | None = None  # the mode sets the gate list:set holds now
 
     # ----------------------------------------------------------- reading
@@ -216,7 +216,7 @@ class MemberSets(KnownMembers):
         self._gate("del", self._gate_now() - want)
 
     # ------------------------------------------------------------ writing
-    def send(self, ops: Sequence[Op], before: Mapping[str, tuple[str, int]]) -> Membership:
+    def send(self, ops: Sequence[Op], before: Mapping[str, tuple[str, int]]) -> KernelMembers:
         """Send ops (single netlink ops, restore or swap, whichever is cheaper)
         against the membership `before`; returns the membership after them."""
         after = members_after(before, ops)

@@ -123,12 +123,14 @@ def initiator_names(sensors: Sensors) -> dict[str, Iterable[str]]:
         return {}
 
 
-Membership = tuple[dict[str, str], dict[str, set[str]]]
+# where each discovered initiator is: its group (initiator -> group) and the resources
+# it loads (initiator -> resources)
+Placement = tuple[dict[str, str], dict[str, set[str]]]
 
 
-def membership(
+def placement(
     config: Config, discovery: Discovery | None, group_map: GroupMap, sensors: Sensors
-) -> Membership:
+) -> Placement:
     """(initiator -> group, initiator -> the resources it loads) over the initiators
     the discovery knows."""
     if discovery is None or not config.groups:
@@ -141,15 +143,15 @@ def refresh(
     ctl: ControllerState,
     config: Config,
     overrides: Mapping[str, GroupOverride],
-    member: Membership,
+    placement: Placement,
     sensors: Sensors,
 ) -> None:
-    """The groups (with their overrides), their members (`member`: membership()) and
+    """The groups (with their overrides), their members (`placement`: placement()) and
     the grouped resources, into the controller (under the daemon's lock); the
     sensors are told which resources want IoSamples."""
     levels: set[str] = set()
     if config.groups or ctl.grouped or ctl.levels.specs:
-        group_of, loads = member
+        group_of, loads = placement
         grouped = grouped_resources(config, ctl.resources, group_of, loads)
         levels = level_resources(config, group_of, loads)
         changed = configure_groups(ctl, specs(config, overrides), group_of, grouped)

@@ -142,22 +142,22 @@ class Daemon:
         c = self.counters
         return (c.ticks, c.converges, c.reloads, c.actuator_errors, self._changes)
 
-    def _membership(self) -> grouping.Membership:
-        return grouping.membership(self.config, self.discovery, self.group_map, self.sensors)
+    def _placement(self) -> grouping.Placement:
+        return grouping.placement(self.config, self.discovery, self.group_map, self.sensors)
 
-    def _reconcile_resources(self, member: grouping.Membership | None = None) -> None:
+    def _reconcile_resources(self, placement: grouping.Placement | None = None) -> None:
         """Controller resources = known resources that have a threshold or groups."""
         known = self.known_resources()
-        group_of, loads = member if member is not None else self._membership()
+        group_of, loads = placement if placement is not None else self._placement()
         grouped = grouping.grouped_resources(self.config, known, group_of, loads)
         resources.reconcile(self.ctl, self.config, self.runtime, known, grouped, self.seed_classes)
         if self.fleet is not None:  # lead these when nobody does
             self.fleet.agent.want(self.ctl.resources)
 
-    def _refresh_groups(self, member: grouping.Membership | None = None) -> None:
-        member = member if member is not None else self._membership()
+    def _refresh_groups(self, placement: grouping.Placement | None = None) -> None:
+        placement = placement if placement is not None else self._placement()
         overrides = self.runtime.group_overrides
-        grouping.refresh(self.ctl, self.config, overrides, member, self.sensors)
+        grouping.refresh(self.ctl, self.config, overrides, placement, self.sensors)
 
     # ----------------------------------------------------------- the tick
     def converge_once(self) -> None:
@@ -196,9 +196,9 @@ class Daemon:
             log.warning("tick: read samples failed: %s", e)
         with self.lock:
             if self._resources_dirty:  # once per discovery, not every 100 ms
-                member = self._membership()  # who is in which group, once
-                self._reconcile_resources(member)
-                self._refresh_groups(member)
+                placement = self._placement()  # who is in which group, once
+                self._reconcile_resources(placement)
+                self._refresh_groups(placement)
                 self._resources_dirty = False
             writes, self._pending_writes = self._pending_writes, []
             ios, self._pending_ios = self._pending_ios, []
