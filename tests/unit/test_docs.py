@@ -45,6 +45,9 @@ def _toml_blocks(path: Path) -> list[str]:
     return re.findall(r"```toml\n(.*?)```", path.read_text(), flags=re.S)
 
 
+FIXED = ("daemon", "datapath", "controller", "metrics", "metering")  # the full example's
+
+
 def test_the_full_example_parses_and_sets_every_default():
     blocks = _toml_blocks(CONFIGURE)
     assert len(blocks) >= 2
@@ -52,13 +55,13 @@ def test_the_full_example_parses_and_sets_every_default():
     ref = defaults()
     for attr in ("control_socket", "socket_mode", "ports", "write_mode", "step_us",
                  "max_delay_us", "link_bits_s", "leaf", "glide_leaves", "controller",
-                 "metrics_address", "metrics_port", "keep_static_state"):  # fmt: skip
+                 "metrics_address", "metrics_port", "keep_static_state", "metering"):  # fmt: skip
         assert getattr(full, attr) == getattr(ref, attr), attr
     written = {f"{t}.{k}" for t, table in tomllib.loads(blocks[-1]).items()
-               if t in ("daemon", "datapath", "controller", "metrics") for k in table}  # fmt: skip
+               if t in FIXED for k in table}  # fmt: skip
     commented = set(re.findall(r"^# (\w+) = ", blocks[-1], flags=re.M))
     for k in KEYS:
-        if k.table in ("daemon", "datapath", "controller", "metrics"):
+        if k.table in FIXED:
             assert k.dotted in written or k.name in commented, f"{k.dotted} missing"
 
 
