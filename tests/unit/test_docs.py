@@ -90,6 +90,9 @@ NOTEBOOK = [
     r"\btrial ?\d+\b",
     r"\bsession \d+\b",
     r"\bround \d+ of (the )?work\b",
+    r"(?im)^#+ .*\b(today|not yet)\b",  # a run is named by its date; limits are limits
+    r"\b[Tt]oday's (runs?|rules?|plant|controller)\b",
+    r"\(now `make ",
 ]
 
 
