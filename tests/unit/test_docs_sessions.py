@@ -7,7 +7,9 @@ and a real control socket, against SESSION's daemon (tests/unit/docs_daemon.py: 
 real Daemon on the unit tests' fakes in virtual time, so every figure is reproducible),
 one second of the daemon's time after each; what a command prints (stdout, then
 stderr) must be the lines under it, where a line "..." stands for any lines.  A
-command piped elsewhere (`| jq`) is not run.
+command piped elsewhere (`| jq`) is not run.  `top` heads each view with the daemon's
+time and sleeps in it (the session "top" is an operate daemon of its own, so that its
+seconds move no other example).
 
 SANTHROTTLE_DOCS_WRITE=1 writes what the commands print into the pages instead (the
 outputs without a "..." line): how the examples are made, then read and committed.
@@ -20,10 +22,12 @@ import io
 import os
 import shlex
 import time
+import types
 from pathlib import Path
 
 import pytest
 
+from santhrottle.appliance.cli import daemon as cli_daemon
 from santhrottle.appliance.cli.main import main
 from santhrottle.appliance.daemon.control.commands import Commands
 from santhrottle.appliance.daemon.control.server import ControlServer
@@ -37,6 +41,7 @@ SESSIONS = {
     "hosts": docs_daemon.hosts,
     "fleet": docs_daemon.fleet,
     "levels": docs_daemon.levels,
+    "top": docs_daemon.operate,  # its own, so that top's seconds move no other example
 }
 KERNEL = "kernel"  # tests/privileged/test_docs_kernel.py's
 WRITE = os.environ.get("SANTHROTTLE_DOCS_WRITE") == "1"
@@ -98,8 +103,17 @@ def test_the_manual_has_sessions_and_every_mark_names_one():
 
 
 @pytest.mark.parametrize("page,name,cmds", RUNS, ids=[f"{p.name}:{n}" for p, n, _c in RUNS])
-def test_a_session_prints_what_the_manual_shows(page, name, cmds, tmp_path, _terminal):
+def test_a_session_prints_what_the_manual_shows(page, name, cmds, tmp_path, _terminal, monkeypatch):
     d, advance = SESSIONS[name]()
+    # `top` heads each view with the daemon's time and sleeps in it
+    monkeypatch.setattr(
+        cli_daemon,
+        "time",
+        types.SimpleNamespace(
+            strftime=lambda fmt: time.strftime(fmt, time.gmtime(d.clock())),
+            sleep=lambda s: [advance() for _ in range(round(s))],
+        ),
+    )
     socket = str(tmp_path / "control.sock")
     srv = ControlServer(socket, Commands(d).handle, 0o600)
     srv.start()
