@@ -204,6 +204,8 @@ def write_csv(data: dict[str, Any]) -> None:
 def cmd_meter(args: argparse.Namespace) -> int:
     cfg = _config(args.config)
     store = MeterStore(args.state_dir or cfg.state_dir)
+    if not store.dir.is_dir():  # a mistyped --state-dir is not "no usage"
+        raise Failed(f"cannot read the meter in {store.dir}: no such directory")
     try:
         rows = list(store.periods(args.since))
     except OSError as e:

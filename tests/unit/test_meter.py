@@ -155,6 +155,11 @@ def test_meter_since_and_bad_input(tmp_path, capsys):
     (tmp_path / "meter.json").write_text("{")
     assert main(args) == 1
     assert "not valid JSON" in capsys.readouterr().err
+    gone = ["meter", "--state-dir", str(tmp_path / "typo"), "--config", str(conf)]
+    assert main(gone) == 1
+    assert capsys.readouterr().err == (
+        f"santhrottle: cannot read the meter in {tmp_path / 'typo'}: no such directory\n"
+    )
 
 
 def _child(state: Path) -> subprocess.Popen:
