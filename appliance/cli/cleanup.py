@@ -128,7 +128,7 @@ def remove_delays(d: Any, clock: Any = time.monotonic, sleep: Any = time.sleep) 
     deadline = clock() + 2 * d.spec.max_delay_us / 1e6 + SETTLE_MARGIN_S
     while clock() < deadline and d.current():
         sleep(SETTLE_EVERY_S)
-        d.settle()
+        d.advance_glides()
     left = d.current()
     if left:  # class 0 takes a member out of whichever set holds it
         d.set_classes(dict.fromkeys(left, 0), ordered=False)

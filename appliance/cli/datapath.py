@@ -260,7 +260,7 @@ def cmd_pin(args: argparse.Namespace) -> int:
         d, note = _discover_or_apply(args)
         with d:
             k = _delay_class(delay_us, d.spec.ladder)
-            # ordered=False: this process exits now, nobody would settle a glide
+            # ordered=False: this process exits now, nobody would advance a glide
             d.set_classes({ip: k}, mode=args.mode, ordered=False)
     except dp.DatapathError as e:
         raise Failed(str(e)) from None

@@ -8,7 +8,7 @@ What it owns
       apply()       the start: Datapath.apply(), then the members read back
                     become the record (a restart adopts what the last run left)
       converge()    every tick: the kernel to the classes wanted
-      settle()      every tick: the glide leaves' due lowerings and handoffs,
+      advance_glides()      every tick: the glide leaves' due lowerings and handoffs,
                     quarantined like any refusal when the kernel refuses them
       members(), quarantined(), errors, quarantines   for status and metrics
       expected(), drift(), repair()   the drift check and its repair (a member
@@ -70,8 +70,8 @@ class Actuation:
         Returns what changed: ip -> (class before, class after, mode)."""
         return self.convergence.converge(want, ordered)
 
-    def settle(self) -> int:
-        return self.convergence.guard("glide leaves", "leaf", self.datapath.settle)
+    def advance_glides(self) -> int:
+        return self.convergence.guard("glide leaves", "leaf", self.datapath.advance_glides)
 
     # ------------------------------------------------------------ what it shows
     def members(self) -> Mapping[str, Target]:

@@ -30,7 +30,7 @@ Run time
     set_classes({ip: class}, mode) diffs against the membership it knows
     (read back from the kernel once), lets the planner route descents and
     same-prio rises through glide leaves, installs the jumps with the first
-    member and removes them with the last, and sends the ops.  settle()
+    member and removes them with the last, and sends the ops.  advance_glides()
     (every tick) carries out the planner's due lowerings and handoffs.  A
     failed kernel change leaves the membership and the leaves' delays
     unknown: both are read back from the kernel at the next call.
@@ -47,7 +47,7 @@ Worked example
     set_classes({"10.0.0.3": 20}) puts the jump on eth1 and 10.0.0.3 into
     santhrottle-all with skbprio 5374:20: its iSCSI traffic is now delayed
     10 ms; set_classes({"10.0.0.3": 0}) glides it out (20 -> leaf -> 0),
-    and the settle() that hands it out of the set removes the jump.
+    and the advance_glides() that hands it out of the set removes the jump.
 """
 
 from __future__ import annotations
@@ -315,7 +315,7 @@ class Datapath:
         """Move initiators into delay classes (0 = out of every set).  `mode`
         (default: the write mode) names the set: all, ack or read.  With
         `ordered`, descents and same-prio rises go through glide leaves: call
-        settle() every tick after it.  Returns the ipset operations sent."""
+        advance_glides() every tick after it.  Returns the ipset operations sent."""
         mode = check_mode(mode or self.spec.write_mode)
         ops = self.plan_changes(classes, mode)
         if not ops:
@@ -333,7 +333,7 @@ class Datapath:
             self._set_leaf_delays(self.glides.entered(plan, self.clock()))
         return len(plan.ops)
 
-    def settle(self) -> int:
+    def advance_glides(self) -> int:
         """Carry out the glide planner's due lowerings and handoffs.  Cheap when
         nothing is due: the daemon calls it every tick.  Returns the ops sent."""
         now = self.clock()

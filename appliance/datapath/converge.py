@@ -101,7 +101,7 @@ class Convergence:
         self.targets.pop(ip, None)
 
     def guard(self, key: str, kind: str, fn: Callable[[], int]) -> int:
-        """fn() (an operation on a shared object: the glide leaves' settle), quarantined
+        """fn() (an operation on a shared object: advancing the glide leaves), quarantined
         with the same backoff when it fails; 0 while it waits for its retry."""
         now = self.clock()
         q = self.quarantine.get(key)

@@ -236,10 +236,10 @@ def _descend(
                     if any(g["lowering_to_us"] is not None for g in glide_status(d)):
                         # just moved in: lowered once its older packets have left
                         time.sleep(start_class * d.spec.step_s + 0.005)
-                        d.settle()
+                        d.advance_glides()
                     delays.append([g["delay_us"] for g in glide_status(d) if g["members"]])
                 time.sleep(0.3)
-                d.settle()
+                d.advance_glides()
                 look(f"descent {n} to class {k}")
             n += 1
             if descents is None and any(w.startswith("descent") for w, _, _ in seen):
@@ -247,10 +247,10 @@ def _descend(
         assert reader.poll() is None, "the reader ended before the descents did"
     finally:
         _stop(reader)
-    # settle() hands the leaf's member out of the set once a look saw no traffic
+    # advance_glides() hands the leaf's member out of the set once a look saw no traffic
     # since the one before: the reader has stopped (a pair of looks that saw it
     # still reading waits up to LOOK_GAP_MAX_S for the next): two looks, a gap
-    # apart. Under TCG one settle() there (ipset and qdisc dumps) took about 2 s
+    # apart. Under TCG one advance_glides() there (ipset and qdisc dumps) took about 2 s
     # (2 calls in 4.2 s), so a bound of a few seconds failed; it is the handoff,
     # not its speed, that the test asserts.
     t0 = time.monotonic()
@@ -258,11 +258,12 @@ def _descend(
     rounds = 0
     while True:
         time.sleep(start_class * d.spec.step_s)
-        d.settle()
+        d.advance_glides()
         rounds += 1
         if ip not in d.current() or time.monotonic() > deadline:
             break
-    print(f"handed out after the reader: {time.monotonic() - t0:.2f} s, {rounds} settle() calls")
+    elapsed = time.monotonic() - t0
+    print(f"handed out after the reader: {elapsed:.2f} s, {rounds} advance_glides() calls")
     look("after the reader")
     out = diff(c0, tcp_counters())
     out["descents"] = n

@@ -237,7 +237,7 @@ def test_idle_no_rule_and_no_hook_sees_a_packet(netns_pair):
         assert len(_jumps(pair)) == 1 and MEMBER_IP in d.current()
         for _ in range(4):  # lowered, then two quiet looks hand it out of the set
             now[0] += 0.01
-            d.settle()
+            d.advance_glides()
         assert d.current() == {} and _jumps(pair) == []
         if d.mangle.backend() == "nf_tables":
             nft = ["ip", "netns", "exec", pair.target, "nft", "list", "table", "ip", "mangle"]
@@ -591,7 +591,7 @@ def test_jump_gate_follows_a_swapped_set(netns_pair):
 def test_a_descent_glides_through_its_own_leaf_then_settles(netns_pair):
     """Lowering a member's class moves it into a glide leaf (pfifo here: the
     delay change itself, and that it keeps order, is the lab's to measure),
-    whose traffic counts in no class; settle() hands it to the shared class."""
+    whose traffic counts in no class; advance_glides() hands it to the shared class."""
     pair = netns_pair
     now = [1000.0]
     with _dp(pair, glide_leaves=2, clock=lambda: now[0]) as d:
@@ -612,15 +612,15 @@ def test_a_descent_glides_through_its_own_leaf_then_settles(netns_pair):
         assert gliding["5374:6000"]["packets"] - before["5374:6000"] == pkts > 100
         assert gliding["5374:6000"]["members"] == [MEMBER_IP]
         assert _only(classes) == {}, "the glide leaf's packets count in no class"
-        assert d.settle() == 0 and d.current()[MEMBER_IP].klass == 6  # not due yet
+        assert d.advance_glides() == 0 and d.current()[MEMBER_IP].klass == 6  # not due yet
         now[0] += 6 * d.spec.step_s
-        assert d.settle() == 0  # lowered in place; its class-6 packets may still be queued
+        assert d.advance_glides() == 0  # lowered in place; its class-6 packets may still be queued
         assert d.current()[MEMBER_IP].klass == 2
         now[0] += 6 * d.spec.step_s
         # due, and nothing queued; but it sent since the last look (the transfer):
         # only a look that sees no traffic since the one before hands it on
-        assert d.settle() == 0 and _leaf(d, "5374:6000")["state"] == "handoff"
-        assert d.settle() == 1 and _leaf(d, "5374:6000")["state"] == "draining"
+        assert d.advance_glides() == 0 and _leaf(d, "5374:6000")["state"] == "handoff"
+        assert d.advance_glides() == 1 and _leaf(d, "5374:6000")["state"] == "draining"
         assert d.current()[MEMBER_IP].klass == 2
         classes, members = _measured(pair, d, (MEMBER_IP, 3260, MB, MB), start=False)
         assert classes[2][0] == members[MEMBER_IP][0] > 100
@@ -631,17 +631,17 @@ def test_a_descent_glides_through_its_own_leaf_then_settles(netns_pair):
         assert d.current()[MEMBER_IP].klass == 2
         assert _leaf(d, "5374:6001")["members"] == [MEMBER_IP]
         now[0] += 2 * d.spec.step_s
-        assert d.settle() == 0 and d.current()[MEMBER_IP].klass == 0
+        assert d.advance_glides() == 0 and d.current()[MEMBER_IP].klass == 0
         now[0] += 2 * d.spec.step_s
-        assert d.settle() == 0  # the first look at leaf 6001
-        assert d.settle() == 1 and MEMBER_IP not in d.current()
+        assert d.advance_glides() == 0  # the first look at leaf 6001
+        assert d.advance_glides() == 1 and MEMBER_IP not in d.current()
         d.cleanup()
 
 
-def test_settle_keeps_a_member_while_its_packets_are_queued_in_the_leaf(netns_pair):
+def test_advance_glides_keeps_a_member_while_its_packets_are_queued_in_the_leaf(netns_pair):
     """Handing a leaf's members to a shared class (or out of the set) while
     the leaf still holds their packets would let the next ones overtake
-    those: settle() reads the leaf's queue from the kernel and waits."""
+    those: advance_glides() reads the leaf's queue from the kernel and waits."""
     pair = netns_pair
     now = [1000.0]
     with _dp(pair, glide_leaves=1, clock=lambda: now[0]) as d:
@@ -649,7 +649,7 @@ def test_settle_keeps_a_member_while_its_packets_are_queued_in_the_leaf(netns_pa
         d.set_classes({MEMBER_IP: 6})
         d.set_classes({MEMBER_IP: 2})
         now[0] += 6 * d.spec.step_s
-        d.settle()  # lowered in place
+        d.advance_glides()  # lowered in place
         now[0] += 6 * d.spec.step_s  # due, by time
         # a slow leaf (pfifo here has no delay) so that the download queues in it
         leaf = "5374:6000"
@@ -664,7 +664,7 @@ def test_settle_keeps_a_member_while_its_packets_are_queued_in_the_leaf(netns_pa
             while dp.glide_status(d)[0]["queued"] == 0 and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert dp.glide_status(d)[0]["queued"] > 0
-            assert d.settle() == 0
+            assert d.advance_glides() == 0
             assert _leaf(d, "5374:6000")["members"] == [MEMBER_IP]
         finally:
             fast = htb_params(d.spec.link_bits_s, GLIDE_PRIO).tc_args()
@@ -672,10 +672,10 @@ def test_settle_keeps_a_member_while_its_packets_are_queued_in_the_leaf(netns_pa
                      leaf, "htb", *fast.split())  # fmt: skip
             t.join()
         assert dp.glide_status(d)[0]["queued"] == 0
-        assert d.settle() == 0  # the queue drained through the leaf since the last look
-        assert d.settle() == 0  # two looks in a row saw traffic: the next pair waits
+        assert d.advance_glides() == 0  # the queue drained through the leaf since the last look
+        assert d.advance_glides() == 0  # two looks in a row saw traffic: the next pair waits
         now[0] += LOOK_GAP_MIN_S
-        assert d.settle() == 1 and d.current()[MEMBER_IP].klass == 2
+        assert d.advance_glides() == 1 and d.current()[MEMBER_IP].klass == 2
         d.cleanup()
 
 

@@ -122,15 +122,15 @@ def test_a_refused_shared_object_waits_with_backoff_and_blames_no_member():
     assert set(PINS) <= set(act.kernel) and status_of(d)["quarantine"] == []
 
 
-def test_a_failing_settle_is_quarantined_and_the_members_still_move():
+def test_a_failing_advance_glides_is_quarantined_and_the_members_still_move():
     d, vt, _s, act = make()
     calls = []
 
-    def settle():
+    def refused():
         calls.append(vt.now)
         raise OSError("tc: RTNETLINK answers: No such device")
 
-    act.settle = lambda: act.convergence.guard("glide leaves", "leaf", settle)
+    act.advance_glides = lambda: act.convergence.guard("glide leaves", "leaf", refused)
     _pin_all(d, PINS)
     run_for(d, vt, 5.0)
     assert set(PINS) <= set(act.kernel)

@@ -117,7 +117,7 @@ class FakeActuator:
     def __init__(self, clock=lambda: 0.0) -> None:
         self._kernel: dict[str, tuple[int, str]] = {}
         self.calls = 0
-        self.settles = 0
+        self.advances = 0
         self.unordered = 0  # calls with ordered=False
         self.fail = False  # every change refused
         self.refuse: set[str] = set()  # these initiators refused
@@ -176,8 +176,8 @@ class FakeActuator:
     def quarantines(self):
         return self.convergence.quarantined_total
 
-    def settle(self):
-        self.settles += 1
+    def advance_glides(self):
+        self.advances += 1
         return 0
 
     # drift: the fake kernel (a dict someone may change) against the record
@@ -243,10 +243,10 @@ def test_fixed_rate_ticks_without_drift():
     assert d.counters.tick_overruns == 0
 
 
-def test_every_tick_settles_the_glide_leaves_once_after_its_changes():
+def test_every_tick_advances_the_glide_leaves_once_after_its_changes():
     d, vt, _s, act = make()
     run_for(d, vt, 1.0)
-    assert d.counters.ticks > 5 and act.settles == d.counters.ticks  # also when nothing changed
+    assert d.counters.ticks > 5 and act.advances == d.counters.ticks  # also when nothing changed
 
 
 def test_late_tick_counted_not_bunched():

@@ -323,7 +323,7 @@ class _LeafDatapath:
             for ip in classes:
                 self.members.pop(ip)
 
-    def settle(self):
+    def advance_glides(self):
         if self.vt.now - self.t0 >= self.drain_s:
             self.members.clear()
 

@@ -43,7 +43,7 @@ class Kernel:
         self.delays += self.p.entered(plan, now)
         return len(plan.ops)
 
-    def settle(self, now: float, readings: dict[int, tuple[int, int]] | None = None) -> int:
+    def advance_glides(self, now: float, readings: dict[int, tuple[int, int]] | None = None) -> int:
         self.delays += self.p.lowerings(now)
         looks = self.p.looks(now)
         got = {m: (readings or {}).get(m, (0, 7)) for m in looks}
@@ -95,21 +95,21 @@ def test_the_states_of_one_descent_in_virtual_time():
     # what it sent before the move waits in class 12 until 100.006: not lowered yet
     assert k.p.state(A, 100.0) is LeafState.LOWERING and k.p.class_of(A) == 12
     assert k.move({"10.0.0.4": 10}, 100.001) == 0  # asked again: still waiting, no op
-    assert k.settle(100.005) == 0 and k.p.class_of(A) == 12
-    assert k.settle(100.0061) == 0  # lowered in place; its 6 ms packets leave by 100.0121
+    assert k.advance_glides(100.005) == 0 and k.p.class_of(A) == 12
+    assert k.advance_glides(100.0061) == 0  # lowered in place; its 6 ms packets leave by 100.0121
     assert k.delays[-1] == LeafDelay(A, 10) and k.p.state(A, 100.0061) is LeafState.GLIDING
     assert k.move({"10.0.0.4": 9}, 100.007) == 0  # the group fills it: glides in place at once
     assert k.delays[-1] == LeafDelay(A, 9) and k.p.class_of(A) == 9
     assert k.p.state(A, 100.0122) is LeafState.HANDOFF
     assert k.p.looks(100.0122) == [A]
     # packets still queued in the leaf: they would be overtaken
-    assert k.settle(100.0122, {A: (3, 7)}) == 0
-    assert k.settle(100.0123, {A: (0, 7)}) == 1  # nothing queued and none sent since
+    assert k.advance_glides(100.0122, {A: (3, 7)}) == 0
+    assert k.advance_glides(100.0123, {A: (0, 7)}) == 1  # nothing queued and none sent since
     assert k.ops[-1] == ("add", ALL, "10.0.0.4", class_minor(9))
     # the leaf drains what it holds at 4.5 ms before it is free again
     assert k.p.state(A, 100.0124) is LeafState.DRAINING
     assert k.p.state(A, 100.0169) is LeafState.FREE
-    assert k.settle(100.02) == 0
+    assert k.advance_glides(100.02) == 0
 
 
 def test_a_handoff_waits_for_a_look_that_saw_no_traffic():
@@ -118,11 +118,11 @@ def test_a_handoff_waits_for_a_look_that_saw_no_traffic():
     assert k.ops == [("add", ALL, "10.0.0.4", A)] and k.delays == [LeafDelay(A, 14)]
     # nothing queued, but packets go through between two looks: a packet could
     # enter the leaf while it is handed on, and the shared class would overtake it
-    assert k.settle(101.0, {A: (0, 10)}) == 0
-    assert k.settle(101.1, {A: (0, 12)}) == 0
+    assert k.advance_glides(101.0, {A: (0, 10)}) == 0
+    assert k.advance_glides(101.1, {A: (0, 12)}) == 0
     # both looks of the pair saw traffic: the next waits LOOK_GAP_MIN_S
-    assert k.p.looks(101.2) == [] and k.settle(101.2, {A: (0, 12)}) == 0
-    assert k.settle(101.1 + LOOK_GAP_MIN_S, {A: (0, 12)}) == 1  # none passed in the gap
+    assert k.p.looks(101.2) == [] and k.advance_glides(101.2, {A: (0, 12)}) == 0
+    assert k.advance_glides(101.1 + LOOK_GAP_MIN_S, {A: (0, 12)}) == 1  # none passed in the gap
     assert k.ops[-1] == ("add", ALL, "10.0.0.4", class_minor(14))
     assert k.p.views(101.4)[0].members == []
 
@@ -131,11 +131,11 @@ def test_a_member_that_never_pauses_is_looked_at_in_pairs_with_a_growing_gap():
     k = _kernel()
     k.move({"10.0.0.4": 14}, 100.0)
     looked = []
-    for sent in range(1, 41):  # a settle every 100 ms; the member sends between any two
+    for sent in range(1, 41):  # an advance_glides() every 100 ms; the member sends between any two
         t = 101.0 + sent / 10
         if k.p.looks(t):
             looked.append(t)
-        assert k.settle(t, {A: (0, sent)}) == 0
+        assert k.advance_glides(t, {A: (0, sent)}) == 0
     gaps = [round(b - a, 1) for a, b in itertools.pairwise(looked)]
     assert gaps[:8] == [0.1, LOOK_GAP_MIN_S, 0.1, 2 * LOOK_GAP_MIN_S, 0.1, LOOK_GAP_MAX_S,
                         0.1, LOOK_GAP_MAX_S]  # fmt: skip
@@ -143,24 +143,24 @@ def test_a_member_that_never_pauses_is_looked_at_in_pairs_with_a_growing_gap():
     # it goes down again in place: a new episode, looked at a tick apart first
     k.move({"10.0.0.4": 13}, t)
     t += 1.0
-    assert k.settle(t, {A: (0, sent + 5)}) == 0  # traffic since the last look
-    assert k.settle(t + 0.1, {A: (0, sent + 5)}) == 1  # a tick later, not a gap: quiet
+    assert k.advance_glides(t, {A: (0, sent + 5)}) == 0  # traffic since the last look
+    assert k.advance_glides(t + 0.1, {A: (0, sent + 5)}) == 1  # a tick later, not a gap: quiet
 
 
 def test_a_release_hands_the_member_out_of_the_set():
     k = _kernel()
     k.move({"10.0.0.2": 0}, 100.0)
     assert k.members["10.0.0.2"] == ("all", A)  # in the leaf, still a member
-    assert k.settle(100.0021) == 0 and k.delays[-1] == LeafDelay(A, 0)
-    k.settle(100.0042, {A: (0, 5)})
-    assert k.settle(100.0043, {A: (0, 5)}) == 1
+    assert k.advance_glides(100.0021) == 0 and k.delays[-1] == LeafDelay(A, 0)
+    k.advance_glides(100.0042, {A: (0, 5)})
+    assert k.advance_glides(100.0043, {A: (0, 5)}) == 1
     assert k.ops[-1] == ("del", ALL, "10.0.0.2", 0) and "10.0.0.2" not in k.members
 
 
 def test_a_leaf_its_group_fills_glides_in_place_and_others_take_their_own():
     k = _kernel()
     k.move({"10.0.0.2": 3, "10.0.0.3": 3}, 100.0)
-    k.settle(100.003)  # lowered to 3
+    k.advance_glides(100.003)  # lowered to 3
     n = len(k.ops)
     # the whole leaf goes 3 -> 2: no ipset op at all
     assert k.move({"10.0.0.2": 2, "10.0.0.3": 2}, 100.004) == 0
@@ -219,8 +219,8 @@ def test_a_leaf_whose_members_go_up_goes_up_in_place_and_is_not_lowered_later():
     # up before the lowering was due: in place (a FIFO keeps its order), no ipset op
     assert k.move({"10.0.0.4": 20}, 100.001) == 0 and len(k.ops) == n
     assert k.delays[-1] == LeafDelay(A, 20) and k.p.state(A, 100.001) is LeafState.HANDOFF
-    # its traffic never stops: settle never hands it over, and never lowers it
-    assert k.settle(100.01, {A: (5, 0)}) == 0 and k.p.class_of(A) == 20
+    # its traffic never stops: advance_glides() never hands it over, and never lowers it
+    assert k.advance_glides(100.01, {A: (5, 0)}) == 0 and k.p.class_of(A) == 20
     # only one of two members going up takes the shared class: the leaf stays
     k.members["10.0.0.2"] = ("all", A)
     k.p.sync(k.members)

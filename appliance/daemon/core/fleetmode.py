@@ -15,7 +15,7 @@ Per tick (main thread, the daemon's lock held), with the agent's last view
         if it arrived within CONV_STALE_CONVERGES convergences.  So every
         appliance runs decide() on (nearly) what one appliance on every path
         would see.  The tick's own samples are handed to the agent to publish.
-    after_step():
+    after_decide():
         led here: the resource's class and its members' classes go to the
             agent, which publishes them at the leadership's epoch;
         led elsewhere, with a current decision (the engine binds it to the
@@ -112,7 +112,7 @@ class FleetMode:
         return own if len(parts) == 1 else merge(parts)
 
     # -------------------------------------------------------------- decisions
-    def after_step(self, d: Daemon) -> None:
+    def after_decide(self, d: Daemon) -> None:
         ctl, v = d.ctl, self.view
         if v.degraded:
             self._unfollow(set(self.classes))

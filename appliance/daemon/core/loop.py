@@ -211,7 +211,7 @@ class Daemon:
                 samples = self.fleet.samples(self, samples, now)
             self.ctl, _ = decide(self.ctl, samples, now)
             if self.fleet is not None:
-                self.fleet.after_step(self)
+                self.fleet.after_decide(self)
             self.runtime.age_adopted(
                 now,
                 self.config.controller.class_decrease_max_per_tick,
@@ -234,7 +234,7 @@ class Daemon:
         try:
             changed = self.actuator.converge(self.desired(), ordered=ordered)
             why.record(self, changed, self.clock())  # each change, why (core/audit.py)
-            self.actuator.settle()
+            self.actuator.advance_glides()
         except Exception as e:  # a bug below: counted and logged, the next tick tries again
             self._actuator_faults += 1
             log.error("actuator: %s", e)
@@ -279,7 +279,7 @@ class Daemon:
         with self.lock:
             self.runtime.paused = True
             self.runtime.pins.clear()
-            # unordered: nobody would settle glide leaves after the stop
+            # unordered: nobody would advance glide leaves after the stop
             self._actuate(ordered=False)
             if not self.config.keep_static_state:
                 try:

@@ -22,7 +22,7 @@ BridgeSensors
 
 Actuator
     What the loop asks of the data path (datapath/actuator.py's Datapath):
-    converge() the kernel's members to the classes wanted, settle() the glide
+    converge() the kernel's members to the classes wanted, advance_glides() the glide
     leaves, the members it holds (the one record of what the kernel holds:
     the daemon keeps no copy), the members it could not apply (quarantine),
     drift() and repair() of the objects it owns, cleanup().
@@ -153,7 +153,7 @@ class Actuator(Protocol):
         self, want: Mapping[str, tuple[int, str]], *, ordered: bool = True
     ) -> Mapping[str, tuple[int, int, str]]: ...
 
-    def settle(self) -> int: ...
+    def advance_glides(self) -> int: ...
 
     def members(self) -> Mapping[str, tuple[int, str]]: ...
 
