@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 from pathlib import Path
 
 from santhrottle.appliance.cli.datapathview import print_status
@@ -55,3 +56,41 @@ def test_meter_prints_the_manuals_layout(tmp_path, monkeypatch):
     with contextlib.redirect_stdout(out):
         assert main(argv) == 0
     assert shown.output == out.getvalue().splitlines()
+
+
+def _keys(obj, into: set[str]) -> set[str]:
+    """Every key of a status JSON, nested ones too (not the resources' and initiators'
+    names that key some of its maps)."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            into.add(k)
+            if k not in (
+                "write_bytes_per_second",
+                "written_bytes",
+                "quarantines",
+                "tick_duration_buckets",
+            ):
+                _keys(v, into)
+    elif isinstance(obj, list):
+        for v in obj:
+            _keys(v, into)
+    return into
+
+
+def test_operate_names_every_key_of_status_json():
+    """operate.md's paragraph on `status --json` names every key the daemons of the
+    manual answer with (target, groups, levels): a new key is documented or fails here."""
+    from santhrottle.appliance.daemon.status.build import status
+    from santhrottle.appliance.daemon.status.views import to_json
+
+    from . import docs_daemon
+
+    text = (ROOT / "docs" / "operate.md").read_text()
+    start = text.index("`--json` gives the same and more.")
+    paragraph = text[start : text.index("\n\n", start)]
+    named = set(re.findall(r"`([a-z_0-9]+)`", paragraph))
+    keys: set[str] = set()
+    for make in (docs_daemon.operate, docs_daemon.groups, docs_daemon.levels):
+        d, _advance = make()
+        _keys({k: v for k, v in to_json(status(d)).items() if k not in ("fleet", "wire")}, keys)
+    assert keys <= named, sorted(keys - named)
