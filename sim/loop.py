@@ -264,8 +264,18 @@ def run_paths(
                 last_lat[name] = lat
             else:  # its reads wait for the stall's end, then take the latency it left
                 open_iops, lat, lats, rates = 0.0, last_lat[name], None, []
-            ten.account(name, t, dt, devices[name], open_iops, closed, owner, rates,
-                        lats or [lat] * len(rates), on)  # fmt: skip
+            ten.account(
+                name,
+                t,
+                dt,
+                devices[name],
+                open_iops,
+                closed,
+                owner,
+                rates,
+                lats or [lat] * len(rates),
+                on,
+            )
             # the device as diskstats sees it: IOs, their latency, IOs in flight (Little)
             dev_iops = open_iops + sum(rates)
             dev_acc = dev_tick[name]

@@ -96,9 +96,10 @@ def group_extras(
     t.used.add("utilization_target")
     if "utilization_target" in t.data:
         target = parse(
-            f"{t.path}.utilization_target", "groups.NAME.utilization_target",
+            f"{t.path}.utilization_target",
+            "groups.NAME.utilization_target",
             t.data["utilization_target"],
-        )  # fmt: skip
+        )
     return {"levels": tuple(levels[n] for n in order if n in levels), "utilization_target": target}
 
 

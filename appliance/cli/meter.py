@@ -195,10 +195,17 @@ def write_csv(data: dict[str, Any]) -> None:
     )
     for p in data["periods"]:
         w.writerow(
-            [p["start"] or "", p["end"] or "", p["group"], round(p["ios"]), round(p["bytes"]),
-             round(sum(p["delay_seconds"].values()), 3), round(p["cost"], 6)]
+            [
+                p["start"] or "",
+                p["end"] or "",
+                p["group"],
+                round(p["ios"]),
+                round(p["bytes"]),
+                round(sum(p["delay_seconds"].values()), 3),
+                round(p["cost"], 6),
+            ]
             + [round(p["level_seconds"].get(n, {}).get(c, 0.0), 3) for n, c in keys]
-        )  # fmt: skip
+        )
 
 
 def cmd_meter(args: argparse.Namespace) -> int:

@@ -181,8 +181,10 @@ def _measured(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
 
 def print_resources(d: dict[str, Any]) -> None:
     print(f"from {_source(d)}")
-    print(f"{'RESOURCE':<16} {'VOLUMES':>7} {'READS/s':>8} {'READ_LAT':>9} {'WR_MB/s':>8} "
-          f"{'SYNC':<5} INITIATORS")  # fmt: skip
+    print(
+        f"{'RESOURCE':<16} {'VOLUMES':>7} {'READS/s':>8} {'READ_LAT':>9} {'WR_MB/s':>8} "
+        f"{'SYNC':<5} INITIATORS"
+    )
     for r in d["resources"]:
         print(
             f"{r['resource']:<16} {len(r['volumes']):>7} {r['reads_per_s']:>8.1f} "
@@ -216,9 +218,11 @@ def print_sync(rows: list[dict[str, Any]]) -> None:
     for r in sorted(off, key=lambda r: (r["state"], -r["out_of_sync_s"])):
         why = f" ({r['reason']})" if r["reason"] else ""
         port = f":{r['initiator_port']}" if r["initiator_port"] else ""  # IPsec: none
-        print(f"{r['state']:<15} {r['out_of_sync_s']:>8.1f} {r['out_of_sync_bytes'] / 1e6:>8.2f} "
-              f"{r['desyncs']:>7}  {r['initiator']}{port} -> {r['portal']} "
-              f"{r['target'] or '*'} {r['direction']}{why}")  # fmt: skip
+        print(
+            f"{r['state']:<15} {r['out_of_sync_s']:>8.1f} {r['out_of_sync_bytes'] / 1e6:>8.2f} "
+            f"{r['desyncs']:>7}  {r['initiator']}{port} -> {r['portal']} "
+            f"{r['target'] or '*'} {r['direction']}{why}"
+        )
     if any(r["state"] == "not measurable" for r in off):
         print(
             "not measurable: encrypted (TLS, IPsec) or not iSCSI/NVMe/TCP on the storage port; "

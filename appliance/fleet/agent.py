@@ -213,9 +213,18 @@ class FleetAgent:
                 reason = f"no answer from the engine for {age:.1f} s"
             return FleetView(v.array, v.appliance, True, reason, v.revision, age, v.members)
         return FleetView(
-            v.array, v.appliance, False, reason, v.revision, age, v.members,
-            v.leaders, v.leading, v.parts, v.followed,
-        )  # fmt: skip
+            v.array,
+            v.appliance,
+            False,
+            reason,
+            v.revision,
+            age,
+            v.members,
+            v.leaders,
+            v.leading,
+            v.parts,
+            v.followed,
+        )
 
     # ------------------------------------------------------------ the thread
     def start(self) -> None:
@@ -332,8 +341,12 @@ class FleetAgent:
             log.warning(
                 "fleet %s: the decision for %s (revision %d) is not written under its "
                 "leader's lease and epoch (%s, epoch %d): skipped",
-                self.coord.array, r, revision, lead[0], lead[1],
-            )  # fmt: skip
+                self.coord.array,
+                r,
+                revision,
+                lead[0],
+                lead[1],
+            )
 
     def _make_view(
         self, snap: Snapshot, leaders: dict[str, tuple[str, int]], leading: dict[str, int]
@@ -383,9 +396,18 @@ class FleetAgent:
                 log.warning("fleet %s: decision for %s, dropped: %s", self.coord.array, r, said)
             followed[r] = Followed(r, lead[0], lead[1], classes, dec.revision)
         view = FleetView(
-            self.coord.array, self.name, False, "", snap.revision, 0.0,
-            tuple(sorted(snap.members)), leaders, leading, parts, followed,
-        )  # fmt: skip
+            self.coord.array,
+            self.name,
+            False,
+            "",
+            snap.revision,
+            0.0,
+            tuple(sorted(snap.members)),
+            leaders,
+            leading,
+            parts,
+            followed,
+        )
         with self._lock:
             if self._reason:
                 log.info("fleet %s: the engine answers again", self.coord.array)

@@ -102,8 +102,14 @@ def grouped_resources(
 def _targeted(g: GroupConfig) -> bool:
     """A group with a target makes its resources arbitrated (controller/groups.py
     Group.targeted); one with levels alone caps itself on its resources' PIDs."""
-    return Group(g.name, 1.0, g.latency_target_s, g.throughput_target_bps,
-                 g.throughput_target_iops, g.utilization_target).targeted  # fmt: skip
+    return Group(
+        g.name,
+        1.0,
+        g.latency_target_s,
+        g.throughput_target_bps,
+        g.throughput_target_iops,
+        g.utilization_target,
+    ).targeted
 
 
 def level_resources(
