@@ -29,6 +29,12 @@ in order:
                   on a transparent bridge in front of the target (its resource every
                   volume of the portals, its latency the wire's)
 
+--light (work conservation, make lab-light): the plant as booted, no interference points,
+no static search; the uncontrolled phase first, whose p95 picks T (the smallest of
+--thresholds it stays under: labkit.regime.light_threshold), then --reps repetitions of
+controlled at T (and bridge at T with --bridge) and uncontrolled again, each phase
+tagged with its repetition ("rep"; the first uncontrolled one is repetition 0's).
+
 --paper is the method paper's experiment on the known plant (PAPER below).
 --thresholds auto[:LO-HI]: one threshold, half the uncontrolled p95 within LO-HI.
 --plant auto (make lab): the uncontrolled phase first; where its p95 is under twice the
@@ -326,6 +332,33 @@ def choose_plant(lab: Setting, wanted: list[str]) -> tuple[dict, dict]:
     }, unc
 
 
+def light(lab: Setting, wanted: list[str], phases: list[dict]) -> dict:
+    """--light (module header): the threshold chosen; the phases appended to `phases` as
+    they end (a cut run keeps those)."""
+    unc = phase(lab, None)
+    unc["rep"] = 0
+    phases.append(unc)
+    say(unc, "uncontrolled", None)
+    p95 = analysis.summarize(unc, None, None)["read_latency_p95_s"]
+    by_s = {parse_ms(x): x for x in wanted}
+    t_s = regime.light_threshold(p95, list(by_s))
+    choice = {"wanted": wanted, "uncontrolled_p95_s": p95, "light_x": regime.LIGHT_X}
+    choice["threshold"] = thr = None if t_s is None else by_s[t_s]
+    print(f"light plant: uncontrolled p95 {p95 * 1e3:.2f} ms, threshold {thr}", flush=True)
+    if thr is None:
+        return choice
+    for rep in range(lab.a.reps):
+        todo = [("controlled", thr, False), *([("bridge", thr, True)] if lab.a.bridge else [])]
+        if rep:
+            todo.insert(0, ("uncontrolled", None, False))
+        for what, t, bridge in todo:
+            ph = phase(lab, t, bridge=bridge)
+            ph["rep"] = rep
+            phases.append(ph)
+            say(ph, f"{what} (repetition {rep})", t)
+    return choice
+
+
 # --paper: the method paper's experiment on the known plant (docs/lab.md); explicit
 # options still win.  No setpoint, no max_delay: the daemon runs the product's defaults.
 PAPER = {
@@ -414,6 +447,13 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--steady", type=float, default=6.0)
     ap.add_argument("--skip-interference", action="store_true")
     ap.add_argument(
+        "--light",
+        action="store_true",
+        help="work conservation: T the smallest threshold the uncontrolled p95 stays "
+        "under, then --reps x (controlled, bridge with --bridge, uncontrolled)",
+    )
+    ap.add_argument("--reps", type=int, default=3, help="--light's repetitions")
+    ap.add_argument(
         "--static",
         action="store_true",
         help="per threshold, the smallest delay pinned by hand that holds it",
@@ -443,6 +483,10 @@ def arguments() -> argparse.Namespace:
         ap.error(
             "--plant auto chooses the known plant's slope (--disk array) for fixed "
             "thresholds, not with --thresholds auto"
+        )
+    if a.light and (a.plant == "auto" or a.thresholds.startswith("auto")):
+        ap.error(
+            "--light keeps the plant and picks T itself: not with --plant auto or --thresholds auto"
         )
     if a.max_delay in (None, "default"):
         a.max_delay = None
@@ -494,6 +538,10 @@ def main() -> int:
     t_all = time.monotonic()
     try:
         thresholds = a.thresholds.split(",")
+        if a.light:
+            raw["phases"] = []
+            raw["light"] = light(lab, thresholds, raw["phases"])
+            return 0
         if a.plant == "auto":  # the plant first: the interference points run on it
             raw["plant_choice"], unc = choose_plant(lab, thresholds)
         raw["interference"] = [] if a.skip_interference else interference(lab)

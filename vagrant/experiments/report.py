@@ -6,6 +6,7 @@
     python3 vagrant/experiments/report.py [--out DIR]          # the null_blk experiment
     python3 vagrant/experiments/report.py --from DIR           # report an earlier run
     python3 vagrant/experiments/report.py --paper --protocol nvme  # NVMe/TCP hosts
+    python3 vagrant/experiments/report.py --light [--out DIR]  # make lab-light (report_light)
 
 Prints a table per threshold (reader latency p50/p95/p99 from the target's
 diskstats over 1 s windows, time above threshold, writer throughput, target
@@ -30,6 +31,7 @@ import time
 from pathlib import Path
 
 import curves_report
+import report_light
 from labkit import regime
 from labkit.analysis import classes, fit_lq, summarize
 from report_figures import ladder_of, plot
@@ -414,6 +416,12 @@ def print_static(rows: list[dict]) -> None:
 
 def report(out: Path) -> int:
     raw = json.loads((out / "raw.json").read_text())
+    if "light" in raw:
+        sm = report_light.summary(raw)
+        (out / "summary.json").write_text(json.dumps(sm, indent=1, default=str))
+        print("\n".join(report_light.lines(sm)))
+        print(f"results: {out}")
+        return 0
     sm = summary(raw)
     (out / "summary.json").write_text(json.dumps(sm, indent=1, default=str))
     figs = plot(raw, out)
@@ -440,6 +448,10 @@ PAPER_ARRAY = "nbd:c_ms=2,m_ms=5"
 # its guest's limit: 36 min on a fast host, up to 3 uncontrolled phases more where the
 # slope is chosen again, and a slower emulation
 PAPER_TIMEOUT_S = 5400
+# make lab-light (work conservation): the paper's plant and workload as booted, T the
+# smallest of the paper's thresholds the uncontrolled p95 stays under, three repetitions
+# of controlled, bridged and uncontrolled phases (closed_loop.py --light), ~25 min
+LIGHT_TIMEOUT_S = 3600
 # CI's short run (tests/closed_loop): twice the slope, so that the reader waits
 # >= 2 T uncontrolled even where the emulated guest, not the array, limits the
 # writers (docs/lab.md, "CI's short closed loop").
@@ -497,6 +509,12 @@ def main() -> int:
         help=f"the paper's experiment on the known plant (--array {PAPER_ARRAY}, "
         "closed_loop.py --paper)",
     )
+    ap.add_argument(
+        "--light",
+        action="store_true",
+        help=f"work conservation on the paper's plant as booted (--array {PAPER_ARRAY}, "
+        "closed_loop.py --paper --light)",
+    )
     ap.add_argument("--array", default=None, help="lab.py --array (the known plant's spec)")
     ap.add_argument(
         "--protocol",
@@ -523,6 +541,10 @@ def main() -> int:
         array = array or PAPER_ARRAY
         guest_args += ["--paper", "--plant", "auto"]
         timeout = args.timeout or PAPER_TIMEOUT_S
+    if args.light:  # the plant kept, T over its uncontrolled p95 (report_light)
+        array = array or PAPER_ARRAY
+        guest_args += ["--paper", "--light", "--no-static", "--skip-interference"]
+        timeout = args.timeout or LIGHT_TIMEOUT_S
     if args.short:  # CI: the paper's workload on a known plant, T 10-20 ms, three bursts
         array = array or CI_ARRAY
         guest_args += [
@@ -548,7 +570,7 @@ def main() -> int:
     if p.returncode != 0:
         print(f"lab run failed (exit {p.returncode}); results so far in {out}", file=sys.stderr)
         return p.returncode
-    if not (args.short or args.no_curves):
+    if not (args.short or args.light or args.no_curves):
         if array:  # the curves run on the unthrottled disk: no plant needed
             lab = lab[: lab.index("--array")] + lab[lab.index("--array") + 2 :]
         p = subprocess.run(

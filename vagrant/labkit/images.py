@@ -110,7 +110,6 @@ VENVS_KEPT = 3
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 # The pyproject files whose change rebuilds the guest venv: the product's and the kit's.
 PYPROJECTS = ("pyproject.toml", "vagrant/pyproject.toml")
-GUEST_TMPFS = ("/tmp", "/run", "/dev/shm")  # guest/stage2.sh mounts fresh tmpfs there
 
 
 # ------------------------------------------------------------------------ kernel
@@ -488,12 +487,6 @@ def check_checkout(s: Settings) -> None:
             "lab.py boots guests from the host; this is the lab guest already "
             "(SANTHROTTLE_IN_GUEST=1)"
         )
-    for hidden in GUEST_TMPFS:  # stage2.sh mounts fresh tmpfs there
-        if s.checkout == Path(hidden) or Path(hidden) in s.checkout.parents:
-            raise LabError(
-                f"the checkout {s.checkout} is under {hidden}, which the guest mounts as an "
-                "empty tmpfs: it would not see it; clone it elsewhere"
-            )
 
 
 def prepare(s: Settings, venv: bool = True) -> Prepared:

@@ -26,6 +26,11 @@ The rule
                 slope is the smallest of SLOPE_STEP_MS steps above m0 whose r95(m)
                 is AIM_X x T_max, at most MAX_SLOPE_MS.  o falls as the writers slow
                 (the emulated CPU has less to do), so the rule errs high.
+    light       the other end (`make lab-light`, work conservation): a plant where the
+                uncontrolled p95 stays under T, the controller has nothing to hold;
+                T is the smallest wanted threshold with r95 <= LIGHT_X x T, and the
+                controlled writers must move at least CONSERVE_AT_LEAST of what the
+                uncontrolled phase beside them moved (the median over repetitions).
     bounds      once the run is done, each controlled threshold against the rest of
                 what a run must show (docs/lab.md): p95 <= T, no target
                 retransmission, a best static delay above class 1, the simulator
@@ -111,6 +116,18 @@ def verdict(p95_s: float, wanted_s: list[float]) -> tuple[str, list[float]]:
     if len(ok) == len(wanted_s):
         return "reached", ok
     return ("partly" if ok else "not reached"), ok
+
+
+# Work conservation: the light plant's threshold and what the writers must keep
+LIGHT_X = 0.8  # the uncontrolled p95 at most 0.8 T: room for the next phases' spread
+CONSERVE_AT_LEAST = 0.95
+
+
+def light_threshold(p95_s: float, wanted_s: list[float]) -> float | None:
+    """The smallest wanted threshold the uncontrolled p95 stays under (p95 <= LIGHT_X T);
+    None when it stays under none of them."""
+    ok = [t for t in sorted(wanted_s) if p95_s <= LIGHT_X * t + 1e-12]
+    return ok[0] if ok else None
 
 
 # The other bounds a run must show (docs/lab.md, "What a run must show")

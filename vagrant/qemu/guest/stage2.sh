@@ -8,11 +8,25 @@ export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/root LANG=C.UTF-8 TERM=dumb
 W=/shared/work
 
+# The host's mounts stage 1 made under /tmp, /run or /dev/shm (a checkout cloned in
+# /tmp, a cache there) are moved aside while fresh tmpfs go on those three, then back
+# to their paths.
+KEEP=/.lab/keep
+mkdir -p $KEEP
+kept=
+for m in $(awk '$2 ~ "^/(tmp|run|dev/shm)/" {print $2}' /proc/mounts); do
+    n=$KEEP/$(echo "$m" | tr / _)
+    mkdir -p "$n" && mount --move "$m" "$n" && kept="$kept $m"
+done
 mkdir -p /dev/pts
 mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts /dev/pts
 mkdir -p /dev/shm && mount -t tmpfs -o mode=1777 shm /dev/shm
 mount -t tmpfs -o mode=0755 run /run
 mount -t tmpfs -o mode=1777 tmp /tmp
+for m in $kept; do
+    mkdir -p "$m" && mount --move "$KEEP/$(echo "$m" | tr / _)" "$m" ||
+        echo "lab-stage2: could not put $m back" >/dev/console
+done
 mkdir -p /run/lock /var/lib /var/log /var/tmp /var/cache
 chmod 1777 /var/tmp
 ln -sfn /run /var/run

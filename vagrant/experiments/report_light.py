@@ -1,0 +1,152 @@
+"""`make lab-light`'s report: work conservation on a plant the writers leave under T.
+
+What it owns
+    From a closed_loop.py --light run (raw.json's "light" and its phases, each with its
+    repetition "rep"): per repetition the uncontrolled, controlled and bridged phases
+    at the chosen T (labkit.analysis.summarize), each one's writes against the
+    uncontrolled phase of its repetition, how long the writers were delayed at all
+    (the share of the daemon's status samples, from the end of the learning burst to
+    the reader's departure, with any initiator above class 0) and the highest class;
+    the medians with their spread (labkit.analysis.spread) and the verdict
+    (labkit.regime.CONSERVE_AT_LEAST: the controlled writers' median ratio on the target
+    host, with every repetition's uncontrolled p95 under T).
+
+Worked example
+    repetitions with uncontrolled writes 7.0, 6.8, 7.1 MB/s and controlled 6.9, 6.9,
+    6.8 MB/s: ratios 0.986, 1.015, 0.958 -> median 98.6 % (95.8-101.5 %), holds.
+"""
+
+from __future__ import annotations
+
+import math
+
+from labkit import regime
+from labkit.analysis import classes, events, settle_time, spread, summarize
+
+from santhrottle.appliance.units import parse_duration_s
+
+KINDS = ("uncontrolled", "controlled", "bridge")
+
+
+def delayed_share(ph: dict) -> float | None:
+    """Of the daemon's status samples from the end of the learning burst to the reader's
+    departure, the share with any initiator above class 0 (None without a daemon)."""
+    lo = settle_time(ph)
+    hi = (events(ph, "reader off") or [math.inf])[0]
+    cl = [c for t, c in classes(ph) if lo <= t < hi]
+    return sum(1 for c in cl if c > 0) / len(cl) if cl else None
+
+
+def summary(raw: dict) -> dict:
+    """summary.json of a --light run."""
+    choice = raw["light"]
+    thr = choice["threshold"]
+    t_s = parse_duration_s(thr) if thr else None
+    reps: dict[int, dict] = {}
+    for ph in raw["phases"]:
+        s = summarize(ph, t_s, None)
+        if ph["kind"] != "uncontrolled":
+            s["delayed_share"] = delayed_share(ph)
+        reps.setdefault(ph.get("rep", 0), {})[ph["kind"]] = s
+    rows = []
+    for rep in sorted(reps):
+        r = {"rep": rep, **reps[rep]}
+        unc = r.get("uncontrolled")
+        for kind in ("controlled", "bridge"):
+            if kind in r and unc and unc["write_bytes_per_s"]:
+                r[kind]["vs_uncontrolled_writes"] = (
+                    r[kind]["write_bytes_per_s"] / unc["write_bytes_per_s"]
+                )
+        rows.append(r)
+
+    def med(kind: str, key: str) -> tuple[float, float, float] | None:
+        return spread([r[kind][key] for r in rows if key in r.get(kind, {})])
+
+    ctl = med("controlled", "vs_uncontrolled_writes")
+    under = [
+        r["uncontrolled"]["read_latency_p95_s"] <= t_s
+        for r in rows
+        if t_s is not None and "uncontrolled" in r
+    ]
+    return {
+        "args": raw["args"],
+        "array_config": raw.get("array_config"),
+        "guest_wall_s": raw.get("guest_wall_s"),
+        "light": choice,
+        "repetitions": rows,
+        "medians": {
+            f"{kind}.{key}": med(kind, key)
+            for kind in KINDS
+            for key in (
+                "read_latency_p95_s",
+                "write_bytes_per_s",
+                "vs_uncontrolled_writes",
+                "delayed_share",
+                "max_delay_class",
+                "daemon_cpu_share",
+                "target_retrans_segs",
+            )
+            if med(kind, key) is not None
+        },
+        "uncontrolled_under_t": bool(under) and all(under),
+        "conserved": None if ctl is None else ctl[0] >= regime.CONSERVE_AT_LEAST,
+    }
+
+
+def pct(x: tuple[float, float, float] | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x[0]:.1%} ({x[1]:.1%}-{x[2]:.1%})"
+
+
+def lines(sm: dict) -> list[str]:
+    """The report: the verdict first, then one row per phase."""
+    ch = sm["light"]
+    p95 = ch["uncontrolled_p95_s"] * 1e3
+    if ch["threshold"] is None:
+        wanted = ", ".join(ch["wanted"])
+        return [
+            f"WORK CONSERVATION NOT MEASURED: the uncontrolled p95 {p95:.2f} ms is over "
+            f"{ch['light_x']:g} T at every threshold wanted ({wanted}); this host's plant is "
+            "not light"
+        ]
+    md = sm["medians"]
+    n = len(sm["repetitions"])
+    verdict = {True: "HOLDS", False: "DOES NOT HOLD", None: "no figure"}[sm["conserved"]]
+    out = [
+        f"WORK CONSERVATION {verdict} (>= {regime.CONSERVE_AT_LEAST:.0%}; docs/lab.md): T "
+        f"{ch['threshold']}, chosen as the smallest threshold the first uncontrolled p95 "
+        f"({p95:.2f} ms) stays under with room (<= {ch['light_x']:g} T); over {n} "
+        "repetitions the controlled writers moved "
+        f"{pct(md.get('controlled.vs_uncontrolled_writes'))} of the uncontrolled phase's "
+        "beside them on the target host, "
+        f"{pct(md.get('bridge.vs_uncontrolled_writes'))} through the bridge (median, min-max)"
+    ]
+    if not sm["uncontrolled_under_t"]:
+        out.append(
+            "  an uncontrolled phase went over T: that repetition is not the light plant "
+            "(the controller had something to hold)"
+        )
+    out.append(
+        f"  {'rep':>3} {'phase':<12} {'p95 ms':>7} {'p99 ms':>7} {'above%':>6} {'wr MB/s':>7} "
+        f"{'vs unc':>7} {'delayed':>7} {'max cl':>6} {'daemon':>6} {'retrans':>7}"
+    )
+    for r in sm["repetitions"]:
+        for kind in KINDS:
+            s = r.get(kind)
+            if s is None:
+                continue
+            vs, dl, cpu = (
+                s.get("vs_uncontrolled_writes"),
+                s.get("delayed_share"),
+                s.get("daemon_cpu_share"),
+            )
+            out.append(
+                f"  {r['rep']:>3} {kind:<12} {s['read_latency_p95_s'] * 1e3:>7.2f} "
+                f"{s['read_latency_p99_s'] * 1e3:>7.2f} {s['time_above_threshold_pct']:>6.1f} "
+                f"{s['write_bytes_per_s'] / 1e6:>7.2f} {'-' if vs is None else f'{vs:.1%}':>7} "
+                f"{'-' if dl is None else f'{dl:.0%}':>7} "
+                f"{s.get('max_delay_class', 0) if kind != 'uncontrolled' else '-':>6} "
+                f"{'-' if cpu is None else f'{cpu:.1%}':>6} {s['target_retrans_segs']:>7}"
+            )
+    return out
