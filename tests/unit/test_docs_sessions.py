@@ -41,6 +41,7 @@ SESSIONS = {
     "hosts": docs_daemon.hosts,
     "fleet": docs_daemon.fleet,
     "levels": docs_daemon.levels,
+    "groups-status": docs_daemon.groups,  # operate.md's status with group overrides
     "top": docs_daemon.operate,  # its own, so that top's seconds move no other example
 }
 KERNEL = "kernel"  # tests/privileged/test_docs_kernel.py's
