@@ -134,10 +134,13 @@ class SyncViews:
 
     def out_of_sync(self) -> dict[tuple[str, str, str], tuple[int, int]]:
         """(protocol, portal, target) -> (its live connections, those with a direction
-        not in sync), measurable connections only: for a resource's hold."""
+        not in sync), measurable connections that carried a segment in the last
+        SYNC_VOTE_S only: for a resource's hold."""
+        from .tracker import SYNC_VOTE_S
+
         out: dict[tuple[str, str, str], list[int]] = {}
         for conn in self.conns.values():
-            if conn.unmeasurable:
+            if conn.unmeasurable or self._now - conn.last_s > SYNC_VOTE_S:
                 continue
             a = out.setdefault((conn.proto, conn.portal, conn.target), [0, 0])
             a[0] += 1

@@ -65,11 +65,13 @@ _TAG_KEY = struct.Struct("=16s16sHHI")
 _INFLIGHT = struct.Struct("=QQIBB2x")  # start, volume, held bytes, op, provisional
 _EVENT_HEAD = struct.Struct("=16s16sHHIIIII")  # conn, kind, to_target, len, flags, total
 _U64 = struct.Struct("=Q")
+_U32 = struct.Struct("=I")
 _MAPPED = b"\0" * 10 + b"\xff\xff"
 # struct bpf_prog_info (linux/bpf.h, append-only): run_time_ns and run_cnt at 192
 PROG_INFO_BYTES, PROG_INFO_RUN_TIME = 232, 192
 # struct flow (wire.bpf.c): what userspace reads of it -- desyncs, resyncs, retracted at
-# 36; lost since (ns), out of sync (ns), out of sync bytes at 48; state at 120, reason 129
+# 36; lost since (ns), out of sync (ns), out of sync bytes at 48; state at 120, reason 129;
+# next_seq, the first u32
 FLOW_BYTES = 264
 _FLOW_COUNTS = struct.Struct("=IIIQQQ")
 FLOW_COUNTS_AT, FLOW_STATE, FLOW_REASON = 36, 120, 129
@@ -125,6 +127,7 @@ class FlowState(NamedTuple):
     retracted: int
     out_of_sync_s: float
     out_of_sync_bytes: int
+    next_seq: int = 0  # the sequence number the walk expects next: moves with each segment
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,7 +368,7 @@ class KernelWire:
                 out_ns += max(0, now - since)
             out.append(FlowState(conn_of(ini, tgt, ip, tp), bool(to_target), state,
                                  b[FLOW_REASON], desyncs, resyncs, retracted, out_ns / 1e9,
-                                 out_bytes))  # fmt: skip
+                                 out_bytes, _U32.unpack_from(b)[0]))  # fmt: skip
         return out
 
     def esp_flows(self) -> list[EspState]:

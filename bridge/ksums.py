@@ -55,7 +55,7 @@ from .logins import Login, Said, by_address, put_bounded
 from .pdu import FULL_FEATURE, ISCSI_PORT, NVME_TCP_PORT, READ
 from .protocols import TLS, UNPARSED
 from .sums import ISCSI, NO_NAMESPACE, NVME, Sums, Volume, VolumeReads, lun_number, portal_name
-from .tracker import CONN_IDLE_S, INFLIGHT_MAX_S, MAX_CONNS, Counters
+from .tracker import CONN_IDLE_S, INFLIGHT_MAX_S, MAX_CONNS, SYNC_VOTE_S, Counters
 
 SWEEP_S = 1.0
 _REASONS = {1: TLS, 2: UNPARSED}  # the program's reasons for not measurable
@@ -109,6 +109,8 @@ class KernelSums:
         # negotiated, until it reaches full feature
         self._logins: dict[ConnKey, Login] = {}
         self._pending: dict[ConnKey, Negotiated] = {}
+        # each flow's walk as out_of_sync() last saw it, and since when it is so
+        self._moved: dict[tuple[ConnKey, bool], tuple[tuple[int, int], float]] = {}
 
     # ------------------------------------------------------------ reading
     def volume(self, c: Conn, raw: int) -> Volume | None:
@@ -274,11 +276,27 @@ class KernelSums:
 
     def out_of_sync(self) -> dict[tuple[str, str, str], tuple[int, int]]:
         """(protocol, portal, target) -> (its connections, those with a direction not in
-        sync), measurable connections only (tracker.py's)."""
+        sync), measurable connections that carried a segment in the last SYNC_VOTE_S
+        only (tracker.py's): a flow whose walk (its next sequence number, its bytes out
+        of sync) did not move since the last look, for that long, is silent."""
         conns: dict[ConnKey, tuple[Conn, bool]] = {}  # -> (conn, a direction not in sync)
         gone: set[ConnKey] = set()
-        for f in self.wire.flows():
+        now = self.clock()
+        flows = self.wire.flows()
+        seen, self._moved = self._moved, {}
+        talking: set[ConnKey] = set()  # a direction moved in the last SYNC_VOTE_S
+        for f in flows:
             key = conn_key(f.conn)
+            mark = (f.next_seq, f.out_of_sync_bytes)
+            was = seen.get((key, f.to_target))
+            at = was[1] if was is not None and was[0] == mark else now
+            self._moved[key, f.to_target] = (mark, at)
+            if now - at <= SYNC_VOTE_S:
+                talking.add(key)
+        for f in flows:
+            key = conn_key(f.conn)
+            if key not in talking:
+                continue
             if f.state == UNMEASURABLE:
                 gone.add(key)
             lost = f.state != SYNCED or conns.get(key, (f.conn, False))[1]

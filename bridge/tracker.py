@@ -105,6 +105,11 @@ from .sums import (  # noqa: F401  (the names the bridge's other modules take fr
 INFLIGHT_MAX_S = 60.0
 AGE_SWEEP_S = 1.0
 CONN_IDLE_S = 600.0
+# A connection that carried no segment for this long has no say in its resource's hold
+# (volumes.py's out_of_sync): a partial sample misses reads only on connections that
+# carry them, and a burst of garbage on connections that then fall silent (a scan, an
+# attacker) would otherwise hold the resource blind until they are forgotten.
+SYNC_VOTE_S = 5.0
 # Bounds on what the wire can make the tracker hold (docs/bridge.md, "Bounds"): the
 # connections (the oldest made goes first), the commands in flight over all of them
 # (the oldest of the connection goes first), the volumes one connection names.

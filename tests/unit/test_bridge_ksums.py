@@ -179,3 +179,32 @@ def test_the_programs_flows_as_sync_rows_and_a_resources_out_of_sync_share():
     assert rows["10.0.0.2", "to_initiator"].out_of_sync_bytes == 9000
     assert rows["10.0.0.4", "to_target"].reason == "tls"
     assert ks.out_of_sync() == {("iscsi", "10.0.0.11:3260", ""): (2, 1)}
+
+
+def test_a_flow_silent_for_sync_vote_s_has_no_say_in_the_hold():
+    """A burst of garbage on connections that then fall silent must not hold the
+    resource blind until they are forgotten: a connection whose walk did not move for
+    SYNC_VOTE_S does not count; one that moves again counts again."""
+    from santhrottle.bridge.tracker import SYNC_VOTE_S
+
+    now = [100.0]
+    w = FakeWire()
+    ks = KernelSums(w, clock=lambda: now[0])  # type: ignore[arg-type]
+    junk = Conn("10.0.0.3", "10.0.0.11", 51001, 3260)
+
+    def flows(seq: int, junk_seq: int) -> list[FlowState]:
+        return [
+            FlowState(C, True, 0, 0, 0, 1, 0, 0.0, 0, seq),
+            FlowState(C, False, 0, 0, 0, 1, 0, 0.0, 0, seq),
+            FlowState(junk, True, 2, 0, 3, 4, 1, 1.5, 9000, junk_seq),
+            FlowState(junk, False, 2, 0, 3, 4, 1, 1.5, 9000, junk_seq),
+        ]
+
+    w.flow_states = flows(1, 7)
+    assert ks.out_of_sync() == {("iscsi", "10.0.0.11:3260", ""): (2, 1)}
+    now[0] += SYNC_VOTE_S + 0.5  # the session goes on, the garbage stopped
+    w.flow_states = flows(2, 7)
+    assert ks.out_of_sync() == {("iscsi", "10.0.0.11:3260", ""): (1, 0)}
+    now[0] += 1.0
+    w.flow_states = flows(3, 8)  # it talks again
+    assert ks.out_of_sync() == {("iscsi", "10.0.0.11:3260", ""): (2, 1)}

@@ -359,3 +359,14 @@ def test_sync_rows_per_direction():
     assert ti.state == "out of sync" and ti.out_of_sync_s == pytest.approx(3.0)
     assert ti.desyncs == 1 and ti.out_of_sync_bytes == 200
     assert tr.out_of_sync() == {("iscsi", f"{TGT}:3260", ""): (1, 1)}
+
+
+def test_a_connection_silent_for_sync_vote_s_has_no_say_in_the_hold():
+    tr = T.Tracker()
+    c = Conn(tr, 3260)
+    c.send(1.0, b"\xff" * 200, False)  # garbage: out of sync
+    assert tr.out_of_sync() == {("iscsi", f"{TGT}:3260", ""): (1, 1)}
+    other = Conn(tr, 3260, sport=40001)
+    other.send(1.0 + T.SYNC_VOTE_S + 0.5, B.scsi_read(1), True)  # the wire goes on
+    other.send(1.0 + T.SYNC_VOTE_S + 0.6, B.scsi_response(1), False)
+    assert tr.out_of_sync() == {("iscsi", f"{TGT}:3260", ""): (1, 0)}
