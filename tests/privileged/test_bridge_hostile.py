@@ -20,6 +20,7 @@ import random
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -207,3 +208,99 @@ def test_hostile_segments_through_the_bridge_leave_the_session_measured(live):
     print(f"hostile: {seen()} frames seen, RSS grew {grown / 2**20:.1f} MiB")
     assert grown < RSS_GROWTH_MAX_BYTES, grown
     assert "Traceback" not in _log(live)
+
+
+# -------------------------------------------------------------- 50,000 live connections
+LIVE_CONNECTIONS = 50_000
+FLOOD_IP = "192.0.2.20"  # the live connections' initiator
+FLOOD_PORTAL = "192.0.2.11"  # their portal: the target's second address, in no resource
+ACCEPTOR = r"""
+import resource, socket, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (200000, 200000))
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 3260)); s.listen(4096)
+print("listening", flush=True)
+keep = []
+while True:
+    keep.append(s.accept()[0])
+"""
+# each connection logs in and sends one READ, never answered: a command in flight
+CONNECTOR = r"""
+import resource, socket, sys, time
+resource.setrlimit(resource.RLIMIT_NOFILE, (200000, 200000))
+src, dst, n, hello = sys.argv[1], sys.argv[2], int(sys.argv[3]), bytes.fromhex(sys.argv[4])
+keep = []
+for i in range(n):
+    c = socket.socket()
+    c.setsockopt(socket.IPPROTO_IP, 24, 1)  # IP_BIND_ADDRESS_NO_PORT
+    c.bind((src, 0))
+    c.settimeout(30)
+    c.connect((dst, 3260))
+    c.sendall(hello)
+    keep.append(c)
+print("connected", len(keep), flush=True)
+time.sleep(3600)
+"""
+
+
+def _holder(ns: str, script: str, *argv: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        ["ip", "netns", "exec", ns, sys.executable, "-c", script, *argv],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_50000_live_connections_keep_the_daemon_bounded_and_reported(live):
+    """More live connections than the wire keeps (Python 8,192; the kernel's flow map
+    65,536 directions): the daemon keeps its bounds, counts what it let go, answers, and
+    measures the real session again."""
+    from tests.unit import storage_pdus as B
+
+    errors0 = _status(live)["counters"]["sensor_errors"]
+    _measured(live)
+    pid = live.proc.pid
+    rss0 = _rss(pid)
+    evicted0 = _status(live)["wire"]["evicted"]
+    sh("ip", "-n", live.tgt, "addr", "add", f"{FLOOD_PORTAL}/24", "dev", "st-t")
+    sh("ip", "-n", live.ini, "addr", "add", f"{FLOOD_IP}/24", "dev", "st-i")
+    sh("ip", "netns", "exec", live.ini, "sysctl", "-qw", "net.ipv4.ip_local_port_range=1024 65535")
+    hello = (B.login_request("iqn.2026-11.lab:flood") + B.scsi_read(1, lun=0)).hex()
+    procs = [_holder(live.tgt, ACCEPTOR, FLOOD_PORTAL)]
+    try:
+        assert procs[0].stdout.readline().strip() == "listening"
+        t0 = time.monotonic()
+        procs.append(
+            _holder(live.ini, CONNECTOR, FLOOD_IP, FLOOD_PORTAL, str(LIVE_CONNECTIONS), hello)
+        )
+        line = procs[1].stdout.readline().strip()
+        assert line == f"connected {LIVE_CONNECTIONS}", line
+        took = time.monotonic() - t0
+        est = sh("ip", "netns", "exec", live.ini, "ss", "-tnH", "state", "established",
+                 "dst", f"{FLOOD_PORTAL}:3260")  # fmt: skip
+        assert len(est.splitlines()) == LIVE_CONNECTIONS
+        time.sleep(3.0)  # three convergences with them all live
+        t1 = time.monotonic()
+        st = _daemon_ok(live, errors0)
+        status_s = time.monotonic() - t1
+        w = st["wire"]
+        after = _measured(live)
+        assert READ_DELAY_S * 0.95 <= after <= READ_DELAY_S + 0.08, after
+        assert live.reader.error is None, live.reader.error
+        grown = _rss(pid) - rss0
+        print(
+            f"{w['sensor']}: {LIVE_CONNECTIONS} connections in {took:.1f} s; the wire holds "
+            f"{len(w['sync'])} directions, evicted {w['evicted'] - evicted0}, "
+            f"status {status_s:.2f} s, RSS grew {grown / 2**20:.1f} MiB"
+        )
+        if w["sensor"] == "capture":  # the tracker's bound, and each one let go counted
+            assert len(w["sync"]) <= 2 * MAX_CONNS
+            assert w["evicted"] - evicted0 >= LIVE_CONNECTIONS - MAX_CONNS, w
+        else:  # the program's flow map: 65,536 directions (LRU)
+            assert len(w["sync"]) <= 65_536
+        assert grown < RSS_GROWTH_MAX_BYTES, grown
+        assert "Traceback" not in _log(live)
+    finally:
+        for p in procs:
+            p.kill()  # our own children, by PID
+            p.wait()

@@ -335,6 +335,9 @@ def test_a_flood_of_idle_metrics_connections_cannot_exhaust_the_daemon(ns, tmp_p
         time.sleep(2.0)  # two convergences, twenty ticks under the flood
         st = request(sock, "status")
         assert st["counters"]["sensor_errors"] == errors0, log.read_text()[-2000:]
+    except BaseException:
+        _stop(proc)  # a failure above: the daemon goes too
+        raise
     finally:
         for s in idle:
             s.close()
