@@ -66,7 +66,7 @@ export WHEELHOUSE_TAR
 
 # The lab test (tests/lab/test_ansible_lab.py) installs the role from dist/; the
 # rollout tier reads dist-deb/ (tests/rollout/test_deb.py), the systemd guest
-# (tests/lab/test_systemd_lab.py) installs its package.
+# (tests/systemd_guest/test_package_systemd.py) installs its package.
 lab: wheel
 test test-rollout lab-test: wheel deb promtool
 

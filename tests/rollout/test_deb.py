@@ -11,7 +11,7 @@
 - the alerting rules pass `promtool check rules` (from Debian's prometheus package,
   unpacked by `make promtool`).
 
-The package installed and run under systemd is tests/lab/test_systemd_lab.py's.
+The package installed and run under systemd is tests/systemd_guest/test_package_systemd.py's.
 """
 
 from __future__ import annotations
