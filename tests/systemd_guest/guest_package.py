@@ -248,14 +248,14 @@ def step_journal() -> None:
     for e in entries:
         for k in e:
             fields[k] = fields.get(k, 0) + 1
+    ours = [{k: v for k, v in e.items() if not k.startswith("__")} for e in entries
+            if e.get("SYSLOG_IDENTIFIER") in ("santhrottled", "santhrottle")]  # fmt: skip
     obs["journal"] = {
         "entries": len(entries),
         "fields": fields,
-        "daemon": [
-            {k: v for k, v in e.items() if not k.startswith("__")}
-            for e in entries
-            if e.get("SYSLOG_IDENTIFIER") in ("santhrottled", "santhrottle")
-        ][-200:],
+        # every audit record, and the daemon's last other lines
+        "daemon": [e for e in ours if "SANTHROTTLE_EVENT" in e]
+        + [e for e in ours if "SANTHROTTLE_EVENT" not in e][-100:],
     }
 
 
