@@ -9,23 +9,37 @@ no record fails with its console's tail.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shlex
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 DEB_DIST = CHECKOUT / "dist-deb"
+GUEST_MODULE = CHECKOUT / "vagrant" / "qemu" / "systemd_guest.py"
+
+
+def _guest_module() -> ModuleType:
+    """vagrant/qemu/systemd_guest.py, loaded by its path: `import systemd_guest` finds
+    this test folder (pytest puts tests/ on sys.path), which has the same name."""
+    name = "santhrottle_lab_systemd_guest"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, GUEST_MODULE)
+        assert spec and spec.loader, GUEST_MODULE
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def guest_record(script: str, record: str, budget_s: float) -> dict:
-    sys.path.insert(0, str(CHECKOUT / "vagrant" / "qemu"))
     from labkit.host import LabUnavailable, Settings
 
-    import systemd_guest
-
+    systemd_guest = _guest_module()
     debs = sorted(DEB_DIST.glob("santhrottle_*_*.deb"))
     if len(debs) != 1:
         pytest.fail(f"{DEB_DIST}: need one santhrottle_*.deb, found {debs}: run `make deb`")
