@@ -318,8 +318,8 @@ def argument_specs(all_keys: list[Any]) -> dict[str, Any]:
         elif k.dotted in DERIVED:
             continue
         elif k.table == "controller" and k.dotted not in VARIABLES:
-            controller[k.name] = sub | {"description": f"{k.doc} ({k.kind.describe}); "
-                                        f"default {k.default}"}  # fmt: skip
+            unset = "unset" if k.default is None else f"default {k.default}"
+            controller[k.name] = sub | {"description": f"{k.doc} ({k.kind.describe}); {unset}"}
         else:
             options[variable(k)] = _option(
                 kind, elements or choices, default(variable(k)), f"{doc(variable(k))} [{k.dotted}]"
