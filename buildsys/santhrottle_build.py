@@ -82,6 +82,7 @@ UNSET_EXAMPLES = {
     "daemon.netns": '"tgt"',
     "daemon.socket_group": '"storage-admins"',
     "controller.default_threshold": '"20ms"',
+    "controller.utilization_threshold": "0.9",
     "bridge.initiator_port": '"eth1"',
     "bridge.array_port": '"eth2"',
     "fleet.array": '"array1"',

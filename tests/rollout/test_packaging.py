@@ -38,7 +38,7 @@ def _run(cmd, **kw) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory) -> Path:
-    for mod in ("argparse_manpage", "shtab", "setuptools"):
+    for mod in ("shtab", "setuptools"):  # the man pages: buildsys/manpage.py, stdlib
         pytest.importorskip(mod, reason=f"{mod} is not installed (pip install -e '.[dev]')")
     out = tmp_path_factory.mktemp("generated")
     p = _run([sys.executable, BUILD, out], env={**os.environ, "SOURCE_DATE_EPOCH": "1700000000"})
