@@ -5,7 +5,7 @@ What it shows (from the daemon's control socket; exit 3 without a daemon,
     the array and this appliance's name; the mode: "fleet" (the leaders'
     classes apply) or "degraded" (the engine has not answered for a second:
     this appliance controls alone on its own samples) and why; the engine's
-    revision and how long ago it last answered; the members; per resource its
+    revision and how long ago it last answered; the appliances; per resource its
     leader and epoch, and for the ones another appliance leads, the decision
     applied here (its seq, the etcd revision that wrote it, its class); per
     other appliance the seq of the
@@ -14,7 +14,7 @@ What it shows (from the daemon's control socket; exit 3 without a daemon,
 Worked example
     $ santhrottle fleet status
     array1: gw-a in fleet mode, engine revision 4211 (answered 0.05 s ago)
-    members: gw-a, gw-b
+    appliances: gw-a, gw-b
     vg0      leader gw-b  epoch 4017  following: seq 812 (revision 4203), class 15
     samples: gw-b tick 9021, convergence 903
     cycles 9034, failures 2, joins 1, leases lost 0, elections won 0, refused 0
@@ -30,7 +30,7 @@ from santhrottle.appliance.cli.daemon import call, socket_options
 
 EPILOG = """\
 examples:
-  santhrottle fleet status                  # members, leaders, epochs, the engine's lag
+  santhrottle fleet status                  # appliances, leaders, epochs, the engine's lag
   santhrottle fleet status --json | jq .data.leaders
 
 "fleet" mode: every resource's leader runs the controller on the samples of
@@ -50,7 +50,7 @@ def print_status(s: dict[str, Any]) -> None:
     )
     if s["reason"]:
         print(f"  last failure: {s['reason']}")
-    print(f"members: {', '.join(s['members']) or '(none seen)'}")
+    print(f"appliances: {', '.join(s['appliances']) or '(none seen)'}")
     width = max((len(r) for r in s["leaders"]), default=0)
     for r, lead in s["leaders"].items():
         line = f"{r:<{width}}  leader {lead['appliance']}  epoch {lead['epoch']}"
@@ -75,7 +75,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: Any) -> None:
-    f = verb(sub, "fleet", "the appliances of one array: members, leaders, epochs", EPILOG)
+    f = verb(sub, "fleet", "the appliances of one array, their leaders and epochs", EPILOG)
     fsub = f.add_subparsers(dest="fleet_command", metavar="ACTION", required=True)
     s = verb(fsub, "status", "this appliance's view of its fleet", EPILOG)
     s.add_argument("--json", action="store_true", help=JSON_HELP)

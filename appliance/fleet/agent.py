@@ -18,7 +18,7 @@ One cycle (every tick_s, in the agent's thread)
        leaders and decisions only follows);
     5. publish the decision the tick left for each resource it leads at the
        epoch it leads with (the engine refuses a deposed leader's: counted);
-    6. make the new view: the members, the leaders and their epochs, the other
+    6. make the new view: the appliances, the leaders and their epochs, the other
        appliances' samples (each with the local time its seq was first seen:
        another machine's clock says nothing here), the current decisions of
        the resources others lead.  A decision counts only when the engine's
@@ -123,7 +123,7 @@ class FleetView:
     reason: str = ""  # why degraded, or the last failure
     revision: int = 0
     ok_age_s: float | None = None  # since the last good cycle; None: none yet
-    members: tuple[str, ...] = ()
+    appliances: tuple[str, ...] = ()
     leaders: dict[str, tuple[str, int]] = field(default_factory=dict)  # resource -> (who, epoch)
     leading: dict[str, int] = field(default_factory=dict)  # resource -> my epoch
     parts: dict[str, Part] = field(default_factory=dict)  # the others' samples
@@ -211,7 +211,7 @@ class FleetAgent:
         if degraded:
             if not reason:  # a round still waiting for the engine
                 reason = f"no answer from the engine for {age:.1f} s"
-            return FleetView(v.array, v.appliance, True, reason, v.revision, age, v.members)
+            return FleetView(v.array, v.appliance, True, reason, v.revision, age, v.appliances)
         return FleetView(
             v.array,
             v.appliance,
@@ -219,7 +219,7 @@ class FleetAgent:
             reason,
             v.revision,
             age,
-            v.members,
+            v.appliances,
             v.leaders,
             v.leading,
             v.parts,
@@ -402,7 +402,7 @@ class FleetAgent:
             "",
             snap.revision,
             0.0,
-            tuple(sorted(snap.members)),
+            tuple(sorted(snap.appliances)),
             leaders,
             leading,
             parts,

@@ -10,7 +10,7 @@ Problem
     refused by the engine itself, not by the readers' good manners.
 
 What lives in the engine (keys under /santhrottle/<array>/)
-    members/<appliance>     the appliance's info          under its lease
+    appliances/<appliance>  the appliance's info          under its lease
     samples/<appliance>     its latest samples (codec.py)  under its lease
     leader/<resource>       the leading appliance's name   under its lease
     decisions/<resource>    {epoch, appliance, payload}    under the leader's lease
@@ -75,7 +75,9 @@ class LeaseLost(EngineUnavailable):
 
 
 @dataclass(frozen=True, slots=True)
-class Member:
+class Registration:
+    """An appliance registered for the array (its key under its lease)."""
+
     appliance: str
     info: Payload = field(default_factory=dict)
 
@@ -109,7 +111,7 @@ class Snapshot:
     """Everything of one array at one engine revision (one range request)."""
 
     revision: int
-    members: Mapping[str, Member] = field(default_factory=dict)
+    appliances: Mapping[str, Registration] = field(default_factory=dict)
     leaders: Mapping[str, Leadership] = field(default_factory=dict)
     samples: Mapping[str, Payload] = field(default_factory=dict)
     decisions: Mapping[str, Decision] = field(default_factory=dict)
@@ -158,11 +160,11 @@ class Coordinator(Protocol):
         ...
 
     def leave(self) -> None:
-        """Revoke the lease: members, samples, leaderships and decisions of
+        """Revoke the lease: registration, samples, leaderships and decisions of
         this appliance vanish at once.  Idempotent."""
         ...
 
-    def members(self) -> list[Member]: ...
+    def appliances(self) -> list[Registration]: ...
 
     def campaign(self, resource: str) -> Leadership | None:
         """Become resource's leader if nobody is (a leader key without a lease,

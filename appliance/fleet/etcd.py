@@ -2,7 +2,7 @@
 
 Problem
     The appliances of one array agree through etcd (docs/fleet.md: why etcd, and
-    what it costs): leases for membership, a create-if-absent transaction for
+    what it costs): leases for registration, a create-if-absent transaction for
     leadership, a transaction guarded by the leader key's create_revision for
     the decisions.  The daemon calls this every 100 ms tick, so a call must
     never hang: an engine that does not answer within its budget is an
@@ -59,8 +59,8 @@ from santhrottle.appliance.fleet.engine import (
     EngineUnavailable,
     Leadership,
     LeaseLost,
-    Member,
     Payload,
+    Registration,
     Snapshot,
 )
 from santhrottle.appliance.fleet.gateway import Gateway, Security, b64, unb64
@@ -74,7 +74,7 @@ CALL_BUDGET_S = 1.0
 # The lease: whole seconds (etcd's unit); etcd raises a smaller one to its minimum.
 DEFAULT_TTL_S = 1
 ROOT = "/santhrottle"
-KINDS = ("members", "samples", "leader", "decisions")
+KINDS = ("appliances", "samples", "leader", "decisions")
 
 T = TypeVar("T")
 
@@ -133,7 +133,7 @@ class EtcdCoordinator:
 
         lease, ttl = self._call(grant)
         self._appliance, self._lease, self.granted_ttl_s = appliance, lease, ttl
-        self._put(self._key("members", appliance), value)
+        self._put(self._key("appliances", appliance), value)
 
     def refresh(self) -> None:
         lease = self._my_lease()
@@ -152,8 +152,8 @@ class EtcdCoordinator:
         with contextlib.suppress(LeaseLost):  # already gone: what leave() wants
             self._call(lambda c: c.post(c.get_url("/lease/revoke"), json={"ID": lease}))
 
-    def members(self) -> list[Member]:
-        return list(self._read("members").members.values())
+    def appliances(self) -> list[Registration]:
+        return list(self._read("appliances").appliances.values())
 
     def campaign(self, resource: str) -> Leadership | None:
         key = self._enc(self._key("leader", check_name("resource", resource)))
@@ -294,7 +294,7 @@ class EtcdCoordinator:
                 continue
             found[kind][name] = value
         return Snapshot(
-            revision, found["members"], found["leader"], found["samples"], found["decisions"]
+            revision, found["appliances"], found["leader"], found["samples"], found["decisions"]
         )
 
     def _parse_one(self, kv: dict[str, Any]) -> tuple[str, str, Any]:
@@ -309,8 +309,8 @@ class EtcdCoordinator:
         value = json.loads(raw)
         if not isinstance(value, dict):
             raise ValueError(key)
-        if kind == "members":
-            return kind, name, Member(name, value)
+        if kind == "appliances":
+            return kind, name, Registration(name, value)
         if kind == "samples":
             return kind, name, value
         payload = value["payload"]

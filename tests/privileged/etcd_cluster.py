@@ -36,8 +36,8 @@ from santhrottle.appliance.fleet.engine import (
     EngineUnavailable,
     Leadership,
     LeaseLost,
-    Member,
     Payload,
+    Registration,
     Snapshot,
 )
 
@@ -69,7 +69,7 @@ def appliance_grants(array: str, name: str, lead: bool) -> list[tuple[str, str, 
     array, write its own member and samples keys, and the leaders and decisions if
     it may lead; (permission, key, prefix?) for Cluster.add_user."""
     p = f"/santhrottle/{array}/"
-    grants = [("read", p, True), ("readwrite", f"{p}members/{name}", False),
+    grants = [("read", p, True), ("readwrite", f"{p}appliances/{name}", False),
               ("readwrite", f"{p}samples/{name}", False)]  # fmt: skip
     if lead:
         grants += [("readwrite", f"{p}leader/", True), ("readwrite", f"{p}decisions/", True)]
@@ -211,8 +211,8 @@ class Agent:
     def leave(self) -> None:
         self.call("leave")
 
-    def members(self) -> list[Member]:
-        return [Member(**m) for m in self.call("members")]
+    def appliances(self) -> list[Registration]:
+        return [Registration(**m) for m in self.call("appliances")]
 
     def campaign(self, resource: str) -> Leadership | None:
         got = self.call("campaign", resource)
@@ -242,7 +242,7 @@ class Agent:
         s = self.call("snapshot")
         return Snapshot(
             s["revision"],
-            {k: Member(**v) for k, v in s["members"].items()},
+            {k: Registration(**v) for k, v in s["appliances"].items()},
             {k: Leadership(**v) for k, v in s["leaders"].items()},
             s["samples"],
             {k: Decision(**v) for k, v in s["decisions"].items()},

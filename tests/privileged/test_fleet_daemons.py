@@ -148,7 +148,7 @@ def both_in_fleet(a: str, b: str):
     sa, sb = fs(a), fs(b)
     ok = (
         sa["mode"] == sb["mode"] == "fleet"
-        and sa["members"] == sb["members"] == ["a", "b"]
+        and sa["appliances"] == sb["appliances"] == ["a", "b"]
         and leader_of(a) is not None
         and leader_of(a) == leader_of(b)
     )
@@ -179,7 +179,7 @@ def test_kill_9_of_the_leader_hands_over_within_2_s_without_an_orphan(fleet):
     print(f"\nleader {lead} killed -> {other} leads after {took:.2f} s")
     assert st["leaders"]["r0"]["epoch"] > epoch and st["mode"] == "fleet"
     assert took < FAILOVER_BOUND_S
-    until(lambda: fs(socks[other])["members"] == [other], 5.0, "the dead member's key gone")
+    until(lambda: fs(socks[other])["appliances"] == [other], 5.0, "the dead appliance's key gone")
 
 
 def test_a_partitioned_daemon_degrades_and_rejoins(fleet):
@@ -197,7 +197,7 @@ def test_a_partitioned_daemon_degrades_and_rejoins(fleet):
     assert st["leaders"] == {} and st["following"] == {}  # alone: nobody else's classes
     # a, in the majority, leads r0 once b's lease is gone
     until(lambda: fs(socks["a"])["leading"] == ["r0"], 10.0, "a leads")
-    until(lambda: fs(socks["a"])["members"] == ["a"], 5.0, "b's member key gone")
+    until(lambda: fs(socks["a"])["appliances"] == ["a"], 5.0, "b's key gone")
     assert fs(socks["a"])["mode"] == "fleet"
     c.link(1, up=True)
     _, back = until(lambda: both_in_fleet(socks["a"], socks["b"]), 20.0, "both in fleet again")
@@ -218,7 +218,7 @@ def test_sigterm_leaves_the_fleet_at_once_and_the_kernel_clean(fleet):
     until(lambda: fs(socks[other])["leading"] == ["r0"], 5.0, "the other leads")
     took = time.monotonic() - t0
     print(f"\nleader {lead} stopped -> {other} leads after {took:.2f} s")
-    assert fs(socks[other])["members"] == [other]
+    assert fs(socks[other])["appliances"] == [other]
     if lead == "a":
         after = sh("ip", "netns", "exec", dps[0], "tc", "qdisc", "show", "dev", "st-d0").stdout
         assert after == before
@@ -290,7 +290,7 @@ def test_over_tls_with_least_rights_users_a_follower_only_appliance_never_leads(
     print(f"\nTLS and users: both in fleet after {took:.2f} s; b follows a")
     procs["a"].kill()  # SIGKILL, our own child: its lease ends by itself
     procs["a"].wait(timeout=10)
-    until(lambda: fs(socks["b"])["members"] == ["b"], 10.0, "a's lease gone")
+    until(lambda: fs(socks["b"])["appliances"] == ["b"], 10.0, "a's lease gone")
     time.sleep(1.0)  # rounds in which b could campaign
     st = fs(socks["b"])
     assert st["mode"] == "fleet" and st["leaders"] == {} and st["leading"] == []
@@ -320,7 +320,7 @@ def _garbage(n: int) -> tuple[str, str]:
     if n < 90:
         return f"samples/ghost{n}", bad_samples[n % len(bad_samples)]
     if n < 100:
-        return f"members/ghost{n}", ["not json", "[]", "{}"][n % 3]
+        return f"appliances/ghost{n}", ["not json", "[]", "{}"][n % 3]
     if n < 110:
         return "leader/r0", ["ghost", "", '{"x": 1}'][n % 3]
     return [f"other/{n}", f"decisions/r0/deeper{n}", f"samples/{n}/x"][n % 3], "{}"

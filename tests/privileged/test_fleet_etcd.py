@@ -189,12 +189,12 @@ def test_a_partitioned_member_fails_fast_and_the_majority_works(fresh_etcd):
     a.publish_samples({"seq": 1})
     # c's lease ends in the majority: it no longer leads, b may
     _until(lambda: b.campaign("vg0"), 10.0, "b leads after c's lease ended")
-    assert "c" not in b.snapshot().members
+    assert "c" not in b.snapshot().appliances
     fresh_etcd.link(2, up=True)
     with pytest.raises(LeaseLost):
         _until(c.refresh, 10.0, "c's member back")
     c.join("c", {})
-    assert {m.appliance for m in a.members()} == {"a", "b", "c"}
+    assert {m.appliance for m in a.appliances()} == {"a", "b", "c"}
 
 
 def test_a_lost_quorum_fails_fast_and_recovers(fresh_etcd):
@@ -233,7 +233,7 @@ def test_an_etcd_leader_change_keeps_the_appliances_leases(fresh_etcd):
     x.refresh()
     y.refresh()
     assert x.leader("vg0") == first
-    assert {m.appliance for m in y.members()} == {"x", "y"}
+    assert {m.appliance for m in y.appliances()} == {"x", "y"}
 
 
 def test_a_payload_over_etcds_request_limit_is_engine_unavailable(agents):

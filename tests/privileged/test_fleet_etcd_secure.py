@@ -87,7 +87,7 @@ def test_least_rights_users_lead_and_follow_and_a_follower_cannot_write_a_decisi
     a.publish_samples({"seq": 1})
     f.publish_samples({"seq": 2})
     snap = f.snapshot()
-    assert set(snap.members) == {"gw-a", "gw-f"} and set(snap.samples) == {"gw-a", "gw-f"}
+    assert set(snap.appliances) == {"gw-a", "gw-f"} and set(snap.samples) == {"gw-a", "gw-f"}
     got = snap.current("vg0")
     assert got is not None and dict(got.payload) == {"seq": 1}
     # the follower's user: no write on leaders or decisions, through the adapter ...
@@ -98,13 +98,13 @@ def test_least_rights_users_lead_and_follow_and_a_follower_cannot_write_a_decisi
         assert "permission denied (user gw-f)" in str(e.value)
     # ... and by hand, with etcdctl and its own certificate and password
     forged = json.dumps({"epoch": lead.epoch, "appliance": "gw-a", "payload": {"seq": 10**12}})
-    for key in (f"{P}decisions/vg0", f"{P}leader/vg9", f"{P}members/gw-a", f"{P}samples/gw-a"):
+    for key in (f"{P}decisions/vg0", f"{P}leader/vg9", f"{P}appliances/gw-a", f"{P}samples/gw-a"):
         with pytest.raises(AssertionError, match="permission denied"):
             secure.etcdctl(2, "put", key, forged, user="gw-f")
     got = f.snapshot().current("vg0")
     assert got is not None and dict(got.payload) == {"seq": 1}
     f.leave()  # its own lease, its own keys: revoking it is allowed
-    assert set(a.snapshot().members) == {"gw-a"}
+    assert set(a.snapshot().appliances) == {"gw-a"}
 
 
 def test_no_user_can_put_a_key_under_another_appliances_lease(secure, agents):

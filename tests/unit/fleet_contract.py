@@ -40,17 +40,17 @@ def joined(new: New, *names: str) -> list[Coordinator]:
     return out
 
 
-def check_join_and_members(new: New) -> None:
+def check_join_and_appliances(new: New) -> None:
     a, b = joined(new, "a", "b")
     assert a.appliance == "a"
-    assert {m.appliance: dict(m.info) for m in b.members()} == {
+    assert {m.appliance: dict(m.info) for m in b.appliances()} == {
         "a": {"name": "a"},
         "b": {"name": "b"},
     }
     a.refresh()
     a.leave()
     a.leave()  # idempotent
-    assert [m.appliance for m in b.members()] == ["b"]
+    assert [m.appliance for m in b.appliances()] == ["b"]
 
 
 def check_one_leader_per_resource(new: New) -> None:
@@ -123,7 +123,7 @@ def check_samples_and_snapshot(new: New) -> None:
     lead = b.campaign("vg0")
     assert lead is not None and b.publish_decisions("vg0", lead.epoch, {"c": 1})
     snap = a.snapshot()
-    assert set(snap.members) == {"a", "b"} and set(snap.samples) == {"a", "b"}
+    assert set(snap.appliances) == {"a", "b"} and set(snap.samples) == {"a", "b"}
     assert snap.leaders == {"vg0": lead}
     assert snap.current("vg0") is not None and snap.current("other") is None
     later = a.snapshot()
@@ -147,7 +147,7 @@ def check_without_a_lease(new: New) -> None:
         with pytest.raises(LeaseLost):
             call()
     c.leave()  # nothing to leave: no error
-    assert c.snapshot().members == {}
+    assert c.snapshot().appliances == {}
 
 
 def check_bad_names(new: New) -> None:
@@ -160,7 +160,7 @@ def check_bad_names(new: New) -> None:
 
 
 CHECKS = [
-    check_join_and_members,
+    check_join_and_appliances,
     check_one_leader_per_resource,
     check_leave_hands_over_at_once,
     check_decisions_are_fenced_by_epoch,

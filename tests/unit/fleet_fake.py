@@ -25,8 +25,8 @@ from santhrottle.appliance.fleet.engine import (
     EngineUnavailable,
     Leadership,
     LeaseLost,
-    Member,
     Payload,
+    Registration,
     Snapshot,
 )
 from santhrottle.appliance.fleet.names import check_name
@@ -125,7 +125,7 @@ class FakeCoordinator:
         lease = next(self.engine._ids)
         self.engine.leases[lease] = self.engine.now_s + self.ttl_s
         self._appliance, self._lease = appliance, lease
-        self.engine.put(self._key("members", appliance), dict(info), lease)
+        self.engine.put(self._key("appliances", appliance), dict(info), lease)
 
     def refresh(self) -> None:
         lease = self._my_lease()
@@ -137,8 +137,8 @@ class FakeCoordinator:
             self.engine.check()
             self.engine.revoke(lease)
 
-    def members(self) -> list[Member]:
-        return list(self.snapshot().members.values())
+    def appliances(self) -> list[Registration]:
+        return list(self.snapshot().appliances.values())
 
     def campaign(self, resource: str) -> Leadership | None:
         key = self._key("leader", check_name("resource", resource))
@@ -190,14 +190,14 @@ class FakeCoordinator:
 
     def snapshot(self) -> Snapshot:
         self.engine.check()
-        members, leaders, samples, decisions = {}, {}, {}, {}
+        appliances, leaders, samples, decisions = {}, {}, {}, {}
         for key, kv in sorted(self.engine.kv.items()):
             if not key.startswith(self.prefix):
                 continue
             kind, _, name = key.removeprefix(self.prefix).partition("/")
             value = copy.deepcopy(kv.value)
-            if kind == "members":
-                members[name] = Member(name, value)
+            if kind == "appliances":
+                appliances[name] = Registration(name, value)
             elif kind == "samples":
                 samples[name] = value
             elif kind == "leader":
@@ -207,4 +207,4 @@ class FakeCoordinator:
                     name, value["epoch"], value["appliance"], value["payload"], kv.lease,
                     kv.mod_revision,
                 )  # fmt: skip
-        return Snapshot(self.engine.revision, members, leaders, samples, decisions)
+        return Snapshot(self.engine.revision, appliances, leaders, samples, decisions)

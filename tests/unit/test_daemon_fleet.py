@@ -206,12 +206,12 @@ def test_fleet_status_command_and_metrics():
     a = f.daemons["a"]
     st = handle(a, "fleet_status", {})
     assert st["array"] == "arr" and st["appliance"] == "a" and st["mode"] == "fleet"
-    assert st["members"] == ["a", "b"] and st["leaders"]["vg0"]["appliance"] == "a"
+    assert st["appliances"] == ["a", "b"] and st["leaders"]["vg0"]["appliance"] == "a"
     assert set(st["parts"]) == {"b"} and st["counters"]["merged_parts"] > 0
     text = generate_latest(registry_for(StatusCache(a))).decode()
     assert 'santhrottle_fleet_degraded{array="arr"} 0.0' in text
     assert 'santhrottle_fleet_leading{resource="vg0"} 1.0' in text
-    assert 'santhrottle_fleet_members{array="arr"} 2.0' in text
+    assert 'santhrottle_fleet_appliances{array="arr"} 2.0' in text
     solo = Fleet(fleet=False)
     with pytest.raises(CommandError, match="no \\[fleet\\] endpoints"):
         handle(solo.daemons["a"], "fleet_status", {})

@@ -56,7 +56,7 @@ def test_one_leader_per_resource_the_other_sees_its_samples_and_decision():
     va, vb = a.view(), b.view()
     assert not va.degraded and not vb.degraded
     assert va.leading == {"vg0": va.leaders["vg0"][1]} and vb.leading == {}
-    assert vb.leaders["vg0"][0] == "a" and vb.members == ("a", "b")
+    assert vb.leaders["vg0"][0] == "a" and vb.appliances == ("a", "b")
     part = vb.parts["a"]
     assert part.tick.seq == 1 and part.tick.samples.reads[0].reads == 6
     assert part.conv is not None and part.conv.samples.writes[0].write_bps == 5e6

@@ -98,9 +98,9 @@ def kv(key: str, value: bytes | str, create: int = 5, lease: int = 0, mod: int =
 def test_values_that_are_not_ours_are_skipped_and_counted(scripted):
     p = "/santhrottle/arr/"
     kvs = [
-        kv(p + "members/a", json.dumps({"addr": "x"})),
-        kv(p + "members/b", b"not json"),
-        kv(p + "members/c", json.dumps([1, 2])),
+        kv(p + "appliances/a", json.dumps({"addr": "x"})),
+        kv(p + "appliances/b", b"not json"),
+        kv(p + "appliances/c", json.dumps([1, 2])),
         kv(p + "samples/a", json.dumps({"seq": 1})),
         kv(p + "leader/vg0", "a", create=9, lease=77),
         kv(
@@ -112,13 +112,13 @@ def test_values_that_are_not_ours_are_skipped_and_counted(scripted):
         kv(p + "decisions/vg1", json.dumps({"epoch": "x", "appliance": "a", "payload": {}})),
         kv(p + "decisions/vg2", json.dumps({"epoch": 3, "appliance": "a", "payload": 7})),
         kv(p + "other/x", "{}"),
-        kv(p + "members/d/e", "{}"),
+        kv(p + "appliances/d/e", "{}"),
         {"key": "%%%not base64"},
     ]
     c, _ = scripted({"header": {"revision": "12"}, "kvs": kvs})
     snap = c.snapshot()
     assert snap.revision == 12
-    assert set(snap.members) == {"a"} and snap.samples == {"a": {"seq": 1}}
+    assert set(snap.appliances) == {"a"} and snap.samples == {"a": {"seq": 1}}
     assert snap.leaders["vg0"].epoch == 9 and snap.current("vg0").payload == {"c": 1}
     assert set(snap.decisions) == {"vg0"}
     assert c.bad_values == 7

@@ -56,7 +56,7 @@ def test_fake_engine_down():
     a = FakeCoordinator(engine, "arr")
     a.join("a", {})
     engine.down = True
-    for call in (a.refresh, a.snapshot, lambda: a.campaign("vg0"), a.members):
+    for call in (a.refresh, a.snapshot, lambda: a.campaign("vg0"), a.appliances):
         with pytest.raises(EngineUnavailable):
             call()
     engine.down = False

@@ -74,8 +74,8 @@ def fault_kill(
     log(f"kill: {survivor.name} leads after {took} s")
     time.sleep(_lease_bound_s(a, LEASE_WAIT_S, per_ttl_s=1.0))  # the victim's lease expired
     fs = survivor.fleet() or {}
-    keys = etcd.keys(PREFIX + "members/")
-    etcd_members = None if keys is None else [k.removeprefix(PREFIX + "members/") for k in keys]
+    keys = etcd.keys(PREFIX + "appliances/")
+    in_etcd = None if keys is None else [k.removeprefix(PREFIX + "appliances/") for k in keys]
     left = victim.left()
     time.sleep(max(0.0, total - seg.now()))
     ph = seg.end()
@@ -86,11 +86,10 @@ def fault_kill(
         "epoch_after": (fs.get("leaders", {}).get(RESOURCE) or {}).get("epoch"),
         "class_at_kill": cls0,
         "survivor_leads_after_s": None if took is None else round(took, 2),
-        "members_in_fleet_status": fs.get("members"),
-        "members_in_etcd": etcd_members,
+        "appliances_in_fleet_status": fs.get("appliances"),
+        "appliances_in_etcd": in_etcd,
         "orphans": sorted(
-            set(etcd_members if etcd_members is not None else fs.get("members") or [])
-            - {survivor.name}
+            set(in_etcd if in_etcd is not None else fs.get("appliances") or []) - {survivor.name}
         ),
         "killed_left_on_its_bridge": left,
         "reader_after_kill": back_under(ph, t_kill, thr_s),

@@ -24,7 +24,7 @@ Phases, T = --threshold (15 ms):
   kill          the writers on throughout, the fleet settled; kill -9 of the
                 daemon `fleet status` names leader of labvg: the time until the
                 survivor leads, until the reader's 1 s windows are back under T,
-                the members etcd lists after the lease's TTL, fio's errors and
+                the appliances etcd lists after the lease's TTL, fio's errors and
                 the kernel's multipath messages; the dead daemon's delays stay on
                 its bridge (what it left is recorded);
   partition     the killed daemon cleaned up and started again; both in the

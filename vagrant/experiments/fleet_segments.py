@@ -120,7 +120,7 @@ class FleetDaemon(Daemon):
 
 def poll(d: FleetDaemon, now) -> dict:
     """One daemon's view: the resource's class and latency, the initiators' classes, and
-    in the fleet its mode, members and the resource's leader."""
+    in the fleet its mode, appliances and the resource's leader."""
     row: dict = {"t": round(now(), 3), "d": d.name}
     try:
         st = d.status()
@@ -131,7 +131,7 @@ def poll(d: FleetDaemon, now) -> dict:
         if d.member is not None:
             fs = d.request("fleet_status")
             row["mode"] = fs["mode"]
-            row["members"] = fs["members"]
+            row["appliances"] = fs["appliances"]
             row["leader"] = (fs["leaders"].get(RESOURCE) or {}).get("appliance")
             row["leading"] = fs["leading"]
     except Exception as e:  # keep polling; record why
@@ -400,7 +400,7 @@ def both_in_fleet(ds: list[FleetDaemon]):
         return None
     names = sorted(d.name for d in ds)
     leaders = {(f["leaders"].get(RESOURCE) or {}).get("appliance") for f in fss}
-    ok = all(f["mode"] == "fleet" and sorted(f["members"]) == names for f in fss)
+    ok = all(f["mode"] == "fleet" and sorted(f["appliances"]) == names for f in fss)
     return fss if ok and len(leaders) == 1 and None not in leaders else None
 
 

@@ -173,7 +173,7 @@ class FleetMode:
             "reason": v.reason,
             "revision": v.revision,
             "engine_age_s": v.ok_age_s,
-            "members": list(v.members),
+            "appliances": list(v.appliances),
             "leaders": {
                 r: {"appliance": who, "epoch": e} for r, (who, e) in sorted(v.leaders.items())
             },

@@ -3,16 +3,16 @@
 What it owns
     fleet_families(): the fleet's gauges and counters in metrics.py's style.
     Labels are resources (bounded by the configuration and discovery) and
-    the array; no series per other appliance's name beyond the members
+    the array; no series per other appliance's name beyond the appliances'
     count.  Without [fleet], no families at all.
 
 Worked example
-    {"array": "array1", "mode": "degraded", "engine_age_s": 2.4, "members": ["gw-a"],
+    {"array": "array1", "mode": "degraded", "engine_age_s": 2.4, "appliances": ["gw-a"],
      "leaders": {"vg0": {"appliance": "gw-a", "epoch": 17}}, "leading": ["vg0"],
      "counters": {"failures": 12, ...}, ...} gives
         santhrottle_fleet_degraded{array="array1"} 1.0
         santhrottle_fleet_engine_age_seconds{array="array1"} 2.4
-        santhrottle_fleet_members{array="array1"} 1.0
+        santhrottle_fleet_appliances{array="array1"} 1.0
         santhrottle_fleet_leading{resource="vg0"} 1.0
         santhrottle_fleet_epoch{resource="vg0"} 17.0
         santhrottle_fleet_engine_failures_total{array="array1"} 12.0
@@ -77,10 +77,10 @@ def fleet_families(s: dict[str, Any]) -> Iterator[Metric]:
     )
     if s["engine_age_s"] is not None:
         age.add_metric(arr, s["engine_age_s"])
-    members = GaugeMetricFamily(
-        "santhrottle_fleet_members", "Appliances registered for the array", labels=["array"]
+    appliances = GaugeMetricFamily(
+        "santhrottle_fleet_appliances", "Appliances registered for the array", labels=["array"]
     )
-    members.add_metric(arr, float(len(s["members"])))
+    appliances.add_metric(arr, float(len(s["appliances"])))
     leading = GaugeMetricFamily(
         "santhrottle_fleet_leading",
         "1 while this appliance leads the resource (runs its controller for the fleet)",
@@ -92,7 +92,7 @@ def fleet_families(s: dict[str, Any]) -> Iterator[Metric]:
     for r, lead in s["leaders"].items():
         leading.add_metric([r], 1.0 if r in s["leading"] else 0.0)
         epoch.add_metric([r], float(lead["epoch"]))
-    yield from (degraded, age, members, leading, epoch)
+    yield from (degraded, age, appliances, leading, epoch)
     for name, k, doc in FLEET_COUNTERS:
         c = CounterMetricFamily(name, doc, labels=["array"])
         c.add_metric(arr, float(s["counters"][k]))
