@@ -83,6 +83,23 @@ def test_links_resolve_inside_the_repository(path):
         assert dest.exists(), f"{path.name}: broken link {target}"
 
 
+# [page](page.md), "Section": the section a link names, a heading or a bold title there
+SECTION_REF = re.compile(r"\[[^\]]+\]\(([^)#\s]+\.md)\),?\s+\"([^\"]+)\"")
+
+
+@pytest.mark.parametrize("path", MARKDOWN, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_section_a_link_names_is_on_that_page(path):
+    wrong = []
+    for target, section in SECTION_REF.findall(path.read_text()):
+        text = (path.parent / target).read_text()
+        titles = [h.replace("`", "") for h in re.findall(r"^#+ (.*)$", text, re.M)]
+        titles += [b.replace("`", "") for b in re.findall(r"\*\*([^*]+?)\.?\*\*", text)]
+        want = " ".join(section.split()).replace("`", "")
+        if not any(t.startswith(want) for t in titles):
+            wrong.append(f"{target}, {section!r}")
+    assert not wrong, wrong
+
+
 NOTEBOOK = [
     r"lab-notes",
     r"\.\./shared",
