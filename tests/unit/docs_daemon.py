@@ -146,11 +146,11 @@ def fleet(seconds: float = 2.0):
 
 def levels(seconds: float = 12.0):
     """tests/unit/test_levels_daemon.py's daemon, its group at its top level."""
-    from .test_daemon import run_for as run
-    from .test_levels_daemon import LEVELS, LevelSensors, make
+    from .test_daemon import make
+    from .test_levels_daemon import LEVELS, LevelSensors
 
     d, vt, s, _act = make(LEVELS)
     d.sensors = LevelSensors(s, d)
     s.latency_s = 0.008
-    run(d, vt, seconds)
-    return d, lambda: run(d, vt, 1.0)
+    run_for(d, vt, seconds)
+    return d, lambda: run_for(d, vt, 1.0)

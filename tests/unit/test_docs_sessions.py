@@ -1,9 +1,8 @@
 """The manual's sessions with the daemon are what the command line prints.
 
 A block marked `<!-- replayed: SESSION -->` (docs/operate.md, docs/groups.md,
-docs/levels.md) is run:
-its `$ santhrottle ...` commands, in the page's order, through the real command line
-and a real control socket, against SESSION's daemon (tests/unit/docs_daemon.py: the
+docs/levels.md) is run: its `$ santhrottle ...` commands, in the page's order, through
+the real command line and a real control socket, against SESSION's daemon (tests/unit/docs_daemon.py: the
 real Daemon on the unit tests' fakes in virtual time, so every figure is reproducible),
 one second of the daemon's time after each; what a command prints (stdout, then
 stderr) must be the lines under it, where a line "..." stands for any lines.  A
