@@ -2,13 +2,13 @@
 
 A block marked `<!-- replayed: SESSION -->` (docs/operate.md, docs/groups.md,
 docs/levels.md) is run: its `$ santhrottle ...` commands, in the page's order, through
-the real command line and a real control socket, against SESSION's daemon (tests/unit/docs_daemon.py: the
-real Daemon on the unit tests' fakes in virtual time, so every figure is reproducible),
-one second of the daemon's time after each; what a command prints (stdout, then
-stderr) must be the lines under it, where a line "..." stands for any lines.  A
-command piped elsewhere (`| jq`) is not run.  `top` heads each view with the daemon's
-time and sleeps in it (the session "top" is an operate daemon of its own, so that its
-seconds move no other example).
+the real command line and a real control socket, against SESSION's daemon
+(tests/unit/docs_daemon.py: the real Daemon on the unit tests' fakes in virtual time, so
+every figure is reproducible), one second of the daemon's time after each; what a
+command prints (stdout, then stderr) must be the lines under it, where a line "..."
+stands for any lines. A command piped elsewhere (`| jq`) is not run. `top` heads each
+view with the daemon's time and sleeps in it (the session "top" is an operate daemon of
+its own, so that its seconds move no other example).
 
 SANTHROTTLE_DOCS_WRITE=1 writes what the commands print into the pages instead (the
 outputs without a "..." line): how the examples are made, then read and committed.
