@@ -35,6 +35,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         path = Path(str(item.fspath)).resolve()
         parts = path.relative_to(TESTS).parts if TESTS in path.parents else ()
         fuzz = _is_fuzz(item)
+        if fuzz and item.get_closest_marker("unit") is not None:
+            # a module's `pytestmark = pytest.mark.unit` would put it back in the fast loop
+            raise pytest.UsageError(
+                f"{item.nodeid} is a fuzz test (hypothesis or corpus) marked unit: "
+                "drop the unit mark (tests/unit marks its tests; fuzz ones go to -m fuzz)"
+            )
         if fuzz and item.get_closest_marker("fuzz") is None:
             item.add_marker(pytest.mark.fuzz)
         for tier in TIERS:

@@ -20,8 +20,6 @@ from santhrottle.appliance.fleet.codec import (
 )
 from santhrottle.controller.domain import DeviceSample, IoSample, ReadSample, Samples, WriteSample
 
-pytestmark = pytest.mark.unit
-
 SAMPLES = Samples(
     reads=[ReadSample("vg0", 6, 0.004), ReadSample("vg1", 0, 0.0, 1e6, 2)],
     writes=[WriteSample("vg0", "10.0.0.7", 2.5e6), WriteSample("vg0", "fd00::7", 0.0)],
