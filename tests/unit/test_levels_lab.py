@@ -81,3 +81,5 @@ def test_levels_and_utilization_are_compared_second_by_second(lc):
     assert got["promotions_lab"] == 3 and got["promotions_sim"] == 3
     (u,) = lc.compare_utilization(LAB)
     assert u["daemon_pct"] == pytest.approx(12.0) and u["points"] == pytest.approx(1.0)
+    assert u["daemon_spread"]["median"] == pytest.approx(12.0)
+    assert u["iostat_spread"]["n"] == 2

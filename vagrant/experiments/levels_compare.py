@@ -157,7 +157,15 @@ def _moves(series: list[tuple[float, int]]) -> tuple[int, int]:
     return up, down
 
 
+def spread(xs: list[float]) -> dict:
+    """The 1 s values' median and 10th-90th percentiles."""
+    q = statistics.quantiles(xs, n=10) if len(xs) > 1 else xs * 9
+    return {"median": statistics.median(xs), "p10": q[0], "p90": q[-1], "n": len(xs)}
+
+
 def compare_utilization(lab: dict) -> list[dict]:
+    """Per load: the means of the daemon's and iostat's 1 s utilization (%) after the
+    first SKIP_S seconds, their difference in points, and each side's spread."""
     out = []
     for load in lab.get("utilization", []):
         ours = [
@@ -170,6 +178,7 @@ def compare_utilization(lab: dict) -> list[dict]:
             row["daemon_pct"] = statistics.fmean(ours)
             row["iostat_pct"] = statistics.fmean(theirs)
             row["points"] = row["daemon_pct"] - row["iostat_pct"]
+            row["daemon_spread"], row["iostat_spread"] = spread(ours), spread(theirs)
         out.append(row)
     return out
 
@@ -225,9 +234,15 @@ def main() -> int:
         )
         print(f"  seconds per level, lab {r['seconds_lab']}, sim {r['seconds_sim']}")
     for u in res["utilization"]:
+        if u["points"] is None:
+            print(f"utilization {u['load']}: no samples")
+            continue
+        ds, io = u["daemon_spread"], u["iostat_spread"]
         print(
-            f"utilization {u['load']}: daemon {u['daemon_pct']}, iostat {u['iostat_pct']}, "
-            f"points {u['points']}"
+            f"utilization {u['load']}: daemon {u['daemon_pct']:.1f} % (1 s: median "
+            f"{ds['median']:.1f}, p10-p90 {ds['p10']:.1f}-{ds['p90']:.1f}), iostat -x "
+            f"{u['iostat_pct']:.1f} % ({io['median']:.1f}, {io['p10']:.1f}-{io['p90']:.1f}), "
+            f"points {u['points']:+.1f}"
         )
     print(f"kill9 level-seconds: {res['kill9']}")
     return 0
