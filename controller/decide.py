@@ -91,6 +91,11 @@ Law, per call decide(state, samples, now_s)
        UtilizationSamples give each resource's busy share per convergence
        (utilization.py); one over its utilization_threshold counts as over
        its latency threshold until the next convergence.
+    7. The groups and levels read the IoSamples of the sensors' convergences
+       since the last one (Samples.io_batches: how many, each scaled to one
+       convergence; their mean is the interval's). A convergence that got
+       none (the daemon's sensor worker is slower than the controller) holds
+       the groups and levels as they are: no IOs is not a rate of 0.
 
 Bounds
     Classes are in [0, max_class] (PID clamp). A resource whose threshold
@@ -197,6 +202,21 @@ def _schedule(next_s: float | None, period_s: float, now_s: float) -> tuple[bool
     return True, next_s + (missed + 1) * period_s, missed
 
 
+def _one_interval_of_ios(state: ControllerState) -> bool:
+    """state.ios as one convergence's: the mean of the sensor convergences it holds.
+    False when none arrived since the last convergence (the sensor's worker is late):
+    the groups and levels hold, rather than read a rate of 0."""
+    n, state.io_batches = state.io_batches, None if state.io_batches is None else 0
+    if n is None or n == 1:
+        return True
+    if n == 0:
+        return False
+    state.ios[:] = [
+        s._replace(ios=s.ios / n, bytes=s.bytes / n, reads=s.reads / n) for s in state.ios
+    ]
+    return True
+
+
 def decide(
     state: ControllerState, samples: Samples, now_s: float
 ) -> tuple[ControllerState, Decisions]:
@@ -207,6 +227,8 @@ def decide(
         sets.observe_many(samples.writes, now_s)
     if samples.ios and (state.grouped or state.levels.specs):  # the groups' next interval
         state.ios.extend(samples.ios)
+    if samples.io_batches is not None:
+        state.io_batches = (state.io_batches or 0) + samples.io_batches
     if samples.utilization:  # the resources' busy share (utilization.py)
         observe_utilization(state, samples.utilization)
     for dev in samples.devices:  # threshold "auto": the LQ fits
@@ -342,8 +364,9 @@ def decide(
         out.joined, out.left = change.joined, change.left
         touched.update(change.joined)
         touched.update(change.left)
-        converge_levels(state)  # utilization, then the groups' levels (headroom.py)
-        if state.grouped:  # Maestro's interval on each grouped resource
+        fresh = _one_interval_of_ios(state)
+        converge_levels(state, fresh)  # utilization, then the groups' levels (headroom.py)
+        if state.grouped and fresh:  # Maestro's interval on each grouped resource
             res = state.resources  # the grouped ones' latency only, not every resource's
             lat = {n: res[n].ewma.value for n in state.grouped if n in res}
             util = state.utilization.last

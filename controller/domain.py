@@ -230,6 +230,10 @@ class Samples:
     devices: Sequence[DeviceSample] = ()
     ios: Sequence[IoSample] = ()  # every convergence, for grouped resources (groups.py)
     utilization: Sequence[UtilizationSample] = ()  # every tick (utilization.py)
+    # How many sensor convergences `ios` holds, each scaled to one convergence (the
+    # daemon's worker converges on a clock of its own, and may be slower); None: one per
+    # controller convergence (the simulator's).
+    io_batches: int | None = None
 
 
 @dataclass(slots=True)

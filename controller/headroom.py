@@ -62,11 +62,12 @@ def headroom(state: ControllerState, resource: str) -> bool:
     return not math.isfinite(thr) or rs.ewma.value < thr
 
 
-def converge(state: ControllerState) -> None:
-    """At a convergence, before the IoSamples are cleared: utilization, then levels."""
+def converge(state: ControllerState, fresh: bool = True) -> None:
+    """At a convergence, before the IoSamples are cleared: utilization, then levels
+    (fresh: the IoSamples of a sensor convergence arrived; without, the levels hold)."""
     close(state.utilization, state.resources)
     lv = state.levels
-    if not lv.specs:
+    if not lv.specs or not fresh:
         return
     c = state.config
     eff = state.effective

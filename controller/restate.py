@@ -82,6 +82,7 @@ def reconfigure(state: ControllerState, config: ControllerConfig) -> ControllerS
         groups=state.groups,
         grouped=state.grouped,
         ios=state.ios,
+        io_batches=state.io_batches,
         levels=state.levels,
         utilization=state.utilization,
     )

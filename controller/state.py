@@ -122,6 +122,7 @@ class ControllerState:
     groups: GroupsState = field(default_factory=GroupsState)  # grouped resources (groups.py)
     grouped: frozenset[str] = frozenset()  # resources whose classes come from their groups
     ios: list[IoSample] = field(default_factory=list)  # since the last convergence (groups)
+    io_batches: int | None = None  # the sensor convergences in `ios` (Samples.io_batches)
     levels: LevelsState = field(default_factory=LevelsState)  # groups' levels (levels.py)
     utilization: UtilizationState = field(default_factory=UtilizationState)  # utilization.py
 

@@ -237,3 +237,39 @@ def test_in_decide_the_effective_class_is_the_max_of_the_pid_and_the_level():
     lvl = st.levels.groups["t"].delay_class
     assert pid > 0
     assert st.effective["10.0.0.1"] == max(pid, lvl)
+
+
+def _run_sparse(st, seconds, depth, lat, every_s, batches=1, t0=0.0):
+    """As _run, with no headroom (utilization 0.95), but the sensor's convergence comes
+    every `every_s` seconds (the daemon's worker, late), bringing `batches` batches,
+    each scaled to one convergence, and saying so (Samples.io_batches)."""
+    t = t0
+    every = round(every_s * 10)
+    for i in range(round(seconds * 10)):
+        t = round(t + 0.1, 6)
+        rate = depth / (lat + LADDER.delay_s(st.effective.get("10.0.0.1", 0)))
+        n = batches if i % every == every - 1 else 0
+        ios = [IoSample("vg", "10.0.0.1", rate, rate * 4096, rate, lat, lat)] * n
+        us = [UtilizationSample("vg", 0.95)]
+        samples = Samples([ReadSample("vg", 50, lat, 0.0)], [], (), ios, us, io_batches=n)
+        st, _ = decide(st, samples, t)
+    return st, t
+
+
+def test_a_convergence_without_the_sensors_ios_holds_the_levels():
+    """A worker that converges every 3 s: the two convergences between its IoSamples
+    read no rate of 0 (no demotion, no release of the cap's delay)."""
+    st = _ctl()
+    st, _ = _run_sparse(st, 12, 12, 0.002, every_s=3.0)
+    ls = st.levels.groups["t"]
+    assert ls.ladders[0].demotions == 0 and ls.ladders[0].rate > 0.0
+    assert ls.target_class > 0 and st.effective.get("10.0.0.1", 0) == ls.delay_class
+    assert 12 / (0.002 + LADDER.delay_s(ls.delay_class)) <= 600.0 + 1e-9  # capped
+
+
+def test_two_sensor_convergences_in_one_are_averaged():
+    one, _ = _run_sparse(_ctl(), 3, 12, 0.002, every_s=1.0, batches=1)
+    two, _ = _run_sparse(_ctl(), 3, 12, 0.002, every_s=1.0, batches=2)
+    assert two.levels.groups["t"].ladders[0].rate == pytest.approx(
+        one.levels.groups["t"].ladders[0].rate
+    )

@@ -77,3 +77,38 @@ def levels_registry():
     m.once()
     m.once()
     return registry_for(StatusCache(d), meter=MeterCollector(m, d.lock))
+
+
+class SlowLevelSensors(LevelSensors):
+    """The same stream, the sensor's convergence taking 3 s: each brings 3 s of IOs."""
+
+    io_span_s = 3.0
+
+    def converge(self):
+        out = super().converge()
+        self.io_samples = [s._replace(ios=3 * s.ios, bytes=3 * s.bytes) for s in self.io_samples]
+        return out
+
+
+def test_a_worker_converging_every_3_s_leaves_the_levels_held_in_between():
+    """The controller converges every second; the IoSamples come every third: the
+    convergences between hold the level and its cap (no rate of 0, no demotion)."""
+    d, vt, s, _act = make(LEVELS)
+    d.sensors = SlowLevelSensors(s, d)
+    s.latency_s = 0.008
+    run_for(d, vt, 24.0, converge_every_s=3.0)
+    (row,) = status(d).levels
+    assert row.level == 2 and row.promotions == 2 and row.demotions == 0
+    assert 0.9 * 400 <= row.rate <= 400 + 1e-6 and row.delay_class > 0
+
+
+def test_the_meter_counts_every_io_a_slow_convergence_saw():
+    d, vt, s, _act = make(LEVELS)
+    d.sensors = SlowLevelSensors(s, d)
+    run_for(d, vt, 1.0)
+    m = Metering(d)
+    m.once()
+    d.converge_once()
+    m.once()
+    (got,) = d.sensors.io_samples
+    assert m.meter.totals["gold"].ios == got.ios  # 3 s of IOs, not scaled to one second

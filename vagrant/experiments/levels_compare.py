@@ -216,8 +216,13 @@ def main() -> int:
         "target_retrans": lab["levels"]["target_retrans"],
         "utilization": compare_utilization(lab),
         "kill9": {
-            k: level_seconds(k9.get(k, {}))
-            for k in ("before_kill", "on_disk_at_kill", "after_restart")
+            **{
+                k: level_seconds(k9.get(k, {}))
+                for k in ("before_kill", "on_disk_at_kill", "after_restart")
+            },
+            "down_s": k9["restarted_epoch"] - k9["killed_epoch"]
+            if "restarted_epoch" in k9
+            else None,
         },
     }
     (a.input.parent / "levels-compare.json").write_text(json.dumps(res, indent=1))

@@ -45,8 +45,8 @@ import threading
 import time
 from pathlib import Path
 
-from labkit import fio, probes, topology
-from labkit.daemon import BIN, Daemon, bridge_config
+from labkit import fio, probes, speed, topology
+from labkit.daemon import BIN, Daemon, bridge_config, poll_until
 from labkit.sampler import Probe, Sampler
 
 SOCK = "/run/santhrottle-exp/control.sock"
@@ -152,10 +152,14 @@ def phase_calibrate(d: Daemon, t: dict, a: argparse.Namespace) -> dict:
     return res
 
 
-def meter_totals(out: Path) -> dict:
+def meter_file(out: Path) -> dict:
     with contextlib.suppress(OSError, ValueError):
-        return json.loads((out / "state" / "meter.json").read_text())["totals"]
+        return json.loads((out / "state" / "meter.json").read_text())
     return {}
+
+
+def meter_totals(out: Path) -> dict:
+    return meter_file(out).get("totals", {})
 
 
 def phase_kill9(d: Daemon, t: dict, a: argparse.Namespace, out: Path) -> dict:
@@ -169,8 +173,12 @@ def phase_kill9(d: Daemon, t: dict, a: argparse.Namespace, out: Path) -> dict:
     killed_at = time.time()
     on_disk = meter_totals(out)
     d.start(START_S)  # the same file and state_dir; its log goes on
+    restarted = time.time()
     th.join()
-    time.sleep(3.0)
+    # the new daemon's meter writes from its first convergences on: wait for two
+    _, waited = poll_until(
+        lambda: (meter_file(out).get("saved_at") or 0.0) > restarted + 2.0, speed.budget(60.0)
+    )
     after = meter_totals(out)
     report = subprocess.run(
         [str(BIN / "santhrottle"), "meter", "--json", "--config", str(d.conf)],
@@ -183,6 +191,8 @@ def phase_kill9(d: Daemon, t: dict, a: argparse.Namespace, out: Path) -> dict:
         "on_disk_at_kill": on_disk,
         "after_restart": after,
         "killed_epoch": killed_at,
+        "restarted_epoch": restarted,
+        "meter_written_after_s": waited,
         "meter_report": report.stdout or report.stderr,
     }
 

@@ -21,7 +21,10 @@ Sensors (core/sensors.py)
     The sensors' `io_samples` feed the groups (bridge mode: the wire's IOs
     per initiator; a target host: each LUN's device, LIO's ACL counters,
     appliance/sensing/initiator_io.py); their `io_span_s`, the time the last
-    samples cover, scales them to one convergence.  initiator_names()
+    samples cover, scales them to one convergence.  PendingIos keeps them
+    until the next tick, with how many convergences they are: the controller
+    holds the groups and levels at a convergence of its own that got none
+    (controller/decide.py, Samples.io_batches).  initiator_names()
     (address -> the IQNs / NQNs it logged in with: the wire's logins on a
     bridge, LIO's ACLs and nvmet's debugfs on a target host) lets a group
     name its members by those; for an initiator it names nothing for,
@@ -176,3 +179,21 @@ def io_samples(got: list[IoSample], span_s: float | None, converge_s: float) -> 
         return list(got)
     k = converge_s / span_s
     return [s._replace(ios=s.ios * k, bytes=s.bytes * k, reads=s.reads * k) for s in got]
+
+
+class PendingIos:
+    """The sensors' IoSamples of the convergences since the last tick's take(), each
+    convergence's scaled to one (io_samples), and how many convergences they are."""
+
+    def __init__(self) -> None:
+        self.ios: list[IoSample] = []
+        self.batches = 0
+
+    def add(self, got: list[IoSample], span_s: float | None, converge_s: float) -> None:
+        self.ios.extend(io_samples(got, span_s, converge_s))
+        self.batches += 1
+
+    def take(self) -> tuple[list[IoSample], int]:
+        out, n = self.ios, self.batches
+        self.ios, self.batches = [], 0
+        return out, n

@@ -78,7 +78,7 @@ from santhrottle.appliance.daemon.core.runtime import (
 from santhrottle.appliance.daemon.core.sensors import Actuator, BridgeSensors, Discovery, Sensors
 from santhrottle.appliance.daemon.core.state import Saved, StateKeeper, StateStore
 from santhrottle.controller.decide import decide
-from santhrottle.controller.domain import IoSample, ReadSample, Samples, WriteSample
+from santhrottle.controller.domain import ReadSample, Samples, WriteSample
 from santhrottle.controller.restate import reconfigure
 from santhrottle.controller.state import ControllerState, new_state
 
@@ -112,7 +112,7 @@ class Daemon:
         self.discovery: Discovery | None = None  # the last convergence's
         self.last_reads: dict[str, ReadSample] = {}  # resource -> the last tick's sample
         self._pending_writes: list[WriteSample] = []
-        self._pending_ios: list[IoSample] = []  # initiator groups (core/grouping.py)
+        self._pending_ios = grouping.PendingIos()  # initiator groups and levels
         self.counters = Counters()
         self.written = WrittenBytes()  # per (initiator, resource); the worker's, own lock
         self.ctl: ControllerState = new_state(config.controller, [])
@@ -173,11 +173,10 @@ class Daemon:
         converge_s = self.config.controller.converge_s
         self.written.add(writes, converge_s, live)
         s = self.sensors
-        ios = grouping.io_samples(s.io_samples, s.io_span_s, converge_s)
         with self.lock:
             self.discovery = disc
             self._pending_writes.extend(self.hosts.fold_writes(writes))  # a host once
-            self._pending_ios.extend(ios)
+            self._pending_ios.add(s.io_samples, s.io_span_s, converge_s)
             self.counters.converges += 1
             self._resources_dirty = True
         self.save_state()  # the resource classes, once per convergence when they changed
@@ -201,12 +200,13 @@ class Daemon:
                 self._refresh_groups(placement)
                 self._resources_dirty = False
             writes, self._pending_writes = self._pending_writes, []
-            ios, self._pending_ios = self._pending_ios, []
+            ios, batches = self._pending_ios.take()
             for r in reads:
                 self.last_reads[r.resource] = r
             self.counters.add_reads(reads if read_ok else None, self.config.controller.tick_s)
             self.ctl.groups.applied = not self.runtime.paused  # paused: no delay is seen
-            samples = Samples(reads, writes, devices, ios, self.sensors.utilization_samples())
+            util = self.sensors.utilization_samples()
+            samples = Samples(reads, writes, devices, ios, util, io_batches=batches)
             if self.fleet is not None:
                 samples = self.fleet.samples(self, samples, now)
             self.ctl, _ = decide(self.ctl, samples, now)

@@ -6,8 +6,8 @@ What it owns
     convergence period ([controller] converge, read at each sample), samples
     the daemon under its lock (the controller's levels and classes, the
     pause, and the sensors' IoSamples of a convergence it has not counted --
-    each convergence makes a list of its own -- scaled to one convergence as
-    the controller takes them: core/grouping.py io_samples), then writes the
+    each convergence makes a list of its own -- as the sensor counted them: the
+    IOs it saw, however long its convergence took), then writes the
     meter outside the lock (the tick never waits for an fsync). The meter's file is read at the
     first sample (an invalid one set aside, logged: metering from zero);
     [metering]'s period and retention are read from the daemon's config at
@@ -33,7 +33,6 @@ from typing import Any, Protocol
 
 from santhrottle.appliance.config import Config
 from santhrottle.appliance.daemon.core.counters import Counters
-from santhrottle.appliance.daemon.core.grouping import io_samples
 from santhrottle.appliance.daemon.core.meter import Meter
 from santhrottle.appliance.daemon.core.meterstore import MeterKeeper, MeterStore
 from santhrottle.appliance.daemon.core.runtime import Runtime
@@ -84,9 +83,8 @@ class Metering:
             ios = []
             s = d.sensors
             got = s.io_samples  # a convergence's IOs, once: each is a list of its own
-            if got is not self._counted:
-                self._counted = got
-                ios = io_samples(got, s.io_span_s, cfg.controller.converge_s)
+            if got is not self._counted:  # counted once, unscaled: every IO served
+                self._counted, ios = got, got
             self.meter.period_s = cfg.metering.period_s
             self.meter.sample(d.ctl, ios, d.clock(), self.wall(), d.runtime.paused)
             snap = self.meter.snapshot()
