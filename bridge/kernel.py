@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
+import functools
 import ipaddress
 import os
 import struct
@@ -66,6 +68,7 @@ _INFLIGHT = struct.Struct("=QQIBB2x")  # start, volume, held bytes, op, provisio
 _EVENT_HEAD = struct.Struct("=16s16sHHIIIII")  # conn, kind, to_target, len, flags, total
 _U64 = struct.Struct("=Q")
 _U32 = struct.Struct("=I")
+BATCH = 4096  # map entries one BPF_MAP_LOOKUP_BATCH reads
 _MAPPED = b"\0" * 10 + b"\xff\xff"
 # struct bpf_prog_info (linux/bpf.h, append-only): run_time_ns and run_cnt at 192
 PROG_INFO_BYTES, PROG_INFO_RUN_TIME = 232, 192
@@ -140,6 +143,7 @@ class Event:
     total: int | None = None  # EV_LOGIN, EV_CONNECT: the PDU's text bytes (None: unknown)
 
 
+@functools.lru_cache(maxsize=65536)  # the map's keys name few addresses, many times
 def _addr(raw: bytes) -> str:
     if raw[:12] == _MAPPED:
         return str(ipaddress.IPv4Address(raw[12:]))
@@ -169,6 +173,7 @@ def _libbpf() -> Any:
         "bpf_object__find_map_fd_by_name": (ci, [vp, cp]),
         "bpf_map_lookup_elem": (ci, [ci, vp, vp]),
         "bpf_map_get_next_key": (ci, [ci, vp, vp]),
+        "bpf_map_lookup_batch": (ci, [ci, vp, vp, vp, vp, vp, vp]),
         "bpf_map_delete_elem": (ci, [ci, vp]),
         "bpf_map_update_elem": (ci, [ci, vp, vp, ctypes.c_uint64]),
         "libbpf_num_possible_cpus": (ci, []),
@@ -197,6 +202,7 @@ class KernelWire:
         self.device = device
         self._ipr: Any = None
         self._lib = _libbpf()
+        self._batch = True  # BPF_MAP_LOOKUP_BATCH, until the kernel refuses it
         self._log: list[str] = []
         self._printer = _PRINT_FN(self._keep_log)  # held: libbpf calls it
         self._lib.libbpf_set_print(self._printer)
@@ -308,31 +314,60 @@ class KernelWire:
             ctypes.memmove(key, nxt, size)
             prev = key
 
+    def _entries(self, fd: int, key_size: int, value_size: int) -> Iterator[tuple[bytes, bytes]]:
+        """Every (key, value) of a hash map: BATCH entries a system call (Linux 5.6's
+        BPF_MAP_LOOKUP_BATCH), else a key and a lookup at a time -- which, for a full map
+        of flows (65,536) or commands in flight (2^20), took seconds of the tick."""
+        if self._batch:
+            keys = ctypes.create_string_buffer(key_size * BATCH)
+            vals = ctypes.create_string_buffer(value_size * BATCH)
+            token_in, token_out = (ctypes.create_string_buffer(max(key_size, 8)) for _ in "io")
+            count, first = ctypes.c_uint32(), True
+            while True:
+                count.value = BATCH
+                at = None if first else token_in
+                rc = self._lib.bpf_map_lookup_batch(
+                    fd, at, token_out, keys, vals, ctypes.byref(count), None
+                )
+                err = -rc if rc < 0 else (ctypes.get_errno() if rc else 0)
+                if rc and err != errno.ENOENT:
+                    if first and err in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, 524):
+                        self._batch = False  # not for this kernel or map: a key at a time
+                        break
+                    raise OSError(err, f"bpf_map_lookup_batch: {os.strerror(err)}")
+                kraw, vraw = keys.raw, vals.raw
+                for i in range(count.value):
+                    yield (kraw[i * key_size : (i + 1) * key_size],
+                           vraw[i * value_size : (i + 1) * value_size])  # fmt: skip
+                if rc:  # ENOENT: the last of them
+                    return
+                ctypes.memmove(token_in, token_out, len(token_out))
+                first = False
+            if self._batch:
+                return
+        val = ctypes.create_string_buffer(value_size)
+        for raw in list(self._keys(fd, key_size)):
+            if self._lib.bpf_map_lookup_elem(fd, raw, val) == 0:  # else gone meanwhile
+                yield raw, val.raw
+
     def volume_sums(self) -> dict[tuple[Conn, int], VolumeSums]:
         """(connection, volume) -> its sums since the load (LUN as the 8 bytes' number,
         or NSID)."""
-        fd = self.maps["stats"]
         out = {}
-        val = ctypes.create_string_buffer(_VOL_STATS.size)
-        for raw in list(self._keys(fd, _VOL_KEY.size)):
-            if self._lib.bpf_map_lookup_elem(fd, raw, val):
-                continue  # gone meanwhile
+        for raw, val in self._entries(self.maps["stats"], _VOL_KEY.size, _VOL_STATS.size):
             ini, tgt, ip, tp, vol = _VOL_KEY.unpack(raw)
-            reads, read_ns, wbytes, writes = _VOL_STATS.unpack(val.raw)
+            reads, read_ns, wbytes, writes = _VOL_STATS.unpack(val)
             out[conn_of(ini, tgt, ip, tp), vol] = VolumeSums(reads, read_ns, wbytes, writes)
         return out
 
     def inflight(self) -> dict[tuple[Conn, int], tuple[int, int, int]]:
         """(connection, tag) -> (the command's start in CLOCK_MONOTONIC ns, its op: READ,
         WRITE or 0, its volume as the wire has it)."""
-        fd = self.maps["inflight"]
         out = {}
-        val = ctypes.create_string_buffer(_INFLIGHT.size)
-        for raw in list(self._keys(fd, _TAG_KEY.size)):
-            if self._lib.bpf_map_lookup_elem(fd, raw, val) == 0:
-                ini, tgt, ip, tp, tag = _TAG_KEY.unpack(raw)
-                start, volume, _held, op, _prov = _INFLIGHT.unpack(val.raw)
-                out[conn_of(ini, tgt, ip, tp), tag] = (start, op, volume)
+        for raw, val in self._entries(self.maps["inflight"], _TAG_KEY.size, _INFLIGHT.size):
+            ini, tgt, ip, tp, tag = _TAG_KEY.unpack(raw)
+            start, volume, _held, op, _prov = _INFLIGHT.unpack(val)
+            out[conn_of(ini, tgt, ip, tp), tag] = (start, op, volume)
         return out
 
     def set_login(
@@ -351,15 +386,10 @@ class KernelWire:
     def flows(self) -> list[FlowState]:
         """Every connection direction the program walks: its state and how long it was
         not in sync (wire.bpf.c's struct flow)."""
-        fd = self.maps["flows"]
         out = []
-        val = ctypes.create_string_buffer(FLOW_BYTES)
         now = time.monotonic_ns()
-        for raw in list(self._keys(fd, _FLOW_KEY.size)):
-            if self._lib.bpf_map_lookup_elem(fd, raw, val):
-                continue
+        for raw, b in self._entries(self.maps["flows"], _FLOW_KEY.size, FLOW_BYTES):
             ini, tgt, ip, tp, to_target = _FLOW_KEY.unpack(raw)
-            b = val.raw
             desyncs, resyncs, retracted, since, out_ns, out_bytes = _FLOW_COUNTS.unpack_from(
                 b, FLOW_COUNTS_AT
             )
@@ -384,6 +414,12 @@ class KernelWire:
             out.append(EspState(_addr(src), _addr(dst), spi, (last - first) / 1e9,
                                 frames, nbytes))  # fmt: skip
         return out
+
+    def forget_sums(self, conn: Conn, volume: int) -> None:
+        """Drop a connection's sums of one volume (it ended or went idle): the map is a
+        plain hash of 65,536, which connections that came and went would fill."""
+        key = _VOL_KEY.pack(*_CONN.unpack(_conn_raw(conn)), volume)
+        self._lib.bpf_map_delete_elem(self.maps["stats"], key)
 
     def forget_inflight(self, conn: Conn, tag: int) -> None:
         """Age one command out (it never completed)."""

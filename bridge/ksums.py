@@ -50,7 +50,16 @@ from .belief import STATE_NAMES, SYNCED, UNMEASURABLE
 from .capture import CaptureCounters
 from .conns import ConnKey, SyncRow
 from .esp import esp_row
-from .kernel import EV_BODY, EV_CONNECT, EV_LOGIN, Conn, Event, KernelWire, VolumeSums
+from .kernel import (
+    EV_BODY,
+    EV_CONNECT,
+    EV_LOGIN,
+    Conn,
+    Event,
+    FlowState,
+    KernelWire,
+    VolumeSums,
+)
 from .logins import Login, Said, by_address, put_bounded
 from .pdu import FULL_FEATURE, ISCSI_PORT, NVME_TCP_PORT, READ
 from .protocols import TLS, UNPARSED
@@ -58,6 +67,9 @@ from .sums import ISCSI, NO_NAMESPACE, NVME, Sums, Volume, VolumeReads, lun_numb
 from .tracker import CONN_IDLE_S, INFLIGHT_MAX_S, MAX_CONNS, SYNC_VOTE_S, Counters
 
 SWEEP_S = 1.0
+# a connection whose flows the program dropped (a FIN or an RST) and whose sums did not
+# grow for this long is over (a completion may follow the initiator's FIN)
+ENDED_S = 5.0
 _REASONS = {1: TLS, 2: UNPARSED}  # the program's reasons for not measurable
 
 
@@ -111,6 +123,7 @@ class KernelSums:
         self._pending: dict[ConnKey, Negotiated] = {}
         # each flow's walk as out_of_sync() last saw it, and since when it is so
         self._moved: dict[tuple[ConnKey, bool], tuple[tuple[int, int], float]] = {}
+        self._flows: list[FlowState] | None = None  # as out_of_sync() last read them
 
     # ------------------------------------------------------------ reading
     def volume(self, c: Conn, raw: int) -> Volume | None:
@@ -217,12 +230,23 @@ class KernelSums:
             if start_ns < oldest_ns:
                 self.wire.forget_inflight(c, tag)
                 self.counters.aged += 1
+        # a connection whose flows went (its FIN or RST) and whose sums did not grow
+        # for ENDED_S is over; one idle for CONN_IDLE_S too. Its sums leave the map
+        # (a hash of 65,536 that connections coming and going would fill, after which
+        # no new one is measured) and it is no longer seen.
+        flowing = {f.conn for f in (self._flows if self._flows is not None else ())}
         for c, t in list(self._active.items()):
-            if now - t >= CONN_IDLE_S:
+            ended = self._flows is not None and c not in flowing and now - t >= ENDED_S
+            if ended or now - t >= CONN_IDLE_S:
                 del self._active[c]
                 self._units.pop(c, None)
                 for held in (self.names, self.initiators, self._logins, self._pending):
                     held.pop(conn_key(c), None)
+        if self._flows is not None:
+            keep = self._active.keys() | flowing
+            for c, raw in [k for k in self._totals if k[0] not in keep]:
+                del self._totals[c, raw]
+                self.wire.forget_sums(c, raw)
 
     # ------------------------------------------------------------ Tracker's
     def take_tick(self) -> tuple[dict[Volume, VolumeReads], dict[Volume, int]]:
@@ -261,9 +285,11 @@ class KernelSums:
 
     # ------------------------------------------------------------ the walks' state
     def sync_rows(self, now_s: float) -> list[SyncRow]:
-        """Each connection direction the program walks (conns.sync_rows())."""
+        """Each connection direction the program walks (conns.sync_rows()), as the last
+        out_of_sync() read them (a convergence's: a status does not walk 65,536 map
+        entries under the daemon's lock), or read now before the first."""
         out = []
-        for f in self.wire.flows():
+        for f in self.wire.flows() if self._flows is None else self._flows:
             c = f.conn
             target = self.names.get(conn_key(c)) or self.known_targets.get(conn_key(c), "")
             way = "to_target" if f.to_target else "to_initiator"
@@ -282,7 +308,7 @@ class KernelSums:
         conns: dict[ConnKey, tuple[Conn, bool]] = {}  # -> (conn, a direction not in sync)
         gone: set[ConnKey] = set()
         now = self.clock()
-        flows = self.wire.flows()
+        flows = self._flows = self.wire.flows()
         seen, self._moved = self._moved, {}
         talking: set[ConnKey] = set()  # a direction moved in the last SYNC_VOTE_S
         for f in flows:

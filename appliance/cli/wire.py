@@ -203,15 +203,20 @@ def print_resources(d: dict[str, Any]) -> None:
         )
     if not d["volumes"]:
         print("no volumes: no iSCSI or NVMe/TCP command crossed the bridge")
-    print_sync(d.get("sync") or [])
+    print_sync(d.get("sync") or [], (d.get("wire") or {}).get("directions"))
 
 
-def print_sync(rows: list[dict[str, Any]]) -> None:
+def print_sync(rows: list[dict[str, Any]], directions: dict[str, int] | None = None) -> None:
     """The connection directions not in sync, and those not measurable (held: a
-    resource most of whose connections are out of sync holds its class)."""
+    resource most of whose connections are out of sync holds its class); directions:
+    the daemon's count of them all by state (its status lists the first 256)."""
     off = [r for r in rows if r["state"] != "in sync"]
+    total = sum(directions.values()) if directions else len(rows)
+    synced = directions.get("in sync", 0) if directions else len(rows) - len(off)
     print()
-    print(f"{len(rows) - len(off)} of {len(rows)} connection directions in sync")
+    print(f"{synced} of {total} connection directions in sync")
+    if total - synced > len(off):
+        print(f"(the {len(off)} longest out of sync below)")
     if not off:
         return
     print(f"{'STATE':<15} {'OUT_s':>8} {'OUT_MB':>8} {'DESYNCS':>7}  CONNECTION")

@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from santhrottle.appliance.daemon.control import request
+from santhrottle.appliance.daemon.status.build import SYNC_ROWS
 from santhrottle.appliance.netns import entered
 from santhrottle.bridge.tracker import MAX_CONNS
 from tests.privileged.bridge_ns import INI_IP, TGT_IP
@@ -201,7 +202,8 @@ def test_hostile_segments_through_the_bridge_leave_the_session_measured(live):
     assert READ_DELAY_S * 0.95 <= after <= READ_DELAY_S + 0.08, after
     assert live.reader.error is None, live.reader.error
     # the daemon's bounds: what the wire holds, its threads, descriptors and memory
-    assert len(st["wire"]["sync"]) <= 2 * MAX_CONNS * 8, len(st["wire"]["sync"])
+    assert len(st["wire"]["sync"]) <= SYNC_ROWS
+    assert sum(st["wire"]["directions"].values()) <= 65_536, st["wire"]["directions"]
     threads, fds = _threads_fds(pid)
     assert threads <= threads0 + 1 and fds <= fds0 + 2, (threads0, threads, fds0, fds)
     grown = _rss(pid) - rss0
@@ -211,23 +213,25 @@ def test_hostile_segments_through_the_bridge_leave_the_session_measured(live):
 
 
 # -------------------------------------------------------------- 50,000 live connections
-LIVE_CONNECTIONS = 50_000
-FLOOD_IP = "192.0.2.20"  # the live connections' initiator
+# 10,000 in make test (over the Python tracker's 8,192); `make soak-bridge` runs the
+# issue's 50,000 (over the kernel program's 65,536 directions too)
+LIVE_CONNECTIONS = int(os.environ.get("SANTHROTTLE_LIVE_CONNECTIONS", "10000"))
+FLOOD_IPS = [f"192.0.2.{20 + i}" for i in range(5)]  # the live connections' initiators
 FLOOD_PORTAL = "192.0.2.11"  # their portal: the target's second address, in no resource
+# the target's side: a listening socket whose queue holds every connection, established
+# and never accepted (one descriptor: a process may not raise its own hard limit here)
 ACCEPTOR = r"""
-import resource, socket, sys
-resource.setrlimit(resource.RLIMIT_NOFILE, (200000, 200000))
+import socket, sys, time
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], 3260)); s.listen(4096)
+s.bind((sys.argv[1], 3260)); s.listen(int(sys.argv[2]))
 print("listening", flush=True)
-keep = []
-while True:
-    keep.append(s.accept()[0])
+time.sleep(3600)
 """
 # each connection logs in and sends one READ, never answered: a command in flight
 CONNECTOR = r"""
 import resource, socket, sys, time
-resource.setrlimit(resource.RLIMIT_NOFILE, (200000, 200000))
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 src, dst, n, hello = sys.argv[1], sys.argv[2], int(sys.argv[3]), bytes.fromhex(sys.argv[4])
 keep = []
 for i in range(n):
@@ -261,20 +265,25 @@ def test_50000_live_connections_keep_the_daemon_bounded_and_reported(live):
     _measured(live)
     pid = live.proc.pid
     rss0 = _rss(pid)
-    evicted0 = _status(live)["wire"]["evicted"]
+    st0 = _status(live)
+    w0 = st0["wire"]
     sh("ip", "-n", live.tgt, "addr", "add", f"{FLOOD_PORTAL}/24", "dev", "st-t")
-    sh("ip", "-n", live.ini, "addr", "add", f"{FLOOD_IP}/24", "dev", "st-i")
+    for ip in FLOOD_IPS:
+        sh("ip", "-n", live.ini, "addr", "add", f"{ip}/24", "dev", "st-i")
     sh("ip", "netns", "exec", live.ini, "sysctl", "-qw", "net.ipv4.ip_local_port_range=1024 65535")
     hello = (B.login_request("iqn.2026-11.lab:flood") + B.scsi_read(1, lun=0)).hex()
-    procs = [_holder(live.tgt, ACCEPTOR, FLOOD_PORTAL)]
+    sh("ip", "netns", "exec", live.tgt, "sysctl", "-qw", f"net.core.somaxconn={LIVE_CONNECTIONS}")
+    procs = [_holder(live.tgt, ACCEPTOR, FLOOD_PORTAL, str(LIVE_CONNECTIONS))]
     try:
         assert procs[0].stdout.readline().strip() == "listening"
         t0 = time.monotonic()
-        procs.append(
-            _holder(live.ini, CONNECTOR, FLOOD_IP, FLOOD_PORTAL, str(LIVE_CONNECTIONS), hello)
-        )
-        line = procs[1].stdout.readline().strip()
-        assert line == f"connected {LIVE_CONNECTIONS}", line
+        each = LIVE_CONNECTIONS // len(FLOOD_IPS)  # a process's descriptors are bounded
+        procs += [
+            _holder(live.ini, CONNECTOR, ip, FLOOD_PORTAL, str(each), hello) for ip in FLOOD_IPS
+        ]
+        for p in procs[1:]:
+            line = p.stdout.readline().strip()
+            assert line == f"connected {each}", line
         took = time.monotonic() - t0
         est = sh("ip", "netns", "exec", live.ini, "ss", "-tnH", "state", "established",
                  "dst", f"{FLOOD_PORTAL}:3260")  # fmt: skip
@@ -284,23 +293,133 @@ def test_50000_live_connections_keep_the_daemon_bounded_and_reported(live):
         st = _daemon_ok(live, errors0)
         status_s = time.monotonic() - t1
         w = st["wire"]
+        held = sum(w["directions"].values())
+        evicted = w["evicted"] - w0["evicted"]
+        made = w["connections"] - w0["connections"]
         after = _measured(live)
         assert READ_DELAY_S * 0.95 <= after <= READ_DELAY_S + 0.08, after
         assert live.reader.error is None, live.reader.error
         grown = _rss(pid) - rss0
         print(
             f"{w['sensor']}: {LIVE_CONNECTIONS} connections in {took:.1f} s; the wire holds "
-            f"{len(w['sync'])} directions, evicted {w['evicted'] - evicted0}, "
-            f"status {status_s:.2f} s, RSS grew {grown / 2**20:.1f} MiB"
+            f"{held} directions ({len(w['sync'])} listed), saw {made} connections, evicted "
+            f"{evicted}; status {status_s:.2f} s; RSS grew {grown / 2**20:.1f} MiB; ticks late "
+            f"{st['counters']['tick_overruns'] - st0['counters']['tick_overruns']} of "
+            f"{st['counters']['ticks'] - st0['counters']['ticks']}"
         )
+        assert len(w["sync"]) <= SYNC_ROWS
         if w["sensor"] == "capture":  # the tracker's bound, and each one let go counted
-            assert len(w["sync"]) <= 2 * MAX_CONNS
-            assert w["evicted"] - evicted0 >= LIVE_CONNECTIONS - MAX_CONNS, w
+            # more than it keeps seen (its ring drops some of a burst of SYNs: counted)
+            assert held <= 2 * MAX_CONNS and made > MAX_CONNS, w
+            assert evicted >= made - MAX_CONNS, w
         else:  # the program's flow map: 65,536 directions (LRU)
-            assert len(w["sync"]) <= 65_536
+            assert held <= 65_536
+            assert held >= min(2 * LIVE_CONNECTIONS, 65_536) * 0.9, w["directions"]
         assert grown < RSS_GROWTH_MAX_BYTES, grown
         assert "Traceback" not in _log(live)
     finally:
         for p in procs:
             p.kill()  # our own children, by PID
             p.wait()
+
+
+# ----------------------------------------------------------- initiator address churn
+# the issue's 1,000 new addresses a minute for 10 minutes: make test runs the same
+# 10,000 addresses in 30 s (20 times the rate), `make soak-bridge` at 1,000 a minute
+CHURN_ADDRESSES = int(os.environ.get("SANTHROTTLE_CHURN_ADDRESSES", "10000"))
+CHURN_S = float(os.environ.get("SANTHROTTLE_CHURN_S", "30"))
+# each address in turn: a connection, a login, one 4 KiB write, an answer, gone
+CHURNER = r"""
+import socket, sys, time
+dst, n, span, login, write = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), \
+    bytes.fromhex(sys.argv[4]), bytes.fromhex(sys.argv[5])
+def answer(c):
+    bhs = b""
+    while len(bhs) < 48:
+        got = c.recv(48 - len(bhs))
+        if not got:
+            raise ConnectionError("closed")
+        bhs += got
+    left = int.from_bytes(bhs[5:8], "big")
+    left += -left % 4
+    while left:
+        left -= len(c.recv(left))
+start = time.monotonic()
+for i in range(n):
+    time.sleep(max(0.0, start + i * span / n - time.monotonic()))
+    c = socket.socket()
+    c.settimeout(30)
+    c.bind((f"198.18.{i // 250}.{1 + i % 250}", 0))
+    c.connect((dst, 3260))
+    c.sendall(login)
+    answer(c)
+    c.sendall(write)
+    answer(c)
+    c.close()
+    if i % 1000 == 999:
+        print(i + 1, flush=True)
+print("done", flush=True)
+"""
+
+
+def _addresses(n: int) -> list[str]:
+    return [f"198.18.{i // 250}.{1 + i % 250}" for i in range(n)]
+
+
+def test_initiator_address_churn_keeps_the_daemon_bounded(live):
+    """CHURN_ADDRESSES initiators come, log in, write and go, one after the other: the
+    initiators the daemon shows and holds, its threads, descriptors and memory stay
+    bounded while they churn, and once they are gone it shows the live session alone."""
+    from tests.unit import storage_pdus as B
+
+    errors0 = _status(live)["counters"]["sensor_errors"]
+    _measured(live)
+    pid = live.proc.pid
+    rss0, (threads0, fds0) = _rss(pid), _threads_fds(pid)
+    batch = "".join(f"addr add {a}/32 dev st-i\n" for a in _addresses(CHURN_ADDRESSES))
+    subprocess.run(["ip", "-n", live.ini, "-batch", "-"], input=batch, text=True, check=True)
+    sh("ip", "-n", live.tgt, "route", "add", "198.18.0.0/15", "via", INI_IP)
+    login = B.login_request("iqn.2026-11.lab:array", initiator="iqn.2026-11.lab:churn").hex()
+    write = B.scsi_write(1, lun=1, nbytes=4096, immediate=b"w" * 4096).hex()
+    churn = _holder(live.ini, CHURNER, TGT_IP, str(CHURN_ADDRESSES), str(CHURN_S), login, write)
+    peak = {"initiators": 0, "directions": 0, "rss": 0}
+    try:
+        while churn.poll() is None:
+            st = _daemon_ok(live, errors0)
+            peak["initiators"] = max(peak["initiators"], len(st["initiators"]))
+            peak["directions"] = max(peak["directions"], sum(st["wire"]["directions"].values()))
+            peak["rss"] = max(peak["rss"], _rss(pid) - rss0)
+            threads, fds = _threads_fds(pid)  # a file being saved, a status being answered
+            assert threads <= threads0 + 1 and fds <= fds0 + 16, (threads0, threads, fds0, fds)
+            time.sleep(1.0)
+        out = churn.stdout.read()
+        assert churn.returncode == 0 and out.endswith("done\n"), out
+    finally:
+        if churn.poll() is None:
+            churn.kill()  # our own child, by PID
+            churn.wait()
+
+    def alone() -> bool:  # the churning initiators gone from what the daemon shows
+        st = _status(live)
+        return [i["initiator"] for i in st["initiators"]] == [INI_IP]
+
+    deadline = time.monotonic() + 60
+    while not alone() and time.monotonic() < deadline:
+        time.sleep(1.0)
+    st = _daemon_ok(live, errors0)
+    after = _measured(live)
+    grown = _rss(pid) - rss0
+    print(
+        f"churn: {CHURN_ADDRESSES} addresses in {CHURN_S:.0f} s: at most "
+        f"{peak['initiators']} initiators shown, {peak['directions']} connection directions "
+        f"held; RSS grew at most {peak['rss'] / 2**20:.1f} MiB, {grown / 2**20:.1f} MiB after; "
+        f"shown after: {len(st['initiators'])}"
+    )
+    assert alone(), [i["initiator"] for i in st["initiators"]][:20]
+    threads, fds = _threads_fds(pid)
+    assert threads <= threads0 + 1 and fds <= fds0 + 2, (threads0, threads, fds0, fds)
+    assert READ_DELAY_S * 0.95 <= after <= READ_DELAY_S + 0.08, after
+    # at most a few convergences' worth of initiators at once, not all that came
+    assert peak["initiators"] <= CHURN_ADDRESSES / CHURN_S * 10, peak
+    assert peak["rss"] < RSS_GROWTH_MAX_BYTES, peak
+    assert "Traceback" not in _log(live)

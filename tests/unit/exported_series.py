@@ -75,7 +75,14 @@ def _registries():
         for i, s in enumerate(SYNC_STATES)
     ]
     counters = {key: 1 for _name, key, _doc in WIRE_COUNTERS}
-    wire = WireView(capturing=True, sensor="kernel", held=["vg0"], sync=sync, counters=counters)
+    wire = WireView(
+        capturing=True,
+        sensor="kernel",
+        held=["vg0"],
+        sync=sync,
+        directions=dict.fromkeys(SYNC_STATES, 1),
+        counters=counters,
+    )
     view = dataclasses.replace(StatusCache(d).status(), mode="bridge", wire=wire)
     yield registry_for(ViewSource(view))
 

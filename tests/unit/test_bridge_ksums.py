@@ -50,6 +50,9 @@ class FakeWire:
     def inflight(self) -> dict[tuple[Conn, int], tuple[int, int, int]]:
         return dict(self.open)
 
+    def forget_sums(self, conn: Conn, volume: int) -> None:
+        self.sums.pop((conn, volume), None)
+
     def forget_inflight(self, conn: Conn, tag: int) -> None:
         self.forgotten.append((conn, tag))
         self.open.pop((conn, tag), None)
@@ -208,3 +211,27 @@ def test_a_flow_silent_for_sync_vote_s_has_no_say_in_the_hold():
     now[0] += 1.0
     w.flow_states = flows(3, 8)  # it talks again
     assert ks.out_of_sync() == {("iscsi", "10.0.0.11:3260", ""): (2, 1)}
+
+
+def test_a_connection_that_ended_is_no_longer_seen_and_its_sums_leave_the_map():
+    """Initiators that come and go (their FIN drops their flows): each is forgotten
+    ENDED_S after its last sums grew, and its sums go from the program's map -- a plain
+    hash of 65,536 that would fill, after which no new connection is measured."""
+    from santhrottle.bridge.ksums import ENDED_S
+
+    now = [10.0]
+    w = FakeWire()
+    ks = KernelSums(w, clock=lambda: now[0])  # type: ignore[arg-type]
+    gone = Conn("10.0.0.3", "10.0.0.11", 51001, 3260)
+    for c in (C, gone):
+        w.sums[c, 0] = VolumeSums(reads=1, read_ns=1000, write_bytes=0)
+    w.flow_states = [FlowState(C, True, 0, 0, 0, 1, 0, 0.0, 0, 1)]  # gone's flows went
+    ks.take_tick()
+    ks.out_of_sync()  # a convergence reads the flows
+    assert {i for s in ks.seen().values() for i in s} == {"10.0.0.2", "10.0.0.3"}
+    now[0] += ENDED_S + 1.0
+    w.sums[C, 0] = VolumeSums(reads=2, read_ns=2000, write_bytes=0)  # C goes on
+    ks.take_tick()
+    ks.sweep(now[0])
+    assert {i for s in ks.seen().values() for i in s} == {"10.0.0.2"}
+    assert list(w.sums) == [(C, 0)]

@@ -364,6 +364,7 @@ def test_bridge_mode_exports_the_wire_sensors_counters():
                            ("to_initiator", "out of sync", 900, 1.5))
     ]  # fmt: skip
     wire = WireView(capturing=True, sensor="capture", held=["array1"], sync=sync,
+                    directions={"in sync": 1, "out of sync": 1}, out_of_sync_s=1.5,
                     counters=counts)  # fmt: skip
     families = list(wire_families(wire))
     got = {m.name: m.samples[0].value for m in families if len(m.samples) == 1}
@@ -378,3 +379,28 @@ def test_bridge_mode_exports_the_wire_sensors_counters():
             for s in m.samples}  # fmt: skip
     assert ways == {"in sync": 1, "provisional": 0, "out of sync": 1, "not measurable": 0}
     assert len(families) == len(WIRE_COUNTERS) + 4
+
+
+def test_a_status_lists_the_directions_out_of_sync_first_and_counts_them_all():
+    """65,536 connection directions on the wire: the status lists SYNC_ROWS of them,
+    those not in sync first (the longest first), and counts them all by state."""
+    from types import SimpleNamespace
+
+    from santhrottle.appliance.daemon.status.build import SYNC_ROWS, wire
+    from santhrottle.bridge.conns import SyncRow
+
+    rows = [
+        SyncRow("10.0.0.2", i, "10.0.0.9:3260", "", "to_target", "in sync", 0, 0.0, 0, "")
+        for i in range(60_000)
+    ] + [
+        SyncRow("10.0.0.3", i, "10.0.0.9:3260", "", "to_target", "out of sync", 9, i / 10, 1, "")
+        for i in range(300)
+    ]
+    bridge = SimpleNamespace(running=True, kind="kernel", held=frozenset(),
+                             sync=lambda: rows, counters=dict)  # fmt: skip
+    w = wire(SimpleNamespace(bridge=bridge))  # type: ignore[arg-type]
+    assert len(w.sync) == SYNC_ROWS
+    assert all(r.state == "out of sync" for r in w.sync)
+    assert [r.out_of_sync_s for r in w.sync[:2]] == [29.9, 29.8]
+    assert w.directions == {"in sync": 60_000, "out of sync": 300}
+    assert w.out_of_sync_s == pytest.approx(sum(i / 10 for i in range(300)))

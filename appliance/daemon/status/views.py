@@ -202,13 +202,16 @@ class LevelView:
 @dataclass(frozen=True, slots=True)
 class WireView:
     """Bridge mode: the wire sensor's counts since the start (sensing/bridge.py), the
-    sync of each connection direction, the resources holding their class because
-    their connections are mostly out of sync."""
+    sync of the connection directions (at most SYNC_ROWS of them, those not in sync
+    first: the wire may hold 65,536; `directions` counts them all by state), the
+    resources holding their class because their connections are mostly out of sync."""
 
     capturing: bool
     sensor: str  # "kernel" or "capture"
     held: list[str] = field(default_factory=list)
     sync: list[SyncView] = field(default_factory=list)
+    directions: dict[str, int] = field(default_factory=dict)  # state -> all of them
+    out_of_sync_s: float = 0.0  # over all of them
     counters: dict[str, int] = field(default_factory=dict, metadata={FLATTEN: True})
 
 

@@ -80,13 +80,13 @@ def wire_families(wire: WireView) -> Iterator[Metric]:
         labels=["state"],
     )
     for state in SYNC_STATES:
-        ways.add_metric([state], sum(1 for r in wire.sync if r.state == state))
+        ways.add_metric([state], wire.directions.get(state, 0))
     yield ways
     out = GaugeMetricFamily(
         "santhrottle_wire_out_of_sync_seconds",
         "Seconds the live connection directions spent out of sync, summed",
     )
-    out.add_metric([], sum(r.out_of_sync_s for r in wire.sync))
+    out.add_metric([], wire.out_of_sync_s)
     yield out
     held = GaugeMetricFamily(
         "santhrottle_wire_resource_held",
