@@ -167,9 +167,8 @@ class BridgeSensor:
                 return
             if self.sensor == "kernel":
                 raise CaptureDown(f"cannot read {self.port} in the kernel: {why}")
-            log.warning(
-                "the in-kernel wire sensor cannot run (%s): reading %s in Python", why, self.port
-            )
+            msg = "the in-kernel wire sensor cannot run (%s): reading %s in Python"
+            log.warning(msg, why, self.port)
         try:
             self._capture = self._opened()
         except OSError as e:
