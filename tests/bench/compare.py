@@ -2,10 +2,11 @@
 
 Machines differ in speed from run to run, and a shared machine from minute
 to minute: a figure measured today is only comparable with one measured in
-the same run.  This runs each bench of this checkout and of REV alternately
-(this, REV, this, REV, ...), ROUNDS times each, and reports for each figure
-the median and spread (min..max) of both and the ratio of the medians
-(this / REV: below 1 is faster).
+the same run.  This runs each bench of this checkout and of REV alternately,
+ROUNDS times each (this first in odd rounds, REV first in even ones: neither
+always runs first), and reports for each figure the median and spread
+(min..max) of both and the ratio of the medians (this / REV: below 1 is
+faster).
 
 REV's code is extracted with `git archive` into a temporary directory and
 imported through a shim package (santhrottle.controller / .sim / .appliance /
@@ -94,11 +95,12 @@ def main() -> int:
         runs: dict[str, dict[str, list[dict]]] = {n: {"this": [], "rev": []} for n in args.names}
         for r in range(args.rounds):
             for name in args.names:
-                runs[name]["this"].append(run_bench(ROOT / "tests/bench/run.py", name, None))
                 # REV's own bench, unless asked for this one's or REV has none of that name
                 own = f'"{name}":' in (src / "tests/bench/run.py").read_text()
                 bench = ROOT if args.same_bench or not own else src
-                runs[name]["rev"].append(run_bench(bench / "tests/bench/run.py", name, env))
+                sides = [("this", ROOT, None), ("rev", bench, env)]
+                for side, where, side_env in sides[:: -1 if r % 2 else 1]:
+                    runs[name][side].append(run_bench(where / "tests/bench/run.py", name, side_env))
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
         shutil.rmtree(Path(tmp) / "shim", ignore_errors=True)
     out = []
