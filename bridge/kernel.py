@@ -1,13 +1,13 @@
 """The wire sensor in the kernel: load bridge/bpf/wire.bpf.o, attach it to a port, read its sums.
 
 Problem
-    A Python capture decodes about 40,000 frames a second on half a core;
-    a 10 Gbit/s storage link carries several times that. The walk of each
-    stream, the match of commands to completions and the sums per volume
-    run in a tc program instead (bridge/bpf/wire.bpf.c, its header has the
-    law); userspace reads a few hundred bytes per volume once a tick and
-    the names of the targets from the logins and connects the program
-    passes up.
+    A Python capture walks a frame at several times the CPU of a tc program
+    (docs/bridge.md, "Cost"), and a 10 Gbit/s storage link carries hundreds
+    of thousands of frames a second. The walk of each stream, the match of
+    commands to completions and the sums per volume run in a tc program
+    instead (bridge/bpf/wire.bpf.c, its header has the law); userspace reads
+    a few hundred bytes per volume once a tick and the names of the targets
+    from the logins and connects the program passes up.
 
 What it owns
     KernelWire: the loaded object (libbpf, through ctypes: libbpf.so.1 is

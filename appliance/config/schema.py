@@ -214,8 +214,8 @@ KEYS: tuple[Key, ...] = (
         choice(WIRE_SENSORS),
         "auto",
         'bridge mode: where the wire is walked: "kernel" (a tc program, bridge/bpf), '
-        '"capture" (a capture read in Python, about 40,000 frames/s on half a core) or '
-        '"auto" (the kernel, else the capture)',
+        '"capture" (a capture read in Python, several times the CPU a frame: bridge.md, '
+        '"Cost") or "auto" (the kernel, else the capture)',
         restart=True,
     ),
     # [datapath]
