@@ -159,13 +159,20 @@ class Flow:
     tcp_at: int = 0  # the TCP header's offset in the frame
 
 
-def flow_of(data: bytes) -> Flow | None:
-    """Ethernet (802.1Q tags skipped), IPv4 or IPv6, TCP: the segment's flow, or None."""
+def ether_type(data: bytes) -> tuple[int, int]:
+    """An Ethernet frame's type past its 802.1Q tags, and where its payload starts
+    ((0, 0) when it is too short to have one)."""
     if len(data) < 14:
-        return None
+        return 0, 0
     et, p = struct.unpack_from("!H", data, 12)[0], 14
     while et in (0x8100, 0x88A8) and len(data) >= p + 4:
         et, p = struct.unpack_from("!H", data, p + 2)[0], p + 4
+    return et, p
+
+
+def flow_of(data: bytes) -> Flow | None:
+    """Ethernet (802.1Q tags skipped), IPv4 or IPv6, TCP: the segment's flow, or None."""
+    et, p = ether_type(data)
     if et == 0x0800 and len(data) >= p + 20:
         ihl = (data[p] & 15) * 4
         if data[p + 9] != 6 or struct.unpack_from("!H", data, p + 6)[0] & 0x3FFF:
@@ -206,11 +213,7 @@ def esp_of(data: bytes) -> tuple[str, str, int, int] | None:
     (bridge/esp.py's spi_of), or None."""
     import ipaddress
 
-    if len(data) < 14:
-        return None
-    et, p = struct.unpack_from("!H", data, 12)[0], 14
-    while et in (0x8100, 0x88A8) and len(data) >= p + 4:
-        et, p = struct.unpack_from("!H", data, p + 2)[0], p + 4
+    et, p = ether_type(data)
     if et == 0x0800 and len(data) >= p + 20:
         if struct.unpack_from("!H", data, p + 6)[0] & 0x3FFF:
             return None
