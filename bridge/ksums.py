@@ -124,6 +124,7 @@ class KernelSums:
         # each flow's walk as out_of_sync() last saw it, and since when it is so
         self._moved: dict[tuple[ConnKey, bool], tuple[tuple[int, int], float]] = {}
         self._flows: list[FlowState] | None = None  # as out_of_sync() last read them
+        self._inflight: dict[tuple[Conn, int], tuple[int, int, int]] = {}  # the last sweep's
 
     # ------------------------------------------------------------ reading
     def volume(self, c: Conn, raw: int) -> Volume | None:
@@ -226,9 +227,11 @@ class KernelSums:
         self._next_sweep = now + SWEEP_S
         # the program's clock is CLOCK_MONOTONIC (bpf_ktime_get_ns), whatever self.clock is
         oldest_ns = time.monotonic_ns() - int(INFLIGHT_MAX_S * 1e9)
-        for (c, tag), (start_ns, _op, _raw) in self.wire.inflight().items():
+        self._inflight = self.wire.inflight()  # in_flight()'s until the next sweep
+        for (c, tag), (start_ns, _op, _raw) in list(self._inflight.items()):
             if start_ns < oldest_ns:
                 self.wire.forget_inflight(c, tag)
+                del self._inflight[c, tag]
                 self.counters.aged += 1
         # a connection whose flows went (its FIN or RST) and whose sums did not grow
         # for ENDED_S is over; one idle for CONN_IDLE_S too. Its sums leave the map
@@ -339,8 +342,10 @@ class KernelSums:
         return {k: (n, m) for k, (n, m) in out.items()}
 
     def in_flight(self) -> dict[Volume, int]:
+        """Reads in flight per volume, as the last sweep read them (at most SWEEP_S old:
+        the program's map holds up to 2^20 commands, too many to walk each tick)."""
         out: dict[Volume, int] = {}
-        for (c, _tag), (_start, op, raw) in self.wire.inflight().items():
+        for (c, _tag), (_start, op, raw) in self._inflight.items():
             v = self.volume(c, raw) if op == READ else None
             if v is not None:
                 out[v] = out.get(v, 0) + 1
