@@ -37,16 +37,16 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import functools
 import ipaddress
 import os
 import struct
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from .kmaps import MapReader
 
 OBJECT = Path(__file__).with_name("bpf") / "wire.bpf.o"
 PROGRAM = "wire_sensor"
@@ -68,7 +68,6 @@ _INFLIGHT = struct.Struct("=QQIBB2x")  # start, volume, held bytes, op, provisio
 _EVENT_HEAD = struct.Struct("=16s16sHHIIIII")  # conn, kind, to_target, len, flags, total
 _U64 = struct.Struct("=Q")
 _U32 = struct.Struct("=I")
-BATCH = 4096  # map entries one BPF_MAP_LOOKUP_BATCH reads
 _MAPPED = b"\0" * 10 + b"\xff\xff"
 # struct bpf_prog_info (linux/bpf.h, append-only): run_time_ns and run_cnt at 192
 PROG_INFO_BYTES, PROG_INFO_RUN_TIME = 232, 192
@@ -202,7 +201,7 @@ class KernelWire:
         self.device = device
         self._ipr: Any = None
         self._lib = _libbpf()
-        self._batch = True  # BPF_MAP_LOOKUP_BATCH, until the kernel refuses it
+        self._maps = MapReader(self._lib, _CONN.size, lambda k: conn_of(*_CONN.unpack(k)))
         self._log: list[str] = []
         self._printer = _PRINT_FN(self._keep_log)  # held: libbpf calls it
         self._lib.libbpf_set_print(self._printer)
@@ -305,69 +304,24 @@ class KernelWire:
                 out[name] = sum(x for (x,) in _U64.iter_unpack(val.raw))
         return out
 
-    def _keys(self, fd: int, size: int) -> Iterator[bytes]:
-        key = ctypes.create_string_buffer(size)
-        nxt = ctypes.create_string_buffer(size)
-        prev: Any = None
-        while self._lib.bpf_map_get_next_key(fd, prev, nxt) == 0:
-            yield nxt.raw
-            ctypes.memmove(key, nxt, size)
-            prev = key
-
-    def _entries(self, fd: int, key_size: int, value_size: int) -> Iterator[tuple[bytes, bytes]]:
-        """Every (key, value) of a hash map: BATCH entries a system call (Linux 5.6's
-        BPF_MAP_LOOKUP_BATCH), else a key and a lookup at a time -- which, for a full map
-        of flows (65,536) or commands in flight (2^20), took seconds of the tick."""
-        if self._batch:
-            keys = ctypes.create_string_buffer(key_size * BATCH)
-            vals = ctypes.create_string_buffer(value_size * BATCH)
-            token_in, token_out = (ctypes.create_string_buffer(max(key_size, 8)) for _ in "io")
-            count, first = ctypes.c_uint32(), True
-            while True:
-                count.value = BATCH
-                at = None if first else token_in
-                rc = self._lib.bpf_map_lookup_batch(
-                    fd, at, token_out, keys, vals, ctypes.byref(count), None
-                )
-                err = -rc if rc < 0 else (ctypes.get_errno() if rc else 0)
-                if rc and err != errno.ENOENT:
-                    if first and err in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, 524):
-                        self._batch = False  # not for this kernel or map: a key at a time
-                        break
-                    raise OSError(err, f"bpf_map_lookup_batch: {os.strerror(err)}")
-                kraw, vraw = keys.raw, vals.raw
-                for i in range(count.value):
-                    yield (kraw[i * key_size : (i + 1) * key_size],
-                           vraw[i * value_size : (i + 1) * value_size])  # fmt: skip
-                if rc:  # ENOENT: the last of them
-                    return
-                ctypes.memmove(token_in, token_out, len(token_out))
-                first = False
-            if self._batch:
-                return
-        val = ctypes.create_string_buffer(value_size)
-        for raw in list(self._keys(fd, key_size)):
-            if self._lib.bpf_map_lookup_elem(fd, raw, val) == 0:  # else gone meanwhile
-                yield raw, val.raw
-
     def volume_sums(self) -> dict[tuple[Conn, int], VolumeSums]:
         """(connection, volume) -> its sums since the load (LUN as the 8 bytes' number,
         or NSID)."""
         out = {}
-        for raw, val in self._entries(self.maps["stats"], _VOL_KEY.size, _VOL_STATS.size):
-            ini, tgt, ip, tp, vol = _VOL_KEY.unpack(raw)
+        for raw, val in self._maps.entries(self.maps["stats"], _VOL_KEY.size, _VOL_STATS.size):
+            vol = _U64.unpack_from(raw, 40)[0]
             reads, read_ns, wbytes, writes = _VOL_STATS.unpack(val)
-            out[conn_of(ini, tgt, ip, tp), vol] = VolumeSums(reads, read_ns, wbytes, writes)
+            out[self._maps.conn(raw), vol] = VolumeSums(reads, read_ns, wbytes, writes)
         return out
 
     def inflight(self) -> dict[tuple[Conn, int], tuple[int, int, int]]:
         """(connection, tag) -> (the command's start in CLOCK_MONOTONIC ns, its op: READ,
         WRITE or 0, its volume as the wire has it)."""
         out = {}
-        for raw, val in self._entries(self.maps["inflight"], _TAG_KEY.size, _INFLIGHT.size):
-            ini, tgt, ip, tp, tag = _TAG_KEY.unpack(raw)
+        for raw, val in self._maps.entries(self.maps["inflight"], _TAG_KEY.size, _INFLIGHT.size):
+            tag = _U32.unpack_from(raw, 36)[0]
             start, volume, _held, op, _prov = _INFLIGHT.unpack(val)
-            out[conn_of(ini, tgt, ip, tp), tag] = (start, op, volume)
+            out[self._maps.conn(raw), tag] = (start, op, volume)
         return out
 
     def set_login(
@@ -388,15 +342,15 @@ class KernelWire:
         not in sync (wire.bpf.c's struct flow)."""
         out = []
         now = time.monotonic_ns()
-        for raw, b in self._entries(self.maps["flows"], _FLOW_KEY.size, FLOW_BYTES):
-            ini, tgt, ip, tp, to_target = _FLOW_KEY.unpack(raw)
+        for raw, b in self._maps.entries(self.maps["flows"], _FLOW_KEY.size, FLOW_BYTES):
+            to_target = _U32.unpack_from(raw, 36)[0]
             desyncs, resyncs, retracted, since, out_ns, out_bytes = _FLOW_COUNTS.unpack_from(
                 b, FLOW_COUNTS_AT
             )
             state = b[FLOW_STATE]
             if state != 0 and since:  # the current stretch out of sync
                 out_ns += max(0, now - since)
-            out.append(FlowState(conn_of(ini, tgt, ip, tp), bool(to_target), state,
+            out.append(FlowState(self._maps.conn(raw), bool(to_target), state,
                                  b[FLOW_REASON], desyncs, resyncs, retracted, out_ns / 1e9,
                                  out_bytes, _U32.unpack_from(b)[0]))  # fmt: skip
         return out
@@ -406,7 +360,7 @@ class KernelWire:
         fd = self.maps["esp"]
         out = []
         val = ctypes.create_string_buffer(_ESP_STATS.size)
-        for raw in list(self._keys(fd, _ESP_KEY.size)):
+        for raw in list(self._maps.keys(fd, _ESP_KEY.size)):
             if self._lib.bpf_map_lookup_elem(fd, raw, val):
                 continue
             src, dst, spi = _ESP_KEY.unpack(raw)
