@@ -19,7 +19,8 @@ States
                  protocol): nothing is searched or handed on.
 
 Law, per segment (seq, payload, now)
-    Before expect_seq: a retransmission, only its new bytes count. After
+    Before expect_seq: a retransmission, only its new bytes count; more than
+    BEHIND_MAX_BYTES before it: the stream is elsewhere, a gap, LOST. After
     it (bytes lost): the walk holds if its next header is still ahead (the
     lost bytes were data), else it is LOST (a provisional header whose
     successor fell in the gap is retracted).
@@ -81,6 +82,13 @@ from .belief import (  # noqa: F401  (the names the tracker takes from here)
 )
 from .pdu import LOGIN, SN_STEP_MAX, Pdu
 from .protocols import MASK, Buffer, Protocol, seq_diff
+
+# A segment further behind what the walk expects is no retransmission (TCP retransmits
+# within its window, a few MiB): the stream is elsewhere -- a segment forged on the
+# connection's ports with a sequence number far ahead moved the walk there -- and the
+# walk is LOST at the segment, searching it, instead of taking every real segment for a
+# retransmission until the stream catches up (up to 2 GiB). The kernel's the same.
+BEHIND_MAX_BYTES = 1 << 26
 
 
 class Stream(Belief):
@@ -155,7 +163,13 @@ class Stream(Belief):
             return
         if self.expect_seq is not None:
             d = seq_diff(seq, self.expect_seq)
-            if d < 0:  # a retransmission, or an overlap
+            if d < -BEHIND_MAX_BYTES:  # no retransmission: the stream is elsewhere
+                c.gaps += 1
+                if self.state == PROVISIONAL:
+                    self._retract()
+                if self.state != LOST:
+                    self._lose(now)
+            elif d < 0:  # a retransmission, or an overlap
                 if -d >= len(payload):
                     c.retransmitted_bytes += len(payload)
                     return

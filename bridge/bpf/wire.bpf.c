@@ -51,6 +51,7 @@
 #define ASM_BYTES 256		/* a carried header and what follows it */
 #define CARRY_BYTES 128		/* a cut header: less than HDR_MAX */
 #define MAX_WALK 8192		/* headers walked in one segment (flow.py's MAX_WALK) */
+#define BEHIND_MAX_BYTES (1 << 26)	/* flow.py's: further behind is no retransmission */
 #define SEARCH_CHUNKS 2048	/* 64-byte chunks a search looks at: 128 KiB */
 #define MAX_SEARCHES 16		/* searches in one segment (belief.py's) */
 #define MAX_STEPS (MAX_WALK + MAX_SEARCHES * (SEARCH_CHUNKS + 1) + 1)
@@ -2057,7 +2058,13 @@ int wire_sensor(struct __sk_buff *skb)
 	if (fl->expect_valid) {
 		__s32 d = (__s32)(seq - fl->expect_seq);
 
-		if (d < 0) { /* a retransmission, or an overlap */
+		if (d < -BEHIND_MAX_BYTES) { /* no retransmission: the stream is elsewhere */
+			count(C_GAPS);
+			if (fl->state == PROVISIONAL)
+				retract(sc, fl);
+			if (fl->state != LOST)
+				lose(sc, fl);
+		} else if (d < 0) { /* a retransmission, or an overlap */
 			if ((__u32)-d >= plen) {
 				count(C_RETRANSMITTED);
 				goto done;

@@ -3,10 +3,15 @@ owns (an initiator, the bridge host, a target): a real iSCSI session reads throu
 bridge the daemon made, the target answering each read after READ_DELAY_S, while
 100,000 hostile segments are sent into the bridge (random bytes, headers that lie about
 their lengths, tag reuse, completions of nothing, SYN/FIN/RST at random, on 80
-connections to the target's storage ports): the real session is measured again (its
-reads at the target's 20 ms) once they stop -- the connections that fell silent have no
-say in the resource's hold (bridge/volumes.py) -- and the daemon's bounds hold: its
-threads, descriptors, memory, no sensor error, no traceback.
+connections to the target's storage ports, and 5,000 on the real session's own four
+ports with random sequence numbers): the real session is measured again (its reads at
+the target's 20 ms) once they stop -- the connections that fell silent have no say in
+the resource's hold (bridge/volumes.py), a segment far behind the walk is no
+retransmission (bridge/flow.py) -- and the daemon's bounds hold: its threads,
+descriptors, memory, no sensor error, no traceback. Then LIVE_CONNECTIONS live
+connections each with a read in flight (over the Python walk's 8,192), and
+CHURN_ADDRESSES initiator addresses that come, write and go: bounded, counted, the
+session measured again, the initiators shown back to the session's alone.
 
 Each runs with the wire walked in the kernel and in Python. The host kernel has no
 sch_netem: the classes get pfifo leaves (classified, not delayed). Whatever fails, the
@@ -36,10 +41,12 @@ from tests.privileged.bridge_ns import INI_IP, TGT_IP
 from tests.privileged.test_bridge_daemon import READ_DELAY_S, Reader, Target, bridge_config
 from tests.privileged.test_bridge_kernel import _hostile
 from tests.privileged.test_daemon_netns import _start, _stop, sh
+from tests.unit import storage_pdus as B
 
 pytestmark = pytest.mark.privileged
 
 HOSTILE = 100_000
+FORGED = 5_000  # of them on the real session's own ports
 # what the daemon may grow by, in resident memory, under the flood (its own figure is
 # printed)
 RSS_GROWTH_MAX_BYTES = 96 << 20
@@ -143,6 +150,48 @@ def _mac(ns: str, dev: str) -> bytes:
     return bytes.fromhex(out.split("link/ether ")[1].split()[0].replace(":", ""))
 
 
+def _session_port(ini: str) -> int:
+    """The real session's initiator port (ss in its namespace)."""
+    for ln in sh("ip", "netns", "exec", ini, "ss", "-tnH", "state", "established").splitlines():
+        local, peer = ln.split()[-2:]
+        if peer == f"{TGT_IP}:3260" and local.startswith(INI_IP + ":"):
+            return int(local.rsplit(":", 1)[1])
+    raise AssertionError("no session")
+
+
+def _forged_on_session(n: int, rnd: random.Random, sport: int) -> list[bytes]:
+    """Segments on the real session's own four ports (both ways), random sequence
+    numbers: headers that lie, garbage, completions of nothing."""
+    import struct
+
+    from scapy.layers.inet import IP, TCP
+    from scapy.layers.l2 import Ether
+
+    PA = "PA"  # data: no SYN, FIN or RST
+    heads = {
+        True: bytes(Ether() / IP(src=INI_IP, dst=TGT_IP) / TCP(sport=sport, dport=3260, flags=PA)),
+        False: bytes(Ether() / IP(src=TGT_IP, dst=INI_IP) / TCP(sport=3260, dport=sport, flags=PA)),
+    }
+    out = []
+    for i in range(n):
+        kind = i % 4
+        if kind == 0:
+            payload = rnd.randbytes(rnd.randrange(1, 1400))
+        elif kind == 1:
+            bhs = bytearray(B.scsi_read(rnd.randrange(1 << 32), lun=0))
+            bhs[5:8] = rnd.randrange(1 << 24).to_bytes(3, "big")  # a length that lies
+            payload = bytes(bhs)
+        elif kind == 2:
+            payload = B.data_in(rnd.randrange(1 << 32), b"x" * 64)  # completes nothing
+        else:
+            payload = B.scsi_response(rnd.randrange(1 << 32)) * 3
+        h = bytearray(heads[rnd.random() < 0.5])
+        struct.pack_into("!H", h, 16, len(h) - 14 + len(payload))
+        struct.pack_into("!I", h, 38, rnd.randrange(1 << 32))
+        out.append(bytes(h) + payload)
+    return out
+
+
 def _ip_fixed(frame: bytes) -> bytes:
     f = bytearray(frame)
     if f[12:14] != b"\x08\x00":
@@ -186,7 +235,9 @@ def test_hostile_segments_through_the_bridge_leave_the_session_measured(live):
     rss0, (threads0, fds0) = _rss(pid), _threads_fds(pid)
     frames0 = _status(live)["wire"]["capture_frames"]
     rnd = random.Random(46)
-    frames = _hostile(HOSTILE, rnd)
+    port = _session_port(live.ini)
+    frames = _hostile(HOSTILE - FORGED, rnd) + _forged_on_session(FORGED, rnd, port)
+    rnd.shuffle(frames)
     _inject(live.ini, "st-i", frames, _mac(live.tgt, "st-t"))
 
     def seen() -> int:  # what the wire walked or its ring dropped (counted)

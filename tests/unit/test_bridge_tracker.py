@@ -370,3 +370,21 @@ def test_a_connection_silent_for_sync_vote_s_has_no_say_in_the_hold():
     other.send(1.0 + T.SYNC_VOTE_S + 0.5, B.scsi_read(1), True)  # the wire goes on
     other.send(1.0 + T.SYNC_VOTE_S + 0.6, B.scsi_response(1), False)
     assert tr.out_of_sync() == {("iscsi", f"{TGT}:3260", ""): (1, 0)}
+
+
+def test_a_segment_forged_far_ahead_on_the_ports_does_not_blind_the_real_stream():
+    """A segment with the session's four ports and a sequence number a GiB ahead moves
+    the walk there; the real segments after it are far behind, no retransmission: the
+    walk is lost at them and finds their headers again, the reads measured."""
+    tr = T.Tracker()
+    c = Conn(tr, 3260)
+    c.send(1.0, B.scsi_read(1), True)
+    c.send(1.1, B.data_in(1, b"r" * 512), False)
+    assert tr.counters.completions == 1
+    for to_target, port_pair in ((True, (INI, 40000, TGT, 3260)), (False, (TGT, 3260, INI, 40000))):
+        src, sp, dst, dp = port_pair
+        tr.segment(1.2, src, sp, dst, dp, (c.seq[to_target] + (1 << 30)) % (1 << 32), b"\xff" * 100)
+    for k in range(2, 12):
+        c.send(1.0 + k, B.scsi_read(k), True)
+        c.send(1.05 + k, B.data_in(k, b"r" * 512), False)
+    assert tr.counters.completions >= 9, tr.counters
