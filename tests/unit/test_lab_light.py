@@ -42,10 +42,18 @@ def light_run(recorded: dict, threshold: str, reps: int = 2) -> dict:
             ph["rep"] = rep
             phases.append(ph)
     unc = analysis.summarize(by_kind["uncontrolled"], None, None)
+    p95 = unc["read_latency_p95_s"]
     light = {
         "wanted": ["10ms", "15ms", "20ms"],
-        "uncontrolled_p95_s": unc["read_latency_p95_s"],
+        "tries": [
+            {"m_ms": 5.0, "c_ms": 2.0, "p95_s": p95, "q": 8.0, "iops": 190, "next_m_ms": 1.0},
+            {"m_ms": 1.0, "c_ms": 2.0, "p95_s": p95, "q": 9.0, "iops": 230, "next_m_ms": None},
+        ],
+        "m_ms": 1.0,
+        "c_ms": 2.0,
+        "uncontrolled_p95_s": p95,
         "light_x": regime.LIGHT_X,
+        "aim_x": regime.LIGHT_AIM_X,
         "threshold": threshold,
     }
     return {"args": recorded["args"], "light": light, "phases": phases}
@@ -57,6 +65,27 @@ def test_the_light_threshold_is_the_smallest_the_uncontrolled_p95_stays_under():
     assert regime.light_threshold(0.008, paper) == 0.010  # exactly 0.8 T
     assert regime.light_threshold(0.009, paper) == 0.015
     assert regime.light_threshold(0.017, paper) is None  # over 0.8 x 20 ms: not light
+
+
+def test_the_light_plants_slope_moves_toward_six_tenths_of_t():
+    # a fast host's writers load the m = 5 plant hard: 55 ms uncontrolled (12 writers,
+    # 199 IOPS at Q 8.6): the slope goes down to where the model puts p95 at <= 0.6 x 10 ms
+    hard = regime.Uncontrolled(m_ms=5, c_ms=2, writers=12, p95_s=0.055, q=8.6, iops=199)
+    m = regime.light_slope(hard, 0.010)
+    assert m == 1.0
+    assert regime.predicted_p95_s(hard, m) <= regime.LIGHT_AIM_X * 0.010
+    assert regime.predicted_p95_s(hard, m + regime.LIGHT_STEP_MS) > regime.LIGHT_AIM_X * 0.010
+    # the quiet host: 6.43 ms at T = 10 ms is within 0.4-0.8 T: kept as it is
+    kept = regime.Uncontrolled(m_ms=5, c_ms=2, writers=12, p95_s=0.00643, q=0.6, iops=53)
+    assert regime.light_slope(kept, 0.010) is None
+    # writers that hardly load the array (3 ms): the slope goes up toward 6 ms
+    idle = regime.Uncontrolled(m_ms=5, c_ms=2, writers=12, p95_s=0.003, q=0.2, iops=40)
+    up = regime.light_slope(idle, 0.010)
+    assert up is not None and up > 5
+    assert regime.predicted_p95_s(idle, up) <= regime.LIGHT_AIM_X * 0.010
+    # no writes measured: nothing to model
+    none = regime.Uncontrolled(m_ms=5, c_ms=2, writers=12, p95_s=0.055, q=0.0, iops=0.0)
+    assert regime.light_slope(none, 0.010) is None
 
 
 def test_each_phases_writes_against_its_repetitions_uncontrolled_phase(rl, recorded):
@@ -80,6 +109,7 @@ def test_each_phases_writes_against_its_repetitions_uncontrolled_phase(rl, recor
     text = rl.lines(sm)
     assert text[0].startswith("WORK CONSERVATION ")
     assert any("went over T" in x for x in text)
+    assert any("m 5 ms/IO" in x for x in text) and any("chosen: m 1 ms/IO" in x for x in text)
     assert sum(1 for x in text if re.match(r"\s+\d+ controlled ", x)) == 2
 
 
@@ -87,6 +117,7 @@ def test_a_run_without_a_light_threshold_says_so(rl, recorded):
     raw = light_run(recorded, None, reps=1)
     raw["phases"] = raw["phases"][:1]  # closed_loop.py --light stops after the first
     sm = rl.summary(raw)
-    (line,) = rl.lines(sm)
+    line, *tries = rl.lines(sm)
     assert line.startswith("WORK CONSERVATION NOT MEASURED")
+    assert len(tries) == 3  # the two slopes tried and the one kept
     assert sm["conserved"] is None

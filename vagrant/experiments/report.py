@@ -55,9 +55,10 @@ PAPER_ARRAY = "nbd:c_ms=2,m_ms=5"
 # its guest's limit: 36 min on a fast host, up to 3 uncontrolled phases more where the
 # slope is chosen again, and a slower emulation
 PAPER_TIMEOUT_S = 5400
-# make lab-light (work conservation): the paper's plant and workload as booted, T the
-# smallest of the paper's thresholds the uncontrolled p95 stays under, three repetitions
-# of controlled, bridged and uncontrolled phases (closed_loop.py --light), ~25 min
+# make lab-light (work conservation): the paper's workload on a light plant (its slope
+# moved toward an uncontrolled p95 of 0.6 x 10 ms), T the smallest of the paper's
+# thresholds that p95 stays under, three repetitions of controlled, bridged and
+# uncontrolled phases (closed_loop.py --light), ~25-30 min
 LIGHT_TIMEOUT_S = 3600
 # CI's short run (tests/closed_loop): twice the slope, so that the reader waits
 # >= 2 T uncontrolled even where the emulated guest, not the array, limits the
@@ -115,7 +116,7 @@ def main() -> int:
     ap.add_argument(
         "--light",
         action="store_true",
-        help=f"work conservation on the paper's plant as booted (--array {PAPER_ARRAY}, "
+        help=f"work conservation on a light plant (from --array {PAPER_ARRAY}, "
         "closed_loop.py --paper --light)",
     )
     ap.add_argument("--array", default=None, help="lab.py --array (the known plant's spec)")
@@ -144,7 +145,7 @@ def main() -> int:
         array = array or PAPER_ARRAY
         guest_args += ["--paper", "--plant", "auto"]
         timeout = args.timeout or PAPER_TIMEOUT_S
-    if args.light:  # the plant kept, T over its uncontrolled p95 (report_light)
+    if args.light:  # a light plant, T over its uncontrolled p95 (report_light)
         array = array or PAPER_ARRAY
         guest_args += ["--paper", "--light", "--no-static", "--skip-interference"]
         timeout = args.timeout or LIGHT_TIMEOUT_S

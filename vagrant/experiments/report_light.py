@@ -1,9 +1,10 @@
 """`make lab-light`'s report: work conservation on a plant the writers leave under T.
 
 What it owns
-    From a closed_loop.py --light run (raw.json's "light" and its phases, each with its
-    repetition "rep"): per repetition the uncontrolled, controlled and bridged phases
-    at the chosen T (labkit.analysis.summarize), each one's writes against the
+    From a closed_loop.py --light run (raw.json's "light": the slopes tried and kept, the
+    threshold; its phases, each with its repetition "rep"): per repetition the
+    uncontrolled, controlled and bridged phases at the chosen T
+    (labkit.analysis.summarize), the slopes tried (plant_lines), each one's writes against the
     uncontrolled phase of its repetition, how long the writers were delayed at all
     (the share of the daemon's status samples, from the end of the learning burst to
     the reader's departure, with any initiator above class 0) and the highest class;
@@ -99,29 +100,47 @@ def pct(x: tuple[float, float, float] | None) -> str:
     return f"{x[0]:.1%} ({x[1]:.1%}-{x[2]:.1%})"
 
 
+def plant_lines(ch: dict) -> list[str]:
+    """The slopes tried for the light plant and the one kept (closed_loop.py --light)."""
+    out = [
+        f"  plant C {t['c_ms']:g} ms, m {t['m_ms']:g} ms/IO: uncontrolled p95 "
+        f"{t['p95_s'] * 1e3:.2f} ms; the array's Q {t['q']:.2f} at {t['iops']:.0f} IOPS of "
+        "the writers" + (f"; next: m {t['next_m_ms']:g} ms/IO" if t.get("next_m_ms") else "")
+        for t in ch.get("tries", [])
+    ]
+    if "m_ms" in ch:
+        out.append(
+            f"  chosen: m {ch['m_ms']:g} ms/IO (aimed at an uncontrolled p95 of "
+            f"{ch['aim_x']:g} x the smallest threshold, labkit.regime.light_slope)"
+        )
+    return out
+
+
 def lines(sm: dict) -> list[str]:
-    """The report: the verdict first, then one row per phase."""
+    """The report: the verdict first, the plant's choice, then one row per phase."""
     ch = sm["light"]
     p95 = ch["uncontrolled_p95_s"] * 1e3
     if ch["threshold"] is None:
         wanted = ", ".join(ch["wanted"])
         return [
             f"WORK CONSERVATION NOT MEASURED: the uncontrolled p95 {p95:.2f} ms is over "
-            f"{ch['light_x']:g} T at every threshold wanted ({wanted}); this host's plant is "
-            "not light"
+            f"{ch['light_x']:g} T at every threshold wanted ({wanted}); no slope tried made "
+            "this host's plant light",
+            *plant_lines(ch),
         ]
     md = sm["medians"]
     n = len(sm["repetitions"])
     verdict = {True: "HOLDS", False: "DOES NOT HOLD", None: "no figure"}[sm["conserved"]]
     out = [
         f"WORK CONSERVATION {verdict} (>= {regime.CONSERVE_AT_LEAST:.0%}; docs/lab.md): T "
-        f"{ch['threshold']}, chosen as the smallest threshold the first uncontrolled p95 "
+        f"{ch['threshold']}, the smallest threshold the chosen plant's uncontrolled p95 "
         f"({p95:.2f} ms) stays under with room (<= {ch['light_x']:g} T); over {n} "
         "repetitions the controlled writers moved "
         f"{pct(md.get('controlled.vs_uncontrolled_writes'))} of the uncontrolled phase's "
         "beside them on the target host, "
         f"{pct(md.get('bridge.vs_uncontrolled_writes'))} through the bridge (median, min-max)"
     ]
+    out += plant_lines(ch)
     if not sm["uncontrolled_under_t"]:
         out.append(
             "  an uncontrolled phase went over T: that repetition is not the light plant "

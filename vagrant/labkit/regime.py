@@ -27,10 +27,15 @@ The rule
                 is AIM_X x T_max, at most MAX_SLOPE_MS.  o falls as the writers slow
                 (the emulated CPU has less to do), so the rule errs high.
     light       the other end (`make lab-light`, work conservation): a plant where the
-                uncontrolled p95 stays under T, the controller has nothing to hold;
-                T is the smallest wanted threshold with r95 <= LIGHT_X x T, and the
-                controlled writers must move at least CONSERVE_AT_LEAST of what the
-                uncontrolled phase beside them moved (the median over repetitions).
+                uncontrolled p95 stays under T, so the controller has nothing to hold.
+                T is the smallest wanted threshold; where r95 is outside
+                LIGHT_LOW_X..LIGHT_X x T, the slope is the largest of LIGHT_STEP_MS
+                steps within MIN_SLOPE_MS..MAX_SLOPE_MS whose r95(m) (the model above,
+                down as well as up) is at most LIGHT_AIM_X x T, and the phase runs
+                again (at most MAX_TRIES).  The threshold kept is the smallest wanted
+                one the last phase's r95 stays under with room (r95 <= LIGHT_X x T).
+                The controlled writers must then move at least CONSERVE_AT_LEAST of
+                what the uncontrolled phase beside them moved (median over repetitions).
     bounds      once the run is done, each controlled threshold against the rest of
                 what a run must show (docs/lab.md): p95 <= T, no target
                 retransmission, a best static delay above class 1, the simulator
@@ -118,9 +123,26 @@ def verdict(p95_s: float, wanted_s: list[float]) -> tuple[str, list[float]]:
     return ("partly" if ok else "not reached"), ok
 
 
-# Work conservation: the light plant's threshold and what the writers must keep
+# Work conservation: the light plant, its threshold and what the writers must keep
 LIGHT_X = 0.8  # the uncontrolled p95 at most 0.8 T: room for the next phases' spread
+LIGHT_LOW_X = 0.4  # ... and at least 0.4 T, else the slope is raised toward the aim
+LIGHT_AIM_X = 0.6  # the slope aimed at (the quiet host of the m = 5 plant: 0.64 T at 10 ms)
+LIGHT_STEP_MS = 0.5
+MIN_SLOPE_MS = 0.5
 CONSERVE_AT_LEAST = 0.95
+
+
+def light_slope(u: Uncontrolled, t_s: float) -> float | None:
+    """The slope to run the uncontrolled phase at next for a light plant at T (module
+    header); None when this phase's p95 is already within LIGHT_LOW_X..LIGHT_X x T, or
+    when the model has nothing better (no writes measured, or the same slope)."""
+    if LIGHT_LOW_X * t_s <= u.p95_s <= LIGHT_X * t_s or not math.isfinite(overhead_s(u)):
+        return None
+    steps = round((MAX_SLOPE_MS - MIN_SLOPE_MS) / LIGHT_STEP_MS)
+    grid = [MIN_SLOPE_MS + k * LIGHT_STEP_MS for k in range(steps + 1)]
+    fits = [m for m in grid if predicted_p95_s(u, m) <= LIGHT_AIM_X * t_s]
+    m = max(fits) if fits else MIN_SLOPE_MS
+    return None if m == u.m_ms else m
 
 
 def light_threshold(p95_s: float, wanted_s: list[float]) -> float | None:
