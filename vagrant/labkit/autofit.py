@@ -15,7 +15,8 @@ What it owns
     result     at a repetition's end: the daemon's last fit and threshold against the
                configured C, m and C / (1 - alpha); the first confident second; a
                plain least-squares fit of the device's 1 s windows (IO-weighted L
-               against Q, as the daemon folds them; windows of at least MIN_IOS IOs)
+               against Q, as the daemon folds them; windows of at least MIN_IOS IOs);
+               the device's median L with the reader alone (level_latency_s)
     summary    the daemon's fit over the repetitions: median (range)
 
 Worked example
@@ -143,6 +144,27 @@ def window_fit(rows: list[dict], device: str) -> dict | None:
     return None if f is None else {"c_s": f.c_s, "m_s": f.m_s, "r2": f.r2, "points": f.points}
 
 
+def level_latency_s(
+    rows: list[dict], device: str, schedule: list[tuple[float, int]], writers: int = 0
+) -> float | None:
+    """The device's median L (weighted IO time / IOs) over its windows of >= MIN_IOS IOs
+    wholly inside the levels with `writers` writers, from each level's second second
+    (None without one): with 0, the reader alone, the plant's latency at its lowest
+    load, which no intercept of its line can exceed."""
+    ends = [t for t, _ in schedule[1:]] + [rows[-1]["t"] if rows else 0.0]
+    spans = [(t0 + WATCH_S, t1) for (t0, n), t1 in zip(schedule, ends, strict=True) if n == writers]
+    ls = []
+    for a, b in itertools.pairwise(rows):
+        if device not in a.get("ds", {}) or device not in b.get("ds", {}):
+            continue
+        if not any(lo <= a["t"] and b["t"] <= hi for lo, hi in spans):
+            continue
+        d = analysis.device_delta(a["ds"][device], b["ds"][device], b["t"] - a["t"])
+        if d["ios"] >= MIN_IOS:
+            ls.append(d["l_s"])
+    return statistics.median(ls) if ls else None
+
+
 def result(rep: int, w: Sampler, device: str, schedule: list[tuple[float, int]], cfg: dict) -> dict:
     """One repetition (module header); printed, and stored in auto-fit.json."""
     rows = w.rows
@@ -164,6 +186,7 @@ def result(rep: int, w: Sampler, device: str, schedule: list[tuple[float, int]],
         "devices": last.get("devices"),
         "first_confident_s": first_conf,
         "window_fit": window_fit(rows, device),
+        "reader_alone_l_s": level_latency_s(rows, device, schedule, 0),
         "configured": configured,
     }
     show(res)
