@@ -19,7 +19,9 @@ def test_unit_verifies(unit, tmp_path):
         pytest.skip("systemd-analyze is not installed")
     # the unit names its commands without a directory (systemd's search path finds
     # them in /usr/local/bin or /usr/bin); point them at this venv's entry points
-    text = re.sub(r"^(Exec\w+=)(santhrottled?) ", rf"\g<1>{BIN}/\2 ", unit.read_text(), flags=re.M)
+    text = re.sub(
+        r"^(Exec\w+=[-+!@:]*)(santhrottled?) ", rf"\g<1>{BIN}/\2 ", unit.read_text(), flags=re.M
+    )
     f = tmp_path / unit.name
     f.write_text(text)
     p = subprocess.run(
@@ -36,7 +38,7 @@ def test_unit_has_what_the_appliance_needs():
     for line in (
         "Type=notify",
         "WatchdogSec=",
-        "ExecStartPre=santhrottled --check --config /etc/santhrottle/santhrottle.toml",
+        "ExecStartPre=+santhrottled --check --config /etc/santhrottle/santhrottle.toml",
         "ExecStart=santhrottled --config /etc/santhrottle/santhrottle.toml",
         # the daemon's answer is systemctl reload's: a refused file fails it
         "ExecReload=santhrottle reload --socket /run/santhrottle/control.sock",
