@@ -41,6 +41,7 @@ WORK = Path(os.environ.get("SANTHROTTLE_LAB_WORK", "/shared/work"))
 OUT = WORK / "package.json"
 DEB = Path(os.environ["SANTHROTTLE_DEB"])
 CONF = Path("/etc/santhrottle/santhrottle.toml")
+SOCKET = "/run/santhrottle/control.sock"
 DEV = "st0"
 PIN = "10.77.7.7"
 FAULT_REPS = 3
@@ -94,7 +95,9 @@ def main_pid() -> int:
 
 
 def status() -> dict:
-    p = sh("santhrottle", "status", "--json")
+    # by the socket's path: the CLI reads it from the configuration file otherwise, and
+    # refuses (exit 2) while a broken file waits to be refused by a reload
+    p = sh("santhrottle", "status", "--json", "--socket", SOCKET)
     try:
         return json.loads(p["out"])["data"] if p["rc"] == 0 else {}
     except ValueError:
