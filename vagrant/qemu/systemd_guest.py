@@ -379,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
             script = Path(a.script).resolve()
             if not script.is_relative_to(s.checkout):
                 ap.error(f"{a.script}: the script must live in the checkout {s.checkout}")
-            line = shlex.join([str(script), *a.args])
+            run_it = ["python3", str(script)] if script.suffix == ".py" else [str(script)]
+            line = shlex.join([*run_it, *a.args])
         else:
             line = a.line
         res = run(s, deb, line, timeout=a.timeout, echo_console=a.console)
