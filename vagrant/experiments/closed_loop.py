@@ -58,6 +58,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -285,51 +286,60 @@ def uncontrolled_figures(lab: Setting, ph: dict, m_ms: float, c_ms: float) -> re
     )
 
 
-def choose_plant(lab: Setting, wanted: list[str]) -> tuple[dict, dict]:
-    """The uncontrolled phase at the booted plant's slope, and again at a steeper one
-    while its p95 is under 2 x the largest wanted threshold (module header); returns the
-    choice (every try, the slope kept, the verdict, the thresholds) and the last phase."""
+def slope_tries(
+    lab: Setting, rule: Callable[[regime.Uncontrolled], tuple[float | None, dict]], what: str
+) -> tuple[list[dict], dict]:
+    """The uncontrolled phase at the booted plant's slope, then at each slope `rule` names
+    (the next slope or None, and what to keep of the phase), the plant changed live
+    (labkit.plant.guest_set), at most regime.MAX_TRIES; returns the tries and the last
+    phase."""
     cfg = probes.plant_config() or {}
     m, c = float(cfg.get("m_ms", 0.0)), float(cfg.get("c_ms", 0.0))
-    wanted_s = [parse_ms(x) for x in wanted]
     tries: list[dict] = []
     for i in range(regime.MAX_TRIES):
         if i:
             plant.guest_set(m_ms=m)
         unc = phase(lab, None)
         u = uncontrolled_figures(lab, unc, m, c)
-        status, ok = regime.verdict(u.p95_s, wanted_s)
-        nxt = None if status == "reached" else regime.next_slope(u, max(wanted_s))
+        nxt, keep = rule(u)
+        nxt = nxt if cfg else None  # no known plant: nothing to change
         tries.append(
-            {
-                "m_ms": m,
-                "c_ms": c,
-                "p95_s": u.p95_s,
-                "q": u.q,
-                "iops": u.iops,
-                "overhead_s": regime.overhead_s(u),
-                "status": status,
-                "next_m_ms": nxt,
-            }
+            {"m_ms": m, "c_ms": c, "p95_s": u.p95_s, "q": u.q, "iops": u.iops, **keep}
+            | {"next_m_ms": nxt}
         )
         print(
-            f"plant m {m:g} ms/IO: uncontrolled p95 {u.p95_s * 1e3:.2f} ms ({status}); "
-            f"Q {u.q:.2f}, {u.iops:.0f} IOPS, writers' time per IO outside the array "
-            f"{regime.overhead_s(u) * 1e3:.1f} ms; next slope {nxt}",
+            f"{what}: plant m {m:g} ms/IO: uncontrolled p95 {u.p95_s * 1e3:.2f} ms"
+            + (f" ({keep['status']})" if "status" in keep else "")
+            + f"; Q {u.q:.2f}, {u.iops:.0f} IOPS, writers' time per IO "
+            f"outside the array {regime.overhead_s(u) * 1e3:.1f} ms; next slope {nxt}",
             flush=True,
         )
-        if nxt is None or nxt <= m:
+        if nxt is None or nxt == m:
             break
         m = nxt
-    keep = [x for x, s in zip(wanted, wanted_s, strict=True) if s in ok]
-    m = tries[-1]["m_ms"]  # the plant the last try, and every phase after it, ran at
+    return tries, unc
+
+
+def choose_plant(lab: Setting, wanted: list[str]) -> tuple[dict, dict]:
+    """--plant auto (module header): the uncontrolled phase, again at a steeper slope
+    while its p95 is under 2 x the largest wanted threshold; returns the choice (every
+    try, the slope kept, the verdict, the thresholds) and the last phase."""
+    wanted_s = [parse_ms(x) for x in wanted]
+
+    def rule(u: regime.Uncontrolled) -> tuple[float | None, dict]:
+        status, _ = regime.verdict(u.p95_s, wanted_s)
+        nxt = None if status == "reached" else regime.next_slope(u, max(wanted_s))
+        return nxt, {"overhead_s": regime.overhead_s(u), "status": status}
+
+    tries, unc = slope_tries(lab, rule, "regime")
+    status, ok = regime.verdict(tries[-1]["p95_s"], wanted_s)
     return {
         "wanted": wanted,
         "tries": tries,
-        "m_ms": m,
-        "c_ms": c,
+        "m_ms": tries[-1]["m_ms"],  # the plant the last try, and every phase after it, ran at
+        "c_ms": tries[-1]["c_ms"],
         "status": status,
-        "thresholds": keep,
+        "thresholds": [x for x, t in zip(wanted, wanted_s, strict=True) if t in ok],
         "regime_x": regime.REGIME_X,
         "aim_x": regime.AIM_X,
     }, unc
@@ -338,28 +348,10 @@ def choose_plant(lab: Setting, wanted: list[str]) -> tuple[dict, dict]:
 def light(lab: Setting, wanted: list[str], phases: list[dict]) -> dict:
     """--light (module header): the plant and threshold chosen; the phases appended to
     `phases` as they end (a cut run keeps those)."""
-    cfg = probes.plant_config() or {}
-    m, c = float(cfg.get("m_ms", 0.0)), float(cfg.get("c_ms", 0.0))
     by_s = {parse_ms(x): x for x in wanted}
     aim_s = min(by_s)
-    tries: list[dict] = []
-    for i in range(regime.MAX_TRIES):
-        if i:
-            plant.guest_set(m_ms=m)
-        unc = phase(lab, None)
-        u = uncontrolled_figures(lab, unc, m, c)
-        nxt = regime.light_slope(u, aim_s) if cfg else None
-        tries.append(
-            {"m_ms": m, "c_ms": c, "p95_s": u.p95_s, "q": u.q, "iops": u.iops, "next_m_ms": nxt}
-        )
-        print(
-            f"light plant: m {m:g} ms/IO, uncontrolled p95 {u.p95_s * 1e3:.2f} ms "
-            f"({u.p95_s / aim_s:.2f} x {aim_s * 1e3:g} ms); next slope {nxt}",
-            flush=True,
-        )
-        if nxt is None:
-            break
-        m = nxt
+    tries, unc = slope_tries(lab, lambda u: (regime.light_slope(u, aim_s), {}), "light")
+    m, c = tries[-1]["m_ms"], tries[-1]["c_ms"]
     unc["rep"] = 0
     phases.append(unc)
     say(unc, "uncontrolled", None)
