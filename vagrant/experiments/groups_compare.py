@@ -42,10 +42,10 @@ import sys
 from pathlib import Path
 
 from santhrottle.appliance.config.kinds import throughput
-from santhrottle.controller.groupsim import group_summary
-from santhrottle.controller.plant import Closed, Device, closed_latency
-from santhrottle.controller.scenario import Scenario, parse_scenario
-from santhrottle.controller.sim import run
+from santhrottle.sim.groups import group_summary
+from santhrottle.sim.loop import run
+from santhrottle.sim.plant import Closed, Device, closed_latency
+from santhrottle.sim.scenario import Scenario, parse_scenario
 
 TOLERANCE = 0.20  # the "within 20 %"
 MIB = 1024.0 * 1024.0
