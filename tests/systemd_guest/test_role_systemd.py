@@ -54,8 +54,8 @@ def test_the_first_run_installs_the_debian_package(runs):
     assert _result(r, "TASK", "santhrottle : Install santhrottle from the Debian package") == (
         "changed"
     )
-    # the venv path is not taken with a package
-    assert _result(r, "TASK", "santhrottle : Create the venv") is None
+    # the venv path is not taken with a package (its imported tasks show as skipped)
+    assert _result(r, "TASK", "santhrottle : Create the venv") in (None, "skipping")
 
 
 def test_control_mode_starts_it_under_systemd(runs):
