@@ -18,6 +18,9 @@ log line.
 
 write_atomically() writes the daemon's state and meter files: a temporary file
 in the same directory, fsync, rename over the file, fsync of the directory.
+set_aside() moves such a file out of the way when it cannot be read back (kept
+as NAME.invalid for the admin), with one error line saying what the daemon does
+instead.
 
 Worked example
     read_text_file(Path("/dev/zero"), 1 << 20, ConfigError) -> ConfigError
@@ -29,6 +32,7 @@ Worked example
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import stat
 import tempfile
@@ -126,3 +130,16 @@ def write_atomically(path: Path, data: bytes) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+def set_aside(path: Path, error: Exception, instead: str, log: logging.Logger) -> None:
+    """An invalid file moved out of the way as NAME.invalid (kept for the admin to
+    read), logged in one line: the error, where the file went (or why it could not
+    move), and what the daemon does instead."""
+    dest = path.with_name(path.name + ".invalid")
+    try:
+        os.replace(path, dest)
+    except OSError as e:
+        log.error("%s; cannot set it aside (%s), %s", error, e, instead)
+    else:
+        log.error("%s; set aside as %s, %s", error, dest, instead)

@@ -28,7 +28,9 @@ Worked example
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import chain
 
+from .levels import highest_class
 from .state import ControllerState
 
 
@@ -77,15 +79,14 @@ def recompute_effective(state: ControllerState, initiators: set[str]) -> dict[st
     rise_to = state.rise_to
     # each resource's class once (a tick recomputes thousands of members)
     class_of = {name: rs.delay_class for name, rs in state.resources.items()}
-    # groups' classes (controller/groups.py); None without: a tick without groups pays
-    # one `is None` per initiator, not a lookup
-    group_class = state.groups.class_by_initiator() if state.groups.resources else None
-    if state.levels.groups:  # the groups' levels (levels.py): a ceiling, so the max too
-        for ini, k in state.levels.class_by_initiator().items():
-            if group_class is None:
-                group_class = {}
-            if k > group_class.get(ini, 0):
-                group_class[ini] = k
+    # groups' classes (controller/groups.py) and their levels' (levels.py), both
+    # ceilings, so the max; None without: a tick without groups pays one `is None` per
+    # initiator, not a lookup
+    group_class = (
+        highest_class(chain(state.groups.classed_members(), state.levels.classed_members()))
+        if state.groups.resources or state.levels.groups
+        else None
+    )
     changed: dict[str, int] = {}
     for ini in initiators:
         cls = 0 if group_class is None else group_class.get(ini, 0)

@@ -101,13 +101,13 @@ Worked example (the ladder's 0.5 ms steps)
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .disktime import reservation_y
 from .domain import IoSample
 from .ladder import Ladder
-from .levels import Levels
+from .levels import Levels, highest_class
 from .maestro import (
     LIMIT_MAX_FRACTION,
     U_MIN_FRACTION,
@@ -211,17 +211,16 @@ class GroupsState:
         g = self.groups.get(name)
         return g if g is not None else Group(DEFAULT_GROUP, self.default_priority)
 
-    def class_by_initiator(self) -> dict[str, int]:
-        """initiator -> its highest class in force over the grouped resources (> 0 only)."""
-        out: dict[str, int] = {}
+    def classed_members(self) -> Iterator[tuple[int, Iterable[str]]]:
+        """(class, members) of every group in force over a grouped resource."""
         for gr in self.resources.values():
             for gs in gr.groups.values():
-                k = gs.delay_class
-                if k:
-                    for ini in gs.members:
-                        if k > out.get(ini, 0):
-                            out[ini] = k
-        return out
+                if gs.delay_class:
+                    yield gs.delay_class, gs.members
+
+    def class_by_initiator(self) -> dict[str, int]:
+        """initiator -> its highest class in force over the grouped resources (> 0 only)."""
+        return highest_class(self.classed_members())
 
 
 def regroup(

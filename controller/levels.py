@@ -89,7 +89,7 @@ Worked example (the default ladder: 0.5 ms steps to 10 ms, then 5 %)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .domain import IoSample
@@ -199,16 +199,22 @@ class LevelsState:
         self.specs = new
         return out
 
-    def class_by_initiator(self) -> dict[str, int]:
-        """initiator -> its groups' level class in force (> 0 only)."""
-        out: dict[str, int] = {}
+    def classed_members(self) -> Iterator[tuple[int, Iterable[str]]]:
+        """(level class, members) of every group whose level's class is in force."""
         for ls in self.groups.values():
-            k = ls.delay_class
-            if k:
-                for ini in ls.members:
-                    if k > out.get(ini, 0):
-                        out[ini] = k
-        return out
+            if ls.delay_class:
+                yield ls.delay_class, ls.members
+
+
+def highest_class(classed: Iterable[tuple[int, Iterable[str]]]) -> dict[str, int]:
+    """initiator -> the highest of the classes it is a member at (a group's class and
+    its levels' class are both ceilings: the max)."""
+    out: dict[str, int] = {}
+    for k, members in classed:
+        for ini in members:
+            if k > out.get(ini, 0):
+                out[ini] = k
+    return out
 
 
 @dataclass(slots=True)

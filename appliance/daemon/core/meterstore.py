@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from santhrottle.appliance.daemon.core.meter import Period, Usage
-from santhrottle.appliance.textfile import read_text_file, write_atomically
+from santhrottle.appliance.textfile import read_text_file, set_aside, write_atomically
 
 log = logging.getLogger("santhrottled")
 
@@ -142,11 +142,6 @@ class MeterStore:
             return Kept({}, None)
         return decode(read_text_file(self.path, MAX_METER_BYTES, MeterError), str(self.path))
 
-    def set_aside(self) -> Path:
-        dest = self.path.with_name(METER_FILE + ".invalid")
-        os.replace(self.path, dest)
-        return dest
-
     def save(
         self, totals: Mapping[str, Usage], current: Period | None, closed: Sequence[Period]
     ) -> None:
@@ -220,11 +215,7 @@ class MeterKeeper:
         try:
             return self.store.load()
         except MeterError as e:
-            try:
-                where = self.store.set_aside()
-                log.error("%s; set aside as %s, metering from zero", e, where)
-            except OSError as e2:
-                log.error("%s; cannot set it aside (%s), metering from zero", e, e2)
+            set_aside(self.store.path, e, "metering from zero", log)
         return Kept({}, None)
 
     def save(self, snapshot: Any, retention_s: float | None = None) -> bool:

@@ -39,7 +39,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -51,7 +50,7 @@ from santhrottle.appliance.addresses import AddressError, RefusedAddress, initia
 from santhrottle.appliance.config.kinds import AUTO, MAX_THRESHOLD_S, NAME_RE, KindError, quote
 from santhrottle.appliance.config.schema import MAX_CLASSES, PIN_MODES
 from santhrottle.appliance.daemon.core.group_overrides import GroupOverride, from_json, to_json
-from santhrottle.appliance.textfile import read_text_file, write_atomically
+from santhrottle.appliance.textfile import read_text_file, set_aside, write_atomically
 
 log = logging.getLogger("santhrottled")
 
@@ -194,12 +193,6 @@ class StateStore:
         text = read_text_file(self.path, MAX_STATE_BYTES, StateError)
         return decode(text, max_class, str(self.path))
 
-    def set_aside(self) -> Path:
-        """Move an invalid file out of the way (kept for the admin to read)."""
-        dest = self.path.with_name(STATE_FILE + ".invalid")
-        os.replace(self.path, dest)
-        return dest
-
     def save(self, s: Saved) -> None:
         """Write atomically; OSError when the directory cannot be written."""
         write_atomically(self.path, encode(s, self.clock()))
@@ -225,11 +218,7 @@ class StateKeeper:
         try:
             return self.store.load(max_class)
         except StateError as e:
-            try:
-                where = self.store.set_aside()
-                log.error("%s; set aside as %s, starting without it", e, where)
-            except OSError as e2:
-                log.error("%s; cannot set it aside (%s), starting without it", e, e2)
+            set_aside(self.store.path, e, "starting without it", log)
         return Saved()
 
     def save(self, snapshot: Callable[[], Saved]) -> bool:
