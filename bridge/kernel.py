@@ -53,11 +53,25 @@ PROGRAM = "wire_sensor"
 FILTER_NAME = "santhrottle-wire"
 FILTER_PRIO = 0xC0DE  # the filter's preference on the clsact hooks: ours, by number
 INGRESS, EGRESS = "ffff:fff2", "ffff:fff3"
+# the program's global counters, in the order of wire.bpf.c's enum (C_FRAMES ...)
 COUNTER_NAMES = (
-    "frames", "segments", "pdus", "commands", "completions", "unmatched", "replaced",
-    "retransmitted", "gaps", "desyncs", "resyncs", "carried", "events_lost", "truncated_walks",
-    "retracted", "unmeasurable",
-)  # fmt: skip
+    "frames",
+    "segments",
+    "pdus",
+    "commands",
+    "completions",
+    "unmatched",
+    "replaced",
+    "retransmitted",
+    "gaps",
+    "desyncs",
+    "resyncs",
+    "carried",
+    "events_lost",
+    "truncated_walks",
+    "retracted",
+    "unmeasurable",
+)
 EV_LOGIN, EV_CONNECT, EV_BODY = 1, 2, 3  # EV_BODY: more of the last one's text
 NAME_BYTES = 1024
 _CONN = struct.Struct("=16s16sHH")  # conn_key: initiator, target, their ports
@@ -267,9 +281,18 @@ class KernelWire:
                 ipr.tc("del-filter", "bpf", self._index, ":1", parent=parent, prio=FILTER_PRIO)
         try:
             for parent in (INGRESS, EGRESS):
-                ipr.tc("add-filter", "bpf", self._index, ":1", fd=self.prog_fd,
-                       name=FILTER_NAME, parent=parent, prio=FILTER_PRIO, classid=1,
-                       direct_action=True)  # fmt: skip
+                ipr.tc(
+                    "add-filter",
+                    "bpf",
+                    self._index,
+                    ":1",
+                    fd=self.prog_fd,
+                    name=FILTER_NAME,
+                    parent=parent,
+                    prio=FILTER_PRIO,
+                    classid=1,
+                    direct_action=True,
+                )
         except Exception as e:
             raise KernelWireError(f"cannot attach to {self.device}: {e}") from None
         self._attached = True
@@ -278,8 +301,9 @@ class KernelWire:
         if self._attached:
             for parent in (INGRESS, EGRESS):
                 with contextlib.suppress(Exception):
-                    self._ipr.tc("del-filter", "bpf", self._index, ":1", parent=parent,
-                                 prio=FILTER_PRIO)  # fmt: skip
+                    self._ipr.tc(
+                        "del-filter", "bpf", self._index, ":1", parent=parent, prio=FILTER_PRIO
+                    )
             self._attached = False
         if self._ipr is not None:
             with contextlib.suppress(Exception):
@@ -350,9 +374,19 @@ class KernelWire:
             state = b[FLOW_STATE]
             if state != 0 and since:  # the current stretch out of sync
                 out_ns += max(0, now - since)
-            out.append(FlowState(self._maps.conn(raw), bool(to_target), state,
-                                 b[FLOW_REASON], desyncs, resyncs, retracted, out_ns / 1e9,
-                                 out_bytes, _U32.unpack_from(b)[0]))  # fmt: skip
+            flow = FlowState(
+                conn=self._maps.conn(raw),
+                to_target=bool(to_target),
+                state=state,
+                reason=b[FLOW_REASON],
+                desyncs=desyncs,
+                resyncs=resyncs,
+                retracted=retracted,
+                out_of_sync_s=out_ns / 1e9,
+                out_of_sync_bytes=out_bytes,
+                next_seq=_U32.unpack_from(b)[0],
+            )
+            out.append(flow)
         return out
 
     def esp_flows(self) -> list[EspState]:
@@ -365,8 +399,7 @@ class KernelWire:
                 continue
             src, dst, spi = _ESP_KEY.unpack(raw)
             first, last, frames, nbytes = _ESP_STATS.unpack(val.raw)
-            out.append(EspState(_addr(src), _addr(dst), spi, (last - first) / 1e9,
-                                frames, nbytes))  # fmt: skip
+            out.append(EspState(_addr(src), _addr(dst), spi, (last - first) / 1e9, frames, nbytes))
         return out
 
     def forget_sums(self, conn: Conn, volume: int) -> None:
@@ -445,8 +478,9 @@ _vsnprintf.restype = ctypes.c_int
 
 def _conn_raw(conn: Conn) -> bytes:
     """A connection as the program's conn_key (the start of its flow and tag keys)."""
-    return _CONN.pack(_raw(conn.initiator), _raw(conn.target), conn.initiator_port,
-                      conn.target_port)  # fmt: skip
+    return _CONN.pack(
+        _raw(conn.initiator), _raw(conn.target), conn.initiator_port, conn.target_port
+    )
 
 
 def _raw(addr: str) -> bytes:

@@ -79,8 +79,8 @@ class MapReader(Generic[C]):
                 raise OSError(err, f"bpf_map_lookup_batch: {os.strerror(err)}")
             kraw, vraw = keys.raw, vals.raw
             for i in range(count.value):
-                yield (kraw[i * key_size : (i + 1) * key_size],
-                       vraw[i * value_size : (i + 1) * value_size])  # fmt: skip
+                k, v = i * key_size, i * value_size
+                yield kraw[k : k + key_size], vraw[v : v + value_size]
             if rc:  # ENOENT: the last of them
                 return
             ctypes.memmove(token_in, token_out, len(token_out))
