@@ -14,11 +14,15 @@ Sync
     sync_rows(): a row per direction -- in sync or not, the bytes and
     seconds it was not, its desyncs, why it is not measurable; fold(): a
     connection's walk counts added to a total (what the forgotten ones
-    leave behind).
+    leave behind); SyncSummary: what a status shows of the rows -- each
+    state's count, the seconds out of sync summed, and the first LISTED
+    rows in listed_first()'s order (not in sync first, the longest first).
 """
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -82,15 +86,53 @@ class SyncRow:
     reason: str = ""  # why not measurable
 
 
+LISTED = 256  # the rows a SyncSummary keeps (a status lists them)
+IN_SYNC = STATE_NAMES[SYNCED]
+
+
+@dataclass(frozen=True, slots=True)
+class SyncSummary:
+    """What a status shows of the sync rows (module header)."""
+
+    directions: dict[str, int]  # state name -> rows in it
+    out_of_sync_s: float  # over every row
+    rows: list[SyncRow]  # the first LISTED in listed_first()'s order
+
+
+def listed_first(in_sync: bool, out_of_sync_s: float) -> tuple[bool, float]:
+    """The order a status lists directions in: not in sync first, the longest first."""
+    return in_sync, -out_of_sync_s
+
+
+def summary(rows: Iterable[SyncRow], listed: int = LISTED) -> SyncSummary:
+    rows = list(rows)
+    directions: dict[str, int] = {}
+    for r in rows:
+        directions[r.state] = directions.get(r.state, 0) + 1
+    first = heapq.nsmallest(
+        listed, rows, key=lambda r: listed_first(r.state == IN_SYNC, r.out_of_sync_s)
+    )
+    return SyncSummary(directions, sum(r.out_of_sync_s for r in rows), first)
+
+
 def sync_rows(conn: Connection, now_s: float) -> list[SyncRow]:
     """Its two directions: in sync or not, and how long not."""
     ini, port = conn.key[0], conn.key[1]
     return [
-        SyncRow(ini, port, conn.portal, conn.target, direction, STATE_NAMES[st.state],
-                st.counters.out_of_sync_bytes, round(st.out_of_sync_s(now_s), 6),
-                st.counters.desyncs, conn.unmeasurable)
+        SyncRow(
+            initiator=ini,
+            initiator_port=port,
+            portal=conn.portal,
+            target=conn.target,
+            direction=direction,
+            state=STATE_NAMES[st.state],
+            out_of_sync_bytes=st.counters.out_of_sync_bytes,
+            out_of_sync_s=round(st.out_of_sync_s(now_s), 6),
+            desyncs=st.counters.desyncs,
+            reason=conn.unmeasurable,
+        )
         for st, direction in ((conn.to_target, "to_target"), (conn.to_initiator, "to_initiator"))
-    ]  # fmt: skip
+    ]
 
 
 def fold(total: StreamCounters, conn: Connection, now_s: float) -> None:
@@ -131,6 +173,10 @@ class SyncViews:
         IPsec security association seen, not measurable."""
         rows = [row for conn in self.conns.values() for row in sync_rows(conn, now_s)]
         return rows + self.esp.rows()
+
+    def sync_summary(self, now_s: float) -> SyncSummary:
+        """What a status shows of sync_rows() (SyncSummary)."""
+        return summary(self.sync_rows(now_s))
 
     def out_of_sync(self) -> dict[tuple[str, str, str], tuple[int, int]]:
         """(protocol, portal, target) -> (its live connections, those with a direction

@@ -24,9 +24,19 @@ Law
     MaxRecvDataSegmentLength) goes to the program's walks of the connection
     (kernel.set_login) once the target's answer moves it to full feature. A connection first
     seen in mid-session takes its names from known_targets and
-    known_initiators, as the tracker's do. sweep() ages out commands in
-    flight longer than INFLIGHT_MAX_S (counted in aged) and forgets
-    connections idle for CONN_IDLE_S.
+    known_initiators, as the tracker's do. sweep() forgets connections
+    idle for CONN_IDLE_S, or ended (ENDED_S).
+
+The large maps
+    The flows (out_of_sync(), sync_rows(), the sweep's ended connections)
+    and the commands in flight (in_flight(), their ageing: older than
+    INFLIGHT_MAX_S, deleted and counted in aged) are walked by
+    kwalks.py's Walker in a thread of its own, which install()s its
+    results under the sensor's lock; those methods give the last walk's.
+    Without a walker (walker False: a command-line measure, a test) they
+    walk when asked: the flows at each out_of_sync(), the commands in
+    flight at most once a SWEEP_S in in_flight() and each AGE_S in the
+    sweep.
 
 Bounds
     The names and the logins being read are kept for at most MAX_CONNS
@@ -46,9 +56,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from .belief import STATE_NAMES, SYNCED, UNMEASURABLE
 from .capture import CaptureCounters
-from .conns import ConnKey, SyncRow
+from .conns import ConnKey, SyncRow, SyncSummary, summary
 from .esp import esp_row
 from .kernel import (
     EV_BODY,
@@ -56,21 +65,28 @@ from .kernel import (
     EV_LOGIN,
     Conn,
     Event,
-    FlowState,
     KernelWire,
     VolumeSums,
 )
+from .kwalks import (
+    AGE_S,
+    FlowWalk,
+    InflightWalk,
+    Moved,
+    conn_key,
+    flow_walk,
+    inflight_walk,
+    sync_row,
+)
 from .logins import Login, Said, by_address, put_bounded
-from .pdu import FULL_FEATURE, ISCSI_PORT, NVME_TCP_PORT, READ
-from .protocols import TLS, UNPARSED
+from .pdu import FULL_FEATURE, ISCSI_PORT, NVME_TCP_PORT
 from .sums import ISCSI, NO_NAMESPACE, NVME, Sums, Volume, VolumeReads, lun_number, portal_name
-from .tracker import CONN_IDLE_S, INFLIGHT_MAX_S, MAX_CONNS, SYNC_VOTE_S, Counters
+from .tracker import CONN_IDLE_S, MAX_CONNS, Counters
 
 SWEEP_S = 1.0
 # a connection whose flows the program dropped (a FIN or an RST) and whose sums did not
 # grow for this long is over (a completion may follow the initiator's FIN)
 ENDED_S = 5.0
-_REASONS = {1: TLS, 2: UNPARSED}  # the program's reasons for not measurable
 
 
 @dataclass(slots=True)
@@ -81,10 +97,6 @@ class Negotiated:
     digests: tuple[bool, bool] | None = None
     limits: dict[bool, int] = field(default_factory=dict)
     final: Conn | None = None
-
-
-def conn_key(c: Conn) -> ConnKey:
-    return (c.initiator, c.initiator_port, c.target, c.target_port)
 
 
 def portal_of(c: Conn) -> str:
@@ -121,10 +133,14 @@ class KernelSums:
         # negotiated, until it reaches full feature
         self._logins: dict[ConnKey, Login] = {}
         self._pending: dict[ConnKey, Negotiated] = {}
-        # each flow's walk as out_of_sync() last saw it, and since when it is so
-        self._moved: dict[tuple[ConnKey, bool], tuple[tuple[int, int], float]] = {}
-        self._flows: list[FlowState] | None = None  # as out_of_sync() last read them
-        self._inflight: dict[tuple[Conn, int], tuple[int, int, int]] = {}  # the last sweep's
+        # the large maps (module header): their walks' last results, walked by a
+        # kwalks.Walker when walker is set; each flow's mark, the walker's own
+        self.walker = False
+        self._moved: Moved = {}
+        self._flow_walk: FlowWalk | None = None
+        self._inflight: InflightWalk | None = None
+        self.inflight_wanted = False  # in_flight() asked since the last walk of them
+        self._next_age = -math.inf
 
     # ------------------------------------------------------------ reading
     def volume(self, c: Conn, raw: int) -> Volume | None:
@@ -223,29 +239,26 @@ class KernelSums:
                 del self._pending[key]
 
     def sweep(self, now: float) -> None:
-        """Age out commands that never completed; forget idle connections."""
+        """Forget idle and ended connections; without a walker, age out commands that
+        never completed (each AGE_S)."""
         self._next_sweep = now + SWEEP_S
-        # the program's clock is CLOCK_MONOTONIC (bpf_ktime_get_ns), whatever self.clock is
-        oldest_ns = time.monotonic_ns() - int(INFLIGHT_MAX_S * 1e9)
-        self._inflight = self.wire.inflight()  # in_flight()'s until the next sweep
-        for (c, tag), (start_ns, _op, _raw) in list(self._inflight.items()):
-            if start_ns < oldest_ns:
-                self.wire.forget_inflight(c, tag)
-                del self._inflight[c, tag]
-                self.counters.aged += 1
+        if not self.walker and now >= self._next_age:  # they age in 60 s: each AGE_S
+            self._next_age = now + AGE_S
+            self.install(None, self.walk_inflight(now))
         # a connection whose flows went (its FIN or RST) and whose sums did not grow
         # for ENDED_S is over; one idle for CONN_IDLE_S too. Its sums leave the map
         # (a hash of 65,536 that connections coming and going would fill, after which
         # no new one is measured) and it is no longer seen.
-        flowing = {f.conn for f in (self._flows if self._flows is not None else ())}
+        walk = self._flow_walk
+        flowing = walk.flowing if walk is not None else frozenset()
         for c, t in list(self._active.items()):
-            ended = self._flows is not None and c not in flowing and now - t >= ENDED_S
+            ended = walk is not None and c not in flowing and now - t >= ENDED_S
             if ended or now - t >= CONN_IDLE_S:
                 del self._active[c]
                 self._units.pop(c, None)
                 for held in (self.names, self.initiators, self._logins, self._pending):
                     held.pop(conn_key(c), None)
-        if self._flows is not None:
+        if walk is not None:
             keep = self._active.keys() | flowing
             for c, raw in [k for k in self._totals if k[0] not in keep]:
                 del self._totals[c, raw]
@@ -286,67 +299,70 @@ class KernelSums:
                     out.setdefault(v, set()).add(c.initiator)
         return out
 
-    # ------------------------------------------------------------ the walks' state
+    # ------------------------------------------------------------ the large maps
+    def walk_flows(self, now: float) -> FlowWalk:
+        """Read and walk the flows (kwalks.flow_walk); changes nothing but each flow's
+        mark, which only the walker (or, without one, the caller) keeps."""
+        flows = self.wire.flows()
+        esp = [esp_row(e.src, e.dst, e.spi, e.seconds, e.bytes) for e in self.wire.esp_flows()]
+        walk, self._moved = flow_walk(flows, self._moved, now, self._target_of, esp)
+        return walk
+
+    def walk_inflight(self, now: float) -> InflightWalk:
+        """Read the commands in flight, age out the old ones (kwalks.inflight_walk)."""
+        self.inflight_wanted = False
+        # the program's clock is CLOCK_MONOTONIC (bpf_ktime_get_ns), whatever self.clock is
+        return inflight_walk(
+            self.wire.inflight(), now, time.monotonic_ns(), self.volume, self.wire.forget_inflight
+        )
+
+    def install(self, flows: FlowWalk | None, inflight: InflightWalk | None) -> None:
+        """A walk's results, for the methods below (the caller holds the sensor's lock)."""
+        if flows is not None:
+            self._flow_walk = flows
+        if inflight is not None:
+            self._inflight = inflight
+            self.counters.aged += inflight.aged
+
+    def _target_of(self, key: ConnKey) -> str:
+        return self.names.get(key) or self.known_targets.get(key, "")
+
     def sync_rows(self, now_s: float) -> list[SyncRow]:
         """Each connection direction the program walks (conns.sync_rows()), as the last
-        out_of_sync() read them (a convergence's: a status does not walk 65,536 map
-        entries under the daemon's lock), or read now before the first."""
-        out = []
-        for f in self.wire.flows() if self._flows is None else self._flows:
-            c = f.conn
-            target = self.names.get(conn_key(c)) or self.known_targets.get(conn_key(c), "")
-            way = "to_target" if f.to_target else "to_initiator"
-            out.append(SyncRow(c.initiator, c.initiator_port, portal_of(c), target, way,
-                               STATE_NAMES[min(f.state, 3)], f.out_of_sync_bytes,
-                               round(f.out_of_sync_s, 6), f.desyncs,
-                               _REASONS.get(f.reason, "")))  # fmt: skip
-        out += [esp_row(e.src, e.dst, e.spi, e.seconds, e.bytes) for e in self.wire.esp_flows()]
-        return out
+        walk of the flows read them (a status does not walk 65,536 map entries under
+        the daemon's lock), or read now before the first."""
+        walk = self._flow_walk
+        flows = walk.flows if walk is not None else self.wire.flows()
+        rows = [sync_row(f, self._target_of(conn_key(f.conn))) for f in flows]
+        esp = self.wire.esp_flows()
+        return rows + [esp_row(e.src, e.dst, e.spi, e.seconds, e.bytes) for e in esp]
+
+    def sync_summary(self, now_s: float) -> SyncSummary:
+        """What a status shows of sync_rows() (conns.SyncSummary): the last walk's;
+        none before the walker's first, all of them read now without a walker."""
+        walk = self._flow_walk
+        if walk is not None:
+            return walk.summary
+        return SyncSummary({}, 0.0, []) if self.walker else summary(self.sync_rows(now_s))
 
     def out_of_sync(self) -> dict[tuple[str, str, str], tuple[int, int]]:
         """(protocol, portal, target) -> (its connections, those with a direction not in
         sync), measurable connections that carried a segment in the last SYNC_VOTE_S
         only (tracker.py's): a flow whose walk (its next sequence number, its bytes out
-        of sync) did not move since the last look, for that long, is silent."""
-        conns: dict[ConnKey, tuple[Conn, bool]] = {}  # -> (conn, a direction not in sync)
-        gone: set[ConnKey] = set()
-        now = self.clock()
-        flows = self._flows = self.wire.flows()
-        seen, self._moved = self._moved, {}
-        talking: set[ConnKey] = set()  # a direction moved in the last SYNC_VOTE_S
-        for f in flows:
-            key = conn_key(f.conn)
-            mark = (f.next_seq, f.out_of_sync_bytes)
-            was = seen.get((key, f.to_target))
-            at = was[1] if was is not None and was[0] == mark else now
-            self._moved[key, f.to_target] = (mark, at)
-            if now - at <= SYNC_VOTE_S:
-                talking.add(key)
-        for f in flows:
-            key = conn_key(f.conn)
-            if key not in talking:
-                continue
-            if f.state == UNMEASURABLE:
-                gone.add(key)
-            lost = f.state != SYNCED or conns.get(key, (f.conn, False))[1]
-            conns[key] = (f.conn, lost)
-        out: dict[tuple[str, str, str], list[int]] = {}
-        for key, (c, lost) in conns.items():
-            if key in gone:
-                continue
-            proto = ISCSI if c.target_port == ISCSI_PORT else NVME
-            target = self.names.get(key) or self.known_targets.get(key, "")
-            a = out.setdefault((proto, portal_of(c), target), [0, 0])
-            a[0] += 1
-            a[1] += lost
-        return {k: (n, m) for k, (n, m) in out.items()}
+        of sync) did not move since the last look, for that long, is silent. The last
+        walk's; without a walker, walked now."""
+        if not self.walker:
+            self.install(self.walk_flows(self.clock()), None)
+        walk = self._flow_walk
+        return walk.out_of_sync if walk is not None else {}
 
     def in_flight(self) -> dict[Volume, int]:
-        """Reads in flight per volume, as the last sweep read them (at most SWEEP_S old:
-        the program's map holds up to 2^20 commands, too many to walk each tick)."""
-        out: dict[Volume, int] = {}
-        for (c, _tag), (_start, op, raw) in self._inflight.items():
-            v = self.volume(c, raw) if op == READ else None
-            if v is not None:
-                out[v] = out.get(v, 0) + 1
-        return out
+        """Reads in flight per volume, as the last walk of them found (it asks for the
+        next one); without a walker, read now when the last is SWEEP_S old (the map
+        holds up to 2^20 commands, too many to walk each tick)."""
+        self.inflight_wanted = True
+        now = self.clock()
+        last = self._inflight
+        if not self.walker and (last is None or now - last.at >= SWEEP_S):
+            self.install(None, self.walk_inflight(now))
+        return dict(self._inflight.reads) if self._inflight is not None else {}

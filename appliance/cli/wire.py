@@ -110,7 +110,8 @@ def _from_daemon(cfg: Config) -> dict[str, Any]:
 
 
 def _measured(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
-    from santhrottle.appliance.sensing.bridge import NAMES_FILE, BridgeSensor
+    from santhrottle.appliance.sensing.bridge import BridgeSensor
+    from santhrottle.appliance.sensing.wirenames import NAMES_FILE
 
     sensor = BridgeSensor(
         port=str(cfg.array_port),

@@ -80,7 +80,8 @@ def build_datapath(cfg: Config) -> Datapath:
 def build_sensors(cfg: Config) -> tuple[Sensors, BridgeSensors | None]:
     """The sensors, and in bridge mode the same object as the wire's extension."""
     if cfg.bridge_mode:  # the wire on the array-side port (started by serve())
-        from santhrottle.appliance.sensing.bridge import NAMES_FILE, BridgeSensor
+        from santhrottle.appliance.sensing.bridge import BridgeSensor
+        from santhrottle.appliance.sensing.wirenames import NAMES_FILE
 
         assert cfg.array_port is not None  # the parser's rule in bridge mode
         wire = BridgeSensor(

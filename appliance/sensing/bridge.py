@@ -26,16 +26,8 @@ controller cannot tell the two apart:
                      a convergence's InitiatorViews carry them too.
 
 Names across restarts
-    A volume's target name and an initiator's name come from its session's
-    login (or connect), which happened long before a restart of
-    santhrottled. With names_path, the sensor writes every live
-    connection's target name there when they change (at a convergence; a
-    JSON list, written whole and renamed into place) and their initiator
-    names likewise to initiators_path (by default INITIATORS_FILE beside
-    names_path), and reads both back at its start, so the sessions that
-    outlive the restart keep their names. A file that cannot be read or
-    parsed is a warning, not an error: those sessions show their target as
-    "*", and their initiators by address only, until they log in again.
+    wirenames.py's SavedNames: the target and initiator names of the live
+    connections, kept in the daemon's state_dir (names_path).
 
 Threads
     The capture thread holds `lock` while it walks one block of the ring (a
@@ -46,7 +38,11 @@ Threads
     REOPEN_S and, until it has, read_samples() raises CaptureDown, which
     the daemon counts as a sensor error (the controller holds). In the
     kernel, read_samples() checks every REOPEN_S that the port is still the
-    one the program is on, and attaches it again when it was made anew.
+    one the program is on, and attaches it again when it was made anew; the
+    program's large maps (flows, commands in flight) are walked by a thread
+    of their own (bridge/kwalks.py) that takes the lock only to hand its
+    results over, so neither the tick nor a status waits on a walk of
+    65,536 flows.
 
 Worked example
     resources {"array1": ["iscsi://10.0.0.9/*/*"]}; in one 0.1 s tick the
@@ -56,9 +52,7 @@ Worked example
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -70,9 +64,10 @@ from typing import Any, Protocol
 from santhrottle.appliance.netns import entered
 from santhrottle.appliance.sensing.discovery import Discovery, InitiatorView
 from santhrottle.appliance.sensing.diskstats import MIN_INTERVAL_S
+from santhrottle.appliance.sensing.wirenames import SavedNames
 from santhrottle.bridge.capture import CaptureCounters, Esp, Ring, Segment
-from santhrottle.bridge.conns import SyncRow
-from santhrottle.bridge.tracker import ConnKey, Tracker, Volume, VolumeReads
+from santhrottle.bridge.conns import SyncRow, SyncSummary
+from santhrottle.bridge.tracker import Tracker, Volume, VolumeReads
 from santhrottle.bridge.volumes import VolumeMap, VolumeRow, volume_rows
 from santhrottle.controller.domain import (
     DeviceSample,
@@ -88,8 +83,6 @@ POLL_MS = 100  # the capture thread's longest wait: how soon close() is seen
 REOPEN_S = 1.0
 WIRE = "wire"  # Discovery's write source of every pair: the wire's own bytes
 WALK_COUNTS = ("desyncs", "resyncs", "retracted", "gaps")  # the walks', as counters()' walk_*
-NAMES_FILE = "wire-names.json"  # the daemon's, in daemon.state_dir
-INITIATORS_FILE = "wire-initiators.json"  # beside it: the initiators' login names
 
 
 class CaptureDown(OSError):
@@ -138,6 +131,7 @@ class BridgeSensor:
         self.sensor = sensor  # kernel, capture or auto: the first that starts
         self._open_kernel = open_kernel
         self._kernel: Any = None  # the loaded program, when it walks the wire
+        self._walker: Any = None  # its maps' walks (bridge/kwalks.py)
         self._kernel_checked = -1e18  # when its attachment was last checked
         self.lock = threading.Lock()
         self.clock = clock
@@ -181,6 +175,7 @@ class BridgeSensor:
         """Load bridge/bpf's program onto the port; None, or why it cannot."""
         from santhrottle.bridge.kernel import KernelWire, KernelWireError
         from santhrottle.bridge.ksums import KernelSums
+        from santhrottle.bridge.kwalks import Walker
 
         try:
             with entered(self.netns):  # its netlink socket, opened in the bridge's namespace
@@ -190,6 +185,8 @@ class BridgeSensor:
         with self.lock:
             self._kernel = wire
             self.tracker = KernelSums(wire, self.saved.targets, self.clock, self.saved.initiators)
+        self._walker = Walker(self.tracker, self.lock, self.clock)
+        self._walker.start()
         self._down = None
         log.info("wire sensor: in the kernel on %s", self.port)
         return None
@@ -264,6 +261,9 @@ class BridgeSensor:
         if self._thread is not None:
             self._thread.join(timeout=2 * POLL_MS / 1000 + 1)
         self._close_capture()
+        walker, self._walker = self._walker, None
+        if walker is not None:
+            walker.close()
         wire, self._kernel = self._kernel, None
         if wire is not None:
             wire.close()
@@ -307,21 +307,13 @@ class BridgeSensor:
                 out.append(s)
                 continue
             if stalled is None:
-                stalled = self._reads_in_flight(vmap)
+                with self.lock:
+                    stalled = _per_resource(vmap, self.tracker.in_flight())
             wbps = s.write_bps if s is not None else 0.0
             inflight = stalled.get(name, 0)
             if name in held:  # a partial sample: the class holds (reads not gone)
                 inflight = max(1, inflight)
             out.append(ReadSample(name, 0, 0.0, wbps, inflight))
-        return out
-
-    def _reads_in_flight(self, vmap: VolumeMap) -> dict[str, int]:
-        with self.lock:
-            per_volume = self.tracker.in_flight()
-        out: dict[str, int] = {}
-        for v, n in per_volume.items():
-            for name in vmap.resources_of(v):
-                out[name] = out.get(name, 0) + n
         return out
 
     def device_samples(self) -> list[DeviceSample]:
@@ -345,15 +337,7 @@ class BridgeSensor:
             conns = self.tracker.out_of_sync()
         self.held = frozenset(vmap.out_of_sync(conns))
         dt, self._converge_at = max(now - self._converge_at, MIN_INTERVAL_S), now
-        initiators: dict[str, InitiatorView] = {}
-        for v, addrs in seen.items():
-            names = vmap.resources_of(v)
-            for ip in addrs:
-                view = initiators.get(ip)
-                if view is None:
-                    view = initiators[ip] = InitiatorView(ip, set(logged_in.get(ip, ())))
-                view.resources.update(names)
-                view.write_sources.update(dict.fromkeys(names, WIRE))
+        initiators = _initiator_views(vmap, seen, logged_in)
         samples = vmap.write_samples(writes, dt)
         self.io_samples = vmap.io_samples(per_initiator, writes)  # for initiator groups
         self.io_span_s = dt  # the time they cover
@@ -412,72 +396,42 @@ class BridgeSensor:
         with self.lock:
             return list(self.tracker.sync_rows(now))
 
+    def sync_summary(self) -> SyncSummary:
+        """What a status shows of sync(): each state's count, the seconds out of sync,
+        the first conns.LISTED rows (in the kernel: the last walk's, made by its thread)."""
+        now = self.clock() if self._kernel is None else time.monotonic()
+        with self.lock:
+            return self.tracker.sync_summary(now)
+
     @property
     def running(self) -> bool:
         return self._down is None
 
 
-class SavedNames:
-    """The target and initiator names of the live connections, kept across restarts in
-    names_path and initiators_path (module header: Names across restarts)."""
-
-    def __init__(
-        self, names_path: str | Path | None, initiators_path: str | Path | None, save: bool
-    ) -> None:
-        self.names_path = Path(names_path) if names_path is not None else None
-        if initiators_path is None and self.names_path is not None:
-            initiators_path = self.names_path.with_name(INITIATORS_FILE)
-        self.initiators_path = Path(initiators_path) if initiators_path is not None else None
-        self.save = save and self.names_path is not None
-        self.targets = load_names(self.names_path) if self.names_path else {}
-        self.initiators = (
-            load_names(self.initiators_path, "initiator") if self.initiators_path else {}
-        )
-
-    def store(self, targets: dict[ConnKey, str], initiators: dict[ConnKey, str]) -> None:
-        """Written when they changed (a failure is a warning: tried again next time)."""
-        if targets != self.targets and self._stored(self.names_path, targets):
-            self.targets = targets
-        if initiators != self.initiators and self._stored(self.initiators_path, initiators):
-            self.initiators = initiators
-
-    @staticmethod
-    def _stored(path: Path | None, names: Mapping[ConnKey, str]) -> bool:
-        if path is None:
-            return False
-        try:
-            store_names(path, names)
-        except OSError as e:
-            log.warning("cannot write %s: %s", path, e.strerror or e)
-            return False
-        return True
+def _per_resource(vmap: VolumeMap, per_volume: Mapping[Volume, int]) -> dict[str, int]:
+    """Per configured resource, the sum over its volumes (the reads in flight)."""
+    out: dict[str, int] = {}
+    for v, n in per_volume.items():
+        for name in vmap.resources_of(v):
+            out[name] = out.get(name, 0) + n
+    return out
 
 
-# The longest names file read: 10,000 connections' names are ~3 MB.
-MAX_NAMES_BYTES = 16 << 20
-
-
-def load_names(path: Path, what: str = "target") -> dict[ConnKey, str]:
-    """(initiator, port, target address, port) -> target (or initiator) name, from
-    store_names()."""
-    try:
-        if path.stat().st_size > MAX_NAMES_BYTES:
-            raise ValueError(f"larger than {MAX_NAMES_BYTES} bytes")
-        rows = json.loads(path.read_text())
-        return {(str(a), int(b), str(c), int(d)): str(n) for a, b, c, d, n in rows}
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError, TypeError) as e:  # a broken file names nothing
-        log.warning("%s: cannot use the saved %s names (%s)", path, what, e)
-        return {}
-
-
-def store_names(path: Path, names: Mapping[ConnKey, str]) -> None:
-    rows = sorted([*k, n] for k, n in names.items())
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(rows))
-    os.replace(tmp, path)
+def _initiator_views(
+    vmap: VolumeMap, seen: Mapping[Volume, set[str]], logged_in: Mapping[str, Iterable[str]]
+) -> dict[str, InitiatorView]:
+    """Each initiator the wire saw use a volume: the resources of its volumes, written
+    as the wire shows, and the names it logged in with."""
+    initiators: dict[str, InitiatorView] = {}
+    for v, addrs in seen.items():
+        names = vmap.resources_of(v)
+        for ip in addrs:
+            view = initiators.get(ip)
+            if view is None:
+                view = initiators[ip] = InitiatorView(ip, set(logged_in.get(ip, ())))
+            view.resources.update(names)
+            view.write_sources.update(dict.fromkeys(names, WIRE))
+    return initiators
 
 
 def _utilization(

@@ -387,7 +387,7 @@ def test_a_status_lists_the_directions_out_of_sync_first_and_counts_them_all():
     from types import SimpleNamespace
 
     from santhrottle.appliance.daemon.status.build import SYNC_ROWS, wire
-    from santhrottle.bridge.conns import SyncRow
+    from santhrottle.bridge.conns import SyncRow, summary
 
     rows = [
         SyncRow("10.0.0.2", i, "10.0.0.9:3260", "", "to_target", "in sync", 0, 0.0, 0, "")
@@ -396,8 +396,13 @@ def test_a_status_lists_the_directions_out_of_sync_first_and_counts_them_all():
         SyncRow("10.0.0.3", i, "10.0.0.9:3260", "", "to_target", "out of sync", 9, i / 10, 1, "")
         for i in range(300)
     ]
-    bridge = SimpleNamespace(running=True, kind="kernel", held=frozenset(),
-                             sync=lambda: rows, counters=dict)  # fmt: skip
+    bridge = SimpleNamespace(
+        running=True,
+        kind="kernel",
+        held=frozenset(),
+        sync_summary=lambda: summary(rows),
+        counters=dict,
+    )
     w = wire(SimpleNamespace(bridge=bridge))  # type: ignore[arg-type]
     assert len(w.sync) == SYNC_ROWS
     assert all(r.state == "out of sync" for r in w.sync)

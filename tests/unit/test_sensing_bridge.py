@@ -342,7 +342,7 @@ def test_initiator_names_from_the_logins_outlive_a_restart_in_their_own_file(tmp
     from types import SimpleNamespace
 
     from santhrottle.appliance.daemon.status import build as view
-    from santhrottle.appliance.sensing.bridge import INITIATORS_FILE
+    from santhrottle.appliance.sensing.wirenames import INITIATORS_FILE
     from santhrottle.bridge.kernel import VolumeSums
     from tests.unit.test_bridge_ksums import FakeWire
 

@@ -24,7 +24,6 @@ Worked example
 
 from __future__ import annotations
 
-import heapq
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -44,14 +43,14 @@ from santhrottle.appliance.daemon.status.views import (
     WireView,
 )
 from santhrottle.appliance.datapath.names import ip_key
+from santhrottle.bridge.conns import LISTED
 
 if TYPE_CHECKING:
     from santhrottle.appliance.daemon.core.loop import Daemon
 
 # The connection directions a status lists (those not in sync first, the longest out of
 # sync first): the wire may hold 65,536 of them; WireView.directions counts them all.
-SYNC_ROWS = 256
-IN_SYNC = "in sync"  # bridge/belief.py's STATE_NAMES
+SYNC_ROWS = LISTED
 
 
 def threshold_view(daemon: Daemon, name: str) -> ThresholdView:
@@ -280,11 +279,7 @@ def wire(daemon: Daemon) -> WireView | None:
     b = daemon.bridge
     if b is None:
         return None
-    rows = b.sync()
-    directions: dict[str, int] = {}
-    for r in rows:
-        directions[r.state] = directions.get(r.state, 0) + 1
-    listed = heapq.nsmallest(SYNC_ROWS, rows, key=lambda r: (r.state == IN_SYNC, -r.out_of_sync_s))
+    summary = b.sync_summary()
     sync = [
         SyncView(
             initiator=r.initiator,
@@ -298,15 +293,15 @@ def wire(daemon: Daemon) -> WireView | None:
             desyncs=r.desyncs,
             reason=r.reason,
         )
-        for r in listed
+        for r in summary.rows
     ]
     return WireView(
         capturing=bool(b.running),
         sensor=b.kind,
         held=sorted(b.held),
         sync=sync,
-        directions=directions,
-        out_of_sync_s=sum(r.out_of_sync_s for r in rows),
+        directions=summary.directions,
+        out_of_sync_s=summary.out_of_sync_s,
         counters=b.counters(),
     )
 
