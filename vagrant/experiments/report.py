@@ -177,14 +177,9 @@ def main() -> int:
     if not (args.short or args.light or args.no_curves):
         if array:  # the curves run on the unthrottled disk: no plant needed
             lab = lab[: lab.index("--array")] + lab[lab.index("--array") + 2 :]
-        p = subprocess.run(
-            [
-                *lab, "run", "--timeout", "1200", str(CURVES_SCRIPT),
-                "sweep", "--quick", "--no-overhead", "--curves", "read/read,all/write",
-                "--protocol", args.protocol,
-                "--out", str(out / CURVES_JSON),
-            ]
-        )  # fmt: skip
+        curves = ["--curves", "read/read,all/write", "--protocol", args.protocol]
+        sweep = ["sweep", "--quick", "--no-overhead", *curves, "--out", str(out / CURVES_JSON)]
+        p = subprocess.run([*lab, "run", "--timeout", "1200", str(CURVES_SCRIPT), *sweep])
         if p.returncode != 0:
             print(f"throttle curves failed (exit {p.returncode}); reporting without them")
     return report(out)

@@ -61,8 +61,11 @@ FILTER = "tcp port 3260 or tcp port 4420 or esp"
 SECONDS = 3.0
 # Random bytes in a twentieth of each buffer (fio --buffer_compress_percentage=95): data
 # with byte patterns in it, and captures that gzip to a few hundred KB each.
-COMPRESSIBLE = ("--buffer_compress_percentage=95", "--buffer_compress_chunk=512",
-                "--refill_buffers")  # fmt: skip
+COMPRESSIBLE = (
+    "--buffer_compress_percentage=95",
+    "--buffer_compress_chunk=512",
+    "--refill_buffers",
+)
 EXTRA_ADDR = "10.0.0.51"  # in the target's namespace: the unmeasurable servers
 EXTRA_INI = "10.0.0.50"  # in the initiators': their clients
 
@@ -82,84 +85,122 @@ LIO_DEFAULTS = {
     "MaxXmitDataSegmentLength": "262144",
 }
 
+
+def job(kind: str, index: int, options: str) -> tuple[str, int, list[str]]:
+    """A case's fio job: the kind of export, the index of its session or host, and fio's
+    options (space-separated)."""
+    return kind, index, options.split()
+
+
 # name -> what it configures and runs. iscsi: the sessions (indices into the topology's
 # LUNs) and node settings; lio: TPG parameters; nvme: the hosts and connect options;
 # jobs: (kind, index, fio job); relogin: log the first session (or host) out and in
 # again halfway.
 CASES: dict[str, dict] = {
     "iscsi-login-default": {
-        "iscsi": [0, 1], "lun1": True, "discovery": True,
+        "iscsi": [0, 1],
+        "lun1": True,
+        "discovery": True,
         "node": {"node.conn[0].timeo.noop_out_interval": "1"},
-        "jobs": [("iscsi", 0, ["--rw=randread", "--bs=4k", "--iodepth=4", "--rate_iops=150"]),
-                 ("iscsi", 1, ["--rw=randread", "--bs=8k", "--iodepth=1", "--rate_iops=40"]),
-                 ("iscsi", 2, ["--rw=randwrite", "--bs=8k", "--iodepth=2", "--rate_iops=30"])],
+        "jobs": [
+            job("iscsi", 0, "--rw=randread --bs=4k --iodepth=4 --rate_iops=150"),
+            job("iscsi", 1, "--rw=randread --bs=8k --iodepth=1 --rate_iops=40"),
+            job("iscsi", 2, "--rw=randwrite --bs=8k --iodepth=2 --rate_iops=30"),
+        ],
         "relogin": True,
     },
     "iscsi-digests": {
         "iscsi": [0, 1],
-        "node": {"node.conn[0].iscsi.HeaderDigest": "CRC32C",
-                 "node.conn[0].iscsi.DataDigest": "CRC32C"},
-        "jobs": [("iscsi", 0, ["--rw=randread", "--bs=4k", "--iodepth=2", "--rate_iops=120"]),
-                 ("iscsi", 1, ["--rw=randrw", "--rwmixread=50", "--bs=8k", "--iodepth=2",
-                               "--rate_iops=60"])],
+        "node": {
+            "node.conn[0].iscsi.HeaderDigest": "CRC32C",
+            "node.conn[0].iscsi.DataDigest": "CRC32C",
+        },
+        "jobs": [
+            job("iscsi", 0, "--rw=randread --bs=4k --iodepth=2 --rate_iops=120"),
+            job("iscsi", 1, "--rw=randrw --rwmixread=50 --bs=8k --iodepth=2 --rate_iops=60"),
+        ],
     },
     "iscsi-header-digest": {
         "iscsi": [0],
-        "node": {"node.conn[0].iscsi.HeaderDigest": "CRC32C",
-                 "node.session.iscsi.ImmediateData": "No"},
-        "jobs": [("iscsi", 0, ["--rw=randrw", "--rwmixread=70", "--bs=4k", "--iodepth=4",
-                               "--rate_iops=200"])],
+        "node": {
+            "node.conn[0].iscsi.HeaderDigest": "CRC32C",
+            "node.session.iscsi.ImmediateData": "No",
+        },
+        "jobs": [
+            job("iscsi", 0, "--rw=randrw --rwmixread=70 --bs=4k --iodepth=4 --rate_iops=200"),
+        ],
     },
     "iscsi-r2t": {  # ImmediateData=No, InitialR2T=Yes: every write waits for an R2T
         "iscsi": [0, 1],
         "node": {"node.session.iscsi.ImmediateData": "No"},
-        "jobs": [("iscsi", 0, ["--rw=randread", "--bs=4k", "--iodepth=1", "--rate_iops=150"]),
-                 ("iscsi", 1, ["--rw=randwrite", "--bs=16k", "--iodepth=4", "--rate_iops=60"])],
+        "jobs": [
+            job("iscsi", 0, "--rw=randread --bs=4k --iodepth=1 --rate_iops=150"),
+            job("iscsi", 1, "--rw=randwrite --bs=16k --iodepth=4 --rate_iops=60"),
+        ],
     },
     "iscsi-immediate": {  # ImmediateData=Yes, InitialR2T=No: immediate and unsolicited data
         "iscsi": [0, 1],
         "lio": {"InitialR2T": "No"},
-        "jobs": [("iscsi", 0, ["--rw=randread", "--bs=4k", "--iodepth=2", "--rate_iops=150"]),
-                 ("iscsi", 1, ["--rw=randwrite", "--bs=16k", "--iodepth=2", "--rate_iops=50"])],
+        "jobs": [
+            job("iscsi", 0, "--rw=randread --bs=4k --iodepth=2 --rate_iops=150"),
+            job("iscsi", 1, "--rw=randwrite --bs=16k --iodepth=2 --rate_iops=50"),
+        ],
     },
     "iscsi-unsolicited": {  # ImmediateData=No, InitialR2T=No: unsolicited Data-Out only
         "iscsi": [0, 1],
         "lio": {"InitialR2T": "No"},
         "node": {"node.session.iscsi.ImmediateData": "No"},
-        "jobs": [("iscsi", 0, ["--rw=randread", "--bs=4k", "--iodepth=2", "--rate_iops=150"]),
-                 ("iscsi", 1, ["--rw=randwrite", "--bs=16k", "--iodepth=2", "--rate_iops=50"])],
+        "jobs": [
+            job("iscsi", 0, "--rw=randread --bs=4k --iodepth=2 --rate_iops=150"),
+            job("iscsi", 1, "--rw=randwrite --bs=16k --iodepth=2 --rate_iops=50"),
+        ],
     },
     "iscsi-small-segments": {  # MaxRecvDataSegmentLength 4096 both ways
         "iscsi": [0, 1],
         "lio": {"MaxRecvDataSegmentLength": "4096", "MaxXmitDataSegmentLength": "4096"},
         "node": {"node.conn[0].iscsi.MaxRecvDataSegmentLength": "4096"},
-        "jobs": [("iscsi", 0, ["--rw=randread", "--bs=16k", "--iodepth=2", "--rate_iops=60"]),
-                 ("iscsi", 1, ["--rw=randrw", "--rwmixread=30", "--bs=16k", "--iodepth=2",
-                               "--rate_iops=60"])],
+        "jobs": [
+            job("iscsi", 0, "--rw=randread --bs=16k --iodepth=2 --rate_iops=60"),
+            job("iscsi", 1, "--rw=randrw --rwmixread=30 --bs=16k --iodepth=2 --rate_iops=60"),
+        ],
     },
     "nvme-plain": {
-        "nvme": [0, 1], "queues": 2,
-        "jobs": [("nvme", 0, ["--rw=randread", "--bs=4k", "--iodepth=4", "--rate_iops=200"]),
-                 ("nvme", 1, ["--rw=randwrite", "--bs=16k", "--iodepth=2", "--rate_iops=60"])],
+        "nvme": [0, 1],
+        "queues": 2,
+        "jobs": [
+            job("nvme", 0, "--rw=randread --bs=4k --iodepth=4 --rate_iops=200"),
+            job("nvme", 1, "--rw=randwrite --bs=16k --iodepth=2 --rate_iops=60"),
+        ],
         "relogin": True,
     },
     "nvme-digests": {
-        "nvme": [0, 1], "queues": 2, "connect": ["--hdr-digest", "--data-digest"],
-        "jobs": [("nvme", 0, ["--rw=randrw", "--rwmixread=60", "--bs=8k", "--iodepth=4",
-                              "--rate_iops=150"]),
-                 ("nvme", 1, ["--rw=randwrite", "--bs=16k", "--iodepth=2", "--rate_iops=40"])],
+        "nvme": [0, 1],
+        "queues": 2,
+        "connect": ["--hdr-digest", "--data-digest"],
+        "jobs": [
+            job("nvme", 0, "--rw=randrw --rwmixread=60 --bs=8k --iodepth=4 --rate_iops=150"),
+            job("nvme", 1, "--rw=randwrite --bs=16k --iodepth=2 --rate_iops=40"),
+        ],
     },
     "nvme-sqflow-off": {  # SQ flow control off: reads complete at a C2HData with SUCCESS
-        "nvme": [0], "queues": 1, "connect": ["--disable-sqflow"],
-        "jobs": [("nvme", 0, ["--rw=randrw", "--rwmixread=70", "--bs=4k", "--iodepth=4",
-                              "--rate_iops=200"])],
+        "nvme": [0],
+        "queues": 1,
+        "connect": ["--disable-sqflow"],
+        "jobs": [
+            job("nvme", 0, "--rw=randrw --rwmixread=70 --bs=4k --iodepth=4 --rate_iops=200"),
+        ],
     },
     "unmeasurable": {
-        "iscsi": [0], "tls": True, "http": True, "ipsec": 1,
-        "jobs": [("iscsi", 0, ["--rw=randread", "--bs=4k", "--iodepth=1", "--rate_iops=100"]),
-                 ("iscsi", 1, ["--rw=randread", "--bs=4k", "--iodepth=1", "--rate_iops=100"])],
+        "iscsi": [0],
+        "tls": True,
+        "http": True,
+        "ipsec": 1,
+        "jobs": [
+            job("iscsi", 0, "--rw=randread --bs=4k --iodepth=1 --rate_iops=100"),
+            job("iscsi", 1, "--rw=randread --bs=4k --iodepth=1 --rate_iops=100"),
+        ],
     },
-}  # fmt: skip
+}
 
 
 # ------------------------------------------------------------------ target side
@@ -175,21 +216,27 @@ def lio_set(t: dict, params: dict[str, str]) -> None:
             tpg.set_parameter(k, v)
 
 
+def _first_tpg(t: dict):
+    """Target 0's TPG 1 (rtslib's)."""
+    from rtslib_fb import TPG, FabricModule, Target
+
+    target = Target(FabricModule("iscsi"), t["iscsi"][0]["iqn"], mode="lookup")
+    return TPG(target, 1, mode="lookup")
+
+
 def lio_second_lun(t: dict) -> None:
     """Target 0 gets LUN 1 too: a 64 MiB ramdisk backstore."""
-    from rtslib_fb import LUN, TPG, FabricModule, RDMCPStorageObject, Target
+    from rtslib_fb import LUN, RDMCPStorageObject
 
-    tpg = TPG(Target(FabricModule("iscsi"), t["iscsi"][0]["iqn"], mode="lookup"), 1,
-              mode="lookup")  # fmt: skip
+    tpg = _first_tpg(t)
     if not any(lun.lun == 1 for lun in tpg.luns):
         LUN(tpg, 1, RDMCPStorageObject("wire_rd1", size=64 << 20))
 
 
 def lio_drop_second_lun(t: dict) -> None:
-    from rtslib_fb import TPG, FabricModule, RDMCPStorageObject, Target
+    from rtslib_fb import RDMCPStorageObject
 
-    tpg = TPG(Target(FabricModule("iscsi"), t["iscsi"][0]["iqn"], mode="lookup"), 1,
-              mode="lookup")  # fmt: skip
+    tpg = _first_tpg(t)
     for lun in list(tpg.luns):
         if lun.lun == 1:
             lun.delete()
@@ -198,10 +245,14 @@ def lio_drop_second_lun(t: dict) -> None:
 
 
 # --------------------------------------------------------------- initiator side
+def iscsiadm_node(x: dict) -> list[str]:
+    """iscsiadm's node mode on initiator x's target, portal and iface."""
+    return ["iscsiadm", "-m", "node", "-T", x["iqn"], "-p", f"{x['portal']}:3260", "-I", x["iface"]]
+
+
 def node_set(x: dict, settings: dict[str, str]) -> None:
     for k, v in settings.items():
-        sh(["iscsiadm", "-m", "node", "-T", x["iqn"], "-p", f"{x['portal']}:3260", "-I",
-            x["iface"], "-o", "update", "-n", k, "-v", v])  # fmt: skip
+        sh([*iscsiadm_node(x), "-o", "update", "-n", k, "-v", v])
 
 
 def iscsi_devices(x: dict) -> list[str]:
@@ -212,8 +263,7 @@ def iscsi_devices(x: dict) -> list[str]:
 
 
 def iscsi_login(x: dict, luns: int = 1) -> list[str]:
-    sh(["iscsiadm", "-m", "node", "-T", x["iqn"], "-p", f"{x['portal']}:3260", "-I",
-        x["iface"], "-l"])  # fmt: skip
+    sh([*iscsiadm_node(x), "-l"])
     deadline = time.monotonic() + topo.DEVICE_WAIT_S
     while len(devs := iscsi_devices(x)) < luns:
         if time.monotonic() > deadline:
@@ -223,14 +273,17 @@ def iscsi_login(x: dict, luns: int = 1) -> list[str]:
 
 
 def iscsi_logout(x: dict) -> None:
-    sh(["iscsiadm", "-m", "node", "-T", x["iqn"], "-p", f"{x['portal']}:3260", "-I",
-        x["iface"], "-u"], check=False)  # fmt: skip
+    sh([*iscsiadm_node(x), "-u"], check=False)
 
 
 def nvme_connect(n: dict, queues: int, extra: list[str]) -> str:
-    sh(["nvme", "connect", "-t", "tcp", "-a", n["traddr"], "-s", "4420", "-n", n["nqn"],
-        "--hostnqn", n["hostnqn"], "--hostid", n["hostid"], "--host-traddr",
-        n["host_traddr"], "--nr-io-queues", str(queues), *extra])  # fmt: skip
+    sh(
+        [
+            *("nvme", "connect", "-t", "tcp", "-a", n["traddr"], "-s", "4420", "-n", n["nqn"]),
+            *("--hostnqn", n["hostnqn"], "--hostid", n["hostid"]),
+            *("--host-traddr", n["host_traddr"], "--nr-io-queues", str(queues), *extra),
+        ]
+    )
     deadline = time.monotonic() + topo.DEVICE_WAIT_S
     while not (dev := topo.nvme_block_device(n["nqn"])):
         if time.monotonic() > deadline:
@@ -245,11 +298,17 @@ def nvme_disconnect(n: dict) -> None:
 
 def fio(dev: str, job: list[str], seconds: float) -> subprocess.Popen:
     return subprocess.Popen(
-        ["fio", "--output-format=json", "--name=j", f"--filename={dev}", "--direct=1",
-         "--ioengine=libaio", "--time_based", f"--runtime={seconds:.1f}", "--size=64m",
-         *COMPRESSIBLE, *job],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd="/tmp",
-    )  # fmt: skip
+        [
+            *("fio", "--output-format=json", "--name=j", f"--filename={dev}", "--direct=1"),
+            *("--ioengine=libaio", "--time_based", f"--runtime={seconds:.1f}", "--size=64m"),
+            *COMPRESSIBLE,
+            *job,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd="/tmp",
+    )
 
 
 def fio_result(p: subprocess.Popen) -> dict:
@@ -258,15 +317,18 @@ def fio_result(p: subprocess.Popen) -> dict:
         job = json.loads(out[out.index("{") :])["jobs"][0]
     except (ValueError, KeyError, IndexError):
         return {"error": "no fio output"}
-    return {"reads": job["read"]["total_ios"], "writes": job["write"]["total_ios"],
-            "error": job["error"]}  # fmt: skip
+    return {
+        "reads": job["read"]["total_ios"],
+        "writes": job["write"]["total_ios"],
+        "error": job["error"],
+    }
 
 
 def prefill(t: dict) -> None:
     """Every LV written once with partly random buffers (before any export is used)."""
     for x in t["iscsi"] + t["nvme"]:
-        sh(["fio", "--name=fill", f"--filename={x['lv_path']}", "--direct=1", "--rw=write",
-            "--bs=1m", "--size=64m", "--ioengine=libaio", *COMPRESSIBLE], timeout=600)  # fmt: skip
+        fill = ["--rw=write", "--bs=1m", "--size=64m", "--ioengine=libaio", *COMPRESSIBLE]
+        sh(["fio", "--name=fill", f"--filename={x['lv_path']}", "--direct=1", *fill], timeout=600)
 
 
 # ------------------------------------------------------------------ unmeasurable
@@ -293,18 +355,29 @@ def extra_addresses():
 def tls_session(work: Path, seconds: float) -> list[subprocess.Popen]:
     """openssl s_server on EXTRA_ADDR:4420 and an s_client sending 2 MB through it."""
     key, crt = work / "tls.key", work / "tls.crt"
-    sh(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-        "-out", str(crt), "-days", "1", "-subj", "/CN=wire-corpus"])  # fmt: skip
-    server = subprocess.Popen(in_tgt("openssl", "s_server", "-accept", f"{EXTRA_ADDR}:4420",
-                                     "-cert", str(crt), "-key", str(key), "-quiet"),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    sh(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes"),
+            *("-keyout", str(key), "-out", str(crt), "-days", "1", "-subj", "/CN=wire-corpus"),
+        ]
+    )
+    server = _quiet(
+        [
+            *in_tgt("openssl", "s_server", "-accept", f"{EXTRA_ADDR}:4420"),
+            *("-cert", str(crt), "-key", str(key), "-quiet"),
+        ]
+    )
     time.sleep(1.0)
     blob = work / "tls.blob"
     blob.write_bytes(os.urandom(1 << 20) * 2)
-    client = subprocess.Popen(["sh", "-c", f"(cat {blob}; sleep {seconds:.0f}) | openssl "
-                               f"s_client -connect {EXTRA_ADDR}:4420 -quiet"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    pipe = f"(cat {blob}; sleep {seconds:.0f}) | openssl s_client -connect {EXTRA_ADDR}:4420 -quiet"
+    client = _quiet(["sh", "-c", pipe])
     return [client, server]
+
+
+def _quiet(cmd: list[str]) -> subprocess.Popen:
+    """cmd started, its output discarded."""
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def http_transfer(work: Path) -> list[subprocess.Popen]:
@@ -312,14 +385,16 @@ def http_transfer(work: Path) -> list[subprocess.Popen]:
     root = work / "http"
     root.mkdir(exist_ok=True)
     (root / "blob").write_bytes(os.urandom(1 << 20))
-    server = subprocess.Popen(in_tgt(sys.executable, "-m", "http.server", "--bind", EXTRA_ADDR,
-                                     "--directory", str(root), "3260"),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    server = _quiet(
+        [
+            *in_tgt(sys.executable, "-m", "http.server", "--bind", EXTRA_ADDR),
+            *("--directory", str(root), "3260"),
+        ]
+    )
     time.sleep(1.0)
-    client = subprocess.Popen([sys.executable, "-c",
-                               "import urllib.request,sys; urllib.request.urlopen("
-                               f"'http://{EXTRA_ADDR}:3260/blob').read()"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    url = f"http://{EXTRA_ADDR}:3260/blob"
+    fetch = f"import urllib.request,sys; urllib.request.urlopen({url!r}).read()"
+    client = _quiet([sys.executable, "-c", fetch])
     return [client, server]
 
 
@@ -332,15 +407,30 @@ def ipsec(x: dict) -> None:
     auth = "0x" + "22" * 32
     for pre in ([], ["ip", "netns", "exec", NETNS]):
         for src, dst, spi in ((ini, tgt, "0x5301"), (tgt, ini, "0x5302")):
-            sh([*pre, "ip", "xfrm", "state", "add", "src", src, "dst", dst, "proto", "esp",
-                "spi", spi, "reqid", "1", "mode", "transport", "enc", "cbc(aes)", enc,
-                "auth", "hmac(sha256)", auth])  # fmt: skip
+            sa = ["proto", "esp", "spi", spi, "reqid", "1", "mode", "transport"]
+            keys = ["enc", "cbc(aes)", enc, "auth", "hmac(sha256)", auth]
+            sh([*pre, "ip", "xfrm", "state", "add", "src", src, "dst", dst, *sa, *keys])
     # each end: its way out and its way in through the SA pair
     for pre, out_, in_ in (([], (ini, tgt), (tgt, ini)), (in_tgt(), (tgt, ini), (ini, tgt))):
         for (src, dst), way in ((out_, "out"), (in_, "in")):
-            sh([*pre, "ip", "xfrm", "policy", "add", "src", src, "dst", dst, "dir", way,
-                "tmpl", "src", src, "dst", dst, "proto", "esp", "reqid", "1", "mode",
-                "transport"])  # fmt: skip
+            sa = ["src", src, "dst", dst, "proto", "esp", "reqid", "1", "mode", "transport"]
+            sh(
+                [
+                    *pre,
+                    "ip",
+                    "xfrm",
+                    "policy",
+                    "add",
+                    "src",
+                    src,
+                    "dst",
+                    dst,
+                    "dir",
+                    way,
+                    "tmpl",
+                    *sa,
+                ]
+            )
 
 
 def ipsec_off() -> None:
@@ -351,8 +441,12 @@ def ipsec_off() -> None:
 
 # ----------------------------------------------------------------------- capture
 def start_capture(pcap: Path) -> subprocess.Popen:
-    p = subprocess.Popen(in_tgt("tcpdump", "-i", DEVICE, "-s", "0", "-U", "-w", str(pcap), FILTER),
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    p = subprocess.Popen(
+        in_tgt("tcpdump", "-i", DEVICE, "-s", "0", "-U", "-w", str(pcap), FILTER),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     line = p.stderr.readline() if p.stderr else ""
     if "listening" not in line:
         p.kill()
@@ -381,8 +475,8 @@ def run_case(name: str, case: dict, t: dict, out: Path, work: Path, seconds: flo
     dump = start_capture(pcap)
     try:
         if case.get("discovery"):
-            sh(["iscsiadm", "-m", "discovery", "-t", "st", "-p", f"{isc[0]['portal']}:3260",
-                "-I", isc[0]["iface"], "-o", "nonpersistent"])  # fmt: skip
+            portal = ["-p", f"{isc[0]['portal']}:3260", "-I", isc[0]["iface"]]
+            sh(["iscsiadm", "-m", "discovery", "-t", "st", *portal, "-o", "nonpersistent"])
         if ipsec_ini is not None:
             try:
                 ipsec(ipsec_ini)
@@ -399,8 +493,9 @@ def run_case(name: str, case: dict, t: dict, out: Path, work: Path, seconds: flo
             helpers += tls_session(work, seconds)
         if case.get("http"):
             helpers += http_transfer(work)
-        jobs = [fio(devs[kind][k], job, seconds) for kind, k, job in case["jobs"]
-                if k < len(devs[kind])]  # fmt: skip
+        jobs = [
+            fio(devs[kind][k], job, seconds) for kind, k, job in case["jobs"] if k < len(devs[kind])
+        ]
         info["fio"] = [fio_result(j) for j in jobs]
         if case.get("relogin"):  # the first session (or host) out and in again, and a read
             if isc:
@@ -436,8 +531,11 @@ def run_case(name: str, case: dict, t: dict, out: Path, work: Path, seconds: flo
     info["pcap_bytes"] = len(raw)
     info["gz_bytes"] = (out / f"wire-{name}.pcap.gz").stat().st_size
     (out / f"wire-{name}.json").write_text(json.dumps(info, indent=1))
-    print(f"{name}: {info['pcap_bytes']:,} B of frames, {info['gz_bytes']:,} B gzipped, "
-          f"fio {info['fio']}", flush=True)  # fmt: skip
+    print(
+        f"{name}: {info['pcap_bytes']:,} B of frames, {info['gz_bytes']:,} B gzipped, "
+        f"fio {info['fio']}",
+        flush=True,
+    )
     return info
 
 
@@ -450,8 +548,9 @@ def kernel_check(out: Path) -> dict:
     log = out / "kernel-check.log"
     cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *KERNEL_TESTS]
     try:
-        p = subprocess.run(cmd, cwd=CHECKOUT, capture_output=True, text=True, timeout=1800,
-                           check=False)  # fmt: skip
+        p = subprocess.run(
+            cmd, cwd=CHECKOUT, capture_output=True, text=True, timeout=1800, check=False
+        )
         log.write_text(p.stdout + p.stderr)
         tail = (p.stdout.strip().splitlines() or [""])[-1]
         return {"kernel": os.uname().release, "returncode": p.returncode, "summary": tail}
