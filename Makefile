@@ -98,13 +98,13 @@ bench-compare: setup
 	$(VPY) tests/bench/compare.py --against $(REV) $(ARGS)
 
 simulate: setup
-	$(VENV)/bin/santhrottle simulate sim/scenarios/paper.toml --plot results/simulate-paper.png
+	$(VENV)/bin/santhrottle-simulate sim/scenarios/paper.toml --plot results/simulate-paper.png
 
 # The robustness sweep: 200 generated plants, the share meeting the spine's bounds
 # per controller variant and the worst cases (sim/sweep.py); a few minutes.
 .PHONY: sweep
 sweep: setup
-	$(VENV)/bin/santhrottle simulate --sweep 200 --seed 1 --workers 2
+	$(VENV)/bin/santhrottle-simulate --sweep 200 --seed 1 --workers 2
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info results

@@ -8,17 +8,19 @@ generate() writes into buildsys/generated/ (gitignored):
     man/santhrottled.8           ... on santhrottle.appliance.daemon.main:build_parser; every
                                  verb's epilog (its examples) goes to EXAMPLES; EXIT
                                  STATUS of santhrottle.8 is cli/common.py's EXIT_CODES
+    man/santhrottle-simulate.1   ... on santhrottle.sim.cli:build_parser (the simulator)
     man/santhrottle.toml.5       the configuration schema (appliance/config/schema.py, KEYS)
-    bash/santhrottle{,d}         shtab, bash
-    zsh/_santhrottle{,d}         shtab, zsh
+    bash/santhrottle{,d,-simulate}  shtab, bash
+    zsh/_santhrottle{,d,-simulate}  shtab, zsh
     santhrottle.toml.example     every key of KEYS at its default, commented out
 
 and pyproject.toml's [tool.setuptools.data-files] installs them, with the systemd unit
 and the Grafana dashboard, under the install prefix (the wheel's .data/data/):
 
     share/man/man8/santhrottle.8, share/man/man8/santhrottled.8, share/man/man5/santhrottle.toml.5
-    share/bash-completion/completions/santhrottle, .../santhrottled
-    share/zsh/site-functions/_santhrottle, .../_santhrottled
+    share/man/man1/santhrottle-simulate.1
+    share/bash-completion/completions/santhrottle, .../santhrottled, .../santhrottle-simulate
+    share/zsh/site-functions/_santhrottle, .../_santhrottled, .../_santhrottle-simulate
     share/santhrottle/santhrottle.toml.example
     share/santhrottle/systemd/santhrottled.service
     share/santhrottle/grafana/santhrottle.json
@@ -70,13 +72,18 @@ SDIST_EXTRA = ("buildsys/santhrottle_build.py", "buildsys/manpage.py", "buildsys
 PROGS = {
     "santhrottle": "santhrottle.appliance.cli.main",
     "santhrottled": "santhrottle.appliance.daemon.main",
+    "santhrottle-simulate": "santhrottle.sim.cli",
 }
 SUMMARY = {
     "santhrottle": "command line of santhrottle, the storage read-latency throttle",
     "santhrottled": "keep shared storage read latency under a threshold (the daemon)",
+    "santhrottle-simulate": "run santhrottle's controller against a simulated storage resource",
 }
-# Options whose value is a file: the completions offer file names for them.
-FILE_OPTIONS = {"config", "socket", "scenario", "plot"}
+# The manual's section of each program: the simulator needs no root and no daemon.
+SECTION = {"santhrottle": 8, "santhrottled": 8, "santhrottle-simulate": 1}
+# Options whose value is a file: the completions offer file names for them (and for
+# the words after `santhrottle simulate`: a scenario, first).
+FILE_OPTIONS = {"config", "socket", "scenario", "plot", "simulator_args"}
 # Examples for the keys without a default (the example config shows them in a comment).
 UNSET_EXAMPLES = {
     "daemon.netns": '"tgt"',
@@ -230,18 +237,24 @@ environment otherwise (the Ansible role's is \fI\%/opt/santhrottle/venv\fR).
 """
 
 
-def cli_exit_status() -> str:
-    """santhrottle(8)'s EXIT STATUS: cli/common.py's EXIT_CODES, the ones --help shows
-    (call inside source_tree())."""
-    from santhrottle.appliance.cli.common import EXIT_CODES
+# The module whose EXIT_CODES and EXIT_HELP (the block its --help ends with) a
+# program's EXIT STATUS shows; santhrottled's is written out (EXIT_STATUS).
+EXIT_CODES_OF = {
+    "santhrottle": "santhrottle.appliance.cli.common",
+    "santhrottle-simulate": "santhrottle.sim.cli",
+}
 
-    out = [
-        f".TP\n.B {code}\n{roff(text[:1].upper() + text[1:])}." for code, text in EXIT_CODES.items()
-    ]
+
+def cli_exit_status(prog: str) -> str:
+    """santhrottle(8)'s or santhrottle-simulate(1)'s EXIT STATUS: the EXIT_CODES its
+    --help shows (call inside source_tree())."""
+    codes = __import__(EXIT_CODES_OF[prog], fromlist=["EXIT_CODES"]).EXIT_CODES
+    out = [f".TP\n.B {code}\n{roff(text[:1].upper() + text[1:])}." for code, text in codes.items()]
+    verbs = " ..." if prog == "santhrottle" else ""  # the usage error names the verb
     out.append(
         ".PP\nEvery failure prints one line on standard error, "
-        "\\fBsanthrottle: \\fR followed by the problem; argparse's usage errors print the "
-        "usage and one line \\fBsanthrottle ...: error: ...\\fR."
+        f"\\fB{prog}: \\fR followed by the problem; argparse's usage errors print the "
+        f"usage and one line \\fB{prog}{verbs}: error: ...\\fR."
     )
     return "\n".join(out)
 
@@ -263,20 +276,20 @@ A bad configuration file or command line.
 SEE_ALSO = {
     "santhrottle": ("santhrottled(8)", "santhrottle.toml(5)", "tc(8)", "ipset(8)", "iptables(8)"),
     "santhrottled": ("santhrottle(8)", "santhrottle.toml(5)", "systemd.service(5)", "tc-netem(8)"),
+    "santhrottle-simulate": ("santhrottle(8)", "santhrottled(8)", "santhrottle.toml(5)"),
 }
 
 
 def _exit_help(prog: str) -> str:
     """The exit codes' block an epilog of `prog` ends with ("" if it has none)."""
-    if prog != "santhrottle":
+    if prog not in EXIT_CODES_OF:
         return ""
-    from santhrottle.appliance.cli.common import EXIT_HELP
-
-    return str(EXIT_HELP)
+    return str(__import__(EXIT_CODES_OF[prog], fromlist=["EXIT_HELP"]).EXIT_HELP)
 
 
 def man_page(prog: str) -> str:
-    """santhrottle(8) or santhrottled(8) from the parser (call inside source_tree())."""
+    """santhrottle(8), santhrottled(8) or santhrottle-simulate(1) from the parser (call
+    inside source_tree())."""
     parser = build_parser(prog)
     # Every verb's examples, once per distinct epilog, in EXAMPLES (argparse-manpage
     # shows the top parser's epilog only, as COMMENTS).
@@ -299,18 +312,19 @@ def man_page(prog: str) -> str:
             examples.append(".SS " + roff(", ".join(v.removeprefix(prog + " ") for v in named)))
         examples.append(roff_epilog(text))
 
-    exit_status = cli_exit_status() if prog == "santhrottle" else EXIT_STATUS[prog].strip()
+    exit_status = cli_exit_status(prog) if prog in EXIT_CODES_OF else EXIT_STATUS[prog].strip()
+    files = [] if prog == "santhrottle-simulate" else [("files", FILES.strip())]
     return manpage.render(
         parser,
-        section=8,
+        section=SECTION[prog],
         date=build_date(),
         source=f"santhrottle {project_version()}",
-        manual="System Administration",
+        manual="System Administration" if SECTION[prog] == 8 else "User Commands",
         summary=SUMMARY[prog],
         sections=[
             ("examples", "\n".join(examples)),
             ("exit status", exit_status),
-            ("files", FILES.strip()),
+            *files,
             ("see also", _see_also(*SEE_ALSO[prog])),
         ],
     )
@@ -533,11 +547,14 @@ def outputs() -> dict[str, Any]:
     return {
         "man/santhrottle.8": lambda: man_page("santhrottle"),
         "man/santhrottled.8": lambda: man_page("santhrottled"),
+        "man/santhrottle-simulate.1": lambda: man_page("santhrottle-simulate"),
         "man/santhrottle.toml.5": config_man_page,
         "bash/santhrottle": lambda: completion("santhrottle", "bash"),
         "bash/santhrottled": lambda: completion("santhrottled", "bash"),
         "zsh/_santhrottle": lambda: completion("santhrottle", "zsh"),
         "zsh/_santhrottled": lambda: completion("santhrottled", "zsh"),
+        "bash/santhrottle-simulate": lambda: completion("santhrottle-simulate", "bash"),
+        "zsh/_santhrottle-simulate": lambda: completion("santhrottle-simulate", "zsh"),
         "santhrottle.toml.example": example_config,
     }
 

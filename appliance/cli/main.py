@@ -77,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if argv[:1] == [simulate.VERB]:  # every argument is the simulator's, --help too
+            return simulate.forward(argv[1:])
+    except OSError as e:
+        return _fail(f"cannot run the simulator: {e.strerror or e}", EXIT_FAILED)
     parser = build_parser()
     args = parser.parse_args(argv)  # a usage error: argparse's lines, SystemExit(2)
     try:

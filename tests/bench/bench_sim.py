@@ -2,7 +2,7 @@
 
 Method (run by tests/bench/run.py, or alone: `.venv/bin/python tests/bench/bench_sim.py
 [--json]`): the paper scenario of the tree that imports (its own scenario file) is
-simulated as `santhrottle simulate --no-baseline` does it: one uncontrolled run and one
+simulated as `santhrottle-simulate --no-baseline` does it: one uncontrolled run and one
 controlled run per threshold (10, 15, 20 ms), 130 s of plant each. The wall time of the
 four runs is taken REPEATS times in one process; the figure is their median, with the
 fastest and the slowest. One core; the time depends on the host, so compare side by

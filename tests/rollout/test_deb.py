@@ -48,13 +48,17 @@ GENERATED = (
     "etc/santhrottle/santhrottle.toml",
     "usr/bin/santhrottle",
     "usr/bin/santhrottled",
+    "usr/bin/santhrottle-simulate",
     "usr/share/man/man8/santhrottle.8.gz",
     "usr/share/man/man8/santhrottled.8.gz",
+    "usr/share/man/man1/santhrottle-simulate.1.gz",
     "usr/share/man/man5/santhrottle.toml.5.gz",
     "usr/share/bash-completion/completions/santhrottle",
     "usr/share/bash-completion/completions/santhrottled",
+    "usr/share/bash-completion/completions/santhrottle-simulate",
     "usr/share/zsh/vendor-completions/_santhrottle",
     "usr/share/zsh/vendor-completions/_santhrottled",
+    "usr/share/zsh/vendor-completions/_santhrottle-simulate",
     "usr/share/santhrottle/santhrottle.toml.example",
 )
 

@@ -5,8 +5,8 @@
 - The example config is every key of the schema at its default: as shipped, and with
   every `#key = value` line uncommented.
 - The man pages: groff formats them without a warning; santhrottle(8) has every verb,
-  its options and its examples (the epilogs), santhrottled(8) every option; each page
-  the others name in SEE ALSO exists.
+  its options and its examples (the epilogs), santhrottled(8) and santhrottle-simulate(1)
+  every option; each page the others name in SEE ALSO exists.
 - The bash completions complete verbs, sub-verbs, options and choices (bash-completion
   style, no bash-completion needed); bash -n and zsh -n accept the scripts.
 
@@ -49,8 +49,9 @@ def generated(tmp_path_factory) -> Path:
 def _parsers() -> dict[str, argparse.ArgumentParser]:
     from santhrottle.appliance.cli.main import build_parser as cli
     from santhrottle.appliance.daemon.main import build_parser as daemon
+    from santhrottle.sim.cli import build_parser as simulator
 
-    return {"santhrottle": cli(), "santhrottled": daemon()}
+    return {"santhrottle": cli(), "santhrottled": daemon(), "santhrottle-simulate": simulator()}
 
 
 def _verbs(parser: argparse.ArgumentParser, path: str):
@@ -72,8 +73,9 @@ pkg.__path__ = [{str(ROOT)!r}]
 sys.modules["santhrottle"] = pkg
 from santhrottle.appliance.cli.main import build_parser as a
 from santhrottle.appliance.daemon.main import build_parser as b
+from santhrottle.sim.cli import build_parser as c
 from santhrottle.appliance.config.schema import KEYS
-a(), b()
+a(), b(), c()
 print(sorted({{m.split(".")[0] for m in sys.modules}}))
 """
     p = _run([sys.executable, "-S", "-c", code], cwd="/")
@@ -126,7 +128,12 @@ def pages(generated) -> dict[str, str]:
 
 
 def test_man_pages_exist_and_format_cleanly(pages):
-    assert sorted(pages) == ["santhrottle.8", "santhrottle.toml.5", "santhrottled.8"]
+    assert sorted(pages) == [
+        "santhrottle-simulate.1",
+        "santhrottle.8",
+        "santhrottle.toml.5",
+        "santhrottled.8",
+    ]
     for name, text in pages.items():
         assert re.search(r"^NAME$", text, flags=re.M), name
         # every page named in SEE ALSO is one of the project's or a system one
@@ -160,9 +167,16 @@ def test_santhrottle_8_has_every_verb_its_options_and_examples(pages):
         assert re.search(rf"^{section}$", text, flags=re.M), section
 
 
-def test_santhrottled_8_has_every_option_and_example(pages):
-    text = pages["santhrottled.8"]
-    parser = _parsers()["santhrottled"]
+PROGRAM_PAGES = [
+    ("santhrottled", "santhrottled.8"),
+    ("santhrottle-simulate", "santhrottle-simulate.1"),
+]
+
+
+@pytest.mark.parametrize("prog,page", PROGRAM_PAGES)
+def test_the_programs_page_has_every_option_and_example(pages, prog, page):
+    text = pages[page]
+    parser = _parsers()[prog]
     for action in parser._actions:
         for opt in action.option_strings:
             if opt not in ("-h", "--help"):
@@ -185,7 +199,7 @@ shift
 comp() {  # comp WORD... : the completions of the last word, as bash-completion asks
     COMP_WORDS=("$@"); COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
     COMP_LINE="${COMP_WORDS[*]}"; COMP_POINT=${#COMP_LINE}; COMPREPLY=()
-    "_shtab_${COMP_WORDS[0]}" "${COMP_WORDS[0]}" "${COMP_WORDS[-1]}" "${COMP_WORDS[-2]}"
+    "_shtab_${COMP_WORDS[0]//-/_}" "${COMP_WORDS[0]}" "${COMP_WORDS[-1]}" "${COMP_WORDS[-2]}"
     printf '%s\n' "${COMPREPLY[@]}" | sort | tr '\n' ' '
 }
 comp "$@"
@@ -217,6 +231,10 @@ def test_bash_completion_completes_verbs_options_and_choices(generated):
     # file names for the files (here: the generated directory's)
     assert "santhrottle.toml.example" in _complete(generated, "santhrottle", "cleanup",
                                                    "--config", "santhrottle.t")  # fmt: skip
+    # the simulator's own options; after `santhrottle simulate`, its words: file names
+    assert "--no-baseline" in _complete(generated, "santhrottle-simulate", "--no")
+    words = ("santhrottle", "simulate", "santhrottle.t")
+    assert "santhrottle.toml.example" in _complete(generated, *words)
     assert _complete(generated, "santhrottled", "--log-level", "") == {
         "DEBUG",
         "INFO",
@@ -234,6 +252,6 @@ def test_completion_scripts_parse(generated, shell):
         p = _run([binary, "-n", script])
         assert p.returncode == 0 and not p.stderr, (script.name, p.stderr)
     if shell == "zsh":
-        for prog in ("santhrottle", "santhrottled"):
+        for prog in ("santhrottle", "santhrottled", "santhrottle-simulate"):
             head = (generated / "zsh" / f"_{prog}").read_text().splitlines()[0]
             assert head == f"#compdef {prog}"

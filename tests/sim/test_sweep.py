@@ -1,11 +1,11 @@
-"""sim/sweep.py and `santhrottle simulate --sweep`: a small sweep, its summary, the CLI."""
+"""sim/sweep.py and `santhrottle-simulate --sweep`: a small sweep, its summary, the CLI."""
 
 import json
 
 import pytest
 
-from santhrottle.appliance.cli.main import main
 from santhrottle.sim import plantgen
+from santhrottle.sim.cli import main
 from santhrottle.sim.scenario import ScenarioError, parse_scenario
 from santhrottle.sim.sweep import (
     ORACLE,
@@ -94,7 +94,7 @@ def test_overrides_reach_the_controller_and_the_ladder():
 
 def test_cli_sweep_on_two_workers_matches_the_library(result, capsys, tmp_path):
     worst = tmp_path / "worst"
-    args = ["simulate", "--sweep", "2", "--seed", "1", "--workers", "2", "--json"]
+    args = ["--sweep", "2", "--seed", "1", "--workers", "2", "--json"]
     assert main([*args, "--save-worst", str(worst)]) == 0
     data = json.loads(capsys.readouterr().out)["data"]
     for got, want in zip(data["plants"], result["plants"][:2], strict=True):
@@ -104,7 +104,7 @@ def test_cli_sweep_on_two_workers_matches_the_library(result, capsys, tmp_path):
             assert (g and g["p95_x_threshold"]) == (w and w["p95_x_threshold"])
     saved = sorted(worst.glob("plant-1-*.toml"))
     assert len(saved) == data["summary"]["feasible"]
-    assert main(["simulate", str(saved[0]), "--no-baseline"]) == 0  # replays
+    assert main([str(saved[0]), "--no-baseline"]) == 0  # replays
     assert "threshold" in capsys.readouterr().out
 
 
@@ -119,7 +119,7 @@ def test_cli_sweep_on_two_workers_matches_the_library(result, capsys, tmp_path):
     ],
 )
 def test_cli_conflicts_one_line_exit_2(capsys, argv, message):
-    assert main(["simulate", *argv]) == 2
+    assert main([*argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
@@ -127,7 +127,7 @@ def test_cli_conflicts_one_line_exit_2(capsys, argv, message):
 def test_cli_save_worst_on_a_file_fails_before_the_sweep(tmp_path, capsys):
     f = tmp_path / "file"
     f.write_text("")
-    assert main(["simulate", "--sweep", "1", "--save-worst", str(f)]) == 2
+    assert main(["--sweep", "1", "--save-worst", str(f)]) == 2
     err = capsys.readouterr().err
     assert "not a directory" in err and err.count("\n") == 1
 
@@ -145,7 +145,7 @@ def test_cli_save_worst_on_a_file_fails_before_the_sweep(tmp_path, capsys):
 )
 def test_cli_bad_values_are_argparse_errors_exit_2(capsys, argv):
     with pytest.raises(SystemExit) as e:
-        main(["simulate", *argv])
+        main([*argv])
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "error:" in err and "Traceback" not in err
@@ -183,13 +183,13 @@ def test_parse_variant_errors_name_the_problem(text, message):
     ],
 )
 def test_cli_bad_variant_one_line_exit_2(capsys, argv, message):
-    assert main(["simulate", "--sweep", "1", *argv]) == 2
+    assert main(["--sweep", "1", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
 def test_cli_variant_is_judged_beside_the_defaults(result, capsys):
-    argv = ["simulate", "--sweep", "1", "--json", "--variant", "sp80:setpoint_fraction=0.8"]
+    argv = ["--sweep", "1", "--json", "--variant", "sp80:setpoint_fraction=0.8"]
     assert main(argv) == 0
     data = json.loads(capsys.readouterr().out)["data"]
     assert set(data["summary"]["variants"]) == {*VARIANTS, "sp80"}
@@ -198,5 +198,5 @@ def test_cli_variant_is_judged_beside_the_defaults(result, capsys):
         want = result["plants"][0]["variants"]["default"]["p95_x_threshold"]
         assert plant["variants"]["default"]["p95_x_threshold"] == want
         assert plant["variants"]["sp80"]["p95_x_threshold"] < want
-    assert main(["simulate", "x.toml", "--variant", 'a:ti="1s"']) == 2
+    assert main(["x.toml", "--variant", 'a:ti="1s"']) == 2
     assert "--variant goes with --sweep" in capsys.readouterr().err

@@ -21,6 +21,8 @@ from santhrottle.appliance.daemon.main import build_parser as daemon_parser
 from santhrottle.appliance.datapath import DatapathError, DatapathSpec
 from santhrottle.appliance.datapath.host import Host, Tools
 from santhrottle.appliance.version import version
+from santhrottle.sim.cli import build_parser as sim_parser
+from santhrottle.sim.cli import main as sim_main
 
 
 def _verbs(p: argparse.ArgumentParser, path: tuple[str, ...] = ()):
@@ -33,6 +35,8 @@ def _verbs(p: argparse.ArgumentParser, path: tuple[str, ...] = ()):
 
 
 VERBS = [path for path, _ in _verbs(build_parser())]
+# `simulate`'s help is the simulator's (test_santhrottle_simulate_runs_the_simulators_own_program)
+OWN_HELP = [path for path in VERBS if path != ("simulate",)]
 
 
 def test_the_verbs_an_admin_guesses_are_there():
@@ -45,7 +49,7 @@ def test_the_verbs_an_admin_guesses_are_there():
     assert ("datapath", "cleanup") not in VERBS
 
 
-@pytest.mark.parametrize("path", VERBS, ids=" ".join)
+@pytest.mark.parametrize("path", OWN_HELP, ids=" ".join)
 def test_every_verb_has_help_with_its_own_examples_and_the_exit_codes(path, capsys):
     with pytest.raises(SystemExit) as e:
         main([*path, "--help"])
@@ -114,9 +118,6 @@ def test_version(capsys):
         (["threshold", "set", "vg0", "15ms", "--socket="], "--socket must not be empty"),
         (["threshold", "set", "vg0", "١٢ms"], "is not a duration"),
         (["threshold", "reset", "\x1b[2J"], "bad resource name"),
-        (["simulate", "/dev/zero"], "scenario /dev/zero: not a regular file"),
-        (["simulate", "/"], "scenario /: not a regular file"),
-        (["simulate", "x.toml", "--plot", "out.gif"], "--plot 'out.gif': name a png, svg, pdf"),
     ],
 )
 def test_cli_errors_are_one_line_exit_2(argv, message, capsys):
@@ -125,6 +126,37 @@ def test_cli_errors_are_one_line_exit_2(argv, message, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("santhrottle: ")
     assert message in err
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["/dev/zero"], "scenario /dev/zero: not a regular file"),
+        (["/"], "scenario /: not a regular file"),
+        (["x.toml", "--plot", "out.gif"], "--plot 'out.gif': name a png, svg, pdf"),
+        (["--sweep", "2", "x.toml"], "give a SCENARIO or --sweep N, not both"),
+        (["x.toml", "--seed", "3"], "--seed goes with --sweep N"),
+    ],
+)
+def test_the_simulators_errors_are_one_line_exit_2(argv, message, capsys):
+    """santhrottle-simulate keeps the command line's conventions (sim/cli.py)."""
+    assert sim_main(argv) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("santhrottle-simulate: ")
+    assert message in err
+
+
+def test_santhrottle_simulate_runs_the_simulators_own_program(capfd, monkeypatch):
+    """Every argument after `santhrottle simulate`, --help too, is santhrottle-simulate's:
+    its help, its errors and its exit status (a child process: the command line imports
+    nothing of sim/)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["simulate", "--help"]) == EXIT_OK
+    out, _ = capfd.readouterr()
+    assert out == sim_parser().format_help()
+    assert main(["simulate", "/dev/zero"]) == EXIT_USAGE
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "santhrottle-simulate: scenario /dev/zero: not a regular file\n")
 
 
 ARGPARSE_ERRORS = [

@@ -1,7 +1,7 @@
 """Every `--help` and every usage the manual quotes is what the real parsers print
-(santhrottle's and santhrottled's, on an 80-column terminal): a `$ santhrottle ...
---help` block is the whole help, a quoted `usage: ...` its usage lines (a "..." line
-after them stands for the rest)."""
+(santhrottle's, santhrottled's and santhrottle-simulate's, on an 80-column terminal):
+a `$ santhrottle ... --help` block is the whole help, a quoted `usage: ...` its usage
+lines (a "..." line after them stands for the rest)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 
 from santhrottle.appliance.cli.main import build_parser as cli_parser
 from santhrottle.appliance.daemon.main import build_parser as daemon_parser
+from santhrottle.sim.cli import build_parser as sim_parser
 
 from .docs_blocks import PAGES, ROOT, Block, blocks, commands
 
@@ -31,6 +32,7 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
 
     walk(cli_parser())
     walk(daemon_parser())
+    walk(sim_parser())
     return out
 
 
@@ -46,7 +48,9 @@ def _quotes():
     for page in PAGES:
         for b in blocks(page):
             for k, line in enumerate(b.lines):
-                if line.startswith(("usage: santhrottle ", "usage: santhrottled ")):
+                if line.startswith(
+                    ("usage: santhrottle ", "usage: santhrottled ", "usage: santhrottle-simulate ")
+                ):
                     yield b, k
 
 

@@ -34,10 +34,14 @@ from santhrottle.appliance.cli import datapath as cli_datapath
 from santhrottle.appliance.cli import main as cli_main
 from santhrottle.appliance.cli.common import number
 from santhrottle.appliance.cli.main import build_parser, main
+from santhrottle.sim import cli as sim_cli
 
 LAB = Path(__file__).parents[1] / "fixtures" / "lab"
 PAPER = Path(__file__).parents[2] / "sim" / "scenarios" / "paper.toml"
-ARGPARSE_ERROR = re.compile(r"^santhrottle( [\w-]+)*: error: .+")
+ARGPARSE_ERROR = re.compile(r"^santhrottle(-simulate)?( [\w-]+)*: error: .+")
+# `santhrottle simulate ARGS` runs santhrottle-simulate ARGS (a child process): the corpus
+# goes to the simulator's own parser and main(), in this process.
+SIMULATE = ("simulate",)
 
 
 def leaves(
@@ -54,7 +58,8 @@ def leaves(
     return out
 
 
-VERBS = leaves(build_parser())
+VERBS = [(p, s) for p, s in leaves(build_parser()) if p != SIMULATE]
+VERBS.append((SIMULATE, sim_cli.build_parser()))
 
 
 def corpus(tmp: Path) -> list[str]:
@@ -186,7 +191,7 @@ def run(argv: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            rc = main(argv)
+            rc = sim_cli.main(argv[1:]) if tuple(argv[:1]) == SIMULATE else main(argv)
         except SystemExit as e:
             rc = e.code if isinstance(e.code, int) else -1
             return rc, out.getvalue(), "SystemExit\n" + err.getvalue()
@@ -206,7 +211,8 @@ def check(argv: list[str]) -> str | None:
         return None
     if rc not in (0, 1, 2, 3):
         return f"{argv!r:.200}: exit {rc}"
-    if rc and (err.count("\n") != 1 or not err.startswith("santhrottle: ")):
+    prog = "santhrottle-simulate" if tuple(argv[:1]) == SIMULATE else "santhrottle"
+    if rc and (err.count("\n") != 1 or not err.startswith(f"{prog}: ")):
         return f"{argv!r:.200}: exit {rc} with stderr {err!r:.300}"
     return None
 

@@ -1,26 +1,31 @@
-"""The run of `santhrottle simulate`: the simulator driven, its figures printed.
+"""santhrottle-simulate: the real controller against a simulated storage resource.
 
 What it owns
-    Reading a scenario file (a regular file of at most MAX_SCENARIO_BYTES: a
-    FIFO or /dev/zero is refused, never read), running it, --plot, the summary
-    table and --json ({"protocol": N, "data": ...}); the sweep, its table and
-    --save-worst.  A bad scenario is exit 2; a plot that cannot be drawn (no
-    matplotlib) is exit 1.
+    The simulator's program (`santhrottle-simulate`, `python3 -m santhrottle.sim`;
+    `santhrottle simulate` runs it too): its arguments, --help's examples, the
+    checks of the options together (--seed, --workers, --save-worst and --variant
+    go with --sweep N; --plot and --no-baseline do not; --plot names a figure
+    format matplotlib writes, checked before the run), reading a scenario file (a
+    regular file of at most MAX_SCENARIO_BYTES: a FIFO or /dev/zero is refused,
+    never read), running it, --plot, the summary table and --json ({"protocol":
+    N, "data": ...}); the sweep, its table and --save-worst.  A bad scenario or a
+    bad combination of options is one line and exit 2; a plot that cannot be
+    drawn (no matplotlib) is exit 1.
 
-Why a module of its own
-    It is the one module of the product's tree that imports sim/ (the import
-    contract sim-beside-the-product names it).  The verb's arguments and their
-    checks are simulate.py's, which loads this module only when the verb runs:
-    every other command, the man page and the completions build the parser
-    without the simulator (tests/unit/test_import_contracts.py checks that
-    `santhrottle status` loads nothing of sim/).
+Why here
+    The simulator is not part of the appliance: no product module imports sim/
+    (the import contract sim-beside-the-product, without exceptions).  This
+    program borrows the command line's conventions from the product (its errors,
+    exit codes, argument checks, units and --json envelope; the tenants' table).
+    The man page santhrottle-simulate(1) and its completions are generated from
+    build_parser() (buildsys/santhrottle_build.py).
 
 Worked example
-    run_scenario(args for `simulate sim/scenarios/paper.toml --no-baseline`)
-    prints the uncontrolled p50/p95/p99, then one line per threshold (10, 15,
-    20 ms); run_sweep(args for `--sweep 200 --seed 1 --workers 2`) prints, per
-    variant, the share of the feasible plants meeting all three bounds, then the
-    worst 10 plants with their parameters.
+    main(["sim/scenarios/paper.toml", "--no-baseline"]) prints the uncontrolled
+    p50/p95/p99, then one line per threshold (10, 15, 20 ms); main(["--sweep",
+    "200", "--seed", "1", "--workers", "2"]) prints, per variant, the share of the
+    feasible plants meeting all three bounds, then the worst 10 plants with their
+    parameters.
 """
 
 from __future__ import annotations
@@ -36,7 +41,18 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from santhrottle.appliance.cli.common import CliError, Failed, envelope
+from santhrottle.appliance.cli.common import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    JSON_HELP,
+    CliError,
+    Failed,
+    envelope,
+    number,
+    path_arg,
+)
 from santhrottle.appliance.cli.tenantsview import print_tenants
 from santhrottle.appliance.textfile import read_text_file
 from santhrottle.appliance.units import fmt_ms
@@ -52,6 +68,34 @@ from santhrottle.sim.sweep import (
     parse_variant,
     sweep,
 )
+
+PROG = "santhrottle-simulate"
+EPILOG = """\
+examples:
+  santhrottle-simulate sim/scenarios/paper.toml
+  santhrottle-simulate paper.toml --plot /tmp/paper.png
+  santhrottle-simulate paper.toml --json | jq '.data.controlled[].read_latency_p95_s'
+  santhrottle-simulate --sweep 200 --seed 1 --workers 2 --save-worst /tmp/worst
+  santhrottle-simulate --sweep 200 --variant sp95:setpoint_fraction=0.95
+  santhrottle-simulate /tmp/worst/plant-1-17.toml   # replay one of them
+
+The scenario format is described in docs/simulator.md.  --json prints
+{"protocol": N, "data": ...}, N the control protocol's version.  `santhrottle
+simulate ARGS` runs santhrottle-simulate ARGS.
+"""
+EXIT_CODES = {
+    EXIT_OK: "success",
+    EXIT_FAILED: "the figure cannot be drawn (no matplotlib) or a file cannot be written",
+    EXIT_USAGE: "bad usage or input (an argument, a scenario file, a combination of options)",
+    EXIT_INTERRUPTED: "interrupted (^C)",
+}
+EXIT_HELP = "exit status:\n" + "".join(f"  {k:<3}  {v}\n" for k, v in EXIT_CODES.items())
+# The figure formats --plot writes (by the file name's suffix).
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+# --sweep: at most this many plants, this many worker processes.
+MAX_SWEEP_PLANTS = 100_000
+MAX_WORKERS = 256
+MAX_SEED = 10**9
 
 # A scenario is a few kB of TOML; anything larger is not one.
 MAX_SCENARIO_BYTES = 1024 * 1024
@@ -138,7 +182,7 @@ def _print_groups(label: str, groups: dict[str, Any]) -> None:
 
 
 def run_scenario(args: argparse.Namespace) -> int:
-    """`simulate SCENARIO` (its options checked by simulate.cmd_simulate): the run,
+    """`santhrottle-simulate SCENARIO` (its options checked by check()): the run,
     its plot, its summary or --json."""
     path = Path(args.scenario)
     text = read_scenario(path)
@@ -148,7 +192,7 @@ def run_scenario(args: argparse.Namespace) -> int:
     except (ScenarioError, SaturatedError) as e:
         raise CliError(f"scenario {path}: {e}") from None
     if args.plot:
-        from santhrottle.appliance.cli.plot import (
+        from santhrottle.sim.plot import (
             PlotError,
             PlotUnavailable,
             groups_plot_path,
@@ -157,7 +201,7 @@ def run_scenario(args: argparse.Namespace) -> int:
         )
 
         try:
-            plot_simulation(result, Path(args.plot), f"santhrottle simulate {path.name}")
+            plot_simulation(result, Path(args.plot), f"{PROG} {path.name}")
             if "groups" in result:
                 plot_groups(result, groups_plot_path(Path(args.plot)), f"{path.name}: groups")
         except PlotUnavailable as e:
@@ -174,14 +218,14 @@ def run_scenario(args: argparse.Namespace) -> int:
         if args.plot:
             print(f"plot: {args.plot}")
             if "groups" in result:
-                from santhrottle.appliance.cli.plot import groups_plot_path
+                from santhrottle.sim.plot import groups_plot_path
 
                 print(f"plot of the groups: {groups_plot_path(Path(args.plot))}")
     return 0
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    """`simulate --sweep N` (its options checked by simulate.cmd_simulate)."""
+    """`santhrottle-simulate --sweep N` (its options checked by check())."""
     seed = 1 if args.seed is None else args.seed
     workers = 1 if args.workers is None else args.workers
     worst_dir = _worst_dir(args.save_worst) if args.save_worst else None
@@ -262,7 +306,7 @@ def _save_worst(d: Path, result: dict[str, Any], seed: int) -> list[Path]:
             f"writes {x['throughput_x_best_constant']:.2f} x best constant"
             for name, x in w["figures"].items()
         )
-        head = f"# santhrottle simulate --sweep (seed {seed}): {figures}\n"
+        head = f"# {PROG} --sweep (seed {seed}): {figures}\n"
         try:
             f.write_text(head + generate(w["seed"], w["index"]))
         except OSError as e:
@@ -314,3 +358,127 @@ def _print_sweep(s: dict[str, Any]) -> None:
         f"{b['throughput_x_best_constant_min']:g} x the best constant delay's; figures "
         "p95/p99calm/writes"
     )
+
+
+# ------------------------------------------------------------------ the command line
+def build_parser() -> argparse.ArgumentParser:
+    """santhrottle-simulate's parser (also what its man page and completions are
+    generated from)."""
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Run the real controller against a simulated storage resource: a "
+        "scenario uncontrolled, then controlled at each threshold; print latency "
+        "percentiles, overshoot, time above threshold, writer throughput.",
+        epilog=EPILOG + "\n" + EXIT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "scenario",
+        metavar="SCENARIO",
+        nargs="?",
+        type=path_arg("SCENARIO"),
+        help="scenario file (TOML); not with --sweep",
+    )
+    p.add_argument("--json", action="store_true", help=JSON_HELP + ": the summary and the series")
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        type=path_arg("--plot"),
+        help="write a figure like the paper's fig. 16 (.png, .svg or .pdf)",
+    )
+    p.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip the search for the best constant delay (faster)",
+    )
+    p.add_argument(
+        "--sweep",
+        metavar="N",
+        type=number("--sweep", lo=1, hi=MAX_SWEEP_PLANTS, integer=True),
+        help="robustness sweep: N generated plants (sim/plantgen.py), each judged "
+        "for every controller variant against the spine's bounds",
+    )
+    p.add_argument(
+        "--seed",
+        metavar="S",
+        type=number("--seed", lo=0, hi=MAX_SEED, integer=True),
+        help="--sweep: the plants' seed (default 1; the same seed, the same plants)",
+    )
+    p.add_argument(
+        "--workers",
+        metavar="W",
+        type=number("--workers", lo=1, hi=MAX_WORKERS, integer=True),
+        help="--sweep: worker processes (default 1)",
+    )
+    p.add_argument(
+        "--save-worst",
+        metavar="DIR",
+        type=path_arg("--save-worst"),
+        help="--sweep: write the worst plants' scenarios to DIR (replay: "
+        "santhrottle-simulate FILE)",
+    )
+    p.add_argument(
+        "--variant",
+        metavar="NAME:KEY=VALUE[,...]",
+        action="append",
+        help="--sweep: judge also the controller with these [controller] keys of a "
+        "scenario (docs/simulator.md) beside the defaults; repeatable",
+    )
+    p.add_argument("--version", action="version", version=_version())
+    return p
+
+
+def _version() -> str:
+    from santhrottle.appliance.version import version_line
+
+    return version_line(PROG)
+
+
+def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """The options checked together (CliError; no SCENARIO nor --sweep: argparse's
+    usage error)."""
+    if args.sweep is not None:
+        if args.scenario is not None:
+            raise CliError("give a SCENARIO or --sweep N, not both")
+        for flag, given in (("--plot", args.plot), ("--no-baseline", args.no_baseline)):
+            if given:
+                raise CliError(f"{flag} does not go with --sweep")
+        return
+    for flag, given in (
+        ("--seed", args.seed is not None),
+        ("--workers", args.workers is not None),
+        ("--save-worst", args.save_worst is not None),
+        ("--variant", bool(args.variant)),
+    ):
+        if given:
+            raise CliError(f"{flag} goes with --sweep N")
+    if args.scenario is None:
+        parser.error("give a SCENARIO file, or --sweep N")
+    if args.plot and Path(args.plot).suffix.lower() not in PLOT_SUFFIXES:
+        raise CliError(
+            f"--plot {args.plot!r}: name a {', '.join(s[1:] for s in PLOT_SUFFIXES)} file"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """santhrottle-simulate: every failure one line on stderr, never a traceback."""
+    parser = build_parser()
+    args = parser.parse_args(argv)  # a usage error: argparse's lines, SystemExit(2)
+    try:
+        check(args, parser)
+        return run_sweep(args) if args.sweep is not None else run_scenario(args)
+    except CliError as e:
+        return _fail(str(e), e.code)
+    except BrokenPipeError:  # `santhrottle-simulate ... | head`
+        return 0
+    except OSError as e:  # a file this process could not use
+        where = f"{e.filename}: " if e.filename else ""
+        return _fail(f"{where}{e.strerror or e}", EXIT_FAILED)
+    except KeyboardInterrupt:  # ^C: the shell's convention, no traceback
+        return EXIT_INTERRUPTED
+
+
+def _fail(message: str, code: int) -> int:
+    """The one line on stderr; the exit status."""
+    print(f"{PROG}: {' '.join(message.split()) or 'failed'}", file=sys.stderr)
+    return code
