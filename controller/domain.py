@@ -45,7 +45,7 @@ class LogGains:
     Kp is in natural-log units of delay per unit of relative error: 1.0 and
     a latency 10 % over the setpoint move the delay by e^0.1 = +10.5 % at
     once (the proportional part), and by as much again every Ti/tick ticks.
-    Tuned on the generated plants of `santhrottle simulate --sweep`
+    Tuned on the generated plants of `santhrottle-simulate --sweep`
     (docs/controller.md, "Tuning").
     """
 

@@ -83,7 +83,7 @@ Idle behaviour
 How to watch it
     GroupState per (resource, group): measured latency and throughput, y,
     PWFTE, share, demand share, the model (beta, default or fitted), delay
-    and classes; `santhrottle simulate` prints them per group and plots
+    and classes; `santhrottle-simulate` prints them per group and plots
     them over time (sim/groups.py, docs/groups.md).
 
 Worked example (the ladder's 0.5 ms steps)

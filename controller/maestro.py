@@ -77,7 +77,7 @@ Bounds
 How to watch it
     Per group: y, the PWFTE p * (1 - y), the share u, and beta with
     whether it is the default model's (Model.default); groups.py keeps them
-    per group and `santhrottle simulate` shows them.
+    per group and `santhrottle-simulate` shows them.
 
 Worked example
     Two groups, p = 1 and 2, both at c = 0.5 with y = 0.8, beta = 1,

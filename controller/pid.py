@@ -70,7 +70,7 @@ Idle behaviour
     a configured idle time.
 
 Watching it
-    `santhrottle simulate` prints and plots the class against the latency;
+    `santhrottle-simulate` prints and plots the class against the latency;
     the daemon exports santhrottle_resource_delay_class and _delay_seconds.
 
 Worked example, law "paper"

@@ -1,7 +1,7 @@
 """The simulator's experiment: a scenario uncontrolled, at each threshold, and the best
 constant delay each threshold could have had.
 
-What simulate() runs (what `santhrottle simulate` prints)
+What simulate() runs (what `santhrottle-simulate` prints)
     One uncontrolled run (the plant alone: the uncontrolled p95 says
     whether the scenario needs throttling at all), one controlled run per
     threshold of the scenario, and per threshold the best constant delay

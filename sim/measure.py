@@ -1,4 +1,4 @@
-"""What a simulated run measured, and the figures `santhrottle simulate` prints from it.
+"""What a simulated run measured, and the figures `santhrottle-simulate` prints from it.
 
 Measured (every tick, by the loop, sim/loop.py)
     The "1 s read latency" of the first resource: the mean of the reads
@@ -110,7 +110,7 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 def summarize(sc: Scenario, r: RunResult, threshold_s: float | None = None) -> dict[str, Any]:
-    """The figures `santhrottle simulate` prints, for one run, against a threshold."""
+    """The figures `santhrottle-simulate` prints, for one run, against a threshold."""
     thr = threshold_s if threshold_s is not None else r.threshold_s
     settle = sc.default_settle_s()
     s = r.series

@@ -4,9 +4,9 @@ Problem
     One shipped scenario (sim/scenarios/paper.toml) says little about
     the arrays and initiators the appliance meets: intercepts from NVMe to
     disk, one heavy host or forty light ones, joins all at once or one by
-    one. `santhrottle simulate --sweep` (sim/sweep.py) judges the
+    one. `santhrottle-simulate --sweep` (sim/sweep.py) judges the
     controller on hundreds of plants drawn here; each is plain scenario TOML,
-    so any one replays with `santhrottle simulate FILE`.
+    so any one replays with `santhrottle-simulate FILE`.
 
 Law (what one plant is; all draws from random.Random(f"plantgen:{seed}:{index}"))
     resource 0: intercept C log-uniform 0.1-10 ms, LQ-slope m log-uniform
