@@ -1,13 +1,13 @@
-"""The data path as the daemon drives it: converge to what is wanted, isolate refusals, mend drift.
+"""The daemon's data path: reconcile it with what is wanted, isolate refusals, mend drift.
 
 What it owns
     Actuation composes a Datapath (actuator.py: the kernel objects), the
-    Convergence (converge.py: the record of what the kernel holds, the diff,
+    Reconciler (reconcile.py: the record of what the kernel holds, the diff,
     the quarantine) and the drift check (drift.py) into what the daemon calls
     its actuator (daemon/core/sensors.py, Actuator):
       apply()       the start: Datapath.apply(), then the members read back
                     become the record (a restart adopts what the last run left)
-      converge()    every tick: the kernel to the classes wanted
+      reconcile()   every tick: the kernel to the classes wanted
       advance_glides()      every tick: the glide leaves' due lowerings and handoffs,
                     quarantined like any refusal when the kernel refuses them
       members(), quarantined(), errors, quarantines   for status and metrics
@@ -19,10 +19,10 @@ What it owns
 
 Worked example
     a = Actuation(Datapath(DatapathSpec(("eth1",))))
-    a.apply(); a.converge({"10.0.0.3": (20, "all")}); a.members() ->
+    a.apply(); a.reconcile({"10.0.0.3": (20, "all")}); a.members() ->
     {"10.0.0.3": (20, "all")}; after an `ipset flush santhrottle-all` by hand,
     a.drift(a.expected()) -> ["ipset: santhrottle-all holds 0 members, santhrottle
-    left 1 there"]; a.repair(); a.converge(the same) puts 10.0.0.3 back.
+    left 1 there"]; a.repair(); a.reconcile(the same) puts 10.0.0.3 back.
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from santhrottle.appliance.datapath.actuator import ApplyReport, CleanupReport, Datapath
-from santhrottle.appliance.datapath.converge import Change, Convergence, Quarantined, Target
 from santhrottle.appliance.datapath.drift import Expected, find_drift
+from santhrottle.appliance.datapath.reconcile import Change, Quarantined, Reconciler, Target
 
 
 class Actuation:
     def __init__(self, datapath: Datapath) -> None:
         self.datapath = datapath
-        self.convergence = Convergence(self._send, datapath.clock)
+        self.reconciler = Reconciler(self._send, datapath.clock)
 
     def _send(self, classes: Mapping[str, int], mode: str, ordered: bool) -> int:
         return self.datapath.set_classes(classes, mode, ordered=ordered)
@@ -56,7 +56,7 @@ class Actuation:
         strays = self.datapath.strays()
         if strays:
             self.datapath.set_classes(dict.fromkeys(strays, 0), ordered=False)
-        self.convergence.adopt(
+        self.reconciler.adopt(
             {ip: (m.klass, m.mode) for ip, m in members.items() if ip not in strays}
         )
 
@@ -64,32 +64,32 @@ class Actuation:
         return self.datapath.cleanup()
 
     # ------------------------------------------------------------ every tick
-    def converge(self, want: Mapping[str, Target], *, ordered: bool = True) -> dict[str, Change]:
+    def reconcile(self, want: Mapping[str, Target], *, ordered: bool = True) -> dict[str, Change]:
         """Every initiator to its (class, mode) in `want`, the others out of every set;
-        what the kernel refuses is quarantined, the rest goes in (converge.py).
+        what the kernel refuses is quarantined, the rest goes in (reconcile.py).
         Returns what changed: ip -> (class before, class after, mode)."""
-        return self.convergence.converge(want, ordered)
+        return self.reconciler.reconcile(want, ordered)
 
     def advance_glides(self) -> int:
-        return self.convergence.guard("glide leaves", "leaf", self.datapath.advance_glides)
+        return self.reconciler.guard("glide leaves", "leaf", self.datapath.advance_glides)
 
     # ------------------------------------------------------------ what it shows
     def members(self) -> Mapping[str, Target]:
         """ip -> (class, mode) of every member as applied: the record of the kernel."""
-        return self.convergence.members()
+        return self.reconciler.members()
 
     def quarantined(self) -> Mapping[str, Quarantined]:
-        return self.convergence.quarantine
+        return self.reconciler.quarantine
 
     @property
     def errors(self) -> int:
         """Refusals of the kernel since the start (a batch, a member, an object)."""
-        return self.convergence.errors
+        return self.reconciler.errors
 
     @property
     def quarantines(self) -> Mapping[str, int]:
         """Per kind (member, jumps, gate, leaf, repair): the quarantines since the start."""
-        return self.convergence.quarantined_total
+        return self.reconciler.quarantined_total
 
     @property
     def glided(self) -> int:
@@ -112,9 +112,9 @@ class Actuation:
 
     def repair(self) -> int:
         """Rebuild what drifted (Datapath.apply(): the tree, the sets, the gate, the
-        rules) and read the members back, so the next converge() puts back what is
-        missing; a failure waits for its retry like any refusal (converge.py)."""
-        return self.convergence.guard("data path repair", "repair", self._repair)
+        rules) and read the members back, so the next reconcile() puts back what is
+        missing; a failure waits for its retry like any refusal (reconcile.py)."""
+        return self.reconciler.guard("data path repair", "repair", self._repair)
 
     def _repair(self) -> int:
         lines = self.datapath.apply().tc_lines

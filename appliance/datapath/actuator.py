@@ -229,7 +229,7 @@ class Datapath:
         members = self.current()
         self.sets.sync_gate(self._membership())
         t3 = time.monotonic()
-        report.rules_changed = self.mangle.converge(s.devices, s.ports, bool(members))
+        report.rules_changed = self.mangle.reconcile(s.devices, s.ports, bool(members))
         self._jumps = bool(members)
         t4 = time.monotonic()
         # Members whose class no longer exists would fall to HTB's direct queue

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from santhrottle.appliance.datapath.host import Host
 from santhrottle.appliance.datapath.names import DatapathError
-from santhrottle.appliance.datapath.nftrules import NftState, render_converge, render_ensure
+from santhrottle.appliance.datapath.nftrules import NftState, render_ensure, render_reconcile
 from santhrottle.bridge import netdev
 
 NO_NFT_BRIDGE = (
@@ -49,7 +49,7 @@ def nft_bridge_problem(host: Host) -> str | None:
     """None when the kernel takes the gate's table and rules (checked, not installed: the
     payload test of its rules needs Linux 5.16), else one line."""
     text, _ = render_ensure(NftState())
-    text += render_converge((3260,), None, None, ("lo",), True) or ""
+    text += render_reconcile((3260,), None, None, ("lo",), True) or ""
     try:
         host.run([host.tools.nft, "--check", "-f", "-"], text, what="nft --check")
     except DatapathError as e:

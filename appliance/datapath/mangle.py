@@ -1,8 +1,8 @@
-"""The mangle rules in the kernel: read them, converge them, remove them.
+"""The mangle rules in the kernel: read them, reconcile them, remove them.
 
 What it owns
     Mangle: the kernel side of datapath/rules.py.  It reads `iptables -t
-    mangle -S`, converges the chain and the jumps with one
+    mangle -S`, reconciles the chain and the jumps with one
     `iptables-restore --noflush` (one transaction; the nf_tables and the
     legacy backend alike; never touches a rule that is not ours), and on
     cleanup removes the jumps and the chain, and the empty `table ip
@@ -12,7 +12,7 @@ What it owns
     ip6tables) runs IPv4 only, and v6_problem says why.
 
 Worked example
-    Mangle(host).converge(["eth1"], (3260, 4420), active=False) on a clean
+    Mangle(host).reconcile(["eth1"], (3260, 4420), active=False) on a clean
     host installs the chain (True); again: nothing (False); set_jumps(["eth1"],
     True) adds eth1's jump in one iptables-restore, set_jumps(["eth1"], False)
     takes it out again, with the empty hook iptables-nft leaves behind.
@@ -69,7 +69,7 @@ class Mangle:
         out = self.host.run([self.tool, "-w", "5", "-t", "mangle", "-S"], what=f"{self.what} -S")
         return parse_mangle_rules(out)
 
-    def converge(self, devices: Sequence[str], ports: Sequence[int], active: bool) -> bool:
+    def reconcile(self, devices: Sequence[str], ports: Sequence[int], active: bool) -> bool:
         """The chain with these ports; a jump on each device iff active (apply).
         True: changed."""
         jumps, chain = self.read()
@@ -81,7 +81,7 @@ class Mangle:
         return text is not None
 
     def pending(self, devices: Sequence[str], ports: Sequence[int], active: bool) -> bool:
-        """converge() would change something (read only: the drift check)."""
+        """reconcile() would change something (read only: the drift check)."""
         jumps, chain = self.read()
         return render_rules_restore(devices, ports, active, jumps, chain, self.family) is not None
 
@@ -204,8 +204,8 @@ class Mangles:
         """IPv6's, None when this host has no ip6tables mangle table."""
         return None if self.v6_problem else self.v6.read()
 
-    def converge(self, devices: Sequence[str], ports: Sequence[int], active: bool) -> bool:
-        changed = [m.converge(devices, ports, active) for m in self.families()]
+    def reconcile(self, devices: Sequence[str], ports: Sequence[int], active: bool) -> bool:
+        changed = [m.reconcile(devices, ports, active) for m in self.families()]
         return any(changed)
 
     def set_jumps(self, devices: Sequence[str], active: bool) -> bool:

@@ -99,7 +99,7 @@ class NotApplied(DatapathError):
 class ObjectError(DatapathError):
     """The kernel refused an object every member of a set needs (kind: "jumps", the
     rules in front of the sets; "gate", the list:set of the sets with members), not
-    one member: datapath/converge.py waits for it instead of blaming members."""
+    one member: datapath/reconcile.py waits for it instead of blaming members."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)

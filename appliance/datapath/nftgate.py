@@ -43,11 +43,11 @@ from santhrottle.appliance.datapath.nftrules import (
     parse_jump_device,
     parse_ports,
     render_chains_cleanup,
-    render_converge,
     render_destroy,
     render_ensure,
     render_jumps,
     render_ops,
+    render_reconcile,
     render_replace,
 )
 from santhrottle.appliance.datapath.sets import KnownMembers, Readback
@@ -147,16 +147,16 @@ class NftRules(_Nft):
         rules, jumps = parse_chains(self._list(json_out=False))
         return jumps, rules
 
-    def converge(self, devices: Sequence[str], ports: Sequence[int], active: bool) -> bool:
+    def reconcile(self, devices: Sequence[str], ports: Sequence[int], active: bool) -> bool:
         jumps, rules = self._chains()
-        text = render_converge(ports, rules, jumps, devices, active)
+        text = render_reconcile(ports, rules, jumps, devices, active)
         self.apply(text or "")
         return text is not None
 
     def pending(self, devices: Sequence[str], ports: Sequence[int], active: bool) -> bool:
-        """converge() would change something (read only: the drift check)."""
+        """reconcile() would change something (read only: the drift check)."""
         jumps, rules = self._chains()
-        return render_converge(ports, rules, jumps, devices, active) is not None
+        return render_reconcile(ports, rules, jumps, devices, active) is not None
 
     def set_jumps(self, devices: Sequence[str], active: bool) -> bool:
         jumps, _ = self._chains()

@@ -50,7 +50,7 @@ Layout (as `nft list table bridge santhrottle` prints it)::
     member in any mode; its lookup comes after the map's and counts only
     the packets given a class.  A table from before IPv6 (the IPv4 maps
     only) gains the IPv6 maps and set from render_ensure and the IPv6
-    rules from render_converge (the chain differs: rebuilt in one
+    rules from render_reconcile (the chain differs: rebuilt in one
     transaction, the members stay).
 
 Worked example
@@ -164,7 +164,7 @@ def render_ensure(state: NftState) -> tuple[str, list[str]]:
     return _text(lines), created
 
 
-def render_converge(
+def render_reconcile(
     ports: Sequence[int],
     rules: Sequence[str] | None,
     jumps: Sequence[str] | None,

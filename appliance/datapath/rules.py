@@ -2,7 +2,7 @@
 
 What it owns
     The chain SANTHROTTLE, the jump into it (one per egress device), and
-    the iptables-restore texts that converge or remove them.  Installed
+    the iptables-restore texts that reconcile or remove them.  Installed
     with `iptables-restore --noflush` (datapath/mangle.py), which works
     with the nf_tables and the legacy backend alike.  The same chain and
     jumps go into ip6tables (family 6) with the IPv6 sets
@@ -143,7 +143,7 @@ def render_rules_restore(
     chain_rules: Sequence[str] | None,
     family: int = 4,
 ) -> str | None:
-    """iptables-restore --noflush input converging the mangle table, or None
+    """iptables-restore --noflush input reconciling the mangle table, or None
     when it already is as wanted: the chain with these ports, and the jumps
     (render_jumps).  `jumps`: the POSTROUTING rules (as -S prints them) that
     jump to our chain; `chain_rules`: our chain's rules, None when it does

@@ -57,7 +57,7 @@ def _time(fn) -> float:
 
 
 def bench_datapath() -> dict[str, Any]:
-    name = "datapath set converge, 10,000 initiators moved between classes"
+    name = "datapath set reconcile, 10,000 initiators moved between classes"
     if os.geteuid() != 0:
         return _skipped(name, "needs root (a network namespace with ipset and tc)")
     from santhrottle.appliance import datapath as dp

@@ -146,7 +146,7 @@ def test_the_kernel_refusing_a_member_leaves_the_others_applied(netns_pair):
         d = Actuation(path)
         d.apply()
         want = {ip: (5, "all") for ip in [MEMBER_IP, OTHER_IP, *SIX[:4]]}
-        d.converge(want)
+        d.reconcile(want)
         held = set(path.current())
         q = d.quarantined()
         assert len(held) == 4 and len(q) == 2, (held, dict(q))
@@ -156,10 +156,10 @@ def test_the_kernel_refusing_a_member_leaves_the_others_applied(netns_pair):
         # in at their retry, not before
         gone = sorted(held)[:2]
         want = {ip: km for ip, km in want.items() if ip not in gone}
-        d.converge(want, ordered=False)
+        d.reconcile(want, ordered=False)
         assert set(path.current()) == held - set(gone)
         clock["t"] += 1.5
-        d.converge(want, ordered=False)
+        d.reconcile(want, ordered=False)
         assert set(path.current()) == set(want) and d.quarantined() == {}
         d.cleanup()
 

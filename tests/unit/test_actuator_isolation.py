@@ -1,4 +1,4 @@
-"""A member the kernel refuses never blocks the others (datapath/converge.py; issue 46 item 2).
+"""A member the kernel refuses never blocks the others (datapath/reconcile.py; issue 46 item 2).
 
 Before: the daemon sent each mode's changes as one batch, retried the whole batch
 every tick when the kernel refused one member, and applied no other member (179
@@ -16,8 +16,8 @@ from prometheus_client import generate_latest
 
 from santhrottle.appliance.daemon.status.build import StatusCache
 from santhrottle.appliance.daemon.status.metrics import registry_for
-from santhrottle.appliance.datapath.converge import QUARANTINE_FIRST_S, QUARANTINE_MAX_S
 from santhrottle.appliance.datapath.names import ObjectError
+from santhrottle.appliance.datapath.reconcile import QUARANTINE_FIRST_S, QUARANTINE_MAX_S
 
 from .test_daemon import handle, make, run_for, status_of
 
@@ -69,7 +69,7 @@ def test_a_quarantined_member_is_retried_with_a_doubling_wait_not_every_tick():
             tries.append(vt.now)
         return real(classes, mode, ordered)
 
-    act.convergence.send = counting
+    act.reconciler.send = counting
     run_for(d, vt, 40.0)
     gaps = [b - a for a, b in itertools.pairwise(tries[1:])]  # the first: batch, then alone
     assert len(tries) <= 8, tries  # 400 ticks, not 400 tries
@@ -112,7 +112,7 @@ def test_a_refused_shared_object_waits_with_backoff_and_blames_no_member():
             raise ObjectError("jumps", "iptables-restore: line 2 failed")
         return real(classes, mode, ordered)
 
-    act.convergence.send = jumps_refused
+    act.reconciler.send = jumps_refused
     _pin_all(d, PINS)
     run_for(d, vt, 2.0)
     rows = status_of(d)["quarantine"]
@@ -130,7 +130,7 @@ def test_a_failing_advance_glides_is_quarantined_and_the_members_still_move():
         calls.append(vt.now)
         raise OSError("tc: RTNETLINK answers: No such device")
 
-    act.advance_glides = lambda: act.convergence.guard("glide leaves", "leaf", refused)
+    act.advance_glides = lambda: act.reconciler.guard("glide leaves", "leaf", refused)
     _pin_all(d, PINS)
     run_for(d, vt, 5.0)
     assert set(PINS) <= set(act.kernel)

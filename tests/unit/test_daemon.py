@@ -17,8 +17,8 @@ from santhrottle.appliance.daemon.control.commands import Commands
 from santhrottle.appliance.daemon.core.loop import CommandError, Daemon
 from santhrottle.appliance.daemon.status.build import status
 from santhrottle.appliance.daemon.status.views import to_json
-from santhrottle.appliance.datapath.converge import Convergence
 from santhrottle.appliance.datapath.names import DatapathError
+from santhrottle.appliance.datapath.reconcile import Reconciler
 from santhrottle.controller.domain import (
     DeviceSample,
     IoSample,
@@ -111,8 +111,8 @@ class FakeSensors(NoGroupSensing):
 
 
 class FakeActuator:
-    """The Actuator protocol over a dict for the kernel: the real Convergence
-    (datapath/converge.py: the record, the diff, the quarantine) sends to it."""
+    """The Actuator protocol over a dict for the kernel: the real Reconciler
+    (datapath/reconcile.py: the record, the diff, the quarantine) sends to it."""
 
     def __init__(self, clock=lambda: 0.0) -> None:
         self._kernel: dict[str, tuple[int, str]] = {}
@@ -125,7 +125,7 @@ class FakeActuator:
         self.repairs = 0
         self.glided = 0
         self.unordered_moves = 0
-        self.convergence = Convergence(self._send, lambda: self.clock())
+        self.reconciler = Reconciler(self._send, lambda: self.clock())
         self.clock = clock
 
     @property
@@ -136,7 +136,7 @@ class FakeActuator:
     def kernel(self, members: dict[str, tuple[int, str]]) -> None:
         """What a previous run left: the kernel, read back as a start does."""
         self._kernel = members
-        self.convergence.adopt(members)
+        self.reconciler.adopt(members)
 
     def apply(self):
         return None
@@ -159,22 +159,22 @@ class FakeActuator:
                 self._kernel.pop(ip, None)
         return len(classes)
 
-    def converge(self, want, *, ordered=True):
-        return self.convergence.converge(want, ordered)
+    def reconcile(self, want, *, ordered=True):
+        return self.reconciler.reconcile(want, ordered)
 
     def members(self):
-        return self.convergence.members()
+        return self.reconciler.members()
 
     def quarantined(self):
-        return self.convergence.quarantine
+        return self.reconciler.quarantine
 
     @property
     def errors(self) -> int:
-        return self.convergence.errors
+        return self.reconciler.errors
 
     @property
     def quarantines(self):
-        return self.convergence.quarantined_total
+        return self.reconciler.quarantined_total
 
     def advance_glides(self):
         self.advances += 1
@@ -182,7 +182,7 @@ class FakeActuator:
 
     # drift: the fake kernel (a dict someone may change) against the record
     def expected(self):
-        return dict(self.convergence.targets)
+        return dict(self.reconciler.targets)
 
     def drift(self, expected):
         return [
@@ -193,7 +193,7 @@ class FakeActuator:
 
     def repair(self):
         self.repairs += 1
-        self.convergence.adopt(self._kernel)  # what apply() does: read the members back
+        self.reconciler.adopt(self._kernel)  # what apply() does: read the members back
         return 1
 
     def cleanup(self):
@@ -294,7 +294,7 @@ def test_actuator_failure_is_retried():
     assert d.counters.actuator_errors > 0 and not act.kernel
     errors = d.counters.actuator_errors
     act.fail = False
-    run_for(d, vt, 0.5)  # quarantined: retried with backoff (datapath/converge.py), not every tick
+    run_for(d, vt, 0.5)  # quarantined: retried with backoff (datapath/reconcile.py), not every tick
     assert d.counters.actuator_errors <= errors + 1
     run_for(d, vt, 4.0)
     assert act.kernel and act.quarantined() == {}

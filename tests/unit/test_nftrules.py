@@ -42,7 +42,7 @@ def test_the_chain_names_the_ports_and_counts_only_what_it_classifies():
 
 def test_every_mode_has_a_rule_per_family_as_nft_lists_it():
     """The exact texts `nft list` prints back (nftables 1.0.6, checked in a namespace):
-    converge compares them with the listed rules."""
+    reconcile compares them with the listed rules."""
     rules = nr.render_chain_rules((3260, 4420))
     assert rules[1:] == [
         "meta priority set ip daddr map @santhrottle-all ip daddr @santhrottle-counted",
@@ -78,7 +78,7 @@ def test_ensure_adds_only_what_is_missing():
 
 def test_a_table_from_before_ipv6_gains_the_ipv6_maps_and_rules():
     """An IPv4-only table (maps, counted set and the five rules of before): ensure adds
-    the IPv6 maps and counted set only, converge rebuilds the chain in one transaction."""
+    the IPv6 maps and counted set only, reconcile rebuilds the chain in one transaction."""
     old = nr.NftState(table=True, maps={"santhrottle-all", "santhrottle-ack",
                       "santhrottle-read"}, counted={"santhrottle-counted"},
                       chains={"delay"})  # fmt: skip
@@ -93,20 +93,20 @@ def test_a_table_from_before_ipv6_gains_the_ipv6_maps_and_rules():
     ]
     v4_rules = [r for r in nr.render_chain_rules((3260, 4420)) if "ip6 daddr" not in r]
     assert len(v4_rules) == 5
-    text2 = nr.render_converge((3260, 4420), v4_rules, None, ["br-i"], False)
+    text2 = nr.render_reconcile((3260, 4420), v4_rules, None, ["br-i"], False)
     assert text2 is not None
     lines = text2.splitlines()
     assert lines[0] == f"flush chain {Q} delay"
     assert lines[1:] == [f"add rule {Q} delay {r}" for r in nr.render_chain_rules((3260, 4420))]
 
 
-def test_converge_rebuilds_a_chain_that_differs_and_keeps_one_that_does_not():
+def test_reconcile_rebuilds_a_chain_that_differs_and_keeps_one_that_does_not():
     want = nr.render_chain_rules((3260, 4420))
-    assert nr.render_converge((3260, 4420), want, None, ["br-i"], False) is None
-    text = nr.render_converge((3260,), want, None, ["br-i"], False)
+    assert nr.render_reconcile((3260, 4420), want, None, ["br-i"], False) is None
+    text = nr.render_reconcile((3260,), want, None, ["br-i"], False)
     assert text is not None and text.splitlines()[0] == f"flush chain {Q} delay"
     assert text.count("add rule") == 8
-    fresh = nr.render_converge((3260, 4420), None, None, ["br-i"], True)
+    fresh = nr.render_reconcile((3260, 4420), None, None, ["br-i"], True)
     assert fresh is not None
     assert fresh.splitlines()[0] == f"add chain {Q} delay"
     assert f'add rule {Q} postrouting oifname "br-i" meta l4proto tcp jump delay' in fresh

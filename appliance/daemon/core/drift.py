@@ -10,7 +10,7 @@ What it owns
     DriftWatch.repair() runs in the tick, under the lock: each line is logged
     (WARNING santhrottled: drift: LINE; repaired) and counted
     (santhrottle_repairs_total), and the data path rebuilds what drifted
-    (Actuator.repair(), its apply()); the tick's converge() then puts back the
+    (Actuator.repair(), its apply()); the tick's reconcile() then puts back the
     members that are missing.  A check that fails is logged once until it works
     again.  A drift that comes back after each repair (another program that
     rewrites the chain, a data path that cannot hold what it built) is repaired

@@ -230,9 +230,9 @@ class Daemon:
 
     def _actuate(self, ordered: bool = True) -> None:
         """The kernel to desired() (the data path diffs it against its record, quarantines
-        what the kernel refuses: datapath/converge.py); glide leaves settled."""
+        what the kernel refuses: datapath/reconcile.py); glide leaves settled."""
         try:
-            changed = self.actuator.converge(self.desired(), ordered=ordered)
+            changed = self.actuator.reconcile(self.desired(), ordered=ordered)
             why.record(self, changed, self.clock())  # each change, why (core/audit.py)
             self.actuator.advance_glides()
         except Exception as e:  # a bug below: counted and logged, the next tick tries again

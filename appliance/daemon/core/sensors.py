@@ -22,7 +22,7 @@ BridgeSensors
 
 Actuator
     What the loop asks of the data path (datapath/actuator.py's Datapath):
-    converge() the kernel's members to the classes wanted, advance_glides() the glide
+    reconcile() the kernel's members with the classes wanted, advance_glides() the glide
     leaves, the members it holds (the one record of what the kernel holds:
     the daemon keeps no copy), the members it could not apply (quarantine),
     drift() and repair() of the objects it owns, cleanup().
@@ -136,7 +136,7 @@ class BridgeSensors(Sensors, Protocol):
 
 
 class Quarantined(Protocol):
-    """What the kernel refused (datapath/converge.py)."""
+    """What the kernel refused (datapath/reconcile.py)."""
 
     kind: str  # "member", or a shared object's kind: "jumps", "gate", "leaf"
     error: str
@@ -149,7 +149,7 @@ class Actuator(Protocol):
     def apply(self) -> Any: ...
 
     # ip -> (class before, class after, mode) of what changed in the kernel
-    def converge(
+    def reconcile(
         self, want: Mapping[str, tuple[int, str]], *, ordered: bool = True
     ) -> Mapping[str, tuple[int, int, str]]: ...
 

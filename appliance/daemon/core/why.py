@@ -13,7 +13,7 @@ What it owns
         R's controller              R's PID moved its class (up or down)
         no longer write-heavy       it left every write-heavy set
     record(): each change of a tick, into the audit trail.  The daemon calls it
-    with what the data path took (Actuator.converge's changes), under its lock,
+    with what the data path took (Actuator.reconcile's changes), under its lock,
     in the tick: only initiators that changed cost anything.
 
 Worked example

@@ -83,7 +83,7 @@ log = logging.getLogger("santhrottled")
 # ip -> (mode, HTB minor, packets, bytes), as MemberSets.read() returns it
 MemberCounters = Mapping[str, tuple[str, int, int, int]]
 MEMBER_SETS_SOURCE = "member_sets"
-# Kinds of quarantine (datapath/converge.py), a series each even at 0.
+# Kinds of quarantine (datapath/reconcile.py), a series each even at 0.
 QUARANTINE_KINDS = ("member", "jumps", "gate", "leaf")
 COUNTER_RESTART_NOTE = (
     "restarts from 0 when the initiator rejoins its set or the set is rebuilt by a bulk swap"
@@ -419,7 +419,7 @@ def daemon_families(st: StatusView) -> Iterator[Metric]:
 
 
 def quarantine_families(st: StatusView) -> Iterator[Metric]:
-    """What the kernel refused (datapath/converge.py), per kind: member, or an object
+    """What the kernel refused (datapath/reconcile.py), per kind: member, or an object
     the members share (jumps, gate, leaf)."""
     now = GaugeMetricFamily(
         "santhrottle_quarantined",

@@ -217,7 +217,7 @@ class WireView:
 
 @dataclass(frozen=True, slots=True)
 class QuarantineView:
-    """What the kernel refused (datapath/converge.py): an initiator ("member") or an
+    """What the kernel refused (datapath/reconcile.py): an initiator ("member") or an
     object the members share ("jumps", "gate", "leaf"), left out and retried."""
 
     object: str  # the initiator's address, or the object's name

@@ -1,4 +1,4 @@
-"""Converging the kernel's members to the classes wanted, one refusal never blocking the rest.
+"""Reconciling the kernel's members with the classes wanted, one refusal never blocking the rest.
 
 Problem
     Every tick the daemon hands the data path the classes it wants for every
@@ -9,10 +9,10 @@ Problem
     member failed the whole batch every tick and nobody else was ever moved.
 
 What it owns
-    Convergence: the classes last applied per initiator (`targets`, the data
+    Reconciler: the classes last applied per initiator (`targets`, the data
     path's record of what the kernel holds: the daemon keeps no copy), the
     diff from them to what is wanted, and the quarantine.
-      converge(want)  sends only what changed, per mode, as one batch; a batch
+      reconcile(want) sends only what changed, per mode, as one batch; a batch
                       the kernel refuses falls back to one member at a time,
                       and each member it refuses is quarantined: left out, shown
                       in `status`, counted in the metrics, retried on its own
@@ -25,7 +25,7 @@ What it owns
                       being sent at all, and never retried.
       forget(ip) / lost()  a member whose membership is no longer known
                       (the kernel changed under us: drift, core/loop.py)
-                      is sent again at the next converge.
+                      is sent again at the next reconcile().
     What is sent is Datapath.set_classes' job (datapath/actuator.py); this
     module is pure but for the callable it is given and the clock.
 
@@ -75,7 +75,7 @@ class Quarantined:
         self.retry_at = now + wait
 
 
-class Convergence:
+class Reconciler:
     def __init__(
         self,
         send: Callable[[Mapping[str, int], str, bool], int],
@@ -87,7 +87,7 @@ class Convergence:
         self.quarantine: dict[str, Quarantined] = {}  # ip or object name -> entry
         self.quarantined_total: dict[str, int] = {}  # kind -> entries ever made
         self.errors = 0  # refusals (a batch's, a member's, an object's)
-        self._changed: dict[str, Change] = {}  # what the converge() under way changed
+        self._changed: dict[str, Change] = {}  # what the reconcile() under way changed
 
     # ----------------------------------------------------------- the record
     def members(self) -> Mapping[str, Target]:
@@ -121,8 +121,8 @@ class Convergence:
             log.info("actuator: %s works again", key)
         return out
 
-    # ----------------------------------------------------------- converge
-    def converge(self, want: Mapping[str, Target], ordered: bool = True) -> dict[str, Change]:
+    # ---------------------------------------------------------- reconcile
+    def reconcile(self, want: Mapping[str, Target], ordered: bool = True) -> dict[str, Change]:
         """Move the kernel's members to `want` (ip -> (class, mode); an ip not in it
         leaves every set); returns what changed in the kernel: ip -> (class before,
         class after, mode), each initiator whose class the kernel took."""
