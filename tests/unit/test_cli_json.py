@@ -12,6 +12,7 @@ import pytest
 from santhrottle.appliance.cli.main import build_parser, main
 from santhrottle.appliance.daemon.control import PROTOCOL_VERSION
 from santhrottle.controller.ladder import Ladder
+from santhrottle.sim.cli import build_parser as sim_parser
 
 from .test_control_cli import live  # noqa: F401  (the fixture: a daemon with a socket)
 
@@ -25,7 +26,10 @@ def _leaves(p: argparse.ArgumentParser, path: tuple[str, ...] = ()):
         yield from _leaves(sub, (*path, name))
 
 
-LEAVES = list(_leaves(build_parser()))
+# `santhrottle simulate ARGS` runs santhrottle-simulate ARGS: its options are the simulator's
+LEAVES = [
+    (path, sim_parser() if path == ("simulate",) else p) for path, p in _leaves(build_parser())
+]
 
 
 @pytest.mark.parametrize("path,parser", LEAVES, ids=[" ".join(p) for p, _ in LEAVES])
