@@ -950,6 +950,7 @@ def test_sdist_and_wheel_build(tmp_path):
         assert mod in names, mod
     assert "santhrottled = santhrottle.appliance.daemon.main:main" in entry
     assert "santhrottle = santhrottle.appliance.cli.main:main" in entry
+    assert "santhrottle-simulate = santhrottle.sim.cli:main" in entry
     for dep in ("pyroute2", "prometheus-client", "rtslib-fb"):
         assert re.search(rf"^Requires-Dist: {dep}\b", meta, flags=re.M | re.I), dep
     # Debian 12's python3-prometheus-client (0.16) and python3-pyroute2 (0.7.2)
@@ -977,9 +978,10 @@ def test_sdist_and_wheel_build(tmp_path):
     assert parse_config(example, "example") == parse_config("", "example")
     for page in (n for n in data if n.startswith("share/man/")):
         assert data[page].startswith(b".TH "), page
-    for prog in ("santhrottle", "santhrottled"):
+    for prog in ("santhrottle", "santhrottled", "santhrottle-simulate"):
+        fn = "_shtab_" + prog.replace("-", "_")
         assert (
-            f"complete -o bashdefault -F _shtab_{prog} {prog}".encode()
+            f"complete -o bashdefault -F {fn} {prog}".encode()
             in (data[f"share/bash-completion/completions/{prog}"])
         )
         assert data[f"share/zsh/site-functions/_{prog}"].startswith(f"#compdef {prog}".encode())
