@@ -148,6 +148,7 @@ Worked example
 from __future__ import annotations
 
 import math
+from typing import Final
 
 from .domain import Decisions, Samples
 from .effective import follow_resources, recompute_effective
@@ -167,9 +168,9 @@ from .state import ControllerState
 # A drop counts after WRITE_DROP_TICKS ticks in a row: a tick's rate is a few IOs
 # where the delay is long, and a single tick of one IO where three are the mean
 # (Poisson: 1 in 5 ticks) must not renew the hold; three in a row are 1 in 125.
-WRITE_DROP_FRACTION = 0.5
-WRITE_DROP_TICKS = 3
-WRITE_DROP_HOLD_CONVERGES = 2
+WRITE_DROP_FRACTION: Final = 0.5
+WRITE_DROP_TICKS: Final = 3
+WRITE_DROP_HOLD_CONVERGES: Final = 2
 # Writers that come back after RESUME_AFTER_TICKS ticks or more in a row without
 # writes ("no writers") hold the class for RESUME_HOLD_S: the first ticks of a burst
 # show the reader before the writers' IOs have queued at the array (each writer's
@@ -178,8 +179,8 @@ WRITE_DROP_HOLD_CONVERGES = 2
 # four IOs in a row of a QD1 writer even at 250 ms; two cost throughput on the robustness
 # sweep (docs/controller.md, "Holding"). Ten ticks: a member at a long delay writes
 # a few IOs a second, and a tick or two without one is not an off-period.
-RESUME_AFTER_TICKS = 10
-RESUME_HOLD_S = 1.0
+RESUME_AFTER_TICKS: Final = 10
+RESUME_HOLD_S: Final = 1.0
 # The hysteresis band holds a class against the noise of a PID that hovers near it,
 # not against a PID that wants no delay at all: once the PID's output has sat at its
 # floor (class 0) for RELEASE_FLOOR_TICKS ticks in a row, the class goes down to 0
@@ -189,7 +190,7 @@ RESUME_HOLD_S = 1.0
 # conservation, docs/controller.md "Releasing"). One second: the floor is reached only
 # after the latency has stayed well under the setpoint (the integral), and a second of
 # that is no tick's noise.
-RELEASE_FLOOR_TICKS = 10
+RELEASE_FLOOR_TICKS: Final = 10
 
 
 def _schedule(next_s: float | None, period_s: float, now_s: float) -> tuple[bool, float, int]:

@@ -27,7 +27,7 @@ Worked example
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from itertools import chain
 
 from .levels import highest_class
@@ -35,7 +35,7 @@ from .state import ControllerState
 
 
 def follow_resources(
-    state: ControllerState, resources: Iterable[str], affected: set[str]
+    state: ControllerState, resources: AbstractSet[str], affected: set[str]
 ) -> dict[str, int]:
     """The members of the given resources that are members of no other resource,
     neither rising nor in `affected`, take their resource's class through the ramp
@@ -44,6 +44,11 @@ def follow_resources(
     Returns those that changed. Without groups only (a group's class may apply)."""
     sets = state.write_sets
     multi, eff, rising, rise_to = sets.multi, state.effective, state.rising, state.rise_to
+    # Most ticks start with `affected` and `rising` empty: a member of one resource is
+    # then in neither when the loop meets it (it is met once: `resources` is a set, and
+    # the loop adds only multi's members to `affected`, only members it has met to
+    # `rising`), and `multi` is the one lookup per member.
+    held = bool(affected) or bool(rising)
     changed: dict[str, int] = {}
     for name in resources:
         members = sets.members.get(name)
@@ -52,7 +57,7 @@ def follow_resources(
         rs = state.resources.get(name)
         cls = 0 if rs is None else rs.delay_class
         for ini in members:
-            if ini in multi or ini in affected or ini in rising:
+            if ini in multi or (held and (ini in affected or ini in rising)):
                 affected.add(ini)
                 continue
             old = eff.get(ini, 0)

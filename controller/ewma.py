@@ -34,10 +34,11 @@ Worked example
 from __future__ import annotations
 
 import math
+from typing import Final
 
 # Intervals within this of the previous one reuse its alpha (float rounding of
 # now - last; the alpha differs by ~1e-9 / tau).
-DT_SAME_S = 1e-9
+DT_SAME_S: Final = 1e-9
 
 
 def alpha_for(dt_s: float, tau_s: float) -> float:

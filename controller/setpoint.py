@@ -56,19 +56,20 @@ Worked example
 from __future__ import annotations
 
 import math
+from typing import Final
 
 from .ewma import alpha_for
 
 # One sample of the scatter per this much time of ticks.
-WINDOW_S = 1.0
+WINDOW_S: Final = 1.0
 # The spread's time constant, and the read rate's.
-SPREAD_TAU_S = 10.0
+SPREAD_TAU_S: Final = 10.0
 # A sample over this many spreads is clipped (a transient, not noise).
-SPREAD_CLIP = 3.0
+SPREAD_CLIP: Final = 3.0
 # Until measured: a per-read relative sd of 1.
-PRIOR_SPREAD = 1.0
+PRIOR_SPREAD: Final = 1.0
 # The admin's judged signal: the mean over this window.
-JUDGED_WINDOW_S = 1.0
+JUDGED_WINDOW_S: Final = 1.0
 
 
 class NoiseGauge:

@@ -76,19 +76,20 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
+from typing import Final
 
 from .ewma import alpha_for
 
 # A pair below this fraction of the leave threshold, and not a member, is
 # dropped from the table (it would take a new burst to matter again).
-FORGET_FRACTION = 0.01
+FORGET_FRACTION: Final = 0.01
 # A contended resource (latency over its setpoint) applies the relative rule
 # once its writers write this fraction of leave_bps in all (64 KiB/s by
 # default): small-IO writers saturate a slow array at well under 1 MiB/s,
 # while a reader's own log writes stay under it.
-CONTENDED_FLOOR_FRACTION = 0.25
+CONTENDED_FLOOR_FRACTION: Final = 0.25
 # A member writing under this fraction of leave_bps is away ("Idle behaviour").
-AWAY_FRACTION = 0.01
+AWAY_FRACTION: Final = 0.01
 
 
 # _Resource before _Pair, which names it: Debian 12's mypyc (1.0.1) stores a dataclass's
