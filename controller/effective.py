@@ -17,7 +17,8 @@ Law (per initiator whose resources' classes or memberships changed)
 Performance
     O(initiators given). A tick of the open-loop bench moves 7,548 of its
     10,999 members; follow_resources() takes each member of one resource with
-    four set or dict lookups where recompute_effective() takes six or more.
+    two lookups (multi, then its class; two more while some initiators are
+    rising or already affected) where recompute_effective() takes six or more.
 
 Worked example
     Resource vg1 at class 4, vg2 at class 10; A is a member of both, B of vg1
