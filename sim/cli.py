@@ -51,6 +51,7 @@ from santhrottle.appliance.cli.common import (
     Failed,
     envelope,
     number,
+    one_line_failures,
     path_arg,
 )
 from santhrottle.appliance.cli.tenantsview import print_tenants
@@ -464,21 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     """santhrottle-simulate: every failure one line on stderr, never a traceback."""
     parser = build_parser()
     args = parser.parse_args(argv)  # a usage error: argparse's lines, SystemExit(2)
-    try:
-        check(args, parser)
-        return run_sweep(args) if args.sweep is not None else run_scenario(args)
-    except CliError as e:
-        return _fail(str(e), e.code)
-    except BrokenPipeError:  # `santhrottle-simulate ... | head`
-        return 0
-    except OSError as e:  # a file this process could not use
-        where = f"{e.filename}: " if e.filename else ""
-        return _fail(f"{where}{e.strerror or e}", EXIT_FAILED)
-    except KeyboardInterrupt:  # ^C: the shell's convention, no traceback
-        return EXIT_INTERRUPTED
+    return one_line_failures(PROG, lambda: _run(args, parser))
 
 
-def _fail(message: str, code: int) -> int:
-    """The one line on stderr; the exit status."""
-    print(f"{PROG}: {' '.join(message.split()) or 'failed'}", file=sys.stderr)
-    return code
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    check(args, parser)
+    return run_sweep(args) if args.sweep is not None else run_scenario(args)

@@ -204,6 +204,30 @@ def verb(
     return p
 
 
+def one_line_failures(prog: str, run: Callable[[], int]) -> int:
+    """run()'s exit status; a failure is one line on stderr, `PROG: PROBLEM`, with the
+    status that says whose it is (CliError's code; a file or a tool this process could
+    not use: 1), never a traceback; a closed pipe (`PROG ... | head`) is 0, ^C 130.
+    santhrottle's main() and santhrottle-simulate's (sim/cli.py) share it."""
+    try:
+        return run()
+    except CliError as e:
+        return fail(prog, str(e), e.code)
+    except BrokenPipeError:
+        return EXIT_OK
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        return fail(prog, f"{where}{e.strerror or e}", EXIT_FAILED)
+    except KeyboardInterrupt:  # the shell's convention, no traceback
+        return EXIT_INTERRUPTED
+
+
+def fail(prog: str, message: str, code: int) -> int:
+    """The one line on stderr; the exit status."""
+    print(f"{prog}: {' '.join(message.split()) or 'failed'}", file=sys.stderr)
+    return code
+
+
 def finite(x: Any) -> Any:
     """JSON has no NaN/Infinity: map them to null, recursively."""
     if isinstance(x, float) and not math.isfinite(x):

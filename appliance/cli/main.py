@@ -28,13 +28,7 @@ from santhrottle.appliance.cli import (
     sensing,
     simulate,
 )
-from santhrottle.appliance.cli.common import (
-    EXIT_FAILED,
-    EXIT_HELP,
-    EXIT_INTERRUPTED,
-    EXIT_NO_DAEMON,
-    CliError,
-)
+from santhrottle.appliance.cli.common import EXIT_HELP, Failed, NoDaemon, one_line_failures
 from santhrottle.appliance.daemon.control.requests import DaemonUnavailable, RemoteError
 from santhrottle.appliance.version import version_line
 
@@ -78,35 +72,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    try:
-        if argv[:1] == [simulate.VERB]:  # every argument is the simulator's, --help too
-            return simulate.forward(argv[1:])
-    except OSError as e:
-        return _fail(f"cannot run the simulator: {e.strerror or e}", EXIT_FAILED)
+    if argv[:1] == [simulate.VERB]:  # every argument is the simulator's, --help too
+        return one_line_failures("santhrottle", lambda: simulate.forward(argv[1:]))
     parser = build_parser()
     args = parser.parse_args(argv)  # a usage error: argparse's lines, SystemExit(2)
+    return one_line_failures("santhrottle", lambda: _run(args))
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The verb; the daemon's refusals as the command line's failures."""
     try:
         rc: int = args.func(args)
         return rc
-    except CliError as e:
-        return _fail(str(e), e.code)
     except DaemonUnavailable as e:  # a verb that let it through: still exit 3, one line
-        return _fail(str(e), EXIT_NO_DAEMON)
+        raise NoDaemon(str(e)) from None
     except RemoteError as e:
-        return _fail(str(e), EXIT_FAILED)
-    except BrokenPipeError:  # `santhrottle ... | head`
-        return 0
-    except OSError as e:  # a file or a tool this process could not use
-        where = f"{e.filename}: " if e.filename else ""
-        return _fail(f"{where}{e.strerror or e}", EXIT_FAILED)
-    except KeyboardInterrupt:  # ^C: the shell's convention, no traceback
-        return EXIT_INTERRUPTED
-
-
-def _fail(message: str, code: int) -> int:
-    """The one line on stderr; the exit status."""
-    print(f"santhrottle: {' '.join(message.split()) or 'failed'}", file=sys.stderr)
-    return code
+        raise Failed(str(e)) from None
 
 
 if __name__ == "__main__":
