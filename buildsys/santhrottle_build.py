@@ -274,7 +274,14 @@ A bad configuration file or command line.
 }
 
 SEE_ALSO = {
-    "santhrottle": ("santhrottled(8)", "santhrottle.toml(5)", "tc(8)", "ipset(8)", "iptables(8)"),
+    "santhrottle": (
+        "santhrottled(8)",
+        "santhrottle.toml(5)",
+        "santhrottle-simulate(1)",
+        "tc(8)",
+        "ipset(8)",
+        "iptables(8)",
+    ),
     "santhrottled": ("santhrottle(8)", "santhrottle.toml(5)", "systemd.service(5)", "tc-netem(8)"),
     "santhrottle-simulate": ("santhrottle(8)", "santhrottled(8)", "santhrottle.toml(5)"),
 }
