@@ -24,8 +24,9 @@
 # ansible-lint (pip, into .venv), vagrant + vagrant-libvirt (apt, no recommends).
 #
 # The wheel installs, under its prefix (/usr/local for pip as root, else the venv):
-# share/man/man8/santhrottle{,d}.8, share/man/man5/santhrottle.toml.5,
-# share/bash-completion/completions/santhrottle{,d}, share/zsh/site-functions/_santhrottle{,d},
+# share/man/man8/santhrottle{,d}.8, share/man/man1/santhrottle-simulate.1,
+# share/man/man5/santhrottle.toml.5, share/bash-completion/completions/santhrottle{,d,-simulate},
+# share/zsh/site-functions/_santhrottle{,d,-simulate},
 # share/santhrottle/{santhrottle.toml.example,systemd/santhrottled.service,grafana/santhrottle.json}.
 # The man pages and completions come from the argparse parsers (argparse-manpage, shtab),
 # the example config from the config schema, when the sdist/wheel is built.
