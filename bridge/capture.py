@@ -95,9 +95,10 @@ _BLOCK = struct.Struct("=III")  # block_status, num_pkts, offset_to_first_pkt (f
 _FRAME = struct.Struct("=IIIII4xH")  # next, sec, nsec, snaplen, len, (status), mac
 _STATS3 = struct.Struct("=III")  # packets, drops, freeze_q_cnt
 _IP4 = struct.Struct("!BxHHHBBH4s4s")
-# Ethernet (type 0x0800), IPv4 with a 20-byte header, TCP: total length, fragment,
-# protocol, addresses, ports, sequence, data offset, flags
-_FAST4 = struct.Struct("!16xH2xH1xB2x4s4sHHI4xBB")
+# Ethernet, IPv4, TCP, for a frame of IPv4 with a 20-byte header and TCP: the Ethernet
+# type, version and header length, total length, fragment, protocol, addresses, ports,
+# sequence, data offset, flags
+_FAST4 = struct.Struct("!12xHBxH2xH1xB2x4s4sHHI4xBB")
 _TCP = struct.Struct("!HHIIBB")  # sport, dport, seq, ack, data offset, flags
 _SYN, _FIN, _RST = 0x02, 0x01, 0x04
 
@@ -248,52 +249,64 @@ class FrameDecoder:
 
     def frame(self, view: memoryview, p: int, snap: int, t: float, segment: Segment) -> None:
         """The Ethernet frame of snap bytes at view[p], captured at t."""
-        end = p + snap
-        if snap >= 54 and view[p + 12] == 0x08 and view[p + 13] == 0 and view[p + 14] == 0x45:
-            # the common case in one unpack: IPv4 without options, TCP
-            total, frag, proto, src, dst, sport, dport, seq, doff, flags = _FAST4.unpack_from(
-                view, p
+        if snap >= 54:  # the common case in one unpack: IPv4 without options, TCP
+            etype, vihl, total, frag, proto, src, dst, sport, dport, seq, doff, flags = (
+                _FAST4.unpack_from(view, p)
             )
+            if etype == 0x0800 and vihl == 0x45 and proto == 6 and not frag & 0x1FFF:
+                data = p + 34 + (doff >> 4) * 4
+                end = p + 14 + total  # not the Ethernet padding
+                if end > p + snap:
+                    end = p + snap
+                if data >= end and not flags & (_SYN | _FIN | _RST):
+                    self.counters.acks += 1  # a pure ACK: nothing for the walker
+                    return
+                self.counters.segments += 1
+                names = self._names
+                segment(
+                    t, names.get(src) or self.name(src), sport,
+                    names.get(dst) or self.name(dst), dport, seq,
+                    view[data:end],  # empty for a SYN, FIN or RST without data
+                    flags & _SYN != 0, flags & (_FIN | _RST) != 0,
+                )  # fmt: skip
+                return
+        self._frame(view, p, p + snap, t, segment)
+
+    def _frame(self, view: memoryview, p: int, end: int, t: float, segment: Segment) -> None:
+        """frame() for the rest: an 802.1Q tag in line, IPv4 with options, IPv6, not TCP."""
+        etype = view[p + 12] << 8 | view[p + 13]
+        ip = p + 14
+        if etype == 0x8100:  # an 802.1Q tag left in line
+            etype = view[p + 16] << 8 | view[p + 17]
+            ip += 4
+        if etype == 0x0800:
+            vihl, total, _, frag, _, proto, _, src, dst = _IP4.unpack_from(view, ip)
+            ihl = (vihl & 0x0F) * 4
             if proto != 6 or frag & 0x1FFF:
-                self._other(view, proto, frag, p + 34, end, total - 20, src, dst, t)
+                self._other(view, proto, frag, ip + ihl, end, total - ihl, src, dst, t)
                 return
-            data = p + 34 + (doff >> 4) * 4
-            end = min(end, p + 14 + total)  # not the Ethernet padding
+            tcp = ip + ihl
+            end = min(end, ip + total)
+        elif etype == 0x86DD:
+            src, dst = bytes(view[ip + 8 : ip + 24]), bytes(view[ip + 24 : ip + 40])
+            if view[ip + 6] != 6:
+                n = view[ip + 4] << 8 | view[ip + 5]
+                self._other(view, view[ip + 6], 0, ip + 40, end, n, src, dst, t)
+                return
+            tcp = ip + 40
+            end = min(end, tcp + (view[ip + 4] << 8 | view[ip + 5]))
         else:
-            etype = view[p + 12] << 8 | view[p + 13]
-            ip = p + 14
-            if etype == 0x8100:  # an 802.1Q tag left in line
-                etype = view[p + 16] << 8 | view[p + 17]
-                ip += 4
-            if etype == 0x0800:
-                vihl, total, _, frag, _, proto, _, src, dst = _IP4.unpack_from(view, ip)
-                ihl = (vihl & 0x0F) * 4
-                if proto != 6 or frag & 0x1FFF:
-                    self._other(view, proto, frag, ip + ihl, end, total - ihl, src, dst, t)
-                    return
-                tcp = ip + ihl
-                end = min(end, ip + total)
-            elif etype == 0x86DD:
-                src, dst = bytes(view[ip + 8 : ip + 24]), bytes(view[ip + 24 : ip + 40])
-                if view[ip + 6] != 6:
-                    n = view[ip + 4] << 8 | view[ip + 5]
-                    self._other(view, view[ip + 6], 0, ip + 40, end, n, src, dst, t)
-                    return
-                tcp = ip + 40
-                end = min(end, tcp + (view[ip + 4] << 8 | view[ip + 5]))
-            else:
-                self.counters.not_tcp += 1
-                return
-            sport, dport, seq, _, doff, flags = _TCP.unpack_from(view, tcp)
-            data = tcp + (doff >> 4) * 4
+            self.counters.not_tcp += 1
+            return
+        sport, dport, seq, _, doff, flags = _TCP.unpack_from(view, tcp)
+        data = tcp + (doff >> 4) * 4
         if data >= end and not flags & (_SYN | _FIN | _RST):
-            self.counters.acks += 1  # a pure ACK: nothing for the walker
+            self.counters.acks += 1
             return
         self.counters.segments += 1
         segment(
-            t, self.name(src), sport, self.name(dst), dport, seq,
-            view[data:end],  # empty for a SYN, FIN or RST without data
-            bool(flags & _SYN), bool(flags & (_FIN | _RST)),
+            t, self.name(src), sport, self.name(dst), dport, seq, view[data:end],
+            flags & _SYN != 0, flags & (_FIN | _RST) != 0,
         )  # fmt: skip
 
     def _other(

@@ -271,7 +271,7 @@ class Stream(Belief):
         """Walk buf (whose first byte is at sequence number base) from off, where a
         header is; scan_from: where a search starts when the walk proves off."""
         proto = self.proto
-        decode, direction, fixed = proto.decode_fn, proto.direction, proto.fixed_need
+        decode, direction, most = proto.decode_fn, proto.direction, proto.most_need
         sink, counters = self.sink, self.counters
         n = len(buf)
         steps = self.steps  # the segment's, over each walk of it
@@ -282,7 +282,8 @@ class Stream(Belief):
                     counters.truncated += 1
                     self._lose(now)
                     return
-                if n - off < (fixed or proto.need(buf, off)):  # a header cut by the segment's end
+                left = n - off
+                if left < most and left < proto.need(buf, off):  # a header cut by the segment's end
                     self._keep(buf[off:], base + off)
                     return
                 if not self.hd_known:  # after a login the sensor did not read whole

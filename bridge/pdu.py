@@ -161,11 +161,18 @@ TERM_DATA_MAX = 152  # a TermReq carries at most the PDU header it rejects
 # the whole BHS in one unpack: b0, flags, b2, b3, ahs, dsl (hi byte, lo 16 bits), lun,
 # itt, words at 20, 24, 28, 32, 36, 40, 44
 _BHS = struct.Struct(">BBBBBBHQIIIIIIII")
+# what decode_iscsi() reads of it: bytes 0-19, the words at 20 and 28, byte 32 (a CDB's
+# opcode)
+_BHS_DECODE = struct.Struct(">BBBBBBHQII4xIB")
 _NVME_CH = struct.Struct("<BBBBI")  # type, flags, hlen, pdo, plen
 _NV_SMALL = struct.Struct("<HHIII")  # bytes 8-23 of the 24-byte headers
 _NVME_SQE = struct.Struct("<BBHI")  # opcode, flags, CID, NSID (from byte 8)
 _U16_LE = struct.Struct("<H")
 _U32_LE = struct.Struct("<I")
+_NV_RESP_END = struct.Struct("<HH")  # a CapsuleResp's CID and status (bytes 20-23)
+# The decoders make a Pdu as tuple.__new__(Pdu, (its 11 fields in order)): Pdu(...) runs
+# NamedTuple's __new__ in Python, a third of a decode (test_bridge_pdu checks the length).
+_pdu = tuple.__new__
 
 
 class Pdu(NamedTuple):
@@ -216,7 +223,7 @@ def decode_iscsi(
     (MaxRecvDataSegmentLength), for every PDU but a login's."""
     if len(buf) - off < ISCSI_BHS_BYTES:
         return None
-    b0, flags, _, status, ahs, dhi, dlo, lun, itt, w20, _, w28, _, _, _, _ = _BHS.unpack_from(
+    b0, flags, _, status, ahs, dhi, dlo, lun, itt, w20, w28, cdb0 = _BHS_DECODE.unpack_from(
         buf, off
     )
     op = b0 & 0x3F
@@ -231,45 +238,44 @@ def decode_iscsi(
                 return None
             if dsl and (not flags & _W or dsl > w20):  # only a write carries data
                 return None
-            cdb0 = buf[off + 32]
             rw = READ if cdb0 in _SCSI_READS else WRITE if cdb0 in _SCSI_WRITES else 0
-            return Pdu(CMD, itt, rw, lun, length, w20, 0, hdr, 0, w28, dsl)
+            return _pdu(Pdu, (CMD, itt, rw, lun, length, w20, 0, hdr, 0, w28, dsl))
         if op in (_IS_DATA_OUT, _IS_NOP_OUT):
             if dsl > limit:
                 return None
-            return Pdu(DATA_OUT if op == _IS_DATA_OUT else OTHER, itt, 0, lun, length, dsl,
-                       0, hdr, 0, w28, dsl)  # fmt: skip
+            kind = DATA_OUT if op == _IS_DATA_OUT else OTHER
+            return _pdu(Pdu, (kind, itt, 0, lun, length, dsl, 0, hdr, 0, w28, dsl))
         if op == _IS_LOGIN:  # its text: the target, the initiator, the digests
             return _login(itt, flags, ahs, dsl)
         if op not in ISCSI_TO_TARGET or dsl > limit:
             return None
         if (op in (_IS_TMF, _IS_LOGOUT, _IS_SNACK)) and dsl:
             return None
-        return Pdu(OTHER, itt, 0, 0, length, dsl, 0, hdr, 0, w28, dsl)
+        return _pdu(Pdu, (OTHER, itt, 0, 0, length, dsl, 0, hdr, 0, w28, dsl))
     if op == _IS_DATA_IN:
         if flags & _IS_DATA_IN_RESERVED or dsl > limit:
             return None
         if flags & 0x01:  # S: the status is in this PDU
-            return Pdu(DONE, itt, 0, 0, length, dsl, status, hdr, 0, w28, dsl)
-        return Pdu(OTHER, itt, 0, 0, length, dsl, 0, hdr, 0, w28, dsl)
+            return _pdu(Pdu, (DONE, itt, 0, 0, length, dsl, status, hdr, 0, w28, dsl))
+        return _pdu(Pdu, (OTHER, itt, 0, 0, length, dsl, 0, hdr, 0, w28, dsl))
     if op == _IS_RESP:
         if not flags & 0x80 or flags & _IS_RESP_RESERVED or dsl > limit:
             return None
-        return Pdu(DONE, itt, 0, 0, length, dsl, status, hdr, 0, w28, dsl)
+        return _pdu(Pdu, (DONE, itt, 0, 0, length, dsl, status, hdr, 0, w28, dsl))
     if op == _IS_LOGIN_RESP:
         return _login(itt, flags, ahs, dsl)
     if op not in ISCSI_TO_INITIATOR or dsl > limit:
         return None
     if (op in (_IS_R2T, _IS_TMF_RESP, _IS_LOGOUT_RESP)) and dsl:
         return None
-    return Pdu(OTHER, itt, 0, 0, length, dsl, 0, hdr, 0, w28, dsl)
+    return _pdu(Pdu, (OTHER, itt, 0, 0, length, dsl, 0, hdr, 0, w28, dsl))
 
 
 def _login(itt: int, flags: int, ahs: int, dsl: int) -> Pdu:
     """A login request or response: never digested (the digests a login negotiates
     start after it), so its data segment says nothing of them (segment 0)."""
     hdr = ISCSI_BHS_BYTES + 4 * ahs
-    return Pdu(LOGIN, itt, flags, 0, hdr + ((dsl + 3) & ~3), dsl, 0, hdr, 0, 0, 0)
+    return _pdu(Pdu, (LOGIN, itt, flags, 0, hdr + ((dsl + 3) & ~3), dsl, 0, hdr, 0, 0, 0))
 
 
 def _login_flags_ok(flags: int) -> bool:
@@ -397,15 +403,16 @@ def decode_nvme(
         if opcode in (_NVME_READ, _NVME_WRITE):
             nlb = _U16_LE.unpack_from(buf, off + 56)[0]
             rw = READ if opcode == _NVME_READ else WRITE
-            return Pdu(CMD, cid, rw, nsid, plen, data, 0, pdo, nlb + 1, 0, data)
+            return _pdu(Pdu, (CMD, cid, rw, nsid, plen, data, 0, pdo, nlb + 1, 0, data))
         if opcode == _NVME_FABRICS and buf[off + 12] == _FABRICS_CONNECT:
-            return Pdu(CONNECT, cid, 0, 0, plen, data, 0, pdo, 0, 0, data)
-        return Pdu(CMD, cid, 0, nsid, plen, data, 0, pdo, 0, 0, data)  # its completion too
+            return _pdu(Pdu, (CONNECT, cid, 0, 0, plen, data, 0, pdo, 0, 0, data))
+        # another command: its completion comes too
+        return _pdu(Pdu, (CMD, cid, 0, nsid, plen, data, 0, pdo, 0, 0, data))
     if ptype == _NV_RESP:
         if pdo or plen != hlen + hd:
             return None
-        cid, status = _U16_LE.unpack_from(buf, off + 20)[0], buf[off + 22] | buf[off + 23] << 8
-        return Pdu(DONE, cid, 0, 0, plen, 0, status >> 1, 0)  # bit 0: the phase tag
+        cid, status = _NV_RESP_END.unpack_from(buf, off + 20)
+        return _pdu(Pdu, (DONE, cid, 0, 0, plen, 0, status >> 1, 0, 0, 0, 0))  # bit 0: phase
     if ptype in (_NV_C2H, _NV_H2C):
         cid, _, _, datal, _ = _NV_SMALL.unpack_from(buf, off + 8)
         if pdo < hlen + hd or plen != pdo + datal + dd or datal > MAX_DATA_BYTES:
@@ -413,22 +420,24 @@ def decode_nvme(
         if ptype == _NV_H2C:
             if datal > limit:
                 return None
-            return Pdu(DATA_OUT, cid, 0, 0, plen, datal, 0, pdo, 0, 0, datal)
+            return _pdu(Pdu, (DATA_OUT, cid, 0, 0, plen, datal, 0, pdo, 0, 0, datal))
         if flags & _NV_SUCCESS:
-            return Pdu(DONE, cid, 0, 0, plen, datal, 0, pdo, 0, 0, datal)
-        return Pdu(OTHER, cid, 0, 0, plen, datal, 0, pdo, 0, 0, datal)
+            return _pdu(Pdu, (DONE, cid, 0, 0, plen, datal, 0, pdo, 0, 0, datal))
+        return _pdu(Pdu, (OTHER, cid, 0, 0, plen, datal, 0, pdo, 0, 0, datal))
     if ptype == _NV_R2T:
         if pdo or plen != hlen + hd:
             return None
-        return Pdu(OTHER, _U16_LE.unpack_from(buf, off + 8)[0], 0, 0, plen, 0, 0, 0)
+        cid = _U16_LE.unpack_from(buf, off + 8)[0]
+        return _pdu(Pdu, (OTHER, cid, 0, 0, plen, 0, 0, 0, 0, 0, 0))
     if ptype <= _NV_IC_RESP:
         if pdo or plen != hlen or flags:
             return None
-        return Pdu(IC, 0, buf[off + 11], 0, plen, _U32_LE.unpack_from(buf, off + 12)[0], 0, 0)
+        maxdata = _U32_LE.unpack_from(buf, off + 12)[0]  # MAXR2T or MAXH2CDATA
+        return _pdu(Pdu, (IC, 0, buf[off + 11], 0, plen, maxdata, 0, 0, 0, 0, 0))
     # TermReq: the header it rejects
     if pdo or not hlen + hd <= plen <= hlen + hd + TERM_DATA_MAX:
         return None
-    return Pdu(OTHER, 0, 0, 0, plen, 0, 0, 0)
+    return _pdu(Pdu, (OTHER, 0, 0, 0, plen, 0, 0, 0, 0, 0, 0))
 
 
 def plausible_nvme(buf: bytes | memoryview, off: int) -> bool:

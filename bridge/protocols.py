@@ -118,10 +118,10 @@ class Protocol:
     candidates: re.Pattern[bytes]
     digest_aware = False  # iSCSI: digests are the connection's, in no header
     # for the walk's loop, one call a header: decode_fn(buf, off, direction, header
-    # digest, data digest, limit) (pdu.py), and the bytes a header needs when fixed
+    # digest, data digest, limit) (pdu.py), and the most bytes need() says
     decode_fn: DecodeFn
     direction = True  # to the target (controller)
-    fixed_need = 0
+    most_need = ISCSI_BHS_BYTES
 
     def need(self, buf: Buffer, off: int) -> int:
         """Bytes from off needed to decode the header there."""
@@ -173,7 +173,6 @@ _ISCSI_FIXED = {
 class Iscsi(Protocol):
     digest_aware = True
 
-    fixed_need = ISCSI_BHS_BYTES
 
     def __init__(self, to_target: bool) -> None:
         self.to_target = self.direction = to_target
@@ -205,6 +204,8 @@ class Iscsi(Protocol):
 
 
 class NvmeTcp(Protocol):
+    most_need = max(NVME_HLEN.values())
+
     def __init__(self, to_controller: bool) -> None:
         self.to_controller = self.direction = to_controller
         self.decode_fn = decode_nvme

@@ -284,6 +284,7 @@ class Tracker(SyncViews):
         return True
 
     def _command(self, conn: Connection, pdu: Pdu, provisional: bool) -> Command | None:
+        tag, op, now, inflight = pdu.tag, pdu.op, self._now, conn.inflight
         unit = lun_number(pdu.volume) if conn.proto == ISCSI else pdu.volume
         vol = conn.units.get(unit)
         if vol is None or vol.target != conn.target:  # a unit new to it, or named since
@@ -293,21 +294,21 @@ class Tracker(SyncViews):
                 if len(conn.volumes) < MAX_VOLUMES_PER_CONN or vol in conn.volumes:
                     conn.volumes.add(vol)
                     conn.units[unit] = vol
-        if pdu.tag in conn.inflight:
+        if tag in inflight:
             self.counters.replaced += 1
-            self.busy.down(conn.inflight[pdu.tag].volume, self._now)
+            self.busy.down(inflight[tag].volume, now)
         else:
             if self.inflight_total >= MAX_INFLIGHT:
                 self.counters.evicted += 1
-                if not conn.inflight:
+                if not inflight:
                     return None  # nothing of its own to give up: not tracked
-                self.busy.down(conn.inflight.pop(next(iter(conn.inflight))).volume, self._now)
+                self.busy.down(inflight.pop(next(iter(inflight))).volume, now)
                 self.inflight_total -= 1
             self.inflight_total += 1
         self.counters.commands += 1
-        cmd = conn.inflight[pdu.tag] = Command(self._now, pdu.op, vol)
-        self.busy.up(vol, self._now)
-        if pdu.op == WRITE and vol is not None:
+        cmd = inflight[tag] = Command(now, op, vol)
+        self.busy.up(vol, now)
+        if op == WRITE and vol is not None:
             nbytes = pdu.data_bytes  # iSCSI: the whole write; NVMe: in-capsule data
             if provisional:
                 cmd.held_bytes = nbytes
@@ -318,19 +319,19 @@ class Tracker(SyncViews):
     def _completed(self, conn: Connection, cmd: Command, tag: int) -> None:
         self.inflight_total -= 1
         self.counters.completions += 1
-        self.busy.down(cmd.volume, self._now)
-        vol = cmd.volume
+        vol, op, now = cmd.volume, cmd.op, self._now
+        self.busy.down(vol, now)
         if vol is None:
             return
         if cmd.held_bytes:  # a provisional write its completion proves
             self.sums.wrote(vol, conn.initiator, cmd.held_bytes)
             cmd.held_bytes = 0
-        if cmd.op == READ:
-            self.sums.read(vol, conn.initiator, self._now - cmd.start_s)
-        elif cmd.op == WRITE:
+        if op == READ:
+            self.sums.read(vol, conn.initiator, now - cmd.start_s)
+        elif op == WRITE:
             self.sums.write_done(vol, conn.initiator)
-        if self.on_io is not None and cmd.op:
-            self.on_io(conn.key, tag, cmd.op, cmd.start_s, self._now)
+        if self.on_io is not None and op:
+            self.on_io(conn.key, tag, op, cmd.start_s, now)
 
     def _unmeasurable(self, conn: Connection, reason: str) -> None:
         """Its streams are not iSCSI or NVMe/TCP to read: nothing of it is counted."""
