@@ -145,15 +145,38 @@ _LOGIN_T, _LOGIN_C = 0x80, 0x40
 FULL_FEATURE = 3  # a login stage (CSG, NSG)
 
 # NVMe/TCP PDU types and their header lengths
-NVME_HLEN = {0x00: 128, 0x01: 128, 0x02: 24, 0x03: 24, 0x04: 72, 0x05: 24, 0x06: 24,
-             0x07: 24, 0x09: 24}  # fmt: skip
+NVME_HLEN = {
+    0x00: 128,  # ICReq
+    0x01: 128,  # ICResp
+    0x02: 24,  # H2CTermReq
+    0x03: 24,  # C2HTermReq
+    0x04: 72,  # CapsuleCmd
+    0x05: 24,  # CapsuleResp
+    0x06: 24,  # H2CData
+    0x07: 24,  # C2HData
+    0x09: 24,  # R2T
+}
 NVME_TO_CONTROLLER = frozenset({0x00, 0x02, 0x04, 0x06})
 NVME_TO_HOST = frozenset({0x01, 0x03, 0x05, 0x07, 0x09})
+# per direction (True: to the controller), the types it carries and their header lengths
+_NV_HLEN_TO = {
+    to_controller: {t: NVME_HLEN[t] for t in types}
+    for to_controller, types in ((True, NVME_TO_CONTROLLER), (False, NVME_TO_HOST))
+}
 _NV_IC_REQ, _NV_IC_RESP, _NV_CMD, _NV_RESP, _NV_H2C, _NV_C2H, _NV_R2T = 0, 1, 4, 5, 6, 7, 9
 _NV_HDGST, _NV_DDGST, _NV_LAST, _NV_SUCCESS = 0x01, 0x02, 0x04, 0x08
 # the flags each type may carry (NVMe/TCP 1.0 section 3.6)
-_NV_FLAGS = {0x00: 0, 0x01: 0, 0x02: 0, 0x03: 0, 0x04: 0x03, 0x05: 0x01, 0x06: 0x07,
-             0x07: 0x0F, 0x09: 0x01}  # fmt: skip
+_NV_FLAGS = {
+    0x00: 0,
+    0x01: 0,
+    0x02: 0,
+    0x03: 0,
+    0x04: _NV_HDGST | _NV_DDGST,
+    0x05: _NV_HDGST,
+    0x06: _NV_HDGST | _NV_DDGST | _NV_LAST,
+    0x07: _NV_HDGST | _NV_DDGST | _NV_LAST | _NV_SUCCESS,
+    0x09: _NV_HDGST,
+}
 _NVME_READ, _NVME_WRITE, _NVME_FABRICS = 0x02, 0x01, 0x7F
 _FABRICS_CONNECT = 0x01
 TERM_DATA_MAX = 152  # a TermReq carries at most the PDU header it rejects
@@ -382,9 +405,7 @@ def decode_nvme(
     if len(buf) - off < NVME_CH_BYTES:
         return None
     ptype, flags, hlen, pdo, plen = _NVME_CH.unpack_from(buf, off)
-    if NVME_HLEN.get(ptype) != hlen:
-        return None
-    if ptype not in (NVME_TO_CONTROLLER if to_controller else NVME_TO_HOST):
+    if _NV_HLEN_TO[to_controller].get(ptype) != hlen:  # a type of this direction, its hlen
         return None
     if len(buf) - off < hlen:
         return None
