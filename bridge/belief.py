@@ -77,9 +77,23 @@ class Belief:
     ever proven, what it is while none was; how a header is proven and how the walk
     finds its place. Stream (below) walks with it."""
 
-    __slots__ = ("alt_seq", "carried", "counters", "dd_known", "digests", "hd_known", "held",
-                 "hooks", "limit", "pdu_seq", "proto", "proven", "sn", "sniffer",
-                 "state")  # fmt: skip
+    __slots__ = (
+        "alt_seq",
+        "carried",
+        "counters",
+        "dd_known",
+        "digests",
+        "hd_known",
+        "held",
+        "hooks",
+        "limit",
+        "pdu_seq",
+        "proto",
+        "proven",
+        "sn",
+        "sniffer",
+        "state",
+    )
 
     def __init__(self, proto: Protocol, hooks: Hooks) -> None:
         self.proto, self.hooks = proto, hooks

@@ -72,23 +72,54 @@ RETIRE_MS = 10
 # replaced by `tcpdump -dd -s 128 'esp or udp port 4500'`: IPsec ESP (esp.py: storage the
 # sensor cannot read, shown as not measurable) with ESP_SNAP_BYTES of each frame.
 STORAGE_FILTER = (
-    (0x28, 0, 0, 0x0000000C), (0x15, 0, 7, 0x000086DD), (0x30, 0, 0, 0x00000014),
-    (0x15, 0, 18, 0x00000006), (0x28, 0, 0, 0x00000036), (0x15, 15, 0, 0x00000CBC),
-    (0x15, 14, 0, 0x00001144), (0x28, 0, 0, 0x00000038), (0x15, 12, 11, 0x00000CBC),
-    (0x15, 0, 12, 0x00000800), (0x30, 0, 0, 0x00000017), (0x15, 0, 10, 0x00000006),
-    (0x28, 0, 0, 0x00000014), (0x45, 8, 0, 0x00001FFF), (0xB1, 0, 0, 0x0000000E),
-    (0x48, 0, 0, 0x0000000E), (0x15, 4, 0, 0x00000CBC), (0x15, 3, 0, 0x00001144),
-    (0x48, 0, 0, 0x00000010), (0x15, 1, 0, 0x00000CBC), (0x15, 0, 1, 0x00001144),
-    (0x06, 0, 0, 0x00040000), (0x28, 0, 0, 0x0000000C), (0x15, 0, 10, 0x00000800),
-    (0x30, 0, 0, 0x00000017), (0x15, 19, 0, 0x00000032), (0x15, 0, 19, 0x00000011),
-    (0x28, 0, 0, 0x00000014), (0x45, 17, 0, 0x00001FFF), (0xB1, 0, 0, 0x0000000E),
-    (0x48, 0, 0, 0x0000000E), (0x15, 13, 0, 0x00001194), (0x48, 0, 0, 0x00000010),
-    (0x15, 11, 12, 0x00001194), (0x15, 0, 11, 0x000086DD), (0x30, 0, 0, 0x00000014),
-    (0x15, 8, 0, 0x00000032), (0x15, 0, 2, 0x0000002C), (0x30, 0, 0, 0x00000036),
-    (0x15, 5, 6, 0x00000032), (0x15, 0, 5, 0x00000011), (0x28, 0, 0, 0x00000036),
-    (0x15, 2, 0, 0x00001194), (0x28, 0, 0, 0x00000038), (0x15, 0, 1, 0x00001194),
-    (0x06, 0, 0, 0x00000080), (0x06, 0, 0, 0x00000000),
-)  # fmt: skip
+    (0x28, 0, 0, 0x0000000C),
+    (0x15, 0, 7, 0x000086DD),
+    (0x30, 0, 0, 0x00000014),
+    (0x15, 0, 18, 0x00000006),
+    (0x28, 0, 0, 0x00000036),
+    (0x15, 15, 0, 0x00000CBC),
+    (0x15, 14, 0, 0x00001144),
+    (0x28, 0, 0, 0x00000038),
+    (0x15, 12, 11, 0x00000CBC),
+    (0x15, 0, 12, 0x00000800),
+    (0x30, 0, 0, 0x00000017),
+    (0x15, 0, 10, 0x00000006),
+    (0x28, 0, 0, 0x00000014),
+    (0x45, 8, 0, 0x00001FFF),
+    (0xB1, 0, 0, 0x0000000E),
+    (0x48, 0, 0, 0x0000000E),
+    (0x15, 4, 0, 0x00000CBC),
+    (0x15, 3, 0, 0x00001144),
+    (0x48, 0, 0, 0x00000010),
+    (0x15, 1, 0, 0x00000CBC),
+    (0x15, 0, 1, 0x00001144),
+    (0x06, 0, 0, 0x00040000),
+    (0x28, 0, 0, 0x0000000C),
+    (0x15, 0, 10, 0x00000800),
+    (0x30, 0, 0, 0x00000017),
+    (0x15, 19, 0, 0x00000032),
+    (0x15, 0, 19, 0x00000011),
+    (0x28, 0, 0, 0x00000014),
+    (0x45, 17, 0, 0x00001FFF),
+    (0xB1, 0, 0, 0x0000000E),
+    (0x48, 0, 0, 0x0000000E),
+    (0x15, 13, 0, 0x00001194),
+    (0x48, 0, 0, 0x00000010),
+    (0x15, 11, 12, 0x00001194),
+    (0x15, 0, 11, 0x000086DD),
+    (0x30, 0, 0, 0x00000014),
+    (0x15, 8, 0, 0x00000032),
+    (0x15, 0, 2, 0x0000002C),
+    (0x30, 0, 0, 0x00000036),
+    (0x15, 5, 6, 0x00000032),
+    (0x15, 0, 5, 0x00000011),
+    (0x28, 0, 0, 0x00000036),
+    (0x15, 2, 0, 0x00001194),
+    (0x28, 0, 0, 0x00000038),
+    (0x15, 0, 1, 0x00001194),
+    (0x06, 0, 0, 0x00000080),
+    (0x06, 0, 0, 0x00000000),
+)
 
 _REQ3 = struct.Struct("=7I")
 _BLOCK = struct.Struct("=III")  # block_status, num_pkts, offset_to_first_pkt (from byte 8)
@@ -155,8 +186,9 @@ class Ring:
             attach_filter(self.sock, program)
             self.sock.setsockopt(SOL_PACKET, PACKET_VERSION, TPACKET_V3)
             frame = SNAP_BYTES + 256
-            req = _REQ3.pack(block_bytes, blocks, frame, block_bytes // frame * blocks,
-                             retire_ms, 0, 0)  # fmt: skip
+            req = _REQ3.pack(
+                block_bytes, blocks, frame, block_bytes // frame * blocks, retire_ms, 0, 0
+            )
             self.sock.setsockopt(SOL_PACKET, PACKET_RX_RING, req)
             self.sock.bind((ifname, ETH_P_ALL))
             self.map = mmap.mmap(self.sock.fileno(), block_bytes * blocks)
@@ -264,11 +296,16 @@ class FrameDecoder:
                 self.counters.segments += 1
                 names = self._names
                 segment(
-                    t, names.get(src) or self.name(src), sport,
-                    names.get(dst) or self.name(dst), dport, seq,
+                    t,
+                    names.get(src) or self.name(src),
+                    sport,
+                    names.get(dst) or self.name(dst),
+                    dport,
+                    seq,
                     view[data:end],  # empty for a SYN, FIN or RST without data
-                    flags & _SYN != 0, flags & (_FIN | _RST) != 0,
-                )  # fmt: skip
+                    flags & _SYN != 0,
+                    flags & (_FIN | _RST) != 0,
+                )
                 return
         self._frame(view, p, p + snap, t, segment)
 
@@ -305,14 +342,29 @@ class FrameDecoder:
             return
         self.counters.segments += 1
         segment(
-            t, self.name(src), sport, self.name(dst), dport, seq, view[data:end],
-            flags & _SYN != 0, flags & (_FIN | _RST) != 0,
-        )  # fmt: skip
+            t,
+            self.name(src),
+            sport,
+            self.name(dst),
+            dport,
+            seq,
+            view[data:end],
+            flags & _SYN != 0,
+            flags & (_FIN | _RST) != 0,
+        )
 
     def _other(
-        self, view: memoryview, proto: int, frag: int, l4: int, end: int, l4_len: int,
-        src: bytes, dst: bytes, t: float,
-    ) -> None:  # fmt: skip
+        self,
+        view: memoryview,
+        proto: int,
+        frag: int,
+        l4: int,
+        end: int,
+        l4_len: int,
+        src: bytes,
+        dst: bytes,
+        t: float,
+    ) -> None:
         """A frame that is not TCP: IPsec ESP goes to on_esp (esp.py), the rest is
         counted (the kernel's encrypted(), wire.bpf.c)."""
         got = None

@@ -46,8 +46,18 @@ class EspFlow:
 
 def esp_row(src: str, dst: str, spi: int, seconds: float, nbytes: int) -> SyncRow:
     """A security association as a sync row: not measurable, for as long as it was seen."""
-    return SyncRow(src, 0, dst, "", "esp", STATE_NAMES[UNMEASURABLE], nbytes,
-                   round(seconds, 6), 0, f"ipsec esp spi 0x{spi:08x}")  # fmt: skip
+    return SyncRow(
+        src,
+        0,
+        dst,
+        "",
+        "esp",
+        STATE_NAMES[UNMEASURABLE],
+        nbytes,
+        round(seconds, 6),
+        0,
+        f"ipsec esp spi 0x{spi:08x}",
+    )
 
 
 class EspFlows:
@@ -75,8 +85,10 @@ class EspFlows:
             del self.flows[key]
 
     def rows(self) -> list[SyncRow]:
-        return [esp_row(src, dst, spi, f.last_s - f.first_s, f.bytes)
-                for (src, dst, spi), f in self.flows.items()]  # fmt: skip
+        return [
+            esp_row(src, dst, spi, f.last_s - f.first_s, f.bytes)
+            for (src, dst, spi), f in self.flows.items()
+        ]
 
 
 def spi_of(proto: int, l4: bytes | memoryview, l4_len: int) -> tuple[int, int] | None:

@@ -94,8 +94,16 @@ BEHIND_MAX_BYTES = 1 << 26
 class Stream(Belief):
     """One direction's walk: feed() hands each header to sink (module header)."""
 
-    __slots__ = ("carry", "carry_seq", "collect", "expect_seq", "lost_since", "searches", "sink",
-                 "steps")  # fmt: skip
+    __slots__ = (
+        "carry",
+        "carry_seq",
+        "collect",
+        "expect_seq",
+        "lost_since",
+        "searches",
+        "sink",
+        "steps",
+    )
 
     def __init__(self, proto: Protocol, sink: Sink | None = None, hooks: Hooks = NO_HOOKS) -> None:
         super().__init__(proto, hooks)

@@ -82,8 +82,13 @@ def ensure(ipr: Any, name: str, initiator_port: str, array_port: str) -> BridgeS
     br = _one(ipr, name)
     created = br is None
     if br is None:
-        ipr.link("add", ifname=name, kind="bridge", br_stp_state=STP_OFF,
-                 br_forward_delay=FORWARD_DELAY_CS)  # fmt: skip
+        ipr.link(
+            "add",
+            ifname=name,
+            kind="bridge",
+            br_stp_state=STP_OFF,
+            br_forward_delay=FORWARD_DELAY_CS,
+        )
         br = _one(ipr, name)
         if br is None:
             raise BridgeError(f"bridge {name}: created, but the kernel does not show it")

@@ -131,9 +131,20 @@ ISCSI_TO_TARGET = frozenset(
     | _IS_VENDOR_TO_TARGET
 )
 ISCSI_TO_INITIATOR = frozenset(
-    {_IS_NOP_IN, _IS_RESP, _IS_TMF_RESP, _IS_LOGIN_RESP, _IS_TEXT_RESP, _IS_DATA_IN,
-     _IS_LOGOUT_RESP, _IS_R2T, _IS_ASYNC, _IS_REJECT} | _IS_VENDOR_TO_INITIATOR
-)  # fmt: skip
+    {
+        _IS_NOP_IN,
+        _IS_RESP,
+        _IS_TMF_RESP,
+        _IS_LOGIN_RESP,
+        _IS_TEXT_RESP,
+        _IS_DATA_IN,
+        _IS_LOGOUT_RESP,
+        _IS_R2T,
+        _IS_ASYNC,
+        _IS_REJECT,
+    }
+    | _IS_VENDOR_TO_INITIATOR
+)
 _SCSI_READS = frozenset({0x08, 0x28, 0x88, 0xA8})
 _SCSI_WRITES = frozenset({0x0A, 0x2A, 0x8A, 0xAA})
 # flag bits that must be zero (RFC 7143 11.3, 11.4, 11.7, 11.8)
@@ -345,20 +356,37 @@ def plausible_iscsi(
         if op == _IS_NOP_OUT:
             return flags == 0x80 and not (b2 or b3 or w32 or w36 or w40 or w44)
         if op == _IS_LOGIN:
-            return (b0 == 0x43 and _login_flags_ok(flags) and not (b2 or b3)
-                    and not (w20 & 0xFFFF or w32 or w36 or w40 or w44))  # fmt: skip
+            return (
+                b0 == 0x43
+                and _login_flags_ok(flags)
+                and not (b2 or b3)
+                and not (w20 & 0xFFFF or w32 or w36 or w40 or w44)
+            )
         if op == _IS_TEXT:
-            return not (flags & 0x3F or (flags & 0xC0) == 0xC0 or b2 or b3 or w32 or w36
-                        or w40 or w44)  # fmt: skip
+            return not (
+                flags & 0x3F or (flags & 0xC0) == 0xC0 or b2 or b3 or w32 or w36 or w40 or w44
+            )
         if op == _IS_TMF:
-            return (flags & 0x80 and 1 <= flags & 0x7F <= 14 and not (b2 or b3 or dsl)
-                    and not (w40 or w44))  # fmt: skip
+            return (
+                flags & 0x80
+                and 1 <= flags & 0x7F <= 14
+                and not (b2 or b3 or dsl)
+                and not (w40 or w44)
+            )
         if op == _IS_LOGOUT:
-            return (flags & 0x80 and flags & 0x7F <= 2 and not (b2 or b3 or dsl or lun)
-                    and not (w20 & 0xFFFF or w32 or w36 or w40 or w44))  # fmt: skip
+            return (
+                flags & 0x80
+                and flags & 0x7F <= 2
+                and not (b2 or b3 or dsl or lun)
+                and not (w20 & 0xFFFF or w32 or w36 or w40 or w44)
+            )
         if op == _IS_SNACK:
-            return (flags & 0xF0 == 0x80 and flags & 0x0F <= 3 and not (b2 or b3 or dsl)
-                    and not (w24 or w32 or w36))  # fmt: skip
+            return (
+                flags & 0xF0 == 0x80
+                and flags & 0x0F <= 3
+                and not (b2 or b3 or dsl)
+                and not (w24 or w32 or w36)
+            )
         return False  # vendor-specific: only where a walk puts them
     if op != _IS_LOGIN_RESP and (w32 - w28 + 1) & 0xFFFFFFFF > MAX_CMD_WINDOW:
         return False  # MaxCmdSN - ExpCmdSN + 1: the command window
@@ -375,8 +403,12 @@ def plausible_iscsi(
     if op == _IS_NOP_IN:
         return flags == 0x80 and not (b2 or b3 or w36 or w40 or w44)
     if op == _IS_LOGIN_RESP:
-        return (_login_flags_ok(flags) and not (b2 or b3 or w20) and not (w36 & 0xFFFF)
-                and not (w40 or w44))  # fmt: skip
+        return (
+            _login_flags_ok(flags)
+            and not (b2 or b3 or w20)
+            and not (w36 & 0xFFFF)
+            and not (w40 or w44)
+        )
     if op == _IS_TEXT_RESP:
         return not (flags & 0x3F or (flags & 0xC0) == 0xC0 or b2 or b3 or w36 or w40 or w44)
     if op == _IS_TMF_RESP:

@@ -104,8 +104,12 @@ def tls_record(buf: Buffer, off: int) -> bool:
     record may have."""
     if len(buf) - off < 5:
         return False
-    return (20 <= buf[off] <= 23 and buf[off + 1] == 3 and 1 <= buf[off + 2] <= 4
-            and (buf[off + 3] << 8 | buf[off + 4]) <= (1 << 14) + 2048)  # fmt: skip
+    return (
+        20 <= buf[off] <= 23
+        and buf[off + 1] == 3
+        and 1 <= buf[off + 2] <= 4
+        and (buf[off + 3] << 8 | buf[off + 4]) <= (1 << 14) + 2048
+    )
 
 
 # decode_iscsi and decode_nvme: (buf, off, direction, header digest, data digest, limit)
@@ -140,15 +144,20 @@ def _class(values: object) -> bytes:
 
 ANY = range(256)
 DSL_HI = range(16)  # a data segment under 1 MiB (RESYNC_MAX_PDU_BYTES)
+# the flags of a SCSI Command, a SCSI Response, a Login (Response), a Data-In whose
+# reserved bits are zero (pdu.py)
+_CMD_FLAGS = [f for f in ANY if not f & 0x18 and f & 7 <= 4]
+_RESP_FLAGS = [f for f in ANY if f & 0x80 and not f & 0x61]
+_LOGIN_FLAGS = [f for f in ANY if not f & 0x30]
+_DATA_IN_FLAGS = [f for f in ANY if not f & 0x38]
 # The fixed bytes 0-5 of each iSCSI header a resync may take (opcode, flags, 2, 3, AHS,
 # the data segment's top byte), by direction: what pdu.plausible_iscsi() takes, no less.
 _ISCSI_FIXED = {
     True: (
         ((0x00, 0x40), (0x80,), (0,), (0,), (0,), DSL_HI),  # NOP-Out
-        ((0x01, 0x41), [f for f in ANY if not f & 0x18 and f & 7 <= 4], (0,), ANY,
-         range(17), DSL_HI),  # SCSI Command
+        ((0x01, 0x41), _CMD_FLAGS, (0,), ANY, range(17), DSL_HI),  # SCSI Command
         ((0x02, 0x42), range(0x81, 0x8F), (0,), (0,), (0,), (0,)),  # Task Management
-        ((0x43,), [f for f in ANY if not f & 0x30], (0,), (0,), (0,), DSL_HI),  # Login
+        ((0x43,), _LOGIN_FLAGS, (0,), (0,), (0,), DSL_HI),  # Login
         ((0x04, 0x44), (0x00, 0x40, 0x80), (0,), (0,), (0,), DSL_HI),  # Text
         ((0x05,), (0x00, 0x80), (0,), (0,), (0,), DSL_HI),  # Data-Out
         ((0x06, 0x46), (0x80, 0x81, 0x82), (0,), (0,), (0,), (0,)),  # Logout
@@ -156,23 +165,21 @@ _ISCSI_FIXED = {
     ),
     False: (
         ((0x20,), (0x80,), (0,), (0,), (0,), DSL_HI),  # NOP-In
-        ((0x21,), [f for f in ANY if f & 0x80 and not f & 0x61], (0, 1), ANY, range(3),
-         DSL_HI),  # SCSI Response
+        ((0x21,), _RESP_FLAGS, (0, 1), ANY, range(3), DSL_HI),  # SCSI Response
         ((0x22,), (0x80,), ANY, (0,), (0,), (0,)),  # Task Management Response
-        ((0x23,), [f for f in ANY if not f & 0x30], (0,), (0,), (0,), DSL_HI),  # Login
+        ((0x23,), _LOGIN_FLAGS, (0,), (0,), (0,), DSL_HI),  # Login Response
         ((0x24,), (0x00, 0x40, 0x80), (0,), (0,), (0,), DSL_HI),  # Text
-        ((0x25,), [f for f in ANY if not f & 0x38], (0,), ANY, (0,), DSL_HI),  # Data-In
+        ((0x25,), _DATA_IN_FLAGS, (0,), ANY, (0,), DSL_HI),  # Data-In
         ((0x26,), (0x80,), range(4), (0,), (0,), (0,)),  # Logout Response
         ((0x31,), (0x80,), (0,), (0,), (0,), (0,)),  # R2T
         ((0x32,), (0x80,), (0,), (0,), (0,), DSL_HI),  # Async
         ((0x3F,), (0x80,), ANY, (0,), (0,), DSL_HI),  # Reject
     ),
-}  # fmt: skip
+}
 
 
 class Iscsi(Protocol):
     digest_aware = True
-
 
     def __init__(self, to_target: bool) -> None:
         self.to_target = self.direction = to_target
@@ -267,12 +274,8 @@ def search(
                 q = proto.decode(buf, nxt, digests, limit)
                 if q is None or not proto.plausible(buf, nxt, digests):
                     continue
-                if not (
-                    not pdu.sn
-                    or not q.sn
-                    or (q.sn - pdu.sn + SN_STEP_MAX) & 0xFFFFFFFF <= 2 * SN_STEP_MAX
-                ):
-                    continue  # fmt: skip
+                if not sn_coherent(pdu.sn, q.sn):
+                    continue
                 return off, pdu, digests, True
             if first is None:
                 first = (off, pdu, digests, False)

@@ -235,8 +235,9 @@ class Tracker(SyncViews):
         ini, _, tgt, tport = key
         portal = portal_name(tgt, tport)
         if tport == ISCSI_PORT:
-            conn = Connection(ISCSI, ini, portal, Stream(ISCSI_WALK[True]),
-                              Stream(ISCSI_WALK[False]))  # fmt: skip
+            conn = Connection(
+                ISCSI, ini, portal, Stream(ISCSI_WALK[True]), Stream(ISCSI_WALK[False])
+            )
         else:
             conn = Connection(NVME, ini, portal, Stream(NVME_WALK[True]), Stream(NVME_WALK[False]))
         conn.key = key
@@ -355,8 +356,9 @@ class Tracker(SyncViews):
         if conn.login is None:
             conn.login = Login()
         flags = 0 if connect else pdu.op  # an iSCSI login's flags (pdu.py)
-        self._said(conn, conn.login.start(connect, to_target, flags, pdu.data_bytes, text),
-                   to_target)  # fmt: skip
+        self._said(
+            conn, conn.login.start(connect, to_target, flags, pdu.data_bytes, text), to_target
+        )
         # the target's answer that moves to full feature: what was negotiated applies
         if not connect and not to_target and flags & 0x80 and flags & 3 == FULL_FEATURE:
             if not self.learn_logins:  # the kernel's walk, before userspace read the text
@@ -421,8 +423,9 @@ class Tracker(SyncViews):
 
     def initiator_names(self) -> dict[str, tuple[str, ...]]:
         """Initiator address -> the names its live connections logged in with."""
-        return by_address((c.initiator, c.initiator_name) for c in self.conns.values()
-                          if c.initiator_name)  # fmt: skip
+        return by_address(
+            (c.initiator, c.initiator_name) for c in self.conns.values() if c.initiator_name
+        )
 
     def seen(self) -> dict[Volume, set[str]]:
         """Every volume the live connections have sent commands to, with the

@@ -142,8 +142,10 @@ class VolumeMap:
         for name, pats in self.patterns.items():
             n = m = 0
             for (proto, portal, target), (total, lost) in conns.items():
-                if any(p.proto == proto and p.portal == portal
-                       and p.target in (ANY, target) for p in pats):  # fmt: skip
+                if any(
+                    p.proto == proto and p.portal == portal and p.target in (ANY, target)
+                    for p in pats
+                ):
                     n += total
                     m += lost
             if n and m > OUT_OF_SYNC_HOLD_SHARE * n:
