@@ -6,7 +6,7 @@ the same run.  This runs each bench of this checkout and of REV alternately,
 ROUNDS times each (this first in odd rounds, REV first in even ones: neither
 always runs first), and reports for each figure the median and spread
 (min..max) of both and the ratio of the medians (this / REV: below 1 is
-faster).
+faster); each run's summary goes to stderr as it ends.
 
 REV's code is extracted with `git archive` into a temporary directory and
 imported through a shim package (santhrottle.controller / .sim / .appliance /
@@ -100,7 +100,10 @@ def main() -> int:
                 bench = ROOT if args.same_bench or not own else src
                 sides = [("this", ROOT, None), ("rev", bench, env)]
                 for side, where, side_env in sides[:: -1 if r % 2 else 1]:
-                    runs[name][side].append(run_bench(where / "tests/bench/run.py", name, side_env))
+                    got = run_bench(where / "tests/bench/run.py", name, side_env)
+                    runs[name][side].append(got)
+                    # each run's own summary too (the wire bench's kernel sensor, say)
+                    print(f"round {r + 1} {side} {name}: {got.get('summary', '')}", file=sys.stderr)
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
         shutil.rmtree(Path(tmp) / "shim", ignore_errors=True)
     out = []
