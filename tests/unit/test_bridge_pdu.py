@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 
 from santhrottle.bridge import pdu as P
@@ -84,3 +86,33 @@ def test_nvme_connect_and_rejects():
     bad = bytearray(B.capsule_resp(1))
     bad[4:8] = (10).to_bytes(4, "little")  # plen under hlen
     assert P.decode_nvme(bytes(bad), 0, False) is None
+
+
+def _every_decoded_header() -> list[P.Pdu]:
+    """A header of each iSCSI opcode (flags with and without F and S, data or none, a
+    CDB that reads) and of each NVMe/TCP type, both directions: what the decoders make."""
+    out = []
+    for opcode in range(0x40):
+        for flags in (0x00, 0x01, 0x80, 0x81, 0xA1, 0xC1, 0x87):
+            for data in (b"", b"t" * 8):
+                raw = B.iscsi(opcode, flags=flags, data=data, edtl=8, cdb=b"\x28")
+                out += [P.decode_iscsi(raw, 0, d) for d in (True, False)]
+    h2c = struct.pack("<HHII", 1, 1, 0, 8)
+    for ptype, hlen in P.NVME_HLEN.items():
+        for header, data in ((b"", b""), (h2c, b"d" * 8)):
+            raw = B.nvme(ptype, hlen, header, data)
+            out += [P.decode_nvme(raw, 0, d) for d in (True, False)]
+    out += [P.decode_nvme(B.capsule_cmd(1, op, nlb=7), 0, True) for op in (0x01, 0x02, 0x00)]
+    out.append(P.decode_nvme(B.nvme_connect("nqn.2026-11.lab:sub"), 0, True))
+    out.append(P.decode_nvme(B.c2h_data(9, b"r" * 8, success=True), 0, False))
+    return [p for p in out if p is not None]
+
+
+def test_every_decoded_header_is_a_whole_pdu():
+    """The decoders build Pdu tuples directly (tuple.__new__, not Pdu's __new__): each
+    has every field, equal to the Pdu made of them."""
+    got = _every_decoded_header()
+    assert {p.kind for p in got} == {P.CMD, P.DONE, P.DATA_OUT, P.LOGIN, P.CONNECT, P.IC, P.OTHER}
+    for p in got:
+        assert type(p) is P.Pdu and len(p) == len(P.Pdu._fields), p
+        assert p == P.Pdu(*p)
