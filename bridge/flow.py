@@ -290,8 +290,7 @@ class Stream(Belief):
                     counters.truncated += 1
                     self._lose(now)
                     return
-                left = n - off
-                if left < most and left < proto.need(buf, off):  # a header cut by the segment's end
+                if n - off < most and n - off < proto.need(buf, off):  # cut by the segment's end
                     self._keep(buf[off:], base + off)
                     return
                 if not self.hd_known:  # after a login the sensor did not read whole
@@ -308,12 +307,14 @@ class Stream(Belief):
                             return
                         off = scan_from = found
                         continue
-                elif pdu is not None:
-                    sn, last = pdu.sn, self.sn
-                    # its sequence number must be the walk's (protocols.sn_coherent)
-                    off_sn = sn and last and (sn - last + SN_STEP_MAX) & MASK > 2 * SN_STEP_MAX
-                    if off_sn and pdu.kind != LOGIN:
-                        pdu = None
+                elif (
+                    pdu is not None
+                    and pdu.sn
+                    and self.sn
+                    and (pdu.sn - self.sn + SN_STEP_MAX) & MASK > 2 * SN_STEP_MAX
+                    and pdu.kind != LOGIN
+                ):  # its sequence number must be the walk's (protocols.sn_coherent)
+                    pdu = None
                 if pdu is None:  # not a header where one must be
                     found = self._off(buf, base, scan_from, off, now, True)
                     if found is None:
