@@ -7,9 +7,10 @@ where the next header is: alt_seq), the last header's sequence number,
 whether a header of the stream was ever proven, and what the stream is
 while none was (protocols.Sniffer). Its methods are flow.py's law for a
 walk that does not know where it is: _resync() (protocols.search: a
-confirmed header, or a provisional one, _take()), _prove() (a provisional
-header's successor, or a header whose data digest is unproven), and the
-hooks that tell the stream's owner what a provisional header became.
+confirmed header, or a provisional one, _take()), _may_search() (at most
+MAX_SEARCHES a segment), _prove() (a provisional header's successor, or a
+header whose data digest is unproven), and the hooks that tell the stream's
+owner what a provisional header became.
 
 Also here: the states a walk is in (SYNCED, PROVISIONAL, LOST,
 UNMEASURABLE), its counters, and the hooks (Hooks) and sink (Sink) that a
@@ -90,6 +91,7 @@ class Belief:
         "pdu_seq",
         "proto",
         "proven",
+        "searches",
         "sn",
         "sniffer",
         "state",
@@ -202,6 +204,16 @@ class Belief:
             self._retract()
         self._synced(now)
         return off
+
+    def _may_search(self, now: float) -> bool:
+        """Another search in this segment, within MAX_SEARCHES (else the walk is LOST,
+        counted: the kernel's bound, and this walk's)."""
+        self.searches += 1
+        if self.searches <= MAX_SEARCHES:
+            return True
+        self.counters.truncated += 1
+        self._lose(now)
+        return False
 
     def _take(self, buf: Buffer, base: int, off: int, pdu: Pdu, digests: Digests) -> None:
         """A provisional header at off: handed to the hooks; the walk waits for its

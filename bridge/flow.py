@@ -94,16 +94,7 @@ BEHIND_MAX_BYTES = 1 << 26
 class Stream(Belief):
     """One direction's walk: feed() hands each header to sink (module header)."""
 
-    __slots__ = (
-        "carry",
-        "carry_seq",
-        "collect",
-        "expect_seq",
-        "lost_since",
-        "searches",
-        "sink",
-        "steps",
-    )
+    __slots__ = ("carry", "carry_seq", "collect", "expect_seq", "lost_since", "sink", "steps")
 
     def __init__(self, proto: Protocol, sink: Sink | None = None, hooks: Hooks = NO_HOOKS) -> None:
         super().__init__(proto, hooks)
@@ -359,16 +350,6 @@ class Stream(Belief):
         found = self._resync(buf, base, start, True, now)
         self.counters.out_of_sync_bytes += max(0, (len(buf) if found is None else found) - off)
         return found
-
-    def _may_search(self, now: float) -> bool:
-        """Another search in this segment, within MAX_SEARCHES (else the walk is LOST,
-        counted: the kernel's bound, and this walk's)."""
-        self.searches += 1
-        if self.searches <= MAX_SEARCHES:
-            return True
-        self.counters.truncated += 1
-        self._lose(now)
-        return False
 
     def _hold(self, pdu: Pdu, body: bytes, provisional: bool) -> None:
         self.held = (pdu, body, provisional)
