@@ -130,19 +130,8 @@ ISCSI_TO_TARGET = frozenset(
     {_IS_NOP_OUT, _IS_CMD, _IS_TMF, _IS_LOGIN, _IS_TEXT, _IS_DATA_OUT, _IS_LOGOUT, _IS_SNACK}
     | _IS_VENDOR_TO_TARGET
 )
-ISCSI_TO_INITIATOR = frozenset(
-    {
-        _IS_NOP_IN,
-        _IS_RESP,
-        _IS_TMF_RESP,
-        _IS_LOGIN_RESP,
-        _IS_TEXT_RESP,
-        _IS_DATA_IN,
-        _IS_LOGOUT_RESP,
-        _IS_R2T,
-        _IS_ASYNC,
-        _IS_REJECT,
-    }
+ISCSI_TO_INITIATOR = frozenset(  # NOP-In to Logout Response are 0x20-0x26
+    {*range(_IS_NOP_IN, _IS_LOGOUT_RESP + 1), _IS_R2T, _IS_ASYNC, _IS_REJECT}
     | _IS_VENDOR_TO_INITIATOR
 )
 _SCSI_READS = frozenset({0x08, 0x28, 0x88, 0xA8})
@@ -155,39 +144,15 @@ _F, _R, _W = 0x80, 0x40, 0x20
 _LOGIN_T, _LOGIN_C = 0x80, 0x40
 FULL_FEATURE = 3  # a login stage (CSG, NSG)
 
-# NVMe/TCP PDU types and their header lengths
-NVME_HLEN = {
-    0x00: 128,  # ICReq
-    0x01: 128,  # ICResp
-    0x02: 24,  # H2CTermReq
-    0x03: 24,  # C2HTermReq
-    0x04: 72,  # CapsuleCmd
-    0x05: 24,  # CapsuleResp
-    0x06: 24,  # H2CData
-    0x07: 24,  # C2HData
-    0x09: 24,  # R2T
-}
+# NVMe/TCP PDU types and their header lengths: ICReq and ICResp 128, CapsuleCmd 72, the
+# TermReqs, CapsuleResp, H2CData, C2HData and R2T 24
+NVME_HLEN = {0x00: 128, 0x01: 128, 0x04: 72} | dict.fromkeys((2, 3, 5, 6, 7, 9), 24)
 NVME_TO_CONTROLLER = frozenset({0x00, 0x02, 0x04, 0x06})
 NVME_TO_HOST = frozenset({0x01, 0x03, 0x05, 0x07, 0x09})
-# per direction (True: to the controller), the types it carries and their header lengths
-_NV_HLEN_TO = {
-    to_controller: {t: NVME_HLEN[t] for t in types}
-    for to_controller, types in ((True, NVME_TO_CONTROLLER), (False, NVME_TO_HOST))
-}
 _NV_IC_REQ, _NV_IC_RESP, _NV_CMD, _NV_RESP, _NV_H2C, _NV_C2H, _NV_R2T = 0, 1, 4, 5, 6, 7, 9
 _NV_HDGST, _NV_DDGST, _NV_LAST, _NV_SUCCESS = 0x01, 0x02, 0x04, 0x08
 # the flags each type may carry (NVMe/TCP 1.0 section 3.6)
-_NV_FLAGS = {
-    0x00: 0,
-    0x01: 0,
-    0x02: 0,
-    0x03: 0,
-    0x04: _NV_HDGST | _NV_DDGST,
-    0x05: _NV_HDGST,
-    0x06: _NV_HDGST | _NV_DDGST | _NV_LAST,
-    0x07: _NV_HDGST | _NV_DDGST | _NV_LAST | _NV_SUCCESS,
-    0x09: _NV_HDGST,
-}
+_NV_FLAGS = dict.fromkeys((0, 1, 2, 3), 0) | {4: 0x03, 5: 0x01, 6: 0x07, 7: 0x0F, 9: 0x01}
 _NVME_READ, _NVME_WRITE, _NVME_FABRICS = 0x02, 0x01, 0x7F
 _FABRICS_CONNECT = 0x01
 TERM_DATA_MAX = 152  # a TermReq carries at most the PDU header it rejects
@@ -195,9 +160,7 @@ TERM_DATA_MAX = 152  # a TermReq carries at most the PDU header it rejects
 # the whole BHS in one unpack: b0, flags, b2, b3, ahs, dsl (hi byte, lo 16 bits), lun,
 # itt, words at 20, 24, 28, 32, 36, 40, 44
 _BHS = struct.Struct(">BBBBBBHQIIIIIIII")
-# what decode_iscsi() reads of it: bytes 0-19, the words at 20 and 28, byte 32 (a CDB's
-# opcode)
-_BHS_DECODE = struct.Struct(">BBBBBBHQII4xIB")
+_BHS_DECODE = struct.Struct(">BBBBBBHQII4xIB")  # decode_iscsi's: 0-19, 20, 28, CDB byte 0
 _NVME_CH = struct.Struct("<BBBBI")  # type, flags, hlen, pdo, plen
 _NV_SMALL = struct.Struct("<HHIII")  # bytes 8-23 of the 24-byte headers
 _NVME_SQE = struct.Struct("<BBHI")  # opcode, flags, CID, NSID (from byte 8)
@@ -356,37 +319,23 @@ def plausible_iscsi(
         if op == _IS_NOP_OUT:
             return flags == 0x80 and not (b2 or b3 or w32 or w36 or w40 or w44)
         if op == _IS_LOGIN:
-            return (
-                b0 == 0x43
-                and _login_flags_ok(flags)
-                and not (b2 or b3)
-                and not (w20 & 0xFFFF or w32 or w36 or w40 or w44)
-            )
+            if b0 != 0x43 or not _login_flags_ok(flags):
+                return False
+            return not (b2 or b3 or w20 & 0xFFFF or w32 or w36 or w40 or w44)
         if op == _IS_TEXT:
             return not (
                 flags & 0x3F or (flags & 0xC0) == 0xC0 or b2 or b3 or w32 or w36 or w40 or w44
             )
         if op == _IS_TMF:
-            return (
-                flags & 0x80
-                and 1 <= flags & 0x7F <= 14
-                and not (b2 or b3 or dsl)
-                and not (w40 or w44)
-            )
+            return flags & 0x80 and 1 <= flags & 0x7F <= 14 and not (b2 or b3 or dsl or w40 or w44)
         if op == _IS_LOGOUT:
-            return (
-                flags & 0x80
-                and flags & 0x7F <= 2
-                and not (b2 or b3 or dsl or lun)
-                and not (w20 & 0xFFFF or w32 or w36 or w40 or w44)
-            )
+            if not flags & 0x80 or flags & 0x7F > 2:
+                return False
+            return not (b2 or b3 or dsl or lun or w20 & 0xFFFF or w32 or w36 or w40 or w44)
         if op == _IS_SNACK:
-            return (
-                flags & 0xF0 == 0x80
-                and flags & 0x0F <= 3
-                and not (b2 or b3 or dsl)
-                and not (w24 or w32 or w36)
-            )
+            if flags & 0xF0 != 0x80 or flags & 0x0F > 3:
+                return False
+            return not (b2 or b3 or dsl or w24 or w32 or w36)
         return False  # vendor-specific: only where a walk puts them
     if op != _IS_LOGIN_RESP and (w32 - w28 + 1) & 0xFFFFFFFF > MAX_CMD_WINDOW:
         return False  # MaxCmdSN - ExpCmdSN + 1: the command window
@@ -403,12 +352,7 @@ def plausible_iscsi(
     if op == _IS_NOP_IN:
         return flags == 0x80 and not (b2 or b3 or w36 or w40 or w44)
     if op == _IS_LOGIN_RESP:
-        return (
-            _login_flags_ok(flags)
-            and not (b2 or b3 or w20)
-            and not (w36 & 0xFFFF)
-            and not (w40 or w44)
-        )
+        return _login_flags_ok(flags) and not (b2 or b3 or w20 or w36 & 0xFFFF or w40 or w44)
     if op == _IS_TEXT_RESP:
         return not (flags & 0x3F or (flags & 0xC0) == 0xC0 or b2 or b3 or w36 or w40 or w44)
     if op == _IS_TMF_RESP:
@@ -437,7 +381,9 @@ def decode_nvme(
     if len(buf) - off < NVME_CH_BYTES:
         return None
     ptype, flags, hlen, pdo, plen = _NVME_CH.unpack_from(buf, off)
-    if _NV_HLEN_TO[to_controller].get(ptype) != hlen:  # a type of this direction, its hlen
+    if NVME_HLEN.get(ptype) != hlen:
+        return None
+    if ptype not in (NVME_TO_CONTROLLER if to_controller else NVME_TO_HOST):
         return None
     if len(buf) - off < hlen:
         return None
@@ -459,8 +405,7 @@ def decode_nvme(
             return _pdu(Pdu, (CMD, cid, rw, nsid, plen, data, 0, pdo, nlb + 1, 0, data))
         if opcode == _NVME_FABRICS and buf[off + 12] == _FABRICS_CONNECT:
             return _pdu(Pdu, (CONNECT, cid, 0, 0, plen, data, 0, pdo, 0, 0, data))
-        # another command: its completion comes too
-        return _pdu(Pdu, (CMD, cid, 0, nsid, plen, data, 0, pdo, 0, 0, data))
+        return _pdu(Pdu, (CMD, cid, 0, nsid, plen, data, 0, pdo, 0, 0, data))  # completes too
     if ptype == _NV_RESP:
         if pdo or plen != hlen + hd:
             return None

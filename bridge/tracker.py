@@ -234,12 +234,8 @@ class Tracker(SyncViews):
             self.counters.evicted += 1
         ini, _, tgt, tport = key
         portal = portal_name(tgt, tport)
-        if tport == ISCSI_PORT:
-            conn = Connection(
-                ISCSI, ini, portal, Stream(ISCSI_WALK[True]), Stream(ISCSI_WALK[False])
-            )
-        else:
-            conn = Connection(NVME, ini, portal, Stream(NVME_WALK[True]), Stream(NVME_WALK[False]))
+        proto, walks = (ISCSI, ISCSI_WALK) if tport == ISCSI_PORT else (NVME, NVME_WALK)
+        conn = Connection(proto, ini, portal, Stream(walks[True]), Stream(walks[False]))
         conn.key = key
         left = self.orphans.pop(key, None)  # the commands its last connection left
         if left:
@@ -356,9 +352,8 @@ class Tracker(SyncViews):
         if conn.login is None:
             conn.login = Login()
         flags = 0 if connect else pdu.op  # an iSCSI login's flags (pdu.py)
-        self._said(
-            conn, conn.login.start(connect, to_target, flags, pdu.data_bytes, text), to_target
-        )
+        said = conn.login.start(connect, to_target, flags, pdu.data_bytes, text)
+        self._said(conn, said, to_target)
         # the target's answer that moves to full feature: what was negotiated applies
         if not connect and not to_target and flags & 0x80 and flags & 3 == FULL_FEATURE:
             if not self.learn_logins:  # the kernel's walk, before userspace read the text
