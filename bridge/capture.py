@@ -66,6 +66,9 @@ BLOCK_BYTES = 1 << 20  # a power of two times the page size
 BLOCKS = 64  # 64 MiB of ring: 0.3 s of a 200 MB/s storage link
 # The kernel hands over a block that is not full after this long.
 RETIRE_MS = 10
+# Addresses named at most: past this many (initiators churning, forged sources) the
+# decoder forgets them all and names each again once.
+NAMES_MAX = 65536
 
 # `tcpdump -dd -s 262144 'tcp port 3260 or tcp port 4420'` (IPv4 and IPv6, either port
 # either direction; returns 262144, i.e. the whole frame, for a match), its final reject
@@ -275,6 +278,8 @@ class FrameDecoder:
     def name(self, raw: bytes) -> str:
         name = self._names.get(raw)
         if name is None:
+            if len(self._names) >= NAMES_MAX:
+                self._names.clear()
             fam = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
             name = self._names[raw] = socket.inet_ntop(fam, raw)
         return name

@@ -70,3 +70,15 @@ def test_the_associations_are_bounded():
 def test_the_filter_keeps_esp_short_and_storage_whole():
     assert STORAGE_FILTER[-2] == (0x06, 0, 0, E.ESP_SNAP_BYTES)
     assert (0x06, 0, 0, 0x00040000) in STORAGE_FILTER
+
+
+def test_the_decoder_names_at_most_names_max_addresses(monkeypatch):
+    """Churning or forged sources cannot grow the decoder's names without bound."""
+    from santhrottle.bridge import capture
+
+    monkeypatch.setattr(capture, "NAMES_MAX", 8)
+    dec = FrameDecoder(CaptureCounters())
+    names = [dec.name(bytes([10, 0, 0, i])) for i in range(1, 30)]
+    assert names[-1] == "10.0.0.29" and names[0] == "10.0.0.1"
+    assert 1 <= len(dec._names) <= 8
+    assert dec.name(b"\x0a\x00\x00\x1d") == "10.0.0.29"  # named again after a clear
