@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .belief import STATE_NAMES, SYNCED, UNMEASURABLE
-from .conns import LISTED, ConnKey, SyncRow, SyncSummary, listed_first
+from .conns import IN_SYNC, LISTED, ConnKey, SyncRow, SyncSummary, listed_first
 from .kernel import Conn, FlowState
 from .pdu import ISCSI_PORT, READ
 from .protocols import TLS, UNPARSED
@@ -166,7 +166,7 @@ def flow_walk(
         total_s += r.out_of_sync_s
         rows.append(r)
     rows = heapq.nsmallest(
-        LISTED, rows, key=lambda r: listed_first(r.state == STATE_NAMES[SYNCED], r.out_of_sync_s)
+        LISTED, rows, key=lambda r: listed_first(r.state == IN_SYNC, r.out_of_sync_s)
     )
     walk = FlowWalk(
         at=now,
