@@ -154,9 +154,12 @@ class Tenancy:
         m = dev.slope_s_per_io
         for q, ((s, _f, ds), path) in enumerate(flows):
             x, c = rates[q], costs[q]
-            disk = self.disk.setdefault(s.initiator, [0.0] * self.seconds)
+            disk = self.disk.get(s.initiator)
+            if disk is None:  # (not setdefault: its default list would be built every step)
+                disk = self.disk[s.initiator] = [0.0] * self.seconds
+                self.on_s[s.initiator] = [False] * self.seconds
             disk[sec] += x * c * m * dt
-            self.on_s.setdefault(s.initiator, [False] * self.seconds)[sec] = True
+            self.on_s[s.initiator][sec] = True
             i = self._index.get(id(s))
             if i is not None:  # a bursty stream (one path): its queue at the initiator
                 lat = lats[q] if lats is not None else 0.0
