@@ -146,8 +146,11 @@ def check(built: Path) -> None:
     with tempfile.TemporaryDirectory() as pure_dir:
         # the same package without the extension modules: Python then imports the .py
         # sources beside them, the pure controller
-        shutil.copytree(built / "santhrottle", Path(pure_dir) / "santhrottle",
-                        ignore=shutil.ignore_patterns("*.so"))  # fmt: skip
+        shutil.copytree(
+            built / "santhrottle",
+            Path(pure_dir) / "santhrottle",
+            ignore=shutil.ignore_patterns("*.so"),
+        )
         pure = decisions(Path(pure_dir))
     if not str(pure["decide_from"]).endswith("decide.py"):
         raise SystemExit(f"the pure run imported {pure['decide_from']}")

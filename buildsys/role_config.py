@@ -71,8 +71,11 @@ DERIVED = {
 }
 # [controller]'s other keys: entries of this dict; the named tables: dicts of NAME.
 CONTROLLER = "santhrottle_controller"
-NAMED = {"resources": "santhrottle_resources", "groups": "santhrottle_groups",
-         "hosts": "santhrottle_hosts"}  # fmt: skip
+NAMED = {
+    "resources": "santhrottle_resources",
+    "groups": "santhrottle_groups",
+    "hosts": "santhrottle_hosts",
+}
 STATIC_MAP = "santhrottle_static_map"
 # Keys written only in one daemon mode, tables only when in use.
 TABLE_WHEN = {"bridge": "__santhrottle_bridge | bool", "fleet": "__santhrottle_fleet | bool"}
@@ -149,8 +152,7 @@ def kind_type(key: Any) -> tuple[str, str | None, list[str] | None]:
         out = ("str", None, re.findall(r'"([^"]+)"', d))
     else:
         out = ("str", None, None)
-    want = {"list": list, "int": int, "float": (int, float), "bool": bool, "str": str,
-            "dict": dict}  # fmt: skip
+    want = {"list": list, "int": int, "float": (int, float), "bool": bool, "str": str, "dict": dict}
     if key.default is not None and not isinstance(key.default, want[out[0]]):
         raise SystemExit(f"role_config: {key.dotted}: default {key.default!r} is not {out[0]}")
     return out
@@ -252,8 +254,11 @@ def _named_table(table: str, tkeys: list[Any]) -> str:
     ]
     for k in tkeys:
         expr = f"entry[{k.name!r}]"
-        lines += [f"{{% if {is_set(f'entry.get({k.name!r})')} %}}", _key_line(k, expr, True),
-                  "{% endif %}"]  # fmt: skip
+        lines += [
+            f"{{% if {is_set(f'entry.get({k.name!r})')} %}}",
+            _key_line(k, expr, True),
+            "{% endif %}",
+        ]
     # a key the schema does not have is written as given: the daemon's parser, which
     # validates the file before it replaces the old one, names it
     lines += [
@@ -324,14 +329,24 @@ def argument_specs(all_keys: list[Any]) -> dict[str, Any]:
             options[variable(k)] = _option(
                 kind, elements or choices, default(variable(k)), f"{doc(variable(k))} [{k.dotted}]"
             )
-    options[CONTROLLER] = {"description": doc(CONTROLLER), "type": "dict",
-                           "default": default(CONTROLLER), "options": controller}  # fmt: skip
+    options[CONTROLLER] = {
+        "description": doc(CONTROLLER),
+        "type": "dict",
+        "default": default(CONTROLLER),
+        "options": controller,
+    }
     for table, var in NAMED.items():
         what = ", ".join(sorted(named[table]))
-        options[var] = {"description": f"{doc(var)} ({NAMED_DOC[table]} {what})",
-                        "type": "dict", "default": default(var)}  # fmt: skip
-    options[STATIC_MAP] = {"description": doc(STATIC_MAP), "type": "dict",
-                           "default": default(STATIC_MAP)}  # fmt: skip
+        options[var] = {
+            "description": f"{doc(var)} ({NAMED_DOC[table]} {what})",
+            "type": "dict",
+            "default": default(var),
+        }
+    options[STATIC_MAP] = {
+        "description": doc(STATIC_MAP),
+        "type": "dict",
+        "default": default(STATIC_MAP),
+    }
     ordered = {v: options[v] for v in given if v in options}  # defaults/main.yml's order
     missing = set(options) ^ set(ordered)
     if missing:
@@ -356,8 +371,12 @@ def argument_specs(all_keys: list[Any]) -> dict[str, Any]:
 
 
 def schema_vars(all_keys: list[Any]) -> dict[str, Any]:
-    fixed = [k for k in all_keys if not k.table.endswith(".NAME")
-             and not (k.table == "controller" and k.dotted not in VARIABLES)]  # fmt: skip
+    fixed = [
+        k
+        for k in all_keys
+        if not k.table.endswith(".NAME")
+        and not (k.table == "controller" and k.dotted not in VARIABLES)
+    ]
     restart = sorted({variable(k) for k in fixed if k.restart})
     # argument_specs' type list takes a string too (it splits it on commas, but the
     # role sees the variable as given): tasks/assert.yml refuses a string for these

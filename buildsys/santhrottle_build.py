@@ -393,8 +393,12 @@ def config_man_page() -> str:
         out.append(".TP")
         out.append(f"\\fB{roff(k.name)}\\fR = \\fI{roff(default)}\\fR")
         out.append(roff(f"{k.doc}."))
-        out.append(roff(f"Values: {k.kind.describe}. Takes effect on "
-                        f"{'restart' if k.restart else 'reload'}."))  # fmt: skip
+        out.append(
+            roff(
+                f"Values: {k.kind.describe}. Takes effect on "
+                f"{'restart' if k.restart else 'reload'}."
+            )
+        )
     out.extend(
         [
             ".SH [static_map]",
@@ -455,8 +459,9 @@ def example_config() -> str:
     from santhrottle.appliance.config.schema import DEFAULT_PATH, KEYS, toml_value
 
     def comment(text: str, indent: str = "") -> list[str]:
-        return textwrap.wrap(text, 88, initial_indent="# " + indent,
-                             subsequent_indent="# " + indent)  # fmt: skip
+        return textwrap.wrap(
+            text, 88, initial_indent="# " + indent, subsequent_indent="# " + indent
+        )
 
     def named_keys(table: str) -> list[str]:
         """The keys of a [TABLE.NAME] table, one comment each."""
@@ -465,8 +470,9 @@ def example_config() -> str:
             if k.table == table:
                 when = "restart" if k.restart else "reload"
                 default = "unset" if k.default is None else toml_value(k.default)
-                lines += comment(f"{k.name}: {k.doc} [{k.kind.describe}; default {default}; "
-                                 f"{when}]", "  ")  # fmt: skip
+                lines += comment(
+                    f"{k.name}: {k.doc} [{k.kind.describe}; default {default}; {when}]", "  "
+                )
         return lines
 
     out = [
@@ -501,9 +507,14 @@ def example_config() -> str:
             out += comment(f"unset by default{f', e.g. {k.name} = {example}' if example else ''}")
         else:
             out.append(f"#{k.name} = {toml_value(k.default)}")
-    out += ["", *comment("[resources.NAME]: one table per shared resource, by its name: an LVM "
-                         "volume group that discovery finds, or any set of block devices "
-                         "(devices). None by default. Keys:")]  # fmt: skip
+    out += [
+        "",
+        *comment(
+            "[resources.NAME]: one table per shared resource, by its name: an LVM "
+            "volume group that discovery finds, or any set of block devices "
+            "(devices). None by default. Keys:"
+        ),
+    ]
     out += named_keys("resources.NAME")
     out += [
         "# e.g.",
@@ -602,9 +613,21 @@ def compile_bpf(strict: bool = False) -> Path | None:
     multiarch = sysconfig.get_config_var("MULTIARCH") or f"{os.uname().machine}-linux-gnu"
     # reproducible: from the tree's root with relative paths, the debug info names no
     # directory of this build (the wheel's, built from an unpacked sdist, is the same)
-    cmd = [clang, "-O2", "-g", "-target", "bpf", "-Wall", "-Werror",
-           "-fdebug-compilation-dir=.", f"-I/usr/include/{multiarch}", "-c",
-           str(BPF_SOURCE.relative_to(ROOT)), "-o", str(BPF_OBJECT)]  # fmt: skip
+    cmd = [
+        clang,
+        "-O2",
+        "-g",
+        "-target",
+        "bpf",
+        "-Wall",
+        "-Werror",
+        "-fdebug-compilation-dir=.",
+        f"-I/usr/include/{multiarch}",
+        "-c",
+        str(BPF_SOURCE.relative_to(ROOT)),
+        "-o",
+        str(BPF_OBJECT),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if r.returncode:
         raise SystemExit(f"santhrottle_build: {' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
