@@ -180,8 +180,12 @@ def deb_dependencies(deb: Path) -> list[str]:
 
 # ------------------------------------------------------------------------ the image
 def _chroot(root: Path, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive",
-           "LANG": "C.UTF-8", "HOME": "/root"}  # fmt: skip
+    env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "DEBIAN_FRONTEND": "noninteractive",
+        "LANG": "C.UTF-8",
+        "HOME": "/root",
+    }
     return run_tool(["chroot", str(root), *cmd], check=check, env=env)
 
 
@@ -192,8 +196,16 @@ def image_key(s: Settings, deb: Path) -> tuple[str, list[str], str, str]:
     # what the image is made of: the code that builds it (not the rest of this module,
     # so that an edit to the boot does not rebuild it), its lists, the host's sources
     code = inspect.getsource(image) + inspect.getsource(_configure)
-    parts = [code, " ".join(ROOT_PACKAGES), " ".join(CACHED_PACKAGES), " ".join(deps),
-             " ".join(MASKED), sources, suite, str(IMAGE_GIB)]  # fmt: skip
+    parts = [
+        code,
+        " ".join(ROOT_PACKAGES),
+        " ".join(CACHED_PACKAGES),
+        " ".join(deps),
+        " ".join(MASKED),
+        sources,
+        suite,
+        str(IMAGE_GIB),
+    ]
     parts += [f.read_bytes() for f in sorted(FILES.iterdir()) if f.name != "systemd-init"]
     return sha(*parts)[:16], deps, mirror, sources
 
@@ -287,8 +299,9 @@ def prepare(s: Settings, deb: Path) -> tuple[str, Kernel, Path, Path]:
     return qemu, k, initrd, img
 
 
-def qemu_command(s: Settings, qemu: str, k: Kernel, initrd: Path, img: Path, rundir: Path,
-                 mem_mib: int) -> list[str]:  # fmt: skip
+def qemu_command(
+    s: Settings, qemu: str, k: Kernel, initrd: Path, img: Path, rundir: Path, mem_mib: int
+) -> list[str]:
     append = " ".join(
         [
             "console=ttyS0",
@@ -307,18 +320,43 @@ def qemu_command(s: Settings, qemu: str, k: Kernel, initrd: Path, img: Path, run
         return ["-virtfs", opts + (",readonly=on" if ro else "")]
 
     return [
-        qemu, "-nodefaults", "-no-user-config", "-accel", "tcg,thread=multi", "-cpu", "max",
-        "-smp", str(s.smp), "-m", str(mem_mib), "-display", "none", "-vga", "none",
-        "-no-reboot", "-nic", "none",
-        "-chardev", f"file,id=con,path={rundir / 'console.log'}", "-serial", "chardev:con",
-        "-kernel", str(k.vmlinuz), "-initrd", str(initrd), "-append", append,
+        qemu,
+        "-nodefaults",
+        "-no-user-config",
+        "-accel",
+        "tcg,thread=multi",
+        "-cpu",
+        "max",
+        "-smp",
+        str(s.smp),
+        "-m",
+        str(mem_mib),
+        "-display",
+        "none",
+        "-vga",
+        "none",
+        "-no-reboot",
+        "-nic",
+        "none",
+        "-chardev",
+        f"file,id=con,path={rundir / 'console.log'}",
+        "-serial",
+        "chardev:con",
+        "-kernel",
+        str(k.vmlinuz),
+        "-initrd",
+        str(initrd),
+        "-append",
+        append,
         # the image stays as built: the run's writes go to QEMU's temporary snapshot
-        "-drive", f"file={img},format=raw,if=none,id=root,snapshot=on,cache=unsafe",
-        "-device", "virtio-blk-pci,drive=root",
+        "-drive",
+        f"file={img},format=raw,if=none,id=root,snapshot=on,cache=unsafe",
+        "-device",
+        "virtio-blk-pci,drive=root",
         *virtfs(k.modules, "kmods", True),
         *virtfs(rundir / "work", "work", False),
         *virtfs(s.checkout, "checkout", True),
-    ]  # fmt: skip
+    ]
 
 
 def run(
@@ -341,8 +379,12 @@ def run(
         work = rundir / "work"
         work.mkdir(parents=True)
         (work / "cmd").write_text(command if command.endswith("\n") else command + "\n")
-        genv = {"SANTHROTTLE_LAB_CHECKOUT": str(s.checkout), "SANTHROTTLE_DEB": str(deb),
-                "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}  # fmt: skip
+        genv = {
+            "SANTHROTTLE_LAB_CHECKOUT": str(s.checkout),
+            "SANTHROTTLE_DEB": str(deb),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            **(env or {}),
+        }
         (work / "env").write_text("".join(f"{k_}={shlex.quote(v)}\n" for k_, v in genv.items()))
         cmd = qemu_command(s, qemu, k, initrd, img, rundir, mem_mib)
         (rundir / "qemu.cmd").write_text(shlex.join(map(str, cmd)) + "\n")
@@ -395,8 +437,10 @@ def main(argv: list[str] | None = None) -> int:
     if res.reason:
         print(f"systemd guest: {res.reason}; console tail ({res.console_path}):", file=sys.stderr)
         print(res.console_tail(), file=sys.stderr)
-    print(f"systemd guest: exit status {res.status}, {res.wall_s:.1f} s, run dir {res.rundir}",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"systemd guest: exit status {res.status}, {res.wall_s:.1f} s, run dir {res.rundir}",
+        file=sys.stderr,
+    )
     return res.status
 
 
