@@ -2,7 +2,7 @@
 fail later in the guest; the topology's plan."""
 
 import pytest
-from labkit import images, topology
+from labkit import images, qemu, topology
 from labkit.images import LabError, Settings
 from labkit.topology import network
 
@@ -50,3 +50,29 @@ def test_topology_ipv6_addresses_skip_dad_and_route_by_128(monkeypatch):
     assert "route add fd00:5374::12/128 dev lab-ini src fd00:5374::3" in ini
     assert "route add fd00:5374::21/128 dev lab-ini src fd00:5374::31" in ini
     assert "addr add fd00:5374::21/64 dev lab-tgt nodad" in tgt
+
+
+def test_boot_command_line_carries_the_kernel_args_and_the_run_dirs_console(monkeypatch, tmp_path):
+    monkeypatch.setenv("SANTHROTTLE_LAB_KERNEL_ARGS", "loglevel=7 foo")
+    s = Settings.from_env(cache=tmp_path, log=lambda _msg: None)
+    append = qemu.kernel_args(s, "systemd.show_status=false")
+    words = append.split()
+    assert words[:5] == ["console=ttyS0", "quiet", "panic=-1", "mitigations=off", "tsc=reliable"]
+    # the boot's own words, then the admin's, then where the checkout is
+    assert words[5:] == [
+        "systemd.show_status=false",
+        "loglevel=7",
+        "foo",
+        f"lab_checkout={s.checkout}",
+    ]
+    cmd = qemu.boot_command(
+        "qemu-x", 2, 1024, tmp_path, tmp_path / "vmlinuz", tmp_path / "initrd", append
+    )
+    assert cmd[0] == "qemu-x"
+    assert cmd[cmd.index("-smp") + 1] == "2" and cmd[cmd.index("-m") + 1] == "1024"
+    assert cmd[cmd.index("-append") + 1] == append
+    assert f"file,id=con,path={tmp_path / 'console.log'}" in cmd
+    assert qemu.virtfs("/usr", "hostusr", True) == [
+        "-virtfs",
+        "local,path=/usr,mount_tag=hostusr,security_model=none,readonly=on",
+    ]

@@ -137,32 +137,45 @@ def keep_speed_reference(s: Settings, work: Path) -> None:
         os.replace(tmp, s.cache / SPEED_REFERENCE)
 
 
-def qemu_command(
-    s: Settings, prep: Prepared, rundir: Path, slow_iops: int, slow_bps: int
-) -> list[str]:
-    """The QEMU command line of one boot (without the plant's disk)."""
-    work = rundir / "work"
-    append = " ".join(
+def kernel_args(s: Settings, *extra: str) -> str:
+    """The kernel command line every lab boot shares, then ``extra``: the serial console,
+    no mitigations (TCG is slow enough), the admin's SANTHROTTLE_LAB_KERNEL_ARGS and where
+    the checkout is."""
+    return " ".join(
         [
             "console=ttyS0",
             "quiet",
             "panic=-1",
             "mitigations=off",
             "tsc=reliable",
+            *extra,
             *os.environ.get("SANTHROTTLE_LAB_KERNEL_ARGS", "").split(),
             f"lab_checkout={s.checkout}",
-            f"lab_stage2={STAGE2 if STAGE2.is_relative_to(s.checkout) else ''}",
         ]
-        + ([f"lab_venv={prep.venv}"] if prep.venv else [])
     )
 
-    def virtfs(path, tag, ro):
-        opts = f"local,path={path},mount_tag={tag},security_model=none"
-        return ["-virtfs", opts + (",readonly=on" if ro else "")]
 
-    drive = "format=raw,if=none,cache=none,aio=threads"
+def virtfs(path: Path | str, tag: str, ro: bool) -> list[str]:
+    """A 9p share of ``path`` as ``tag`` (read-only when ``ro``)."""
+    opts = f"local,path={path},mount_tag={tag},security_model=none"
+    return ["-virtfs", opts + (",readonly=on" if ro else "")]
+
+
+def boot_command(
+    qemu: str,
+    smp: int,
+    mem_mib: int,
+    rundir: Path,
+    vmlinuz: Path,
+    initrd: Path,
+    append: str,
+) -> list[str]:
+    """The part of a QEMU command line every lab boot shares: TCG with ``smp`` vCPUs and
+    ``mem_mib`` MiB, no display, no network card, no reboot, the console in the run dir's
+    console.log, Debian's kernel and ``initrd`` with ``append``. Each boot adds its disks
+    and shares."""
     return [
-        prep.qemu,
+        qemu,
         "-nodefaults",
         "-no-user-config",
         "-accel",
@@ -170,9 +183,9 @@ def qemu_command(
         "-cpu",
         "max",
         "-smp",
-        str(s.smp),
+        str(smp),
         "-m",
-        str(s.mem_mib),
+        str(mem_mib),
         "-display",
         "none",
         "-vga",
@@ -185,11 +198,33 @@ def qemu_command(
         "-serial",
         "chardev:con",
         "-kernel",
-        str(prep.kernel.vmlinuz),
+        str(vmlinuz),
         "-initrd",
-        str(prep.initramfs),
+        str(initrd),
         "-append",
         append,
+    ]
+
+
+def qemu_command(
+    s: Settings, prep: Prepared, rundir: Path, slow_iops: int, slow_bps: int
+) -> list[str]:
+    """The QEMU command line of one boot (without the plant's disk)."""
+    work = rundir / "work"
+    stage2 = STAGE2 if STAGE2.is_relative_to(s.checkout) else ""
+    extra = [f"lab_stage2={stage2}"] + ([f"lab_venv={prep.venv}"] if prep.venv else [])
+    append = kernel_args(s) + " " + " ".join(extra)
+    drive = "format=raw,if=none,cache=none,aio=threads"
+    return [
+        *boot_command(
+            prep.qemu,
+            s.smp,
+            s.mem_mib,
+            rundir,
+            prep.kernel.vmlinuz,
+            prep.initramfs,
+            append,
+        ),
         *virtfs("/usr", "hostusr", True),
         *virtfs("/etc", "hostetc", True),
         *virtfs(prep.kernel.modules, "kmods", True),

@@ -69,7 +69,15 @@ from labkit.host import (
     sha,
 )
 from labkit.images import Kernel, initramfs, kernel
-from labkit.qemu import RunResult, _qemu, _result, new_rundir  # the lab boot's wait, result
+from labkit.qemu import (  # the lab boot's command line, wait and result
+    RunResult,
+    _qemu,
+    _result,
+    boot_command,
+    kernel_args,
+    new_rundir,
+    virtfs,
+)
 
 HERE = Path(__file__).resolve().parent
 FILES = HERE / "systemd-guest"
@@ -302,52 +310,9 @@ def prepare(s: Settings, deb: Path) -> tuple[str, Kernel, Path, Path]:
 def qemu_command(
     s: Settings, qemu: str, k: Kernel, initrd: Path, img: Path, rundir: Path, mem_mib: int
 ) -> list[str]:
-    append = " ".join(
-        [
-            "console=ttyS0",
-            "quiet",
-            "panic=-1",
-            "mitigations=off",
-            "tsc=reliable",
-            "systemd.show_status=false",
-            *os.environ.get("SANTHROTTLE_LAB_KERNEL_ARGS", "").split(),
-            f"lab_checkout={s.checkout}",
-        ]
-    )
-
-    def virtfs(path: Path, tag: str, ro: bool) -> list[str]:
-        opts = f"local,path={path},mount_tag={tag},security_model=none"
-        return ["-virtfs", opts + (",readonly=on" if ro else "")]
-
+    append = kernel_args(s, "systemd.show_status=false")
     return [
-        qemu,
-        "-nodefaults",
-        "-no-user-config",
-        "-accel",
-        "tcg,thread=multi",
-        "-cpu",
-        "max",
-        "-smp",
-        str(s.smp),
-        "-m",
-        str(mem_mib),
-        "-display",
-        "none",
-        "-vga",
-        "none",
-        "-no-reboot",
-        "-nic",
-        "none",
-        "-chardev",
-        f"file,id=con,path={rundir / 'console.log'}",
-        "-serial",
-        "chardev:con",
-        "-kernel",
-        str(k.vmlinuz),
-        "-initrd",
-        str(initrd),
-        "-append",
-        append,
+        *boot_command(qemu, s.smp, mem_mib, rundir, k.vmlinuz, initrd, append),
         # the image stays as built: the run's writes go to QEMU's temporary snapshot
         "-drive",
         f"file={img},format=raw,if=none,id=root,snapshot=on,cache=unsafe",
