@@ -151,3 +151,25 @@ def test_the_static_search_starts_where_the_writers_wrote():
     k = report.writing_class(raw["phases"][1])
     classes = [c for _, c in report.classes(raw["phases"][1])]
     assert 1 < k <= max(classes)
+
+
+def test_the_initiators_and_the_sensors_view_are_summarized_beside_the_arrays():
+    """A bridge phase: the array reads 4 ms throughout; fio's 1 s means say 12 ms in one
+    second of five and 5 ms otherwise; the daemon's wire totals, 6 ms a read, then 30 ms
+    for one second. Each is its own p95 and time above T over the same span."""
+    ph = _phase(0.0, 1e6)
+    ph["reader_clat"] = [(float(t), 0.012 if t % 5 == 0 else 0.005) for t in range(1, 55)]
+    n, s = 0, 0.0
+    for r in ph["rows"][::5]:  # a status every 0.5 s, 50 reads a second
+        slow = 20.0 <= r["t"] < 21.0
+        n, s = n + 25, s + 25 * (0.030 if slow else 0.006)
+        r["status"] = {"resources": [{"reads_completed": n, "read_time_s": s}], "initiators": {}}
+    out = report.summarize(ph, 0.010, None)
+    assert out["read_latency_p95_s"] == pytest.approx(0.004)
+    assert out["reader_clat_windows"] == 54
+    assert out["reader_clat_p50_s"] == pytest.approx(0.005)
+    assert out["reader_clat_above_threshold_pct"] == pytest.approx(100 * 10 / 54)
+    assert out["sensor_p50_s"] == pytest.approx(0.006)
+    assert out["sensor_above_threshold_pct"] > 0
+    assert max(v for _, v in report.sensor_windows(ph)) == pytest.approx(0.030)
+    assert "reader_clat_p95_s" not in report.summarize(_phase(0.0, 1e6), 0.010, None)

@@ -38,6 +38,14 @@ one stays under with room (labkit.regime.light_threshold); then --reps repetitio
 controlled at T (and bridge at T with --bridge) and uncontrolled again, each phase
 tagged with its repetition ("rep"; the last try's uncontrolled phase is repetition 0's).
 
+--bridge-check (the bridge's latency against the initiator's and the array's): on the
+plant lab.py started, at the first of --thresholds, uncontrolled, the bridge's daemon
+observing (no threshold: it measures the wire and delays nobody), then --reps x the
+bridge controlled and the same with its gate by the `nft` program
+(daemon_nft_program.py), which of the two first alternating. Every phase logs the
+reader's fio completion latency (1 s means: what the initiator sees, "reader_clat"),
+and the status samples keep the sensor's read totals (in bridge mode the wire's).
+
 --paper is the method paper's experiment on the known plant (PAPER below).
 --thresholds auto[:LO-HI]: one threshold, half the uncontrolled p95 within LO-HI.
 --plant auto (make lab): the uncontrolled phase first; where its p95 is under twice the
@@ -69,6 +77,7 @@ from labkit.sampler import Probe, Sampler
 SOCK = "/run/santhrottle-exp/control.sock"
 STATUS_EVERY = 5  # samples: the daemon's status and ss every 0.5 s
 DAEMON_PROFILE = Path(__file__).with_name("daemon_profile.py")
+DAEMON_NFT_PROGRAM = Path(__file__).with_name("daemon_nft_program.py")
 FIRST_TICK_S = 2.0  # a first discovery (and the pins applied by a tick)
 
 
@@ -86,6 +95,8 @@ class Setting:
     a: argparse.Namespace
     hosts: list[dict]
     port: int
+    lat_prefix: Path | None = None  # the running phase's reader latency log (fio's)
+    phases_run: int = 0
 
     @property
     def reader(self) -> dict:
@@ -99,7 +110,16 @@ class Setting:
         return [self.reader["dm"], *[w["dm"] for w in self.writers], Path(self.t["disk"]).name]
 
     def reader_job(self, runtime: float) -> list[str]:
-        return fio.reader(self.reader["device"], self.a.reader_rate, runtime)
+        """The reader, logging what the initiator sees: fio's completion latency as 1 s
+        means, stamped with the epoch (fio.lat_log)."""
+        log = ()
+        if self.lat_prefix is not None:
+            log = (
+                f"--write_lat_log={self.lat_prefix}",
+                "--log_avg_msec=1000",
+                "--log_unix_epoch=1",
+            )
+        return fio.reader(self.reader["device"], self.a.reader_rate, runtime, extra=log)
 
     def writer_jobs(self, runtime: float) -> list[list[str]]:
         a = self.a  # --writer-jobs > 1: each job in its own region of the host's LV
@@ -108,10 +128,14 @@ class Setting:
             for w in self.writers
         ]
 
-    def daemon(self, name: str, threshold: str | None, bridge: bool = False) -> Daemon:
+    def daemon(
+        self, name: str, threshold: str | None, bridge: bool = False, nft_program: bool = False
+    ) -> Daemon:
         """santhrottled on the target's veth (threshold None: it only observes), or in
         bridge mode on the topology's bridge: the resource is every volume of the
-        portals (one per LUN) or of the nvmet ports, as the wire shows them."""
+        portals (one per LUN) or of the nvmet ports, as the wire shows them (threshold
+        None: observed). nft_program: its gate through the `nft` program, not the
+        library (daemon_nft_program.py: the gate before the library, for comparison)."""
         a, t = self.a, self.t
         state = a.out / f"state-{name}"
         ctl = {"setpoint_fraction": a.setpoint}
@@ -124,17 +148,23 @@ class Setting:
             ]
             if a.setpoint is not None:
                 conf["controller"] = ctl
-            conf["resources"] = {t["vg"]: {"volumes": vols, "threshold": threshold}}
+            res: dict = {"volumes": vols}
+            if threshold is not None:
+                res["threshold"] = threshold
+            conf["resources"] = {t["vg"]: res}
         else:
             conf = target_config(t, SOCK, state, threshold, max_delay=a.max_delay, **ctl)
         command = None
         if a.profile_daemon:  # the same daemon under cProfile on its tick loop's CPU clock
             command = [sys.executable, str(DAEMON_PROFILE), str(a.out / f"profile-{name}.prof")]
+        if nft_program:
+            command = [sys.executable, str(DAEMON_NFT_PROGRAM)]
         return Daemon(name, conf, a.out, command=command)
 
     def sampler(self, daemon: Daemon | None) -> Sampler:
         ps = [
             Probe("ds", probes.diskstats(self.devices())),
+            Probe("epoch", time.time, every=STATUS_EVERY),  # to place fio's latency log
             Probe("retrans", probes.retrans(self.t["netns"], self.port), every=STATUS_EVERY),
         ]
         if daemon is not None:
@@ -148,16 +178,22 @@ def phase(
     static_us: int | None = None,
     cycles: int | None = None,
     bridge: bool = False,
+    nft_program: bool = False,
 ) -> dict:
     """One phase (module header): uncontrolled (threshold None), controlled at `threshold`,
-    static (the writers pinned at static_us, judged against `threshold`), or bridged."""
+    static (the writers pinned at static_us, judged against `threshold`), or bridged
+    (threshold None: the bridge's daemon observing; nft_program: its gate through the
+    `nft` program)."""
     a, t = lab.a, lab.t
     static = static_us is not None
     name = f"static-{threshold}-{static_us}us" if static else threshold
     if bridge:
-        name = f"bridge-{threshold}"
+        name = f"bridge-{threshold or 'observe'}" + ("-nft-program" if nft_program else "")
     slow = speed.factor(fresh=True)  # the guest's pace now (the host's limit follows it)
-    daemon = lab.daemon(name, threshold, bridge) if threshold else None
+    with_daemon = threshold is not None or bridge
+    daemon = lab.daemon(name, threshold, bridge, nft_program) if with_daemon else None
+    lab.phases_run += 1
+    lab.lat_prefix = a.out / f"lat-{lab.phases_run:02d}-{name or 'uncontrolled'}"
     ladder = None
     try:
         if daemon is not None:
@@ -173,7 +209,8 @@ def phase(
         dcpu0 = daemon.cpu() if daemon is not None else {}
         s.start()
         sched = bursts.Schedule(a.lead, a.on, a.off, a.cycles if cycles is None else cycles)
-        release = [w["dm"] for w in lab.writers] if daemon is not None and not static else None
+        controls = daemon is not None and threshold is not None and not static
+        release = [w["dm"] for w in lab.writers] if controls else None
         bursts.run(s, lab.reader_job, lab.writer_jobs, sched, learn=not static, release=release)
         s.stop()
         net1 = probes.nstat(t["netns"])
@@ -195,10 +232,12 @@ def phase(
         "plant": (probes.plant_stats() or {}).get("config"),
         "speed_factor": slow,
         "kind": "bridge" if bridge else kind,
+        "nft_program": nft_program,
         "static_delay_us": static_us,
         "ladder": ladder,
         "rows": s.rows,
         "events": s.events,
+        "reader_clat": reader_clat(lab.lat_prefix, s.rows),
         "nstat": {k: net1.get(k, 0) - net0.get(k, 0) for k in probes.NSTAT_KEYS},
         "cpu": cpu,
         "tcp_conns": conns,
@@ -209,6 +248,18 @@ def phase(
         "writer_ips": [w["initiator_ip"] for w in lab.writers],
         "array": Path(t["disk"]).name,
     }
+
+
+def reader_clat(prefix: Path, rows: list[dict]) -> list[tuple[float, float]] | None:
+    """fio's 1 s means of the reader's completion latency (what the initiator sees), each
+    at the end of its second on the phase's clock (the samples' epoch stamps place it);
+    None without a log."""
+    log = next(iter(sorted(prefix.parent.glob(f"{prefix.name}_clat*.log"))), None)
+    stamped = next((r for r in rows if "epoch" in r), None)
+    if log is None or stamped is None:
+        return None
+    offset = stamped["epoch"] - stamped["t"]
+    return [(round(end - offset, 3), mean_s) for end, mean_s in fio.lat_log(log)]
 
 
 def static_search(lab: Setting, thr: str, ctl: dict) -> list[dict]:
@@ -383,6 +434,20 @@ def light(lab: Setting, wanted: list[str], phases: list[dict]) -> dict:
     return choice
 
 
+def bridge_check(lab: Setting, thr: str, phases: list[dict]) -> None:
+    """--bridge-check (module header): the phases appended to `phases` as they end."""
+    todo = [("uncontrolled", None, False, False), ("bridge observing", None, True, False)]
+    for rep in range(lab.a.reps):
+        pair = [("bridge", thr, True, False), ("bridge, gate by the nft program", thr, True, True)]
+        todo += pair if rep % 2 == 0 else pair[::-1]  # which runs first alternates
+    seen: dict[tuple, int] = {}
+    for what, t, bridge, program in todo:
+        ph = phase(lab, t, bridge=bridge, nft_program=program)
+        ph["rep"] = seen[what, t] = seen.get((what, t), -1) + 1
+        phases.append(ph)
+        say(ph, f"{what} (repetition {ph['rep']})", t)
+
+
 # --paper: the method paper's experiment on the known plant (docs/lab.md); explicit
 # options still win.  No setpoint, no max_delay: the daemon runs the product's defaults.
 PAPER = {
@@ -494,6 +559,13 @@ def arguments() -> argparse.Namespace:
     )
     ap.add_argument("--no-bridge", dest="bridge", action="store_false")
     ap.add_argument(
+        "--bridge-check",
+        action="store_true",
+        help="the bridge alone, on the plant lab.py started, at the first of --thresholds: "
+        "uncontrolled, the bridge's daemon observing, then --reps x (bridge, bridge with "
+        "its gate by the nft program), each with the reader's fio latency log",
+    )
+    ap.add_argument(
         "--profile-daemon",
         action="store_true",
         help="each phase's daemon under cProfile on its main thread's CPU clock "
@@ -512,6 +584,10 @@ def arguments() -> argparse.Namespace:
         ap.error(
             "--light keeps the plant and picks T itself: not with --plant auto or --thresholds auto"
         )
+    if a.bridge_check:
+        if a.light or a.plant == "auto" or a.thresholds.startswith("auto"):
+            ap.error("--bridge-check runs on the plant and at the threshold given")
+        a.bridge = True
     if a.max_delay in (None, "default"):
         a.max_delay = None
     a.setpoint = None if a.setpoint in (None, "default") else float(a.setpoint)
@@ -565,6 +641,10 @@ def main() -> int:
         if a.light:
             raw["phases"] = []
             raw["light"] = light(lab, thresholds, raw["phases"])
+            return 0
+        if a.bridge_check:
+            raw["phases"] = []
+            bridge_check(lab, thresholds[0], raw["phases"])
             return 0
         if a.plant == "auto":  # the plant first: the interference points run on it
             raw["plant_choice"], unc = choose_plant(lab, thresholds)

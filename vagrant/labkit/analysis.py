@@ -23,7 +23,12 @@ What it owns
                (fit_lq).
     summary    summarize(): p50/p95/p99, the time above T, the writes, the
                writers' start, the target's TCP counters, the retransmissions
-               per connection, the classes, the release, the CPU shares.
+               per connection, the classes, the release, the CPU shares; and
+               over the same span, where the phase kept them, the p50/p95 and
+               time above T of what the initiator saw (fio's 1 s means of the
+               reader's completion latency, "reader_clat") and of what the
+               daemon's sensor measured (sensor_windows: in bridge mode the
+               wire's).
 
     The diskstats counters are the product's (santhrottle.appliance.sensing.
     diskstats.DevCounters from `reads` on, as labkit.probes records them); runs
@@ -299,6 +304,21 @@ def summarize(ph: dict, threshold_s: float | None, uncontrolled_wr: float | None
         "writer_retrans_events": found,
         "sets_left_after_stop": ph["sets_left_after_stop"],
     }
+    # what the initiator saw (fio's 1 s means) and, with a daemon, what its sensor
+    # measured (in bridge mode the wire), over the same span as the array's windows
+    seen = {
+        "reader_clat": [v for t, v in ph.get("reader_clat") or [] if settle <= t < reader_off],
+        "sensor": [v for t, v in sensor_windows(ph) if settle <= t < reader_off and v is not None],
+    }
+    for key, vals in seen.items():
+        if vals:
+            out[f"{key}_windows"] = len(vals)
+            out[f"{key}_p50_s"] = percentile(vals, 50)
+            out[f"{key}_p95_s"] = percentile(vals, 95)
+            if threshold_s is not None:
+                out[f"{key}_above_threshold_pct"] = (
+                    100.0 * sum(1 for v in vals if v > threshold_s) / len(vals)
+                )
     if threshold_s is not None:
         out["time_above_threshold_pct"] = (
             100.0 * sum(1 for v in lat if v > threshold_s) / len(lat) if lat else math.nan
@@ -324,6 +344,27 @@ def summarize(ph: dict, threshold_s: float | None, uncontrolled_wr: float | None
                 )
                 out["release_throughput_back_after_s"] = None if back is None else back - reader_off
     out.update(cpu_shares(ph.get("cpu")))
+    return out
+
+
+def sensor_windows(ph: dict, span_s: float = WINDOW_S) -> list[tuple[float, float | None]]:
+    """Per status sample, from the last one at least span_s before it: the mean read
+    latency the daemon's sensor measured for its first resource (its reads_completed
+    and read_time_s totals; in bridge mode the wire's), None without reads; [] for runs
+    from before the totals were kept."""
+    rows = []
+    for r in ph["rows"]:
+        res = (r.get("status") or {}).get("resources") or [{}]
+        if res[0].get("reads_completed") is not None and res[0].get("read_time_s") is not None:
+            rows.append((r["t"], res[0]["reads_completed"], res[0]["read_time_s"]))
+    ts = [t for t, _, _ in rows]
+    out: list[tuple[float, float | None]] = []
+    for t, n, s in rows:
+        j = bisect.bisect_right(ts, t - span_s) - 1
+        if j < 0:
+            continue
+        _, n0, s0 = rows[j]
+        out.append((t, (s - s0) / (n - n0) if n > n0 else None))
     return out
 
 
@@ -373,6 +414,8 @@ def cpu_shares(cpu: dict | None) -> dict:
     if d:
         out["daemon_cpu_share"] = d["cpu_s"] * hz / total
         out["daemon_tick_cpu_share"] = d["main_thread_cpu_s"] * hz / total
+        if "children_cpu_s" in d:  # the programs it ran (tc, ipset, nft ...)
+            out["daemon_children_cpu_share"] = d["children_cpu_s"] * hz / total
     return out
 
 

@@ -57,6 +57,10 @@ RESOURCE_FIELDS = (
     "delay_class",
     "members",
     "mode",
+    # the sensor's totals since the start (in bridge mode the wire's): a window's mean
+    # read latency is the difference of read_time_s over that of reads_completed
+    "reads_completed",
+    "read_time_s",
 )
 
 
@@ -292,7 +296,8 @@ class Daemon:
 
     def cpu(self) -> dict:
         """The daemon's CPU so far, in seconds: the whole process and its main thread (the
-        tick loop; the others run discovery, the control socket and the metrics)."""
+        tick loop; the others run discovery, the control socket and the metrics), and the
+        programs it ran."""
         from labkit.probes import proc_cpu
 
         hz = os.sysconf("SC_CLK_TCK")
@@ -300,6 +305,8 @@ class Daemon:
             return {
                 "cpu_s": proc_cpu(self.pid) / hz,
                 "main_thread_cpu_s": proc_cpu(self.pid, self.pid) / hz,
+                # the programs it ran and waited for (tc, ipset, nft ...)
+                "children_cpu_s": proc_cpu(self.pid, children=True) / hz,
             }
         except (OSError, IndexError, ValueError) as e:  # gone already: say so
             return {"error": str(e)}

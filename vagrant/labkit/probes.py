@@ -121,10 +121,15 @@ def busy_share(c0: dict[str, int], c1: dict[str, int]) -> float:
     return 1 - (d.get("idle", 0) + d.get("iowait", 0)) / tot if tot else 0.0
 
 
-def proc_cpu(pid: int | str, task: int | str | None = None, proc_root: str = "/proc") -> int:
-    """utime + stime of a process (or one of its threads), in clock ticks."""
+def proc_cpu(
+    pid: int | str, task: int | str | None = None, proc_root: str = "/proc", children: bool = False
+) -> int:
+    """utime + stime of a process (or one of its threads), in clock ticks; children: of
+    the children it waited for (cutime + cstime) instead."""
     path = f"{proc_root}/{pid}/task/{task}/stat" if task is not None else f"{proc_root}/{pid}/stat"
     fields = Path(path).read_text().rpartition(")")[2].split()
+    if children:
+        return int(fields[13]) + int(fields[14])  # stat(5)'s 16th and 17th
     return int(fields[11]) + int(fields[12])  # stat(5)'s 14th and 15th
 
 
