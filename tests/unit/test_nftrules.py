@@ -341,14 +341,16 @@ def test_parse_chains_reads_our_table_only():
 
 
 class _FakeHost:
-    """What NftSets asks of a Host: the nft tool's name and run() (recorded, not run)."""
+    """What NftSets asks of a Host: the nft tool's name and run() (recorded, not run).
+    Its tools name another nft than the default, so the gate runs that program rather
+    than libnftables in the process (datapath/nftlib.py, tests/privileged/test_nftlib.py)."""
 
     def __init__(self) -> None:
-        self.tools = Tools()
+        self.tools = Tools(nft="recorded-nft")
         self.sent: list[str] = []
 
     def run(self, argv: list[str], stdin: str | None = None, what: str | None = None) -> str:
-        assert argv == ["nft", "-f", "-"], argv
+        assert argv == ["recorded-nft", "-f", "-"], argv
         self.sent.append(stdin or "")
         return ""
 
