@@ -434,8 +434,9 @@ def light(lab: Setting, wanted: list[str], phases: list[dict]) -> dict:
     return choice
 
 
-def bridge_check(lab: Setting, thr: str, phases: list[dict]) -> None:
-    """--bridge-check (module header): the phases appended to `phases` as they end."""
+def bridge_check(lab: Setting, thr: str, phases: list[dict], save: Callable[[], None]) -> None:
+    """--bridge-check (module header): the phases appended to `phases` as they end, and
+    saved (a run cut by its guest's timeout keeps them)."""
     todo = [("uncontrolled", None, False, False), ("bridge observing", None, True, False)]
     for rep in range(lab.a.reps):
         pair = [("bridge", thr, True, False), ("bridge, gate by the nft program", thr, True, True)]
@@ -445,6 +446,7 @@ def bridge_check(lab: Setting, thr: str, phases: list[dict]) -> None:
         ph = phase(lab, t, bridge=bridge, nft_program=program)
         ph["rep"] = seen[what, t] = seen.get((what, t), -1) + 1
         phases.append(ph)
+        save()
         say(ph, f"{what} (repetition {ph['rep']})", t)
 
 
@@ -644,7 +646,12 @@ def main() -> int:
             return 0
         if a.bridge_check:
             raw["phases"] = []
-            bridge_check(lab, thresholds[0], raw["phases"])
+            bridge_check(
+                lab,
+                thresholds[0],
+                raw["phases"],
+                lambda: (a.out / "raw.json").write_text(json.dumps(raw)),
+            )
             return 0
         if a.plant == "auto":  # the plant first: the interference points run on it
             raw["plant_choice"], unc = choose_plant(lab, thresholds)
