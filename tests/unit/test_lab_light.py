@@ -121,3 +121,19 @@ def test_a_run_without_a_light_threshold_says_so(rl, recorded):
     assert line.startswith("WORK CONSERVATION NOT MEASURED")
     assert len(tries) == 3  # the two slopes tried and the one kept
     assert sm["conserved"] is None
+
+
+def test_what_the_initiator_saw_is_reported_beside_the_array(rl, recorded):
+    """A run whose phases logged the reader's fio latency: the report gives the
+    initiator's p95 per kind of phase and the bridge's wire; a run from before, none."""
+    assert not any(
+        "initiator's p95" in x for x in rl.lines(rl.summary(light_run(recorded, "10ms")))
+    )
+    raw = light_run(recorded, "10ms")
+    for i, ph in enumerate(raw["phases"]):
+        ph = raw["phases"][i] = copy.copy(ph)
+        ph["reader_clat"] = [(float(t), 0.004 + 0.001 * (i % 3)) for t in range(0, 200)]
+    sm = rl.summary(raw)
+    assert sm["medians"]["bridge.reader_clat_p95_s"][0] == pytest.approx(0.006)
+    line = next(x for x in rl.lines(sm) if "initiator's p95" in x)
+    assert "uncontrolled 4.00 ms" in line and "bridge 6.00 ms" in line

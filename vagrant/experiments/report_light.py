@@ -86,6 +86,10 @@ def summary(raw: dict) -> dict:
                 "max_delay_class",
                 "daemon_cpu_share",
                 "target_retrans_segs",
+                "reader_clat_p95_s",
+                "reader_clat_above_threshold_pct",
+                "sensor_p95_s",
+                "daemon_children_cpu_share",
             )
             if med(kind, key) is not None
         },
@@ -116,6 +120,21 @@ def plant_lines(ch: dict) -> list[str]:
     return out
 
 
+def initiator_line(md: dict) -> str | None:
+    """What the initiator saw (fio's 1 s means of the reader's completion latency), per
+    kind of phase, and what the bridge's wire measured: through the bridge T is about
+    the former (docs/bridge.md, "The wire's latency and the array's"). None for runs
+    from before the reader's latency log."""
+    seen = {k: md.get(f"{k}.reader_clat_p95_s") for k in KINDS}
+    if not any(seen.values()):
+        return None
+    ms = ", ".join(f"{k} {v[0] * 1e3:.2f} ms" for k, v in seen.items() if v)
+    wire = md.get("bridge.sensor_p95_s")
+    return f"  the initiator's p95 (fio, median): {ms}" + (
+        f"; the bridge's wire {wire[0] * 1e3:.2f} ms" if wire else ""
+    )
+
+
 def lines(sm: dict) -> list[str]:
     """The report: the verdict first, the plant's choice, then one row per phase."""
     ch = sm["light"]
@@ -141,6 +160,9 @@ def lines(sm: dict) -> list[str]:
         f"{pct(md.get('bridge.vs_uncontrolled_writes'))} through the bridge (median, min-max)"
     ]
     out += plant_lines(ch)
+    seen = initiator_line(md)
+    if seen:
+        out.append(seen)
     if not sm["uncontrolled_under_t"]:
         out.append(
             "  an uncontrolled phase went over T: that repetition is not the light plant "
