@@ -74,3 +74,20 @@ def test_a_refused_transaction_is_one_line_and_changes_nothing(ns):
     assert "10.0.0.3" not in _nft(ns, "list", "table", "bridge", "stnftlib").stdout, (
         "all or nothing"
     )
+
+
+def test_a_namespace_keeps_its_context_and_one_made_again_gets_its_own(ns):
+    path = f"/run/netns/{ns}"
+    lib = nftlib.load(path)
+    if lib is None:
+        pytest.skip(f"{nftlib.SONAME} cannot be loaded here")
+    assert nftlib.load(path) is lib, "made once per namespace"
+    lib.run(TABLE)
+    del lib
+    subprocess.run(["ip", "netns", "del", ns], check=True)
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    again = nftlib.load(path)
+    assert again is not None
+    again.run(TABLE)  # into the new namespace, where the table is not yet
+    again.run("add element bridge stnftlib m { 10.0.0.9 : 5374:2 }")
+    assert "10.0.0.9" in _nft(ns, "list", "table", "bridge", "stnftlib").stdout
