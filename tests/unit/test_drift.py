@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import logging
 
+from santhrottle.appliance.daemon.core.drift import CHECK_EVERY_S
+
 from .test_daemon import handle, make, run_for, status_of
 
 
-def test_members_flushed_under_the_daemon_are_back_within_a_convergence(caplog):
+def test_members_flushed_under_the_daemon_are_back_within_a_check(caplog):
     d, vt, _s, act = make()
     for ip in ("10.0.0.7", "10.0.0.8"):
         handle(d, "pin", {"initiator": ip, "class": 4, "mode": "all"})
@@ -18,10 +20,38 @@ def test_members_flushed_under_the_daemon_are_back_within_a_convergence(caplog):
     assert {"10.0.0.7", "10.0.0.8"} <= set(act.kernel)
     act._kernel.clear()  # `ipset flush` by hand: the record still has them
     with caplog.at_level(logging.WARNING):
-        run_for(d, vt, 1.2)
+        run_for(d, vt, CHECK_EVERY_S + 1.2)
     assert {"10.0.0.7", "10.0.0.8"} <= set(act.kernel)
     assert "drift: member 10.0.0.7: None in the kernel" in caplog.text
     assert status_of(d)["counters"]["repairs"] >= 2 and act.repairs >= 1
+
+
+def test_the_kernel_is_read_every_check_period_not_every_convergence():
+    """Before, every convergence (1 s) read the whole data path back: about a fifth of
+    the one-vCPU lab guest's CPU, taken from the target's writers (make lab-light).
+    A check that finds a drift has the next convergence look again, to see the
+    repair held."""
+    d, vt, _s, act = make()
+    reads = []
+    real = act.drift
+
+    def counted(expected):
+        reads.append(vt.now)
+        return real(expected)
+
+    act.drift = counted
+    run_for(d, vt, 3 * CHECK_EVERY_S)  # 30 convergences
+    assert len(reads) == 3 and reads[1] - reads[0] >= CHECK_EVERY_S
+    handle(d, "pin", {"initiator": "10.0.0.7", "class": 4, "mode": "all"})
+    run_for(d, vt, 1.0)
+    act._kernel.clear()
+    run_for(d, vt, CHECK_EVERY_S + 2.0)
+    assert act.repairs == 1 and "10.0.0.7" in act.kernel
+    assert reads[-1] - reads[-2] <= 1.5  # the repair checked at the next convergence
+    n = len(reads)
+    run_for(d, vt, 3 * CHECK_EVERY_S)
+    gaps = [b - a for a, b in zip(reads[n - 1 :], reads[n:], strict=False)]
+    assert len(gaps) == 3 and min(gaps) >= CHECK_EVERY_S  # then the period again
 
 
 def test_a_check_that_races_a_tick_is_no_drift():
@@ -68,9 +98,9 @@ def test_a_drift_that_keeps_coming_back_is_repaired_with_a_backoff_and_said_rare
     assert 2 <= len(lines) <= 4 and "again after 1 repair(s)" in lines[1]
     assert 5 <= act.repairs <= 12  # 1, 1, 2, 4, 8, 16, 32, 60 s apart: not 120
     act.drift = lambda _expected: []  # the repair holds from now on
-    run_for(d, vt, 2.0)
+    run_for(d, vt, CHECK_EVERY_S + 1.0)
     act.drift = lambda _expected: ["iptables: the chain SANTHROTTLE or its jumps are missing"]
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        run_for(d, vt, 1.2)
+        run_for(d, vt, CHECK_EVERY_S + 1.2)
     assert caplog.text.count("missing; repairing") == 1  # a new drift: repaired at once

@@ -1,8 +1,10 @@
 """The daemon's side of drift: the kernel checked every convergence, repaired at the next tick.
 
 What it owns
-    DriftWatch.check() runs in the convergence worker, after each convergence:
-    it takes what the data path left (Actuator.expected(), under the daemon's
+    DriftWatch.check() runs in the convergence worker, after a convergence at
+    most every CHECK_EVERY_S (and at the first convergence after a repair, to see
+    it held; at the next one after a check that raced a tick): it takes what the
+    data path left (Actuator.expected(), under the daemon's
     lock), has the data path compare the kernel with it (Actuator.drift():
     read only, netlink sockets of its own: datapath/drift.py), and keeps what it
     found when the data path did not change meanwhile (a tick that moved members
@@ -18,12 +20,22 @@ What it owns
     once every SAY_AGAIN_S with the number of repairs, not at every convergence;
     one check that finds it gone ends that.
 
+Cost
+    A check reads every device's whole tc tree (two netlink dumps that pyroute2
+    decodes, ~190 objects per device at the default ladder), the sets' headers
+    and the gate, and runs `iptables -S` and `ip6tables -S`: ~40 ms of CPU on a
+    fast host, and about a fifth of the one-vCPU lab guest's CPU when it ran at
+    every convergence (1 s), which the target's writers then lacked (make
+    lab-light, docs/lab.md "Work conservation").  Every CHECK_EVERY_S it is a
+    tenth of that; a change under the daemon is found within CHECK_EVERY_S plus
+    a convergence.
+
 Worked example
     `santhrottle cleanup --force` is the way to remove the data path under a
     running daemon (it stops the daemon first); an `ipset flush santhrottle-all`
-    by hand is seen at the next convergence ("ipset: santhrottle-all holds 0
-    members, santhrottle left 3 there") and the three members are back at the
-    tick after it: within about 1.1 s.
+    by hand is seen at the next check ("ipset: santhrottle-all holds 0 members,
+    santhrottle left 3 there") and the three members are back at the tick after
+    it: within CHECK_EVERY_S plus about 1.1 s.
 """
 
 from __future__ import annotations
@@ -42,6 +54,8 @@ log = logging.getLogger("santhrottled")
 AGAIN_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 60.0
 SAY_AGAIN_S = 60.0
+# How often the kernel is read at most (module header, "Cost").
+CHECK_EVERY_S = 10.0
 
 
 def _kind(line: str) -> str:
@@ -55,9 +69,15 @@ class DriftWatch:
         self._failing = False
         self._again: dict[str, tuple[int, float]] = {}  # kind -> (repairs in a row, next at)
         self._said: dict[str, float] = {}  # kind -> when it was last said
+        self._next_s: float | None = None  # the next check not before (None: at once)
 
-    def check(self, actuator: Actuator, lock: threading.RLock) -> None:
+    def check(self, actuator: Actuator, lock: threading.RLock, now: float) -> None:
+        """In the convergence worker (now: the daemon's clock); reads the kernel only
+        when a check is due (module header)."""
         with lock:
+            if self._next_s is not None and now < self._next_s:
+                return
+            self._next_s = now + CHECK_EVERY_S
             before = actuator.expected()
         try:
             found = actuator.drift(before)
@@ -69,7 +89,8 @@ class DriftWatch:
         self._failing = False
         with lock:
             if actuator.expected() != before:
-                return  # the data path moved meanwhile: the next check looks again
+                self._next_s = None  # the data path moved meanwhile: the next one looks
+                return
             self.found = found
             kinds = {_kind(line) for line in found}
             for k in [k for k in self._again if k not in kinds]:  # the repair held
@@ -103,3 +124,4 @@ class DriftWatch:
         if due:
             counters.repairs += len(due)
             actuator.repair()
+            self._next_s = None  # did it hold? the next convergence looks

@@ -181,7 +181,7 @@ class Daemon:
             self._resources_dirty = True
         self.save_state()  # the resource classes, once per convergence when they changed
         self._gc.after_convergence(s.discoveries)
-        self.drift.check(self.actuator, self.lock)  # the kernel as the data path left it
+        self.drift.check(self.actuator, self.lock, self.clock())  # as the data path left it
 
     def tick(self, now: float) -> None:
         t0 = self.clock()
