@@ -137,3 +137,28 @@ def test_what_the_initiator_saw_is_reported_beside_the_array(rl, recorded):
     assert sm["medians"]["bridge.reader_clat_p95_s"][0] == pytest.approx(0.006)
     line = next(x for x in rl.lines(sm) if "initiator's p95" in x)
     assert "uncontrolled 4.00 ms" in line and "bridge 6.00 ms" in line
+
+
+def test_an_observed_phase_splits_the_loss_into_presence_and_control(rl, recorded):
+    """--observed: the daemon with no threshold beside the controlled phase; its writes
+    against the uncontrolled phase (the daemon's presence and the lab's probe) and the
+    controlled writes against it (control), both reported, the verdict still the
+    controlled writers' against the uncontrolled ones."""
+    raw = light_run(recorded, "10ms")
+    by_kind = {ph["kind"]: ph for ph in recorded["phases"]}
+    for rep in range(2):  # the recorded bridge phase stands in for an observed one
+        ph = copy.copy(by_kind["bridge"])
+        ph.update(kind="observed", rep=rep, cpu={**ph["cpu"], "probes_cpu_s": {"status": 1.5}})
+        raw["phases"].append(ph)
+    sm = rl.summary(raw)
+    unc = analysis.summarize(by_kind["uncontrolled"], 0.010, None)["write_bytes_per_s"]
+    ctl = analysis.summarize(by_kind["controlled"], 0.010, None)["write_bytes_per_s"]
+    obs = analysis.summarize(by_kind["bridge"], 0.010, None)["write_bytes_per_s"]
+    for r in sm["repetitions"]:
+        assert r["observed"]["vs_uncontrolled_writes"] == pytest.approx(obs / unc)
+        assert r["controlled"]["vs_observed_writes"] == pytest.approx(ctl / obs)
+        assert r["observed"]["status_probe_cpu_share"] > 0.0
+    assert sm["conserved"] is (ctl / unc >= regime.CONSERVE_AT_LEAST)
+    text = "\n".join(rl.lines(sm))
+    assert "the daemon with no threshold (observed) moved" in text
+    assert sum(1 for x in text.splitlines() if re.match(r"\s+\d+ observed ", x)) == 2

@@ -139,3 +139,31 @@ def test_the_guests_speed_factor_and_the_runners_reference(tmp_path, monkeypatch
     # a cache whose first reference came from a loaded host: never above REFERENCE_S
     monkeypatch.setenv(speed.REFERENCE_ENV, "0.398")
     assert speed.reference() == speed.REFERENCE_S
+
+
+def test_each_probes_own_cpu_is_added_up():
+    """The sampler's CPU per probe (its thread_time around each read): the lab's status
+    probe is the measurement's cost, not the daemon's (closed_loop.py)."""
+    cpu = {"t": 0.0}
+
+    def status() -> dict:
+        cpu["t"] += 0.003  # a status costs the sampler 3 ms of CPU
+        return {}
+
+    def ds() -> int:
+        cpu["t"] += 0.001
+        return 0
+
+    clock = Clock(until=1.0)
+    s = Sampler(
+        [Probe("ds", ds), Probe("status", status, every=5)],
+        0.1,
+        clock=clock,
+        wait=clock.wait,
+        cpu=lambda: cpu["t"],
+    )
+    clock.sampler = s
+    s.run()
+    assert len(s.rows) == 10
+    assert s.cpu_s["ds"] == pytest.approx(0.010)
+    assert s.cpu_s["status"] == pytest.approx(0.006)

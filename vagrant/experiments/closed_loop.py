@@ -37,6 +37,12 @@ again, at most regime.MAX_TRIES times; T is then the smallest of --thresholds th
 one stays under with room (labkit.regime.light_threshold); then --reps repetitions of
 controlled at T (and bridge at T with --bridge) and uncontrolled again, each phase
 tagged with its repetition ("rep"; the last try's uncontrolled phase is repetition 0's).
+--observed adds, per repetition after the controlled phase, an observed one: the same
+daemon, data path and status probe with no threshold (it discovers the VG and delays
+nobody), so the report splits the controlled writers' loss into what the daemon's
+presence and the lab's probe cost (observed against uncontrolled) and what control
+costs (controlled against observed).  The phases' CPU records the sampler's own CPU
+per probe (labkit.sampler cpu_s): the status probe is the lab's, not the product's.
 
 --bridge-check (the bridge's latency against the initiator's and the array's): on the
 plant lab.py started, at the first of --thresholds, uncontrolled, the bridge's daemon
@@ -179,19 +185,26 @@ def phase(
     cycles: int | None = None,
     bridge: bool = False,
     nft_program: bool = False,
+    observed: bool = False,
 ) -> dict:
     """One phase (module header): uncontrolled (threshold None), controlled at `threshold`,
-    static (the writers pinned at static_us, judged against `threshold`), or bridged
+    static (the writers pinned at static_us, judged against `threshold`), bridged
     (threshold None: the bridge's daemon observing; nft_program: its gate through the
-    `nft` program)."""
+    `nft` program), or observed (the target's daemon with no threshold; `threshold`
+    only judges the reader)."""
     a, t = lab.a, lab.t
     static = static_us is not None
     name = f"static-{threshold}-{static_us}us" if static else threshold
     if bridge:
         name = f"bridge-{threshold or 'observe'}" + ("-nft-program" if nft_program else "")
+    if observed:
+        name = "observed"
     slow = speed.factor(fresh=True)  # the guest's pace now (the host's limit follows it)
     with_daemon = threshold is not None or bridge
-    daemon = lab.daemon(name, threshold, bridge, nft_program) if with_daemon else None
+    if observed:
+        daemon = lab.daemon(name, None)
+    else:
+        daemon = lab.daemon(name, threshold, bridge, nft_program) if with_daemon else None
     lab.phases_run += 1
     lab.lat_prefix = a.out / f"lat-{lab.phases_run:02d}-{name or 'uncontrolled'}"
     ladder = None
@@ -218,6 +231,7 @@ def phase(
         cpu = {
             "wall_s": time.monotonic() - wall0,
             "guest_ticks": {k: v - cpu0[k] for k, v in probes.guest_cpu().items()},
+            "probes_cpu_s": dict(s.cpu_s),  # the sampler's own, per probe
         }
         if daemon is not None:  # from the sampler's start to its stop, as the figures
             dcpu1 = daemon.cpu()
@@ -227,6 +241,7 @@ def phase(
             daemon.stop()
     daemon_ns = t["bridge"]["netns"] if bridge else t["netns"]
     kind = "static" if static else ("controlled" if threshold else "uncontrolled")
+    kind = "observed" if observed else kind
     return {
         "threshold": threshold,
         "plant": (probes.plant_stats() or {}).get("config"),
@@ -423,11 +438,13 @@ def light(lab: Setting, wanted: list[str], phases: list[dict]) -> dict:
     if thr is None:
         return choice
     for rep in range(lab.a.reps):
-        todo = [("controlled", thr, False), *([("bridge", thr, True)] if lab.a.bridge else [])]
+        todo = [("controlled", thr, False)]
+        todo += [("observed", thr, False)] if lab.a.observed else []
+        todo += [("bridge", thr, True)] if lab.a.bridge else []
         if rep:
             todo.insert(0, ("uncontrolled", None, False))
         for what, t, bridge in todo:
-            ph = phase(lab, t, bridge=bridge)
+            ph = phase(lab, t, bridge=bridge, observed=what == "observed")
             ph["rep"] = rep
             phases.append(ph)
             say(ph, f"{what} (repetition {rep})", t)
@@ -544,6 +561,11 @@ def arguments() -> argparse.Namespace:
         "under, then --reps x (controlled, bridge with --bridge, uncontrolled)",
     )
     ap.add_argument("--reps", type=int, default=3, help="--light's repetitions")
+    ap.add_argument(
+        "--observed",
+        action="store_true",
+        help="--light: per repetition also the daemon with no threshold (module header)",
+    )
     ap.add_argument(
         "--static",
         action="store_true",

@@ -3,7 +3,8 @@
 What it owns
     From a closed_loop.py --light run (raw.json's "light": the slopes tried and kept, the
     threshold; its phases, each with its repetition "rep"): per repetition the
-    uncontrolled, controlled and bridged phases at the chosen T
+    uncontrolled, controlled, observed (--observed: the daemon with no threshold) and
+    bridged phases at the chosen T
     (labkit.analysis.summarize), the slopes tried (plant_lines), each one's writes against the
     uncontrolled phase of its repetition, how long the writers were delayed at all
     (the share of the daemon's status samples, from the end of the learning burst to
@@ -26,7 +27,7 @@ from labkit.analysis import classes, events, settle_time, spread, summarize
 
 from santhrottle.appliance.units import parse_duration_s
 
-KINDS = ("uncontrolled", "controlled", "bridge")
+KINDS = ("uncontrolled", "controlled", "observed", "bridge")
 
 
 def delayed_share(ph: dict) -> float | None:
@@ -53,11 +54,16 @@ def summary(raw: dict) -> dict:
     for rep in sorted(reps):
         r = {"rep": rep, **reps[rep]}
         unc = r.get("uncontrolled")
-        for kind in ("controlled", "bridge"):
+        for kind in ("controlled", "observed", "bridge"):
             if kind in r and unc and unc["write_bytes_per_s"]:
                 r[kind]["vs_uncontrolled_writes"] = (
                     r[kind]["write_bytes_per_s"] / unc["write_bytes_per_s"]
                 )
+        obs = r.get("observed")
+        if "controlled" in r and obs and obs["write_bytes_per_s"]:  # what control costs
+            r["controlled"]["vs_observed_writes"] = (
+                r["controlled"]["write_bytes_per_s"] / obs["write_bytes_per_s"]
+            )
         rows.append(r)
 
     def med(kind: str, key: str) -> tuple[float, float, float] | None:
@@ -82,9 +88,13 @@ def summary(raw: dict) -> dict:
                 "read_latency_p95_s",
                 "write_bytes_per_s",
                 "vs_uncontrolled_writes",
+                "vs_observed_writes",
                 "delayed_share",
                 "max_delay_class",
                 "daemon_cpu_share",
+                "daemon_tick_cpu_share",
+                "status_probe_cpu_share",
+                "guest_idle_share",
                 "target_retrans_segs",
                 "reader_clat_p95_s",
                 "reader_clat_above_threshold_pct",
@@ -159,6 +169,27 @@ def lines(sm: dict) -> list[str]:
         "beside them on the target host, "
         f"{pct(md.get('bridge.vs_uncontrolled_writes'))} through the bridge (median, min-max)"
     ]
+    if "observed.vs_uncontrolled_writes" in md:
+        out.append(
+            "  the daemon with no threshold (observed) moved "
+            f"{pct(md.get('observed.vs_uncontrolled_writes'))} of the uncontrolled phase's; "
+            f"the controlled writers {pct(md.get('controlled.vs_observed_writes'))} of the "
+            "observed phase's: the daemon's presence and the lab's status probe against "
+            "what control costs"
+        )
+    cpu = [
+        f"{what} {pct(md.get(key))}"
+        for what, key in (
+            ("the daemon", "controlled.daemon_cpu_share"),
+            ("its tick", "controlled.daemon_tick_cpu_share"),
+            ("the lab's status probe (client side)", "controlled.status_probe_cpu_share"),
+            ("idle controlled", "controlled.guest_idle_share"),
+            ("idle uncontrolled", "uncontrolled.guest_idle_share"),
+        )
+        if md.get(key) is not None
+    ]
+    if cpu:
+        out.append("  of the guest's CPU: " + ", ".join(cpu))
     out += plant_lines(ch)
     seen = initiator_line(md)
     if seen:

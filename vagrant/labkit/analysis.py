@@ -403,7 +403,9 @@ def writing_class(ph: dict) -> int:
 
 def cpu_shares(cpu: dict | None) -> dict:
     """Of the guest's CPU over the phase (its "cpu" record): the daemon's share and its
-    tick loop's, and the guest's idle share ({} for runs from before it was kept)."""
+    tick loop's, the sampler's in the daemon's status probe (its client side; the
+    daemon's side is in the daemon's), and the guest's idle share ({} for runs from
+    before it was kept)."""
     if not cpu:
         return {}
     ticks = cpu["guest_ticks"]
@@ -416,6 +418,9 @@ def cpu_shares(cpu: dict | None) -> dict:
         out["daemon_tick_cpu_share"] = d["main_thread_cpu_s"] * hz / total
         if "children_cpu_s" in d:  # the programs it ran (tc, ipset, nft ...)
             out["daemon_children_cpu_share"] = d["children_cpu_s"] * hz / total
+    probe_s = (cpu.get("probes_cpu_s") or {}).get("status")
+    if d and probe_s is not None:  # the lab's status probe, its side of the socket
+        out["status_probe_cpu_share"] = probe_s * hz / total
     return out
 
 

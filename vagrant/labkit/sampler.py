@@ -18,6 +18,10 @@ What it owns
     events   mark(what): (t, what), on the rows' clock ("writers on", ...).
     nice     the thread's own nice value (os.setpriority on its native id), for a
              guest whose vCPUs the daemons and fio share.
+    cpu_s    per probe, the CPU the sampler's thread spent in its reads (its
+             thread_time): what the measurement itself cost the guest, e.g. the
+             daemon's status asked every 0.5 s, a cost the uncontrolled phase,
+             without a daemon, does not pay.
 
     The clock and the wait are parameters, so that a test drives the loop in
     virtual time (tests/unit/test_labkit_sampler.py).
@@ -57,6 +61,7 @@ class Sampler(threading.Thread):
         nice: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         wait: Callable[[float], bool] | None = None,
+        cpu: Callable[[], float] = time.thread_time,
     ) -> None:
         super().__init__(daemon=True, name="sampler")
         self.probes, self.period_s, self.nice, self.clock = probes, period_s, nice, clock
@@ -66,6 +71,8 @@ class Sampler(threading.Thread):
         self.wait = wait or self.stop_ev.wait
         self.t0 = clock()
         self.k = 0
+        self.cpu = cpu
+        self.cpu_s: dict[str, float] = {p.name: 0.0 for p in probes}
 
     def now(self) -> float:
         """Seconds on the rows' clock."""
@@ -80,10 +87,12 @@ class Sampler(threading.Thread):
         for p in self.probes:
             if self.k % p.every:
                 continue
+            c0 = self.cpu()
             try:
                 row[p.name] = p.read()
             except Exception as e:  # keep sampling; record why
                 row[f"{p.name}_error"] = str(e)
+            self.cpu_s[p.name] += self.cpu() - c0
         self.k += 1
         self.rows.append(row)
         return row
