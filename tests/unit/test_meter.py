@@ -208,3 +208,20 @@ def test_the_counters_survive_a_kill_9_losing_at_most_one_convergence(tmp_path):
         assert on_disk >= restored  # continued from what the last run left
         levels_saved.append(on_disk)
     assert levels_saved[1] > levels_saved[0] > 0.0
+
+
+def test_an_unchanged_meter_is_not_written_again(tmp_path):
+    """Before, a daemon without metered groups wrote and fsynced the same meter.json at
+    every convergence (a second), in the lab guest's CPU the target's writers needed."""
+    store = MeterStore(tmp_path)
+    writes = []
+    real = store.save
+    store.save = lambda *a: (writes.append(a), real(*a))[1]
+    keeper = MeterKeeper(store)
+    cur = Period(T0, T0 + HOUR, {})
+    for _ in range(3):
+        assert keeper.save(lambda: ({}, Period(T0, T0 + HOUR, {}), []))
+    assert len(writes) == 1 and (tmp_path / "meter.json").exists()
+    assert keeper.save(lambda: ({"gold": Usage(ios=1.0)}, cur, []))  # a change: written
+    assert keeper.save(lambda: ({"gold": Usage(ios=1.0)}, cur, [cur]))  # a period closed
+    assert len(writes) == 3

@@ -208,6 +208,7 @@ class MeterKeeper:
         self.store = store
         self._lock = threading.Lock()
         self._pending: list[Period] = []  # closed periods a failed save did not log
+        self._saved: tuple[Any, Any] | None = None  # (totals, current) last written
 
     def load(self) -> Kept:
         if self.store is None:
@@ -219,14 +220,20 @@ class MeterKeeper:
         return Kept({}, None)
 
     def save(self, snapshot: Any, retention_s: float | None = None) -> bool:
-        """Write snapshot() = (totals, current, closed); False when it failed (logged)."""
+        """Write snapshot() = (totals, current, closed); False when it failed (logged).
+        A snapshot equal to the last one written, with no period closed, is not written
+        again: a daemon without metered groups would otherwise write and fsync the same
+        file every second (two fsyncs a convergence, for nothing)."""
         if self.store is None:
             return True
         with self._lock:
             totals, current, closed = snapshot()
             closed = self._pending + list(closed)
+            if not closed and self._saved == (totals, current):
+                return True
             try:
                 self.store.save(totals, current, closed)
+                self._saved = (totals, current)
                 self._pending = []
                 if closed and retention_s is not None:
                     self.store.prune(retention_s, self.store.clock())
