@@ -214,11 +214,15 @@ class IoSample(NamedTuple):
 class UtilizationSample(NamedTuple):
     """A resource's busy share over the sensor interval ending now: the share of the
     time its device had at least one IO in flight (diskstats' io_ticks; on a bridge,
-    a volume with a command in flight), 0..1; of a resource of several devices, the
-    busiest's."""
+    a volume with a command in flight); of a resource of several devices, the
+    busiest's. Not clamped: io_ticks grows by a whole IO's time when it completes, so
+    an interval may read above 1 and the one before it as much below (utilization.py
+    clamps the convergence's figure). span_s: the interval it covers (each sample
+    weighs its span); None: every sample weighs the same (equal ticks)."""
 
     resource: str
     utilization: float
+    span_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,12 @@ Measured signal (UtilizationSample, every tick)
     in flight, from the wire; of a resource of several devices, the busiest.
 
 Law, per resource, at every convergence
-    U = the mean of its ticks' utilization since the last convergence
-        (unknown without samples)
+    U = min(1, sum(u_i * span_i) / sum(span_i)) over its ticks since the last
+        convergence: the busy time over the time, a ratio of sums as iostat's
+        %util over the same span (a late tick weighs its length; a tick whose
+        counter took a completed IO's whole time, above 1, and the one before
+        it, below, add up to what the device did); unknown without samples.
+        A sample without a span weighs 1.
     saturated  when U > Resource.utilization_threshold (None: never)
     Until the next convergence a saturated resource's PID sees its latency
     as at least its threshold: e = max(EWMA, T) / T - setpoint >= 1 -
@@ -29,8 +33,8 @@ Headroom (levels.py's promotions): U under
     promotion) and the latency EWMA under the threshold in force.
 
 Bounds
-    U is clamped to [0, 1]; a sample outside it (a sensor's rounding) counts
-    as its bound.
+    U is clamped to [0, 1] once, at the convergence; a sample below 0 or NaN
+    counts as 0, a sample above 1 counts as it is (see the law).
 
 Idle behaviour
     A resource without samples in a convergence has no U: not saturated,
@@ -42,8 +46,8 @@ How to watch it
     santhrottle_resource_utilization_ratio.
 
 Worked example
-    utilization_threshold = 0.95; ten ticks read 0.97, 0.99, 1.0, ... mean
-    0.98 > 0.95: saturated. The EWMA is 8 ms against T = 10 ms (setpoint
+    utilization_threshold = 0.95; ten 100 ms ticks read 0.97, 0.99, 1.0, ...:
+    U = 0.98 > 0.95: saturated. The EWMA is 8 ms against T = 10 ms (setpoint
     0.9): the PID sees 10 ms, e = +0.1, and the class rises; at the next
     convergence U = 0.93: not saturated, e = 8 / 10 - 0.9 = -0.1.
 """
@@ -64,25 +68,27 @@ class _HasResource(Protocol):
 
 @dataclass(slots=True)
 class UtilizationState:
-    sums: dict[str, float] = field(default_factory=dict)  # since the last convergence
-    counts: dict[str, int] = field(default_factory=dict)
+    # since the last convergence, per resource: busy time (u x span) and time (spans)
+    sums: dict[str, float] = field(default_factory=dict)
+    spans: dict[str, float] = field(default_factory=dict)
     last: dict[str, float] = field(default_factory=dict)  # resource -> U, last convergence
     saturated: frozenset[str] = frozenset()
 
 
 def observe(st: UtilizationState, samples: Iterable[UtilizationSample]) -> None:
-    """One tick's samples folded into the convergence's means."""
-    sums, counts = st.sums, st.counts
-    for name, u in samples:
-        u = 0.0 if not u > 0.0 else min(u, 1.0)  # NaN counts as idle
-        sums[name] = sums.get(name, 0.0) + u
-        counts[name] = counts.get(name, 0) + 1
+    """One tick's samples folded into the convergence's sums."""
+    sums, spans = st.sums, st.spans
+    for name, u, span in samples:
+        w = span if span is not None and span > 0.0 else 1.0
+        u = u if u > 0.0 else 0.0  # NaN counts as idle
+        sums[name] = sums.get(name, 0.0) + u * w
+        spans[name] = spans.get(name, 0.0) + w
 
 
 def close(st: UtilizationState, resources: Mapping[str, _HasResource]) -> None:
     """At a convergence: each resource's U over it, and which are saturated."""
-    st.last = {name: st.sums[name] / n for name, n in st.counts.items() if n}
-    st.sums, st.counts = {}, {}
+    st.last = {name: min(1.0, st.sums[name] / w) for name, w in st.spans.items() if w > 0.0}
+    st.sums, st.spans = {}, {}
     sat = set()
     for name, u in st.last.items():
         rs = resources.get(name)

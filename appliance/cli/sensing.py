@@ -103,7 +103,7 @@ def _measure_once(args: argparse.Namespace, cfg: Config | None) -> dict[str, Any
     time.sleep(args.interval)
     disc, writes = sensor.converge()
     reads = {r.resource: r for r in sensor.read_samples()}
-    util = {u.resource: u.utilization for u in sensor.utilization_samples()}
+    util = {u.resource: min(1.0, u.utilization) for u in sensor.utilization_samples()}
     rates = {(w.resource, w.initiator): w.write_bps for w in writes}
     resources = []
     for name, devs in sorted(disc.resources.items()):
@@ -115,7 +115,7 @@ def _measure_once(args: argparse.Namespace, cfg: Config | None) -> dict[str, Any
                 "reads_per_s": (r.reads / args.interval) if r else 0.0,
                 "read_latency_s": (r.read_latency_s if r and r.reads else None),
                 "write_bytes_per_second": r.write_bps if r and r.write_bps is not None else 0.0,
-                "utilization": util.get(name),  # its busiest device's io_ticks share
+                "utilization": util.get(name),  # its busiest PV's io_ticks share
                 "initiators": sorted(
                     (a for a, v in disc.initiators.items() if name in v.resources),
                     key=ip_key,

@@ -437,9 +437,10 @@ def _initiator_views(
 def _utilization(
     vmap: VolumeMap, busy: Mapping[Volume, float], dt: float
 ) -> list[UtilizationSample]:
-    """Per configured resource, the busiest of its volumes' busy share of dt."""
+    """Per configured resource, the busiest of its volumes' busy share of dt (a
+    sample of span dt: the controller weighs a late tick by its length)."""
     out = dict.fromkeys(vmap.patterns, 0.0)
     for v, s in busy.items():
         for name in vmap.resources_of(v):
             out[name] = max(out.get(name, 0.0), min(1.0, s / dt))
-    return [UtilizationSample(name, u) for name, u in out.items()]
+    return [UtilizationSample(name, u, dt) for name, u in out.items()]

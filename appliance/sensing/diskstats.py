@@ -366,10 +366,15 @@ def device_sample_of(resource: str, devs: Iterable[DevInterval]) -> DeviceSample
 
 
 def utilization_of(resource: str, devs: Iterable[DevInterval]) -> UtilizationSample:
-    """A resource's busy share: the busiest of its devices' (io_ticks / interval, as
-    iostat's %util; a volume group's LVs each show the time its own IOs were in
-    flight, and the busiest is the least the array was busy)."""
-    return UtilizationSample(resource, max((d.utilization for d in devs), default=0.0))
+    """A resource's busy share: the busiest of its devices' io_ticks / interval (as
+    iostat's %util), unclamped, with the interval as its span (controller/
+    utilization.py adds the ticks' busy time up before it clamps: io_ticks takes a
+    completed IO's whole time at once, across a tick's edge)."""
+    share, span = 0.0, None
+    for d in devs:
+        share = max(share, d.io_ticks_ms * MS / d.interval_s)
+        span = d.interval_s
+    return UtilizationSample(resource, share, span)
 
 
 # One read of /proc/diskstats: 1,000 devices are about 100 kB.

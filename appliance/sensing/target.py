@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
-from santhrottle.appliance.sensing.blockdevs import LvmScanner
+from santhrottle.appliance.sensing.blockdevs import LogicalVolume, LvmScanner
 from santhrottle.appliance.sensing.conns import ConnectionSensor
 from santhrottle.appliance.sensing.discovery import Discovery, acl_write_bytes, build_discovery
 from santhrottle.appliance.sensing.diskstats import (
@@ -120,6 +120,7 @@ class TargetSensor:
         self.discoveries = 0  # how many times the discovery was rebuilt
         self._discovery_key: tuple[object, ...] = ()
         self._charges = _Charges()
+        self._busy_devices: dict[str, tuple[str, ...]] = {}  # resource -> its PVs
         self._tick_prev: tuple[float, Snapshot] | None = None
         self._device_samples: list[DeviceSample] = []
         self._utilization: list[UtilizationSample] = []  # of the same pass
@@ -180,6 +181,7 @@ class TargetSensor:
         )
         self._discovery_key = key
         self._charges = _device_charges(self._discovery)
+        self._busy_devices = busy_devices(self._discovery.resources, lvs)
         self._io_plan = io_plan(self._discovery)
         self._acl_io = acl_counters(tpgs, self._discovery.exports)
         self._read_names(tpgs, rebuilt=True)
@@ -237,7 +239,8 @@ class TargetSensor:
             dev = device_sample_of(name, ivs)
             if dev is not None:
                 self._device_samples.append(dev)
-            self._utilization.append(utilization_of(name, ivs))
+            pvs = [devs[d] for d in self._busy_devices.get(name, ()) if d in devs]
+            self._utilization.append(utilization_of(name, pvs or ivs))
             pending = None if reads else self._reads_in_flight(members)
             out.append(ReadSample(name, reads, lat or 0.0, sum(i.write_bps for i in ivs), pending))
         return out
@@ -248,8 +251,9 @@ class TargetSensor:
         return self._device_samples
 
     def utilization_samples(self) -> list[UtilizationSample]:
-        """Per resource, of the last read_samples() pass: the busiest of its devices'
-        share of the interval with IO in flight (io_ticks, iostat's %util)."""
+        """Per resource, of the last read_samples() pass: the share of the interval
+        with IO in flight (io_ticks, iostat's %util) of the busiest device its
+        members sit on (busy_devices())."""
         return self._utilization
 
     def _reads_in_flight(self, devices: Iterable[str]) -> int | None:
@@ -354,6 +358,24 @@ class TargetSensor:
         if gone:
             self.warnings.disappeared_devices.extend(gone)
             log.warning("diskstats: device(s) gone: %s", ", ".join(gone))
+
+
+def busy_devices(
+    resources: Mapping[str, Iterable[str]], lvs: Mapping[str, LogicalVolume]
+) -> dict[str, tuple[str, ...]]:
+    """Per resource, the devices whose io_ticks say how busy it is: its LVs' PVs
+    (each LV's sysfs slaves), a member that is no LV (or has no slaves) itself. Two
+    tenants' LVs on one disk each count only their own IOs' time; the disk counts
+    the time any of them had one in flight, which is how busy the array was: 40 %
+    and 40 % that never overlap make 80 %."""
+    out = {}
+    for name, members in resources.items():
+        devs: set[str] = set()
+        for m in members:
+            lv = lvs.get(m)
+            devs.update(lv.slaves if lv is not None and lv.slaves else (m,))
+        out[name] = tuple(sorted(devs))
+    return out
 
 
 @dataclass

@@ -26,13 +26,33 @@ from santhrottle.controller.utilization import UtilizationState, close, observe
 def test_utilization_is_the_mean_over_a_convergence_and_triggers_above_its_threshold():
     st = UtilizationState()
     observe(st, [UtilizationSample("a", 0.97), UtilizationSample("b", 0.5)])
-    observe(st, [UtilizationSample("a", 1.2), UtilizationSample("b", math.nan)])
+    observe(st, [UtilizationSample("a", 0.94), UtilizationSample("b", math.nan)])
     res = {"a": _Res(Resource("a", 0.01, utilization_threshold=0.95)), "b": _Res(Resource("b", 1))}
     close(st, res)
-    assert st.last == {"a": pytest.approx(0.985), "b": pytest.approx(0.25)}
+    assert st.last == {"a": pytest.approx(0.955), "b": pytest.approx(0.25)}
     assert st.saturated == {"a"}
     close(st, res)  # a convergence without samples: nothing known
     assert st.last == {} and st.saturated == frozenset()
+
+
+def test_utilization_is_busy_time_over_time_as_iostat_counts_it():
+    """A ratio of sums: a late tick weighs its length; a tick above 1 (io_ticks took a
+    completed IO's whole time) and the one below it add up; one clamp, at the end."""
+    st = UtilizationState()
+    res = {"a": _Res(Resource("a", 0.01))}
+    # 0.1 s at 0.9, then a tick late by 0.2 s (0.3 s) idle: 0.09 busy s of 0.4 s
+    observe(st, [UtilizationSample("a", 0.9, 0.1)])
+    observe(st, [UtilizationSample("a", 0.0, 0.3)])
+    close(st, res)
+    assert st.last["a"] == pytest.approx(0.225)  # the mean of the ratios said 0.45
+    # a 30 ms IO ending 10 ms into the next tick, counted there whole: 0.8 then 1.2
+    observe(st, [UtilizationSample("a", 0.8, 0.1)])
+    observe(st, [UtilizationSample("a", 1.2, 0.1)])
+    close(st, res)
+    assert st.last["a"] == pytest.approx(1.0)  # clamping each tick said 0.9
+    observe(st, [UtilizationSample("a", 1.5, 0.1), UtilizationSample("a", math.inf, 0.1)])
+    close(st, res)
+    assert st.last["a"] == 1.0  # never above 1
 
 
 class _Res:

@@ -23,7 +23,7 @@ from santhrottle.appliance.sensing.diskstats import (
 )
 from santhrottle.appliance.sensing.lio import LioLun, LioTpg
 from santhrottle.appliance.sensing.nvmet import NvmetSensor
-from santhrottle.appliance.sensing.target import TargetSensor
+from santhrottle.appliance.sensing.target import TargetSensor, busy_devices
 
 LAB = Path(__file__).parents[1] / "fixtures" / "lab"
 L14 = "   8       0 sda 10 0 80 40 5 0 40 20 0 30 60"
@@ -211,6 +211,32 @@ def test_target_sensor_samples_from_captured_files(tmp_path):
     # the ACL host is charged from its ACL counter, not its device's writes: the
     # captured tree does not change between the two scans, so 0
     assert ws[(vg, ini1)] == 0.0
+
+
+def test_a_volume_groups_utilization_is_its_pvs_io_ticks_share(tmp_path):
+    """The lab's captured second: the three LVs of labvg (all on vda) busy 80, 192 and
+    264 ms, vda 388 ms: the VG's utilization is vda's (the time any LV had an IO in
+    flight), not the busiest LV's 0.264 nor their sum, with the tick as its span."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    now = [100.0]
+    s = TargetSensor(
+        proc_root=proc,
+        sys_root=LAB / "sys",
+        configfs_root=LAB / "configfs",
+        clock=lambda: now[0],
+        connections=FakeConns([]),
+    )
+    s.discover()
+    shutil.copy(LAB / "proc" / "diskstats.0", proc / "diskstats")
+    s.read_samples()
+    shutil.copy(LAB / "proc" / "diskstats.1", proc / "diskstats")
+    now[0] += 1.0
+    assert s.read_samples()
+    (u,) = s.utilization_samples()
+    assert u.resource == "labvg"
+    assert u.utilization == pytest.approx(0.388) and u.span_s == pytest.approx(1.0)
+    assert busy_devices({"vg": ("dm-0", "sdz")}, scan_lvm(LAB / "sys")) == {"vg": ("sdz", "vda")}
 
 
 def test_reads_in_flight_only_without_completed_reads(tmp_path):
