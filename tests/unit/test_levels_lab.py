@@ -2,6 +2,8 @@
 made-up run: the scenario it writes, the calibration, the comparisons."""
 
 import importlib.util
+import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -83,3 +85,56 @@ def test_levels_and_utilization_are_compared_second_by_second(lc):
     assert u["daemon_pct"] == pytest.approx(12.0) and u["points"] == pytest.approx(1.0)
     assert u["daemon_spread"]["median"] == pytest.approx(12.0)
     assert u["iostat_spread"]["n"] == 2
+
+
+RUN1 = Path(__file__).parents[1] / "fixtures" / "levels" / "run1-utilization.json"
+
+
+def test_a_run_without_stamps_is_compared_as_it_was(lc):
+    """Lab run 1's recorded utilization phase (no fio report, iostat unstamped): the
+    samples after the first two, the figures docs/levels.md had from it."""
+    lab = json.loads(RUN1.read_text())
+    got = {u["load"]: round(u["points"], 1) for u in lc.compare_utilization(lab)}
+    assert got == {"rate=5": 4.9, "rate=20": 10.9, "rate=40": 17.8, "qd=2": 16.5}
+
+
+def _stamp(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S+0000")
+
+
+def test_utilization_is_compared_over_the_loads_steady_seconds(lc):
+    """fio ran 10 s and ended at 1,000: its steady seconds are 992-1,000. iostat's
+    reports before it (fio starting: 0 %) and after, and the daemons' rows whose
+    convergence may reach outside it, are left out; the bridge daemon is compared with
+    the LV, the target-host daemon with the busiest PV."""
+    reports = [
+        {"timestamp": _stamp(t), "util": {"dm-2": u, "vda": u + 2.0, "vdb": 1.0}}
+        for t, u in zip(range(985, 1004), [0.0] * 7 + [60.0] * 8 + [0.0] * 4, strict=True)
+    ]
+    reports[9]["timestamp"] = None  # a report without a stamp: left out
+    rows = [
+        {
+            "epoch": t + 0.3,
+            "daemon": {"utilization": {"array": 0.8 if 990 <= t <= 1000 else 0.0}},
+            "target": {"utilization": {"labvg": 0.61 if 991 <= t <= 1000 else 0.0}},
+        }
+        for t in range(985, 1004)
+    ]
+    rows[10] = {"epoch": 995.3, "daemon_error": "timed out", "target_error": "timed out"}
+    load = {
+        "load": "rate=40",
+        "fio": {"end_ms": 1_000_000, "runtime_ms": 10_000},
+        "lv": "dm-2",
+        "pvs": ["vda", "vdb"],
+        "iostat": reports,
+        "iostat_util_pct": [r["util"]["dm-2"] for r in reports],
+        "daemon": rows,
+    }
+    (u,) = lc.compare_utilization({"utilization": [load]})
+    assert u["window"] == (992.0, 1000.0)
+    assert u["iostat_pct"] == pytest.approx(60.0) and u["iostat_spread"]["n"] == 6
+    assert u["daemon_pct"] == pytest.approx(80.0) and u["daemon_spread"]["n"] == 5
+    assert u["points"] == pytest.approx(20.0)
+    t = u["target"]
+    assert t["iostat_pct"] == pytest.approx(62.0) and t["daemon_pct"] == pytest.approx(61.0)
+    assert t["points"] == pytest.approx(-1.0) and t["lv_iostat_pct"] == pytest.approx(60.0)

@@ -21,10 +21,12 @@ Figures
                  the seconds at each level and the level-seconds billed (cap x
                  seconds), the lab's over the simulator's (the issue: within 20 %);
                  the target's TCP retransmissions over the phase (the issue: 0).
-    utilization  per load, the daemon's utilization of the resource (the wire)
-                 and iostat -x's %util of the LV, means over the load's seconds
-                 after the first two, and their difference in points (the issue:
-                 within 5).
+    utilization  per load, over the load's steady seconds (fio's start plus two
+                 to its end; compare_utilization()): the bridge daemon's
+                 utilization of the resource (the wire) against iostat -x's %util
+                 of the LV, and the target-host daemon's (its VG's PV's io_ticks)
+                 against the PV's; the means of the 1 s values and their difference
+                 in points (the issue: within 5).
     kill9        the meter's level-seconds at the kill (on disk), the last sample
                  before it, and after the restart: nothing lost but the
                  convergence in flight, and the restart continued from the file.
@@ -41,6 +43,7 @@ import json
 import os
 import statistics
 import sys
+from datetime import datetime
 from pathlib import Path
 
 from santhrottle.sim.loop import run
@@ -163,22 +166,90 @@ def spread(xs: list[float]) -> dict:
     return {"median": statistics.median(xs), "p10": q[0], "p90": q[-1], "n": len(xs)}
 
 
+def load_window(load: dict) -> tuple[float, float] | None:
+    """The load's steady seconds, epoch: from fio's start (its end less its runtime)
+    plus SKIP_S to its end; None for a run that kept no fio report."""
+    f = load.get("fio") or {}
+    if "end_ms" not in f or "runtime_ms" not in f:
+        return None
+    end = f["end_ms"] / 1e3
+    return end - f["runtime_ms"] / 1e3 + SKIP_S, end
+
+
+def iostat_in(load: dict, device: str, window: tuple[float, float]) -> list[float]:
+    """iostat's %util of `device` from the reports wholly inside the window: a report
+    stamped T (whole seconds) covers the second before it, somewhere in [T - 1, T + 1]."""
+    w0, w1 = window
+    out = []
+    for r in load.get("iostat", []):
+        try:
+            t = datetime.fromisoformat(r["timestamp"]).timestamp()
+        except (KeyError, TypeError, ValueError):
+            continue
+        u = r.get("util", {}).get(device)
+        if u is not None and t - 1.0 >= w0 and t + 1.0 <= w1:
+            out.append(float(u))
+    return out
+
+
+def daemon_in(load: dict, key: str, window: tuple[float, float] | None) -> list[float]:
+    """The daemon's utilization (%) of its one resource, each 1 s row's (the last
+    convergence's: a second that ended at most a second before the row), from the rows
+    whose convergence lies inside the window (all after the first SKIP_S without one)."""
+    rows = load.get("daemon", [])
+    if window is None:
+        rows = rows[SKIP_S:]
+    out = []
+    for r in rows:
+        util = (r.get(key) or {}).get("utilization") or {}
+        u = next(iter(util.values()), None) if len(util) == 1 else util.get("array")
+        if u is None:
+            continue
+        if window is not None:
+            t = r.get("epoch")
+            if t is None or t - 2.0 < window[0] or t > window[1]:
+                continue
+        out.append(u * 100.0)
+    return out
+
+
+def _pair(ours: list[float], theirs: list[float]) -> dict:
+    row: dict = {"daemon_pct": None, "iostat_pct": None, "points": None}
+    if ours and theirs:
+        row["daemon_pct"] = statistics.fmean(ours)
+        row["iostat_pct"] = statistics.fmean(theirs)
+        row["points"] = row["daemon_pct"] - row["iostat_pct"]
+        row["daemon_spread"], row["iostat_spread"] = spread(ours), spread(theirs)
+    return row
+
+
 def compare_utilization(lab: dict) -> list[dict]:
-    """Per load: the means of the daemon's and iostat's 1 s utilization (%) after the
-    first SKIP_S seconds, their difference in points, and each side's spread."""
+    """Per load: the means of the daemon's and iostat's 1 s utilization (%), their
+    difference in points, and each side's spread; over the same window, the load's
+    steady seconds (load_window()), as iostat's %util is busy time over time (1 s
+    reports: their mean is the window's ratio). The bridge daemon (the wire) against
+    the LV's iostat; with a target-host daemon ("target" rows, its VG's PV's
+    io_ticks), it against the PV's iostat, the same counter. A run without fio's
+    report or stamps: the samples after the first SKIP_S."""
     out = []
     for load in lab.get("utilization", []):
-        ours = [
-            r.get("daemon", {}).get("utilization", {}).get("array") for r in load["daemon"][SKIP_S:]
-        ]
-        ours = [u * 100.0 for u in ours if u is not None]
-        theirs = load["iostat_util_pct"][SKIP_S:]
-        row = {"load": load["load"], "daemon_pct": None, "iostat_pct": None, "points": None}
-        if ours and theirs:
-            row["daemon_pct"] = statistics.fmean(ours)
-            row["iostat_pct"] = statistics.fmean(theirs)
-            row["points"] = row["daemon_pct"] - row["iostat_pct"]
-            row["daemon_spread"], row["iostat_spread"] = spread(ours), spread(theirs)
+        window = load_window(load)
+        lv = load.get("lv")
+        if window is None or lv is None:
+            theirs = [float(u) for u in load["iostat_util_pct"][SKIP_S:] if u is not None]
+        else:
+            theirs = iostat_in(load, lv, window)
+        row = {
+            "load": load["load"],
+            "window": window,
+            **_pair(daemon_in(load, "daemon", window), theirs),
+        }
+        pvs = load.get("pvs") or []
+        if window is not None and pvs:
+            pv_util = [iostat_in(load, pv, window) for pv in pvs]
+            busiest = max(pv_util, key=lambda xs: statistics.fmean(xs) if xs else -1.0)
+            row["target"] = _pair(daemon_in(load, "target", window), busiest)
+            row["target"]["lv_iostat_pct"] = statistics.fmean(theirs) if theirs else None
         out.append(row)
     return out
 
@@ -188,6 +259,19 @@ def level_seconds(totals: dict) -> dict[str, float]:
         g: sum(sum(c.values()) for c in u.get("level_seconds", {}).values())
         for g, u in totals.items()
     }
+
+
+def print_utilization(what: str, u: dict) -> None:
+    if u["points"] is None:
+        print(f"{what}: no samples")
+        return
+    ds, io = u["daemon_spread"], u["iostat_spread"]
+    print(
+        f"{what}: daemon {u['daemon_pct']:.1f} % (1 s: median {ds['median']:.1f}, "
+        f"p10-p90 {ds['p10']:.1f}-{ds['p90']:.1f}, n {ds['n']}), iostat -x "
+        f"{u['iostat_pct']:.1f} % ({io['median']:.1f}, {io['p10']:.1f}-{io['p90']:.1f}, "
+        f"n {io['n']}), points {u['points']:+.1f}"
+    )
 
 
 def main() -> int:
@@ -239,16 +323,9 @@ def main() -> int:
         )
         print(f"  seconds per level, lab {r['seconds_lab']}, sim {r['seconds_sim']}")
     for u in res["utilization"]:
-        if u["points"] is None:
-            print(f"utilization {u['load']}: no samples")
-            continue
-        ds, io = u["daemon_spread"], u["iostat_spread"]
-        print(
-            f"utilization {u['load']}: daemon {u['daemon_pct']:.1f} % (1 s: median "
-            f"{ds['median']:.1f}, p10-p90 {ds['p10']:.1f}-{ds['p90']:.1f}), iostat -x "
-            f"{u['iostat_pct']:.1f} % ({io['median']:.1f}, {io['p10']:.1f}-{io['p90']:.1f}), "
-            f"points {u['points']:+.1f}"
-        )
+        print_utilization(f"utilization {u['load']}, bridge (wire) vs the LV", u)
+        if "target" in u:
+            print_utilization(f"utilization {u['load']}, target host vs the PV", u["target"])
     print(f"kill9 level-seconds: {res['kill9']}")
     return 0
 

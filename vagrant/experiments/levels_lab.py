@@ -27,7 +27,10 @@ Phases
                  after (meter.json), `santhrottle meter --json`.
     utilization  LUN 2 alone at --util-loads (fio at a rate, QD1; or QD n):
                  each second the daemon's utilization of the resource (the
-                 wire) and `iostat -x 1`'s %util of LUN 2's LV on the target.
+                 wire), a target-host santhrottled's (diskstats io_ticks of the
+                 VG's PV, started for this phase on the target's veth, delaying
+                 nothing) and `iostat -x -y -t 1`'s %util of LUN 2's LV and of
+                 its PV on the target, stamped; fio's end and runtime.
 
 Results: OUT/levels-lab.json (default /shared/work/levels: the run dir's
 work/levels on the host).
@@ -46,10 +49,12 @@ import time
 from pathlib import Path
 
 from labkit import fio, probes, speed, topology
-from labkit.daemon import BIN, Daemon, bridge_config, poll_until
+from labkit.daemon import BIN, Daemon, bridge_config, poll_until, target_config
 from labkit.sampler import Probe, Sampler
 
 SOCK = "/run/santhrottle-exp/control.sock"
+TARGET_SOCK = "/run/santhrottle-exp/target.sock"  # the utilization phase's target-host daemon
+IOSTAT_MARGIN_S = 6.0  # iostat runs this much longer than fio: fio's start-up under TCG
 NAME = "levels"
 RESOURCE = "array"
 TENANTS = ("tenant-a", "tenant-b")  # LUN 0 and LUN 1
@@ -85,8 +90,9 @@ def config(a: argparse.Namespace, t: dict, out: Path) -> dict:
     return conf
 
 
-def sampler(d: Daemon) -> Sampler:
-    """Every second: epoch time; the daemon's levels and the resource's utilization."""
+def sampler(d: Daemon, target: Daemon | None = None) -> Sampler:
+    """Every second: epoch time; the daemon's levels and the resource's utilization
+    (and the target-host daemon's utilization, when there is one)."""
 
     def daemon_row() -> dict:
         st = d.status()
@@ -95,7 +101,19 @@ def sampler(d: Daemon) -> Sampler:
             "utilization": {r["resource"]: r["utilization"] for r in st["resources"]},
         }
 
-    return Sampler([Probe("epoch", time.time), Probe("daemon", daemon_row)], period_s=1.0)
+    probes_ = [Probe("epoch", time.time), Probe("daemon", daemon_row)]
+    if target is not None:
+        probes_.append(
+            Probe(
+                "target",
+                lambda: {
+                    "utilization": {
+                        r["resource"]: r["utilization"] for r in target.status()["resources"]
+                    }
+                },
+            )
+        )
+    return Sampler(probes_, period_s=1.0)
 
 
 def job(dev: str, kind: str, n: int, secs: float) -> fio.Job:
@@ -197,27 +215,87 @@ def phase_kill9(d: Daemon, t: dict, a: argparse.Namespace, out: Path) -> dict:
     }
 
 
-def phase_utilization(d: Daemon, t: dict, a: argparse.Namespace) -> list[dict]:
+def slaves(dm: str) -> list[str]:
+    """The devices under a device-mapper device (its PVs), from sysfs."""
+    with contextlib.suppress(OSError):
+        return sorted(os.listdir(f"/sys/block/{dm}/slaves"))
+    return []
+
+
+def iostat_argv(devices: list[str], seconds: int) -> list[str]:
+    """iostat -x's 1 s reports of `devices`, the first (since boot) left out (-y), each
+    stamped (-t, ISO 8601 under S_TIME_FORMAT=ISO: iostat_env())."""
+    return ["iostat", "-x", "-d", "-y", "-t", "-o", "JSON", *devices, "1", str(seconds)]
+
+
+def iostat_env() -> dict:
+    return {**os.environ, "S_TIME_FORMAT": "ISO"}
+
+
+def iostat_reports(text: str) -> list[dict]:
+    """[{"timestamp": ISO text, "util": {device: %util}}] from iostat's JSON."""
+    out = []
+    with contextlib.suppress(ValueError, KeyError, IndexError, TypeError):
+        for x in json.loads(text)["sysstat"]["hosts"][0]["statistics"]:
+            util = {d["disk_device"]: d["util"] for d in x["disk"]}
+            out.append({"timestamp": x.get("timestamp"), "util": util})
+    return out
+
+
+def phase_utilization(d: Daemon, t: dict, a: argparse.Namespace, out: Path) -> list[dict]:
+    """Per load on LUN 2: the bridge daemon's utilization (the wire), a target-host
+    daemon's (diskstats io_ticks of the VG's PV: the product's own reading of the
+    counter iostat reads; --threshold far above the plant, it delays nothing) and
+    iostat -x of the LV and its PV, stamped; fio's report (its end and runtime: the
+    load's window, levels_compare.py)."""
     probe = t["iscsi"][2]
+    pvs = slaves(probe["dm"])
+    tgt = Daemon(
+        f"{NAME}-target",
+        target_config(t, TARGET_SOCK, out / "state-target", threshold=a.threshold),
+        out,
+    )
     rows = []
-    for spec in a.util_loads.split(","):
-        kind, n = spec.split("=")
-        s = sampler(d)
-        iostat = subprocess.Popen(
-            ["iostat", "-x", "-d", "-o", "JSON", probe["dm"], "1", str(int(a.util_s))],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        s.start()
-        t0 = time.time()
-        job(probe["device"], kind, int(n), a.util_s).wait()
-        s.stop()
-        io_out, _ = iostat.communicate()
-        util = []
-        with contextlib.suppress(ValueError, KeyError, IndexError):
-            stats = json.loads(io_out)["sysstat"]["hosts"][0]["statistics"]
-            util = [x["disk"][0]["util"] for x in stats]
-        rows.append({"load": spec, "start_epoch": t0, "iostat_util_pct": util, "daemon": s.rows})
+    try:
+        try:
+            tgt.start()  # stopped again (with cleanup) below, whatever happens
+            target: Daemon | None = tgt
+        except RuntimeError as e:  # the bridge's comparison goes on without it
+            print(f"utilization: no target-host daemon: {e}", flush=True)
+            target = None
+        for spec in a.util_loads.split(","):
+            kind, n = spec.split("=")
+            s = sampler(d, target)
+            iostat = subprocess.Popen(
+                iostat_argv([probe["dm"], *pvs], int(a.util_s + IOSTAT_MARGIN_S)),
+                stdout=subprocess.PIPE,
+                text=True,
+                env=iostat_env(),
+            )
+            s.start()
+            t0 = time.time()
+            report = job(probe["device"], kind, int(n), a.util_s).wait()
+            s.stop()
+            io_out, _ = iostat.communicate()
+            reports = iostat_reports(io_out)
+            fio_job = {}
+            with contextlib.suppress(ValueError, KeyError, IndexError):
+                r = json.loads(report)
+                fio_job = {"end_ms": r["timestamp_ms"], "runtime_ms": r["jobs"][0]["job_runtime"]}
+            rows.append(
+                {
+                    "load": spec,
+                    "start_epoch": t0,
+                    "fio": fio_job,
+                    "lv": probe["dm"],
+                    "pvs": pvs,
+                    "iostat": reports,
+                    "iostat_util_pct": [x["util"].get(probe["dm"]) for x in reports],
+                    "daemon": s.rows,
+                }
+            )
+    finally:
+        tgt.stop()
     return rows
 
 
@@ -270,7 +348,7 @@ def main() -> int:
         print(f"levels: retransmissions {res['levels']['target_retrans']}", flush=True)
         res["kill9"] = phase_kill9(d, t, a, out)
         print(f"kill9: {json.dumps(res['kill9']['on_disk_at_kill'])[:200]}", flush=True)
-        res["utilization"] = phase_utilization(d, t, a)
+        res["utilization"] = phase_utilization(d, t, a, out)
         (out / "status-end.json").write_text(json.dumps(d.status(timeout_s=10.0), indent=1))
     finally:
         res["guest_wall_s"] = time.monotonic() - t_all
