@@ -213,7 +213,13 @@ def _one_interval_of_ios(state: ControllerState) -> bool:
     if n == 0:
         return False
     state.ios[:] = [
-        s._replace(ios=s.ios / n, bytes=s.bytes / n, reads=s.reads / n) for s in state.ios
+        s._replace(
+            ios=s.ios / n,
+            bytes=s.bytes / n,
+            reads=s.reads / n,
+            busy_s=None if s.busy_s is None else s.busy_s / n,
+        )
+        for s in state.ios
     ]
     return True
 

@@ -16,6 +16,16 @@ Measured signal (per grouped resource, per interval: groups.py)
     its weight over every group's. Under processor sharing (every IO in the
     device served alike) that is each group's exact share of the device's
     time: an IO that needs ten times the service stays ten times as long.
+    On a target host where a group's initiators each have a LUN of their
+    own, that LUN's io_ticks (IoSample.busy_s) is the time the group had an
+    IO in flight at all: no more device time than that can be its. Weights
+    count IOs in flight, not time: a group that bursts at depth 4 while the
+    other is idle weighs 4 per busy second against the other's 1. Then
+    (attribute()) the device's busy time B (utilization x interval) is
+    shared by weight, no group above its own busy time, the rest to the
+    others by weight (water-filling): exact when the groups take turns
+    (each gets its own io_ticks), processor sharing's split when they
+    overlap (the caps do not bind), and never more than B.
     The resource's utilization U (utilization.py): whether the device is
     saturated (U >= SATURATED_UTILIZATION).
 
@@ -59,7 +69,7 @@ Worked example
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 # At or above this utilization the device has no time to spare: every group
 # competes for it, and one under its reservation wants more.
@@ -83,6 +93,39 @@ def reservation_y(
         return y
     unused = share / demand if demand > 0.0 else 1.0
     return max(1.0, y, unused)
+
+
+def attribute(
+    weights: Mapping[str, float], caps: Mapping[str, float | None], total_s: float
+) -> dict[str, float]:
+    """Each group's disk time (s): total_s (the device's busy time) shared in
+    proportion to weights (its IOs' time at the device), none above its cap (its own
+    LUN's busy time; None: no cap), what a cap leaves to the others by their weights.
+    Time no weight takes (every group capped below total_s: IOs of no group) stays
+    unattributed.
+
+    >>> attribute({"a": 1.2, "b": 0.4}, {"a": 0.3, "b": 0.4}, 0.7)
+    {'a': 0.3, 'b': 0.4}
+    """
+    out: dict[str, float] = {}
+    free = [g for g, w in weights.items() if w > 0.0]
+    left = max(0.0, total_s)
+    while free:
+        total_w = sum(weights[g] for g in free)
+        capped = [
+            g for g in free if (c := caps.get(g)) is not None and left * weights[g] / total_w > c
+        ]
+        if not capped:
+            for g in free:
+                out[g] = left * weights[g] / total_w
+            break
+        for g in capped:
+            c = caps[g]
+            assert c is not None
+            out[g] = c
+            left -= c
+        free = [g for g in free if g not in out]
+    return out
 
 
 def over_reserved(groups: Iterable[tuple[str, float, tuple[str, ...]]]) -> str | None:

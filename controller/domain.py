@@ -200,7 +200,10 @@ class IoSample(NamedTuple):
 
     read_latency_s: its reads' mean latency at the array; latency_s: all its
     IOs'; None where the sensor cannot tell per initiator (the resource's
-    stands in)."""
+    stands in). busy_s: the time its own device (a LUN no other initiator
+    uses) had at least one IO in flight over the interval, its io_ticks (of
+    several, their sum); None where it shares its device or the sensor has
+    no such counter (disktime.attribute())."""
 
     resource: str
     initiator: str
@@ -209,6 +212,7 @@ class IoSample(NamedTuple):
     reads: float
     read_latency_s: float | None = None
     latency_s: float | None = None
+    busy_s: float | None = None
 
 
 class UtilizationSample(NamedTuple):

@@ -187,6 +187,7 @@ def _merge_ios(key: tuple[str, str], xs: Sequence[IoSample]) -> IoSample:
         sum(x.reads for x in xs),
         _weighted([(x.reads, x.read_latency_s) for x in xs]),
         _weighted([(x.ios, x.latency_s) for x in xs]),
+        None if any(x.busy_s is None for x in xs) else sum(x.busy_s or 0.0 for x in xs),
     )
 
 

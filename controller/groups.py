@@ -104,7 +104,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .disktime import reservation_y
+from .disktime import attribute, reservation_y
 from .domain import IoSample
 from .ladder import Ladder
 from .levels import Levels, highest_class
@@ -321,11 +321,15 @@ def interval(
         gs.q = max(gs.iops * (gs.io_latency_s + delay), gs.q * DEMAND_DECAY_PER_INTERVAL)
         q[g] = gs.q
         gs.held_back = delay > 0.0
-        # its IOs' time at the array (Little: its mean IOs in flight): its disk time's weight
+        # its IOs' time at the array (Little: its mean IOs in flight): its disk time's
+        # weight; with LUNs of its own, capped by their busy time below (disktime.py)
         busy[g] = acc.lat_sum + (acc.ios - acc.timed_ios) * gs.io_latency_s
     total_q = sum(q.values())
     if total_q <= 0.0:
         return
+    caps = {g: agg[g].busy_s for g in active}
+    if utilization is not None and any(c is not None for c in caps.values()):
+        busy = attribute(busy, caps, utilization * span_s)  # a LUN per initiator
     total_busy = sum(busy.values()) or 1.0
     for g in active:
         gr.groups[g].demand = q[g] / total_q
@@ -383,10 +387,16 @@ class _Acc:
     read_lat_sum: float = 0.0
     timed_ios: float = 0.0
     lat_sum: float = 0.0
+    # its own LUNs' busy time (IoSample.busy_s), None once a sample has none
+    busy_s: float | None = 0.0
     initiators: set[str] = field(default_factory=set)
 
     def add(self, s: IoSample) -> None:
-        _, ini, ios, nbytes, reads, read_lat, lat = s
+        _, ini, ios, nbytes, reads, read_lat, lat, busy = s
+        if busy is None:
+            self.busy_s = None
+        elif self.busy_s is not None:
+            self.busy_s += busy
         self.ios += ios
         self.bytes += nbytes
         self.initiators.add(ini)

@@ -56,6 +56,7 @@ Worked example
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterable, Mapping
 from functools import partial
 from itertools import repeat
@@ -132,8 +133,8 @@ def acl_deltas(
     return {p: (v[0], v[1]) for p, v in out.items() if p not in unknown}
 
 
-# IoSample from a (resource, initiator, IOs, bytes, reads, read latency, IO latency)
-# tuple without a Python call per item (a cluster's users, 10,000s: make bench)
+# IoSample from a (resource, initiator, IOs, bytes, reads, read latency, IO latency,
+# busy) tuple without a Python call per item (a cluster's users, 10,000s: make bench)
 _io_sample = partial(tuple.__new__, IoSample)
 
 
@@ -176,7 +177,7 @@ def io_samples(
     out: list[IoSample] = []
     several = plan.several
     # (resource, initiator) on several devices -> [IOs, bytes, reads, reads x read
-    # latency, timed IOs, timed IOs x IO latency]
+    # latency, timed IOs, timed IOs x IO latency, busy s (NaN: one device shared)]
     acc: dict[tuple[str, str], list[float]] = {}
 
     def add(
@@ -187,6 +188,7 @@ def io_samples(
         reads: float,
         read_lat: float | None,
         io_lat: float | None,
+        busy: float | None = None,
     ) -> None:
         if read_lat is None or reads <= 0:
             read_lat = None
@@ -194,11 +196,12 @@ def io_samples(
             io_lat = None
         if (res, ini) not in several:
             if ios > 0 or nbytes > 0:
-                out.append(IoSample(res, ini, ios, nbytes, reads, read_lat, io_lat))
+                out.append(IoSample(res, ini, ios, nbytes, reads, read_lat, io_lat, busy))
             return
         a = acc.get((res, ini))
         if a is None:
-            a = acc[(res, ini)] = [0.0] * 6
+            a = acc[(res, ini)] = [0.0] * 7
+        a[6] += math.nan if busy is None else busy
         a[0] += ios
         a[1] += nbytes
         if read_lat is not None:
@@ -216,8 +219,8 @@ def io_samples(
         nbytes = iv.read_bytes + iv.write_bytes
         read_lat = iv.read_latency_s
         io_lat = (iv.read_ticks_ms + iv.write_ticks_ms) * MS / ios if ios else None
-        if len(who) == 1:
-            add(res, who[0], ios, nbytes, iv.reads, read_lat, io_lat)
+        if len(who) == 1:  # its own LUN: its io_ticks are its busy time
+            add(res, who[0], ios, nbytes, iv.reads, read_lat, io_lat, iv.io_ticks_ms * MS)
             continue
         read_share = iv.reads / ios if ios else 0.0
         rest_ios, rest_bytes, rest_reads = float(ios), float(nbytes), float(iv.reads)
@@ -249,12 +252,13 @@ def io_samples(
             rl = read_lat if e_reads > 0 else None
             il = io_lat if e_ios > 0 else None
             row = (repeat(res), rest, repeat(e_ios), repeat(e_bytes), repeat(e_reads))
-            out.extend(map(_io_sample, zip(*row, repeat(rl), repeat(il))))
+            out.extend(map(_io_sample, zip(*row, repeat(rl), repeat(il), repeat(None))))
     for (res, ini), a in acc.items():
         if a[0] > 0 or a[1] > 0:
             read_lat = a[3] / a[2] if a[2] else None
             io_lat = a[5] / a[4] if a[4] else None
-            out.append(IoSample(res, ini, a[0], a[1], a[2], read_lat, io_lat))
+            busy = None if math.isnan(a[6]) else a[6]
+            out.append(IoSample(res, ini, a[0], a[1], a[2], read_lat, io_lat, busy))
     return out
 
 

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from santhrottle.controller.decide import decide
-from santhrottle.controller.disktime import over_reserved, reservation_y
+from santhrottle.controller.disktime import attribute, over_reserved, reservation_y
 from santhrottle.controller.domain import (
     ControllerConfig,
     IoSample,
@@ -177,3 +177,46 @@ def test_a_reservation_it_does_not_use_goes_back_to_the_others():
         shares.append(gr.groups["rand"].share)
     assert shares == sorted(shares, reverse=True) and shares[-1] < 0.05
     assert gr.groups["default"].target_class == 0  # nobody delayed for it
+
+
+def test_disk_time_by_weight_capped_by_each_groups_own_busy_time():
+    # taking turns, a at depth 4 for 0.3 s, b at depth 1 for 0.4 s: weights (IOs in
+    # flight x time) say a 75 %, their LUNs' io_ticks say 0.3 and 0.4 s: 3/7, 4/7
+    assert attribute({"a": 1.2, "b": 0.4}, {"a": 0.3, "b": 0.4}, 0.7) == pytest.approx(
+        {"a": 0.3, "b": 0.4}
+    )
+    # overlapping all the time (both LUNs 100 % busy): processor sharing's split
+    got = attribute({"seq": 8.0, "rand": 3.4}, {"seq": 1.0, "rand": 1.0}, 1.0)
+    assert got == pytest.approx({"seq": 8 / 11.4, "rand": 3.4 / 11.4})
+    # a group on a shared LUN has no cap; a capped group's rest goes to it
+    got = attribute({"a": 3.0, "b": 1.0, "c": 1.0}, {"a": 0.2, "b": None, "c": 0.5}, 1.0)
+    assert got == pytest.approx({"a": 0.2, "b": 0.4, "c": 0.4})
+    # the device busier than every group's own time: the rest is nobody's
+    assert attribute({"a": 1.0, "b": 1.0}, {"a": 0.1, "b": 0.2}, 0.9) == pytest.approx(
+        {"a": 0.1, "b": 0.2}
+    )
+    assert attribute({"a": 0.0}, {"a": 0.5}, 0.5) == {}  # no IOs: no time
+
+
+def test_reservations_on_own_luns_see_the_time_each_lun_was_busy():
+    """seq (its own LUN) bursts at depth 4 for 0.3 s of the second, rand (its own LUN) at
+    depth 1 for the other 0.4 s; the device busy 0.7 s. The IOs' time alone gives seq
+    75 % of the disk time; its LUN's io_ticks give it 0.3 of 0.7."""
+    st = GroupsState()
+    regroup(
+        st,
+        [Group("seq", utilization_target=0.5), Group("rand", utilization_target=0.5)],
+        {"s1": "seq", "r1": "rand"},
+    )
+    ios = [
+        IoSample("vg", "s1", 120.0, 120 * 4096.0, 120.0, 0.01, 0.01, 0.3),
+        IoSample("vg", "r1", 40.0, 40 * 4096.0, 40.0, 0.01, 0.01, 0.4),
+    ]
+    interval(st, "vg", ios, 1.0, LADDER, None, 0.7)
+    gr = st.resources["vg"]
+    assert gr.groups["seq"].busy_share == pytest.approx(3 / 7)
+    unknown = [s._replace(busy_s=None) for s in ios]
+    interval(st, "vg", unknown, 1.0, LADDER, None, 0.7)
+    assert gr.groups["seq"].busy_share == pytest.approx(0.75)  # the weights alone
+    interval(st, "vg", ios, 1.0, LADDER, None, None)  # utilization unknown: the weights
+    assert gr.groups["seq"].busy_share == pytest.approx(0.75)

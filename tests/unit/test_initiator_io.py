@@ -362,3 +362,35 @@ def test_target_sensor_io_samples_and_names_from_the_lab_tree(tmp_path):
         assert got[ini].reads == 0 and got[ini].read_latency_s is None
     assert got[INI0].reads == devs["dm-0"].reads  # alone on lun0: its device
     assert got[NVME_HOST].read_latency_s == devs["dm-2"].read_latency_s
+
+
+def test_an_initiators_own_lun_gives_its_busy_time_a_shared_one_none(lab_tpgs):
+    """The lab's captured second: each initiator alone on its LV has that LV's io_ticks
+    as its busy time (dm-0 80 ms, dm-1 192, dm-2 264); users of one device have none;
+    on its own LUN and a shared one, none either."""
+    d = _lab_discovery(lab_tpgs)
+    got = _by_initiator(io_samples(io_plan(d), _lab_intervals(), {}))
+    assert got[INI0].busy_s == pytest.approx(0.080)
+    assert got[INI1].busy_s == pytest.approx(0.192)
+    assert got[NVME_HOST].busy_s == pytest.approx(0.264)
+    _tpg, d = _cluster("10.0.0.4", "10.0.0.5")
+    shared = io_samples(io_plan(d), {"dm-1": _iv("dm-1", 30, 0, 300, 0)}, {})
+    assert [s.busy_s for s in shared] == [None, None]
+    tpgs = [
+        LioTpg("iscsi", "iqn.t:a", 1, True, True, (("10.0.0.11", 3260),),
+               (LioLun(0, "block/lun0", "/dev/labvg/lun0"),), ()),
+        LioTpg("iscsi", "iqn.t:b", 1, True, True, (("10.0.0.12", 3260),),
+               (LioLun(0, "block/lun1", "/dev/labvg/lun1"),), ()),
+    ]  # fmt: skip
+    two = [TcpConn("10.0.0.11", 3260, "10.0.0.4", 1), TcpConn("10.0.0.12", 3260, "10.0.0.4", 2)]
+    mixed = [*two, TcpConn("10.0.0.12", 3260, "10.0.0.5", 3)]
+    devs = {
+        "dm-0": DevInterval("dm-0", 1.0, 30, 0, 0, 0, 30, 0, 0, 100, 30),
+        "dm-1": DevInterval("dm-1", 1.0, 20, 0, 0, 0, 200, 0, 0, 150, 200),
+    }
+    own = _by_initiator(
+        io_samples(io_plan(build_discovery(lio=tpgs, conns=two, lvs=LVS)), devs, {})
+    )
+    assert own["10.0.0.4"].busy_s == pytest.approx(0.25)  # both its own: their sum
+    plan = io_plan(build_discovery(lio=tpgs, conns=mixed, lvs=LVS))
+    assert _by_initiator(io_samples(plan, devs, {}))["10.0.0.4"].busy_s is None

@@ -178,7 +178,15 @@ def io_samples(got: list[IoSample], span_s: float | None, converge_s: float) -> 
     if span_s is None or span_s <= 0.0 or span_s == converge_s:
         return list(got)
     k = converge_s / span_s
-    return [s._replace(ios=s.ios * k, bytes=s.bytes * k, reads=s.reads * k) for s in got]
+    return [
+        s._replace(
+            ios=s.ios * k,
+            bytes=s.bytes * k,
+            reads=s.reads * k,
+            busy_s=None if s.busy_s is None else s.busy_s * k,
+        )
+        for s in got
+    ]
 
 
 class PendingIos:
