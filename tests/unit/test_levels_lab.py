@@ -138,3 +138,18 @@ def test_utilization_is_compared_over_the_loads_steady_seconds(lc):
     t = u["target"]
     assert t["iostat_pct"] == pytest.approx(62.0) and t["daemon_pct"] == pytest.approx(61.0)
     assert t["points"] == pytest.approx(-1.0) and t["lv_iostat_pct"] == pytest.approx(60.0)
+
+
+def test_the_simulators_segments_start_when_fio_did(lc, tmp_path):
+    """fio took 2.5 s to start each segment: tenant-a's second starts at 5.5 s, not 3;
+    a segment without its report follows the one before at its nominal length."""
+    lab = {**LAB, "levels": {**LAB["levels"], "start_epoch": 100.0}}
+    for k, (end, runtime_ms) in enumerate([(105.5, 3000), (113.0, 4000)]):
+        report = {"timestamp_ms": int(end * 1000), "jobs": [{"job_runtime": runtime_ms}]}
+        (tmp_path / f"fio-levels-tenant-a-{k}.json").write_text(json.dumps(report))
+    got = lc.segments(tmp_path, lab)
+    assert got["tenant-a"] == [(2.5, 3.0), (9.0, 4.0)]
+    assert got["tenant-b"] == [(0.0, 5.0)]  # no report: nominal
+    sc = parse_scenario(lc.scenario(lab, 0.002, got))
+    a = [s for s in sc.streams if s.initiator == "10.0.0.2"]
+    assert [(s.schedule.start_s, s.schedule.on_s) for s in a] == [(2.5, 3.0), (9.0, 4.0)]

@@ -72,10 +72,41 @@ def overhead_s(c_s: float, m_s: float, qd: int, iops: float) -> float:
     return (lo + hi) / 2
 
 
-def scenario(lab: dict, path_s: float) -> str:
+def segments(run_dir: Path, lab: dict) -> dict[str, list[tuple[float, float]]]:
+    """Per tenant, each schedule segment's (start, length) in seconds from the levels
+    phase's start, as fio ran it (its report's end less its runtime): under TCG each
+    fio takes seconds to start, and a schedule's segments drift behind their nominal
+    starts. A segment without its report: the nominal one, after the one before."""
+    t0 = lab["levels"]["start_epoch"]
+    out = {}
+    for g, key in zip(TENANTS, ("schedule_a", "schedule_b"), strict=False):
+        got, start = [], 0.0
+        for k, (secs, _, _) in enumerate(lab["args"][key]):
+            seg = (start, float(secs))
+            try:
+                r = json.loads((run_dir / f"fio-levels-{g}-{k}.json").read_text())
+                on = r["jobs"][0]["job_runtime"] / 1e3
+                seg = (r["timestamp_ms"] / 1e3 - on - t0, on)
+            except (OSError, ValueError, KeyError, IndexError, TypeError):
+                pass
+            got.append(seg)
+            start = seg[0] + seg[1]
+        out[g] = got
+    return out
+
+
+def scenario(
+    lab: dict, path_s: float, starts: dict[str, list[tuple[float, float]]] | None = None
+) -> str:
+    """The simulator's scenario of the lab's run; starts: each tenant's segments as
+    they ran (segments()), else their nominal starts and lengths."""
     a, arr = lab["args"], lab["array"]
-    dur = sum(s for s, _, _ in a["schedule_a"])
-    dur = max(dur, sum(s for s, _, _ in a["schedule_b"]))
+    if starts is None:
+        starts = {}
+        for g, key in zip(TENANTS, ("schedule_a", "schedule_b"), strict=False):
+            ends = list(itertools.accumulate(float(x[0]) for x in a[key]))
+            starts[g] = [(e - float(x[0]), float(x[0])) for e, x in zip(ends, a[key], strict=True)]
+    dur = max(st + on for segs in starts.values() for st, on in segs)
     out = [
         "[run]",
         f"duration_s = {dur + 1:.1f}",
@@ -89,8 +120,7 @@ def scenario(lab: dict, path_s: float) -> str:
         "promote_below_utilization = 1.0",
     ]
     for g, key, ini in zip(TENANTS, ("schedule_a", "schedule_b"), lab["initiators"], strict=False):
-        start = 0.0
-        for k, (secs, kind, n) in enumerate(a[key]):
+        for k, ((_, kind, n), (start, secs)) in enumerate(zip(a[key], starts[g], strict=True)):
             depth = 1 if kind == "rate" else n
             cap = f"rate_kib_per_s = {n * 4}\n" if kind == "rate" else ""
             out.append(
@@ -99,7 +129,6 @@ def scenario(lab: dict, path_s: float) -> str:
                 f'resource = "array"\ninitiator = "{ini}"\n'
                 f"schedule = {{ start_s = {start:.1f}, on_s = {secs:.1f}, cycles = 1 }}"
             )
-            start += secs
         out.append(f'[[group]]\nname = "{g}"\nmembers = ["{ini}"]\niops_levels = {a["levels"]}')
     return "\n".join(out) + "\n"
 
@@ -284,7 +313,7 @@ def main() -> int:
     path_s = overhead_s(
         arr["c_ms"] / 1e3, arr["m_ms"] / 1e3, lab["args"]["burst_qd"], statistics.fmean(cal)
     )
-    text = scenario(lab, path_s)
+    text = scenario(lab, path_s, segments(a.input.parent, lab))
     (a.input.parent / "levels-lab-sim.toml").write_text(text)
     sc = parse_scenario(text)
     ten = Tenancy(sc)
