@@ -86,6 +86,16 @@ def _cluster(*peers, acl=None, lun_path="/dev/labvg/lun1"):
     return tpg, build_discovery(lio=[tpg], conns=conns, lvs=LVS)
 
 
+def _two_luns():
+    """lun0 on 10.0.0.11 and lun1 on 10.0.0.12, generated ACLs."""
+    return [
+        LioTpg("iscsi", "iqn.t:a", 1, True, True, (("10.0.0.11", 3260),),
+               (LioLun(0, "block/lun0", "/dev/labvg/lun0"),), ()),
+        LioTpg("iscsi", "iqn.t:b", 1, True, True, (("10.0.0.12", 3260),),
+               (LioLun(0, "block/lun1", "/dev/labvg/lun1"),), ()),
+    ]  # fmt: skip
+
+
 def _by_initiator(samples):
     return {s.initiator: s for s in samples}
 
@@ -186,12 +196,7 @@ def test_counters_that_wrap_or_reset():
 def test_an_initiator_on_two_devices_is_one_sample_read_weighted():
     """10.0.0.4 uses lun0 alone and shares lun1 with 10.0.0.5: one sample on labvg, its
     reads' latency weighted by its reads on each device."""
-    tpgs = [
-        LioTpg("iscsi", "iqn.t:a", 1, True, True, (("10.0.0.11", 3260),),
-               (LioLun(0, "block/lun0", "/dev/labvg/lun0"),), ()),
-        LioTpg("iscsi", "iqn.t:b", 1, True, True, (("10.0.0.12", 3260),),
-               (LioLun(0, "block/lun1", "/dev/labvg/lun1"),), ()),
-    ]  # fmt: skip
+    tpgs = _two_luns()
     conns = [TcpConn("10.0.0.11", 3260, "10.0.0.4", 1), TcpConn("10.0.0.12", 3260, "10.0.0.4", 2),
              TcpConn("10.0.0.12", 3260, "10.0.0.5", 3)]  # fmt: skip
     plan = io_plan(build_discovery(lio=tpgs, conns=conns, lvs=LVS))
@@ -376,12 +381,7 @@ def test_an_initiators_own_lun_gives_its_busy_time_a_shared_one_none(lab_tpgs):
     _tpg, d = _cluster("10.0.0.4", "10.0.0.5")
     shared = io_samples(io_plan(d), {"dm-1": _iv("dm-1", 30, 0, 300, 0)}, {})
     assert [s.busy_s for s in shared] == [None, None]
-    tpgs = [
-        LioTpg("iscsi", "iqn.t:a", 1, True, True, (("10.0.0.11", 3260),),
-               (LioLun(0, "block/lun0", "/dev/labvg/lun0"),), ()),
-        LioTpg("iscsi", "iqn.t:b", 1, True, True, (("10.0.0.12", 3260),),
-               (LioLun(0, "block/lun1", "/dev/labvg/lun1"),), ()),
-    ]  # fmt: skip
+    tpgs = _two_luns()
     two = [TcpConn("10.0.0.11", 3260, "10.0.0.4", 1), TcpConn("10.0.0.12", 3260, "10.0.0.4", 2)]
     mixed = [*two, TcpConn("10.0.0.12", 3260, "10.0.0.5", 3)]
     devs = {

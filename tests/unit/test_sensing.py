@@ -213,21 +213,28 @@ def test_target_sensor_samples_from_captured_files(tmp_path):
     assert ws[(vg, ini1)] == 0.0
 
 
-def test_a_volume_groups_utilization_is_its_pvs_io_ticks_share(tmp_path):
-    """The lab's captured second: the three LVs of labvg (all on vda) busy 80, 192 and
-    264 ms, vda 388 ms: the VG's utilization is vda's (the time any LV had an IO in
-    flight), not the busiest LV's 0.264 nor their sum, with the tick as its span."""
+def _lab_sensor(tmp_path, sys_root, t0):
+    """A TargetSensor on the captured lab tree (no connections), discovered; its proc
+    dir (empty) and its clock ([t0], to move)."""
     proc = tmp_path / "proc"
     proc.mkdir()
-    now = [100.0]
+    now = [t0]
     s = TargetSensor(
         proc_root=proc,
-        sys_root=LAB / "sys",
+        sys_root=sys_root,
         configfs_root=LAB / "configfs",
         clock=lambda: now[0],
         connections=FakeConns([]),
     )
     s.discover()
+    return s, proc, now
+
+
+def test_a_volume_groups_utilization_is_its_pvs_io_ticks_share(tmp_path):
+    """The lab's captured second: the three LVs of labvg (all on vda) busy 80, 192 and
+    264 ms, vda 388 ms: the VG's utilization is vda's (the time any LV had an IO in
+    flight), not the busiest LV's 0.264 nor their sum, with the tick as its span."""
+    s, proc, now = _lab_sensor(tmp_path, LAB / "sys", 100.0)
     shutil.copy(LAB / "proc" / "diskstats.0", proc / "diskstats")
     s.read_samples()
     shutil.copy(LAB / "proc" / "diskstats.1", proc / "diskstats")
@@ -244,17 +251,7 @@ def test_reads_in_flight_only_without_completed_reads(tmp_path):
     shutil.copytree(LAB / "sys", sys_root)
     for dev, inflight in (("dm-0", "2 0\n"), ("dm-1", "0 5\n"), ("dm-2", "0 0\n")):
         (sys_root / "block" / dev / "inflight").write_text(inflight)
-    proc = tmp_path / "proc"
-    proc.mkdir()
-    now = [0.0]
-    s = TargetSensor(
-        proc_root=proc,
-        sys_root=sys_root,
-        configfs_root=LAB / "configfs",
-        clock=lambda: now[0],
-        connections=FakeConns([]),
-    )
-    s.discover()
+    s, proc, now = _lab_sensor(tmp_path, sys_root, 0.0)
     shutil.copy(LAB / "proc" / "diskstats.1", proc / "diskstats")
     s.read_samples()
     now[0] = 1.0
