@@ -102,11 +102,14 @@ def attribute(
     proportion to weights (its IOs' time at the device), none above its cap (its own
     LUN's busy time; None: no cap), what a cap leaves to the others by their weights.
     Time no weight takes (every group capped below total_s: IOs of no group) stays
-    unattributed.
+    unattributed. Without a cap, or without a busy time (0: not measured), the
+    weights as they are.
 
-    >>> attribute({"a": 1.2, "b": 0.4}, {"a": 0.3, "b": 0.4}, 0.7)
-    {'a': 0.3, 'b': 0.4}
+    >>> attribute({"a": 1.5, "b": 0.5}, {"a": 0.25, "b": 0.5}, 0.75)
+    {'a': 0.25, 'b': 0.5}
     """
+    if not total_s > 0.0 or all(caps.get(g) is None for g in weights):
+        return dict(weights)
     out: dict[str, float] = {}
     free = [g for g, w in weights.items() if w > 0.0]
     left = max(0.0, total_s)

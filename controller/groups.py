@@ -321,15 +321,12 @@ def interval(
         gs.q = max(gs.iops * (gs.io_latency_s + delay), gs.q * DEMAND_DECAY_PER_INTERVAL)
         q[g] = gs.q
         gs.held_back = delay > 0.0
-        # its IOs' time at the array (Little: its mean IOs in flight): its disk time's
-        # weight; with LUNs of its own, capped by their busy time below (disktime.py)
+        # its IOs' time at the array (Little: its mean IOs in flight): its disk time's weight
         busy[g] = acc.lat_sum + (acc.ios - acc.timed_ios) * gs.io_latency_s
     total_q = sum(q.values())
     if total_q <= 0.0:
         return
-    caps = {g: agg[g].busy_s for g in active}
-    if utilization is not None and any(c is not None for c in caps.values()):
-        busy = attribute(busy, caps, utilization * span_s)  # a LUN per initiator
+    busy = attribute(busy, {g: agg[g].busy_s for g in active}, (utilization or 0.0) * span_s)
     total_busy = sum(busy.values()) or 1.0
     for g in active:
         gr.groups[g].demand = q[g] / total_q
@@ -387,16 +384,12 @@ class _Acc:
     read_lat_sum: float = 0.0
     timed_ios: float = 0.0
     lat_sum: float = 0.0
-    # its own LUNs' busy time (IoSample.busy_s), None once a sample has none
-    busy_s: float | None = 0.0
+    busy_s: float | None = 0.0  # its own LUNs' (IoSample.busy_s); None once one has none
     initiators: set[str] = field(default_factory=set)
 
     def add(self, s: IoSample) -> None:
         _, ini, ios, nbytes, reads, read_lat, lat, busy = s
-        if busy is None:
-            self.busy_s = None
-        elif self.busy_s is not None:
-            self.busy_s += busy
+        self.busy_s = None if busy is None or self.busy_s is None else self.busy_s + busy
         self.ios += ios
         self.bytes += nbytes
         self.initiators.add(ini)

@@ -87,7 +87,9 @@ def encode(batch: SampleBatch) -> dict[str, Any]:
         ],
         "writes": [list(w) for w in s.writes],
         "devices": [list(d) for d in s.devices],
-        "ios": [list(i) for i in s.ios],
+        # busy_s stays home: a LUN's own io_ticks are a target host's (and this format's
+        # seven fields are what every peer reads)
+        "ios": [list(i)[:7] for i in s.ios],
     }
 
 

@@ -196,6 +196,8 @@ def test_disk_time_by_weight_capped_by_each_groups_own_busy_time():
         {"a": 0.1, "b": 0.2}
     )
     assert attribute({"a": 0.0}, {"a": 0.5}, 0.5) == {}  # no IOs: no time
+    assert attribute({"a": 2.0}, {"a": 0.5}, 0.0) == {"a": 2.0}  # no busy time known
+    assert attribute({"a": 2.0}, {"a": None}, 0.5) == {"a": 2.0}  # no cap
 
 
 def test_reservations_on_own_luns_see_the_time_each_lun_was_busy():
