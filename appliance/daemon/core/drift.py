@@ -1,4 +1,4 @@
-"""The daemon's side of drift: the kernel checked every convergence, repaired at the next tick.
+"""The daemon's side of drift: the kernel checked every 10 s, repaired at the next tick.
 
 What it owns
     DriftWatch.check() runs in the convergence worker, after a convergence at
@@ -22,13 +22,16 @@ What it owns
 
 Cost
     A check reads every device's whole tc tree (two netlink dumps that pyroute2
-    decodes, ~190 objects per device at the default ladder), the sets' headers
-    and the gate, and runs `iptables -S` and `ip6tables -S`: ~40 ms of CPU on a
-    fast host, and about a fifth of the one-vCPU lab guest's CPU when it ran at
-    every convergence (1 s), which the target's writers then lacked (make
-    lab-light, docs/lab.md "Work conservation").  Every CHECK_EVERY_S it is a
-    tenth of that; a change under the daemon is found within CHECK_EVERY_S plus
-    a convergence.
+    decodes, 193 objects for one device at the default ladder), the sets'
+    headers and the gate, and runs `iptables -S` and `ip6tables -S`.  At every
+    convergence (1 s) that was ~3 % of a CPU in the convergence worker and ~1 %
+    in those programs on the 2-core development host (one device, the lab's
+    ladder; per thread from /proc, py-spy: the worker's CPU was nearly all this
+    check), against 0.6 % for the tick; in the one-vCPU lab guest the daemon's
+    CPU outside its tick was 0.19 of the guest's, which the target's writers
+    then lacked (make lab-light, docs/lab.md "Work conservation").  Every
+    CHECK_EVERY_S the worker took 0.4 % and the programs 0.1 % on that host; a
+    change under the daemon is found within CHECK_EVERY_S plus a convergence.
 
 Worked example
     `santhrottle cleanup --force` is the way to remove the data path under a
