@@ -447,3 +447,14 @@ def test_run_tells_systemd_ready_after_a_first_convergence_and_tick_then_stops()
     d.run()  # the worker thread waits on a real event: stop() ends it at once
     assert told[1] == "READY=1" and told[0] == "WATCHDOG=1"
     assert d.counters.converges >= 1 and d.counters.ticks >= 5 and act.kernel
+
+
+def test_the_watchdog_is_pinged_once_a_second_not_every_tick():
+    """Before, every tick (100 ms) pinged systemd's watchdog (WatchdogSec=10s): a socket,
+    a connect and a send ten times a second for nothing."""
+    d, vt, _s, _a = make()
+    told = []
+    d.notify = told.append
+    run_for(d, vt, 5.0)
+    assert d.counters.ticks >= 45
+    assert 5 <= told.count("WATCHDOG=1") <= 6

@@ -8,7 +8,8 @@ and counted (santhrottle_tick_overruns_total), never run back to back.
 Per tick (main thread): read the per-resource samples (one /proc/diskstats
 read), decide() the controller with them and with the write samples the
 convergence worker left, and send the changes of the initiators' classes to
-the kernel (one netlink message each; a bulk restore past a threshold).
+the kernel (one netlink message each; a bulk restore past a threshold); once
+a second (WATCHDOG_PING_S) the tick pings systemd's watchdog.
 Per convergence (worker thread): discovery (LIO through rtslib-fb, nvmet,
 sock_diag, LVM) and write rates. The worker may be slow (a large configfs
 tree); the tick never waits for it and uses the last discovery it finished.
@@ -86,6 +87,10 @@ log = logging.getLogger("santhrottled")
 
 __all__ = ["CommandError", "Daemon"]
 
+# The tick pings systemd's watchdog (WatchdogSec=10s) at most this often: every tick
+# (100 ms) was a socket, a connect and a send ten times a second for a 10 s watchdog.
+WATCHDOG_PING_S = 1.0
+
 
 class Daemon:
     def __init__(
@@ -119,6 +124,7 @@ class Daemon:
         self.cadence = Cadence(clock, sleep, lambda: self.config.controller)  # reloadable
         self._resources_dirty = True  # a new discovery or config: reconcile at the next tick
         self._gc = GcFreezer()
+        self._pinged_s: float | None = None  # the tick's last watchdog ping
         self.drift, self.audit = DriftWatch(), Audit()  # core/drift.py, core/audit.py
         self.keeper = StateKeeper(store)  # no store: nothing survives a restart (tests)
         self.seed_classes: dict[str, int] = {}  # resource -> class, from the last run
@@ -220,7 +226,9 @@ class Daemon:
             self.drift.repair(self.actuator, self.counters, now)  # what the last check found
             self._actuate()
             self.counters.record_tick(self.clock() - t0)
-        self.notify("WATCHDOG=1")
+        if self._pinged_s is None or now - self._pinged_s >= WATCHDOG_PING_S:
+            self._pinged_s = now
+            self.notify("WATCHDOG=1")  # from the tick: a hung tick stops the pings
 
     def desired(self) -> dict[str, Pin]:
         """ip -> (class, mode) the kernel should have now: the controller's classes per
