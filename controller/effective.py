@@ -17,8 +17,11 @@ Law (per initiator whose resources' classes or memberships changed)
 Performance
     O(initiators given). A tick of the open-loop bench moves 7,548 of its
     10,999 members; follow_resources() takes each member of one resource with
-    two lookups (multi, then its class; two more while some initiators are
-    rising or already affected) where recompute_effective() takes six or more.
+    one lookup (its class; two more while some initiators are rising or
+    already affected) where recompute_effective() takes six or more: the
+    write-heavy sets keep each resource's members split into those of it
+    alone and those of several (WriteHeavySets.split, rebuilt when a member
+    joins or leaves a set), so a tick neither tests `multi` nor walks a set.
 
 Worked example
     Resource vg1 at class 4, vg2 at class 10; A is a member of both, B of vg1
@@ -44,21 +47,27 @@ def follow_resources(
     of 1,000 resources moves thousands); the other members are added to `affected`.
     Returns those that changed. Without groups only (a group's class may apply)."""
     sets = state.write_sets
-    multi, eff, rising, rise_to = sets.multi, state.effective, state.rising, state.rise_to
+    members_of, eff, rising, rise_to = sets.members, state.effective, state.rising, state.rise_to
     # Most ticks start with `affected` and `rising` empty: a member of one resource is
     # then in neither when the loop meets it (it is met once: `resources` is a set, and
     # the loop adds only multi's members to `affected`, only members it has met to
-    # `rising`), and `multi` is the one lookup per member.
+    # `rising`), and no lookup precedes its class's. The split of each resource's
+    # members (WriteHeavySets.split) is kept from tick to tick: no `multi` test per
+    # member, and a tuple to walk rather than a set's table.
     held = bool(affected) or bool(rising)
     changed: dict[str, int] = {}
     for name in resources:
-        members = sets.members.get(name)
-        if not members:
+        if not members_of.get(name):
+            continue
+        alone, shared = sets.split(name)
+        if shared:
+            affected.update(shared)
+        if not alone:
             continue
         rs = state.resources.get(name)
         cls = 0 if rs is None else rs.delay_class
-        for ini in members:
-            if ini in multi or (held and (ini in affected or ini in rising)):
+        for ini in alone:
+            if held and (ini in affected or ini in rising):
                 affected.add(ini)
                 continue
             old = eff.get(ini, 0)

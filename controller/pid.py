@@ -98,9 +98,10 @@ Worked example, law "log"
 
 from __future__ import annotations
 
-import bisect
 import functools
 import math
+from bisect import bisect_left
+from math import exp, log
 from typing import Final
 
 from .domain import OFFSET_X_THRESHOLD_MAX, ControllerConfig
@@ -261,8 +262,11 @@ class LogPid:
         du = self.kp * ((e - e1) + self._i_over_t * e + self._d_over_t * (e - 2.0 * e1 + self._e2))
         offset_s = self.offset_x_threshold * scale_s
         if offset_s > 0.0:  # the increment acts on ln(delay + offset)
-            d = (math.exp(self.u) + offset_s) * math.exp(du) - offset_s
-            u = math.log(d) if d > 0.0 else self._lo
+            # exp, log, bisect_left imported by name: Debian 12's mypyc (1.0.1) reads a
+            # name from the module's dict, `math.exp` as an attribute of the module
+            # (slower); a newer mypyc calls C's exp() and log() either way
+            d = (exp(self.u) + offset_s) * exp(du) - offset_s
+            u = log(d) if d > 0.0 else self._lo
         else:
             u = self.u + du
         # single-sided, anti-windup (comparisons: every tick of every resource)
@@ -272,7 +276,7 @@ class LogPid:
         self._e1 = e
         if u <= self._lo:  # self.delay_class, inline
             return 0
-        k = bisect.bisect_left(self._logs, u - LOG_TOLERANCE) + 1
+        k = bisect_left(self._logs, u - LOG_TOLERANCE) + 1
         return k if k < self._top else self._top
 
     def _v(self, delay_class: int) -> float:
@@ -295,7 +299,7 @@ class LogPid:
     def delay_class(self) -> int:
         if self.u <= self._lo:
             return 0
-        return min(bisect.bisect_left(self._logs, self.u - LOG_TOLERANCE) + 1, self._top)
+        return min(bisect_left(self._logs, self.u - LOG_TOLERANCE) + 1, self._top)
 
     def class_with_margin(self, margin: float, delay_class: int | None = None) -> int:
         """delay_class: the output's class when the caller has it (update()'s result,

@@ -43,16 +43,20 @@ Bounds
     every initiator ever seen.
 
 Performance
-    observe_many: one table lookup per sample, one alpha per sensor pass
-    (its pairs share the previous pass's time). converge: one pass over the
-    table, which folds in the silent pairs and sets aside, in table order,
-    all but the members at or over leave_bps (they hold: the relative
-    thresholds are lower); then a pass over those set aside, so the sets
-    change in the same order as in one pass over the whole table. A
-    resource's sums (fair share) are taken, in table order (its pairs are
-    also indexed by resource), only once one of its pairs is set aside: a
-    convergence where every pair is a member over leave_bps sums nothing.
-    `make bench` (1,000 resources, 11,000 pairs) measures the tick with it.
+    observe_many: two lookups of str keys per sample (the resource, then
+    the initiator: no (resource, initiator) tuple to build and hash), one
+    alpha per sensor pass (its pairs share the previous pass's time).
+    converge: one pass over the table, which folds in the silent pairs and
+    sets aside, in table order, all but the members at or over leave_bps
+    (they hold: the relative thresholds are lower); then a pass over those
+    set aside, so the sets change in the same order as in one pass over the
+    whole table. A resource's sums (fair share) are taken, in table order
+    (its pairs are also indexed by resource), only once one of its pairs is
+    set aside: a convergence where every pair is a member over leave_bps
+    sums nothing. split(): each resource's members of it alone and of
+    several, kept until a member joins or leaves (effective.py's
+    follow_resources reads it every tick). `make bench` (1,000 resources,
+    11,000 pairs) measures the tick with it.
 
 Idle behaviour
     A writer that pauses decays as exp(-t / tau): with tau = 8 s and a
@@ -161,6 +165,9 @@ class WriteHeavySets:
         self.members: dict[str, set[str]] = {}  # resource -> initiators
         self.member_of: dict[str, set[str]] = {}  # initiator -> resources
         self.multi: set[str] = set()  # initiators that are members of two resources or more
+        # resource -> its members of it alone, and those also of another (split(); kept
+        # until its members or their other memberships change)
+        self._split: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
         self._alpha_cache: dict[float, float] = {}
 
     def clear_alpha_cache(self) -> None:
@@ -195,20 +202,24 @@ class WriteHeavySets:
 
     def observe_many(self, samples: Iterable[tuple[str, str, float]], now_s: float) -> None:
         """observe() for a whole sensor pass; the hot path of a convergence."""
-        pairs = self._pairs
+        resources = self._resources
         away_bps = self.away_bps
         last_s = math.nan  # the previous pair's last_s, and its alpha: one per sensor pass
         a = 0.0
         for resource, initiator, rate in samples:
-            try:
-                p = pairs[resource, initiator]
-            except KeyError:
+            # by resource, then initiator: two lookups of str keys, whose hashes the
+            # strs keep, where the table's (resource, initiator) key is a new tuple per
+            # sample to build, hash and compare (and to collect: tuples are tracked)
+            of = resources.get(resource)
+            p = None if of is None else of.pairs.get(initiator)
+            if p is None:
                 self._new_pair(resource, initiator, rate, now_s)
                 continue
             if p.last_s != last_s:
                 last_s = p.last_s
                 a = self._alpha(now_s - last_s)
-            p.rate_bps += a * (rate - p.rate_bps)
+            r = p.rate_bps  # read once; r + a * (rate - r), as `+=` computes it
+            p.rate_bps = r + a * (rate - r)
             p.last_s = now_s
             p.seen = True
             if rate < away_bps:
@@ -282,6 +293,8 @@ class WriteHeavySets:
                 of_initiator.add(of.name)
                 if len(of_initiator) == 2:
                     self.multi.add(p.initiator)
+                for name in of_initiator:  # their splits change (the new one's, or multi)
+                    self._split.pop(name, None)
                 out.joined.setdefault(of.name, set()).add(p.initiator)
                 continue
             if r <= forget_bps:  # forget
@@ -316,12 +329,28 @@ class WriteHeavySets:
 
     def _unlink(self, resource: str, initiator: str) -> None:
         self.members[resource].discard(initiator)
+        self._split.pop(resource, None)
         of = self.member_of[initiator]
         of.discard(resource)
         if len(of) == 1:
             self.multi.discard(initiator)
+            for name in of:  # a member of that one alone now
+                self._split.pop(name, None)
         elif not of:
             del self.member_of[initiator]
+
+    def split(self, resource: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """A resource's members: those that are members of it alone, and those that are
+        also members of another resource (`multi`), each in the members' set order.
+        Kept until one of its members joins or leaves a set: a tick reads it for
+        every resource whose class moved, a convergence rarely changes it."""
+        got = self._split.get(resource)
+        if got is None:
+            members, multi = self.members.get(resource, ()), self.multi
+            alone = tuple([i for i in members if i not in multi])
+            shared = tuple([i for i in members if i in multi])
+            got = self._split[resource] = (alone, shared)
+        return got
 
     def forget_resource(self, resource: str) -> set[str]:
         """Drop a resource that went away; returns the members it had."""
@@ -329,6 +358,7 @@ class WriteHeavySets:
         for initiator in gone:
             self._unlink(resource, initiator)
         self.members.pop(resource, None)
+        self._split.pop(resource, None)
         of = self._resources.pop(resource, None)
         if of is not None:
             for initiator in of.pairs:

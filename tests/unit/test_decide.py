@@ -96,6 +96,10 @@ def test_every_initiator_has_the_max_of_its_resources_classes_or_ramps_to_it(see
         assert st.write_sets.multi == {
             i for i, rs in st.write_sets.member_of.items() if len(rs) > 1
         }
+        for r, members in st.write_sets.members.items():  # the split follow_resources reads
+            alone, shared = st.write_sets.split(r)
+            assert sorted(alone + shared) == sorted(members), (k, r)
+            assert not set(alone) & st.write_sets.multi and set(shared) <= st.write_sets.multi
 
 
 def test_two_cadences_fixed_rate():

@@ -64,6 +64,15 @@ def test_member_of_indexes_both_directions_and_forget_resource():
     assert s.rate("vg1", "a") is None
 
 
+def assert_split(s, resources=("vg1", "vg2", "vg3")):
+    """split() (kept between calls) agrees with the members and multi as they are."""
+    for r in resources:
+        alone, shared = s.split(r)
+        members = s.members.get(r, set())
+        assert sorted(alone) == sorted(members - s.multi), r
+        assert sorted(shared) == sorted(members & s.multi), r
+
+
 def test_multi_holds_the_members_of_two_resources_or_more():
     s = sets()
     for r in ("vg1", "vg2", "vg3"):
@@ -71,14 +80,43 @@ def test_multi_holds_the_members_of_two_resources_or_more():
     s.observe("vg1", "b", 5 * MIB, 0.0)
     s.converge(0.0)
     assert s.multi == {"a"}
+    assert s.split("vg1") == (("b",), ("a",))
+    assert_split(s)
     s.forget_resource("vg1")
     assert s.multi == {"a"} and s.member_of["a"] == {"vg2", "vg3"}
+    assert_split(s)
     s.forget_resource("vg2")  # a in one set: no longer multi
     assert s.multi == set() and s.member_of == {"a": {"vg3"}}
+    assert s.split("vg3") == (("a",), ())
+    assert_split(s)
     for t in range(1, 40):  # a stops writing to vg3 and leaves it
         s.observe("vg3", "a", 0.0, float(t))
         s.converge(float(t))
     assert s.member_of == {} and s.multi == set()
+    assert s.split("vg3") == ((), ())
+
+
+def test_split_follows_joins_and_leaves():
+    # b joins a second resource (it moves to both splits' shared part) and leaves it
+    # again (back to alone in the first): each split asked before, kept, then stale
+    s = sets(tau=1.0)
+    s.observe("vg1", "b", 5 * MIB, 0.0)
+    s.observe("vg2", "c", 5 * MIB, 0.0)
+    s.converge(0.0)
+    assert (s.split("vg1"), s.split("vg2")) == ((("b",), ()), (("c",), ()))
+    s.observe("vg1", "b", 5 * MIB, 1.0)
+    s.observe("vg2", "b", 5 * MIB, 1.0)
+    s.observe("vg2", "c", 5 * MIB, 1.0)
+    s.converge(1.0)
+    assert (s.split("vg1"), s.split("vg2")) == (((), ("b",)), (("c",), ("b",)))
+    t = 1.0
+    while "b" in s.members["vg2"]:  # b stops writing to vg2
+        t += 1.0
+        s.observe("vg1", "b", 5 * MIB, t)
+        s.observe("vg2", "c", 5 * MIB, t)
+        s.converge(t)
+        assert_split(s)
+    assert (s.split("vg1"), s.split("vg2")) == ((("b",), ()), (("c",), ()))
 
 
 def test_bad_thresholds():
