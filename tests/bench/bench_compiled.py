@@ -22,7 +22,9 @@ The directory is removed at the end.
 bench_deb() (`controller-deb`) measures the same way the controller the Debian package
 carries (`make deb`: compiled at the package's build by Debian 12's mypyc), unpacked
 from dist-deb/ with dpkg-deb, its dist-packages first on PYTHONPATH: the tick the
-daemon installed by the package runs.
+daemon installed by the package runs. With `--deb --against OTHER.deb` (another
+revision's package, say) the other package's compiled controller runs in the same
+rounds as a third side, and each figure gets the ratio this package / the other.
 """
 
 from __future__ import annotations
@@ -57,31 +59,48 @@ def _loaded_from(pythonpath: str) -> str:
     return p.stdout.strip() or p.stderr.strip()[-500:]
 
 
-def bench_compiled(rounds: int = ROUNDS, deb: Path | None = None) -> dict[str, Any]:
-    """deb: the Debian package's compiled controller instead of this checkout's compiled now."""
+def _unpack(deb: Path, into: str) -> str:
+    """The package's dist-packages, unpacked under into."""
+    subprocess.run(["dpkg-deb", "-x", str(deb), into], check=True, capture_output=True)
+    return str(Path(into) / "usr" / "lib" / "python3" / "dist-packages")
+
+
+def bench_compiled(
+    rounds: int = ROUNDS, deb: Path | None = None, against: Path | None = None
+) -> dict[str, Any]:
+    """deb: the Debian package's compiled controller instead of this checkout's compiled now;
+    against: another package's, measured in the same rounds (with deb only)."""
     what = f"of the Debian package ({deb.name})" if deb else "compiled (mypyc)"
     name = f"controller decide() {what} vs pure Python, 1,000 resources x 10,000 initiators"
+    if against is not None:
+        name += f", and vs the package {against}"
     with tempfile.TemporaryDirectory(prefix="santhrottle-mypyc-") as unpacked:
         tmp = unpacked
+        sides = {"compiled": tmp}  # side -> its PYTHONPATH, beside pure
         try:
             if deb is None:
                 compiled.compile_into(Path(tmp))
             else:
-                subprocess.run(["dpkg-deb", "-x", str(deb), unpacked], check=True,
-                               capture_output=True)  # fmt: skip
-                tmp = str(Path(unpacked) / "usr" / "lib" / "python3" / "dist-packages")
+                sides["compiled"] = _unpack(deb, str(Path(unpacked) / "this"))
+            if deb is not None and against is not None:
+                sides["against"] = _unpack(against, str(Path(unpacked) / "against"))
         except (SystemExit, OSError, subprocess.CalledProcessError) as e:
             return {"name": name, "summary": f"not measured: {e}"}
-        where = _loaded_from(tmp)
-        if not where.endswith(".so"):
-            return {"name": name, "summary": f"not measured: step loads from {where}"}
+        for side, path in sides.items():
+            where = _loaded_from(path)
+            if not where.endswith(".so"):
+                return {"name": name, "summary": f"not measured: {side} loads from {where}"}
         runs: dict[str, dict[str, list[dict[str, Any]]]] = {
-            p: {"pure": [], "compiled": []} for p in PLANTS
+            p: {"pure": [], **{side: [] for side in sides}} for p in PLANTS
         }
-        for _ in range(rounds):
+        for r in range(rounds):
             for plant in PLANTS:
                 runs[plant]["pure"].append(run_bench(RUN_PY, plant, compiled.env_for(None)))
-                runs[plant]["compiled"].append(run_bench(RUN_PY, plant, compiled.env_for(tmp)))
+                # the packages alternate which runs first
+                for side in sorted(sides, reverse=bool(r % 2)):
+                    runs[plant][side].append(
+                        run_bench(RUN_PY, plant, compiled.env_for(sides[side]))
+                    )
     figures: dict[str, dict[str, Any]] = {}
     parts, met = [], True
     for plant in PLANTS:
@@ -90,14 +109,19 @@ def bench_compiled(rounds: int = ROUNDS, deb: Path | None = None) -> dict[str, A
             pure = [r[fig] for r in runs[plant]["pure"]]
             comp = [r[fig] for r in runs[plant]["compiled"]]
             key = f"{loop}_{fig}"
-            figures[key] = {"pure": pure, "compiled": comp}
+            figures[key] = {side: [r[fig] for r in got] for side, got in runs[plant].items()}
             mc, mp = statistics.median(comp), statistics.median(pure)
             met = met and mc <= GOAL_MS
             what = "tick" if fig == "tick_ms_median" else "convergence tick"
-            parts.append(
+            part = (
                 f"{loop} loop {what} {mc:.2f} ms [{min(comp):.2f}..{max(comp):.2f}] "
                 f"vs {mp:.2f} [{min(pure):.2f}..{max(pure):.2f}] (x{mc / mp:.2f})"
             )
+            if "against" in runs[plant]:
+                other = figures[key]["against"]
+                ma = statistics.median(other)
+                part += f", against {ma:.2f} [{min(other):.2f}..{max(other):.2f}] (x{mc / ma:.2f})"
+            parts.append(part)
     return {
         "name": name,
         "met": met,
@@ -108,14 +132,14 @@ def bench_compiled(rounds: int = ROUNDS, deb: Path | None = None) -> dict[str, A
     }
 
 
-def bench_deb(rounds: int = ROUNDS) -> dict[str, Any]:
+def bench_deb(rounds: int = ROUNDS, against: Path | None = None) -> dict[str, Any]:
     """bench_compiled() on the Debian package of dist-deb/ (`make deb`)."""
     debs = sorted((ROOT / "dist-deb").glob("santhrottle_*_*.deb"))
     if len(debs) != 1:
         return {"name": "controller decide() of the Debian package vs pure Python",
                 "summary": f"not measured: need one dist-deb/santhrottle_*.deb (make deb), "
                 f"found {len(debs)}"}  # fmt: skip
-    return bench_compiled(rounds, debs[0])
+    return bench_compiled(rounds, debs[0], against)
 
 
 def main() -> int:
@@ -123,8 +147,18 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--deb", action="store_true", help="the Debian package's (dist-deb/)")
+    ap.add_argument(
+        "--against",
+        type=Path,
+        metavar="DEB",
+        help="with --deb: another package, in the same rounds",
+    )
     args = ap.parse_args()
-    r = bench_deb(args.rounds) if args.deb else bench_compiled(args.rounds)
+    if args.against is not None and not args.deb:
+        ap.error("--against needs --deb")
+    if args.against is not None and not args.against.is_file():
+        ap.error(f"--against: no such package: {args.against}")
+    r = bench_deb(args.rounds, args.against) if args.deb else bench_compiled(args.rounds)
     print(json.dumps(r, indent=1) if args.json else f"{r['name']}: {r['summary']}")
     return 0
 
