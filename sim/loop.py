@@ -65,7 +65,7 @@ from .paths import ONE, ONE_PATH, ClosedOnPaths, Paths, flows
 from .plant import Closed, Device, lognormal_params, mean_of_n
 from .scenario import Scenario
 from .sensors import Sensed
-from .usage import Tenancy
+from .usage import Tenancy, Work
 
 
 class Control(Protocol):
@@ -131,6 +131,148 @@ class PathStats:
     writer_bytes: dict[str, float]
 
 
+# a closed write flow on a path, as Sensed counts it every dt: (that path's pair writes,
+# the pair, that path's resource writes, bytes a dt, the path, the initiator)
+WriteFlow = tuple[dict[tuple[str, str], float], tuple[str, str], dict[str, float], float, int, str]
+
+
+@dataclass(slots=True)
+class Solved:
+    """One resource's plant solved for the streams on and the classes applied, and what
+    one dt of it adds to the sensors, the meter and the tenants. It is the same every dt
+    until a stream switches on or off or a class applied moves (or the array stalls,
+    or the resource has bursty streams, whose caps move every dt): the loop solves
+    again only then, and adds the same increments in the same order as before."""
+
+    lat: float  # the open load's latency at the device (L)
+    device: tuple[float, float, float]  # a dt's IOs, their latency sum, IOs in flight x dt
+    writes: list[WriteFlow]
+    # per closed read flow and path moving IOs: (path, IOs a dt, IOs x latency, the
+    # lognormal parameters of their mean's noise)
+    reads: list[tuple[int, float, float, float, float]]
+    metered: list[tuple[str, bool, float, float, float]]  # the group meter's flows
+    work: Work  # the tenants' (usage.py)
+
+
+class Solver:
+    """Solves a resource's plant (the module's doc, step 2) for the streams on and the
+    classes each path applies (or the constant class): one Solved."""
+
+    def __init__(
+        self,
+        sc: Scenario,
+        paths: Paths,
+        constant_class: int | None,
+        ten: Tenancy,
+        sensed: Sensed,
+    ) -> None:
+        streams = self.streams = sc.streams
+        self.n = len(paths.split)
+        self.policy = paths.policy
+        self.constant_class = constant_class
+        self.ten = ten
+        self.sensed = sensed
+        self.dt = sc.dt_s
+        cfg = sc.controller
+        self.delay_of = [cfg.ladder.delay_s(k) for k in range(cfg.ladder.max_class + 1)]
+        self.resources = {r.name: r for r in sc.resources}
+        self.devices = {r.name: Device(r.intercept_s, r.slope_s_per_io) for r in sc.resources}
+        inis = list(dict.fromkeys(s.initiator for s in streams))
+        self.frac = {ini: paths.fractions(j) for j, ini in enumerate(inis)}
+        of = {
+            r.name: [i for i, s in enumerate(streams) if s.resource == r.name] for r in sc.resources
+        }
+        self.closed_of = {
+            name: [i for i in mine if streams[i].loop == "closed"] for name, mine in of.items()
+        }
+        self.open_of = {
+            name: [i for i in mine if streams[i].loop == "open"] for name, mine in of.items()
+        }
+
+    def solve(
+        self,
+        name: str,
+        t: float,
+        on: Sequence[bool],
+        applied: Sequence[Mapping[str, int]],
+        stalled: bool,
+        last_lat: float,
+    ) -> Solved:
+        """The plant of resource name at t; stalled: the array serves nothing (no closed
+        stream moves, the reads take last_lat, the latency before the stall)."""
+        streams, n, dt, ten = self.streams, self.n, self.dt, self.ten
+        constant_class, delay_of = self.constant_class, self.delay_of
+        dev = self.devices[name]
+        # mode "all": every packet to a throttled initiator is delayed
+        closed: list[ClosedOnPaths] = []
+        owner: list[tuple[int, int | None]]
+        fl: list[Closed] = []
+        if stalled:
+            owner = []
+        elif n == 1:  # one path: a flow per stream, as flows() makes it
+            app0 = applied[0]
+            for i in self.closed_of[name]:
+                if not on[i]:
+                    continue
+                s = streams[i]
+                cls = app0.get(s.initiator, 0) if constant_class is None else constant_class
+                d = delay_of[cls] + s.overhead_s
+                closed.append((s, ONE, [d]))
+                fl.append(Closed(s.depth, d, s.rate_iops))
+            ten.add_bursty(name, t, on, closed, fl, app0, constant_class, delay_of)
+            owner = [(j, 0) for j in range(len(closed))]
+        else:
+            for i in self.closed_of[name]:
+                if not on[i]:
+                    continue
+                s = streams[i]
+                ini = s.initiator
+                ds = [
+                    delay_of[applied[p].get(ini, 0) if constant_class is None else constant_class]
+                    + s.overhead_s
+                    for p in range(n)
+                ]
+                closed.append((s, self.frac[ini], ds))
+            fl, owner = flows(closed, self.policy)
+        lats: list[float] | None
+        if not stalled:
+            open_iops = sum(streams[i].rate_iops for i in self.open_of[name] if on[i])
+            lat, lats, rates = ten.solve(dev, open_iops, closed, fl, owner)
+        else:
+            open_iops, lat, lats, rates = 0.0, last_lat, None, []
+        lat_of = lats or [lat] * len(rates)
+        work = ten.work(name, dev, dt, open_iops, closed, owner, rates, lat_of)
+        dev_iops = open_iops + sum(rates)
+        device = (dev_iops * dt, dev_iops * dt * lat, dev_iops * lat * dt)
+        sensed = self.sensed
+        rel_sd = self.resources[name].noise
+        writes: list[WriteFlow] = []
+        reads: list[tuple[int, float, float, float, float]] = []
+        metered: list[tuple[str, bool, float, float, float]] = []
+        for q, ((j, path), iops) in enumerate(zip(owner, rates, strict=True)):
+            s, f, _ds = closed[j]
+            read = s.kind != "write"
+            lat_q = lat if lats is None else lats[q]  # its IOs' cost (usage.py)
+            metered.append((s.initiator, read, iops, s.size_bytes, lat_q))
+            per_path = (
+                ((path, iops),)
+                if path is not None
+                else tuple((p, iops * fp) for p, fp in enumerate(f))
+            )
+            for p, x in per_path:
+                if not read:
+                    b = x * s.size_bytes * dt
+                    key = (s.resource, s.initiator)
+                    writes.append(
+                        (sensed.write_pair[p], key, sensed.write_res[p], b, p, s.initiator)
+                    )
+                elif x > 0.0:
+                    m = x * dt
+                    mu_n, sd_n = lognormal_params(rel_sd / math.sqrt(max(m, 1.0)))
+                    reads.append((p, m, m * lat_q, mu_n, sd_n))
+        return Solved(lat, device, writes, reads, metered, work)
+
+
 def run_paths(
     sc: Scenario,
     paths: Paths = ONE_PATH,
@@ -151,26 +293,15 @@ def run_paths(
     names = [r.name for r in sc.resources]
     first = names[0]
     streams = sc.streams
-    devices = {r.name: Device(r.intercept_s, r.slope_s_per_io) for r in sc.resources}
     ln_params = {r.name: lognormal_params(r.noise) for r in sc.resources}
     noise_of = {r.name: r.noise for r in sc.resources}
     settle_s = sc.default_settle_s()
-    inis = list(dict.fromkeys(s.initiator for s in streams))
-    frac = {ini: paths.fractions(j) for j, ini in enumerate(inis)}
     writers = sorted({s.initiator for s in streams if s.kind == "write"})
     # per stream, by its index: its on-windows and the one it has reached
     wins = [s.schedule.windows(sc.duration_s) for s in streams]
     reached = [0] * len(streams)
     on = [False] * len(streams)
     writes_of = [i for i, s in enumerate(streams) if s.kind == "write"]
-    closed_of = {
-        name: [i for i, s in enumerate(streams) if s.resource == name and s.loop == "closed"]
-        for name in names
-    }
-    open_of = {
-        name: [i for i, s in enumerate(streams) if s.resource == name and s.loop == "open"]
-        for name in names
-    }
 
     # open-loop streams: pre-seeded arrival/noise generators, one per stream
     open_rng = [random.Random(f"{sc.seed}:open:{i}") for i in range(len(streams))]
@@ -203,11 +334,19 @@ def run_paths(
     dt = sc.dt_s
     tick_every = max(1, round(cfg.tick_s / dt))
     converge_every = max(1, round(cfg.converge_s / dt))
-    delay_of = [cfg.ladder.delay_s(k) for k in range(cfg.ladder.max_class + 1)]
     ten = tenancy if tenancy is not None else Tenancy(sc, n)  # bursty streams, costs (usage.py)
+    solver = Solver(sc, paths, constant_class, ten, sensed)
+    frac, open_of = solver.frac, solver.open_of
 
     stalls, stall_i = sc.stalls, 0  # the array's stalls (sorted), the next one
     last_lat = dict.fromkeys(names, 0.0)  # each resource's latency before a stall
+    # each resource's plant solved, and the version of the streams on and the classes
+    # applied it was solved for (solved again only when one of them moved: Solved)
+    solved: dict[str, tuple[int, Solved]] = {}
+    version = 0
+    next_change_s = -math.inf  # the first time a stream may switch on or off
+    writing = False  # a writer is on
+    was_applied = [dict(a) for a in applied]
     for k in range(round(sc.duration_s / dt)):
         t = k * dt
         while stall_i < len(stalls) and stalls[stall_i][1] <= t:
@@ -215,103 +354,62 @@ def run_paths(
         stall_end = (
             stalls[stall_i][1] if stall_i < len(stalls) and stalls[stall_i][0] <= t else None
         )
-        for i, win in enumerate(wins):  # on: in the last window that started by t
-            j = reached[i]
-            while j < len(win) and win[j][0] <= t:
-                j += 1
-            reached[i] = j
-            on[i] = j > 0 and t < win[j - 1][1]
-        if t >= settle_s and any(on[i] for i in writes_of):
+        if t >= next_change_s:  # on: in the last window that started by t
+            next_change_s = math.inf
+            for i, win in enumerate(wins):
+                j = reached[i]
+                while j < len(win) and win[j][0] <= t:
+                    j += 1
+                reached[i] = j
+                on[i] = j > 0 and t < win[j - 1][1]
+                if on[i]:
+                    next_change_s = min(next_change_s, win[j - 1][1])
+                if j < len(win):
+                    next_change_s = min(next_change_s, win[j][0])
+            writing = any(on[i] for i in writes_of)
+            version += 1
+        if t >= settle_s and writing:
             writer_on_after_settle += dt
+        after_settle = t >= settle_s
         for r in sc.resources:
             name = r.name
-            # mode "all": every packet to a throttled initiator is delayed
-            closed: list[ClosedOnPaths] = []
-            owner: list[tuple[int, int | None]]
-            fl: list[Closed] = []
-            if stall_end is not None:  # the array serves nothing: no closed stream moves
-                owner = []
-            elif n == 1:  # one path: a flow per stream, as flows() makes it
-                app0 = applied[0]
-                for i in closed_of[name]:
-                    if not on[i]:
-                        continue
-                    s = streams[i]
-                    cls = app0.get(s.initiator, 0) if constant_class is None else constant_class
-                    d = delay_of[cls] + s.overhead_s
-                    closed.append((s, ONE, [d]))
-                    fl.append(Closed(s.depth, d, s.rate_iops))
-                ten.add_bursty(name, t, on, closed, fl, app0, constant_class, delay_of)
-                owner = [(j, 0) for j in range(len(closed))]
+            got = solved.get(name)
+            if stall_end is None and got is not None and got[0] == version:
+                sol = got[1]  # nothing it depends on moved: the same solution
             else:
-                for i in closed_of[name]:
-                    if not on[i]:
-                        continue
-                    s = streams[i]
-                    ini = s.initiator
-                    ds = [
-                        delay_of[
-                            applied[p].get(ini, 0) if constant_class is None else constant_class
-                        ]
-                        + s.overhead_s
-                        for p in idx
-                    ]
-                    closed.append((s, frac[ini], ds))
-                fl, owner = flows(closed, paths.policy)
+                sol = solver.solve(name, t, on, applied, stall_end is not None, last_lat[name])
+                if stall_end is None and not ten.of_resource[name]:  # else: this dt's only
+                    solved[name] = (version, sol)
+                else:
+                    solved.pop(name, None)
+            lat = sol.lat
             if stall_end is None:
-                open_iops = sum(streams[i].rate_iops for i in open_of[name] if on[i])
-                lat, lats, rates = ten.solve(devices[name], open_iops, closed, fl, owner)
                 last_lat[name] = lat
-            else:  # its reads wait for the stall's end, then take the latency it left
-                open_iops, lat, lats, rates = 0.0, last_lat[name], None, []
-            ten.account(
-                name,
-                t,
-                dt,
-                devices[name],
-                open_iops,
-                closed,
-                owner,
-                rates,
-                lats or [lat] * len(rates),
-                on,
-            )
+            ten.account(t, dt, sol.work, on)
             # the device as diskstats sees it: IOs, their latency, IOs in flight (Little)
-            dev_iops = open_iops + sum(rates)
             dev_acc = dev_tick[name]
-            dev_acc[0] += dev_iops * dt
-            dev_acc[1] += dev_iops * dt * lat
-            dev_acc[2] += dev_iops * lat * dt
+            dev_acc[0] += sol.device[0]
+            dev_acc[1] += sol.device[1]
+            dev_acc[2] += sol.device[2]
+            if meter is not None:
+                for ini, read, iops, size, lat_q in sol.metered:
+                    meter.closed(name, ini, read, iops, size, lat_q, dt)
+            for pairs, key, per_res, b, p, ini in sol.writes:
+                pairs[key] = pairs.get(key, 0.0) + b
+                per_res[name] += b
+                tick_write_bytes += b
+                if after_settle:
+                    bytes_after_settle += b
+                    if stats:
+                        st.path_write_bytes[p] += b
+                        st.writer_bytes[ini] += b
+            if sol.reads:  # closed-loop reads: counted as a fluid in the sensor
+                rng_c = closed_rng[name]
+                for p, m, m_lat, mu_n, sd_n in sol.reads:
+                    noise = math.exp(mu_n + sd_n * rng_c.gauss())  # plant.mean_of_n
+                    sensed.read_sum[p][name] += m_lat * noise
+                    sensed.read_n[p][name] += m
             mu, sd = ln_params[name]
-            for q, ((j, path), iops) in enumerate(zip(owner, rates, strict=True)):
-                s, f, _ds = closed[j]
-                read = s.kind != "write"
-                lat_q = lat if lats is None else lats[q]  # its IOs' cost (usage.py)
-                if meter is not None:
-                    meter.closed(name, s.initiator, read, iops, s.size_bytes, lat_q, dt)
-                per_path = (
-                    ((path, iops),)
-                    if path is not None
-                    else tuple((p, iops * fp) for p, fp in enumerate(f))
-                )
-                for p, x in per_path:
-                    if not read:
-                        b = x * s.size_bytes * dt
-                        key = (s.resource, s.initiator)
-                        pairs = sensed.write_pair[p]
-                        pairs[key] = pairs.get(key, 0.0) + b
-                        sensed.write_res[p][name] += b
-                        tick_write_bytes += b
-                        if t >= settle_s:
-                            bytes_after_settle += b
-                            if stats:
-                                st.path_write_bytes[p] += b
-                                st.writer_bytes[s.initiator] += b
-                    elif x > 0.0:  # closed-loop reads: counted as a fluid in the sensor
-                        m = x * dt
-                        noise = mean_of_n(r.noise, m, closed_rng[name].gauss())
-                        sensed.read_sum[p][name] += m * lat_q * noise
-                        sensed.read_n[p][name] += m
             t_next = t + dt
             for i in open_of[name]:
                 # the arrival clock and noise draws run while off, too: every
@@ -361,6 +459,10 @@ def run_paths(
                 sensed.ios = meter.take()
         if control is not None:
             applied = control.decide(sensed, t_end, k)
+            now_applied = [dict(a) for a in applied]
+            if now_applied != was_applied:  # the plant is solved again for them
+                was_applied = now_applied
+                version += 1
             if sensed.converging:
                 ten.record(control.own(0), t_end, applied[0])
         sensed.clear()

@@ -57,6 +57,18 @@ class Records:
     member_class: dict[str, list[int]] = field(default_factory=dict)  # initiator -> applied
 
 
+@dataclass(slots=True)
+class Work:
+    """One dt of a resource's plant solution, for the tenants (Tenancy.work): the same
+    every dt while the solution holds, so it is worked out once per solution."""
+
+    resource: str
+    busy_s: float  # the device's utilization x dt
+    disk: list[tuple[list[float], float]]  # per flow: its initiator's disk seconds, a dt's
+    on_s: list[list[bool]]  # the initiators with a flow: their on-seconds
+    queues: list[tuple[int, float, float]]  # bursty: (stream, IOs/s served, L + delay)
+
+
 class Tenancy:
     """The module's doc. One path only for bursty streams (a fleet's paths: ValueError)."""
 
@@ -130,41 +142,52 @@ class Tenancy:
             return lat, None, rates
         return costed_latency(dev, open_iops, fl, [closed[j][0].cost for j, _ in owner])
 
-    def account(
+    def work(
         self,
         resource: str,
-        t: float,
-        dt: float,
         dev: Device,
+        dt: float,
         open_iops: float,
         closed: Sequence[Any],
         owner: Sequence[tuple[int, int | None]],
         rates: Sequence[float],
-        lats: Sequence[float] | None,
-        on: Sequence[bool],
-    ) -> None:
-        """After the plant's step: utilization, disk time, the bursty streams' queues
-        (rates: the flows', none while the device stalls)."""
+        lats: Sequence[float],
+    ) -> Work:
+        """What one dt of the plant's solution adds (account()): the device's utilization,
+        each flow's disk time, the bursty streams' service (rates: the flows', none while
+        the device stalls; lats: theirs at the device)."""
         flows = [(closed[j], path) for j, path in owner[: len(rates)]]
         costs = [c[0].cost for c, _ in flows]
         u = utilization_of(dev, open_iops, rates, costs)
-        self.util_sum[resource] += u * dt
-        sec = min(int(t), self.seconds - 1)
-        self.busy[resource][sec] += u * dt
         m = dev.slope_s_per_io
+        disk: list[tuple[list[float], float]] = []
+        on_s: dict[str, list[bool]] = {}
+        queues: list[tuple[int, float, float]] = []
         for q, ((s, _f, ds), path) in enumerate(flows):
             x, c = rates[q], costs[q]
-            disk = self.disk.get(s.initiator)
-            if disk is None:  # (not setdefault: its default list would be built every step)
-                disk = self.disk[s.initiator] = [0.0] * self.seconds
+            mine = self.disk.get(s.initiator)
+            if mine is None:
+                mine = self.disk[s.initiator] = [0.0] * self.seconds
                 self.on_s[s.initiator] = [False] * self.seconds
-            disk[sec] += x * c * m * dt
-            self.on_s[s.initiator][sec] = True
+            disk.append((mine, x * c * m * dt))
+            on_s[s.initiator] = self.on_s[s.initiator]
             i = self._index.get(id(s))
             if i is not None:  # a bursty stream (one path): its queue at the initiator
-                lat = lats[q] if lats is not None else 0.0
-                arrived = self.arrival[i][sec] if on[i] else 0.0
-                self.backlog[i].step(arrived, x, lat + ds[path or 0], dt)
+                queues.append((i, x, lats[q] + ds[path or 0]))
+        return Work(resource, u * dt, disk, list(on_s.values()), queues)
+
+    def account(self, t: float, dt: float, work: Work, on: Sequence[bool]) -> None:
+        """One dt of the plant at t: utilization, disk time, the bursty streams' queues."""
+        self.util_sum[work.resource] += work.busy_s
+        sec = min(int(t), self.seconds - 1)
+        self.busy[work.resource][sec] += work.busy_s
+        for disk, seconds in work.disk:
+            disk[sec] += seconds
+        for on_s in work.on_s:
+            on_s[sec] = True
+        for i, x, outside_s in work.queues:
+            arrived = self.arrival[i][sec] if on[i] else 0.0
+            self.backlog[i].step(arrived, x, outside_s, dt)
 
     def take_utilization(self, tick_s: float) -> list[UtilizationSample]:
         out = [UtilizationSample(name, v / tick_s) for name, v in self.util_sum.items()]
