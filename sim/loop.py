@@ -15,7 +15,8 @@ What one run does (every dt, the scenario's run.dt_s, 10 ms by default)
        sim/plant.py with the closed streams' flows (each stream's delay on
        each path: the class that path applies to its initiator, or the
        constant class); closed streams move their IOs per second, split
-       over the paths.
+       over the paths. Solved again only when a stream switched on or off,
+       a class applied moved or the array stalls (sim/solution.py).
     3. Open-loop reads arrive as a Poisson process (their own seeded RNG,
        identical in every run of a scenario: common random numbers), each
        on a path drawn by its initiator's fractions (another RNG, drawn
@@ -61,11 +62,12 @@ from santhrottle.controller.state import ControllerState, new_state
 
 from .groups import GroupMeter
 from .measure import LatencyWindow, RunResult, Series
-from .paths import ONE, ONE_PATH, ClosedOnPaths, Paths, flows
-from .plant import Closed, Device, lognormal_params, mean_of_n
+from .paths import ONE_PATH, Paths
+from .plant import lognormal_params, mean_of_n
 from .scenario import Scenario
 from .sensors import Sensed
-from .usage import Tenancy, Work
+from .solution import Solver
+from .usage import Tenancy
 
 
 class Control(Protocol):
@@ -129,148 +131,6 @@ class PathStats:
     writer_ticks: dict[str, int]  # writer -> ticks writing after the settle time
     path_write_bytes: list[float]
     writer_bytes: dict[str, float]
-
-
-# a closed write flow on a path, as Sensed counts it every dt: (that path's pair writes,
-# the pair, that path's resource writes, bytes a dt, the path, the initiator)
-WriteFlow = tuple[dict[tuple[str, str], float], tuple[str, str], dict[str, float], float, int, str]
-
-
-@dataclass(slots=True)
-class Solved:
-    """One resource's plant solved for the streams on and the classes applied, and what
-    one dt of it adds to the sensors, the meter and the tenants. It is the same every dt
-    until a stream switches on or off or a class applied moves (or the array stalls,
-    or the resource has bursty streams, whose caps move every dt): the loop solves
-    again only then, and adds the same increments in the same order as before."""
-
-    lat: float  # the open load's latency at the device (L)
-    device: tuple[float, float, float]  # a dt's IOs, their latency sum, IOs in flight x dt
-    writes: list[WriteFlow]
-    # per closed read flow and path moving IOs: (path, IOs a dt, IOs x latency, the
-    # lognormal parameters of their mean's noise)
-    reads: list[tuple[int, float, float, float, float]]
-    metered: list[tuple[str, bool, float, float, float]]  # the group meter's flows
-    work: Work  # the tenants' (usage.py)
-
-
-class Solver:
-    """Solves a resource's plant (the module's doc, step 2) for the streams on and the
-    classes each path applies (or the constant class): one Solved."""
-
-    def __init__(
-        self,
-        sc: Scenario,
-        paths: Paths,
-        constant_class: int | None,
-        ten: Tenancy,
-        sensed: Sensed,
-    ) -> None:
-        streams = self.streams = sc.streams
-        self.n = len(paths.split)
-        self.policy = paths.policy
-        self.constant_class = constant_class
-        self.ten = ten
-        self.sensed = sensed
-        self.dt = sc.dt_s
-        cfg = sc.controller
-        self.delay_of = [cfg.ladder.delay_s(k) for k in range(cfg.ladder.max_class + 1)]
-        self.resources = {r.name: r for r in sc.resources}
-        self.devices = {r.name: Device(r.intercept_s, r.slope_s_per_io) for r in sc.resources}
-        inis = list(dict.fromkeys(s.initiator for s in streams))
-        self.frac = {ini: paths.fractions(j) for j, ini in enumerate(inis)}
-        of = {
-            r.name: [i for i, s in enumerate(streams) if s.resource == r.name] for r in sc.resources
-        }
-        self.closed_of = {
-            name: [i for i in mine if streams[i].loop == "closed"] for name, mine in of.items()
-        }
-        self.open_of = {
-            name: [i for i in mine if streams[i].loop == "open"] for name, mine in of.items()
-        }
-
-    def solve(
-        self,
-        name: str,
-        t: float,
-        on: Sequence[bool],
-        applied: Sequence[Mapping[str, int]],
-        stalled: bool,
-        last_lat: float,
-    ) -> Solved:
-        """The plant of resource name at t; stalled: the array serves nothing (no closed
-        stream moves, the reads take last_lat, the latency before the stall)."""
-        streams, n, dt, ten = self.streams, self.n, self.dt, self.ten
-        constant_class, delay_of = self.constant_class, self.delay_of
-        dev = self.devices[name]
-        # mode "all": every packet to a throttled initiator is delayed
-        closed: list[ClosedOnPaths] = []
-        owner: list[tuple[int, int | None]]
-        fl: list[Closed] = []
-        if stalled:
-            owner = []
-        elif n == 1:  # one path: a flow per stream, as flows() makes it
-            app0 = applied[0]
-            for i in self.closed_of[name]:
-                if not on[i]:
-                    continue
-                s = streams[i]
-                cls = app0.get(s.initiator, 0) if constant_class is None else constant_class
-                d = delay_of[cls] + s.overhead_s
-                closed.append((s, ONE, [d]))
-                fl.append(Closed(s.depth, d, s.rate_iops))
-            ten.add_bursty(name, t, on, closed, fl, app0, constant_class, delay_of)
-            owner = [(j, 0) for j in range(len(closed))]
-        else:
-            for i in self.closed_of[name]:
-                if not on[i]:
-                    continue
-                s = streams[i]
-                ini = s.initiator
-                ds = [
-                    delay_of[applied[p].get(ini, 0) if constant_class is None else constant_class]
-                    + s.overhead_s
-                    for p in range(n)
-                ]
-                closed.append((s, self.frac[ini], ds))
-            fl, owner = flows(closed, self.policy)
-        lats: list[float] | None
-        if not stalled:
-            open_iops = sum(streams[i].rate_iops for i in self.open_of[name] if on[i])
-            lat, lats, rates = ten.solve(dev, open_iops, closed, fl, owner)
-        else:
-            open_iops, lat, lats, rates = 0.0, last_lat, None, []
-        lat_of = lats or [lat] * len(rates)
-        work = ten.work(name, dev, dt, open_iops, closed, owner, rates, lat_of)
-        dev_iops = open_iops + sum(rates)
-        device = (dev_iops * dt, dev_iops * dt * lat, dev_iops * lat * dt)
-        sensed = self.sensed
-        rel_sd = self.resources[name].noise
-        writes: list[WriteFlow] = []
-        reads: list[tuple[int, float, float, float, float]] = []
-        metered: list[tuple[str, bool, float, float, float]] = []
-        for q, ((j, path), iops) in enumerate(zip(owner, rates, strict=True)):
-            s, f, _ds = closed[j]
-            read = s.kind != "write"
-            lat_q = lat if lats is None else lats[q]  # its IOs' cost (usage.py)
-            metered.append((s.initiator, read, iops, s.size_bytes, lat_q))
-            per_path = (
-                ((path, iops),)
-                if path is not None
-                else tuple((p, iops * fp) for p, fp in enumerate(f))
-            )
-            for p, x in per_path:
-                if not read:
-                    b = x * s.size_bytes * dt
-                    key = (s.resource, s.initiator)
-                    writes.append(
-                        (sensed.write_pair[p], key, sensed.write_res[p], b, p, s.initiator)
-                    )
-                elif x > 0.0:
-                    m = x * dt
-                    mu_n, sd_n = lognormal_params(rel_sd / math.sqrt(max(m, 1.0)))
-                    reads.append((p, m, m * lat_q, mu_n, sd_n))
-        return Solved(lat, device, writes, reads, metered, work)
 
 
 def run_paths(
@@ -340,12 +200,9 @@ def run_paths(
 
     stalls, stall_i = sc.stalls, 0  # the array's stalls (sorted), the next one
     last_lat = dict.fromkeys(names, 0.0)  # each resource's latency before a stall
-    # each resource's plant solved, and the version of the streams on and the classes
-    # applied it was solved for (solved again only when one of them moved: Solved)
-    solved: dict[str, tuple[int, Solved]] = {}
-    version = 0
+    version = 0  # moves when a stream switches on or off or a class applied moves
     next_change_s = -math.inf  # the first time a stream may switch on or off
-    writing = False  # a writer is on
+    writer_on = False  # a writer is on
     was_applied = [dict(a) for a in applied]
     for k in range(round(sc.duration_s / dt)):
         t = k * dt
@@ -366,24 +223,18 @@ def run_paths(
                     next_change_s = min(next_change_s, win[j - 1][1])
                 if j < len(win):
                     next_change_s = min(next_change_s, win[j][0])
-            writing = any(on[i] for i in writes_of)
+            writer_on = any(on[i] for i in writes_of)
             version += 1
-        if t >= settle_s and writing:
-            writer_on_after_settle += dt
         after_settle = t >= settle_s
+        if after_settle and writer_on:
+            writer_on_after_settle += dt
         for r in sc.resources:
             name = r.name
-            got = solved.get(name)
-            if stall_end is None and got is not None and got[0] == version:
-                sol = got[1]  # nothing it depends on moved: the same solution
-            else:
-                sol = solver.solve(name, t, on, applied, stall_end is not None, last_lat[name])
-                if stall_end is None and not ten.of_resource[name]:  # else: this dt's only
-                    solved[name] = (version, sol)
-                else:
-                    solved.pop(name, None)
+            stalled = stall_end is not None
+            # the plant (sim/solution.py): solved again only when it no longer holds
+            sol = solver.solution(name, t, on, applied, stalled, last_lat[name], version)
             lat = sol.lat
-            if stall_end is None:
+            if not stalled:
                 last_lat[name] = lat
             ten.account(t, dt, sol.work, on)
             # the device as diskstats sees it: IOs, their latency, IOs in flight (Little)
