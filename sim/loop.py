@@ -257,7 +257,7 @@ def run_paths(
             if sol.reads:  # closed-loop reads: counted as a fluid in the sensor
                 rng_c = closed_rng[name]
                 for p, m, m_lat, mu_n, sd_n in sol.reads:
-                    noise = math.exp(mu_n + sd_n * rng_c.gauss())  # plant.mean_of_n
+                    noise = math.exp(mu_n + sd_n * rng_c.gauss())  # mean_of_n's
                     sensed.read_sum[p][name] += m_lat * noise
                     sensed.read_n[p][name] += m
             mu, sd = ln_params[name]

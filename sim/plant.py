@@ -158,8 +158,13 @@ def lognormal_params(rel_sd: float) -> tuple[float, float]:
 def mean_of_n(rel_sd: float, n: float, g: float) -> float:
     """A mean-1 lognormal factor for the mean of n IOs of relative spread rel_sd
     (its spread rel_sd / sqrt(n)), from the standard normal draw g."""
-    mu, sd = lognormal_params(rel_sd / math.sqrt(max(n, 1.0)))
+    mu, sd = mean_of_n_params(rel_sd, n)
     return math.exp(mu + sd * g)
+
+
+def mean_of_n_params(rel_sd: float, n: float) -> tuple[float, float]:
+    """mean_of_n's lognormal parameters (mu, sd): its factor is exp(mu + sd * g)."""
+    return lognormal_params(rel_sd / math.sqrt(max(n, 1.0)))
 
 
 def costed_latency(

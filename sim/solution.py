@@ -40,12 +40,11 @@ Worked example
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .paths import ONE, ClosedOnPaths, Paths, flows
-from .plant import Closed, Device, lognormal_params
+from .plant import Closed, Device, mean_of_n_params
 from .scenario import Scenario
 from .sensors import Sensed
 from .usage import Tenancy, Work
@@ -211,6 +210,6 @@ class Solver:
                     )
                 elif x > 0.0:
                     m = x * dt
-                    mu_n, sd_n = lognormal_params(rel_sd / math.sqrt(max(m, 1.0)))
+                    mu_n, sd_n = mean_of_n_params(rel_sd, m)
                     reads.append((p, m, m * lat_q, mu_n, sd_n))
         return Solution(lat, device, writes, reads, metered, work)
