@@ -12,6 +12,8 @@ from santhrottle.sim.plant import Closed, Device, closed_latency
 from santhrottle.sim.scenario import parse_scenario
 
 COMPARE_PY = Path(__file__).parents[2] / "vagrant" / "experiments" / "levels_compare.py"
+LAB_PY = COMPARE_PY.with_name("levels_lab.py")
+IOSTAT = Path(__file__).parents[1] / "fixtures" / "levels" / "iostat-x-y-t.json"
 
 
 @pytest.fixture(scope="module")
@@ -153,3 +155,21 @@ def test_the_simulators_segments_start_when_fio_did(lc, tmp_path):
     sc = parse_scenario(lc.scenario(lab, 0.002, got))
     a = [s for s in sc.streams if s.initiator == "10.0.0.2"]
     assert [(s.schedule.start_s, s.schedule.on_s) for s in a] == [(2.5, 3.0), (9.0, 4.0)]
+
+
+def test_the_labs_iostat_reports_as_sysstat_prints_them(lc):
+    """sysstat 12.6's `S_TIME_FORMAT=ISO iostat -x -d -y -t -o JSON vda 1 2` (recorded on
+    the host; Debian 12's guest has the same version): each report's stamp and %util,
+    read back by the comparison over a window holding the second one only."""
+    spec = importlib.util.spec_from_file_location("santhrottle_levels_lab", LAB_PY)
+    ll = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ll)
+    assert ll.iostat_argv(["dm-2", "vdb"], 26)[1:] == [
+        "-x", "-d", "-y", "-t", "-o", "JSON", "dm-2", "vdb", "1", "26"
+    ]  # fmt: skip
+    assert ll.iostat_env()["S_TIME_FORMAT"] == "ISO"
+    reports = ll.iostat_reports(IOSTAT.read_text())
+    assert [r["util"]["vda"] for r in reports] == [0.40, 0.00]
+    t1 = datetime.fromisoformat(reports[1]["timestamp"]).timestamp()
+    assert lc.iostat_in({"iostat": reports}, "vda", (t1 - 1.0, t1 + 1.0)) == [0.0]
+    assert ll.iostat_reports("iostat: cannot open") == []  # no JSON: no reports
