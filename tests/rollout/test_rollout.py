@@ -1113,3 +1113,45 @@ def test_every_option_has_its_default_and_every_key_a_variable():
                 assert k.name in options["santhrottle_controller"]["options"], k.dotted
             elif k.default is not None:
                 assert defaults[var] == k.default, (var, defaults[var], k.default)
+
+
+def test_a_fleet_appliance_installs_the_etcd_client(playbook_bin, tmp_path):
+    """In a fleet the daemon refuses to start without etcd3gw: the role's package list
+    then has Debian's python3-etcd3gw and the wheel is installed with its fleet extra;
+    alone, neither."""
+    plays = []
+    for name, endpoints in (("fleet", ["10.77.0.1:2379"]), ("alone", [])):
+        vf = tmp_path / f"{name}.vars.json"
+        wheel = "/dist/santhrottle-0.1.0-py3-none-any.whl"
+        vf.write_text(
+            json.dumps({"santhrottle_fleet_endpoints": endpoints, "santhrottle_wheel": wheel})
+        )
+        content = (
+            "{{ {'packages': __santhrottle_packages_to_install,"
+            " 'wheel': __santhrottle_wheel_spec} | to_json }}"
+        )
+        plays.append(
+            {
+                "name": name,
+                "hosts": "localhost",
+                "connection": "local",
+                "gather_facts": False,
+                "vars_files": [str(f) for f in [*_role_vars(), vf]],
+                "tasks": [
+                    {
+                        "ansible.builtin.copy": {
+                            "content": content,
+                            "dest": str(tmp_path / f"{name}.json"),
+                        }
+                    }
+                ],
+            }
+        )
+    p = _playbook(playbook_bin, tmp_path, plays)
+    assert p.returncode == 0, p.stdout[-4000:]
+    fleet = json.loads((tmp_path / "fleet.json").read_text())
+    alone = json.loads((tmp_path / "alone.json").read_text())
+    assert "python3-etcd3gw" in fleet["packages"] and "python3-etcd3gw" not in alone["packages"]
+    assert fleet["packages"][: len(alone["packages"])] == alone["packages"]
+    assert fleet["wheel"].endswith("santhrottle-0.1.0-py3-none-any.whl[fleet]")
+    assert alone["wheel"].endswith("santhrottle-0.1.0-py3-none-any.whl")
