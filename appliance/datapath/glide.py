@@ -209,6 +209,7 @@ class GlidePlanner:
             leaf.busy_until_s = now + delay_us / 1e6
             leaf.lower_to = None
             leaf.known = True
+            leaf.sent_seen = None  # its looks start over (_delay)
 
     def lost(self) -> None:
         """An action failed: the kernel's delays are unknown until re-adopted."""
@@ -397,5 +398,9 @@ class GlidePlanner:
             leaf.busy_until_s = max(leaf.busy_until_s, now + self._delay_s[leaf.klass])
         leaf.klass = k
         leaf.known = True
-        leaf.next_look_s, leaf.look_gap_s, leaf.pair_open = 0.0, 0.0, False  # a new episode
+        # a new episode: its looks start over, the first one only takes the leaf's count
+        # (compared with a count from before, a look made just after members moved in
+        # would call them quiet whatever they send)
+        leaf.next_look_s, leaf.look_gap_s, leaf.pair_open = 0.0, 0.0, False
+        leaf.sent_seen = None
         return LeafDelay(minor, k)

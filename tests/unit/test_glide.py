@@ -127,6 +127,34 @@ def test_a_handoff_waits_for_a_look_that_saw_no_traffic():
     assert k.p.views(101.4)[0].members == []
 
 
+def test_a_leaf_taken_again_hands_on_only_after_a_tick_without_traffic():
+    """The looks of a leaf start over with each new delay: the first look of an episode
+    only takes the leaf's count.  Compared with the count its previous episode left, a
+    look a few ms after a rise moved the members in sees "nothing sent since" whatever
+    their traffic, and the members go to the shared class in the very tick they entered
+    the leaf: the packets that enter the leaf meanwhile are overtaken by the shared
+    class when HTB dequeues late (make lab, 2026-11-28: a writer's one spurious fast
+    retransmission at 15 ms, 9 late ticks in those 3 s)."""
+    k = _kernel()
+    k.move({"10.0.0.4": 11}, 100.0)  # episode 1: 12 -> 11 through leaf A, handed on
+    k.advance_glides(100.1, {A: (0, 40)})  # lowered to 11
+    k.advance_glides(100.2, {A: (0, 41)})
+    assert k.advance_glides(100.3, {A: (0, 41)}) == 1  # a tick with nothing sent: handed on
+    assert k.members["10.0.0.4"] == ("all", class_minor(11))
+    assert k.p.state(A, 200.0) is LeafState.FREE
+    assert class_prio(11) == class_prio(12)
+    k.move({"10.0.0.4": 12}, 200.0)  # a rise within prio 3: into leaf A again, at 12
+    assert k.members["10.0.0.4"] == ("all", A)
+    # 5 ms later, nothing queued and the count as episode 1 left it: not a tick of silence
+    assert k.advance_glides(200.005, {A: (0, 41)}) == 0
+    assert k.members["10.0.0.4"] == ("all", A)
+    assert k.advance_glides(200.1, {A: (2, 44)}) == 0  # its traffic goes on: it stays
+    assert k.p.looks(200.1 + LOOK_GAP_MIN_S / 2) == []  # the pair saw traffic: a gap
+    assert k.advance_glides(200.1 + LOOK_GAP_MIN_S, {A: (0, 47)}) == 0  # some passed in it
+    assert k.advance_glides(200.2 + LOOK_GAP_MIN_S, {A: (0, 47)}) == 1  # a tick of silence
+    assert k.ops[-1] == ("add", ALL, "10.0.0.4", class_minor(12))
+
+
 def test_a_member_that_never_pauses_is_looked_at_in_pairs_with_a_growing_gap():
     k = _kernel()
     k.move({"10.0.0.4": 14}, 100.0)
