@@ -173,3 +173,31 @@ def test_the_initiators_and_the_sensors_view_are_summarized_beside_the_arrays():
     assert out["sensor_above_threshold_pct"] > 0
     assert max(v for _, v in report.sensor_windows(ph)) == pytest.approx(0.030)
     assert "reader_clat_p95_s" not in report.summarize(_phase(0.0, 1e6), 0.010, None)
+
+
+def test_a_writer_retransmission_names_the_interval_it_happened_in_and_the_classes_then():
+    """The status and ss probes take seconds under TCG (make lab 2026-11-28: a status
+    sample every 2.9 s at 15 ms), so the samples before one that saw a retransmission
+    span several seconds, not one: the event says between which two samples it
+    happened and the writer's class at the daemon's samples from the one before."""
+    rows, n = [], 0
+    for i in range(40):
+        t = 100.0 + i * 0.5
+        row: dict = {"t": t}
+        if i % 6 == 0:  # ss and the daemon's status, every 3 s
+            n += 1 if t == 115.0 else 0
+            row["retrans"] = {"10.0.0.5": n, "10.0.0.3": 0}
+            row["status"] = {"initiators": {"10.0.0.5": 4 + i // 3, "10.0.0.3": 4 + i // 3}}
+        rows.append(row)
+    ph = {
+        "rows": rows,
+        "writer_ips": ["10.0.0.3", "10.0.0.5"],
+        "tcp_conns_start": [{"peer": "10.0.0.5:4000", "retrans": "0/0"}],
+        "tcp_conns": [{"peer": "10.0.0.5:4000", "retrans": "0/1"}],
+    }
+    per_ip, found = report.retrans_split(ph)
+    assert per_ip == {"10.0.0.5": 1}
+    [e] = found
+    assert (e["initiator"], e["n"], e["after_s"], e["t"]) == ("10.0.0.5", 1, 112.0, 115.0)
+    assert e["classes"] == [[112.0, 12], [115.0, 14]]
+    assert e["classes_before"] == [10, 12, 14]  # the 16 samples up to it: 7.5 s here

@@ -349,11 +349,27 @@ def print_report(raw: dict, sm: dict) -> None:
             )
         )
     for s in rows:
-        for e in s.get("writer_retrans_events", []):
+        events = s.get("writer_retrans_events", [])
+        for e in events:
+            if "classes" in e:  # the interval it happened in, the classes sampled then
+                when = ", ".join(f"{c} at {t:.1f} s" for t, c in e["classes"])
+                print(
+                    f"  {ms(s['threshold_s'])}ms: {e['n']} retransmission(s) to writer "
+                    f"{e['initiator']} between {e['after_s']:.1f} and {e['t']:.1f} s; its "
+                    f"class at the daemon's status samples from the one before: {when}"
+                )
+            else:  # a summary written before the interval was kept
+                print(
+                    f"  {ms(s['threshold_s'])}ms: {e['n']} retransmission(s) to writer "
+                    f"{e['initiator']} at {e['t']:.1f} s; its classes sampled before: "
+                    f"{e['classes_before']}"
+                )
+        if events:
             print(
-                f"  {ms(s['threshold_s'])}ms: {e['n']} retransmission(s) to writer "
-                f"{e['initiator']} at {e['t']:.1f} s; its class in the second before: "
-                f"{e['classes_before']}"
+                f"    the phase's target TCP: {s.get('target_fast_retrans', 0)} fast "
+                f"retransmission(s) (reordering or loss), {s.get('target_loss_probes', 0)} "
+                f"tail-loss probe(s), {s.get('target_timeouts', 0)} timeout(s); "
+                f"{s.get('target_dsack_recv', 0)} DSACKed (spurious)"
             )
     print(
         "writers / reader: retransmissions on the connections santhrottle delays (the writers') "

@@ -214,14 +214,19 @@ def conn_retrans(conns: list[dict[str, str]]) -> dict[str, int]:
 
 def retrans_split(ph: dict) -> tuple[dict[str, int] | None, list[dict]]:
     """Per initiator IP, the retransmissions of its connection in this phase (ss at the
-    phase's start and end); and each writer retransmission found in the samples, with
-    the writer's classes in the second before it."""
+    phase's start and end); and each writer retransmission found in the samples: `t`,
+    the sample that saw it, `after_s`, the one before (it happened in between),
+    `classes`, the writer's class at each status sample from the last one up to
+    after_s to t, [t, class]; `classes_before`, the classes of the status samples among
+    the 16 samples up to t (the figure the reports before the kit printed; under TCG
+    the status probe takes seconds, and these span several)."""
     if "tcp_conns_start" not in ph:  # runs before the per-connection record
         return None, []
     t0, t1 = conn_retrans(ph["tcp_conns_start"]), conn_retrans(ph["tcp_conns"])
     per_ip = {ip: t1[ip] - t0.get(ip, 0) for ip in t1}
     found = []
     prev: dict[str, int] | None = None
+    prev_t = 0.0
     for i, r in enumerate(ph["rows"]):
         cur = r.get("retrans")
         if cur is None:
@@ -233,15 +238,23 @@ def retrans_split(ph: dict) -> tuple[dict[str, int] | None, list[dict]]:
                     for x in ph["rows"][max(0, i - 15) : i + 1]
                     if "status" in x
                 ]
+                status = [
+                    [x["t"], x["status"]["initiators"].get(ip, 0)]
+                    for x in ph["rows"][: i + 1]
+                    if "status" in x
+                ]
+                first = max((j for j, (t, _) in enumerate(status) if t <= prev_t), default=0)
                 found.append(
                     {
                         "t": r["t"],
                         "initiator": ip,
                         "n": cur[ip] - prev.get(ip, 0),
+                        "after_s": prev_t,
+                        "classes": status[first:],
                         "classes_before": seen,
                     }
                 )
-        prev = cur
+        prev, prev_t = cur, r["t"]
     return per_ip, found
 
 
