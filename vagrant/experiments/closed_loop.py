@@ -62,7 +62,8 @@ thresholds are those the last one admits (uncontrolled p95 >= 2 T), none when no
 Raw series go to DIR/raw.json: per phase every 100 ms the reader's, the writers'
 and the array's diskstats, every 500 ms the daemon's status and each connection's
 retransmissions, the target's nstat and ss around it, the guest's and the
-daemon's CPU (labkit.analysis reads them).
+daemon's CPU (labkit.analysis reads them); with --capture, per phase but the bridge's,
+the order the target's packets to the writers left its veth (labkit.capture).
 """
 
 from __future__ import annotations
@@ -71,12 +72,13 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from labkit import analysis, bursts, fio, plant, probes, regime, search, speed, topology
+from labkit import analysis, bursts, capture, fio, plant, probes, regime, search, speed, topology
 from labkit.daemon import Daemon, bridge_config, target_config
 from labkit.sampler import Probe, Sampler
 
@@ -208,6 +210,7 @@ def phase(
     lab.phases_run += 1
     lab.lat_prefix = a.out / f"lat-{lab.phases_run:02d}-{name or 'uncontrolled'}"
     ladder = None
+    pcap, cap = Path(tempfile.gettempdir()) / f"capture-{name}.pcap", None
     try:
         if daemon is not None:
             ladder = daemon.start()["ladder"]
@@ -220,12 +223,19 @@ def phase(
         conns0 = probes.tcp_conns(t["netns"], lab.port)
         cpu0, wall0 = probes.guest_cpu(), time.monotonic()
         dcpu0 = daemon.cpu() if daemon is not None else {}
+        if a.capture and not bridge:
+            ips = [w["initiator_ip"] for w in lab.writers]
+            cap = capture.start(t["netns"], topology.VETH_TGT, lab.port, ips, pcap)
         s.start()
+        epoch0 = time.time() - s.now()  # the rows' t = 0 on the capture's clock
         sched = bursts.Schedule(a.lead, a.on, a.off, a.cycles if cycles is None else cycles)
         controls = daemon is not None and threshold is not None and not static
         release = [w["dm"] for w in lab.writers] if controls else None
         bursts.run(s, lab.reader_job, lab.writer_jobs, sched, learn=not static, release=release)
         s.stop()
+        if cap is not None:
+            capture.stop(cap)
+            cap = None
         net1 = probes.nstat(t["netns"])
         conns = probes.tcp_conns(t["netns"], lab.port)
         cpu = {
@@ -237,12 +247,19 @@ def phase(
             dcpu1 = daemon.cpu()
             cpu["daemon"] = {k: v - dcpu0.get(k, 0.0) for k, v in dcpu1.items() if k != "error"}
     finally:
+        if cap is not None:
+            capture.stop(cap)
         if daemon is not None:
             daemon.stop()
     daemon_ns = t["bridge"]["netns"] if bridge else t["netns"]
     kind = "static" if static else ("controlled" if threshold else "uncontrolled")
     kind = "observed" if observed else kind
+    order = None
+    if a.capture and not bridge and pcap.exists():
+        order = capture.order(capture.read(pcap), epoch0)
+        pcap.unlink()
     return {
+        "capture": order,
         "threshold": threshold,
         "plant": (probes.plant_stats() or {}).get("config"),
         "speed_factor": slow,
@@ -594,6 +611,12 @@ def arguments() -> argparse.Namespace:
         action="store_true",
         help="each phase's daemon under cProfile on its main thread's CPU clock "
         "(daemon_profile.py): OUT/profile-NAME.prof",
+    )
+    ap.add_argument(
+        "--capture",
+        action="store_true",
+        help="the target's packets to the writers captured at its veth (headers) in every "
+        "phase but the bridge's: the order they left santhrottle's qdisc (labkit.capture)",
     )
     pre, _ = ap.parse_known_args()
     if pre.paper:

@@ -371,6 +371,7 @@ def print_report(raw: dict, sm: dict) -> None:
                 f"tail-loss probe(s), {s.get('target_timeouts', 0)} timeout(s); "
                 f"{s.get('target_dsack_recv', 0)} DSACKed (spurious)"
             )
+    print_captures(unc, rows)
     print(
         "writers / reader: retransmissions on the connections santhrottle delays (the writers') "
         "and on the reader's, which it never delays (ss -ti at the phase's start and end)"
@@ -385,6 +386,35 @@ def print_report(raw: dict, sm: dict) -> None:
         "on-period; release: seconds from the reader leaving until the writers are back at 90 % "
         "of their uncontrolled throughput"
     )
+
+
+def print_captures(unc: dict, rows: list[dict]) -> None:
+    """closed_loop.py --capture: per phase and writer, the packets captured at the
+    target's veth, those that left after one sent later (overtaken at santhrottle's
+    qdisc) and the data segments sent twice (labkit.capture)."""
+    phases = [("uncontrolled", unc)] + [(f"{ms(s['threshold_s'])}ms", s) for s in rows]
+    phases += [
+        (f"{ms(s['threshold_s'])}ms pinned {pr['delay_s'] * 1e3:g} ms", pr)
+        for s in rows
+        for pr in (s.get("static") or {}).get("probes", [])
+    ]
+    got = [(name, x["capture"]) for name, x in phases if x.get("capture") is not None]
+    if not got:
+        return
+    print(
+        "captured at the target's veth (the order the packets to the writers left "
+        "santhrottle's qdisc, by IP ID): packets / overtaken / data sent twice"
+    )
+    for name, cap in got:
+        per = "; ".join(
+            f"{ip} {c['packets']} / {c['overtaken']} / {c['sent_twice']}"
+            for ip, c in sorted(cap.items())
+        )
+        print(f"  {name}: {per or 'nothing captured'}")
+        for ip, c in sorted(cap.items()):
+            for e in c["events"][:5]:
+                behind = "" if e["behind"] is None else f", {e['behind']} IDs behind"
+                print(f"    {ip} at {e['t']:.1f} s: {e['what']} (IP ID {e['id']}{behind})")
 
 
 def print_static(rows: list[dict]) -> None:

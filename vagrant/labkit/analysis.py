@@ -315,6 +315,8 @@ def summarize(ph: dict, threshold_s: float | None, uncontrolled_wr: float | None
         if per_ip is None
         else sum(n for ip, n in per_ip.items() if ip not in ph["writer_ips"]),
         "writer_retrans_events": found,
+        # closed_loop.py --capture: the order the packets to the writers left the qdisc
+        "capture": ph.get("capture"),
         "sets_left_after_stop": ph["sets_left_after_stop"],
     }
     # what the initiator saw (fio's 1 s means) and, with a daemon, what its sensor
