@@ -92,6 +92,20 @@ __all__ = ["CommandError", "Daemon"]
 WATCHDOG_PING_S = 1.0
 
 
+class Watchdog:
+    """systemd's watchdog, pinged from the tick at most once per WATCHDOG_PING_S: a hung
+    tick stops the pings."""
+
+    def __init__(self, notify: Callable[[str], None]) -> None:
+        self.notify = notify
+        self.pinged_s: float | None = None  # the last ping
+
+    def ping(self, now: float) -> None:
+        if self.pinged_s is None or now - self.pinged_s >= WATCHDOG_PING_S:
+            self.pinged_s = now
+            self.notify("WATCHDOG=1")
+
+
 class Daemon:
     def __init__(
         self,
@@ -109,8 +123,7 @@ class Daemon:
     ) -> None:
         self.config, self.sensors, self.actuator, self.clock = config, sensors, actuator, clock
         self.bridge = bridge  # bridge mode: the wire sensor's extension (the same object)
-        self._load_config = load_config
-        self.notify = notify or (lambda _msg: None)
+        self._load_config, self.notify = load_config, notify or (lambda _msg: None)
         self.lock = threading.RLock()
         self.runtime = Runtime()
         self._actuator_faults = 0  # exceptions out of the actuator (its refusals: its own)
@@ -124,7 +137,7 @@ class Daemon:
         self.cadence = Cadence(clock, sleep, lambda: self.config.controller)  # reloadable
         self._resources_dirty = True  # a new discovery or config: reconcile at the next tick
         self._gc = GcFreezer()
-        self._pinged_s: float | None = None  # the tick's last watchdog ping
+        self.watchdog = Watchdog(lambda msg: self.notify(msg))  # pinged by the tick
         self.drift, self.audit = DriftWatch(), Audit()  # core/drift.py, core/audit.py
         self.keeper = StateKeeper(store)  # no store: nothing survives a restart (tests)
         self.seed_classes: dict[str, int] = {}  # resource -> class, from the last run
@@ -226,9 +239,7 @@ class Daemon:
             self.drift.repair(self.actuator, self.counters, now)  # what the last check found
             self._actuate()
             self.counters.record_tick(self.clock() - t0)
-        if self._pinged_s is None or now - self._pinged_s >= WATCHDOG_PING_S:
-            self._pinged_s = now
-            self.notify("WATCHDOG=1")  # from the tick: a hung tick stops the pings
+        self.watchdog.ping(now)
 
     def desired(self) -> dict[str, Pin]:
         """ip -> (class, mode) the kernel should have now: the controller's classes per
