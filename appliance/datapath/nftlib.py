@@ -30,6 +30,12 @@ Run time
     too (a version that opens a socket per command): appliance/netns.py's
     entered(), short, one thread at a time.
 
+Why not python3-nftables
+    Debian packages the nftables project's own binding of the same library
+    (python3-nftables), but it is not on PyPI and a virtual environment does not
+    see it: the wheel, its venv and the tests would all run the program instead.
+    The few libnftables calls made here are the ones that binding makes.
+
 Worked example
     lib = load("/run/netns/br"); lib.run("add element bridge santhrottle "
     "santhrottle-all { 10.0.0.3 : 5374:20 }") -> ""; lib.run("list ruleset bridge",
