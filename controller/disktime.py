@@ -112,7 +112,7 @@ def attribute(
         return dict(weights)
     out: dict[str, float] = {}
     free = [g for g, w in weights.items() if w > 0.0]
-    left = max(0.0, total_s)
+    left = total_s
     while free:
         total_w = sum(weights[g] for g in free)
         capped = [

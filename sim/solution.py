@@ -194,7 +194,7 @@ class Solver:
         for q, ((j, path), iops) in enumerate(zip(owner, rates, strict=True)):
             s, f, _ds = closed[j]
             read = s.kind != "write"
-            lat_q = lat if lats is None else lats[q]  # its IOs' cost (usage.py)
+            lat_q = lat_of[q]  # its IOs' cost (usage.py)
             metered.append((s.initiator, read, iops, s.size_bytes, lat_q))
             per_path = (
                 ((path, iops),)

@@ -203,10 +203,8 @@ def phase(
         name = "observed"
     slow = speed.factor(fresh=True)  # the guest's pace now (the host's limit follows it)
     with_daemon = threshold is not None or bridge
-    if observed:
-        daemon = lab.daemon(name, None)
-    else:
-        daemon = lab.daemon(name, threshold, bridge, nft_program) if with_daemon else None
+    ruling = None if observed else threshold  # the daemon's own threshold
+    daemon = lab.daemon(name, ruling, bridge, nft_program) if with_daemon else None
     lab.phases_run += 1
     lab.lat_prefix = a.out / f"lat-{lab.phases_run:02d}-{name or 'uncontrolled'}"
     ladder = None
