@@ -201,3 +201,13 @@ def test_a_writer_retransmission_names_the_interval_it_happened_in_and_the_class
     assert (e["initiator"], e["n"], e["after_s"], e["t"]) == ("10.0.0.5", 1, 112.0, 115.0)
     assert e["classes"] == [[112.0, 12], [115.0, 14]]
     assert e["classes_before"] == [10, 12, 14]  # the 16 samples up to it: 7.5 s here
+
+
+def test_timers_that_found_their_segment_in_the_qdisc_are_summarized_when_counted():
+    """TcpExtTCPSpuriousRtxHostQueues: a probe or retransmission timer of the target that
+    found its segment still in santhrottle's qdisc and sent nothing.  A run before the
+    counter was read says nothing (None), not 0."""
+    ph = _phase(0.0, 1e6)
+    ph["nstat"] = {"TcpRetransSegs": 1, "TcpExtTCPSpuriousRtxHostQueues": 3}
+    assert report.summarize(ph, 0.010, None)["target_held_in_qdisc"] == 3
+    assert report.summarize(_phase(0.0, 1e6), 0.010, None)["target_held_in_qdisc"] is None

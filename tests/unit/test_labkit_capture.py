@@ -74,3 +74,73 @@ def test_ids_wrap_and_connections_and_writers_count_apart():
     )
     assert got["10.0.0.5"]["overtaken"] == 0 and got["10.0.0.5"]["packets"] == 4
     assert got["10.0.0.3"]["overtaken"] == 1 and got["10.0.0.3"]["events"][0]["behind"] == 4
+
+
+def _ack(t: float, ack: int, sack: str = "", src: str = "10.0.0.5", ident: int = 900) -> str:
+    """A writer's pure ACK to the target's port (tcpdump -S prints SACK blocks absolute)."""
+    opts = "nop,nop,TS val 99 ecr 5000" + (f",nop,nop,sack 1 {sack}" if sack else "")
+    return (
+        f"{t:.6f} IP (tos 0x0, ttl 64, id {ident}, offset 0, flags [DF], proto TCP (6), "
+        f"length 52)\n"
+        f"    {src}.52078 > 10.0.0.14.3260: Flags [.], cksum 0x1503 (incorrect -> 0x9ea2), "
+        f"ack {ack}, win 64, options [{opts}], length 0"
+    )
+
+
+def _ts(pkt: str, ts: int) -> str:
+    return pkt.replace("TS val 1803875630", f"TS val {ts}")
+
+
+def test_a_spurious_probe_says_how_late_the_writers_ack_came_and_what_the_timer_took():
+    """The target's last segment (1048-1096) leaves the qdisc at 1.0 s; its TCP sends it
+    again 190 ms after the original (TS clock) and the copy leaves at 1.3 s; the writer's
+    ACK of the original reached the target at 1.25 s, 250 ms after the original left,
+    and its D-SACK of the copy at 1.35 s.  The writer's packets are not the target's."""
+    got = capture.order(
+        _lines(
+            _ts(_pkt(0.9, 10, 1000), 4900),
+            _ack(0.95, 1048),
+            _ts(_pkt(1.0, 11, 1048), 5000),
+            _ack(1.25, 1096),
+            _ts(_pkt(1.3, 12, 1048), 5190),
+            _ack(1.35, 1096, sack="{1048:1096}"),
+        ),
+        port=3260,
+    )
+    ip = got["10.0.0.5"]
+    assert (ip["packets"], ip["overtaken"], ip["sent_twice"]) == (3, 0, 1)
+    (e,) = ip["events"]
+    assert (e["what"], e["t"], e["seq"]) == ("sent twice", 1.3, "1048")
+    assert (e["orig_ms"], e["ts_gap_ms"], e["ack_ms"], e["dsack"]) == (300.0, 190, 250.0, True)
+
+
+def test_an_ack_after_the_copy_is_filled_in_and_a_lost_original_has_no_dsack():
+    got = capture.order(
+        _lines(
+            _ts(_pkt(1.0, 11, 1048), 5000),
+            _ts(_pkt(1.2, 12, 1048), 5200),
+            _ack(1.4, 1096),  # covers both: no D-SACK, the copy was needed
+            _ack(1.5, 1096, sack="{1000:1048}"),  # a D-SACK of other bytes
+        ),
+        port=3260,
+    )
+    (e,) = got["10.0.0.5"]["events"]
+    assert (e["orig_ms"], e["ts_gap_ms"], e["ack_ms"], e["dsack"]) == (200.0, 200, 400.0, False)
+
+
+def test_without_the_port_every_packet_counts_as_the_targets_as_before():
+    """A capture of the target's direction only (the runs before the ACKs were captured)
+    reads as it did; the timing of a copy has no ACK."""
+    got = capture.order(_lines(_pkt(1.0, 11, 1048), _pkt(1.2, 12, 1048)))
+    (e,) = got["10.0.0.5"]["events"]
+    assert (e["orig_ms"], e["ack_ms"], e["dsack"]) == (200.0, None, False)
+
+
+def test_the_report_says_a_copys_timing_and_nothing_for_an_overtaken_packet():
+    e = {"orig_ms": 300.0, "ts_gap_ms": 190, "ack_ms": 250.0, "dsack": True}
+    assert capture.timing(e) == (
+        "; the original left 300 ms before, 190 ms after it in the target's TCP; "
+        "its ACK 250 ms after it left, D-SACKed (spurious)"
+    )
+    assert "no ACK of it captured" in capture.timing({**e, "ack_ms": None, "dsack": False})
+    assert capture.timing({"what": "overtaken", "behind": 1}) == ""

@@ -254,7 +254,7 @@ def phase(
     kind = "observed" if observed else kind
     order = None
     if a.capture and not bridge and pcap.exists():
-        order = capture.order(capture.read(pcap), epoch0)
+        order = capture.order(capture.read(pcap), epoch0, lab.port)
         pcap.unlink()
     return {
         "capture": order,

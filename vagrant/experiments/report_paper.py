@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from labkit import regime
+from labkit import capture, regime
 from labkit.analysis import classes, fit_lq, summarize
 from report_figures import ladder_of
 from report_sim import calibrate_overhead, fit_streams, is_controlled, simulate_lab
@@ -370,6 +370,7 @@ def print_report(raw: dict, sm: dict) -> None:
                 f"retransmission(s) (reordering or loss), {s.get('target_loss_probes', 0)} "
                 f"tail-loss probe(s), {s.get('target_timeouts', 0)} timeout(s); "
                 f"{s.get('target_dsack_recv', 0)} DSACKed (spurious)"
+                + held_in_qdisc(s)
             )
     print_captures(unc, rows)
     print(
@@ -386,6 +387,13 @@ def print_report(raw: dict, sm: dict) -> None:
         "on-period; release: seconds from the reader leaving until the writers are back at 90 % "
         "of their uncontrolled throughput"
     )
+
+
+def held_in_qdisc(s: dict) -> str:
+    """The phase's probe and retransmission timers that found their segment still in
+    santhrottle's qdisc and sent nothing ("" for a run that did not count them)."""
+    n = s.get("target_held_in_qdisc")
+    return "" if n is None else f"; {n} timer(s) found the segment still in the qdisc"
 
 
 def print_captures(unc: dict, rows: list[dict]) -> None:
@@ -414,7 +422,11 @@ def print_captures(unc: dict, rows: list[dict]) -> None:
         for ip, c in sorted(cap.items()):
             for e in c["events"][:5]:
                 behind = "" if e["behind"] is None else f", {e['behind']} IDs behind"
-                print(f"    {ip} at {e['t']:.1f} s: {e['what']} (IP ID {e['id']}{behind})")
+                print(
+                    f"    {ip} at {e['t']:.3f} s: {e['what']} (IP ID {e['id']}{behind})"
+                    + capture.timing(e)
+                )
+
 
 
 def print_static(rows: list[dict]) -> None:

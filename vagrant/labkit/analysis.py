@@ -304,6 +304,8 @@ def summarize(ph: dict, threshold_s: float | None, uncontrolled_wr: float | None
         "target_timeouts": nst.get("TcpExtTCPTimeouts", 0),
         # retransmissions the initiators already had (their DSACKs): spurious
         "target_dsack_recv": nst.get("TcpExtTCPDSACKRecv", 0),
+        # timers that found their segment still in the qdisc (None: not recorded)
+        "target_held_in_qdisc": nst.get("TcpExtTCPSpuriousRtxHostQueues"),
         "target_sack_reorder": nst.get("TcpExtTCPSACKReorder", 0),
         "min_rtt_ms": sorted(float(c["minrtt"]) for c in ph.get("tcp_conns", []) if "minrtt" in c),
         "retrans_by_initiator": per_ip,

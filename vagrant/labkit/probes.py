@@ -48,6 +48,11 @@ NSTAT_KEYS = (
     "TcpExtTCPDSACKRecv",
     "TcpExtTCPSpuriousRTOs",
     "TcpExtTCPSlowStartRetrans",
+    # a probe or retransmission timer that found its segment still in the target's own
+    # qdisc (a netem class) and sent nothing (skb_still_in_host_queue); tail-loss probes
+    # that repaired a real loss
+    "TcpExtTCPSpuriousRtxHostQueues",
+    "TcpExtTCPLossProbeRecovery",
 )
 # What `ss -ti` says of each connection: RACK's reordering window is min_rtt / 4 until the
 # connection has seen reordering.
