@@ -369,8 +369,7 @@ def print_report(raw: dict, sm: dict) -> None:
                 f"    the phase's target TCP: {s.get('target_fast_retrans', 0)} fast "
                 f"retransmission(s) (reordering or loss), {s.get('target_loss_probes', 0)} "
                 f"tail-loss probe(s), {s.get('target_timeouts', 0)} timeout(s); "
-                f"{s.get('target_dsack_recv', 0)} DSACKed (spurious)"
-                + held_in_qdisc(s)
+                f"{s.get('target_dsack_recv', 0)} DSACKed (spurious)" + held_in_qdisc(s)
             )
     print_captures(unc, rows)
     print(
@@ -426,7 +425,6 @@ def print_captures(unc: dict, rows: list[dict]) -> None:
                     f"    {ip} at {e['t']:.3f} s: {e['what']} (IP ID {e['id']}{behind})"
                     + capture.timing(e)
                 )
-
 
 
 def print_static(rows: list[dict]) -> None:

@@ -126,6 +126,9 @@ def _event(t: float, what: str, port: int, ident: int, behind: int | None, seq: 
     return {"t": t, "what": what, "port": port, "id": ident, "behind": behind, "seq": seq}
 
 
+Sent = tuple[int, int, float, int | None]  # first byte, end, when it left, its TCP timestamp
+
+
 @dataclass
 class _Conn:
     """One connection as the capture saw it: the newest IP ID of the target's packets, its
@@ -135,7 +138,7 @@ class _Conn:
 
     newest: int | None = None
     base: int | None = None
-    sent: list[tuple[int, int, float, int | None]] = field(default_factory=list)
+    sent: list[Sent] = field(default_factory=list)
     acks: list[tuple[float, int]] = field(default_factory=list)
     twice: list[tuple[dict, int, int, float]] = field(default_factory=list)
 
@@ -174,7 +177,7 @@ def _writer_packet(c: _Conn, t: float, line: str) -> None:
                 e["dsack"] = True
 
 
-def _sent_twice(c: _Conn, orig: tuple[int, int, float, int | None], t: float, ts: int | None) -> dict:
+def _sent_twice(c: _Conn, orig: Sent, t: float, ts: int | None) -> dict:
     """The timing of a copy of `orig` that left at t with TCP timestamp ts (module header)."""
     _, end, t_orig, ts_orig = orig
     ack = next((ta for ta, a in c.acks if a >= end and ta >= t_orig), None)
