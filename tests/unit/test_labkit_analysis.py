@@ -211,3 +211,31 @@ def test_timers_that_found_their_segment_in_the_qdisc_are_summarized_when_counte
     ph["nstat"] = {"TcpRetransSegs": 1, "TcpExtTCPSpuriousRtxHostQueues": 3}
     assert report.summarize(ph, 0.010, None)["target_held_in_qdisc"] == 3
     assert report.summarize(_phase(0.0, 1e6), 0.010, None)["target_held_in_qdisc"] is None
+
+
+def test_a_retransmission_counts_until_the_read_that_saw_it_ended_and_classes_when_read():
+    """Under TCG `ss` ends about a second after its row's t and the daemon's status
+    seconds after (make lab 2026-11-28, 10 ms: the status of the row at 104.0 s was read
+    at about 108 s, after 10 more skipped ticks).  With the reads stamped, the event runs
+    until the ss read that saw it ended, and each class is placed when it was read."""
+    rows = []
+    for i, (t, n, k) in enumerate([(100.0, 0, 66), (103.0, 0, 66), (106.0, 1, 68)]):
+        rows.append(
+            {
+                "t": t,
+                "retrans": {"10.0.0.4": n},
+                "retrans_t": t + 1.2,
+                "status": {"initiators": {"10.0.0.4": k}},
+                "status_t": t + 2.5 + i,
+            }
+        )
+        rows.append({"t": t + 2.6 + i})  # the next sample, once the reads are done
+    ph = {
+        "rows": rows,
+        "writer_ips": ["10.0.0.4"],
+        "tcp_conns_start": [{"peer": "10.0.0.4:4000", "retrans": "0/0"}],
+        "tcp_conns": [{"peer": "10.0.0.4:4000", "retrans": "0/1"}],
+    }
+    [e] = report.retrans_split(ph)[1]
+    assert (e["after_s"], e["t"], e["until_s"]) == (103.0, 106.0, 107.2)
+    assert e["classes"] == [[106.5, 66], [110.5, 68]]

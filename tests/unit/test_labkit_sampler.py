@@ -83,6 +83,21 @@ def test_after_a_stall_the_next_sample_is_on_time_not_a_burst():
     assert len(ts) < 5.0 / 0.1 - 25
 
 
+def test_a_stamped_probe_keeps_when_its_read_ended():
+    """`ss` and the daemon's status take seconds under TCG: the row keeps the time each
+    stamped read ended, so what it saw is placed between the row's t and that time."""
+    clock = Clock(until=3.0)
+
+    def slow() -> int:
+        clock.now += 1.7  # the read takes 1.7 s
+        return 1
+
+    s = drive([Probe("ds", lambda: 0), Probe("status", slow, every=5, stamped=True)], clock)
+    first = s.rows[0]
+    assert first["status_t"] == pytest.approx(first["t"] + 1.7)
+    assert "ds_t" not in first and "status_t" not in s.rows[1]
+
+
 def test_marks_are_on_the_rows_clock():
     clock = Clock()
     s = Sampler([], 0.1, clock=clock, wait=clock.wait)

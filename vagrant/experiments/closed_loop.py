@@ -173,10 +173,15 @@ class Setting:
         ps = [
             Probe("ds", probes.diskstats(self.devices())),
             Probe("epoch", time.time, every=STATUS_EVERY),  # to place fio's latency log
-            Probe("retrans", probes.retrans(self.t["netns"], self.port), every=STATUS_EVERY),
+            Probe(
+                "retrans",
+                probes.retrans(self.t["netns"], self.port),
+                every=STATUS_EVERY,
+                stamped=True,
+            ),
         ]
         if daemon is not None:
-            ps.append(Probe("status", daemon.status_row, every=STATUS_EVERY))
+            ps.append(Probe("status", daemon.status_row, every=STATUS_EVERY, stamped=True))
         return Sampler(ps)
 
 

@@ -355,8 +355,9 @@ def print_report(raw: dict, sm: dict) -> None:
                 when = ", ".join(f"{c} at {t:.1f} s" for t, c in e["classes"])
                 print(
                     f"  {ms(s['threshold_s'])}ms: {e['n']} retransmission(s) to writer "
-                    f"{e['initiator']} between {e['after_s']:.1f} and {e['t']:.1f} s; its "
-                    f"class at the daemon's status samples from the one before: {when}"
+                    f"{e['initiator']} between {e['after_s']:.1f} and "
+                    f"{e.get('until_s', e['t']):.1f} s; its class at the daemon's status "
+                    f"samples from the one before: {when}"
                 )
             else:  # a summary written before the interval was kept
                 print(

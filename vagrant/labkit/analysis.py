@@ -215,11 +215,14 @@ def conn_retrans(conns: list[dict[str, str]]) -> dict[str, int]:
 def retrans_split(ph: dict) -> tuple[dict[str, int] | None, list[dict]]:
     """Per initiator IP, the retransmissions of its connection in this phase (ss at the
     phase's start and end); and each writer retransmission found in the samples: `t`,
-    the sample that saw it, `after_s`, the one before (it happened in between),
+    the sample that saw it, `after_s`, the one before, `until_s`, when the read of the
+    sample that saw it ended (it happened after after_s and before until_s: ss reads
+    after its row's t, seconds after under TCG; t where the read was not stamped);
     `classes`, the writer's class at each status sample from the last one up to
-    after_s to t, [t, class]; `classes_before`, the classes of the status samples among
-    the 16 samples up to t (the figure the reports before the kit printed; under TCG
-    the status probe takes seconds, and these span several)."""
+    after_s to t, [when its read ended (its t if not stamped), class]; `classes_before`,
+    the classes of the status samples among the 16 samples up to t (the figure the
+    reports before the kit printed; under TCG the status probe takes seconds, and these
+    span several)."""
     if "tcp_conns_start" not in ph:  # runs before the per-connection record
         return None, []
     t0, t1 = conn_retrans(ph["tcp_conns_start"]), conn_retrans(ph["tcp_conns"])
@@ -239,7 +242,7 @@ def retrans_split(ph: dict) -> tuple[dict[str, int] | None, list[dict]]:
                     if "status" in x
                 ]
                 status = [
-                    [x["t"], x["status"]["initiators"].get(ip, 0)]
+                    (x["t"], [x.get("status_t", x["t"]), x["status"]["initiators"].get(ip, 0)])
                     for x in ph["rows"][: i + 1]
                     if "status" in x
                 ]
@@ -250,7 +253,8 @@ def retrans_split(ph: dict) -> tuple[dict[str, int] | None, list[dict]]:
                         "initiator": ip,
                         "n": cur[ip] - prev.get(ip, 0),
                         "after_s": prev_t,
-                        "classes": status[first:],
+                        "until_s": r.get("retrans_t", r["t"]),
+                        "classes": [c for _, c in status[first:]],
                         "classes_before": seen,
                     }
                 )

@@ -10,6 +10,9 @@ What it owns
     probes   Probe(name, read, every=N): read() every N-th sample; what it
              returns must be JSON (labkit.probes has the lab's: diskstats, the
              target's connections, the plant's counters, the daemon's status).
+             stamped=True: the row also keeps "<name>_t", when the read ended (a
+             slow read, `ss` or the daemon's status under TCG, ends seconds after
+             the row's t, and what it saw is of some instant in between).
     period   fixed rate: sample k is due at start + k x period; after a stall of
              the guest (seconds where the emulated CPU is saturated) the next
              sample is taken at once and the schedule starts again from it, never
@@ -51,6 +54,7 @@ class Probe:
     name: str
     read: Callable[[], Any]
     every: int = 1  # samples
+    stamped: bool = False  # keep "<name>_t": when the read ended
 
 
 class Sampler(threading.Thread):
@@ -92,6 +96,8 @@ class Sampler(threading.Thread):
                 row[p.name] = p.read()
             except Exception as e:  # keep sampling; record why
                 row[f"{p.name}_error"] = str(e)
+            if p.stamped:
+                row[f"{p.name}_t"] = round(self.now(), 3)
             self.cpu_s[p.name] += self.cpu() - c0
         self.k += 1
         self.rows.append(row)
