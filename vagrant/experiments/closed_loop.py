@@ -618,8 +618,9 @@ def arguments() -> argparse.Namespace:
     ap.add_argument(
         "--capture",
         action="store_true",
-        help="the target's packets to the writers captured at its veth (headers) in every "
-        "phase but the bridge's: the order they left santhrottle's qdisc (labkit.capture)",
+        help="the packets between the target and the writers captured at its veth (headers) "
+        "in every phase but the bridge's: the order the target's left santhrottle's qdisc, "
+        "and each retransmission's timing (labkit.capture)",
     )
     pre, _ = ap.parse_known_args()
     if pre.paper:
