@@ -76,7 +76,10 @@ EV_LOGIN, EV_CONNECT, EV_BODY = 1, 2, 3  # EV_BODY: more of the last one's text
 NAME_BYTES = 1024
 _CONN = struct.Struct("=16s16sHH")  # conn_key: initiator, target, their ports
 _VOL_KEY = struct.Struct("=16s16sHH4xQ")  # vol_key (the u64 aligned to 8)
-_VOL_STATS = struct.Struct("=QQQQ")
+# vol_stats: reads, read ns, write bytes, writes; busy ns, the open span's start,
+# retired, outstanding (and the lock)
+_VOL_STATS = struct.Struct("=QQQQQQQI4x")
+_RETIRED = struct.Struct("=QQ")  # struct retired_val: count, at (ns)
 _TAG_KEY = struct.Struct("=16s16sHHI")
 _INFLIGHT = struct.Struct("=QQIBB2x")  # start, volume, held bytes, op, provisional
 _EVENT_HEAD = struct.Struct("=16s16sHHIIIII")  # conn, kind, to_target, len, flags, total
@@ -117,6 +120,13 @@ class VolumeSums:
     read_ns: int
     write_bytes: int
     writes: int = 0  # write commands completed
+    # its busy time (wire.bpf.c's busy_move, bridge/kbusy.py reads it): closed spans' ns,
+    # the open span's start (CLOCK_MONOTONIC ns), the aged-out commands taken off, the
+    # commands in flight
+    busy_ns: int = 0
+    since_ns: int = 0
+    retired: int = 0
+    outstanding: int = 0
 
 
 class EspState(NamedTuple):
@@ -185,6 +195,7 @@ def _libbpf() -> Any:
         "bpf_program__fd": (ci, [vp]),
         "bpf_object__find_map_fd_by_name": (ci, [vp, cp]),
         "bpf_map_lookup_elem": (ci, [ci, vp, vp]),
+        "bpf_map_lookup_elem_flags": (ci, [ci, vp, vp, ctypes.c_uint64]),
         "bpf_map_get_next_key": (ci, [ci, vp, vp]),
         "bpf_map_lookup_batch": (ci, [ci, vp, vp, vp, vp, vp, vp]),
         "bpf_map_delete_elem": (ci, [ci, vp]),
@@ -233,7 +244,7 @@ class KernelWire:
             self.prog_fd = self._lib.bpf_program__fd(prog)
             self.maps = {
                 name: self._lib.bpf_object__find_map_fd_by_name(self._obj, name.encode())
-                for name in ("counters", "stats", "inflight", "events", "flows", "settings", "esp")
+                for name in ("counters", "stats", "inflight", "events", "flows", "settings", "esp", "retired")
             }
             self.ncpus = self._lib.libbpf_num_possible_cpus()
             self._sample = _SAMPLE_FN(self._on_event)
@@ -332,10 +343,10 @@ class KernelWire:
         """(connection, volume) -> its sums since the load (LUN as the 8 bytes' number,
         or NSID)."""
         out = {}
-        for raw, val in self._maps.entries(self.maps["stats"], _VOL_KEY.size, _VOL_STATS.size):
+        entries = self._maps.entries(self.maps["stats"], _VOL_KEY.size, _VOL_STATS.size, True)
+        for raw, val in entries:
             vol = _U64.unpack_from(raw, 40)[0]
-            reads, read_ns, wbytes, writes = _VOL_STATS.unpack(val)
-            out[self._maps.conn(raw), vol] = VolumeSums(reads, read_ns, wbytes, writes)
+            out[self._maps.conn(raw), vol] = VolumeSums(*_VOL_STATS.unpack(val))
         return out
 
     def inflight(self) -> dict[tuple[Conn, int], tuple[int, int, int]]:
@@ -406,12 +417,20 @@ class KernelWire:
         """Drop a connection's sums of one volume (it ended or went idle): the map is a
         plain hash of 65,536, which connections that came and went would fill."""
         key = _VOL_KEY.pack(*_CONN.unpack(_conn_raw(conn)), volume)
+        self._lib.bpf_map_delete_elem(self.maps["retired"], key)
         self._lib.bpf_map_delete_elem(self.maps["stats"], key)
 
-    def forget_inflight(self, conn: Conn, tag: int) -> None:
-        """Age one command out (it never completed)."""
+    def forget_inflight(self, conn: Conn, tag: int) -> bool:
+        """Age one command out (it never completed); False: it was gone already (its
+        completion took it, and counted it)."""
         key = _conn_raw(conn) + struct.pack("=I", tag)  # tag_key
-        self._lib.bpf_map_delete_elem(self.maps["inflight"], key)
+        return self._lib.bpf_map_delete_elem(self.maps["inflight"], key) == 0
+
+    def retire(self, conn: Conn, volume: int, count: int, at_ns: int) -> None:
+        """The commands of (conn, volume) aged out so far, in all, and when the last of
+        them was (CLOCK_MONOTONIC ns): the program takes them off its count in flight."""
+        key = _VOL_KEY.pack(*_CONN.unpack(_conn_raw(conn)), volume)
+        self._lib.bpf_map_update_elem(self.maps["retired"], key, _RETIRED.pack(count, at_ns), 0)
 
     def events(self) -> list[Event]:
         """The logins and connects passed up since the last call."""

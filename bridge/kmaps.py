@@ -1,8 +1,9 @@
 """The wire program's maps read from userspace (bridge/kernel.py's KernelWire).
 
 What it owns
-    MapReader(lib, conn_size, make_conn): entries(fd, key_size, value_size), every
-    (key, value) of a hash map, BATCH a system call (BPF_MAP_LOOKUP_BATCH, Linux 5.6;
+    MapReader(lib, conn_size, make_conn): entries(fd, key_size, value_size, locked),
+    every (key, value) of a hash map (locked: each value copied under its
+    bpf_spin_lock, BPF_F_LOCK), BATCH a system call (BPF_MAP_LOOKUP_BATCH, Linux 5.6;
     Debian 12's 6.1 has it for hash and LRU hash maps), else -- a kernel or map that
     refuses it with EINVAL or ENOTSUPP at the first call -- a key and a lookup at a
     time; keys(fd, size) the latter's walk; conn(key), the connection a key starts
@@ -27,6 +28,13 @@ from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 BATCH = 4096  # map entries one BPF_MAP_LOOKUP_BATCH reads
+BPF_F_LOCK = 4  # linux/bpf.h: a value copied under its bpf_spin_lock
+
+
+class BatchOpts(ctypes.Structure):
+    """libbpf's struct bpf_map_batch_opts."""
+
+    _fields_ = [("sz", ctypes.c_size_t), ("elem_flags", ctypes.c_uint64), ("flags", ctypes.c_uint64)]
 MAX_CONNS_KEPT = 1 << 17  # both directions of a full flow map, and room
 _REFUSED = (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, 524)  # 524: the kernel's ENOTSUPP
 
@@ -50,17 +58,23 @@ class MapReader(Generic[C]):
             ctypes.memmove(key, nxt, size)
             prev = key
 
-    def entries(self, fd: int, key_size: int, value_size: int) -> Iterator[tuple[bytes, bytes]]:
+    def entries(
+        self, fd: int, key_size: int, value_size: int, locked: bool = False
+    ) -> Iterator[tuple[bytes, bytes]]:
+        flags = BPF_F_LOCK if locked else 0
         if self._batch:
-            yield from self._batched(fd, key_size, value_size)
+            yield from self._batched(fd, key_size, value_size, flags)
             if self._batch:
                 return
         val = ctypes.create_string_buffer(value_size)
         for raw in list(self.keys(fd, key_size)):
-            if self._lib.bpf_map_lookup_elem(fd, raw, val) == 0:  # else gone meanwhile
+            if self._lib.bpf_map_lookup_elem_flags(fd, raw, val, flags) == 0:  # else gone
                 yield raw, val.raw
 
-    def _batched(self, fd: int, key_size: int, value_size: int) -> Iterator[tuple[bytes, bytes]]:
+    def _batched(
+        self, fd: int, key_size: int, value_size: int, flags: int
+    ) -> Iterator[tuple[bytes, bytes]]:
+        opts = BatchOpts(ctypes.sizeof(BatchOpts), flags, 0)
         keys = ctypes.create_string_buffer(key_size * BATCH)
         vals = ctypes.create_string_buffer(value_size * BATCH)
         token_in, token_out = (ctypes.create_string_buffer(max(key_size, 8)) for _ in "io")
@@ -69,7 +83,7 @@ class MapReader(Generic[C]):
             count.value = BATCH
             at = None if first else token_in
             rc = self._lib.bpf_map_lookup_batch(
-                fd, at, token_out, keys, vals, ctypes.byref(count), None
+                fd, at, token_out, keys, vals, ctypes.byref(count), ctypes.byref(opts)
             )
             err = -rc if rc < 0 else (ctypes.get_errno() if rc else 0)
             if rc and err != errno.ENOENT:

@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from .capture import CaptureCounters
 from .conns import ConnKey, SyncRow, SyncSummary, summary
 from .esp import esp_row
+from .kbusy import KernelBusy, lost
 from .kernel import (
     EV_BODY,
     EV_CONNECT,
@@ -106,8 +107,6 @@ def portal_of(c: Conn) -> str:
 class KernelSums:
     """Tracker's reading interface over a KernelWire (module header)."""
 
-    busy = None  # the program keeps no time in flight per volume: no utilization
-
     def __init__(
         self,
         wire: KernelWire,
@@ -127,6 +126,7 @@ class KernelSums:
         self._active: dict[Conn, float] = {}  # a connection's last growth
         self._units: dict[Conn, set[int]] = {}
         self.sums = Sums()
+        self.busy = KernelBusy(self.volume)  # per volume, time with a command in flight
         self._next_sweep = -math.inf
         self.kernel: dict[str, int] = {}  # the program's own counts, as last read
         # each connection's login or connect, read as its events come up, and what it
@@ -157,7 +157,9 @@ class KernelSums:
         for ev in self.wire.events():
             self._event(ev)
         self._apply_logins()
-        for (c, raw), s in self.wire.volume_sums().items():
+        totals = self.wire.volume_sums()
+        self.busy.read(totals.items(), time.monotonic_ns())  # the program's clock
+        for (c, raw), s in totals.items():
             old = self._totals.get((c, raw))
             self._totals[c, raw] = s
             if old is None or s.reads < old.reads or s.write_bytes < old.write_bytes:
@@ -262,6 +264,7 @@ class KernelSums:
             keep = self._active.keys() | flowing
             for c, raw in [k for k in self._totals if k[0] not in keep]:
                 del self._totals[c, raw]
+                self.busy.forget((c, raw))
                 self.wire.forget_sums(c, raw)
 
     # ------------------------------------------------------------ Tracker's
@@ -309,12 +312,23 @@ class KernelSums:
         return walk
 
     def walk_inflight(self, now: float) -> InflightWalk:
-        """Read the commands in flight, age out the old ones (kwalks.inflight_walk)."""
+        """Read the commands in flight, age out the old ones (kwalks.inflight_walk), and
+        retire those counted in flight that the map lost (kbusy.py)."""
         self.inflight_wanted = False
         # the program's clock is CLOCK_MONOTONIC (bpf_ktime_get_ns), whatever self.clock is
-        return inflight_walk(
-            self.wire.inflight(), now, time.monotonic_ns(), self.volume, self.wire.forget_inflight
-        )
+        start_ns = time.monotonic_ns()
+        before = self.wire.volume_sums()
+        walk = inflight_walk(self.wire.inflight(), now, start_ns, self.volume, self._age)
+        gone = lost(before, self.wire.volume_sums(), walk.held, self.busy.retired)
+        for key, n in gone.items():
+            self.wire.retire(*key, *self.busy.retire(key, n, start_ns))
+        return walk
+
+    def _age(self, c: Conn, tag: int, raw: int) -> None:
+        """A command that never completed leaves the map; its volume's count in flight
+        goes down with it (the program's, through the map retired: kbusy.py)."""
+        if self.wire.forget_inflight(c, tag):
+            self.wire.retire(c, raw, *self.busy.retire((c, raw), 1, time.monotonic_ns()))
 
     def install(self, flows: FlowWalk | None, inflight: InflightWalk | None) -> None:
         """A walk's results, for the methods below (the caller holds the sensor's lock)."""

@@ -95,6 +95,8 @@ class InflightWalk:
     reads: dict[Volume, int]
     aged: int
     size: int  # the commands in flight it read
+    # the (connection, volume)s with a command in the map (kbusy.py's lost ones)
+    held: frozenset[tuple[Conn, int]] = frozenset()
 
 
 def conn_key(c: Conn) -> ConnKey:
@@ -183,25 +185,29 @@ def inflight_walk(
     now: float,
     now_ns: int,
     volume_of: Callable[[Conn, int], Volume | None],
-    forget: Callable[[Conn, int], None],
+    forget: Callable[[Conn, int, int], None],
 ) -> InflightWalk:
     """The reads in flight per volume; the commands older than INFLIGHT_MAX_S (by the
-    program's CLOCK_MONOTONIC start, now_ns) forgotten and counted."""
+    program's CLOCK_MONOTONIC start, now_ns) forgotten (forget(conn, tag, volume)) and
+    counted."""
     oldest_ns = now_ns - int(INFLIGHT_MAX_S * 1e9)
     per: dict[tuple[Conn, int], int] = {}
+    held: set[tuple[Conn, int]] = set()
     aged = 0
     for (c, tag), (start_ns, op, raw) in inflight.items():
         if start_ns < oldest_ns:
-            forget(c, tag)
+            forget(c, tag, raw)
             aged += 1
-        elif op == READ:
+            continue
+        held.add((c, raw))
+        if op == READ:
             per[c, raw] = per.get((c, raw), 0) + 1
     reads: dict[Volume, int] = {}
     for (c, raw), n in per.items():
         v = volume_of(c, raw)
         if v is not None:
             reads[v] = reads.get(v, 0) + n
-    return InflightWalk(now, reads, aged, len(inflight))
+    return InflightWalk(now, reads, aged, len(inflight), frozenset(held))
 
 
 def rest_s(took_s: float, walk_s: float = WALK_S) -> float:

@@ -207,11 +207,27 @@ struct vol_key {
 	__u64 volume;
 };
 
+/* A volume's sums on one connection.  Its busy time (bridge/busy.py's law): the time it
+ * has at least one command in flight, moved under the lock (a command and a completion of
+ * one connection may meet on two CPUs); userspace reads it with BPF_F_LOCK. */
 struct vol_stats {
 	__u64 reads;
 	__u64 read_ns;
 	__u64 write_bytes;
 	__u64 writes;	/* write commands completed */
+	__u64 busy_ns;	/* its closed busy spans */
+	__u64 since_ns;	/* the open span's start, while outstanding > 0 */
+	__u64 retired;	/* the aged-out commands (map retired) already taken off */
+	__u32 outstanding;	/* its commands in flight */
+	struct bpf_spin_lock lock;
+};
+
+/* The commands of a (connection, volume) that userspace aged out of the map inflight
+ * (bridge/ksums.py): they never completed.  Written by userspace only: how many in all,
+ * and when it aged the last of them out (CLOCK_MONOTONIC ns). */
+struct retired_val {
+	__u64 count;
+	__u64 at_ns;
 };
 
 /* indices of the global counters (bridge/kernel.py names them) */
@@ -258,6 +274,14 @@ struct {
 	__type(key, struct vol_key);
 	__type(value, struct vol_stats);
 } stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);	/* a value read is whole (RCU): no reuse */
+	__uint(max_entries, 65536);
+	__type(key, struct vol_key);
+	__type(value, struct retired_val);
+} retired SEC(".maps");
 
 /* IPsec ESP on the port (bridge/kernel.py's esp_flows()): a security association by its
  * addresses and SPI -- storage the sensor cannot read (not measurable), shown as such. */
@@ -306,7 +330,7 @@ struct scratch {
 	struct flow fresh;
 	struct tag_key tk;
 	struct vol_key vk;
-	struct vol_stats zero;
+	__u8 zero[sizeof(struct vol_stats)];	/* a new vol_stats (no lock in a per-CPU map) */
 	struct inflight n;
 	struct pdu p;		/* the header being walked */
 	struct pdu q;		/* a successor */
@@ -925,6 +949,59 @@ static __always_inline struct vol_stats *vol_of(struct scratch *sc, __u64 volume
 	return bpf_map_lookup_elem(&stats, &sc->vk);
 }
 
+/* The volume's commands in flight on this connection go up (a command) or down (one
+ * left: completed, retracted, replaced); from 0 to 1 a busy span opens at sc->now, from 1
+ * to 0 it closes.  sc->vk is s's key (vol_of).  What userspace aged out since the last
+ * move is taken off first: a span those commands alone held open closed when the last
+ * of them aged (never before it opened, never after now). */
+static __always_inline void busy_move(struct scratch *sc, struct vol_stats *s, int up)
+{
+	struct retired_val *r = bpf_map_lookup_elem(&retired, &sc->vk);
+	__u64 count = 0, at = 0, now = sc->now, n;
+
+	if (r) {
+		count = r->count;
+		at = r->at_ns;
+	}
+	bpf_spin_lock(&s->lock);
+	if (count > s->retired) {
+		n = count - s->retired;
+		s->retired = count;
+		if (n < s->outstanding) {
+			s->outstanding -= n;
+		} else if (s->outstanding) {
+			s->outstanding = 0;
+			if (at > now)
+				at = now;
+			if (at > s->since_ns)
+				s->busy_ns += at - s->since_ns;
+		}
+	}
+	if (up) {
+		if (s->outstanding == 0)
+			s->since_ns = now;
+		s->outstanding++;
+	} else if (s->outstanding) {
+		s->outstanding--;
+		if (s->outstanding == 0 && now > s->since_ns)
+			s->busy_ns += now - s->since_ns;
+	}
+	bpf_spin_unlock(&s->lock);
+}
+
+/* A command of this connection left the map inflight (its tag_key deleted by the caller,
+ * who alone did: userspace ageing it out at the same time counts it there). */
+static __always_inline void busy_left(struct scratch *sc, __u64 volume)
+{
+	struct vol_stats *s;
+
+	if (!has_volume(sc, volume))
+		return;
+	s = vol_of(sc, volume);
+	if (s)
+		busy_move(sc, s, 0);
+}
+
 /* The other direction's flow of this connection (or NULL). */
 static __always_inline struct flow *other_flow(struct scratch *sc)
 {
@@ -955,9 +1032,21 @@ static __always_inline void command(struct scratch *sc, struct pdu *p, int provi
 				__sync_fetch_and_add(&s->write_bytes, p->data_bytes);
 		}
 	}
+	/* in the map before it counts as in flight: a walk of the map that finds none of a
+	 * volume's commands while it counts some in flight (ksums.py) is never early */
 	if (bpf_map_update_elem(&inflight, &sc->tk, &sc->n, BPF_NOEXIST)) {
+		struct inflight *old = bpf_map_lookup_elem(&inflight, &sc->tk);
+		__u64 volume = old ? old->volume : 0;
+
 		count(C_REPLACED);
 		bpf_map_update_elem(&inflight, &sc->tk, &sc->n, BPF_ANY);
+		if (old) /* the command it replaces left */
+			busy_left(sc, volume);
+	}
+	if (has_volume(sc, p->volume)) {
+		s = vol_of(sc, p->volume);
+		if (s)
+			busy_move(sc, s, 1);
 	}
 }
 
@@ -968,14 +1057,17 @@ static __always_inline void completed(struct scratch *sc, struct inflight *f)
 	__u64 volume = f->volume, took = sc->now - f->start_ns;
 	__u32 held = f->held_bytes;
 	__u8 op = f->op;
+	int gone;
 
 	count(C_COMPLETIONS);
-	bpf_map_delete_elem(&inflight, &sc->tk);
+	gone = !bpf_map_delete_elem(&inflight, &sc->tk); /* else userspace aged it out */
 	if (!has_volume(sc, volume))
 		return;
 	s = vol_of(sc, volume);
 	if (!s)
 		return;
+	if (gone)
+		busy_move(sc, s, 0);
 	if (held)
 		__sync_fetch_and_add(&s->write_bytes, held);
 	if (op == OP_READ) {
@@ -1274,7 +1366,10 @@ static __always_inline void retract(struct scratch *sc, struct flow *fl)
 	sc->tk.tag = fl->prov_tag;
 	f = bpf_map_lookup_elem(&inflight, &sc->tk);
 	if (f && f->prov) { /* not completed: it was never a command */
-		bpf_map_delete_elem(&inflight, &sc->tk);
+		__u64 volume = f->volume;
+
+		if (!bpf_map_delete_elem(&inflight, &sc->tk))
+			busy_left(sc, volume);
 		uncount(C_COMMANDS);
 	}
 }

@@ -35,6 +35,7 @@ class FakeWire:
         self.limits: dict[Conn, dict[bool, int]] = {}
         self.flow_states: list[FlowState] = []
         self.forgotten: list[tuple[Conn, int]] = []
+        self.retired: dict[tuple[Conn, int], tuple[int, int]] = {}
         self.esp: list = []  # kernel.EspState
 
     def events(self) -> list[Event]:
@@ -53,9 +54,12 @@ class FakeWire:
     def forget_sums(self, conn: Conn, volume: int) -> None:
         self.sums.pop((conn, volume), None)
 
-    def forget_inflight(self, conn: Conn, tag: int) -> None:
+    def forget_inflight(self, conn: Conn, tag: int) -> bool:
         self.forgotten.append((conn, tag))
-        self.open.pop((conn, tag), None)
+        return self.open.pop((conn, tag), None) is not None
+
+    def retire(self, conn: Conn, volume: int, count: int, at_ns: int) -> None:
+        self.retired[conn, volume] = (count, at_ns)
 
     def esp_flows(self) -> list:
         return list(self.esp)
