@@ -287,3 +287,118 @@ def test_logins_and_connects_name_their_initiators_as_the_python_tracker_does(ve
     assert ks.targets() == tr.targets() and set(ks.targets().values()) == {
         "iqn.2026-11.lab:array", "nqn.2026-11.lab:sub"}  # fmt: skip
     assert ks.counters.bad_names == tr.counters.bad_names == 1
+
+
+# ---------------------------------------------------------------- busy time (kbusy.py)
+# Each step: (at s, connection index, what): commands and completions of two tags on an
+# iSCSI LUN and an NVMe/TCP namespace, overlapping, then idle: the busy time is the union.
+BUSY_STEPS = [(0.00, "cmd", 1), (0.06, "cmd", 2), (0.16, "done", 1), (0.26, "done", 2),
+              (0.45, "cmd", 3), (0.57, "done", 3), (0.80, "cmd", 4), (0.86, "done", 4)]  # fmt: skip
+BUSY_END_S = 1.0
+EDGE_S = 0.010  # a frame's send to the program's clock, on a loaded host
+
+
+def _busy_conns():
+    import wire_traffic as T
+
+    rng = random.Random(5)
+    return [T._Conn("198.51.100.7", 3260, 41000, rng), T._Conn("198.51.100.8", 4420, 42000, rng)]
+
+
+def _pdu(port: int, what: str, tag: int) -> bytes:
+    if port == 3260:
+        return B.scsi_read(tag, lun=1, nbytes=0) if what == "cmd" else B.scsi_response(tag)
+    return B.capsule_cmd(tag, nsid=1) if what == "cmd" else B.capsule_resp(tag)
+
+
+def _busy_frame(conn, what: str, tags: tuple[int, ...]) -> bytes:
+    import wire_traffic as T
+
+    d, o = (conn.up, conn.down) if what == "cmd" else (conn.down, conn.up)
+    return T._frame(d, o, b"".join(_pdu(conn.port, what, t) for t in tags))
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+    total, end = 0.0, -1.0
+    for a, b in sorted(spans):
+        total += max(0.0, b - max(a, end))
+        end = max(end, b)
+    return total
+
+
+def test_the_kernels_busy_time_is_the_time_a_volume_has_a_command_in_flight(veth_ns):
+    """Known command/completion timing on an iSCSI LUN and an NVMe namespace: the
+    program's busy seconds per volume (KernelSums.busy) are the union of the commands'
+    times in flight, as sent, and the capture sensor's (Tracker, busy.py) on the same
+    frames at the same times; what tshark decodes of the frames gives the same union."""
+    from santhrottle.bridge.capture import CaptureCounters, FrameDecoder
+    from santhrottle.bridge.ksums import KernelSums
+    from santhrottle.bridge.tracker import Tracker
+
+    w, tx = veth_ns
+    conns = _busy_conns()
+    ks, tr, dec = KernelSums(w), Tracker(), FrameDecoder(CaptureCounters())
+    sent: list[tuple[float, bytes]] = []
+
+    def send(frame: bytes) -> float:
+        t0 = time.monotonic()
+        tx.send(frame)
+        t1 = time.monotonic()
+        sent.append(((t0 + t1) / 2, frame))
+        return t1 - t0
+
+    # in sync first: two commands in one segment, their completions in the next
+    for c in conns:
+        send(_busy_frame(c, "cmd", (100, 101)))
+        send(_busy_frame(c, "done", (100, 101)))
+    _send(tx, [], w)
+    time.sleep(0.05)
+    ks.refresh()
+    ks.busy.take(0.0)
+    start = len(sent)
+    spans: dict[int, dict[int, list[float]]] = {0: {}, 1: {}}
+    slack = 0.0
+    t_start = time.monotonic()
+    for at, what, tag in BUSY_STEPS:
+        time.sleep(max(0.0, t_start + at - time.monotonic()))
+        for i, c in enumerate(conns):
+            slack = max(slack, send(_busy_frame(c, what, (tag,))))
+            spans[i].setdefault(tag, []).append(sent[-1][0])
+    time.sleep(max(0.0, t_start + BUSY_END_S - time.monotonic()))
+    ks.refresh()
+    kernel = {v.proto: s for v, s in ks.busy.take(0.0).items()}
+    for k, (t, f) in enumerate(sent):  # the capture sensor, same frames and times
+        if k == start:
+            tr.busy.take(t)
+        v = memoryview(f)
+        dec.frame(v, 0, len(v), t, tr.segment)
+    capture = {v.proto: s for v, s in tr.busy.take(sent[-1][0]).items()}
+    want = {
+        proto: _union([(a, b) for a, b in spans[i].values()])
+        for i, proto in enumerate(("iscsi", "nvme"))
+    }
+    tol = 4 * (EDGE_S + slack)
+    print(f"\nbusy s: sent {want}, kernel {kernel}, capture {capture}, tolerance {tol:.4f}")
+    assert want["iscsi"] == pytest.approx(0.26 + 0.12 + 0.06, abs=0.05)  # as scheduled
+    for proto, s in want.items():
+        assert kernel[proto] == pytest.approx(s, abs=tol), proto
+        assert capture[proto] == pytest.approx(s, abs=1e-6), proto
+        assert kernel[proto] == pytest.approx(capture[proto], abs=tol), proto
+    assert _tshark_union(sent[start:]) == pytest.approx(want, abs=1e-5)
+
+
+def _tshark_union(sent: list[tuple[float, bytes]]) -> dict[str, float]:
+    """The union of the commands' times in flight per protocol, from Wireshark's timed
+    IOs of the frames at their send times (tests/wire/oracle.py): the wire's reference."""
+    import shutil
+
+    from tests.wire.oracle import reference_of
+    from tests.wire.pcaps import Frame
+
+    if shutil.which("tshark") is None:
+        pytest.skip("tshark is not installed (Makefile HOST_PKGS)")
+    ios = reference_of([Frame(t, f, i) for i, (t, f) in enumerate(sent)]).ios
+    spans: dict[str, list[tuple[float, float]]] = {"iscsi": [], "nvme": []}
+    for io in ios:
+        spans["iscsi" if io.conn[3] == 3260 else "nvme"].append((io.start, io.end))
+    return {p: _union(s) for p, s in spans.items()}
