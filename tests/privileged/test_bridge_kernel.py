@@ -402,3 +402,38 @@ def _tshark_union(sent: list[tuple[float, bytes]]) -> dict[str, float]:
     for io in ios:
         spans["iscsi" if io.conn[3] == 3260 else "nvme"].append((io.start, io.end))
     return {p: _union(s) for p, s in spans.items()}
+
+
+def test_a_command_the_map_lost_leaves_its_volume_busy_no_longer(veth_ns):
+    """A command that never completes and that the map of commands in flight no longer
+    holds (as its LRU drops one when full): the next walk of the map retires it
+    (kbusy.lost), its volume's busy time stops growing, and the next command's span
+    counts its own time only (the program takes the retired one off)."""
+    from santhrottle.bridge.ksums import KernelSums
+
+    w, tx = veth_ns
+    conn = _busy_conns()[0]
+    ks = KernelSums(w)
+    _send(tx, [_busy_frame(conn, "cmd", (100, 101)), _busy_frame(conn, "done", (100, 101))], w)
+    _send(tx, [_busy_frame(conn, "cmd", (7,))], w)  # never completed
+    ks.refresh()
+    ks.busy.take(0.0)
+    time.sleep(0.2)
+    ks.refresh()
+    assert sum(ks.busy.take(0.0).values()) == pytest.approx(0.2, abs=0.05)  # busy
+    [key] = [k for k, s in w.volume_sums().items() if s.outstanding]
+    assert w.forget_inflight(key[0], 7)  # gone from the map, silently
+    walk = ks.walk_inflight(time.monotonic())
+    assert key not in walk.held and ks.busy.retired[key][0] == 1
+    time.sleep(0.2)
+    ks.refresh()
+    assert sum(ks.busy.take(0.0).values()) < 0.01  # busy no longer
+    t0 = time.monotonic()
+    _send(tx, [_busy_frame(conn, "cmd", (8,))], w)
+    time.sleep(0.1)
+    _send(tx, [_busy_frame(conn, "done", (8,))], w)
+    took = time.monotonic() - t0
+    ks.refresh()
+    assert sum(ks.busy.take(0.0).values()) == pytest.approx(took, abs=0.03)
+    s = w.volume_sums()[key]
+    assert (s.outstanding, s.retired) == (0, 1)  # the program took the retired one off
