@@ -234,6 +234,10 @@ def test_the_daemon_makes_the_bridge_and_measures_reads_off_the_wire(bridged):
         st = request(sock, "status")
         assert st["mode"] == "bridge" and st["wire"]["capturing"]
         assert st["wire"]["completions"] > 0 and st["wire"]["capture_frames"] > 0
+        # the reader keeps a read in flight most of the time: its volume is busy, as
+        # both sensors measure it (the kernel's: bridge/kbusy.py)
+        (res,) = st["resources"]
+        assert res["utilization"] is not None and res["utilization"] > 0.3, res
         shown = _run("santhrottle", "status", "--socket", sock).stdout
         print(shown)  # what docs/bridge.md shows
         where = " in the kernel" if 'sensor = "kernel"' in conf.read_text() else ""

@@ -321,6 +321,15 @@ def test_the_kernel_sensor_first_the_capture_when_it_cannot_load(caplog):
         assert (sample.resource, sample.reads) == ("a", 4)
         assert abs(sample.read_latency_s - 0.010) < 1e-9
         assert w.counters()["capture_frames"] == 10 and "kernel_frames" in w.counters()
+        # the volume busy 50 ms of the next 100 ms tick (the program's closed spans,
+        # bridge/kbusy.py): the resource's utilization, as the capture's tracker gives it
+        clock.t += 0.1
+        wire.sums[C, 0] = VolumeSums(reads=4, read_ns=40_000_000, write_bytes=0,
+                                     busy_ns=50_000_000)  # fmt: skip
+        w.read_samples()
+        (u,) = w.utilization_samples()
+        assert (u.resource, u.span_s) == ("a", pytest.approx(0.1))
+        assert u.utilization == pytest.approx(0.5)
         # the port made anew: the program goes on it again; until it can, the ticks fail
         wire.on_port = False
         wire.reattach_error = KernelWireError("no device eth9")
