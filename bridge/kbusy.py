@@ -62,8 +62,12 @@ def busy_ns_at(s: VolumeSums, retired: tuple[int, int], now_ns: int) -> int:
     return busy
 
 
-def lost(before: Mapping[Key, VolumeSums], after: Mapping[Key, VolumeSums],
-         held: frozenset[Key], retired: Mapping[Key, tuple[int, int]]) -> dict[Key, int]:
+def lost(
+    before: Mapping[Key, VolumeSums],
+    after: Mapping[Key, VolumeSums],
+    held: frozenset[Key],
+    retired: Mapping[Key, tuple[int, int]],
+) -> dict[Key, int]:
     """The commands counted in flight that the map of them no longer holds (module
     header): per (connection, volume) none held, some counted, no move across the walk."""
     out = {}

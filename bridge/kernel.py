@@ -16,7 +16,8 @@ What it owns
     port, the completions arrive by it), and reads of its maps:
     counters() (the global counts), volume_sums() (per connection and
     volume: reads, their latency in ns, write bytes, all since the
-    load), events() (login and connect text, per connection, with the
+    load, and its busy time's state: kbusy.py), retire() (the commands
+    aged out or lost, for the program's count in flight), events() (login and connect text, per connection, with the
     PDU's flags and its text's length), inflight()
     (the commands in flight, for ageing). close() detaches and unloads.
 
@@ -244,7 +245,16 @@ class KernelWire:
             self.prog_fd = self._lib.bpf_program__fd(prog)
             self.maps = {
                 name: self._lib.bpf_object__find_map_fd_by_name(self._obj, name.encode())
-                for name in ("counters", "stats", "inflight", "events", "flows", "settings", "esp", "retired")
+                for name in (
+                    "counters",
+                    "stats",
+                    "inflight",
+                    "events",
+                    "flows",
+                    "settings",
+                    "esp",
+                    "retired",
+                )
             }
             self.ncpus = self._lib.libbpf_num_possible_cpus()
             self._sample = _SAMPLE_FN(self._on_event)

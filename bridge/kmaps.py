@@ -34,7 +34,13 @@ BPF_F_LOCK = 4  # linux/bpf.h: a value copied under its bpf_spin_lock
 class BatchOpts(ctypes.Structure):
     """libbpf's struct bpf_map_batch_opts."""
 
-    _fields_ = [("sz", ctypes.c_size_t), ("elem_flags", ctypes.c_uint64), ("flags", ctypes.c_uint64)]
+    _fields_ = [
+        ("sz", ctypes.c_size_t),
+        ("elem_flags", ctypes.c_uint64),
+        ("flags", ctypes.c_uint64),
+    ]
+
+
 MAX_CONNS_KEPT = 1 << 17  # both directions of a full flow map, and room
 _REFUSED = (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, 524)  # 524: the kernel's ENOTSUPP
 

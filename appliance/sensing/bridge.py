@@ -18,8 +18,8 @@ controller cannot tell the two apart:
     device_samples() empty: the wire sees no device queue (threshold "auto"
                      is target mode's, config/parse.py refuses it here);
     utilization_samples() per tick, per resource, the busiest of its volumes'
-                     share of the tick with a command in flight (capture only:
-                     the kernel's program keeps no time in flight);
+                     share of the tick with a command in flight (the capture's
+                     tracker: bridge/busy.py; the kernel's program: kbusy.py);
     initiator_names() the names each initiator address logged in with (iSCSI
                      InitiatorName, NVMe host NQN) over its live connections,
                      for the daemon's group map (iqn.* and nqn.* members);
@@ -320,7 +320,7 @@ class BridgeSensor:
         return []
 
     def utilization_samples(self) -> list[UtilizationSample]:
-        """The last tick's busiest volume per resource (bridge/busy.py); none in the kernel."""
+        """The last tick's busiest volume per resource (bridge/busy.py, bridge/kbusy.py)."""
         return self._utilization
 
     def converge(self) -> tuple[Discovery, list[WriteSample]]:

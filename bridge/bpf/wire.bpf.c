@@ -2,8 +2,8 @@
 /*
  * The wire sensor in the kernel: a tc (clsact) program on the bridge's array-side port
  * that walks each storage TCP stream, matches commands to completions and adds up, per
- * connection and volume, the reads, their latency, the write bytes and the writes
- * completed.  Userspace (bridge/kernel.py) reads the sums once a tick and the flows'
+ * connection and volume, the reads, their latency, the write bytes, the writes
+ * completed and the time it had a command in flight (busy_move).  Userspace (bridge/kernel.py) reads the sums once a tick and the flows'
  * sync state when asked; only logins and connects (they name the target and the
  * initiator) come up as events: their text, as far as each segment holds it, in parts of
  * up to NAME_BYTES, with the PDU's flags and its text's length.  The program never
