@@ -10,16 +10,17 @@ Problem
     from the logins and connects the program passes up.
 
 What it owns
-    KernelWire: the loaded object (libbpf, through ctypes: libbpf.so.1 is
-    iproute2's own dependency), its tc filters on one device (a clsact
-    qdisc, ingress and egress: the commands leave by the array-side
-    port, the completions arrive by it), and reads of its maps:
+    KernelWire: the loaded object (libbpf through ctypes: kmaps.libbpf()),
+    its tc filters on one device (a clsact qdisc, ingress and egress: the
+    commands leave by the array-side port, the completions arrive by it),
+    and reads of its maps:
     counters() (the global counts), volume_sums() (per connection and
     volume: reads, their latency in ns, write bytes, all since the
     load, and its busy time's state: kbusy.py), retire() (the commands
-    aged out or lost, for the program's count in flight), events() (login and connect text, per connection, with the
-    PDU's flags and its text's length), inflight()
-    (the commands in flight, for ageing). close() detaches and unloads.
+    aged out or lost, for the program's count in flight), events()
+    (login and connect text, per connection, with the PDU's flags and
+    its text's length), inflight() (the commands in flight, for ageing).
+    close() detaches and unloads.
 
 Bounds
     The maps are fixed in size (wire.bpf.c): 65,536 connection
@@ -47,13 +48,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .kmaps import MapReader
+from .kmaps import PRINT_FN, SAMPLE_FN, MapReader, libbpf
 
 OBJECT = Path(__file__).with_name("bpf") / "wire.bpf.o"
 PROGRAM = "wire_sensor"
 FILTER_NAME = "santhrottle-wire"
 FILTER_PRIO = 0xC0DE  # the filter's preference on the clsact hooks: ours, by number
 INGRESS, EGRESS = "ffff:fff2", "ffff:fff3"
+# the program's maps (wire.bpf.c's), by name
+MAPS = ("counters", "stats", "inflight", "events", "flows", "settings", "esp", "retired")
 # the program's global counters, in the order of wire.bpf.c's enum (C_FRAMES ...)
 COUNTER_NAMES = (
     "frames",
@@ -77,8 +80,7 @@ EV_LOGIN, EV_CONNECT, EV_BODY = 1, 2, 3  # EV_BODY: more of the last one's text
 NAME_BYTES = 1024
 _CONN = struct.Struct("=16s16sHH")  # conn_key: initiator, target, their ports
 _VOL_KEY = struct.Struct("=16s16sHH4xQ")  # vol_key (the u64 aligned to 8)
-# vol_stats: reads, read ns, write bytes, writes; busy ns, the open span's start,
-# retired, outstanding (and the lock)
+# vol_stats: reads, read ns, write bytes, writes; busy_ns, since, retired, outstanding, lock
 _VOL_STATS = struct.Struct("=QQQQQQQI4x")
 _RETIRED = struct.Struct("=QQ")  # struct retired_val: count, at (ns)
 _TAG_KEY = struct.Struct("=16s16sHHI")
@@ -121,9 +123,8 @@ class VolumeSums:
     read_ns: int
     write_bytes: int
     writes: int = 0  # write commands completed
-    # its busy time (wire.bpf.c's busy_move, bridge/kbusy.py reads it): closed spans' ns,
-    # the open span's start (CLOCK_MONOTONIC ns), the aged-out commands taken off, the
-    # commands in flight
+    # its busy time (wire.bpf.c's busy_move, kbusy.py): closed spans' ns, the open
+    # span's start (CLOCK_MONOTONIC ns), aged-out commands taken off, commands in flight
     busy_ns: int = 0
     since_ns: int = 0
     retired: int = 0
@@ -178,44 +179,6 @@ def conn_of(ini: bytes, tgt: bytes, ini_port: int, tgt_port: int) -> Conn:
     return Conn(_addr(ini), _addr(tgt), ini_port, tgt_port)
 
 
-_SAMPLE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
-_PRINT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
-
-
-def _libbpf() -> Any:
-    try:
-        lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
-    except OSError as e:
-        raise KernelWireError(f"libbpf.so.1 not found (Debian: libbpf1): {e}") from None
-    vp, cp, ci = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int
-    sigs = {
-        "bpf_object__open_file": (vp, [cp, vp]),
-        "bpf_object__load": (ci, [vp]),
-        "bpf_object__close": (None, [vp]),
-        "bpf_object__find_program_by_name": (vp, [vp, cp]),
-        "bpf_program__fd": (ci, [vp]),
-        "bpf_object__find_map_fd_by_name": (ci, [vp, cp]),
-        "bpf_map_lookup_elem": (ci, [ci, vp, vp]),
-        "bpf_map_lookup_elem_flags": (ci, [ci, vp, vp, ctypes.c_uint64]),
-        "bpf_map_get_next_key": (ci, [ci, vp, vp]),
-        "bpf_map_lookup_batch": (ci, [ci, vp, vp, vp, vp, vp, vp]),
-        "bpf_map_delete_elem": (ci, [ci, vp]),
-        "bpf_map_update_elem": (ci, [ci, vp, vp, ctypes.c_uint64]),
-        "libbpf_num_possible_cpus": (ci, []),
-        "libbpf_get_error": (ctypes.c_long, [vp]),
-        "ring_buffer__new": (vp, [ci, _SAMPLE_FN, vp, vp]),
-        "ring_buffer__consume": (ci, [vp]),
-        "ring_buffer__free": (None, [vp]),
-        "libbpf_set_print": (vp, [_PRINT_FN]),
-        "bpf_obj_get_info_by_fd": (ci, [ci, vp, vp]),
-        "bpf_enable_stats": (ci, [ci]),
-    }
-    for name, (res, args) in sigs.items():
-        f = getattr(lib, name)
-        f.restype, f.argtypes = res, args
-    return lib
-
-
 class KernelWire:
     """The program loaded and attached to `device` (in `netns`), until close()."""
 
@@ -226,10 +189,13 @@ class KernelWire:
             raise KernelWireError(f"{obj} is missing: build it with `make bpf`")
         self.device = device
         self._ipr: Any = None
-        self._lib = _libbpf()
+        try:
+            self._lib = libbpf()
+        except OSError as e:
+            raise KernelWireError(f"libbpf.so.1 not found (Debian: libbpf1): {e}") from None
         self._maps = MapReader(self._lib, _CONN.size, lambda k: conn_of(*_CONN.unpack(k)))
         self._log: list[str] = []
-        self._printer = _PRINT_FN(self._keep_log)  # held: libbpf calls it
+        self._printer = PRINT_FN(self._keep_log)  # held: libbpf calls it
         self._lib.libbpf_set_print(self._printer)
         self._obj = self._lib.bpf_object__open_file(str(obj).encode(), None)
         if not self._obj or self._lib.libbpf_get_error(self._obj):
@@ -245,19 +211,10 @@ class KernelWire:
             self.prog_fd = self._lib.bpf_program__fd(prog)
             self.maps = {
                 name: self._lib.bpf_object__find_map_fd_by_name(self._obj, name.encode())
-                for name in (
-                    "counters",
-                    "stats",
-                    "inflight",
-                    "events",
-                    "flows",
-                    "settings",
-                    "esp",
-                    "retired",
-                )
+                for name in MAPS
             }
             self.ncpus = self._lib.libbpf_num_possible_cpus()
-            self._sample = _SAMPLE_FN(self._on_event)
+            self._sample = SAMPLE_FN(self._on_event)
             self._rb = self._lib.ring_buffer__new(self.maps["events"], self._sample, None, None)
             self._attach()
         except BaseException:
@@ -431,8 +388,7 @@ class KernelWire:
         self._lib.bpf_map_delete_elem(self.maps["stats"], key)
 
     def forget_inflight(self, conn: Conn, tag: int) -> bool:
-        """Age one command out (it never completed); False: it was gone already (its
-        completion took it, and counted it)."""
+        """Age one command out (it never completed); False: its completion took it."""
         key = _conn_raw(conn) + struct.pack("=I", tag)  # tag_key
         return self._lib.bpf_map_delete_elem(self.maps["inflight"], key) == 0
 

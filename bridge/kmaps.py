@@ -1,6 +1,8 @@
-"""The wire program's maps read from userspace (bridge/kernel.py's KernelWire).
+"""The wire program's maps read from userspace (bridge/kernel.py's KernelWire), through libbpf.
 
 What it owns
+    libbpf(): libbpf.so.1 (iproute2's own dependency) through ctypes, with the
+    signatures of the functions the sensor calls;
     MapReader(lib, conn_size, make_conn): entries(fd, key_size, value_size, locked),
     every (key, value) of a hash map (locked: each value copied under its
     bpf_spin_lock, BPF_F_LOCK), BATCH a system call (BPF_MAP_LOOKUP_BATCH, Linux 5.6;
@@ -39,6 +41,43 @@ class BatchOpts(ctypes.Structure):
         ("elem_flags", ctypes.c_uint64),
         ("flags", ctypes.c_uint64),
     ]
+
+
+SAMPLE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+PRINT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+
+
+def libbpf() -> Any:
+    """libbpf.so.1 with the signatures of the functions the sensor calls (OSError: no
+    libbpf)."""
+    lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
+    vp, cp, ci = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int
+    sigs = {
+        "bpf_object__open_file": (vp, [cp, vp]),
+        "bpf_object__load": (ci, [vp]),
+        "bpf_object__close": (None, [vp]),
+        "bpf_object__find_program_by_name": (vp, [vp, cp]),
+        "bpf_program__fd": (ci, [vp]),
+        "bpf_object__find_map_fd_by_name": (ci, [vp, cp]),
+        "bpf_map_lookup_elem": (ci, [ci, vp, vp]),
+        "bpf_map_lookup_elem_flags": (ci, [ci, vp, vp, ctypes.c_uint64]),
+        "bpf_map_get_next_key": (ci, [ci, vp, vp]),
+        "bpf_map_lookup_batch": (ci, [ci, vp, vp, vp, vp, vp, vp]),
+        "bpf_map_delete_elem": (ci, [ci, vp]),
+        "bpf_map_update_elem": (ci, [ci, vp, vp, ctypes.c_uint64]),
+        "libbpf_num_possible_cpus": (ci, []),
+        "libbpf_get_error": (ctypes.c_long, [vp]),
+        "ring_buffer__new": (vp, [ci, SAMPLE_FN, vp, vp]),
+        "ring_buffer__consume": (ci, [vp]),
+        "ring_buffer__free": (None, [vp]),
+        "libbpf_set_print": (vp, [PRINT_FN]),
+        "bpf_obj_get_info_by_fd": (ci, [ci, vp, vp]),
+        "bpf_enable_stats": (ci, [ci]),
+    }
+    for name, (res, args) in sigs.items():
+        f = getattr(lib, name)
+        f.restype, f.argtypes = res, args
+    return lib
 
 
 MAX_CONNS_KEPT = 1 << 17  # both directions of a full flow map, and room

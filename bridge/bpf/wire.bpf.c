@@ -3,11 +3,12 @@
  * The wire sensor in the kernel: a tc (clsact) program on the bridge's array-side port
  * that walks each storage TCP stream, matches commands to completions and adds up, per
  * connection and volume, the reads, their latency, the write bytes, the writes
- * completed and the time it had a command in flight (busy_move).  Userspace (bridge/kernel.py) reads the sums once a tick and the flows'
- * sync state when asked; only logins and connects (they name the target and the
- * initiator) come up as events: their text, as far as each segment holds it, in parts of
- * up to NAME_BYTES, with the PDU's flags and its text's length.  The program never
- * changes a packet: TC_ACT_OK always.
+ * completed and the time it had a command in flight (busy_move).  Userspace
+ * (bridge/kernel.py) reads the sums once a tick and the flows' sync state when asked;
+ * only logins and connects (they name the target and the initiator) come up as events:
+ * their text, as far as each segment holds it, in parts of up to NAME_BYTES, with the
+ * PDU's flags and its text's length.  The program never changes a packet: TC_ACT_OK
+ * always.
  *
  * The law is the Python walker's, step for step (bridge/flow.py, belief.py,
  * protocols.py, pdu.py, tracker.py; their module headers say why), so that both give
