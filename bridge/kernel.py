@@ -56,7 +56,8 @@ FILTER_NAME = "santhrottle-wire"
 FILTER_PRIO = 0xC0DE  # the filter's preference on the clsact hooks: ours, by number
 INGRESS, EGRESS = "ffff:fff2", "ffff:fff3"
 # the program's maps (wire.bpf.c's), by name
-MAPS = ("counters", "stats", "inflight", "events", "flows", "settings", "esp", "retired")
+MAPS = ("counters", "stats", "inflight", "events", "flows", "settings", "esp", "retired",
+        "retired_gen")  # fmt: skip
 # the program's global counters, in the order of wire.bpf.c's enum (C_FRAMES ...)
 COUNTER_NAMES = (
     "frames",
@@ -80,8 +81,9 @@ EV_LOGIN, EV_CONNECT, EV_BODY = 1, 2, 3  # EV_BODY: more of the last one's text
 NAME_BYTES = 1024
 _CONN = struct.Struct("=16s16sHH")  # conn_key: initiator, target, their ports
 _VOL_KEY = struct.Struct("=16s16sHH4xQ")  # vol_key (the u64 aligned to 8)
-# vol_stats: reads, read ns, write bytes, writes; busy_ns, since, retired, outstanding, lock
-_VOL_STATS = struct.Struct("=QQQQQQQI4x")
+# vol_stats: reads, read ns, write bytes, writes; busy_ns, since, retired, (its gen),
+# outstanding, (the lock)
+_VOL_STATS = struct.Struct("=QQQQQQQ8xI4x")
 _RETIRED = struct.Struct("=QQ")  # struct retired_val: count, at (ns)
 _TAG_KEY = struct.Struct("=16s16sHHI")
 _INFLIGHT = struct.Struct("=QQIBB2x")  # start, volume, held bytes, op, provisional
@@ -189,6 +191,7 @@ class KernelWire:
             raise KernelWireError(f"{obj} is missing: build it with `make bpf`")
         self.device = device
         self._ipr: Any = None
+        self._retired_gen = 0  # the map retired_gen's value: written here only
         try:
             self._lib = libbpf()
         except OSError as e:
@@ -394,9 +397,14 @@ class KernelWire:
 
     def retire(self, conn: Conn, volume: int, count: int, at_ns: int) -> None:
         """The commands of (conn, volume) aged out so far, in all, and when the last of
-        them was (CLOCK_MONOTONIC ns): the program takes them off its count in flight."""
+        them was (CLOCK_MONOTONIC ns): the program takes them off its count in flight at
+        the volume's next move (it looks once the map retired_gen has moved past the
+        value it saw last)."""
         key = _VOL_KEY.pack(*_CONN.unpack(_conn_raw(conn)), volume)
         self._lib.bpf_map_update_elem(self.maps["retired"], key, _RETIRED.pack(count, at_ns), 0)
+        self._retired_gen += 1  # after the entry: a volume that sees the new one finds it
+        gen = _U64.pack(self._retired_gen)
+        self._lib.bpf_map_update_elem(self.maps["retired_gen"], _U32.pack(0), gen, 0)
 
     def events(self) -> list[Event]:
         """The logins and connects passed up since the last call."""

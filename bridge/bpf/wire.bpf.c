@@ -219,6 +219,7 @@ struct vol_stats {
 	__u64 busy_ns;	/* its closed busy spans */
 	__u64 since_ns;	/* the open span's start, while outstanding > 0 */
 	__u64 retired;	/* the aged-out commands (map retired) already taken off */
+	__u64 gen;	/* retired_gen when it last looked at the map retired */
 	__u32 outstanding;	/* its commands in flight */
 	struct bpf_spin_lock lock;
 };
@@ -283,6 +284,15 @@ struct {
 	__type(key, struct vol_key);
 	__type(value, struct retired_val);
 } retired SEC(".maps");
+
+/* How many times userspace wrote to the map retired: a volume looks there only when it
+ * moved (a volume's move looks at its key only after the generation it saw last). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} retired_gen SEC(".maps");
 
 /* IPsec ESP on the port (bridge/kernel.py's esp_flows()): a security association by its
  * addresses and SPI -- storage the sensor cannot read (not measurable), shown as such. */
@@ -957,14 +967,22 @@ static __always_inline struct vol_stats *vol_of(struct scratch *sc, __u64 volume
  * of them aged (never before it opened, never after now). */
 static __always_inline void busy_move(struct scratch *sc, struct vol_stats *s, int up)
 {
-	struct retired_val *r = bpf_map_lookup_elem(&retired, &sc->vk);
-	__u64 count = 0, at = 0, now = sc->now, n;
+	struct retired_val *r = NULL;
+	__u64 count = 0, at = 0, now = sc->now, n, gen = 0;
+	__u32 zero = 0;
+	__u64 *g = bpf_map_lookup_elem(&retired_gen, &zero);
 
+	if (g)
+		gen = *g;
+	if (gen != s->gen) /* userspace wrote to retired since this one looked: look */
+		r = bpf_map_lookup_elem(&retired, &sc->vk);
 	if (r) {
 		count = r->count;
 		at = r->at_ns;
 	}
 	bpf_spin_lock(&s->lock);
+	if (gen > s->gen)
+		s->gen = gen;
 	if (count > s->retired) {
 		n = count - s->retired;
 		s->retired = count;
