@@ -290,8 +290,8 @@ def test_logins_and_connects_name_their_initiators_as_the_python_tracker_does(ve
 
 
 # ---------------------------------------------------------------- busy time (kbusy.py)
-# Each step: (at s, connection index, what): commands and completions of two tags on an
-# iSCSI LUN and an NVMe/TCP namespace, overlapping, then idle: the busy time is the union.
+# Each step: (at s, what, tag), on an iSCSI LUN and an NVMe/TCP namespace alike: commands
+# and completions, overlapping, then idle: the busy time is the union of their spans.
 BUSY_STEPS = [(0.00, "cmd", 1), (0.06, "cmd", 2), (0.16, "done", 1), (0.26, "done", 2),
               (0.45, "cmd", 3), (0.57, "done", 3), (0.80, "cmd", 4), (0.86, "done", 4)]  # fmt: skip
 BUSY_END_S = 1.0
@@ -379,7 +379,7 @@ def test_the_kernels_busy_time_is_the_time_a_volume_has_a_command_in_flight(veth
     }
     tol = 4 * (EDGE_S + slack)
     print(f"\nbusy s: sent {want}, kernel {kernel}, capture {capture}, tolerance {tol:.4f}")
-    assert want["iscsi"] == pytest.approx(0.26 + 0.12 + 0.06, abs=0.05)  # as scheduled
+    assert min(want.values()) > 0.2  # scheduled 0.44 s (late sends on a loaded host move it)
     for proto, s in want.items():
         assert kernel[proto] == pytest.approx(s, abs=tol), proto
         assert capture[proto] == pytest.approx(s, abs=1e-6), proto
@@ -414,26 +414,40 @@ def test_a_command_the_map_lost_leaves_its_volume_busy_no_longer(veth_ns):
     w, tx = veth_ns
     conn = _busy_conns()[0]
     ks = KernelSums(w)
+
+    def send(what: str, tag: int) -> tuple[float, float]:  # before and after its send
+        t0 = time.monotonic()
+        tx.send(_busy_frame(conn, what, (tag,)))
+        return t0, time.monotonic()
+
     _send(tx, [_busy_frame(conn, "cmd", (100, 101)), _busy_frame(conn, "done", (100, 101))], w)
     _send(tx, [_busy_frame(conn, "cmd", (7,))], w)  # never completed
+    a0 = time.monotonic()
     ks.refresh()
+    a1 = time.monotonic()
     ks.busy.take(0.0)
     time.sleep(0.2)
+    b0 = time.monotonic()
     ks.refresh()
-    assert sum(ks.busy.take(0.0).values()) == pytest.approx(0.2, abs=0.05)  # busy
+    b1 = time.monotonic()
+    busy = sum(ks.busy.take(0.0).values())
+    assert b0 - a1 <= busy <= b1 - a0, (busy, a0, a1, b0, b1)  # busy all along
     [key] = [k for k, s in w.volume_sums().items() if s.outstanding]
     assert w.forget_inflight(key[0], 7)  # gone from the map, silently
     walk = ks.walk_inflight(time.monotonic())
     assert key not in walk.held and ks.busy.retired[key][0] == 1
+    ks.refresh()
+    ks.busy.take(0.0)
     time.sleep(0.2)
     ks.refresh()
-    assert sum(ks.busy.take(0.0).values()) < 0.01  # busy no longer
-    t0 = time.monotonic()
-    _send(tx, [_busy_frame(conn, "cmd", (8,))], w)
+    assert ks.busy.take(0.0) == {}  # busy no longer
+    cmd = send("cmd", 8)
     time.sleep(0.1)
-    _send(tx, [_busy_frame(conn, "done", (8,))], w)
-    took = time.monotonic() - t0
+    done = send("done", 8)
+    time.sleep(0.05)
     ks.refresh()
-    assert sum(ks.busy.take(0.0).values()) == pytest.approx(took, abs=0.03)
+    busy = sum(ks.busy.take(0.0).values())
+    edge = 4 * EDGE_S  # as the test above allows, on a loaded host
+    assert done[0] - cmd[1] - edge <= busy <= done[1] - cmd[0] + edge, (busy, cmd, done)
     s = w.volume_sums()[key]
     assert (s.outstanding, s.retired) == (0, 1)  # the program took the retired one off
