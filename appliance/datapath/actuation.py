@@ -11,8 +11,9 @@ What it owns
       advance_glides()      every tick: the glide leaves' due lowerings and handoffs,
                     quarantined like any refusal when the kernel refuses them
       members(), quarantined(), errors, quarantines   for status and metrics
-      expected(), drift(), repair()   the drift check and its repair (a member
-                    santhrottle did not put there is taken out)
+      expected(), missing(), drift(), repair()   the drift check (the presence
+                    read at every convergence, the full comparison) and its repair
+                    (a member santhrottle did not put there is taken out)
       cleanup()     the stop
     The command line's `pin`, `datapath apply` and `cleanup` use the Datapath
     alone: no record outlives a command.
@@ -30,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from santhrottle.appliance.datapath.actuator import ApplyReport, CleanupReport, Datapath
-from santhrottle.appliance.datapath.drift import Expected, find_drift
+from santhrottle.appliance.datapath.drift import Expected, Presence, find_drift, find_missing
 from santhrottle.appliance.datapath.reconcile import Change, Quarantined, Reconciler, Target
 
 
@@ -38,6 +39,7 @@ class Actuation:
     def __init__(self, datapath: Datapath) -> None:
         self.datapath = datapath
         self.reconciler = Reconciler(self._send, datapath.clock)
+        self._presence: Presence | None = None  # the convergence worker's sockets
 
     def _send(self, classes: Mapping[str, int], mode: str, ordered: bool) -> int:
         return self.datapath.set_classes(classes, mode, ordered=ordered)
@@ -61,6 +63,9 @@ class Actuation:
         )
 
     def cleanup(self) -> CleanupReport:
+        if self._presence is not None:
+            self._presence.close()
+            self._presence = None
         return self.datapath.cleanup()
 
     # ------------------------------------------------------------ every tick
@@ -103,6 +108,19 @@ class Actuation:
     def expected(self) -> Expected:
         """What the data path left in the kernel (the tick's thread; drift.py)."""
         return self.datapath.expected()
+
+    def missing(self, expected: Expected) -> list[str]:
+        """What is surely missing or not as left (drift.py's presence read, cheap: every
+        convergence), through sockets kept for the convergence worker."""
+        dp = self.datapath
+        if self._presence is None:
+            self._presence = Presence(dp.netns, dp.host.tools)
+        try:
+            return find_missing(dp.spec, expected, self._presence)
+        except Exception:
+            self._presence.close()  # opened again at the next read
+            self._presence = None
+            raise
 
     def drift(self, expected: Expected) -> list[str]:
         """What is missing or changed against `expected`, one line per object; read only,

@@ -21,13 +21,15 @@ Worked example
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from santhrottle.appliance.datapath.host import Host
-from santhrottle.appliance.datapath.names import DatapathError
+from santhrottle.appliance.datapath import nftlib
+from santhrottle.appliance.datapath.host import Host, Tools
+from santhrottle.appliance.datapath.names import CHAIN, DatapathError
 from santhrottle.appliance.datapath.rules import (
     parse_backend,
     parse_jump_device,
@@ -37,6 +39,37 @@ from santhrottle.appliance.datapath.rules import (
     render_rules_cleanup,
     render_rules_restore,
 )
+
+NFT_FAMILY = {4: "ip", 6: "ip6"}
+NO_TABLE = "no table mangle"  # the fingerprint of a family without iptables-nft's table
+
+
+def nft_fingerprint(host: Host, family: int) -> str | None:
+    """The chain SANTHROTTLE and the POSTROUTING rules jumping into it as nftables
+    holds them (module header): JSON text, NO_TABLE without `table ip mangle`;
+    None where this process cannot load libnftables."""
+    lib = nftlib.load(host.netns_path())
+    if lib is None:
+        return None
+    try:
+        text = lib.run(f"list table {NFT_FAMILY[family]} mangle", json_out=True, what="nft list")
+    except DatapathError as e:  # nft: "No such file or directory; did you mean ..."
+        if "No such file or directory" in str(e):
+            return NO_TABLE
+        raise
+    got = json.loads(text)
+    out: list[object] = []
+    for x in got["nftables"]:
+        if x.get("chain", {}).get("name") == CHAIN:
+            out.append(["chain", x["chain"]["handle"]])
+        rule = x.get("rule")
+        if rule is None:
+            continue
+        expr = [e for e in rule.get("expr", []) if "counter" not in e]
+        ours = rule.get("chain") == CHAIN or {"jump": {"target": CHAIN}} in expr
+        if ours:
+            out.append([rule.get("chain"), rule.get("handle"), expr])
+    return json.dumps(out, sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -55,14 +88,27 @@ class Mangle:
             (t.iptables, t.iptables_restore) if family == 4 else (t.ip6tables, t.ip6tables_restore)
         )
         self.what = "iptables" if family == 4 else "ip6tables"
+        self._backend: str | None = None
+        self.left: str | None = None  # the fingerprint after the last write (module header)
 
     def backend(self) -> str:
-        """The iptables backend in use: nf_tables, legacy (or unknown)."""
-        try:
-            out = self.host.run([self.tool, "-V"], what=f"{self.what} -V")
-        except DatapathError:
-            return "unknown"
-        return parse_backend(out)
+        """The iptables backend in use: nf_tables, legacy (or unknown); asked once."""
+        if self._backend is None:
+            try:
+                out = self.host.run([self.tool, "-V"], what=f"{self.what} -V")
+            except DatapathError:
+                return "unknown"
+            self._backend = parse_backend(out)
+        return self._backend
+
+    def _keep_left(self) -> None:
+        """What was just written (or found as wanted), for the drift check; None where
+        it cannot be read in-process (legacy backend, another iptables, no libnftables)."""
+        self.left = None
+        own = self.tool == (Tools.iptables if self.family == 4 else Tools.ip6tables)
+        if own and self.backend() == "nf_tables":
+            with contextlib.suppress(DatapathError):
+                self.left = nft_fingerprint(self.host, self.family)
 
     def read(self) -> tuple[list[str], list[str] | None]:
         """(POSTROUTING jumps to our chain, our chain's rules or None)."""
@@ -78,6 +124,7 @@ class Mangle:
             self._restore(text)
         if not active:
             self._tidy()
+        self._keep_left()
         return text is not None
 
     def pending(self, devices: Sequence[str], ports: Sequence[int], active: bool) -> bool:
@@ -94,6 +141,7 @@ class Mangle:
             self._restore(text)
             if not active:
                 self._tidy()
+        self._keep_left()
         return text is not None
 
     def _tidy(self) -> None:
@@ -103,6 +151,7 @@ class Mangle:
             self._drop_empty_nft(table=False)
 
     def cleanup(self) -> MangleCleanup:
+        self.left = None
         jumps, chain = self.read()
         text = render_rules_cleanup(jumps, chain is not None)
         if text is None:
@@ -192,6 +241,14 @@ class Mangles:
 
     def families(self) -> list[Mangle]:
         return [self.v4] if self.v6_problem else [self.v4, self.v6]
+
+    def left(self) -> tuple[tuple[int, str], ...] | None:
+        """(family, fingerprint) of each family as last written; None when one cannot
+        be read in-process (module header)."""
+        got = [(m.family, m.left) for m in self.families()]
+        if any(fp is None for _f, fp in got):
+            return None
+        return tuple((f, fp) for f, fp in got if fp is not None)
 
     def backend(self) -> str:
         return self.v4.backend()

@@ -87,8 +87,11 @@ def _library() -> Any:
 
 
 def _last_line(text: str) -> str:
+    """nft's own error line ("Error: ..."; after it come the command and a line of
+    carets under the culprit), else the last line."""
     lines = [x.strip() for x in text.splitlines() if x.strip()]
-    return lines[-1] if lines else "(no output)"
+    errors = [x for x in lines if x.startswith("Error:")]
+    return errors[-1] if errors else lines[-1] if lines else "(no output)"
 
 
 class Library:

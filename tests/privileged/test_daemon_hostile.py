@@ -213,6 +213,46 @@ def test_the_daemon_repairs_what_was_removed_under_it(ns, tmp_path, damage, what
         _stop(proc)
 
 
+@pytest.mark.parametrize(
+    "damage",
+    [
+        ("tc", "qdisc", "del", "dev", "st-d0", "root"),
+        ("ipset", "flush", "santhrottle-all"),
+        ("iptables", "-t", "mangle", "-F", "POSTROUTING"),
+    ],
+    ids=["root", "flush", "jump"],
+)
+def test_what_is_removed_under_the_daemon_is_back_within_a_convergence(ns, tmp_path, damage):  # noqa: F811
+    """Before, the kernel was read back only every CHECK_EVERY_S (10 s): a root qdisc
+    removed just after a check stayed gone ~10 s.  Now the presence read at each
+    convergence (1 s here) sends it to the repair at once.  The damage comes right
+    after a repair's own check, the worst moment for a periodic check."""
+    sock = str(tmp_path / "control.sock")
+    log = tmp_path / "log"
+    proc = _start(_conf(tmp_path, ns), sock, log=log)
+    try:
+        request(sock, "pin", initiator=SIX[0], **{"class": 5, "mode": "all"})
+        _wait(lambda: SIX[0] in _members(ns), what="the pin applied")
+        before = _objects(ns)
+        _sh_ns(ns, *damage)  # a first time: repaired, then checked at the next convergence
+        _wait(lambda: _objects(ns) == before, what="the first repair")
+        time.sleep(1.5)  # that check is done: a periodic one comes CHECK_EVERY_S later
+        repairs = request(sock, "status")["counters"]["repairs"]
+        t0 = time.monotonic()
+        _sh_ns(ns, *damage)
+
+        def repaired() -> bool:
+            return request(sock, "status")["counters"]["repairs"] > repairs
+
+        _wait(repaired, timeout_s=30, what="a repair")
+        took = time.monotonic() - t0
+        _wait(lambda: _objects(ns) == before, what="the data path as it was")
+        assert took < 5.0, f"repaired after {took:.1f} s: not within about a convergence"
+        assert request(sock, "status")["counters"]["actuator_errors"] == 0
+    finally:
+        _stop(proc)
+
+
 def test_cleanup_refuses_while_a_daemon_answers_and_force_stops_it_first(ns, tmp_path):  # noqa: F811
     sock = str(tmp_path / "control.sock")
     conf = _conf(tmp_path, ns)

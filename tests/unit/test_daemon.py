@@ -184,6 +184,11 @@ class FakeActuator:
     def expected(self):
         return dict(self.reconciler.targets)
 
+    def missing(self, expected):  # the presence read: who is there, not in which class
+        if set(self._kernel) != set(expected):
+            return [f"members: {len(self._kernel)} in the kernel, {len(expected)} left"]
+        return []
+
     def drift(self, expected):
         return [
             f"member {ip}: {self._kernel.get(ip)} in the kernel, {km} left"

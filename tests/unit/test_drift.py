@@ -54,6 +54,32 @@ def test_the_kernel_is_read_every_check_period_not_every_convergence():
     assert len(gaps) == 3 and min(gaps) >= CHECK_EVERY_S  # then the period again
 
 
+def test_what_the_presence_read_misses_is_repaired_within_a_convergence():
+    """Before, a flush under the daemon was found only at the next full check, up to
+    CHECK_EVERY_S later: issue 46 item 6 asks for each convergence.  The cheap
+    presence read runs at every convergence and sends a finding to the full
+    comparison at once; a change it cannot see (a member's class) waits for the
+    full comparison."""
+    d, vt, _s, act = make()
+    handle(d, "pin", {"initiator": "10.0.0.7", "class": 4, "mode": "all"})
+    handle(d, "pin", {"initiator": "10.0.0.8", "class": 4, "mode": "all"})
+    run_for(d, vt, CHECK_EVERY_S / 2)  # halfway between two full comparisons
+    presence, full = [], []
+    real_missing, real_drift = act.missing, act.drift
+    act.missing = lambda e: presence.append(vt.now) or real_missing(e)
+    act.drift = lambda e: full.append(vt.now) or real_drift(e)
+    t0 = vt.now
+    act._kernel.clear()
+    run_for(d, vt, 1.2)  # one convergence and a tick
+    assert {"10.0.0.7", "10.0.0.8"} <= set(act.kernel) and act.repairs == 1
+    assert full and full[0] - t0 <= 1.0 and len(presence) >= 1
+    act._kernel["10.0.0.7"] = (2, "all")  # a class changed: the presence read cannot see it
+    t1, n = vt.now, act.repairs
+    run_for(d, vt, CHECK_EVERY_S + 1.2)
+    assert act.repairs == n + 1 and act.kernel["10.0.0.7"] == (4, "all")
+    assert full[-1] - t1 > 1.5  # found by the full comparison, at its period
+
+
 def test_a_check_that_races_a_tick_is_no_drift():
     """The data path changed between what the check took and what it read: nothing is
     repaired (the next convergence looks again)."""

@@ -73,16 +73,22 @@ class DriftWatch:
         self._again: dict[str, tuple[int, float]] = {}  # kind -> (repairs in a row, next at)
         self._said: dict[str, float] = {}  # kind -> when it was last said
         self._next_s: float | None = None  # the next check not before (None: at once)
+        self._answered: list[str] = []  # what the presence read found, looked at in full
 
     def check(self, actuator: Actuator, lock: threading.RLock, now: float) -> None:
-        """In the convergence worker (now: the daemon's clock); reads the kernel only
-        when a check is due (module header)."""
+        """In the convergence worker (now: the daemon's clock), after each convergence:
+        the presence read, and the full comparison when it is due or when the
+        presence read found something (module header)."""
         with lock:
-            if self._next_s is not None and now < self._next_s:
-                return
-            self._next_s = now + CHECK_EVERY_S
+            due = self._next_s is None or now >= self._next_s
             before = actuator.expected()
         try:
+            missing = [] if due else actuator.missing(before)
+            if not due and missing == self._answered:  # nothing, or what was looked at
+                return
+            self._answered = missing
+            with lock:
+                self._next_s = now + CHECK_EVERY_S
             found = actuator.drift(before)
         except Exception as e:  # a check that cannot read: said once, tried again
             if not self._failing:

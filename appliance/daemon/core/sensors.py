@@ -25,7 +25,7 @@ Actuator
     reconcile() the kernel's members with the classes wanted, advance_glides() the glide
     leaves, the members it holds (the one record of what the kernel holds:
     the daemon keeps no copy), the members it could not apply (quarantine),
-    drift() and repair() of the objects it owns, cleanup().
+    missing(), drift() and repair() of the objects it owns, cleanup().
 """
 
 from __future__ import annotations
@@ -162,6 +162,8 @@ class Actuator(Protocol):
     # drift (datapath/drift.py): what the data path left, compared with the kernel on
     # another thread, and rebuilt
     def expected(self) -> Any: ...
+
+    def missing(self, expected: Any) -> list[str]: ...
 
     def drift(self, expected: Any) -> list[str]: ...
 
