@@ -28,18 +28,19 @@ Worked example
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from santhrottle.appliance.datapath.actuator import ApplyReport, CleanupReport, Datapath
-from santhrottle.appliance.datapath.drift import Expected, Presence, find_drift, find_missing
+from santhrottle.appliance.datapath.drift import Expected, Watch, find_drift, find_missing
 from santhrottle.appliance.datapath.reconcile import Change, Quarantined, Reconciler, Target
+from santhrottle.appliance.datapath.spec import DatapathSpec
 
 
 class Actuation:
     def __init__(self, datapath: Datapath) -> None:
         self.datapath = datapath
         self.reconciler = Reconciler(self._send, datapath.clock)
-        self._presence: Presence | None = None  # the convergence worker's sockets
+        self._watch: Watch | None = None  # the drift check's sockets (the worker's)
 
     def _send(self, classes: Mapping[str, int], mode: str, ordered: bool) -> int:
         return self.datapath.set_classes(classes, mode, ordered=ordered)
@@ -63,9 +64,7 @@ class Actuation:
         )
 
     def cleanup(self) -> CleanupReport:
-        if self._presence is not None:
-            self._presence.close()
-            self._presence = None
+        self._unwatch()
         return self.datapath.cleanup()
 
     # ------------------------------------------------------------ every tick
@@ -111,22 +110,30 @@ class Actuation:
 
     def missing(self, expected: Expected) -> list[str]:
         """What is surely missing or not as left (drift.py's presence read, cheap: every
-        convergence), through sockets kept for the convergence worker."""
-        dp = self.datapath
-        if self._presence is None:
-            self._presence = Presence(dp.netns, dp.host.tools)
-        try:
-            return find_missing(dp.spec, expected, self._presence)
-        except Exception:
-            self._presence.close()  # opened again at the next read
-            self._presence = None
-            raise
+        convergence); read only, through sockets kept for the convergence worker."""
+        return self._watched(find_missing, expected)
 
     def drift(self, expected: Expected) -> list[str]:
-        """What is missing or changed against `expected`, one line per object; read only,
-        through netlink sockets of its own (any thread: the convergence worker's)."""
+        """What is missing or changed against `expected`, one line per object (drift.py's
+        full comparison); read only, through the same sockets."""
+        return self._watched(find_drift, expected)
+
+    def _watched(
+        self, read: Callable[[DatapathSpec, Expected, Watch], list[str]], expected: Expected
+    ) -> list[str]:
         dp = self.datapath
-        return find_drift(dp.spec, expected, dp.netns, dp.host.tools)
+        if self._watch is None:
+            self._watch = Watch(dp.netns, dp.host.tools)
+        try:
+            return read(dp.spec, expected, self._watch)
+        except Exception:
+            self._unwatch()  # opened again at the next read
+            raise
+
+    def _unwatch(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
 
     def repair(self) -> int:
         """Rebuild what drifted (Datapath.apply(): the tree, the sets, the gate, the

@@ -300,7 +300,7 @@ class Datapath:
 
     def expected(self) -> Expected:
         """What this data path left in the kernel (datapath/drift.py)."""
-        return Expected(self.sets.cached(), self._jumps, self.mangle.left())
+        return Expected(self.sets.cached(), self._jumps, *self.mangle.left())
 
     def plan_changes(self, classes: Mapping[str, int], mode: str | None = None) -> list[Op]:
         """The ipset ops (op, set, ip, HTB minor) that move `classes` into place."""

@@ -73,113 +73,115 @@ from santhrottle.appliance.datapath.names import (
 )
 from santhrottle.appliance.datapath.nftgate import NFT_TABLE, NftRules, NftSets
 from santhrottle.appliance.datapath.nftrules import FAMILY, TABLE
+from santhrottle.appliance.datapath.presence import Presence
 from santhrottle.appliance.datapath.sets import (
     IPSET_FLAG_WITH_COUNTERS,
     IPSET_FLAG_WITH_SKBINFO,
     MemberSets,
 )
 from santhrottle.appliance.datapath.spec import DatapathSpec
-from santhrottle.appliance.datapath.tc import RootQdiscs, TcDevice
+from santhrottle.appliance.datapath.tc import TcDevice
 from santhrottle.appliance.datapath.tctree import desired_tree, render_tc_plan
 
 
 @dataclass(frozen=True)
 class Expected:
     """What the data path left: the sets' membership as last written (None:
-    unknown after a failure, not checked), whether the jumps are in, and the
+    unknown after a failure, not checked), whether the jumps are in, the
     (family, fingerprint) of the chain and its jumps (None: not readable
-    in-process, datapath/mangle.py)."""
+    in-process, datapath/mangle.py) and nftables' generation they were read
+    at (None: it moved during the read)."""
 
     members: KernelMembers | None
     jumps: bool | None
     rules: tuple[tuple[int, str], ...] | None = None
+    rules_gen: int | None = None
 
 
 RULES_DRIFT = "iptables: the chain SANTHROTTLE or its jumps are missing or changed"
 
 
-class Presence:
-    """find_missing()'s sockets, kept from one convergence to the next (one thread's)."""
+class Watch(Presence):
+    """The drift check's reader (the convergence worker's, kept between checks): the
+    presence read's sockets, and the nftables generation at which the programs last
+    found the chain as wanted (find_drift)."""
 
     def __init__(self, netns: str | None, tools: Tools | None = None) -> None:
-        self.host = Host(netns, tools)
-        self.roots = RootQdiscs(self.host)
+        super().__init__(Host(netns, tools))
+        self.verified: tuple[int, tuple[tuple[int, str], ...]] | None = None
 
     def close(self) -> None:
-        self.roots.close()
+        super().close()
         self.host.close()
 
 
-def find_missing(spec: DatapathSpec, expected: Expected, p: Presence) -> list[str]:
+def find_missing(spec: DatapathSpec, expected: Expected, w: Watch) -> list[str]:
     """The cheap presence read (module header): what is surely missing or not as
     left, one line each; [] does not mean nothing changed (find_drift() says)."""
     out = []
     for dev in spec.devices:
         try:
-            kind, handle = p.roots.root(dev)
+            kind, handle = w.root(dev)
         except DatapathError as e:
             out.append(f"tc: {dev}: {e}")
             continue
         if kind != "htb" or handle >> 16 != ROOT_MAJOR:
-            out.append(f"tc: {dev}: the root qdisc is not santhrottle's ({kind})")
+            out.append(f"tc: {dev}: the root qdisc is not santhrottle's ({kind or 'none'})")
     if spec.bridged:
-        lib = nftlib.load(p.host.netns_path())
+        lib = nftlib.load(w.host.netns_path())
         if lib is not None:
             got = json.loads(lib.run(f"list tables {FAMILY}", json_out=True, what="nft list"))
             if not any(x.get("table", {}).get("name") == TABLE for x in got["nftables"]):
                 out.append(f"nft: table {NFT_TABLE} is missing")
         return out
-    out += _ipset_presence(MemberSets(p.host).summary(), expected)
-    out += _rules_drift(p.host, expected)
+    summary = w.set_summary()
+    out += _ipset_headers(summary)
+    if not out and expected.members is not None:
+        out += _ipset_counts(summary, expected.members)
+        left = len(_per_set(expected.members))
+        if summary[MEMBERS_SET][1] != left:
+            out.append(f"ipset: {MEMBERS_SET} lists {summary[MEMBERS_SET][1]} set(s), not {left}")
+    if _rules_unchanged(w, expected) is False:
+        out.append(RULES_DRIFT)
     return out
 
 
-def _ipset_presence(summary: Mapping[str, tuple[int, int]], expected: Expected) -> list[str]:
-    out = [f"ipset: {n} is missing" for n in (*ALL_SET_NAMES, MEMBERS_SET) if n not in summary]
-    if out or expected.members is None:
-        return out
-    left = _per_set(expected.members)
-    for name in ALL_SET_NAMES:
-        if summary[name][1] != left.get(name, 0):
-            out.append(
-                f"ipset: {name} holds {summary[name][1]} members, santhrottle left "
-                f"{left.get(name, 0)} there"
-            )
-    if summary[MEMBERS_SET][1] != len(left):
-        out.append(f"ipset: {MEMBERS_SET} lists {summary[MEMBERS_SET][1]} set(s), not {len(left)}")
-    return out
-
-
-def _rules_drift(host: Host, expected: Expected) -> list[str]:
-    """The chain and its jumps against the fingerprints left (in-process); []
-    where there are none to compare with (find_drift() runs iptables -S there)."""
+def _rules_unchanged(w: Watch, expected: Expected) -> bool | None:
+    """The chain and its jumps as left (in-process): True when nothing in nftables
+    changed since they were read (the generation) or since the programs last
+    found them as wanted; False when their fingerprint differs; None when the
+    fingerprints agree at another generation (only the programs can tell), or
+    when there is nothing to compare with (the legacy backend)."""
     if expected.jumps is None or expected.rules is None:
-        return []
+        return None
+    gen = w.nft_generation()
+    if gen == expected.rules_gen or w.verified == (gen, expected.rules):
+        return True
     for family, left in expected.rules:
-        if nft_fingerprint(host, family) != left:
-            return [RULES_DRIFT]
-    return []
+        if nft_fingerprint(w.host, family) != left:
+            return False
+    return None
 
 
-def find_drift(
-    spec: DatapathSpec, expected: Expected, netns: str | None, tools: Tools | None = None
-) -> list[str]:
+def find_drift(spec: DatapathSpec, expected: Expected, w: Watch) -> list[str]:
     """Each object of the data path that is missing or changed, one line each."""
-    host = Host(netns, tools)
-    try:
-        out = _tc_drift(host, spec)
-        if spec.bridged:
-            out += _nft_drift(host, spec, expected)
-        else:
-            out += _ipset_drift(host, expected)
-            jumps = expected.jumps
-            if expected.rules is not None:
-                out += _rules_drift(host, expected)
-            elif jumps is not None and Mangles(host).pending(spec.devices, spec.ports, jumps):
-                out.append(RULES_DRIFT)  # legacy iptables, no libnftables: the programs
-        return out
-    finally:
-        host.close()
+    out = _tc_drift(w.host, spec)
+    if spec.bridged:
+        return out + _nft_drift(w.host, spec, expected)
+    out += _ipset_drift(w, expected)
+    jumps = expected.jumps
+    same = _rules_unchanged(w, expected)
+    if same is False:
+        out.append(RULES_DRIFT)
+    elif same is None and jumps is not None:
+        # the legacy backend, no libnftables, or another nftables transaction since
+        # the chain was read (an `iptables -R` keeps the fingerprint): the programs
+        gen = w.nft_generation() if expected.rules is not None else None
+        if Mangles(w.host).pending(spec.devices, spec.ports, jumps):
+            out.append(RULES_DRIFT)
+        elif gen is not None and expected.rules is not None:
+            w.verified = (gen, expected.rules)
+    return out
 
 
 def _tc_drift(host: Host, spec: DatapathSpec) -> list[str]:
@@ -205,27 +207,36 @@ def _per_set(members: Mapping[str, tuple[str, int]]) -> Counter[str]:
     return Counter(set_name(mode, ip) for ip, (mode, _minor) in members.items())
 
 
-def _ipset_drift(host: Host, expected: Expected) -> list[str]:
-    sets = MemberSets(host)
-    flags = sets.headers()
+def _ipset_headers(summary: Mapping[str, tuple[int, int]]) -> list[str]:
     out = []
     want_flags = IPSET_FLAG_WITH_COUNTERS | IPSET_FLAG_WITH_SKBINFO
     for name in (*ALL_SET_NAMES, MEMBERS_SET):
-        if name not in flags:
+        if name not in summary:
             out.append(f"ipset: {name} is missing")
-        elif name != MEMBERS_SET and flags[name] & want_flags != want_flags:
+        elif name != MEMBERS_SET and summary[name][0] & want_flags != want_flags:
             out.append(f"ipset: {name} has no counters/skbinfo")
+    return out
+
+
+def _ipset_counts(
+    summary: Mapping[str, tuple[int, int]], members: Mapping[str, tuple[str, int]]
+) -> list[str]:
+    left = _per_set(members)
+    return [
+        f"ipset: {name} holds {summary[name][1]} members, santhrottle left "
+        f"{left.get(name, 0)} there"
+        for name in ALL_SET_NAMES
+        if summary[name][1] != left.get(name, 0)
+    ]
+
+
+def _ipset_drift(w: Watch, expected: Expected) -> list[str]:
+    summary = w.set_summary()
+    out = _ipset_headers(summary)
     if out or expected.members is None:
         return out
-    left = _per_set(expected.members)
-    counts = sets.counts()
-    for name in ALL_SET_NAMES:
-        if counts.get(name, 0) != left.get(name, 0):
-            out.append(
-                f"ipset: {name} holds {counts.get(name, 0)} members, santhrottle left "
-                f"{left.get(name, 0)} there"
-            )
-    listed, should = sets.gate_listed(), set(left)
+    out += _ipset_counts(summary, expected.members)
+    listed, should = MemberSets(w.host).gate_listed(), set(_per_set(expected.members))
     if listed != should:
         out.append(
             f"ipset: {MEMBERS_SET} lists {', '.join(sorted(listed)) or 'no set'}, santhrottle "

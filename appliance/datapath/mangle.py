@@ -7,9 +7,30 @@ What it owns
     legacy backend alike; never touches a rule that is not ours), and on
     cleanup removes the jumps and the chain, and the empty `table ip
     mangle` iptables-nft leaves behind.  Mangle(host, 6) does the same with
-    ip6tables.  Mangles: both families as one, the target host's gate;
-    a host whose ip6tables cannot list its mangle table (IPv6 disabled, no
+    ip6tables.  Mangles: both families as one, the target host's gate; a
+    host whose ip6tables cannot list its mangle table (IPv6 disabled, no
     ip6tables) runs IPv4 only, and v6_problem says why.
+
+What it left, read back in-process
+    With the nf_tables backend (Debian 12's iptables is iptables-nft) the
+    chain and the jumps live in nftables' `table ip mangle` and `table ip6
+    mangle`.  After each reconcile and set_jumps, Mangles keeps `left()`: a
+    fingerprint per family read through libnftables (datapath/nftlib.py,
+    0.1-0.2 ms a family, no process) -- every rule of SANTHROTTLE and every
+    POSTROUTING rule that jumps into it, with its handle and expressions,
+    counters left out (nft_fingerprint()) -- and nftables' generation at
+    that read (datapath/presence.py).  While the generation has not moved,
+    nothing in nftables changed; when it has, the drift check compares the
+    kernel's fingerprints with `left` (datapath/drift.py).  A rule deleted,
+    added, flushed or put back by iptables-restore (a new handle) changes
+    them.  libnftables prints an xtables match or target (set, bpf,
+    multiport, SET) by its name only, so a rule replaced in place (`iptables
+    -R` keeps the handle) by one with the same matches and targets but other
+    arguments does not: for that case the full comparison runs `iptables -S`
+    and `ip6tables -S` once per generation that moved while the fingerprints
+    stayed.  With the legacy backend (x_tables: nothing in nftables), other
+    iptables programs than the default ones, or without libnftables, `left()`
+    is (None, None) and the full comparison runs the programs every time.
 
 Worked example
     Mangle(host).reconcile(["eth1"], (3260, 4420), active=False) on a clean
@@ -30,6 +51,7 @@ from typing import Any
 from santhrottle.appliance.datapath import nftlib
 from santhrottle.appliance.datapath.host import Host, Tools
 from santhrottle.appliance.datapath.names import CHAIN, DatapathError
+from santhrottle.appliance.datapath.presence import Presence
 from santhrottle.appliance.datapath.rules import (
     parse_backend,
     parse_jump_device,
@@ -89,7 +111,6 @@ class Mangle:
         )
         self.what = "iptables" if family == 4 else "ip6tables"
         self._backend: str | None = None
-        self.left: str | None = None  # the fingerprint after the last write (module header)
 
     def backend(self) -> str:
         """The iptables backend in use: nf_tables, legacy (or unknown); asked once."""
@@ -100,15 +121,6 @@ class Mangle:
                 return "unknown"
             self._backend = parse_backend(out)
         return self._backend
-
-    def _keep_left(self) -> None:
-        """What was just written (or found as wanted), for the drift check; None where
-        it cannot be read in-process (legacy backend, another iptables, no libnftables)."""
-        self.left = None
-        own = self.tool == (Tools.iptables if self.family == 4 else Tools.ip6tables)
-        if own and self.backend() == "nf_tables":
-            with contextlib.suppress(DatapathError):
-                self.left = nft_fingerprint(self.host, self.family)
 
     def read(self) -> tuple[list[str], list[str] | None]:
         """(POSTROUTING jumps to our chain, our chain's rules or None)."""
@@ -124,7 +136,6 @@ class Mangle:
             self._restore(text)
         if not active:
             self._tidy()
-        self._keep_left()
         return text is not None
 
     def pending(self, devices: Sequence[str], ports: Sequence[int], active: bool) -> bool:
@@ -141,7 +152,6 @@ class Mangle:
             self._restore(text)
             if not active:
                 self._tidy()
-        self._keep_left()
         return text is not None
 
     def _tidy(self) -> None:
@@ -151,7 +161,6 @@ class Mangle:
             self._drop_empty_nft(table=False)
 
     def cleanup(self) -> MangleCleanup:
-        self.left = None
         jumps, chain = self.read()
         text = render_rules_cleanup(jumps, chain is not None)
         if text is None:
@@ -226,6 +235,8 @@ class Mangles:
         self.v6 = Mangle(host, 6)
         self._v6_problem: str | None = None
         self._v6_probed = False
+        self._left: tuple[tuple[int, str], ...] | None = None  # (family, fingerprint)
+        self._left_gen: int | None = None  # nftables' generation they were read at
 
     @property
     def v6_problem(self) -> str | None:
@@ -242,13 +253,31 @@ class Mangles:
     def families(self) -> list[Mangle]:
         return [self.v4] if self.v6_problem else [self.v4, self.v6]
 
-    def left(self) -> tuple[tuple[int, str], ...] | None:
-        """(family, fingerprint) of each family as last written; None when one cannot
-        be read in-process (module header)."""
-        got = [(m.family, m.left) for m in self.families()]
-        if any(fp is None for _f, fp in got):
-            return None
-        return tuple((f, fp) for f, fp in got if fp is not None)
+    def left(self) -> tuple[tuple[tuple[int, str], ...] | None, int | None]:
+        """((family, fingerprint) of each family as last written, or None where they
+        cannot be read in-process; nftables' generation they were read at)."""
+        return self._left, self._left_gen
+
+    def _keep_left(self) -> None:
+        """What was just written (or found as wanted), for the drift check (module
+        header): the fingerprints, read between two readings of nftables' generation
+        (kept only when it did not move)."""
+        self._left = self._left_gen = None
+        own = (self.v4.tool, self.v6.tool) == (Tools.iptables, Tools.ip6tables)
+        if not own or self.backend() != "nf_tables":
+            return
+        watch = Presence(self.v4.host)
+        try:
+            gen = watch.nft_generation()
+            got = [(m.family, nft_fingerprint(m.host, m.family)) for m in self.families()]
+            again = watch.nft_generation()
+        except DatapathError:
+            return
+        finally:
+            watch.close()
+        if all(fp is not None for _f, fp in got):
+            self._left = tuple((f, fp) for f, fp in got if fp is not None)
+            self._left_gen = gen if gen == again else None
 
     def backend(self) -> str:
         return self.v4.backend()
@@ -262,17 +291,22 @@ class Mangles:
         return None if self.v6_problem else self.v6.read()
 
     def reconcile(self, devices: Sequence[str], ports: Sequence[int], active: bool) -> bool:
+        self._left = self._left_gen = None
         changed = [m.reconcile(devices, ports, active) for m in self.families()]
+        self._keep_left()
         return any(changed)
 
     def set_jumps(self, devices: Sequence[str], active: bool) -> bool:
+        self._left = self._left_gen = None
         changed = [m.set_jumps(devices, active) for m in self.families()]
+        self._keep_left()
         return any(changed)
 
     def pending(self, devices: Sequence[str], ports: Sequence[int], active: bool) -> bool:
         return any(m.pending(devices, ports, active) for m in self.families())
 
     def cleanup(self) -> MangleCleanup:
+        self._left = self._left_gen = None
         parts = [m.cleanup() for m in self.families()]
         return MangleCleanup(
             sum(p.jumps for p in parts),

@@ -159,9 +159,9 @@ class NftRules(_Nft):
     def backend(self) -> str:
         return NFT_BACKEND
 
-    def left(self) -> None:
+    def left(self) -> tuple[None, None]:
         """No fingerprint: the drift check reads the bridge's table itself (drift.py)."""
-        return None
+        return None, None
 
     def read(self) -> tuple[list[str], list[str] | None]:
         """(the hook chain's jumps, the delay chain's rules or None)."""

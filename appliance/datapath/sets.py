@@ -115,19 +115,10 @@ class MemberSets(KnownMembers):
     # ----------------------------------------------------------- reading
     def headers(self) -> dict[str, int]:
         """Our sets that exist -> their CADT flags (one header-only dump)."""
-        return {name: flags for name, (flags, _n) in self.summary().items()}
-
-    def counts(self) -> dict[str, int]:
-        """Our sets that exist -> their number of members (one header-only dump: the
-        drift check compares them with the membership it left)."""
-        return {name: n for name, (_flags, n) in self.summary().items()}
-
-    def summary(self) -> dict[str, tuple[int, int]]:
-        """Our sets that exist -> (CADT flags, number of members), from one header-only
-        dump (the drift check's presence read, every convergence)."""
-        out: dict[str, tuple[int, int]] = {}
+        out: dict[str, int] = {}
+        ips = self.host.ipsets()
         try:
-            msgs = list(self.host.ipsets().list(flags=IPSET_FLAG_LIST_HEADER))
+            msgs = list(ips.list(flags=IPSET_FLAG_LIST_HEADER))
         except Exception as e:
             raise DatapathError(f"cannot list ipsets: {e}") from None
         for m in msgs:
@@ -135,11 +126,23 @@ class MemberSets(KnownMembers):
             if name not in OWNED_SETS:
                 continue
             data = m.get_attr("IPSET_ATTR_DATA")
-            if data is None:
-                out[name] = (0, 0)
-                continue
-            flags = data.get_attr("IPSET_ATTR_CADT_FLAGS") or 0
-            out[name] = (int(flags), int(data.get_attr("IPSET_ATTR_ELEMENTS") or 0))
+            flags = data.get_attr("IPSET_ATTR_CADT_FLAGS") if data is not None else 0
+            out[name] = int(flags or 0)
+        return out
+
+    def counts(self) -> dict[str, int]:
+        """Our sets that exist -> their number of members (one header-only dump: the
+        drift check compares them with the membership it left)."""
+        out: dict[str, int] = {}
+        try:
+            msgs = list(self.host.ipsets().list(flags=IPSET_FLAG_LIST_HEADER))
+        except Exception as e:
+            raise DatapathError(f"cannot list ipsets: {e}") from None
+        for m in msgs:
+            name = m.get_attr("IPSET_ATTR_SETNAME")
+            data = m.get_attr("IPSET_ATTR_DATA")
+            if name in OWNED_SETS and data is not None:
+                out[name] = int(data.get_attr("IPSET_ATTR_ELEMENTS") or 0)
         return out
 
     def gate_listed(self) -> set[str]:

@@ -8,10 +8,6 @@ What it owns
     stays), reads glide leaves' queues (one RTM_GETTCLASS each, in one
     batch: a dump of every class costs 25 ms for 500 classes on the host,
     far more in the lab) and the classes' counters, and removes the tree.
-    RootQdiscs: each device's root qdisc alone (kind and handle), one
-    RTM_GETQDISC of 36 bytes each on a raw netlink socket, no dump: the
-    drift check's presence read at every convergence (6 us of CPU a device
-    on the host, against ~20 ms for a tree's two dumps).
 
     apply() refuses a root qdisc santhrottle did not create (ForeignQdisc)
     and leaves nothing half-built: a fresh build that fails is removed.
@@ -25,10 +21,6 @@ Worked example
 from __future__ import annotations
 
 import contextlib
-import errno
-import os
-import socket
-import struct
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -54,15 +46,6 @@ from santhrottle.appliance.datapath.tctree import (
 )
 
 Record = dict[str, Any]
-
-RTM_GETQDISC = 38  # linux/rtnetlink.h
-NLMSG_ERROR = 2
-NLM_F_REQUEST, NLM_F_ECHO = 0x1, 0x8  # the answer to a get goes to the asker only with ECHO
-TCA_KIND = 1
-TC_H_ROOT = 0xFFFFFFFF
-_NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
-_TCMSG = struct.Struct("=BxxxiIII")  # family, ifindex, handle, parent, info
-_NLATTR = struct.Struct("=HH")
 
 
 def tc_record(msg: Any) -> Record:
@@ -276,71 +259,3 @@ class TcDevice:
             if c["handle"] >> 16 == ROOT_MAJOR and is_glide_minor(c["handle"] & 0xFFFF)
         ]
         return observe_tree(qd, cl), glides
-
-
-class RootQdiscs:
-    """The root qdisc of a device (module header): a raw NETLINK_ROUTE socket of its
-    own, opened inside the namespace at the first read and kept; close() it."""
-
-    def __init__(self, host: Host, timeout_s: float = 5.0) -> None:
-        self.host = host
-        self.timeout_s = timeout_s
-        self._sock: socket.socket | None = None
-        self._seq = 0
-
-    def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-
-    def _socket(self) -> socket.socket:
-        if self._sock is None:
-            with self.host.inside():
-                s = socket.socket(
-                    socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE
-                )
-            s.settimeout(self.timeout_s)
-            s.bind((0, 0))
-            self._sock = s
-        return self._sock
-
-    def root(self, device: str) -> tuple[str | None, int]:
-        """(kind, handle) of the device's root qdisc; the kernel's default root has
-        handle 0.  DatapathError when the device is gone or the kernel cannot say."""
-        idx = self.host.ifindex(device)
-        self._seq = self._seq % 0xFFFFFFFF + 1
-        req = _TCMSG.pack(0, idx, 0, TC_H_ROOT, 0)
-        hdr = _NLMSGHDR.pack(
-            _NLMSGHDR.size + len(req), RTM_GETQDISC, NLM_F_REQUEST | NLM_F_ECHO, self._seq, 0
-        )
-        try:
-            s = self._socket()
-            s.send(hdr + req)
-            while True:  # an answer to an earlier request that timed out is skipped
-                data = s.recv(65536)
-                _n, typ, _f, seq, _pid = _NLMSGHDR.unpack_from(data)
-                if seq == self._seq:
-                    break
-        except OSError as e:
-            self.close()
-            raise DatapathError(f"cannot read the root qdisc of {device}: {e}") from None
-        if typ == NLMSG_ERROR:
-            (err,) = struct.unpack_from("=i", data, _NLMSGHDR.size)
-            if err in (-errno.ENODEV, -errno.ENOENT):
-                self.host.forget(device)
-                raise DatapathError(f"no network device {device}")
-            raise DatapathError(f"cannot read the root qdisc of {device}: {os.strerror(-err)}")
-        _fam, _idx, handle, _parent, _info = _TCMSG.unpack_from(data, _NLMSGHDR.size)
-        return _attr_kind(data, _NLMSGHDR.size + _TCMSG.size), handle
-
-
-def _attr_kind(data: bytes, off: int) -> str | None:
-    (length,) = struct.unpack_from("=I", data)
-    while off + _NLATTR.size <= min(length, len(data)):
-        alen, atype = _NLATTR.unpack_from(data, off)
-        if alen < _NLATTR.size:
-            break
-        if atype == TCA_KIND:
-            return data[off + _NLATTR.size : off + alen].rstrip(b"\0").decode(errors="replace")
-        off += (alen + 3) & ~3
-    return None
