@@ -129,6 +129,7 @@ BENCHES: dict[str, Callable[[], dict]] = {
     "controller-deb": _lazy("bench_compiled", "bench_deb"),
     "sensing": _lazy("bench_sensing", "bench_sensing"),
     "datapath": _lazy("bench_datapath", "bench_datapath"),
+    "drift": _lazy("bench_drift", "bench_drift"),
     "ladder": _lazy("bench_ladder", "bench_ladder"),
     "wire": _lazy("bench_wire", "bench_wire"),
     "groups": _lazy("bench_groups", "bench_groups"),

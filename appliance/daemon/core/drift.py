@@ -1,14 +1,22 @@
-"""The daemon's side of drift: the kernel checked every 10 s, repaired at the next tick.
+"""The daemon's side of drift: the kernel looked at every convergence, repaired at the next tick.
 
 What it owns
-    DriftWatch.check() runs in the convergence worker, after a convergence at
-    most every CHECK_EVERY_S (and at the first convergence after a repair, to see
-    it held; at the next one after a check that raced a tick): it takes what the
-    data path left (Actuator.expected(), under the daemon's
-    lock), has the data path compare the kernel with it (Actuator.drift():
-    read only, netlink sockets of its own: datapath/drift.py), and keeps what it
-    found when the data path did not change meanwhile (a tick that moved members
-    during the read is no drift: the next convergence looks again).
+    DriftWatch.check() runs in the convergence worker after each convergence.
+    It takes what the data path left (Actuator.expected(), under the daemon's
+    lock) and has the data path read the kernel (read only, netlink sockets
+    of its own: datapath/drift.py):
+      - the presence read (Actuator.missing()) at every convergence: each
+        device's root qdisc, the sets and their member counts, the chain and
+        its jumps (nftables' generation, their fingerprint when it moved);
+      - the full comparison (Actuator.drift()) at most every CHECK_EVERY_S, at
+        the first convergence after a repair (did it hold?), after a check
+        that raced a tick, and at once when the presence read finds something
+        it has not already sent there: each device's whole tree, the gate's
+        list, the chain through `iptables -S` where it cannot be read
+        in-process (datapath/mangle.py).
+    It keeps what the full comparison found when the data path did not
+    change meanwhile (a tick that moved members during the read is no drift:
+    the next convergence looks again).
     DriftWatch.repair() runs in the tick, under the lock: each line is logged
     (WARNING santhrottled: drift: LINE; repaired) and counted
     (santhrottle_repairs_total), and the data path rebuilds what drifted
@@ -21,24 +29,25 @@ What it owns
     one check that finds it gone ends that.
 
 Cost
-    A check reads every device's whole tc tree (two netlink dumps that pyroute2
-    decodes, 193 objects for one device at the default ladder), the sets'
-    headers and the gate, and runs `iptables -S` and `ip6tables -S`.  At every
-    convergence (1 s) that was ~3 % of a CPU in the convergence worker and ~1 %
-    in those programs on the 2-core development host (one device, the lab's
-    ladder; per thread from /proc, py-spy: the worker's CPU was nearly all this
-    check), against 0.6 % for the tick; in the one-vCPU lab guest the daemon's
-    CPU outside its tick was 0.19 of the guest's, which the target's writers
-    then lacked (make lab-light, docs/lab.md "Work conservation").  Every
-    CHECK_EVERY_S the worker took 0.4 % and the programs 0.1 % on that host; a
-    change under the daemon is found within CHECK_EVERY_S plus a convergence.
+    On the 2-core development host, one device with the default ladder's 193
+    tc objects (tests/bench/bench_drift.py; docs/datapath.md "Drift" has the
+    side-by-side figures): the presence read 0.1 ms of CPU a convergence, a
+    full comparison ~20-40 ms (pyroute2 decoding the tree's two dumps), so
+    ~2-2.5 ms a convergence on average.  A full comparison at every
+    convergence cost ~3 % of a CPU there and, in the one-vCPU lab guest, a
+    fifth of the guest's CPU, which the target's writers then lacked (make
+    lab-light, docs/lab.md "Work conservation"): hence the period.  A root
+    qdisc, a set, a member count, the chain or a jump that goes is found at
+    the next convergence; a class or a leaf changed inside the tree, or a
+    rule replaced in place, within CHECK_EVERY_S plus a convergence.
 
 Worked example
     `santhrottle cleanup --force` is the way to remove the data path under a
     running daemon (it stops the daemon first); an `ipset flush santhrottle-all`
-    by hand is seen at the next check ("ipset: santhrottle-all holds 0 members,
-    santhrottle left 3 there") and the three members are back at the tick after
-    it: within CHECK_EVERY_S plus about 1.1 s.
+    by hand is seen by the next convergence's presence read, confirmed by the
+    full comparison at once ("ipset: santhrottle-all holds 0 members,
+    santhrottle left 3 there"), and the three members are back at the tick
+    after it: within about a convergence (1 s) plus a tick.
 """
 
 from __future__ import annotations
