@@ -1,0 +1,117 @@
+"""The drift check's reads on the host kernel (datapath/drift.py, presence.py, mangle.py).
+
+The presence read (every convergence) and the full comparison (every 10 s) read the
+chain and its jumps in-process through nftables where iptables is iptables-nft, and
+through `iptables -S` / `ip6tables -S` with the legacy backend.  Before, every full
+comparison ran those two programs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from santhrottle.appliance import datapath as dp
+from santhrottle.appliance.datapath import host as host_mod
+from santhrottle.appliance.datapath.actuation import Actuation
+from santhrottle.appliance.datapath.drift import RULES_DRIFT
+from tests.privileged.conftest import MEMBER_IP
+from tests.privileged.test_datapath_netns import TARGET_DEV
+
+pytestmark = pytest.mark.privileged
+
+PIN = {MEMBER_IP: (5, "all")}
+
+
+def _actuation(pair, tools: dp.Tools | None = None) -> Actuation:
+    spec = dp.DatapathSpec((TARGET_DEV,), leaf="pfifo", link_bits_s=10_000_000_000)
+    return Actuation(dp.Datapath(spec, netns=pair.target, tools=tools))
+
+
+@pytest.fixture
+def programs(monkeypatch):
+    """Every program the data path runs in the namespace from now on (argv through
+    nsenter: the test's own `ip netns exec` are not recorded)."""
+    ran: list[list[str]] = []
+    real = subprocess.run
+
+    def recording(cmd, *a, **kw):
+        if list(cmd)[:1] == ["nsenter"]:
+            ran.append(list(cmd))
+        return real(cmd, *a, **kw)
+
+    monkeypatch.setattr(host_mod.subprocess, "run", recording)
+    return ran
+
+
+def test_with_iptables_nft_the_chain_is_read_without_a_program(netns_pair, programs):
+    if "nf_tables" not in subprocess.run(["iptables", "-V"], capture_output=True, text=True).stdout:
+        pytest.skip("iptables is not iptables-nft here")
+    a = _actuation(netns_pair)
+    try:
+        a.apply()
+        a.reconcile(PIN, ordered=False)
+        e = a.expected()
+        assert e.rules is not None and e.rules_gen is not None
+        programs.clear()
+        assert a.missing(e) == [] and a.drift(e) == []
+        assert programs == []  # no iptables -S, no nsenter
+        netns_pair.sh(netns_pair.target, "iptables", "-t", "mangle", "-D", "SANTHROTTLE", "2")
+        assert a.missing(e) == [RULES_DRIFT] and a.drift(e) == [RULES_DRIFT]
+        assert programs == []
+        a.repair()
+        a.reconcile(PIN, ordered=False)
+        e = a.expected()
+        assert a.missing(e) == [] and a.drift(e) == []
+        # replaced in place, same matches, another set: the handle and the fingerprint
+        # stay, nftables' generation moves; the full comparison asks the programs once
+        netns_pair.sh(
+            netns_pair.target, "iptables", "-t", "mangle", "-R", "SANTHROTTLE", "2",
+            "-j", "SET", "--map-set", "santhrottle-read", "dst", "--map-prio",
+        )  # fmt: skip
+        programs.clear()
+        assert a.missing(e) == []
+        assert a.drift(e) == [RULES_DRIFT]
+        assert any("iptables" in " ".join(argv) for argv in programs)
+        a.repair()
+        a.reconcile(PIN, ordered=False)
+        e = a.expected()
+        assert a.drift(e) == []
+        netns_pair.sh(netns_pair.target, "nft", "add", "table", "inet", "someone-elses")
+        programs.clear()
+        assert a.drift(e) == []  # another table: the programs once, for this generation
+        n = len(programs)
+        assert n >= 1 and a.drift(e) == [] and a.missing(e) == [] and len(programs) == n
+    finally:
+        a.cleanup()
+
+
+def test_with_legacy_iptables_the_chain_is_read_by_the_programs(netns_pair):
+    legacy = ("iptables-legacy", "iptables-legacy-restore", "ip6tables-legacy",
+              "ip6tables-legacy-restore")  # fmt: skip
+    missing = [t for t in legacy if not shutil.which(t)]
+    if missing:
+        pytest.skip(f"{missing[0]} is not installed")
+    tools = dp.Tools(
+        iptables=legacy[0], iptables_restore=legacy[1], ip6tables=legacy[2],
+        ip6tables_restore=legacy[3],
+    )  # fmt: skip
+    a = _actuation(netns_pair, tools)
+    try:
+        try:
+            a.apply()
+        except dp.DatapathError as e:
+            pytest.skip(f"this kernel has no legacy x_tables mangle table: {e}")
+        a.reconcile(PIN, ordered=False)
+        e = a.expected()
+        assert e.rules is None  # nothing of it in nftables: the programs read it
+        assert a.missing(e) == [] and a.drift(e) == []
+        netns_pair.sh(netns_pair.target, legacy[0], "-t", "mangle", "-F", "SANTHROTTLE")
+        assert a.drift(e) == [RULES_DRIFT]
+        a.repair()
+        a.reconcile(PIN, ordered=False)
+        assert a.drift(a.expected()) == []
+    finally:
+        a.cleanup()
