@@ -12,11 +12,14 @@ What it owns
     Expected: what the data path left (the sets' membership as it last wrote
     it, whether the jumps are in, the fingerprint of the chain and its jumps
     in nftables: datapath/mangle.py), taken from the tick's thread.
-    find_missing(): the presence read, at every convergence: each device's
-    root qdisc (RootQdiscs: one small netlink request), the sets' headers and
-    member counts (one header-only dump), the chain's fingerprint (libnftables,
-    in-process), on a bridge the table's name (`list tables bridge`); no
-    process, no tree.  What it names sends the daemon to find_drift() at once.
+    find_missing(): the presence read, at every convergence, through raw
+    netlink requests (datapath/presence.py): each device's root qdisc, the
+    sets' headers and member counts (one header-only dump), nftables'
+    generation and, only when it moved since the chain was written, the
+    chain's fingerprints (libnftables, in-process); on a bridge the table's
+    name (`list tables bridge`); no process, no tree.  What it names sends
+    the daemon to find_drift() at once.  Watch: its sockets and a Host, kept
+    by the convergence worker from one check to the next.
     find_drift(): the full comparison (the daemon's every CHECK_EVERY_S):
     reads the kernel with netlink sockets of its own (Host: it
     runs in the convergence worker, never on the tick's sockets) and names each
@@ -33,13 +36,16 @@ What it owns
     tick's thread at its next tick (core/loop.py), each line logged and counted.
 
 Cost
-    find_missing(), every convergence: 6 us of CPU a device for the root, the
-    header dump, and two libnftables lists of 0.1-0.2 ms each per family.
+    find_missing(), every convergence: 0.09 ms of CPU on the development host
+    (a root 7 us, the sets' header dump 73 us, the generation 6 us); the
+    fingerprints (0.1-0.2 ms a family) only after nftables changed.
     find_drift(): per device one qdisc and one class dump (pyroute2: ~20 ms
     of CPU for the default ladder's 193 objects on the host), the header dump,
     one list of the gate, the fingerprints; `iptables -S` and `ip6tables -S`
     (two processes) only where the chain cannot be read in-process (the
-    legacy backend, no libnftables: Expected.rules is None); on a bridge one
+    legacy backend, no libnftables: Expected.rules is None) or once for a
+    generation of nftables that moved while the fingerprints stayed (an
+    in-place `iptables -R`, or anyone else's table); on a bridge one
     `list ruleset bridge` through libnftables.  The members themselves are
     not listed: their counts per set against what was written catch a flush
     or a removal without an `ipset save` of 10,000 members each time.

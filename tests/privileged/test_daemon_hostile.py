@@ -197,18 +197,24 @@ def _sh_ns(ns: str, *cmd: str) -> None:  # noqa: F811 (ns: a name here)
     ids=["flush", "gate", "root", "class", "chain", "jump6", "stray", "stray-mode"],
 )
 def test_the_daemon_repairs_what_was_removed_under_it(ns, tmp_path, damage, what):  # noqa: F811
+    with _pinned_daemon(ns, tmp_path) as (sock, log, before):
+        _sh_ns(ns, *damage)
+        _wait(lambda: what in log.read_text(), what=f"the drift logged: {what}")
+        _wait(lambda: _objects(ns) == before, what="the data path as it was")
+        st = request(sock, "status")
+        assert st["counters"]["repairs"] >= 1 and st["counters"]["actuator_errors"] == 0
+
+
+@contextlib.contextmanager
+def _pinned_daemon(ns: str, tmp_path: Path):  # noqa: F811 (ns: a name here)
+    """A daemon in ns with SIX[0] pinned at class 5: (socket, log, _objects(ns))."""
     sock = str(tmp_path / "control.sock")
     log = tmp_path / "log"
     proc = _start(_conf(tmp_path, ns), sock, log=log)
     try:
         request(sock, "pin", initiator=SIX[0], **{"class": 5, "mode": "all"})
         _wait(lambda: SIX[0] in _members(ns), what="the pin applied")
-        before = _objects(ns)
-        _sh_ns(ns, *damage)
-        _wait(lambda: what in log.read_text(), what=f"the drift logged: {what}")
-        _wait(lambda: _objects(ns) == before, what="the data path as it was")
-        st = request(sock, "status")
-        assert st["counters"]["repairs"] >= 1 and st["counters"]["actuator_errors"] == 0
+        yield sock, log, _objects(ns)
     finally:
         _stop(proc)
 
@@ -227,13 +233,7 @@ def test_what_is_removed_under_the_daemon_is_back_within_a_convergence(ns, tmp_p
     removed just after a check stayed gone ~10 s.  Now the presence read at each
     convergence (1 s here) sends it to the repair at once.  The damage comes right
     after a repair's own check, the worst moment for a periodic check."""
-    sock = str(tmp_path / "control.sock")
-    log = tmp_path / "log"
-    proc = _start(_conf(tmp_path, ns), sock, log=log)
-    try:
-        request(sock, "pin", initiator=SIX[0], **{"class": 5, "mode": "all"})
-        _wait(lambda: SIX[0] in _members(ns), what="the pin applied")
-        before = _objects(ns)
+    with _pinned_daemon(ns, tmp_path) as (sock, _log, before):
         _sh_ns(ns, *damage)  # a first time: repaired, then checked at the next convergence
         _wait(lambda: _objects(ns) == before, what="the first repair")
         time.sleep(1.5)  # that check is done: a periodic one comes CHECK_EVERY_S later
@@ -249,8 +249,6 @@ def test_what_is_removed_under_the_daemon_is_back_within_a_convergence(ns, tmp_p
         _wait(lambda: _objects(ns) == before, what="the data path as it was")
         assert took < 5.0, f"repaired after {took:.1f} s: not within about a convergence"
         assert request(sock, "status")["counters"]["actuator_errors"] == 0
-    finally:
-        _stop(proc)
 
 
 def test_cleanup_refuses_while_a_daemon_answers_and_force_stops_it_first(ns, tmp_path):  # noqa: F811
