@@ -28,6 +28,7 @@ Worked example
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 
 from santhrottle.appliance.datapath.actuator import ApplyReport, CleanupReport, Datapath
@@ -40,7 +41,8 @@ class Actuation:
     def __init__(self, datapath: Datapath) -> None:
         self.datapath = datapath
         self.reconciler = Reconciler(self._send, datapath.clock)
-        self._watch: Watch | None = None  # the drift check's sockets (the worker's)
+        self._watch: Watch | None = None  # the drift check's sockets (one thread's)
+        self._watch_thread = 0
 
     def _send(self, classes: Mapping[str, int], mode: str, ordered: bool) -> int:
         return self.datapath.set_classes(classes, mode, ordered=ordered)
@@ -122,8 +124,14 @@ class Actuation:
         self, read: Callable[[DatapathSpec, Expected, Watch], list[str]], expected: Expected
     ) -> list[str]:
         dp = self.datapath
+        if self._watch is not None and self._watch_thread != threading.get_ident():
+            # pyroute2 keeps a socket per thread and opens it at a thread's first
+            # request: from another thread, outside the namespace (the daemon's first
+            # check runs in its main thread, the later ones in the convergence worker)
+            self._unwatch()
         if self._watch is None:
             self._watch = Watch(dp.netns, dp.host.tools)
+            self._watch_thread = threading.get_ident()
         try:
             return read(dp.spec, expected, self._watch)
         except Exception:

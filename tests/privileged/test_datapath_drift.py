@@ -115,3 +115,34 @@ def test_with_legacy_iptables_the_chain_is_read_by_the_programs(netns_pair):
         assert a.drift(a.expected()) == []
     finally:
         a.cleanup()
+
+
+def test_the_check_reads_the_namespace_from_whichever_thread_calls_it(netns_pair):
+    """Before, the daemon's first check (its main thread) opened the sockets, and the
+    convergence worker's later checks reused them: pyroute2 opens a socket per thread
+    at that thread's first request, there outside the namespace, and the full
+    comparison failed ("No such file or directory") until the next period."""
+    import threading
+
+    a = _actuation(netns_pair)
+    try:
+        a.apply()
+        a.reconcile(PIN, ordered=False)
+        e = a.expected()
+        assert a.drift(e) == []  # the main thread first
+        netns_pair.sh(netns_pair.target, "ipset", "flush", "santhrottle-all")
+        got: list[object] = []
+
+        def worker() -> None:
+            try:
+                got.append((a.missing(e), a.drift(e)))
+            except Exception as ex:
+                got.append(ex)
+
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join(60)
+        line = "ipset: santhrottle-all holds 0 members, santhrottle left 1 there"
+        assert got == [([line], [line])]
+    finally:
+        a.cleanup()

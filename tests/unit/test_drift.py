@@ -80,6 +80,27 @@ def test_what_the_presence_read_misses_is_repaired_within_a_convergence():
     assert full[-1] - t1 > 1.5  # found by the full comparison, at its period
 
 
+def test_a_full_comparison_that_failed_is_tried_again_at_the_next_convergence():
+    """What the presence read found, sent to a full comparison that could not read,
+    waited for the next period (10 s) before."""
+    d, vt, _s, act = make()
+    handle(d, "pin", {"initiator": "10.0.0.7", "class": 4, "mode": "all"})
+    run_for(d, vt, CHECK_EVERY_S / 2)
+    real, calls = act.drift, []
+
+    def once_broken(expected):
+        calls.append(vt.now)
+        if len(calls) == 1:
+            raise OSError("ipset: cannot open the netlink socket")
+        return real(expected)
+
+    act.drift = once_broken
+    act._kernel.clear()
+    run_for(d, vt, 2.2)
+    assert len(calls) >= 2 and calls[1] - calls[0] <= 1.5
+    assert act.repairs == 1 and "10.0.0.7" in act.kernel
+
+
 def test_a_check_that_races_a_tick_is_no_drift():
     """The data path changed between what the check took and what it read: nothing is
     repaired (the next convergence looks again)."""

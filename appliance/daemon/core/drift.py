@@ -100,6 +100,7 @@ class DriftWatch:
                 self._next_s = now + CHECK_EVERY_S
             found = actuator.drift(before)
         except Exception as e:  # a check that cannot read: said once, tried again
+            self._answered = []  # what the presence read finds goes to the next one
             if not self._failing:
                 log.warning("drift: cannot check the data path: %s", e)
             self._failing = True
