@@ -247,7 +247,9 @@ def test_what_is_removed_under_the_daemon_is_back_within_a_convergence(ns, tmp_p
         _wait(repaired, timeout_s=30, what="a repair")
         took = time.monotonic() - t0
         _wait(lambda: _objects(ns) == before, what="the data path as it was")
-        assert took < 5.0, f"repaired after {took:.1f} s: not within about a convergence"
+        # main before: 10.3-12.9 s (the next full comparison >= 8.5 s after the damage);
+        # now ~1 s, 6 s leaves a loaded host its slow convergences
+        assert took < 6.0, f"repaired after {took:.1f} s: not within about a convergence"
         assert request(sock, "status")["counters"]["actuator_errors"] == 0
 
 
