@@ -111,6 +111,11 @@ CACHED_PACKAGES = (
     "nftables",
     "ipset",
     "iptables",
+    # the fleet of two (tests/systemd_guest/test_fleet_systemd.py): the etcd role's
+    # member, etcdctl, and the client the role installs on a fleet appliance
+    "etcd-server",
+    "etcd-client",
+    "python3-etcd3gw",
 )
 # Services that do nothing in a throwaway guest but cost seconds of TCG at boot.
 MASKED = (
