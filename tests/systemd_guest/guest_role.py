@@ -26,7 +26,6 @@ from labkit import speed  # noqa: E402  (the lab kit, from the checkout)
 
 WORK = Path(os.environ.get("SANTHROTTLE_LAB_WORK", "/shared/work"))
 OUT = WORK / "role.json"
-DEB = os.environ["SANTHROTTLE_DEB"]
 ANSIBLE = CHECKOUT / "ansible"
 TESTS = ANSIBLE / "roles" / "santhrottle" / "tests"
 # (label, playbook, extra options): in this order, on the same guest.
@@ -42,13 +41,21 @@ RUNS = (
 )
 RUN_BUDGET_S = 400  # one run on an idle host: 60-120 s
 RECAP = re.compile(
-    r"^localhost\s*:\s*ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unreachable>\d+)"
+    r"^[\w.-]+\s*:\s*ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unreachable>\d+)"
     r"\s+failed=(?P<failed>\d+)\s+skipped=(?P<skipped>\d+)\s+rescued=(?P<rescued>\d+)",
     re.M,
 )
 
 
-def run(label: str, playbook: str, options: tuple[str, ...]) -> dict:
+def run(
+    label: str,
+    playbook: str,
+    options: tuple[str, ...],
+    inventory: str = "localhost,",
+    extra: dict | None = None,
+    budget_s: float = RUN_BUDGET_S,
+) -> dict:
+    """One run of a test playbook against the guest itself; extra: more -e variables."""
     tmp = Path("/tmp/ansible") / label
     tmp.mkdir(parents=True, exist_ok=True)
     env = {
@@ -62,11 +69,12 @@ def run(label: str, playbook: str, options: tuple[str, ...]) -> dict:
         "ANSIBLE_REMOTE_TEMP": str(tmp / "remote"),
         "ANSIBLE_RETRY_FILES_ENABLED": "0",
     }
-    cmd = ["ansible-playbook", "-c", "local", "-i", "localhost,",
+    more = ["-e", json.dumps(extra)] if extra else []
+    cmd = ["ansible-playbook", "-c", "local", "-i", inventory,
            "-e", "ansible_python_interpreter=/usr/bin/python3",
-           "-e", f"santhrottle_deb={DEB}", *options, str(TESTS / playbook)]  # fmt: skip
+           "-e", f"santhrottle_deb={os.environ['SANTHROTTLE_DEB']}", *more, *options, str(TESTS / playbook)]  # fmt: skip
     t0 = time.monotonic()
-    limit_s = RUN_BUDGET_S * speed.factor(fresh=True)
+    limit_s = budget_s * speed.factor(fresh=True)
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(tmp),
                            timeout=limit_s, check=False)  # fmt: skip

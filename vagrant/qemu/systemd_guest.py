@@ -34,6 +34,13 @@ A boot (run())
     lab's RunResult; the limit is stretched by the guest's own measure of its speed
     (labkit.speed, as labkit.qemu does).
 
+A pair of boots (run_pair())
+    Two such guests at once, one vCPU each, joined by a link of their own: a
+    virtio-net card each, the two QEMU processes' stream netdevs on a unix socket in
+    the first run dir (no host interface, no host address); each guest sets its own
+    address (10.77.0.1 and .2/24, from pair_env()).  Both share a third 9p folder,
+    /shared/pair, for what they tell each other (barriers) and the host.
+
     python3 vagrant/qemu/systemd_guest.py image --deb dist-deb/santhrottle_0.1.0_amd64.deb
     python3 vagrant/qemu/systemd_guest.py run --deb ... [--timeout S] SCRIPT [ARGS...]
     python3 vagrant/qemu/systemd_guest.py sh --deb ... 'systemctl is-system-running'
@@ -55,7 +62,10 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from labkit.host import (
@@ -132,6 +142,11 @@ MASKED = (
 IMAGE_GIB = 4
 DEFAULT_TIMEOUT_S = 900
 DEFAULT_MEM_MIB = 2048
+# A pair's link (run_pair): guest N's card and address.
+PAIR_MAC = "52:54:00:77:00:{:02x}"
+PAIR_NET = "10.77.0"
+SUN_PATH_MAX = 108  # a unix socket's path, with its NUL (sockaddr_un)
+LISTEN_WAIT_S = 60  # the first guest's QEMU opens the socket at its start
 
 
 # ----------------------------------------------------------------- the host's apt
@@ -313,11 +328,23 @@ def prepare(s: Settings, deb: Path) -> tuple[str, Kernel, Path, Path]:
 
 
 def qemu_command(
-    s: Settings, qemu: str, k: Kernel, initrd: Path, img: Path, rundir: Path, mem_mib: int
+    s: Settings,
+    qemu: str,
+    k: Kernel,
+    initrd: Path,
+    img: Path,
+    rundir: Path,
+    mem_mib: int,
+    pair: Path | None = None,
+    link: Sequence[str] = (),
 ) -> list[str]:
-    append = kernel_args(s, "systemd.show_status=false")
+    """The boot's QEMU command line; a guest of a pair (run_pair) also shares ``pair``
+    (mounted at /shared/pair: systemd-init sees lab_pair=1) and has the ``link`` card."""
+    append = kernel_args(s, "systemd.show_status=false", *(["lab_pair=1"] if pair else []))
     return [
         *boot_command(qemu, s.smp, mem_mib, rundir, k.vmlinuz, initrd, append),
+        *link,
+        *(virtfs(pair, "pair", False) if pair else []),
         # the image stays as built: the run's writes go to QEMU's temporary snapshot
         "-drive",
         f"file={img},format=raw,if=none,id=root,snapshot=on,cache=unsafe",
@@ -340,22 +367,11 @@ def run(
 ) -> RunResult:
     """Boot the systemd guest, run ``command`` (a /bin/sh script text) as root once the
     system is up, power off.  Never raises for guest-side failures: see RunResult."""
-    for path in (s.checkout, s.cache):
-        if any(c.isspace() or c == "," for c in str(path)):
-            raise LabError(f"paths with white space or commas are not supported: {path!r}")
+    _check_paths(s)
     qemu, k, initrd, img = prepare(s, deb)
     rundir, lock = new_rundir(s)
     try:
-        work = rundir / "work"
-        work.mkdir(parents=True)
-        (work / "cmd").write_text(command if command.endswith("\n") else command + "\n")
-        genv = {
-            "SANTHROTTLE_LAB_CHECKOUT": str(s.checkout),
-            "SANTHROTTLE_DEB": str(deb),
-            "PYTHONDONTWRITEBYTECODE": "1",
-            **(env or {}),
-        }
-        (work / "env").write_text("".join(f"{k_}={shlex.quote(v)}\n" for k_, v in genv.items()))
+        _write_work(s, rundir, deb, command, env)
         cmd = qemu_command(s, qemu, k, initrd, img, rundir, mem_mib)
         (rundir / "qemu.cmd").write_text(shlex.join(map(str, cmd)) + "\n")
         t0 = time.monotonic()
@@ -363,6 +379,123 @@ def run(
         return _result(rundir, code, limit, time.monotonic() - t0)
     finally:
         lock.close()
+
+
+def _check_paths(s: Settings) -> None:
+    for path in (s.checkout, s.cache):
+        if any(c.isspace() or c == "," for c in str(path)):
+            raise LabError(f"paths with white space or commas are not supported: {path!r}")
+
+
+def _write_work(
+    s: Settings, rundir: Path, deb: Path, command: str, env: dict[str, str] | None
+) -> None:
+    """The run's work folder (/shared/work): the command and its environment."""
+    work = rundir / "work"
+    work.mkdir(parents=True)
+    (work / "cmd").write_text(command if command.endswith("\n") else command + "\n")
+    genv = {
+        "SANTHROTTLE_LAB_CHECKOUT": str(s.checkout),
+        "SANTHROTTLE_DEB": str(deb),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        **(env or {}),
+    }
+    (work / "env").write_text("".join(f"{k_}={shlex.quote(v)}\n" for k_, v in genv.items()))
+
+
+# ------------------------------------------------------------------- a pair of boots
+def link_args(sock: Path, listen: bool, mac: str) -> list[str]:
+    """A virtio-net card joined to the other guest's through QEMU's stream netdev on the
+    unix socket ``sock`` (the first guest listens, the second connects): the two guests'
+    frames pass between the two QEMU processes only, on no host interface or address."""
+    if len(str(sock)) >= SUN_PATH_MAX:
+        raise LabError(f"the pair's link socket path is too long for a unix socket: {sock}")
+    mode = "on" if listen else "off"
+    return [
+        "-netdev",
+        f"stream,id=link,server={mode},addr.type=unix,addr.path={sock}",
+        "-device",
+        f"virtio-net-pci,netdev=link,mac={mac}",
+    ]
+
+
+def pair_env(index: int) -> dict[str, str]:
+    """What guest ``index`` (0 or 1) of a pair is told: its number (1, 2), its card's MAC,
+    its address and prefix on the link, and the other guest's address."""
+    me, other = index + 1, 2 - index
+    return {
+        "SANTHROTTLE_PAIR_INDEX": str(me),
+        "SANTHROTTLE_PAIR_MAC": PAIR_MAC.format(me),
+        "SANTHROTTLE_PAIR_ADDRESS": f"{PAIR_NET}.{me}/24",
+        "SANTHROTTLE_PAIR_PEER": f"{PAIR_NET}.{other}",
+    }
+
+
+@dataclass
+class PairResult:
+    """The two boots' results (guest 1 first) and the folder both shared (/shared/pair)."""
+
+    runs: tuple[RunResult, RunResult]
+    pair: Path
+
+
+def run_pair(
+    s: Settings,
+    deb: Path,
+    commands: tuple[str, str],
+    timeout: float = DEFAULT_TIMEOUT_S,
+    env: dict[str, str] | None = None,
+    mem_mib: int = DEFAULT_MEM_MIB,
+) -> PairResult:
+    """Boot two systemd guests at once, each with one vCPU (each takes a host core), joined
+    by a link of their own (link_args; guest N at 10.77.0.N/24 once its command sets the
+    address: pair_env says which) and sharing a folder (/shared/pair: the first run dir's
+    pair/) for what they tell each other and the host; each runs its command as run()
+    does.  Each guest's limit is ``timeout`` stretched by its own measured speed."""
+    _check_paths(s)
+    qemu, k, initrd, img = prepare(s, deb)
+    one = replace(s, smp=1)
+    held = [new_rundir(s) for _ in commands]
+    rundirs = [d for d, _ in held]
+    try:
+        pair = rundirs[0] / "pair"
+        pair.mkdir()
+        sock = rundirs[0] / "link.sock"
+        cmds = []
+        for i, (rundir, command) in enumerate(zip(rundirs, commands, strict=True)):
+            _write_work(s, rundir, deb, command, {**(env or {}), **pair_env(i)})
+            link = link_args(sock, i == 0, PAIR_MAC.format(i + 1))
+            cmd = qemu_command(one, qemu, k, initrd, img, rundir, mem_mib, pair, link)
+            (rundir / "qemu.cmd").write_text(shlex.join(map(str, cmd)) + "\n")
+            cmds.append(cmd)
+        got: list[tuple[int | None, float, float]] = [(None, timeout, 0.0)] * 2
+        failed: list[BaseException] = []
+
+        def boot(i: int) -> None:
+            t0 = time.monotonic()
+            try:
+                code, limit = _qemu(cmds[i], rundirs[i], timeout, False)
+            except BaseException as e:  # raised again below, in the caller's thread
+                failed.append(e)
+                return
+            got[i] = (code, limit, time.monotonic() - t0)
+
+        first = threading.Thread(target=boot, args=(0,), daemon=True)
+        first.start()
+        t0 = time.monotonic()  # the second connects once the first listens
+        while not sock.exists() and first.is_alive() and time.monotonic() - t0 < LISTEN_WAIT_S:
+            time.sleep(0.1)
+        second = threading.Thread(target=boot, args=(1,), daemon=True)
+        second.start()
+        first.join()
+        second.join()
+        if failed:
+            raise failed[0]
+        a, b = (_result(d, *g) for d, g in zip(rundirs, got, strict=True))
+        return PairResult((a, b), pair)
+    finally:
+        for _, lock in held:
+            lock.close()
 
 
 # ------------------------------------------------------------------------------ CLI
