@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or imported
-import guest_role  # noqa: E402  (this folder's: one playbook run and its recap)
-from guest_role import WORK, speed  # noqa: E402
+import guest_role  # this folder's: one playbook run and its recap
+from guest_role import WORK, speed
 
 OUT = WORK / "fleet.json"
 PAIR = Path(os.environ.get("SANTHROTTLE_LAB_PAIR", "/shared/pair"))
@@ -146,7 +146,8 @@ def link_up(mac: str, address: str, budget_s: float) -> str:
         if time.monotonic() - t0 > budget_s * speed.factor():
             raise AssertionError(f"no network card with MAC {mac} (virtio_net not loaded?)")
         time.sleep(POLL_S)
-    for cmd in (["ip", "addr", "add", address, "dev", names[0]], ["ip", "link", "set", names[0], "up"]):
+    for cmd in (["ip", "addr", "add", address, "dev", names[0]],
+                ["ip", "link", "set", names[0], "up"]):  # fmt: skip
         subprocess.run(cmd, check=True, capture_output=True, timeout=60)
     return names[0]
 

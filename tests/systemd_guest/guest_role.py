@@ -70,9 +70,10 @@ def run(
         "ANSIBLE_RETRY_FILES_ENABLED": "0",
     }
     more = ["-e", json.dumps(extra)] if extra else []
+    deb = os.environ["SANTHROTTLE_DEB"]
     cmd = ["ansible-playbook", "-c", "local", "-i", inventory,
            "-e", "ansible_python_interpreter=/usr/bin/python3",
-           "-e", f"santhrottle_deb={os.environ['SANTHROTTLE_DEB']}", *more, *options, str(TESTS / playbook)]  # fmt: skip
+           "-e", f"santhrottle_deb={deb}", *more, *options, str(TESTS / playbook)]  # fmt: skip
     t0 = time.monotonic()
     limit_s = budget_s * speed.factor(fresh=True)
     try:
