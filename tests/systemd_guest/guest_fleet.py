@@ -136,6 +136,9 @@ class Pair:
 
 def link_up(mac: str, address: str, budget_s: float) -> str:
     """The name of the card with ``mac``, once it has ``address`` and is up."""
+    # udev loads virtio_net for the card (its modalias); load it anyway, then let udev
+    # give the card its name
+    subprocess.run(["modprobe", "virtio_net"], check=False, capture_output=True, timeout=120)
     subprocess.run(["udevadm", "settle"], check=False, timeout=120)
     t0 = time.monotonic()
     while True:
