@@ -242,7 +242,10 @@ def main() -> int:
         steps(obs, pair)
     except (AssertionError, PeerGone, OSError, subprocess.SubprocessError, KeyError) as e:
         obs["error"] = f"{type(e).__name__}: {e}"
-        pair.tell("failed", obs["error"])
+        try:
+            pair.tell("failed", obs["error"])
+        except OSError as told:
+            obs["error"] += f" (and the other guest could not be told: {told})"
     obs["journal"] = subprocess.run(
         ["journalctl", "-u", "santhrottled", "-u", "etcd", "-n", "60", "--no-pager"],
         capture_output=True, text=True, check=False,
