@@ -16,8 +16,9 @@ checkout:
   5. the leader of r0 stops santhrottled (`systemctl stop`); the other must lead
      r0 with a newer epoch, alone in the fleet.
 The guests wait for each other through files in /shared/pair (tell/hear), each wait
-bounded by an idle host's time stretched by the guest's measured speed; a guest
-that fails says so there, so that the other stops waiting.  What each saw goes to
+bounded by an idle host's time stretched by the guest's measured speed (measured
+again while it waits: a host that slows down slows both guests); a guest that
+fails says so there, so that the other stops waiting.  What each saw goes to
 /shared/work/fleet.json (written after every step); the host's test judges it.
 """
 
@@ -49,6 +50,7 @@ FAILOVER_BUDGET_S = 30  # the follower leads r0 after the leader's stop (+ the l
 # would expire whenever a guest's daemon stalls behind ansible on its single vCPU.
 LEASE_TTL_S = 5
 POLL_S = 0.5
+REMEASURE_S = 30  # a wait for the other guest measures this guest's speed again so often
 
 
 class PeerGone(Exception):
@@ -122,13 +124,16 @@ class Pair:
 
     def hear(self, step: str, budget_s: float) -> object:
         """What the other guest told at ``step`` (PeerGone if it failed or is late)."""
-        t0 = time.monotonic()
+        t0 = measured = time.monotonic()
         limit_s = budget_s * speed.factor()
         path, failed = (self.folder / f"{x}-{self.other}.json" for x in (step, "failed"))
         while not path.is_file():
             if failed.is_file():
                 raise PeerGone(f"guest {self.other} failed: {json.loads(failed.read_text())}")
-            if time.monotonic() - t0 > limit_s:
+            now = time.monotonic()
+            if now - measured > REMEASURE_S:  # a host that slows down slows the other too
+                limit_s, measured = budget_s * speed.factor(fresh=True), now
+            if now - t0 > limit_s:
                 raise PeerGone(f"guest {self.other} did not reach {step} within {limit_s:.0f} s")
             time.sleep(POLL_S)
         return json.loads(path.read_text())

@@ -149,3 +149,15 @@ def test_a_guest_stops_waiting_when_the_other_failed_or_is_late(tmp_path: Path, 
         b.hear("converged", 5)
     with pytest.raises(guest_fleet.PeerGone, match="guest 2 did not reach"):
         a.hear("converged", 0.05)  # its own failure is not the other's
+
+
+def test_a_wait_stretches_when_the_guest_measures_itself_slower(tmp_path: Path, monkeypatch):
+    # a loaded host slows both guests: the waiting one measures again and waits longer
+    monkeypatch.setattr(guest_fleet.speed, "factor", lambda fresh=False: 1000.0 if fresh else 1.0)
+    monkeypatch.setattr(guest_fleet, "POLL_S", 0.01)
+    monkeypatch.setattr(guest_fleet, "REMEASURE_S", 0)
+    a, b = guest_fleet.Pair(1, tmp_path), guest_fleet.Pair(2, tmp_path)
+    t = threading.Timer(0.2, lambda: a.tell("again"))
+    t.start()
+    assert b.hear("again", 0.05) is None  # 0.05 s at the first measure, 50 s after
+    t.join()
