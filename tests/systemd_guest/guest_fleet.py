@@ -12,7 +12,8 @@ checkout:
      checks that its appliance sees both and a leader of r0;
   3. once both have run, reads its daemon's fleet status (the host compares the
      two: the same appliances, leader and epoch);
-  4. runs the playbook again (it must change nothing);
+  4. gw-a runs the playbook again (both roles: it must change nothing; gw-b's
+     second run would repeat gw-a's role with the same variables);
   5. the leader of r0 stops santhrottled (`systemctl stop`); the other must lead
      r0 with a newer epoch, alone in the fleet.
 The guests wait for each other through files in /shared/pair (tell/hear), each wait
@@ -41,8 +42,13 @@ PAIR = Path(os.environ.get("SANTHROTTLE_LAB_PAIR", "/shared/pair"))
 APPLIANCES = ("gw-a", "gw-b")  # guest 1, guest 2
 PLAYBOOK = "tests_fleet.yml"
 # Budgets on an idle host, stretched by the guest's measured speed (labkit.speed).
-FIRST_RUN_BUDGET_S = 600  # the etcd member and the role from the package: 250-350 s
-AGAIN_BUDGET_S = 400  # the second run: ~120 s
+# (measured with one vCPU, 2026-11-29: the first run 491-607 s at factors 1.3-1.7, a
+# second run 230 s at 1.45)
+FIRST_RUN_BUDGET_S = 600  # the etcd member and the role from the package
+AGAIN_BUDGET_S = 400  # the second run
+# A wait for the other guest's step: longer than that step's own limit (which the
+# other guest keeps, and then says that it failed), as the two guests' speeds differ.
+PEER_SLACK = 2
 WAIT_BUDGET_S = 300  # the playbook's waits: the member's port, the fleet's view
 STEP_BUDGET_S = 120  # a barrier between two short steps, the link's card
 FAILOVER_BUDGET_S = 30  # the follower leads r0 after the leader's stop (+ the lease)
@@ -199,14 +205,16 @@ def steps(obs: dict, pair: Pair) -> None:
     playbook("first", FIRST_RUN_BUDGET_S)
     # both appliances run: what each sees of the fleet, at about the same time
     pair.tell("converged")
-    pair.hear("converged", FIRST_RUN_BUDGET_S)
+    pair.hear("converged", PEER_SLACK * FIRST_RUN_BUDGET_S)
     obs["view"], _ = until(in_fleet, STEP_BUDGET_S, "both appliances in the fleet")
     _save(obs)
     pair.tell("viewed", obs["view"])
     obs["peer_view"] = pair.hear("viewed", STEP_BUDGET_S)
-    playbook("again", AGAIN_BUDGET_S)
-    pair.tell("again")
-    pair.hear("again", AGAIN_BUDGET_S)
+    if index == 1:  # gw-b's second run would be the same role with the same variables
+        playbook("again", AGAIN_BUDGET_S)
+        pair.tell("again")
+    else:
+        pair.hear("again", PEER_SLACK * AGAIN_BUDGET_S)
     # the failover: guest 1 says who leads r0 now; that one stops, the other takes over
     if index == 1:
         now, _ = until(in_fleet, STEP_BUDGET_S, "both appliances in the fleet")
