@@ -34,7 +34,8 @@ def guests() -> dict[str, dict]:
     obs = pair_record("guest_fleet.py", "fleet.json", GUEST_BUDGET_S)
     for g in obs:
         runs = ", ".join(f"{k} {r['wall_s']} s" for k, r in g["runs"].items())
-        print(f"{g['appliance']}: {runs}; {g.get('error') or 'done'} after {g['wall_s']} s")
+        end = g.get("error") or ("done" if "wall_s" in g else "cut off")
+        print(f"{g['appliance']}: {runs}; {end} after {g.get('wall_s')} s")
     return {g["appliance"]: g for g in obs}
 
 
