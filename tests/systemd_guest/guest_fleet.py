@@ -42,8 +42,8 @@ PAIR = Path(os.environ.get("SANTHROTTLE_LAB_PAIR", "/shared/pair"))
 APPLIANCES = ("gw-a", "gw-b")  # guest 1, guest 2
 PLAYBOOK = "tests_fleet.yml"
 # Budgets on an idle host, stretched by the guest's measured speed (labkit.speed).
-# (measured with one vCPU, 2026-11-29: the first run 491-607 s at factors 1.3-1.7, a
-# second run 230 s at 1.45)
+# (one vCPU each, 2026-11-29, a host with others' load and two busy loops: the first
+# runs 491-683 s, the second 230-399 s)
 FIRST_RUN_BUDGET_S = 600  # the etcd member and the role from the package
 AGAIN_BUDGET_S = 400  # the second run
 # A wait for the other guest's step: longer than that step's own limit (which the

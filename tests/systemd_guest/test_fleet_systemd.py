@@ -4,8 +4,8 @@ a link of their own (no host interface, no host address).
 
 Both guests run tests/systemd_guest/guest_fleet.py with the Debian package of
 dist-deb/ (`make deb`): gw-a gets the fleet's etcd member (the role santhrottle_etcd)
-and the appliance, gw-b the appliance; then each reads its fleet status, runs the
-playbook again, and the leader of r0 stops santhrottled.  These tests read what
+and the appliance, gw-b the appliance; then each reads its fleet status, gw-a runs
+the playbook again, and the leader of r0 stops santhrottled.  These tests read what
 both recorded: the runs' recaps, the two views of the fleet (the same appliances,
 leader and epoch), the second run (nothing changed) and the failover.  The lab
 tier: QEMU/TCG; a host without QEMU or Debian's kernel package skips with the reason.
