@@ -3,7 +3,9 @@
 On a bridge the resources are groups of volumes named in the configuration,
 and the admin writes them from what this lists: every volume the wire has
 shown (iscsi://PORTAL/IQN/LUN, nvme://PORTAL/NQN/NSID, as the file takes
-them), the resources it is in, its initiators, its reads and their latency.
+them), the resources it is in, its initiators, its reads and their latency;
+per resource also its utilization (the share of the time its busiest volume had a
+command in flight).
 
 Where the figures come from
     When santhrottled answers on the configuration's control socket, from
@@ -68,6 +70,7 @@ def _from_daemon(cfg: Config) -> dict[str, Any]:
             "reads_per_s": r["reads"] / tick_s,
             "read_latency_s": r["read_latency_s"],
             "write_bytes_per_second": r["write_bytes_per_second"] or 0.0,
+            "utilization": r.get("utilization"),  # its last convergence's
             "initiators": sorted(  # every address, a [hosts.NAME]'s too
                 (
                     a
@@ -128,6 +131,7 @@ def _measured(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
         sensor.converge()
         time.sleep(args.interval)
         reads = {r.resource: r for r in sensor.read_samples(hold=False)}
+        util = {u.resource: min(1.0, u.utilization) for u in sensor.utilization_samples()}
         disc, writes = sensor.converge()
         rows = sensor.volume_rows()
         counters = sensor.counters()
@@ -146,6 +150,7 @@ def _measured(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
                 "reads_per_s": r.reads / args.interval if r else 0.0,
                 "read_latency_s": r.read_latency_s if r and r.reads else None,
                 "write_bytes_per_second": (r.write_bps or 0.0) if r else 0.0,
+                "utilization": util.get(name),  # its busiest volume's, over the interval
                 "initiators": sorted(a for a, v in disc.initiators.items() if name in v.resources),
                 "held": name in held,
             }
@@ -184,12 +189,14 @@ def print_resources(d: dict[str, Any]) -> None:
     print(f"from {_source(d)}")
     print(
         f"{'RESOURCE':<16} {'VOLUMES':>7} {'READS/s':>8} {'READ_LAT':>9} {'WR_MB/s':>8} "
-        f"{'SYNC':<5} INITIATORS"
+        f"{'UTIL':>5} {'SYNC':<5} INITIATORS"
     )
     for r in d["resources"]:
+        u = r.get("utilization")
         print(
             f"{r['resource']:<16} {len(r['volumes']):>7} {r['reads_per_s']:>8.1f} "
             f"{fmt_ms(r['read_latency_s']):>9} {fmt_mb(r['write_bytes_per_second']):>8} "
+            f"{'-' if u is None else f'{u * 100:.0f}%':>5} "
             f"{'held' if r.get('held') else 'ok':<5} {','.join(r['initiators']) or '-'}"
         )
     if not d["resources"]:

@@ -222,6 +222,7 @@ def test_the_daemon_makes_the_bridge_and_measures_reads_off_the_wire(bridged):
         # the name the initiator logged in with (storage_pdus.login_request's)
         assert vol["initiator_names"] == {INI_IP: ["iqn.2026-11.lab:ini"]}
         assert data["resources"][0]["initiators"] == [INI_IP]
+        assert data["resources"][0]["utilization"] > 0.3  # a read in flight most of the time
         text = _run("santhrottle", "resources", "--config", str(conf)).stdout
         print(text)  # what docs/bridge.md shows
         assert text.startswith("from santhrottled") and vol["volume"] in text
@@ -328,6 +329,7 @@ def test_resources_without_a_daemon_measure_the_wire(bridged):
         (row,) = [x for x in out.stdout.splitlines() if x.startswith("arr ")]
         reads_per_s, lat_ms = float(row.split()[2]), float(row.split()[3].removesuffix("ms"))
         assert reads_per_s > 5 and READ_DELAY_S * 950 <= lat_ms <= READ_DELAY_S * 1000 + 80, row
+        assert int(row.split()[5].removesuffix("%")) > 30, row  # UTIL: a read in flight
     finally:
         reader.stop.set()
         reader.join(timeout=15)
