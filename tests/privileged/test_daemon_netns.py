@@ -153,6 +153,7 @@ def _stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
 def _members(ns: str) -> str:
     return sh("ip", "netns", "exec", ns, "ipset", "list", "santhrottle-all")
 
+
 def _until_members(ns: str, *ips: str, within_s: float = 15.0) -> None:
     """Wait until every ip is in the kernel's sets: a pin reaches the kernel at a tick
     after its request, later on a loaded host (a fixed sleep flaked there)."""
@@ -160,7 +161,6 @@ def _until_members(ns: str, *ips: str, within_s: float = 15.0) -> None:
     while not all(ip in _members(ns) for ip in ips):
         assert time.monotonic() < deadline, (ips, _members(ns))
         time.sleep(0.1)
-
 
 
 def test_a_start_that_cannot_take_the_metrics_port_leaves_the_kernel_as_it_was(ns, tmp_path):
