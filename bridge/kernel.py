@@ -56,8 +56,17 @@ FILTER_NAME = "santhrottle-wire"
 FILTER_PRIO = 0xC0DE  # the filter's preference on the clsact hooks: ours, by number
 INGRESS, EGRESS = "ffff:fff2", "ffff:fff3"
 # the program's maps (wire.bpf.c's), by name
-MAPS = ("counters", "stats", "inflight", "events", "flows", "settings", "esp", "retired",
-        "retired_gen")  # fmt: skip
+MAPS = (
+    "counters",
+    "stats",
+    "inflight",
+    "events",
+    "flows",
+    "settings",
+    "esp",
+    "retired",
+    "retired_gen",
+)
 # the program's global counters, in the order of wire.bpf.c's enum (C_FRAMES ...)
 COUNTER_NAMES = (
     "frames",
