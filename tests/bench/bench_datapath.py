@@ -35,10 +35,11 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
+
+import scratch
 
 N_INITIATORS = 10_000
 REPEATS = 7
@@ -63,76 +64,72 @@ def bench_datapath() -> dict[str, Any]:
     from santhrottle.appliance import datapath as dp
     from santhrottle.appliance.datapath import members
 
-    ns = f"stbench-{os.getpid()}"
-    r = subprocess.run(["ip", "netns", "add", ns], capture_output=True, text=True, check=False)
-    if r.returncode:
-        return _skipped(name, f"cannot create a network namespace: {r.stderr.strip()}")
     try:
-        subprocess.run(
-            ["ip", "-n", ns, "link", "add", "stb0", "type", "veth", "peer", "name", "stb1"],
-            check=True,
-        )
-        subprocess.run(["ip", "-n", ns, "link", "set", "stb0", "up"], check=True)
-        # glide_leaves=0: the set moves alone (a descent through a glide leaf adds
-        # two tc messages to the same ipset ops; measured in the lab, not here)
-        spec = dp.DatapathSpec.linear(("stb0",), 500, 100, leaf="pfifo", glide_leaves=0)
-        with dp.Datapath(spec, netns=ns) as d:
-            build_ms = _time(d.apply)
-            ips = _ips(N_INITIATORS)
-            load_ms = _time(lambda: d.set_classes({ip: 1 + i % 100 for i, ip in enumerate(ips)}))
-            assert len(d.current()) == N_INITIATORS
-            shift = iter(range(1, 10**6))
+        with scratch.veth_netns("stb") as ns:
+            # glide_leaves=0: the set moves alone (a descent through a glide leaf adds
+            # two tc messages to the same ipset ops; measured in the lab, not here)
+            spec = dp.DatapathSpec.linear(("stb0",), 500, 100, leaf="pfifo", glide_leaves=0)
+            with dp.Datapath(spec, netns=ns) as d:
+                build_ms = _time(d.apply)
+                ips = _ips(N_INITIATORS)
+                load_ms = _time(
+                    lambda: d.set_classes({ip: 1 + i % 100 for i, ip in enumerate(ips)})
+                )
+                assert len(d.current()) == N_INITIATORS
+                shift = iter(range(1, 10**6))
 
-            def moves(swap_factor: float) -> tuple[list[float], float]:
-                """REPEATS moves of all 10,000 members; (wall ms, child CPU ms per move)."""
-                saved = members.SWAP_LINES_PER_INPLACE_LINE
-                members.SWAP_LINES_PER_INPLACE_LINE = swap_factor
-                try:
-                    out = []
-                    self0 = time.process_time()
-                    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-                    for _ in range(REPEATS):
-                        s = next(shift)
-                        want = {ip: 1 + (i + s) % 100 for i, ip in enumerate(ips)}
-                        out.append(_time(lambda w=want: d.set_classes(w)))
-                    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-                    self_cpu.append((time.process_time() - self0) * 1000.0 / REPEATS)
-                finally:
-                    members.SWAP_LINES_PER_INPLACE_LINE = saved
-                got = {ip: m.klass for ip, m in d.current().items()}
-                assert got == want, "the kernel holds what was asked"
-                cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
-                return out, cpu * 1000.0 / REPEATS
+                def moves(swap_factor: float) -> tuple[list[float], float]:
+                    """REPEATS moves of all 10,000 members; (wall ms, child CPU ms per move)."""
+                    saved = members.SWAP_LINES_PER_INPLACE_LINE
+                    members.SWAP_LINES_PER_INPLACE_LINE = swap_factor
+                    try:
+                        out = []
+                        self0 = time.process_time()
+                        cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                        for _ in range(REPEATS):
+                            s = next(shift)
+                            want = {ip: 1 + (i + s) % 100 for i, ip in enumerate(ips)}
+                            out.append(_time(lambda w=want: d.set_classes(w)))
+                        cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                        self_cpu.append((time.process_time() - self0) * 1000.0 / REPEATS)
+                    finally:
+                        members.SWAP_LINES_PER_INPLACE_LINE = saved
+                    got = {ip: m.klass for ip, m in d.current().items()}
+                    assert got == want, "the kernel holds what was asked"
+                    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+                    return out, cpu * 1000.0 / REPEATS
 
-            self_cpu: list[float] = []
-            move_ms, restore_cpu_ms = moves(members.SWAP_LINES_PER_INPLACE_LINE)  # as shipped
-            inplace_ms, inplace_cpu_ms = moves(0.0)  # always in place
-            swap_ms, swap_cpu_ms = moves(float("inf"))  # always rebuild + swap
-            # single netlink ops: 1,000 moves, extrapolated
-            d.current()
-            sub = ips[:1000]
-            d.sets.bulk_threshold = 10**9
-            nl_ms = _time(lambda: d.set_classes({ip: 50 for ip in sub}))
-            nl_per_s = 1000 / (nl_ms / 1000)
-            # crossover between the two paths
-            cross = []
-            for k, size in enumerate(CROSSOVER_SIZES):
-                part = ips[2000 : 2000 + size]
+                self_cpu: list[float] = []
+                move_ms, restore_cpu_ms = moves(members.SWAP_LINES_PER_INPLACE_LINE)  # as shipped
+                inplace_ms, inplace_cpu_ms = moves(0.0)  # always in place
+                swap_ms, swap_cpu_ms = moves(float("inf"))  # always rebuild + swap
+                # single netlink ops: 1,000 moves, extrapolated
+                d.current()
+                sub = ips[:1000]
                 d.sets.bulk_threshold = 10**9
-                t_nl = statistics.median(
-                    _time(lambda c=c, p=part: d.set_classes({ip: c for ip in p}))
-                    for c in (10 + k, 60 + k, 10 + k + 1)
+                nl_ms = _time(lambda: d.set_classes({ip: 50 for ip in sub}))
+                nl_per_s = 1000 / (nl_ms / 1000)
+                # crossover between the two paths
+                cross = []
+                for k, size in enumerate(CROSSOVER_SIZES):
+                    part = ips[2000 : 2000 + size]
+                    d.sets.bulk_threshold = 10**9
+                    t_nl = statistics.median(
+                        _time(lambda c=c, p=part: d.set_classes({ip: c for ip in p}))
+                        for c in (10 + k, 60 + k, 10 + k + 1)
+                    )
+                    d.sets.bulk_threshold = 0
+                    t_rs = statistics.median(
+                        _time(lambda c=c, p=part: d.set_classes({ip: c for ip in p}))
+                        for c in (20 + k, 70 + k, 20 + k + 1)
+                    )
+                    cross.append({"size": size, "netlink_ms": t_nl, "restore_ms": t_rs})
+                crossover = next(
+                    (c["size"] for c in cross if c["restore_ms"] < c["netlink_ms"]), None
                 )
-                d.sets.bulk_threshold = 0
-                t_rs = statistics.median(
-                    _time(lambda c=c, p=part: d.set_classes({ip: c for ip in p}))
-                    for c in (20 + k, 70 + k, 20 + k + 1)
-                )
-                cross.append({"size": size, "netlink_ms": t_nl, "restore_ms": t_rs})
-            crossover = next((c["size"] for c in cross if c["restore_ms"] < c["netlink_ms"]), None)
-            d.cleanup()
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+                d.cleanup()
+    except scratch.NoNetns as e:
+        return _skipped(name, str(e))
     out = {
         "name": name,
         "initiators": N_INITIATORS,
@@ -162,8 +159,7 @@ def bench_datapath() -> dict[str, Any]:
 
 
 def _skipped(name: str, why: str) -> dict[str, Any]:
-    return {"name": name, "skipped": why, "summary": f"skipped ({why})", "met": False,
-            "goal_ms": GOAL_MS}  # fmt: skip
+    return scratch.skipped(name, why, GOAL_MS)
 
 
 def _summary(r: dict[str, Any]) -> str:

@@ -27,10 +27,11 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import threading
 from typing import Any
+
+import scratch
 
 CONVERGENCES = 60
 
@@ -48,32 +49,24 @@ def bench_drift() -> dict[str, Any]:
     from santhrottle.appliance.daemon.core.drift import DriftWatch
     from santhrottle.appliance.datapath.actuation import Actuation
 
-    ns = f"stdrift-{os.getpid()}"
-    r = subprocess.run(["ip", "netns", "add", ns], capture_output=True, text=True, check=False)
-    if r.returncode:
-        return _skipped(name, f"cannot create a network namespace: {r.stderr.strip()}")
     try:
-        subprocess.run(
-            ["ip", "-n", ns, "link", "add", "std0", "type", "veth", "peer", "name", "std1"],
-            check=True,
-        )
-        subprocess.run(["ip", "-n", ns, "link", "set", "std0", "up"], check=True)
-        spec = dp.DatapathSpec(("std0",), leaf="pfifo", link_bits_s=10_000_000_000)
-        act = Actuation(dp.Datapath(spec, netns=ns))
-        try:
-            act.apply()
-            act.reconcile({"192.0.2.11": (5, "all")}, ordered=False)
-            watch, lock = DriftWatch(), threading.RLock()
-            per = []
-            for i in range(CONVERGENCES):
-                t0 = _cpu_ms()
-                watch.check(act, lock, float(i))
-                per.append(_cpu_ms() - t0)
-            found = watch.found
-        finally:
-            act.cleanup()
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+        with scratch.veth_netns("std") as ns:
+            spec = dp.DatapathSpec(("std0",), leaf="pfifo", link_bits_s=10_000_000_000)
+            act = Actuation(dp.Datapath(spec, netns=ns))
+            try:
+                act.apply()
+                act.reconcile({"192.0.2.11": (5, "all")}, ordered=False)
+                watch, lock = DriftWatch(), threading.RLock()
+                per = []
+                for i in range(CONVERGENCES):
+                    t0 = _cpu_ms()
+                    watch.check(act, lock, float(i))
+                    per.append(_cpu_ms() - t0)
+                found = watch.found
+            finally:
+                act.cleanup()
+    except scratch.NoNetns as e:
+        return _skipped(name, str(e))
     out: dict[str, Any] = {
         "name": name,
         "convergences": CONVERGENCES,
@@ -95,8 +88,7 @@ def bench_drift() -> dict[str, Any]:
 
 
 def _skipped(name: str, why: str) -> dict[str, Any]:
-    return {"name": name, "skipped": why, "summary": f"skipped ({why})", "met": False,
-            "goal_ms": None}  # fmt: skip
+    return scratch.skipped(name, why, None)
 
 
 def main() -> int:
