@@ -16,8 +16,8 @@ What it owns
     netlink requests (datapath/presence.py): each device's root qdisc, the
     sets' headers and member counts (one header-only dump), nftables'
     generation and, only when it moved since the chain was written, the
-    chain's fingerprints (libnftables, in-process); on a bridge the table's
-    name (`list tables bridge`); no process, no tree.  What it names sends
+    chain's fingerprints (libnftables, in-process); on a bridge the root
+    qdiscs only (its table waits for find_drift()); no process, no tree.  What it names sends
     the daemon to find_drift() at once.  Watch: its sockets and a Host, kept
     by the convergence worker from one check to the next.
     find_drift(): the full comparison (the daemon's every CHECK_EVERY_S):
@@ -60,12 +60,10 @@ Worked example
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from santhrottle.appliance.datapath import nftlib
 from santhrottle.appliance.datapath.host import Host, Tools
 from santhrottle.appliance.datapath.mangle import Mangles, nft_fingerprint
 from santhrottle.appliance.datapath.members import KernelMembers
@@ -78,7 +76,6 @@ from santhrottle.appliance.datapath.names import (
     set_name,
 )
 from santhrottle.appliance.datapath.nftgate import NFT_TABLE, NftRules, NftSets
-from santhrottle.appliance.datapath.nftrules import FAMILY, TABLE
 from santhrottle.appliance.datapath.presence import Presence
 from santhrottle.appliance.datapath.sets import (
     IPSET_FLAG_WITH_COUNTERS,
@@ -134,11 +131,10 @@ def find_missing(spec: DatapathSpec, expected: Expected, w: Watch) -> list[str]:
         if kind != "htb" or handle >> 16 != ROOT_MAJOR:
             out.append(f"tc: {dev}: the root qdisc is not santhrottle's ({kind or 'none'})")
     if spec.bridged:
-        lib = nftlib.load(w.host.netns_path())
-        if lib is not None:
-            got = json.loads(lib.run(f"list tables {FAMILY}", json_out=True, what="nft list"))
-            if not any(x.get("table", {}).get("name") == TABLE for x in got["nftables"]):
-                out.append(f"nft: table {NFT_TABLE} is missing")
+        # the bridge's table is left to the full comparison (every CHECK_EVERY_S): read
+        # through libnftables at every convergence, beside the gate's own transactions,
+        # it left the kernel sensor measuring no reads on a loaded host
+        # (tests/privileged/test_bridge_hostile.py [kernel] with two busy loops)
         return out
     summary = w.set_summary()
     out += _ipset_headers(summary)
