@@ -359,6 +359,9 @@ def test_a_flood_of_idle_metrics_connections_cannot_exhaust_the_daemon(ns, tmp_p
     idle: list[socket.socket] = []
     try:  # the base once the daemon runs: its convergence worker starts after the socket
         _wait(lambda: request(sock, "status")["counters"]["converges"] >= 1, what="converge")
+        # the baseline once the drift check has run (it keeps its netlink sockets from
+        # the first convergence on)
+        _wait(lambda: request(sock, "status")["counters"]["converges"] >= 2, what="converges")
         base_threads, base_fds = _proc(proc.pid)
         errors0 = request(sock, "status")["counters"]["sensor_errors"]
         for _ in range(1000):
