@@ -1,4 +1,4 @@
-"""Every lab experiment's imports resolve (vagrant/experiments/*.py).
+"""Every lab experiment's imports resolve (vagrant/experiments/*.py), without a path edit.
 
 The experiments run inside the lab guest, where a stale import (a module that moved out
 of controller/ into sim/, say) shows only after a boot of many minutes. Each script is
@@ -8,11 +8,13 @@ siblings, in one child interpreter."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-EXPERIMENTS = Path(__file__).resolve().parents[2] / "vagrant" / "experiments"
+VAGRANT = Path(__file__).resolve().parents[2] / "vagrant"
+EXPERIMENTS = VAGRANT / "experiments"
 
 
 def test_every_experiment_imports() -> None:
@@ -34,3 +36,16 @@ def test_every_experiment_imports() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_nothing_under_vagrant_edits_the_import_path() -> None:
+    """The lab kit is installed in the venv (make setup) and in the guest's: a script
+    that edits sys.path finds a copy the others do not (vagrant/qemu/README.md)."""
+    edit = re.compile(r"\bsys\.path\.(insert|append|extend)\b|\bsys\.path\s*(\+=|=)")
+    found = [
+        f"{p.relative_to(VAGRANT)}:{n}: {line.strip()}"
+        for p in sorted(VAGRANT.rglob("*.py"))
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if edit.search(line)
+    ]
+    assert not found, "\n".join(found)

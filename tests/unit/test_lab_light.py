@@ -162,3 +162,36 @@ def test_an_observed_phase_splits_the_loss_into_presence_and_control(rl, recorde
     text = "\n".join(rl.lines(sm))
     assert "the daemon with no threshold (observed) moved" in text
     assert sum(1 for x in text.splitlines() if re.match(r"\s+\d+ observed ", x)) == 2
+
+
+def test_make_lab_light_runs_the_array_bound_plant_and_the_admins_args_win(monkeypatch, tmp_path):
+    """report.py --light: one writer job per host on C 2 / m 3 at T 20 ms with the observed
+    phase (the plant of docs/lab.md's figure); what ARGS adds comes after, so it wins."""
+    spec = importlib.util.spec_from_file_location(
+        "santhrottle_report", ROOT / "vagrant" / "experiments" / "report.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.syspath_prepend(str(LIGHT_PY.parent))  # its siblings, as when run
+    spec.loader.exec_module(mod)
+    ran = []
+
+    class Done:
+        returncode = 0
+
+    monkeypatch.setattr(mod.subprocess, "run", lambda argv, **kw: ran.append(argv) or Done())
+    monkeypatch.setattr(mod, "report", lambda out: 0)
+    out = mod.CHECKOUT / "results" / "test-light-argv"
+    monkeypatch.setattr(
+        "sys.argv", ["report.py", "--light", "--out", str(out), "--thresholds", "15ms"]
+    )
+    try:
+        assert mod.main() == 0
+    finally:
+        out.rmdir()
+    (argv,) = ran  # one guest, no curves
+    assert argv[argv.index("--array") + 1] == "nbd:c_ms=2,m_ms=3"
+    guest = argv[argv.index(str(mod.GUEST)) + 1 :]
+    assert guest[guest.index("--writer-jobs") + 1] == "1"
+    assert "--observed" in guest and "--light" in guest
+    thresholds = [guest[i + 1] for i, x in enumerate(guest) if x == "--thresholds"]
+    assert thresholds == ["20ms", "15ms"]  # closed_loop's argparse keeps the last

@@ -55,10 +55,14 @@ PAPER_ARRAY = "nbd:c_ms=2,m_ms=5"
 # its guest's limit: 36 min on a fast host, up to 3 uncontrolled phases more where the
 # slope is chosen again, and a slower emulation
 PAPER_TIMEOUT_S = 5400
-# make lab-light (work conservation): the paper's workload on a light plant (its slope
-# moved toward an uncontrolled p95 of 0.6 x 10 ms), T the smallest of the paper's
-# thresholds that p95 stays under, three repetitions of controlled, bridged and
-# uncontrolled phases (closed_loop.py --light), ~25-30 min
+# make lab-light (work conservation): the paper's workload with one writer job per
+# host, so that the array, not the emulated CPU, limits the writers (docs/lab.md,
+# "Work conservation"), on a light plant: C = 2 ms, m = 3 ms to start from (moved
+# toward an uncontrolled p95 of 0.6 x 20 ms), T = 20 ms where that p95 stays under
+# 0.8 T; three repetitions of controlled, observed, bridged and uncontrolled phases
+# (closed_loop.py --light --observed), ~30-35 min
+LIGHT_ARRAY = "nbd:c_ms=2,m_ms=3"
+LIGHT_ARGS = ["--writer-jobs", "1", "--thresholds", "20ms", "--observed"]
 LIGHT_TIMEOUT_S = 3600
 # CI's short run (tests/closed_loop): twice the slope, so that the reader waits
 # >= 2 T uncontrolled even where the emulated guest, not the array, limits the
@@ -116,8 +120,8 @@ def main() -> int:
     ap.add_argument(
         "--light",
         action="store_true",
-        help=f"work conservation on a light plant (from --array {PAPER_ARRAY}, "
-        "closed_loop.py --paper --light)",
+        help=f"work conservation on a light plant (from --array {LIGHT_ARRAY}, "
+        f"closed_loop.py --paper --light {' '.join(LIGHT_ARGS)})",
     )
     ap.add_argument("--array", default=None, help="lab.py --array (the known plant's spec)")
     ap.add_argument(
@@ -146,8 +150,8 @@ def main() -> int:
         guest_args += ["--paper", "--plant", "auto"]
         timeout = args.timeout or PAPER_TIMEOUT_S
     if args.light:  # a light plant, T over its uncontrolled p95 (report_light)
-        array = array or PAPER_ARRAY
-        guest_args += ["--paper", "--light", "--no-static", "--skip-interference"]
+        array = array or LIGHT_ARRAY
+        guest_args += ["--paper", "--light", "--no-static", "--skip-interference", *LIGHT_ARGS]
         timeout = args.timeout or LIGHT_TIMEOUT_S
     if args.short:  # CI: the paper's workload on a known plant, T 10-20 ms, three bursts
         array = array or CI_ARRAY

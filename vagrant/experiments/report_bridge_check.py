@@ -19,8 +19,6 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # labkit, on the host
-
 from labkit.analysis import spread, summarize
 from report_light import delayed_share
 

@@ -58,11 +58,11 @@ lab-tlp: setup
 	$(LAB_PY) $(LAB) run --timeout 900 vagrant/experiments/tlp_lab.py \
 		--out $(CURDIR)/results/tlp-lab.json $(ARGS)
 
-# Work conservation (docs/lab.md, "Work conservation"): the paper's workload on a light
-# plant (the slope moved so that the uncontrolled p95 is about 0.6 x 10 ms), T the
-# smallest of 10, 15, 20 ms it stays under (<= 0.8 T), then three repetitions of the
-# controlled phase, the bridge's and the uncontrolled one: the writers' throughput
-# against the uncontrolled phase's, ~25-30 min.
+# Work conservation (docs/lab.md, "Work conservation"): the paper's workload, one writer
+# job per host, on a light plant (C 2 ms, m 3 ms/IO to start from, the slope moved so
+# that the uncontrolled p95 is about 0.6 x 20 ms), T = 20 ms where it stays under 0.8 T,
+# then three repetitions of the controlled phase, the observed one, the bridge's and the
+# uncontrolled one: the writers' throughput against the uncontrolled phase's, ~30-35 min.
 lab-light: setup
 	$(VPY) vagrant/experiments/report.py --light $(ARGS)
 
