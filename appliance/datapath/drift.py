@@ -17,9 +17,10 @@ What it owns
     sets' headers and member counts (one header-only dump), nftables'
     generation and, only when it moved since the chain was written, the
     chain's fingerprints (libnftables, in-process); on a bridge the root
-    qdiscs only (its table waits for find_drift()); no process, no tree.  What it names sends
-    the daemon to find_drift() at once.  Watch: its sockets and a Host, kept
-    by the convergence worker from one check to the next.
+    qdiscs only (its table waits for find_drift()); no process, no tree.
+    What it names sends the daemon to find_drift() at once.  Watch: its
+    sockets and a Host, kept by the convergence worker from one check to
+    the next.
     find_drift(): the full comparison (the daemon's every CHECK_EVERY_S):
     reads the kernel with netlink sockets of its own (Host: it
     runs in the convergence worker, never on the tick's sockets) and names each

@@ -357,10 +357,8 @@ def test_a_flood_of_idle_metrics_connections_cannot_exhaust_the_daemon(ns, tmp_p
     log = tmp_path / "log"
     proc = _start(conf, sock, prefix=("prlimit", "--nofile=1024:1024", "--"), log=log)
     idle: list[socket.socket] = []
-    try:  # the base once the daemon runs: its convergence worker starts after the socket
-        _wait(lambda: request(sock, "status")["counters"]["converges"] >= 1, what="converge")
-        # the baseline once the drift check has run (it keeps its netlink sockets from
-        # the first convergence on)
+    try:  # the base after the second convergence: the worker starts after the socket, and
+        # the drift check keeps its netlink sockets from the first convergence on
         _wait(lambda: request(sock, "status")["counters"]["converges"] >= 2, what="converges")
         base_threads, base_fds = _proc(proc.pid)
         errors0 = request(sock, "status")["counters"]["sensor_errors"]

@@ -164,7 +164,7 @@ def test_an_observed_phase_splits_the_loss_into_presence_and_control(rl, recorde
     assert sum(1 for x in text.splitlines() if re.match(r"\s+\d+ observed ", x)) == 2
 
 
-def test_make_lab_light_runs_the_array_bound_plant_and_the_admins_args_win(monkeypatch, tmp_path):
+def test_make_lab_light_runs_the_array_bound_plant_and_the_admins_args_win(monkeypatch):
     """report.py --light: one writer job per host on C 2 / m 3 at T 20 ms with the observed
     phase (the plant of docs/lab.md's figure); what ARGS adds comes after, so it wins."""
     spec = importlib.util.spec_from_file_location(
