@@ -8,20 +8,32 @@ from pathlib import Path
 
 import pytest
 
+from santhrottle.controller.ladder import Ladder
+from santhrottle.sim.loop import run
 from santhrottle.sim.plant import Closed, Device, closed_latency
 from santhrottle.sim.scenario import parse_scenario
+from santhrottle.sim.usage import Tenancy
 
 COMPARE_PY = Path(__file__).parents[2] / "vagrant" / "experiments" / "levels_compare.py"
 LAB_PY = COMPARE_PY.with_name("levels_lab.py")
 IOSTAT = Path(__file__).parents[1] / "fixtures" / "levels" / "iostat-x-y-t.json"
 
 
-@pytest.fixture(scope="module")
-def lc():
-    spec = importlib.util.spec_from_file_location("santhrottle_levels_compare", COMPARE_PY)
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+@pytest.fixture(scope="module")
+def lc():
+    return _load("santhrottle_levels_compare", COMPARE_PY)
+
+
+@pytest.fixture(scope="module")
+def ll():
+    return _load("santhrottle_levels_lab", LAB_PY)
 
 
 LAB = {
@@ -157,13 +169,10 @@ def test_the_simulators_segments_start_when_fio_did(lc, tmp_path):
     assert [(s.schedule.start_s, s.schedule.on_s) for s in a] == [(2.5, 3.0), (9.0, 4.0)]
 
 
-def test_the_labs_iostat_reports_as_sysstat_prints_them(lc):
+def test_the_labs_iostat_reports_as_sysstat_prints_them(lc, ll):
     """sysstat 12.6's `S_TIME_FORMAT=ISO iostat -x -d -y -t -o JSON vda 1 2` (recorded on
     the host; Debian 12's guest has the same version): each report's stamp and %util,
     read back by the comparison over a window holding the second one only."""
-    spec = importlib.util.spec_from_file_location("santhrottle_levels_lab", LAB_PY)
-    ll = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ll)
     assert ll.iostat_argv(["dm-2", "vdb"], 26)[1:] == [
         "-x", "-d", "-y", "-t", "-o", "JSON", "dm-2", "vdb", "1", "26"
     ]  # fmt: skip
@@ -173,3 +182,86 @@ def test_the_labs_iostat_reports_as_sysstat_prints_them(lc):
     t1 = datetime.fromisoformat(reports[1]["timestamp"]).timestamp()
     assert lc.iostat_in({"iostat": reports}, "vda", (t1 - 1.0, t1 + 1.0)) == [0.0]
     assert ll.iostat_reports("iostat: cannot open") == []  # no JSON: no reports
+
+
+def _rows(levels_a: list[int], took_s: float | None = None) -> list[dict]:
+    out = []
+    for t, lv in enumerate(levels_a):
+        row = {
+            "t": float(t),
+            "epoch": 100.0 + t,
+            "daemon": {"levels": {"tenant-a": {"level": lv}, "tenant-b": {"level": 0}}},
+        }
+        if took_s is not None:
+            row["daemon_t"] = t + took_s
+        out.append(row)
+    return out
+
+
+def test_a_run_that_starts_above_level_zero_is_compared_from_level_zero(lc):
+    """The calibration left tenant-a at level 2 (a run before levels_lab waited for level
+    0): its first two seconds, demotions the schedule did not ask for, are left out on
+    both sides; the rest follows the simulator's levels exactly."""
+    lab = {**LAB, "levels": {**LAB["levels"], "rows": _rows([2, 1, 0, 0, 1, 2])}}
+    sim = {g: [(float(t), lv) for t, lv in enumerate([0, 0, 0, 0, 1, 2])] for g in lc.TENANTS}
+    got = lc.compare_levels(lab, sim)["tenant-a"]
+    assert got["start_level"] == 2 and got["start_left_out_s"] == 2.0
+    assert got["within_one_level"] == 1.0 and got["max_level_difference"] == 0
+    assert got["seconds_lab"] == {"5": 2.0, "10": 1.0, "20": 1.0, "40": 0.0}
+    assert got["seconds_sim"] == got["seconds_lab"] and got["billed_lab_over_sim"] == 1.0
+    assert (got["promotions_lab"], got["demotions_lab"]) == (2, 0)
+    assert lc.compare_levels(lab, sim)["tenant-b"]["start_left_out_s"] == 0.0
+
+
+def test_a_lab_late_on_the_simulator_shows_at_a_lag(lc):
+    """A lab whose levels are the simulator's two seconds late: two levels apart at the
+    climb, the same at a lag of 2 s; a status read is stamped at its middle."""
+    sim_levels = [0, 0, 1, 2, 3, 3, 3, 3, 2, 2, 1, 1, 0, 0, 0, 0]
+    late = [0, 0, *sim_levels[:-2]]
+    lab = {**LAB, "levels": {**LAB["levels"], "rows": _rows(late, took_s=0.6)}}
+    assert [t for t, _ in lc.lab_levels(lab)["tenant-a"][:2]] == pytest.approx([0.3, 1.3])
+    sim = {g: [(float(t), lv) for t, lv in enumerate(sim_levels)] for g in lc.TENANTS}
+    got = lc.compare_levels(lab, sim)["tenant-a"]
+    assert got["max_level_difference"] == 2 and got["within_one_level"] < 1.0
+    assert got["within_one_level_by_lag"][2] == 1.0
+
+
+def test_the_labs_default_levels_need_delays_under_tcps_horizon(ll):
+    """With both gates off a tenant is held only at its top level: the defaults' bursts
+    at QD1 need 16.5 ms there alone, 3.5 ms both at once, on C = m = 10 ms (Little's
+    law, path 0); the former levels with bursts at QD4 needed 83 ms and are refused."""
+    a = ll.parser().parse_args([])
+    plant = {"c_ms": 10.0, "m_ms": 10.0}
+    got = ll.check_hold_delays(a, plant)
+    held = {tuple(x["loads"]): x for x in got if x["held"]}
+    assert held[("qd=1", "idle")]["delay_s"] == pytest.approx(1 / 32 - 0.010 / (1 - 0.32))
+    assert held[("qd=1", "qd=1")]["delay_s"] == pytest.approx(1 / 32 - 0.010 / (1 - 0.64))
+    assert all(x["level"] == 3 for x in held.values())  # each tenant climbs to the top
+    assert max(x["delay_s"] for x in got) <= ll.HOLD_DELAY_MAX_S
+    assert not any(x["held"] for x in got if "qd=1" not in x["loads"])  # 1/s: level 0
+    old = ll.parser().parse_args(
+        ["--levels", "5,10,20,40", "--schedule-a", "20:rate=2,30:qd=4", "--burst-qd", "4"]
+    )
+    with pytest.raises(
+        SystemExit, match=r"tenant-a at qd=4 \(tenant-b idle\) is held at 40 IOPS by 83.3 ms"
+    ):
+        ll.check_hold_delays(old, plant)
+    assert ll.check_hold_delays(old, None) == []  # no known plant: nothing to check
+
+
+def test_the_simulator_holds_the_defaults_under_40_ms(ll, lc):
+    """The simulator's run of the default schedules (levels_compare's scenario, path 0):
+    each tenant climbs to its top level and back to 0, and the largest delay its level's
+    class asks, the knob's start of a hold included, is under 40 ms (and more than 5 ms:
+    the top level's cap binds)."""
+    a = vars(ll.parser().parse_args([]))
+    lab = {"args": a, "array": {"c_ms": 10.0, "m_ms": 10.0}, "initiators": LAB["initiators"]}
+    sc = parse_scenario(lc.scenario(lab, 0.0))
+    ten = Tenancy(sc)
+    run(sc, sc.thresholds_s[0], tenancy=ten)
+    lad = Ladder()
+    for g in lc.TENANTS:
+        levels = [x[0] for x in ten.records.levels[g]]
+        assert levels.count(3) >= 20 and 0 in levels[levels.index(3) :]  # up, and back
+        delays = [lad.delay_s(k) for k in ten.records.level_class[g]]
+        assert 0.005 < max(delays) < 0.040  # the top level's cap binds, under the horizon
