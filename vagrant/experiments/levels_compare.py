@@ -16,11 +16,14 @@ its calibrate phase.
 
 Figures
     levels       per tenant, the level every second, the lab's (the daemon's
-                 status) against the simulator's (its convergences): the
-                 largest difference and the share of seconds within one level;
-                 the seconds at each level and the level-seconds billed (cap x
-                 seconds), the lab's over the simulator's (the issue: within 20 %);
-                 the target's TCP retransmissions over the phase (the issue: 0).
+                 status) against the simulator's (its convergences), from the
+                 lab's first second at level 0 (compare_levels()): the largest
+                 difference and the share of seconds within one level (and the
+                 same with the simulator 1-3 s earlier: a late lab, or a different
+                 control); the seconds at each level and the level-seconds billed
+                 (cap x seconds), the lab's over the simulator's (the issue: within
+                 20 %); the target's TCP retransmissions over the phase (the issue:
+                 0); the largest delay the run's levels need held (levels_lab.py).
     utilization  per load, over the load's steady seconds (fio's start plus two
                  to its end; compare_utilization()): the bridge daemon's
                  utilization of the resource (the wire) against iostat -x's %util

@@ -120,9 +120,12 @@ lab-groups: setup
 	$(VPY) vagrant/experiments/groups_compare.py
 
 # Elastic levels, utilization and metering in the lab (docs/levels.md, "In the lab"): two
-# tenant groups with IOPS levels through the bridge on the m = 10 ms plant, a kill -9 of
-# the daemon, the wire's utilization against iostat -x at four loads; then the simulator
-# on the same plant and schedules (levels_compare.py), ~10 min.
+# tenant groups with IOPS levels 4/8/16/32 through the bridge on the m = 10 ms plant,
+# bursts at QD1 between 1 IO/s, a kill -9 of the daemon, the wire's utilization against
+# iostat -x at four loads; then the simulator on the same plant and schedules
+# (levels_compare.py), ~10 min. levels_lab.py refuses a plant (PLANT=), levels or
+# schedules (ARGS=) whose held level needs a delay over 25 ms (hold_delays(): TCP's
+# timers in the guest are not scaled down with the rates).
 LEVELS_PLANT := c_ms=10,m_ms=10
 lab-levels: setup
 	$(LAB_PY) $(LAB) --array nbd:$(or $(PLANT),$(LEVELS_PLANT)) run --timeout 2400 \
