@@ -265,3 +265,13 @@ def test_the_simulator_holds_the_defaults_under_40_ms(ll, lc):
         assert levels.count(3) >= 20 and 0 in levels[levels.index(3) :]  # up, and back
         delays = [lad.delay_s(k) for k in ten.records.level_class[g]]
         assert 0.005 < max(delays) < 0.040  # the top level's cap binds, under the horizon
+
+
+def test_the_sensors_period_is_read_from_the_convergences_counted(lc):
+    """30 sensor convergences over 90 s of rows: one every 3 s; a run whose rows do not
+    count them has none."""
+    rows = [
+        {"epoch": 100.0 + t, "daemon": {"levels": {}, "converges": 10 + t // 3}} for t in range(91)
+    ]
+    assert lc.sensor_period_s({"levels": {"rows": rows}}) == pytest.approx(3.0)
+    assert lc.sensor_period_s(LAB) is None

@@ -174,6 +174,20 @@ def difference(
     return out
 
 
+def sensor_period_s(lab: dict) -> float | None:
+    """Seconds per convergence of the daemon's sensor over the levels phase (the levels
+    decide on its IoSamples; the simulator's come every second): from the rows' counts
+    of convergences (runs since they were sampled)."""
+    got = [
+        (r["epoch"], r["daemon"]["converges"])
+        for r in lab["levels"]["rows"]
+        if r.get("daemon", {}).get("converges") is not None
+    ]
+    if len(got) < 2 or got[-1][1] == got[0][1]:
+        return None
+    return (got[-1][0] - got[0][0]) / (got[-1][1] - got[0][1])
+
+
 def within_one(diffs: list[int]) -> float | None:
     return sum(abs(d) <= 1 for d in diffs) / len(diffs) if diffs else None
 
@@ -367,6 +381,7 @@ def main() -> int:
     res = {
         "path_s": path_s,
         "levels": compare_levels(lab, sim),
+        "sensor_period_s": sensor_period_s(lab),
         "target_retrans": lab["levels"]["target_retrans"],
         "utilization": compare_utilization(lab),
         "kill9": {
@@ -384,6 +399,9 @@ def main() -> int:
         f"path per IO (calibrated): {path_s * 1e3:.2f} ms; target retransmissions "
         f"{res['target_retrans']}"
     )
+    period = sensor_period_s(lab)
+    if period is not None:
+        print(f"the daemon's sensor converged every {period:.2f} s over the levels phase")
     held = [x for x in lab.get("hold_delays", []) if x["held"]]
     if held:
         worst = max(held, key=lambda x: x["delay_s"])

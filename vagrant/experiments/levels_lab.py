@@ -203,14 +203,16 @@ def config(a: argparse.Namespace, t: dict, out: Path) -> dict:
 
 
 def sampler(d: Daemon, target: Daemon | None = None) -> Sampler:
-    """Every second: epoch time; the daemon's levels and the resource's utilization
-    (and the target-host daemon's utilization, when there is one)."""
+    """Every second: epoch time; the daemon's levels, the resource's utilization and its
+    sensor's convergences so far (and the target-host daemon's utilization, when there
+    is one)."""
 
     def daemon_row() -> dict:
         st = d.status()
         return {
             "levels": {x["group"]: {k: x[k] for k in LEVEL_FIELDS} for x in st["levels"]},
             "utilization": {r["resource"]: r["utilization"] for r in st["resources"]},
+            "converges": st.get("counters", {}).get("converges"),  # levels_compare.py
         }
 
     probes_ = [Probe("epoch", time.time), Probe("daemon", daemon_row, stamped=True)]
