@@ -9,21 +9,23 @@ The topology with a bridge (labkit.topology) on the known plant (the
 lab-array disk, L = C + m * Q), three iSCSI hosts on three LVs of one VG:
 LUN 0 is the group "tenant-a", LUN 1 "tenant-b", both with IOPS levels
 (--levels, lowest first); LUN 2 is a probe for the utilization phase.
-santhrottled runs in bridge mode on lab-br with the wire read in Python
-(--sensor, bridge.sensor = "capture": the sensor that measured utilization
-first), one resource (every volume), its threshold far above the plant's
-latency and promote_below_utilization = 1 (the rates alone move the levels).
+santhrottled runs in bridge mode on lab-br with the wire read by --sensor
+(bridge.sensor: "capture", in Python, the default; "kernel"; both measure
+utilization), one resource (every volume), its threshold far above the
+plant's latency and promote_below_utilization = 1 (the rates alone move the
+levels).
 
 The delays a level needs (hold_delays())
     With both gates off, a tenant climbs while its rate reaches its level's
     cap, undelayed (levels.py releases a rising group), and is held only at
     its top level: the delay d = q / cap - L - path (Little's law) at the
-    plant's L with the holds in force. The emulated guest runs the rates
-    ~100x under a real array's, but TCP's timers are not scaled: a delay past
-    ~55 ms gives spurious tail-loss probes in this guest, and near RTO_min
-    (200 ms) timeouts. So the lab's levels and bursts keep every such delay
-    under HOLD_DELAY_MAX_S, and a config that needs more is refused before
-    the topology comes up. The defaults: levels 4 / 8 / 16 / 32, 1 per
+    plant's L with the holds in force. The emulated guest moves tens of IOs
+    per second where an array moves thousands, and the levels are scaled
+    down with it, but TCP's timers are not: a delay past ~55 ms gives
+    spurious tail-loss probes in this guest, and near RTO_min (200 ms)
+    timeouts. So the lab's levels and bursts keep every such delay under
+    HOLD_DELAY_MAX_S, and a config that needs more is refused before the
+    topology comes up. The defaults: levels 4 / 8 / 16 / 32, 1 per
     second between bursts at QD1; on C = m = 10 ms a burst alone is held at
     32 with 16.5 ms (17 ms in the simulator, 21-23 ms at a hold's start), two
     at once with 3.5 ms. The former 5 / 10 / 20 / 40 with bursts at QD4
