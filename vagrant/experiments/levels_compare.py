@@ -177,7 +177,7 @@ def difference(
 def sensor_period_s(lab: dict) -> float | None:
     """Seconds per convergence of the daemon's sensor over the levels phase (the levels
     decide on its IoSamples; the simulator's come every second): from the rows' counts
-    of convergences (runs since they were sampled)."""
+    of convergences; None for a run whose rows do not have them."""
     got = [
         (r["epoch"], r["daemon"]["converges"])
         for r in lab["levels"]["rows"]
