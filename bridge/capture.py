@@ -24,6 +24,17 @@ Layouts (linux/if_packet.h)
     offset_to_first_pkt, ... A frame: tpacket3_hdr: u32 tp_next_offset,
     u32 tp_sec, u32 tp_nsec, u32 tp_snaplen, u32 tp_len, u32 tp_status,
     u16 tp_mac, u16 tp_net, ...
+
+Clock
+    The kernel stamps each frame on CLOCK_REALTIME (tp_sec, tp_nsec); the
+    tracker's times must be on the sensor's own clock, CLOCK_MONOTONIC by
+    default (the in-kernel sensor's too), because the sensor closes busy
+    spans (bridge/busy.py) at its tick's time. Each block's frames are moved
+    by the two clocks' offset, read when the block is read: a step of the wall
+    clock moves the offset and the stamps alike, so a latency or a busy span
+    across it stays right. Worked example: a frame stamped 1,795,932,784.250
+    s, read when time.time() is 1,795,932,784.300 and the monotonic clock
+    80,000.300 s, is handed on at 80,000.250 s.
     Frames carry Ethernet (802.1Q tags already taken out by the kernel, or
     in line: skipped), IPv4 or IPv6 (no extension headers), TCP.
 
@@ -43,6 +54,7 @@ import mmap
 import select
 import socket
 import struct
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -182,8 +194,11 @@ class Ring:
         blocks: int = BLOCKS,
         retire_ms: int = RETIRE_MS,
         program: tuple[tuple[int, int, int, int], ...] = STORAGE_FILTER,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.counters = CaptureCounters()
+        self.clock, self.wall_clock = clock, wall_clock  # the frames' times: on clock
         self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
         try:
             attach_filter(self.sock, program)
@@ -258,12 +273,13 @@ class Ring:
         view, c, frame = self.view, self.counters, self.decoder.frame
         _, num, first = _BLOCK.unpack_from(self.map, off + 8)
         pos = off + first
+        shift_s = self.clock() - self.wall_clock()  # CLOCK_REALTIME stamps onto clock
         for _ in range(num):
             nxt, sec, nsec, snap, length, mac = _FRAME.unpack_from(self.map, pos)
             c.frames += 1
             if snap < length and snap > ESP_SNAP_BYTES:  # (an ESP frame is kept short)
                 c.truncated += 1
-            frame(view, pos + mac, snap, sec + nsec * 1e-9, segment)
+            frame(view, pos + mac, snap, sec + nsec * 1e-9 + shift_s, segment)
             pos += nxt
 
 

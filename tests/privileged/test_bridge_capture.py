@@ -1,6 +1,6 @@
 """bridge/capture.py + tracker.py on real TCP: a ring on the target's veth in a namespace
 this test owns sees an initiator's iSCSI reads and NVMe/TCP reads, and the tracker
-measures their latency as the server made it."""
+measures their latency as the server made it, on the sensor's clock."""
 
 from __future__ import annotations
 
@@ -114,8 +114,22 @@ def test_the_ring_and_the_tracker_measure_reads_on_a_veth(netns_pair):
     pair.procs.append(srv)
     assert srv.stdout.readline().strip() == "ready"
     tracker = Tracker()
+    stamps: list[float] = []
+
+    def segment(now_s, *rest):
+        stamps.append(now_s)
+        tracker.segment(now_s, *rest)
+
+    busy_s: dict = {}
+
+    def poll():  # and, as the sensor's tick does, the busy time up to now
+        ring.poll(50, segment)
+        for v, s in tracker.busy.take(time.monotonic()).items():
+            busy_s[v] = busy_s.get(v, 0.0) + s
+
     with entered(f"/run/netns/{pair.target}"):
         ring = Ring(TARGET_DEV, block_bytes=1 << 20, blocks=8)
+    t0 = time.monotonic()
     with ring:
         cli = subprocess.Popen(
             ["ip", "netns", "exec", pair.initiator, sys.executable, "-c", CLIENT, MEMBER_IP,
@@ -126,8 +140,8 @@ def test_the_ring_and_the_tracker_measure_reads_on_a_veth(netns_pair):
         pair.procs.append(cli)
         deadline = time.monotonic() + 60
         while cli.poll() is None and time.monotonic() < deadline:
-            ring.poll(50, tracker.segment)
-        ring.poll(50, tracker.segment)  # what the last block holds
+            poll()
+        poll()  # what the last block holds
         assert cli.wait(timeout=5) == 0
         _, drops = ring.kernel_stats()
     reads = tracker.take_tick()[0]
@@ -139,3 +153,10 @@ def test_the_ring_and_the_tracker_measure_reads_on_a_veth(netns_pair):
         assert DELAY_S <= r.mean_s < DELAY_S + 0.2, (proto, r.mean_s)
     assert tracker.counters.unmatched == 0 and drops == 0
     assert ring.counters.truncated == 0 and ring.counters.segments > 4 * READS
+    # the frames' times are on the monotonic clock (the kernel stamps them on the wall
+    # clock): a busy span closed at a tick's time is as long as the volume was busy
+    took = time.monotonic() - t0
+    assert stamps and t0 <= min(stamps) and max(stamps) <= t0 + took, (t0, stamps[:3])
+    assert len(busy_s) == 2, busy_s  # one volume per protocol
+    for v, s in busy_s.items():  # READS reads of at least DELAY_S, one at a time
+        assert READS * DELAY_S <= s <= took, (v, s, took)
