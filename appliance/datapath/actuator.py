@@ -81,7 +81,13 @@ from santhrottle.appliance.datapath.names import (
     class_minor,
     family,
 )
-from santhrottle.appliance.datapath.nftgate import NFT_BACKEND, NFT_TABLE, NftRules, NftSets
+from santhrottle.appliance.datapath.nftgate import (
+    NFT_BACKEND,
+    NFT_TABLE,
+    NftGeneration,
+    NftRules,
+    NftSets,
+)
 from santhrottle.appliance.datapath.sets import MemberSets
 from santhrottle.appliance.datapath.spec import DatapathSpec
 from santhrottle.appliance.datapath.tc import TcDevice, installed_devices
@@ -153,7 +159,8 @@ def gate(
     """The member sets and the rules in front of them: ipset + iptables on a target
     host, nftables' bridge family on a bridge (datapath/nftrules.py)."""
     if bridged:
-        return NftSets(host), NftRules(host)
+        generation = NftGeneration(host)  # after either's last transaction
+        return NftSets(host, generation), NftRules(host, generation)
     return MemberSets(host, maxelem, bulk_threshold), Mangles(host)
 
 

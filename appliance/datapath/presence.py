@@ -25,6 +25,9 @@ What it owns
                         namespace (iptables-nft's included): while it is the
                         one read with what the data path left, nothing in
                         nftables changed.
+      nft_table(family, name)  whether nftables has that table: one
+                        NFT_MSG_GETTABLE (the bridge's `table bridge
+                        santhrottle`).
 
 Cost
     On the development host (2026-11-29, a namespace with the default
@@ -64,8 +67,9 @@ IPSET_PROTOCOL = 7
 IPSET_ATTR_PROTOCOL, IPSET_ATTR_SETNAME, IPSET_ATTR_FLAGS, IPSET_ATTR_DATA = 1, 2, 6, 7
 IPSET_ATTR_CADT_FLAGS, IPSET_ATTR_ELEMENTS = 8, 24  # inside IPSET_ATTR_DATA
 IPSET_FLAG_LIST_HEADER = 1 << 2
-NFT_MSG_GETGEN = 16
-NFTA_GEN_ID = 1
+NFT_MSG_GETTABLE, NFT_MSG_GETGEN = 1, 16
+NFTA_TABLE_NAME, NFTA_GEN_ID = 1, 1
+NFPROTO_BRIDGE = 7
 
 _HDR = struct.Struct("=IHHII")  # nlmsghdr: len, type, flags, seq, pid
 _TCMSG = struct.Struct("=BxxxiIII")  # family, ifindex, handle, parent, info
@@ -226,3 +230,15 @@ class Presence:
                 if t == NFTA_GEN_ID and len(v) == 4:
                     return int(struct.unpack(">I", v)[0])
         raise DatapathError("cannot read nftables' generation: no answer")
+
+    def nft_table(self, family: int, name: str) -> bool:
+        """Whether nftables has the table `name` of `family` (NFPROTO_*) in the namespace."""
+        req = _NFGEN.pack(family, 0, 0) + _attr(NFTA_TABLE_NAME, name.encode() + b"\0")
+        try:
+            kind = NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_GETTABLE
+            got = self._nf.request(kind, 0, req, "nft table")
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                return False
+            raise DatapathError(f"cannot read nftables' table {name}: {e.strerror}") from None
+        return bool(got)

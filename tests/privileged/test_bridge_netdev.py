@@ -221,3 +221,41 @@ def test_the_nft_gate_classifies_bridged_traffic_by_mode_and_counts_it(bridge_ga
     rep = d.cleanup()
     assert rep.bridge_table and "table bridge santhrottle" in rep.summary()
     assert _nft(mid) == ""
+
+
+def test_the_presence_read_sees_any_change_to_nftables_and_the_table_going(bridge_gate):
+    """The drift check's presence read on a bridge (datapath/drift.py): quiet after the
+    gate's own transactions; any other transaction in nftables sends it to the full
+    comparison, which says whether the table is still as left and, when it is, keeps
+    the presence read quiet; a removed table is named without a listing."""
+    from santhrottle.appliance.datapath import drift
+
+    _ini, mid, _tgt, d = bridge_gate
+    d.apply()
+    d.set_classes({INI_IP: 3}, "all")
+    w = drift.Watch(mid)
+    try:
+        left = d.expected()
+        assert left.rules_gen is not None
+        assert drift.find_missing(d.spec, left, w) == []
+        nft = ("ip", "netns", "exec", mid, "nft")
+        subprocess.run([*nft, "add", "table", "inet", "someone-elses"], check=True)
+        assert drift.find_missing(d.spec, left, w) == [drift.NFT_CHANGED]
+        assert drift.find_drift(d.spec, left, w) == []  # ours is as left
+        assert drift.find_missing(d.spec, left, w) == []
+        subprocess.run([*nft, "delete", "element", "bridge", "santhrottle", "santhrottle-all",
+                        f"{{ {INI_IP} }}"], check=True)  # fmt: skip
+        assert drift.find_missing(d.spec, left, w) == [drift.NFT_CHANGED]
+        assert drift.find_drift(d.spec, left, w) == [
+            "nft: table bridge santhrottle: 1 member(s) not as left"
+        ]
+        subprocess.run([*nft, "delete", "table", "bridge", "santhrottle"], check=True)
+        assert drift.find_missing(d.spec, left, w) == [drift.NFT_TABLE_MISSING]
+        d.apply()  # the repair
+        d.set_classes({INI_IP: 3}, "all")
+        again = d.expected()
+        assert again.rules_gen is not None and again.rules_gen != left.rules_gen
+        assert drift.find_missing(d.spec, again, w) == []
+        assert drift.find_drift(d.spec, again, w) == []
+    finally:
+        w.close()

@@ -355,13 +355,25 @@ class _FakeHost:
         return ""
 
 
+class _FakeGeneration:
+    """NftGeneration's interface (datapath/nftgate.py; read for real in
+    tests/privileged/test_bridge_netdev.py): each transaction's end, recorded."""
+
+    def __init__(self) -> None:
+        self.writes: list[bool] = []
+        self.last: int | None = None
+
+    def after_write(self, ok: bool) -> None:
+        self.writes.append(ok)
+
+
 def test_the_gate_of_a_mixed_membership_names_each_familys_maps():
     """NftSets (datapath/nftgate.py) sends a mixed batch as one transaction and knows
-    the maps that hold members, per family."""
+    the maps that hold members, per family; the generation is read after it."""
     from santhrottle.appliance.datapath.nftgate import NftSets
 
-    host = _FakeHost()
-    sets = NftSets(host)  # type: ignore[arg-type]
+    host, generation = _FakeHost(), _FakeGeneration()
+    sets = NftSets(host, generation)  # type: ignore[arg-type]
     ops = [
         ("add", "santhrottle-all", "10.0.0.3", 0x3),
         ("add", "santhrottle-read6", "fd00::3", 0x5),
@@ -369,6 +381,7 @@ def test_the_gate_of_a_mixed_membership_names_each_familys_maps():
     after = sets.send(ops, {})
     assert after == {"10.0.0.3": ("all", 0x3), "fd00::3": ("read", 0x5)}
     assert len(host.sent) == 1 and "santhrottle-counted6 { fd00::3 }" in host.sent[0]
+    assert generation.writes == [True]
     assert sets.gate_now() == {"santhrottle-all", "santhrottle-read6"}
     with pytest.raises(DatapathError, match="not an IPv6 address"):
         sets.send([("add", "santhrottle-all6", "10.0.0.4", 0x3)], after)
