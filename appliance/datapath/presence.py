@@ -25,6 +25,12 @@ What it owns
                         namespace (iptables-nft's included): while it is the
                         one read with what the data path left, nothing in
                         nftables changed.
+      tree(dev)         a digest of the device's tc tree as configured: every
+                        class's and qdisc's handle, parent, kind and
+                        options (one class dump, one qdisc dump), their
+                        statistics, the root's direct-queue count and the
+                        glide leaves' options left out (datapath/glide.py
+                        changes those at every handoff)
       nft_table(family, name)  whether nftables has that table: one
                         NFT_MSG_GETTABLE (the bridge's `table bridge
                         santhrottle`).
@@ -44,21 +50,23 @@ Worked example
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import socket
 import struct
 from collections.abc import Iterator
 
 from santhrottle.appliance.datapath.host import Host
-from santhrottle.appliance.datapath.names import OWNED_SETS, DatapathError
+from santhrottle.appliance.datapath.names import OWNED_SETS, DatapathError, is_glide_minor
 
 NETLINK_ROUTE, NETLINK_NETFILTER = 0, 12
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 NLM_F_REQUEST, NLM_F_MULTI, NLM_F_ECHO, NLM_F_DUMP = 0x1, 0x2, 0x8, 0x300
 NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED and NLA_F_NET_BYTEORDER
 # linux/rtnetlink.h, linux/pkt_sched.h
-RTM_GETQDISC = 38
-TCA_KIND = 1
+RTM_GETQDISC, RTM_GETTCLASS = 38, 42
+TCA_KIND, TCA_OPTIONS = 1, 2
+TCA_HTB_INIT = 2  # inside a root HTB's TCA_OPTIONS: tc_htb_glob
 TC_H_ROOT = 0xFFFFFFFF
 # linux/netfilter/nfnetlink.h, nf_tables.h, ipset/ip_set.h
 NFNL_SUBSYS_IPSET, NFNL_SUBSYS_NFTABLES = 6, 10
@@ -86,6 +94,15 @@ def attrs(data: bytes, off: int = 0, end: int | None = None) -> Iterator[tuple[i
             return
         yield kind & NLA_TYPE_MASK, data[off + _NLA.size : off + length]
         off += (length + 3) & ~3
+
+
+def _without_counts(options: bytes) -> bytes:
+    """A root HTB's options without the packets its direct queue counted (tc_htb_glob's
+    direct_pkts, its last u32): the rest is configuration."""
+    out = []
+    for t, v in attrs(options):
+        out.append(struct.pack("=H", t) + (v[:16] if t == TCA_HTB_INIT else v))
+    return b"".join(out)
 
 
 def _attr(kind: int, payload: bytes) -> bytes:
@@ -171,17 +188,24 @@ class Presence:
         self._route.close()
         self._nf.close()
 
-    def root(self, device: str) -> tuple[str | None, int]:
-        """(kind, handle) of the device's root qdisc; the kernel's default root has
-        handle 0.  DatapathError when the device is gone or the kernel cannot say."""
-        req = _TCMSG.pack(0, self.host.ifindex(device), 0, TC_H_ROOT, 0)
+    def _tc(
+        self, device: str, kind: int, flags: int, req: bytes, what: str
+    ) -> list[tuple[int, bytes]]:
+        """One rtnetlink request about the device's tc objects; DatapathError when the
+        device is gone or the kernel cannot say."""
         try:
-            got = self._route.request(RTM_GETQDISC, NLM_F_ECHO, req, f"root qdisc of {device}")
+            return self._route.request(kind, flags, req, what)
         except OSError as e:
             if e.errno in (errno.ENODEV, errno.ENOENT):
                 self.host.forget(device)
                 raise DatapathError(f"no network device {device}") from None
             raise DatapathError(f"cannot read the {e.strerror}") from None
+
+    def root(self, device: str) -> tuple[str | None, int]:
+        """(kind, handle) of the device's root qdisc; the kernel's default root has
+        handle 0.  DatapathError when the device is gone or the kernel cannot say."""
+        req = _TCMSG.pack(0, self.host.ifindex(device), 0, TC_H_ROOT, 0)
+        got = self._tc(device, RTM_GETQDISC, NLM_F_ECHO, req, f"root qdisc of {device}")
         if not got:
             raise DatapathError(f"cannot read the root qdisc of {device}: no answer")
         body = got[0][1]
@@ -242,3 +266,27 @@ class Presence:
                 return False
             raise DatapathError(f"cannot read nftables' table {name}: {e.strerror}") from None
         return bool(got)
+
+    def tree(self, device: str) -> bytes:
+        """A digest of the device's classes and qdiscs as configured (module header)."""
+        index = self.host.ifindex(device)
+        req = _TCMSG.pack(0, index, 0, 0, 0)
+        digest = hashlib.blake2b(digest_size=16)
+        for kind in (RTM_GETTCLASS, RTM_GETQDISC):
+            got = self._tc(device, kind, NLM_F_DUMP, req, f"tc tree of {device}")
+            rows = []
+            for _typ, body in got:
+                ifindex, handle, parent = _TCMSG.unpack_from(body)[1:4]
+                if ifindex != index:
+                    continue  # a qdisc dump may answer for every device
+                glide = kind == RTM_GETQDISC and is_glide_minor(parent & 0xFFFF)
+                row = [struct.pack("=BII", kind, handle, parent)]
+                for t, v in attrs(body, _TCMSG.size):
+                    if t == TCA_KIND or (t == TCA_OPTIONS and not glide):
+                        if t == TCA_OPTIONS and kind == RTM_GETQDISC and parent == TC_H_ROOT:
+                            v = _without_counts(v)
+                        row.append(struct.pack("=HI", t, len(v)) + v)
+                rows.append(b"".join(row))
+            for row in sorted(rows):
+                digest.update(struct.pack("=I", len(row)) + row)
+        return digest.digest()

@@ -146,3 +146,43 @@ def test_the_check_reads_the_namespace_from_whichever_thread_calls_it(netns_pair
         assert got == [([line], [line])]
     finally:
         a.cleanup()
+
+
+def test_the_presence_read_sees_a_class_or_a_leaf_changed_inside_the_tree(netns_pair):
+    """Each device's tree digest (presence.py) against the one the full comparison last
+    found as wanted: a class's rate or a leaf changed by hand is named at the next
+    presence read, the full comparison confirms it, and after the repair both are
+    quiet; a glide leaf's own change is no drift."""
+    from santhrottle.appliance.datapath import drift
+    from santhrottle.appliance.datapath.names import GLIDE_MINOR_BASE
+
+    a = _actuation(netns_pair)
+    spec, tgt = a.datapath.spec, netns_pair.target
+    w = drift.Watch(tgt)
+    try:
+        a.apply()
+        a.reconcile(PIN, ordered=False)
+        e = a.expected()
+        assert drift.find_missing(spec, e, w) == []  # no full comparison yet: nothing known
+        assert drift.find_drift(spec, e, w) == [] and TARGET_DEV in w.trees
+        assert drift.find_missing(spec, e, w) == []
+        changed = [f"tc: {TARGET_DEV}: {drift.TREE_CHANGED}"]
+        tc = ("tc", "-n", tgt)
+        glide = f"5374:{GLIDE_MINOR_BASE:x}"
+        subprocess.run([*tc, "qdisc", "change", "dev", TARGET_DEV, "parent", glide, "pfifo",
+                        "limit", "7"], check=True)  # fmt: skip
+        assert drift.find_missing(spec, e, w) == []  # a glide leaf's: the data path's own
+        subprocess.run([*tc, "class", "change", "dev", TARGET_DEV, "classid", "5374:5",
+                        "parent", "5374:1", "htb", "rate", "1mbit"], check=True)  # fmt: skip
+        assert drift.find_missing(spec, e, w) == changed
+        (found,) = drift.find_drift(spec, e, w)
+        assert found.startswith(f"tc: {TARGET_DEV}: ") and found.endswith("missing or changed")
+        assert TARGET_DEV not in w.trees
+        a.apply()  # the repair
+        assert drift.find_drift(spec, e, w) == [] and drift.find_missing(spec, e, w) == []
+        subprocess.run([*tc, "qdisc", "replace", "dev", TARGET_DEV, "parent", "5374:6",
+                        "pfifo", "limit", "3"], check=True)  # fmt: skip
+        assert drift.find_missing(spec, e, w) == changed
+    finally:
+        w.close()
+        a.cleanup()

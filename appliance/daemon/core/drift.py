@@ -6,8 +6,9 @@ What it owns
     lock) and has the data path read the kernel (read only, netlink sockets
     of its own: datapath/drift.py):
       - the presence read (Actuator.missing()) at every convergence: each
-        device's root qdisc, the sets and their member counts, the chain and
-        its jumps (nftables' generation, their fingerprint when it moved);
+        device's root qdisc and its tree's digest, the sets and their member
+        counts, the chain and its jumps (nftables' generation, their
+        fingerprint when it moved), or on a bridge its nftables table;
       - the full comparison (Actuator.drift()) at most every CHECK_EVERY_S, at
         the first convergence after a repair (did it hold?), after a check
         that raced a tick, and at once when the presence read finds something
@@ -31,16 +32,17 @@ What it owns
 Cost
     On the 2-core development host, one device with the default ladder's 193
     tc objects (tests/bench/bench_drift.py; docs/datapath.md "Drift" has the
-    side-by-side figures): the presence read 0.1 ms of CPU a convergence, a
-    full comparison ~30 ms (pyroute2 decoding the tree's two dumps), so 1.9 ms
-    a convergence on average, against 3.2 ms for the code that ran the whole
-    check with `iptables -S` every 10 s.  A full comparison at every
+    side-by-side figures): the presence read 0.7 ms of CPU a convergence
+    (0.6 ms of it the tree's digest), a full comparison ~30 ms (pyroute2
+    decoding the tree's two dumps), so 2.5 ms a convergence on average,
+    against 3.2 ms for the code that ran the whole check with `iptables -S`
+    every 10 s.  A full comparison at every
     convergence cost ~3 % of a CPU there and, in the one-vCPU lab guest, a
     fifth of the guest's CPU, which the target's writers then lacked (make
     lab-light, docs/lab.md "Work conservation"): hence the period.  A root
-    qdisc, a set, a member count, the chain or a jump that goes is found at
-    the next convergence; a class or a leaf changed inside the tree, or a
-    rule replaced in place, within CHECK_EVERY_S plus a convergence.
+    qdisc, a class or a leaf, a set, a member count, the chain or a jump that
+    goes or changes is found at the next convergence; a rule replaced in place
+    with the same matches, within CHECK_EVERY_S plus a convergence.
 
 Worked example
     `santhrottle cleanup --force` is the way to remove the data path under a
