@@ -20,6 +20,9 @@ What it owns
       set_summary()     our sets: name -> (CADT flags, member count), one
                         header-only IPSET_CMD_LIST dump (what `ipset list -t`
                         prints)
+      set_members(name) one of our sets' members -> their skbprio: one
+                        IPSET_CMD_LIST dump of that set (what `ipset save NAME`
+                        prints, without the counters; no process)
       nft_generation()  nftables' ruleset generation: one NFT_MSG_GETGEN.  It
                         changes with every nftables transaction in the
                         namespace (iptables-nft's included): while it is the
@@ -74,6 +77,9 @@ IPSET_CMD_LIST = 7
 IPSET_PROTOCOL = 7
 IPSET_ATTR_PROTOCOL, IPSET_ATTR_SETNAME, IPSET_ATTR_FLAGS, IPSET_ATTR_DATA = 1, 2, 6, 7
 IPSET_ATTR_CADT_FLAGS, IPSET_ATTR_ELEMENTS = 8, 24  # inside IPSET_ATTR_DATA
+IPSET_ATTR_ADT = 8  # a list's members: one IPSET_ATTR_DATA each
+IPSET_ATTR_IP, IPSET_ATTR_SKBPRIO = 1, 28  # inside a member's IPSET_ATTR_DATA
+IPSET_ATTR_IPADDR_IPV4, IPSET_ATTR_IPADDR_IPV6 = 1, 2  # inside IPSET_ATTR_IP
 IPSET_FLAG_LIST_HEADER = 1 << 2
 NFT_MSG_GETTABLE, NFT_MSG_GETGEN = 1, 16
 NFTA_TABLE_NAME, NFTA_GEN_ID = 1, 1
@@ -103,6 +109,15 @@ def _without_counts(options: bytes) -> bytes:
     for t, v in attrs(options):
         out.append(struct.pack("=H", t) + (v[:16] if t == TCA_HTB_INIT else v))
     return b"".join(out)
+
+
+def _address(kind: int, packed: bytes) -> str | None:
+    """An ipset member's address as the kernel prints it (names.check_ip's form)."""
+    if kind == IPSET_ATTR_IPADDR_IPV4 and len(packed) == 4:
+        return socket.inet_ntop(socket.AF_INET, packed)
+    if kind == IPSET_ATTR_IPADDR_IPV6 and len(packed) == 16:
+        return socket.inet_ntop(socket.AF_INET6, packed)
+    return None
 
 
 def _attr(kind: int, payload: bytes) -> bytes:
@@ -240,6 +255,36 @@ class Presence:
                             (count,) = struct.unpack(">I", dv)
             if name in OWNED_SETS:
                 out[name] = (flags, count)
+        return out
+
+    def set_members(self, name: str) -> dict[str, int]:
+        """The members of the set `name` -> their skbprio (major << 16 | minor; 0 for
+        none): one dump of that set.  DatapathError when it cannot be listed."""
+        req = (
+            _NFGEN.pack(socket.AF_INET, 0, 0)
+            + _attr(IPSET_ATTR_PROTOCOL, bytes([IPSET_PROTOCOL]))
+            + _attr(IPSET_ATTR_SETNAME, name.encode() + b"\0")
+        )
+        try:
+            got = self._nf.request(
+                NFNL_SUBSYS_IPSET << 8 | IPSET_CMD_LIST, NLM_F_DUMP, req, "ipset list"
+            )
+        except OSError as e:
+            raise DatapathError(f"cannot list ipset {name}: {e.strerror}") from None
+        out: dict[str, int] = {}
+        for _typ, body in got:
+            for t, adt in attrs(body, _NFGEN.size):
+                if t != IPSET_ATTR_ADT:
+                    continue
+                for _dt, member in attrs(adt):
+                    ip, prio = None, 0
+                    for mt, mv in attrs(member):
+                        if mt == IPSET_ATTR_IP:
+                            ip = next((_address(at, av) for at, av in attrs(mv)), None)
+                        elif mt == IPSET_ATTR_SKBPRIO and len(mv) == 4:
+                            (prio,) = struct.unpack(">I", mv)
+                    if ip is not None:
+                        out[ip] = prio
         return out
 
     def nft_generation(self) -> int:

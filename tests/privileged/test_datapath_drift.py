@@ -186,3 +186,40 @@ def test_the_presence_read_sees_a_class_or_a_leaf_changed_inside_the_tree(netns_
     finally:
         w.close()
         a.cleanup()
+
+
+def test_the_full_comparison_sees_a_member_moved_to_another_class_by_hand(netns_pair):
+    """A member's skbprio changed by hand (`ipset add -exist ... skbprio`) keeps every
+    set's count, so the presence read cannot see it: the full comparison lists the
+    members (one dump a set, presence.py) and names it, and after the repair the
+    next reconcile puts the member back in its class.  Before, only the counts were
+    compared and the member stayed in the hand-picked class."""
+    from santhrottle.appliance.datapath import drift
+    from santhrottle.appliance.datapath.presence import Presence
+
+    a = _actuation(netns_pair)
+    spec, tgt = a.datapath.spec, netns_pair.target
+    w = drift.Watch(tgt)
+    p = Presence(dp.Host(tgt))
+    try:
+        a.apply()
+        a.reconcile(PIN, ordered=False)
+        e = a.expected()
+        assert drift.find_drift(spec, e, w) == []
+        assert p.set_members("santhrottle-all") == {MEMBER_IP: 0x5374_0005}
+        netns_pair.sh(tgt, "ipset", "add", "-exist", "santhrottle-all", MEMBER_IP,
+                      "skbprio", "5374:1")  # fmt: skip
+        assert p.set_members("santhrottle-all") == {MEMBER_IP: 0x5374_0001}
+        assert drift.find_missing(spec, e, w) == []  # the counts stayed
+        line = "ipset: 1 member(s) not in the set or class santhrottle left"
+        assert drift.find_drift(spec, e, w) == [line]
+        netns_pair.sh(tgt, "ipset", "add", "-exist", "santhrottle-all", MEMBER_IP)
+        assert drift.find_drift(spec, e, w) == [line]  # no skbprio: HTB's direct queue
+        a.repair()
+        a.reconcile(PIN, ordered=False)
+        assert p.set_members("santhrottle-all") == {MEMBER_IP: 0x5374_0005}
+        assert drift.find_drift(spec, a.expected(), w) == []
+    finally:
+        p.close()
+        w.close()
+        a.cleanup()

@@ -42,7 +42,8 @@ Cost
     lab-light, docs/lab.md "Work conservation"): hence the period.  A root
     qdisc, a class or a leaf, a set, a member count, the chain or a jump that
     goes or changes is found at the next convergence; a rule replaced in place
-    with the same matches, within CHECK_EVERY_S plus a convergence.
+    with the same matches, or a member moved to another class by hand (the
+    counts kept), within CHECK_EVERY_S plus a convergence.
 
 Worked example
     `santhrottle cleanup --force` is the way to remove the data path under a
