@@ -85,6 +85,8 @@ COUNTER_NAMES = (
     "truncated_walks",
     "retracted",
     "unmeasurable",
+    "flows_added",  # connection directions the flow map took in
+    "flows_removed",  # ... and the program took out (a connection's SYN, FIN or RST)
 )
 EV_LOGIN, EV_CONNECT, EV_BODY = 1, 2, 3  # EV_BODY: more of the last one's text
 NAME_BYTES = 1024

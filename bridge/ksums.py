@@ -54,7 +54,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .capture import CaptureCounters
 from .conns import ConnKey, SyncRow, SyncSummary, summary
@@ -129,6 +129,7 @@ class KernelSums:
         self.busy = KernelBusy(self.volume)  # per volume, time with a command in flight
         self._next_sweep = -math.inf
         self.kernel: dict[str, int] = {}  # the program's own counts, as last read
+        self.flows_evicted = 0  # the flow walks' (kwalks.FlowWalk.evicted), the most
         # each connection's login or connect, read as its events come up, and what it
         # negotiated, until it reaches full feature
         self._logins: dict[ConnKey, Login] = {}
@@ -306,10 +307,12 @@ class KernelSums:
     def walk_flows(self, now: float) -> FlowWalk:
         """Read and walk the flows (kwalks.flow_walk); changes nothing but each flow's
         mark, which only the walker (or, without one, the caller) keeps."""
+        added = self.wire.counters().get("flows_added", 0)
         flows = self.wire.flows()
+        removed = self.wire.counters().get("flows_removed", 0)
         esp = [esp_row(e.src, e.dst, e.spi, e.seconds, e.bytes) for e in self.wire.esp_flows()]
         walk, self._moved = flow_walk(flows, self._moved, now, self._target_of, esp)
-        return walk
+        return replace(walk, evicted=max(0, added - removed - len(flows)))
 
     def walk_inflight(self, now: float) -> InflightWalk:
         """Read the commands in flight, age out the old ones (kwalks.inflight_walk), and
@@ -334,6 +337,7 @@ class KernelSums:
         """A walk's results, for the methods below (the caller holds the sensor's lock)."""
         if flows is not None:
             self._flow_walk = flows
+            self.flows_evicted = max(self.flows_evicted, flows.evicted)
         if inflight is not None:
             self._inflight = inflight
             self.counters.aged += inflight.aged

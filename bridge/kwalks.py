@@ -85,6 +85,10 @@ class FlowWalk:
     flowing: frozenset[Conn]  # the connections with a flow in the map
     summary: SyncSummary
     flows: list[FlowState]  # as read (the command line's every sync row)
+    # directions the program's full map dropped (its LRU) since the load, at least: the
+    # flows it took in, read before the walk, less those it took out, read after, less
+    # those the walk found (exact when none came or went meanwhile)
+    evicted: int = 0
 
 
 @dataclass(frozen=True, slots=True)

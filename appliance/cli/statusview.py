@@ -119,6 +119,11 @@ def describe_quarantine(q: QuarantineView) -> str:
     return f"QUARANTINED {what}: {q.error} ({when})"
 
 
+def _evicted(n: int) -> str:
+    """The in-kernel sensor's flow map full: said only when it dropped a direction."""
+    return f", {n} connection directions dropped by its full flow map" if n else ""
+
+
 def describe_wire(w: WireView) -> str:
     """Bridge mode: the wire sensor in one line (counts since the daemon's start)."""
     state = "capturing" if w.capturing else "NOT capturing (see the log)"
@@ -126,6 +131,7 @@ def describe_wire(w: WireView) -> str:
     n = w.counters
     lost = (
         f"{n.get('kernel_desyncs', 0)} desyncs, {n.get('kernel_gaps', 0)} gaps"
+        + _evicted(n.get("kernel_flows_evicted", 0))
         if where
         else f"{n.get('capture_kernel_drops', 0)} dropped by a full ring"
     )

@@ -382,6 +382,7 @@ class BridgeSensor:
             if kernel:  # the program's own counts of its walk
                 k = self.tracker.kernel
                 out.update({f"kernel_{n}": v for n, v in k.items()})
+                out["kernel_flows_evicted"] = self.tracker.flows_evicted  # the last walk's
                 walk = {n: k.get(n, 0) for n in WALK_COUNTS}
             else:
                 w = self.tracker.walk_totals()

@@ -236,7 +236,7 @@ struct retired_val {
 enum {
 	C_FRAMES, C_SEGMENTS, C_PDUS, C_COMMANDS, C_COMPLETIONS, C_UNMATCHED, C_REPLACED,
 	C_RETRANSMITTED, C_GAPS, C_DESYNCS, C_RESYNCS, C_CARRIED, C_EVENTS_LOST,
-	C_TRUNCATED_WALKS, C_RETRACTED, C_UNMEASURABLE, C_MAX
+	C_TRUNCATED_WALKS, C_RETRACTED, C_UNMEASURABLE, C_FLOWS_ADDED, C_FLOWS_REMOVED, C_MAX
 };
 
 struct event {
@@ -1971,7 +1971,12 @@ static __always_inline struct flow *new_flow(struct scratch *sc, __u32 seq, int 
 			sc->fresh.reason = o->reason;
 		}
 	}
-	bpf_map_update_elem(&flows, &sc->fk, &sc->fresh, BPF_ANY);
+	/* counted, as each removal is: what the map holds beside them is what its LRU
+	 * dropped to make room (bridge/ksums.py's walk_flows) */
+	if (!bpf_map_update_elem(&flows, &sc->fk, &sc->fresh, BPF_NOEXIST))
+		count(C_FLOWS_ADDED);
+	else /* a SYN on a flow the map holds (the port reused): it starts anew */
+		bpf_map_update_elem(&flows, &sc->fk, &sc->fresh, BPF_ANY);
 	return bpf_map_lookup_elem(&flows, &sc->fk);
 }
 
@@ -2116,8 +2121,8 @@ int wire_sensor(struct __sk_buff *skb)
 		if (to_target) { /* the initiator's: a new connection, both ways */
 			struct flow *o = other_flow(sc);
 
-			if (o)
-				bpf_map_delete_elem(&flows, &sc->ok);
+			if (o && !bpf_map_delete_elem(&flows, &sc->ok))
+				count(C_FLOWS_REMOVED);
 		}
 		if (fl && !to_target) { /* the target's answer: its stream starts anew */
 			fl->next_seq = fl->expect_seq = seq + 1;
@@ -2254,9 +2259,10 @@ steps:
 	}
 done:
 	if (fin) { /* FIN or RST: the connection ends, both ways */
-		bpf_map_delete_elem(&flows, &sc->fk);
-		if (other_flow(sc))
-			bpf_map_delete_elem(&flows, &sc->ok);
+		if (!bpf_map_delete_elem(&flows, &sc->fk))
+			count(C_FLOWS_REMOVED);
+		if (other_flow(sc) && !bpf_map_delete_elem(&flows, &sc->ok))
+			count(C_FLOWS_REMOVED);
 	}
 	return TC_ACT_OK;
 }

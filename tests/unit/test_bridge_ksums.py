@@ -37,6 +37,8 @@ class FakeWire:
         self.forgotten: list[tuple[Conn, int]] = []
         self.retired: dict[tuple[Conn, int], tuple[int, int]] = {}
         self.esp: list = []  # kernel.EspState
+        # the flow map's intake as the program counts it (each read of counters() is one)
+        self.flow_counts: list[tuple[int, int]] = []
 
     def events(self) -> list[Event]:
         out, self.queued = self.queued, []
@@ -46,7 +48,9 @@ class FakeWire:
         return dict(self.sums)
 
     def counters(self) -> dict[str, int]:
-        return {"frames": 10, "segments": 7, "commands": 5, "completions": 4}
+        added, removed = self.flow_counts.pop(0) if self.flow_counts else (0, 0)
+        return {"frames": 10, "segments": 7, "commands": 5, "completions": 4,
+                "flows_added": added, "flows_removed": removed}  # fmt: skip
 
     def inflight(self) -> dict[tuple[Conn, int], tuple[int, int, int]]:
         return dict(self.open)
@@ -239,3 +243,22 @@ def test_a_connection_that_ended_is_no_longer_seen_and_its_sums_leave_the_map():
     ks.sweep(now[0])
     assert {i for s in ks.seen().values() for i in s} == {"10.0.0.2"}
     assert list(w.sums) == [(C, 0)]
+
+
+def test_what_the_full_flow_map_dropped_is_counted_from_its_intake_and_what_a_walk_finds():
+    """The program counts the directions its flow map takes in and those it takes out;
+    the rest of the intake that a walk does not find, the map's LRU dropped.  Read
+    before and after the walk, a flow made or ended meanwhile never counts as dropped,
+    and the count never goes back."""
+    w = FakeWire()
+    ks = KernelSums(w)  # type: ignore[arg-type]
+    w.flow_states = [FlowState(C, way, 0, 0, 0, 1, 0, 0.0, 0) for way in (True, False)]
+    w.flow_counts = [(2, 0), (2, 0)]  # all it took in is there
+    ks.install(ks.walk_flows(0.0), None)
+    assert ks.flows_evicted == 0
+    w.flow_counts = [(10, 3), (10, 3)]  # 7 held for 2 found: 5 dropped
+    ks.install(ks.walk_flows(1.0), None)
+    assert ks.flows_evicted == 5
+    w.flow_counts = [(10, 3), (10, 8)]  # 5 ended during the walk: none newly dropped
+    ks.install(ks.walk_flows(2.0), None)
+    assert ks.flows_evicted == 5

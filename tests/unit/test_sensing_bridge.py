@@ -321,6 +321,7 @@ def test_the_kernel_sensor_first_the_capture_when_it_cannot_load(caplog):
         assert (sample.resource, sample.reads) == ("a", 4)
         assert abs(sample.read_latency_s - 0.010) < 1e-9
         assert w.counters()["capture_frames"] == 10 and "kernel_frames" in w.counters()
+        assert w.counters()["kernel_flows_evicted"] == 0  # the flow walks', none dropped
         # the volume busy 50 ms of the next 100 ms tick (the program's closed spans,
         # bridge/kbusy.py): the resource's utilization, as the capture's tracker gives it
         clock.t += 0.1

@@ -60,6 +60,12 @@ WIRE_COUNTERS = (
         "Headers a resync took and their successor did not confirm",
     ),
     ("santhrottle_wire_gaps", "walk_gaps", "Bytes of a stream the capture lost, in stretches"),
+    (
+        "santhrottle_wire_evicted_directions",
+        "kernel_flows_evicted",
+        "Connection directions the in-kernel sensor's full flow map dropped to make room "
+        "(at least): each is read out of sync until found again",
+    ),
 )
 SYNC_STATES = ("in sync", "provisional", "out of sync", "not measurable")
 
