@@ -82,12 +82,15 @@ def row(fault: str, reps: list[dict]) -> dict:
         "connections_replaced": sum(r.get("connections_replaced", 0) for r in reps),
         "io_errors": sum(r["io_errors"] for r in reps),
         "orphans": sum(len(r["orphans"]) for r in reps),
+        "riding": sum(len(r.get("riding", [])) for r in reps),
+        "faults_broken": sum(bool(r.get("fault_error")) for r in reps),
         "retrans": [r["target_retrans"] for r in reps],
         "tick_late_ms": late,
         "hold_s": [h for h in holds if h is not None],
         "never_held": sum(h is None for h in holds),
         "met": all(
             r["sessions_alive"]
+            and not r.get("fault_error")
             and not r["io_errors"]
             and not r["orphans"]
             and r["tick_late_max_ms"] <= MAX_TICK_LATE_MS
@@ -175,11 +178,13 @@ def table(res: dict) -> str:
         ]
         x = row(f, reps)
         never = f" ({x['never_held']} never)" if x["never_held"] else ""
+        riding = f" ({x['riding']} riding a 0 ms leaf)" if x["riding"] else ""
+        broken = f"; **the fault broke in {x['faults_broken']}**" if x["faults_broken"] else ""
         lines.append(
             f"| {f} | {x['reps']} | {x['sessions_alive']}/{x['reps']} | {x['io_errors']} | "
-            f"{x['orphans']} | {spread(x['retrans'], '{:g}')} | {max(x['tick_late_ms'])} "
+            f"{x['orphans']}{riding} | {spread(x['retrans'], '{:g}')} | {max(x['tick_late_ms'])} "
             f"({spread(x['tick_late_ms'], '{:g}')}) | {spread(x['hold_s'])}{never} | "
-            f"{'yes' if x['met'] else '**no**'} | {notes(f, reps)} |"
+            f"{'yes' if x['met'] else '**no**'} | {notes(f, reps)}{broken} |"
         )
     return "\n".join(lines)
 

@@ -38,11 +38,17 @@ from typing import Any
 
 import faults_measure as m
 from labkit.daemon import BIN, Daemon
+from labkit.speed import budget
 
 HERE = Path(__file__).resolve().parent
 CLIENTS = HERE / "faults_clients.py"
 RESTART_SEC_S = 2.0  # systemd/santhrottled.service RestartSec=
+# The limits below are an idle host's guest's, stretched by how much slower the guest
+# runs now (labkit.speed.budget): a kill9's cleanup takes ~12 s there, 86 s in a
+# guest three times slower with the host's other core busy
 READY_TIMEOUT_S = 120.0
+TOOL_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 60.0
 LINK_DOWN_S = 5.0
 STALL_S = 10.0
 CLI_WAVES, CLI_PER_WAVE = 10, 100
@@ -62,8 +68,9 @@ class Unit(Daemon):
         self.conf, self.tail = conf, tail
         self.starts = 0
 
-    def start(self, start_s: float = READY_TIMEOUT_S) -> float:
+    def start(self, start_s: float | None = None) -> float:
         """Start and wait until the control socket answers; returns the seconds that took."""
+        start_s = budget(READY_TIMEOUT_S) if start_s is None else start_s
         self.starts += 1
         self.log = self.workdir / f"santhrottled-{self.starts}.log"
         t0 = time.monotonic()
@@ -72,15 +79,17 @@ class Unit(Daemon):
         self.wait_up(start_s, start_s)
         return round(time.monotonic() - t0, 2)
 
-    def tool(self, *args: str, daemon: bool = False, timeout: float = 120):
+    def tool(self, *args: str, daemon: bool = False, timeout: float | None = None):
         exe = BIN / ("santhrottled" if daemon else "santhrottle")
-        return m.run([str(exe), *args], timeout=timeout, env=self.env)
+        limit = budget(TOOL_TIMEOUT_S) if timeout is None else timeout
+        return m.run([str(exe), *args], timeout=limit, env=self.env)
 
-    def stop(self, cleanup: str | None = "delays", timeout_s: float = 60.0) -> dict:
+    def stop(self, cleanup: str | None = "delays", timeout_s: float | None = None) -> dict:
         """SIGTERM (our own child, by PID), then the unit's ExecStopPost."""
         out: dict[str, Any] = {}
         if self.alive():
-            out["exit"] = super().stop(cleanup=None, timeout_s=timeout_s)
+            limit = budget(STOP_TIMEOUT_S) if timeout_s is None else timeout_s
+            out["exit"] = super().stop(cleanup=None, timeout_s=limit)
         p = self.tool("cleanup", "--delays-only", "--config", str(self.conf))
         out["cleanup"] = p.returncode
         return out
@@ -250,7 +259,7 @@ def _clients(c: Ctx, *args: str) -> subprocess.Popen:
 def cli(c: Ctx, rep: int) -> dict:
     t0 = _now()
     p = _clients(c, "cli", "--waves", str(CLI_WAVES), "--per-wave", str(CLI_PER_WAVE))
-    out, err = p.communicate(timeout=CLI_WAVES * 130)
+    out, err = p.communicate(timeout=budget(CLI_WAVES * 130))
     t1 = _now()
     res = json.loads(out.strip().splitlines()[-1]) if p.returncode == 0 else {"error": err[-500:]}
     return {"start": t0, "end": t1, **res}
@@ -270,7 +279,7 @@ def flood(c: Ctx, rep: int) -> dict:
         probe_s = round(_now() - float(probe_s), 2)
     except Exception as e:
         probe_s = f"{type(e).__name__}: {e}"[:120]
-    out, err = p.communicate(timeout=FLOOD_TIMEOUT_S)
+    out, err = p.communicate(timeout=budget(FLOOD_TIMEOUT_S))
     lines = [json.loads(x) for x in out.splitlines() if x.strip()]
     rel = lines[-1] if lines else {"error": err[-500:]}
     t1 = rel.get("released_t", _now())

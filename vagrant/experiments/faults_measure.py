@@ -23,11 +23,16 @@ Definitions (docs/faults.md)
                from the fault's end E: the smallest d >= 0 such that every
                window ending in [E + d, E + d + HOLD_S] is held.  None when
                that never happens before the repetition's end.
-    orphan     an IP in santhrottle-all/-ack/-read (`ipset save` in the
-               target's netns) that the daemon's status does not show with a
-               class > 0, in each of ORPHAN_ROUNDS readings ORPHAN_GAP_S apart
-               (a glide leaf's hand-off lasts up to max_delay: one reading
-               could catch it in passing).
+    orphan     an IP whose packets the kernel delays (a member of
+               santhrottle-all/-ack/-read, `ipset save` in the target's netns,
+               whose skbprio's leaf is a netem with a delay: `tc qdisc show`
+               prints one only when it is not 0) that the daemon's status does
+               not show with a class > 0, in each of ORPHAN_ROUNDS readings
+               ORPHAN_GAP_S apart (a glide leaf's hand-off lasts up to
+               max_delay: one reading could catch it in passing).  A member
+               that rides a glide leaf whose delay is already 0 (its traffic
+               never paused for the hand-off: docs/datapath.md) is not
+               delayed: counted apart, as riding.
 
 Worked example
     windows [(1.0, 0.001), (2.0, 0.0029)] (t, latency): at T = 2 ms the first is
@@ -61,6 +66,8 @@ PROBE_TIMEOUT_S = 5.0
 ORPHAN_ROUNDS = 3
 ORPHAN_GAP_S = 1.0
 MODE_SETS = ("santhrottle-all", "santhrottle-ack", "santhrottle-read")
+ROOT_MAJOR_HEX = "5374"  # the HTB root santhrottle builds (datapath/names.py)
+LEAF = re.compile(rf"qdisc netem [0-9a-f]+: .*parent {ROOT_MAJOR_HEX}:([0-9a-f]+)\b")
 NSTAT_KEYS = (
     "TcpRetransSegs",
     "TcpExtTCPLossProbes",
@@ -90,12 +97,42 @@ def time_to_hold(wins: list[tuple], threshold_s: float, end: float, hold_s: floa
     return None
 
 
-def orphans_of(rounds: list[tuple[set[str], set[str]]]) -> tuple[list[str], list[str]]:
-    """(orphans, missing) from (kernel members, daemon's delayed IPs) readings:
-    in every reading, in the kernel and not in the daemon's view (and the reverse)."""
-    orphans = set.intersection(*(k - d for k, d in rounds)) if rounds else set()
-    missing = set.intersection(*(d - k for k, d in rounds)) if rounds else set()
-    return sorted(orphans), sorted(missing)
+def orphans_of(
+    rounds: list[tuple[set[str], set[str], set[str]]],
+) -> tuple[list[str], list[str], list[str]]:
+    """(orphans, missing, riding) from (kernel members, those the kernel delays, the
+    daemon's delayed IPs) readings: in every reading, delayed by the kernel and not in
+    the daemon's view; in the daemon's view and no member; a member not delayed."""
+    if not rounds:
+        return [], [], []
+    orphans = set.intersection(*(k - d for _m, k, d in rounds))
+    missing = set.intersection(*(d - m for m, _k, d in rounds))
+    riding = set.intersection(*(m - k - d for m, k, d in rounds))
+    return sorted(orphans), sorted(missing), sorted(riding)
+
+
+def member_minors(text: str) -> dict[str, int]:
+    """IP -> the HTB minor of its skbprio (0: none, or not santhrottle's tree) for the
+    members of the mode sets, from `ipset save`."""
+    out = {}
+    for line in text.splitlines():
+        p = line.split()
+        if len(p) >= 3 and p[0] == "add" and p[1] in MODE_SETS:
+            kv = dict(zip(p[3::2], p[4::2], strict=False))
+            major, _, minor = kv.get("skbprio", "").partition(":")
+            out[p[2]] = int(minor, 16) if major == ROOT_MAJOR_HEX and minor else 0
+    return out
+
+
+def delaying_leaves(tc_text: str) -> set[int]:
+    """The minors of santhrottle's classes whose leaf delays now, from `tc qdisc show`:
+    a netem leaf printed with a delay (netem prints none when it is 0)."""
+    out = set()
+    for line in tc_text.splitlines():
+        m = LEAF.match(line)
+        if m and " delay " in line:
+            out.add(int(m.group(1), 16))
+    return out
 
 
 def parse_ipset_save(text: str) -> dict[str, str]:
@@ -143,21 +180,35 @@ def kernel_members(netns: str = NETNS) -> dict[str, str]:
     return parse_ipset_save(run(["ip", "netns", "exec", netns, "ipset", "save"]).stdout)
 
 
-def orphan_check(sock: str, rounds: int = ORPHAN_ROUNDS, gap_s: float = ORPHAN_GAP_S) -> dict:
+def kernel_delayed(devices: list[str], netns: str = NETNS) -> tuple[set[str], set[str]]:
+    """(the members, those whose leaf delays now on every device)."""
+    minors = member_minors(run(["ip", "netns", "exec", netns, "ipset", "save"]).stdout)
+    delaying = None
+    for dev in devices:
+        tc = run(["ip", "netns", "exec", netns, "tc", "qdisc", "show", "dev", dev]).stdout
+        leaves = delaying_leaves(tc)
+        delaying = leaves if delaying is None else delaying & leaves
+    return set(minors), {ip for ip, minor in minors.items() if minor in (delaying or set())}
+
+
+def orphan_check(
+    sock: str, devices: list[str], rounds: int = ORPHAN_ROUNDS, gap_s: float = ORPHAN_GAP_S
+) -> dict:
     readings, errors = [], []
     for k in range(rounds):
         if k:
             time.sleep(gap_s)
-        members = set(kernel_members())
+        members, delayed = kernel_delayed(devices)
         try:
-            readings.append((members, delayed_ips(ctl(sock, timeout_s=10.0))))
+            readings.append((members, delayed, delayed_ips(ctl(sock, timeout_s=10.0))))
         except Exception as e:  # a daemon that does not answer wants nothing
             errors.append(str(e))
-            readings.append((members, set()))
-    orphans, missing = orphans_of(readings)
+            readings.append((members, delayed, set()))
+    orphans, missing, riding = orphans_of(readings)
     return {
         "orphans": orphans,
         "missing": missing,
+        "riding": riding,
         "status_errors": errors,
         "members_last": sorted(readings[-1][0]),
     }

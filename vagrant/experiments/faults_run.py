@@ -114,7 +114,7 @@ def repetition(ctx: fi.Ctx, s: m.Sampler, load: Load, fault: str, rep: int, thr_
             "log": [x[:200] for x in u.tail.between(t_pre, time.monotonic())[-6:]],
         }
         res["restart_ready_s"] = u.start()
-    orph = m.orphan_check(u.sock)
+    orph = m.orphan_check(u.sock, u.config["datapath"]["devices"])
     sess1, conns1, net1 = m.sessions(ctx.topo_mod), m.target_conns(), m.nstat()
     klog = [x for x in m.kernel_log_lines()[klog0:] if m.KERNEL_ISCSI.search(x)]
     jobs = []
@@ -151,6 +151,7 @@ def repetition(ctx: fi.Ctx, s: m.Sampler, load: Load, fault: str, rep: int, thr_
         "fio": jobs,
         "orphans": orph["orphans"],
         "missing": orph["missing"],
+        "riding": orph["riding"],
         "orphan_status_errors": orph["status_errors"],
         "target_retrans": net1["TcpRetransSegs"] - net0["TcpRetransSegs"],
         "nstat": {k: net1[k] - net0[k] for k in net0},
