@@ -46,8 +46,8 @@ PRODUCT_DIRS = ("appliance", "controller", "bridge")
 FAULT_ORDER = ("baseline", "kill9", "hup", "link", "stall", "cli", "flood")
 # lab.py's guest limit: the whole campaign (7 faults x 5 repetitions) is 25-40 min under TCG
 TIMEOUT_S = 3600.0
-# issue 17's acceptance, per row
 GUEST_PYTHON = "/usr/bin/python3"  # the guest's (labkit.images.SYSTEM_PYTHON)
+# issue 17's acceptance, per row
 MAX_TICK_LATE_MS = 1000
 MAX_TIME_TO_HOLD_S = 5.0
 
