@@ -403,10 +403,20 @@ def test_50000_live_connections_keep_the_daemon_bounded_and_reported(live):
             assert held <= 2 * MAX_CONNS, w
             assert evicted >= made - MAX_CONNS, w
         else:  # the program's flow map: 65,536 directions (LRU), what it drops counted
-            assert held <= 65_536
-            assert held >= want, w["directions"]
-            took_in = w["kernel_flows_added"] - w["kernel_flows_removed"]
-            assert took_in - held == w["kernel_flows_evicted"], w  # all quiet: exact
+            # a walk made while the connections still came may meet an entry twice, and
+            # counts a lower bound of the drops (the status' intake may be a tick older
+            # than its walk); the first walk on the quiet map with a tick after it: the
+            # map as it is, and exactly what it dropped
+            deadline = time.monotonic() + 60.0
+            while True:
+                took_in = w["kernel_flows_added"] - w["kernel_flows_removed"]
+                held = sum(w["directions"].values())
+                if took_in - held == w["kernel_flows_evicted"] or time.monotonic() > deadline:
+                    break
+                time.sleep(1.0)
+                w = _daemon_ok(live, errors0)["wire"]
+            assert took_in - held == w["kernel_flows_evicted"], w
+            assert want <= held <= 65_536, w["directions"]
             if 2 * LIVE_CONNECTIONS < 60_000:
                 assert w["kernel_flows_evicted"] == 0, w
             else:
