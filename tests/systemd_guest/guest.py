@@ -6,14 +6,25 @@ command, and returns the JSON the script left in the run's work folder as `recor
 pair_record: the same in both guests of a pair booted at once (run_pair).
 A host without QEMU or Debian's kernel package skips with the reason; a guest that left
 no record fails with its console's tail.
+
+BOOTS: the boot each test module of this folder judges.  When a session collects them,
+conftest.py starts them at once, one after another, on a thread beside the rest of the
+session (each boot is a QEMU process the thread waits for); a module's fixture takes its
+record with booted(module), which waits for that boot, or boots it there when no thread
+runs it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import os
 import shlex
+import signal
 import sys
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -50,8 +61,8 @@ def _record(res, script: str, record: str) -> dict:
         pytest.fail(f"the guest recorded nothing ({res.reason or res.status}); console:\n"
                     f"{res.console_tail()}")  # fmt: skip
     obs: dict = json.loads(out.read_text())
-    print(f"systemd guest {script}: {res.wall_s:.0f} s of {res.limit_s:.0f}, speed factor "
-          f"{obs.get('factor')}")  # fmt: skip
+    obs["boot"] = (f"systemd guest {script}: {res.wall_s:.0f} s of {res.limit_s:.0f}, "
+                   f"speed factor {obs.get('factor')}")  # fmt: skip
     return obs
 
 
@@ -81,3 +92,95 @@ def pair_record(script: str, record: str, budget_s: float) -> list[dict]:
     except LabUnavailable as e:
         pytest.skip(f"systemd guest unavailable: {e}")
     return [_record(r, script, record) for r in res.runs]
+
+
+@dataclass(frozen=True)
+class Boot:
+    script: str  # a file of this folder, the guest's command
+    record: str  # the JSON it leaves in the run's work folder
+    budget_s: float  # the limit on an idle host, stretched by the guest's measured speed
+    pair: bool = False  # two guests at once (pair_record)
+
+    def run(self) -> dict | list[dict]:
+        if self.pair:
+            return pair_record(self.script, self.record, self.budget_s)
+        return guest_record(self.script, self.record, self.budget_s)
+
+
+# by test module, in the order the thread boots them (the pair, two guests at once, last)
+BOOTS = {
+    # boot, install and the steps: 6-8 minutes on an idle host
+    "test_package_systemd": Boot("guest_package.py", "package.json", 1200),
+    # 8 role runs of 60-120 s on an idle host, and the boot
+    "test_role_systemd": Boot("guest_role.py", "role.json", 1800),
+    # the boot, the first run, the second, the views and the failover (guest_fleet.py's
+    # budgets)
+    "test_fleet_systemd": Boot("guest_fleet.py", "fleet.json", 1800, pair=True),
+}
+
+
+class Beside:
+    """BOOTS' boots on a thread of their own, one after another, while the session runs
+    the other tests; result(module) waits for one."""
+
+    def __init__(self, modules: list[str]) -> None:
+        self.modules = modules
+        self._done = {m: threading.Event() for m in modules}
+        self._results: dict[str, tuple[bool, object]] = {}
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="systemd-guests", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        for m in self.modules:
+            try:
+                if self._stopping:
+                    raise RuntimeError("the session ended before this boot")
+                self._results[m] = (True, BOOTS[m].run())
+            except BaseException as e:  # pytest.skip and .fail too: re-raised in the fixture
+                self._results[m] = (False, e)
+            self._done[m].set()
+
+    def result(self, module: str) -> dict | list[dict]:
+        self._done[module].wait()
+        ok, value = self._results[module]
+        if not ok:
+            assert isinstance(value, BaseException)
+            raise value
+        return value  # type: ignore[return-value]
+
+    def stop(self, timeout_s: float = 60) -> None:
+        """The session is over: the boots not yet begun never begin, QEMU processes of
+        this process still running (a boot under way) end, and the thread with them."""
+        self._stopping = True
+        if self._thread.is_alive():
+            for pid in _our_qemus():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+            self._thread.join(timeout_s)
+
+
+def _our_qemus() -> list[int]:
+    """This process' children that are QEMU (a boot's, started by labkit's runner)."""
+    me, found = os.getpid(), []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        comm, _, rest = text.partition("(")[2].rpartition(")")
+        if int(rest.split()[1]) == me and comm.startswith("qemu-system"):
+            found.append(int(stat.parent.name))
+    return found
+
+
+BESIDE: list[Beside] = []  # the session's, when conftest.py started one
+
+
+def booted(module: str) -> dict | list[dict]:
+    """module's record: from the session's thread when it boots that module, else booted
+    here."""
+    for b in BESIDE:
+        if module in b.modules:
+            return b.result(module)
+    return BOOTS[module].run()

@@ -15,15 +15,11 @@ from __future__ import annotations
 
 import pytest
 
-from .guest import pair_record
+from .guest import booted
 from .guest_fleet import APPLIANCES, view_problem
 
 pytestmark = pytest.mark.lab
 
-# The pair's limit on an idle host (the boot, the first run, the second, the views
-# and the failover: guest_fleet.py's budgets); each guest's runner stretches it by
-# that guest's measured speed (labkit.speed).
-GUEST_BUDGET_S = 1800
 ETCD_START = "santhrottle_etcd : Start the members of a new cluster together"
 INSTALL_DEB = "santhrottle : Install santhrottle from the Debian package"
 START = "santhrottle : Start or stop santhrottled with systemd"
@@ -31,8 +27,9 @@ START = "santhrottle : Start or stop santhrottled with systemd"
 
 @pytest.fixture(scope="module")
 def guests() -> dict[str, dict]:
-    obs = pair_record("guest_fleet.py", "fleet.json", GUEST_BUDGET_S)
+    obs = booted("test_fleet_systemd")
     for g in obs:
+        print(g["boot"])
         runs = ", ".join(f"{k} {r['wall_s']} s" for k, r in g["runs"].items())
         end = g.get("error") or ("done" if "wall_s" in g else "cut off")
         print(f"{g['appliance']}: {runs}; {end} after {g.get('wall_s')} s")

@@ -14,20 +14,18 @@ import re
 
 import pytest
 
-from .guest import guest_record
+from .guest import booted
 
 pytestmark = pytest.mark.lab
 
-# The guest's limit on an idle host (boot, install and the steps took 6-8 minutes
-# there); the runner stretches it by the guest's measured speed (labkit.speed).
-GUEST_BUDGET_S = 1200
 FAULT_REPS = 3
 KERNEL_OBJECTS = re.compile(r"santhrottle|SANTHROTTLE|htb|netem")
 
 
 @pytest.fixture(scope="module")
 def seen() -> dict:
-    obs = guest_record("guest_package.py", "package.json", GUEST_BUDGET_S)
+    obs = booted("test_package_systemd")
+    print(obs["boot"])
     print(f"steps (name, s): {obs.get('done')}")
     assert not obs.get("errors"), obs.get("errors")
     return obs

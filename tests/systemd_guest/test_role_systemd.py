@@ -13,20 +13,18 @@ from __future__ import annotations
 
 import pytest
 
-from .guest import guest_record
+from .guest import booted
 
 pytestmark = pytest.mark.lab
 
-# The guest's limit on an idle host (8 role runs of 60-120 s, the boot); the runner
-# stretches it by the guest's measured speed (labkit.speed).
-GUEST_BUDGET_S = 1800
 RELOAD = "santhrottle : Reload santhrottled with systemd"
 RESTART = "santhrottle : Restart santhrottled with systemd"
 
 
 @pytest.fixture(scope="module")
 def runs() -> dict:
-    obs = guest_record("guest_role.py", "role.json", GUEST_BUDGET_S)
+    obs = booted("test_role_systemd")
+    print(obs["boot"])
     print("runs (s): " + ", ".join(f"{k} {r['wall_s']}" for k, r in obs["runs"].items()))
     return obs["runs"]
 
