@@ -17,7 +17,7 @@ lab item is skipped with one line saying what is missing; any other failure
 with the console tail attached.
 
 Guest groups: a test module's LAB_GUEST (default "main") names its group;
-the Ansible role's tests ("rollout": three role runs, ~3.5 min under TCG)
+the Ansible role's tests ("rollout": two role runs, minutes under TCG)
 get a guest of their own, so that each boot keeps minutes of margin to its
 timeout on a busy machine.  The boot's wall time and that margin are
 printed.

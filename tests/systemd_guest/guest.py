@@ -111,7 +111,7 @@ class Boot:
 BOOTS = {
     # boot, install and the steps: 6-8 minutes on an idle host
     "test_package_systemd": Boot("guest_package.py", "package.json", 1200),
-    # 8 role runs of 60-120 s on an idle host, and the boot
+    # 7 role runs of 60-120 s on an idle host, and the boot
     "test_role_systemd": Boot("guest_role.py", "role.json", 1800),
     # the boot, the first run, the second, the views and the failover (guest_fleet.py's
     # budgets)

@@ -31,7 +31,6 @@ TESTS = ANSIBLE / "roles" / "santhrottle" / "tests"
 # (label, playbook, extra options): in this order, on the same guest.
 RUNS = (
     ("default", "tests_default.yml", ()),
-    ("default-again", "tests_default.yml", ()),
     ("control", "tests_control.yml", ()),
     ("control-again", "tests_control.yml", ()),
     ("check-mode", "tests_check_mode.yml", ("--check", "--diff")),
