@@ -53,6 +53,7 @@ MODULES = (
     "domain",
     "effective",
     "ewma",
+    "futile",
     "ladder",
     "lqfit",
     "pid",

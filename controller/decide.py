@@ -344,6 +344,9 @@ def decide(
                         new_class = max(new_class, rs.hold_base)
                         if new_class == rs.delay_class:
                             pid.track_up(rs.delay_class - hyst_classes)
+            if rs.futile.until_s > now_s:  # released: the delay did nothing (futile.py)
+                new_class = 0
+                rs.pid.track(0)
             cur = rs.delay_class
             if new_class == cur:
                 continue
@@ -371,6 +374,14 @@ def decide(
         out.joined, out.left = change.joined, change.left
         touched.update(change.joined)
         touched.update(change.left)
+        for name, rs in state.resources.items():  # a delay that does not work (futile.py)
+            lat_s, wr_bps = rs.ewma.value, rs.write_rate.value
+            if lat_s is None or wr_bps is None or name in state.grouped:
+                continue
+            thr = rs.threshold_s(c.auto_alpha)
+            if rs.futile.converge(lat_s, wr_bps, thr, rs.delay_class, now_s, c.converge_s):
+                rs.pid.reset()
+                out.futile.append(name)
         fresh = _one_interval_of_ios(state)
         converge_levels(state, fresh)  # utilization, then the groups' levels (headroom.py)
         if state.grouped and fresh:  # Maestro's interval on each grouped resource

@@ -256,3 +256,4 @@ class Decisions:
     initiator_classes: dict[str, int] = field(default_factory=dict)  # changed; 0 = none
     joined: Mapping[str, set[str]] = field(default_factory=dict)
     left: Mapping[str, set[str]] = field(default_factory=dict)
+    futile: list[str] = field(default_factory=list)  # released at this convergence (futile.py)

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 from .domain import ControllerConfig, IoSample, Resource
 from .ewma import Ewma
+from .futile import Futility
 from .groups import GroupsState
 from .levels import LevelsState
 from .lqfit import LqEstimator, LqFit
@@ -86,6 +87,7 @@ class ResourceState:
     hold_base: int | None = None  # the class when the hold in force began (None: no hold)
     quiet_ticks: int = 0  # ticks in a row with reads but no writers
     floor_ticks: int = 0  # ticks in a row the PID wanted no delay (decide.py, "release")
+    futile: Futility = field(default_factory=Futility)  # a delay that does not work (futile.py)
 
     def setpoint(self, c: ControllerConfig) -> float:
         """The setpoint in force, a fraction of the threshold in force."""

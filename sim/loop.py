@@ -360,8 +360,17 @@ def run_paths(
         writer_on_after_settle,
         round(sum(st.class_changes) / n),
         meter.series if meter is not None else {},
+        _futile_releases(control, n),
     )
     return result, st
+
+
+def _futile_releases(control: Control | None, n_paths: int) -> int:
+    """The releases of a futile delay (controller/futile.py) by the run's controllers."""
+    if control is None:
+        return 0
+    states = {id(s): s for s in (control.own(p) for p in range(n_paths))}
+    return sum(rs.futile.releases for s in states.values() for rs in s.resources.values())
 
 
 def run(

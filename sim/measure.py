@@ -96,6 +96,7 @@ class RunResult:
     writer_on_s_after_settle: float
     class_changes_after_settle: int
     groups: dict[str, GroupSeries] = field(default_factory=dict)  # scenarios with [[group]]
+    futile_releases: int = 0  # the controllers' releases of a futile delay (futile.py)
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -135,6 +136,7 @@ def summarize(sc: Scenario, r: RunResult, threshold_s: float | None = None) -> d
         if r.writer_on_s_after_settle
         else 0.0,
         "class_changes_per_min": r.class_changes_after_settle / minutes,
+        "futile_releases": r.futile_releases,
     }
     if thr is not None:
         out["time_above_threshold_pct"] = (

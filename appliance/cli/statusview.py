@@ -75,6 +75,12 @@ def print_status(data: Any) -> None:
     print_initiators(st.initiators)
     for q in st.quarantine:  # what the kernel refused (docs/troubleshoot.md)
         print(describe_quarantine(q))
+    for r in st.resources:
+        if r.futile_released_s is not None:  # controller/futile.py
+            print(
+                f"{r.resource}: delay released for {r.futile_released_s:.0f} s more: it did "
+                f"not lower the read latency (futile; {r.futile_releases} release(s))"
+            )
     if any(r.threshold.override for r in st.resources):
         print("* a threshold set at run time (threshold reset returns to the file's)")
     for r in st.resources:

@@ -23,7 +23,7 @@ from santhrottle.appliance.daemon.control.commands import Commands
 from santhrottle.appliance.daemon.control.server import ControlServer
 from santhrottle.appliance.daemon.core.audit import CLASS_LOG_MIN_INTERVAL_S, Caller
 
-from .test_daemon import CONF, CommandError, make, run_for
+from .test_daemon import CONF, MIB, CommandError, make, run_for
 
 ROOT = Path(__file__).parents[2]
 ROOT_CALLER = Caller("socket", 0, 4242)
@@ -209,3 +209,33 @@ def test_journald_gets_the_audit_fields_through_python_systemd():
     assert p.stdout.split() == ["santhrottled", "unpin", "0", "10.0.0.3", "class", "5", "all"], (
         p.stderr
     )
+
+
+def test_a_futile_delay_is_released_logged_shown_and_explained(caplog, capsys, tmp_path):
+    """vg0 stays at 30 ms (T = 10 ms) while the delay takes 10.0.0.3's writes from 20
+    to 2 MiB/s: the delay does not work (controller/futile.py)."""
+    d, vt, sensors, _act = make()
+    commands = Commands(d)
+    run_for(d, vt, 6.0)  # 10.0.0.3 joins vg0's set, the class rises
+    assert d.ctl.resources["vg0"].delay_class > 0
+    sensors.write_bps = 2 * MIB  # taken by the delay; the latency does not move
+    with caplog.at_level(logging.INFO, logger="santhrottled.audit"):
+        run_for(d, vt, 40.0)
+    (line,) = [ln for ln in audit_lines(caplog) if "event=futile" in ln]
+    assert line.startswith("audit: event=futile resource=vg0 latency_ms=30.0 ")
+    assert "threshold_ms=10.0" in line and "released_s=60" in line
+    assert d.ctl.resources["vg0"].delay_class == 0 and d.ctl.effective == {}
+    (vg0,) = [r for r in commands.handle("status", {}, ROOT_CALLER)["resources"]
+              if r["resource"] == "vg0"]  # fmt: skip
+    assert 0 < vg0["futile_released_s"] < 60 and vg0["futile_releases"] == 1
+    whys = [e.why for e in d.audit.history("10.0.0.3")]
+    assert "vg0's delay released (futile: it did not lower the read latency)" in whys
+    path = str(tmp_path / "c.sock")
+    srv = ControlServer(path, commands.handle)
+    srv.start()
+    try:
+        assert cli_main(["status", "--socket", path]) == 0
+    finally:
+        srv.close()
+    out = capsys.readouterr().out
+    assert "vg0: delay released for " in out and "(futile; 1 release(s))" in out

@@ -18,6 +18,7 @@ from santhrottle.controller.domain import (
     Samples,
     WriteSample,
 )
+from santhrottle.controller.futile import FUTILE_BACKOFF_S
 from santhrottle.controller.ladder import Ladder
 from santhrottle.controller.ramp import rise
 from santhrottle.controller.restate import remove_resource
@@ -395,3 +396,34 @@ def test_a_write_drop_holds_the_class_until_the_sets_can_tell():
     assert dip[start] < dip[start - 1]
     flicker = classes(lambda k: 0.3 if k % 2 else 1.0)  # every other tick low
     assert all(flicker[k] == max(0, flicker[1] - (k - 1)) for k in range(2, 20))
+
+
+def test_a_delay_that_does_not_lower_the_latency_is_released_then_tried_again():
+    """Work conservation (controller/futile.py): the latency stays at 1.5 T whatever the
+    class, while the delay takes the writer's rate from 10 to 1 MiB/s: the resource is
+    released (Decisions.futile), its class comes down to 0 and stays there for the
+    backoff, then the law acts again."""
+    cfg = ControllerConfig()  # law "log", a class a tick down, 1 s convergences
+    st = new_state(cfg, [Resource("vg", 0.010)])
+    t, released_at, classes = 0.0, [], []
+    while t < 120.0:
+        t = round(t + 0.1, 6)
+        k = st.resources["vg"].delay_class
+        rate = 10 * MIB if k < 20 else 1 * MIB
+        ws = writes("vg", "A", rate=rate) if round(t * 10) % 10 == 0 else []
+        st, out = decide(st, Samples([ReadSample("vg", 6, 0.015, rate)], ws), t)
+        if out.futile:
+            assert out.futile == ["vg"]
+            released_at.append(t)
+        classes.append((t, st.resources["vg"].delay_class))
+    assert released_at, max(k for _, k in classes)
+    first = released_at[0]
+    assert first < 40.0  # the ramp to the clamp, FUTILE_CONVERGES, the smoothing
+    f = st.resources["vg"].futile
+    # down a class a tick to 0, and 0 for the rest of the backoff, the PID at its floor
+    during = [k for s, k in classes if first + 10.0 <= s < first + FUTILE_BACKOFF_S]
+    assert during and max(during) == 0
+    # then it acts again: the class rises, and the next release backs off for twice as long
+    after = [k for s, k in classes if first + FUTILE_BACKOFF_S < s]
+    assert after and max(after) > 0
+    assert len(released_at) == 1 or f.until_s - released_at[1] == 2 * FUTILE_BACKOFF_S

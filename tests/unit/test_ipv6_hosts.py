@@ -172,6 +172,8 @@ def _status(initiators, members=()):
         written_bytes=0.0,
         utilization=None,
         saturated=False,
+        futile_released_s=None,
+        futile_releases=0,
     )
     counters = CountersView(1, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, {}, 0, 0, {})
     st = StatusView(

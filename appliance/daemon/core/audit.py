@@ -14,6 +14,9 @@ What it owns
                       a previous run's member lowered), at most one line per
                       initiator per CLASS_LOG_MIN_INTERVAL_S (the next one says
                       how many it stands for);
+      futile()        a resource's delay released because it did not lower the
+                      read latency (controller/futile.py): the latency and its
+                      peak, the writes against their peak, for how long;
     and the recent history behind `santhrottle why INITIATOR`: the last
     HISTORY_PER_INITIATOR events of each of the last HISTORY_INITIATORS
     initiators, rate limit or not.
@@ -37,11 +40,14 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from santhrottle.controller.futile import Futility
 
 log = logging.getLogger("santhrottled.audit")
 
@@ -165,6 +171,22 @@ class Audit:
         if len(self._last_line) > HISTORY_INITIATORS * 2:  # never grows without a bound
             cut = now - CLASS_LOG_MIN_INTERVAL_S
             self._last_line = {k: v for k, v in self._last_line.items() if v[0] >= cut}
+
+    def futile(self, resource: str, f: Futility, threshold_s: float, now: float) -> None:
+        """A resource's delay released at `now` (the daemon's clock): it did not lower the
+        latency (controller/futile.py)."""
+        latency = f.latency_s if f.latency_s is not None else math.nan
+        fields = {
+            "event": "futile",
+            "resource": resource,
+            "latency_ms": round(latency * 1e3, 2),
+            "peak_latency_ms": round(f.peak_latency_s * 1e3, 2),
+            "threshold_ms": round(threshold_s * 1e3, 2),
+            "writes_of_peak": round(f.write_bps / f.peak_write_bps, 3) if f.peak_write_bps else 0.0,
+            "released_s": round(f.until_s - now),
+            "why": "the delay took the writes but not the read latency over the threshold",
+        }
+        self._write(logging.WARNING, fields)
 
     # ------------------------------------------------------------ history
     def _remember(self, e: Event) -> None:

@@ -174,9 +174,8 @@ class Daemon:
             self.fleet.agent.want(self.ctl.resources)
 
     def _refresh_groups(self, placement: grouping.Placement | None = None) -> None:
-        placement = placement if placement is not None else self._placement()
-        overrides = self.runtime.group_overrides
-        grouping.refresh(self.ctl, self.config, overrides, placement, self.sensors)
+        p = placement if placement is not None else self._placement()
+        grouping.refresh(self.ctl, self.config, self.runtime.group_overrides, p, self.sensors)
 
     # ----------------------------------------------------------- the tick
     def converge_once(self) -> None:
@@ -228,7 +227,8 @@ class Daemon:
             samples = Samples(reads, writes, devices, ios, util, io_batches=batches)
             if self.fleet is not None:
                 samples = self.fleet.samples(self, samples, now)
-            self.ctl, _ = decide(self.ctl, samples, now)
+            self.ctl, out = decide(self.ctl, samples, now)
+            why.released(self, out.futile, now)  # futile delays (controller/futile.py)
             if self.fleet is not None:
                 self.fleet.after_decide(self)
             self.runtime.age_adopted(

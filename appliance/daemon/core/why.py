@@ -1,9 +1,9 @@
 """Why an initiator's delay class is what it is: the reason behind each change the kernel took.
 
 What it owns
-    reason(): for one initiator whose class just changed in the kernel, the
-    resource that decided it (None: none did) and why, in the words of the
-    audit trail (core/audit.py):
+    reason(): for one initiator whose class just changed in the kernel (now: the
+    daemon's clock), the resource that decided it (None: none did) and why, in the
+    words of the audit trail (core/audit.py):
         paused                      santhrottle pause: every delay off
         pinned (class K MODE)       a pin, whatever the controller says
         left by the previous run    an adopted member, held then lowered
@@ -11,7 +11,10 @@ What it owns
         write-heavy on R (joined)   it joined R's write-heavy set
         group G's arbiter on R      R is grouped: its group's class
         R's controller              R's PID moved its class (up or down)
+        R's delay released (futile) R's delay did not lower its latency
         no longer write-heavy       it left every write-heavy set
+    released(): each resource whose delay decide() released as futile
+    (controller/futile.py) this tick, into the audit trail.
     record(): each change of a tick, into the audit trail.  The daemon calls it
     with what the data path took (Actuator.reconcile's changes), under its lock,
     in the tick: only initiators that changed cost anything.
@@ -32,7 +35,7 @@ if TYPE_CHECKING:
     from santhrottle.appliance.daemon.core.loop import Daemon
 
 
-def reason(d: Daemon, ip: str, old: int, new: int) -> tuple[str | None, str]:
+def reason(d: Daemon, ip: str, old: int, new: int, now: float) -> tuple[str | None, str]:
     rt, ctl = d.runtime, d.ctl
     if rt.paused and new == 0:
         return None, "paused"
@@ -64,11 +67,21 @@ def reason(d: Daemon, ip: str, old: int, new: int) -> tuple[str | None, str]:
         return top, f"group {grouped}'s arbiter on {top}"
     if old == 0:
         return top, f"write-heavy on {top} (joined)"
+    rs = ctl.resources.get(top)
+    if new < old and rs is not None and rs.futile.released(now):
+        return top, f"{top}'s delay released (futile: it did not lower the read latency)"
     return top, f"{top}'s controller (class {'up' if new > old else 'down'})"
 
 
 def record(d: Daemon, changes: Mapping[str, tuple[int, int, str]], now: float) -> None:
     """Each change the kernel took this tick, into the audit trail (under the lock)."""
     for ip, (old, new, _mode) in changes.items():
-        resource, why = reason(d, ip, old, new)
+        resource, why = reason(d, ip, old, new, now)
         d.audit.class_change(ip, resource, old, new, why, now)
+
+
+def released(d: Daemon, names: list[str], now: float) -> None:
+    """The resources whose futile delay decide() released this tick (under the lock)."""
+    for name in names:
+        rs = d.ctl.resources[name]
+        d.audit.futile(name, rs.futile, rs.threshold_s(d.config.controller.auto_alpha), now)

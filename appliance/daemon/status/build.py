@@ -47,6 +47,7 @@ from santhrottle.bridge.conns import LISTED
 
 if TYPE_CHECKING:
     from santhrottle.appliance.daemon.core.loop import Daemon
+    from santhrottle.controller.state import ResourceState
 
 # The connection directions a status lists (those not in sync first, the longest out of
 # sync first): the wire may hold 65,536 of them; WireView.directions counts them all.
@@ -136,6 +137,7 @@ def resource_rows(daemon: Daemon) -> list[ResourceView]:
     ladder = daemon.config.ladder
     totals = daemon.counters.resources
     rows = []
+    now = daemon.clock()
     for name in sorted(daemon.known_resources()):
         rs = daemon.ctl.resources.get(name)
         last = daemon.last_reads.get(name)
@@ -159,9 +161,18 @@ def resource_rows(daemon: Daemon) -> list[ResourceView]:
                 written_bytes=tot.written_bytes if tot else 0.0,
                 utilization=daemon.ctl.utilization.last.get(name),
                 saturated=name in daemon.ctl.utilization.saturated,
+                futile_released_s=_released_s(rs, now),
+                futile_releases=rs.futile.releases if rs else 0,
             )
         )
     return rows
+
+
+def _released_s(rs: ResourceState | None, now: float) -> float | None:
+    """The seconds a futile delay's release has still to run (controller/futile.py)."""
+    if rs is None or not rs.futile.released(now):
+        return None
+    return round(rs.futile.until_s - now, 1)
 
 
 def initiator_rows(daemon: Daemon) -> list[InitiatorView]:

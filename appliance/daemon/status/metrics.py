@@ -265,6 +265,12 @@ def resource_families(resources: list[ResourceView]) -> Iterator[Metric]:
         "the sample covers",
         labels=["resource"],
     )
+    futile = CounterMetricFamily(
+        "santhrottle_resource_futile_releases",
+        "Times the resource's delay was released because it did not lower the read "
+        "latency over the threshold (a futile delay)",
+        labels=["resource"],
+    )
     setpoint = GaugeMetricFamily(
         "santhrottle_resource_setpoint_ratio",
         "The fraction of the threshold the PID regulates to (setpoint_fraction, more where "
@@ -307,8 +313,10 @@ def resource_families(resources: list[ResourceView]) -> Iterator[Metric]:
         reads.add_metric(name, r.reads_completed)
         read_time.add_metric(name, r.read_time_s)
         written.add_metric(name, r.written_bytes)
+        futile.add_metric(name, r.futile_releases)
     lq_fams = [fam for fam, _ in lq]
-    yield from (lat, thr, setpoint, cls, delay, members, reads, read_time, written, *lq_fams)
+    yield from (lat, thr, setpoint, cls, delay, members, reads, read_time, written, futile)
+    yield from lq_fams
 
 
 def _lq_gauge(metric: str, doc: str) -> GaugeMetricFamily:

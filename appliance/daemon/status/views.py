@@ -95,6 +95,10 @@ class ResourceView:
     # whether that counts as over its threshold (controller/utilization.py)
     utilization: float | None
     saturated: bool
+    # a delay that did not lower the latency (controller/futile.py): the seconds its
+    # release has still to run (None: not released), and the releases since the start
+    futile_released_s: float | None
+    futile_releases: int
 
 
 @dataclass(frozen=True, slots=True)
