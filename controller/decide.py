@@ -96,6 +96,12 @@ Law, per call decide(state, samples, now_s)
        convergence; their mean is the interval's). A convergence that got
        none (the daemon's sensor worker is slower than the controller) holds
        the groups and levels as they are: no IOs is not a rate of 0.
+    8. A delay that does not lower the latency (controller/futile.py): every
+       convergence looks at each resource not decided by groups; one whose
+       latency stayed over its threshold, within 0.8 of its peak, while the
+       delay took half of its writes or more, ten convergences in a row, is
+       released (Decisions.futile): its PID reset, its class down to 0 a
+       class a tick and the PID held at its floor until the backoff ends.
 
 Bounds
     Classes are in [0, max_class] (PID clamp). A resource whose threshold

@@ -162,7 +162,8 @@ lab-clean: setup
 # tests (tests/systemd_guest, in make test): the Debian package (make deb) installed offline,
 # started, reloaded, killed, stopped, removed and purged under systemd, the fault campaign's
 # kill, restart and reload rows, the audit trail's journal fields; then the role's
-# tests_*.yml against it, and two guests at once for tests_fleet.yml. Three boots.
+# tests_*.yml against it, and two guests at once for tests_fleet.yml. Three boots, which
+# make test starts beside its other tiers (tests/systemd_guest/conftest.py).
 .PHONY: lab-systemd lab-systemd-run
 lab-systemd: setup deb
 	$(VPY) -m pytest -v -rs tests/systemd_guest
