@@ -35,9 +35,10 @@ RUNS = (
     ("control-again", "tests_control.yml", ()),
     ("check-mode", "tests_check_mode.yml", ("--check", "--diff")),
     ("reload", "tests_reload.yml", ()),
-    ("restart", "tests_restart.yml", ()),
     ("negative", "tests_negative.yml", ()),
 )
+# with --full (make lab-systemd; guest.py's FULL), after RUNS
+FULL_RUNS = (("restart", "tests_restart.yml", ()),)
 RUN_BUDGET_S = 400  # one run on an idle host: 60-120 s
 RECAP = re.compile(
     r"^[\w.-]+\s*:\s*ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unreachable>\d+)"
@@ -106,10 +107,13 @@ def task_results(out: str) -> list[list[str]]:
     return found
 
 
-def main(only: list[str]) -> int:
-    """only: the labels to run (by hand: systemd_guest.py run guest_role.py default control)."""
+def main(args: list[str]) -> int:
+    """args: --full (FULL_RUNS too), and the labels to run, none for all (by hand:
+    systemd_guest.py run guest_role.py default control)."""
+    full = "--full" in args
+    only = [a for a in args if a != "--full"]
     obs: dict = {"factor": round(speed.factor(), 2), "runs": {}}
-    for label, playbook, options in RUNS:
+    for label, playbook, options in RUNS + (FULL_RUNS if full else ()):
         if only and label not in only:
             continue
         obs["runs"][label] = run(label, playbook, options)
