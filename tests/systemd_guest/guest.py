@@ -112,7 +112,8 @@ class Boot:
 
 
 # `make lab-systemd` sets it: the runs make test leaves out for CI's time limit (the
-# role's restart key, the fleet's second run: each its own test, skipped without)
+# role's reload and restart keys, the fleet's second run: each its own test, skipped
+# without)
 FULL = "SANTHROTTLE_LAB_FULL"
 
 
@@ -120,7 +121,7 @@ FULL = "SANTHROTTLE_LAB_FULL"
 BOOTS = {
     # boot, install and the steps: 6-8 minutes on an idle host
     "test_package_systemd": Boot("guest_package.py", "package.json", 1200),
-    # 6 role runs (7: FULL) of 60-120 s on an idle host, and the boot
+    # 5 role runs (7: FULL) of 60-120 s on an idle host, and the boot
     "test_role_systemd": Boot("guest_role.py", "role.json", 1800, full=("--full",)),
     # the boot, the first run, the views, the failover, and with FULL the second run
     # (guest_fleet.py's budgets)

@@ -34,11 +34,10 @@ RUNS = (
     ("control", "tests_control.yml", ()),
     ("control-again", "tests_control.yml", ()),
     ("check-mode", "tests_check_mode.yml", ("--check", "--diff")),
-    ("reload", "tests_reload.yml", ()),
     ("negative", "tests_negative.yml", ()),
 )
 # with --full (make lab-systemd; guest.py's FULL), after RUNS
-FULL_RUNS = (("restart", "tests_restart.yml", ()),)
+FULL_RUNS = (("reload", "tests_reload.yml", ()), ("restart", "tests_restart.yml", ()))
 RUN_BUDGET_S = 400  # one run on an idle host: 60-120 s
 RECAP = re.compile(
     r"^[\w.-]+\s*:\s*ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unreachable>\d+)"
