@@ -385,7 +385,7 @@ def decide(
             if lat_s is None or wr_bps is None or name in state.grouped:
                 continue
             thr = rs.threshold_s(c.auto_alpha)
-            if rs.futile.converge(lat_s, wr_bps, thr, rs.delay_class, now_s, c.converge_s):
+            if rs.futile.converge(lat_s, wr_bps, thr, rs.delay_class, now_s):
                 rs.pid.reset()
                 out.futile.append(name)
         fresh = _one_interval_of_ios(state)

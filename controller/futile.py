@@ -49,8 +49,10 @@ Worked example
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
+
+from .ewma import Ewma
 
 # The delay took at least half of the writes...
 FUTILE_WRITE_FRACTION: Final = 0.5
@@ -70,14 +72,19 @@ FUTILE_BACKOFF_MAX_S: Final = 480.0
 class Futility:
     """One resource's episode and backoff."""
 
-    latency_s: float | None = None  # smoothed over FUTILE_TAU_S
-    write_bps: float = 0.0  # the same
+    tau_s: float = FUTILE_TAU_S  # the smoothing's time constant
+    latency: Ewma = field(init=False)
+    writes: Ewma = field(init=False)
     peak_latency_s: float = 0.0
     peak_write_bps: float = 0.0
     convergences: int = 0  # futile ones in a row
     until_s: float = -math.inf  # released (class 0) until then
     backoff_s: float = FUTILE_BACKOFF_S  # the next release's
     releases: int = 0  # since the daemon started
+
+    def __post_init__(self) -> None:
+        self.latency = Ewma(self.tau_s)
+        self.writes = Ewma(self.tau_s)
 
     def released(self, now_s: float) -> bool:
         return now_s < self.until_s
@@ -89,17 +96,10 @@ class Futility:
         threshold_s: float,
         delay_class: int,
         now_s: float,
-        period_s: float,
     ) -> bool:
-        """One convergence's look at the episode (period_s since the last); True when it
-        releases the resource."""
-        if self.latency_s is None:
-            self.latency_s, self.write_bps = latency_s, write_bps
-        else:
-            a = 1.0 - math.exp(-period_s / FUTILE_TAU_S)
-            self.latency_s += a * (latency_s - self.latency_s)
-            self.write_bps += a * (write_bps - self.write_bps)
-        lat, wr = self.latency_s, self.write_bps
+        """One convergence's look at the episode; True when it releases the resource."""
+        lat = self.latency.update(latency_s, now_s)
+        wr = self.writes.update(write_bps, now_s)
         if lat <= threshold_s:
             self.backoff_s = FUTILE_BACKOFF_S
         if not delay_class or self.released(now_s):  # no episode: the plant undelayed

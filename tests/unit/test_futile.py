@@ -14,7 +14,7 @@ from santhrottle.controller.futile import (
 pytestmark = pytest.mark.unit
 T = 0.020
 P = 1.0  # the convergence period
-SLOW = 1e9  # a period that makes the smoothing take each value as it is
+RAW = 0.0  # a smoothing time constant that takes each value as it is
 
 
 def _episode(
@@ -24,48 +24,48 @@ def _episode(
     whether one of them released."""
     released = False
     for _ in range(n):
-        released |= f.converge(lat, wr, T, k, t, SLOW)
+        released |= f.converge(lat, wr, T, k, t)
         t += P
     return t, released
 
 
 def test_the_worked_example_releases_after_ten_futile_convergences():
-    f = Futility()
-    assert not f.converge(0.021, 40e6, T, 0, 0.0, SLOW)  # undelayed: the peaks
+    f = Futility(tau_s=RAW)
+    assert not f.converge(0.021, 40e6, T, 0, 0.0)  # undelayed: the peaks
     t, released = _episode(f, 1.0, 0.026, 40e6, 1)  # the latency's peak, still writing
     assert not released
     t, released = _episode(f, t, 0.0246, 3e6, FUTILE_CONVERGES - 1)
     assert not released
-    assert f.converge(0.0246, 3e6, T, 88, t, SLOW)  # the tenth
+    assert f.converge(0.0246, 3e6, T, 88, t)  # the tenth
     assert f.released(t) and f.until_s == t + FUTILE_BACKOFF_S and f.releases == 1
     assert not f.released(t + FUTILE_BACKOFF_S)
 
 
 def test_a_latency_that_comes_down_with_the_writes_is_not_futile():
-    f = Futility()
-    f.converge(0.030, 40e6, T, 0, 0.0, SLOW)
+    f = Futility(tau_s=RAW)
+    f.converge(0.030, 40e6, T, 0, 0.0)
     # over T still, the writes cut, but the latency a third under its peak: the delay works
     _, released = _episode(f, 1.0, 0.022, 3e6, 5 * FUTILE_CONVERGES)
     assert not released and f.releases == 0
 
 
 def test_writes_the_delay_did_not_take_are_not_futile():
-    f = Futility()
-    f.converge(0.025, 40e6, T, 0, 0.0, SLOW)
+    f = Futility(tau_s=RAW)
+    f.converge(0.025, 40e6, T, 0, 0.0)
     _, released = _episode(f, 1.0, 0.025, 30e6, 5 * FUTILE_CONVERGES)
     assert not released
 
 
 def test_a_held_threshold_is_not_futile():
-    f = Futility()
-    f.converge(0.025, 40e6, T, 0, 0.0, SLOW)
+    f = Futility(tau_s=RAW)
+    f.converge(0.025, 40e6, T, 0, 0.0)
     _, released = _episode(f, 1.0, 0.0199, 3e6, 5 * FUTILE_CONVERGES)
     assert not released
 
 
 def test_one_convergence_that_is_not_futile_starts_the_count_again():
-    f = Futility()
-    f.converge(0.025, 40e6, T, 0, 0.0, SLOW)
+    f = Futility(tau_s=RAW)
+    f.converge(0.025, 40e6, T, 0, 0.0)
     t, _ = _episode(f, 1.0, 0.025, 3e6, FUTILE_CONVERGES - 1)
     t, _ = _episode(f, t, 0.019, 3e6, 1)  # held once
     t, released = _episode(f, t, 0.025, 3e6, FUTILE_CONVERGES - 1)
@@ -74,11 +74,11 @@ def test_one_convergence_that_is_not_futile_starts_the_count_again():
 
 
 def test_the_backoff_doubles_to_its_cap_and_a_held_threshold_sets_it_back():
-    f = Futility()
+    f = Futility(tau_s=RAW)
     t = 0.0
     backoffs = []
     for _ in range(6):
-        f.converge(0.025, 40e6, T, 0, t, SLOW)  # class 0: a new episode's peaks
+        f.converge(0.025, 40e6, T, 0, t)  # class 0: a new episode's peaks
         t, released = _episode(f, t + P, 0.025, 3e6, FUTILE_CONVERGES)
         assert released
         backoffs.append(f.until_s - (t - P))
@@ -86,14 +86,14 @@ def test_the_backoff_doubles_to_its_cap_and_a_held_threshold_sets_it_back():
         assert not f.released(t)
     assert backoffs == [60.0, 120.0, 240.0, 480.0, 480.0, 480.0]
     assert backoffs[0] == FUTILE_BACKOFF_S and backoffs[-1] == FUTILE_BACKOFF_MAX_S
-    f.converge(0.015, 40e6, T, 0, t, SLOW)  # under T: the next release starts over
+    f.converge(0.015, 40e6, T, 0, t)  # under T: the next release starts over
     t, released = _episode(f, t + P, 0.025, 3e6, FUTILE_CONVERGES)
     assert released and f.until_s - (t - P) == FUTILE_BACKOFF_S
 
 
 def test_during_a_release_no_episode_counts():
-    f = Futility()
-    f.converge(0.025, 40e6, T, 0, 0.0, SLOW)
+    f = Futility(tau_s=RAW)
+    f.converge(0.025, 40e6, T, 0, 0.0)
     t, released = _episode(f, 1.0, 0.025, 3e6, FUTILE_CONVERGES)
     assert released
     # the class comes down a class a tick: still above 0, but released
@@ -103,7 +103,7 @@ def test_during_a_release_no_episode_counts():
 
 def test_the_smoothing_keeps_one_noisy_second_from_making_a_peak():
     f = Futility()
-    f.converge(0.025, 40e6, T, 0, 0.0, P)
-    f.converge(0.050, 3e6, T, 88, 1.0, P)  # one second at twice the latency
-    assert f.latency_s is not None and f.latency_s < 0.031
-    assert math.isclose(f.peak_latency_s, f.latency_s)
+    f.converge(0.025, 40e6, T, 0, 0.0)
+    f.converge(0.050, 3e6, T, 88, 1.0)  # one second at twice the latency, over a 5 s tau
+    assert f.latency.value is not None and f.latency.value < 0.031
+    assert math.isclose(f.peak_latency_s, f.latency.value)

@@ -175,14 +175,15 @@ class Audit:
     def futile(self, resource: str, f: Futility, threshold_s: float, now: float) -> None:
         """A resource's delay released at `now` (the daemon's clock): it did not lower the
         latency (controller/futile.py)."""
-        latency = f.latency_s if f.latency_s is not None else math.nan
+        latency = f.latency.value if f.latency.value is not None else math.nan
+        writes = f.writes.value or 0.0
         fields = {
             "event": "futile",
             "resource": resource,
             "latency_ms": round(latency * 1e3, 2),
             "peak_latency_ms": round(f.peak_latency_s * 1e3, 2),
             "threshold_ms": round(threshold_s * 1e3, 2),
-            "writes_of_peak": round(f.write_bps / f.peak_write_bps, 3) if f.peak_write_bps else 0.0,
+            "writes_of_peak": round(writes / f.peak_write_bps, 3) if f.peak_write_bps else 0.0,
             "released_s": round(f.until_s - now),
             "why": "the delay took the writes but not the read latency over the threshold",
         }
