@@ -46,8 +46,9 @@ $(VENV_STAMP): pyproject.toml vagrant/pyproject.toml
 	$(VPY) -m pip install -q -e '.[dev]' -e vagrant
 	@touch $@
 
+# --durations: the run's slowest tests at its end, where a CI log's tail shows them
 test: setup
-	$(VPY) -m pytest
+	$(VPY) -m pytest --durations=20
 
 # The tiers one by one (`make test` runs them all): pure logic, the fast loop (the unit
 # tests live in tests/unit: collecting that folder alone is quicker); the fuzzers and
