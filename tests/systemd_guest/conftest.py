@@ -4,7 +4,8 @@ Each boot of this folder (guest.BOOTS) is minutes of QEMU/TCG that waits on noth
 the host's tests, and the host has two cores: when a session collects tests of this
 folder, their boots start as soon as collection ends, on a thread of their own, one
 after another, and this folder's tests run last, each module's fixture waiting for its
-boot.  A session that ends first (-x, ^C) ends the boots under way.
+boot.  A full-only boot (the fleet pair) starts with SANTHROTTLE_LAB_FULL=1 only; without,
+its tests skip.  A session that ends first (-x, ^C) ends the boots under way.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if opt.collectonly or getattr(opt, "setupplan", False) or BESIDE:
         return
     wanted = {_module(item) for item in session.items} - {None}
-    if wanted:
-        BESIDE.append(Beside([m for m in BOOTS if m in wanted]))
+    modules = [m for m in BOOTS if m in wanted and BOOTS[m].wanted()]
+    if modules:
+        BESIDE.append(Beside(modules))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

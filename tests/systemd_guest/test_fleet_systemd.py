@@ -9,6 +9,7 @@ the playbook again, and the leader of r0 stops santhrottled.  These tests read w
 both recorded: the runs' recaps, the two views of the fleet (the same appliances,
 leader and epoch), the second run (nothing changed) and the failover.  The lab
 tier: QEMU/TCG; a host without QEMU or Debian's kernel package skips with the reason.
+A full run's only (`make lab-systemd`, SANTHROTTLE_LAB_FULL=1): make test skips it.
 """
 
 from __future__ import annotations

@@ -161,3 +161,21 @@ def test_a_wait_stretches_when_the_guest_measures_itself_slower(tmp_path: Path, 
     t.start()
     assert b.hear("again", 0.05) is None  # 0.05 s at the first measure, 50 s after
     t.join()
+
+
+def test_the_pair_boots_in_a_full_run_only(monkeypatch):
+    """make test leaves the pair's boot out (its tests skip, naming make lab-systemd);
+    SANTHROTTLE_LAB_FULL=1 boots it; the single guests boot either way."""
+    from tests.systemd_guest.guest import BOOTS, FULL
+
+    pair = BOOTS["test_fleet_systemd"]
+    monkeypatch.delenv(FULL, raising=False)
+    assert not pair.wanted()
+    assert [m for m, b in BOOTS.items() if b.wanted()] == [
+        "test_package_systemd",
+        "test_role_systemd",
+    ]
+    with pytest.raises(pytest.skip.Exception, match="make lab-systemd"):
+        pair.run()
+    monkeypatch.setenv(FULL, "1")
+    assert all(b.wanted() for b in BOOTS.values())

@@ -163,8 +163,8 @@ lab-clean: setup
 # started, reloaded, killed, stopped, removed and purged under systemd, the fault campaign's
 # kill, restart and reload rows, the audit trail's journal fields; then the role's
 # tests_*.yml against it, and two guests at once for tests_fleet.yml. Three boots, which
-# make test starts beside its other tiers (tests/systemd_guest/conftest.py); make test
-# leaves out the role's reload and restart runs and the fleet's second run (its time
+# a session starts beside its other tiers (tests/systemd_guest/conftest.py); make test
+# leaves out the role's reload and restart runs and the fleet pair's boot (CI's time
 # limit), which lab-systemd runs (SANTHROTTLE_LAB_FULL=1).
 .PHONY: lab-systemd lab-systemd-run
 lab-systemd: setup deb
