@@ -36,6 +36,16 @@ THRESHOLD_MIN_S, THRESHOLD_MAX_S = 0.010, 0.020
 # it): 4-5 min on a fast host; it grows with how much slower the guest measured itself
 # in the run (labkit.speed: each phase's `speed_factor`), as the guest's limit does
 BUDGET_S = 1800
+# The writers' load on the plant, rho = X m (X their IOs a second, m the plant's ms per
+# IO in flight): the array's queue, and the reader's wait, grow without bound as rho
+# nears 1.  The writers are QD1: each IO takes the plant's time plus what the host adds
+# (the emulated guest's own time, the plant's process waiting for a core).  Where that
+# is most of it the plant stays under half loaded and the reader under 2 x the lowest T
+# (two busy loops and another guest beside this one: rho 0.28, uncontrolled p95 11.9 ms,
+# against rho 0.90-0.95 and 61-69 ms in three runs at speed factors 1.8-5.0): that host
+# cannot run this check, which skips with its figures.  A plant loaded beyond it that
+# still leaves the reader under 2 T is a broken lab: that fails.
+BUSY_HOST_RHO = 0.5
 
 
 def test_short_closed_loop_holds_the_threshold():
@@ -65,11 +75,30 @@ def test_short_closed_loop_holds_the_threshold():
         f"(uncontrolled {s['uncontrolled']['target_retrans_segs']}), wall {wall:.0f} s"
     )
     assert THRESHOLD_MIN_S <= thr <= THRESHOLD_MAX_S
-    # the plant's construction and the host's load, not the controller: a broken lab (or
-    # one too busy to test anything: under 2 x the lowest T), said as such
-    assert unc >= 2 * thr, f"the known plant gave only {unc * 1e3:.1f} ms uncontrolled"
-    assert c["read_latency_p95_s"] <= thr, c
     assert c["sets_left_after_stop"] == []
+    (b,) = s["bridge"]
+    assert b["sets_left_after_stop"] == []
+    assert c["target_sack_reorder"] == 0, c
+    raw = json.loads((out / "raw.json").read_text())
+    slow = max((ph.get("speed_factor") or 1.0 for ph in raw["phases"]), default=1.0)
+    budget = BUDGET_S * slow
+    print(
+        f"wall {wall:.0f} s of its {budget:.0f} s budget ({BUDGET_S} s x the guest's speed "
+        f"factor {slow:.2f}; margin {budget - wall:.0f} s)"
+    )
+    assert wall <= budget, f"the closed loop took {wall:.0f} s, over its {budget:.0f} s budget"
+    # the plant's construction and the host's load, not the controller: a host too busy to
+    # load the plant skips, a broken lab fails, each said as such
+    rho = _writers_load(raw, s["uncontrolled"]["write_bytes_per_s"])
+    if unc < 2 * thr:
+        why = (
+            f"the known plant gave only {unc * 1e3:.1f} ms uncontrolled (under 2 T): its "
+            f"writers loaded it to rho {rho:.2f} (speed factor {slow:.2f})"
+        )
+        if rho < BUSY_HOST_RHO:
+            pytest.skip(f"the host is too busy for the closed loop: {why}")
+        pytest.fail(f"a broken lab: {why}")
+    assert c["read_latency_p95_s"] <= thr, c
     print(
         "target: retrans {target_retrans_segs}, tail-loss probes {target_loss_probes}, "
         "fast retrans {target_fast_retrans}, timeouts {target_timeouts}; "
@@ -83,10 +112,8 @@ def test_short_closed_loop_holds_the_threshold():
     # asserted: under TCG the target sends spurious tail-loss probes with or without
     # santhrottle (docs/lab.md), which is random.
     assert c["glided_descents"] > 0 and c["unordered_descents"] == 0, c
-    assert c["target_sack_reorder"] == 0, c
     # the same phase with santhrottled in bridge mode on a bridge in front of the target
     # (closed_loop.py --bridge, in --paper): the wire its sensor, the same bound
-    (b,) = s["bridge"]
     print(
         f"through the bridge: p95 {b['read_latency_p95_s'] * 1e3:.2f} ms (p99 "
         f"{b['read_latency_p99_s'] * 1e3:.2f}, above T {b['time_above_threshold_pct']:.1f} %), "
@@ -95,12 +122,12 @@ def test_short_closed_loop_holds_the_threshold():
     )
     assert b["threshold_s"] == pytest.approx(thr)
     assert b["read_latency_p95_s"] <= thr, b
-    assert b["sets_left_after_stop"] == []
-    raw = json.loads((out / "raw.json").read_text())
-    slow = max((ph.get("speed_factor") or 1.0 for ph in raw["phases"]), default=1.0)
-    budget = BUDGET_S * slow
-    print(
-        f"wall {wall:.0f} s of its {budget:.0f} s budget ({BUDGET_S} s x the guest's speed "
-        f"factor {slow:.2f}; margin {budget - wall:.0f} s)"
-    )
-    assert wall <= budget, f"the closed loop took {wall:.0f} s, over its {budget:.0f} s budget"
+
+
+def _writers_load(raw: dict, write_bytes_per_s: float) -> float:
+    """rho = X m: the writers' IOs a second (their bytes over fio's block size, "128k")
+    times the plant's m (raw.json's array_config)."""
+    bs = raw["args"]["writer_bs"].lower()
+    scale = {"k": 1 << 10, "m": 1 << 20}.get(bs[-1:], 1)
+    ios_per_s = write_bytes_per_s / (int(bs.rstrip("km")) * scale)
+    return ios_per_s * raw["array_config"]["m_ms"] / 1e3
