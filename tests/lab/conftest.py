@@ -20,7 +20,9 @@ Guest groups: a test module's LAB_GUEST (default "main") names its group;
 the Ansible role's tests ("rollout": two role runs, minutes under TCG)
 get a guest of their own, so that each boot keeps minutes of margin to its
 timeout on a busy machine.  The boot's wall time and that margin are
-printed.
+printed.  A module with LAB_FULL_ONLY = True (the role's) runs in a full run only
+(SANTHROTTLE_LAB_FULL=1: `make lab-test`); without, its items skip on the host,
+naming it, and its guest never boots: CI's `make test` has no time for it.
 
 In the guest (SANTHROTTLE_IN_GUEST=1) the tests just run, with the fixtures
 below bringing the storage topology up (labkit.topology).
@@ -44,6 +46,9 @@ import pytest
 HERE = Path(__file__).resolve().parent
 CHECKOUT = HERE.parent.parent
 IN_GUEST = os.environ.get("SANTHROTTLE_IN_GUEST") == "1"
+# the full run's variable (tests/systemd_guest/guest.py's too): make lab-test and make
+# lab-systemd set it
+FULL = "SANTHROTTLE_LAB_FULL"
 REPORT_PLUGIN = "lab_guest_report"  # tests/lab/lab_guest_report.py
 CONSOLE_TAIL_LINES = 60
 # each guest's limit on an idle host (it needs 4-6 min there), stretched by the guest's
@@ -71,7 +76,8 @@ def _in_guest_session(item) -> bool:
     the session, not only this folder's: a lab-marked test elsewhere (the
     closed-loop experiment, which boots its own guest) must run on the host.
     """
-    return _is_lab(item) and HERE in Path(str(item.path)).parents
+    unconditionally_skipped = any(not m.args for m in item.iter_markers("skip"))
+    return _is_lab(item) and HERE in Path(str(item.path)).parents and not unconditionally_skipped
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -80,6 +86,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if HERE in Path(str(item.path)).parents and not _is_lab(item):
             item.add_marker(pytest.mark.lab)
+        full_only = getattr(getattr(item, "module", None), "LAB_FULL_ONLY", False)
+        if full_only and not IN_GUEST and not os.environ.get(FULL):
+            item.add_marker(pytest.mark.skip(reason=f"the full run's ({FULL}=1, make lab-test)"))
 
 
 # ===================================================================== host

@@ -78,9 +78,10 @@ lab-ci: setup
 lab-faults: setup
 	$(VPY) vagrant/experiments/faults.py $(ARGS)
 
-# The lab test tier alone (one guest boot).
+# The lab test tier alone, whole: with the runs make test leaves out (SANTHROTTLE_LAB_FULL:
+# the role in the QEMU lab, the systemd guest's full runs and fleet pair)
 lab-test: setup wheel
-	$(VPY) -m pytest -m lab -v
+	SANTHROTTLE_LAB_FULL=1 $(VPY) -m pytest -m lab -v
 
 # The array as a known plant (docs/lab.md): nbdkit on the host, the LQ line
 # L = C + m*Q measured through iSCSI and on the raw device, ~13 min.
