@@ -76,8 +76,9 @@ def _in_guest_session(item) -> bool:
     the session, not only this folder's: a lab-marked test elsewhere (the
     closed-loop experiment, which boots its own guest) must run on the host.
     """
-    unconditionally_skipped = any(not m.args for m in item.iter_markers("skip"))
-    return _is_lab(item) and HERE in Path(str(item.path)).parents and not unconditionally_skipped
+    # a full-only module's items without FULL skip here: no guest boots for them
+    skipped = item.get_closest_marker("skip") is not None
+    return _is_lab(item) and HERE in Path(str(item.path)).parents and not skipped
 
 
 @pytest.hookimpl(tryfirst=True)
