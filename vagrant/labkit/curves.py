@@ -6,11 +6,12 @@ What it owns
     a short warm-up transfer (a sudden rise of the delay past about twice the
     connection's smoothed RTT makes the target send one spurious tail-loss probe
     while its RTT estimate catches up: counted apart, as `transition`), then `size`
-    bytes moved once (or `repeat` times, the fastest counting: on a shared host
-    contention only adds time); per point the seconds, s/GB, MB/s and the target's
-    TCP counters.  fit(points): the line s/GB = a + b x delay (labkit.analysis.
-    fit_line) and the retransmissions.  Shared by the lab tier's data path test and
-    vagrant/experiments/datapath_lab.py.
+    bytes moved once (or `repeat` times, in rounds over the delays, the fastest
+    counting: on a shared host contention only adds time, and a starved stretch
+    slows one round, not every run of a point); per point the seconds, s/GB, MB/s
+    and the target's TCP counters (summed over the rounds).  fit(points): the line
+    s/GB = a + b x delay (labkit.analysis.fit_line) and the retransmissions.  Shared
+    by the lab tier's data path test and vagrant/experiments/datapath_lab.py.
 
 Worked example
     pts = curve(d, "10.0.0.2", "/dev/sdb", "all", "write", "64k", 1, 32 << 20, (0, 10, 20))
@@ -35,6 +36,10 @@ WARMUP_SIZE = 1 << 20
 
 def diff(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
     return {k: b[k] - a[k] for k in a}
+
+
+def add(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    return {k: a.get(k, 0) + v for k, v in b.items()}
 
 
 def counters() -> dict[str, int]:
@@ -69,37 +74,38 @@ def curve(
 ) -> list[dict]:
     """Seconds per GB at each delay for one initiator, and the target's retransmissions
     (module header); `d` is the product's Datapath on the target's veth."""
-    points = []
-    for asked_ms in delays_ms:
-        k = d.spec.ladder.class_at_least(asked_ms / 1000)  # the ladder's delay at or above
-        ms = d.spec.delay_us(k) / 1000
-        d.set_classes({ip: k}, mode=mode)
-        c0 = counters()
-        fio.once(device, rw, bs, qd, WARMUP_SIZE, offset=size)
-        c1 = counters()
-        runs = [fio.once(device, rw, bs, qd, size) for _ in range(repeat)]
-        c2 = counters()
-        secs = min(runs)
-        p = {
-            "delay_ms": ms,
-            "class": k,
-            "seconds": secs,
-            "runs_s": runs,
-            "s_per_gb": secs / (size / GB),
-            "mb_s": size / secs / 1e6,
-            "target_retrans": c2["TcpRetransSegs"] - c1["TcpRetransSegs"],
-            "measured": diff(c1, c2),
-            "transition": diff(c0, c1),
-        }
-        points.append(p)
+    # the repeats in rounds over the delays: a stretch of a starved host slows one
+    # round's transfers, and each point's fastest is from another round
+    points: list[dict] = []
+    for r in range(repeat):
+        for i, asked_ms in enumerate(delays_ms):
+            k = d.spec.ladder.class_at_least(asked_ms / 1000)  # the ladder's delay at or above
+            d.set_classes({ip: k}, mode=mode)
+            c0 = counters()
+            fio.once(device, rw, bs, qd, WARMUP_SIZE, offset=size)
+            c1 = counters()
+            secs = fio.once(device, rw, bs, qd, size)
+            c2 = counters()
+            if r == 0:
+                points.append({"delay_ms": d.spec.delay_us(k) / 1000, "class": k, "runs_s": [],
+                               "target_retrans": 0, "measured": {}, "transition": {}})  # fmt: skip
+            p = points[i]
+            p["runs_s"].append(secs)
+            p["target_retrans"] += c2["TcpRetransSegs"] - c1["TcpRetransSegs"]
+            p["measured"] = add(p["measured"], diff(c1, c2))
+            p["transition"] = add(p["transition"], diff(c0, c1))
+    d.set_classes({ip: 0})
+    for p in points:
+        secs = p["seconds"] = min(p["runs_s"])
+        p["s_per_gb"] = secs / (size / GB)
+        p["mb_s"] = size / secs / 1e6
         tr = p["transition"]
         log(
-            f"  {mode:>4} {rw:>5} {bs} qd{qd} delay {ms:5.1f} ms: {p['mb_s']:7.2f} MB/s "
-            f"{p['s_per_gb']:7.1f} s/GB (runs {', '.join(f'{x:.2f}' for x in runs)} s), "
+            f"  {mode:>4} {rw:>5} {bs} qd{qd} delay {p['delay_ms']:5.1f} ms: {p['mb_s']:7.2f} MB/s "
+            f"{p['s_per_gb']:7.1f} s/GB (runs {', '.join(f'{x:.2f}' for x in p['runs_s'])} s), "
             f"target retrans {p['target_retrans']} "
-            f"(class change: {tr['TcpRetransSegs']} retrans, {tr['TcpExtTCPLossProbes']} TLP)"
+            f"(class changes: {tr['TcpRetransSegs']} retrans, {tr['TcpExtTCPLossProbes']} TLP)"
         )
-    d.set_classes({ip: 0})
     return points
 
 
