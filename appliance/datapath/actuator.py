@@ -39,7 +39,9 @@ Lifecycle
     apply() reconciles: it builds what is missing, changes what differs,
     adopts what a previous run left (members included) and refuses to
     touch a root qdisc it did not create.  cleanup() removes every qdisc,
-    class, set and rule it created, and nothing else.
+    class, set and rule it created, and nothing else: each part whatever became
+    of the others, a part that failed (a set another program is dumping) again
+    after a pause.
 
 Worked example
     Datapath(DatapathSpec(("eth1",))).apply() builds 100 netem classes of
@@ -92,6 +94,10 @@ from santhrottle.appliance.datapath.sets import MemberSets
 from santhrottle.appliance.datapath.spec import DatapathSpec
 from santhrottle.appliance.datapath.tc import TcDevice, installed_devices
 from santhrottle.appliance.datapath.tctree import desired_tree, glide_leaf
+
+# cleanup(): a part that failed (a set busy for a moment) is tried again after a pause
+CLEANUP_ATTEMPTS = 3
+CLEANUP_PAUSE_S = 0.5
 
 
 @dataclass(slots=True)
@@ -174,6 +180,7 @@ class Datapath:
         netns: str | None = None,
         tools: Tools | None = None,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
         maxelem: int = MAXELEM,
         bulk_threshold: int = BULK_THRESHOLD,
     ) -> None:
@@ -183,6 +190,7 @@ class Datapath:
         self.sets, self.mangle = gate(self.host, spec.bridged, maxelem, bulk_threshold)
         self.glides = GlidePlanner(spec.glide_leaves, spec.ladder)
         self.clock = clock
+        self.sleep = sleep  # cleanup's pause before it tries a failed part again
         self._jumps: bool | None = None  # the jumps are installed (None: unknown)
 
     # ------------------------------------------------------------ plumbing
@@ -258,25 +266,62 @@ class Datapath:
         return report
 
     def cleanup(self) -> CleanupReport:
-        """Remove every qdisc, class, set and rule santhrottle created."""
+        """Remove every qdisc, class, set and rule santhrottle created.  Each part is
+        tried whatever became of the others, and a part that failed is tried again
+        after a pause, up to CLEANUP_ATTEMPTS times in all: a set is busy while
+        another program dumps it (ipset list, the daemon's drift check finishing),
+        and cannot go while a rule left by a failed part still names it.
+        DatapathError naming what is left, once the rest is removed."""
         rep = CleanupReport()
+        parts = [("rules", self._cleanup_rules), ("sets", self._cleanup_sets),
+                 ("bridge", self._cleanup_bridge), ("tc", self._cleanup_tc)]  # fmt: skip
+        failed: dict[str, str] = {}
+        for attempt in range(CLEANUP_ATTEMPTS):
+            if attempt:
+                self.sleep(CLEANUP_PAUSE_S)
+            failed = {}
+            for name, part in parts:
+                try:
+                    part(rep)
+                except Exception as e:  # DatapathError, a pyroute2 NetlinkError, ...
+                    failed[name] = str(e) or type(e).__name__
+            parts = [(name, part) for name, part in parts if name in failed]
+            if not parts:
+                break
+        self.glides.forget()
+        self._jumps = None
+        if failed:
+            raise DatapathError(
+                f"cleanup left the {', '.join(failed)} after {CLEANUP_ATTEMPTS} attempts: "
+                + "; ".join(failed.values())
+            )
+        return rep
+
+    def _cleanup_rules(self, rep: CleanupReport) -> None:
         # both gates, whichever mode this Datapath was made for (a mode changed since
         # the last run); a tool that is not installed has nothing of ours to remove
         t = self.host.tools
         if not self.spec.bridged or (shutil.which(t.iptables) and shutil.which(t.ipset)):
             m = Mangles(self.host).cleanup()
-            rep.rules, rep.chain, rep.nft_table = m.jumps, m.chain, m.nft_table
-            rep.sets = MemberSets(self.host).destroy()
-        if self.spec.bridged or shutil.which(t.nft):
+            rep.rules += m.jumps
+            rep.chain = rep.chain or m.chain
+            rep.nft_table = rep.nft_table or m.nft_table
+
+    def _cleanup_sets(self, rep: CleanupReport) -> None:
+        t = self.host.tools
+        if not self.spec.bridged or (shutil.which(t.iptables) and shutil.which(t.ipset)):
+            MemberSets(self.host).destroy(rep.sets)
+
+    def _cleanup_bridge(self, rep: CleanupReport) -> None:
+        if self.spec.bridged or shutil.which(self.host.tools.nft):
             n = NftRules(self.host).cleanup()
-            rep.bridge_jumps = n.jumps
-            rep.bridge_table = bool(NftSets(self.host).destroy()) or n.chain
-        self.glides.forget()
-        self._jumps = None
+            rep.bridge_jumps += n.jumps
+            rep.bridge_table = bool(NftSets(self.host).destroy()) or n.chain or rep.bridge_table
+
+    def _cleanup_tc(self, rep: CleanupReport) -> None:
         for dev in installed_devices(self.host):
             TcDevice(self.host, dev).remove()
             rep.qdiscs.append(dev)
-        return rep
 
     # ------------------------------------------------------------ members
     def current(self) -> dict[str, Member]:

@@ -246,18 +246,29 @@ class MemberSets(KnownMembers):
         self._members = None  # other sets may hold some of these: read back next time
         self._gate("del", [name for name, part in sets.items() if not part])
 
-    def destroy(self) -> list[str]:
-        """Destroy every set of ours that exists (the list:set first)."""
+    def destroy(self, done: list[str] | None = None) -> list[str]:
+        """Destroy every set of ours that exists (the list:set first), each whatever
+        became of the others; the names destroyed go into `done` as they go.  A set
+        that cannot go (busy, a rule names it) is emptied instead: nobody stays
+        delayed by it; then DatapathError naming each."""
         existing = self.headers()
-        out = []
+        out = [] if done is None else done
+        failed = []
+        ips = self.host.ipsets()
         for name in OWNED_SETS:
-            if name in existing:
-                try:
-                    self.host.ipsets().destroy(name)
-                except Exception as e:
-                    raise DatapathError(f"cannot destroy ipset {name}: {e}") from None
-                out.append(name)
+            if name not in existing:
+                continue
+            try:
+                ips.destroy(name)
+            except Exception as e:
+                with contextlib.suppress(Exception):
+                    ips.flush(name)
+                failed.append(f"cannot destroy ipset {name}: {e}")
+                continue
+            out.append(name)
         self.invalidate()
+        if failed:
+            raise DatapathError("; ".join(failed))
         return out
 
     # ------------------------------------------------------------ the gate

@@ -395,6 +395,63 @@ def test_cleanup_leaves_the_kernel_exactly_as_before(netns_pair):
         assert d.cleanup().summary() == "nothing of santhrottle's was installed"
 
 
+FOREIGN_RULE = ("-t", "filter", "-A", "OUTPUT", "-m", "set", "--match-set", "santhrottle-all",
+                "dst", "-j", "ACCEPT")  # fmt: skip
+
+
+def test_cleanup_tries_a_busy_set_again(netns_pair):
+    """Another program holds santhrottle-all busy while the cleanup first tries it (here
+    a rule naming it, gone at the cleanup's first pause): the next attempt removes it,
+    and nothing is left."""
+    pair = netns_pair
+    before = pair.snapshot()
+    pauses = []
+
+    def pause(s: float) -> None:
+        pauses.append(s)
+        if len(pauses) == 1:
+            pair.tsh("iptables", *FOREIGN_RULE[:2], "-D", *FOREIGN_RULE[3:])
+
+    with _dp(pair) as d:
+        d.apply()
+        d.set_classes({MEMBER_IP: 3})
+        pair.tsh("iptables", *FOREIGN_RULE)
+        d.sleep = pause
+        rep = d.cleanup()
+    assert pauses == [dp.actuator.CLEANUP_PAUSE_S]
+    assert sorted(rep.sets) == sorted([*ALL_SET_NAMES, MEMBERS_SET])
+    assert rep.qdiscs == [TARGET_DEV] and rep.chain
+    assert pair.snapshot() == before
+
+
+def test_cleanup_removes_the_rest_past_a_set_it_cannot(netns_pair):
+    """A set another program's rule keeps naming: one error naming it, after the
+    attempts; the tree, the chain and the other sets are gone, and that set has no
+    member (nobody delayed).  Once the rule is gone, a cleanup finishes."""
+    pair = netns_pair
+    before = pair.snapshot()
+    with _dp(pair) as d:
+        d.apply()
+        d.set_classes({MEMBER_IP: 3})
+        pair.tsh("iptables", *FOREIGN_RULE)
+        pauses: list[float] = []
+        d.sleep = pauses.append
+        left = r"left the sets after 3 attempts: .*santhrottle-all"
+        with pytest.raises(dp.DatapathError, match=left):
+            d.cleanup()
+    assert len(pauses) == dp.actuator.CLEANUP_ATTEMPTS - 1
+    assert pair.tsh("ipset", "list", "-n").split() == ["santhrottle-all"]
+    assert "Members:\n" in pair.tsh("ipset", "list", "santhrottle-all") and MEMBER_IP not in (
+        pair.tsh("ipset", "list", "santhrottle-all")
+    )
+    assert "SANTHROTTLE" not in pair.tsh("iptables", "-t", "mangle", "-S")
+    assert "5374" not in pair.tsh("tc", "qdisc", "show", "dev", TARGET_DEV)
+    pair.tsh("iptables", *FOREIGN_RULE[:2], "-D", *FOREIGN_RULE[3:])
+    with _dp(pair) as d:
+        assert d.cleanup().sets == ["santhrottle-all"]
+    assert pair.snapshot() == before
+
+
 def test_cleanup_on_a_fresh_namespace_leaves_no_nft_table(netns_pair):
     """iptables-nft creates `table ip mangle` for our jump; cleanup removes it
     again when it is empty (and only then: see the test above)."""

@@ -265,10 +265,15 @@ def step_journal() -> None:
 
 
 def step_stop() -> None:
+    since = f"@{int(time.time()) - 1}"
     p = sh("systemctl", "stop", UNIT, timeout_s=120)
     obs["stop"] = {"stop": p, "active": sh("systemctl", "is-active", UNIT)["out"].strip(),
                    "kernel": kernel(),
-                   "processes": sh("pgrep", "-f", "santhrottled")["out"]}  # fmt: skip
+                   "processes": sh("pgrep", "-f", "santhrottled")["out"],
+                   # how the daemon ended, and what it and its ExecStopPost said
+                   "result": {k: prop(k) for k in ("Result", "ExecMainCode", "ExecMainStatus")},
+                   "journal": sh("journalctl", "-u", UNIT, "--since", since,
+                                 "-o", "short-monotonic", "--no-pager")["out"][-6000:]}  # fmt: skip
 
 
 def step_remove() -> None:

@@ -199,6 +199,8 @@ class Daemon:
             self._resources_dirty = True
         self.save_state()  # the resource classes, once per convergence when they changed
         self._gc.after_convergence(s.discoveries)
+        if self.cadence.stopping.is_set():  # the shutdown's cleanup: no dump of a set meanwhile
+            return
         self.drift.check(self.actuator, self.lock, self.clock())  # as the data path left it
 
     def tick(self, now: float) -> None:
