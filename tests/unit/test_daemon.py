@@ -7,6 +7,7 @@ and lab tiers.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ from santhrottle.appliance.daemon.control.commands import Commands
 from santhrottle.appliance.daemon.core.loop import CommandError, Daemon
 from santhrottle.appliance.daemon.status.build import status
 from santhrottle.appliance.daemon.status.views import to_json
+from santhrottle.appliance.datapath.actuator import CleanupReport
 from santhrottle.appliance.datapath.names import DatapathError
 from santhrottle.appliance.datapath.reconcile import Reconciler
 from santhrottle.controller.domain import (
@@ -204,6 +206,7 @@ class FakeActuator:
     def cleanup(self):
         self.cleaned = True
         self._kernel.clear()
+        return CleanupReport(qdiscs=["st0"])
 
 
 class VirtualTime:
@@ -370,12 +373,14 @@ def test_reload_keeps_last_good_config(tmp_path):
     assert handle(d, "reload", {})["restart_needed"] == []
 
 
-def test_shutdown_removes_every_delay_and_the_static_state():
+def test_shutdown_removes_every_delay_and_the_static_state(caplog):
     d, vt, _s, act = make()
     run_for(d, vt, 2.0)
     handle(d, "pin", {"initiator": "10.0.0.9", "class": 3, "mode": "all"})
-    d.shutdown()
+    with caplog.at_level(logging.INFO, logger="santhrottled"):
+        d.shutdown()
     assert act.kernel == {} and act.cleaned
+    assert "cleanup: removed root qdisc 5374: on st0" in caplog.text  # what the stop removed
     d2, vt2, _s2, act2 = make(CONF + "[daemon]\nkeep_static_state = true\n")
     run_for(d2, vt2, 2.0)
     unordered = act2.unordered
@@ -463,3 +468,21 @@ def test_the_watchdog_is_pinged_once_a_second_not_every_tick():
     run_for(d, vt, 5.0)
     assert d.counters.ticks >= 45
     assert 5 <= told.count("WATCHDOG=1") <= 6
+
+
+def test_a_stopping_daemon_converges_without_reading_the_kernel():
+    """The convergence worker may outlive the loop's wait for it by a moment: once the
+    daemon stops it leaves the drift check out (its dumps would hold a set the
+    shutdown's cleanup destroys busy)."""
+    d, vt, _s, act = make()
+    run_for(d, vt, 2.0)
+    reads = []
+    act.missing = lambda expected: reads.append("missing") or []
+    act.drift = lambda expected: reads.append("drift") or []
+    d.drift._next_s = None  # the full check due at the next convergence
+    d.stop()
+    d.converge_once()
+    assert reads == [] and d.counters.converges >= 3
+    d.cadence.stopping.clear()  # running again: the same convergence reads
+    d.converge_once()
+    assert reads == ["drift"]

@@ -304,7 +304,7 @@ class Daemon:
             self._actuate(ordered=False)
             if not self.config.keep_static_state:
                 try:
-                    self.actuator.cleanup()
+                    log.info("cleanup: %s", self.actuator.cleanup().summary())
                 except Exception as e:
                     log.error("cleanup: %s", e)
         self.notify("STOPPING=1")
