@@ -18,6 +18,7 @@ The parts (each a module with its own header)
     tc.py       one device's tree in the kernel
     sets.py     the member sets and their gate in the kernel
     mangle.py   the rules in the kernel
+    cleanup.py  removing all of it, each part whatever became of the others
     nftrules.py bridge mode's sets and rules in nftables' bridge family (pure)
     nftgate.py  the same in the kernel, behind sets.py's and mangle.py's interfaces
 
@@ -39,9 +40,7 @@ Lifecycle
     apply() reconciles: it builds what is missing, changes what differs,
     adopts what a previous run left (members included) and refuses to
     touch a root qdisc it did not create.  cleanup() removes every qdisc,
-    class, set and rule it created, and nothing else: each part whatever became
-    of the others, a part that failed (a set another program is dumping) again
-    after a pause.
+    class, set and rule it created, and nothing else (cleanup.py).
 
 Worked example
     Datapath(DatapathSpec(("eth1",))).apply() builds 100 netem classes of
@@ -55,11 +54,11 @@ Worked example
 from __future__ import annotations
 
 import contextlib
-import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from santhrottle.appliance.datapath.cleanup import CleanupReport, remove_everything
 from santhrottle.appliance.datapath.drift import Expected
 from santhrottle.appliance.datapath.glide import GlidePlan, GlidePlanner, LeafDelay
 from santhrottle.appliance.datapath.host import Host, Tools
@@ -74,9 +73,7 @@ from santhrottle.appliance.datapath.members import (
     plan_changes,
 )
 from santhrottle.appliance.datapath.names import (
-    CHAIN,
     MODES,
-    ROOT_MAJOR,
     DatapathError,
     ObjectError,
     check_ip,
@@ -85,19 +82,14 @@ from santhrottle.appliance.datapath.names import (
 )
 from santhrottle.appliance.datapath.nftgate import (
     NFT_BACKEND,
-    NFT_TABLE,
     NftGeneration,
     NftRules,
     NftSets,
 )
 from santhrottle.appliance.datapath.sets import MemberSets
 from santhrottle.appliance.datapath.spec import DatapathSpec
-from santhrottle.appliance.datapath.tc import TcDevice, installed_devices
+from santhrottle.appliance.datapath.tc import TcDevice
 from santhrottle.appliance.datapath.tctree import desired_tree, glide_leaf
-
-# cleanup(): a part that failed (a set busy for a moment) is tried again after a pause
-CLEANUP_ATTEMPTS = 3
-CLEANUP_PAUSE_S = 0.5
 
 
 @dataclass(slots=True)
@@ -123,40 +115,6 @@ class ApplyReport:
         if self.clamped:
             out += f"; {len(self.clamped)} members clamped to the new maximum class"
         return out
-
-
-@dataclass(slots=True)
-class CleanupReport:
-    qdiscs: list[str] = field(default_factory=list)  # devices whose root we deleted
-    sets: list[str] = field(default_factory=list)
-    rules: int = 0  # jump rules removed
-    chain: bool = False
-    nft_table: bool = False
-    bridge_table: bool = False  # bridge mode's table bridge santhrottle
-    bridge_jumps: int = 0
-
-    def summary(self) -> str:
-        if not (
-            self.qdiscs
-            or self.sets
-            or self.rules
-            or self.chain
-            or self.nft_table
-            or self.bridge_table
-        ):
-            return "nothing of santhrottle's was installed"
-        parts = []
-        if self.qdiscs:
-            parts.append(f"root qdisc {ROOT_MAJOR:x}: on {', '.join(self.qdiscs)}")
-        if self.sets:
-            parts.append(f"sets {', '.join(self.sets)}")
-        if self.chain or self.rules:
-            parts.append(f"chain {CHAIN} and {self.rules} jump rule(s)")
-        if self.nft_table:
-            parts.append("the empty nft table ip mangle iptables-nft had created")
-        if self.bridge_table:
-            parts.append(f"table {NFT_TABLE} with {self.bridge_jumps} jump rule(s)")
-        return "removed " + "; ".join(parts)
 
 
 def gate(
@@ -266,62 +224,12 @@ class Datapath:
         return report
 
     def cleanup(self) -> CleanupReport:
-        """Remove every qdisc, class, set and rule santhrottle created.  Each part is
-        tried whatever became of the others, and a part that failed is tried again
-        after a pause, up to CLEANUP_ATTEMPTS times in all: a set is busy while
-        another program dumps it (ipset list, the daemon's drift check finishing),
-        and cannot go while a rule left by a failed part still names it.
-        DatapathError naming what is left, once the rest is removed."""
-        rep = CleanupReport()
-        parts = [("rules", self._cleanup_rules), ("sets", self._cleanup_sets),
-                 ("bridge", self._cleanup_bridge), ("tc", self._cleanup_tc)]  # fmt: skip
-        failed: dict[str, str] = {}
-        for attempt in range(CLEANUP_ATTEMPTS):
-            if attempt:
-                self.sleep(CLEANUP_PAUSE_S)
-            failed = {}
-            for name, part in parts:
-                try:
-                    part(rep)
-                except Exception as e:  # DatapathError, a pyroute2 NetlinkError, ...
-                    failed[name] = str(e) or type(e).__name__
-            parts = [(name, part) for name, part in parts if name in failed]
-            if not parts:
-                break
-        self.glides.forget()
-        self._jumps = None
-        if failed:
-            raise DatapathError(
-                f"cleanup left the {', '.join(failed)} after {CLEANUP_ATTEMPTS} attempts: "
-                + "; ".join(failed.values())
-            )
-        return rep
-
-    def _cleanup_rules(self, rep: CleanupReport) -> None:
-        # both gates, whichever mode this Datapath was made for (a mode changed since
-        # the last run); a tool that is not installed has nothing of ours to remove
-        t = self.host.tools
-        if not self.spec.bridged or (shutil.which(t.iptables) and shutil.which(t.ipset)):
-            m = Mangles(self.host).cleanup()
-            rep.rules += m.jumps
-            rep.chain = rep.chain or m.chain
-            rep.nft_table = rep.nft_table or m.nft_table
-
-    def _cleanup_sets(self, rep: CleanupReport) -> None:
-        t = self.host.tools
-        if not self.spec.bridged or (shutil.which(t.iptables) and shutil.which(t.ipset)):
-            MemberSets(self.host).destroy(rep.sets)
-
-    def _cleanup_bridge(self, rep: CleanupReport) -> None:
-        if self.spec.bridged or shutil.which(self.host.tools.nft):
-            n = NftRules(self.host).cleanup()
-            rep.bridge_jumps += n.jumps
-            rep.bridge_table = bool(NftSets(self.host).destroy()) or n.chain or rep.bridge_table
-
-    def _cleanup_tc(self, rep: CleanupReport) -> None:
-        for dev in installed_devices(self.host):
-            TcDevice(self.host, dev).remove()
-            rep.qdiscs.append(dev)
+        """Remove every qdisc, class, set and rule santhrottle created (cleanup.py)."""
+        try:
+            return remove_everything(self.host, self.spec.bridged, self.sleep)
+        finally:
+            self.glides.forget()
+            self._jumps = None
 
     # ------------------------------------------------------------ members
     def current(self) -> dict[str, Member]:

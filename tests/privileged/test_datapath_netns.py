@@ -418,7 +418,7 @@ def test_cleanup_tries_a_busy_set_again(netns_pair):
         pair.tsh("iptables", *FOREIGN_RULE)
         d.sleep = pause
         rep = d.cleanup()
-    assert pauses == [dp.actuator.CLEANUP_PAUSE_S]
+    assert pauses == [dp.cleanup.CLEANUP_PAUSE_S]
     assert sorted(rep.sets) == sorted([*ALL_SET_NAMES, MEMBERS_SET])
     assert rep.qdiscs == [TARGET_DEV] and rep.chain
     assert pair.snapshot() == before
@@ -439,7 +439,7 @@ def test_cleanup_removes_the_rest_past_a_set_it_cannot(netns_pair):
         left = r"left the sets after 3 attempts: .*santhrottle-all"
         with pytest.raises(dp.DatapathError, match=left):
             d.cleanup()
-    assert len(pauses) == dp.actuator.CLEANUP_ATTEMPTS - 1
+    assert len(pauses) == dp.cleanup.CLEANUP_ATTEMPTS - 1
     assert pair.tsh("ipset", "list", "-n").split() == ["santhrottle-all"]
     assert "Members:\n" in pair.tsh("ipset", "list", "santhrottle-all") and MEMBER_IP not in (
         pair.tsh("ipset", "list", "santhrottle-all")

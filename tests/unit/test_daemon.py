@@ -18,7 +18,7 @@ from santhrottle.appliance.daemon.control.commands import Commands
 from santhrottle.appliance.daemon.core.loop import CommandError, Daemon
 from santhrottle.appliance.daemon.status.build import status
 from santhrottle.appliance.daemon.status.views import to_json
-from santhrottle.appliance.datapath.actuator import CleanupReport
+from santhrottle.appliance.datapath.cleanup import CleanupReport
 from santhrottle.appliance.datapath.names import DatapathError
 from santhrottle.appliance.datapath.reconcile import Reconciler
 from santhrottle.controller.domain import (

@@ -199,9 +199,8 @@ class Daemon:
             self._resources_dirty = True
         self.save_state()  # the resource classes, once per convergence when they changed
         self._gc.after_convergence(s.discoveries)
-        if self.cadence.stopping.is_set():  # the shutdown's cleanup: no dump of a set meanwhile
-            return
-        self.drift.check(self.actuator, self.lock, self.clock())  # as the data path left it
+        if not self.cadence.stopping.is_set():  # stopping: no set dump under the cleanup
+            self.drift.check(self.actuator, self.lock, self.clock())  # as the data path left it
 
     def tick(self, now: float) -> None:
         t0 = self.clock()
@@ -300,8 +299,7 @@ class Daemon:
         with self.lock:
             self.runtime.paused = True
             self.runtime.pins.clear()
-            # unordered: nobody would advance glide leaves after the stop
-            self._actuate(ordered=False)
+            self._actuate(ordered=False)  # unordered: no glide leaf advances after the stop
             if not self.config.keep_static_state:
                 try:
                     log.info("cleanup: %s", self.actuator.cleanup().summary())
