@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from labkit import speed
+from labkit import probes, speed
 
 pytestmark = pytest.mark.lab
 
@@ -116,17 +116,7 @@ def daemon(topology, tmp_path):
 def _children_done(pid: int, deadline: float) -> None:
     """Wait until every process pid started has exited (a zombie, as pid is stopped and
     does not reap it, or gone)."""
-    while True:
-        running = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rpartition(")")[2].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                running.append(stat.parent.name)
-        if not running:
-            return
+    while running := [c for c, _comm, state in probes.children(pid) if state != "Z"]:
         assert time.monotonic() < deadline, f"children of the stopped daemon still run: {running}"
         time.sleep(0.1)
 

@@ -184,16 +184,9 @@ class Beside:
 
 def _our_qemus() -> list[int]:
     """This process' children that are QEMU (a boot's, started by labkit's runner)."""
-    me, found = os.getpid(), []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        comm, _, rest = text.partition("(")[2].rpartition(")")
-        if int(rest.split()[1]) == me and comm.startswith("qemu-system"):
-            found.append(int(stat.parent.name))
-    return found
+    from labkit.probes import children
+
+    return [pid for pid, comm, _state in children(os.getpid()) if comm.startswith("qemu-system")]
 
 
 BESIDE: list[Beside] = []  # the session's, when conftest.py started one

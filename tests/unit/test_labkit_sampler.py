@@ -1,12 +1,15 @@
 """labkit.sampler: one row per sample, probes on their cadence, no burst after a stall; the
-diskstats probe reads the product's parser over captured /proc/diskstats files; labkit.speed:
-the guest's pace, which stretches the lab's time limits."""
+diskstats probe reads the product's parser over captured /proc/diskstats files, children
+reads /proc/*/stat; labkit.speed: the guest's pace, which stretches the lab's time limits."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -182,3 +185,36 @@ def test_each_probes_own_cpu_is_added_up():
     assert len(s.rows) == 10
     assert s.cpu_s["ds"] == pytest.approx(0.010)
     assert s.cpu_s["status"] == pytest.approx(0.006)
+
+
+def test_children_names_each_child_of_a_pid_with_its_state(tmp_path):
+    """labkit.probes.children over a made-up /proc: a comm with ") " in it, a zombie, a
+    grandchild and a process that ended between the listing and its read."""
+
+    def proc(pid: int, comm: str, state: str, ppid: int) -> None:
+        d = tmp_path / str(pid)
+        d.mkdir()
+        (d / "stat").write_text(f"{pid} ({comm}) {state} {ppid} {pid} {pid} 0 -1 4194304 0\n")
+
+    proc(100, "pytest", "S", 1)
+    proc(101, "qemu-system-x86_64", "R", 100)
+    proc(102, "odd) name (x", "Z", 100)
+    proc(103, "tc", "S", 101)  # a grandchild: not 100's
+    (tmp_path / "104").mkdir()  # ended: no stat to read
+    (tmp_path / "self").mkdir()
+    assert probes.children(100, tmp_path) == [
+        (101, "qemu-system-x86_64", "R"),
+        (102, "odd) name (x", "Z"),
+    ]
+    assert probes.children(103, tmp_path) == []
+
+
+def test_children_of_this_process_on_the_real_proc():
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        mine = [(pid, state) for pid, _comm, state in probes.children(os.getpid())]
+        assert (p.pid, "S") in mine or (p.pid, "R") in mine
+    finally:
+        p.kill()
+        p.wait()
+    assert p.pid not in [pid for pid, *_ in probes.children(os.getpid())]

@@ -13,6 +13,8 @@ What it owns
                          (absolute; differences are the caller's)
     guest_cpu()          the guest's CPU time by kind (/proc/stat's cpu line, ticks)
     proc_cpu(pid, task)  utime + stime of a process or one of its threads, ticks
+    children(pid)        the processes pid started, with their names and states
+                         (/proc/*/stat; the host's too: a session's QEMU)
     plant_stats()        the known plant's own counters (labkit.plant, read in the
                          guest from /shared/work/array-stats.json)
     sets_left(netns, bridge)   what a daemon's stop left of its member sets: on a
@@ -136,6 +138,22 @@ def proc_cpu(
     if children:
         return int(fields[13]) + int(fields[14])  # stat(5)'s 16th and 17th
     return int(fields[11]) + int(fields[12])  # stat(5)'s 14th and 15th
+
+
+def children(pid: int, proc_root: str | Path = "/proc") -> list[tuple[int, str, str]]:
+    """(pid, comm, state) of each process whose parent is pid, in pid order; a process
+    that ends while being read is left out.  The state is stat(5)'s: "Z" a zombie."""
+    found = []
+    for stat in Path(proc_root).glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        comm, _, rest = text.partition("(")[2].rpartition(")")  # a comm may hold ")"
+        fields = rest.split()
+        if int(fields[1]) == pid:
+            found.append((int(stat.parent.name), comm, fields[0]))
+    return sorted(found)
 
 
 def plant_stats(path: Path = GUEST_WORK / "array-stats.json") -> dict | None:
