@@ -42,13 +42,11 @@ import time
 from pathlib import Path
 
 import pytest
+from labkit.host import FULL_RUN, full_run
 
 HERE = Path(__file__).resolve().parent
 CHECKOUT = HERE.parent.parent
 IN_GUEST = os.environ.get("SANTHROTTLE_IN_GUEST") == "1"
-# the full run's variable (tests/systemd_guest/guest.py's too): make lab-test and make
-# lab-systemd set it
-FULL = "SANTHROTTLE_LAB_FULL"
 REPORT_PLUGIN = "lab_guest_report"  # tests/lab/lab_guest_report.py
 CONSOLE_TAIL_LINES = 60
 # each guest's limit on an idle host (it needs 4-6 min there), stretched by the guest's
@@ -76,7 +74,7 @@ def _in_guest_session(item) -> bool:
     the session, not only this folder's: a lab-marked test elsewhere (the
     closed-loop experiment, which boots its own guest) must run on the host.
     """
-    # a full-only module's items without FULL skip here: no guest boots for them
+    # a full-only module's items outside a full run skip here: no guest boots for them
     skipped = item.get_closest_marker("skip") is not None
     return _is_lab(item) and HERE in Path(str(item.path)).parents and not skipped
 
@@ -88,8 +86,9 @@ def pytest_collection_modifyitems(config, items):
         if HERE in Path(str(item.path)).parents and not _is_lab(item):
             item.add_marker(pytest.mark.lab)
         full_only = getattr(getattr(item, "module", None), "LAB_FULL_ONLY", False)
-        if full_only and not IN_GUEST and not os.environ.get(FULL):
-            item.add_marker(pytest.mark.skip(reason=f"the full run's ({FULL}=1, make lab-test)"))
+        if full_only and not IN_GUEST and not full_run():
+            reason = f"the full run's ({FULL_RUN}=1, make lab-test)"
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 # ===================================================================== host

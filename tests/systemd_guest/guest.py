@@ -29,6 +29,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from labkit.host import FULL_RUN, full_run
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 DEB_DIST = CHECKOUT / "dist-deb"
@@ -102,33 +103,30 @@ class Boot:
     record: str  # the JSON it leaves in the run's work folder
     budget_s: float  # the limit on an idle host, stretched by the guest's measured speed
     pair: bool = False  # two guests at once (pair_record)
-    full: tuple[str, ...] = ()  # the script's arguments for a full run (FULL), none else
-    full_only: bool = False  # booted by a full run only (FULL); its tests skip without
+    full: tuple[str, ...] = ()  # the script's arguments for a full run (FULL_RUN), none else
+    full_only: bool = False  # booted by a full run only (FULL_RUN); its tests skip without
 
     def wanted(self) -> bool:
-        """Whether this session boots it: always, or with FULL for a full-only boot."""
-        return not self.full_only or bool(os.environ.get(FULL))
+        """Whether this session boots it: always, or in a full run for a full-only boot."""
+        return not self.full_only or full_run()
 
     def run(self) -> dict | list[dict]:
         if not self.wanted():
-            pytest.skip(f"{self.script}'s boot is the full run's ({FULL}=1, make lab-systemd)")
-        args = self.full if os.environ.get(FULL) else ()
+            pytest.skip(f"{self.script}'s boot is the full run's ({FULL_RUN}=1, make lab-systemd)")
+        args = self.full if full_run() else ()
         if self.pair:
             return pair_record(self.script, self.record, self.budget_s, args)
         return guest_record(self.script, self.record, self.budget_s, args)
 
 
-# `make lab-systemd` sets it: the runs make test leaves out for CI's time limit (the
-# role's reload and restart keys: each its own test, skipped without; the fleet pair's
-# whole boot, whose tests all skip without)
-FULL = "SANTHROTTLE_LAB_FULL"
-
-
+# A full run (labkit.host.full_run(): `make lab-systemd`) adds the runs make test leaves
+# out for CI's time limit: the role's reload and restart keys (each its own test, skipped
+# without) and the fleet pair's whole boot (whose tests all skip without).
 # by test module, in the order the thread boots them (the pair, two guests at once, last)
 BOOTS = {
     # boot, install and the steps: 6-8 minutes on an idle host
     "test_package_systemd": Boot("guest_package.py", "package.json", 1200),
-    # 5 role runs (7: FULL) of 60-120 s on an idle host, and the boot
+    # 5 role runs (7: FULL_RUN) of 60-120 s on an idle host, and the boot
     "test_role_systemd": Boot("guest_role.py", "role.json", 1800, full=("--full",)),
     # the boot, the first run, the views, the failover, and the second run (guest_fleet.py's
     # budgets): a full run's only.  Two guests at once, one vCPU each, take both of the

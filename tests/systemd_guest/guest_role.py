@@ -36,7 +36,7 @@ RUNS = (
     ("check-mode", "tests_check_mode.yml", ("--check", "--diff")),
     ("negative", "tests_negative.yml", ()),
 )
-# with --full (make lab-systemd; guest.py's FULL), after RUNS
+# with --full (make lab-systemd: labkit.host's FULL_RUN), after RUNS
 FULL_RUNS = (("reload", "tests_reload.yml", ()), ("restart", "tests_restart.yml", ()))
 RUN_BUDGET_S = 400  # one run on an idle host: 60-120 s
 RECAP = re.compile(

@@ -13,8 +13,9 @@ package skips with the reason.
 from __future__ import annotations
 
 import pytest
+from labkit.host import FULL_RUN
 
-from .guest import FULL, booted
+from .guest import booted
 
 pytestmark = pytest.mark.lab
 
@@ -78,7 +79,7 @@ def test_check_mode_with_diff_reports_and_changes_nothing(runs):
 
 def test_a_new_threshold_reloads_the_same_process(runs):
     if "reload" not in runs:
-        pytest.skip(f"the reload run is the full run's ({FULL}=1, make lab-systemd)")
+        pytest.skip(f"the reload run is the full run's ({FULL_RUN}=1, make lab-systemd)")
     r = runs["reload"]
     _passed(r)
     # the file and the reload it notifies, nothing else (the role is idempotent)
@@ -88,7 +89,7 @@ def test_a_new_threshold_reloads_the_same_process(runs):
 
 def test_a_restart_key_restarts(runs):
     if "restart" not in runs:
-        pytest.skip(f"the restart run is the full run's ({FULL}=1, make lab-systemd)")
+        pytest.skip(f"the restart run is the full run's ({FULL_RUN}=1, make lab-systemd)")
     r = runs["restart"]
     _passed(r)
     assert _result(r, "HANDLER", RESTART) == "changed"

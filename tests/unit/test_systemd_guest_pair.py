@@ -166,7 +166,9 @@ def test_a_wait_stretches_when_the_guest_measures_itself_slower(tmp_path: Path, 
 def test_the_pair_boots_in_a_full_run_only(monkeypatch):
     """make test leaves the pair's boot out (its tests skip, naming make lab-systemd);
     SANTHROTTLE_LAB_FULL=1 boots it; the single guests boot either way."""
-    from tests.systemd_guest.guest import BOOTS, FULL
+    from labkit.host import FULL_RUN as FULL
+
+    from tests.systemd_guest.guest import BOOTS
 
     pair = BOOTS["test_fleet_systemd"]
     monkeypatch.delenv(FULL, raising=False)

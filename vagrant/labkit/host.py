@@ -64,6 +64,13 @@ HOST_PACKAGES = (
     "sysstat",  # levels_lab.py: iostat -x, the reference of the utilization
 )
 QEMU_PACKAGE = "qemu-system-x86"
+# A full run (make lab-test, make lab-systemd) sets it: the runs make test leaves out
+# (a rollout guest, the systemd fleet pair) run too.
+FULL_RUN = "SANTHROTTLE_LAB_FULL"
+
+
+def full_run() -> bool:
+    return bool(os.environ.get(FULL_RUN))
 
 
 class LabUnavailable(Exception):
