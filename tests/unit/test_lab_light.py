@@ -164,6 +164,32 @@ def test_an_observed_phase_splits_the_loss_into_presence_and_control(rl, recorde
     assert sum(1 for x in text.splitlines() if re.match(r"\s+\d+ observed ", x)) == 2
 
 
+def test_a_bridge_observed_phase_splits_the_bridges_loss(rl, recorded):
+    """--observed with --bridge: the bridge's daemon with no threshold; its writes against
+    the uncontrolled phase (forwarding and the wire sensor) and the bridge's controlled
+    writes against it (control there), reported apart from the target host's split."""
+    raw = light_run(recorded, "10ms")
+    by_kind = {ph["kind"]: ph for ph in recorded["phases"]}
+    for rep in range(2):  # the recorded controlled phase stands in for a bridge-observed one
+        ph = copy.copy(by_kind["controlled"])
+        ph.update(kind="bridge-observed", rep=rep)
+        raw["phases"].append(ph)
+    sm = rl.summary(raw)
+    unc = analysis.summarize(by_kind["uncontrolled"], 0.010, None)["write_bytes_per_s"]
+    ctl = analysis.summarize(by_kind["controlled"], 0.010, None)["write_bytes_per_s"]
+    br = analysis.summarize(by_kind["bridge"], 0.010, None)["write_bytes_per_s"]
+    for r in sm["repetitions"]:
+        assert r["bridge-observed"]["vs_uncontrolled_writes"] == pytest.approx(ctl / unc)
+        assert r["bridge"]["vs_observed_writes"] == pytest.approx(br / ctl)
+        assert "vs_observed_writes" not in r["controlled"]  # no observed phase on the target
+    md = sm["medians"]
+    assert md["bridge.vs_observed_writes"][0] == pytest.approx(br / ctl)
+    text = "\n".join(rl.lines(sm))
+    assert "the bridge's daemon with no threshold (bridge-observed) moved" in text
+    assert f"{br / ctl:.1%}" in text
+    assert sum(1 for x in text.splitlines() if re.match(r"\s+\d+ bridge-observed ", x)) == 2
+
+
 def test_make_lab_light_runs_the_array_bound_plant_and_the_admins_args_win(monkeypatch):
     """report.py --light: one writer job per host on C 2 / m 3 at T 20 ms with the observed
     phase (the plant of docs/lab.md's figure); what ARGS adds comes after, so it wins."""

@@ -41,7 +41,9 @@ tagged with its repetition ("rep"; the last try's uncontrolled phase is repetiti
 daemon, data path and status probe with no threshold (it discovers the VG and delays
 nobody), so the report splits the controlled writers' loss into what the daemon's
 presence and the lab's probe cost (observed against uncontrolled) and what control
-costs (controlled against observed).  The phases' CPU records the sampler's own CPU
+costs (controlled against observed); with --bridge, a bridge-observed one before the
+bridge phase: the bridge's daemon with no threshold (it measures the wire, delays
+nobody), the same split for the bridge.  The phases' CPU records the sampler's own CPU
 per probe (labkit.sampler cpu_s): the status probe is the lab's, not the product's.
 
 --bridge-check (the bridge's latency against the initiator's and the array's): on the
@@ -205,7 +207,7 @@ def phase(
     if bridge:
         name = f"bridge-{threshold or 'observe'}" + ("-nft-program" if nft_program else "")
     if observed:
-        name = "observed"
+        name = "bridge-observed" if bridge else "observed"
     slow = speed.factor(fresh=True)  # the guest's pace now (the host's limit follows it)
     with_daemon = threshold is not None or bridge
     ruling = None if observed else threshold  # the daemon's own threshold
@@ -266,7 +268,7 @@ def phase(
         "threshold": threshold,
         "plant": (probes.plant_stats() or {}).get("config"),
         "speed_factor": slow,
-        "kind": "bridge" if bridge else kind,
+        "kind": ("bridge-observed" if observed else "bridge") if bridge else kind,
         "nft_program": nft_program,
         "static_delay_us": static_us,
         "ladder": ladder,
@@ -460,11 +462,12 @@ def light(lab: Setting, wanted: list[str], phases: list[dict]) -> dict:
     for rep in range(lab.a.reps):
         todo = [("controlled", thr, False)]
         todo += [("observed", thr, False)] if lab.a.observed else []
+        todo += [("bridge-observed", thr, True)] if lab.a.bridge and lab.a.observed else []
         todo += [("bridge", thr, True)] if lab.a.bridge else []
         if rep:
             todo.insert(0, ("uncontrolled", None, False))
         for what, t, bridge in todo:
-            ph = phase(lab, t, bridge=bridge, observed=what == "observed")
+            ph = phase(lab, t, bridge=bridge, observed=what in ("observed", "bridge-observed"))
             ph["rep"] = rep
             phases.append(ph)
             say(ph, f"{what} (repetition {rep})", t)

@@ -3,8 +3,9 @@
 What it owns
     From a closed_loop.py --light run (raw.json's "light": the slopes tried and kept, the
     threshold; its phases, each with its repetition "rep"): per repetition the
-    uncontrolled, controlled, observed (--observed: the daemon with no threshold) and
-    bridged phases at the chosen T
+    uncontrolled, controlled, observed (--observed: the daemon with no threshold),
+    bridge-observed (--observed with --bridge: the bridge's daemon with no threshold)
+    and bridged phases at the chosen T
     (labkit.analysis.summarize), the slopes tried (plant_lines), each one's writes against the
     uncontrolled phase of its repetition, how long the writers were delayed at all
     (the share of the daemon's status samples, from the end of the learning burst to
@@ -27,7 +28,9 @@ from labkit.analysis import classes, events, settle_time, spread, summarize
 
 from santhrottle.appliance.units import parse_duration_s
 
-KINDS = ("uncontrolled", "controlled", "observed", "bridge")
+KINDS = ("uncontrolled", "controlled", "observed", "bridge-observed", "bridge")
+# each controlled kind against the same daemon with no threshold: what control costs
+OBSERVED_OF = {"controlled": "observed", "bridge": "bridge-observed"}
 
 
 def delayed_share(ph: dict) -> float | None:
@@ -54,16 +57,17 @@ def summary(raw: dict) -> dict:
     for rep in sorted(reps):
         r = {"rep": rep, **reps[rep]}
         unc = r.get("uncontrolled")
-        for kind in ("controlled", "observed", "bridge"):
+        for kind in KINDS[1:]:
             if kind in r and unc and unc["write_bytes_per_s"]:
                 r[kind]["vs_uncontrolled_writes"] = (
                     r[kind]["write_bytes_per_s"] / unc["write_bytes_per_s"]
                 )
-        obs = r.get("observed")
-        if "controlled" in r and obs and obs["write_bytes_per_s"]:  # what control costs
-            r["controlled"]["vs_observed_writes"] = (
-                r["controlled"]["write_bytes_per_s"] / obs["write_bytes_per_s"]
-            )
+        for kind, observed in OBSERVED_OF.items():  # what control costs
+            obs = r.get(observed)
+            if kind in r and obs and obs["write_bytes_per_s"]:
+                r[kind]["vs_observed_writes"] = (
+                    r[kind]["write_bytes_per_s"] / obs["write_bytes_per_s"]
+                )
         rows.append(r)
 
     def med(kind: str, key: str) -> tuple[float, float, float] | None:
@@ -177,6 +181,14 @@ def lines(sm: dict) -> list[str]:
             "observed phase's: the daemon's presence and the lab's status probe against "
             "what control costs"
         )
+    if "bridge-observed.vs_uncontrolled_writes" in md:
+        out.append(
+            "  the bridge's daemon with no threshold (bridge-observed) moved "
+            f"{pct(md.get('bridge-observed.vs_uncontrolled_writes'))} of the uncontrolled "
+            f"phase's; the bridge controlled {pct(md.get('bridge.vs_observed_writes'))} of "
+            "the bridge-observed phase's: the wire sensor's and the bridge's cost against "
+            "what control costs there"
+        )
     cpu = [
         f"{what} {pct(md.get(key))}"
         for what, key in (
@@ -200,7 +212,7 @@ def lines(sm: dict) -> list[str]:
             "(the controller had something to hold)"
         )
     out.append(
-        f"  {'rep':>3} {'phase':<12} {'p95 ms':>7} {'p99 ms':>7} {'above%':>6} {'wr MB/s':>7} "
+        f"  {'rep':>3} {'phase':<15} {'p95 ms':>7} {'p99 ms':>7} {'above%':>6} {'wr MB/s':>7} "
         f"{'vs unc':>7} {'delayed':>7} {'max cl':>6} {'daemon':>6} {'retrans':>7}"
     )
     for r in sm["repetitions"]:
@@ -214,7 +226,7 @@ def lines(sm: dict) -> list[str]:
                 s.get("daemon_cpu_share"),
             )
             out.append(
-                f"  {r['rep']:>3} {kind:<12} {s['read_latency_p95_s'] * 1e3:>7.2f} "
+                f"  {r['rep']:>3} {kind:<15} {s['read_latency_p95_s'] * 1e3:>7.2f} "
                 f"{s['read_latency_p99_s'] * 1e3:>7.2f} {s['time_above_threshold_pct']:>6.1f} "
                 f"{s['write_bytes_per_s'] / 1e6:>7.2f} {'-' if vs is None else f'{vs:.1%}':>7} "
                 f"{'-' if dl is None else f'{dl:.0%}':>7} "
