@@ -123,6 +123,18 @@ def test_diskstats_probe_reads_captured_files_with_the_products_parser(tmp_path)
     assert second["dm-0"][0] >= first["dm-0"][0]
 
 
+def test_all_diskstats_leaves_no_descriptor_open(tmp_path):
+    """A phase's wait for the writers reads every device in a loop: each read closes its
+    file (the product's reader keeps it open; a lab run of 15 phases once ran out of
+    descriptors)."""
+    shutil.copy(PROC / "diskstats.0", tmp_path / "diskstats")
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(200):
+        got = probes.all_diskstats(tmp_path)
+    assert "dm-0" in got
+    assert len(os.listdir("/proc/self/fd")) <= before
+
+
 def test_the_guests_speed_factor_and_the_runners_reference(tmp_path, monkeypatch):
     """labkit.speed: a calibration slower than the reference stretches every budget; the
     largest factor and the fastest calibration go to the runner, which keeps the fastest

@@ -75,8 +75,14 @@ def diskstats(devices: list[str], proc_root: str | Path = "/proc") -> Callable[[
 
 
 def all_diskstats(proc_root: str | Path = "/proc") -> dict[str, list[int]]:
-    """Every device's counters (from `reads` on)."""
-    return {n: list(c[3:]) for n, c in DiskstatsReader(proc_root).snapshot().devices.items()}
+    """Every device's counters (from `reads` on).  The reader keeps its file open (the
+    product's, for the daemon's life): closed here, as this one is read once (a phase's
+    wait for the writers calls it in a loop)."""
+    reader = DiskstatsReader(proc_root)
+    try:
+        return {n: list(c[3:]) for n, c in reader.snapshot().devices.items()}
+    finally:
+        reader.close()
 
 
 def _ns(netns: str | None, cmd: list[str]) -> list[str]:
