@@ -54,6 +54,7 @@ import mmap
 import select
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -78,6 +79,10 @@ BLOCK_BYTES = 1 << 20  # a power of two times the page size
 BLOCKS = 64  # 64 MiB of ring: 0.3 s of a 200 MB/s storage link
 # The kernel hands over a block that is not full after this long.
 RETIRE_MS = 10
+# Frames walked under the lock at a time: a block holds up to ~8,000 (a burst of SYNs,
+# each a new connection for the tracker: 0.2 s of Python), 64 take a few ms, the
+# longest a tick, a convergence or a status waits for the walk (FifoLock).
+FRAMES_PER_TURN = 64
 # Addresses named at most: past this many (initiators churning, forged sources) the
 # decoder forgets them all and names each again once.
 NAMES_MAX = 65536
@@ -184,6 +189,48 @@ def attach_filter(sock: socket.socket, program: tuple[tuple[int, int, int, int],
     sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, bytes(memoryview(prog)))
 
 
+class FifoLock:
+    """A lock taken in the order it was asked for: the ring's walk shared with the tick.
+
+    poll() takes its guard for FRAMES_PER_TURN frames and asks again as soon as it let
+    go; with a plain threading.Lock the walking thread, which already runs, mostly takes
+    it back before a waiting thread has woken, and through a burst (50,000 connections
+    opening at once) the tick, a convergence or a status waits turn after turn. Here
+    each taker draws a ticket and waits for it to come up, so a waiter goes before the
+    walk's next turn: it waits for at most one turn's frames.
+    """
+
+    def __init__(self) -> None:
+        self._turns = threading.Condition(threading.Lock())
+        self._drawn = 0  # tickets given out
+        self._served = 0  # the ticket whose turn it is
+
+    def acquire(self) -> None:
+        with self._turns:
+            ticket = self._drawn
+            self._drawn += 1
+            while ticket != self._served:
+                self._turns.wait()
+
+    def release(self) -> None:
+        with self._turns:
+            self._served += 1
+            self._turns.notify_all()
+
+    @property
+    def asked(self) -> int:
+        """The takers holding it or waiting for it."""
+        with self._turns:
+            return self._drawn - self._served
+
+    def __enter__(self) -> FifoLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 class Ring:
     """A TPACKET_V3 capture on one interface (opened in the caller's network namespace)."""
 
@@ -241,7 +288,8 @@ class Ring:
     ) -> int:
         """Hand every TCP segment of the blocks ready within timeout_ms to segment()
         (and every IPsec ESP frame to esp()); returns the number of blocks read. guard (a
-        lock) is held while a block is read, not while waiting."""
+        lock; a FifoLock lets a waiter in between two turns) is held while
+        FRAMES_PER_TURN frames of a block are read, not while waiting."""
         self.decoder.on_esp = esp
         guard = guard or contextlib.nullcontext()
         n = 0
@@ -256,8 +304,7 @@ class Ring:
                     return n
                 waited = True
                 continue
-            with guard:
-                self._block(off, segment)
+            self._block(off, segment, guard)
             struct.pack_into("=I", self.map, off + 8, TP_STATUS_KERNEL)
             self.next_block = (self.next_block + 1) % self.blocks
             n += 1
@@ -269,18 +316,21 @@ class Ring:
         self.counters.kernel_drops += drops
         return packets, drops
 
-    def _block(self, off: int, segment: Segment) -> None:
+    def _block(self, off: int, segment: Segment, guard: AbstractContextManager[Any]) -> None:
+        """A block's frames, FRAMES_PER_TURN of them at a time under guard."""
         view, c, frame = self.view, self.counters, self.decoder.frame
         _, num, first = _BLOCK.unpack_from(self.map, off + 8)
         pos = off + first
         shift_s = self.clock() - self.wall_clock()  # CLOCK_REALTIME stamps onto clock
-        for _ in range(num):
-            nxt, sec, nsec, snap, length, mac = _FRAME.unpack_from(self.map, pos)
-            c.frames += 1
-            if snap < length and snap > ESP_SNAP_BYTES:  # (an ESP frame is kept short)
-                c.truncated += 1
-            frame(view, pos + mac, snap, sec + nsec * 1e-9 + shift_s, segment)
-            pos += nxt
+        for turn in range(0, num, FRAMES_PER_TURN):
+            with guard:
+                for _ in range(min(FRAMES_PER_TURN, num - turn)):
+                    nxt, sec, nsec, snap, length, mac = _FRAME.unpack_from(self.map, pos)
+                    c.frames += 1
+                    if snap < length and snap > ESP_SNAP_BYTES:  # (ESP is kept short)
+                        c.truncated += 1
+                    frame(view, pos + mac, snap, sec + nsec * 1e-9 + shift_s, segment)
+                    pos += nxt
 
 
 class FrameDecoder:

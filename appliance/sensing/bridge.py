@@ -30,10 +30,12 @@ Names across restarts
     connections, kept in the daemon's state_dir (names_path).
 
 Threads
-    The capture thread holds `lock` while it walks one block of the ring (a
-    few ms at most), never while it waits for one; the tick and the
+    The capture thread holds `lock` while it walks FRAMES_PER_TURN frames of
+    the ring (a few ms), never while it waits for a block; the tick and the
     convergence take the tracker's sums under the same lock, so a
-    completion is counted in exactly one tick. A capture that fails (the
+    completion is counted in exactly one tick. The lock is a FifoLock
+    (capture.py): through a burst of SYNs a tick waits for the turn being
+    walked, not for the burst. A capture that fails (the
     port went away) is logged; the thread opens the ring again every
     REOPEN_S and, until it has, read_samples() raises CaptureDown, which
     the daemon counts as a sensor error (the controller holds). In the
@@ -65,7 +67,7 @@ from santhrottle.appliance.netns import entered
 from santhrottle.appliance.sensing.discovery import Discovery, InitiatorView
 from santhrottle.appliance.sensing.diskstats import MIN_INTERVAL_S
 from santhrottle.appliance.sensing.wirenames import SavedNames
-from santhrottle.bridge.capture import CaptureCounters, Esp, Ring, Segment
+from santhrottle.bridge.capture import CaptureCounters, Esp, FifoLock, Ring, Segment
 from santhrottle.bridge.conns import SyncRow, SyncSummary
 from santhrottle.bridge.tracker import Tracker, Volume, VolumeReads
 from santhrottle.bridge.volumes import VolumeMap, VolumeRow, volume_rows
@@ -133,7 +135,7 @@ class BridgeSensor:
         self._kernel: Any = None  # the loaded program, when it walks the wire
         self._walker: Any = None  # its maps' walks (bridge/kwalks.py)
         self._kernel_checked = -1e18  # when its attachment was last checked
-        self.lock = threading.Lock()
+        self.lock = FifoLock()  # taken in turn: see Threads
         self.clock = clock
         self._open = open_capture
         self._stop = threading.Event()
