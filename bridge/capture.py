@@ -204,24 +204,36 @@ class FifoLock:
         self._turns = threading.Condition(threading.Lock())
         self._drawn = 0  # tickets given out
         self._served = 0  # the ticket whose turn it is
+        self._gone: set[int] = set()  # tickets whose takers stopped waiting (^C)
 
     def acquire(self) -> None:
         with self._turns:
             ticket = self._drawn
             self._drawn += 1
-            while ticket != self._served:
-                self._turns.wait()
+            try:
+                while ticket != self._served:
+                    self._turns.wait()
+            except BaseException:  # its turn passes the others by when it comes
+                self._gone.add(ticket)
+                self._pass_gone()
+                raise
 
     def release(self) -> None:
         with self._turns:
             self._served += 1
-            self._turns.notify_all()
+            self._pass_gone()
+
+    def _pass_gone(self) -> None:
+        while self._served in self._gone:
+            self._gone.discard(self._served)
+            self._served += 1
+        self._turns.notify_all()
 
     @property
     def asked(self) -> int:
         """The takers holding it or waiting for it."""
         with self._turns:
-            return self._drawn - self._served
+            return self._drawn - self._served - len(self._gone)
 
     def __enter__(self) -> FifoLock:
         self.acquire()

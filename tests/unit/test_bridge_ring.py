@@ -73,6 +73,41 @@ def test_the_lock_goes_in_the_order_it_was_asked_for():
     assert lock.asked == 0
 
 
+def test_a_taker_that_stops_waiting_does_not_hold_up_the_others():
+    """A wait ended by an exception (^C in the command line's measure) gives up its
+    ticket: the ones after it still get their turn."""
+    lock = FifoLock()
+    lock.acquire()
+    stopped: list[BaseException] = []
+    got: list[str] = []
+
+    def interrupted() -> None:
+        def wait(timeout: float | None = None) -> bool:
+            raise KeyboardInterrupt
+
+        lock._turns.wait = wait  # the next wait, in this taker's acquire
+        try:
+            lock.acquire()
+        except KeyboardInterrupt as e:
+            stopped.append(e)
+
+    def later() -> None:
+        with lock:
+            got.append("later")
+
+    t = threading.Thread(target=interrupted)
+    t.start()
+    t.join(WAIT_S)
+    del lock._turns.wait  # the Condition's own again
+    assert len(stopped) == 1 and lock.asked == 1
+    after = threading.Thread(target=later)
+    after.start()
+    _until_asked(lock, 2, "the later taker waits")
+    lock.release()
+    after.join(WAIT_S)
+    assert got == ["later"] and lock.asked == 0
+
+
 def test_a_waiter_goes_between_two_turns_of_a_burst():
     """The walk holds the lock for FRAMES_PER_TURN frames and asks again at once; one
     who asked during a turn takes it before the next (with a plain Lock the walk mostly
