@@ -17,6 +17,7 @@ from santhrottle.bridge.capture import (
 )
 
 WAIT_S = 30.0  # a bound for a loaded host, never reached when the code is right
+FRAME_BYTES = 32  # a frame's header (tpacket3_hdr's first 26 bytes), rounded up
 
 
 def _until_asked(lock: FifoLock, takers: int, what: str) -> None:
@@ -25,9 +26,6 @@ def _until_asked(lock: FifoLock, takers: int, what: str) -> None:
     while lock.asked != takers:
         assert time.monotonic() < deadline, what
         time.sleep(0.001)
-
-
-FRAME_BYTES = 32  # a frame's header (tpacket3_hdr's first 26 bytes), rounded up
 
 
 def _ready_ring(frames: int, blocks: int = 2) -> Ring:
