@@ -58,6 +58,7 @@ MODULES = (
     "lqfit",
     "pid",
     "ramp",
+    "rhythm",
     "setpoint",
     "state",
     "writeheavy",

@@ -32,19 +32,24 @@ Law, per call decide(state, samples, now_s)
                         outside a hold ("release": the band holds a class
                         against noise, not against a PID that wants none),
                         but not under the class the resource had when a
-                        hold began, while a member is away, or for
+                        hold began, while a member is away (where the
+                        writers' rhythm is under a convergence), or for
                         WRITE_DROP_HOLD_CONVERGES convergences after the
                         resource's write rate fell under half its EWMA
-                        WRITE_DROP_TICKS ticks in a row (a writer stopped;
-                        the sets tell which later), or for RESUME_HOLD_S
+                        WRITE_DROP_TICKS ticks in a row where most ticks
+                        see writes (a writer stopped; the sets tell which
+                        later), or for RESUME_HOLD_S
                         after RESUME_AFTER_TICKS ticks or more of "no
                         writers" (a burst begins: its first ticks show the
                         reader before the writers' IOs have queued): a
                         class gained during the hold may come back down
                         to it
-         reads, but the resource writes less than no_writers_bps (a
+         reads, but the resource has written less than no_writers_bps (a
          quarter of write_heavy_leave_bps with the relative rules, else all
-         of it), or, with members, less than their away floor:
+         of it), or, with members, less than their away floor, in every
+         tick for longer than its writers' rhythm explains (rhythm.py's
+         patience: a tick for writers that write every tick, seconds for
+         writers in bursts behind a long delay):
                         ewma updated, class held ("no writers": conditional
                         integration; the delay has nothing to act on, so the
                         error must not wind the class down or up; members that
@@ -209,6 +214,18 @@ def _schedule(next_s: float | None, period_s: float, now_s: float) -> tuple[bool
     return True, next_s + (missed + 1) * period_s, missed
 
 
+def _wrote(
+    write_bps: float,
+    no_writers_bps: float,
+    away_bps: float,
+    name: str,
+    members: dict[str, set[str]],
+) -> bool:
+    """A tick's writes count (rhythm.py): at the no-writers floor, or with members at
+    their away floor (a member writes little where its delay is long)."""
+    return write_bps >= no_writers_bps or (write_bps >= away_bps and bool(members.get(name)))
+
+
 def _one_interval_of_ios(state: ControllerState) -> bool:
     """state.ios as one convergence's: the mean of the sensor convergences it holds.
     False when none arrived since the last convergence (the sensor's worker is late):
@@ -257,12 +274,13 @@ def decide(
         out.late_ticks = missed
         state.late_ticks_total += missed
         reads = {s.resource: s for s in samples.reads if s.reads > 0}
-        stalled = {s.resource for s in samples.reads if not s.reads and s.reads_in_flight}
+        stalled = {s.resource: s for s in samples.reads if not s.reads and s.reads_in_flight}
         # the loop's invariants, once per tick (1,000 resources: attribute lookups count)
         log_law = c.law == "log"
         hyst = c.class_hysteresis
         hyst_classes = math.ceil(hyst)
         decrease_max = c.class_decrease_max_per_tick
+        tick_s, converge_s = c.tick_s, c.converge_s
         sp_floor, sp_ceiling, sp_z = (
             c.setpoint_fraction,
             c.setpoint_quiet_fraction,
@@ -276,8 +294,15 @@ def decide(
         for name, rs in state.resources.items():
             sample = reads.get(name)
             if sample is None:
-                if name in stalled:  # reads pending: not idle, hold
+                stall = stalled.get(name)
+                if stall is not None:  # reads pending: not idle, hold
                     rs.last_read_s = now_s
+                    if stall.write_bps is not None:  # the writes' rhythm goes on
+                        rs.rhythm.observe(
+                            _wrote(stall.write_bps, no_writers_bps, away_bps, name, members),
+                            now_s,
+                            tick_s,
+                        )
                     continue
                 if (
                     rs.last_read_s is not None
@@ -295,14 +320,17 @@ def decide(
                     rs.ewma.update(sample.read_latency_s, now_s)
                     continue
                 write_bps = sample.write_bps
-                if (
-                    write_bps is not None
-                    and write_bps < no_writers_bps
-                    and (write_bps < away_bps or not members.get(name))
-                ):  # no writers: the class acts on nothing, do not integrate
-                    rs.ewma.update(sample.read_latency_s, now_s)
-                    rs.quiet_ticks += 1
-                    continue
+                rhythm = rs.rhythm
+                if write_bps is not None:
+                    rhythm.observe(
+                        _wrote(write_bps, no_writers_bps, away_bps, name, members), now_s, tick_s
+                    )
+                    if rhythm.silent(now_s, tick_s):
+                        # no writers: the class acts on nothing, do not integrate (a tick
+                        # between the bursts of writers in a long delay is not one: rhythm.py)
+                        rs.ewma.update(sample.read_latency_s, now_s)
+                        rs.quiet_ticks += 1
+                        continue
                 if rs.quiet_ticks >= RESUME_AFTER_TICKS and rs.delay_class:  # a burst begins
                     rs.drop_hold_until_s = max(rs.drop_hold_until_s, now_s + RESUME_HOLD_S)
                 rs.quiet_ticks = 0
@@ -323,14 +351,22 @@ def decide(
                 if write_bps is not None:  # a writer stopped?
                     before = rs.write_rate.value
                     rs.write_rate.update(write_bps, now_s)
-                    if rs.delay_class and before and write_bps < WRITE_DROP_FRACTION * before:
+                    if (
+                        rs.delay_class
+                        and before
+                        and write_bps < WRITE_DROP_FRACTION * before
+                        and rhythm.steady(tick_s)  # else a tick's rate is the bursts' rhythm
+                    ):
                         rs.drop_ticks += 1
                         if rs.drop_ticks >= WRITE_DROP_TICKS:
                             hold_s = WRITE_DROP_HOLD_CONVERGES * c.converge_s
                             rs.drop_hold_until_s = now_s + hold_s
                     else:
                         rs.drop_ticks = 0
-                if name in away or now_s < rs.drop_hold_until_s:  # held
+                if (  # held: a member away (where a convergence without writes is
+                    # unusual: rhythm.py), or the writes dropped
+                    name in away and rhythm.patience_s(tick_s) < converge_s
+                ) or now_s < rs.drop_hold_until_s:
                     if rs.hold_base is None:
                         rs.hold_base = rs.delay_class
                 else:

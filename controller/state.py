@@ -47,6 +47,7 @@ from .levels import LevelsState
 from .lqfit import LqEstimator, LqFit
 from .pid import Pid, new_pid
 from .ramp import rise_table
+from .rhythm import Rhythm
 from .setpoint import NoiseGauge
 from .utilization import UtilizationState
 from .writeheavy import CONTENDED_FLOOR_FRACTION, WriteHeavySets
@@ -86,6 +87,7 @@ class ResourceState:
     drop_ticks: int = 0  # ticks in a row with the write rate under WRITE_DROP_FRACTION
     hold_base: int | None = None  # the class when the hold in force began (None: no hold)
     quiet_ticks: int = 0  # ticks in a row with reads but no writers
+    rhythm: Rhythm = field(default_factory=Rhythm)  # when no writes means none (rhythm.py)
     floor_ticks: int = 0  # ticks in a row the PID wanted no delay (decide.py, "release")
     futile: Futility = field(default_factory=Futility)  # a delay that does not work (futile.py)
 

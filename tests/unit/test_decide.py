@@ -427,3 +427,60 @@ def test_a_delay_that_does_not_lower_the_latency_is_released_then_tried_again():
     after = [k for s, k in classes if first + FUTILE_BACKOFF_S < s]
     assert after and max(after) > 0
     assert len(released_at) == 1 or f.until_s - released_at[1] == 2 * FUTILE_BACKOFF_S
+
+
+def _bursts(st, t, until_s, every_ticks, burst_latency_s, latency_s, rate=1.3e6):
+    """Ticks to until_s: a write burst (A's) every every_ticks ticks, whose reads take
+    burst_latency_s, latency_s between; A's convergence sample only if it wrote."""
+    out = []
+    k = 0
+    while t < until_s - 1e-9:
+        t = round(t + 0.1, 6)
+        k += 1
+        burst = k % every_ticks == 0
+        reads = ReadSample("vg", 6, burst_latency_s if burst else latency_s, rate if burst else 0.0)
+        ws = writes("vg", "A", rate=rate / every_ticks) if round(t * 10) % 10 == 0 else []
+        st, _ = decide(st, Samples([reads], ws), t)
+        out.append((t, st.resources["vg"].delay_class, st.resources["vg"].quiet_ticks))
+    return st, t, out
+
+
+def test_writers_in_bursts_behind_a_long_delay_let_the_class_come_down():
+    """A member whose long delay leaves a burst of writes every 2 s and nothing between
+    (rhythm.py): the ticks between the bursts are writers' ticks, whose reads (9 ms
+    against a 20 ms threshold) bring the class down; a tick at a time they were "no
+    writers" and a convergence at a time "away", and only the bursts' slow ticks
+    (40 ms) moved the class: up."""
+    st = new_state(ControllerConfig(), [Resource("vg", 0.020)])
+    st, _ = decide(st, Samples(writes=writes("vg", "A")), 0.0)
+    st, t, busy = _bursts(st, 0.0, 6.0, 1, 0.060, 0.060, rate=20 * MIB)  # writes every tick
+    top = st.resources["vg"].delay_class
+    assert top > 40 and "A" in st.members("vg")
+    st, t, sparse = _bursts(st, t, 60.0, 20, 0.040, 0.009)
+    assert max(k for _, k, _ in sparse) <= top + 10
+    late = [k for s, k, _ in sparse if s > 40.0]
+    assert max(late) < top // 2, (top, late)
+    assert max(q for s, _, q in sparse if s > 40.0) == 0  # no tick between them was quiet
+
+
+def test_writers_that_stop_after_bursts_are_silent_after_their_rhythm():
+    """The same member stops: once the silence is past the patience its rhythm gives
+    (rhythm.py, here under 6 s), the ticks are without writers and the class holds."""
+    st = new_state(ControllerConfig(), [Resource("vg", 0.020)])
+    st, _ = decide(st, Samples(writes=writes("vg", "A")), 0.0)
+    st, t, _ = _bursts(st, 0.0, 6.0, 1, 0.060, 0.060, rate=20 * MIB)
+    st, t, _ = _bursts(st, t, 30.0, 20, 0.040, 0.018)  # the rhythm learnt, near the setpoint
+    patience = st.resources["vg"].rhythm.patience_s(0.1)
+    assert 1.0 < patience < 6.0
+    st, t, stopped = _bursts(st, t, 50.0, 10**6, 0.004, 0.004)  # no writes: reads are fast
+    held = [k for s, k, _ in stopped if s > 30.0 + patience + 0.2]
+    assert held and len(set(held)) == 1 and held[0] > 0
+
+
+def test_a_stalled_tick_still_counts_its_writes_in_the_rhythm():
+    st = new_state(CFG, [Resource("vg", 0.010)])
+    st, _ = decide(st, Samples(writes=writes("vg", "A")), 0.0)
+    st, _ = decide(st, Samples([ReadSample("vg", 6, 0.030, write_bps=20 * MIB)]), 0.1)
+    stalled = ReadSample("vg", 0, 0.0, write_bps=20 * MIB, reads_in_flight=1)
+    st, _ = decide(st, Samples([stalled]), 0.2)
+    assert st.resources["vg"].rhythm.last_s == pytest.approx(0.2)
