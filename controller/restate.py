@@ -94,7 +94,7 @@ def reconfigure(state: ControllerState, config: ControllerConfig) -> ControllerS
         new.lq = rs.lq
         new.noise, new.write_rate = rs.noise, rs.write_rate
         new.drop_hold_until_s, new.drop_ticks = rs.drop_hold_until_s, rs.drop_ticks
-        new.quiet_ticks, new.floor_ticks = rs.quiet_ticks, rs.floor_ticks
+        new.quiet_ticks, new.floor_ticks, new.rhythm = rs.quiet_ticks, rs.floor_ticks, rs.rhythm
         new.hold_base = rs.hold_base
         new.delay_class = min(rs.delay_class, config.max_class)
         new.pid.follow(new.delay_class)

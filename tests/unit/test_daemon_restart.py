@@ -225,6 +225,8 @@ def test_reconfigure_and_seed_are_bumpless():
     assert k > 0 and st.effective.get("A")
     st2 = reconfigure(st, ControllerConfig(write_heavy_enter_bps=2e6, write_heavy_leave_bps=1e6))
     assert st2.resources["vg0"].delay_class == k and st2.effective == st.effective
+    assert st2.resources["vg0"].rhythm == st.resources["vg0"].rhythm  # the writers' rhythm too
+    assert st2.resources["vg0"].rhythm.last_s is not None
     st3 = new_state(c, [Resource("vg0", 0.01)])
     seed_class(st3, "vg0", 17)
     assert st3.resources["vg0"].delay_class == 17 and st3.resources["vg0"].pid.delay_class == 17
