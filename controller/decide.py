@@ -317,7 +317,7 @@ def decide(
             else:
                 rs.last_read_s = now_s
                 if name in grouped:  # the groups' arbiter decides (groups.py)
-                    rs.ewma.update(sample.read_latency_s, now_s)
+                    rs.ewma.update(sample.read_latency_s, now_s, sample.reads)
                     continue
                 write_bps = sample.write_bps
                 rhythm = rs.rhythm
@@ -328,7 +328,7 @@ def decide(
                     if rhythm.silent(now_s, tick_s):
                         # no writers: the class acts on nothing, do not integrate (a tick
                         # between the bursts of writers in a long delay is not one: rhythm.py)
-                        rs.ewma.update(sample.read_latency_s, now_s)
+                        rs.ewma.update(sample.read_latency_s, now_s, sample.reads)
                         rs.quiet_ticks += 1
                         continue
                 if rs.quiet_ticks >= RESUME_AFTER_TICKS and rs.delay_class:  # a burst begins
@@ -336,7 +336,7 @@ def decide(
                 rs.quiet_ticks = 0
                 # tick
                 rs.noise.observe(sample.reads, sample.read_latency_s, now_s)
-                ewma = rs.ewma.update(sample.read_latency_s, now_s)
+                ewma = rs.ewma.update(sample.read_latency_s, now_s, sample.reads)
                 # relative error: one set of gains for any threshold
                 thr = rs.resource.threshold_s if rs.lq is None else rs.threshold_s(c.auto_alpha)
                 if saturated and name in saturated and ewma < thr:  # utilization.py
