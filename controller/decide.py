@@ -168,7 +168,7 @@ from .headroom import converge as converge_levels
 from .headroom import observe_utilization
 from .headroom import tick as tick_levels
 from .ramp import move_toward
-from .state import ControllerState
+from .state import AWAY_HOLD_S, ControllerState
 
 # A member that stopped writing holds its resource's class for AWAY_HOLD_S
 # (controller/state.py), from the convergence that names it. The same from the
@@ -321,19 +321,25 @@ def decide(
                     continue
                 write_bps = sample.write_bps
                 rhythm = rs.rhythm
+                gone = False  # no writers for longer than a pause: down only
                 if write_bps is not None:
                     rhythm.observe(
                         _wrote(write_bps, no_writers_bps, away_bps, name, members), now_s, tick_s
                     )
-                    if rhythm.silent(now_s, tick_s):
-                        # no writers: the class acts on nothing, do not integrate (a tick
-                        # between the bursts of writers in a long delay is not one: rhythm.py)
+                    gone = rhythm.silent(now_s, tick_s)
+                if gone:
+                    # no writers: the class acts on nothing, do not integrate (a tick
+                    # between the bursts of writers in a long delay is not one: rhythm.py)
+                    rs.quiet_ticks += 1
+                    if rs.quiet_ticks * tick_s <= AWAY_HOLD_S:  # a pause: hold
                         rs.ewma.update(sample.read_latency_s, now_s, sample.reads)
-                        rs.quiet_ticks += 1
                         continue
-                if rs.quiet_ticks >= RESUME_AFTER_TICKS and rs.delay_class:  # a burst begins
-                    rs.drop_hold_until_s = max(rs.drop_hold_until_s, now_s + RESUME_HOLD_S)
-                rs.quiet_ticks = 0
+                    # silent for longer than a pause (AWAY_HOLD_S): the writers have gone,
+                    # or their delay silences them; the class may come down, not go up
+                else:
+                    if rs.quiet_ticks >= RESUME_AFTER_TICKS and rs.delay_class:  # a burst begins
+                        rs.drop_hold_until_s = max(rs.drop_hold_until_s, now_s + RESUME_HOLD_S)
+                    rs.quiet_ticks = 0
                 # tick
                 rs.noise.observe(sample.reads, sample.read_latency_s, now_s)
                 ewma = rs.ewma.update(sample.read_latency_s, now_s, sample.reads)
@@ -348,7 +354,7 @@ def decide(
                     rs.floor_ticks += 1
                 elif rs.floor_ticks:
                     rs.floor_ticks = 0
-                if write_bps is not None:  # a writer stopped?
+                if write_bps is not None and not gone:  # a writer stopped?
                     before = rs.write_rate.value
                     rs.write_rate.update(write_bps, now_s)
                     if (
@@ -371,8 +377,9 @@ def decide(
                         rs.hold_base = rs.delay_class
                 else:
                     rs.hold_base = None
-                if want > rs.delay_class and log_law and ewma <= sp * thr:
-                    new_class = rs.delay_class  # up only over the setpoint ("single-sided up")
+                if want > rs.delay_class and (gone or log_law and ewma <= sp * thr):
+                    # up only over the setpoint ("single-sided up"), and never for no writers
+                    new_class = rs.delay_class
                     pid.track(new_class)
                 elif want >= rs.delay_class:  # up: at once
                     new_class = want

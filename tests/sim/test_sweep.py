@@ -195,8 +195,9 @@ def test_cli_variant_is_judged_beside_the_defaults(result, capsys):
     assert set(data["summary"]["variants"]) == {*VARIANTS, "sp80"}
     plant = data["plants"][0]
     if plant["feasible"]:  # the defaults' figures are the library's; the lower setpoint's differ
+        # (differ, not lower: on one plant a lower setpoint can end a little higher)
         want = result["plants"][0]["variants"]["default"]["p95_x_threshold"]
         assert plant["variants"]["default"]["p95_x_threshold"] == want
-        assert plant["variants"]["sp80"]["p95_x_threshold"] < want
+        assert plant["variants"]["sp80"]["p95_x_threshold"] != want
     assert main(["x.toml", "--variant", 'a:ti="1s"']) == 2
     assert "--variant goes with --sweep" in capsys.readouterr().err

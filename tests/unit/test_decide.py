@@ -465,16 +465,26 @@ def test_writers_in_bursts_behind_a_long_delay_let_the_class_come_down():
 
 def test_writers_that_stop_after_bursts_are_silent_after_their_rhythm():
     """The same member stops: once the silence is past the patience its rhythm gives
-    (rhythm.py, here under 6 s), the ticks are without writers and the class holds."""
+    (rhythm.py, here under 6 s), the ticks are without writers and the class holds, for
+    a pause (AWAY_HOLD_S); a silence longer than that is writers gone (or silenced by
+    their delay), and the class comes down on the reader's latency, never up."""
+    from santhrottle.controller.state import AWAY_HOLD_S
+
     st = new_state(ControllerConfig(), [Resource("vg", 0.020)])
     st, _ = decide(st, Samples(writes=writes("vg", "A")), 0.0)
     st, t, _ = _bursts(st, 0.0, 6.0, 1, 0.060, 0.060, rate=20 * MIB)
     st, t, _ = _bursts(st, t, 30.0, 20, 0.040, 0.018)  # the rhythm learnt, near the setpoint
     patience = st.resources["vg"].rhythm.patience_s(0.1)
     assert 1.0 < patience < 6.0
-    st, t, stopped = _bursts(st, t, 50.0, 10**6, 0.004, 0.004)  # no writes: reads are fast
-    held = [k for s, k, _ in stopped if s > 30.0 + patience + 0.2]
+    st, t, stopped = _bursts(st, t, 60.0, 10**6, 0.004, 0.004)  # no writes: reads are fast
+    end = 30.0 + patience + AWAY_HOLD_S
+    held = [k for s, k, _ in stopped if 30.0 + patience + 0.2 < s < end - 0.2]
     assert held and len(set(held)) == 1 and held[0] > 0
+    after = [k for s, k, _ in stopped if s > end + 0.2]
+    assert after[-1] < held[0] and all(b <= a for a, b in itertools.pairwise(after))
+    # and a long silence with the reads over the threshold raises nothing
+    st, t, slow = _bursts(st, t, 70.0, 10**6, 0.080, 0.080)
+    assert max(k for _, k, _ in slow) <= after[-1]
 
 
 def test_a_stalled_tick_still_counts_its_writes_in_the_rhythm():
