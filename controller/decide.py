@@ -13,7 +13,7 @@ Measured signals (passed in as Samples; this module reads nothing)
 Law, per call decide(state, samples, now_s)
     1. Fold every WriteSample into the write-heavy EWMAs (any time).
     2. If now_s >= next_tick_s ("tick"), per resource:
-         with reads:    ewma <- EWMA(read latency)
+         with reads:    ewma <- EWMA(read latency, weighted by the reads)
                         want <- PID(ewma / threshold, setpoint, threshold)
                         (the error is relative, e = ewma/threshold - setpoint:
                         a threshold of 1 ms and one of 20 ms get the same
@@ -52,10 +52,12 @@ Law, per call decide(state, samples, now_s)
          writers in bursts behind a long delay):
                         ewma updated, class held ("no writers": conditional
                         integration; the delay has nothing to act on, so the
-                        error must not wind the class down or up; members that
-                        write little because their delay is long are writers:
-                        a 4 KiB QD1 writer at 250 ms writes 16 KiB/s, and its
-                        class must be able to come down)
+                        error must not wind the class down or up) for a pause
+                        (AWAY_HOLD_S); longer, the writers have gone (or their
+                        delay silences them): the PID runs, down only (members
+                        that write little because their delay is long are
+                        writers: a 4 KiB QD1 writer at 250 ms writes 16 KiB/s,
+                        and its class must be able to come down)
          without reads: hold the class ("idle"); after read_idle_release_s
                         without reads release it to 0 ("release"), unless
                         reads are in flight (a stalled reader is not gone)
