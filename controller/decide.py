@@ -379,7 +379,7 @@ def decide(
                         rs.hold_base = rs.delay_class
                 else:
                     rs.hold_base = None
-                if want > rs.delay_class and (gone or log_law and ewma <= sp * thr):
+                if want > rs.delay_class and (gone or (log_law and ewma <= sp * thr)):
                     # up only over the setpoint ("single-sided up"), and never for no writers
                     new_class = rs.delay_class
                     pid.track(new_class)

@@ -453,7 +453,7 @@ def test_writers_in_bursts_behind_a_long_delay_let_the_class_come_down():
     (40 ms) moved the class: up."""
     st = new_state(ControllerConfig(), [Resource("vg", 0.020)])
     st, _ = decide(st, Samples(writes=writes("vg", "A")), 0.0)
-    st, t, busy = _bursts(st, 0.0, 6.0, 1, 0.060, 0.060, rate=20 * MIB)  # writes every tick
+    st, t, _ = _bursts(st, 0.0, 6.0, 1, 0.060, 0.060, rate=20 * MIB)  # writes every tick
     top = st.resources["vg"].delay_class
     assert top > 40 and "A" in st.members("vg")
     st, t, sparse = _bursts(st, t, 60.0, 20, 0.040, 0.009)

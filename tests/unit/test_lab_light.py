@@ -8,6 +8,7 @@ import gzip
 import importlib.util
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -221,3 +222,21 @@ def test_make_lab_light_runs_the_array_bound_plant_and_the_admins_args_win(monke
     assert "--observed" in guest and "--light" in guest
     thresholds = [guest[i + 1] for i, x in enumerate(guest) if x == "--thresholds"]
     assert thresholds == ["20ms", "15ms"]  # closed_loop's argparse keeps the last
+
+
+def test_bridge_only_goes_with_light_and_runs_the_bridge(monkeypatch):
+    """closed_loop.py --light --bridge-only: the bridge's phases alone (the harness's
+    argument check; light() then queues only the bridge at T per repetition)."""
+    spec = importlib.util.spec_from_file_location(
+        "santhrottle_closed_loop", ROOT / "vagrant" / "experiments" / "closed_loop.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.syspath_prepend(str(LIGHT_PY.parent))
+    monkeypatch.setitem(sys.modules, "santhrottle_closed_loop", mod)  # its dataclasses
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr("sys.argv", ["closed_loop.py", "--out", "x", "--light", "--bridge-only"])
+    a = mod.arguments()
+    assert a.bridge_only and a.bridge
+    monkeypatch.setattr("sys.argv", ["closed_loop.py", "--out", "x", "--bridge-only"])
+    with pytest.raises(SystemExit):
+        mod.arguments()

@@ -36,7 +36,8 @@ on a host whose writers load the array hard, up where they hardly do) and the ph
 again, at most regime.MAX_TRIES times; T is then the smallest of --thresholds the last
 one stays under with room (labkit.regime.light_threshold); then --reps repetitions of
 controlled at T (and bridge at T with --bridge) and uncontrolled again, each phase
-tagged with its repetition ("rep"; the last try's uncontrolled phase is repetition 0's).
+tagged with its repetition ("rep"; the last try's uncontrolled phase is repetition 0's);
+--bridge-only keeps only the bridge at T and the uncontrolled phases.
 --observed adds, per repetition after the controlled phase, an observed one: the same
 daemon, data path and status probe with no threshold (it discovers the VG and delays
 nobody), so the report splits the controlled writers' loss into what the daemon's
@@ -460,10 +461,13 @@ def light(lab: Setting, wanted: list[str], phases: list[dict]) -> dict:
     if thr is None:
         return choice
     for rep in range(lab.a.reps):
-        todo = [("controlled", thr, False)]
-        todo += [("observed", thr, False)] if lab.a.observed else []
-        todo += [("bridge-observed", thr, True)] if lab.a.bridge and lab.a.observed else []
-        todo += [("bridge", thr, True)] if lab.a.bridge else []
+        if lab.a.bridge_only:  # the bridge's controlled phase alone (and uncontrolled)
+            todo = [("bridge", thr, True)]
+        else:
+            todo = [("controlled", thr, False)]
+            todo += [("observed", thr, False)] if lab.a.observed else []
+            todo += [("bridge-observed", thr, True)] if lab.a.bridge and lab.a.observed else []
+            todo += [("bridge", thr, True)] if lab.a.bridge else []
         if rep:
             todo.insert(0, ("uncontrolled", None, False))
         for what, t, bridge in todo:
@@ -606,6 +610,12 @@ def arguments() -> argparse.Namespace:
     )
     ap.add_argument("--no-bridge", dest="bridge", action="store_false")
     ap.add_argument(
+        "--bridge-only",
+        action="store_true",
+        help="--light: per repetition only the bridge's controlled phase (and the "
+        "uncontrolled one), no target-host or observed phases",
+    )
+    ap.add_argument(
         "--bridge-check",
         action="store_true",
         help="the bridge alone, on the plant lab.py started, at the first of --thresholds: "
@@ -638,6 +648,10 @@ def arguments() -> argparse.Namespace:
         ap.error(
             "--light keeps the plant and picks T itself: not with --plant auto or --thresholds auto"
         )
+    if a.bridge_only:
+        if not a.light:
+            ap.error("--bridge-only goes with --light")
+        a.bridge = True
     if a.bridge_check:
         if a.light or a.plant == "auto" or a.thresholds.startswith("auto"):
             ap.error("--bridge-check runs on the plant and at the threshold given")
