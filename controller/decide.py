@@ -323,7 +323,7 @@ def decide(
                     continue
                 write_bps = sample.write_bps
                 rhythm = rs.rhythm
-                gone = False  # no writers for longer than a pause: down only
+                gone = False  # silent past the writers' rhythm; past a pause too: down only
                 if write_bps is not None:
                     rhythm.observe(
                         _wrote(write_bps, no_writers_bps, away_bps, name, members), now_s, tick_s

@@ -107,7 +107,3 @@ class Rhythm:
     def steady(self, tick_s: float) -> bool:
         """Writes in most ticks: a tick's rate says something of the writers'."""
         return self.gap_s is None or self.gap_s < STEADY_X * tick_s
-
-    def reset(self) -> None:
-        self.last_s = None
-        self.gap_s = None
