@@ -13,7 +13,7 @@ Measured signals (passed in as Samples; this module reads nothing)
 Law, per call decide(state, samples, now_s)
     1. Fold every WriteSample into the write-heavy EWMAs (any time).
     2. If now_s >= next_tick_s ("tick"), per resource:
-         with reads:    ewma <- EWMA(read latency, weighted by the reads)
+         with reads:    ewma <- EWMA(read latency)
                         want <- PID(ewma / threshold, setpoint, threshold)
                         (the error is relative, e = ewma/threshold - setpoint:
                         a threshold of 1 ms and one of 20 ms get the same
@@ -319,7 +319,7 @@ def decide(
             else:
                 rs.last_read_s = now_s
                 if name in grouped:  # the groups' arbiter decides (groups.py)
-                    rs.ewma.update(sample.read_latency_s, now_s, sample.reads)
+                    rs.ewma.update(sample.read_latency_s, now_s)
                     continue
                 write_bps = sample.write_bps
                 rhythm = rs.rhythm
@@ -334,7 +334,7 @@ def decide(
                     # between the bursts of writers in a long delay is not one: rhythm.py)
                     rs.quiet_ticks += 1
                     if rs.quiet_ticks * tick_s <= AWAY_HOLD_S:  # a pause: hold
-                        rs.ewma.update(sample.read_latency_s, now_s, sample.reads)
+                        rs.ewma.update(sample.read_latency_s, now_s)
                         continue
                     # silent for longer than a pause (AWAY_HOLD_S): the writers have gone,
                     # or their delay silences them; the class may come down, not go up
@@ -344,7 +344,7 @@ def decide(
                     rs.quiet_ticks = 0
                 # tick
                 rs.noise.observe(sample.reads, sample.read_latency_s, now_s)
-                ewma = rs.ewma.update(sample.read_latency_s, now_s, sample.reads)
+                ewma = rs.ewma.update(sample.read_latency_s, now_s)
                 # relative error: one set of gains for any threshold
                 thr = rs.resource.threshold_s if rs.lq is None else rs.threshold_s(c.auto_alpha)
                 if saturated and name in saturated and ewma < thr:  # utilization.py

@@ -18,15 +18,6 @@ Law
     input reaches 63 % after tau seconds) when samples arrive late, early
     or are skipped, which a fixed-alpha EWMA silently gets wrong.
 
-Weights
-    update(x, now_s, weight) counts a sample as `weight` samples (a tick's mean
-    read latency as its reads): the filter keeps the EWMA of weight x x and of
-    weight with the same alpha, and its value is their ratio, the weighted mean
-    over the last tau seconds (iostat's await over its interval is the same
-    ratio of sums). A tick with one slow read among ticks of ten moves the value
-    a tenth as far as a tick of ten slow reads. Every sample of weight 1 (the
-    default) gives the unweighted EWMA above exactly.
-
 Bounds
     The first sample seeds the filter (y_0 = x_0), so it does not crawl up
     from zero. A sample with dt <= 0 (same timestamp, or a clock that went
@@ -62,7 +53,7 @@ def alpha_for(dt_s: float, tau_s: float) -> float:
 class Ewma:
     """Time-constant EWMA; time is passed in, never read."""
 
-    __slots__ = ("_a", "_dt", "_weight", "last_s", "tau_s", "value")
+    __slots__ = ("_a", "_dt", "last_s", "tau_s", "value")
 
     def __init__(self, tau_s: float) -> None:
         if tau_s < 0.0:
@@ -72,29 +63,18 @@ class Ewma:
         self.last_s: float | None = None
         self._dt = math.nan  # the last interval and its alpha: one exp() per new interval
         self._a = 0.0
-        self._weight = 1.0  # the EWMA of the samples' weights ("Weights")
 
-    def update(self, x: float, now_s: float, weight: float = 1.0) -> float:
-        if self.value is None or self.last_s is None or self._weight <= 0.0:
+    def update(self, x: float, now_s: float) -> float:
+        if self.value is None or self.last_s is None:
             self.value = x
-            self._weight = weight
         else:
             dt = now_s - self.last_s
             if not abs(dt - self._dt) <= DT_SAME_S:  # nan at first
                 self._dt, self._a = dt, alpha_for(dt, self.tau_s)
-            a = self._a
-            w = self._weight + a * (weight - self._weight)
-            if w > 0.0:  # value x weight is the EWMA of x x weight
-                self.value += a * weight * (x - self.value) / w
-            self._weight = w
+            self.value += self._a * (x - self.value)
         self.last_s = now_s
         return self.value
 
     def reset(self) -> None:
         self.value = None
         self.last_s = None
-        self._weight = 1.0
-
-    def follow(self, other: Ewma) -> None:
-        """Continue from other's value, time and weight (its tau stays this one's)."""
-        self.value, self.last_s, self._weight = other.value, other.last_s, other._weight

@@ -89,7 +89,7 @@ def reconfigure(state: ControllerState, config: ControllerConfig) -> ControllerS
     for name, rs in state.resources.items():
         out.set_resource(rs.resource)
         new = out.resources[name]
-        new.ewma.follow(rs.ewma)
+        new.ewma.value, new.ewma.last_s = rs.ewma.value, rs.ewma.last_s
         new.last_read_s = rs.last_read_s
         new.lq = rs.lq
         new.noise, new.write_rate = rs.noise, rs.write_rate

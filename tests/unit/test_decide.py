@@ -1,5 +1,6 @@
 import dataclasses
 import itertools
+import math
 import random
 
 import pytest
@@ -494,3 +495,27 @@ def test_a_stalled_tick_still_counts_its_writes_in_the_rhythm():
     stalled = ReadSample("vg", 0, 0.0, write_bps=20 * MIB, reads_in_flight=1)
     st, _ = decide(st, Samples([stalled]), 0.2)
     assert st.resources["vg"].rhythm.last_s == pytest.approx(0.2)
+
+
+def test_a_slowed_reader_counts_as_much_as_a_fast_one():
+    """The read EWMA is a mean over time, one tick one sample: a QD1 reader that a burst
+    slows completes fewer reads a tick (one at 60 ms against six at 9 ms), and its slow
+    ticks must raise the latency, and the class, as fast as six slow reads would."""
+    cfg = dataclasses.replace(CFG, read_ewma_tau_s=0.5)
+    wr = 10 * MIB
+    trace = [(6, 0.009)] * 10 + [(1, 0.060)] * 5
+    slowed = new_state(cfg, [Resource("vg", 0.020)])
+    counted = new_state(cfg, [Resource("vg", 0.020)])
+    for st in (slowed, counted):
+        decide(st, Samples(writes=writes("vg", "A")), 0.0)
+    for k, (n, lat) in enumerate(trace, start=1):
+        now = k / 10
+        decide(slowed, Samples([ReadSample("vg", n, lat, wr)], writes("vg", "A")), now)
+        decide(counted, Samples([ReadSample("vg", 6, lat, wr)], writes("vg", "A")), now)
+        a, b = slowed.resources["vg"], counted.resources["vg"]
+        assert a.ewma.value == pytest.approx(b.ewma.value)
+        assert a.delay_class == b.delay_class
+    # half a second of 60 ms: the EWMA is 1 - e^-1 of the way up, over the 20 ms threshold
+    up = 0.009 + 0.051 * (1 - math.exp(-1))
+    assert slowed.resources["vg"].ewma.value == pytest.approx(up)
+    assert slowed.resources["vg"].delay_class > 0

@@ -57,29 +57,3 @@ def test_reset_reseeds():
     e.update(1.0, 0.0)
     e.reset()
     assert e.update(9.0, 5.0) == 9.0
-
-
-def test_weighted_samples_are_a_ratio_of_sums_and_weight_one_is_the_plain_ewma():
-    a = alpha_for(0.1, 0.2)
-    e, plain, ones = Ewma(0.2), Ewma(0.2), Ewma(0.2)
-    s = n = None
-    for k, (x, w) in enumerate([(0.010, 10), (0.060, 2), (0.009, 8), (0.050, 1)]):
-        v = e.update(x, k / 10, w)
-        s, n = (x * w, w) if s is None else (s + a * (x * w - s), n + a * (w - n))
-        assert v == pytest.approx(s / n)
-        assert ones.update(x, k / 10, 1) == plain.update(x, k / 10)
-    # one slow read among ten fast moves it far less than a tick of ten slow reads
-    few, many = Ewma(0.2), Ewma(0.2)
-    few.update(0.010, 0.0, 10)
-    many.update(0.010, 0.0, 10)
-    assert few.update(0.060, 0.1, 1) - 0.010 < (many.update(0.060, 0.1, 10) - 0.010) / 5
-
-
-def test_follow_carries_value_time_and_weight():
-    e = Ewma(0.2)
-    e.update(0.010, 0.0, 10)
-    f = Ewma(0.5)
-    f.follow(e)
-    g = Ewma(0.5)
-    g.update(0.010, 0.0, 10)
-    assert f.update(0.030, 0.1, 2) == g.update(0.030, 0.1, 2)
