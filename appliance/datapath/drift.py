@@ -29,7 +29,11 @@ What it owns
     find_drift(): the full comparison (the daemon's every CHECK_EVERY_S):
     reads the kernel with netlink sockets of its own (Host: it
     runs in the convergence worker, never on the tick's sockets) and names each
-    object that is missing or not as left, one line each:
+    object that is missing or not as left, one line each.  A device's tree is
+    compared object by object (pyroute2) only when its digest is not the one
+    last found as wanted for this spec, and otherwise at every
+    TREE_RECHECK_EVERY-th full comparison (a glide leaf's options, which the
+    digest leaves out, are then compared too):
         tc: DEV: the root qdisc is not santhrottle's (KIND), or DEV is gone
         tc: DEV: N class(es) or leaf qdisc(s) missing or changed
         ipset: NAME is missing, or has no counters/skbinfo
@@ -49,8 +53,11 @@ Cost
     bridge the roots, the table (6 us) and the generation, the table listed
     (find_drift) only after nftables changed; each device's tree digest about
     0.5 ms (the default ladder's 193 objects: two dumps, decoded here).
-    find_drift(): per device one qdisc and one class dump (pyroute2: ~20 ms
-    of CPU for the default ladder's 193 objects on the host), the header dump,
+    find_drift(): per device its digest again and, where it is not the one
+    found as wanted or at every TREE_RECHECK_EVERY-th call, one qdisc and one
+    class dump through pyroute2 (~20 ms of CPU for the default ladder's 193
+    objects on the host, 3-8 s in the one-vCPU lab guest, where it was half
+    of the daemon's CPU when it ran every CHECK_EVERY_S), the header dump,
     the members of each set that holds any (one dump a set, decoded here:
     ~45 ms of CPU for 10,000 members on the host, no process), one list of
     the gate, the fingerprints; `iptables -S` and `ip6tables -S`
@@ -74,7 +81,7 @@ Worked example
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from santhrottle.appliance.datapath.host import Host, Tools
@@ -121,6 +128,9 @@ RULES_DRIFT = "iptables: the chain SANTHROTTLE or its jumps are missing or chang
 TREE_CHANGED = "its classes or leaf qdiscs changed since the tree was last found as wanted"
 NFT_TABLE_MISSING = f"nft: table {NFT_TABLE} is missing"
 NFT_CHANGED = f"nft: nftables changed since the last transaction of table {NFT_TABLE}"
+# A tree whose digest is the one found as wanted is looked at through pyroute2 again at
+# this full comparison (every CHECK_EVERY_S: 5 minutes), for what the digest leaves out
+TREE_RECHECK_EVERY = 30
 
 
 class Watch(Presence):
@@ -133,6 +143,8 @@ class Watch(Presence):
         super().__init__(Host(netns, tools))
         self.verified: tuple[int, tuple[tuple[int, str], ...] | None] | None = None
         self.trees: dict[str, bytes] = {}  # device -> its tree's digest when found as wanted
+        self.trees_of: DatapathSpec | None = None  # the spec `trees` were found as wanted for
+        self.unlooked: dict[str, int] = {}  # device -> full comparisons since pyroute2's look
 
     def close(self) -> None:
         super().close()
@@ -207,9 +219,15 @@ def _tree(w: Watch, dev: str) -> bytes | None:
 
 def find_drift(spec: DatapathSpec, expected: Expected, w: Watch) -> list[str]:
     """Each object of the data path that is missing or changed, one line each."""
+    if w.trees_of != spec:  # a new spec (a reload): no tree is known as wanted for it
+        w.trees.clear()
+        w.trees_of = spec
     trees = {dev: _tree(w, dev) for dev in spec.devices}
-    out = _tc_drift(w.host, spec)
-    for dev, tree in trees.items():  # as wanted, and not changed during the read
+    look = [dev for dev, tree in trees.items() if not _known(w, dev, tree)]
+    out = _tc_drift(w.host, spec, look)
+    for dev in look:  # as wanted, and not changed during the read
+        tree = trees[dev]
+        w.unlooked[dev] = 0
         if (
             tree is not None
             and tree == _tree(w, dev)
@@ -240,10 +258,24 @@ def find_drift(spec: DatapathSpec, expected: Expected, w: Watch) -> list[str]:
     return out
 
 
-def _tc_drift(host: Host, spec: DatapathSpec) -> list[str]:
+def _known(w: Watch, dev: str, tree: bytes | None) -> bool:
+    """Whether the device's tree is, by its digest, the one last found as wanted, and
+    not yet due for pyroute2's look at every TREE_RECHECK_EVERY-th full comparison."""
+    if tree is None or w.trees.get(dev) != tree:
+        return False
+    n = w.unlooked.get(dev, 0) + 1
+    if n >= TREE_RECHECK_EVERY:
+        return False
+    w.unlooked[dev] = n
+    return True
+
+
+def _tc_drift(host: Host, spec: DatapathSpec, devices: Sequence[str]) -> list[str]:
+    if not devices:
+        return []
     want = desired_tree(spec.ladder.delays_us, spec.link_bits_s, spec.leaf, spec.glide_leaves)
     out = []
-    for dev in spec.devices:
+    for dev in devices:
         try:
             have = TcDevice(host, dev).observe()
         except DatapathError as e:

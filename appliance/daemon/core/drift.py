@@ -12,9 +12,10 @@ What it owns
       - the full comparison (Actuator.drift()) at most every CHECK_EVERY_S, at
         the first convergence after a repair (did it hold?), after a check
         that raced a tick, and at once when the presence read finds something
-        it has not already sent there: each device's whole tree, the gate's
-        list, the chain through `iptables -S` where it cannot be read
-        in-process (datapath/mangle.py).
+        it has not already sent there: each device's tree (object by object
+        where its digest is not the one last found as wanted, and every 30th
+        time: datapath/drift.py), the gate's list, the chain through
+        `iptables -S` where it cannot be read in-process (datapath/mangle.py).
     It keeps what the full comparison found when the data path did not
     change meanwhile (a tick that moved members during the read is no drift:
     the next convergence looks again).
@@ -39,7 +40,10 @@ Cost
     every 10 s.  A full comparison at every
     convergence cost ~3 % of a CPU there and, in the one-vCPU lab guest, a
     fifth of the guest's CPU, which the target's writers then lacked (make
-    lab-light, docs/lab.md "Work conservation"): hence the period.  A root
+    lab-light, docs/lab.md "Work conservation"): hence the period.  Every
+    10 s it was still half of the daemon's CPU in a slower guest, where one
+    look through pyroute2 took 3-8 s: a tree whose digest is the one found as
+    wanted is now looked at that way every 30th full comparison.  A root
     qdisc, a class or a leaf, a set, a member count, the chain or a jump that
     goes or changes is found at the next convergence; a rule replaced in place
     with the same matches, or a member moved to another class by hand (the
