@@ -30,8 +30,6 @@ they give is finite and non-negative. For example:
 from __future__ import annotations
 
 import math
-import os
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
@@ -40,6 +38,7 @@ from operator import mul, sub
 from pathlib import Path
 from typing import NamedTuple
 
+from santhrottle.appliance.sensing.keptfile import KeptFile
 from santhrottle.controller.domain import DeviceSample, UtilizationSample
 
 SECTOR_BYTES = 512  # diskstats sectors are always 512 bytes
@@ -377,52 +376,20 @@ def utilization_of(resource: str, devs: Iterable[DevInterval]) -> UtilizationSam
     return UtilizationSample(resource, share, span)
 
 
-# One read of /proc/diskstats: 1,000 devices are about 100 kB.
-READ_CHUNK_BYTES = 1 << 20
-
-
 class DiskstatsReader:
     """Reads /proc/diskstats; the path is a parameter so tests use captured files.
 
-    The file stays open: each snapshot reads it again from offset 0 (pread: the
-    kernel makes the text anew; the tick's and the convergence's threads share the
-    descriptor without a shared offset), so a process that is out of file
-    descriptors (a flood of connections elsewhere) still reads its samples.  A read
-    that fails opens the file again once."""
+    The file stays open (sensing/keptfile.py): each snapshot reads it again from
+    offset 0, the tick's and the convergence's threads share the descriptor, and a
+    process that is out of file descriptors (a flood of connections elsewhere)
+    still reads its samples."""
 
     def __init__(self, proc_root: str | Path = "/proc") -> None:
         self.path = Path(proc_root) / "diskstats"
-        self._fd: int | None = None
-        self._lock = threading.Lock()
+        self._file = KeptFile(self.path)
 
     def snapshot(self) -> Snapshot:
-        return parse_diskstats(self._read().decode("ascii", errors="replace"))
-
-    def _read(self) -> bytes:
-        try:
-            return self._pread_all(self._open())
-        except OSError:
-            self.close()  # a descriptor gone stale: once more, freshly opened
-            return self._pread_all(self._open())
-
-    def _open(self) -> int:
-        with self._lock:
-            if self._fd is None:
-                self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-            return self._fd
-
-    @staticmethod
-    def _pread_all(fd: int) -> bytes:
-        parts, off = [], 0
-        while True:
-            chunk = os.pread(fd, READ_CHUNK_BYTES, off)
-            if not chunk:
-                return b"".join(parts)
-            parts.append(chunk)
-            off += len(chunk)
+        return parse_diskstats(self._file.read().decode("ascii", errors="replace"))
 
     def close(self) -> None:
-        with self._lock:
-            fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
+        self._file.close()

@@ -53,6 +53,7 @@ from santhrottle.appliance.sensing.initiator_io import (
     io_plan,
     io_samples,
 )
+from santhrottle.appliance.sensing.keptfile import KeptFile
 from santhrottle.appliance.sensing.lio import LioSensor, LioTpg, LioUnavailable
 from santhrottle.appliance.sensing.nvmet import (
     DEFAULT_DEBUGFS,
@@ -122,6 +123,8 @@ class TargetSensor:
         self._charges = _Charges()
         self._busy_devices: dict[str, tuple[str, ...]] = {}  # resource -> its PVs
         self._tick_prev: tuple[float, Snapshot] | None = None
+        self._inflight: dict[str, KeptFile] = {}  # device -> its /sys/block/DEV/inflight
+        self._inflight_of = 0  # the discovery (self.discoveries) they were kept for
         self._device_samples: list[DeviceSample] = []
         self._utilization: list[UtilizationSample] = []  # of the same pass
         # (snapshot time, snapshot, ACL read time, ACL counters) of the last convergence
@@ -228,6 +231,9 @@ class TargetSensor:
         if prev is None or self._discovery is None or now - prev[0] < MIN_INTERVAL_S:
             return []
         devs = self._devices(prev[1], cur, now - prev[0])
+        if self._inflight_of != self.discoveries:  # here, in the tick's thread, which reads them
+            self._inflight_of = self.discoveries
+            self._close_inflight(d for m in self._discovery.resources.values() for d in m)
         out = []
         self._device_samples = []
         self._utilization = []
@@ -258,14 +264,24 @@ class TargetSensor:
 
     def _reads_in_flight(self, devices: Iterable[str]) -> int | None:
         """Reads in flight (/sys/block/DEV/inflight: "reads writes"), read only for a
-        resource without completed reads in the interval."""
+        resource without completed reads in the interval; the files kept open
+        (keptfile.py) while their devices are in the discovery."""
         total = 0
         for d in devices:
+            f = self._inflight.get(d)
+            if f is None:
+                f = self._inflight[d] = KeptFile(self.sys_root / "block" / d / "inflight")
             try:
-                total += int((self.sys_root / "block" / d / "inflight").read_text().split()[0])
+                total += int(f.read().split()[0])
             except (OSError, ValueError, IndexError):
                 return None
         return total
+
+    def _close_inflight(self, keep: Iterable[str] = ()) -> None:
+        """The inflight files of devices not in `keep` closed and forgotten."""
+        keep = set(keep)
+        for d in [d for d in self._inflight if d not in keep]:
+            self._inflight.pop(d).close()
 
     # -- per convergence -----------------------------------------------
     def converge(self) -> tuple[Discovery, list[WriteSample]]:
@@ -330,9 +346,11 @@ class TargetSensor:
         self.io_resources = frozenset(resources)
 
     def close(self) -> None:
-        """The diskstats file it keeps open (the rest is opened per read)."""
+        """The files it keeps open: diskstats, the devices' inflight (the rest is
+        opened per read)."""
         if isinstance(self.diskstats, DiskstatsReader):
             self.diskstats.close()
+        self._close_inflight()
 
     def _io_samples(
         self, prev: Snapshot, cur: Snapshot, dt: float, acl_prev: dict[AclKey, AclCount]

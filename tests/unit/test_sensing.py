@@ -2,6 +2,7 @@
 
 import errno
 import json
+import os
 import shutil
 import socket
 import string
@@ -257,6 +258,34 @@ def test_reads_in_flight_only_without_completed_reads(tmp_path):
     now[0] = 1.0
     (idle,) = s.read_samples()  # the same counters again: no completed reads
     assert idle.reads == 0 and idle.reads_in_flight == 2  # writes in flight do not count
+
+
+def test_reads_in_flight_come_from_files_kept_open(tmp_path):
+    """The inflight files are opened once and read again from offset 0 (keptfile.py):
+    no open per tick (a sysfs open is as dear as the read in the lab guest, and a
+    process out of descriptors still reads them); close() closes them."""
+    sys_root = tmp_path / "sys"
+    shutil.copytree(LAB / "sys", sys_root)
+    for dev in ("dm-0", "dm-1", "dm-2"):
+        (sys_root / "block" / dev / "inflight").write_text("1 0\n")
+    s, proc, now = _lab_sensor(tmp_path, sys_root, 0.0)
+    shutil.copy(LAB / "proc" / "diskstats.1", proc / "diskstats")
+    s.read_samples()
+
+    def held() -> set[str]:
+        fds = Path("/proc/self/fd")
+        links = {os.readlink(fds / fd) for fd in os.listdir(fds) if (fds / fd).is_symlink()}
+        mine = str(sys_root.resolve())
+        return {Path(p).parent.name for p in links if p.startswith(mine) and "inflight" in p}
+
+    now[0] = 1.0
+    assert s.read_samples()[0].reads_in_flight == 3
+    assert held() == {"dm-0", "dm-1", "dm-2"}
+    (sys_root / "block" / "dm-0" / "inflight").write_text("4 0\n")  # the same inode
+    now[0] = 2.0
+    assert s.read_samples()[0].reads_in_flight == 6  # read again from offset 0
+    s.close()
+    assert held() == set()
 
 
 def test_write_bps_of_only_the_asked_devices_with_wrap_and_reset():
