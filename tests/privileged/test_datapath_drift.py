@@ -255,8 +255,9 @@ def test_a_tree_whose_digest_is_as_wanted_is_not_decoded_again(netns_pair, monke
         for _ in range(drift.TREE_RECHECK_EVERY - 1):
             assert drift.find_drift(spec, e, w) == []
         assert looks == [TARGET_DEV]  # the digest as found: no decoding
-        subprocess.run(["tc", "-n", tgt, "qdisc", "change", "dev", TARGET_DEV, "parent",
-                        f"5374:{GLIDE_MINOR_BASE:x}", "pfifo", "limit", "7"], check=True)  # fmt: skip
+        glide = f"5374:{GLIDE_MINOR_BASE:x}"
+        subprocess.run(["tc", "-n", tgt, "qdisc", "change", "dev", TARGET_DEV, "parent", glide,
+                        "pfifo", "limit", "7"], check=True)  # fmt: skip
         assert drift.find_missing(spec, e, w) == []  # out of the digest
         (found,) = drift.find_drift(spec, e, w)  # the TREE_RECHECK_EVERY-th: looked at
         assert looks == [TARGET_DEV] * 2 and found.endswith("missing or changed")
