@@ -89,6 +89,8 @@ _HDR = struct.Struct("=IHHII")  # nlmsghdr: len, type, flags, seq, pid
 _TCMSG = struct.Struct("=BxxxiIII")  # family, ifindex, handle, parent, info
 _NFGEN = struct.Struct("=BBH")  # nfgenmsg: family, version, res_id
 _NLA = struct.Struct("=HH")  # len, type
+_ROW = struct.Struct("=BII")  # a tree digest's row: kind, handle, parent
+_ROW_ATTR = struct.Struct("=HI")  # and each attribute: type, length
 
 
 def attrs(data: bytes, off: int = 0, end: int | None = None) -> Iterator[tuple[int, bytes]]:
@@ -319,19 +321,38 @@ class Presence:
         digest = hashlib.blake2b(digest_size=16)
         for kind in (RTM_GETTCLASS, RTM_GETQDISC):
             got = self._tc(device, kind, NLM_F_DUMP, req, f"tc tree of {device}")
-            rows = []
-            for _typ, body in got:
-                ifindex, handle, parent = _TCMSG.unpack_from(body)[1:4]
-                if ifindex != index:
-                    continue  # a qdisc dump may answer for every device
-                glide = kind == RTM_GETQDISC and is_glide_minor(parent & 0xFFFF)
-                row = [struct.pack("=BII", kind, handle, parent)]
-                for t, v in attrs(body, _TCMSG.size):
-                    if t == TCA_KIND or (t == TCA_OPTIONS and not glide):
-                        if t == TCA_OPTIONS and kind == RTM_GETQDISC and parent == TC_H_ROOT:
-                            v = _without_counts(v)
-                        row.append(struct.pack("=HI", t, len(v)) + v)
-                rows.append(b"".join(row))
+            rows = [row for _typ, body in got if (row := _tree_row(kind, index, body))]
             for row in sorted(rows):
                 digest.update(struct.pack("=I", len(row)) + row)
         return digest.digest()
+
+
+def _tree_row(kind: int, index: int, body: bytes) -> bytes:
+    """One class's or qdisc's part of the tree's digest: its handle, parent, kind and
+    options (a glide leaf's without them, a root HTB's without its counts); b"" for
+    another device's.  The kernel puts TCA_KIND and TCA_OPTIONS before the statistics
+    (tc_fill_qdisc, tc_fill_tclass): the walk ends at the first other attribute after
+    them, so the statistics, most of the message, are never sliced (a loop in
+    place of attrs(): the presence read's largest cost in the lab guest)."""
+    ifindex, handle, parent = _TCMSG.unpack_from(body)[1:4]
+    if ifindex != index:
+        return b""  # a qdisc dump may answer for every device
+    glide = kind == RTM_GETQDISC and is_glide_minor(parent & 0xFFFF)
+    row = [_ROW.pack(kind, handle, parent)]
+    off, end, seen = _TCMSG.size, len(body), 0
+    while off + _NLA.size <= end:
+        length, t = _NLA.unpack_from(body, off)
+        if length < _NLA.size or off + length > end:
+            break
+        t &= NLA_TYPE_MASK
+        if t in (TCA_KIND, TCA_OPTIONS):
+            seen += 1
+            if t == TCA_KIND or not glide:
+                v = body[off + _NLA.size : off + length]
+                if t == TCA_OPTIONS and kind == RTM_GETQDISC and parent == TC_H_ROOT:
+                    v = _without_counts(v)
+                row.append(_ROW_ATTR.pack(t, len(v)) + v)
+        elif seen == 2:
+            break
+        off += (length + 3) & ~3
+    return b"".join(row)

@@ -151,3 +151,35 @@ def test_a_drift_that_keeps_coming_back_is_repaired_with_a_backoff_and_said_rare
     with caplog.at_level(logging.WARNING):
         run_for(d, vt, CHECK_EVERY_S + 1.2)
     assert caplog.text.count("missing; repairing") == 1  # a new drift: repaired at once
+
+
+def test_a_tree_row_is_its_kind_and_options_whatever_its_statistics():
+    """The presence read's digest row of a class or qdisc (presence._tree_row): its
+    handle, parent, kind and options; the statistics the kernel puts after them never
+    count (nor are they walked), a glide leaf's options do not count, another
+    device's message is no row."""
+    import struct
+
+    from santhrottle.appliance.datapath import presence as p
+    from santhrottle.appliance.datapath.names import GLIDE_MINOR_BASE
+
+    def msg(index: int, parent: int, options: bytes, stats: bytes) -> bytes:
+        head = p._TCMSG.pack(0, index, 0x5374_0005, parent, 0)
+        return (
+            head
+            + p._attr(p.TCA_KIND, b"pfifo\0")
+            + p._attr(p.TCA_OPTIONS, options)
+            + (
+                p._attr(7, stats)  # TCA_STATS2's place: after the options
+            )
+        )
+
+    parent = 0x5374_0005
+    row = p._tree_row(p.RTM_GETQDISC, 3, msg(3, parent, b"\x07\0\0\0", b"\1" * 40))
+    assert row == p._tree_row(p.RTM_GETQDISC, 3, msg(3, parent, b"\x07\0\0\0", b"\2" * 40))
+    assert row != p._tree_row(p.RTM_GETQDISC, 3, msg(3, parent, b"\x08\0\0\0", b"\1" * 40))
+    assert row.endswith(struct.pack("=HI", p.TCA_OPTIONS, 4) + b"\x07\0\0\0")
+    glide = 0x5374_0000 | GLIDE_MINOR_BASE
+    a = p._tree_row(p.RTM_GETQDISC, 3, msg(3, glide, b"\x07\0\0\0", b""))
+    assert a == p._tree_row(p.RTM_GETQDISC, 3, msg(3, glide, b"\x08\0\0\0", b""))
+    assert p._tree_row(p.RTM_GETQDISC, 3, msg(4, parent, b"\x07\0\0\0", b"")) == b""
