@@ -166,7 +166,7 @@ class Setting:
         else:
             conf = target_config(t, SOCK, state, threshold, max_delay=a.max_delay, **ctl)
         command = None
-        if a.profile_daemon:  # the same daemon under cProfile on its tick loop's CPU clock
+        if a.profile_daemon:  # the same daemon under cProfile, each thread on its CPU clock
             command = [sys.executable, str(DAEMON_PROFILE), str(a.out / f"profile-{name}.prof")]
         if nft_program:
             command = [sys.executable, str(DAEMON_NFT_PROGRAM)]
@@ -625,8 +625,9 @@ def arguments() -> argparse.Namespace:
     ap.add_argument(
         "--profile-daemon",
         action="store_true",
-        help="each phase's daemon under cProfile on its main thread's CPU clock "
-        "(daemon_profile.py): OUT/profile-NAME.prof",
+        help="each phase's daemon under cProfile, each thread on its own CPU clock "
+        "(daemon_profile.py): OUT/profile-NAME.prof (the main thread), "
+        "OUT/profile-NAME.THREAD.prof, OUT/profile-NAME.all.prof",
     )
     ap.add_argument(
         "--capture",
