@@ -8,8 +8,11 @@ comparison ran those two programs.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -28,6 +31,23 @@ PIN = {MEMBER_IP: (5, "all")}
 def _actuation(pair, tools: dp.Tools | None = None) -> Actuation:
     spec = dp.DatapathSpec((TARGET_DEV,), leaf="pfifo", link_bits_s=10_000_000_000)
     return Actuation(dp.Datapath(spec, netns=pair.target, tools=tools))
+
+
+@contextlib.contextmanager
+def _pinned(pair) -> Iterator[tuple[Actuation, Any, str, Any, Any]]:
+    """The data path applied with PIN in the pair's target, and a drift Watch on it:
+    (actuation, spec, namespace, watch, expected); both removed at the end."""
+    from santhrottle.appliance.datapath import drift
+
+    a = _actuation(pair)
+    w = drift.Watch(pair.target)
+    try:
+        a.apply()
+        a.reconcile(PIN, ordered=False)
+        yield a, a.datapath.spec, pair.target, w, a.expected()
+    finally:
+        w.close()
+        a.cleanup()
 
 
 @pytest.fixture
@@ -156,13 +176,7 @@ def test_the_presence_read_sees_a_class_or_a_leaf_changed_inside_the_tree(netns_
     from santhrottle.appliance.datapath import drift
     from santhrottle.appliance.datapath.names import GLIDE_MINOR_BASE
 
-    a = _actuation(netns_pair)
-    spec, tgt = a.datapath.spec, netns_pair.target
-    w = drift.Watch(tgt)
-    try:
-        a.apply()
-        a.reconcile(PIN, ordered=False)
-        e = a.expected()
+    with _pinned(netns_pair) as (a, spec, tgt, w, e):
         assert drift.find_missing(spec, e, w) == []  # no full comparison yet: nothing known
         assert drift.find_drift(spec, e, w) == [] and TARGET_DEV in w.trees
         assert drift.find_missing(spec, e, w) == []
@@ -183,9 +197,6 @@ def test_the_presence_read_sees_a_class_or_a_leaf_changed_inside_the_tree(netns_
         subprocess.run([*tc, "qdisc", "replace", "dev", TARGET_DEV, "parent", "5374:6",
                         "pfifo", "limit", "3"], check=True)  # fmt: skip
         assert drift.find_missing(spec, e, w) == changed
-    finally:
-        w.close()
-        a.cleanup()
 
 
 def test_the_full_comparison_sees_a_member_moved_to_another_class_by_hand(netns_pair):
@@ -244,13 +255,7 @@ def test_a_tree_whose_digest_is_as_wanted_is_not_decoded_again(netns_pair, monke
             return super().observe()
 
     monkeypatch.setattr(drift, "TcDevice", Counted)
-    a = _actuation(netns_pair)
-    spec, tgt = a.datapath.spec, netns_pair.target
-    w = drift.Watch(tgt)
-    try:
-        a.apply()
-        a.reconcile(PIN, ordered=False)
-        e = a.expected()
+    with _pinned(netns_pair) as (a, spec, tgt, w, e):
         assert drift.find_drift(spec, e, w) == [] and looks == [TARGET_DEV]
         for _ in range(drift.TREE_RECHECK_EVERY - 1):
             assert drift.find_drift(spec, e, w) == []
@@ -267,6 +272,3 @@ def test_a_tree_whose_digest_is_as_wanted_is_not_decoded_again(netns_pair, monke
         other = replace(spec, max_delay_us=spec.max_delay_us // 2)  # a reload's new ladder
         (found,) = drift.find_drift(other, e, w)
         assert len(looks) == 4 and found.endswith("missing or changed")
-    finally:
-        w.close()
-        a.cleanup()
