@@ -106,7 +106,7 @@ class TargetSensor:
         self.lvm = LvmScanner(sys_root, clock=clock)
         self.dev_root = str(dev_root)
         self.diskstats = DiskstatsReader(proc_root)
-        self.lio = LioSensor(configfs_root)
+        self.lio = LioSensor(configfs_root, clock=clock)
         self.nvmet = NvmetSensor(configfs_root)
         self.debugfs_root = Path(debugfs_root)
         self.conns = connections or ConnectionSensor(ports, netns)

@@ -5,7 +5,10 @@ a /proc/diskstats with 1,000 dm devices (20 fields, as 6.1 prints them), a
 sysfs tree of 1,000 LVM LVs in 100 VGs, 1,000 LIO TPGs with one LUN and
 portal each (the objects LioSensor returns; the rtslib walk of a real
 configfs tree is not in this figure), and 10,000 established connections
-as sock_diag records, ten initiators per LUN.
+as sock_diag records, ten initiators per LUN. Beside it, the LIO scan of the lab's
+captured configfs tree (tests/fixtures/lab) by a sensor kept from one second to the
+next, as the daemon keeps it (lio_scan_ms_median: rtslib's walk at most every
+FULL_WALK_EVERY_S, the sessions and counters read again in between).
 Measured, per simulated second as the daemon runs it: the per-tick pass (read
 diskstats, interval, per-resource read samples), then the convergence at the
 same moment (LVM map with its rotating name check, sock_diag, discovery, write
@@ -16,6 +19,7 @@ full pass (median; the max is reported too).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import shutil
@@ -30,7 +34,7 @@ from typing import Any
 
 from santhrottle.appliance.daemon.core.loop import GcFreezer
 from santhrottle.appliance.sensing.conns import ConnectionSensor, parse_diag_dump
-from santhrottle.appliance.sensing.lio import LioLun, LioTpg
+from santhrottle.appliance.sensing.lio import LioLun, LioSensor, LioTpg
 from santhrottle.appliance.sensing.target import TargetSensor
 
 N_DEV = 1000
@@ -227,7 +231,31 @@ def bench_sensing() -> dict[str, Any]:
         with _live_connections() as (netns, child_ehash):
             r = _measure(root, proc, tpgs, records, netns)
             r["clients_own_tcp_hash"] = child_ehash
-            return r
+        lio = _lio_scan_ms(root)
+        r["lio_scan_ms_median"] = lio
+        r["summary"] += f"; the lab's LIO tree, kept sensor: {lio:.3f} ms a scan (median)"
+        return r
+
+
+LAB_CONFIGFS = Path(__file__).parents[1] / "fixtures" / "lab" / "configfs"
+LIO_SCANS = 200
+
+
+def _lio_scan_ms(tmp: Path) -> float:
+    """The median CPU of one scan of a copy of the lab's configfs tree, 200 scans in a
+    row by one sensor (the daemon's: one a convergence)."""
+    tree = tmp / "configfs"
+    shutil.copytree(LAB_CONFIGFS, tree, symlinks=True)
+    for rel in json.loads((LAB_CONFIGFS.parent / "empty_dirs.json").read_text()):
+        if rel.startswith("configfs/"):  # those git does not keep (tests/conftest.py)
+            (tree.parent / rel).mkdir(parents=True, exist_ok=True)
+    sensor = LioSensor(tree)
+    times = []
+    for _ in range(LIO_SCANS):
+        t0 = time.process_time()
+        sensor.scan()
+        times.append((time.process_time() - t0) * 1000)
+    return statistics.median(times)
 
 
 def _measure(root: Path, proc: Path, tpgs: list[LioTpg], records: list, netns: str | None) -> dict:

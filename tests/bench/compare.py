@@ -38,7 +38,12 @@ ROOT = Path(__file__).resolve().parents[2]
 FIGURES = {
     "datapath": ("move_ms_median",),
     "drift": ("check_ms_per_convergence", "check_ms_median"),
-    "sensing": ("full_pass_ms_median", "tick_ms_median", "converge_ms_median"),
+    "sensing": (
+        "full_pass_ms_median",
+        "tick_ms_median",
+        "converge_ms_median",
+        "lio_scan_ms_median",
+    ),
     "controller": ("tick_ms_median", "converge_tick_ms_median"),
     "controller-closed": ("tick_ms_median", "converge_tick_ms_median"),
     "simulator": ("paper_s_median",),
