@@ -13,9 +13,10 @@ What it owns
     it, whether the jumps are in, the fingerprint of the chain and its jumps
     in nftables: datapath/mangle.py), taken from the tick's thread.
     find_missing(): the presence read, at every convergence, through raw
-    netlink requests (datapath/presence.py): each device's root qdisc and its
-    tree's digest (every class's and leaf's configuration) against the one
-    the last full comparison found as wanted, the sets' headers and member
+    netlink requests (datapath/presence.py): each device's root qdisc and, at
+    every TREE_DIGEST_EVERY-th read, its tree's digest (every class's and
+    leaf's configuration) against the one the last full comparison found as
+    wanted, the sets' headers and member
     counts (one header-only dump), nftables' generation and, only when it
     moved since the chain was written, the chain's fingerprints
     (libnftables, in-process); on a bridge, instead of the sets and the
@@ -52,7 +53,10 @@ Cost
     fingerprints (0.1-0.2 ms a family) only after nftables changed; on a
     bridge the roots, the table (6 us) and the generation, the table listed
     (find_drift) only after nftables changed; each device's tree digest about
-    0.5 ms (the default ladder's 193 objects: two dumps, decoded here).
+    0.5 ms (the default ladder's 193 objects: two dumps, decoded here), 0.16 s
+    under the profiler in the one-vCPU lab guest, where at every convergence
+    it was the largest part of the presence read: hence every
+    TREE_DIGEST_EVERY-th read.
     find_drift(): per device its digest again and, where it is not the one
     found as wanted or at every TREE_RECHECK_EVERY-th call, one qdisc and one
     class dump through pyroute2 (~20 ms of CPU for the default ladder's 193
@@ -68,7 +72,9 @@ Cost
     `list ruleset bridge` through libnftables.  The presence read only counts
     the members: a flush or a removal is found at the next convergence, a
     member moved to another class or set by hand (the counts kept) by the
-    full comparison.
+    full comparison.  A root qdisc replaced or removed is found at the next
+    convergence; a class or leaf of the tree removed or changed by hand under
+    santhrottle's root within TREE_DIGEST_EVERY convergences.
 
 Worked example
     The daemon pinned 10.0.0.3 at class 5; someone ran `ipset flush
@@ -131,6 +137,9 @@ NFT_CHANGED = f"nft: nftables changed since the last transaction of table {NFT_T
 # A tree whose digest is the one found as wanted is looked at through pyroute2 again at
 # this full comparison (every CHECK_EVERY_S: 5 minutes), for what the digest leaves out
 TREE_RECHECK_EVERY = 30
+# The presence read takes each tree's digest at this read (each convergence: 5 s); the
+# root qdisc at every one (module header, "Cost")
+TREE_DIGEST_EVERY = 5
 
 
 class Watch(Presence):
@@ -145,6 +154,7 @@ class Watch(Presence):
         self.trees: dict[str, bytes] = {}  # device -> its tree's digest when found as wanted
         self.trees_of: DatapathSpec | None = None  # the spec `trees` were found as wanted for
         self.unlooked: dict[str, int] = {}  # device -> full comparisons since pyroute2's look
+        self.presence_reads = 0  # find_missing() calls: the digests at every TREE_DIGEST_EVERY-th
 
     def close(self) -> None:
         super().close()
@@ -155,6 +165,8 @@ def find_missing(spec: DatapathSpec, expected: Expected, w: Watch) -> list[str]:
     """The cheap presence read (module header): what is surely missing or not as
     left, one line each; [] does not mean nothing changed (find_drift() says)."""
     out = []
+    digests = w.presence_reads % TREE_DIGEST_EVERY == 0
+    w.presence_reads += 1
     for dev in spec.devices:
         try:
             kind, handle = w.root(dev)
@@ -163,7 +175,7 @@ def find_missing(spec: DatapathSpec, expected: Expected, w: Watch) -> list[str]:
             continue
         if kind != "htb" or handle >> 16 != ROOT_MAJOR:
             out.append(f"tc: {dev}: the root qdisc is not santhrottle's ({kind or 'none'})")
-        elif dev in w.trees and _tree(w, dev) != w.trees[dev]:
+        elif digests and dev in w.trees and _tree(w, dev) != w.trees[dev]:
             out.append(f"tc: {dev}: {TREE_CHANGED}")
     if spec.bridged:
         return out + _nft_missing(w, expected)

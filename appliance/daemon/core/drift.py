@@ -6,7 +6,8 @@ What it owns
     lock) and has the data path read the kernel (read only, netlink sockets
     of its own: datapath/drift.py):
       - the presence read (Actuator.missing()) at every convergence: each
-        device's root qdisc and its tree's digest, the sets and their member
+        device's root qdisc and, at every fifth, its tree's digest
+        (datapath/drift.py, TREE_DIGEST_EVERY), the sets and their member
         counts, the chain and its jumps (nftables' generation, their
         fingerprint when it moved), or on a bridge its nftables table;
       - the full comparison (Actuator.drift()) at most every CHECK_EVERY_S, at
@@ -44,10 +45,11 @@ Cost
     10 s it was still half of the daemon's CPU in a slower guest, where one
     look through pyroute2 took 3-8 s: a tree whose digest is the one found as
     wanted is now looked at that way every 30th full comparison.  A root
-    qdisc, a class or a leaf, a set, a member count, the chain or a jump that
-    goes or changes is found at the next convergence; a rule replaced in place
-    with the same matches, or a member moved to another class by hand (the
-    counts kept), within CHECK_EVERY_S plus a convergence.
+    qdisc, a set, a member count, the chain or a jump that goes or changes is
+    found at the next convergence, a class or a leaf under santhrottle's root
+    within five; a rule replaced in place with the same matches, or a member
+    moved to another class by hand (the counts kept), within CHECK_EVERY_S
+    plus a convergence.
 
 Worked example
     `santhrottle cleanup --force` is the way to remove the data path under a
