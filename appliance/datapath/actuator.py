@@ -295,7 +295,10 @@ class Datapath:
 
     def advance_glides(self) -> int:
         """Carry out the glide planner's due lowerings and handoffs.  Cheap when
-        nothing is due: the daemon calls it every tick.  Returns the ops sent."""
+        nothing is due, and nothing at all while no leaf is in use (idle()): the
+        daemon calls it every tick.  Returns the ops sent."""
+        if self.glides.idle():
+            return 0
         now = self.clock()
         with self._unknown_on_failure():
             self._set_leaf_delays(self.glides.lowerings(now))

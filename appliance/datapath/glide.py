@@ -190,6 +190,10 @@ class GlidePlanner:
     def state(self, minor: int, now: float) -> LeafState:
         return self.leaves[minor].state(now)
 
+    def idle(self) -> bool:
+        """No leaf holds a member or waits to be lowered: nothing can come due."""
+        return not any(leaf.members or leaf.lower_to is not None for leaf in self.leaves.values())
+
     # ----------------------------------------------- state from the kernel
     def sync(self, members: Mapping[str, tuple[str, int]]) -> list[int]:
         """The membership read back from the kernel; returns the leaves that

@@ -122,6 +122,8 @@ class TargetSensor:
         self._discovery_key: tuple[object, ...] = ()
         self._charges = _Charges()
         self._busy_devices: dict[str, tuple[str, ...]] = {}  # resource -> its PVs
+        # the devices whose diskstats lines are parsed (None: all, before a discovery)
+        self._watched: frozenset[str] | None = None
         self._tick_prev: tuple[float, Snapshot] | None = None
         self._inflight: dict[str, KeptFile] = {}  # device -> its /sys/block/DEV/inflight
         self._inflight_of = 0  # the discovery (self.discoveries) they were kept for
@@ -186,6 +188,7 @@ class TargetSensor:
         self._charges = _device_charges(self._discovery)
         self._busy_devices = busy_devices(self._discovery.resources, lvs)
         self._io_plan = io_plan(self._discovery)
+        self._watched = _watched(self._discovery, self._busy_devices, self._charges, self._io_plan)
         self._acl_io = acl_counters(tpgs, self._discovery.exports)
         self._read_names(tpgs, rebuilt=True)
         self.discoveries += 1
@@ -209,7 +212,8 @@ class TargetSensor:
         return self._names
 
     def _snapshot(self) -> Snapshot:
-        snap = self.diskstats.snapshot()
+        """The counters of the devices the discovery uses (of all before the first)."""
+        snap = self.diskstats.snapshot(self._watched)
         if snap.malformed:
             self.warnings.malformed_diskstats_lines += len(snap.malformed)
             log.warning("diskstats: skipped %d malformed line(s)", len(snap.malformed))
@@ -217,10 +221,17 @@ class TargetSensor:
 
     def _devices(self, prev: Snapshot, cur: Snapshot, dt: float) -> dict[str, DevInterval]:
         res = interval(prev, cur, dt)
-        if res.disappeared:
-            self.warnings.disappeared_devices.extend(res.disappeared)
-            log.warning("diskstats: device(s) gone: %s", ", ".join(res.disappeared))
+        self._gone(res.disappeared)
         return res.devices
+
+    def _gone(self, names: Iterable[str]) -> None:
+        """Devices of the last snapshot missing from this one: warned of, but for those
+        a new discovery stopped watching."""
+        watched = self._watched
+        gone = [n for n in names if watched is None or n in watched]
+        if gone:
+            self.warnings.disappeared_devices.extend(gone)
+            log.warning("diskstats: device(s) gone: %s", ", ".join(gone))
 
     # -- per tick ------------------------------------------------------
     def read_samples(self) -> list[ReadSample]:
@@ -313,7 +324,7 @@ class TargetSensor:
             self.io_span_s = snap_t - prev[0]  # the time they cover
         out: list[WriteSample] = []
         if snap_t - prev[0] >= MIN_INTERVAL_S:  # device sources: between the two snapshots
-            self._disappeared(prev[1], cur)
+            self._gone(name for name in prev[1].devices if name not in cur.devices)
             ch = self._charges
             bps_of = write_bps_of(prev[1], cur, snap_t - prev[0], ch.devices)
             dev_col, res_col, ini_col = ch.single
@@ -371,12 +382,6 @@ class TargetSensor:
         ).devices
         return io_samples(self._io_plan, devs, acl_deltas(acl_prev, self._acl_io), want)
 
-    def _disappeared(self, prev: Snapshot, cur: Snapshot) -> None:
-        gone = [name for name in prev.devices if name not in cur.devices]
-        if gone:
-            self.warnings.disappeared_devices.extend(gone)
-            log.warning("diskstats: device(s) gone: %s", ", ".join(gone))
-
 
 def busy_devices(
     resources: Mapping[str, Iterable[str]], lvs: Mapping[str, LogicalVolume]
@@ -394,6 +399,23 @@ def busy_devices(
             devs.update(lv.slaves if lv is not None and lv.slaves else (m,))
         out[name] = tuple(sorted(devs))
     return out
+
+
+def _watched(
+    d: Discovery, busy: Mapping[str, Iterable[str]], ch: _Charges, plan: IoPlan
+) -> frozenset[str]:
+    """The devices whose diskstats the sensor parses: the resources' members, the
+    devices that say how busy they are, those write rates are charged from, those
+    initiator groups read."""
+    return frozenset(
+        [
+            *(dev for members in d.resources.values() for dev in members),
+            *(dev for devs in busy.values() for dev in devs),
+            *ch.devices,
+            *(dev for devs in ch.multi.values() for dev in devs),
+            *plan.users,
+        ]
+    )
 
 
 @dataclass

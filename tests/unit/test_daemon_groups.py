@@ -179,7 +179,7 @@ class LabDiskstats:
     def __init__(self, vt) -> None:
         self.vt = vt
 
-    def snapshot(self):
+    def snapshot(self, devices=None):  # DiskstatsReader.snapshot(): every device
         t = self.vt.now - 1000.0
         r, w = int(50 * t), int(450 * t)
         return parse_diskstats(

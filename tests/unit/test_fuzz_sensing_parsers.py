@@ -30,6 +30,7 @@ from santhrottle.appliance.sensing.conns import (
 from santhrottle.appliance.sensing.diskstats import (
     COUNTER_LIMIT,
     MIN_INTERVAL_S,
+    DiskstatsReader,
     interval,
     parse_diskstats,
     read_latency_of,
@@ -313,6 +314,25 @@ def test_fuzz_diskstats_parse_and_interval(a, b, dt):
     for snap in (old, new):
         assert all(0 <= v < COUNTER_LIMIT for d in snap.devices.values() for v in (*d[:2], *d[3:]))
     _check_interval(old, new, dt)
+
+
+@settings(FUZZ, max_examples=150)
+@given(_diskstats_text(), st.sets(st.sampled_from(["d0", "d1", "d2", "d3", "d"]), max_size=5))
+def test_fuzz_a_snapshot_of_some_devices_has_theirs_as_the_whole_file_does(
+    tmp_path_factory, text, names
+):
+    """DiskstatsReader.snapshot(names): every named device the whole file's snapshot has,
+    with the same counters; and, where it picks lines, no other device."""
+    path = tmp_path_factory.mktemp("proc")
+    (path / "diskstats").write_text(text)
+    reader = DiskstatsReader(path)
+    whole, some = reader.snapshot(), reader.snapshot(names)
+    assert {n: some.devices[n] for n in names if n in some.devices} == {
+        n: whole.devices[n] for n in names if n in whole.devices
+    }
+    if 2 * len(names) < text.count("\n"):
+        assert set(some.devices) <= names
+    reader.close()
 
 
 DISKSTATS_CASES = 500

@@ -112,6 +112,22 @@ def test_the_states_of_one_descent_in_virtual_time():
     assert k.advance_glides(100.02) == 0
 
 
+def test_the_planner_is_idle_only_while_no_leaf_holds_or_awaits_anything():
+    """The daemon advances the glides every tick; in the lab guest that cost a tenth of
+    the tick with no leaf in use. idle() lets the data path skip it: true with every
+    leaf empty and nothing to lower, false from a move into a leaf until it drains out."""
+    k = _kernel()
+    assert k.p.idle()
+    k.move({"10.0.0.4": 10}, 100.0)  # into leaf A, to be lowered at 100.006
+    assert not k.p.idle()
+    k.advance_glides(100.0061)  # lowered: its member still in the leaf
+    assert not k.p.idle()
+    assert k.advance_glides(100.02, {A: (0, 7)}) == 0  # the first look: no handoff yet
+    assert not k.p.idle()
+    assert k.advance_glides(100.0201, {A: (0, 7)}) == 1  # handed on to class 10
+    assert k.p.idle() and k.p.state(A, 100.0201) is LeafState.DRAINING
+
+
 def test_a_handoff_waits_for_a_look_that_saw_no_traffic():
     k = _kernel()
     k.move({"10.0.0.4": 14}, 100.0)  # a rise within prio 3: into leaf A at 14

@@ -18,6 +18,7 @@ from santhrottle.appliance.sensing.conns import TcpConn
 from santhrottle.appliance.sensing.discovery import build_discovery
 from santhrottle.appliance.sensing.diskstats import (
     WRAP_32,
+    DiskstatsReader,
     interval,
     parse_diskstats,
     write_bps_of,
@@ -601,3 +602,43 @@ def test_other_sock_diag_errors_are_raised():
     with pytest.raises(OSError) as e:
         _dump_sockets(FakeDiagSocket(replies), frozenset({3260}), bytearray(1 << 16))
     assert e.value.errno == errno.EPERM
+
+
+def test_a_snapshot_of_some_devices_is_theirs_exactly(tmp_path):
+    """DiskstatsReader.snapshot(devices) parses only their lines: the same counters as
+    the whole file's, no device whose name merely starts like one (dm-1, dm-10), and a
+    malformed line noted only when it is one of theirs."""
+    text = (LAB / "proc" / "diskstats.1").read_text()
+    text += " 253 10 dm-10 1 0 8 4 0 0 0 0 0 4 4\n 7 0 loop0 1 2 3\n 253 1 dm-1 x\n"
+    (tmp_path / "diskstats").write_text(text)
+    reader = DiskstatsReader(tmp_path)
+    whole = reader.snapshot()
+    some = reader.snapshot(["dm-0", "vda", "nbd0"])
+    assert sorted(some.devices) == ["dm-0", "vda"]
+    assert some.devices == {n: whole.devices[n] for n in ("dm-0", "vda")}
+    assert some.malformed == [] and len(whole.malformed) == 2
+    assert reader.snapshot(["dm-1"]).malformed == [" 253 1 dm-1 x"]
+    assert reader.snapshot([]).devices == {}
+
+
+def test_the_tick_parses_only_the_devices_the_discovery_uses(tmp_path):
+    """After a discovery the tick's snapshot holds the resources' members and the
+    devices their utilization and write rates come from, nothing else: in the lab
+    guest the whole file (loop, nbd, sr devices) was a third of the tick's CPU. Lines of
+    other devices are not parsed (a malformed one is not noted), and a device the
+    discovery stops using is no device gone."""
+    s, proc, now = _lab_sensor(tmp_path, LAB / "sys", 100.0)
+    extra = " 7 0 loop0 1 2\n 11 0 sr0 1 0 8 4 0 0 0 0 0 4 4\n"
+    (proc / "diskstats").write_text((LAB / "proc" / "diskstats.0").read_text() + extra)
+    s.read_samples()
+    now[0] += 1.0
+    (proc / "diskstats").write_text((LAB / "proc" / "diskstats.1").read_text() + extra)
+    assert s.read_samples()
+    assert s._tick_prev is not None
+    watched = set(s._tick_prev[1].devices)
+    assert {"dm-0", "dm-1", "dm-2", "vda"} <= watched and "sr0" not in watched
+    assert s.warnings.malformed_diskstats_lines == 0
+    s._watched = frozenset({"dm-0"})  # a discovery that uses dm-0 only
+    now[0] += 1.0
+    s.read_samples()
+    assert s.warnings.disappeared_devices == []
