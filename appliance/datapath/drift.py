@@ -31,10 +31,11 @@ What it owns
     reads the kernel with netlink sockets of its own (Host: it
     runs in the convergence worker, never on the tick's sockets) and names each
     object that is missing or not as left, one line each.  A device's tree is
-    compared object by object (pyroute2) only when its digest is not the one
-    last found as wanted for this spec, and otherwise at every
-    TREE_RECHECK_EVERY-th full comparison (a glide leaf's options, which the
-    digest leaves out, are then compared too):
+    compared object by object (pyroute2) only when it is not known as wanted
+    for this spec (never found so, or the presence read found its root or its
+    digest not as it was), and otherwise at every TREE_RECHECK_EVERY-th full
+    comparison (a glide leaf's options, which the digest leaves out, are then
+    compared too):
         tc: DEV: the root qdisc is not santhrottle's (KIND), or DEV is gone
         tc: DEV: N class(es) or leaf qdisc(s) missing or changed
         ipset: NAME is missing, or has no counters/skbinfo
@@ -57,8 +58,8 @@ Cost
     under the profiler in the one-vCPU lab guest, where at every convergence
     it was the largest part of the presence read: hence every
     TREE_DIGEST_EVERY-th read.
-    find_drift(): per device its digest again and, where it is not the one
-    found as wanted or at every TREE_RECHECK_EVERY-th call, one qdisc and one
+    find_drift(): per device whose tree is not known as wanted, or at every
+    TREE_RECHECK_EVERY-th call, its digest and one qdisc and one
     class dump through pyroute2 (~20 ms of CPU for the default ladder's 193
     objects on the host, 3-8 s in the one-vCPU lab guest, where it was half
     of the daemon's CPU when it ran every CHECK_EVERY_S), the header dump,
@@ -172,11 +173,13 @@ def find_missing(spec: DatapathSpec, expected: Expected, w: Watch) -> list[str]:
             kind, handle = w.root(dev)
         except DatapathError as e:
             out.append(f"tc: {dev}: {e}")
-            continue
-        if kind != "htb" or handle >> 16 != ROOT_MAJOR:
-            out.append(f"tc: {dev}: the root qdisc is not santhrottle's ({kind or 'none'})")
-        elif digests and dev in w.trees and _tree(w, dev) != w.trees[dev]:
-            out.append(f"tc: {dev}: {TREE_CHANGED}")
+        else:
+            if kind != "htb" or handle >> 16 != ROOT_MAJOR:
+                out.append(f"tc: {dev}: the root qdisc is not santhrottle's ({kind or 'none'})")
+            elif digests and dev in w.trees and _tree(w, dev) != w.trees[dev]:
+                out.append(f"tc: {dev}: {TREE_CHANGED}")
+        if out and out[-1].startswith(f"tc: {dev}: "):
+            w.trees.pop(dev, None)  # not as found: the full comparison looks at it
     if spec.bridged:
         return out + _nft_missing(w, expected)
     summary = w.set_summary()
@@ -234,8 +237,8 @@ def find_drift(spec: DatapathSpec, expected: Expected, w: Watch) -> list[str]:
     if w.trees_of != spec:  # a new spec (a reload): no tree is known as wanted for it
         w.trees.clear()
         w.trees_of = spec
-    trees = {dev: _tree(w, dev) for dev in spec.devices}
-    look = [dev for dev, tree in trees.items() if not _known(w, dev, tree)]
+    look = [dev for dev in spec.devices if not _known(w, dev)]
+    trees = {dev: _tree(w, dev) for dev in look}
     out = _tc_drift(w.host, spec, look)
     for dev in look:  # as wanted, and not changed during the read
         tree = trees[dev]
@@ -270,10 +273,11 @@ def find_drift(spec: DatapathSpec, expected: Expected, w: Watch) -> list[str]:
     return out
 
 
-def _known(w: Watch, dev: str, tree: bytes | None) -> bool:
-    """Whether the device's tree is, by its digest, the one last found as wanted, and
-    not yet due for pyroute2's look at every TREE_RECHECK_EVERY-th full comparison."""
-    if tree is None or w.trees.get(dev) != tree:
+def _known(w: Watch, dev: str) -> bool:
+    """Whether the device's tree is known as wanted (the presence read's digests have
+    found it as the full comparison left it), and not yet due for pyroute2's look at
+    every TREE_RECHECK_EVERY-th full comparison."""
+    if dev not in w.trees:
         return False
     n = w.unlooked.get(dev, 0) + 1
     if n >= TREE_RECHECK_EVERY:

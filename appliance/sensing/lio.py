@@ -229,8 +229,8 @@ class LioSensor:
 
     def scan(self) -> list[LioTpg]:
         """The tree: walked through rtslib at most FULL_WALK_EVERY_S apart and whenever
-        a directory it listed or a flag it read changed; otherwise the last walk's
-        with its sessions and counters read again (module header)."""
+        its shape changed (lioshape.py); otherwise the last walk's with its sessions
+        and counters read again (module header, "Cost")."""
         if not Path(self.configfs_root, "target").is_dir():
             self._plan = None
             if not self._warned and not Path(self.configfs_root).is_dir():
@@ -295,8 +295,8 @@ class _TpgPlan:
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
-    """What a walk read that a refresh checks (the directories it listed, the flags it
-    read) and where it reads the sessions and counters again, per TPG of `tpgs`."""
+    """What a walk read that a refresh checks (the tree's shape) and where it reads
+    the sessions and counters again, per TPG of `tpgs`."""
 
     walked_s: float
     tpgs: tuple[tuple[LioTpg, _TpgPlan], ...]
@@ -482,8 +482,7 @@ class _Walk:
 
     def refresh(self, plan: _Plan) -> list[LioTpg] | None:
         """The plan's TPGs with their sessions, counters and generated ACLs' sessions
-        read again; None when a directory the walk listed or a flag it read is not as
-        it was (the caller walks)."""
+        read again; None when the tree's shape is not as walked (the caller walks)."""
         if not plan.shape.holds():
             return None
         out = []

@@ -210,7 +210,9 @@ def test_the_presence_read_sees_a_class_or_a_leaf_changed_inside_the_tree(netns_
 def test_the_presence_read_takes_the_digests_at_every_tree_digest_every_th_read(netns_pair):
     """The tree's digest was the largest part of the presence read in the one-vCPU lab
     guest (0.16 s a convergence under the profiler): it is taken at one presence read
-    in TREE_DIGEST_EVERY; the root qdisc at every one (a root removed is named at once)."""
+    in TREE_DIGEST_EVERY; the root qdisc at every one (a root removed is named at once).
+    The full comparison takes none of a tree known as wanted; one the presence read
+    found not as it was is no longer known so, and the full comparison looks at it."""
     from santhrottle.appliance.datapath import drift
 
     with _pinned(netns_pair) as (_a, spec, tgt, w, e):
@@ -221,10 +223,14 @@ def test_the_presence_read_takes_the_digests_at_every_tree_digest_every_th_read(
         for _ in range(2 * drift.TREE_DIGEST_EVERY):
             assert drift.find_missing(spec, e, w) == []
         assert digests == [TARGET_DEV] * 2
+        assert drift.find_drift(spec, e, w) == []  # a tree known as wanted: no digest there
+        assert digests == [TARGET_DEV] * 2
         subprocess.run(["tc", "-n", tgt, "qdisc", "del", "dev", TARGET_DEV, "root"], check=True)
         (line,) = drift.find_missing(spec, e, w)
         assert line.startswith(f"tc: {TARGET_DEV}: the root qdisc is not santhrottle's")
         assert digests == [TARGET_DEV] * 2
+        (found,) = drift.find_drift(spec, e, w)  # no longer known as wanted: looked at
+        assert found.startswith(f"tc: {TARGET_DEV}: the root qdisc is not santhrottle's")
 
 
 def test_the_full_comparison_sees_a_member_moved_to_another_class_by_hand(netns_pair):
