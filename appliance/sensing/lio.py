@@ -339,10 +339,11 @@ class _Walk:
     def tpgs(self, root: Any) -> list[LioTpg]:
         excluded = getattr(self.rts.fabric, "target_names_excludes", frozenset())
         out: list[LioTpg] = []
-        self.shape.list(root.path)  # a fabric module loaded or unloaded
+        present = set(self.shape.list(root.path))  # a fabric module loaded or unloaded
         for fm in root.fabric_modules:
-            if not self.shape.is_dir(fm.path):
-                continue
+            parent, name = os.path.split(fm.path)
+            if (parent == root.path and name not in present) or not self.shape.is_dir(fm.path):
+                continue  # one rtslib knows of that is not loaded: the listing covers it
             for name in self.shape.list(fm.path):
                 path = f"{fm.path}/{name}"
                 if name in excluded or not self.shape.is_dir(path):

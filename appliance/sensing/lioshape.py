@@ -12,7 +12,8 @@ What it owns
     Shape: what a walk read of the tree's shape, recorded as it reads it:
       list(dir)       the entries of a directory the walk enumerated (fabric
                       modules, targets, TPGs, LUNs, ACLs, mapped LUNs, portals)
-      is_dir(path)    whether a fabric module's or target's entry is a directory
+      is_dir(path)    whether a loaded fabric module's or a target's entry is a
+                      directory (one not loaded is not in the listing of target/)
       links_in(dir)   a LUN's or mapped LUN's directory: its entries, and where
                       each one links (None for one that is not a link): what
                       rtslib resolves to a storage object or a TPG LUN
@@ -25,9 +26,9 @@ What it owns
 
 Worked example
     A walk of the lab's captured tree (tests/fixtures/lab: two iSCSI targets, one
-    with an ACL) records 14 directories, 12 kinds (10 fabric modules rtslib knows,
-    2 targets), 15 entries of LUN and mapped LUN directories (3 of them links) and
-    4 flags; `targetcli /iscsi/<iqn>/tpg1/acls create <wwn>` adds an entry to the
+    with an ACL) records 14 directories, 3 kinds (the one fabric module loaded of
+    the ten rtslib knows, 2 targets), 15 entries of LUN and mapped LUN directories
+    (3 of them links) and 4 flags; `targetcli /iscsi/<iqn>/tpg1/acls create <wwn>` adds an entry to the
     TPG's acls/ and holds() is False: the next scan walks.
 """
 
