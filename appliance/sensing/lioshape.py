@@ -28,8 +28,8 @@ Worked example
     A walk of the lab's captured tree (tests/fixtures/lab: two iSCSI targets, one
     with an ACL) records 14 directories, 3 kinds (the one fabric module loaded of
     the ten rtslib knows, 2 targets), 15 entries of LUN and mapped LUN directories
-    (3 of them links) and 4 flags; `targetcli /iscsi/<iqn>/tpg1/acls create <wwn>` adds an entry to the
-    TPG's acls/ and holds() is False: the next scan walks.
+    (3 of them links) and 4 flags; `targetcli /iscsi/<iqn>/tpg1/acls create <wwn>`
+    adds an entry to the TPG's acls/ and holds() is False: the next scan walks.
 """
 
 from __future__ import annotations

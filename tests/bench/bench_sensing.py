@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from santhrottle.appliance.daemon.core.loop import GcFreezer
+from santhrottle.appliance.daemon.core.gcwatch import GcFreezer
 from santhrottle.appliance.sensing.conns import ConnectionSensor, parse_diag_dump
 from santhrottle.appliance.sensing.lio import LioLun, LioSensor, LioTpg
 from santhrottle.appliance.sensing.target import TargetSensor

@@ -427,7 +427,7 @@ def test_config_errors_name_key_and_line(edit, message):
 def test_gc_freezer_freezes_once_per_rebuilt_discovery():
     import gc
 
-    from santhrottle.appliance.daemon.core.loop import GcFreezer
+    from santhrottle.appliance.daemon.core.gcwatch import GcFreezer
 
     f = GcFreezer()
     try:

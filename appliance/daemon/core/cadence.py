@@ -15,7 +15,11 @@ The law
     missed deadlines are counted (santhrottle_tick_overruns_total) and logged,
     the tick runs once, next_tick += (missed + 1) x tick.  The worker's next
     run is the previous one's deadline plus the (reloadable) period; a worker
-    slower than its period starts again from now.
+    slower than its period starts again from now.  A tick comes late when the
+    host is loaded, and when a garbage collection holds every thread: the
+    collector is timed while run() runs, a slow collection said after the
+    tick that follows it, and what the daemon built to start is frozen once it
+    is up (core/gcwatch.py).
 
 Worked example
     tick 0.1 s, next_tick 1000.0; the tick is woken at 1000.25: missed = 2
@@ -31,6 +35,7 @@ import math
 import threading
 from collections.abc import Callable
 
+from santhrottle.appliance.daemon.core.gcwatch import GcWatch, freeze_started
 from santhrottle.controller.domain import ControllerConfig
 
 log = logging.getLogger("santhrottled")
@@ -48,6 +53,7 @@ class Cadence:
         self.periods = periods  # tick_s, converge_s: read at every deadline (a reload)
         self.next_tick: float | None = None
         self.stopping = threading.Event()
+        self.gc = GcWatch()  # times the collector while run() runs
 
     def run(
         self,
@@ -62,14 +68,16 @@ class Cadence:
         worker = threading.Thread(
             target=self._converge_loop, args=(converge,), name="converge", daemon=True
         )
-        converge()
-        tick(self.clock())
-        self.next_tick = self.clock() + self.periods().tick_s
-        worker.start()
-        ready()
-        while not self.stopping.is_set():
-            self.run_once(tick, overruns)
-        worker.join(timeout=5.0)
+        with self.gc:
+            converge()
+            tick(self.clock())
+            freeze_started()  # what it imported and built to get here (gcwatch.py)
+            self.next_tick = self.clock() + self.periods().tick_s
+            worker.start()
+            ready()
+            while not self.stopping.is_set():
+                self.run_once(tick, overruns)
+            worker.join(timeout=5.0)
 
     def run_once(self, tick: Callable[[float], None], overruns: Callable[[int], None]) -> None:
         """Sleep until the next deadline, then tick once (fixed rate, no bunching)."""
@@ -90,6 +98,7 @@ class Cadence:
             )
         self.next_tick += (missed + 1) * period
         tick(now)
+        self.gc.say()  # a collection that held every thread (core/gcwatch.py)
 
     def _converge_loop(self, converge: Callable[[], None]) -> None:
         nxt = self.clock() + self.periods().converge_s

@@ -54,7 +54,6 @@ real adapters are tested in the privileged and lab tiers.
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import time
@@ -68,6 +67,7 @@ from santhrottle.appliance.daemon.core.counters import Counters, WrittenBytes
 from santhrottle.appliance.daemon.core.drift import DriftWatch
 from santhrottle.appliance.daemon.core.errors import CommandError
 from santhrottle.appliance.daemon.core.fleetmode import FleetMode
+from santhrottle.appliance.daemon.core.gcwatch import GcFreezer
 from santhrottle.appliance.daemon.core.group_overrides import GroupOverride, prune
 from santhrottle.appliance.daemon.core.hosts import HostMap
 from santhrottle.appliance.daemon.core.runtime import (
@@ -406,21 +406,3 @@ class Daemon:
     def _snapshot(self) -> Saved:
         with self.lock:
             return self.runtime.snapshot({n: r.delay_class for n, r in self.ctl.resources.items()})
-
-
-class GcFreezer:
-    """gc.freeze() after the sensors rebuilt their discovery (Sensors.discoveries).
-
-    A discovery of 10,000 initiators is 10,000s of long-lived objects; every full
-    cyclic collection walked them all, 20-30 ms with the GIL held (the sensing
-    pass's max went from ~22 to 37-52 ms, make bench). Frozen, they are left to
-    reference counting (nothing in a discovery is cyclic) and full collections
-    only walk what is newer. A sensor that builds none leaves its count at 0."""
-
-    def __init__(self) -> None:
-        self.frozen_at = 0
-
-    def after_convergence(self, discoveries: int) -> None:
-        if discoveries != self.frozen_at:
-            gc.freeze()
-            self.frozen_at = discoveries

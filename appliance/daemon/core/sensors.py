@@ -10,7 +10,7 @@ Sensors
     host's is sensing/target.py's TargetSensor, a bridge's
     sensing/bridge.py's BridgeSensor.  `discoveries` counts the times the
     discovery was rebuilt (the daemon freezes the garbage collector's view
-    of it after each, core/loop.py GcFreezer); a sensor that builds no
+    of it after each, core/gcwatch.py GcFreezer); a sensor that builds no
     long-lived discovery leaves it at 0.
 
 BridgeSensors
