@@ -63,14 +63,24 @@ def test_a_slow_collection_is_counted_and_said_by_the_tick_once_a_minute(caplog)
 
 
 def test_install_and_uninstall_leave_the_collector_as_it_was():
-    watch = GcWatch()
+    calls: list[float] = []
+
+    def clock() -> float:  # 1 ms a read, however long the collection really took
+        calls.append(len(calls) * 0.001)
+        return calls[-1]
+
+    watch = GcWatch(clock=clock)
     before = list(gc.callbacks)
     watch.install()
     watch.install()
     assert len(gc.callbacks) == len(before) + 1
-    gc.collect()  # runs the callback: a fast collection, nothing noted
+    gc.collect()  # runs the callback: timed at its start and its stop
     watch.uninstall()
-    assert gc.callbacks == before and watch.slow == 0
+    timed = len(calls)
+    assert gc.callbacks == before
+    assert timed >= 2 and timed % 2 == 0 and watch.slow == 0
+    gc.collect()  # uninstalled: no longer timed
+    assert len(calls) == timed
 
 
 def test_the_cadence_freezes_once_up_and_times_the_collector_while_it_runs():
