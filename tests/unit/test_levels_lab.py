@@ -120,9 +120,9 @@ def test_utilization_is_compared_over_the_loads_steady_seconds(lc):
     """fio ran 10 s and ended at 1,000: its steady seconds are 992-1,000. iostat's
     reports before it (fio starting: 0 %) and after, and the daemons' rows whose
     convergence may reach outside it, are left out; the bridge daemon is compared with
-    the LV, the target-host daemon with the busiest PV."""
+    the LV and with the initiator's disk, the target-host daemon with the busiest PV."""
     reports = [
-        {"timestamp": _stamp(t), "util": {"dm-2": u, "vda": u + 2.0, "vdb": 1.0}}
+        {"timestamp": _stamp(t), "util": {"dm-2": u, "vda": u + 2.0, "vdb": 1.0, "sdc": u * 1.3}}
         for t, u in zip(range(985, 1004), [0.0] * 7 + [60.0] * 8 + [0.0] * 4, strict=True)
     ]
     reports[9]["timestamp"] = None  # a report without a stamp: left out
@@ -140,6 +140,7 @@ def test_utilization_is_compared_over_the_loads_steady_seconds(lc):
         "fio": {"end_ms": 1_000_000, "runtime_ms": 10_000},
         "lv": "dm-2",
         "pvs": ["vda", "vdb"],
+        "initiator_disk": "sdc",
         "iostat": reports,
         "iostat_util_pct": [r["util"]["dm-2"] for r in reports],
         "daemon": rows,
@@ -152,6 +153,8 @@ def test_utilization_is_compared_over_the_loads_steady_seconds(lc):
     t = u["target"]
     assert t["iostat_pct"] == pytest.approx(62.0) and t["daemon_pct"] == pytest.approx(61.0)
     assert t["points"] == pytest.approx(-1.0) and t["lv_iostat_pct"] == pytest.approx(60.0)
+    i = u["initiator"]  # the wire against the initiator's own disk, the same window
+    assert i["iostat_pct"] == pytest.approx(78.0) and i["points"] == pytest.approx(2.0)
 
 
 def test_the_simulators_segments_start_when_fio_did(lc, tmp_path):

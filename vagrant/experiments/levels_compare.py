@@ -27,9 +27,10 @@ Figures
     utilization  per load, over the load's steady seconds (fio's start plus two
                  to its end; compare_utilization()): the bridge daemon's
                  utilization of the resource (the wire) against iostat -x's %util
-                 of the LV, and the target-host daemon's (its VG's PV's io_ticks)
-                 against the PV's; the means of the 1 s values and their difference
-                 in points (the issue: within 5).
+                 of the LV and of the initiator's disk (the time a command was out,
+                 as the initiator saw it: the wire's quantity), and the target-host
+                 daemon's (its VG's PV's io_ticks) against the PV's; the means of
+                 the 1 s values and their difference in points (the issue: within 5).
     kill9        the meter's level-seconds at the kill (on disk), the last sample
                  before it, and after the restart: nothing lost but the
                  convergence in flight, and the restart continued from the file.
@@ -312,7 +313,9 @@ def compare_utilization(lab: dict) -> list[dict]:
     difference in points, and each side's spread; over the same window, the load's
     steady seconds (load_window()), as iostat's %util is busy time over time (1 s
     reports: their mean is the window's ratio). The bridge daemon (the wire) against
-    the LV's iostat; with a target-host daemon ("target" rows, its VG's PV's
+    the LV's iostat, and against the initiator's disk ("initiator": the time the
+    initiator had a command out, which the wire measures; the LV's time is less by the
+    target's own path per IO); with a target-host daemon ("target" rows, its VG's PV's
     io_ticks), it against the PV's iostat, the same counter. A run without fio's
     report or stamps: the samples after the first SKIP_S."""
     out = []
@@ -334,6 +337,11 @@ def compare_utilization(lab: dict) -> list[dict]:
             busiest = max(pv_util, key=lambda xs: statistics.fmean(xs) if xs else -1.0)
             row["target"] = _pair(daemon_in(load, "target", window), busiest)
             row["target"]["lv_iostat_pct"] = statistics.fmean(theirs) if theirs else None
+        disk = load.get("initiator_disk")
+        if window is not None and disk:  # the same quantity as the wire's, at the initiator
+            row["initiator"] = _pair(
+                daemon_in(load, "daemon", window), iostat_in(load, disk, window)
+            )
         out.append(row)
     return out
 
@@ -429,6 +437,10 @@ def main() -> int:
         print_utilization(f"utilization {u['load']}, bridge (wire) vs the LV", u)
         if "target" in u:
             print_utilization(f"utilization {u['load']}, target host vs the PV", u["target"])
+        if "initiator" in u:
+            print_utilization(
+                f"utilization {u['load']}, bridge (wire) vs the initiator's disk", u["initiator"]
+            )
     print(f"kill9 level-seconds: {res['kill9']}")
     return 0
 

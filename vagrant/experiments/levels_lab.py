@@ -49,7 +49,9 @@ Phases
                  wire), a target-host santhrottled's (diskstats io_ticks of the
                  VG's PV, started for this phase on the target's veth, delaying
                  nothing) and `iostat -x -y -t 1`'s %util of LUN 2's LV and of
-                 its PV on the target, stamped; fio's end and runtime.
+                 its PV on the target, and of the initiator's disk (the time the
+                 initiator had a command out: what the wire sees), stamped; fio's
+                 end and runtime.
 
 Results: OUT/levels-lab.json (default /shared/work/levels: the run dir's
 work/levels on the host).
@@ -386,6 +388,7 @@ def phase_utilization(d: Daemon, t: dict, a: argparse.Namespace, out: Path) -> l
     load's window, levels_compare.py)."""
     probe = t["iscsi"][2]
     pvs = slaves(probe["dm"])
+    disk = Path(probe["device"]).name  # the initiator's own disk: what the wire sees
     tgt = Daemon(
         f"{NAME}-target",
         target_config(t, TARGET_SOCK, out / "state-target", threshold=a.threshold),
@@ -403,7 +406,7 @@ def phase_utilization(d: Daemon, t: dict, a: argparse.Namespace, out: Path) -> l
             kind, n = spec.split("=")
             s = sampler(d, target)
             iostat = subprocess.Popen(
-                iostat_argv([probe["dm"], *pvs], int(a.util_s + IOSTAT_MARGIN_S)),
+                iostat_argv([probe["dm"], *pvs, disk], int(a.util_s + IOSTAT_MARGIN_S)),
                 stdout=subprocess.PIPE,
                 text=True,
                 env=iostat_env(),
@@ -425,6 +428,7 @@ def phase_utilization(d: Daemon, t: dict, a: argparse.Namespace, out: Path) -> l
                     "fio": fio_job,
                     "lv": probe["dm"],
                     "pvs": pvs,
+                    "initiator_disk": disk,
                     "iostat": reports,
                     "iostat_util_pct": [x["util"].get(probe["dm"]) for x in reports],
                     "daemon": s.rows,
