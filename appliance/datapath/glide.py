@@ -25,11 +25,14 @@ The mechanism (a glide leaf)
     share a leaf; a leaf its group fills glides again, or goes up, in place.
     The leaf hands its members to the shared class of its delay (out of the
     set at 0) once the packets of any higher delay it had have left, and
-    only after a look at the kernel that saw no traffic since the look
-    before (nothing queued at one look is not enough: a packet entering the
-    leaf between that look and the ipset change would be overtaken by the
-    next one, from the class it is handed to).  A member whose traffic never
-    pauses rides in its leaf: as good as a class of its own.
+    only after a look at the kernel that saw the leaf quiet since the look
+    before: nothing queued, and less than a packet per tick on average
+    (nothing queued at one look is not enough: a packet entering the leaf
+    between that look and the ipset change would be overtaken by the next
+    one, from the class it is handed to; that takes traffic, which a tick of
+    silence, or a keepalive's few packets in seconds, makes unlikely).  A
+    member whose traffic never pauses rides in its leaf: as good as a class
+    of its own.
 
 States of a leaf (LeafState; `state(now)`)
 
@@ -38,7 +41,7 @@ States of a leaf (LeafState; `state(now)`)
     LOWERING  members moved in at their old delay; lowered to lower_to at lower_at_s
     GLIDING   members at the leaf's delay; older packets of a higher delay
               leave until busy_until_s
-    HANDOFF   members; waits for a look at the kernel that sees no traffic
+    HANDOFF   members; waits for a look at the kernel that sees the leaf quiet
 
     FREE --plan: descent/rise--> LOWERING (descent) or GLIDING (rise)
     LOWERING --entered/lowerings: due--> GLIDING (delay lowered in place)
@@ -92,6 +95,11 @@ from santhrottle.controller.ladder import Ladder
 # (GlidePlanner.handoffs): doubling from the first to the last.
 LOOK_GAP_MIN_S = 0.2
 LOOK_GAP_MAX_S = 0.8
+# A look is quiet when the leaf queues nothing and sent fewer packets since the
+# look before than one per this long (the daemon's tick): a tick of silence
+# between looks a tick apart; a session's keepalives between looks seconds apart
+# (a loaded host, a caller slower than the tick).
+LOOK_QUIET_GAP_S = 0.1
 
 
 class LeafState(enum.Enum):
@@ -122,14 +130,28 @@ class GlideLeaf:
     # wait in their shared class: its delay must not go down to lower_to yet
     lower_at_s: float = 0.0
     lower_to: int | None = None
-    # packets it had sent at the last look while due to hand its members on
+    # packets it had sent at the last look while due to hand its members on, and when
     sent_seen: int | None = None
+    seen_at_s: float = 0.0
     # looks at a HANDOFF leaf whose traffic goes on come in pairs, a tick apart,
     # with a growing gap between pairs (LOOK_GAP_MIN_S .. LOOK_GAP_MAX_S)
     next_look_s: float = 0.0
     look_gap_s: float = 0.0
     pair_open: bool = False  # the last look saw traffic; the next one follows at once
     known: bool = False  # its delay is known (set by this planner, or adopted)
+
+    def quiet(self, queued: int, sent: int | None, now: float) -> bool:
+        """A look: nothing queued, and fewer packets sent since the last look than one
+        per LOOK_QUIET_GAP_S (the first look of an episode only takes the count)."""
+        seen, self.sent_seen, seen_at_s, self.seen_at_s = self.sent_seen, sent, self.seen_at_s, now
+        if queued:
+            return False
+        if sent is None:  # no reading: the queue is all there is
+            return True
+        if seen is None:
+            return False
+        passed = sent - seen
+        return passed == 0 or passed * LOOK_QUIET_GAP_S < now - seen_at_s - 1e-9
 
     def state(self, now: float) -> LeafState:
         if not self.members:
@@ -352,19 +374,22 @@ class GlidePlanner:
         shared class of its delay (out of the set at 0).  readings: minor ->
         (packets queued, packets sent), summed over the devices.
 
-        A look that sees traffic is followed by one at the next call (a tick
-        later: the pair sees a tick of silence, as every look did before); a
-        pair that sees traffic both times waits LOOK_GAP_MIN_S, then twice as
-        long each time, up to LOOK_GAP_MAX_S, before the next pair, whose
-        first look hands the members on if nothing passed in the whole gap.
+        A look is quiet when nothing is queued and fewer packets passed since
+        the look before than one per LOOK_QUIET_GAP_S: nothing in a tick, a
+        keepalive or two in seconds (looks that far apart when every call is
+        slow: a loaded host).  A look that sees traffic is followed by one at
+        the next call (a tick later: the pair sees a tick of silence, as every
+        look did before); a pair that sees traffic both times waits
+        LOOK_GAP_MIN_S, then twice as long each time, up to LOOK_GAP_MAX_S,
+        before the next pair, whose first look hands the members on if the
+        gap was as quiet.
         A member that never pauses costs two readings a gap, not ten a
         second (each is a netlink round trip the emulated lab pays ~15 ms for)."""
         ops: list[Op] = []
         for minor in self.looks(now):
             leaf = self.leaves[minor]
             queued, sent = readings.get(minor, (0, None))
-            quiet = not queued and (sent is None or sent == leaf.sent_seen)
-            leaf.sent_seen = sent
+            quiet = leaf.quiet(queued, sent, now)
             if not quiet:
                 if leaf.pair_open:  # both looks of a pair saw traffic: wait longer
                     leaf.look_gap_s = min(LOOK_GAP_MAX_S, max(LOOK_GAP_MIN_S, 2 * leaf.look_gap_s))

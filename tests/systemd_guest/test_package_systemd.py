@@ -131,8 +131,9 @@ def test_the_journal_has_the_audit_trail_with_its_fields(seen):
 
 def test_stop_leaves_nothing_in_the_kernel(seen):
     st = seen["stop"]
-    assert _ok(st["stop"]) and st["active"] == "inactive" and not st["processes"].strip()
-    assert _clean(st["kernel"]) == [], (st.get("result"), st.get("journal"))
+    how = (st.get("result"), st.get("journal"))  # how the daemon ended, what it said
+    assert _ok(st["stop"]) and st["active"] == "inactive" and not st["processes"].strip(), how
+    assert _clean(st["kernel"]) == [], how
 
 
 def test_remove_then_purge_leave_nothing_behind(seen):

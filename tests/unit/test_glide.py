@@ -191,6 +191,32 @@ def test_a_member_that_never_pauses_is_looked_at_in_pairs_with_a_growing_gap():
     assert k.advance_glides(t + 0.1, {A: (0, sent + 5)}) == 1  # a tick later, not a gap: quiet
 
 
+def test_looks_seconds_apart_hand_on_a_member_whose_session_only_keeps_alive():
+    """On a loaded host every call may come seconds after the one before (the lab under
+    two busy loops: 6 s a call).  A session kept alive (iSCSI's NOP-Out every 5 s, its
+    NOP-In through the leaf) then sends between any two looks: fewer than one packet per
+    tick on average is quiet, and the member is handed on.  A reader is not."""
+    k = _kernel()
+    k.move({"10.0.0.4": 14}, 100.0)  # a rise within prio 3: into leaf A at 14
+    assert k.advance_glides(106.0, {A: (0, 100)}) == 0  # the first look: a count, no more
+    assert k.advance_glides(112.0, {A: (0, 102)}) == 1  # 2 packets in 6 s: quiet
+    assert k.ops[-1] == ("add", ALL, "10.0.0.4", class_minor(14))
+    k = _kernel()
+    k.move({"10.0.0.4": 14}, 100.0)
+    sent = 100
+    for n in range(1, 20):  # a 64k reader: thousands of packets between two calls
+        sent += 6000
+        assert k.advance_glides(100.0 + 6 * n, {A: (0, sent)}) == 0
+    assert k.members["10.0.0.4"] == ("all", A)  # it rides in its leaf
+    # one packet a tick, looked at a tick apart or a gap apart: not quiet
+    k = _kernel()
+    k.move({"10.0.0.4": 14}, 100.0)
+    for t in (101.0, 101.1, 101.3, 101.4):
+        assert k.advance_glides(t, {A: (0, round(t * 10))}) == 0
+    # nothing queued matters as before: a queue is never quiet, however slow the calls
+    assert k.advance_glides(120.0, {A: (3, 1014)}) == 0
+
+
 def test_a_release_hands_the_member_out_of_the_set():
     k = _kernel()
     k.move({"10.0.0.2": 0}, 100.0)
