@@ -10,12 +10,12 @@ VPY := $(VENV)/bin/python
 # checks with llvm's objdump (tests/unit/test_bpf_stack.py). The fleet's engine tests
 # run a 3-member etcd cluster in namespaces (etcd-server; etcdctl from etcd-client for a
 # look by hand). threshold = "auto" is checked on this kernel against the lab's plant as a
-# loop device (labkit.plant.HostArray: nbdkit and its python plugin, nbdfuse, fuse3; fio
-# loads it). The wire sensor is checked against Wireshark's dissectors (tshark) on real
-# captures (tests/wire), whose maker also runs a TLS session in the lab (openssl). The
-# shell completions are run in bash and zsh (tests/rollout). The lab (vagrant/qemu)
-# installs its own packages through `make lab-deps`.
-HOST_PKGS := iproute2 ipset iptables nftables kmod ansible-core python3-pip python3-apt vagrant vagrant-libvirt tcpreplay clang libbpf-dev llvm etcd-server etcd-client nbdkit nbdkit-plugin-python nbdfuse fuse3 fio tshark openssl zsh
+# loop device (labkit.plant.HostArray: nbdkit and its python plugin, nbdfuse from
+# libnbd-bin, fuse3; fio loads it). The wire sensor is checked against Wireshark's
+# dissectors (tshark) on real captures (tests/wire), whose maker also runs a TLS session
+# in the lab (openssl). The shell completions are run in bash and zsh (tests/rollout).
+# The lab (vagrant/qemu) installs its own packages through `make lab-deps`.
+HOST_PKGS := iproute2 ipset iptables nftables kmod ansible-core python3-pip python3-apt vagrant vagrant-libvirt tcpreplay clang libbpf-dev llvm etcd-server etcd-client nbdkit nbdkit-plugin-python libnbd-bin fuse3 fio tshark openssl zsh
 APT_STAMP := $(VENV)/.apt-host
 VENV_STAMP := $(VENV)/.installed
 
