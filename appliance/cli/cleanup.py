@@ -70,7 +70,8 @@ NETNS_DIR = "/run/netns"
 SETTLE_EVERY_S = 0.02
 SETTLE_MARGIN_S = 0.2
 EVERY = object()  # no namespace is named: clean them all
-# --force: how long a daemon has to stop (its unit gives it 20 s), how often it is asked.
+# --force: how long a daemon has to stop (seconds: 5 s in a lab guest nine times slower
+# than the reference), how often it is asked.
 STOP_WAIT_S = 30.0
 STOP_POLL_S = 0.1
 CONNECT_TIMEOUT_S = 2.0

@@ -34,7 +34,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from santhrottle.appliance.config import DEFAULT_PATH, Config, ConfigError, load_config
-from santhrottle.appliance.daemon.sdnotify import notify, stop_step
+from santhrottle.appliance.daemon.sdnotify import notify
 from santhrottle.appliance.textfile import printable, unsafe_directory
 from santhrottle.appliance.version import version_line
 
@@ -410,9 +410,8 @@ def serve(cfg: Config) -> int:
     finally:
         hup.close()
         sensors.close()
-        notify(stop_step())  # systemd: the stop goes on (sdnotify.py)
         metering.stop()  # the last of the usage written
-        daemon.shutdown()  # its own steps (core/loop.py)
+        daemon.shutdown()
         server.close()
         if metrics is not None:
             metrics.shutdown()

@@ -270,8 +270,9 @@ def step_stop() -> None:
     obs["stop"] = {"stop": p, "active": sh("systemctl", "is-active", UNIT)["out"].strip(),
                    "kernel": kernel(),
                    "processes": sh("pgrep", "-f", "santhrottled")["out"],
-                   # how the daemon ended, and what it and its ExecStopPost said
-                   "result": {k: prop(k) for k in ("Result", "ExecMainCode", "ExecMainStatus")},
+                   # how the daemon ended, its ExecStopPost (start and stop times), what they said
+                   "result": {k: prop(k) for k in ("Result", "ExecMainCode", "ExecMainStatus",
+                                                   "ExecStopPost", "TimeoutStopUSec")},
                    "journal": sh("journalctl", "-u", UNIT, "--since", since,
                                  "-o", "short-monotonic", "--no-pager")["out"][-6000:]}  # fmt: skip
 

@@ -54,7 +54,6 @@ real adapters are tested in the privileged and lab tiers.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -79,7 +78,6 @@ from santhrottle.appliance.daemon.core.runtime import (
 )
 from santhrottle.appliance.daemon.core.sensors import Actuator, BridgeSensors, Discovery, Sensors
 from santhrottle.appliance.daemon.core.state import Saved, StateKeeper, StateStore
-from santhrottle.appliance.daemon.sdnotify import stop_step
 from santhrottle.controller.decide import decide
 from santhrottle.controller.domain import ReadSample, Samples, WriteSample
 from santhrottle.controller.restate import reconfigure
@@ -267,8 +265,7 @@ class Daemon:
         """Ticks at a fixed rate until stop(); the convergence in its worker (cadence.py)."""
         if self.fleet is not None:
             self.fleet.agent.start()  # the engine's thread: the tick never waits for it
-        started = functools.partial(self.notify, "READY=1")  # systemd
-        self.cadence.run(self.tick, self.converge_once, self._overrun, started)
+        self.cadence.run(self.tick, self.converge_once, self._overrun, self._ready)
 
     def run_once(self) -> None:
         """Sleep until the next deadline, then tick once."""
@@ -276,6 +273,9 @@ class Daemon:
 
     def _overrun(self, missed: int) -> None:
         self.counters.tick_overruns += missed
+
+    def _ready(self) -> None:  # systemd: started
+        self.notify("READY=1")
 
     def stop(self) -> None:
         self.cadence.stop()
@@ -294,7 +294,7 @@ class Daemon:
 
     def shutdown(self) -> None:
         """Remove every delay; the static state too unless configured to keep it."""
-        self.notify(stop_step())  # systemd: the stop goes on (sdnotify.py)
+        self.notify("STOPPING=1")  # systemd: the stop has begun (sd_notify(3))
         if self.fleet is not None:  # leave first: another appliance leads at once
             self.fleet.agent.stop()
         with self.lock:
@@ -302,7 +302,6 @@ class Daemon:
             self.runtime.pins.clear()
             self._actuate(ordered=False)  # unordered: no glide leaf advances after the stop
             if not self.config.keep_static_state:
-                self.notify(stop_step())
                 try:
                     log.info("cleanup: %s", self.actuator.cleanup().summary())
                 except Exception as e:
