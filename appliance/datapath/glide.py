@@ -143,15 +143,16 @@ class GlideLeaf:
     def quiet(self, queued: int, sent: int | None, now: float) -> bool:
         """A look: nothing queued, and fewer packets sent since the last look than one
         per LOOK_QUIET_GAP_S (the first look of an episode only takes the count)."""
-        seen, self.sent_seen, seen_at_s, self.seen_at_s = self.sent_seen, sent, self.seen_at_s, now
+        before, before_s = self.sent_seen, self.seen_at_s
+        self.sent_seen, self.seen_at_s = sent, now
         if queued:
             return False
         if sent is None:  # no reading: the queue is all there is
             return True
-        if seen is None:
+        if before is None:
             return False
-        passed = sent - seen
-        return passed == 0 or passed * LOOK_QUIET_GAP_S < now - seen_at_s - 1e-9
+        passed = sent - before
+        return passed == 0 or passed * LOOK_QUIET_GAP_S < now - before_s - 1e-9
 
     def state(self, now: float) -> LeafState:
         if not self.members:
@@ -382,15 +383,13 @@ class GlidePlanner:
         look did before); a pair that sees traffic both times waits
         LOOK_GAP_MIN_S, then twice as long each time, up to LOOK_GAP_MAX_S,
         before the next pair, whose first look hands the members on if the
-        gap was as quiet.
-        A member that never pauses costs two readings a gap, not ten a
+        gap was as quiet.  A member that never pauses costs two readings a gap, not ten a
         second (each is a netlink round trip the emulated lab pays ~15 ms for)."""
         ops: list[Op] = []
         for minor in self.looks(now):
             leaf = self.leaves[minor]
             queued, sent = readings.get(minor, (0, None))
-            quiet = leaf.quiet(queued, sent, now)
-            if not quiet:
+            if not leaf.quiet(queued, sent, now):
                 if leaf.pair_open:  # both looks of a pair saw traffic: wait longer
                     leaf.look_gap_s = min(LOOK_GAP_MAX_S, max(LOOK_GAP_MIN_S, 2 * leaf.look_gap_s))
                     leaf.next_look_s = now + leaf.look_gap_s
