@@ -383,8 +383,9 @@ class GlidePlanner:
         look did before); a pair that sees traffic both times waits
         LOOK_GAP_MIN_S, then twice as long each time, up to LOOK_GAP_MAX_S,
         before the next pair, whose first look hands the members on if the
-        gap was as quiet.  A member that never pauses costs two readings a gap, not ten a
-        second (each is a netlink round trip the emulated lab pays ~15 ms for)."""
+        gap was as quiet.  A member that never pauses costs two readings a
+        gap, not ten a second (each is a netlink round trip the emulated lab
+        pays ~15 ms for)."""
         ops: list[Op] = []
         for minor in self.looks(now):
             leaf = self.leaves[minor]

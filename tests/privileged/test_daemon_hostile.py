@@ -339,21 +339,15 @@ def _proc(pid: int) -> tuple[int, int]:
     return threads, len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def _proc_range(
-    pid: int, samples: int = 5, every_s: float = 0.2
-) -> tuple[tuple[int, int], tuple[int, int]]:
-    """(threads, descriptors) of a process, least and most over a second: its own
-    come and go (a subprocess's pipes, a /proc file reopened, a thread's first netlink
-    socket; one more than the base at the moment of a single look under two busy loops)."""
-    seen = []
-    for i in range(samples):
-        if i:
-            time.sleep(every_s)
+def _proc_samples(pid: int, samples: int = 5, every_s: float = 0.2) -> list[tuple[int, int]]:
+    """(threads, descriptors) of a process, five looks over a second: its own come and
+    go (a subprocess's pipes, a /proc file reopened, a thread's first netlink socket; one
+    more than the base at the moment of a single look under two busy loops)."""
+    seen = [_proc(pid)]
+    for _ in range(samples - 1):
+        time.sleep(every_s)
         seen.append(_proc(pid))
-    return (min(t for t, _ in seen), min(f for _, f in seen)), (
-        max(t for t, _ in seen),
-        max(f for _, f in seen),
-    )
+    return seen
 
 
 def _free_port() -> int:
@@ -377,7 +371,7 @@ def test_a_flood_of_idle_metrics_connections_cannot_exhaust_the_daemon(ns, tmp_p
     try:  # the base after the second convergence: the worker starts after the socket, and
         # the drift check keeps its netlink sockets from the first convergence on
         _wait(lambda: request(sock, "status")["counters"]["converges"] >= 2, what="converges")
-        _least, (base_threads, base_fds) = _proc_range(proc.pid)
+        base_threads, base_fds = map(max, zip(*_proc_samples(proc.pid), strict=True))  # the most
         errors0 = request(sock, "status")["counters"]["sensor_errors"]
         for _ in range(1000):
             s = socket.socket()
@@ -386,7 +380,7 @@ def test_a_flood_of_idle_metrics_connections_cannot_exhaust_the_daemon(ns, tmp_p
                 s.connect(("127.0.0.1", port))
             idle.append(s)
         time.sleep(1.0)
-        (threads, fds), _most = _proc_range(proc.pid)
+        threads, fds = map(min, zip(*_proc_samples(proc.pid), strict=True))  # the least
         assert threads <= base_threads + 1 and fds <= base_fds + MAX_CONNECTIONS + 2
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
             assert r.status == 200 and b"santhrottle_ticks_total" in r.read()
