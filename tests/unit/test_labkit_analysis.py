@@ -144,6 +144,27 @@ def test_a_recorded_run_gives_the_figures_the_report_gave_before_the_kit():
     assert want["controlled"]["read_latency_p95_s"] == pytest.approx(0.01118, abs=1e-5)
 
 
+def test_the_time_over_the_threshold_is_said_where_it_was():
+    """Reads at 30 ms from 12 s to 14 s (7 s into the first burst) and from 52 s (a
+    pause), 4 ms otherwise, one a tick: two runs of windows over 15 ms, each with its
+    peak and its place. A 1 s window is over 15 ms once half its ten reads are slow."""
+    ph = _phase(0.0, 1e6)
+    total = 0
+    for r in ph["rows"]:
+        slow = 12.0 <= r["t"] < 14.0 or r["t"] >= 52.0
+        total += 30 if slow else 4
+        r["ds"]["dm-0"][report.READ_TICKS] = total
+    spans = report.summarize(ph, 0.015, None)["over_threshold"]
+    assert [round(x["from_s"], 1) for x in spans] == [12.4, 52.4]
+    assert spans[0]["to_s"] == pytest.approx(14.4)
+    assert spans[0]["peak_s"] == pytest.approx(0.030)
+    # from the first window with writes, which ends at 5.1 s
+    assert spans[0]["into_burst_s"] == pytest.approx(7.3)
+    assert spans[1]["into_burst_s"] is None  # the writers stopped at 50 s
+    assert spans[0]["classes"] is None  # no daemon status in this phase
+    assert report.summarize(_phase(0.0, 1e6), 0.015, None)["over_threshold"] == []
+
+
 def test_the_static_search_starts_where_the_writers_wrote():
     """The controller's median class over each on-period from its first write (as the
     writes count), on the recorded 10 ms phase: a class of the ladder, above 1."""

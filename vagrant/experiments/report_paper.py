@@ -338,6 +338,11 @@ def print_report(raw: dict, sm: dict) -> None:
                 for s in rows
             )
         )
+    for s in rows + bridged:
+        if s.get("over_threshold"):
+            where = " (bridge)" if s in bridged else ""
+            spans = "; ".join(over_text(x) for x in s["over_threshold"])
+            print(f"{ms(s['threshold_s'])}ms{where}: over T at {spans}")
     print_static(rows)
     if "guest_idle_share" in unc:
         print(
@@ -387,6 +392,13 @@ def print_report(raw: dict, sm: dict) -> None:
         "on-period; release: seconds from the reader leaving until the writers are back at 90 % "
         "of their uncontrolled throughput"
     )
+
+
+def over_text(x: dict) -> str:
+    """One run of windows over T (analysis.over_threshold) in the report's words."""
+    when = "in a pause" if x["into_burst_s"] is None else f"{x['into_burst_s']:.1f} s into a burst"
+    k = "" if x["classes"] is None else f", class {x['classes'][0]}-{x['classes'][1]}"
+    return f"{x['from_s']:.1f}-{x['to_s']:.1f} s (peak {ms(x['peak_s'])} ms, {when}{k})"
 
 
 def held_in_qdisc(s: dict) -> str:

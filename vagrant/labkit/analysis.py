@@ -21,7 +21,8 @@ What it owns
     LQ line    least squares L = C + m x Q over points (fit_line), and over a
                phase's windows: the reader's latency against the array's Q
                (fit_lq).
-    summary    summarize(): p50/p95/p99, the time above T, the writes, the
+    summary    summarize(): p50/p95/p99, the time above T and where it was
+               (over_threshold: each run of windows over T), the writes, the
                writers' start, the target's TCP counters, the retransmissions
                per connection, the classes, the release, the CPU shares; and
                over the same span, where the phase kept them, the p50/p95 and
@@ -346,6 +347,7 @@ def summarize(ph: dict, threshold_s: float | None, uncontrolled_wr: float | None
         )
         cl = classes(ph)
         out["max_delay_class"] = max((c for _, c in cl), default=0)
+        out["over_threshold"] = over_threshold(ph, threshold_s)
         last = next((r["status"] for r in reversed(ph["rows"]) if "status" in r), {})
         # initiators' descents in order (glide leaves) and without (all leaves busy)
         out["glided_descents"] = last.get("glided", 0)
@@ -365,6 +367,44 @@ def summarize(ph: dict, threshold_s: float | None, uncontrolled_wr: float | None
                 )
                 out["release_throughput_back_after_s"] = None if back is None else back - reader_off
     out.update(cpu_shares(ph.get("cpu")))
+    return out
+
+
+def over_threshold(ph: dict, threshold_s: float) -> list[dict]:
+    """Where summarize()'s latencies went over threshold_s: each run of windows over it
+    as {"from_s", "to_s" (their ends), "peak_s", "into_burst_s" (seconds from the
+    on-period's first write, None in a pause), "classes" [least, most] (the status
+    samples from a second before it to its end; None without one)}."""
+    w = phase_windows(ph)
+    settle = settle_time(ph)
+    reader_off = (events(ph, "reader off") or [math.inf])[0]
+    starts, off = writing_starts(ph, w)
+    cl = classes(ph)
+    runs: list[list[Window]] = []
+    last_over = False
+    for x in w:
+        if not settle <= x.t < reader_off or x.read_latency_s is None:
+            continue
+        over = x.read_latency_s > threshold_s
+        if over and last_over:
+            runs[-1].append(x)
+        elif over:
+            runs.append([x])
+        last_over = over
+    out = []
+    for r in runs:
+        a, b = r[0].t, r[-1].t
+        into = [a - s for s, e in zip(starts, off, strict=False) if s <= a < e]
+        ks = [k for t, k in cl if a - WINDOW_S <= t <= b]
+        out.append(
+            {
+                "from_s": a,
+                "to_s": b,
+                "peak_s": max(x.read_latency_s or 0.0 for x in r),
+                "into_burst_s": into[0] if into else None,
+                "classes": [min(ks), max(ks)] if ks else None,
+            }
+        )
     return out
 
 
