@@ -1,4 +1,4 @@
-"""CI's short version of the closed-loop experiment (docs/lab.md): one threshold, three bursts.
+"""CI's short version of the closed-loop experiment (docs/lab.md): one threshold, five bursts.
 
 A lab-tier test that boots its own guest through vagrant/experiments/report.py
 --short: the paper's workload on a known plant (lab.py --array

@@ -237,7 +237,10 @@ def phase(
         sched = bursts.Schedule(a.lead, a.on, a.off, a.cycles if cycles is None else cycles)
         controls = daemon is not None and threshold is not None and not static
         release = [w["dm"] for w in lab.writers] if controls else None
-        bursts.run(s, lab.reader_job, lab.writer_jobs, sched, learn=not static, release=release)
+        # each pause off_s at the array, not off_s plus the writers' fio start under TCG
+        # (labkit.bursts): the controller sees the paper's pauses
+        paused = [w["dm"] for w in lab.writers]
+        bursts.run(s, lab.reader_job, lab.writer_jobs, sched, not static, release, paused)
         s.stop()
         if cap is not None:
             capture.stop(cap)

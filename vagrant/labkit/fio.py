@@ -6,8 +6,10 @@ What it owns
 
     argv(name, device, *options, runtime=, size=)   one job's command line
     start(argv) -> Job                 in the background; Job.stop() (SIGINT: fio
-                                       stops and prints its results), Job.result()
-                                       (the first job's JSON, or None)
+                                       stops and prints its results), Job.pause() /
+                                       resume() (SIGSTOP / SIGCONT to fio and its job
+                                       processes: no new IO, then IO at once),
+                                       Job.result() (the first job's JSON, or None)
     reader(device, rate, runtime)      the paper's small reader: 4 KiB random reads,
                                        QD1, rate-limited ("sram")
     writers(device, bs, qd, runtime, jobs=1, region_mib=, first_region=)
@@ -27,7 +29,9 @@ Worked example
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -139,6 +143,20 @@ class Job:
     def running(self) -> bool:
         return self.proc.poll() is None
 
+    def _signal_all(self, sig: int) -> None:
+        """fio and its job processes (each job calls setsid(): not one process group)."""
+        for pid in [self.proc.pid, *descendants(self.proc.pid)]:
+            with contextlib.suppress(ProcessLookupError):  # it has ended
+                os.kill(pid, sig)
+
+    def pause(self) -> None:
+        """SIGSTOP to fio and its job processes: no new IO (those in flight complete)."""
+        self._signal_all(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT: the jobs issue IO again at once."""
+        self._signal_all(signal.SIGCONT)
+
     def wait(self, timeout_s: float | None = None) -> str:
         """Until it ends; its output."""
         if self.out is None:
@@ -149,6 +167,7 @@ class Job:
         """SIGINT (fio stops and prints its results), SIGKILL if it does not within STOP_S."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
+            self.resume()  # a paused fio handles it once continued
         try:
             return self.wait(STOP_S)
         except subprocess.TimeoutExpired:
@@ -162,6 +181,24 @@ class Job:
             return parse(self.wait())["jobs"][0]
         except (ValueError, KeyError, IndexError):
             return None
+
+
+def descendants(pid: int, proc: Path = Path("/proc")) -> list[int]:
+    """The processes below `pid` (children first), from /proc/PID/stat's ppid."""
+    parent: dict[int, int] = {}
+    for d in proc.iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:  # it ended meanwhile
+                continue
+            parent[int(d.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+    out, frontier = [], [pid]
+    while frontier:
+        kids = [c for c, p in parent.items() if p in frontier]
+        out += kids
+        frontier = kids
+    return out
 
 
 def start(cmd: list[str]) -> Job:
