@@ -33,8 +33,9 @@ LAB_UNAVAILABLE = 3  # vagrant/qemu/lab.py: QEMU or the kernel package is missin
 # report.py --short: closed_loop.py --paper --thresholds auto:10ms-20ms
 THRESHOLD_MIN_S, THRESHOLD_MAX_S = 0.010, 0.020
 # the test's own budget on an idle host (report.py's guest timeout, 1,500 s, is under
-# it): 4-5 min on a fast host; it grows with how much slower the guest measured itself
-# in the run (labkit.speed: each phase's `speed_factor`), as the guest's limit does
+# it): 10-12.5 min on a 2-core host (docs/lab.md); it grows with how much slower the guest
+# measured itself in the run (labkit.speed: each phase's `speed_factor`), as the guest's
+# limit does
 BUDGET_S = 1800
 # The writers' load on the plant, rho = X m (X their IOs a second, m the plant's ms per
 # IO in flight): the array's queue, and the reader's wait, grow without bound as rho

@@ -53,6 +53,29 @@ def test_a_paused_job_stops_with_its_children_and_goes_on():
         job.proc.wait()
 
 
+def test_a_pause_signals_only_the_processes_it_found_under_fio():
+    """The job's processes are found once; a pid among them that the kernel gave to a
+    process outside the job (its parent is not the job's) is not stopped."""
+    job = fio.Job(["sh", "-c", "sleep 60 >/dev/null & exec sleep 60"])
+    outsider = None
+    try:
+        assert _until(lambda: len(fio.descendants(job.proc.pid)) == 1)
+        (child,) = fio.descendants(job.proc.pid)
+        assert job.processes() == [job.proc.pid, child]
+        outsider = fio.Job(["sleep", "60"])
+        job._tree = [job.proc.pid, outsider.proc.pid]  # as if the child's pid were reused
+        job.pause()
+        assert _until(lambda: _state(job.proc.pid) == "T")
+        assert _state(outsider.proc.pid) == "S"
+        job.resume()
+    finally:
+        for j in (job, outsider):
+            if j is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(j.proc.pid, signal.SIGKILL)
+                j.proc.wait()
+
+
 class _Clock:
     def __init__(self) -> None:
         self.t = 0.0
@@ -76,6 +99,10 @@ class _Job:
     def __init__(self, cmd: list[str], clock: _Clock, log: list) -> None:
         self.cmd, self.clock, self.log = cmd, clock, log
         log.append((clock.t, "start", cmd[0]))
+
+    def processes(self) -> list[int]:
+        self.log.append((self.clock.t, "processes", self.cmd[0]))
+        return []
 
     def pause(self) -> None:
         self.log.append((self.clock.t, "pause", self.cmd[0]))
@@ -136,6 +163,7 @@ def test_a_paused_schedule_starts_each_writer_once_and_pauses_it_for_off_s(lab):
     w1 = [(round(t, 1), what) for t, what, name in log if name.startswith("w1")]
     assert w1 == [
         (4.0, "start"),
+        (4.0, "processes"),  # found before the first pause, for both writers
         (24.0, "pause"),
         (29.0, "resume"),
         (49.0, "pause"),

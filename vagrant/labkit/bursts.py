@@ -142,6 +142,8 @@ def _paused(
     ws = [fio.start(w) for w in writers(READER_RUNTIME_FACTOR * sched.nominal_s())]
     s.mark("writers on")
     wait_for_writes(before, devices, START_TIMEOUT_S)
+    for w in ws:  # their processes found now, so that they pause and resume together
+        w.processes()
     for c in range(sched.cycles):
         if c:
             before = all_diskstats()

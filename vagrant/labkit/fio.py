@@ -139,22 +139,35 @@ class Job:
             cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd="/tmp"
         )
         self.out: str | None = None
+        self._tree: list[int] | None = None
+        self._paused = False
 
     def running(self) -> bool:
         return self.proc.poll() is None
 
+    def processes(self) -> list[int]:
+        """fio and its job processes (each job calls setsid(): not one process group),
+        found once: a /proc scan takes seconds in a busy guest, and the writers of a
+        schedule pause and resume together."""
+        if self._tree is None:
+            self._tree = [self.proc.pid, *descendants(self.proc.pid)]
+        return self._tree
+
     def _signal_all(self, sig: int) -> None:
-        """fio and its job processes (each job calls setsid(): not one process group)."""
-        for pid in [self.proc.pid, *descendants(self.proc.pid)]:
+        tree = self.processes()
+        for pid in tree:
             with contextlib.suppress(ProcessLookupError):  # it has ended
-                os.kill(pid, sig)
+                if pid == self.proc.pid or _parent(pid) in tree:  # not a reused pid
+                    os.kill(pid, sig)
 
     def pause(self) -> None:
         """SIGSTOP to fio and its job processes: no new IO (those in flight complete)."""
+        self._paused = True
         self._signal_all(signal.SIGSTOP)
 
     def resume(self) -> None:
         """SIGCONT: the jobs issue IO again at once."""
+        self._paused = False
         self._signal_all(signal.SIGCONT)
 
     def wait(self, timeout_s: float | None = None) -> str:
@@ -167,7 +180,8 @@ class Job:
         """SIGINT (fio stops and prints its results), SIGKILL if it does not within STOP_S."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
-            self.resume()  # a paused fio handles it once continued
+            if self._paused:  # it handles the signal once continued
+                self.resume()
         try:
             return self.wait(STOP_S)
         except subprocess.TimeoutExpired:
@@ -183,16 +197,22 @@ class Job:
             return None
 
 
+def _parent(pid: int, proc: Path = Path("/proc")) -> int:
+    """A process's parent (/proc/PID/stat's ppid); ProcessLookupError once it has ended."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError as e:
+        raise ProcessLookupError(pid) from e
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
+
+
 def descendants(pid: int, proc: Path = Path("/proc")) -> list[int]:
     """The processes below `pid` (children first), from /proc/PID/stat's ppid."""
     parent: dict[int, int] = {}
     for d in proc.iterdir():
         if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:  # it ended meanwhile
-                continue
-            parent[int(d.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+            with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                parent[int(d.name)] = _parent(int(d.name), proc)
     out, frontier = [], [pid]
     while frontier:
         kids = [c for c, p in parent.items() if p in frontier]
