@@ -102,8 +102,8 @@ class _Job:
         self.cmd, self.clock, self.log = cmd, clock, log
         log.append((clock.t, "start", cmd[0]))
 
-    def processes(self) -> list[int]:
-        self.log.append((self.clock.t, "processes", self.cmd[0]))
+    def processes(self, fresh: bool = False) -> list[int]:
+        self.log.append((self.clock.t, "found" if fresh else "processes", self.cmd[0]))
         return []
 
     def pause(self) -> None:
@@ -165,14 +165,19 @@ def test_a_paused_schedule_starts_each_writer_once_and_pauses_it_for_off_s(lab):
     w1 = [(round(t, 1), what) for t, what, name in log if name.startswith("w1")]
     assert w1 == [
         (4.0, "start"),
-        (4.0, "processes"),  # found before the first pause, for both writers
+        (24.0, "found"),  # its processes found again before each pause
         (24.0, "pause"),
         (29.0, "resume"),
+        (49.0, "found"),
         (49.0, "pause"),
         (54.0, "resume"),
+        (74.0, "found"),
         (74.0, "pause"),
         (79.0, "stop"),
     ]
+    # every writer found before any is paused: they pause together
+    at_24 = [(what, name[:2]) for t, what, name in log if t == 24.0 and name != "reader"]
+    assert at_24 == [("found", "w1"), ("found", "w2"), ("pause", "w1"), ("pause", "w2")]
     assert [(round(t, 1), what) for t, what, name in log if name == "reader"][-1] == (
         79.0,
         "stop",

@@ -142,8 +142,6 @@ def _paused(
     ws = [fio.start(w) for w in writers(READER_RUNTIME_FACTOR * sched.nominal_s())]
     s.mark("writers on")
     wait_for_writes(before, devices, START_TIMEOUT_S)
-    for w in ws:  # their processes found now, so that they pause and resume together
-        w.processes()
     for c in range(sched.cycles):
         if c:
             before = all_diskstats()
@@ -155,6 +153,8 @@ def _paused(
             time.sleep(sched.on_s / 2)
         else:
             time.sleep(sched.on_s)
+        for w in ws:  # found again (a host's fio may have started its jobs late), then
+            w.processes(fresh=True)  # paused together
         for w in ws:
             w.pause()
         s.mark("writers off")

@@ -145,11 +145,12 @@ class Job:
     def running(self) -> bool:
         return self.proc.poll() is None
 
-    def processes(self) -> list[int]:
+    def processes(self, fresh: bool = False) -> list[int]:
         """fio and its job processes (each job calls setsid(): not one process group),
-        found once: a /proc scan takes seconds in a busy guest, and the writers of a
-        schedule pause and resume together."""
-        if self._tree is None:
+        as last found (`fresh`: found again). A /proc scan takes seconds in a busy
+        guest: the writers of a schedule are each found before any is paused, so that
+        they pause together, and resumed as found."""
+        if fresh or self._tree is None:
             self._tree = [self.proc.pid, *descendants(self.proc.pid)]
         return self._tree
 
