@@ -1,4 +1,4 @@
-"""CI's short version of the closed-loop experiment (docs/lab.md): one threshold, five bursts.
+"""CI's short version of the closed-loop experiment (docs/lab.md): one threshold, three bursts.
 
 A lab-tier test that boots its own guest through vagrant/experiments/report.py
 --short: the paper's workload on a known plant (lab.py --array
@@ -33,7 +33,7 @@ LAB_UNAVAILABLE = 3  # vagrant/qemu/lab.py: QEMU or the kernel package is missin
 # report.py --short: closed_loop.py --paper --thresholds auto:10ms-20ms
 THRESHOLD_MIN_S, THRESHOLD_MAX_S = 0.010, 0.020
 # the test's own budget on an idle host (report.py's guest timeout, 1,500 s, is under
-# it): 10-12.5 min on a 2-core host (docs/lab.md); it grows with how much slower the guest
+# it): 7.5-8 min on a 2-core host (docs/lab.md); it grows with how much slower the guest
 # measured itself in the run (labkit.speed: each phase's `speed_factor`), as the guest's
 # limit does
 BUDGET_S = 1800

@@ -237,9 +237,9 @@ def phase(
         sched = bursts.Schedule(a.lead, a.on, a.off, a.cycles if cycles is None else cycles)
         controls = daemon is not None and threshold is not None and not static
         release = [w["dm"] for w in lab.writers] if controls else None
-        # each pause off_s at the array, not off_s plus the writers' fio start under TCG
-        # (labkit.bursts): the controller sees the paper's pauses
-        paused = [w["dm"] for w in lab.writers]
+        # --pause-writers: each pause off_s at the array, not off_s plus the writers' fio
+        # start under TCG (labkit.bursts; docs/lab.md, "Stretched pauses")
+        paused = [w["dm"] for w in lab.writers] if a.pause_writers else None
         bursts.run(s, lab.reader_job, lab.writer_jobs, sched, not static, release, paused)
         s.stop()
         if cap is not None:
@@ -579,6 +579,11 @@ def arguments() -> argparse.Namespace:
     # product's setpoint_fraction.
     ap.add_argument("--setpoint", default=0.55)
     ap.add_argument("--cycles", type=int, default=3)
+    ap.add_argument(
+        "--pause-writers",
+        action="store_true",
+        help="one fio per writer host, SIGSTOPped between on-periods (labkit.bursts)",
+    )
     ap.add_argument("--on", type=float, default=25.0)
     ap.add_argument("--off", type=float, default=5.0)
     ap.add_argument("--lead", type=float, default=4.0)

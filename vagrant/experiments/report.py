@@ -69,10 +69,6 @@ LIGHT_TIMEOUT_S = 3600
 # >= 2 T uncontrolled even where the emulated guest, not the array, limits the
 # writers (docs/lab.md, "CI's short closed loop").
 CI_ARRAY = "nbd:c_ms=2,m_ms=10"
-# ... its bursts: five (the paper's run has four), so that the p95 rests on three and a
-# half measured bursts after the learning one: with three it rested on one and a half,
-# where one excursion of two seconds over T is 5 % of the windows (docs/lab.md)
-CI_CYCLES = 5
 # ... and its threshold: half the uncontrolled p95, within 10-20 ms (closed_loop.py's
 # auto_threshold): 20 ms on a quiet host; where a busy host slows the emulated writers
 # so much that even this slope leaves the reader under 40 ms, a lower T keeps the
@@ -158,7 +154,7 @@ def main() -> int:
         array = array or LIGHT_ARRAY
         guest_args += ["--paper", "--light", "--no-static", "--skip-interference", *LIGHT_ARGS]
         timeout = args.timeout or LIGHT_TIMEOUT_S
-    if args.short:  # CI: the paper's workload on a known plant, T 10-20 ms, five bursts
+    if args.short:  # CI: the paper's workload on a known plant, T 10-20 ms, three bursts
         array = array or CI_ARRAY
         guest_args += [
             "--paper",
@@ -167,7 +163,7 @@ def main() -> int:
             "--thresholds",
             CI_THRESHOLDS,
             "--cycles",
-            str(CI_CYCLES),
+            "3",
             "--no-static",
             "--skip-interference",
         ]
