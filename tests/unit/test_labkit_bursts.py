@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from labkit import bursts, fio
+from labkit import bursts, fio, probes
 
 pytestmark = pytest.mark.unit
 
@@ -19,6 +19,11 @@ def _state(pid: int) -> str:
     """The process's state letter (/proc/PID/stat's third field)."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     return stat[stat.rindex(")") + 2]
+
+
+def _below(pid: int) -> list[int]:
+    """The job's processes under fio: its children."""
+    return [p for p, _, state in probes.children(pid) if state != "Z"]
 
 
 def _until(pred, timeout_s: float = 10.0) -> bool:
@@ -35,8 +40,8 @@ def test_a_paused_job_stops_with_its_children_and_goes_on():
     stops the parent and every process below it, and a paused job still stops."""
     job = fio.Job(["sh", "-c", "setsid sh -c 'exec sleep 60' >/dev/null & exec sleep 60"])
     try:
-        assert _until(lambda: len(fio.descendants(job.proc.pid)) == 1)
-        pids = [job.proc.pid, *fio.descendants(job.proc.pid)]
+        assert _until(lambda: len(_below(job.proc.pid)) == 1)
+        pids = [job.proc.pid, *_below(job.proc.pid)]
         # not one session, not one group (once the child has called setsid)
         assert _until(lambda: len({os.getsid(p) for p in pids}) == 2)
         job.pause()
@@ -48,7 +53,7 @@ def test_a_paused_job_stops_with_its_children_and_goes_on():
         job.stop()  # SIGINT, then continued: a paused job still ends
         assert not job.running()
     finally:
-        for p in [job.proc.pid, *fio.descendants(job.proc.pid)]:
+        for p in [job.proc.pid, *_below(job.proc.pid)]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGKILL)
         job.proc.wait()
@@ -60,8 +65,8 @@ def test_a_pause_signals_only_the_processes_it_found_under_fio():
     job = fio.Job(["sh", "-c", "sleep 60 >/dev/null & exec sleep 60"])
     outsider = None
     try:
-        assert _until(lambda: len(fio.descendants(job.proc.pid)) == 1)
-        (child,) = fio.descendants(job.proc.pid)
+        assert _until(lambda: len(_below(job.proc.pid)) == 1)
+        (child,) = _below(job.proc.pid)
         assert job.processes() == [job.proc.pid, child]
         outsider = fio.Job(["sleep", "60"])
         assert _until(lambda: _state(outsider.proc.pid) == "S")  # started, asleep

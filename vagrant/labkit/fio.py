@@ -36,6 +36,8 @@ import signal
 import subprocess
 from pathlib import Path
 
+from labkit.probes import children, parent
+
 STOP_S = 30.0
 
 
@@ -151,14 +153,15 @@ class Job:
         guest: the writers of a schedule are each found before any is paused, so that
         they pause together, and resumed as found."""
         if fresh or self._tree is None:
-            self._tree = [self.proc.pid, *descendants(self.proc.pid)]
+            jobs = children(self.proc.pid)  # fio forks each job: its children
+            self._tree = [self.proc.pid, *(p for p, _, state in jobs if state != "Z")]
         return self._tree
 
     def _signal_all(self, sig: int) -> None:
         tree = self.processes()
         for pid in tree:
             with contextlib.suppress(ProcessLookupError):  # it has ended
-                if pid == self.proc.pid or _parent(pid) in tree:  # not a reused pid
+                if pid == self.proc.pid or parent(pid) in tree:  # not a reused pid
                     os.kill(pid, sig)
 
     def pause(self) -> None:
@@ -196,30 +199,6 @@ class Job:
             return parse(self.wait())["jobs"][0]
         except (ValueError, KeyError, IndexError):
             return None
-
-
-def _parent(pid: int, proc: Path = Path("/proc")) -> int:
-    """A process's parent (/proc/PID/stat's ppid); ProcessLookupError once it has ended."""
-    try:
-        stat = (proc / str(pid) / "stat").read_text()
-    except OSError as e:
-        raise ProcessLookupError(pid) from e
-    return int(stat[stat.rindex(")") + 2 :].split()[1])
-
-
-def descendants(pid: int, proc: Path = Path("/proc")) -> list[int]:
-    """The processes below `pid` (children first), from /proc/PID/stat's ppid."""
-    parent: dict[int, int] = {}
-    for d in proc.iterdir():
-        if d.name.isdigit():
-            with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
-                parent[int(d.name)] = _parent(int(d.name), proc)
-    out, frontier = [], [pid]
-    while frontier:
-        kids = [c for c, p in parent.items() if p in frontier]
-        out += kids
-        frontier = kids
-    return out
 
 
 def start(cmd: list[str]) -> Job:

@@ -140,10 +140,23 @@ def proc_cpu(
     """utime + stime of a process (or one of its threads), in clock ticks; children: of
     the children it waited for (cutime + cstime) instead."""
     path = f"{proc_root}/{pid}/task/{task}/stat" if task is not None else f"{proc_root}/{pid}/stat"
-    fields = Path(path).read_text().rpartition(")")[2].split()
+    fields = _fields(Path(path).read_text())
     if children:
         return int(fields[13]) + int(fields[14])  # stat(5)'s 16th and 17th
     return int(fields[11]) + int(fields[12])  # stat(5)'s 14th and 15th
+
+
+def _fields(stat: str) -> list[str]:
+    """stat(5)'s fields after comm, the state first (a comm may hold ")")."""
+    return stat.rpartition(")")[2].split()
+
+
+def parent(pid: int, proc_root: str | Path = "/proc") -> int:
+    """A process's parent; ProcessLookupError once it has ended."""
+    try:
+        return int(_fields((Path(proc_root) / str(pid) / "stat").read_text())[1])
+    except OSError as e:
+        raise ProcessLookupError(pid) from e
 
 
 def children(pid: int, proc_root: str | Path = "/proc") -> list[tuple[int, str, str]]:
@@ -155,9 +168,9 @@ def children(pid: int, proc_root: str | Path = "/proc") -> list[tuple[int, str, 
             text = stat.read_text()
         except OSError:
             continue
-        comm, _, rest = text.partition("(")[2].rpartition(")")  # a comm may hold ")"
-        fields = rest.split()
+        fields = _fields(text)
         if int(fields[1]) == pid:
+            comm = text.partition("(")[2].rpartition(")")[0]
             found.append((int(stat.parent.name), comm, fields[0]))
     return sorted(found)
 
