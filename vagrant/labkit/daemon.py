@@ -61,6 +61,11 @@ RESOURCE_FIELDS = (
     # read latency is the difference of read_time_s over that of reads_completed
     "reads_completed",
     "read_time_s",
+    # the written bytes the controller saw in its last sample (the writers' rhythm, its
+    # holds and the futile delay's test read them), and its futile delay's releases
+    "write_bytes_per_second",
+    "futile_releases",
+    "futile_released_s",
 )
 
 
