@@ -240,3 +240,30 @@ def test_bridge_only_goes_with_light_and_runs_the_bridge(monkeypatch):
     monkeypatch.setattr("sys.argv", ["closed_loop.py", "--out", "x", "--bridge-only"])
     with pytest.raises(SystemExit):
         mod.arguments()
+
+
+def test_report_reads_a_bridge_check_run_with_its_own_table(
+    monkeypatch, recorded, tmp_path, capsys
+):
+    """report.py on a closed_loop.py --bridge-check run (its uncontrolled phase, then the
+    bridge's, no paper phases): the bridge check's table and bridge-check.json, not the
+    paper's report (which has no controlled phase to read there)."""
+    spec = importlib.util.spec_from_file_location(
+        "santhrottle_report", ROOT / "vagrant" / "experiments" / "report.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.syspath_prepend(str(LIGHT_PY.parent))
+    spec.loader.exec_module(mod)
+    by_kind = {ph["kind"]: ph for ph in recorded["phases"]}
+    raw = {
+        **recorded,
+        "args": {**recorded["args"], "bridge_check": True, "thresholds": "10ms"},
+        "phases": [by_kind["uncontrolled"], {**by_kind["bridge"], "rep": 0}],
+    }
+    raw["phases"][0]["rep"] = 0
+    (tmp_path / "raw.json").write_text(json.dumps(raw))
+    assert mod.report(tmp_path) == 0
+    table = json.loads((tmp_path / "bridge-check.json").read_text())
+    assert [p["label"] for p in table["phases"]] == ["uncontrolled", "bridge"]
+    assert "array p95" in capsys.readouterr().out
+    assert not (tmp_path / "summary.json").exists()

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import curves_report
+import report_bridge_check
 import report_light
 import report_paper
 from report_figures import plot
@@ -78,6 +79,8 @@ CI_THRESHOLDS = "auto:10ms-20ms"
 
 def report(out: Path) -> int:
     raw = json.loads((out / "raw.json").read_text())
+    if raw["args"].get("bridge_check"):  # closed_loop.py --bridge-check: its own table
+        return report_bridge_check.report(out)
     if "light" in raw:
         sm = report_light.summary(raw)
         (out / "summary.json").write_text(json.dumps(sm, indent=1, default=str))

@@ -61,8 +61,8 @@ def pct(share: float | None) -> str:
     return "-" if share is None else f"{100 * share:.0f}"
 
 
-def main() -> int:
-    out = Path(sys.argv[1])
+def report(out: Path) -> int:
+    """Print the table and the medians of the run in `out`; write its bridge-check.json."""
     raw = json.loads((out / "raw.json").read_text())
     rs = rows(raw)
     print(
@@ -93,6 +93,10 @@ def main() -> int:
         print(f"median [min..max] {k}: {v[0]:.4g} [{v[1]:.4g}..{v[2]:.4g}]")
     (out / "bridge-check.json").write_text(json.dumps({"phases": rs, "medians": med}, indent=1))
     return 0
+
+
+def main() -> int:
+    return report(Path(sys.argv[1]))
 
 
 if __name__ == "__main__":
