@@ -162,7 +162,31 @@ def test_the_time_over_the_threshold_is_said_where_it_was():
     assert spans[0]["into_burst_s"] == pytest.approx(7.3)
     assert spans[1]["into_burst_s"] is None  # the writers stopped at 50 s
     assert spans[0]["classes"] is None  # no daemon status in this phase
+    assert spans[0]["futile"] is None
     assert report.summarize(_phase(0.0, 1e6), 0.015, None)["over_threshold"] == []
+
+
+def test_a_futile_release_before_the_time_over_the_threshold_is_said_with_it():
+    """The same reads, and the daemon's status every 0.5 s: a futile release counted at
+    45 s (its class comes down a class a tick, the reader is over T from 52 s) is said
+    with the second run of windows over T, not with the first; the class is the highest
+    an initiator had."""
+    ph = _phase(0.0, 1e6)
+    total = 0
+    for i, r in enumerate(ph["rows"]):
+        slow = 12.0 <= r["t"] < 14.0 or r["t"] >= 52.0
+        total += 30 if slow else 4
+        r["ds"]["dm-0"][report.READ_TICKS] = total
+        if i % 5 == 0:
+            n = 1 if r["t"] >= 45.0 else 0
+            k = 0 if r["t"] >= 45.0 else 60
+            r["status"] = {
+                "resources": [{"resource": "vg", "delay_class": k, "futile_releases": n}],
+                "initiators": {"10.0.0.3": k} if k else {},
+            }
+    spans = report.summarize(ph, 0.015, None)["over_threshold"]
+    assert [x["futile"] for x in spans] == [0, 1]
+    assert spans[0]["classes"] == [60, 60] and spans[1]["classes"] == [0, 0]
 
 
 def test_the_static_search_starts_where_the_writers_wrote():

@@ -398,7 +398,9 @@ def over_text(x: dict) -> str:
     """One run of windows over T (analysis.over_threshold) in the report's words."""
     when = "in a pause" if x["into_burst_s"] is None else f"{x['into_burst_s']:.1f} s into a burst"
     k = "" if x["classes"] is None else f", class {x['classes'][0]}-{x['classes'][1]}"
-    return f"{x['from_s']:.1f}-{x['to_s']:.1f} s (peak {ms(x['peak_s'])} ms, {when}{k})"
+    n = x.get("futile")
+    f = f", {n} futile release(s)" if n else ""
+    return f"{x['from_s']:.1f}-{x['to_s']:.1f} s (peak {ms(x['peak_s'])} ms, {when}{k}{f})"
 
 
 def held_in_qdisc(s: dict) -> str:

@@ -192,6 +192,17 @@ def classes(ph: dict) -> list[tuple[float, int]]:
     return out
 
 
+def futile_releases(ph: dict) -> list[tuple[float, int]]:
+    """(t, the futile-delay releases of the first resource so far) from the daemon's
+    status samples that keep them (controller/futile.py); [] for older runs."""
+    out = []
+    for r in ph["rows"]:
+        res = ((r.get("status") or {}).get("resources") or [{}])[0]
+        if res.get("futile_releases") is not None:
+            out.append((r["t"], res["futile_releases"]))
+    return out
+
+
 def members(ph: dict) -> list[tuple[float, int]]:
     """(t, write-heavy members of the resource) from the daemon's status (0 without)."""
     out = []
@@ -370,16 +381,24 @@ def summarize(ph: dict, threshold_s: float | None, uncontrolled_wr: float | None
     return out
 
 
+# A futile release (controller/futile.py) takes the class down a class a tick: from
+# the top of the ladder that is 9 s before the reader is over T again.
+FUTILE_LOOKBACK_S = 10.0
+
+
 def over_threshold(ph: dict, threshold_s: float) -> list[dict]:
     """Where summarize()'s latencies went over threshold_s: each run of windows over it
     as {"from_s", "to_s" (their ends), "peak_s", "into_burst_s" (seconds from the
     on-period's first write, None in a pause), "classes" [least, most] (the status
-    samples from a second before it to its end; None without one)}."""
+    samples from a second before it to its end; None without one), "futile" (the
+    futile-delay releases from FUTILE_LOOKBACK_S before it to its end: a release lets
+    the class down a class a tick first; None where the samples do not keep them)}."""
     w = phase_windows(ph)
     settle = settle_time(ph)
     reader_off = (events(ph, "reader off") or [math.inf])[0]
     starts, off = writing_starts(ph, w)
     cl = classes(ph)
+    fut = futile_releases(ph)
     runs: list[list[Window]] = []
     last_over = False
     for x in w:
@@ -396,6 +415,8 @@ def over_threshold(ph: dict, threshold_s: float) -> list[dict]:
         a, b = r[0].t, r[-1].t
         into = [a - s for s, e in zip(starts, off, strict=False) if s <= a < e]
         ks = [k for t, k in cl if a - WINDOW_S <= t <= b]
+        before = [n for t, n in fut if t < a - FUTILE_LOOKBACK_S]
+        during = [n for t, n in fut if t <= b]
         out.append(
             {
                 "from_s": a,
@@ -403,6 +424,7 @@ def over_threshold(ph: dict, threshold_s: float) -> list[dict]:
                 "peak_s": max(x.read_latency_s or 0.0 for x in r),
                 "into_burst_s": into[0] if into else None,
                 "classes": [min(ks), max(ks)] if ks else None,
+                "futile": (during[-1] - (before[-1] if before else 0)) if during else None,
             }
         )
     return out
