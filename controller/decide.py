@@ -108,7 +108,9 @@ Law, per call decide(state, samples, now_s)
        latency stayed over its threshold, within 0.8 of its peak, while the
        delay took half of its writes or more, ten convergences in a row, is
        released (Decisions.futile): its PID reset, its class down to 0 a
-       class a tick and the PID held at its floor until the backoff ends.
+       class a tick and the PID held at its floor until the backoff ends, or
+       until its latency climbs past a quarter over its peak without the delay
+       (Decisions.futile_refuted: the delay was working), whichever is first.
 
 Bounds
     Classes are in [0, max_class] (PID clamp). A resource whose threshold
@@ -430,9 +432,12 @@ def decide(
             if lat_s is None or wr_bps is None or name in state.grouped:
                 continue
             thr = rs.threshold_s(c.auto_alpha)
+            refuted = rs.futile.refutations
             if rs.futile.converge(lat_s, wr_bps, thr, rs.delay_class, now_s):
                 rs.pid.reset()
                 out.futile.append(name)
+            elif rs.futile.refutations != refuted:  # the latency rose without the delay
+                out.futile_refuted.append(name)
         fresh = _one_interval_of_ios(state)
         converge_levels(state, fresh)  # utilization, then the groups' levels (headroom.py)
         if state.grouped and fresh:  # Maestro's interval on each grouped resource

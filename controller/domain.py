@@ -257,3 +257,5 @@ class Decisions:
     joined: Mapping[str, set[str]] = field(default_factory=dict)
     left: Mapping[str, set[str]] = field(default_factory=dict)
     futile: list[str] = field(default_factory=list)  # released at this convergence (futile.py)
+    # whose release the latency ended at this convergence: it rose without the delay
+    futile_refuted: list[str] = field(default_factory=list)

@@ -29,6 +29,12 @@ Law (per resource not decided by groups, at every convergence)
     class 0: a delay that has become useful is found as before.  The backoff starts
     at FUTILE_BACKOFF_S and doubles with each release up to FUTILE_BACKOFF_MAX_S; a
     convergence with the latency at or under the threshold sets it back.
+    refuted:            during a release, the smoothed latency climbs over
+                        FUTILE_REFUTE_X x the episode's peak latency: without the
+                        delay the latency is higher than it ever was with it, so the
+                        delay was holding it.  The release ends at that convergence
+                        (the law acts again at once), the backoff is set back, and
+                        the next episode starts from the latency of the moment.
 
 Bounds
     A plant where the delay works sees none of it: there the latency comes down when
@@ -36,14 +42,20 @@ Bounds
     threshold is held.  Where it does not work, the members are delayed for the
     FUTILE_CONVERGES convergences of an episode and the ramp before them, then once
     per backoff at most.  A resource without a write rate (a sensor that gives none)
-    is never futile.
+    is never futile.  A release the latency refutes (a delay that was working, taken
+    for futile: a stall of the guest or the array, a burst's start) lasts the few
+    convergences the smoothed latency takes to climb past 1.25 times its peak, not
+    the backoff; where the delay is futile the latency without it stays near its
+    peak (the plant undelayed is where the episode began), and nothing is refuted.
 
 Worked example
     T = 20 ms; the class leaves 0 with the latency at 21 ms and 40 MB/s of writes;
     at the clamp the writes are 3 MB/s and the latency 24.6 ms (its peak 26 ms):
     24.6 > 20, 3 <= 0.5 x 40 and 24.6 >= 0.8 x 26, ten convergences in a row ->
     released for 60 s; the latency at class 0 is 25 ms, over T: the next episode, if
-    futile too, is released for 120 s, then 240 s, 480 s at most.
+    futile too, is released for 120 s, then 240 s, 480 s at most.  Had the latency
+    climbed to 33 ms (over 1.25 x 26 ms) without the delay, the release would have
+    ended at that convergence.
 """
 
 from __future__ import annotations
@@ -64,6 +76,10 @@ FUTILE_LATENCY_FRACTION: Final = 0.8
 FUTILE_CONVERGES: Final = 10
 # the smoothing of both signals, against the noise of a second's reads
 FUTILE_TAU_S: Final = 5.0
+# a release ends when the smoothed latency climbs over this times the episode's peak:
+# the latency without the delay is higher than with it (a quarter over the peak: the
+# latency may come down by a fifth under the delay and still count as futile)
+FUTILE_REFUTE_X: Final = 1.25
 FUTILE_BACKOFF_S: Final = 60.0
 FUTILE_BACKOFF_MAX_S: Final = 480.0
 
@@ -81,6 +97,8 @@ class Futility:
     until_s: float = -math.inf  # released (class 0) until then
     backoff_s: float = FUTILE_BACKOFF_S  # the next release's
     releases: int = 0  # since the daemon started
+    release_peak_s: float = 0.0  # the peak latency of the episode the last release ended
+    refutations: int = 0  # releases ended by the latency (since the daemon started)
 
     def __post_init__(self) -> None:
         self.latency = Ewma(self.tau_s)
@@ -102,6 +120,10 @@ class Futility:
         wr = self.writes.update(write_bps, now_s)
         if lat <= threshold_s:
             self.backoff_s = FUTILE_BACKOFF_S
+        if self.released(now_s) and lat > FUTILE_REFUTE_X * self.release_peak_s:
+            self.until_s = now_s  # refuted: the delay was holding the latency
+            self.backoff_s = FUTILE_BACKOFF_S
+            self.refutations += 1
         if not delay_class or self.released(now_s):  # no episode: the plant undelayed
             self.peak_latency_s, self.peak_write_bps = lat, wr
             self.convergences = 0
@@ -119,6 +141,7 @@ class Futility:
         if self.convergences < FUTILE_CONVERGES:
             return False
         self.until_s = now_s + self.backoff_s
+        self.release_peak_s = self.peak_latency_s
         self.backoff_s = min(2 * self.backoff_s, FUTILE_BACKOFF_MAX_S)
         self.convergences = 0
         self.releases += 1

@@ -239,3 +239,23 @@ def test_a_futile_delay_is_released_logged_shown_and_explained(caplog, capsys, t
         srv.close()
     out = capsys.readouterr().out
     assert "vg0: delay released for " in out and "(futile; 1 release(s))" in out
+
+
+def test_a_release_the_latency_refutes_ends_and_is_logged(caplog):
+    """vg0's delay released as futile (30 ms whatever the delay); without it the latency
+    climbs to 80 ms: the release ends long before its 60 s (audit event=futile_refuted
+    with the latency and the peak it climbed past) and the class rises again."""
+    d, vt, sensors, _act = make()
+    run_for(d, vt, 6.0)
+    sensors.write_bps = 2 * MIB
+    with caplog.at_level(logging.INFO, logger="santhrottled.audit"):
+        run_for(d, vt, 40.0)
+        assert d.ctl.resources["vg0"].futile.released(vt.now)
+        sensors.latency_s, sensors.write_bps = 0.080, 20 * MIB  # the delay was working
+        run_for(d, vt, 15.0)
+    (line,) = [ln for ln in audit_lines(caplog) if "event=futile_refuted" in ln]
+    assert line.startswith("audit: event=futile_refuted resource=vg0 latency_ms=")
+    assert "peak_latency_ms=30.0" in line and "threshold_ms=10.0" in line
+    rs = d.ctl.resources["vg0"]
+    assert not rs.futile.released(vt.now) and rs.futile.refutations == 1
+    assert rs.delay_class > 0

@@ -430,6 +430,34 @@ def test_a_delay_that_does_not_lower_the_latency_is_released_then_tried_again():
     assert len(released_at) == 1 or f.until_s - released_at[1] == 2 * FUTILE_BACKOFF_S
 
 
+def test_a_release_ends_when_the_latency_rises_without_the_delay():
+    """The delay works, with a lag the futile test mistakes (the latency stays at 1.5 T
+    while the class climbs and holds): released, the class comes down and the latency
+    climbs with it to 5 T. The release ends (Decisions.futile_refuted) within seconds of
+    the climb, long before the backoff, and the class rises again."""
+    cfg = ControllerConfig()
+    st = new_state(cfg, [Resource("vg", 0.010)])
+    t, released_at, refuted_at, classes = 0.0, [], [], []
+    while t < 90.0:
+        t = round(t + 0.1, 6)
+        k = st.resources["vg"].delay_class
+        rate = 10 * MIB if k < 20 else 1 * MIB
+        lat = 0.050 if released_at and k < 20 else 0.015
+        ws = writes("vg", "A", rate=rate) if round(t * 10) % 10 == 0 else []
+        st, out = decide(st, Samples([ReadSample("vg", 6, lat, rate)], ws), t)
+        released_at += [t] if out.futile else []
+        refuted_at += [t] if out.futile_refuted else []
+        classes.append((t, st.resources["vg"].delay_class))
+    assert released_at and refuted_at, (released_at, refuted_at)
+    first = released_at[0]
+    assert first < refuted_at[0] < first + 20.0 < first + FUTILE_BACKOFF_S
+    assert out.futile_refuted == [] or out.futile_refuted == ["vg"]
+    f = st.resources["vg"].futile
+    assert f.refutations >= 1 and f.backoff_s <= 2 * FUTILE_BACKOFF_S
+    after = [k for s, k in classes if refuted_at[0] < s < refuted_at[0] + 10.0]
+    assert max(after) >= 20  # the law acts again: the class back up
+
+
 def _bursts(st, t, until_s, every_ticks, burst_latency_s, latency_s, rate=1.3e6):
     """Ticks to until_s: a write burst (A's) every every_ticks ticks, whose reads take
     burst_latency_s, latency_s between; A's convergence sample only if it wrote."""

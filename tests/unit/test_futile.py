@@ -8,6 +8,7 @@ from santhrottle.controller.futile import (
     FUTILE_BACKOFF_MAX_S,
     FUTILE_BACKOFF_S,
     FUTILE_CONVERGES,
+    FUTILE_REFUTE_X,
     Futility,
 )
 
@@ -107,3 +108,35 @@ def test_the_smoothing_keeps_one_noisy_second_from_making_a_peak():
     f.converge(0.050, 3e6, T, 88, 1.0)  # one second at twice the latency, over a 5 s tau
     assert f.latency.value is not None and f.latency.value < 0.031
     assert math.isclose(f.peak_latency_s, f.latency.value)
+
+
+def test_a_release_the_latency_refutes_ends_at_once_and_sets_the_backoff_back():
+    """Released at 25 ms (its peak 25 ms); without the delay the latency climbs: at 1.2 x
+    the peak the release holds, past FUTILE_REFUTE_X x the peak it ends at that
+    convergence, the backoff is 60 s again and the next episode starts from there."""
+    f = Futility(tau_s=RAW)
+    f.converge(0.025, 40e6, T, 0, 0.0)
+    t, released = _episode(f, 1.0, 0.025, 3e6, FUTILE_CONVERGES)
+    assert released and f.backoff_s == 2 * FUTILE_BACKOFF_S
+    t, _ = _episode(f, t, 0.030, 40e6, 3, k=40)  # 1.2 x: the plant as it was undelayed
+    assert f.released(t) and f.refutations == 0
+    f.converge(FUTILE_REFUTE_X * 0.025 * 1.04, 40e6, T, 30, t)  # 1.3 x the peak
+    assert not f.released(t) and f.until_s == t
+    assert f.refutations == 1 and f.releases == 1 and f.backoff_s == FUTILE_BACKOFF_S
+    # a new episode: futile again only against its own peak, ten convergences on
+    t, released = _episode(f, t + P, 0.0325, 3e6, FUTILE_CONVERGES - 1, k=60)
+    assert not released
+    assert _episode(f, t, 0.0325, 3e6, 1, k=60)[1]
+    assert f.until_s - t == FUTILE_BACKOFF_S  # the backoff set back: 60 s, not 120 s
+
+
+def test_a_futile_delay_is_not_refuted_by_the_plant_it_was_released_to():
+    """The latency back at its episode's start (the plant undelayed, 1.2 x the delayed
+    latency, under FUTILE_REFUTE_X x the peak that start set): the release runs its
+    backoff."""
+    f = Futility(tau_s=RAW)
+    f.converge(0.030, 40e6, T, 0, 0.0)  # undelayed: 30 ms, the episode's peak
+    t, released = _episode(f, 1.0, 0.025, 3e6, FUTILE_CONVERGES)  # 0.83 of it, delayed
+    assert released
+    t, _ = _episode(f, t, 0.030, 40e6, 40, k=0)
+    assert f.released(t) and f.refutations == 0

@@ -174,6 +174,7 @@ def _status(initiators, members=()):
         saturated=False,
         futile_released_s=None,
         futile_releases=0,
+        futile_refutations=0,
     )
     counters = CountersView(1, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, {}, 0, 0, {})
     st = StatusView(

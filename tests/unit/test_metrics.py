@@ -40,6 +40,7 @@ SERIES = {
     "santhrottle_resource_read_time_seconds": ("counter", {"resource"}),
     "santhrottle_resource_written_bytes": ("counter", {"resource"}),
     "santhrottle_resource_futile_releases": ("counter", {"resource"}),
+    "santhrottle_resource_futile_refutations": ("counter", {"resource"}),
     "santhrottle_initiator_write_bytes_per_second": ("gauge", {"initiator", "resource"}),
     "santhrottle_initiator_written_bytes": ("counter", {"initiator", "resource"}),
     "santhrottle_initiator_delay_seconds": ("gauge", {"initiator", "mode"}),

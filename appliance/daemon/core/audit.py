@@ -17,6 +17,8 @@ What it owns
       futile()        a resource's delay released because it did not lower the
                       read latency (controller/futile.py): the latency and its
                       peak, the writes against their peak, for how long;
+      futile_refuted() such a release ended early: without the delay the latency
+                      climbed past a quarter over its peak (the delay was working);
     and the recent history behind `santhrottle why INITIATOR`: the last
     HISTORY_PER_INITIATOR events of each of the last HISTORY_INITIATORS
     initiators, rate limit or not.
@@ -186,6 +188,20 @@ class Audit:
             "writes_of_peak": round(writes / f.peak_write_bps, 3) if f.peak_write_bps else 0.0,
             "released_s": round(f.until_s - now),
             "why": "the delay took the writes but not the read latency over the threshold",
+        }
+        self._write(logging.WARNING, fields)
+
+    def futile_refuted(self, resource: str, f: Futility, threshold_s: float) -> None:
+        """A futile release ended by its latency: it climbed without the delay past
+        FUTILE_REFUTE_X times the episode's peak (controller/futile.py)."""
+        latency = f.latency.value if f.latency.value is not None else math.nan
+        fields = {
+            "event": "futile_refuted",
+            "resource": resource,
+            "latency_ms": round(latency * 1e3, 2),
+            "peak_latency_ms": round(f.release_peak_s * 1e3, 2),
+            "threshold_ms": round(threshold_s * 1e3, 2),
+            "why": "the read latency rose without the delay: the delay was working",
         }
         self._write(logging.WARNING, fields)
 

@@ -229,7 +229,7 @@ class Daemon:
             if self.fleet is not None:
                 samples = self.fleet.samples(self, samples, now)
             self.ctl, out = decide(self.ctl, samples, now)
-            why.released(self, out.futile, now)  # futile delays (controller/futile.py)
+            why.released(self, out.futile, out.futile_refuted, now)  # controller/futile.py
             if self.fleet is not None:
                 self.fleet.after_decide(self)
             self.runtime.age_adopted(

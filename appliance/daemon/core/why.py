@@ -14,7 +14,8 @@ What it owns
         R's delay released (futile) R's delay did not lower its latency
         no longer write-heavy       it left every write-heavy set
     released(): each resource whose delay decide() released as futile
-    (controller/futile.py) this tick, into the audit trail.
+    (controller/futile.py) this tick, and each whose release its latency
+    ended (the delay was working), into the audit trail.
     record(): each change of a tick, into the audit trail.  The daemon calls it
     with what the data path took (Actuator.reconcile's changes), under its lock,
     in the tick: only initiators that changed cost anything.
@@ -80,8 +81,13 @@ def record(d: Daemon, changes: Mapping[str, tuple[int, int, str]], now: float) -
         d.audit.class_change(ip, resource, old, new, why, now)
 
 
-def released(d: Daemon, names: list[str], now: float) -> None:
-    """The resources whose futile delay decide() released this tick (under the lock)."""
+def released(d: Daemon, names: list[str], refuted: list[str], now: float) -> None:
+    """The resources whose futile delay decide() released this tick, and those whose
+    release their latency ended (under the lock)."""
+    alpha = d.config.controller.auto_alpha
     for name in names:
         rs = d.ctl.resources[name]
-        d.audit.futile(name, rs.futile, rs.threshold_s(d.config.controller.auto_alpha), now)
+        d.audit.futile(name, rs.futile, rs.threshold_s(alpha), now)
+    for name in refuted:
+        rs = d.ctl.resources[name]
+        d.audit.futile_refuted(name, rs.futile, rs.threshold_s(alpha))

@@ -163,6 +163,7 @@ def resource_rows(daemon: Daemon) -> list[ResourceView]:
                 saturated=name in daemon.ctl.utilization.saturated,
                 futile_released_s=_released_s(rs, now),
                 futile_releases=rs.futile.releases if rs else 0,
+                futile_refutations=rs.futile.refutations if rs else 0,
             )
         )
     return rows

@@ -271,6 +271,12 @@ def resource_families(resources: list[ResourceView]) -> Iterator[Metric]:
         "latency over the threshold (a futile delay)",
         labels=["resource"],
     )
+    refuted = CounterMetricFamily(
+        "santhrottle_resource_futile_refutations",
+        "Futile releases the read latency ended early: it rose without the delay, so the "
+        "delay was working",
+        labels=["resource"],
+    )
     setpoint = GaugeMetricFamily(
         "santhrottle_resource_setpoint_ratio",
         "The fraction of the threshold the PID regulates to (setpoint_fraction, more where "
@@ -314,8 +320,10 @@ def resource_families(resources: list[ResourceView]) -> Iterator[Metric]:
         read_time.add_metric(name, r.read_time_s)
         written.add_metric(name, r.written_bytes)
         futile.add_metric(name, r.futile_releases)
+        refuted.add_metric(name, r.futile_refutations)
     lq_fams = [fam for fam, _ in lq]
     yield from (lat, thr, setpoint, cls, delay, members, reads, read_time, written, futile)
+    yield refuted
     yield from lq_fams
 
 

@@ -96,9 +96,11 @@ class ResourceView:
     utilization: float | None
     saturated: bool
     # a delay that did not lower the latency (controller/futile.py): the seconds its
-    # release has still to run (None: not released), and the releases since the start
+    # release has still to run (None: not released), the releases since the start and
+    # those its latency ended early (it rose without the delay)
     futile_released_s: float | None
     futile_releases: int
+    futile_refutations: int
 
 
 @dataclass(frozen=True, slots=True)
