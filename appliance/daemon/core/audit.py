@@ -177,32 +177,18 @@ class Audit:
     def futile(self, resource: str, f: Futility, threshold_s: float, now: float) -> None:
         """A resource's delay released at `now` (the daemon's clock): it did not lower the
         latency (controller/futile.py)."""
-        latency = f.latency.value if f.latency.value is not None else math.nan
         writes = f.writes.value or 0.0
-        fields = {
-            "event": "futile",
-            "resource": resource,
-            "latency_ms": round(latency * 1e3, 2),
-            "peak_latency_ms": round(f.peak_latency_s * 1e3, 2),
-            "threshold_ms": round(threshold_s * 1e3, 2),
-            "writes_of_peak": round(writes / f.peak_write_bps, 3) if f.peak_write_bps else 0.0,
-            "released_s": round(f.until_s - now),
-            "why": "the delay took the writes but not the read latency over the threshold",
-        }
+        fields = _futile_fields("futile", resource, f, f.peak_latency_s, threshold_s)
+        fields["writes_of_peak"] = round(writes / f.peak_write_bps, 3) if f.peak_write_bps else 0.0
+        fields["released_s"] = round(f.until_s - now)
+        fields["why"] = "the delay took the writes but not the read latency over the threshold"
         self._write(logging.WARNING, fields)
 
     def futile_refuted(self, resource: str, f: Futility, threshold_s: float) -> None:
         """A futile release ended by its latency: it climbed without the delay past
         FUTILE_REFUTE_X times the episode's peak (controller/futile.py)."""
-        latency = f.latency.value if f.latency.value is not None else math.nan
-        fields = {
-            "event": "futile_refuted",
-            "resource": resource,
-            "latency_ms": round(latency * 1e3, 2),
-            "peak_latency_ms": round(f.release_peak_s * 1e3, 2),
-            "threshold_ms": round(threshold_s * 1e3, 2),
-            "why": "the read latency rose without the delay: the delay was working",
-        }
+        fields = _futile_fields("futile_refuted", resource, f, f.release_peak_s, threshold_s)
+        fields["why"] = "the read latency rose without the delay: the delay was working"
         self._write(logging.WARNING, fields)
 
     # ------------------------------------------------------------ history
@@ -218,3 +204,18 @@ class Audit:
 
     def history(self, initiator: str) -> list[Event]:
         return list(self._history.get(initiator, ()))
+
+
+def _futile_fields(
+    event: str, resource: str, f: Futility, peak_s: float, threshold_s: float
+) -> dict[str, object]:
+    """A futile delay's record: the resource, its smoothed latency, the peak it is
+    measured against and the threshold, in ms."""
+    latency = f.latency.value if f.latency.value is not None else math.nan
+    return {
+        "event": event,
+        "resource": resource,
+        "latency_ms": round(latency * 1e3, 2),
+        "peak_latency_ms": round(peak_s * 1e3, 2),
+        "threshold_ms": round(threshold_s * 1e3, 2),
+    }
