@@ -69,8 +69,9 @@ log = logging.getLogger("santhrottled")
 # scrapers on a loaded host, whose requests may come late; when all are taken, one
 # that has sent nothing for EVICT_IDLE_S (a scraper sends its request at once: half a
 # round trip, but a busy host may not run a scraper for tens of ms after its connect),
-# else one whose request is not whole after EVICT_PARTIAL_S, makes room. A flood that keeps every slot needs 512 new
-# connections a second; a scraper among them is served when its turn comes.
+# else one whose request is not whole after EVICT_PARTIAL_S, makes room. A flood that
+# keeps every slot needs 512 new connections a second; a scraper among them is served
+# when its turn comes.
 MAX_CONNECTIONS = 256
 EVICT_IDLE_S = 0.5
 EVICT_PARTIAL_S = 1.0
